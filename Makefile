@@ -1,0 +1,15 @@
+# The two commands of README.md.
+.PHONY: demo test lint
+
+# Set up (if needed) and run the main job on the built-in default.
+demo:
+	@scripts/setup.sh
+	.venv/bin/rdtune demo
+
+# Set up (if needed) and run the whole test suite.
+test:
+	@scripts/setup.sh
+	.venv/bin/python -m pytest
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check .

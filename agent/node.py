@@ -1,0 +1,104 @@
+"""The one seam of rdtune: the ``Node`` and ``Clock`` protocols.
+
+Everything above the agent (environments, controllers, the tuner, evaluation) is written
+against :class:`Node`. Three implementations share one contract, checked by the same
+contract tests (tests/agent/contract.py): ``ResctrlNode`` (real Linux resctrl + perf
+counters), ``SimNode`` (a simulated server) and ``RemoteNode`` (either, across gRPC).
+
+A simulated node is also a :class:`Clock`; a real node's clock is the wall clock. Code that
+needs to step time asks ``as_clock(node)``, never for the backend type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol, runtime_checkable
+
+from agent.types import Allocation, AllocationPlan, GroupSpec, NodeCapabilities, Snapshot
+
+
+@runtime_checkable
+class Node(Protocol):
+    """A machine whose LLC ways and memory bandwidth can be split among groups.
+
+    Groups are the node's *own* groups: a real node never shows, changes or deletes groups
+    it did not create (those of container runtimes or other agents).
+    """
+
+    def capabilities(self) -> NodeCapabilities:
+        """What the node supports: ways, CLOSIDs, MBA, monitoring, working PMC events."""
+        ...
+
+    def groups(self) -> Mapping[str, GroupSpec]:
+        """The node's own groups by name."""
+        ...
+
+    def create_group(self, spec: GroupSpec) -> None:
+        """Create a group holding every way not held exclusively, and MB at maximum.
+
+        Raises GroupExists, InvalidName, or ResourceExhausted when no CLOSID/RMID is left.
+        """
+        ...
+
+    def delete_group(self, name: str) -> None:
+        """Delete an own group; its tasks and CPUs return to the default group.
+
+        Raises GroupNotFound for a name the node does not own.
+        """
+        ...
+
+    def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
+        """Move tasks (by pid) and CPUs into ``group`` (kernel move semantics: a task or
+        CPU leaves every other group). Raises UnknownTask, InvalidCpus, GroupNotFound.
+        """
+        ...
+
+    def tasks(self, group: str) -> frozenset[int]:
+        """The pids currently in ``group``."""
+        ...
+
+    def apply(self, plan: AllocationPlan, *, dry_run: bool = False) -> Allocation:
+        """Apply ``plan`` all-or-nothing and return what the node really holds afterwards.
+
+        Every value is validated first; if the node refuses any write, what was already
+        changed is restored before the error is raised. With ``dry_run`` only validates,
+        and returns the allocation the plan would produce (normalised, not read back).
+        """
+        ...
+
+    def allocation(self) -> Allocation:
+        """What the node's own groups hold now (read back)."""
+        ...
+
+    def observe(self) -> Snapshot:
+        """Counters and SLO metrics of every own group since the previous ``observe``."""
+        ...
+
+    def close(self) -> None:
+        """Release resources (file descriptors, locks, connections). Groups stay."""
+        ...
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Simulated time: implemented by nodes whose time the caller drives."""
+
+    def now(self) -> float:
+        """Seconds since the last reset."""
+        ...
+
+    def reset(self, scenario: object | None = None, seed: int | None = None) -> None:
+        """Start over on ``scenario`` (a name or a scenario object; None keeps the current
+        one) with ``seed``; groups, tasks and allocations return to the scenario's start."""
+        ...
+
+    def advance(self, dt: float) -> None:
+        """Let ``dt`` seconds of simulated time pass."""
+        ...
+
+
+def as_clock(node: Node) -> Clock | None:
+    """The node's clock when its time is simulated, else None (wall-clock node)."""
+    if node.capabilities().simulated and isinstance(node, Clock):
+        return node
+    return None

@@ -1,0 +1,1 @@
+"""Simulated CAT/MBA server (SimNode): workloads, machine presets, scenarios."""

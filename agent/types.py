@@ -1,0 +1,448 @@
+"""The shared language of rdtune: capabilities, groups, allocations and snapshots.
+
+Every layer (the resctrl backend, the simulator, the gRPC agent, environments, controllers,
+the tuner) speaks in these types. They are small, immutable and free of behaviour beyond
+derived properties, so they can be hashed, compared, pickled for Ray and mapped 1:1 onto
+protobuf messages.
+
+Vocabulary follows the kernel's resctrl documentation (Documentation/filesystems/resctrl.rst):
+a *group* is a resctrl control group (one CLOSID, its own RMID); a *domain* is one cache
+instance (``L3:<id>``), usually one per socket; a *capacity bitmask* (CBM) selects the LLC
+ways a group may allocate (insert) into; *MB* is the memory-bandwidth-allocation value (a
+percentage on Intel, MiB/s in ``mba_MBps`` mode, 1/8 GB/s units on AMD).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _frozen_map(mapping: Mapping | None) -> Mapping:
+    """A read-only copy, so frozen dataclasses stay frozen all the way down."""
+    return MappingProxyType(dict(mapping or {}))
+
+
+def popcount(mask: int) -> int:
+    return int(mask).bit_count()
+
+
+def is_contiguous(mask: int) -> bool:
+    """True when the set bits of ``mask`` form one run (the kernel's CBM rule)."""
+    if mask <= 0:
+        return False
+    low = mask & -mask
+    return (mask + low) & mask == 0
+
+
+def contiguous_mask(ways: int, offset: int = 0) -> int:
+    """``ways`` consecutive set bits starting at bit ``offset``."""
+    if ways < 0 or offset < 0:
+        raise ValueError(f"ways and offset must be >= 0, got {ways}, {offset}")
+    return ((1 << ways) - 1) << offset
+
+
+# --------------------------------------------------------------------------- capabilities
+
+
+class Vendor(StrEnum):
+    INTEL = "intel"
+    AMD = "amd"
+    SIMULATED = "simulated"
+
+
+class MbaMode(StrEnum):
+    """How MB values are expressed."""
+
+    PERCENT = "percent"  # Intel: percentage of peak, [min_bandwidth, 100]
+    MBPS = "mbps"  # Intel with the mba_MBps mount option: MiB/s, software controller
+    AMD = "amd"  # AMD L3 QoS: absolute limit in 1/8 GB/s units, [0, max_bandwidth]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCapabilities:
+    """One cache resource (``info/L3``) as the kernel describes it.
+
+    Attributes:
+        cbm_mask: the full capacity bitmask (``cbm_mask``), e.g. ``0xfffff`` for 20 ways.
+        min_cbm_bits: minimum number of set bits in a mask.
+        num_closids: number of classes of service this resource supports.
+        shareable_bits: ways shared with other agents (e.g. I/O); using them is legal.
+        sparse_masks: True when non-contiguous masks are allowed.
+        cdp: True when code/data prioritisation is on (``L3CODE``/``L3DATA`` lines).
+        domains: the cache domain ids (``L3:<id>``).
+        size_bytes: cache size per domain, when known.
+    """
+
+    cbm_mask: int
+    min_cbm_bits: int
+    num_closids: int
+    domains: tuple[int, ...] = (0,)
+    shareable_bits: int = 0
+    sparse_masks: bool = False
+    cdp: bool = False
+    size_bytes: int | None = None
+
+    @property
+    def num_ways(self) -> int:
+        return popcount(self.cbm_mask)
+
+    @property
+    def way_bytes(self) -> float | None:
+        return None if self.size_bytes is None else self.size_bytes / self.num_ways
+
+
+@dataclass(frozen=True, slots=True)
+class MbaCapabilities:
+    """Memory bandwidth allocation (``info/MB``).
+
+    Attributes:
+        min_bandwidth: smallest accepted value (``min_bandwidth``).
+        bandwidth_gran: values are rounded *up* to a multiple of this.
+        max_bandwidth: the largest value and the default of a new group (100 for
+            percentages, 4294967295 in mba_MBps mode, the AMD hardware limit on AMD).
+        num_closids: classes of service for MB (may be fewer than for L3).
+        mode: percent, MiB/s or AMD units (see :class:`MbaMode`).
+        delay_linear: whether throttling delay is linear in the value.
+        throttle_mode: ``max`` or ``per-thread`` (``thread_throttle_mode``).
+        domains: MBA domain ids.
+    """
+
+    min_bandwidth: int
+    bandwidth_gran: int
+    max_bandwidth: int
+    num_closids: int
+    mode: MbaMode = MbaMode.PERCENT
+    delay_linear: bool = True
+    throttle_mode: str = "max"
+    domains: tuple[int, ...] = (0,)
+
+    def levels(self) -> tuple[int, ...]:
+        """Every value the kernel accepts without rounding (percent and AMD modes)."""
+        if self.mode is MbaMode.MBPS:
+            raise ValueError("mba_MBps mode has no discrete levels")
+        start = self.min_bandwidth
+        if self.bandwidth_gran > 1 and start % self.bandwidth_gran:
+            start += self.bandwidth_gran - start % self.bandwidth_gran
+        return tuple(range(start, self.max_bandwidth + 1, self.bandwidth_gran))
+
+
+@dataclass(frozen=True, slots=True)
+class MonitoringCapabilities:
+    """Resctrl monitoring (``info/L3_MON``): RMIDs and which events exist."""
+
+    num_rmids: int
+    features: frozenset[str] = frozenset()  # llc_occupancy, mbm_total_bytes, mbm_local_bytes
+    max_threshold_occupancy: int = 0
+    domains: tuple[int, ...] = (0,)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCapabilities:
+    """Everything a controller may rely on about a node.
+
+    Attributes:
+        vendor: Intel, AMD or simulated.
+        num_cpus: online CPUs.
+        l3: the L3 CAT resource, or None without cache allocation.
+        mba: memory bandwidth allocation, or None without MBA.
+        monitoring: RMIDs and monitoring events, or None without CMT/MBM.
+        pmc_events: hardware counter events that really work here
+            (``instructions``, ``cycles``, ``llc_references``, ``llc_misses``).
+        pmc_unsupported: events that do not work, mapped to the reason (e.g. ENOENT: no PMU).
+        simulated: True when the node has a simulated clock (``Clock``).
+        memory_bandwidth_bps: peak memory bandwidth per domain, when known.
+        description: a human-readable name (CPU model or simulator preset).
+    """
+
+    vendor: Vendor
+    num_cpus: int
+    l3: CacheCapabilities | None = None
+    mba: MbaCapabilities | None = None
+    monitoring: MonitoringCapabilities | None = None
+    pmc_events: frozenset[str] = frozenset()
+    pmc_unsupported: Mapping[str, str] = field(default_factory=dict)
+    simulated: bool = False
+    memory_bandwidth_bps: float | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pmc_unsupported", _frozen_map(self.pmc_unsupported))
+
+    @property
+    def num_closids(self) -> int:
+        """Control groups the node can hold, the default group included."""
+        counts = [r.num_closids for r in (self.l3, self.mba) if r is not None]
+        return min(counts) if counts else 1
+
+    @property
+    def domains(self) -> tuple[int, ...]:
+        if self.l3 is not None:
+            return self.l3.domains
+        if self.mba is not None:
+            return self.mba.domains
+        return (0,)
+
+
+# --------------------------------------------------------------------------- groups
+
+
+class GroupKind(StrEnum):
+    LC = "lc"  # latency-critical service with a tail-latency SLO
+    BATCH = "batch"  # throughput job, shared fairly
+    SYSTEM = "system"  # background/system tasks: neither protected nor optimised
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """A tail-latency objective: ``percentile`` of request latency below ``target_ms``."""
+
+    percentile: float
+    target_ms: float
+
+    def __post_init__(self) -> None:
+        if self.percentile not in LatencyStats.PERCENTILES:
+            raise ValueError(
+                f"SLO percentile {self.percentile} not one of {LatencyStats.PERCENTILES}"
+            )
+        if not (self.target_ms > 0 and math.isfinite(self.target_ms)):
+            raise ValueError(f"SLO target must be a positive latency, got {self.target_ms} ms")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """A group the node should hold.
+
+    Attributes:
+        name: the group's name without the node's ownership prefix
+            (``[A-Za-z0-9_.-]``, at most 64 characters, not ``.``/``..``).
+        kind: LC, batch or system.
+        slo: the tail-latency objective; required for LC groups, forbidden otherwise.
+        exclusive: ask for ``mode`` exclusive (no other group may overlap its mask).
+    """
+
+    name: str
+    kind: GroupKind = GroupKind.BATCH
+    slo: SLO | None = None
+    exclusive: bool = False
+
+    def __post_init__(self) -> None:
+        from agent.errors import InvalidName
+
+        validate_group_name(self.name, error=InvalidName)
+        object.__setattr__(self, "kind", GroupKind(self.kind))
+        if self.kind is GroupKind.LC and self.slo is None:
+            raise ValueError(f"LC group {self.name!r} needs an SLO")
+        if self.kind is not GroupKind.LC and self.slo is not None:
+            raise ValueError(f"only LC groups have an SLO; {self.name!r} is {self.kind.value}")
+
+
+GROUP_NAME_MAX = 64
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def validate_group_name(name: str, error: type[Exception] = ValueError) -> str:
+    """Reject names that could escape a resctrl directory or confuse its parser."""
+    if not isinstance(name, str) or not name:
+        raise error("group name must be a non-empty string")
+    if len(name) > GROUP_NAME_MAX:
+        raise error(f"group name {name[:20]!r}... longer than {GROUP_NAME_MAX} characters")
+    if name in (".", "..") or not set(name) <= _NAME_CHARS:
+        raise error(f"group name {name!r} may only use letters, digits, '_', '.', '-'")
+    if name in ("info", "mon_groups", "mon_data"):
+        raise error(f"group name {name!r} is reserved by resctrl")
+    return name
+
+
+# --------------------------------------------------------------------------- allocations
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAllocation:
+    """One group's resources in one cache domain.
+
+    ``None`` leaves a resource as it is (a plan) or means the node has no such resource
+    (a read-back). With CDP on, ``l3_mask`` is the data mask and ``l3_code_mask`` the code
+    mask; when ``l3_code_mask`` is None both get ``l3_mask``.
+    """
+
+    l3_mask: int | None = None
+    mb: int | None = None
+    l3_code_mask: int | None = None
+
+    @property
+    def ways(self) -> int:
+        return 0 if self.l3_mask is None else popcount(self.l3_mask)
+
+
+class _PerGroupDomain:
+    """Shared shape of plans and allocations: group name -> domain id -> GroupAllocation."""
+
+    __slots__ = ()
+    groups: Mapping[str, Mapping[int, GroupAllocation]]
+
+    def _freeze(self) -> None:
+        frozen = {
+            str(name): _frozen_map({int(d): a for d, a in per_domain.items()})
+            for name, per_domain in self.groups.items()
+        }
+        object.__setattr__(self, "groups", _frozen_map(frozen))
+
+    def __getitem__(self, group: str) -> Mapping[int, GroupAllocation]:
+        return self.groups[group]
+
+    def __contains__(self, group: object) -> bool:
+        return group in self.groups
+
+    def __iter__(self):
+        return iter(self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def get(self, group: str, domain: int) -> GroupAllocation | None:
+        per_domain = self.groups.get(group)
+        return None if per_domain is None else per_domain.get(domain)
+
+    def to_dict(self) -> dict:
+        return {
+            g: {
+                d: {"l3_mask": a.l3_mask, "mb": a.mb, "l3_code_mask": a.l3_code_mask}
+                for d, a in per_domain.items()
+            }
+            for g, per_domain in self.groups.items()
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationPlan(_PerGroupDomain):
+    """What a controller asks for. Groups not named keep what they hold.
+
+    Build one for every domain at once with :meth:`uniform`.
+    """
+
+    groups: Mapping[str, Mapping[int, GroupAllocation]]
+
+    def __post_init__(self) -> None:
+        self._freeze()
+
+    @classmethod
+    def uniform(
+        cls, per_group: Mapping[str, GroupAllocation], domains: Iterable[int] = (0,)
+    ) -> AllocationPlan:
+        """The same allocation for each group in every listed domain."""
+        doms = tuple(domains)
+        return cls({name: {d: a for d in doms} for name, a in per_group.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation(_PerGroupDomain):
+    """What a node really holds (read back from the kernel or simulator), per own group."""
+
+    groups: Mapping[str, Mapping[int, GroupAllocation]]
+
+    def __post_init__(self) -> None:
+        self._freeze()
+
+    def as_plan(self) -> AllocationPlan:
+        return AllocationPlan(self.groups)
+
+
+# --------------------------------------------------------------------------- observations
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyStats:
+    """Request latencies completed during one interval (NaN percentiles when count is 0)."""
+
+    PERCENTILES = (50.0, 95.0, 99.0, 99.9)
+
+    count: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    p999_ms: float
+
+    @classmethod
+    def empty(cls) -> LatencyStats:
+        nan = float("nan")
+        return cls(0, nan, nan, nan, nan)
+
+    def percentile(self, p: float) -> float:
+        try:
+            return (self.p50_ms, self.p95_ms, self.p99_ms, self.p999_ms)[
+                self.PERCENTILES.index(float(p))
+            ]
+        except ValueError:
+            raise ValueError(f"no percentile {p}; have {self.PERCENTILES}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSample:
+    """One group over one interval. Counter fields are deltas over the interval.
+
+    ``None`` means the node cannot measure it (e.g. no hardware PMU, no MBM), which is
+    different from a measured zero.
+    """
+
+    instructions: float | None = None
+    cycles: float | None = None
+    llc_references: float | None = None
+    llc_misses: float | None = None
+    llc_occupancy_bytes: float | None = None  # gauge at the end of the interval
+    memory_bytes: float | None = None  # MBM total bytes moved during the interval
+    memory_local_bytes: float | None = None
+    latency: LatencyStats | None = None  # LC groups only
+
+    @property
+    def ipc(self) -> float | None:
+        if self.instructions is None or not self.cycles:
+            return None
+        return self.instructions / self.cycles
+
+    @property
+    def mpki(self) -> float | None:
+        if self.llc_misses is None or not self.instructions:
+            return None
+        return 1000.0 * self.llc_misses / self.instructions
+
+    @property
+    def miss_ratio(self) -> float | None:
+        if self.llc_misses is None or not self.llc_references:
+            return None
+        return self.llc_misses / self.llc_references
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One observation interval of a node: from the previous ``observe`` to this one.
+
+    Attributes:
+        timestamp: end of the interval, in the node's clock (seconds).
+        interval_s: length of the interval.
+        groups: per own group, its sample.
+        vanished: own groups that disappeared since the last look (deleted by someone else).
+    """
+
+    timestamp: float
+    interval_s: float
+    groups: Mapping[str, GroupSample]
+    vanished: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "groups", _frozen_map(self.groups))
+
+    def rate(self, group: str, counter: str) -> float | None:
+        """A counter of ``group`` per second (``instructions`` -> instructions/s)."""
+        value = getattr(self.groups[group], counter)
+        if value is None or self.interval_s <= 0:
+            return None
+        return value / self.interval_s
+
+    def bandwidth_bps(self, group: str) -> float | None:
+        return self.rate(group, "memory_bytes")

@@ -1,0 +1,1 @@
+"""Gymnasium environments over any Node: rewards, wrappers (registered on import)."""

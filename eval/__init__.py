@@ -1,0 +1,1 @@
+"""Evaluation: suites, head-to-head comparisons, reports, benchmarks."""

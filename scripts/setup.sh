@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up rdtune on a fresh machine: system packages for the resctrl emulator (FUSE),
+# a virtual environment in .venv, torch pinned to the CPU build, and rdtune itself.
+# Idempotent: re-running only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so\.3\|libfuse\.so\.2'; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: installing FUSE (for the resctrl emulator)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-3 >/dev/null
+    else
+        echo "setup: libfuse not found and cannot install it; emulator tests will skip" >&2
+    fi
+fi
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=.venv/.rdtune-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+    echo "setup: installing rdtune and its dependencies into .venv"
+    # torch first, from the CPU wheel on disk; the constraint keeps every later resolve on it.
+    .venv/bin/pip install -q -c constraints.txt torch==2.13.0
+    .venv/bin/pip install -q -c constraints.txt -e ".[dev]"
+    touch "$stamp"
+fi
+# The gRPC stubs are build products of proto/rdtune/v1/*.proto (never edited by hand).
+.venv/bin/python -m proto.build

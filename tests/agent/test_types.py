@@ -1,0 +1,70 @@
+"""Core types: construction rules and derived values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agent.errors import InvalidName
+from agent.types import (
+    SLO,
+    GroupKind,
+    GroupSample,
+    GroupSpec,
+    LatencyStats,
+    MbaCapabilities,
+    MbaMode,
+    Snapshot,
+)
+
+
+def test_lc_group_needs_an_slo() -> None:
+    with pytest.raises(ValueError, match="needs an SLO"):
+        GroupSpec("svc", GroupKind.LC)
+    with pytest.raises(ValueError, match="only LC"):
+        GroupSpec("job", GroupKind.BATCH, SLO(99.0, 1.0))
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", "", ".", "info", "x" * 65, "a\nb"])
+def test_group_names_cannot_escape(name: str) -> None:
+    with pytest.raises(InvalidName):
+        GroupSpec(name)
+
+
+@pytest.mark.parametrize(("p", "target"), [(98.0, 1.0), (99.0, 0.0), (99.0, float("inf"))])
+def test_bad_slo(p: float, target: float) -> None:
+    with pytest.raises(ValueError):
+        SLO(p, target)
+
+
+def test_latency_percentile_lookup() -> None:
+    stats = LatencyStats(10, 1.0, 2.0, 3.0, 4.0)
+    assert stats.percentile(99.9) == 4.0
+    assert math.isnan(LatencyStats.empty().percentile(99))
+    with pytest.raises(ValueError):
+        stats.percentile(90)
+
+
+def test_sample_derived_metrics() -> None:
+    s = GroupSample(instructions=2e9, cycles=1e9, llc_references=1e6, llc_misses=2.5e5)
+    assert s.ipc == 2.0 and s.mpki == 0.125 and s.miss_ratio == 0.25
+    assert GroupSample().ipc is None
+
+
+def test_snapshot_rates() -> None:
+    snap = Snapshot(1.0, 0.5, {"a": GroupSample(instructions=1e9, memory_bytes=1e8)})
+    assert snap.rate("a", "instructions") == 2e9
+    assert snap.bandwidth_bps("a") == 2e8
+
+
+@pytest.mark.parametrize(
+    ("mba", "levels"),
+    [
+        (MbaCapabilities(10, 10, 100, 8), tuple(range(10, 101, 10))),
+        (MbaCapabilities(15, 10, 100, 8), tuple(range(20, 101, 10))),
+        (MbaCapabilities(0, 1, 4, 4, mode=MbaMode.AMD), (0, 1, 2, 3, 4)),
+    ],
+)
+def test_mba_levels(mba: MbaCapabilities, levels: tuple[int, ...]) -> None:
+    assert mba.levels() == levels

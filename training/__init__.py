@@ -1,0 +1,1 @@
+"""Training: SB3 policies, recorded traces, Ray sweeps, export to ONNX."""

@@ -1,0 +1,1 @@
+"""The online tuner: control loop, safety guard, metrics, and the rdtune CLI."""

@@ -1,0 +1,53 @@
+"""The ``rdtune`` command line: one entry point, one subcommand per capability.
+
+Each subcommand lives next to the code it drives, in a module exposing
+``add_arguments(parser)`` and ``run(args) -> int``; this file only lists them. Those
+modules keep heavy imports (torch, ray, grpc) inside ``run`` so ``rdtune --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help). Order is the order shown by --help.
+COMMANDS: dict[str, tuple[str, str]] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rdtune",
+        description=(
+            "rdtune splits a server's last-level cache ways (Intel CAT / AMD L3 QoS) and "
+            "memory bandwidth (Intel MBA) among its workloads, so latency-critical services "
+            "meet their tail-latency SLOs while batch jobs share the rest fairly."
+        ),
+        epilog="Run 'rdtune COMMAND --help' for a command's options.",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        cmd = sub.add_parser(name, help=help_text, description=module.__doc__.split("\n\n")[0])
+        module.add_arguments(cmd)
+        cmd.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args._module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
