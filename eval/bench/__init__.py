@@ -1,0 +1,8 @@
+"""Benchmarks: ``python -m eval.bench [NAME ...]`` runs them and prints medians.
+
+Each benchmark is a module in this package exposing ``run(quick: bool) -> list[Result]``;
+list it in :data:`BENCHMARKS`. Results go to stdout as a table; the figures recorded in
+docs/BENCHMARKS.md come from this command (median of repeated runs, machine noted).
+"""
+
+BENCHMARKS: dict[str, str] = {}  # name -> module (eval.bench.<module>)
