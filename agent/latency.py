@@ -15,6 +15,7 @@ leaves percentiles unbiased.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import threading
@@ -105,7 +106,7 @@ class LatencyRecorder:
             raise ValueError(
                 f"histogram needs one count per bound ({len(bounds)} bounds, {len(cnt)} counts)"
             )
-        if any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:], strict=False)) or bounds[0] < 0:
+        if any(b2 <= b1 for b1, b2 in itertools.pairwise(bounds)) or bounds[0] < 0:
             raise ValueError("histogram bounds must be non-negative and strictly increasing")
         if (cnt < 0).any() or not np.isfinite(cnt).all():
             raise ValueError("histogram counts must be finite and non-negative")
@@ -148,7 +149,7 @@ def _stats(feed: _GroupFeed) -> LatencyStats:
         idx = np.searchsorted(np.asarray(feed.bounds), np.asarray(feed.samples), side="left")
         idx = np.minimum(idx, len(buckets) - 1)
         np.add.at(buckets, idx, feed.seen / len(feed.samples))
-    count = int(round(buckets.sum()))
+    count = int(np.rint(buckets.sum()))
     if count == 0:
         return LatencyStats.empty()
     values = [histogram_quantile(q, feed.bounds, buckets) for q in _QUANTILES]
