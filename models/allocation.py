@@ -1,0 +1,99 @@
+"""Building valid allocations: way counts to contiguous masks, fractions to MBA levels.
+
+Controllers think in "k ways" and "MBA level"; the node wants capacity bitmasks and MB
+values that pass the kernel's rules (agent/validate.py). These helpers are the one place
+that translation happens, so every controller emits plans that are valid by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from agent.types import (
+    AllocationPlan,
+    GroupAllocation,
+    MbaMode,
+    NodeCapabilities,
+    contiguous_mask,
+)
+
+
+def pack_ways(counts: Mapping[str, int], caps: NodeCapabilities, start: int = 0) -> dict[str, int]:
+    """Disjoint contiguous masks, packed from bit ``start`` in the order of ``counts``.
+
+    Raises ValueError when a count is below ``min_cbm_bits`` or the counts do not fit.
+    """
+    l3 = caps.l3
+    if l3 is None:
+        raise ValueError("node has no L3 allocation")
+    low = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1  # cbm_mask may not start at bit 0
+    masks, offset = {}, low + start
+    for group, ways in counts.items():
+        if ways < max(1, l3.min_cbm_bits):
+            raise ValueError(
+                f"{group!r}: {ways} ways is below the minimum {max(1, l3.min_cbm_bits)}"
+            )
+        mask = contiguous_mask(ways, offset)
+        if mask & ~l3.cbm_mask:
+            raise ValueError(f"ways {dict(counts)} do not fit in {l3.num_ways} ways")
+        masks[group] = mask
+        offset += ways
+    return masks
+
+
+def equal_ways(groups: Sequence[str], caps: NodeCapabilities) -> dict[str, int]:
+    """Ways split as evenly as possible (earlier groups get the remainder).
+
+    With more groups than ways each group still gets the minimum; the caller must then share
+    (see :func:`equal_masks`).
+    """
+    total = caps.l3.num_ways
+    n = len(groups)
+    base, extra = divmod(total, n)
+    least = max(1, caps.l3.min_cbm_bits)
+    return {g: max(least, base + (1 if i < extra else 0)) for i, g in enumerate(groups)}
+
+
+def equal_masks(groups: Sequence[str], caps: NodeCapabilities) -> dict[str, int]:
+    """Equal, disjoint masks when they fit; otherwise groups share the minimum-size slices
+    round-robin (the best an equal split can do with more groups than ways)."""
+    counts = equal_ways(groups, caps)
+    if sum(counts.values()) <= caps.l3.num_ways:
+        return pack_ways(counts, caps)
+    least = max(1, caps.l3.min_cbm_bits)
+    slots = caps.l3.num_ways // least
+    low = (caps.l3.cbm_mask & -caps.l3.cbm_mask).bit_length() - 1
+    return {g: contiguous_mask(least, low + (i % slots) * least) for i, g in enumerate(groups)}
+
+
+def mb_level(caps: NodeCapabilities, fraction: float) -> int | None:
+    """The MB value for a fraction (0..1] of full bandwidth, rounded down to a level the
+    kernel accepts (never below the minimum). None when the node has no MBA."""
+    mba = caps.mba
+    if mba is None:
+        return None
+    if mba.mode is MbaMode.MBPS:
+        peak = caps.memory_bandwidth_bps or 0
+        return max(1, int(fraction * peak / 2**20)) if peak else mba.max_bandwidth
+    levels = mba.levels()
+    want = fraction * mba.max_bandwidth
+    fitting = [v for v in levels if v <= want + 1e-9]
+    return fitting[-1] if fitting else levels[0]
+
+
+def full_allocation(caps: NodeCapabilities) -> GroupAllocation:
+    """Every way and full bandwidth: what a new group holds (unpartitioned)."""
+    return GroupAllocation(
+        l3_mask=caps.l3.cbm_mask if caps.l3 else None,
+        mb=caps.mba.max_bandwidth if caps.mba else None,
+    )
+
+
+def plan_from(
+    masks: Mapping[str, int | None], mbs: Mapping[str, int | None], caps: NodeCapabilities
+) -> AllocationPlan:
+    """A plan giving each group its mask and MB value in every domain."""
+    names = list(dict.fromkeys([*masks, *mbs]))
+    return AllocationPlan.uniform(
+        {g: GroupAllocation(l3_mask=masks.get(g), mb=mbs.get(g)) for g in names}, caps.domains
+    )

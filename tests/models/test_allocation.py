@@ -1,0 +1,80 @@
+"""Allocation helpers build plans the kernel accepts, for any group count and machine."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.types import (
+    Allocation,
+    CacheCapabilities,
+    MbaCapabilities,
+    NodeCapabilities,
+    Vendor,
+    popcount,
+)
+from agent.validate import PlanContext, validate_plan
+from models.allocation import equal_masks, equal_ways, mb_level, pack_ways, plan_from
+
+MACHINES = {
+    "gold-6130": NodeCapabilities(
+        Vendor.INTEL, 16, CacheCapabilities(0x7FF, 1, 16), MbaCapabilities(10, 10, 100, 8)
+    ),
+    "e5-v3-4clos": NodeCapabilities(Vendor.INTEL, 14, CacheCapabilities(0xFFFFF, 1, 4)),
+    "min-2-bits": NodeCapabilities(
+        Vendor.INTEL, 8, CacheCapabilities(0xFFF, 2, 16), MbaCapabilities(10, 10, 100, 8)
+    ),
+    "amd": NodeCapabilities(
+        Vendor.AMD, 16, CacheCapabilities(0xFFFF, 0, 16), MbaCapabilities(0, 1, 2048, 16)
+    ),
+}
+
+
+def valid(masks: dict[str, int], mbs: dict[str, int | None], caps: NodeCapabilities) -> None:
+    names = list(masks)
+    current = Allocation(
+        {g: {d: plan_from({}, {}, caps).get(g, d) for d in caps.domains} for g in names}
+    )
+    validate_plan(plan_from(masks, mbs, caps), PlanContext(caps, current))
+
+
+@settings(max_examples=60, deadline=None)
+@given(machine=st.sampled_from(sorted(MACHINES)), n=st.integers(1, 24))
+def test_equal_masks_are_always_valid(machine: str, n: int) -> None:
+    caps = MACHINES[machine]
+    groups = [f"g{i}" for i in range(n)]
+    masks = equal_masks(groups, caps)
+    valid(masks, {g: mb_level(caps, 1 / n) for g in groups}, caps)
+    if sum(equal_ways(groups, caps).values()) <= caps.l3.num_ways:
+        union = 0
+        for m in masks.values():
+            assert not union & m, "equal shares are disjoint when they fit"
+            union |= m
+
+
+def test_pack_ways_is_contiguous_from_the_bottom() -> None:
+    caps = MACHINES["gold-6130"]
+    assert pack_ways({"lc": 2, "b": 3}, caps) == {"lc": 0b11, "b": 0b11100}
+    with pytest.raises(ValueError, match="do not fit"):
+        pack_ways({"a": 6, "b": 6}, caps)
+    with pytest.raises(ValueError, match="minimum"):
+        pack_ways({"a": 1}, MACHINES["min-2-bits"])
+
+
+def test_equal_ways_sum_to_the_cache() -> None:
+    caps = MACHINES["gold-6130"]
+    ways = equal_ways(["a", "b", "c"], caps)
+    assert (
+        sorted(ways.values()) == [3, 4, 4]
+        and sum(map(popcount, pack_ways(ways, caps).values())) == 11
+    )
+
+
+@pytest.mark.parametrize(("fraction", "level"), [(1.0, 100), (0.25, 20), (0.05, 10), (0.5, 50)])
+def test_mb_level_rounds_down_to_a_level(fraction: float, level: int) -> None:
+    assert mb_level(MACHINES["gold-6130"], fraction) == level
+
+
+def test_mb_level_without_mba() -> None:
+    assert mb_level(MACHINES["e5-v3-4clos"], 0.5) is None
