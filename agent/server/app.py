@@ -1,0 +1,185 @@
+"""Building, starting and stopping an agent: backend, gRPC server, health, reflection,
+metrics endpoint, lifecycle (issue 4, "Server" and "Lifecycle").
+
+:class:`AgentServer` is what ``rdtune agent`` runs and what the integration tests start on
+loopback. Shutdown is graceful: health turns NOT_SERVING, new RPCs are refused, server
+streams end, in-flight RPCs (applies included: they hold the node lock) get ``grace_s`` to
+finish; then optionally every own group gets its full allocation back, and the node is
+closed. Groups stay (the resctrl backend adopts them again on restart).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from agent.latency import LatencyRecorder
+from agent.node import Node
+from agent.server.config import AgentConfig
+from agent.server.metrics import AgentMetrics
+from agent.server.scrape import HistogramScraper
+from agent.server.security import ConfigError, GuardInterceptor, RateLimiter, parse_listen
+from agent.server.service import NodeAgentServicer, NodeHost, SimulationServicer
+from proto.rdtune.v1 import agent_pb2 as api
+from proto.rdtune.v1 import agent_pb2_grpc as rpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = tuple(
+    api.DESCRIPTOR.services_by_name[name].full_name for name in ("NodeAgent", "Simulation")
+)
+
+
+def make_node(cfg: AgentConfig, latency: LatencyRecorder | None = None) -> Node:
+    """The backend the configuration names (imported here: only the chosen one loads)."""
+    if cfg.backend == "sim":
+        import agent.sim as sim
+
+        scenario = cfg.scenario or sim.DEFAULT_SCENARIO
+        return sim.SimNode(scenario=scenario, seed=cfg.seed, auto_groups=cfg.auto_groups)
+    if cfg.backend == "resctrl":
+        from agent.resctrl import ResctrlNode
+
+        return ResctrlNode(root=cfg.root)
+    raise ConfigError(f"unknown backend {cfg.backend!r}")
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+class AgentServer:
+    """One node served over gRPC (plus the metrics endpoint).
+
+    Args:
+        node: the node to serve (the server closes it on stop when ``own_node``).
+        cfg: listen address, security, limits; the backend fields are not used here.
+        own_node: close the node on stop.
+    """
+
+    def __init__(self, node: Node, cfg: AgentConfig, *, own_node: bool = True) -> None:
+        cfg.validate()
+        self.cfg, self.node, self.own_node = cfg, node, own_node
+        self.metrics = AgentMetrics()
+        self.recorder = LatencyRecorder()
+        scrapers = [
+            HistogramScraper(group, target, self.recorder)
+            for group, target in cfg.latency_scrape.items()
+        ]
+        self.host = NodeHost(node, metrics=self.metrics, recorder=self.recorder, scrapers=scrapers)
+        self.listen = parse_listen(cfg.listen)
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._metrics_http = None
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+
+        limiter = RateLimiter(cfg.rate_limit, cfg.rate_burst) if cfg.rate_limit else None
+        guard = GuardInterceptor(cfg.token, limiter, self.metrics.observe_rpc)
+        options = [
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.max_send_message_length", cfg.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="agent"),
+            interceptors=[guard],
+            options=options,
+            maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
+        )
+        rpc.add_NodeAgentServicer_to_server(NodeAgentServicer(self.host), self.server)
+        rpc.add_SimulationServicer_to_server(SimulationServicer(self.host), self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+
+    @property
+    def address(self) -> str:
+        """A target a client can dial (the bound port filled in)."""
+        return self.listen.grpc_target(self.port)
+
+    def _bind(self) -> None:
+        target = self.listen.grpc_target()
+        if self.listen.unix_path is not None:
+            path = Path(self.listen.unix_path)
+            if path.exists() or path.is_symlink():
+                if not stat.S_ISSOCK(path.lstat().st_mode):
+                    raise ConfigError(f"{path} exists and is not a socket; refusing to replace it")
+                path.unlink()  # a stale socket of a previous run
+        if self.cfg.tls:
+            client_ca = _read(self.cfg.tls_client_ca)
+            creds = grpc.ssl_server_credentials(
+                [(_read(self.cfg.tls_key), _read(self.cfg.tls_cert))],
+                root_certificates=client_ca,
+                require_client_auth=client_ca is not None,
+            )
+            port = self.server.add_secure_port(target, creds)
+        else:
+            port = self.server.add_insecure_port(target)
+        if self.listen.unix_path is None and port == 0:
+            raise ConfigError(f"cannot listen on {self.listen.raw} (address in use?)")
+        self.port = port if self.listen.unix_path is None else None
+
+    def start(self) -> AgentServer:
+        self._bind()
+        self.server.start()
+        if self.listen.unix_path is not None:
+            os.chmod(self.listen.unix_path, 0o600)  # only the agent's user may connect
+        if self.cfg.metrics_listen:
+            m = parse_listen(self.cfg.metrics_listen)
+            self._metrics_http, _ = start_http_server(
+                m.port, addr=m.host.strip("[]"), registry=self.metrics.registry
+            )
+            self.metrics_port = self._metrics_http.server_port
+        with self.host.lock:
+            self.metrics.record_allocation(self.node.allocation())
+        for name in ("", *SERVICE_NAMES):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("agent serving %s on %s", self.cfg.backend, self.address)
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown; safe to call twice and from a signal handler's thread."""
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            grace = self.cfg.grace_s if grace is None else grace
+            self.health.enter_graceful_shutdown()
+            self.host.stop_streams()
+            self.server.stop(grace).wait()
+            # In-flight applies finished (or were cut at the grace period): the lock is free.
+            if self.cfg.restore_on_exit:
+                try:
+                    self.host.restore_defaults()
+                    log.info("restored full allocations of own groups")
+                except Exception:
+                    log.exception("restoring default allocations failed")
+            if self._metrics_http is not None:
+                self._metrics_http.shutdown()
+                self._metrics_http.server_close()
+            if self.own_node:
+                with self.host.lock:
+                    self.node.close()
+            if self.listen.unix_path is not None:
+                Path(self.listen.unix_path).unlink(missing_ok=True)
+            self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    def __enter__(self) -> AgentServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,136 @@
+"""Errors across the wire: agent.errors <-> gRPC status codes with structured details.
+
+The server aborts an RPC with the error's gRPC code (``NodeError.code``), its message, and
+an ``rdtune.v1.ErrorDetail`` (class name, message, details such as the broken rule) in the
+binary trailing metadata ``rdtune-error-bin``. The client rebuilds the same exception class
+with the same attributes, so a consumer sees ``GroupNotFound`` or ``InvalidAllocation``
+(with ``.rule``) exactly as it would from a local node.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+import grpc
+
+from agent import errors as E
+from agent.server.convert import pb
+
+DETAIL_KEY = "rdtune-error-bin"
+
+# Classes the client may rebuild; anything else comes back as RemoteError.
+_CLASSES: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (
+        E.NodeError,
+        E.InvalidName,
+        E.InvalidAllocation,
+        E.GroupNotFound,
+        E.GroupExists,
+        E.ResourceExhausted,
+        E.UnknownTask,
+        E.InvalidCpus,
+        E.Unsupported,
+        E.KernelError,
+    )
+}
+_PLAIN = {"ValueError": ValueError, "TypeError": TypeError}
+
+
+class RemoteError(E.NodeError):
+    """A server error with no local class (internal errors, limits, authentication)."""
+
+    def __init__(self, code: str, message: str, details: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self._details = dict(details or {})
+
+    def details(self) -> dict[str, str]:
+        return dict(self._details)
+
+
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str, pb.ErrorDetail]:
+    """The status code, message and detail an exception raised by a node maps onto."""
+    if isinstance(exc, E.NodeError):
+        code = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN)
+        details = {k: str(v) for k, v in exc.details().items()}
+        name = type(exc).__name__
+    elif isinstance(exc, (ValueError, TypeError)):
+        # Requests the dataclass constructors refuse (a bad SLO, a malformed value).
+        code, details, name = grpc.StatusCode.INVALID_ARGUMENT, {}, type(exc).__name__
+        if name not in _PLAIN:
+            name = "ValueError"
+    else:
+        code, details, name = grpc.StatusCode.INTERNAL, {}, "InternalError"
+    message = str(exc) or type(exc).__name__
+    if name == "InternalError":
+        message = f"internal error in the agent: {type(exc).__name__}: {exc}"
+    return code, message, pb.ErrorDetail(error=name, message=message, details=details)
+
+
+def abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    """End the RPC with the status ``exc`` maps onto (raises, as context.abort does)."""
+    code, message, detail = status_of(exc)
+    context.set_trailing_metadata(((DETAIL_KEY, detail.SerializeToString()),))
+    context.abort(code, message)
+
+
+def abort_with(
+    context: grpc.ServicerContext, code: grpc.StatusCode, message: str, **details: str
+) -> None:
+    """Abort with a code and message that are not an exception of a node (limits, auth)."""
+    detail = pb.ErrorDetail(error="RemoteError", message=message, details=details)
+    context.set_trailing_metadata(((DETAIL_KEY, detail.SerializeToString()),))
+    context.abort(code, message)
+
+
+# --------------------------------------------------------------------------- client side
+
+
+def _detail(err: grpc.RpcError) -> pb.ErrorDetail | None:
+    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == DETAIL_KEY:
+            try:
+                return pb.ErrorDetail.FromString(value)
+            except Exception:  # a corrupt detail must not hide the status itself
+                return None
+    return None
+
+
+def from_rpc_error(err: grpc.RpcError) -> Exception:
+    """The exception a local node would have raised, rebuilt from a failed RPC."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    message = err.details() if hasattr(err, "details") else str(err)
+    detail = _detail(err)
+    if detail is None:
+        return RemoteError(code.name, message or code.name)
+    facts = dict(detail.details)
+    cls = _CLASSES.get(detail.error)
+    if detail.error in _PLAIN:
+        return _PLAIN[detail.error](detail.message)
+    if cls is None:
+        return RemoteError(code.name, detail.message, facts)
+    exc = cls.__new__(cls)
+    if cls is E.KernelError:
+        name = facts.get("errno", "")
+        num = getattr(_errno, name, 0) if name else 0
+        Exception.__init__(exc, num, detail.message)
+        exc.errno, exc.path = num, facts.get("path", "")
+        exc.status = facts.get("last_cmd_status", "")
+        exc.code = code.name
+        return exc
+    Exception.__init__(exc, detail.message)
+    if cls is E.InvalidAllocation:
+        exc.rule = facts.get("rule", "")
+        exc.group = facts.get("group")
+        exc.domain = int(facts["domain"]) if "domain" in facts else None
+    elif cls in (E.GroupNotFound, E.GroupExists):
+        exc.group = facts.get("group", "")
+    elif cls is E.ResourceExhausted:
+        exc.resource = facts.get("resource", "")
+    elif cls is E.UnknownTask:
+        exc.pid = int(facts.get("pid", "-1"))
+    elif cls is E.NodeError:
+        exc = RemoteError(code.name, detail.message, facts)
+    return exc

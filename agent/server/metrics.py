@@ -1,0 +1,205 @@
+"""The agent's Prometheus metrics (issue 4, "Prometheus metrics endpoint").
+
+Naming follows Prometheus conventions: ``rdtune_agent_`` prefix, base units (seconds,
+bytes), ``_total`` for counters. RPC counts and latencies come from the server interceptor;
+per-group gauges (allocation, occupancy, bandwidth, IPC, latency percentiles, SLO
+attainment) are read from the last observation and allocation the agent served, by a
+custom collector, so a deleted group disappears from the next scrape.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import defaultdict
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from agent.types import Allocation, GroupKind, GroupSpec, Snapshot
+
+# RPCs are sub-millisecond on loopback; buckets from 50 us to 10 s.
+_RPC_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1, 1.0, 10.0)
+
+
+class AgentMetrics:
+    """Every metric of one agent, in its own registry (several agents may share a process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.rpcs = Counter(
+            "rdtune_agent_rpcs_total",
+            "RPCs handled, by method and gRPC status code.",
+            ("method", "code"),
+            registry=self.registry,
+        )
+        self.rpc_seconds = Histogram(
+            "rdtune_agent_rpc_duration_seconds",
+            "Time to handle an RPC (whole stream for streaming RPCs).",
+            ("method",),
+            buckets=_RPC_BUCKETS,
+            registry=self.registry,
+        )
+        self.apply_errors = Counter(
+            "rdtune_agent_apply_errors_total",
+            "Refused or failed applies, by cause (the broken rule or the error class).",
+            ("cause",),
+            registry=self.registry,
+        )
+        self.latency_reports = Counter(
+            "rdtune_agent_latency_reports_total",
+            "Latency reports received over the push stream, by group.",
+            ("group",),
+            registry=self.registry,
+        )
+        self.scrape_errors = Counter(
+            "rdtune_agent_latency_scrape_errors_total",
+            "Failed scrapes of a service's latency histogram, by group.",
+            ("group",),
+            registry=self.registry,
+        )
+        self._state = _GroupState()
+        self.registry.register(self._state)
+
+    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
+        short = method.rsplit("/", 1)[-1]
+        self.rpcs.labels(short, code).inc()
+        self.rpc_seconds.labels(short).observe(seconds)
+
+    def apply_failed(self, cause: str) -> None:
+        self.apply_errors.labels(cause).inc()
+
+    def record_allocation(self, allocation: Allocation) -> None:
+        self._state.set_allocation(allocation)
+
+    def record_snapshot(self, snapshot: Snapshot, specs: dict[str, GroupSpec]) -> None:
+        self._state.set_snapshot(snapshot, specs)
+
+
+class _GroupState:
+    """Custom collector: per-group gauges from the last allocation and snapshot."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._allocation: Allocation | None = None
+        self._snapshot: Snapshot | None = None
+        self._slo: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # met, judged
+        self._slo_target: dict[str, float] = {}
+
+    def set_allocation(self, allocation: Allocation) -> None:
+        with self._lock:
+            self._allocation = allocation
+
+    def set_snapshot(self, snapshot: Snapshot, specs: dict[str, GroupSpec]) -> None:
+        with self._lock:
+            self._snapshot = snapshot
+            for name in list(self._slo):
+                if name not in specs:
+                    del self._slo[name]
+                    self._slo_target.pop(name, None)
+            for name, sample in snapshot.groups.items():
+                spec = specs.get(name)
+                if spec is None or spec.kind is not GroupKind.LC or spec.slo is None:
+                    continue
+                stats = sample.latency
+                if stats is None or stats.count == 0:
+                    continue  # no requests: the interval says nothing about the SLO
+                value = stats.percentile(spec.slo.percentile)
+                tally = self._slo[name]
+                tally[1] += 1
+                tally[0] += int(value <= spec.slo.target_ms)
+                self._slo_target[name] = spec.slo.target_ms / 1e3
+
+    def describe(self):
+        return []  # collected lazily; nothing to check at registration
+
+    def collect(self):
+        with self._lock:
+            allocation, snapshot = self._allocation, self._snapshot
+            slo = {k: tuple(v) for k, v in self._slo.items()}
+            targets = dict(self._slo_target)
+        ways = GaugeMetricFamily(
+            "rdtune_agent_group_l3_ways",
+            "LLC ways in the group's capacity bitmask, per cache domain.",
+            labels=("group", "domain"),
+        )
+        mb = GaugeMetricFamily(
+            "rdtune_agent_group_mba_value",
+            "The group's memory-bandwidth allocation value (percent, MiB/s or AMD units).",
+            labels=("group", "domain"),
+        )
+        if allocation is not None:
+            for group, per_domain in allocation.groups.items():
+                for domain, a in per_domain.items():
+                    if a.l3_mask is not None:
+                        ways.add_metric((group, str(domain)), a.ways)
+                    if a.mb is not None:
+                        mb.add_metric((group, str(domain)), a.mb)
+        yield ways
+        yield mb
+
+        occupancy = GaugeMetricFamily(
+            "rdtune_agent_group_llc_occupancy_bytes",
+            "LLC bytes the group occupied at the end of the last interval.",
+            labels=("group",),
+        )
+        bandwidth = GaugeMetricFamily(
+            "rdtune_agent_group_memory_bandwidth_bytes_per_second",
+            "Memory traffic of the group over the last interval.",
+            labels=("group",),
+        )
+        ipc = GaugeMetricFamily(
+            "rdtune_agent_group_instructions_per_cycle",
+            "Instructions per cycle of the group over the last interval.",
+            labels=("group",),
+        )
+        latency = GaugeMetricFamily(
+            "rdtune_agent_group_latency_seconds",
+            "Request latency percentiles of an LC group over the last interval.",
+            labels=("group", "quantile"),
+        )
+        requests = GaugeMetricFamily(
+            "rdtune_agent_group_requests",
+            "Requests an LC group completed in the last interval.",
+            labels=("group",),
+        )
+        if snapshot is not None:
+            for group, s in snapshot.groups.items():
+                if s.llc_occupancy_bytes is not None:
+                    occupancy.add_metric((group,), s.llc_occupancy_bytes)
+                rate = snapshot.bandwidth_bps(group)
+                if rate is not None:
+                    bandwidth.add_metric((group,), rate)
+                if s.ipc is not None:
+                    ipc.add_metric((group,), s.ipc)
+                if s.latency is not None:
+                    requests.add_metric((group,), s.latency.count)
+                    for p in s.latency.PERCENTILES:
+                        value = s.latency.percentile(p)
+                        if not math.isnan(value):
+                            latency.add_metric((group, f"{p / 100:g}"), value / 1e3)
+        yield from (occupancy, bandwidth, ipc, latency, requests)
+
+        attained = GaugeMetricFamily(
+            "rdtune_agent_group_slo_attainment_ratio",
+            "Fraction of observed intervals (with requests) in which the group met its SLO.",
+            labels=("group",),
+        )
+        intervals = CounterMetricFamily(
+            "rdtune_agent_group_slo_intervals",
+            "Observed intervals with requests, by whether the SLO was met.",
+            labels=("group", "result"),
+        )
+        target = GaugeMetricFamily(
+            "rdtune_agent_group_slo_target_seconds",
+            "The latency target of the group's SLO.",
+            labels=("group",),
+        )
+        for group, (met, judged) in slo.items():
+            if judged:
+                attained.add_metric((group,), met / judged)
+            intervals.add_metric((group, "met"), met)
+            intervals.add_metric((group, "missed"), judged - met)
+            if group in targets:
+                target.add_metric((group,), targets[group])
+        yield from (attained, intervals, target)

@@ -1,0 +1,244 @@
+"""What the agent lets in: listen-address rules, bearer tokens, per-client rate limits.
+
+Secure by default (developers' guide): the agent listens on loopback or a Unix socket; any
+other address needs TLS *and* a token, or the agent refuses to start. Tokens are checked by
+a server interceptor with a constant-time compare; the gRPC health service is exempt so
+orchestrators can probe it. Rate limits are token buckets per client host (the peer address
+without its port), answered with RESOURCE_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from agent.server.errors import abort_with
+
+HEALTH_PREFIX = "/grpc.health.v1.Health/"
+
+
+class ConfigError(ValueError):
+    """A configuration the agent refuses to start with, and why."""
+
+
+@dataclass(frozen=True)
+class ListenAddress:
+    """Where the server listens: ``host:port`` or ``unix:/path``."""
+
+    raw: str
+    unix_path: str | None
+    host: str | None
+    port: int | None
+
+    @property
+    def loopback(self) -> bool:
+        if self.unix_path is not None:
+            return True
+        host = (self.host or "").strip("[]")
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False  # a name or 0.0.0.0-like wildcard: treat as remote
+
+    def grpc_target(self, port: int | None = None) -> str:
+        """The address string for ``server.add_*_port`` (or a client channel)."""
+        if self.unix_path is not None:
+            return f"unix:{self.unix_path}"
+        return f"{self.host}:{self.port if port is None else port}"
+
+
+def parse_listen(address: str) -> ListenAddress:
+    address = address.strip()
+    if address.startswith("unix:"):
+        path = address[len("unix:") :]
+        if path.startswith("//"):
+            path = path[2:]
+        if not path.startswith("/"):
+            raise ConfigError(f"unix socket path must be absolute, got {address!r}")
+        return ListenAddress(address, path, None, None)
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"listen address {address!r} is not host:port or unix:/path")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"listen address {address!r}: port {port!r} is not a number") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"listen address {address!r}: port out of range")
+    return ListenAddress(address, None, host, number)
+
+
+def check_exposure(listen: ListenAddress, tls: bool, token: str | None) -> None:
+    """Refuse a non-loopback listener without TLS and a bearer token."""
+    if listen.loopback:
+        return
+    missing = [
+        what for what, ok in (("TLS (--tls-cert/--tls-key)", tls), ("a token", token)) if not ok
+    ]
+    if missing:
+        raise ConfigError(
+            f"refusing to listen on non-loopback address {listen.raw!r} without "
+            f"{' and '.join(missing)}; use 127.0.0.1 or a unix: socket, or configure them"
+        )
+
+
+class RateLimiter:
+    """Token buckets per client key: ``rate`` requests/s sustained, ``burst`` at once."""
+
+    MAX_CLIENTS = 10_000
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic):
+        if rate <= 0 or burst < 1:
+            raise ConfigError("rate limit needs rate > 0 and burst >= 1")
+        self.rate, self.burst, self._clock = float(rate), float(burst), clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def allow(self, key: str) -> bool:
+        now = self._clock()
+        with self._lock:
+            tokens, last = self._buckets.get(key, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            ok = tokens >= 1.0
+            if ok:
+                tokens -= 1.0
+            if key not in self._buckets and len(self._buckets) >= self.MAX_CLIENTS:
+                # Forget clients whose bucket is full again: they lose nothing by it.
+                full = [
+                    k
+                    for k, (t, s) in self._buckets.items()
+                    if t + (now - s) * self.rate >= self.burst
+                ]
+                for k in full:
+                    del self._buckets[k]
+            self._buckets[key] = (tokens, now)
+            return ok
+
+
+def client_key(peer: str) -> str:
+    """A peer string (``ipv4:1.2.3.4:5678``) without its port: one key per client host."""
+    if peer.startswith(("ipv4:", "ipv6:")):
+        return peer.rpartition(":")[0]
+    return peer
+
+
+RpcObserver = Callable[[str, str, float], None]  # (method, status code name, seconds)
+
+
+class GuardInterceptor(grpc.ServerInterceptor):
+    """Authentication, rate limiting and per-RPC metrics for every method.
+
+    Args:
+        token: the bearer token clients must send (``authorization: Bearer <token>``), or
+            None for no authentication (loopback only, enforced by :func:`check_exposure`).
+        limiter: a :class:`RateLimiter`, or None.
+        observe: called with (method, status code name, seconds) after every RPC.
+    """
+
+    def __init__(
+        self,
+        token: str | None = None,
+        limiter: RateLimiter | None = None,
+        observe: RpcObserver | None = None,
+    ) -> None:
+        self._expected = f"Bearer {token}".encode() if token else None
+        self._limiter = limiter
+        self._observe = observe
+
+    def _authorised(self, metadata) -> bool:
+        if self._expected is None:
+            return True
+        for key, value in metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                return hmac.compare_digest(given, self._expected)
+        return False
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        authorised = method.startswith(HEALTH_PREFIX) or self._authorised(
+            handler_call_details.invocation_metadata
+        )
+        return _wrap(handler, lambda fn: self._guard(fn, method, authorised))
+
+    def _guard(self, fn, method: str, authorised: bool):
+        def check(context) -> None:
+            if not authorised:
+                abort_with(
+                    context,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "missing or wrong bearer token (send 'authorization: Bearer <token>')",
+                )
+            if self._limiter is not None and not self._limiter.allow(client_key(context.peer())):
+                abort_with(
+                    context,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"rate limit exceeded ({self._limiter.rate:g} requests/s per client)",
+                    resource="rate_limit",
+                )
+
+        def finish(context, started: float, failed: BaseException | None) -> None:
+            if self._observe is None:
+                return
+            code = context.code() if hasattr(context, "code") else None
+            if code is None:
+                code = grpc.StatusCode.UNKNOWN if failed is not None else grpc.StatusCode.OK
+            name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+            self._observe(method, name, time.perf_counter() - started)
+
+        def unary(request, context):
+            started = time.perf_counter()
+            failed = None
+            try:
+                check(context)
+                return fn(request, context)
+            except BaseException as exc:
+                failed = exc
+                raise
+            finally:
+                finish(context, started, failed)
+
+        def streaming(request, context):
+            started = time.perf_counter()
+            failed = None
+            try:
+                check(context)
+                yield from fn(request, context)
+            except BaseException as exc:
+                failed = exc
+                raise
+            finally:
+                finish(context, started, failed)
+
+        return unary, streaming
+
+
+def _wrap(handler: grpc.RpcMethodHandler, guard) -> grpc.RpcMethodHandler:
+    """The same handler with its behaviour run through ``guard``."""
+    kinds = (
+        ("unary_unary", grpc.unary_unary_rpc_method_handler, False),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler, True),
+    )
+    for attr, factory, streams_out in kinds:
+        fn = getattr(handler, attr)
+        if fn is not None:
+            unary, streaming = guard(fn)
+            return factory(
+                streaming if streams_out else unary,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+    return handler

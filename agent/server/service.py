@@ -1,0 +1,306 @@
+"""The NodeAgent and Simulation servicers: a ``Node`` behind gRPC (issue 4, "API").
+
+Every node call runs under one lock: backends are not required to be thread-safe, and the
+lock serialises concurrent applies so each is all-or-nothing against the state the previous
+one left. Requests are decoded (and their names validated) before the lock is taken; node
+errors leave through :func:`agent.server.errors.abort` with their status code and details.
+Pushed or scraped LC latencies are drained into each Observe, replacing the backend's own
+figure for a group that reports (a real node has none; a simulated one models it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from agent.errors import GroupNotFound, NodeError, Unsupported
+from agent.latency import LatencyRecorder
+from agent.node import Node, as_clock
+from agent.server import convert as C
+from agent.server.errors import abort, abort_with
+from agent.server.metrics import AgentMetrics
+from agent.server.scrape import HistogramScraper
+from agent.types import AllocationPlan, GroupAllocation, Snapshot
+from proto.rdtune.v1 import agent_pb2 as api
+from proto.rdtune.v1 import agent_pb2_grpc as rpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Bounds on what one request may ask for (sizes are also capped by the message limit)."""
+
+    max_ids: int = 65536  # pids or CPUs per Assign
+    max_samples: int = 65536  # latency samples per report
+    max_buckets: int = 1024  # histogram buckets per report
+    min_stream_interval_s: float = 0.01
+    max_stream_interval_s: float = 3600.0
+    max_advance_s: float = 86400.0
+
+
+class NodeHost:
+    """A node, its lock, its latency feeds and metrics: what both servicers share."""
+
+    def __init__(
+        self,
+        node: Node,
+        *,
+        metrics: AgentMetrics | None = None,
+        recorder: LatencyRecorder | None = None,
+        scrapers: list[HistogramScraper] = (),
+        limits: Limits = Limits(),
+    ) -> None:
+        self.node = node
+        self.metrics = metrics or AgentMetrics()
+        self.recorder = recorder or LatencyRecorder()
+        self.scrapers = list(scrapers)
+        self.limits = limits
+        self.lock = threading.RLock()
+        self.stopping = threading.Event()
+        self._streams: set[threading.Event] = set()
+        self._streams_lock = threading.Lock()
+
+    def call(self, context: grpc.ServicerContext, fn: Callable, *args, **kwargs):
+        """Run a node method under the lock; node errors become their gRPC status."""
+        try:
+            with self.lock:
+                return fn(*args, **kwargs)
+        except (NodeError, ValueError, TypeError) as exc:
+            abort(context, exc)
+        except Exception as exc:
+            log.exception("node call %s failed", getattr(fn, "__name__", fn))
+            abort(context, exc)
+
+    def observe(self) -> Snapshot:
+        for scraper in self.scrapers:
+            try:
+                scraper.scrape_once()
+            except Exception as exc:  # a service being down must not stop observation
+                log.warning("latency scrape of group %s failed: %s", scraper.group, exc)
+                self.metrics.scrape_errors.labels(scraper.group).inc()
+        with self.lock:
+            snap = self.node.observe()
+            specs = dict(self.node.groups())
+        groups = dict(snap.groups)
+        for name, sample in snap.groups.items():
+            stats = self.recorder.drain(name)
+            if stats is not None:
+                groups[name] = dataclasses.replace(sample, latency=stats)
+        if groups != dict(snap.groups):
+            snap = dataclasses.replace(snap, groups=groups)
+        self.metrics.record_snapshot(snap, specs)
+        return snap
+
+    def stream_stopper(self) -> threading.Event:
+        event = threading.Event()
+        with self._streams_lock:
+            self._streams.add(event)
+            if self.stopping.is_set():
+                event.set()
+        return event
+
+    def stream_done(self, event: threading.Event) -> None:
+        with self._streams_lock:
+            self._streams.discard(event)
+
+    def stop_streams(self) -> None:
+        """End every server stream (shutdown): clients see a normal end of stream."""
+        self.stopping.set()
+        with self._streams_lock:
+            for event in self._streams:
+                event.set()
+
+    def restore_defaults(self) -> None:
+        """Give every own group every way and full bandwidth again (``--restore-on-exit``)."""
+        with self.lock:
+            caps = self.node.capabilities()
+            full = GroupAllocation(
+                l3_mask=caps.l3.cbm_mask if caps.l3 else None,
+                mb=caps.mba.max_bandwidth if caps.mba else None,
+            )
+            groups = list(self.node.groups())
+            if groups:
+                self.node.apply(AllocationPlan.uniform(dict.fromkeys(groups, full), caps.domains))
+
+
+class NodeAgentServicer(rpc.NodeAgentServicer):
+    def __init__(self, host: NodeHost) -> None:
+        self.host = host
+
+    def _decode(self, context, fn: Callable, *args):
+        try:
+            return fn(*args)
+        except (NodeError, ValueError, TypeError) as exc:
+            abort(context, exc)
+
+    def GetCapabilities(self, request, context):
+        return C.to_capabilities(self.host.call(context, self.host.node.capabilities))
+
+    def ListGroups(self, request, context):
+        groups = self.host.call(context, self.host.node.groups)
+        return api.ListGroupsResponse(groups=[C.to_group_spec(s) for s in groups.values()])
+
+    def CreateGroup(self, request, context):
+        if not request.HasField("spec"):
+            abort(context, ValueError("CreateGroup needs a spec"))
+        spec = self._decode(context, C.from_group_spec, request.spec)
+        self.host.call(context, self.host.node.create_group, spec)
+        return api.CreateGroupResponse()
+
+    def DeleteGroup(self, request, context):
+        name = self._decode(context, C.group_name, request.name)
+        self.host.call(context, self.host.node.delete_group, name)
+        self.host.recorder.forget(name)
+        return api.DeleteGroupResponse()
+
+    def Assign(self, request, context):
+        name = self._decode(context, C.group_name, request.group)
+        limit = self.host.limits.max_ids
+        if len(request.pids) > limit or len(request.cpus) > limit:
+            abort(context, ValueError(f"at most {limit} pids and {limit} CPUs per Assign"))
+        self.host.call(
+            context, self.host.node.assign, name, pids=list(request.pids), cpus=list(request.cpus)
+        )
+        return api.AssignResponse()
+
+    def ListTasks(self, request, context):
+        name = self._decode(context, C.group_name, request.group)
+        pids = self.host.call(context, self.host.node.tasks, name)
+        return api.ListTasksResponse(pids=sorted(pids))
+
+    def Apply(self, request, context):
+        plan = self._decode(context, C.from_plan, request.plan)
+        try:
+            with self.host.lock:
+                held = self.host.node.apply(plan, dry_run=request.dry_run)
+        except Exception as exc:
+            self.host.metrics.apply_failed(getattr(exc, "rule", None) or type(exc).__name__)
+            if not isinstance(exc, (NodeError, ValueError, TypeError)):
+                log.exception("apply failed")
+            abort(context, exc)
+        if not request.dry_run:
+            self.host.metrics.record_allocation(held)
+        return api.ApplyResponse(allocation=C.to_allocation(held))
+
+    def GetAllocation(self, request, context):
+        held = self.host.call(context, self.host.node.allocation)
+        self.host.metrics.record_allocation(held)
+        return api.GetAllocationResponse(allocation=C.to_allocation(held))
+
+    def Observe(self, request, context):
+        snap = self.host.call(context, self.host.observe)
+        return api.ObserveResponse(snapshot=C.to_snapshot(snap))
+
+    def StreamObservations(self, request, context) -> Iterator[api.ObserveResponse]:
+        lim = self.host.limits
+        interval = 1.0
+        if request.HasField("interval"):
+            interval = request.interval.ToNanoseconds() / 1e9
+        if not lim.min_stream_interval_s <= interval <= lim.max_stream_interval_s:
+            abort(
+                context,
+                ValueError(
+                    f"stream interval {interval:g} s outside "
+                    f"[{lim.min_stream_interval_s:g}, {lim.max_stream_interval_s:g}] s"
+                ),
+            )
+        stop = self.host.stream_stopper()
+        context.add_callback(stop.set)  # the client went away or cancelled
+        try:
+            sent = 0
+            while not (request.max_count and sent >= request.max_count):
+                if stop.wait(interval) or not context.is_active():
+                    return
+                snap = self.host.call(context, self.host.observe)
+                yield api.ObserveResponse(snapshot=C.to_snapshot(snap))
+                sent += 1
+        finally:
+            self.host.stream_done(stop)
+
+    def ReportLatencies(self, request_iterator, context):
+        lim = self.host.limits
+        known: set[str] = set()
+        reports = samples = 0
+        for report in request_iterator:
+            name = self._decode(context, C.group_name, report.group)
+            if name not in known:
+                if name not in self.host.call(context, self.host.node.groups):
+                    abort(context, GroupNotFound(name, "latency reported for an unknown group"))
+                known.add(name)
+            kind = report.WhichOneof("payload")
+            try:
+                if kind == "samples":
+                    values = report.samples.latencies_ms
+                    if len(values) > lim.max_samples:
+                        raise ValueError(f"at most {lim.max_samples} samples per report")
+                    self.host.recorder.add_samples(name, values)
+                    samples += len(values)
+                elif kind == "histogram":
+                    h = report.histogram
+                    if len(h.upper_bounds_ms) > lim.max_buckets:
+                        raise ValueError(f"at most {lim.max_buckets} buckets per report")
+                    self.host.recorder.add_histogram(name, h.upper_bounds_ms, h.counts)
+                    samples += round(sum(h.counts))
+                else:
+                    raise ValueError("a latency report needs samples or a histogram")
+            except ValueError as exc:
+                abort(context, ValueError(f"latency report for group {name!r}: {exc}"))
+            reports += 1
+            self.host.metrics.latency_reports.labels(name).inc()
+        return api.ReportLatenciesResponse(reports=reports, samples=samples)
+
+
+class SimulationServicer(rpc.SimulationServicer):
+    """The node's clock, when it has a simulated one; FAILED_PRECONDITION otherwise."""
+
+    def __init__(self, host: NodeHost) -> None:
+        self.host = host
+
+    def _clock(self, context):
+        clock = self.host.call(context, as_clock, self.host.node)
+        if clock is None:
+            abort(
+                context,
+                Unsupported("this node's clock is the wall clock: it cannot be reset or advanced"),
+            )
+        return clock
+
+    def Reset(self, request, context):
+        clock = self._clock(context)
+        scenario = request.scenario or None
+        if scenario is not None and (len(scenario) > 256 or not scenario.isprintable()):
+            abort(context, ValueError("scenario name must be a printable string <= 256 chars"))
+        seed = request.seed if request.HasField("seed") else None
+        try:
+            with self.host.lock:
+                clock.reset(scenario, seed)
+        except KeyError as exc:  # an unknown scenario name
+            abort(context, ValueError(f"unknown scenario {scenario!r}: {exc}"))
+        except Exception as exc:
+            abort(context, exc)
+        for name in list(self.host.call(context, self.host.node.groups)):
+            self.host.recorder.forget(name)
+        return api.ResetResponse()
+
+    def Advance(self, request, context):
+        clock = self._clock(context)
+        dt = request.duration.ToNanoseconds() / 1e9
+        if not (dt > 0 and math.isfinite(dt)) or dt > self.host.limits.max_advance_s:
+            abort_with(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"advance duration must be in (0, {self.host.limits.max_advance_s:g}] s, "
+                f"got {dt:g} s",
+            )
+        now = self.host.call(context, lambda: (clock.advance(dt), clock.now())[1])
+        return api.AdvanceResponse(now=now)
+
+    def Now(self, request, context):
+        clock = self._clock(context)
+        return api.NowResponse(now=self.host.call(context, clock.now))

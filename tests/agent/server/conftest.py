@@ -1,0 +1,49 @@
+"""Fixtures: a real agent server on loopback (TCP port 0 or a Unix socket) and its client."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.client import RemoteNode
+from agent.node import Node
+from agent.server.app import AgentServer
+from agent.server.config import AgentConfig
+
+
+@contextlib.contextmanager
+def serve(node: Node, *, unix: bool = False, own_node: bool = True, **cfg) -> Iterator[AgentServer]:
+    """Start an AgentServer for ``node`` on loopback; stop it on exit."""
+    with contextlib.ExitStack() as stack:
+        if unix:
+            # Unix socket paths are limited to ~107 bytes: keep it short.
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="rdt"))
+            cfg.setdefault("listen", f"unix:{Path(tmp) / 'agent.sock'}")
+        else:
+            cfg.setdefault("listen", "127.0.0.1:0")
+        cfg.setdefault("metrics_listen", "")
+        cfg.setdefault("grace_s", 1.0)
+        server = AgentServer(node, AgentConfig(**cfg), own_node=own_node).start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@contextlib.contextmanager
+def remote(server: AgentServer, **kwargs) -> Iterator[RemoteNode]:
+    kwargs.setdefault("timeout", 10.0)
+    client = RemoteNode(server.address, **kwargs)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(params=["tcp", "unix"])
+def transport(request) -> str:
+    return request.param
