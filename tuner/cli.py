@@ -14,7 +14,9 @@ import sys
 from collections.abc import Sequence
 
 # name -> (module, one-line help). Order is the order shown by --help.
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("agent.server.cli", "serve a node (simulated or resctrl) over gRPC"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

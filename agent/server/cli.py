@@ -1,0 +1,150 @@
+"""Serve a node (simulated or real resctrl) over gRPC: the rdtune node agent.
+
+The agent exposes one Node -- a simulated server (``--backend sim``, the default, runs
+anywhere) or this machine's resctrl (``--backend resctrl``) -- to tuners, environments and
+evaluation runs on this or other hosts, with health checking, reflection and a Prometheus
+metrics endpoint. It listens on 127.0.0.1 (or a unix: socket) unless told otherwise; any
+other address requires TLS and a bearer token (--token-file or $RDTUNE_AGENT_TOKEN).
+SIGTERM/SIGINT shut it down gracefully (in-flight applies finish; groups stay).
+
+Options given on the command line override the --config YAML file (see
+agent/server/config.py for its keys).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("\n\n", 1)[1]
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    be = parser.add_argument_group("backend")
+    be.add_argument("--backend", choices=("sim", "resctrl"), help="node to serve (default sim)")
+    be.add_argument("--scenario", metavar="NAME", help="sim: built-in scenario to start with")
+    be.add_argument("--seed", type=int, help="sim: random seed")
+    be.add_argument(
+        "--no-auto-groups",
+        dest="auto_groups",
+        action="store_false",
+        default=None,
+        help="sim: start with no groups (clients create them)",
+    )
+    be.add_argument("--root", metavar="PATH", help="resctrl: mount point (default /sys/fs/resctrl)")
+    net = parser.add_argument_group("network and security")
+    net.add_argument(
+        "--listen", metavar="ADDR", help="host:port or unix:/path (default 127.0.0.1:50051)"
+    )
+    net.add_argument(
+        "--metrics-listen",
+        metavar="ADDR",
+        help="Prometheus endpoint host:port (default 127.0.0.1:9464; '' disables)",
+    )
+    net.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM)")
+    net.add_argument("--tls-key", metavar="FILE", help="server private key (PEM)")
+    net.add_argument("--tls-client-ca", metavar="FILE", help="require client certs from this CA")
+    net.add_argument("--token-file", metavar="FILE", help="file holding the bearer token")
+    net.add_argument("--max-message-bytes", type=int, metavar="N", help="largest message")
+    net.add_argument("--rate-limit", type=float, metavar="RPS", help="requests/s per client host")
+    net.add_argument("--rate-burst", type=float, metavar="N", help="burst allowance per client")
+    life = parser.add_argument_group("lifecycle")
+    life.add_argument(
+        "--restore-on-exit",
+        action="store_true",
+        default=None,
+        help="on shutdown give every own group all ways and full bandwidth again",
+    )
+    life.add_argument("--grace", dest="grace_s", type=float, metavar="S", help="shutdown grace")
+    parser.add_argument(
+        "--list-scenarios", action="store_true", help="print the sim backend's scenarios and exit"
+    )
+
+
+_OVERRIDES = (
+    "backend",
+    "scenario",
+    "seed",
+    "auto_groups",
+    "root",
+    "listen",
+    "metrics_listen",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+    "token_file",
+    "max_message_bytes",
+    "rate_limit",
+    "rate_burst",
+    "restore_on_exit",
+    "grace_s",
+)
+
+
+def build_config(args: argparse.Namespace):
+    from agent.server.config import AgentConfig, load_yaml
+
+    cfg = load_yaml(args.config) if args.config else AgentConfig()
+    for name in _OVERRIDES:
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(cfg, name, value)
+    cfg.resolve_token()
+    cfg.validate()
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import sys
+    import threading
+
+    from agent.server.security import ConfigError
+
+    log = logging.getLogger("rdtune.agent")
+    if args.list_scenarios:
+        from agent.sim.scenario import scenario_names
+
+        for name in scenario_names():
+            print(name)
+        return 0
+    try:
+        cfg = build_config(args)
+    except ConfigError as exc:
+        print(f"rdtune agent: {exc}", file=sys.stderr)
+        return 2
+
+    from agent.server.app import AgentServer, make_node
+
+    try:
+        node = make_node(cfg)
+    except Exception as exc:  # a bad scenario name, no resctrl mount, ...
+        print(f"rdtune agent: cannot start the {cfg.backend} backend: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server = AgentServer(node, cfg).start()
+    except (ConfigError, RuntimeError) as exc:
+        node.close()
+        print(f"rdtune agent: {exc}", file=sys.stderr)
+        return 2
+    print(f"rdtune agent: serving {cfg.backend} on {server.address}", flush=True)
+    if server.metrics_port:
+        print(
+            f"rdtune agent: metrics on {cfg.metrics_listen.rpartition(':')[0]}:"
+            f"{server.metrics_port}/metrics",
+            flush=True,
+        )
+    stop = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        log.info("signal %d: shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop.wait(1.0):
+        pass
+    server.stop()
+    print("rdtune agent: stopped", flush=True)
+    return 0
