@@ -1,0 +1,146 @@
+"""PmcReader: the facade a Node uses: knows which events work here, opens counters only
+for those, and answers None for the rest (RESCTRL.md, section perf_event_open: report
+hardware events as unsupported, keep everything else working)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+
+from agent.pmc.counters import GroupCounters
+from agent.pmc.events import HARDWARE_EVENTS, lookup
+from agent.pmc.probe import probe_events
+
+
+class TargetCounters:
+    """Counters for one target; events that do not work here read as None."""
+
+    def __init__(self, events: Sequence[str], counters: GroupCounters | None) -> None:
+        self.events = tuple(events)
+        self.counters = counters
+
+    def _fill(self, values: Mapping[str, float]) -> dict[str, float | None]:
+        return {e: values.get(e) for e in self.events}
+
+    def read(self) -> dict[str, float | None]:
+        return self._fill(self.counters.read() if self.counters else {})
+
+    def read_delta(self) -> dict[str, float | None]:
+        return self._fill(self.counters.read_delta() if self.counters else {})
+
+    @property
+    def fd_count(self) -> int:
+        return self.counters.fd_count if self.counters else 0
+
+    def close(self) -> None:
+        if self.counters is not None:
+            self.counters.close()
+
+    def __enter__(self) -> TargetCounters:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PmcReader:
+    """Per-target counters for ``events``, of which only ``supported`` are opened.
+
+    ``supported`` / ``unsupported`` come from :func:`probe_events` when not given (pass
+    ``NodeCapabilities.pmc_events`` / ``pmc_unsupported`` to skip the probe). Targets are
+    either opened and owned by the caller (``for_cgroup``, ``for_pids``) or tracked by name
+    (``track``, ``read_deltas``, ``untrack``), which the reader closes on ``close()``.
+    """
+
+    def __init__(
+        self,
+        events: Sequence[str] = HARDWARE_EVENTS,
+        *,
+        supported: Iterable[str] | None = None,
+        unsupported: Mapping[str, str] | None = None,
+    ) -> None:
+        lookup(tuple(events))  # validate names
+        self.events = tuple(events)
+        if supported is None:
+            found, reasons = probe_events(self.events)
+            self.supported = found
+            self.unsupported = dict(reasons)
+        else:
+            self.supported = frozenset(supported) & frozenset(self.events)
+            self.unsupported = {
+                e: (unsupported or {}).get(e, "not supported on this node")
+                for e in self.events
+                if e not in self.supported
+            }
+        self.active = tuple(e for e in self.events if e in self.supported)
+        self._tracked: dict[str, TargetCounters] = {}
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- owned by the caller
+
+    def for_cgroup(self, path: str | os.PathLike[str]) -> TargetCounters:
+        counters = GroupCounters.for_cgroup(path, self.active) if self.active else None
+        return TargetCounters(self.events, counters)
+
+    def for_pids(self, pids: Iterable[int], *, inherit: bool = True) -> TargetCounters:
+        pids = list(pids)
+        counters = (
+            GroupCounters.for_pids(pids, self.active, inherit=inherit)
+            if self.active and pids
+            else None
+        )
+        return TargetCounters(self.events, counters)
+
+    # ---------------------------------------------------------------- tracked by name
+
+    def track(
+        self,
+        name: str,
+        *,
+        pids: Iterable[int] | None = None,
+        cgroup: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """(Re)open the counters of ``name`` on either ``pids`` or a ``cgroup`` directory."""
+        if (pids is None) == (cgroup is None):
+            raise ValueError("track: give exactly one of pids= or cgroup=")
+        target = self.for_cgroup(cgroup) if cgroup is not None else self.for_pids(pids or ())
+        with self._lock:
+            old = self._tracked.pop(name, None)
+            self._tracked[name] = target
+        if old is not None:
+            old.close()
+
+    def untrack(self, name: str) -> None:
+        with self._lock:
+            target = self._tracked.pop(name, None)
+        if target is not None:
+            target.close()
+
+    def tracked(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(self._tracked)
+
+    def read_deltas(self) -> dict[str, dict[str, float | None]]:
+        """Per tracked name: the counts since the previous call (None: unsupported)."""
+        with self._lock:
+            targets = dict(self._tracked)
+        return {name: t.read_delta() for name, t in targets.items()}
+
+    @property
+    def fd_count(self) -> int:
+        with self._lock:
+            return sum(t.fd_count for t in self._tracked.values())
+
+    def close(self) -> None:
+        with self._lock:
+            targets = list(self._tracked.values())
+            self._tracked.clear()
+        for t in targets:
+            t.close()
+
+    def __enter__(self) -> PmcReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,94 @@
+"""PmcReader: counters only for the events that work here, None for the rest, per tracked
+target (pids or a cgroup), and every fd closed at the end."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.pmc import HARDWARE_EVENTS, PmcReader, online_cpus, probe_events
+from tests.agent.pmc.conftest import move_to_cgroup
+from tests.agent.pmc.test_counters import perf_fds
+from tests.agent.pmc.workload import touch_pages
+
+HW_UNSUPPORTED = probe_events()[0] == frozenset()
+needs_no_pmu = pytest.mark.skipif(not HW_UNSUPPORTED, reason="this machine has a PMU")
+EVENTS = (*HARDWARE_EVENTS, "task_clock", "page_faults")
+
+
+@needs_no_pmu
+def test_probing_reader_counts_software_and_answers_none_for_hardware(child_factory):
+    with PmcReader(EVENTS) as reader:
+        assert reader.active == ("task_clock", "page_faults")
+        assert set(reader.unsupported) == set(HARDWARE_EVENTS)
+        child = child_factory(burn_s=0.03, pages=200)
+        reader.track("batch", pids=[child.pid])
+        assert reader.tracked() == ("batch",) and reader.fd_count == 2
+        child.go()
+        child.finish()
+        ((name, values),) = reader.read_deltas().items()
+        assert name == "batch" and list(values) == list(EVENTS)
+        assert all(values[e] is None for e in HARDWARE_EVENTS)
+        assert values["task_clock"] >= 0.03e9 * 0.9 and values["page_faults"] >= 200
+        assert reader.read_deltas()["batch"]["page_faults"] == 0.0  # the child is gone
+        reader.untrack("batch")
+        assert reader.tracked() == () and reader.fd_count == 0
+
+
+def test_nothing_supported_opens_nothing():
+    base = perf_fds()
+    with PmcReader(HARDWARE_EVENTS, supported=(), unsupported={"cycles": "ENOENT: x"}) as r:
+        r.track("lc", pids=[1])
+        assert perf_fds() == base
+        assert r.read_deltas() == {"lc": dict.fromkeys(HARDWARE_EVENTS)}
+        assert r.unsupported["cycles"] == "ENOENT: x"
+        assert r.unsupported["instructions"] == "not supported on this node"
+
+
+def test_given_support_is_trusted_and_limited_to_the_events_asked():
+    reader = PmcReader(
+        ["page_faults", "context_switches"], supported={"page_faults", "instructions"}
+    )
+    assert reader.active == ("page_faults",) and reader.supported == {"page_faults"}
+    with reader.for_pids([]) as empty:
+        assert empty.fd_count == 0 and empty.read() == dict.fromkeys(reader.events)
+    reader.close()
+
+
+def test_track_cgroup_and_retrack_closes_the_old_counters(cgroup_dir, child_factory):
+    base = perf_fds()
+    with PmcReader(["page_faults", "context_switches"]) as reader:
+        child = child_factory(burn_s=0.0, pages=300)
+        move_to_cgroup(cgroup_dir, child.pid)
+        reader.track("web", cgroup=cgroup_dir)
+        assert reader.fd_count == 2 * len(online_cpus())
+        child.go()
+        child.finish()
+        assert reader.read_deltas()["web"]["page_faults"] >= 300
+        other = child_factory(burn_s=0.0)
+        reader.track("web", pids=[other.pid])  # re-track elsewhere: the old fds are closed
+        assert reader.fd_count == 2 and perf_fds() == base + 2
+    assert perf_fds() == base and reader.tracked() == ()
+
+
+def test_for_pids_owned_by_the_caller():
+    import os
+
+    reader = PmcReader(["page_faults"], supported={"page_faults"})
+    with reader.for_pids([os.getpid()]) as target:
+        touch_pages(100)
+        assert target.read_delta()["page_faults"] >= 100
+        assert target.read()["page_faults"] >= 100
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"pids": [1], "cgroup": "/x"}])
+def test_track_needs_exactly_one_target(kwargs):
+    with (
+        PmcReader(["page_faults"], supported=()) as reader,
+        pytest.raises(ValueError, match="exactly one"),
+    ):
+        reader.track("x", **kwargs)
+
+
+def test_unknown_event_names_are_rejected():
+    with pytest.raises(ValueError, match="unknown PMC event"):
+        PmcReader(["llc_misses", "bogus"], supported=())
