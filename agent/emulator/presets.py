@@ -1,0 +1,145 @@
+"""Machines the resctrl emulator can pretend to be (data only).
+
+Values follow shared/design/RESCTRL.md ("A typical Intel host", AMD units) and the machine
+list of shared/design/SIMULATOR.md (Xeon Gold 6130: 11 ways, MBA 10-100 step 10; Xeon E5 v3:
+20 ways, 4 CLOS, the Haswell quirk of at least 2 bits per mask; AMD EPYC 7002: 4 CLOS,
+20-bit masks, MB as an absolute limit in 1/8 GB/s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+MBPS_DEFAULT = 4294967295  # MBA_MAX_MBPS: the default MB value in mba_MBps mode
+
+
+@dataclass(frozen=True)
+class MbPreset:
+    min_bandwidth: int = 10
+    bandwidth_gran: int = 10
+    max_bandwidth: int = 100  # 100 (percent) or the AMD hardware limit (2048)
+    num_closids: int = 8
+    delay_linear: int = 1
+    thread_throttle_mode: str = "max"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One emulated machine.
+
+    Attributes:
+        cbm_mask: full capacity bitmask of the L3.
+        l3_closids: hardware CLOSIDs of the L3 (halved for allocation when CDP is on).
+        mb: memory bandwidth allocation, or None without MBA.
+        cdp / mba_mbps: the mount options ``cdp`` and ``mba_MBps``.
+        cpus_online / cpus_possible: CPUs 0..online-1 are online; up to possible-1 exist
+            but are offline (writing them fails "Can only assign online CPUs").
+        name_width / mb_width: read-back padding of resource names and MB values, as
+            printed by kernels that pad (``  L3:0=...``, ``MB:0=  100``).
+        limbo_s: how long a freed RMID stays in limbo before it can be reused.
+    """
+
+    name: str
+    description: str
+    vendor: str = "GenuineIntel"
+    model_name: str = "Intel(R) Xeon(R) CPU (emulated)"
+    cbm_mask: int = 0xFFFFF
+    min_cbm_bits: int = 1
+    l3_closids: int = 16
+    shareable_bits: int = 0
+    sparse_masks: bool = False
+    mb: MbPreset | None = field(default_factory=MbPreset)
+    num_rmids: int = 192
+    mon_features: tuple[str, ...] = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")
+    max_threshold_occupancy: int = 1441792
+    domains: tuple[int, ...] = (0,)
+    cache_size: int = 40 * 1024 * 1024
+    cpus_online: int = 8
+    cpus_possible: int = 12
+    cdp: bool = False
+    mba_mbps: bool = False
+    name_width: int = 0
+    mb_width: int = 3
+    limbo_s: float = 0.2
+
+    @property
+    def cbm_len(self) -> int:
+        return self.cbm_mask.bit_length()
+
+
+_INTEL = Preset(
+    name="intel-20way",
+    description="Intel Xeon, 20-way L3, 16 CLOSIDs (MB: 8), MBA 10-100 step 10, 192 RMIDs, "
+    "2 sockets",
+    model_name="Intel(R) Xeon(R) Platinum 8180 CPU @ 2.50GHz (emulated)",
+    shareable_bits=0xC0000,
+    domains=(0, 1),
+    cache_size=40 * 1024 * 1024,
+    mb_width=5,
+)
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        _INTEL,
+        Preset(
+            name="gold-6130",
+            description="Xeon Gold 6130 (CoPart): 11-way 22 MB L3, 16 CLOSIDs, MBA 10-100 step 10",
+            model_name="Intel(R) Xeon(R) Gold 6130 CPU @ 2.10GHz (emulated)",
+            cbm_mask=0x7FF,
+            num_rmids=176,
+            cache_size=22 * 1024 * 1024,
+            cpus_online=16,
+            cpus_possible=16,
+        ),
+        Preset(
+            name="e5v3-4clos",
+            description="Xeon E5 v3 (Haswell): 20-way 35 MB L3, 4 CLOSIDs, masks of >= 2 bits, "
+            "no MBA",
+            model_name="Intel(R) Xeon(R) CPU E5-2697 v3 @ 2.60GHz (emulated)",
+            l3_closids=4,
+            min_cbm_bits=2,
+            mb=None,
+            num_rmids=56,
+            mon_features=("llc_occupancy",),
+            cache_size=35 * 1024 * 1024,
+            cpus_online=14,
+            cpus_possible=16,
+        ),
+        replace(
+            _INTEL,
+            name="intel-cdp",
+            description="Intel 20-way host mounted with -o cdp (L3CODE/L3DATA, 8 CLOSIDs)",
+            cdp=True,
+        ),
+        replace(
+            _INTEL,
+            name="intel-mbps",
+            description="Intel 20-way host mounted with -o mba_MBps (MB in MiB/s)",
+            mba_mbps=True,
+        ),
+        Preset(
+            name="amd-epyc",
+            description="AMD EPYC 7002: 4 CLOSIDs, 20-bit masks, MB limit in 1/8 GB/s "
+            "(0..2048, step 1), 8 L3 domains",
+            vendor="AuthenticAMD",
+            model_name="AMD EPYC 7302P 16-Core Processor (emulated)",
+            l3_closids=4,
+            mb=MbPreset(min_bandwidth=0, bandwidth_gran=1, max_bandwidth=2048, num_closids=4),
+            num_rmids=256,
+            domains=tuple(range(8)),
+            cache_size=16 * 1024 * 1024,
+            cpus_online=16,
+            cpus_possible=16,
+            name_width=4,
+            mb_width=4,
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}") from None

@@ -1,0 +1,214 @@
+"""Discover NodeCapabilities from a resctrl tree (RESCTRL.md, sections Layout and Mount
+options).
+
+Reads ``info/`` (L3 or L3CODE/L3DATA, MB, L3_MON), the root group's ``schemata`` (domain
+ids) and ``cpus_list`` (online CPUs), and the mount options. When the root is a real
+resctrl mount its options come from /proc/mounts (``cdp``, ``mba_MBps``); when it is not
+(the FUSE emulator, a copied tree) CDP is inferred from ``info/L3CODE`` and mba_MBps from the
+root group's MB default being above 100 on an Intel-style MB resource.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from agent.resctrl import schemata
+from agent.types import (
+    CacheCapabilities,
+    MbaCapabilities,
+    MbaMode,
+    MonitoringCapabilities,
+    NodeCapabilities,
+    Vendor,
+)
+
+CACHE_SIZE = "/sys/devices/system/cpu/cpu0/cache/index3/size"
+CPUINFO = "/proc/cpuinfo"
+
+
+@dataclass(frozen=True)
+class MountInfo:
+    """How the resctrl root is mounted."""
+
+    is_resctrl: bool
+    options: frozenset[str] = frozenset()
+
+
+def read_text(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _read_int(path: str, base: int = 10) -> int:
+    return int(read_text(path).strip(), base)
+
+
+def mount_info(root: str, mounts: str = "/proc/mounts") -> MountInfo:
+    """The mount entry for ``root`` (the last one wins, as in the kernel's view)."""
+    real = os.path.realpath(root)
+    found = MountInfo(False)
+    try:
+        text = read_text(mounts)
+    except OSError:
+        return found
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        target = fields[1].replace("\\040", " ")
+        if os.path.realpath(target) == real:
+            found = MountInfo(fields[2] == "resctrl", frozenset(fields[3].split(",")))
+    return found
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in filter(None, text.strip().split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def parse_size(text: str) -> int | None:
+    """``35840K`` -> bytes (sysfs cache size)."""
+    text = text.strip().upper()
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+    digits = text.rstrip("KMG")
+    return int(digits) * scale if digits.isdigit() else None
+
+
+def cpu_vendor(cpuinfo: str = CPUINFO) -> tuple[Vendor | None, str]:
+    """Vendor and model name from /proc/cpuinfo (None when it says neither Intel nor AMD)."""
+    vendor, model = None, ""
+    try:
+        text = read_text(cpuinfo)
+    except OSError:
+        return None, ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "vendor_id" and vendor is None:
+            vendor = {"GenuineIntel": Vendor.INTEL, "AuthenticAMD": Vendor.AMD}.get(value)
+        elif key == "model name" and not model:
+            model = value
+    return vendor, model
+
+
+def _cache(info: str, name: str, domains: tuple[int, ...], cdp: bool, size: int | None):
+    d = os.path.join(info, name)
+    sparse = os.path.join(d, "sparse_masks")
+    shareable = os.path.join(d, "shareable_bits")
+    return CacheCapabilities(
+        cbm_mask=_read_int(os.path.join(d, "cbm_mask"), 16),
+        min_cbm_bits=_read_int(os.path.join(d, "min_cbm_bits")),
+        num_closids=_read_int(os.path.join(d, "num_closids")),
+        domains=domains,
+        shareable_bits=_read_int(shareable, 16) if os.path.exists(shareable) else 0,
+        sparse_masks=bool(_read_int(sparse)) if os.path.exists(sparse) else False,
+        cdp=cdp,
+        size_bytes=size,
+    )
+
+
+def discover(
+    root: str,
+    mounts: str = "/proc/mounts",
+    cache_size_path: str = CACHE_SIZE,
+    cpuinfo: str = CPUINFO,
+    pmc_events: frozenset[str] = frozenset(),
+    pmc_unsupported: dict[str, str] | None = None,
+) -> NodeCapabilities:
+    """Capabilities of the resctrl tree at ``root``."""
+    info = os.path.join(root, "info")
+    if not os.path.isdir(info):
+        raise FileNotFoundError(f"{root} is not a resctrl filesystem (no info/ directory)")
+    mount = mount_info(root, mounts)
+    root_schemata = schemata.parse(read_text(os.path.join(root, "schemata")))
+    cpus = parse_cpu_list(read_text(os.path.join(root, "cpus_list")))
+
+    size = None
+    if os.path.exists(cache_size_path):
+        try:
+            size = parse_size(read_text(cache_size_path))
+        except OSError:
+            size = None
+
+    l3 = None
+    if os.path.isdir(os.path.join(info, "L3CODE")):
+        cdp = True
+        if mount.is_resctrl and "cdp" not in mount.options:
+            cdp = False  # a stale directory cannot override the mount: trust /proc/mounts
+        doms = tuple(sorted(root_schemata.resources.get("L3DATA", {}))) or (0,)
+        l3 = _cache(info, "L3DATA", doms, cdp, size)
+    elif os.path.isdir(os.path.join(info, "L3")):
+        doms = tuple(sorted(root_schemata.resources.get("L3", {}))) or (0,)
+        l3 = _cache(info, "L3", doms, False, size)
+
+    vendor, model = cpu_vendor(cpuinfo)
+    mba = None
+    mb_dir = os.path.join(info, "MB")
+    if os.path.isdir(mb_dir):
+        min_bw = _read_int(os.path.join(mb_dir, "min_bandwidth"))
+        gran = _read_int(os.path.join(mb_dir, "bandwidth_gran"))
+        mb_default = max(root_schemata.resources.get("MB", {0: 100}).values())
+        amd_style = min_bw == 0 and gran == 1  # AMD: absolute limit in 1/8 GB/s
+        if amd_style:
+            vendor = Vendor.AMD  # only AMD's L3 QoS expresses MB this way
+        if mount.is_resctrl:
+            mbps = "mba_MBps" in mount.options
+        else:
+            mbps = not amd_style and mb_default > 100
+        if mbps:
+            mode, max_bw = MbaMode.MBPS, mb_default
+        elif amd_style or vendor is Vendor.AMD:
+            mode, max_bw = MbaMode.AMD, mb_default
+        else:
+            mode, max_bw = MbaMode.PERCENT, 100
+        delay = os.path.join(mb_dir, "delay_linear")
+        throttle = os.path.join(mb_dir, "thread_throttle_mode")
+        mba = MbaCapabilities(
+            min_bandwidth=min_bw,
+            bandwidth_gran=gran,
+            max_bandwidth=max_bw,
+            num_closids=_read_int(os.path.join(mb_dir, "num_closids")),
+            mode=mode,
+            delay_linear=bool(_read_int(delay)) if os.path.exists(delay) else True,
+            throttle_mode=read_text(throttle).strip() if os.path.exists(throttle) else "max",
+            domains=tuple(sorted(root_schemata.resources.get("MB", {0: 0}))),
+        )
+
+    monitoring = None
+    mon_dir = os.path.join(info, "L3_MON")
+    if os.path.isdir(mon_dir):
+        features = frozenset(read_text(os.path.join(mon_dir, "mon_features")).split())
+        thr = os.path.join(mon_dir, "max_threshold_occupancy")
+        mon_doms = sorted(
+            int(n[len("mon_L3_") :])
+            for n in _listdir(os.path.join(root, "mon_data"))
+            if n.startswith("mon_L3_") and n[len("mon_L3_") :].isdigit()
+        )
+        monitoring = MonitoringCapabilities(
+            num_rmids=_read_int(os.path.join(mon_dir, "num_rmids")),
+            features=features,
+            max_threshold_occupancy=_read_int(thr) if os.path.exists(thr) else 0,
+            domains=tuple(mon_doms) or (l3.domains if l3 else (0,)),
+        )
+
+    return NodeCapabilities(
+        vendor=vendor or Vendor.INTEL,
+        num_cpus=len(cpus) or (os.cpu_count() or 1),
+        l3=l3,
+        mba=mba,
+        monitoring=monitoring,
+        pmc_events=pmc_events,
+        pmc_unsupported=pmc_unsupported or {},
+        description=f"resctrl at {root}" + (f" ({model})" if model else ""),
+    )
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []

@@ -1,0 +1,81 @@
+"""flock on the resctrl root directory (RESCTRL.md, section Locking and ownership).
+
+pqos and other resctrl users take ``LOCK_EX`` on the root for read-modify-write sequences
+and ``LOCK_SH`` for reads; we do the same, with a timeout so a stuck peer gives a clear
+error instead of a hung agent.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from agent.errors import KernelError
+
+
+class ResctrlLock:
+    """Shared/exclusive flock on ``root``; re-entrant within one thread of this process."""
+
+    def __init__(self, root: str, timeout_s: float = 5.0) -> None:
+        self.root = root
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self._mutex = threading.RLock()  # flock is per open file: serialise our own threads
+
+    @contextmanager
+    def hold(self, exclusive: bool) -> Iterator[None]:
+        with self._mutex:
+            depth = getattr(self._local, "depth", 0)
+            if depth:
+                if exclusive and not self._local.exclusive:
+                    # Upgrade: flock converts the lock on the same open file.
+                    self._flock(self._local.fd, fcntl.LOCK_EX)
+                    self._local.exclusive = True
+                self._local.depth = depth + 1
+                try:
+                    yield
+                finally:
+                    self._local.depth -= 1
+                return
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                self._flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                self._local.fd, self._local.depth, self._local.exclusive = fd, 1, exclusive
+                try:
+                    yield
+                finally:
+                    self._local.depth = 0
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    def _flock(self, fd: int, op: int) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, op | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    kind = "exclusive" if op == fcntl.LOCK_EX else "shared"
+                    raise KernelError(
+                        f"could not take the {kind} lock on {self.root} within "
+                        f"{self.timeout_s:g} s: another resctrl user (pqos, a container "
+                        "runtime) holds it",
+                        err=errno.EWOULDBLOCK,
+                        path=self.root,
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+    def shared(self):
+        return self.hold(exclusive=False)
+
+    def exclusive(self):
+        return self.hold(exclusive=True)

@@ -1,0 +1,100 @@
+"""resctrl monitoring: ``mon_data/mon_L3_XX/{llc_occupancy,mbm_total_bytes,mbm_local_bytes}``
+turned into per-interval values (RESCTRL.md, sections Layout and Behaviour).
+
+Counter files read as a decimal byte count or as ``Unavailable``/``Error``/``Unassigned``;
+those reads succeed and mean "no value" (None). ``mbm_*`` are cumulative 64-bit counters
+since group creation: the per-interval value is the delta, and a drop means the counter
+was reset, so the interval counts from zero rather than going negative. ``llc_occupancy``
+is a gauge.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+MBM_EVENTS = ("mbm_total_bytes", "mbm_local_bytes")
+OCCUPANCY = "llc_occupancy"
+
+
+def read_counter(path: str) -> int | None:
+    """A monitoring file's value, or None for Unavailable/Error/Unassigned/missing."""
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        # Some kernels return EIO for an RMID whose value is not available yet.
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def mon_domains(mon_data: str) -> list[tuple[int, str]]:
+    """(domain id, directory) of every L3 monitoring domain under ``mon_data``."""
+    out = []
+    try:
+        names = os.listdir(mon_data)
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith("mon_L3_") and name[len("mon_L3_") :].isdigit():
+            out.append((int(name[len("mon_L3_") :]), os.path.join(mon_data, name)))
+    return sorted(out)
+
+
+@dataclass
+class CounterTracker:
+    """Deltas of cumulative counters keyed by (group, event, domain), with reset detection."""
+
+    last: dict[tuple[str, str, int], int] = field(default_factory=dict)
+
+    def delta(self, key: tuple[str, str, int], value: int | None) -> int | None:
+        if value is None:
+            return None  # keep the previous value: the next good read spans both intervals
+        before = self.last.get(key)
+        self.last[key] = value
+        if before is None:
+            return None  # first sight: no interval yet
+        if value < before:
+            return value  # reset (or wrap handled by the kernel): count from zero
+        return value - before
+
+    def forget(self, group: str) -> None:
+        for key in [k for k in self.last if k[0] == group]:
+            del self.last[key]
+
+
+@dataclass(frozen=True)
+class MonSample:
+    occupancy: float | None
+    total: float | None
+    local: float | None
+
+
+def sample_group(
+    name: str, mon_data: str, features: frozenset[str], tracker: CounterTracker
+) -> MonSample:
+    """One interval of ``name``'s counters, summed over domains.
+
+    A sum is None only when no domain gave a value (a partially available group still
+    reports what was measured).
+    """
+    occ: int | None = None
+    sums: dict[str, int | None] = {e: None for e in MBM_EVENTS}
+    for dom, path in mon_domains(mon_data):
+        if OCCUPANCY in features:
+            v = read_counter(os.path.join(path, OCCUPANCY))
+            if v is not None:
+                occ = (occ or 0) + v
+        for event in MBM_EVENTS:
+            if event not in features:
+                continue
+            d = tracker.delta((name, event, dom), read_counter(os.path.join(path, event)))
+            if d is not None:
+                sums[event] = (sums[event] or 0) + d
+    return MonSample(
+        occupancy=None if occ is None else float(occ),
+        total=None if sums["mbm_total_bytes"] is None else float(sums["mbm_total_bytes"]),
+        local=None if sums["mbm_local_bytes"] is None else float(sums["mbm_local_bytes"]),
+    )

@@ -1,0 +1,751 @@
+"""ResctrlNode: the real Linux backend of ``Node`` (ARCHITECTURE.md, "One seam"), over the
+resctrl filesystem, perf_event_open counters and an LC latency feed.
+
+Follows shared/design/RESCTRL.md: owns only groups named with its prefix (adopted again
+after a restart, kind and SLO kept in a state file), never lists or changes foreign
+groups, notices own groups deleted by someone else, cleans up its stale monitoring groups,
+validates every plan with agent.validate before the first write, writes one schemata per
+group (shrinking groups first), restores what it changed when the kernel refuses a write,
+and returns what the kernel really holds, parsed by value. Reads take a shared flock on
+the root, read-modify-write sequences an exclusive one.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any, Protocol
+
+from agent.errors import (
+    GroupExists,
+    GroupNotFound,
+    InvalidCpus,
+    InvalidName,
+    KernelError,
+    NodeError,
+    ResourceExhausted,
+    UnknownTask,
+)
+from agent.resctrl import discovery, monitor, schemata, state
+from agent.resctrl.lock import ResctrlLock
+from agent.types import (
+    Allocation,
+    AllocationPlan,
+    GroupAllocation,
+    GroupKind,
+    GroupSample,
+    GroupSpec,
+    LatencyStats,
+    NodeCapabilities,
+    Snapshot,
+    validate_group_name,
+)
+from agent.validate import PlanContext, validate_plan
+
+log = logging.getLogger(__name__)
+
+HARDWARE_EVENTS = ("instructions", "cycles", "llc_references", "llc_misses")
+DEFAULT_STATE_DIR = "/var/lib/rdtune"
+
+
+class PmcSource(Protocol):
+    """What ResctrlNode needs of a PMC reader (agent.pmc.PmcReader fits)."""
+
+    supported: frozenset[str]
+    unsupported: Mapping[str, str]
+
+    def track(self, name: str, *, pids: Iterable[int]) -> None: ...
+    def untrack(self, name: str) -> None: ...
+    def read_deltas(self) -> Mapping[str, Mapping[str, float | None]]: ...
+    def close(self) -> None: ...
+
+
+class LatencySource(Protocol):
+    """Where LC latency comes from (agent.latency.LatencyRecorder fits)."""
+
+    def drain(self, group: str) -> LatencyStats | None: ...
+
+
+def _default_pmc() -> PmcSource | None:
+    try:
+        from agent.pmc import PmcReader
+    except ImportError:
+        return None
+    try:
+        return PmcReader(HARDWARE_EVENTS)
+    except Exception as exc:  # a broken PMU must not stop the resctrl backend
+        log.warning("PMC reader unavailable: %s", exc)
+        return None
+
+
+class ResctrlNode:
+    """A Node over the resctrl filesystem at ``root``.
+
+    Args:
+        root: the resctrl mount (or the emulator's mountpoint).
+        prefix: directory-name prefix of the groups this node owns.
+        state_dir: where the kind/SLO state file lives.
+        pmc: a PMC reader, None for none, or "auto" to use agent.pmc when it works.
+        latency: an object with ``drain(group) -> LatencyStats | None`` for LC groups.
+        mounts: the mount table used to read resctrl mount options.
+        lock_timeout_s: how long to wait for the flock on the root.
+        cache_size_path / cpuinfo: sysfs/procfs files for cache size and vendor.
+        proc: procfs, used to check pids exist before moving them.
+    """
+
+    def __init__(
+        self,
+        root: str = "/sys/fs/resctrl",
+        prefix: str = "rdtune-",
+        state_dir: str = DEFAULT_STATE_DIR,
+        pmc: PmcSource | str | None = "auto",
+        latency: LatencySource | None = None,
+        mounts: str = "/proc/mounts",
+        lock_timeout_s: float = 5.0,
+        cache_size_path: str = discovery.CACHE_SIZE,
+        cpuinfo: str = discovery.CPUINFO,
+        proc: str = "/proc",
+    ) -> None:
+        validate_group_name(prefix, error=InvalidName)
+        self.root = os.path.abspath(root)
+        self.prefix = prefix
+        self.proc = proc
+        self.latency = latency
+        safe_prefix = prefix.strip("-_.") or "rdtune"
+        self.state_path = os.path.join(state_dir, f"{safe_prefix}-resctrl-groups.json")
+        self._lock = ResctrlLock(self.root, lock_timeout_s)
+        self._own_pmc = pmc == "auto"
+        self.pmc: PmcSource | None = _default_pmc() if pmc == "auto" else pmc  # type: ignore[assignment]
+        if self.pmc is not None:
+            pmc_events = frozenset(self.pmc.supported) & frozenset(HARDWARE_EVENTS)
+            pmc_unsupported = {
+                e: self.pmc.unsupported.get(e, "not supported")
+                for e in HARDWARE_EVENTS
+                if e not in pmc_events
+            }
+        else:
+            pmc_events = frozenset()
+            pmc_unsupported = {e: "no PMC reader configured" for e in HARDWARE_EVENTS}
+        with self._lock.shared():
+            self._caps = discovery.discover(
+                self.root,
+                mounts=mounts,
+                cache_size_path=cache_size_path,
+                cpuinfo=cpuinfo,
+                pmc_events=pmc_events,
+                pmc_unsupported=pmc_unsupported,
+            )
+        self._cdp = bool(self._caps.l3 and self._caps.l3.cdp)
+        self._digits = (self._caps.l3.cbm_mask.bit_length() + 3) // 4 if self._caps.l3 else 0
+        self._specs: dict[str, GroupSpec] = {}
+        self._vanished: dict[str, GroupSpec] = {}
+        self._tracker = monitor.CounterTracker()
+        self._pmc_tasks: dict[str, frozenset[int]] = {}
+        self._last_observe = time.monotonic()
+        self.cleaned_mon_groups: list[str] = []
+        self._adopt()
+
+    # ------------------------------------------------------------------ paths
+
+    def _dir(self, name: str) -> str:
+        """The directory of own group ``name``; nothing a caller passes leaves the root."""
+        validate_group_name(name, error=InvalidName)
+        path = os.path.join(self.root, self.prefix + name)
+        if os.path.dirname(os.path.normpath(path)) != self.root:
+            raise InvalidName(f"group name {name!r} does not name a directory under the root")
+        return path
+
+    def _path(self, name: str, filename: str) -> str:
+        return os.path.join(self._dir(name), filename)
+
+    def _status(self) -> str:
+        try:
+            return discovery.read_text(os.path.join(self.root, "info", "last_cmd_status")).strip()
+        except OSError:
+            return ""
+
+    def _write(self, path: str, text: str) -> None:
+        """One write(2): one kernel command."""
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ adoption
+
+    def _own_dirs(self) -> list[str]:
+        out = []
+        for entry in os.listdir(self.root):
+            if entry.startswith(self.prefix) and entry != self.prefix:
+                name = entry[len(self.prefix) :]
+                try:
+                    validate_group_name(name)
+                except ValueError:
+                    log.warning("ignoring %s: not a valid group name", entry)
+                    continue
+                out.append(name)
+        return out
+
+    def _adopt(self) -> None:
+        saved = state.load(self.state_path)
+        with self._lock.exclusive():
+            on_disk = set(self._own_dirs())
+            for name in sorted(on_disk):
+                spec = saved.get(name, GroupSpec(name))
+                try:
+                    mode = discovery.read_text(self._path(name, "mode")).strip()
+                except OSError:
+                    mode = "shareable"
+                self._specs[name] = replace(spec, exclusive=mode == "exclusive")
+            for name, spec in saved.items():
+                if name not in on_disk:
+                    log.warning("own group %r is gone (deleted by someone else?)", name)
+                    self._vanished[name] = spec
+            self._clean_stale_mon_groups()
+        if self._specs or saved:
+            self._save()
+
+    def _clean_stale_mon_groups(self) -> None:
+        """rmdir every ``mon_groups/<prefix>*``: this node creates none while running, so
+        any left are from a crashed run and hold RMIDs."""
+        parents = [self.root] + [
+            os.path.join(self.root, e)
+            for e in os.listdir(self.root)
+            if e != "info" and os.path.isdir(os.path.join(self.root, e, "mon_groups"))
+        ]
+        for parent in parents:
+            mon = os.path.join(parent, "mon_groups")
+            try:
+                entries = os.listdir(mon)
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.startswith(self.prefix):
+                    path = os.path.join(mon, entry)
+                    try:
+                        os.rmdir(path)
+                        self.cleaned_mon_groups.append(os.path.relpath(path, self.root))
+                        log.info("removed stale monitoring group %s", path)
+                    except OSError as exc:
+                        log.warning("could not remove stale monitoring group %s: %s", path, exc)
+
+    def _save(self) -> None:
+        state.save(self.state_path, {**self._vanished, **self._specs}, self.root, self.prefix)
+
+    # ------------------------------------------------------------------ vanished groups
+
+    def _check_vanished(self) -> None:
+        gone = [n for n in self._specs if not os.path.isdir(self._dir(n))]
+        for name in gone:
+            log.warning("own group %r vanished (deleted by someone else)", name)
+            self._vanished[name] = self._specs.pop(name)
+            self._tracker.forget(name)
+            self._untrack(name)
+        if gone:
+            self._save()
+
+    def vanished(self) -> frozenset[str]:
+        """Own groups deleted by someone else and not re-created or deleted since."""
+        with self._lock.shared():
+            self._check_vanished()
+        return frozenset(self._vanished)
+
+    def recreate_vanished(self) -> list[str]:
+        """Re-create every vanished group with its spec (fresh masks: all non-exclusive
+        ways, MB at maximum); returns the names re-created."""
+        done = []
+        for name, spec in sorted(self._vanished.items()):
+            self.create_group(spec)
+            done.append(name)
+        return done
+
+    # ------------------------------------------------------------------ Node: groups
+
+    def capabilities(self) -> NodeCapabilities:
+        return self._caps
+
+    def groups(self) -> Mapping[str, GroupSpec]:
+        with self._lock.shared():
+            self._check_vanished()
+        return dict(self._specs)
+
+    def _require(self, name: str) -> str:
+        path = self._dir(name)
+        if name not in self._specs:
+            hint = "it vanished; see vanished()" if name in self._vanished else ""
+            raise GroupNotFound(name, hint)
+        return path
+
+    def create_group(self, spec: GroupSpec) -> None:
+        if not isinstance(spec, GroupSpec):
+            raise TypeError(f"expected a GroupSpec, got {type(spec).__name__}")
+        path = self._dir(spec.name)
+        with self._lock.exclusive():
+            if spec.name in self._specs or os.path.lexists(path):
+                raise GroupExists(spec.name)
+            try:
+                os.mkdir(path)
+            except OSError as exc:
+                status = self._status()
+                if exc.errno == errno.EEXIST:
+                    raise GroupExists(spec.name) from None
+                if exc.errno in (errno.ENOSPC, errno.EBUSY):
+                    resource = "rmid" if "RMID" in status else "closid"
+                    if exc.errno == errno.EBUSY:
+                        why = (
+                            f"{status or 'Out of RMIDs'}: freed RMIDs are still in limbo "
+                            "(their cache occupancy has not drained); retry shortly"
+                        )
+                        resource = "rmid"
+                    else:
+                        why = status or "no CLOSID or RMID left"
+                    raise ResourceExhausted(
+                        f"cannot create group {spec.name!r}: {why}", resource=resource
+                    ) from None
+                raise KernelError(
+                    f"cannot create group {spec.name!r}",
+                    err=exc.errno or 0,
+                    status=status,
+                    path=path,
+                ) from None
+            if spec.exclusive:
+                try:
+                    self._make_exclusive(spec.name)
+                except BaseException:
+                    try:
+                        os.rmdir(path)
+                    except OSError as exc:
+                        log.error("could not remove %s after a failed create: %s", path, exc)
+                    raise
+            self._specs[spec.name] = spec
+            self._vanished.pop(spec.name, None)
+            self._save()
+
+    def _make_exclusive(self, name: str) -> None:
+        """Narrow a new group to the ways no other group uses, then set mode exclusive
+        (the kernel refuses exclusive mode while the mask overlaps any other group)."""
+        caps = self._caps
+        if caps.l3 is not None:
+            others = self._others_masks()
+            want: dict[int, GroupAllocation] = {}
+            for d in caps.l3.domains:
+                used = caps.l3.shareable_bits
+                for per_dom in others.values():
+                    used |= per_dom.get(d, 0)
+                free = _lowest_run(caps.l3.cbm_mask & ~used)
+                if free.bit_count() < max(1, caps.l3.min_cbm_bits):
+                    raise ResourceExhausted(
+                        f"cannot make group {name!r} exclusive: no free ways in L3 domain {d} "
+                        f"(other groups use {used:#x} of {caps.l3.cbm_mask:#x}); shrink the "
+                        "default group first",
+                        resource="ways",
+                    )
+                want[d] = GroupAllocation(l3_mask=free, l3_code_mask=free if self._cdp else None)
+            held = self._read_schemata(name)
+            text = schemata.format_write(schemata.changes_for(want, held, self._cdp), self._digits)
+            if text:
+                self._kernel_write(name, "schemata", text, f"narrowing group {name!r}")
+        self._kernel_write(name, "mode", "exclusive\n", f"making group {name!r} exclusive")
+
+    def _kernel_write(self, name: str, filename: str, text: str, what: str) -> None:
+        path = self._path(name, filename)
+        try:
+            self._write(path, text)
+        except OSError as exc:
+            raise KernelError(
+                f"{what} failed", err=exc.errno or 0, status=self._status(), path=path
+            ) from None
+
+    def delete_group(self, name: str) -> None:
+        path = self._dir(name)
+        with self._lock.exclusive():
+            if name in self._vanished and name not in self._specs:
+                del self._vanished[name]  # already gone: forget it
+                self._save()
+                return
+            self._require(name)
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise KernelError(
+                    f"cannot delete group {name!r}",
+                    err=exc.errno or 0,
+                    status=self._status(),
+                    path=path,
+                ) from None
+            del self._specs[name]
+            self._tracker.forget(name)
+            self._untrack(name)
+            self._save()
+
+    # ------------------------------------------------------------------ Node: tasks
+
+    def tasks(self, group: str) -> frozenset[int]:
+        path = self._path(group, "tasks")
+        with self._lock.shared():
+            self._require(group)
+            try:
+                text = discovery.read_text(path)
+            except FileNotFoundError:
+                self._check_vanished()
+                raise GroupNotFound(group, "it vanished") from None
+        return frozenset(int(x) for x in text.split() if x.isdigit())
+
+    def _online_cpus(self) -> set[int]:
+        """Every online CPU belongs to exactly one control group: the union of them all."""
+        cpus: set[int] = set()
+        for entry in [""] + [e for e in os.listdir(self.root) if e != "info"]:
+            path = os.path.join(self.root, entry, "cpus_list")
+            if os.path.exists(path):
+                cpus |= discovery.parse_cpu_list(discovery.read_text(path))
+        return cpus
+
+    def _locate(self, pids: set[int]) -> dict[int, str]:
+        """The group directory (relative to the root, "" for the default group) of each pid,
+        read before a multi-pid move so a failure can put the moved ones back."""
+        where: dict[int, str] = {}
+        for entry in [e for e in os.listdir(self.root) if e != "info"]:
+            base = os.path.join(self.root, entry)
+            for rel in [entry] + [
+                os.path.join(entry, "mon_groups", m)
+                for m in monitor_listdir(os.path.join(base, "mon_groups"))
+            ]:
+                path = os.path.join(self.root, rel, "tasks")
+                if not os.path.exists(path):
+                    continue
+                for x in discovery.read_text(path).split():
+                    if x.isdigit() and int(x) in pids:
+                        where[int(x)] = rel
+        for m in monitor_listdir(os.path.join(self.root, "mon_groups")):
+            path = os.path.join(self.root, "mon_groups", m, "tasks")
+            for x in discovery.read_text(path).split():
+                if x.isdigit() and int(x) in pids:
+                    where[int(x)] = os.path.join("mon_groups", m)
+        return where
+
+    def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
+        pids = list(pids)
+        cpus = list(cpus)
+        for pid in pids:
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+                raise UnknownTask(
+                    -1 if not isinstance(pid, int) else pid,
+                    f"pid {pid!r} is not a positive integer",
+                )
+        for cpu in cpus:
+            if not isinstance(cpu, int) or isinstance(cpu, bool) or cpu < 0:
+                raise InvalidCpus(f"CPU {cpu!r} is not a CPU number")
+        with self._lock.exclusive():
+            self._require(group)
+            if not os.path.isdir(self._dir(group)):
+                self._check_vanished()
+                raise GroupNotFound(group, "it vanished")
+            for pid in pids:
+                if not os.path.exists(os.path.join(self.proc, str(pid))):
+                    raise UnknownTask(pid, f"no task with pid {pid} (not in {self.proc})")
+            if cpus:
+                offline = set(cpus) - self._online_cpus()
+                if offline:
+                    raise InvalidCpus(
+                        f"cannot assign CPUs {sorted(offline)} to group {group!r}: not online"
+                    )
+            before = self._locate(set(pids)) if len(pids) > 1 else {}
+            moved: list[int] = []
+            try:
+                for pid in pids:
+                    self._move(group, pid)
+                    moved.append(pid)
+                if cpus:
+                    self._add_cpus(group, cpus)
+            except NodeError:
+                self._move_back(moved, before)
+                raise
+
+    def _move(self, group: str, pid: int) -> None:
+        path = self._path(group, "tasks")
+        try:
+            self._write(path, f"{pid}\n")
+        except OSError as exc:
+            status = self._status()
+            if exc.errno == errno.ESRCH:
+                raise UnknownTask(
+                    pid, f"no task with pid {pid} (the kernel says: {status or 'ESRCH'})"
+                ) from None
+            if exc.errno == errno.ENOENT:
+                self._check_vanished()
+                raise GroupNotFound(group, "it vanished") from None
+            raise KernelError(
+                f"cannot move task {pid} into group {group!r}",
+                err=exc.errno or 0,
+                status=status,
+                path=path,
+            ) from None
+
+    def _move_back(self, moved: list[int], before: Mapping[int, str]) -> None:
+        for pid in moved:
+            rel = before.get(pid, "")
+            try:
+                self._write(os.path.join(self.root, rel, "tasks"), f"{pid}\n")
+            except OSError as exc:
+                log.error("could not return task %d to %r: %s", pid, rel or "/", exc)
+
+    def _add_cpus(self, group: str, cpus: list[int]) -> None:
+        path = self._path(group, "cpus_list")
+        held = discovery.parse_cpu_list(discovery.read_text(path))
+        text = ",".join(str(c) for c in sorted(held | set(cpus)))
+        try:
+            self._write(path, text + "\n")
+        except OSError as exc:
+            status = self._status()
+            if exc.errno == errno.EINVAL:
+                raise InvalidCpus(
+                    f"cannot assign CPUs {sorted(cpus)} to group {group!r}: "
+                    f"{status or 'invalid CPU list'}"
+                ) from None
+            raise KernelError(
+                f"cannot assign CPUs to group {group!r}",
+                err=exc.errno or 0,
+                status=status,
+                path=path,
+            ) from None
+
+    # ------------------------------------------------------------------ Node: allocation
+
+    def _read_schemata(self, name: str) -> schemata.Schemata:
+        return schemata.parse(discovery.read_text(self._path(name, "schemata")))
+
+    def _to_alloc(self, held: schemata.Schemata) -> dict[int, GroupAllocation]:
+        return {d: held.allocation(d, self._cdp) for d in self._caps.domains}
+
+    def _read_all(self) -> dict[str, schemata.Schemata]:
+        out = {}
+        for name in list(self._specs):
+            try:
+                out[name] = self._read_schemata(name)
+            except FileNotFoundError:
+                self._check_vanished()
+        return out
+
+    def allocation(self) -> Allocation:
+        with self._lock.shared():
+            held = self._read_all()
+        return Allocation({n: self._to_alloc(s) for n, s in held.items()})
+
+    def _foreign_dirs(self) -> list[str]:
+        return [
+            e
+            for e in os.listdir(self.root)
+            if e != "info"
+            and not e.startswith(self.prefix)
+            and os.path.isfile(os.path.join(self.root, e, "schemata"))
+        ]
+
+    def _others_masks(self) -> dict[str, dict[int, int]]:
+        """L3 masks (code | data) of the default group ("") and foreign groups."""
+        out: dict[str, dict[int, int]] = {}
+        for entry in ["", *self._foreign_dirs()]:
+            held = schemata.parse(discovery.read_text(os.path.join(self.root, entry, "schemata")))
+            per_dom: dict[int, int] = {}
+            for res in schemata.L3_NAMES:
+                for d, v in held.resources.get(res, {}).items():
+                    per_dom[d] = per_dom.get(d, 0) | v
+            out["" if not entry else f"foreign:{entry}"] = per_dom
+        return out
+
+    def _exclusive_groups(self) -> frozenset[str]:
+        names = set()
+        for name in self._specs:
+            if discovery.read_text(self._path(name, "mode")).strip() == "exclusive":
+                names.add(name)
+        for entry in self._foreign_dirs():
+            mode = os.path.join(self.root, entry, "mode")
+            if os.path.exists(mode) and discovery.read_text(mode).strip() == "exclusive":
+                names.add(f"foreign:{entry}")
+        return frozenset(names)
+
+    def _expand_cdp(self, plan: AllocationPlan) -> AllocationPlan:
+        """With CDP a plain l3_mask means code and data alike (GroupAllocation's meaning)."""
+        if not self._cdp or not isinstance(plan, AllocationPlan):
+            return plan
+        return AllocationPlan(
+            {
+                g: {
+                    d: replace(a, l3_code_mask=a.l3_mask)
+                    if isinstance(a, GroupAllocation) and a.l3_code_mask is None
+                    else a
+                    for d, a in per_dom.items()
+                }
+                for g, per_dom in plan.groups.items()
+            }
+        )
+
+    def apply(self, plan: AllocationPlan, *, dry_run: bool = False) -> Allocation:
+        with self._lock.exclusive():
+            self._check_vanished()
+            held = self._read_all()
+            current = Allocation({n: self._to_alloc(s) for n, s in held.items()})
+            ctx = PlanContext(
+                caps=self._caps,
+                current=current,
+                exclusive=self._exclusive_groups(),
+                others=self._others_masks(),
+            )
+            plan = validate_plan(self._expand_cdp(plan), ctx)
+            if dry_run:
+                merged = {n: dict(per) for n, per in current.groups.items()}
+                for g, per_dom in plan.groups.items():
+                    for d, a in per_dom.items():
+                        old = merged[g].get(d, GroupAllocation())
+                        merged[g][d] = GroupAllocation(
+                            l3_mask=a.l3_mask if a.l3_mask is not None else old.l3_mask,
+                            mb=a.mb if a.mb is not None else old.mb,
+                            l3_code_mask=(
+                                a.l3_code_mask if a.l3_code_mask is not None else old.l3_code_mask
+                            ),
+                        )
+                return Allocation(merged)
+            writes = []
+            for group, per_dom in plan.groups.items():
+                changes = schemata.changes_for(per_dom, held[group], self._cdp)
+                if changes:
+                    writes.append((self._growth(changes, held[group]), group, changes))
+            writes.sort(key=lambda w: w[0])  # shrinking groups first: no transient overlap
+            done: list[tuple[str, dict[str, dict[int, int]]]] = []
+            for _, group, changes in writes:
+                path = self._path(group, "schemata")
+                try:
+                    self._write(path, schemata.format_write(changes, self._digits))
+                except OSError as exc:
+                    status = self._status()
+                    failed = self._restore(done, held)
+                    msg = f"the kernel refused the schemata of group {group!r}"
+                    if done:
+                        msg += f"; restored {', '.join(repr(g) for g, _ in done)}"
+                    if failed:
+                        msg += f"; COULD NOT restore {', '.join(failed)}"
+                    raise KernelError(msg, err=exc.errno or 0, status=status, path=path) from None
+                done.append((group, changes))
+            result = self._read_all()
+        return Allocation({n: self._to_alloc(s) for n, s in result.items()})
+
+    @staticmethod
+    def _growth(changes: Mapping[str, Mapping[int, int]], held: schemata.Schemata) -> int:
+        """Ways a write adds that the group did not hold (0 = only shrinks or MB changes)."""
+        grown = 0
+        for res, per_dom in changes.items():
+            if res == "MB":
+                continue
+            for d, v in per_dom.items():
+                grown += (v & ~(held.get(res, d) or 0)).bit_count()
+        return grown
+
+    def _restore(
+        self,
+        done: list[tuple[str, dict[str, dict[int, int]]]],
+        held: Mapping[str, schemata.Schemata],
+    ) -> list[str]:
+        failed = []
+        for group, changes in reversed(done):
+            old = {
+                res: {d: held[group].resources[res][d] for d in per_dom}
+                for res, per_dom in changes.items()
+            }
+            try:
+                self._write(self._path(group, "schemata"), schemata.format_write(old, self._digits))
+            except OSError as exc:
+                log.error("could not restore the schemata of group %r: %s", group, exc)
+                failed.append(repr(group))
+        return failed
+
+    # ------------------------------------------------------------------ Node: observe
+
+    def _untrack(self, name: str) -> None:
+        if self.pmc is not None and name in self._pmc_tasks:
+            self._pmc_tasks.pop(name, None)
+            try:
+                self.pmc.untrack(name)
+            except Exception as exc:
+                log.debug("pmc untrack %s: %s", name, exc)
+
+    def _pmc_deltas(self, tasks: Mapping[str, frozenset[int]]) -> Mapping[str, Mapping[str, Any]]:
+        if self.pmc is None or not self.pmc.supported:
+            return {}
+        for name, pids in tasks.items():
+            if self._pmc_tasks.get(name) != pids:
+                try:
+                    self.pmc.track(name, pids=sorted(pids))
+                    self._pmc_tasks[name] = pids
+                except Exception as exc:  # a task that exited meanwhile: retry next time
+                    log.debug("pmc track %s: %s", name, exc)
+        try:
+            return self.pmc.read_deltas()
+        except Exception as exc:
+            log.warning("PMC read failed: %s", exc)
+            return {}
+
+    def observe(self) -> Snapshot:
+        features = self._caps.monitoring.features if self._caps.monitoring else frozenset()
+        with self._lock.shared():
+            self._check_vanished()
+            now = time.monotonic()
+            interval = max(now - self._last_observe, 1e-9)
+            self._last_observe = now
+            mon: dict[str, monitor.MonSample] = {}
+            tasks: dict[str, frozenset[int]] = {}
+            for name in list(self._specs):
+                d = self._dir(name)
+                mon[name] = monitor.sample_group(
+                    name, os.path.join(d, "mon_data"), features, self._tracker
+                )
+                if self.pmc is not None and self.pmc.supported:
+                    try:
+                        text = discovery.read_text(os.path.join(d, "tasks"))
+                        tasks[name] = frozenset(int(x) for x in text.split() if x.isdigit())
+                    except OSError:
+                        pass
+        pmc = self._pmc_deltas(tasks)
+        samples = {}
+        for name, m in mon.items():
+            counts = pmc.get(name, {})
+            latency = None
+            spec = self._specs.get(name)
+            if spec is not None and spec.kind is GroupKind.LC and self.latency is not None:
+                latency = self.latency.drain(name) or LatencyStats.empty()
+            samples[name] = GroupSample(
+                instructions=counts.get("instructions"),
+                cycles=counts.get("cycles"),
+                llc_references=counts.get("llc_references"),
+                llc_misses=counts.get("llc_misses"),
+                llc_occupancy_bytes=m.occupancy,
+                memory_bytes=m.total,
+                memory_local_bytes=m.local,
+                latency=latency,
+            )
+        return Snapshot(now, interval, samples, frozenset(self._vanished))
+
+    def close(self) -> None:
+        if self.pmc is not None and self._own_pmc:
+            self.pmc.close()
+        self.pmc = None
+
+
+def _lowest_run(mask: int) -> int:
+    if not mask:
+        return 0
+    low = mask & -mask
+    above = mask + low
+    return mask & ((above & -above) - 1)
+
+
+def monitor_listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []

@@ -1,0 +1,61 @@
+"""Fixtures for ResctrlNode tests: an emulated resctrl mount per preset, real child tasks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from agent.resctrl import ResctrlNode
+from tests.emulated_resctrl import PRESET_NAMES, Emulated, emulated_resctrl
+
+
+def unknown_pid() -> int:
+    """A pid that names no task (checked against /proc)."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            pid = int(f.read()) - 1
+    except OSError:
+        pid = 32767
+    while os.path.exists(f"/proc/{pid}"):
+        pid -= 1
+    return pid
+
+
+@pytest.fixture
+def children() -> Iterator[list[int]]:
+    """Three real tasks to move between groups (killed on teardown)."""
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture(params=PRESET_NAMES)
+def preset(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def emu(preset: str) -> Iterator[Emulated]:
+    with emulated_resctrl(preset) as mounted:
+        yield mounted
+
+
+def make_node(emu: Emulated, **kwargs) -> ResctrlNode:
+    kwargs.setdefault("state_dir", emu.state_dir)
+    return ResctrlNode(emu.root, **kwargs)
+
+
+@pytest.fixture
+def node(emu: Emulated) -> Iterator[ResctrlNode]:
+    n = make_node(emu)
+    try:
+        yield n
+    finally:
+        n.close()

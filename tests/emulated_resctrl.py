@@ -1,0 +1,126 @@
+"""Mount the resctrl emulator for a test: ``with emulated_resctrl("intel-20way") as emu:``.
+
+Shared by every package's tests (the gRPC agent, the tuner) that want a ResctrlNode on an
+emulated kernel. The mount runs in a thread of the test process, so tests can reach the
+model (``emu.model.fail_next_write(...)``) while ResctrlNode sees only files. Teardown
+unmounts with ``fusermount3 -u`` even when the test fails.
+
+Without FUSE the tests skip with the reason, unless RDTUNE_REQUIRE_FUSE=1 (CI) makes that a
+failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+
+from agent.emulator.model import Model
+from agent.emulator.presets import PRESETS, get_preset
+
+PRESET_NAMES = tuple(PRESETS)
+
+
+def fuse_missing() -> str | None:
+    """Why FUSE cannot be used here, or None when it can."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse does not exist (no FUSE kernel module)"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return "/dev/fuse is not accessible to this user"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 not found (install the fuse3 package)"
+    try:
+        import mfusepy  # noqa: F401
+    except (ImportError, OSError) as exc:
+        return f"mfusepy/libfuse3 unavailable: {exc}"
+    return None
+
+
+def skip_or_fail(reason: str) -> None:
+    if os.environ.get("RDTUNE_REQUIRE_FUSE") == "1":
+        pytest.fail(f"FUSE is required (RDTUNE_REQUIRE_FUSE=1) but unusable: {reason}")
+    pytest.skip(f"resctrl emulator needs FUSE: {reason}")
+
+
+@dataclass
+class Emulated:
+    """A mounted emulator: its ``root`` (mountpoint) and the ``model`` behind it."""
+
+    root: str
+    model: Model
+    state_dir: str
+
+    def write(self, rel: str, text: str) -> None:
+        """One write(2), as an admin or a container runtime would do it."""
+        fd = os.open(os.path.join(self.root, rel), os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    def read(self, rel: str) -> str:
+        with open(os.path.join(self.root, rel)) as f:
+            return f.read()
+
+    def status(self) -> str:
+        return self.read("info/last_cmd_status").strip()
+
+
+def _unmount(mountpoint: str) -> None:
+    for _ in range(50):
+        done = subprocess.run(
+            ["fusermount3", "-u", mountpoint], capture_output=True, text=True, check=False
+        )
+        if done.returncode == 0 or not os.path.ismount(mountpoint):
+            return
+        time.sleep(0.05)
+    subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, check=False)
+
+
+@contextmanager
+def emulated_resctrl(preset: str = "intel-20way", **overrides) -> Iterator[Emulated]:
+    """Mount the emulator for ``preset`` (fields replaced by ``overrides``) in a temp dir."""
+    reason = fuse_missing()
+    if reason:
+        skip_or_fail(reason)
+    from agent.emulator.fs import mount
+
+    p = dataclasses.replace(get_preset(preset), **overrides) if overrides else get_preset(preset)
+    model = Model(p)
+    base = tempfile.mkdtemp(prefix="rdtune-resctrl-")
+    mountpoint = os.path.join(base, "resctrl")
+    state_dir = os.path.join(base, "state")
+    os.mkdir(mountpoint)
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            mount(model, mountpoint)
+        except BaseException as exc:  # reported to the test below
+            errors.append(exc)
+
+    thread = threading.Thread(target=serve, name=f"fuse-{preset}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not os.path.ismount(mountpoint):
+        if errors or not thread.is_alive() or time.monotonic() > deadline:
+            _unmount(mountpoint)
+            shutil.rmtree(base, ignore_errors=True)
+            skip_or_fail(f"mounting the emulator failed: {errors[0] if errors else 'timeout'}")
+        time.sleep(0.005)
+    try:
+        yield Emulated(mountpoint, model, state_dir)
+    finally:
+        _unmount(mountpoint)
+        thread.join(10)
+        if not os.path.ismount(mountpoint):
+            shutil.rmtree(base, ignore_errors=True)
