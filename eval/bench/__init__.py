@@ -5,4 +5,6 @@ list it in :data:`BENCHMARKS`. Results go to stdout as a table; the figures reco
 docs/BENCHMARKS.md come from this command (median of repeated runs, machine noted).
 """
 
-BENCHMARKS: dict[str, str] = {}  # name -> module (eval.bench.<module>)
+BENCHMARKS: dict[str, str] = {  # name -> module (eval.bench.<module>)
+    "pmc": "pmc",
+}
