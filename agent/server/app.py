@@ -42,10 +42,12 @@ SERVICE_NAMES = tuple(
 def make_node(cfg: AgentConfig, latency: LatencyRecorder | None = None) -> Node:
     """The backend the configuration names (imported here: only the chosen one loads)."""
     if cfg.backend == "sim":
-        import agent.sim as sim
+        from agent.sim.node import DEFAULT_SCENARIO, SimNode
 
-        scenario = cfg.scenario or sim.DEFAULT_SCENARIO
-        return sim.SimNode(scenario=scenario, seed=cfg.seed, auto_groups=cfg.auto_groups)
+        kwargs = {} if cfg.seed is None else {"seed": cfg.seed}
+        return SimNode(
+            scenario=cfg.scenario or DEFAULT_SCENARIO, auto_groups=cfg.auto_groups, **kwargs
+        )
     if cfg.backend == "resctrl":
         from agent.resctrl import ResctrlNode
 

@@ -23,3 +23,23 @@ class TestRemoteRefNode(NodeContract):
 
     def test_real_node_has_no_clock(self, node) -> None:
         assert as_clock(node) is None
+
+
+class TestRemoteSimNode(NodeContract):
+    @pytest.fixture
+    def harness(self, transport):
+        sim = pytest.importorskip("agent.sim.node", reason="SimNode not available")
+        node = sim.SimNode(seed=1, auto_groups=False)
+        pids = [p for w in node.workloads() for p in w.pids]
+        with serve(node, unix=transport == "unix") as server, remote(server) as client:
+            unknown = max(pids) + 100_000
+            yield NodeHarness(client, pids=pids, unknown_pid=unknown, tick=client.advance)
+
+    def test_simulated_node_has_a_clock(self, node) -> None:
+        clock = as_clock(node)
+        assert clock is node
+        start = clock.now()
+        clock.advance(0.25)
+        assert clock.now() == pytest.approx(start + 0.25)
+        clock.reset(seed=3)
+        assert clock.now() == 0.0

@@ -1,0 +1,267 @@
+"""Security of the agent: exposure rules, bearer tokens, TLS and mTLS, rate limits."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.client import RemoteNode, TlsConfig
+from agent.errors import GroupNotFound
+from agent.server.app import AgentServer
+from agent.server.config import AgentConfig, load_yaml
+from agent.server.errors import RemoteError
+from agent.server.security import ConfigError, RateLimiter, client_key, parse_listen
+from agent.types import GroupSpec
+from tests.agent.server.conftest import remote, serve
+from tests.agent.server.refnode import RefNode
+
+TOKEN = "s3cret-token-for-tests"
+
+
+@pytest.mark.parametrize(
+    ("listen", "loopback"),
+    [
+        ("127.0.0.1:50051", True),
+        ("[::1]:1", True),
+        ("localhost:1", True),
+        ("unix:/run/a.sock", True),
+        ("unix:///run/a.sock", True),
+        ("0.0.0.0:50051", False),
+        ("[::]:1", False),
+        ("10.0.0.5:1", False),
+        ("agent.example.com:1", False),
+    ],
+)
+def test_loopback_detection(listen: str, loopback: bool) -> None:
+    assert parse_listen(listen).loopback is loopback
+
+
+@pytest.mark.parametrize("bad", ["nohost", ":5", "h:port", "h:70000", "unix:relative.sock"])
+def test_bad_listen_addresses_are_refused(bad: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_listen(bad)
+
+
+@pytest.mark.parametrize(
+    ("tls", "token", "missing"),
+    [(False, None, "TLS"), (True, None, "a token"), (False, TOKEN, "TLS")],
+)
+def test_non_loopback_needs_tls_and_token(tmp_path, tls, token, missing) -> None:
+    cfg = AgentConfig(listen="0.0.0.0:0", token=token, metrics_listen="")
+    if tls:
+        cfg.tls_cert, cfg.tls_key = _certs(tmp_path)["server.pem"], _certs(tmp_path)["server.key"]
+    with pytest.raises(ConfigError, match=missing):
+        AgentServer(RefNode(), cfg)
+
+
+def test_cli_refuses_exposed_listener_without_tls(tmp_path) -> None:
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "agent", "--listen", "0.0.0.0:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "refusing to listen on non-loopback" in out.stderr
+
+
+@pytest.fixture
+def with_token():
+    with serve(RefNode(), token=TOKEN) as server:
+        yield server
+
+
+@pytest.mark.parametrize("token", [None, "wrong", TOKEN + "x", ""])
+def test_bad_or_missing_token_is_unauthenticated(with_token, token) -> None:
+    with remote(with_token, token=token or None, retries=0) as client:
+        with pytest.raises(RemoteError) as err:
+            client.groups()
+        assert err.value.code == "UNAUTHENTICATED"
+        with pytest.raises(RemoteError):
+            client.create_group(GroupSpec("a"))
+    with remote(with_token, token=TOKEN) as client:
+        assert client.groups() == {}  # nothing was created by the refused calls
+
+
+def test_right_token_works_and_errors_still_map(with_token) -> None:
+    with remote(with_token, token=TOKEN) as client:
+        client.create_group(GroupSpec("a"))
+        assert set(client.groups()) == {"a"}
+        with pytest.raises(GroupNotFound):
+            client.delete_group("b")
+
+
+def test_health_needs_no_token(with_token) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(with_token.address) as channel:
+        resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+def _certs(tmp: Path) -> dict[str, str]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (openssl)."""
+    if (tmp / "server.pem").exists():
+        return {p.name: str(p) for p in tmp.iterdir()}
+
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp, check=True, capture_output=True)
+
+    ssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=rdtune test CA",
+    )
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        ssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+        )
+        (tmp / f"{name}.ext").write_text(ext + "\n")
+        ssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "1",
+            "-extfile",
+            f"{name}.ext",
+        )
+    return {p.name: str(p) for p in tmp.iterdir()}
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> dict[str, str]:
+    return _certs(tmp_path_factory.mktemp("tls"))
+
+
+def test_tls_with_token(certs) -> None:
+    with serve(
+        RefNode(), token=TOKEN, tls_cert=certs["server.pem"], tls_key=certs["server.key"]
+    ) as server:
+        tls = TlsConfig.from_files(ca=certs["ca.pem"])
+        with RemoteNode(server.address, token=TOKEN, tls=tls, timeout=5) as client:
+            client.create_group(GroupSpec("a"))
+            assert set(client.groups()) == {"a"}
+        # Plaintext to a TLS port fails; it is not served in the clear.
+        with remote(server, token=TOKEN, retries=0, timeout=2) as plain:
+            with pytest.raises(RemoteError) as err:
+                plain.groups()
+            assert err.value.code == "UNAVAILABLE"
+
+
+def test_mtls_requires_a_client_certificate(certs) -> None:
+    with serve(
+        RefNode(),
+        token=TOKEN,
+        tls_cert=certs["server.pem"],
+        tls_key=certs["server.key"],
+        tls_client_ca=certs["ca.pem"],
+    ) as server:
+        good = TlsConfig.from_files(certs["ca.pem"], certs["client.pem"], certs["client.key"])
+        with RemoteNode(server.address, token=TOKEN, tls=good, timeout=5) as client:
+            assert client.groups() == {}
+        anon = TlsConfig.from_files(ca=certs["ca.pem"])
+        with RemoteNode(server.address, token=TOKEN, tls=anon, timeout=2, retries=0) as client:
+            with pytest.raises(RemoteError) as err:
+                client.groups()
+            assert err.value.code == "UNAVAILABLE"
+
+
+# --------------------------------------------------------------------------- rate limits
+
+
+def test_rate_limiter_buckets() -> None:
+    now = [0.0]
+    limiter = RateLimiter(rate=10, burst=3, clock=lambda: now[0])
+    assert [limiter.allow("a") for _ in range(4)] == [True, True, True, False]
+    assert limiter.allow("b"), "clients have separate buckets"
+    now[0] += 0.1
+    assert limiter.allow("a") and not limiter.allow("a")
+
+
+def test_client_key_drops_the_port() -> None:
+    assert client_key("ipv4:127.0.0.1:5555") == client_key("ipv4:127.0.0.1:6666")
+    assert client_key("ipv6:[::1]:5555") == "ipv6:[::1]"
+
+
+def test_rate_limit_is_resource_exhausted() -> None:
+    with serve(RefNode(), rate_limit=1.0, rate_burst=5) as server, remote(server) as client:
+        codes = []
+        for _ in range(8):
+            try:
+                client.groups()
+                codes.append("OK")
+            except RemoteError as err:
+                codes.append(err.code)
+        assert codes[:5] == ["OK"] * 5
+        assert "RESOURCE_EXHAUSTED" in codes[5:]
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_yaml_config(tmp_path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        "backend: sim\nscenario: default\nlisten: unix:/tmp/x.sock\nrate_limit: null\n"
+        "latency_scrape:\n  web: {url: 'http://127.0.0.1:1/metrics', metric: lat_seconds}\n"
+    )
+    cfg = load_yaml(path)
+    assert cfg.listen == "unix:/tmp/x.sock" and cfg.rate_limit is None
+    assert cfg.latency_scrape["web"].scale == 1000.0
+    cfg.validate()
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("listne: 127.0.0.1:1\n", "unknown config key"),
+        ("token: abc\n", "token_file"),
+        ("latency_scrape: {web: {url: 'file:///etc/passwd', metric: m}}\n", "http"),
+        ("latency_scrape: {'../x': {url: 'http://h/m', metric: m}}\n", "group name"),
+        ("- a\n", "mapping"),
+    ],
+)
+def test_bad_yaml_config_is_refused(tmp_path, text, match) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_yaml(path).validate()
