@@ -51,6 +51,8 @@ class PmcReader:
     ``NodeCapabilities.pmc_events`` / ``pmc_unsupported`` to skip the probe). Targets are
     either opened and owned by the caller (``for_cgroup``, ``for_pids``) or tracked by name
     (``track``, ``read_deltas``, ``untrack``), which the reader closes on ``close()``.
+    Opening raises the PmcError subclasses of ``agent.pmc`` (a pid that is gone:
+    PmcTaskGone; too few fds: PmcTooManyFiles; no privilege: PmcPermissionError).
     """
 
     def __init__(

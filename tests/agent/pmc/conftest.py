@@ -20,6 +20,14 @@ def open_fds() -> dict[int, str]:
     return out
 
 
+def perf_fds() -> int:
+    n = 0
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[perf_event]"
+    return n
+
+
 @pytest.fixture(autouse=True)
 def no_fd_leak():
     """Count /proc/self/fd before and after each test: nothing may stay open."""

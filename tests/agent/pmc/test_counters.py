@@ -4,7 +4,6 @@ constructed counts; errors from the kernel as clear messages."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
@@ -15,18 +14,10 @@ import pytest
 
 from agent.pmc import GroupCounters, PmcError, PmcTaskGone, PmcTooManyFiles, PmcUnsupported
 from agent.pmc.counters import combine, delta, online_cpus, scale
-from tests.agent.pmc.conftest import move_to_cgroup, open_fds
+from tests.agent.pmc.conftest import move_to_cgroup, open_fds, perf_fds
 from tests.agent.pmc.workload import burn, nap, touch_pages
 
 TRIO = ["task_clock", "context_switches", "page_faults"]
-
-
-def perf_fds() -> int:
-    n = 0
-    for name in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            n += os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[perf_event]"
-    return n
 
 
 # --------------------------------------------------------------------------- scaling

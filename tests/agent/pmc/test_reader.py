@@ -3,11 +3,12 @@ target (pids or a cgroup), and every fd closed at the end."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from agent.pmc import HARDWARE_EVENTS, PmcReader, online_cpus, probe_events
-from tests.agent.pmc.conftest import move_to_cgroup
-from tests.agent.pmc.test_counters import perf_fds
+from tests.agent.pmc.conftest import move_to_cgroup, perf_fds
 from tests.agent.pmc.workload import touch_pages
 
 HW_UNSUPPORTED = probe_events()[0] == frozenset()
@@ -71,8 +72,6 @@ def test_track_cgroup_and_retrack_closes_the_old_counters(cgroup_dir, child_fact
 
 
 def test_for_pids_owned_by_the_caller():
-    import os
-
     reader = PmcReader(["page_faults"], supported={"page_faults"})
     with reader.for_pids([os.getpid()]) as target:
         touch_pages(100)
