@@ -1,0 +1,327 @@
+"""Health, reflection, metrics, latency feeds, streams and lifecycle of the real agent."""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from agent.errors import GroupNotFound, Unsupported
+from agent.latency import LatencyRecorder
+from agent.server.scrape import HistogramScraper, ScrapeTarget, parse_histogram
+from agent.types import SLO, AllocationPlan, GroupAllocation, GroupKind, GroupSpec
+from proto.rdtune.v1 import agent_pb2 as api
+from proto.rdtune.v1 import agent_pb2_grpc as rpc
+from tests.agent.server.conftest import remote, serve
+from tests.agent.server.refnode import RefNode
+
+LC = GroupSpec("web", GroupKind.LC, SLO(99.0, 5.0))
+
+
+def test_health_and_reflection_answer(transport) -> None:
+    with (
+        serve(RefNode(), unix=transport == "unix") as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "rdtune.v1.NodeAgent", "rdtune.v1.Simulation"):
+            resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+        answers = list(
+            refl.ServerReflectionInfo(
+                iter(
+                    [
+                        reflection_pb2.ServerReflectionRequest(list_services=""),
+                        reflection_pb2.ServerReflectionRequest(
+                            file_containing_symbol="rdtune.v1.NodeAgent"
+                        ),
+                    ]
+                ),
+                timeout=5,
+            )
+        )
+    names = {s.name for s in answers[0].list_services_response.service}
+    assert {"rdtune.v1.NodeAgent", "rdtune.v1.Simulation", "grpc.health.v1.Health"} <= names
+    assert answers[1].file_descriptor_response.file_descriptor_proto
+
+
+def test_unix_socket_is_private(tmp_path) -> None:
+    with serve(RefNode(), unix=True) as server:
+        path = server.listen.unix_path
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert not os.path.exists(path), "the socket is removed on shutdown"
+
+
+def test_simulation_on_a_real_node_is_failed_precondition() -> None:
+    with serve(RefNode()) as server, remote(server) as client:
+        for call in (client.now, lambda: client.advance(1.0), lambda: client.reset(seed=1)):
+            with pytest.raises(Unsupported) as err:
+                call()
+            assert err.value.code == "FAILED_PRECONDITION"
+            assert "wall clock" in str(err.value)
+
+
+def _metrics(server) -> str:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def test_metrics_endpoint_exposes_the_named_metrics() -> None:
+    node = RefNode()
+    with serve(node, metrics_listen="127.0.0.1:0") as server, remote(server) as client:
+        client.create_group(LC)
+        client.create_group(GroupSpec("batch"))
+        client.apply(
+            AllocationPlan.uniform({"web": GroupAllocation(l3_mask=0b1111, mb=60)}, (0, 1))
+        )
+        with pytest.raises(Exception):  # noqa: B017  counted as an apply error by rule
+            client.apply(AllocationPlan({"web": {0: GroupAllocation(l3_mask=0b101)}}))
+        with client.reporter() as rep:
+            rep.record_many("web", [1.0, 2.0, 3.0, 4.0, 10.0])
+        node.tick(1.0)
+        client.observe()
+        text = _metrics(server)
+    for needle in (
+        'rdtune_agent_rpcs_total{code="OK",method="Apply"} 1.0',
+        'rdtune_agent_rpcs_total{code="INVALID_ARGUMENT",method="Apply"} 1.0',
+        'rdtune_agent_rpc_duration_seconds_bucket{le="0.001",method="Observe"}',
+        'rdtune_agent_apply_errors_total{cause="contiguous"} 1.0',
+        'rdtune_agent_group_l3_ways{domain="0",group="web"} 4.0',
+        'rdtune_agent_group_l3_ways{domain="1",group="batch"} 11.0',
+        'rdtune_agent_group_mba_value{domain="0",group="web"} 60.0',
+        'rdtune_agent_group_llc_occupancy_bytes{group="batch"} 1.048576e+06',
+        'rdtune_agent_group_memory_bandwidth_bytes_per_second{group="web"} 1e+08',
+        'rdtune_agent_group_instructions_per_cycle{group="web"} 0.5',
+        'rdtune_agent_group_latency_seconds{group="web",quantile="0.5"} 0.003',
+        'rdtune_agent_group_requests{group="web"} 5.0',
+        'rdtune_agent_group_slo_attainment_ratio{group="web"} 0.0',  # p99 ~9.8 ms > 5 ms
+        'rdtune_agent_group_slo_intervals_total{group="web",result="missed"} 1.0',
+        'rdtune_agent_latency_reports_total{group="web"} 1.0',
+    ):
+        assert needle in text, needle
+
+
+def test_pushed_latencies_feed_observe_percentiles() -> None:
+    node = RefNode()
+    with serve(node) as server, remote(server) as client:
+        client.create_group(LC)
+        client.create_group(GroupSpec("batch"))
+        with client.reporter(batch=100) as rep:
+            rep.record_many("web", [float(v) for v in range(1, 1001)])
+        node.tick(1.0)
+        stats = client.observe().groups["web"].latency
+        assert stats.count == 1000
+        assert stats.p50_ms == pytest.approx(500.5, rel=0.02)
+        assert stats.p99_ms == pytest.approx(990.0, rel=0.02)
+        # Drained: the next interval has no requests.
+        node.tick(1.0)
+        assert client.observe().groups["web"].latency.count == 0
+        # Histogram buckets alone.
+        with client.reporter() as rep:
+            rep.record_histogram("web", [1.0, 2.0, 4.0], [50, 40, 10])
+        node.tick(1.0)
+        stats = client.observe().groups["web"].latency
+        assert stats.count == 100 and 1.0 < stats.p95_ms <= 4.0
+
+
+@pytest.mark.parametrize(
+    ("report", "error"),
+    [
+        (lambda rep: rep.record("ghost", 1.0), GroupNotFound),
+        (lambda rep: rep.record("web", -1.0), ValueError),
+        (lambda rep: rep.record("web", math.nan), ValueError),
+        (lambda rep: rep.record_histogram("web", [2.0, 1.0], [1, 1]), ValueError),
+        (lambda rep: rep.record_histogram("web", [1.0], [1, 2]), ValueError),
+        (lambda rep: rep.record("../etc", 1.0), ValueError),
+    ],
+)
+def test_bad_latency_reports_are_refused(report, error) -> None:
+    with serve(RefNode()) as server, remote(server) as client:
+        client.create_group(LC)
+        rep = client.reporter()
+        report(rep)
+        with pytest.raises(error):
+            rep.close()
+        assert set(client.groups()) == {"web"}  # the server keeps working
+
+
+def test_stream_observations_and_a_client_that_disconnects_mid_stream() -> None:
+    node = RefNode()
+    with serve(node) as server, remote(server) as client:
+        client.create_group(GroupSpec("a"))
+        got = list(client.stream_observations(0.02, max_count=3))
+        assert len(got) == 3 and all(set(s.groups) == {"a"} for s in got)
+        # A raw client opens streams and goes away in the middle, repeatedly.
+        for _ in range(5):
+            channel = grpc.insecure_channel(server.address)
+            stub = rpc.NodeAgentStub(channel)
+            req = api.StreamObservationsRequest()
+            req.interval.FromMilliseconds(10)
+            call = stub.StreamObservations(req)
+            next(call)
+            channel.close()  # gone without cancelling
+        stream = client.stream_observations(0.01)
+        it = iter(stream)
+        next(it)
+        stream.cancel()
+        assert list(it) == []
+        assert set(client.groups()) == {"a"}
+        assert client.observe().groups["a"].instructions is not None
+        # The abandoned streams end on the server: workers come back (16 in the pool).
+        deadline = time.monotonic() + 5
+        while server.host._streams and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not server.host._streams
+
+
+def test_a_client_that_disconnects_mid_push_stream() -> None:
+    with serve(RefNode()) as server, remote(server) as client:
+        client.create_group(LC)
+        channel = grpc.insecure_channel(server.address)
+        stub = rpc.NodeAgentStub(channel)
+        sent = threading.Event()
+
+        def reports():
+            yield api.LatencyReport(group="web", samples=api.LatencySamples(latencies_ms=[1.0]))
+            sent.set()
+            time.sleep(0.5)
+
+        future = stub.ReportLatencies.future(reports())
+        assert sent.wait(5)
+        channel.close()
+        with pytest.raises(grpc.RpcError):
+            future.result(timeout=5)
+        assert set(client.groups()) == {"web"}
+
+
+def test_graceful_shutdown_restores_full_allocations() -> None:
+    node = RefNode()
+    server_cm = serve(node, own_node=False, restore_on_exit=True)
+    server = server_cm.__enter__()
+    with remote(server) as client:
+        client.create_group(GroupSpec("a"))
+        client.apply(AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0b11, mb=20)}, (0, 1)))
+        stream = client.stream_observations(0.05)
+        it = iter(stream)
+        next(it)
+        server_cm.__exit__(None, None, None)  # stops while a stream is open
+        assert list(it) == [], "open streams end normally at shutdown"
+    held = node.allocation().get("a", 0)
+    assert held.l3_mask == node.caps.l3.cbm_mask and held.mb == node.caps.mba.max_bandwidth
+    assert set(node.groups()) == {"a"}, "groups stay"
+
+
+def test_shutdown_finishes_an_in_flight_apply() -> None:
+    node = RefNode()
+    entered, release = threading.Event(), threading.Event()
+    real_apply = node.apply
+
+    def slow_apply(plan, *, dry_run=False):
+        entered.set()
+        release.wait(5)
+        return real_apply(plan, dry_run=dry_run)
+
+    node.apply = slow_apply
+    cm = serve(node, own_node=False, grace_s=5.0)
+    server = cm.__enter__()
+    client_cm = remote(server)
+    client = client_cm.__enter__()
+    client.create_group(GroupSpec("a"))
+    result = {}
+
+    def do_apply():
+        plan = AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0b111)}, (0, 1))
+        result["held"] = client.apply(plan)
+
+    worker = threading.Thread(target=do_apply)
+    worker.start()
+    assert entered.wait(5)
+    stopper = threading.Thread(target=cm.__exit__, args=(None, None, None))
+    stopper.start()
+    time.sleep(0.2)
+    release.set()
+    worker.join(10)
+    stopper.join(10)
+    assert result["held"].get("a", 0).l3_mask == 0b111
+    assert node.allocation().get("a", 1).l3_mask == 0b111
+    client_cm.__exit__(None, None, None)
+
+
+# --------------------------------------------------------------------------- scraping
+
+
+class _Exporter(BaseHTTPRequestHandler):
+    body = ""
+
+    def do_GET(self):
+        data = type(self).body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def _exposition(counts: dict[str, float], path: str = "/") -> str:
+    lines = ["# TYPE req_seconds histogram"]
+    for le, c in counts.items():
+        lines.append(f'req_seconds_bucket{{path="{path}",le="{le}"}} {c}')
+    lines.append(f'req_seconds_count{{path="{path}"}} {counts["+Inf"]}')
+    lines.append(f'req_seconds_sum{{path="{path}"}} 1.0')
+    return "\n".join(lines) + "\n"
+
+
+def test_parse_histogram_sums_label_sets() -> None:
+    text = _exposition({"0.001": 1, "0.01": 3, "+Inf": 4}) + _exposition(
+        {"0.001": 2, "0.01": 2, "+Inf": 2}, path="/b"
+    ).replace("# TYPE req_seconds histogram\n", "")
+    assert parse_histogram(text, "req_seconds") == {0.001: 3, 0.01: 5, math.inf: 6}
+
+
+def test_scraper_deltas_and_counter_reset() -> None:
+    rec = LatencyRecorder()
+    s = HistogramScraper("web", ScrapeTarget("http://x/metrics", "req_seconds"), rec)
+    assert s.scrape_once(_exposition({"0.001": 10, "0.01": 10, "+Inf": 10})) == 0  # baseline
+    assert s.scrape_once(_exposition({"0.001": 10, "0.01": 30, "+Inf": 40})) == 30
+    stats = rec.drain("web")
+    assert stats.count == 30 and 1.0 < stats.p50_ms <= 10.0  # seconds scaled to ms
+    assert s.scrape_once(_exposition({"0.001": 1, "0.01": 1, "+Inf": 1})) == 0  # reset
+    assert rec.drain("web").count == 0
+
+
+def test_scraped_histogram_feeds_observe() -> None:
+    _Exporter.body = _exposition({"0.001": 0, "0.005": 0, "+Inf": 0})
+    http = ThreadingHTTPServer(("127.0.0.1", 0), _Exporter)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    node = RefNode()
+    target = ScrapeTarget(f"http://127.0.0.1:{http.server_port}/metrics", "req_seconds")
+    try:
+        with serve(node, latency_scrape={"web": target}) as server, remote(server) as client:
+            client.create_group(LC)
+            node.tick(1.0)
+            client.observe()  # baseline
+            _Exporter.body = _exposition({"0.001": 90, "0.005": 100, "+Inf": 100})
+            node.tick(1.0)
+            stats = client.observe().groups["web"].latency
+            assert stats.count == 100
+            assert stats.p50_ms == pytest.approx(50 / 90, rel=1e-6)
+            assert 1.0 < stats.p99_ms <= 5.0
+            http.shutdown()  # the service goes away: observe still works
+            node.tick(1.0)
+            assert "web" in client.observe().groups
+    finally:
+        http.server_close()
