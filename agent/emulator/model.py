@@ -332,14 +332,13 @@ class Model:
             chars = []
             for bit in reversed(range(self.cbm_len)):
                 b = 1 << bit
-                excl = any(
-                    g.mode == "exclusive" and g.ctrl[schema][d] & b for g in self._ctrl_groups()
-                )
-                sw = any(g.ctrl[schema][d] & b for g in self._ctrl_groups())
+                groups = self._ctrl_groups()
+                excl = any(g.mode == "exclusive" and g.ctrl[schema][d] & b for g in groups)
+                sw = any(g.mode == "shareable" and g.ctrl[schema][d] & b for g in groups)
                 hw = bool(self.p.shareable_bits & b)
-                chars.append(
-                    "E" if excl else "X" if hw and sw else "H" if hw else "S" if sw else "0"
-                )
+                # rdt_bit_usage_show's order of precedence
+                code = "X" if hw and sw else "H" if hw else "S" if sw else "E" if excl else "0"
+                chars.append(code)
             out.append(f"{d}={''.join(chars)}")
         return ";".join(out)
 

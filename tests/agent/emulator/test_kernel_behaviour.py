@@ -1,0 +1,278 @@
+"""The emulator behaves like the kernel's resctrl (shared/design/RESCTRL.md), seen through
+the FUSE mount with plain syscalls: errno plus info/last_cmd_status for each refusal,
+padding, move semantics, rmdir, allocation of CLOSIDs and RMIDs, counters."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+import pytest
+
+from agent.emulator.model import Model
+from agent.emulator.presets import PRESETS, get_preset
+from tests.emulated_resctrl import Emulated, emulated_resctrl
+
+
+def refused(emu: Emulated, rel: str, text: str) -> tuple[int, str]:
+    with pytest.raises(OSError) as err:
+        emu.write(rel, text)
+    return err.value.errno, emu.status()
+
+
+@pytest.mark.parametrize(
+    ("text", "status"),
+    [
+        ("L3\n", "Missing ':'"),
+        ("XX:0=ff\n", "Unknown or unsupported resource name 'XX'"),
+        ("L3:a=ff\n", "Missing '=' or non-numeric domain"),
+        ("L3:0ff\n", "Missing '=' or non-numeric domain"),
+        ("L3:0=ff;0=f\n", "Duplicate domain 0"),
+        ("L3:0=zz\n", "Non-hex character in the mask zz"),
+        ("L3:0=1fffff\n", "Mask out of range"),
+        ("L3:0=0\n", "Mask out of range"),
+        ("L3:0=f7\n", "The mask f7 has non-consecutive 1-bits"),
+        ("MB:0=x\n", "Invalid MB value x"),
+        ("MB:0=5\n", "MB value 5 out of range [10,100]"),
+        ("MB:0=101\n", "MB value 101 out of range [10,100]"),
+        ("L3:7=ff\n", "ok"),  # unknown domain id: EINVAL, and the kernel says nothing
+    ],
+)
+def test_schemata_errors_set_errno_and_status(emu: Emulated, text: str, status: str) -> None:
+    os.mkdir(f"{emu.root}/g")
+    before = emu.read("g/schemata")
+    assert refused(emu, "g/schemata", text) == (errno.EINVAL, status)
+    assert emu.read("g/schemata") == before
+
+
+def test_a_bad_line_applies_nothing_of_the_write(emu: Emulated) -> None:
+    os.mkdir(f"{emu.root}/g")
+    before = emu.read("g/schemata")
+    assert refused(emu, "g/schemata", "L3:0=ff\nMB:0=5\n")[0] == errno.EINVAL
+    assert emu.read("g/schemata") == before
+
+
+def test_write_without_newline_fails_before_status_is_reset(emu: Emulated) -> None:
+    os.mkdir(f"{emu.root}/g")
+    refused(emu, "g/schemata", "L3:0=zz\n")
+    err, status = refused(emu, "g/schemata", "L3:0=ff")
+    assert err == errno.EINVAL
+    assert status == "Non-hex character in the mask zz", "status belongs to the previous command"
+
+
+def test_min_cbm_bits_on_haswell() -> None:
+    with emulated_resctrl("e5v3-4clos") as emu:
+        os.mkdir(f"{emu.root}/g")
+        assert refused(emu, "g/schemata", "L3:0=1\n") == (
+            errno.EINVAL,
+            "Need at least 2 bits in the mask",
+        )
+
+
+def test_mb_rounds_up_and_readback_is_padded(emu: Emulated) -> None:
+    os.mkdir(f"{emu.root}/g")
+    emu.write("g/schemata", "L3:1=ff\nMB:0=15\n")
+    assert emu.status() == "ok"
+    text = emu.read("g/schemata")
+    assert "L3:0=fffff;1=000ff\n" in text
+    assert "MB:0=   20;1=  100\n" in text
+
+
+def test_cdp_pads_names_and_takes_code_and_data() -> None:
+    with emulated_resctrl("intel-cdp") as emu:
+        assert os.path.isdir(f"{emu.root}/info/L3CODE")
+        assert not os.path.exists(f"{emu.root}/info/L3")
+        assert emu.read("info/L3DATA/num_closids").strip() == "8"
+        os.mkdir(f"{emu.root}/g")
+        emu.write("g/schemata", "L3CODE:0=3\nL3DATA:0=c\n")
+        text = emu.read("g/schemata")
+        assert "L3DATA:0=0000c;1=fffff" in text and "L3CODE:0=00003" in text
+        assert "    MB:0=" in text
+        assert refused(emu, "g/schemata", "L3:0=ff\n")[1] == (
+            "Unknown or unsupported resource name 'L3'"
+        )
+
+
+def test_mbps_mode_takes_any_value_and_defaults_to_u32_max() -> None:
+    with emulated_resctrl("intel-mbps") as emu:
+        os.mkdir(f"{emu.root}/g")
+        assert "4294967295" in emu.read("g/schemata")
+        emu.write("g/schemata", "MB:0=12345\n")
+        assert "MB:0=12345;" in emu.read("g/schemata")
+
+
+def test_exclusive_mode_and_overlap_rules(emu: Emulated) -> None:
+    os.mkdir(f"{emu.root}/a")
+    os.mkdir(f"{emu.root}/b")
+    # A new group overlaps the default group: exclusive mode is refused.
+    assert refused(emu, "a/mode", "exclusive\n") == (errno.EINVAL, "Schemata overlaps")
+    emu.write("schemata", "L3:0=000ff;1=000ff\n")  # the admin shrinks the default group
+    emu.write("b/schemata", "L3:0=000ff;1=000ff\n")
+    emu.write("a/schemata", "L3:0=ff000;1=ff000\n")
+    emu.write("a/mode", "exclusive\n")
+    assert emu.read("a/mode") == "exclusive\n"
+    assert refused(emu, "b/schemata", "L3:0=01fff\n") == (
+        errno.EINVAL,
+        "Overlaps with exclusive group",
+    )
+    assert refused(emu, "a/schemata", "L3:0=7ff80\n") == (errno.EINVAL, "Overlaps with other group")
+    assert emu.read("info/L3/bit_usage").startswith("0=HHEEEEEE0000SSSSSSSS;")
+    # A new group gets every bit not held by the exclusive group.
+    os.mkdir(f"{emu.root}/c")
+    assert emu.read("c/schemata").startswith("L3:0=00fff;1=00fff")
+    assert refused(emu, "a/mode", "bogus\n") == (errno.EINVAL, "Unknown or unsupported mode")
+
+
+def test_tasks_move_and_rmdir_returns_them(emu: Emulated, child: int) -> None:
+    os.mkdir(f"{emu.root}/a")
+    os.mkdir(f"{emu.root}/b")
+    emu.write("a/tasks", f"{child}\n")
+    assert emu.read("a/tasks") == f"{child}\n"
+    assert str(child) not in emu.read("tasks").split()
+    emu.write("b/tasks", f"{child}\n")  # a move, not an overwrite of a's file
+    assert emu.read("a/tasks") == ""
+    assert emu.read("b/tasks") == f"{child}\n"
+    emu.write("b/cpus_list", "2-3\n")
+    assert emu.read("b/cpus") == "00c\n"
+    assert emu.read("cpus_list") == "0-1,4-7\n"
+    os.rmdir(f"{emu.root}/b")
+    assert str(child) in emu.read("tasks").split()
+    assert emu.read("cpus_list") == "0-7\n"
+
+
+def test_unknown_and_forbidden_tasks(emu: Emulated, child: int) -> None:
+    os.mkdir(f"{emu.root}/a")
+    pid = 4194000
+    while os.path.exists(f"/proc/{pid}"):
+        pid -= 1
+    assert refused(emu, "a/tasks", f"{pid}\n") == (errno.ESRCH, f"No task {pid}")
+    assert refused(emu, "a/tasks", "abc\n") == (errno.EINVAL, "Task list parsing error pid abc")
+    emu.model.deny_task(child)
+    assert refused(emu, "a/tasks", f"{child}\n") == (
+        errno.EPERM,
+        f"No permission to move task {child}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("rel", "text", "status"),
+    [
+        ("a/cpus_list", "0-99\n", "Bad CPU list/mask"),
+        ("a/cpus_list", "9\n", "Can only assign online CPUs"),  # possible but offline
+        ("a/cpus", "zz\n", "Bad CPU list/mask"),
+        ("cpus_list", "0-3\n", "Can't drop CPUs from default group"),
+    ],
+)
+def test_cpu_errors(emu: Emulated, rel: str, text: str, status: str) -> None:
+    os.mkdir(f"{emu.root}/a")
+    assert refused(emu, rel, text) == (errno.EINVAL, status)
+
+
+def test_mon_groups_and_task_rules(emu: Emulated, child: int) -> None:
+    os.mkdir(f"{emu.root}/a")
+    os.mkdir(f"{emu.root}/a/mon_groups/m")
+    assert refused(emu, "a/mon_groups/m/tasks", f"{child}\n") == (
+        errno.EINVAL,
+        "Can't move task to different control group",
+    )
+    emu.write("a/tasks", f"{child}\n")
+    emu.write("a/mon_groups/m/tasks", f"{child}\n")
+    assert emu.read("a/tasks") == f"{child}\n", "a control group lists its mon groups' tasks"
+    with pytest.raises(PermissionError):
+        os.mkdir(f"{emu.root}/a/nested")
+    os.rmdir(f"{emu.root}/a")
+    assert str(child) in emu.read("tasks").split()
+
+
+def test_closid_exhaustion() -> None:
+    with emulated_resctrl("e5v3-4clos") as emu:
+        for i in range(3):  # the default group holds CLOSID 0
+            os.mkdir(f"{emu.root}/g{i}")
+        with pytest.raises(OSError) as err:
+            os.mkdir(f"{emu.root}/g3")
+        assert (err.value.errno, emu.status()) == (errno.ENOSPC, "Out of CLOSIDs")
+        assert not os.path.exists(f"{emu.root}/g3")
+
+
+def test_rmid_exhaustion_and_limbo() -> None:
+    with emulated_resctrl("intel-20way", num_rmids=4, limbo_s=0.3) as emu:
+        os.mkdir(f"{emu.root}/a")
+        os.mkdir(f"{emu.root}/a/mon_groups/m1")
+        os.mkdir(f"{emu.root}/a/mon_groups/m2")
+        with pytest.raises(OSError) as err:
+            os.mkdir(f"{emu.root}/a/mon_groups/m3")
+        assert (err.value.errno, emu.status()) == (errno.ENOSPC, "Out of RMIDs")
+        os.rmdir(f"{emu.root}/a/mon_groups/m2")
+        with pytest.raises(OSError) as err:
+            os.mkdir(f"{emu.root}/b")
+        assert (err.value.errno, emu.status()) == (errno.EBUSY, "Out of RMIDs")
+        time.sleep(0.35)
+        os.mkdir(f"{emu.root}/b")
+
+
+def test_counters_grow_with_tasks_and_occupancy_follows_the_mask(emu: Emulated, child: int) -> None:
+    os.mkdir(f"{emu.root}/a")
+    total = "a/mon_data/mon_L3_00/mbm_total_bytes"
+    occ = "a/mon_data/mon_L3_00/llc_occupancy"
+    assert emu.read(total) == "0\n"
+    emu.write("a/tasks", f"{child}\n")
+    first = int(emu.read(total))
+    time.sleep(0.05)
+    second = int(emu.read(total))
+    assert second > first
+    assert int(emu.read("a/mon_data/mon_L3_00/mbm_local_bytes")) < second
+    full = int(emu.read(occ))
+    emu.write("a/schemata", "L3:0=1\n")
+    assert 0 < int(emu.read(occ)) < full
+
+
+def test_counter_injection_and_reset(emu: Emulated, child: int) -> None:
+    os.mkdir(f"{emu.root}/a")
+    emu.write("a/tasks", f"{child}\n")
+    time.sleep(0.02)
+    path = "a/mon_data/mon_L3_01/mbm_total_bytes"
+    assert int(emu.read(path)) > 0
+    emu.model.set_counter("a", "mbm_total_bytes", "Unavailable", domain=1)
+    assert emu.read(path) == "Unavailable\n"
+    emu.model.set_counter("a", "mbm_total_bytes", None, domain=1)
+    emu.model.reset_counters("a")
+    assert int(emu.read(path)) < 10**6
+
+
+def test_injected_write_failure(emu: Emulated) -> None:
+    os.mkdir(f"{emu.root}/a")
+    emu.model.fail_next_write("a/schemata", errno.EIO, "injected")
+    assert refused(emu, "a/schemata", "L3:0=ff\n") == (errno.EIO, "injected")
+    emu.write("a/schemata", "L3:0=ff\n")  # one-shot
+
+
+def test_info_files(emu: Emulated) -> None:
+    assert emu.read("info/L3/cbm_mask") == "fffff\n"
+    assert emu.read("info/L3/shareable_bits") == "c0000\n"
+    assert emu.read("info/MB/num_closids") == "8\n"
+    assert emu.read("info/L3_MON/mon_features").split() == [
+        "llc_occupancy",
+        "mbm_total_bytes",
+        "mbm_local_bytes",
+    ]
+    assert sorted(os.listdir(f"{emu.root}/mon_data")) == ["mon_L3_00", "mon_L3_01"]
+    with pytest.raises(OSError):
+        emu.write("info/L3/cbm_mask", "ff\n")
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_consistent(name: str) -> None:
+    p = get_preset(name)
+    m = Model(p)
+    assert m.num_closids >= 2
+    assert p.cpus_possible >= p.cpus_online
+    assert p.shareable_bits & ~p.cbm_mask == 0
+    if p.mb is not None:
+        assert p.mb.min_bandwidth <= p.mb.max_bandwidth
+    assert m.read("/schemata").count("\n") == len(m.schemas)
+
+
+def test_unknown_preset_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        get_preset("nope")

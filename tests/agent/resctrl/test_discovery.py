@@ -1,0 +1,69 @@
+"""Capabilities discovered from every emulator preset match the preset, and mount options
+come from /proc/mounts when the root is a real resctrl mount."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.emulator.presets import get_preset
+from agent.resctrl.discovery import discover, mount_info, parse_size
+from agent.types import MbaMode, Vendor
+from tests.emulated_resctrl import Emulated
+
+
+def test_capabilities_match_the_preset(emu: Emulated, preset: str) -> None:
+    p = get_preset(preset)
+    caps = discover(emu.root, cache_size_path="/nonexistent")
+    assert caps.l3 is not None
+    assert caps.l3.cbm_mask == p.cbm_mask
+    assert caps.l3.min_cbm_bits == p.min_cbm_bits
+    assert caps.l3.cdp == p.cdp
+    assert caps.l3.domains == p.domains
+    assert caps.l3.shareable_bits == p.shareable_bits
+    assert caps.num_cpus == p.cpus_online
+    assert caps.num_closids == emu.model.num_closids
+    assert caps.monitoring is not None and caps.monitoring.num_rmids == p.num_rmids
+    assert caps.monitoring.domains == p.domains
+    if p.mb is None:
+        assert caps.mba is None
+    else:
+        assert caps.mba is not None
+        expected = (
+            MbaMode.MBPS
+            if p.mba_mbps
+            else MbaMode.AMD
+            if p.vendor == "AuthenticAMD"
+            else MbaMode.PERCENT
+        )
+        assert caps.mba.mode is expected
+        assert caps.mba.bandwidth_gran == p.mb.bandwidth_gran
+        if expected is MbaMode.AMD:
+            assert caps.vendor is Vendor.AMD and caps.mba.max_bandwidth == 2048
+
+
+def test_real_mount_options_win(tmp_path: Path) -> None:
+    from tests.emulated_resctrl import emulated_resctrl
+
+    with emulated_resctrl("intel-20way") as emu:
+        mounts = tmp_path / "mounts"
+        mounts.write_text(f"resctrl {emu.root} resctrl rw,relatime,mba_MBps 0 0\n")
+        caps = discover(emu.root, mounts=str(mounts))
+        assert caps.mba is not None and caps.mba.mode is MbaMode.MBPS
+        assert mount_info(emu.root, str(mounts)).options >= {"mba_MBps"}
+        size = tmp_path / "size"
+        size.write_text("35840K\n")
+        assert discover(emu.root, cache_size_path=str(size)).l3.size_bytes == 35840 * 1024
+
+
+@pytest.mark.parametrize(("text", "value"), [("35840K", 36700160), ("32M", 33554432), ("x", None)])
+def test_parse_size(text: str, value: int | None) -> None:
+    assert parse_size(text) == value
+
+
+def test_not_resctrl_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not a resctrl filesystem"):
+        discover(str(tmp_path))
+    assert not os.listdir(tmp_path)

@@ -1,0 +1,383 @@
+"""Bad input and kernel refusals surface as clear errors with nothing half-applied;
+ownership, adoption, vanished groups and monitoring edge cases (RESCTRL.md)."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from agent.errors import (
+    GroupNotFound,
+    InvalidAllocation,
+    InvalidCpus,
+    InvalidName,
+    KernelError,
+    ResourceExhausted,
+    UnknownTask,
+)
+from agent.resctrl import ResctrlNode
+from agent.types import (
+    SLO,
+    AllocationPlan,
+    GroupAllocation,
+    GroupKind,
+    GroupSpec,
+    LatencyStats,
+)
+from tests.agent.resctrl.conftest import make_node, unknown_pid
+from tests.emulated_resctrl import Emulated, emulated_resctrl
+
+PREFIX = "rdtune-"
+
+
+@pytest.fixture
+def intel() -> Iterator[Emulated]:
+    with emulated_resctrl("intel-20way") as emu:
+        yield emu
+
+
+@pytest.fixture
+def inode(intel: Emulated) -> Iterator[ResctrlNode]:
+    node = make_node(intel)
+    yield node
+    node.close()
+
+
+def _two_groups(node: ResctrlNode) -> None:
+    node.create_group(GroupSpec("a"))
+    node.create_group(GroupSpec("b"))
+
+
+# ---------------------------------------------------------------------- apply
+
+
+@pytest.mark.parametrize("preset", ["intel-20way", "intel-cdp", "amd-epyc"])
+def test_refused_write_restores_the_groups_already_changed(preset: str) -> None:
+    with emulated_resctrl(preset) as emu:
+        node = make_node(emu)
+        _two_groups(node)
+        before = node.allocation()
+        caps = node.capabilities()
+        plan = AllocationPlan.uniform(
+            {"a": GroupAllocation(l3_mask=0x3), "b": GroupAllocation(l3_mask=0xC)}, caps.domains
+        )
+        emu.model.fail_next_write(f"{PREFIX}b/schemata", errno.EIO, "injected refusal")
+        with pytest.raises(KernelError) as err:
+            node.apply(plan)
+        assert err.value.errno == errno.EIO
+        assert err.value.status == "injected refusal"
+        assert "group 'b'" in str(err.value) and "restored 'a'" in str(err.value)
+        assert node.allocation() == before, "the first group must be restored"
+        node.apply(plan)  # the node keeps working: the next try goes through
+
+
+def test_invalid_plan_writes_nothing(intel: Emulated, inode: ResctrlNode) -> None:
+    _two_groups(inode)
+    before = intel.read(f"{PREFIX}a/schemata")
+    plan = AllocationPlan(
+        {"a": {0: GroupAllocation(l3_mask=0x3)}, "b": {7: GroupAllocation(mb=50)}}
+    )
+    with pytest.raises(InvalidAllocation) as err:
+        inode.apply(plan)
+    assert err.value.rule == "unknown_domain"
+    assert intel.read(f"{PREFIX}a/schemata") == before
+
+
+def test_apply_reads_back_padded_values_and_rounds_mb(inode: ResctrlNode) -> None:
+    _two_groups(inode)
+    held = inode.apply(AllocationPlan({"a": {1: GroupAllocation(l3_mask=0xF0, mb=15)}}))
+    assert held.get("a", 1) == GroupAllocation(l3_mask=0xF0, mb=20)
+    assert held.get("a", 0) == GroupAllocation(l3_mask=0xFFFFF, mb=100)
+
+
+def test_foreign_exclusive_group_blocks_overlap_before_any_write(intel: Emulated) -> None:
+    os.mkdir(f"{intel.root}/kube-guaranteed")
+    intel.write("schemata", "L3:0=0000f;1=0000f\n")  # the admin narrows the default group
+    intel.write("kube-guaranteed/schemata", "L3:0=ff000;1=ff000\n")
+    intel.write("kube-guaranteed/mode", "exclusive\n")
+    node = make_node(intel)
+    node.create_group(GroupSpec("a"))
+    assert node.allocation().get("a", 0).l3_mask == 0x00FFF, "new groups avoid exclusive ways"
+    before = node.allocation()
+    with pytest.raises(InvalidAllocation) as err:
+        node.apply(AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0x3F000)}, (0, 1)))
+    assert err.value.rule == "exclusive_overlap"
+    assert node.allocation() == before
+    assert intel.status() == "ok", "rejected by the validator, never written"
+
+
+def test_exclusive_group_takes_only_free_ways(intel: Emulated) -> None:
+    node = make_node(intel)
+    with pytest.raises(ResourceExhausted, match="no free ways"):
+        node.create_group(GroupSpec("lc", GroupKind.LC, SLO(99.0, 1.0), exclusive=True))
+    assert node.groups() == {}
+    assert not os.path.exists(f"{intel.root}/{PREFIX}lc"), "a failed create leaves nothing"
+    intel.write("schemata", "L3:0=000ff;1=000ff\n")
+    node.create_group(GroupSpec("lc", GroupKind.LC, SLO(99.0, 1.0), exclusive=True))
+    assert intel.read(f"{PREFIX}lc/mode") == "exclusive\n"
+    assert node.allocation().get("lc", 0).l3_mask == 0x3FF00  # hw-shareable c0000 avoided
+
+
+# ---------------------------------------------------------------------- groups
+
+
+def test_closid_exhaustion_names_the_kernel_reason() -> None:
+    with emulated_resctrl("e5v3-4clos") as emu:
+        node = make_node(emu)
+        for name in ("a", "b", "c"):
+            node.create_group(GroupSpec(name))
+        with pytest.raises(ResourceExhausted, match="Out of CLOSIDs") as err:
+            node.create_group(GroupSpec("d"))
+        assert err.value.resource == "closid"
+        assert set(node.groups()) == {"a", "b", "c"}
+
+
+def test_rmid_exhaustion_and_limbo() -> None:
+    with emulated_resctrl("intel-20way", num_rmids=3, limbo_s=0.3) as emu:
+        node = make_node(emu)
+        _two_groups(node)
+        with pytest.raises(ResourceExhausted, match="Out of RMIDs") as err:
+            node.create_group(GroupSpec("c"))
+        assert err.value.resource == "rmid"
+        node.delete_group("b")
+        with pytest.raises(ResourceExhausted, match="limbo"):
+            node.create_group(GroupSpec("b"))
+        time.sleep(0.35)
+        node.create_group(GroupSpec("b"))
+        assert set(node.groups()) == {"a", "b"}
+
+
+def test_foreign_groups_are_never_listed_or_deleted(intel: Emulated) -> None:
+    os.mkdir(f"{intel.root}/kube-besteffort")
+    os.mkdir(f"{intel.root}/rdtune")  # not the prefix "rdtune-"
+    node = make_node(intel)
+    node.create_group(GroupSpec("a"))
+    assert set(node.groups()) == {"a"}
+    assert set(node.allocation()) == {"a"}
+    assert set(node.observe().groups) == {"a"}
+    for name in ("kube-besteffort", "rdtune", "../kube-besteffort"):
+        with pytest.raises((GroupNotFound, InvalidName)):
+            node.delete_group(name)
+    with pytest.raises(GroupNotFound):
+        node.apply(AllocationPlan({"kube-besteffort": {0: GroupAllocation(l3_mask=1)}}))
+    assert os.path.isdir(f"{intel.root}/kube-besteffort") and os.path.isdir(f"{intel.root}/rdtune")
+
+
+@pytest.mark.parametrize("prefix", ["", "a/b", "..", "x y"])
+def test_bad_prefix_is_rejected(intel: Emulated, prefix: str) -> None:
+    with pytest.raises(InvalidName):
+        ResctrlNode(intel.root, prefix=prefix, state_dir=intel.state_dir, pmc=None)
+
+
+def test_restart_adopts_groups_with_kind_and_slo(intel: Emulated, children: list[int]) -> None:
+    node = make_node(intel)
+    lc = GroupSpec("svc", GroupKind.LC, SLO(99.9, 5.0))
+    node.create_group(lc)
+    node.create_group(GroupSpec("batch"))
+    node.assign("svc", pids=[children[0]])
+    held = node.apply(AllocationPlan.uniform({"svc": GroupAllocation(l3_mask=0xFF)}, (0, 1)))
+    node.close()  # "crash": nothing is deleted
+    again = make_node(intel)
+    assert again.groups() == {"svc": lc, "batch": GroupSpec("batch")}
+    assert again.allocation() == held
+    assert children[0] in again.tasks("svc")
+    # Without a state file an adopted group is a batch group.
+    os.remove(again.state_path)
+    third = make_node(intel)
+    assert third.groups()["svc"] == GroupSpec("svc")
+
+
+def test_state_file_is_written_atomically_as_json(intel: Emulated) -> None:
+    node = make_node(intel)
+    node.create_group(GroupSpec("svc", GroupKind.LC, SLO(99.0, 2.0)))
+    with open(node.state_path) as f:
+        data = json.load(f)
+    assert data["groups"]["svc"] == {
+        "kind": "lc",
+        "exclusive": False,
+        "slo": {"percentile": 99.0, "target_ms": 2.0},
+    }
+    assert [n for n in os.listdir(os.path.dirname(node.state_path)) if n.startswith(".")] == []
+
+
+def test_vanished_group_is_reported_and_recreated_on_request(intel: Emulated) -> None:
+    node = make_node(intel)
+    spec = GroupSpec("svc", GroupKind.LC, SLO(99.0, 2.0))
+    node.create_group(spec)
+    node.create_group(GroupSpec("b"))
+    node.observe()
+    os.rmdir(f"{intel.root}/{PREFIX}svc")  # a container runtime cleaning up "unknown" groups
+    snap = node.observe()
+    assert snap.vanished == {"svc"}
+    assert set(snap.groups) == {"b"}
+    assert set(node.groups()) == {"b"}, "never silently re-created"
+    assert node.vanished() == {"svc"}
+    with pytest.raises(GroupNotFound, match="vanished"):
+        node.assign("svc", pids=[os.getpid()])
+    # The vanished group is remembered across a restart, too.
+    assert make_node(intel).vanished() == {"svc"}
+    assert node.recreate_vanished() == ["svc"]
+    assert node.groups()["svc"] == spec
+    assert node.vanished() == frozenset()
+    assert node.observe().vanished == frozenset()
+
+
+def test_stale_monitoring_groups_are_cleaned_up(intel: Emulated) -> None:
+    os.mkdir(f"{intel.root}/{PREFIX}a")
+    os.mkdir(f"{intel.root}/{PREFIX}a/mon_groups/{PREFIX}m1")
+    os.mkdir(f"{intel.root}/mon_groups/{PREFIX}m2")
+    os.mkdir(f"{intel.root}/mon_groups/someone-else")
+    node = make_node(intel)
+    assert sorted(node.cleaned_mon_groups) == sorted(
+        [f"{PREFIX}a/mon_groups/{PREFIX}m1", f"mon_groups/{PREFIX}m2"]
+    )
+    assert os.listdir(f"{intel.root}/mon_groups") == ["someone-else"]
+    assert set(node.groups()) == {"a"}
+
+
+# ---------------------------------------------------------------------- tasks and cpus
+
+
+def test_unknown_pid_in_a_batch_moves_nothing(inode: ResctrlNode, children: list[int]) -> None:
+    _two_groups(inode)
+    inode.assign("b", pids=[children[0]])
+    bad = unknown_pid()
+    with pytest.raises(UnknownTask, match=str(bad)):
+        inode.assign("a", pids=[children[1], bad, children[0]])
+    assert inode.tasks("a") == frozenset()
+    assert children[0] in inode.tasks("b")
+
+
+def test_kernel_refusal_mid_batch_puts_moved_tasks_back(
+    intel: Emulated, inode: ResctrlNode, children: list[int]
+) -> None:
+    _two_groups(inode)
+    inode.assign("b", pids=[children[0]])
+    intel.model.deny_task(children[1])
+    with pytest.raises(KernelError) as err:
+        inode.assign("a", pids=[children[0], children[1]])
+    assert err.value.errno == errno.EPERM
+    assert err.value.status == f"No permission to move task {children[1]}"
+    assert inode.tasks("a") == frozenset()
+    assert children[0] in inode.tasks("b"), "the moved task went back where it was"
+
+
+def test_task_that_exits_before_the_write(intel: Emulated, inode: ResctrlNode) -> None:
+    # /proc says the pid exists but the kernel answers ESRCH (it exited in between).
+    inode.create_group(GroupSpec("a"))
+    intel.model.fail_next_write(f"{PREFIX}a/tasks", errno.ESRCH, "No task 1")
+    with pytest.raises(UnknownTask, match="No task 1"):
+        inode.assign("a", pids=[1])
+
+
+def test_bad_cpus(intel: Emulated, inode: ResctrlNode, children: list[int]) -> None:
+    inode.create_group(GroupSpec("a"))
+    with pytest.raises(InvalidCpus, match=r"\[9\]"):
+        inode.assign("a", cpus=[1, 9])  # 9 exists but is offline
+    with pytest.raises(InvalidCpus):
+        inode.assign("a", cpus=[-1])
+    assert intel.read(f"{PREFIX}a/cpus_list") == "\n"
+    intel.model.fail_next_write(f"{PREFIX}a/cpus_list", errno.EINVAL, "Bad CPU list/mask")
+    with pytest.raises(InvalidCpus, match="Bad CPU list/mask"):
+        inode.assign("a", pids=[children[0]], cpus=[1])
+    assert inode.tasks("a") == frozenset(), "tasks moved in the same call went back"
+    inode.assign("a", cpus=[1, 2])
+    inode.assign("a", cpus=[5])
+    assert intel.read(f"{PREFIX}a/cpus_list") == "1-2,5\n"
+
+
+# ---------------------------------------------------------------------- observe
+
+
+def test_unavailable_and_error_counters_read_as_none(
+    intel: Emulated, inode: ResctrlNode, children: list[int]
+) -> None:
+    _two_groups(inode)
+    inode.assign("a", pids=[children[0]])
+    for event, value in (("mbm_total_bytes", "Unavailable"), ("llc_occupancy", "Error")):
+        intel.model.set_counter(f"{PREFIX}a", event, value)
+    intel.model.set_counter(f"{PREFIX}a", "mbm_local_bytes", "Unassigned", domain=0)
+    inode.observe()
+    time.sleep(0.02)
+    a = inode.observe().groups["a"]
+    assert a.memory_bytes is None and a.llc_occupancy_bytes is None
+    assert a.memory_local_bytes is not None and a.memory_local_bytes > 0, "domain 1 still counts"
+    for event in ("mbm_total_bytes", "llc_occupancy"):
+        intel.model.set_counter(f"{PREFIX}a", event, None)
+    assert inode.observe().groups["a"].memory_bytes is None, "first value: no baseline yet"
+    time.sleep(0.02)
+    assert inode.observe().groups["a"].memory_bytes > 0
+
+
+def test_counter_reset_never_gives_a_negative(
+    intel: Emulated, inode: ResctrlNode, children: list[int]
+) -> None:
+    inode.create_group(GroupSpec("a"))
+    inode.assign("a", pids=children)
+    inode.observe()
+    time.sleep(0.05)
+    grown = inode.observe().groups["a"].memory_bytes
+    assert grown > 0
+    time.sleep(0.02)
+    intel.model.reset_counters(f"{PREFIX}a")
+    after = inode.observe().groups["a"].memory_bytes
+    assert 0 <= after < grown
+
+
+def test_observe_gives_bandwidth_occupancy_and_lc_latency(
+    intel: Emulated, children: list[int]
+) -> None:
+    class Feed:
+        def drain(self, group: str) -> LatencyStats | None:
+            return LatencyStats(10, 1.0, 2.0, 3.0, 4.0) if group == "svc" else None
+
+    node = make_node(intel, latency=Feed())
+    node.create_group(GroupSpec("svc", GroupKind.LC, SLO(99.0, 5.0)))
+    node.create_group(GroupSpec("idle"))
+    node.assign("svc", pids=children[:2])
+    node.observe()
+    time.sleep(0.05)
+    snap = node.observe()
+    svc, idle = snap.groups["svc"], snap.groups["idle"]
+    assert svc.latency == LatencyStats(10, 1.0, 2.0, 3.0, 4.0)
+    assert idle.latency is None, "batch groups have no latency"
+    assert svc.memory_bytes > 0 and svc.memory_local_bytes < svc.memory_bytes
+    assert idle.memory_bytes == 0 and idle.llc_occupancy_bytes == 0
+    assert svc.llc_occupancy_bytes > 0
+    assert snap.bandwidth_bps("svc") > 0
+
+
+def test_hardware_pmc_events_are_reported_unsupported(inode: ResctrlNode) -> None:
+    caps = inode.capabilities()
+    for event in ("instructions", "cycles", "llc_references", "llc_misses"):
+        assert event in caps.pmc_events or event in caps.pmc_unsupported
+    inode.create_group(GroupSpec("a"))
+    sample = inode.observe().groups["a"]
+    for event in caps.pmc_unsupported:
+        assert getattr(sample, event) is None
+
+
+# ---------------------------------------------------------------------- locking
+
+
+def test_lock_held_by_another_user_gives_a_clear_error(intel: Emulated) -> None:
+    node = make_node(intel, lock_timeout_s=0.1)
+    node.create_group(GroupSpec("a"))
+    fd = os.open(intel.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # pqos doing a read-modify-write
+        with pytest.raises(KernelError, match="another resctrl user"):
+            node.apply(AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0xF)}, (0, 1)))
+        fcntl.flock(fd, fcntl.LOCK_SH)  # readers share
+        assert set(node.allocation()) == {"a"}
+        with pytest.raises(KernelError):
+            node.create_group(GroupSpec("b"))
+    finally:
+        os.close(fd)
+    node.create_group(GroupSpec("b"))
