@@ -1,0 +1,250 @@
+"""The performance model of the simulated node, vectorised over workload instances.
+
+Implements effects 1-5 and 7 of shared/design/SIMULATOR.md (the equations are written out
+in docs/SIMULATOR.md):
+
+1. miss-ratio curves ``m(c)`` per workload (knees, streaming floor, insensitive);
+2. CAT semantics: a workload inserts only into the ways of its group's mask, hits on any
+   line it holds; occupancy of a way splits by insertion (miss) rate; associativity
+   shrinks the effective capacity of small masks;
+3. inertia: occupancy per (workload, way) evolves with the exact solution of the fill /
+   replace dynamics over a step (about one line per miss, evicted by other inserters);
+4. memory bandwidth contention: one shared memory latency ``L(u)`` rising steeply with
+   utilisation ``u`` of the peak, solved as a fixed point with the CPI of every workload;
+5. MBA: Intel levels add a per-request delay to L2->LLC traffic (non-linear in the level,
+   per core, so a group's bandwidth scales with its cores; hits pay a share too); AMD
+   values are absolute bandwidth caps;
+7. CPI -> instructions/s for batch jobs (with phases), LC services demand-driven.
+
+No per-request work happens here (LC queues are in :mod:`agent.sim.queueing`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.sim.catalog import MachinePreset, WorkloadSpec
+
+LINE = 64.0
+U_MAX = 0.995
+
+
+@dataclass
+class Inputs:
+    """Per-workload inputs of one solve (arrays of length n, masks n x ways)."""
+
+    masks: np.ndarray  # (n, W) float 0/1: ways the workload may insert into
+    nways: np.ndarray  # (n,) ways in that mask (>= 1)
+    delay_ns: np.ndarray  # (n,) MBA delay per request
+    bw_cap: np.ndarray  # (n,) bytes/s cap (inf: none)
+    active: np.ndarray  # (n,) 0/1
+    apki_s: np.ndarray  # phase multipliers
+    ws_s: np.ndarray
+    cpi_s: np.ndarray
+    lam: np.ndarray  # (n,) LC request rate (req/s); 0 for batch
+    cores: np.ndarray  # (n,) cores the workload runs on (after oversubscription)
+
+
+@dataclass
+class Solution:
+    """Per-workload rates at one operating point."""
+
+    ips: np.ndarray
+    cpi: np.ndarray
+    miss_ratio: np.ndarray
+    access_rate: np.ndarray  # LLC references/s
+    miss_rate: np.ndarray  # LLC misses/s
+    mem_bw: np.ndarray  # bytes/s (misses x 64 x (1 + write-back))
+    capacity: np.ndarray  # effective capacity (bytes)
+    service_s: np.ndarray  # LC mean service time (s); nan for batch
+    busy: np.ndarray  # busy cores (LC: utilisation x workers)
+    latency_ns: float
+    utilization: float
+
+
+class Model:
+    """Constant per-workload parameters plus the solver; state (occupancy, latency) is
+    passed in and out so callers can evaluate counterfactuals without side effects."""
+
+    def __init__(self, preset: MachinePreset, specs: list[WorkloadSpec], threads: list[int]):
+        self.preset = preset
+        self.specs = specs
+        n = len(specs)
+        self.n = n
+        self.W = preset.ways
+        self.way_bytes = preset.way_bytes
+        self.freq = preset.freq_ghz  # cycles per ns
+        f = np.array
+        self.threads = f(threads, dtype=float)
+        self.cpi_base = f([s.cpi_base for s in specs], dtype=float)
+        self.apki = f([s.apki for s in specs], dtype=float)
+        self.mlp = f([s.mlp for s in specs], dtype=float)
+        self.wb = f([s.writeback for s in specs], dtype=float)
+        self.fp = f([s.footprint_bytes for s in specs], dtype=float)
+        self.floor = f([s.mrc_floor for s in specs], dtype=float)
+        self.span = f([s.mrc_ceil - s.mrc_floor for s in specs], dtype=float)
+        k = max([len(s.knees) for s in specs] + [1])
+        self.kw = np.zeros((n, k))
+        self.kk = np.ones((n, k))
+        self.ks = np.ones((n, k))
+        for i, s in enumerate(specs):
+            for j, (w, size, sh) in enumerate(s.knees):
+                self.kw[i, j], self.kk[i, j], self.ks[i, j] = w, size, sh
+        self.is_lc = f([s.kind == "lc" for s in specs], dtype=bool)
+        self.ipr = f([s.lc.instructions_per_request if s.lc else 0.0 for s in specs])
+        self.workers = f([s.lc.workers if s.lc else 0 for s in specs], dtype=float)
+        self.L0 = preset.mem_latency_ns
+        self.beta = preset.queueing_beta
+        self.a0 = preset.assoc_a0
+        self.hit_share = preset.mba_hit_share
+        self.peak = preset.peak_bw_bps
+        self._assoc_full = self.W / (self.W + self.a0)
+
+    # ------------------------------------------------------------------ pieces
+
+    def assoc(self, nways: np.ndarray) -> np.ndarray:
+        """Effective-capacity factor of a mask with ``nways`` ways (1 with every way)."""
+        return (nways / (nways + self.a0)) / self._assoc_full
+
+    def miss_ratio(self, capacity: np.ndarray, ws_s: np.ndarray) -> np.ndarray:
+        x = capacity[:, None] / (self.kk * ws_s[:, None])
+        return self.floor + self.span * (self.kw / (1.0 + x**self.ks)).sum(axis=1)
+
+    def latency(self, u: float) -> float:
+        u = min(max(u, 0.0), U_MAX)
+        return self.L0 * (1.0 + self.beta * u * u / (1.0 - u))
+
+    def solve(
+        self, inp: Inputs, occ: np.ndarray, u_guess: float = 0.0, tol: float = 1e-6
+    ) -> Solution:
+        """Rates at the fixed point of CPI <-> bandwidth <-> memory latency, for the
+        occupancy ``occ`` (n x W bytes) held now."""
+        cap = occ.sum(axis=1) * self.assoc(inp.nways)
+        m = self.miss_ratio(cap, inp.ws_s)
+        apki = self.apki * inp.apki_s
+        fm = self.freq / self.mlp * apki / 1000.0
+        # cpi = a + b * L   (L in ns)
+        a = self.cpi_base * inp.cpi_s + fm * (m + self.hit_share) * inp.delay_ns
+        b = fm * m
+        hz = self.freq * 1e9
+        k_cpu = inp.active * inp.cores * hz
+        lc_cap = np.where(self.is_lc, inp.lam * self.ipr * inp.active, np.inf)
+        bpi = apki / 1000.0 * m * LINE * (1.0 + self.wb)  # memory bytes per instruction
+        capped = bool(np.isfinite(inp.bw_cap).any())
+        peak = self.peak
+        L0, beta = self.L0, self.beta
+
+        def ips_at(u: float) -> tuple[np.ndarray, float]:
+            uu = min(max(u, 0.0), U_MAX)
+            lat = L0 * (1.0 + beta * uu * uu / (1.0 - uu))
+            ips = np.minimum(k_cpu / (a + b * lat), lc_cap)
+            if capped:
+                dem = ips * bpi
+                ratio = dem / inp.bw_cap
+                ips = ips / (1.0 + ratio**4) ** 0.25
+            return ips, lat
+
+        def h(u: float) -> tuple[float, np.ndarray, float]:
+            ips, lat = ips_at(u)
+            return float(ips @ bpi) / peak - u, ips, lat
+
+        # The map u -> demand(u)/peak is decreasing, so the fixed point lies between a guess
+        # and its image: bracket there and refine with Illinois regula falsi.
+        u0 = min(max(u_guess, 0.0), U_MAX)
+        h0, ips, lat = h(u0)
+        if abs(h0) > tol:
+            u1 = min(max(u0 + h0, 0.0), U_MAX)
+            h1, ips, lat = h(u1)
+            lo, hlo, hi, hhi = (u0, h0, u1, h1) if h0 > 0 else (u1, h1, u0, h0)
+            if hlo < 0 or hhi > 0:  # clipped at the ends: widen to the whole range
+                lo, hi = 0.0, U_MAX
+                hlo, _, _ = h(lo)
+                hhi, _, _ = h(hi)
+            u = u1
+            side = 0
+            for _ in range(60):
+                if hhi >= 0:
+                    u, ips, lat = hi, *ips_at(hi)
+                    break
+                if hlo <= 0:
+                    u, ips, lat = lo, *ips_at(lo)
+                    break
+                u = (lo * hhi - hi * hlo) / (hhi - hlo)
+                hu, ips, lat = h(u)
+                if abs(hu) <= tol or hi - lo < 1e-9:
+                    break
+                if hu > 0:
+                    lo, hlo = u, hu
+                    if side == 1:
+                        hhi *= 0.5
+                    side = 1
+                else:
+                    hi, hhi = u, hu
+                    if side == -1:
+                        hlo *= 0.5
+                    side = -1
+            u0 = u
+        cpi = a + b * lat
+        access = ips * apki / 1000.0
+        miss = access * m
+        bw = ips * bpi
+        with np.errstate(invalid="ignore", divide="ignore"):
+            service = np.where(self.is_lc, self.ipr * cpi / hz, np.nan)
+        busy = np.where(self.is_lc, ips * cpi / hz, inp.active * inp.cores)
+        return Solution(ips, cpi, m, access, miss, bw, cap, service, busy, lat, float(u0))
+
+    # ------------------------------------------------------------------ occupancy
+
+    def step_occupancy(
+        self, occ: np.ndarray, inp: Inputs, miss_rate: np.ndarray, dt: float
+    ) -> np.ndarray:
+        """Occupancy after ``dt`` s with constant insertion: free space fills first, then
+        each inserted line evicts a line of the way chosen in proportion to occupancy."""
+        wb = self.way_bytes
+        ins = inp.masks * (miss_rate * LINE / inp.nways)[:, None]  # bytes/s per (w, way)
+        rate = ins.sum(axis=0)  # (W,)
+        free = np.maximum(wb - occ.sum(axis=0), 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_fill = np.where(rate > 0, free / rate, np.inf)
+            t1 = np.minimum(t_fill, dt)
+            occ = occ + ins * t1
+            t2 = dt - t1
+            ss = np.where(rate > 0, wb * ins / rate, 0.0)
+        decay = np.exp(-rate * t2 / wb)
+        full = t2 > 0
+        occ = np.where(full, ss + (occ - ss) * decay, occ)
+        tot = occ.sum(axis=1)
+        limit = self.fp * inp.ws_s
+        over = tot > limit
+        if over.any():
+            occ[over] *= (limit[over] / tot[over])[:, None]
+        return occ
+
+    def steady(
+        self, inp: Inputs, occ: np.ndarray | None = None, iters: int = 80
+    ) -> tuple[np.ndarray, Solution]:
+        """Converged occupancy and rates for constant inputs (noise-free ground truth)."""
+        if occ is None:
+            occ = np.zeros((self.n, self.W))
+        sol = self.solve(inp, occ)
+        for _ in range(iters):
+            # Long steps: the exact per-step solution makes big dt stable.
+            new = self.step_occupancy(occ, inp, sol.miss_rate, 0.05)
+            sol = self.solve(inp, new, sol.utilization)
+            if np.allclose(new, occ, rtol=1e-7, atol=1.0):
+                occ = new
+                break
+            occ = new
+        return occ, sol
+
+
+def mba_delay_table(preset: MachinePreset) -> dict[int, float]:
+    return {lvl: preset.mba_delay(lvl) for lvl in range(0, 101)}
+
+
+def amd_cap_bps(value: int) -> float:
+    """AMD L3 QoS bandwidth limit: ``value`` in 1/8 GB/s units (a floor keeps 0 finite)."""
+    return max(float(value), 0.2) * 0.125e9 if math.isfinite(value) else math.inf

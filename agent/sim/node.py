@@ -1,0 +1,727 @@
+"""SimNode: a simulated CAT/MBA server behind the same Node and Clock contract as ResctrlNode.
+
+Groups, masks and MB values go in through ``apply`` (validated by agent.validate exactly as
+a real node does, against the machine preset's capabilities); counters, occupancy, MBM
+bytes and LC latency percentiles come out of ``observe``. Time is driven by ``advance``.
+The model is in agent.sim.model (cache, bandwidth, MBA, CPI) and agent.sim.queueing (LC
+requests); see shared/design/SIMULATOR.md and docs/SIMULATOR.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from agent.errors import (
+    GroupExists,
+    GroupNotFound,
+    InvalidCpus,
+    ResourceExhausted,
+    UnknownTask,
+)
+from agent.sim.catalog import Catalog, MachinePreset, WorkloadSpec, default_catalog
+from agent.sim.model import Inputs, Model, Solution, amd_cap_bps
+from agent.sim.queueing import simulate, steady_latency
+from agent.sim.scenario import (
+    LoadSchedule,
+    Scenario,
+    WorkloadInstance,
+    get_scenario,
+)
+from agent.types import (
+    SLO,
+    Allocation,
+    AllocationPlan,
+    GroupAllocation,
+    GroupKind,
+    GroupSample,
+    GroupSpec,
+    LatencyStats,
+    MbaMode,
+    NodeCapabilities,
+    Snapshot,
+)
+from agent.validate import PlanContext, validate_plan
+
+DEFAULT_SCENARIO = "default"
+PID_BASE = 10_000
+# Relative 1-sigma noise per interval of each counter (perf multiplexing and skid, MBM
+# sampling); occupancy is reported in units of the RMID counter's granularity.
+NOISE = {
+    "instructions": 0.004,
+    "cycles": 0.002,
+    "refs": 0.015,
+    "misses": 0.02,
+    "mem": 0.02,
+    "occ": 0.03,
+}
+OCC_UNIT = 64 * 1024
+_PERCENTILES = (50.0, 95.0, 99.0, 99.9)
+_STORE_CAP = 200_000  # latency samples kept between two observes (thinned beyond)
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    """Where one workload instance is (simulated nodes only; controllers must not need it)."""
+
+    name: str
+    workload: str
+    kind: str
+    pids: tuple[int, ...]
+    group: str  # the group holding most of its tasks ("" = default group)
+    active: bool
+    spec: WorkloadSpec = field(repr=False)
+    lc_capacity_rps: float | None = None  # requests/s at utilisation 1, full resources alone
+
+
+@dataclass(frozen=True)
+class WorkloadTruth:
+    """Noise-free steady state of one workload instance."""
+
+    ips: float
+    ipc: float
+    miss_ratio: float
+    mpki: float
+    llc_references_per_s: float
+    llc_misses_per_s: float
+    bandwidth_bps: float
+    occupancy_bytes: float
+    slowdown: float  # vs. full resources alone (IPS for batch, service time for LC)
+    load_rps: float = 0.0
+    utilization: float = 0.0  # LC: per-worker utilisation
+    latency_ms: Mapping[float, float] = field(default_factory=dict)  # LC percentiles
+
+
+@dataclass(frozen=True)
+class GroupTruth:
+    """Noise-free steady state of a group (sums over its workloads; worst LC latency)."""
+
+    ips: float
+    ipc: float
+    miss_ratio: float
+    mpki: float
+    bandwidth_bps: float
+    occupancy_bytes: float
+    slowdown: float  # the largest slowdown among its workloads
+    latency_ms: Mapping[float, float]
+    workloads: Mapping[str, WorkloadTruth]
+    memory_latency_ns: float
+
+
+_SOLO_CACHE: dict[tuple, tuple[float, float]] = {}
+
+
+def solo_reference(preset: MachinePreset, spec: WorkloadSpec, threads: int) -> tuple[float, float]:
+    """(IPS, CPI) of a workload alone on ``preset`` with every way and MB at maximum
+    (LC services fully busy). Cached; the basis of slowdowns and of ``utilization`` loads."""
+    key = (preset, spec, threads)
+    if key not in _SOLO_CACHE:
+        model = Model(preset, [spec], [threads])
+        inp = Inputs(
+            masks=np.ones((1, preset.ways)),
+            nways=np.array([float(preset.ways)]),
+            delay_ns=np.zeros(1),
+            bw_cap=np.full(1, np.inf),
+            active=np.ones(1),
+            apki_s=np.ones(1),
+            ws_s=np.ones(1),
+            cpi_s=np.ones(1),
+            lam=np.full(1, np.inf),
+            cores=np.array([float(min(threads, preset.cores))]),
+        )
+        _, sol = model.steady(inp)
+        _SOLO_CACHE[key] = (float(sol.ips[0]), float(sol.cpi[0]))
+    return _SOLO_CACHE[key]
+
+
+class SimNode:
+    """A simulated server (Node + Clock). See the agent.sim package docstring for the API."""
+
+    def __init__(
+        self,
+        scenario: str | Scenario = DEFAULT_SCENARIO,
+        seed: int = 0,
+        *,
+        interval_s: float = 0.1,
+        auto_groups: bool = True,
+        noise: bool = True,
+        max_requests: int = 1000,
+        catalog: Catalog | None = None,
+    ) -> None:
+        if not (interval_s > 0 and math.isfinite(interval_s)):
+            raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s}")
+        if max_requests < 10:
+            raise ValueError("max_requests must be at least 10")
+        self.interval_s = float(interval_s)
+        self.auto_groups = auto_groups
+        self.noise = noise
+        self.max_requests = int(max_requests)
+        self._catalog = catalog or default_catalog()
+        self._seed = int(seed)
+        self._closed = False
+        self.reset(scenario, seed)
+
+    # ================================================================== Clock
+
+    def now(self) -> float:
+        return self._t
+
+    def reset(self, scenario: object | None = None, seed: int | None = None) -> None:
+        if scenario is not None:
+            if not isinstance(scenario, str | Scenario):
+                raise TypeError(f"scenario must be a name or a Scenario, got {type(scenario)}")
+            self._scenario = get_scenario(scenario, self._catalog)
+        if seed is not None:
+            self._seed = int(seed)
+        scn = self._scenario
+        cat = scn.catalog
+        self._preset = cat.machine(scn.machine)
+        self._caps = self._preset.capabilities()
+        self._rng = np.random.default_rng(self._seed)
+        self._instances: list[WorkloadInstance] = list(scn.workloads)
+        self._specs = [cat.workload(w.workload) for w in self._instances]
+        threads = [
+            w.threads or s.threads for w, s in zip(self._instances, self._specs, strict=True)
+        ]
+        self._threads = np.array(threads, dtype=float)
+        self._model = Model(self._preset, self._specs, threads)
+        n = len(self._instances)
+        self._n = n
+        # pids: one per thread, unique on this node.
+        self._pids: list[tuple[int, ...]] = []
+        self._pid_owner: dict[int, int] = {}
+        nxt = PID_BASE
+        for i, t in enumerate(threads):
+            pids = tuple(range(nxt, nxt + t))
+            nxt += t + 10
+            self._pids.append(pids)
+            for p in pids:
+                self._pid_owner[p] = i
+        self._task_group: dict[int, str] = dict.fromkeys(self._pid_owner, "")
+        self._groups: dict[str, GroupSpec] = {}
+        self._alloc: dict[str, GroupAllocation] = {}
+        self._cpus: dict[str, set[int]] = {}
+        # LC: load schedules (in req/s) and per-worker backlogs.
+        self._lc_idx = [i for i, s in enumerate(self._specs) if s.kind == "lc"]
+        self._sched: dict[int, tuple[LoadSchedule, float]] = {}
+        self._capacity: dict[int, float] = {}
+        self._backlog: dict[int, np.ndarray] = {}
+        horizon = max(3600.0, scn.duration_s or 0.0)
+        for i in self._lc_idx:
+            spec, inst = self._specs[i], self._instances[i]
+            _, cpi = solo_reference(self._preset, spec, threads[i])
+            svc = spec.lc.instructions_per_request * cpi / (self._preset.freq_ghz * 1e9)
+            self._capacity[i] = spec.lc.workers / svc
+            scale = self._capacity[i] if inst.load.unit == "utilization" else 1.0
+            self._sched[i] = (inst.load.schedule(self._rng, horizon), scale)
+            self._backlog[i] = np.zeros(spec.lc.workers)
+        self._t = 0.0
+        self._last_obs = 0.0
+        self._acc_w = np.zeros((n, 5))  # instructions, cycles, refs, misses, mem bytes
+        self._acc_g: dict[str, np.ndarray] = {}
+        self._lat: dict[int, list[np.ndarray]] = {i: [] for i in self._lc_idx}
+        self._lat_n: dict[int, int] = dict.fromkeys(self._lc_idx, 0)
+        self._count: dict[int, int] = dict.fromkeys(self._lc_idx, 0)
+        self._u = 0.0
+        self._dirty = True
+        if self.auto_groups:
+            self._create_scenario_groups()
+        # Start warm: caches hold their steady state for the starting allocation.
+        inp = self._inputs(self._t)
+        self._occ, sol = self._model.steady(inp)
+        self._u = sol.utilization
+
+    def advance(self, dt: float) -> None:
+        if not (dt >= 0 and math.isfinite(dt)):
+            raise ValueError(f"advance needs a finite dt >= 0, got {dt}")
+        step = self.interval_s
+        remaining = float(dt)
+        while remaining > 1e-12:
+            h = step if remaining > step * (1 + 1e-9) else remaining
+            self._step(h)
+            remaining -= h
+
+    # ================================================================== Node
+
+    def capabilities(self) -> NodeCapabilities:
+        return self._caps
+
+    def groups(self) -> Mapping[str, GroupSpec]:
+        return MappingProxyType(dict(self._groups))
+
+    def create_group(self, spec: GroupSpec) -> None:
+        if not isinstance(spec, GroupSpec):
+            raise TypeError(f"expected a GroupSpec, got {type(spec).__name__}")
+        if spec.name in self._groups:
+            raise GroupExists(spec.name)
+        if len(self._groups) + 1 >= self._caps.num_closids:
+            raise ResourceExhausted(
+                f"Out of CLOSIDs: {self._caps.num_closids} including the default group",
+                resource="closid",
+            )
+        if len(self._groups) + 1 >= self._preset.rmids:
+            raise ResourceExhausted("Out of RMIDs", resource="rmid")
+        held = 0
+        for name, g in self._groups.items():
+            if g.exclusive:
+                held |= self._alloc[name].l3_mask or 0
+        mask = self._preset.cbm_mask & ~held
+        if mask == 0 or mask.bit_count() < self._preset.min_cbm_bits:
+            raise ResourceExhausted("every way is held exclusively", resource="cbm")
+        mb = self._caps.mba.max_bandwidth if self._caps.mba is not None else None
+        self._flush()
+        self._groups[spec.name] = spec
+        self._alloc[spec.name] = GroupAllocation(l3_mask=mask, mb=mb)
+        self._cpus[spec.name] = set()
+        self._acc_g[spec.name] = np.zeros(5)
+        self._dirty = True
+
+    def delete_group(self, name: str) -> None:
+        if name not in self._groups:
+            raise GroupNotFound(name)
+        self._flush()
+        for pid, g in self._task_group.items():
+            if g == name:
+                self._task_group[pid] = ""
+        del self._groups[name], self._alloc[name], self._cpus[name], self._acc_g[name]
+        self._dirty = True
+
+    def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
+        if group not in self._groups:
+            raise GroupNotFound(group)
+        pids = list(pids)
+        cpus = list(cpus)
+        for pid in pids:
+            if isinstance(pid, bool) or not isinstance(pid, int | np.integer):
+                raise UnknownTask(-1, f"pid {pid!r} is not an integer")
+            if int(pid) not in self._pid_owner:
+                raise UnknownTask(int(pid))
+        for cpu in cpus:
+            if isinstance(cpu, bool) or not isinstance(cpu, int | np.integer):
+                raise InvalidCpus(f"cpu {cpu!r} is not an integer")
+            if not 0 <= int(cpu) < self._caps.num_cpus:
+                raise InvalidCpus(f"cpu {cpu} out of range 0..{self._caps.num_cpus - 1}")
+        if pids:
+            self._flush()
+            for pid in pids:
+                self._task_group[int(pid)] = group
+            self._dirty = True
+        for cpu in cpus:
+            for s in self._cpus.values():
+                s.discard(int(cpu))
+            self._cpus[group].add(int(cpu))
+
+    def tasks(self, group: str) -> frozenset[int]:
+        if group not in self._groups:
+            raise GroupNotFound(group)
+        return frozenset(p for p, g in self._task_group.items() if g == group)
+
+    def apply(self, plan: AllocationPlan, *, dry_run: bool = False) -> Allocation:
+        normalized = validate_plan(plan, self._plan_context())
+        new = self._overlay(normalized)
+        if dry_run:
+            return self._as_allocation(new)
+        if new != self._alloc:
+            self._flush()
+            self._alloc = new
+            self._dirty = True
+        return self.allocation()
+
+    def allocation(self) -> Allocation:
+        return self._as_allocation(self._alloc)
+
+    def observe(self) -> Snapshot:
+        self._flush()
+        interval = self._t - self._last_obs
+        self._last_obs = self._t
+        occ_w = self._occ.sum(axis=1)
+        frac = self._fractions()
+        names = list(self._groups)
+        occ_g = frac.T @ occ_w if names else np.zeros(0)
+        major = self._major_groups()
+        rng = self._rng
+        out: dict[str, GroupSample] = {}
+        for gi, name in enumerate(names):
+            acc = self._acc_g[name]
+            if self.noise:
+                sig = np.array(
+                    [
+                        NOISE["instructions"],
+                        NOISE["cycles"],
+                        NOISE["refs"],
+                        NOISE["misses"],
+                        NOISE["mem"],
+                    ]
+                )
+                acc = acc * np.exp(rng.normal(0.0, sig))
+                occ = max(0.0, occ_g[gi] * (1.0 + rng.normal(0.0, NOISE["occ"])))
+            else:
+                occ = occ_g[gi]
+            occ = float(round(occ / OCC_UNIT) * OCC_UNIT)
+            self._acc_g[name] = np.zeros(5)
+            latency = None
+            members = [i for i in self._lc_idx if major[i] == name]
+            if members or self._groups[name].kind is GroupKind.LC:
+                latency = self._latency_stats(members)
+            out[name] = GroupSample(
+                instructions=float(acc[0]),
+                cycles=float(acc[1]),
+                llc_references=float(acc[2]),
+                llc_misses=float(acc[3]),
+                llc_occupancy_bytes=occ,
+                memory_bytes=float(acc[4]),
+                memory_local_bytes=float(acc[4]),
+                latency=latency,
+            )
+        for i in self._lc_idx:
+            self._lat[i] = []
+            self._lat_n[i] = 0
+            self._count[i] = 0
+        return Snapshot(timestamp=self._t, interval_s=interval, groups=out)
+
+    def close(self) -> None:
+        self._closed = True
+
+    # ================================================================== sim-only views
+
+    @property
+    def scenario(self) -> Scenario:
+        return self._scenario
+
+    @property
+    def preset(self) -> MachinePreset:
+        return self._preset
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    def workloads(self) -> tuple[WorkloadView, ...]:
+        """Which workload instance is in which group (simulated nodes only)."""
+        major = self._major_groups()
+        return tuple(
+            WorkloadView(
+                name=w.name,
+                workload=w.workload,
+                kind=s.kind,
+                pids=self._pids[i],
+                group=major[i],
+                active=bool(self._active(self._t)[i]),
+                spec=s,
+                lc_capacity_rps=self._capacity.get(i),
+            )
+            for i, (w, s) in enumerate(zip(self._instances, self._specs, strict=True))
+        )
+
+    def load_rps(self, name: str) -> float:
+        """The offered load (req/s) of LC instance ``name`` now."""
+        i = self._index(name)
+        if i not in self._sched:
+            raise ValueError(f"{name!r} is not an LC service")
+        sched, scale = self._sched[i]
+        return sched.level(self._t) * scale
+
+    def memory_latency_ns(self) -> float:
+        return self._model.latency(self._u)
+
+    def occupancy(self) -> dict[str, np.ndarray]:
+        """Bytes each workload instance holds in each way now (a copy)."""
+        return {w.name: self._occ[i].copy() for i, w in enumerate(self._instances)}
+
+    def steady_state(
+        self,
+        plan_or_allocation: AllocationPlan | Allocation | None = None,
+        load_overrides: Mapping[str, float] | None = None,
+        *,
+        latency_requests: int = 100_000,
+    ) -> dict[str, GroupTruth]:
+        """Noise-free steady state under ``plan_or_allocation`` (over the current
+        allocation; None keeps it) with LC loads at ``load_overrides`` (req/s by instance
+        name; others at their load now). Leaves the node's state untouched.
+
+        Keys are own group names, plus ``""`` for the default group when it holds workloads.
+        """
+        alloc = dict(self._alloc)
+        if plan_or_allocation is not None:
+            plan = plan_or_allocation
+            if isinstance(plan, Allocation):
+                plan = plan.as_plan()
+            alloc = self._overlay(validate_plan(plan, self._plan_context()))
+        lam_over = {}
+        for name, rate in (load_overrides or {}).items():
+            i = self._index(name)
+            if i not in self._sched:
+                raise ValueError(f"{name!r} is not an LC service; cannot override its load")
+            if not (rate >= 0 and math.isfinite(rate)):
+                raise ValueError(f"load for {name!r} must be a finite rate >= 0")
+            lam_over[i] = float(rate)
+        inp = self._inputs(self._t, alloc=alloc, lam_over=lam_over)
+        occ, sol = self._model.steady(inp)
+        return self._truths(inp, occ, sol, alloc, latency_requests)
+
+    # ================================================================== internals
+
+    def _index(self, name: str) -> int:
+        for i, w in enumerate(self._instances):
+            if w.name == name:
+                return i
+        raise KeyError(f"no workload instance {name!r} in scenario {self._scenario.name!r}")
+
+    def _create_scenario_groups(self) -> None:
+        for i, (w, s) in enumerate(zip(self._instances, self._specs, strict=True)):
+            gname = w.group_name
+            if not gname:
+                continue
+            if gname not in self._groups:
+                if s.kind == "lc":
+                    target = w.slo_ms or s.lc.slo_ms
+                    spec = GroupSpec(gname, GroupKind.LC, SLO(s.lc.slo_percentile, target))
+                else:
+                    spec = GroupSpec(gname, GroupKind.BATCH)
+                try:
+                    self.create_group(spec)
+                except ResourceExhausted:
+                    continue  # more services than CLOSIDs: the rest stay in the default group
+            self.assign(gname, pids=self._pids[i])
+
+    def _plan_context(self) -> PlanContext:
+        excl = frozenset(n for n, g in self._groups.items() if g.exclusive)
+        return PlanContext(caps=self._caps, current=self.allocation(), exclusive=excl)
+
+    def _overlay(self, plan: AllocationPlan) -> dict[str, GroupAllocation]:
+        new = dict(self._alloc)
+        for group, per_domain in plan.groups.items():
+            for _domain, a in per_domain.items():
+                old = new[group]
+                new[group] = GroupAllocation(
+                    l3_mask=a.l3_mask if a.l3_mask is not None else old.l3_mask,
+                    mb=a.mb if a.mb is not None else old.mb,
+                    l3_code_mask=a.l3_code_mask if a.l3_code_mask is not None else old.l3_code_mask,
+                )
+        return new
+
+    def _as_allocation(self, alloc: Mapping[str, GroupAllocation]) -> Allocation:
+        doms = self._caps.domains
+        return Allocation({g: dict.fromkeys(doms, a) for g, a in alloc.items()})
+
+    def _major_groups(self) -> list[str]:
+        out = []
+        for pids in self._pids:
+            counts: dict[str, int] = {}
+            for p in pids:
+                g = self._task_group[p]
+                counts[g] = counts.get(g, 0) + 1
+            out.append(max(counts, key=lambda g: (counts[g], g == "")))
+        return out
+
+    def _fractions(self) -> np.ndarray:
+        """(n workloads x own groups): the share of each workload's threads in each group."""
+        names = list(self._groups)
+        idx = {g: j for j, g in enumerate(names)}
+        frac = np.zeros((self._n, len(names)))
+        for i, pids in enumerate(self._pids):
+            share = 1.0 / len(pids)
+            for p in pids:
+                j = idx.get(self._task_group[p])
+                if j is not None:
+                    frac[i, j] += share
+        return frac
+
+    def _flush(self) -> None:
+        """Move per-workload counters into the groups holding the tasks now."""
+        if not self._acc_w.any():
+            return
+        if self._groups:
+            per_g = self._fractions().T @ self._acc_w
+            for j, name in enumerate(self._groups):
+                self._acc_g[name] += per_g[j]
+        self._acc_w[:] = 0.0
+
+    def _active(self, t: float) -> np.ndarray:
+        return np.array(
+            [w.start_s <= t and (w.end_s is None or t < w.end_s) for w in self._instances],
+            dtype=float,
+        )
+
+    def _inputs(
+        self,
+        t: float,
+        alloc: Mapping[str, GroupAllocation] | None = None,
+        lam_over: Mapping[int, float] | None = None,
+    ) -> Inputs:
+        """Model inputs at time ``t``; the allocation part is cached until tasks or
+        allocations change."""
+        if alloc is None and not self._dirty:
+            base = self._base
+        else:
+            base = self._alloc_inputs(self._alloc if alloc is None else alloc)
+            if alloc is None:
+                self._base, self._dirty = base, False
+        masks, nways, delay, cap = base
+        n = self._n
+        active = self._active(t)
+        apki_s = np.ones(n)
+        ws_s = np.ones(n)
+        cpi_s = np.ones(n)
+        for i, s in enumerate(self._specs):
+            if s.phases:
+                period = sum(p.duration_s for p in s.phases)
+                x = (t - self._instances[i].start_s) % period
+                for p in s.phases:
+                    if x < p.duration_s:
+                        apki_s[i], ws_s[i], cpi_s[i] = p.apki, p.ws, p.cpi
+                        break
+                    x -= p.duration_s
+        lam = np.zeros(n)
+        for i, (sched, scale) in self._sched.items():
+            lam[i] = lam_over[i] if lam_over and i in lam_over else sched.level(t) * scale
+        total = float(self._threads @ active)
+        share = min(1.0, self._preset.cores / total) if total > 0 else 1.0
+        return Inputs(
+            masks, nways, delay, cap, active, apki_s, ws_s, cpi_s, lam, self._threads * share
+        )
+
+    def _alloc_inputs(self, alloc: Mapping[str, GroupAllocation]):
+        preset, n, W = self._preset, self._n, self._preset.ways
+        major = self._major_groups()
+        masks = np.zeros((n, W))
+        nways = np.zeros(n)
+        delay = np.zeros(n)
+        cap = np.full(n, np.inf)
+        mba = self._caps.mba
+        members: dict[str, int] = {}
+        for g in major:
+            members[g] = members.get(g, 0) + 1
+        for i, g in enumerate(major):
+            a = alloc.get(g) if g else None
+            mask = preset.cbm_mask if a is None or a.l3_mask is None else a.l3_mask
+            if a is not None and a.l3_code_mask is not None:
+                mask |= a.l3_code_mask
+            bits = [(mask >> j) & 1 for j in range(W)]
+            masks[i] = bits
+            nways[i] = max(1, sum(bits))
+            if mba is not None:
+                mb = mba.max_bandwidth if a is None or a.mb is None else a.mb
+                if mba.mode is MbaMode.PERCENT:
+                    delay[i] = preset.mba_delay(int(mb))
+                elif mba.mode is MbaMode.AMD and mb < mba.max_bandwidth:
+                    cap[i] = amd_cap_bps(mb) / members[g]
+                elif mba.mode is MbaMode.MBPS:
+                    cap[i] = float(mb) * (1 << 20) / members[g]
+        return masks, nways, delay, cap
+
+    def _step(self, dt: float) -> None:
+        inp = self._inputs(self._t + 0.5 * dt)
+        sol = self._model.solve(inp, self._occ, self._u)
+        self._u = sol.utilization
+        hz = self._preset.freq_ghz * 1e9
+        acc = self._acc_w
+        acc[:, 0] += sol.ips * dt
+        acc[:, 1] += sol.busy * hz * dt
+        acc[:, 2] += sol.access_rate * dt
+        acc[:, 3] += sol.miss_rate * dt
+        acc[:, 4] += sol.mem_bw * dt
+        self._occ = self._model.step_occupancy(self._occ, inp, sol.miss_rate, dt)
+        for i in self._lc_idx:
+            rate = inp.lam[i] * inp.active[i]
+            lat, count, self._backlog[i] = simulate(
+                self._rng,
+                rate,
+                float(sol.service_s[i]),
+                self._specs[i].lc.service,
+                self._backlog[i],
+                dt,
+                self.max_requests,
+            )
+            if lat.size:
+                self._lat[i].append(lat)
+                self._lat_n[i] += lat.size
+                if self._lat_n[i] > _STORE_CAP:
+                    self._lat[i] = [x[::2] for x in self._lat[i]]
+                    self._lat_n[i] = sum(x.size for x in self._lat[i])
+            self._count[i] += count
+        self._t += dt
+
+    def _latency_stats(self, members: list[int]) -> LatencyStats:
+        arrays = [x for i in members for x in self._lat[i]]
+        count = sum(self._count[i] for i in members)
+        if not arrays or count == 0:
+            return LatencyStats(count, *([float("nan")] * 4)) if count else LatencyStats.empty()
+        lat = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+        p = np.percentile(lat, _PERCENTILES) * 1e3
+        return LatencyStats(count, float(p[0]), float(p[1]), float(p[2]), float(p[3]))
+
+    def _truths(
+        self,
+        inp: Inputs,
+        occ: np.ndarray,
+        sol: Solution,
+        alloc: Mapping[str, GroupAllocation],
+        latency_requests: int,
+    ) -> dict[str, GroupTruth]:
+        hz = self._preset.freq_ghz * 1e9
+        major = self._major_groups()
+        per_w: dict[int, WorkloadTruth] = {}
+        occ_w = occ.sum(axis=1)
+        for i, s in enumerate(self._specs):
+            ips_ref, cpi_ref = solo_reference(self._preset, s, int(self._threads[i]))
+            ips = float(sol.ips[i])
+            lat: dict[float, float] = {}
+            util = 0.0
+            rate = 0.0
+            if s.kind == "lc":
+                rate = float(inp.lam[i] * inp.active[i])
+                svc = float(sol.service_s[i])
+                util = rate * svc / s.lc.workers
+                ps = steady_latency(
+                    rate, svc, s.lc.service, s.lc.workers, requests=latency_requests
+                )
+                lat = {p: v * 1e3 for p, v in zip(_PERCENTILES, ps, strict=True)}
+                slowdown = float(sol.cpi[i]) / cpi_ref
+            else:
+                slowdown = ips_ref / ips if ips > 0 else math.inf
+            busy_cycles = float(sol.busy[i]) * hz
+            per_w[i] = WorkloadTruth(
+                ips=ips,
+                ipc=ips / busy_cycles if busy_cycles > 0 else 0.0,
+                miss_ratio=float(sol.miss_ratio[i]),
+                mpki=float(sol.miss_rate[i] / ips * 1000.0) if ips > 0 else 0.0,
+                llc_references_per_s=float(sol.access_rate[i]),
+                llc_misses_per_s=float(sol.miss_rate[i]),
+                bandwidth_bps=float(sol.mem_bw[i]),
+                occupancy_bytes=float(occ_w[i]),
+                slowdown=slowdown,
+                load_rps=rate,
+                utilization=util,
+                latency_ms=MappingProxyType(lat),
+            )
+        out: dict[str, GroupTruth] = {}
+        for g in [*alloc, ""]:
+            members = [i for i in range(self._n) if major[i] == g]
+            if g == "" and not members:
+                continue
+            ips = sum(per_w[i].ips for i in members)
+            cyc = sum(float(sol.busy[i]) * hz for i in members)
+            refs = sum(per_w[i].llc_references_per_s for i in members)
+            miss = sum(per_w[i].llc_misses_per_s for i in members)
+            lat: dict[float, float] = {}
+            for i in members:
+                for p, v in per_w[i].latency_ms.items():
+                    lat[p] = max(lat.get(p, 0.0), v)
+            out[g] = GroupTruth(
+                ips=ips,
+                ipc=ips / cyc if cyc > 0 else 0.0,
+                miss_ratio=miss / refs if refs > 0 else 0.0,
+                mpki=miss / ips * 1000.0 if ips > 0 else 0.0,
+                bandwidth_bps=sum(per_w[i].bandwidth_bps for i in members),
+                occupancy_bytes=sum(per_w[i].occupancy_bytes for i in members),
+                slowdown=max((per_w[i].slowdown for i in members), default=1.0),
+                latency_ms=MappingProxyType(lat),
+                workloads=MappingProxyType({self._instances[i].name: per_w[i] for i in members}),
+                memory_latency_ns=sol.latency_ns,
+            )
+        return out

@@ -1,0 +1,395 @@
+"""Scenarios for the simulated node: which workloads run on which preset, and LC load over time.
+
+A scenario is data (a YAML entry in agent/sim/data/scenarios.yaml, or built in code): a
+machine preset, workload instances from the catalog with their thread counts, group
+names (used when the node creates groups itself), arrival/departure times, and for LC
+services a load profile: constant, step, diurnal, bursty or a recorded trace (CSV of
+``time,rate``). Load is given in requests/s (``rps``) or as a fraction of the service's
+capacity at full resources alone (``utilization``). :func:`random_scenario` draws a seeded
+mix from the catalog for training. See shared/design/SIMULATOR.md ("Scenarios").
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from agent.sim.catalog import Catalog, CatalogError, default_catalog
+
+LOAD_KINDS = ("constant", "step", "diurnal", "bursty", "trace")
+
+
+@dataclass(frozen=True)
+class LoadProfile:
+    """Offered load of an LC service over time.
+
+    Attributes:
+        kind: constant, step, diurnal, bursty or trace.
+        level: the base level (req/s, or a fraction of capacity with ``unit='utilization'``).
+        unit: ``rps`` or ``utilization``.
+        steps: for ``step``: ``((time_s, level), ...)`` changes, in time order.
+        amplitude, period_s, phase: for ``diurnal``: level * (1 + amplitude * sin(...)).
+        burst_factor, burst_s, gap_s: for ``bursty``: level x burst_factor during bursts of
+            mean length ``burst_s`` separated by exponential gaps of mean ``gap_s``
+            (drawn from the node's seed at reset).
+        trace: for ``trace``: ``(times, levels)`` read from a CSV file (piecewise
+            constant; holds the last value, or loops with ``loop=True``).
+    """
+
+    kind: str = "constant"
+    level: float = 0.0
+    unit: str = "rps"
+    steps: tuple[tuple[float, float], ...] = ()
+    amplitude: float = 0.5
+    period_s: float = 86400.0
+    phase: float = 0.0
+    burst_factor: float = 2.0
+    burst_s: float = 1.0
+    gap_s: float = 10.0
+    trace: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    loop: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOAD_KINDS:
+            raise CatalogError(f"load kind must be one of {LOAD_KINDS}, got {self.kind!r}")
+        if self.unit not in ("rps", "utilization"):
+            raise CatalogError(f"load unit must be 'rps' or 'utilization', got {self.unit!r}")
+        if not (math.isfinite(self.level) and self.level >= 0):
+            raise CatalogError(f"load level must be a finite number >= 0, got {self.level}")
+
+    def schedule(self, rng: np.random.Generator, horizon_s: float = 3600.0) -> LoadSchedule:
+        """The profile made concrete (bursts drawn from ``rng``), ready to evaluate."""
+        return LoadSchedule(self, rng, horizon_s)
+
+
+class LoadSchedule:
+    """A realised load profile: ``level(t)``, cheap to call every step."""
+
+    def __init__(self, profile: LoadProfile, rng: np.random.Generator, horizon_s: float) -> None:
+        self.p = profile
+        self._times: list[float] = []
+        self._levels: list[float] = []
+        if profile.kind == "step":
+            self._times = [0.0] + [float(t) for t, _ in profile.steps]
+            self._levels = [profile.level] + [float(v) for _, v in profile.steps]
+        elif profile.kind == "trace":
+            assert profile.trace is not None
+            self._times, self._levels = list(profile.trace[0]), list(profile.trace[1])
+        elif profile.kind == "bursty":
+            t = 0.0
+            times, levels = [0.0], [profile.level]
+            while t < horizon_s:
+                t += float(rng.exponential(profile.gap_s))
+                times.append(t)
+                levels.append(profile.level * profile.burst_factor)
+                t += float(rng.exponential(profile.burst_s))
+                times.append(t)
+                levels.append(profile.level)
+            self._times, self._levels = times, levels
+
+    def level(self, t: float) -> float:
+        p = self.p
+        if p.kind == "constant":
+            return p.level
+        if p.kind == "diurnal":
+            return max(
+                0.0,
+                p.level * (1.0 + p.amplitude * math.sin(2 * math.pi * t / p.period_s + p.phase)),
+            )
+        if p.kind == "trace" and p.loop and self._times:
+            span = self._times[-1] - self._times[0]
+            if span > 0:
+                t = self._times[0] + (t - self._times[0]) % span
+        i = bisect.bisect_right(self._times, t) - 1
+        return self._levels[max(i, 0)]
+
+
+def read_trace(path: str | Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Read a load trace: CSV rows ``time_s,rate`` (a header row is allowed).
+
+    Raises CatalogError naming the file and line when a row is malformed, times do not
+    increase, or a rate is negative or not finite.
+    """
+    path = Path(path)
+    times: list[float] = []
+    rates: list[float] = []
+    try:
+        with open(path, newline="") as f:
+            for lineno, row in enumerate(csv.reader(f), start=1):
+                if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+                    continue
+                if len(row) < 2:
+                    raise CatalogError(f"{path}:{lineno}: expected 'time,rate', got {row!r}")
+                try:
+                    t, r = float(row[0]), float(row[1])
+                except ValueError:
+                    if lineno == 1 and not times:
+                        continue  # header
+                    raise CatalogError(
+                        f"{path}:{lineno}: time and rate must be numbers, got {row[:2]!r}"
+                    ) from None
+                if not (math.isfinite(t) and math.isfinite(r)) or r < 0:
+                    raise CatalogError(f"{path}:{lineno}: need finite time and rate >= 0")
+                if times and t <= times[-1]:
+                    raise CatalogError(
+                        f"{path}:{lineno}: times must increase ({t} after {times[-1]})"
+                    )
+                times.append(t)
+                rates.append(r)
+    except OSError as e:
+        raise CatalogError(f"cannot read load trace {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise CatalogError(f"{path}: not a text CSV file") from None
+    if not times:
+        raise CatalogError(f"{path}: no 'time,rate' rows")
+    return tuple(times), tuple(rates)
+
+
+def parse_load(e: Mapping | float | int | None, base_dir: Path | None = None) -> LoadProfile:
+    if e is None:
+        return LoadProfile("constant", 0.3, "utilization")
+    if isinstance(e, int | float):
+        return LoadProfile("constant", float(e), "rps")
+    if not isinstance(e, Mapping):
+        raise CatalogError(f"load must be a mapping, got {e!r}")
+    kind = str(e.get("kind", "constant"))
+    if "utilization" in e:
+        level, unit = float(e["utilization"]), "utilization"
+    else:
+        level, unit = float(e.get("rps", 0.0)), "rps"
+    kw: dict = {}
+    if kind == "step":
+        kw["steps"] = tuple((float(t), float(v)) for t, v in (e.get("steps") or []))
+        if not kw["steps"]:
+            raise CatalogError("a step load needs 'steps: [[time_s, level], ...]'")
+    elif kind == "diurnal":
+        kw.update(
+            amplitude=float(e.get("amplitude", 0.5)),
+            period_s=float(e.get("period_s", 86400.0)),
+            phase=float(e.get("phase", 0.0)),
+        )
+    elif kind == "bursty":
+        kw.update(
+            burst_factor=float(e.get("burst_factor", 2.0)),
+            burst_s=float(e.get("burst_s", 1.0)),
+            gap_s=float(e.get("gap_s", 10.0)),
+        )
+    elif kind == "trace":
+        if "file" not in e:
+            raise CatalogError("a trace load needs 'file: <path to time,rate CSV>'")
+        p = Path(e["file"])
+        if not p.is_absolute() and base_dir is not None:
+            p = base_dir / p
+        kw.update(trace=read_trace(p), loop=bool(e.get("loop", False)))
+        level = kw["trace"][1][0]
+    return LoadProfile(kind=kind, level=level, unit=unit, **kw)
+
+
+@dataclass(frozen=True)
+class WorkloadInstance:
+    """One running copy of a catalog workload.
+
+    Attributes:
+        name: unique instance name (also its group name unless ``group`` is set).
+        workload: the catalog entry.
+        threads: threads (= pids = cores used); None takes the catalog's.
+        group: group the node creates for it with ``auto_groups`` (several instances may
+            share one); None means ``name``; "" keeps it in the default group.
+        load: LC services only.
+        start_s, end_s: arrival and departure (batch jobs come and go).
+        slo_ms: overrides the catalog's SLO target.
+    """
+
+    name: str
+    workload: str
+    threads: int | None = None
+    group: str | None = None
+    load: LoadProfile | None = None
+    start_s: float = 0.0
+    end_s: float | None = None
+    slo_ms: float | None = None
+
+    @property
+    def group_name(self) -> str:
+        return self.name if self.group is None else self.group
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    machine: str
+    workloads: tuple[WorkloadInstance, ...]
+    description: str = ""
+    duration_s: float | None = None
+    catalog: Catalog = field(default_factory=default_catalog, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        names = [w.name for w in self.workloads]
+        if len(set(names)) != len(names):
+            raise CatalogError(f"scenario {self.name!r}: workload instance names must be unique")
+        self.catalog.machine(self.machine)
+        for w in self.workloads:
+            spec = self.catalog.workload(w.workload)
+            if spec.kind == "lc" and w.load is None:
+                object.__setattr__(
+                    self,
+                    "workloads",
+                    tuple(
+                        replace(x, load=LoadProfile("constant", 0.3, "utilization"))
+                        if x is w
+                        else x
+                        for x in self.workloads
+                    ),
+                )
+
+    def with_machine(self, machine: str) -> Scenario:
+        return replace(self, machine=machine)
+
+
+def parse_scenario(
+    name: str, e: Mapping, catalog: Catalog | None = None, base_dir: Path | None = None
+) -> Scenario:
+    catalog = catalog or default_catalog()
+    where = f"scenario {name!r}"
+    if "machine" not in e or "workloads" not in e:
+        raise CatalogError(f"{where}: needs 'machine' and 'workloads'")
+    instances = []
+    seen: dict[str, int] = {}
+    for i, w in enumerate(e["workloads"] or []):
+        if isinstance(w, str):
+            w = {"workload": w}
+        if not isinstance(w, Mapping) or "workload" not in w:
+            raise CatalogError(f"{where}: workload #{i} needs a 'workload' name")
+        wl = str(w["workload"])
+        inst = str(w.get("name") or wl)
+        if inst in seen:
+            seen[inst] += 1
+            inst = f"{inst}{seen[inst]}"
+        else:
+            seen[inst] = 0
+        spec = catalog.workload(wl)
+        load = parse_load(w.get("load"), base_dir) if spec.kind == "lc" else None
+        instances.append(
+            WorkloadInstance(
+                name=inst,
+                workload=wl,
+                threads=int(w["threads"]) if "threads" in w else None,
+                group=None if "group" not in w else str(w["group"] or ""),
+                load=load,
+                start_s=float(w.get("start_s", 0.0)),
+                end_s=float(w["end_s"]) if w.get("end_s") is not None else None,
+                slo_ms=float(w["slo_ms"]) if "slo_ms" in w else None,
+            )
+        )
+    return Scenario(
+        name=name,
+        machine=str(e["machine"]),
+        workloads=tuple(instances),
+        description=str(e.get("description", "")),
+        duration_s=float(e["duration_s"]) if e.get("duration_s") else None,
+        catalog=catalog,
+    )
+
+
+def scenario_names(catalog: Catalog | None = None) -> list[str]:
+    return sorted((catalog or default_catalog()).scenarios)
+
+
+def get_scenario(name: str | Scenario, catalog: Catalog | None = None) -> Scenario:
+    """A named scenario from the library (or a YAML file path), or ``name`` itself."""
+    if isinstance(name, Scenario):
+        return name
+    catalog = catalog or default_catalog()
+    if name in catalog.scenarios:
+        return parse_scenario(name, catalog.scenarios[name], catalog)
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        import yaml
+
+        data = yaml.safe_load(p.read_text()) or {}
+        return parse_scenario(p.stem, data, catalog, base_dir=p.parent)
+    raise CatalogError(f"unknown scenario {name!r}; have {sorted(catalog.scenarios)}")
+
+
+def random_scenario(
+    seed: int,
+    machine: str | None = None,
+    *,
+    catalog: Catalog | None = None,
+    max_lc: int = 2,
+    max_batch: int = 4,
+    exclude: Sequence[str] = ("stream",),
+) -> Scenario:
+    """A seeded random mix from the catalog: 0..max_lc LC services, 1..max_batch batch jobs.
+
+    Threads fit the machine's cores and the groups fit its CLOSIDs; LC load profiles and
+    levels (10-70% of capacity) are drawn too.
+    """
+    catalog = catalog or default_catalog()
+    rng = np.random.default_rng(seed)
+    if machine is None:
+        machine = str(rng.choice(sorted(catalog.machines)))
+    preset = catalog.machine(machine)
+    max_groups = min(preset.l3_closids, preset.mba_closids or preset.l3_closids) - 1
+    lcs = sorted(n for n, w in catalog.workloads.items() if w.kind == "lc" and n not in exclude)
+    batch = sorted(
+        n for n, w in catalog.workloads.items() if w.kind == "batch" and n not in exclude
+    )
+    n_lc = int(rng.integers(0, max_lc + 1))
+    n_batch = int(rng.integers(1, max_batch + 1))
+    while n_lc + n_batch > max_groups:
+        n_batch = max(1, n_batch - 1)
+        if n_lc + n_batch > max_groups:
+            n_lc -= 1
+    cores_left = preset.cores
+    instances: list[WorkloadInstance] = []
+    picks = [("lc", str(rng.choice(lcs))) for _ in range(n_lc)]
+    picks += [("batch", str(rng.choice(batch))) for _ in range(n_batch)]
+    for i, (kind, wl) in enumerate(picks):
+        spec = catalog.workload(wl)
+        remaining = len(picks) - i - 1
+        threads = max(1, min(spec.threads, cores_left - remaining))
+        if cores_left - threads < remaining:
+            break
+        cores_left -= threads
+        load = None
+        if kind == "lc":
+            util = float(rng.uniform(0.1, 0.7))
+            pk = str(rng.choice(["constant", "step", "diurnal", "bursty"]))
+            if pk == "step":
+                load = LoadProfile(
+                    "step",
+                    util,
+                    "utilization",
+                    steps=((float(rng.uniform(5, 60)), min(0.85, util * 2)),),
+                )
+            elif pk == "diurnal":
+                load = LoadProfile(
+                    "diurnal",
+                    util,
+                    "utilization",
+                    amplitude=0.5,
+                    period_s=float(rng.uniform(30, 300)),
+                )
+            elif pk == "bursty":
+                load = LoadProfile(
+                    "bursty", util, "utilization", burst_factor=1.6, burst_s=1.0, gap_s=8.0
+                )
+            else:
+                load = LoadProfile("constant", util, "utilization")
+        instances.append(
+            WorkloadInstance(name=f"{wl}_{i}", workload=wl, threads=threads, load=load)
+        )
+    return Scenario(
+        name=f"random-{seed}",
+        machine=machine,
+        workloads=tuple(instances),
+        description=f"random mix (seed {seed})",
+        catalog=catalog,
+    )
