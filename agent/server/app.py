@@ -51,7 +51,8 @@ def make_node(cfg: AgentConfig, latency: LatencyRecorder | None = None) -> Node:
     if cfg.backend == "resctrl":
         from agent.resctrl import ResctrlNode
 
-        return ResctrlNode(root=cfg.root)
+        kwargs = {} if cfg.state_dir is None else {"state_dir": cfg.state_dir}
+        return ResctrlNode(root=cfg.root, **kwargs)
     raise ConfigError(f"unknown backend {cfg.backend!r}")
 
 

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sim: start with no groups (clients create them)",
     )
     be.add_argument("--root", metavar="PATH", help="resctrl: mount point (default /sys/fs/resctrl)")
+    be.add_argument(
+        "--state-dir", metavar="DIR", help="resctrl: where the agent records its own groups"
+    )
     net = parser.add_argument_group("network and security")
     net.add_argument(
         "--listen", metavar="ADDR", help="host:port or unix:/path (default 127.0.0.1:50051)"
@@ -67,6 +70,7 @@ _OVERRIDES = (
     "seed",
     "auto_groups",
     "root",
+    "state_dir",
     "listen",
     "metrics_listen",
     "tls_cert",

@@ -6,6 +6,7 @@ Example ``agent.yaml``::
     scenario: null            # sim: a built-in scenario name (default: agent.sim's default)
     seed: 0
     root: /sys/fs/resctrl     # resctrl: the mount to manage (an emulated one works too)
+    state_dir: /var/lib/rdtune  # resctrl: records of the agent's own groups (adopted on restart)
     listen: 127.0.0.1:50051   # or unix:/run/rdtune/agent.sock
     metrics_listen: 127.0.0.1:9464   # "" disables the metrics endpoint
     tls: {cert: server.pem, key: server.key, client_ca: clients.pem}   # client_ca: mTLS
@@ -40,6 +41,7 @@ class AgentConfig:
     seed: int | None = None
     auto_groups: bool = True  # sim: create the scenario's groups at start
     root: str = "/sys/fs/resctrl"
+    state_dir: str | None = None  # resctrl: where own-group records live (its default if None)
     listen: str = "127.0.0.1:50051"
     metrics_listen: str = "127.0.0.1:9464"
     tls_cert: str | None = None

@@ -43,3 +43,38 @@ class TestRemoteSimNode(NodeContract):
         assert clock.now() == pytest.approx(start + 0.25)
         clock.reset(seed=3)
         assert clock.now() == 0.0
+
+
+@pytest.fixture(params=[("intel-20way", "tcp"), ("amd-epyc", "unix")], ids=lambda p: "-".join(p))
+def emulated(request):
+    pytest.importorskip("agent.resctrl", reason="ResctrlNode not available")
+    from tests.emulated_resctrl import emulated_resctrl
+
+    preset, transport = request.param
+    with emulated_resctrl(preset) as emu:
+        yield emu, transport
+
+
+class TestRemoteResctrlNode(NodeContract):
+    """ResctrlNode on the FUSE resctrl emulator, built the way ``rdtune agent --backend
+    resctrl --root PATH`` builds it."""
+
+    @pytest.fixture
+    def harness(self, emulated):
+        import subprocess
+        import time
+
+        from agent.server.app import make_node
+        from agent.server.config import AgentConfig
+        from tests.agent.resctrl.conftest import unknown_pid
+
+        emu, transport = emulated
+        node = make_node(AgentConfig(backend="resctrl", root=emu.root, state_dir=emu.state_dir))
+        procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+        try:
+            with serve(node, unix=transport == "unix") as server, remote(server) as client:
+                yield NodeHarness(client, [p.pid for p in procs], unknown_pid(), time.sleep)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()

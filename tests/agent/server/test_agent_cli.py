@@ -1,0 +1,118 @@
+"""``rdtune agent`` as a real process: start, serve, SIGTERM, restart and adopt its groups
+(resctrl backend on the FUSE emulator; sim backend when it is available)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from agent.client import RemoteNode
+from agent.types import AllocationPlan, GroupAllocation, GroupSpec
+
+
+def _start(*args: str) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "tuner.cli", "agent", "--metrics-listen", "", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if "serving" not in line:
+        proc.kill()
+        pytest.fail(f"agent did not start: {line!r} {proc.stderr.read()}")
+    return proc, line.rsplit(" ", 1)[-1].strip()
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    return out
+
+
+@pytest.fixture
+def emu():
+    pytest.importorskip("agent.resctrl", reason="ResctrlNode not available")
+    from tests.emulated_resctrl import emulated_resctrl
+
+    with emulated_resctrl("intel-20way") as mounted:
+        yield mounted
+
+
+def test_resctrl_agent_serves_stops_on_sigterm_and_adopts_its_groups(emu) -> None:
+    sock = os.path.join(tempfile.mkdtemp(prefix="rdt"), "a.sock")
+    args = (
+        "--backend",
+        "resctrl",
+        "--root",
+        emu.root,
+        "--state-dir",
+        emu.state_dir,
+        "--listen",
+        f"unix:{sock}",
+    )
+    proc, address = _start(*args)
+    try:
+        with RemoteNode(address, timeout=10) as node:
+            caps = node.capabilities()
+            assert not caps.simulated
+            node.create_group(GroupSpec("svc"))
+            node.apply(
+                AllocationPlan.uniform({"svc": GroupAllocation(l3_mask=0b1111)}, caps.domains)
+            )
+    finally:
+        out = _stop(proc)
+    assert "stopped" in out
+    assert os.path.isdir(os.path.join(emu.root, "rdtune-svc")), "groups stay after shutdown"
+    assert not os.path.exists(sock)
+
+    proc, address = _start(*args, "--restore-on-exit")
+    try:
+        with RemoteNode(address, timeout=10) as node:
+            assert set(node.groups()) == {"svc"}, "a restarted agent adopts its groups"
+            assert node.allocation().get("svc", caps.domains[0]).l3_mask == 0b1111
+    finally:
+        _stop(proc)
+    with open(os.path.join(emu.root, "rdtune-svc", "schemata")) as f:
+        schemata = f.read()
+    assert f"={caps.l3.cbm_mask:x}" in schemata, f"restored on exit: {schemata}"
+
+
+def test_sim_agent_serves_a_simulated_clock() -> None:
+    pytest.importorskip("agent.sim.node", reason="SimNode not available")
+    proc, address = _start("--backend", "sim", "--listen", "127.0.0.1:0", "--seed", "3")
+    try:
+        with RemoteNode(address, timeout=10) as node:
+            assert node.capabilities().simulated
+            assert node.groups(), "the default scenario's groups exist (auto groups)"
+            node.advance(0.5)
+            assert node.now() == pytest.approx(0.5)
+            snap = node.observe()
+            assert set(snap.groups) == set(node.groups())
+    finally:
+        _stop(proc)
+
+
+def test_unknown_scenario_is_a_clear_error() -> None:
+    pytest.importorskip("agent.sim.node", reason="SimNode not available")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner.cli",
+            "agent",
+            "--scenario",
+            "no-such-scenario",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "no-such-scenario" in out.stderr

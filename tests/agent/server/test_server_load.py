@@ -1,0 +1,97 @@
+"""Load: 32 concurrent clients mixing observe and apply on loopback; zero errors and no
+memory growth after a warm-up. Bounded in count (ROUNDS x CLIENTS x OPS) and in time."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import tracemalloc
+
+import pytest
+
+from agent.types import AllocationPlan, GroupAllocation, GroupSpec
+from tests.agent.server.conftest import remote, serve
+from tests.agent.server.refnode import RefNode
+
+CLIENTS = 32
+OPS = 40  # per client and round
+GROUPS = 6  # the reference node has 7 CLOSIDs besides the default group
+TIME_LIMIT_S = 60.0
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        import os
+
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _round(clients, caps, errors: list, deadline: float) -> int:
+    done = [0] * len(clients)
+
+    def work(i: int) -> None:
+        client = clients[i]
+        for k in range(OPS):
+            if time.monotonic() > deadline:
+                errors.append(TimeoutError("load test over its time limit"))
+                return
+            try:
+                if k % 2:
+                    client.observe()
+                else:
+                    ways = 2 + (i + k) % (caps.l3.num_ways - 2)
+                    g = f"g{(i + k) % GROUPS}"
+                    plan = AllocationPlan.uniform(
+                        {g: GroupAllocation(l3_mask=(1 << ways) - 1)}, caps.domains
+                    )
+                    held = client.apply(plan)
+                    if held.get(g, caps.domains[0]).l3_mask != (1 << ways) - 1:
+                        errors.append(AssertionError(f"apply of {g} not held"))
+            except Exception as exc:
+                errors.append(exc)
+            done[i] += 1
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()) + 5)
+    return sum(done)
+
+
+@pytest.mark.slow
+def test_32_clients_mixing_observe_and_apply() -> None:
+    node = RefNode()
+    deadline = time.monotonic() + TIME_LIMIT_S
+    with serve(node, max_workers=16) as server:
+        managers = [remote(server) for _ in range(CLIENTS)]
+        clients = [m.__enter__() for m in managers]
+        try:
+            for g in range(GROUPS):
+                clients[0].create_group(GroupSpec(f"g{g}"))
+            caps = clients[0].capabilities()
+            errors: list[Exception] = []
+            # Warm-up: connections, thread pools, caches, metric label sets all exist after.
+            assert _round(clients, caps, errors, deadline) == CLIENTS * OPS
+            assert not errors, errors[:3]
+            gc.collect()
+            tracemalloc.start()
+            before = tracemalloc.take_snapshot()
+            rss_before = _rss_bytes()
+            total = 0
+            for _ in range(3):
+                total += _round(clients, caps, errors, deadline)
+            gc.collect()
+            after = tracemalloc.take_snapshot()
+            rss_after = _rss_bytes()
+            tracemalloc.stop()
+        finally:
+            for m in managers:
+                m.__exit__(None, None, None)
+    assert not errors, errors[:3]
+    assert total == 3 * CLIENTS * OPS
+    growth = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    # 3 x 1280 RPCs: a leak of even 100 bytes per RPC would show up as ~400 kB.
+    assert growth < 256 * 1024, after.compare_to(before, "lineno")[:5]
+    assert rss_after - rss_before < 16 * 1024 * 1024
