@@ -16,6 +16,8 @@ from collections.abc import Sequence
 # name -> (module, one-line help). Order is the order shown by --help.
 COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent.server.cli", "serve a node (simulated or resctrl) over gRPC"),
+    "emulate-resctrl": ("agent.emulator.cli", "mount an emulated resctrl filesystem (FUSE)"),
+    "describe": ("agent.describe", "print a node's capabilities and own groups"),
 }
 
 

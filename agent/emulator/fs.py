@@ -34,6 +34,10 @@ class ResctrlFS(Operations):
         self._ids = itertools.count(1)
         self._hlock = threading.Lock()
         self._mounted_at = time.time_ns()
+        self.mounted = False
+
+    def init(self, path: str) -> None:
+        self.mounted = True
 
     @staticmethod
     def _call(fn, *args):
@@ -121,16 +125,27 @@ class ResctrlFS(Operations):
 
 
 def mount(model: Model, mountpoint: str, foreground: bool = True) -> None:
-    """Serve ``model`` at ``mountpoint`` until it is unmounted (blocks)."""
-    FUSE(
-        ResctrlFS(model),
-        mountpoint,
-        foreground=foreground,
-        fsname="resctrl-emulator",
-        subtype="rdtune",
-        direct_io=True,
-        attr_timeout=0,
-        entry_timeout=0,
-        negative_timeout=0,
-        default_permissions=True,
-    )
+    """Serve ``model`` at ``mountpoint`` until it is unmounted (blocks).
+
+    Raises RuntimeError when the mount itself fails; a session ended by a signal (Ctrl-C)
+    or by ``fusermount3 -u`` after a good mount returns normally.
+    """
+    ops = ResctrlFS(model)
+    try:
+        FUSE(
+            ops,
+            mountpoint,
+            foreground=foreground,
+            fsname="resctrl-emulator",
+            subtype="rdtune",
+            direct_io=True,
+            attr_timeout=0,
+            entry_timeout=0,
+            negative_timeout=0,
+            default_permissions=True,
+        )
+    except RuntimeError:
+        if not ops.mounted:
+            raise
+        # libfuse reports a loop ended by SIGINT/SIGTERM as an error: that is our clean stop.
+        log.debug("FUSE session at %s ended by a signal", mountpoint)

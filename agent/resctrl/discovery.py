@@ -127,8 +127,8 @@ def discover(
     root_schemata = schemata.parse(read_text(os.path.join(root, "schemata")))
     cpus = parse_cpu_list(read_text(os.path.join(root, "cpus_list")))
 
-    size = None
-    if os.path.exists(cache_size_path):
+    size = _size_from_root(root, root_schemata)
+    if size is None and mount.is_resctrl and os.path.exists(cache_size_path):
         try:
             size = parse_size(read_text(cache_size_path))
         except OSError:
@@ -145,7 +145,8 @@ def discover(
         doms = tuple(sorted(root_schemata.resources.get("L3", {}))) or (0,)
         l3 = _cache(info, "L3", doms, False, size)
 
-    vendor, model = cpu_vendor(cpuinfo)
+    # The host's CPU describes the tree only when the tree is the host's resctrl mount.
+    vendor, model = cpu_vendor(cpuinfo) if mount.is_resctrl else (None, "")
     mba = None
     mb_dir = os.path.join(info, "MB")
     if os.path.isdir(mb_dir):
@@ -203,8 +204,30 @@ def discover(
         monitoring=monitoring,
         pmc_events=pmc_events,
         pmc_unsupported=pmc_unsupported or {},
-        description=f"resctrl at {root}" + (f" ({model})" if model else ""),
+        description=(f"resctrl at {root}" if mount.is_resctrl else f"resctrl tree at {root}")
+        + (f" ({model})" if model else ""),
     )
+
+
+def _size_from_root(root: str, held: schemata.Schemata) -> int | None:
+    """Cache bytes per domain from the root group's ``size`` file (bytes its mask covers),
+    scaled up to the full cache when the root's mask is not full."""
+    try:
+        sizes = schemata.parse(read_text(os.path.join(root, "size")), decimal=True)
+        cbm = _read_int(
+            os.path.join(
+                root, "info", "L3DATA" if "L3DATA" in held.resources else "L3", "cbm_mask"
+            ),
+            16,
+        )
+    except (OSError, ValueError):
+        return None
+    for res in ("L3", "L3DATA"):
+        for dom, nbytes in sizes.resources.get(res, {}).items():
+            mask = held.get(res, dom)
+            if mask:
+                return nbytes * cbm.bit_count() // mask.bit_count()
+    return None
 
 
 def _listdir(path: str) -> list[str]:

@@ -49,7 +49,17 @@ from agent.validate import PlanContext, validate_plan
 log = logging.getLogger(__name__)
 
 HARDWARE_EVENTS = ("instructions", "cycles", "llc_references", "llc_misses")
-DEFAULT_STATE_DIR = "/var/lib/rdtune"
+
+
+def default_state_dir() -> str:
+    """$RDTUNE_STATE_DIR, else /var/lib/rdtune for root, else ~/.local/state/rdtune."""
+    env = os.environ.get("RDTUNE_STATE_DIR")
+    if env:
+        return env
+    if os.geteuid() == 0:
+        return "/var/lib/rdtune"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "rdtune")
 
 
 class PmcSource(Protocol):
@@ -88,7 +98,7 @@ class ResctrlNode:
     Args:
         root: the resctrl mount (or the emulator's mountpoint).
         prefix: directory-name prefix of the groups this node owns.
-        state_dir: where the kind/SLO state file lives.
+        state_dir: where the kind/SLO state file lives (default: :func:`default_state_dir`).
         pmc: a PMC reader, None for none, or "auto" to use agent.pmc when it works.
         latency: an object with ``drain(group) -> LatencyStats | None`` for LC groups.
         mounts: the mount table used to read resctrl mount options.
@@ -101,7 +111,7 @@ class ResctrlNode:
         self,
         root: str = "/sys/fs/resctrl",
         prefix: str = "rdtune-",
-        state_dir: str = DEFAULT_STATE_DIR,
+        state_dir: str | None = None,
         pmc: PmcSource | str | None = "auto",
         latency: LatencySource | None = None,
         mounts: str = "/proc/mounts",
@@ -116,7 +126,9 @@ class ResctrlNode:
         self.proc = proc
         self.latency = latency
         safe_prefix = prefix.strip("-_.") or "rdtune"
-        self.state_path = os.path.join(state_dir, f"{safe_prefix}-resctrl-groups.json")
+        self.state_path = os.path.join(
+            state_dir or default_state_dir(), f"{safe_prefix}-resctrl-groups.json"
+        )
         self._lock = ResctrlLock(self.root, lock_timeout_s)
         self._own_pmc = pmc == "auto"
         self.pmc: PmcSource | None = _default_pmc() if pmc == "auto" else pmc  # type: ignore[assignment]

@@ -46,8 +46,12 @@ class Schemata:
         return tuple(sorted(found))
 
 
-def parse(text: str) -> Schemata:
-    """Parse schemata as read back from the kernel (padding and blank lines tolerated)."""
+def parse(text: str, decimal: bool = False) -> Schemata:
+    """Parse schemata as read back from the kernel (padding and blank lines tolerated).
+
+    ``decimal`` reads every value in base 10 (a group's ``size`` file has the same layout,
+    in bytes).
+    """
     resources: dict[str, dict[int, int]] = {}
     for raw in text.splitlines():
         line = raw.strip()
@@ -57,7 +61,7 @@ def parse(text: str) -> Schemata:
         name = name.strip()
         if not sep or not name:
             raise SchemataError(f"schemata line without a resource name: {raw!r}")
-        base = 16 if name in HEX_RESOURCES else 10
+        base = 16 if name in HEX_RESOURCES and not decimal else 10
         per_dom: dict[int, int] = {}
         for item in rest.split(";"):
             if not item.strip():

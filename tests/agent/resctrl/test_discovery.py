@@ -23,6 +23,7 @@ def test_capabilities_match_the_preset(emu: Emulated, preset: str) -> None:
     assert caps.l3.cdp == p.cdp
     assert caps.l3.domains == p.domains
     assert caps.l3.shareable_bits == p.shareable_bits
+    assert caps.l3.size_bytes == p.cache_size, "from the root group's size file"
     assert caps.num_cpus == p.cpus_online
     assert caps.num_closids == emu.model.num_closids
     assert caps.monitoring is not None and caps.monitoring.num_rmids == p.num_rmids
@@ -55,7 +56,7 @@ def test_real_mount_options_win(tmp_path: Path) -> None:
         assert mount_info(emu.root, str(mounts)).options >= {"mba_MBps"}
         size = tmp_path / "size"
         size.write_text("35840K\n")
-        assert discover(emu.root, cache_size_path=str(size)).l3.size_bytes == 35840 * 1024
+        assert discover(emu.root, cache_size_path=str(size)).l3.size_bytes == 40 * 1024 * 1024
 
 
 @pytest.mark.parametrize(("text", "value"), [("35840K", 36700160), ("32M", 33554432), ("x", None)])
