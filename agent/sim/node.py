@@ -59,8 +59,12 @@ NOISE = {
     "mem": 0.02,
     "occ": 0.03,
 }
+_NOISE_SIGMA = np.array(
+    [NOISE["instructions"], NOISE["cycles"], NOISE["refs"], NOISE["misses"], NOISE["mem"]]
+)
 OCC_UNIT = 64 * 1024
 _PERCENTILES = (50.0, 95.0, 99.0, 99.9)
+_PCT_FRAC = np.array(_PERCENTILES) / 100.0
 _STORE_CAP = 200_000  # latency samples kept between two observes (thinned beyond)
 
 
@@ -136,6 +140,16 @@ def solo_reference(preset: MachinePreset, spec: WorkloadSpec, threads: int) -> t
         _, sol = model.steady(inp)
         _SOLO_CACHE[key] = (float(sol.ips[0]), float(sol.cpi[0]))
     return _SOLO_CACHE[key]
+
+
+def _percentiles(x: np.ndarray) -> np.ndarray:
+    """np.percentile(x, (50, 95, 99, 99.9)) (linear method)."""
+    y = np.sort(x)
+    pos = _PCT_FRAC * (y.size - 1)
+    lo = pos.astype(int)
+    hi = np.minimum(lo + 1, y.size - 1)
+    frac = pos - lo
+    return y[lo] * (1.0 - frac) + y[hi] * frac
 
 
 class SimNode:
@@ -227,7 +241,12 @@ class SimNode:
         self._lat_n: dict[int, int] = dict.fromkeys(self._lc_idx, 0)
         self._count: dict[int, int] = dict.fromkeys(self._lc_idx, 0)
         self._u = 0.0
+        self._hz = self._preset.freq_ghz * 1e9
+        self._settled = False
+        self._prev_inp: Inputs | None = None
+        self._sol: Solution | None = None
         self._dirty = True
+        self._topo = None
         if self.auto_groups:
             self._create_scenario_groups()
         # Start warm: caches hold their steady state for the starting allocation.
@@ -279,6 +298,7 @@ class SimNode:
         self._cpus[spec.name] = set()
         self._acc_g[spec.name] = np.zeros(5)
         self._dirty = True
+        self._topo = None
 
     def delete_group(self, name: str) -> None:
         if name not in self._groups:
@@ -289,6 +309,7 @@ class SimNode:
                 self._task_group[pid] = ""
         del self._groups[name], self._alloc[name], self._cpus[name], self._acc_g[name]
         self._dirty = True
+        self._topo = None
 
     def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
         if group not in self._groups:
@@ -310,6 +331,7 @@ class SimNode:
             for pid in pids:
                 self._task_group[int(pid)] = group
             self._dirty = True
+            self._topo = None
         for cpu in cpus:
             for s in self._cpus.values():
                 s.discard(int(cpu))
@@ -329,6 +351,7 @@ class SimNode:
             self._flush()
             self._alloc = new
             self._dirty = True
+            self._topo = None
         return self.allocation()
 
     def allocation(self) -> Allocation:
@@ -338,47 +361,42 @@ class SimNode:
         self._flush()
         interval = self._t - self._last_obs
         self._last_obs = self._t
-        occ_w = self._occ.sum(axis=1)
-        frac = self._fractions()
         names = list(self._groups)
-        occ_g = frac.T @ occ_w if names else np.zeros(0)
-        major = self._major_groups()
-        rng = self._rng
+        major, frac = self._topology()
         out: dict[str, GroupSample] = {}
-        for gi, name in enumerate(names):
-            acc = self._acc_g[name]
+        if names:
+            acc = np.array([self._acc_g[name] for name in names])  # (G, 5)
+            occ = frac.T @ self._occ.sum(axis=1)
             if self.noise:
-                sig = np.array(
-                    [
-                        NOISE["instructions"],
-                        NOISE["cycles"],
-                        NOISE["refs"],
-                        NOISE["misses"],
-                        NOISE["mem"],
-                    ]
+                z = self._rng.standard_normal((len(names), 6))
+                acc = acc * np.exp(z[:, :5] * _NOISE_SIGMA)
+                occ = np.maximum(occ * (1.0 + z[:, 5] * NOISE["occ"]), 0.0)
+            occ = np.round(occ / OCC_UNIT) * OCC_UNIT
+            lc_groups: dict[str, list[int]] = {}
+            for i in self._lc_idx:
+                lc_groups.setdefault(major[i], []).append(i)
+            rows = acc.tolist()
+            occs = occ.tolist()
+            for gi, name in enumerate(names):
+                r = rows[gi]
+                members = lc_groups.get(name)
+                latency = None
+                if members or self._groups[name].kind is GroupKind.LC:
+                    latency = self._latency_stats(members or [])
+                out[name] = GroupSample(
+                    instructions=r[0],
+                    cycles=r[1],
+                    llc_references=r[2],
+                    llc_misses=r[3],
+                    llc_occupancy_bytes=occs[gi],
+                    memory_bytes=r[4],
+                    memory_local_bytes=r[4],
+                    latency=latency,
                 )
-                acc = acc * np.exp(rng.normal(0.0, sig))
-                occ = max(0.0, occ_g[gi] * (1.0 + rng.normal(0.0, NOISE["occ"])))
-            else:
-                occ = occ_g[gi]
-            occ = float(round(occ / OCC_UNIT) * OCC_UNIT)
-            self._acc_g[name] = np.zeros(5)
-            latency = None
-            members = [i for i in self._lc_idx if major[i] == name]
-            if members or self._groups[name].kind is GroupKind.LC:
-                latency = self._latency_stats(members)
-            out[name] = GroupSample(
-                instructions=float(acc[0]),
-                cycles=float(acc[1]),
-                llc_references=float(acc[2]),
-                llc_misses=float(acc[3]),
-                llc_occupancy_bytes=occ,
-                memory_bytes=float(acc[4]),
-                memory_local_bytes=float(acc[4]),
-                latency=latency,
-            )
+                self._acc_g[name][:] = 0.0
         for i in self._lc_idx:
-            self._lat[i] = []
+            if self._lat[i]:
+                self._lat[i] = []
             self._lat_n[i] = 0
             self._count[i] = 0
         return Snapshot(timestamp=self._t, interval_s=interval, groups=out)
@@ -509,6 +527,18 @@ class SimNode:
         return Allocation({g: dict.fromkeys(doms, a) for g, a in alloc.items()})
 
     def _major_groups(self) -> list[str]:
+        return self._topology()[0]
+
+    def _fractions(self) -> np.ndarray:
+        """(n workloads x own groups): the share of each workload's threads in each group."""
+        return self._topology()[1]
+
+    def _topology(self) -> tuple[list[str], np.ndarray]:
+        if self._topo is None:
+            self._topo = (self._compute_major(), self._compute_fractions())
+        return self._topo
+
+    def _compute_major(self) -> list[str]:
         out = []
         for pids in self._pids:
             counts: dict[str, int] = {}
@@ -518,8 +548,7 @@ class SimNode:
             out.append(max(counts, key=lambda g: (counts[g], g == "")))
         return out
 
-    def _fractions(self) -> np.ndarray:
-        """(n workloads x own groups): the share of each workload's threads in each group."""
+    def _compute_fractions(self) -> np.ndarray:
         names = list(self._groups)
         idx = {g: j for j, g in enumerate(names)}
         frac = np.zeros((self._n, len(names)))
@@ -616,16 +645,35 @@ class SimNode:
 
     def _step(self, dt: float) -> None:
         inp = self._inputs(self._t + 0.5 * dt)
-        sol = self._model.solve(inp, self._occ, self._u)
-        self._u = sol.utilization
-        hz = self._preset.freq_ghz * 1e9
+        prev = self._prev_inp
+        same = (
+            self._settled
+            and prev is not None
+            and prev.masks is inp.masks
+            and np.array_equal(prev.lam, inp.lam)
+            and np.array_equal(prev.active, inp.active)
+            and np.array_equal(prev.apki_s, inp.apki_s)
+            and np.array_equal(prev.ws_s, inp.ws_s)
+            and np.array_equal(prev.cpi_s, inp.cpi_s)
+        )
+        if same:
+            # Nothing moved and occupancy has converged: the operating point holds.
+            sol = self._sol
+        else:
+            sol = self._model.solve(inp, self._occ, self._u)
+            self._u = sol.utilization
+            new = self._model.advance_occupancy(self._occ, inp, sol, dt)
+            self._settled = float(np.abs(new - self._occ).max()) < 1.0
+            self._occ = new
+            self._sol = sol
+            self._prev_inp = inp
+        hz = self._hz
         acc = self._acc_w
         acc[:, 0] += sol.ips * dt
-        acc[:, 1] += sol.busy * hz * dt
+        acc[:, 1] += sol.busy * (hz * dt)
         acc[:, 2] += sol.access_rate * dt
         acc[:, 3] += sol.miss_rate * dt
         acc[:, 4] += sol.mem_bw * dt
-        self._occ = self._model.step_occupancy(self._occ, inp, sol.miss_rate, dt)
         for i in self._lc_idx:
             rate = inp.lam[i] * inp.active[i]
             lat, count, self._backlog[i] = simulate(
@@ -649,10 +697,10 @@ class SimNode:
     def _latency_stats(self, members: list[int]) -> LatencyStats:
         arrays = [x for i in members for x in self._lat[i]]
         count = sum(self._count[i] for i in members)
-        if not arrays or count == 0:
-            return LatencyStats(count, *([float("nan")] * 4)) if count else LatencyStats.empty()
+        if not arrays:
+            return LatencyStats(count, *([math.nan] * 4)) if count else LatencyStats.empty()
         lat = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
-        p = np.percentile(lat, _PERCENTILES) * 1e3
+        p = _percentiles(lat) * 1e3
         return LatencyStats(count, float(p[0]), float(p[1]), float(p[2]), float(p[3]))
 
     def _truths(
