@@ -131,7 +131,9 @@ class Model:
         b = fm * m
         hz = self.freq * 1e9
         k_cpu = inp.active * inp.cores * hz
-        lc_cap = np.where(self.is_lc, inp.lam * self.ipr * inp.active, np.inf)
+        lc_cap = np.full(self.n, np.inf)
+        lc = self.is_lc
+        lc_cap[lc] = inp.lam[lc] * self.ipr[lc] * inp.active[lc]
         bpi = apki / 1000.0 * m * LINE * (1.0 + self.wb)  # memory bytes per instruction
         capped = bool(np.isfinite(inp.bw_cap).any())
         peak = self.peak
