@@ -1,9 +1,8 @@
 """FUSE operations over the resctrl model: the emulated /sys/fs/resctrl.
 
-Mounted with ``direct_io`` and zero cache timeouts so every ``write(2)`` reaches the model as
-one kernel command and every read sees the model's current state (kernfs behaves the same
-way). Kernel refusals become ``FuseOSError(errno)``; the message is in
-``info/last_cmd_status`` as on a real host.
+Mounted with ``direct_io`` so every ``write(2)`` reaches the model as one kernel command and
+every read sees the model's current state (kernfs behaves the same way). Kernel refusals
+become ``FuseOSError(errno)``; the message is in ``info/last_cmd_status`` as on a real host.
 """
 
 from __future__ import annotations
@@ -21,6 +20,10 @@ from mfusepy import FUSE, FuseOSError, Operations
 from agent.emulator.model import Model, ResctrlError
 
 log = logging.getLogger(__name__)
+# Names and attributes never change behind the VFS's back (every mkdir/rmdir goes through
+# it, and files report size 0 with direct_io), so the kernel may cache lookups briefly;
+# negative entries are not cached, so a new group is visible at once.
+ATTR_TIMEOUT_S = 1.0
 
 
 class ResctrlFS(Operations):
@@ -139,8 +142,8 @@ def mount(model: Model, mountpoint: str, foreground: bool = True) -> None:
             fsname="resctrl-emulator",
             subtype="rdtune",
             direct_io=True,
-            attr_timeout=0,
-            entry_timeout=0,
+            attr_timeout=ATTR_TIMEOUT_S,
+            entry_timeout=ATTR_TIMEOUT_S,
             negative_timeout=0,
             default_permissions=True,
         )

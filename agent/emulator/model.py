@@ -103,6 +103,7 @@ class Model:
         self.task_group: dict[int, Group] = {}  # pid -> the group it was moved into
         self.denied: set[int] = set()
         self.last_advance = self.clock()
+        self._rates_cache: dict[int, tuple[float, dict[int, float]]] | None = None
         self._new_rmid_state(0)
         self.overrides: dict[tuple[int, str, int | None], str] = {}
         self.failures: list[tuple[str, int, str]] = []
@@ -348,7 +349,10 @@ class Model:
         return os.path.exists(f"{self.proc}/{pid}")
 
     def _tasks_of(self, g: Group) -> set[int]:
-        for pid in [p for p in self.task_group if not self._pid_alive(p)]:
+        gone = [p for p in self.task_group if not self._pid_alive(p)]
+        if gone:
+            self._advance()
+        for pid in gone:
             del self.task_group[pid]  # exited tasks leave every group
         if g is self.root:
             try:
@@ -750,6 +754,11 @@ class Model:
 
     def _rates(self) -> dict[int, tuple[float, dict[int, float]]]:
         """Per RMID: bytes/s per domain and LLC footprint, from members, masks and MB."""
+        if self._rates_cache is None:
+            self._rates_cache = self._compute_rates()
+        return self._rates_cache
+
+    def _compute_rates(self) -> dict[int, tuple[float, dict[int, float]]]:
         members: dict[int, list[int]] = {}
         owner: dict[int, Group] = {}
         for g in self._ctrl_groups():
@@ -787,12 +796,18 @@ class Model:
             mask |= g.ctrl[s][dom]
         return mask
 
-    def _advance(self) -> None:
+    def _advance(self, mutating: bool = True) -> None:
+        """Integrate every counter up to now at the current rates; a caller about to change
+        what the rates depend on (tasks, CPUs, masks, groups) passes ``mutating``."""
         now = self.clock()
         dt = now - self.last_advance
         self.last_advance = now
-        if dt <= 0:
-            return
+        if dt > 0:
+            self._integrate(dt)
+        if mutating:
+            self._rates_cache = None
+
+    def _integrate(self, dt: float) -> None:
         for rmid, (_, per_dom) in self._rates().items():
             st = self.rmids.get(rmid)
             if st is None:
@@ -808,7 +823,7 @@ class Model:
         for key in ((g.rmid, event, dom), (g.rmid, event, None)):
             if key in self.overrides:
                 return self.overrides[key]
-        self._advance()
+        self._advance(mutating=False)
         rmids = [g.rmid] + [c.rmid for c in g.mon_children.values()]
         if event == "llc_occupancy":
             rates = self._rates()

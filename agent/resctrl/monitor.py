@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from agent.resctrl.discovery import read_text
+
 MBM_EVENTS = ("mbm_total_bytes", "mbm_local_bytes")
 OCCUPANCY = "llc_occupancy"
 
@@ -20,8 +22,7 @@ OCCUPANCY = "llc_occupancy"
 def read_counter(path: str) -> int | None:
     """A monitoring file's value, or None for Unavailable/Error/Unassigned/missing."""
     try:
-        with open(path) as f:
-            text = f.read().strip()
+        text = read_text(path).strip()
     except FileNotFoundError:
         return None
     except OSError:
@@ -73,16 +74,25 @@ class MonSample:
 
 
 def sample_group(
-    name: str, mon_data: str, features: frozenset[str], tracker: CounterTracker
+    name: str,
+    mon_data: str,
+    features: frozenset[str],
+    tracker: CounterTracker,
+    domains: tuple[int, ...] | None = None,
 ) -> MonSample:
-    """One interval of ``name``'s counters, summed over domains.
+    """One interval of ``name``'s counters, summed over domains (``domains`` when known,
+    else listed from ``mon_data``).
 
     A sum is None only when no domain gave a value (a partially available group still
     reports what was measured).
     """
     occ: int | None = None
     sums: dict[str, int | None] = {e: None for e in MBM_EVENTS}
-    for dom, path in mon_domains(mon_data):
+    if domains is None:
+        where = mon_domains(mon_data)
+    else:
+        where = [(d, os.path.join(mon_data, f"mon_L3_{d:02d}")) for d in domains]
+    for dom, path in where:
         if OCCUPANCY in features:
             v = read_counter(os.path.join(path, OCCUPANCY))
             if v is not None:

@@ -252,7 +252,8 @@ class ResctrlNode:
     # ------------------------------------------------------------------ vanished groups
 
     def _check_vanished(self) -> None:
-        gone = [n for n in self._specs if not os.path.isdir(self._dir(n))]
+        present = set(os.listdir(self.root))
+        gone = [n for n in self._specs if self.prefix + n not in present]
         for name in gone:
             log.warning("own group %r vanished (deleted by someone else)", name)
             self._vanished[name] = self._specs.pop(name)
@@ -572,10 +573,8 @@ class ResctrlNode:
         return out
 
     def _exclusive_groups(self) -> frozenset[str]:
-        names = set()
-        for name in self._specs:
-            if discovery.read_text(self._path(name, "mode")).strip() == "exclusive":
-                names.add(name)
+        # Own groups' modes are ours to set (create_group): no need to read them back.
+        names = {name for name, spec in self._specs.items() if spec.exclusive}
         for entry in self._foreign_dirs():
             mode = os.path.join(self.root, entry, "mode")
             if os.path.exists(mode) and discovery.read_text(mode).strip() == "exclusive":
@@ -704,6 +703,7 @@ class ResctrlNode:
 
     def observe(self) -> Snapshot:
         features = self._caps.monitoring.features if self._caps.monitoring else frozenset()
+        mon_doms = self._caps.monitoring.domains if self._caps.monitoring else ()
         with self._lock.shared():
             self._check_vanished()
             now = time.monotonic()
@@ -714,7 +714,7 @@ class ResctrlNode:
             for name in list(self._specs):
                 d = self._dir(name)
                 mon[name] = monitor.sample_group(
-                    name, os.path.join(d, "mon_data"), features, self._tracker
+                    name, os.path.join(d, "mon_data"), features, self._tracker, mon_doms
                 )
                 if self.pmc is not None and self.pmc.supported:
                     try:
