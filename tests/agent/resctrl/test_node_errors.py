@@ -381,3 +381,51 @@ def test_lock_held_by_another_user_gives_a_clear_error(intel: Emulated) -> None:
     finally:
         os.close(fd)
     node.create_group(GroupSpec("b"))
+
+
+# ---------------------------------------------------------------------- PMC seam
+
+
+class RecordingPmc:
+    """A PMC source at ResctrlNode's seam (agent.pmc.PmcReader's shape) on a machine that
+    has a PMU: counts are the number of tracked pids, so the test can see them flow."""
+
+    supported = frozenset({"instructions", "cycles"})
+    unsupported = {"llc_references": "ENOENT", "llc_misses": "ENOENT"}
+
+    def __init__(self) -> None:
+        self.tracked: dict[str, list[int]] = {}
+
+    def track(self, name: str, *, pids) -> None:
+        self.tracked[name] = list(pids)
+
+    def untrack(self, name: str) -> None:
+        self.tracked.pop(name, None)
+
+    def read_deltas(self):
+        return {
+            n: {"instructions": 1000.0 * len(p), "cycles": 500.0 * len(p), "llc_misses": None}
+            for n, p in self.tracked.items()
+        }
+
+    def close(self) -> None:
+        self.tracked.clear()
+
+
+def test_pmc_counts_follow_the_group_tasks(intel: Emulated, children: list[int]) -> None:
+    pmc = RecordingPmc()
+    node = make_node(intel, pmc=pmc)
+    caps = node.capabilities()
+    assert caps.pmc_events == {"instructions", "cycles"}
+    assert set(caps.pmc_unsupported) == {"llc_references", "llc_misses"}
+    _two_groups(node)
+    node.assign("a", pids=children[:2])
+    sample = node.observe().groups["a"]
+    assert pmc.tracked["a"] == sorted(children[:2])
+    assert (sample.instructions, sample.cycles, sample.llc_misses) == (2000.0, 1000.0, None)
+    assert sample.ipc == 2.0
+    node.assign("b", pids=[children[0]])
+    node.observe()
+    assert pmc.tracked["a"] == [children[1]], "re-tracked when the group's tasks change"
+    node.delete_group("a")
+    assert "a" not in pmc.tracked
