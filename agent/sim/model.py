@@ -222,7 +222,18 @@ class Model:
         limit = self.fp * inp.ws_s
         over = tot > limit
         if over.any():
-            occ[over] *= (limit[over] / tot[over])[:, None]
+            # A workload holds at most its footprint: its inserts replace its own lines in
+            # the ways it inserts into (LRU within the mask) before any others.
+            for i in np.flatnonzero(over):
+                excess = tot[i] - limit[i]
+                row = occ[i]
+                inside = row * inp.masks[i]
+                held_in = inside.sum()
+                take = min(excess, held_in)
+                if held_in > 0:
+                    row -= inside * (take / held_in)
+                if excess > take:
+                    row *= limit[i] / row.sum()
         return occ
 
     def advance_occupancy(

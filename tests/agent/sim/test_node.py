@@ -1,0 +1,483 @@
+"""SimNode behaviour beyond the Node contract: determinism, dynamics, scenarios, truth."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from agent.errors import ResourceExhausted
+from agent.sim import SimNode
+from agent.sim.catalog import CatalogError, load_catalog
+from agent.sim.scenario import (
+    LoadProfile,
+    Scenario,
+    WorkloadInstance,
+    get_scenario,
+    random_scenario,
+    read_trace,
+    scenario_names,
+)
+from agent.types import AllocationPlan, GroupAllocation, GroupKind, GroupSpec, contiguous_mask
+
+
+def trajectory(node: SimNode, steps: int = 20) -> list[tuple]:
+    out = []
+    for _ in range(steps):
+        node.advance(node.interval_s)
+        snap = node.observe()
+        for name in sorted(snap.groups):
+            g = snap.groups[name]
+            lat = g.latency.p99_ms if g.latency is not None else None
+            out.append((name, g.instructions, g.llc_misses, g.llc_occupancy_bytes, lat))
+    return out
+
+
+# ------------------------------------------------------------------ determinism
+
+
+def test_same_seed_same_trajectory() -> None:
+    assert trajectory(SimNode(seed=7)) == trajectory(SimNode(seed=7))
+
+
+def test_different_seed_different_noise() -> None:
+    assert trajectory(SimNode(seed=7)) != trajectory(SimNode(seed=8))
+
+
+def test_reset_replays_the_same_trajectory() -> None:
+    node = SimNode(seed=3)
+    first = trajectory(node)
+    node.reset(seed=3)
+    assert node.now() == 0.0
+    assert trajectory(node) == first
+
+
+def test_reset_restores_groups_and_allocations() -> None:
+    node = SimNode()
+    groups = dict(node.groups())
+    node.apply(AllocationPlan.uniform({"memcached": GroupAllocation(l3_mask=0x3)}))
+    node.delete_group("swaptions")
+    node.reset()
+    assert dict(node.groups()) == groups
+    assert node.allocation().get("memcached", 0).l3_mask == node.capabilities().l3.cbm_mask
+
+
+def test_noise_free_observation_matches_the_steady_state() -> None:
+    node = SimNode(noise=False)
+    node.advance(2.0)
+    node.observe()
+    node.advance(1.0)
+    snap = node.observe()
+    truth = node.steady_state()
+    for name, sample in snap.groups.items():
+        assert sample.instructions / snap.interval_s == pytest.approx(truth[name].ips, rel=1e-3)
+
+
+def test_noisy_counters_stay_close_to_the_truth() -> None:
+    node = SimNode(seed=1)
+    node.advance(2.0)
+    node.observe()
+    truth = node.steady_state()
+    node.advance(0.1)
+    snap = node.observe()
+    for name, sample in snap.groups.items():
+        assert sample.instructions / snap.interval_s == pytest.approx(truth[name].ips, rel=0.05)
+        assert sample.memory_bytes >= 0 and math.isfinite(sample.memory_bytes)
+
+
+def test_steady_state_does_not_disturb_the_node() -> None:
+    a, b = SimNode(seed=5), SimNode(seed=5)
+    a.advance(1.0)
+    b.advance(1.0)
+    b.steady_state(AllocationPlan.uniform({"ocean_cp": GroupAllocation(l3_mask=0x1, mb=10)}))
+    assert trajectory(a, 5) == trajectory(b, 5)
+    assert a.allocation() == b.allocation()
+
+
+# ------------------------------------------------------------------ dynamics
+
+
+def test_load_step_shows_in_the_latency() -> None:
+    """CoPart case study: memcached 75k -> 150k req/s at 99.4 s."""
+    node = SimNode("copart_memcached", seed=2)
+    node.advance(95.0)
+    node.observe()
+    node.advance(4.0)
+    before = node.observe().groups["memcached"].latency
+    node.advance(1.0)
+    node.observe()
+    node.advance(4.0)
+    after = node.observe().groups["memcached"].latency
+    assert after.count == pytest.approx(2 * before.count, rel=0.05)
+    assert after.p95_ms > 2 * before.p95_ms
+
+
+def _inertia_node() -> SimNode:
+    scn = Scenario(
+        "inertia",
+        "gold6130",
+        (
+            WorkloadInstance("fit", "spec_t", threads=1),
+            WorkloadInstance("stream", "spec_s", threads=4),
+        ),
+    )
+    node = SimNode(scn, noise=False, interval_s=0.002)
+    node.apply(
+        AllocationPlan.uniform(
+            {
+                "fit": GroupAllocation(l3_mask=contiguous_mask(1)),
+                "stream": GroupAllocation(l3_mask=contiguous_mask(10, 1)),
+            }
+        )
+    )
+    node.advance(0.5)
+    return node
+
+
+def _grow(node: SimNode) -> None:
+    """'fit' gets ways 0-5, the streaming group keeps ways 6-10."""
+    node.apply(
+        AllocationPlan.uniform(
+            {
+                "fit": GroupAllocation(l3_mask=contiguous_mask(6)),
+                "stream": GroupAllocation(l3_mask=contiguous_mask(5, 6)),
+            }
+        )
+    )
+
+
+def test_occupancy_fills_gradually_after_a_mask_grows() -> None:
+    node = _inertia_node()
+    small = node.occupancy()["fit"].sum()
+    assert small <= node.preset.way_bytes
+    _grow(node)
+    series = []
+    for _ in range(20):
+        node.advance(0.002)
+        series.append(node.occupancy()["fit"].sum())
+    final = node.steady_state()["fit"].occupancy_bytes
+    assert final > 3 * small
+    assert series[0] < small + 0.5 * (final - small), "occupancy jumped with the mask"
+    assert np.all(np.diff(series) >= -1.0), "filling is monotone"
+    assert series[-1] > small + 0.9 * (final - small), "and converges"
+
+
+def test_lines_outside_a_shrunk_mask_stay_until_others_evict_them() -> None:
+    node = _inertia_node()
+    _grow(node)
+    node.advance(0.5)
+    held = node.occupancy()["fit"]
+    # Shrink to way 0: nobody inserts into ways 1-5, so those lines stay (and still hit).
+    node.apply(AllocationPlan.uniform({"fit": GroupAllocation(l3_mask=contiguous_mask(1))}))
+    node.advance(0.5)
+    kept = node.occupancy()["fit"]
+    assert kept[1:6].sum() == pytest.approx(held[1:6].sum(), rel=0.02)
+    # Now the streaming group's mask covers ways 1-5: its inserts evict them over time.
+    node.apply(AllocationPlan.uniform({"stream": GroupAllocation(l3_mask=contiguous_mask(10, 1))}))
+    node.advance(0.002)
+    partly = node.occupancy()["fit"][1:6].sum()
+    node.advance(0.5)
+    gone = node.occupancy()["fit"][1:6].sum()
+    assert gone < 0.05 * held[1:6].sum() < partly
+
+
+def test_shared_ways_split_by_insertion_rate() -> None:
+    scn = Scenario(
+        "split",
+        "gold6130",
+        (WorkloadInstance("a", "spec_s", threads=1), WorkloadInstance("b", "spec_s", threads=3)),
+    )
+    node = SimNode(scn, noise=False)
+    truth = node.steady_state()
+    a, b = truth["a"].workloads["a"], truth["b"].workloads["b"]
+    ratio = a.occupancy_bytes / b.occupancy_bytes
+    assert ratio == pytest.approx(a.llc_misses_per_s / b.llc_misses_per_s, rel=0.02)
+
+
+def test_squeezed_neighbours_slow_a_class_given_more_cache() -> None:
+    """Bandwidth contention: with a flat miss curve, more ways for a streaming class
+    while its cache-hungry neighbours get fewer makes it *slower* (SIMULATOR.md item 4)."""
+    scn = Scenario(
+        "more-cache",
+        "gold6130",
+        (WorkloadInstance("s", "spec_s"), *[WorkloadInstance(f"cg{i}", "CG") for i in range(3)]),
+    )
+    node = SimNode(scn, noise=False)
+
+    def slowdown(ways: int) -> tuple[float, float]:
+        rest = contiguous_mask(11 - ways, ways)
+        plan = {"s": GroupAllocation(l3_mask=contiguous_mask(ways))}
+        plan.update({f"cg{i}": GroupAllocation(l3_mask=rest) for i in range(3)})
+        truth = node.steady_state(AllocationPlan.uniform(plan))
+        return truth["s"].slowdown, truth["s"].memory_latency_ns
+
+    (s4, lat4), (s8, lat8) = slowdown(4), slowdown(8)
+    assert lat8 > lat4 * 1.05
+    assert s8 > s4
+
+
+def test_memory_latency_rises_steeply_near_the_peak() -> None:
+    node = SimNode("copart_h_bw", noise=False)
+    lat = [node._model.latency(u) for u in (0.1, 0.5, 0.8, 0.95)]
+    assert lat[1] < 1.2 * lat[0]
+    assert lat[3] > 3 * lat[0]
+    # And the solved operating point never exceeds the peak bandwidth.
+    node = SimNode(
+        Scenario("s", "gold6130", tuple(WorkloadInstance(f"s{i}", "stream") for i in range(4))),
+        noise=False,
+    )
+    total = sum(t.bandwidth_bps for t in node.steady_state().values())
+    assert total < node.preset.peak_bw_bps
+
+
+def test_mba_costs_cache_friendly_classes_a_little() -> None:
+    node = SimNode(
+        Scenario("wn", "gold6130", (WorkloadInstance("wn", "water_nsquared"),)), noise=False
+    )
+    slow = node.steady_state(AllocationPlan.uniform({"wn": GroupAllocation(mb=10)}))
+    assert 1.01 < slow["wn"].slowdown < 1.15
+
+
+def test_mba_coarse_steps_apply_as_90() -> None:
+    """Gold 6130 preset: 70 and 80 behave as 90 (SIMULATOR.md item 5)."""
+    node = SimNode(Scenario("oc", "gold6130", (WorkloadInstance("oc", "ocean_cp"),)), noise=False)
+    s = {
+        mb: node.steady_state(AllocationPlan.uniform({"oc": GroupAllocation(mb=mb)}))["oc"].slowdown
+        for mb in (60, 70, 80, 90)
+    }
+    assert s[70] == s[80] == s[90] < s[60]
+
+
+def test_mba_throughput_depends_on_core_count() -> None:
+    """Intel MBA is a per-core request limit: more cores, more bandwidth at one level."""
+    bw = {}
+    for threads in (1, 3):
+        scn = Scenario("st", "gold6130", (WorkloadInstance("s", "stream", threads=threads),))
+        node = SimNode(scn, noise=False)
+        bw[threads] = node.steady_state(AllocationPlan.uniform({"s": GroupAllocation(mb=10)}))[
+            "s"
+        ].bandwidth_bps
+    assert bw[3] > 2.5 * bw[1]
+
+
+def test_amd_mb_value_caps_bandwidth() -> None:
+    scn = Scenario("amd", "epyc7302p", (WorkloadInstance("s", "stream", threads=8),))
+    node = SimNode(scn, noise=False)
+    free = node.steady_state()["s"].bandwidth_bps
+    capped = node.steady_state(AllocationPlan.uniform({"s": GroupAllocation(mb=80)}))["s"]
+    assert capped.bandwidth_bps <= 80 * 0.125e9 * 1.01
+    assert capped.bandwidth_bps < 0.5 * free
+
+
+def test_batch_phases_change_throughput() -> None:
+    scn = Scenario("ph", "gold6130", (WorkloadInstance("wc", "spark_wordcount"),))
+    node = SimNode(scn, noise=False)
+    node.advance(5.0)
+    node.observe()
+    node.advance(1.0)
+    map_ips = node.observe().groups["wc"].instructions
+    node.advance(40.0)
+    node.observe()
+    node.advance(1.0)
+    reduce_ips = node.observe().groups["wc"].instructions
+    assert reduce_ips < 0.95 * map_ips
+
+
+def test_batch_arrivals_and_departures() -> None:
+    node = SimNode("lc_diurnal", noise=False)
+    node.advance(1.0)
+    node.observe()
+    node.advance(1.0)
+    assert node.observe().groups["CG"].instructions == 0.0
+    node.advance(60.0)
+    node.observe()
+    node.advance(1.0)
+    assert node.observe().groups["CG"].instructions > 0.0
+    node.advance(300.0)
+    node.observe()
+    node.advance(1.0)
+    assert node.observe().groups["CG"].instructions == 0.0
+
+
+def test_moving_tasks_moves_performance_and_counters() -> None:
+    """CoCo-style time sharing: an LC service moved into a 1-way group slows down, and its
+    counters and latency follow its tasks."""
+    node = SimNode(noise=False)
+    node.create_group(GroupSpec("squeezed"))
+    node.apply(AllocationPlan.uniform({"squeezed": GroupAllocation(l3_mask=0x1, mb=10)}))
+    before = node.steady_state()["memcached"].workloads["memcached"].slowdown
+    pids = next(w.pids for w in node.workloads() if w.name == "memcached")
+    node.assign("squeezed", pids=pids)
+    truth = node.steady_state()
+    assert truth["squeezed"].workloads["memcached"].slowdown > before
+    node.advance(0.5)
+    snap = node.observe()
+    assert snap.groups["memcached"].instructions == 0.0
+    assert snap.groups["squeezed"].latency.count > 0
+
+
+# ------------------------------------------------------------------ groups
+
+
+def test_auto_groups_follow_the_scenario() -> None:
+    node = SimNode()
+    groups = node.groups()
+    assert groups["memcached"].kind is GroupKind.LC
+    assert groups["memcached"].slo.percentile == 95.0
+    assert groups["ocean_cp"].kind is GroupKind.BATCH
+    for w in node.workloads():
+        assert node.tasks(w.name) == frozenset(w.pids)
+
+
+def test_more_lc_services_than_closids() -> None:
+    node = SimNode("more_lc_than_closids_e5v3")
+    assert len(node.groups()) == node.capabilities().num_closids - 1 == 3
+    in_default = [w for w in node.workloads() if w.group == ""]
+    assert any(w.kind == "lc" for w in in_default)
+    with pytest.raises(ResourceExhausted, match="Out of CLOSIDs"):
+        node.create_group(GroupSpec("one_more"))
+
+
+def test_latency_reported_for_lc_groups_only() -> None:
+    node = SimNode()
+    node.advance(0.5)
+    snap = node.observe()
+    assert snap.groups["memcached"].latency.count > 0
+    assert snap.groups["memcached"].latency.p999_ms >= snap.groups["memcached"].latency.p50_ms
+    assert snap.groups["ocean_cp"].latency is None
+
+
+def test_high_rates_are_sampled_and_counts_scaled() -> None:
+    node = SimNode("copart_memcached", seed=4, max_requests=200)
+    node.advance(1.0)
+    lat = node.observe().groups["memcached"].latency
+    assert lat.count == pytest.approx(75_000, rel=0.05)
+
+
+def test_overload_grows_the_backlog_across_intervals() -> None:
+    scn = Scenario(
+        "over",
+        "gold6130",
+        (WorkloadInstance("m", "masstree", load=LoadProfile("constant", 1.3, "utilization")),),
+    )
+    node = SimNode(scn, seed=1)
+    p50 = []
+    for _ in range(5):
+        node.advance(0.5)
+        p50.append(node.observe().groups["m"].latency.p50_ms)
+    assert all(b > a for a, b in itertools.pairwise(p50))
+
+
+# ------------------------------------------------------------------ scenarios and catalog
+
+
+@pytest.mark.parametrize("name", scenario_names())
+def test_every_library_scenario_runs(name: str) -> None:
+    node = SimNode(name, seed=0)
+    node.advance(0.3)
+    snap = node.observe()
+    assert snap.groups
+    for g in snap.groups.values():
+        assert g.instructions >= 0 and math.isfinite(g.instructions)
+
+
+def test_copart_mix_families_exist() -> None:
+    names = set(scenario_names())
+    for fam in ("h_llc", "h_bw", "h_both", "m_llc", "m_bw", "m_both", "is"):
+        assert f"copart_{fam}" in names
+    assert {"lc_batch_20", "lc_batch_60", "copart_memcached", "default"} <= names
+
+
+def test_random_scenarios_are_seeded_and_fit_the_machine() -> None:
+    for seed in range(20):
+        a, b = random_scenario(seed), random_scenario(seed)
+        assert a == b
+        preset = a.catalog.machine(a.machine)
+        threads = sum(w.threads for w in a.workloads)
+        assert threads <= preset.cores
+        node = SimNode(a)
+        assert len(node.groups()) == len(a.workloads)
+    assert random_scenario(1) != random_scenario(2)
+
+
+def test_trace_load(tmp_path) -> None:
+    trace = tmp_path / "load.csv"
+    trace.write_text("time,rate\n0,1000\n1,3000\n")
+    times, rates = read_trace(trace)
+    assert times == (0.0, 1.0) and rates == (1000.0, 3000.0)
+    scn_file = tmp_path / "traced.yaml"
+    scn_file.write_text(
+        "machine: gold6130\nworkloads:\n"
+        "  - {workload: masstree, load: {kind: trace, file: load.csv}}\n"
+    )
+    node = SimNode(str(scn_file), seed=0)
+    assert node.load_rps("masstree") == 1000.0
+    node.advance(1.5)
+    assert node.load_rps("masstree") == 3000.0
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("0,10\n1,abc\n", "line 2|:2:"),
+        ("0,10\n0,20\n", "increase"),
+        ("0,-5\n", "rate >= 0"),
+        ("0\n", "time,rate"),
+        ("", "no 'time,rate' rows"),
+    ],
+)
+def test_corrupt_trace_is_a_clear_error(tmp_path, text: str, match: str) -> None:
+    trace = tmp_path / "bad.csv"
+    trace.write_text(text)
+    with pytest.raises(CatalogError, match=match):
+        read_trace(trace)
+
+
+def test_missing_trace_file_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(CatalogError, match="cannot read load trace"):
+        read_trace(tmp_path / "nope.csv")
+
+
+def test_user_catalog_adds_workloads(tmp_path) -> None:
+    extra = tmp_path / "mine.yaml"
+    extra.write_text(
+        "workloads:\n  my_job:\n    source: me\n    threads: 2\n    cpi_base: 1.0\n"
+        "    apki: 5\n    mlp: 2\n    footprint_mb: 8\n    mrc: {floor: 0.1, ceil: 0.5}\n"
+    )
+    cat = load_catalog([extra])
+    assert "my_job" in cat.workloads and "CG" in cat.workloads
+    scn = Scenario("mine", "gold6130", (WorkloadInstance("j", "my_job"),), catalog=cat)
+    node = SimNode(scn, noise=False)
+    assert node.steady_state()["j"].ips > 0
+
+
+@pytest.mark.parametrize(
+    ("entry", "match"),
+    [
+        ("  bad:\n    threads: 1\n", "cite its source"),
+        ("  bad:\n    source: x\n    threads: 1\n", "missing field"),
+        (
+            "  bad:\n    source: x\n    threads: 1\n    cpi_base: 1\n    apki: 1\n    mlp: 1\n"
+            "    footprint_mb: 1\n    mrc: {floor: 0.5, ceil: 0.2}\n",
+            "floor <= ceil",
+        ),
+    ],
+)
+def test_bad_workload_entries_are_rejected(tmp_path, entry: str, match: str) -> None:
+    extra = tmp_path / "bad.yaml"
+    extra.write_text("workloads:\n" + entry)
+    with pytest.raises(CatalogError, match=match):
+        load_catalog([extra])
+
+
+def test_unknown_names_are_clear_errors() -> None:
+    with pytest.raises(CatalogError, match="unknown scenario"):
+        get_scenario("no_such_scenario")
+    with pytest.raises(CatalogError, match="unknown workload"):
+        Scenario("x", "gold6130", (WorkloadInstance("a", "no_such_workload"),))
+    with pytest.raises(CatalogError, match="unknown machine"):
+        Scenario("x", "no_such_machine", ())
+    with pytest.raises(ValueError, match="interval_s"):
+        SimNode(interval_s=0)
