@@ -1,0 +1,93 @@
+"""What a controller achieved over a run: the figures every comparison reports.
+
+Definitions (shared by the demo, ``rdtune eval`` and the RL evaluation):
+- SLO violation rate: fraction of intervals (with requests) in which an LC group's latency
+  at its SLO percentile exceeded the target.
+- Tail latency: mean over intervals of the latency at the SLO percentile (ms).
+- Slowdown of a batch group: reference IPS / mean IPS over the run, the reference being its
+  IPS with full resources alone (CoPart, EuroSys'19 section 2).
+- Unfairness: CoPart's stddev / mean of the batch groups' slowdowns.
+- Weighted speedup: sum over batch groups of mean IPS / reference IPS.
+- Allocation changes per minute: intervals whose decision changed the allocation.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.types import GroupKind, GroupSpec
+from models.controller import StepRecord
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    slo_violation_rate: float
+    tail_latency_ms: float
+    unfairness: float
+    weighted_speedup: float
+    batch_ips: float
+    changes_per_minute: float
+    decide_us_median: float
+
+
+def unfairness(slowdowns: Sequence[float]) -> float:
+    """CoPart's unfairness: population stddev / mean of slowdowns (0 = perfectly fair)."""
+    values = [s for s in slowdowns if math.isfinite(s)]
+    if len(values) < 2:
+        return 0.0
+    return statistics.pstdev(values) / statistics.fmean(values)
+
+
+def summarize(
+    records: Sequence[StepRecord],
+    groups: Mapping[str, GroupSpec],
+    reference_ips: Mapping[str, float],
+) -> RunMetrics:
+    """Reduce a run (from :func:`models.controller.drive`) to :class:`RunMetrics`."""
+    if not records:
+        raise ValueError("no intervals to summarise")
+    violations = judged = 0
+    tails: list[float] = []
+    ips: dict[str, list[float]] = {}
+    for rec in records:
+        snap = rec.snapshot
+        for name, sample in snap.groups.items():
+            spec = groups.get(name)
+            if spec is None:
+                continue
+            if spec.kind is GroupKind.LC and sample.latency and sample.latency.count:
+                tail = sample.latency.percentile(spec.slo.percentile)
+                tails.append(tail)
+                judged += 1
+                violations += tail > spec.slo.target_ms
+            elif spec.kind is GroupKind.BATCH and sample.instructions is not None:
+                ips.setdefault(name, []).append(sample.instructions / snap.interval_s)
+    mean_ips = {g: statistics.fmean(v) for g, v in ips.items() if g in reference_ips}
+    slowdowns = [reference_ips[g] / v if v > 0 else math.inf for g, v in mean_ips.items()]
+    speedup = sum(v / reference_ips[g] for g, v in mean_ips.items())
+    changes = sum(1 for r in records if r.decision.changes)
+    duration_min = sum(r.snapshot.interval_s for r in records) / 60.0
+    return RunMetrics(
+        slo_violation_rate=violations / judged if judged else 0.0,
+        tail_latency_ms=statistics.fmean(tails) if tails else float("nan"),
+        unfairness=unfairness(slowdowns),
+        weighted_speedup=speedup,
+        batch_ips=sum(mean_ips.values()),
+        changes_per_minute=changes / duration_min if duration_min else 0.0,
+        decide_us_median=statistics.median(r.decide_s for r in records) * 1e6,
+    )
+
+
+def sim_reference_ips(node) -> dict[str, float]:
+    """Each group's IPS with full resources alone, from a SimNode's ground truth."""
+    from agent.sim.node import solo_reference
+
+    out: dict[str, float] = {}
+    for w in node.workloads():
+        if w.group:
+            ips, _ = solo_reference(node.preset, w.spec, len(w.pids))
+            out[w.group] = out.get(w.group, 0.0) + ips
+    return out

@@ -1,0 +1,40 @@
+"""Controllers by name: what ``rdtune tune --controller NAME`` and ``rdtune eval`` accept.
+
+Each entry is a factory taking keyword options (from a config file or the command line).
+Heuristics register here as they are built; the learned policy registers as ``policy``
+(loaded from an exported model).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from models.controller import Controller
+
+# name -> "module:Class" (imported on demand so listing names stays cheap)
+CONTROLLERS: dict[str, str] = {
+    "unpartitioned": "models.basic:Unpartitioned",
+    "eq": "models.basic:EqualPartition",
+}
+
+
+def names() -> list[str]:
+    return list(CONTROLLERS)
+
+
+def factory(name: str) -> Callable[..., Controller]:
+    try:
+        target = CONTROLLERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown controller {name!r}; choose from {', '.join(CONTROLLERS)}"
+        ) from None
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def make(name: str, **options: Any) -> Controller:
+    """A new controller ``name`` configured with ``options``."""
+    return factory(name)(**options)
