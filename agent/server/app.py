@@ -42,7 +42,7 @@ SERVICE_NAMES = tuple(
 def make_node(cfg: AgentConfig, latency: LatencyRecorder | None = None) -> Node:
     """The backend the configuration names (imported here: only the chosen one loads)."""
     if cfg.backend == "sim":
-        from agent.sim.node import DEFAULT_SCENARIO, SimNode
+        from agent.sim import DEFAULT_SCENARIO, SimNode
 
         kwargs = {} if cfg.seed is None else {"seed": cfg.seed}
         return SimNode(

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     log = logging.getLogger("rdtune.agent")
     if args.list_scenarios:
-        from agent.sim.scenario import scenario_names
+        from agent.sim import scenario_names
 
         for name in scenario_names():
             print(name)

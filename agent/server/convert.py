@@ -231,18 +231,20 @@ def _fill_groups(target, groups) -> None:
 
 
 def _read_groups(msg_groups, validate_names: bool) -> dict:
+    # The hot path of every Apply and GetAllocation: kept free of helper calls.
     out = {}
     for name, entry in msg_groups.items():
         if validate_names:
             group_name(name)
-        out[name] = {
-            int(d): GroupAllocation(
-                l3_mask=_opt(ga, "l3_mask"),
-                mb=_opt(ga, "mb"),
-                l3_code_mask=_opt(ga, "l3_code_mask"),
+        per_domain = {}
+        for d, ga in entry.domains.items():
+            has = ga.HasField
+            per_domain[d] = GroupAllocation(
+                ga.l3_mask if has("l3_mask") else None,
+                ga.mb if has("mb") else None,
+                ga.l3_code_mask if has("l3_code_mask") else None,
             )
-            for d, ga in entry.domains.items()
-        }
+        out[name] = per_domain
     return out
 
 
@@ -307,9 +309,17 @@ def to_sample(sample: GroupSample) -> pb.GroupSample:
 
 
 def from_sample(msg: pb.GroupSample) -> GroupSample:
-    values = {name: _opt(msg, name) for name in _COUNTERS}
-    latency = from_latency(msg.latency) if msg.HasField("latency") else None
-    return GroupSample(**values, latency=latency)
+    has = msg.HasField  # hot path of every Observe: no helper calls per field
+    return GroupSample(
+        msg.instructions if has("instructions") else None,
+        msg.cycles if has("cycles") else None,
+        msg.llc_references if has("llc_references") else None,
+        msg.llc_misses if has("llc_misses") else None,
+        msg.llc_occupancy_bytes if has("llc_occupancy_bytes") else None,
+        msg.memory_bytes if has("memory_bytes") else None,
+        msg.memory_local_bytes if has("memory_local_bytes") else None,
+        from_latency(msg.latency) if has("latency") else None,
+    )
 
 
 def to_snapshot(snap: Snapshot) -> pb.Snapshot:

@@ -22,7 +22,7 @@ from agent.errors import GroupNotFound, NodeError, Unsupported
 from agent.latency import LatencyRecorder
 from agent.node import Node, as_clock
 from agent.server import convert as C
-from agent.server.errors import abort, abort_with
+from agent.server.errors import abort
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
 from agent.types import AllocationPlan, GroupAllocation, Snapshot
@@ -291,12 +291,13 @@ class SimulationServicer(rpc.SimulationServicer):
     def Advance(self, request, context):
         clock = self._clock(context)
         dt = request.duration.ToNanoseconds() / 1e9
-        if not (dt > 0 and math.isfinite(dt)) or dt > self.host.limits.max_advance_s:
-            abort_with(
+        if not (dt >= 0 and math.isfinite(dt)) or dt > self.host.limits.max_advance_s:
+            abort(
                 context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"advance duration must be in (0, {self.host.limits.max_advance_s:g}] s, "
-                f"got {dt:g} s",
+                ValueError(
+                    f"advance needs a duration in [0, {self.host.limits.max_advance_s:g}] s, "
+                    f"got {dt:g} s"
+                ),
             )
         now = self.host.call(context, lambda: (clock.advance(dt), clock.now())[1])
         return api.AdvanceResponse(now=now)

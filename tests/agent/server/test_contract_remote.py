@@ -78,3 +78,18 @@ class TestRemoteResctrlNode(NodeContract):
             for p in procs:
                 p.kill()
                 p.wait()
+
+
+def test_remote_reset_to_a_named_scenario_and_unknown_names() -> None:
+    sim = pytest.importorskip("agent.sim", reason="SimNode not available")
+    node = sim.SimNode(seed=1, auto_groups=True)
+    with serve(node) as server, remote(server) as client:
+        client.advance(0.3)
+        client.reset(sim.DEFAULT_SCENARIO, seed=5)
+        assert client.now() == 0.0
+        assert set(client.groups()) == set(node.groups())
+        with pytest.raises(ValueError, match="no-such-scenario"):
+            client.reset("no-such-scenario")
+        with pytest.raises(ValueError, match="advance"):
+            client.advance(-1.0)
+        assert client.now() == 0.0, "a refused reset or advance changes nothing"

@@ -1,0 +1,201 @@
+"""Benchmark ``agent``: the gRPC node agent on loopback with the sim backend (issue 4).
+
+Starts the real agent (``rdtune agent --backend sim --scenario sixteen_groups``) as a
+separate process on 127.0.0.1: a 16-CLOSID machine whose every CLOSID is in use (15 own
+groups, one per workload, plus the default group). Through :class:`agent.client.RemoteNode`
+it measures
+
+* the observe + apply round trip of one client (what a controller does each interval):
+  p50 and p99 (target p99 <= 2 ms);
+* sustained RPC/s of client processes x threads alternating observe and apply (target
+  >= 2,000 RPC/s), and of the cheapest RPC (GetCapabilities) for reference.
+
+Simulated time is not advanced: the figures are the agent's cost, not the simulator's.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from eval.bench.harness import Result, latencies, latency_result
+
+SCENARIO = "sixteen_groups"  # 16 CLOSIDs in use: 15 own groups + the default group
+LISTEN = "127.0.0.1:0"
+
+
+def _start_agent() -> tuple[subprocess.Popen, str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "agent",
+        "--backend",
+        "sim",
+        "--scenario",
+        SCENARIO,
+        "--listen",
+        LISTEN,
+        "--metrics-listen",
+        "",
+    ]
+    # stderr to a file: an unread pipe would block the agent once full.
+    err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the agent)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    line = proc.stdout.readline()
+    if "serving" not in line:
+        proc.kill()
+        proc.wait()
+        err.seek(0)
+        raise RuntimeError(f"agent did not start: {line}{err.read()}")
+    return proc, line.rsplit(" ", 1)[-1].strip()
+
+
+def _plans(caps, names: list[str]):
+    """Two valid plans over every group (alternated so each apply changes something)."""
+    from agent.types import AllocationPlan, GroupAllocation, MbaMode
+
+    out = []
+    for shift in (0, 1):
+        per = {}
+        for i, name in enumerate(names):
+            mask = mb = None
+            if caps.l3 is not None:
+                ways = max(caps.l3.min_cbm_bits, 1) + (i + shift) % 2
+                mask = ((1 << ways) - 1) << ((i * 2) % (caps.l3.num_ways - ways + 1))
+            if caps.mba is not None and caps.mba.mode is not MbaMode.MBPS:
+                levels = caps.mba.levels()
+                mb = levels[(i + shift) % len(levels)]
+            per[name] = GroupAllocation(l3_mask=mask, mb=mb)
+        out.append(AllocationPlan.uniform(per, caps.domains))
+    return out
+
+
+def _setup(address: str):
+    from agent.client import RemoteNode
+
+    node = RemoteNode(address, timeout=10)
+    caps = node.capabilities()
+    return node, caps, sorted(node.groups())
+
+
+def _load_worker(address: str, threads: int, seconds: float, kind: str, out) -> None:
+    """One client process: ``threads`` clients, each its own connection, for ``seconds``."""
+    import threading
+
+    from agent.client import RemoteNode
+
+    setup_node, caps, names = _setup(address)
+    plans = _plans(caps, names)
+    counts, errors = [0] * threads, [0] * threads
+    start = threading.Barrier(threads + 1)
+
+    def work(i: int) -> None:
+        node = RemoteNode(address, timeout=10)
+        node.capabilities()
+        start.wait()
+        stop_at = time.perf_counter() + seconds
+        k = 0
+        while time.perf_counter() < stop_at:
+            try:
+                if kind == "caps":
+                    node.capabilities()
+                elif k % 2:
+                    node.observe()
+                else:
+                    node.apply(plans[(k // 2) % 2])
+                counts[i] += 1
+            except Exception:
+                errors[i] += 1
+            k += 1
+        node.close()
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    start.wait()
+    for t in pool:
+        t.join()
+    setup_node.close()
+    out.put((sum(counts), sum(errors)))
+
+
+def _sustained(address: str, procs: int, threads: int, seconds: float, kind: str):
+    ctx = mp.get_context("spawn")  # gRPC does not survive fork
+    q = ctx.Queue()
+    workers = [
+        ctx.Process(target=_load_worker, args=(address, threads, seconds, kind, q))
+        for _ in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    # Each worker measures its own window (after its start-up, behind a barrier).
+    results = [q.get(timeout=seconds + 120) for _ in workers]
+    for w in workers:
+        w.join()
+    done = sum(r[0] for r in results)
+    errors = sum(r[1] for r in results)
+    return done / seconds, errors
+
+
+def run(quick: bool) -> list[Result]:
+    proc, address = _start_agent()
+    try:
+        node, caps, names = _setup(address)
+        plans = _plans(caps, names)
+        k = [0]
+
+        def round_trip() -> None:
+            node.observe()
+            node.apply(plans[k[0] % 2])
+            k[0] += 1
+
+        repeats = 300 if quick else 3000
+        rt = latencies(round_trip, repeats=repeats, warmup=50)
+        results = [
+            latency_result(
+                f"observe+apply round trip, {len(names)} own groups + default, sim",
+                rt,
+                unit="ms",
+                target="p99 <= 2 ms",
+            )
+        ]
+        seconds = 2.0 if quick else 5.0
+        runs = 1 if quick else 3
+        for kind, label, target in (
+            ("mixed", "observe/apply", ">= 2000 RPC/s"),
+            ("caps", "GetCapabilities", "reference"),
+        ):
+            rates, errs = [], 0
+            for _ in range(runs):
+                rate, e = _sustained(address, procs=2, threads=4, seconds=seconds, kind=kind)
+                rates.append(rate)
+                errs += e
+            rates.sort()
+            results.append(
+                Result(
+                    f"sustained {label} RPC/s, 2 procs x 4 clients ({errs} errors)",
+                    rates[len(rates) // 2],
+                    "RPC/s",
+                    runs,
+                    target=target,
+                )
+            )
+        node.close()
+        return results
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+if __name__ == "__main__":
+    for r in run(quick="--quick" in sys.argv):
+        print(r.row())
+    print(os.cpu_count(), "CPUs")
