@@ -28,7 +28,7 @@ from agent.server.config import AgentConfig
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
 from agent.server.security import ConfigError, GuardInterceptor, RateLimiter, parse_listen
-from agent.server.service import NodeAgentServicer, NodeHost, SimulationServicer
+from agent.server.service import Limits, NodeAgentServicer, NodeHost, SimulationServicer
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 
@@ -78,7 +78,13 @@ class AgentServer:
             HistogramScraper(group, target, self.recorder)
             for group, target in cfg.latency_scrape.items()
         ]
-        self.host = NodeHost(node, metrics=self.metrics, recorder=self.recorder, scrapers=scrapers)
+        self.host = NodeHost(
+            node,
+            metrics=self.metrics,
+            recorder=self.recorder,
+            scrapers=scrapers,
+            limits=Limits(max_streams=cfg.max_streams),
+        )
         self.listen = parse_listen(cfg.listen)
         self.port: int | None = None
         self.metrics_port: int | None = None

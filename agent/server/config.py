@@ -12,6 +12,8 @@ Example ``agent.yaml``::
     tls: {cert: server.pem, key: server.key, client_ca: clients.pem}   # client_ca: mTLS
     token_file: /etc/rdtune/token    # or the RDTUNE_AGENT_TOKEN environment variable
     max_message_bytes: 4194304
+    max_workers: 32           # RPC worker threads
+    max_streams: 16           # open observation/latency streams at once (< max_workers)
     rate_limit: {rate: 20000, burst: 40000}   # requests/s per client host; null disables
     restore_on_exit: false
     grace_s: 5
@@ -52,7 +54,8 @@ class AgentConfig:
     max_message_bytes: int = 4 << 20
     rate_limit: float | None = 20000.0
     rate_burst: float = 40000.0
-    max_workers: int = 16
+    max_workers: int = 32
+    max_streams: int = 16  # open streams at once (each holds a worker); < max_workers
     max_concurrent_rpcs: int = 256
     restore_on_exit: bool = False
     grace_s: float = 5.0
@@ -89,6 +92,10 @@ class AgentConfig:
             raise ConfigError("max_message_bytes must be at least 1024")
         if self.rate_limit is not None and (self.rate_limit <= 0 or self.rate_burst < 1):
             raise ConfigError("rate limit needs rate > 0 and burst >= 1")
+        if not 1 <= self.max_streams < self.max_workers:
+            raise ConfigError(
+                "max_streams must be >= 1 and below max_workers (unary calls need workers too)"
+            )
         if self.grace_s < 0:
             raise ConfigError("grace_s must be >= 0")
         for group in self.latency_scrape:

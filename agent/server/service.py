@@ -22,7 +22,7 @@ from agent.errors import GroupNotFound, NodeError, Unsupported
 from agent.latency import LatencyRecorder
 from agent.node import Node, as_clock
 from agent.server import convert as C
-from agent.server.errors import abort
+from agent.server.errors import abort, abort_with
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
 from agent.types import AllocationPlan, GroupAllocation, Snapshot
@@ -42,6 +42,9 @@ class Limits:
     min_stream_interval_s: float = 0.01
     max_stream_interval_s: float = 3600.0
     max_advance_s: float = 86400.0
+    # Open streams (observation and latency) each hold a worker thread; this many at most,
+    # so streams can never take every worker away from unary calls.
+    max_streams: int = 16
 
 
 class NodeHost:
@@ -65,6 +68,20 @@ class NodeHost:
         self.stopping = threading.Event()
         self._streams: set[threading.Event] = set()
         self._streams_lock = threading.Lock()
+        self._stream_slots = threading.BoundedSemaphore(limits.max_streams)
+
+    def open_stream(self, context: grpc.ServicerContext) -> None:
+        """Take a stream slot or abort with RESOURCE_EXHAUSTED; release with close_stream."""
+        if not self._stream_slots.acquire(blocking=False):
+            abort_with(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many open streams (at most {self.limits.max_streams}); retry later",
+                resource="streams",
+            )
+
+    def close_stream(self) -> None:
+        self._stream_slots.release()
 
     def call(self, context: grpc.ServicerContext, fn: Callable, *args, **kwargs):
         """Run a node method under the lock; node errors become their gRPC status."""
@@ -210,6 +227,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                     f"[{lim.min_stream_interval_s:g}, {lim.max_stream_interval_s:g}] s"
                 ),
             )
+        self.host.open_stream(context)
         stop = self.host.stream_stopper()
         context.add_callback(stop.set)  # the client went away or cancelled
         try:
@@ -222,8 +240,16 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                 sent += 1
         finally:
             self.host.stream_done(stop)
+            self.host.close_stream()
 
     def ReportLatencies(self, request_iterator, context):
+        self.host.open_stream(context)
+        try:
+            return self._report_latencies(request_iterator, context)
+        finally:
+            self.host.close_stream()
+
+    def _report_latencies(self, request_iterator, context):
         lim = self.host.limits
         known: set[str] = set()
         reports = samples = 0

@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from agent.errors import GroupNotFound, Unsupported
 from agent.latency import LatencyRecorder
+from agent.server.errors import RemoteError
 from agent.server.scrape import HistogramScraper, ScrapeTarget, parse_histogram
 from agent.types import SLO, AllocationPlan, GroupAllocation, GroupKind, GroupSpec
 from proto.rdtune.v1 import agent_pb2 as api
@@ -325,3 +326,29 @@ def test_scraped_histogram_feeds_observe() -> None:
             assert "web" in client.observe().groups
     finally:
         http.server_close()
+
+
+def test_open_streams_are_bounded_and_never_starve_unary_calls() -> None:
+    with serve(RefNode(), max_workers=4, max_streams=2) as server, remote(server) as client:
+        client.create_group(LC)
+        first = client.stream_observations(0.01)
+        second = client.reporter()
+        it = iter(first)
+        next(it)
+        with pytest.raises(RemoteError) as err:
+            list(client.stream_observations(0.01, max_count=1))
+        assert err.value.code == "RESOURCE_EXHAUSTED" and "streams" in str(err.value)
+        assert set(client.groups()) == {"web"}, "unary calls still have workers"
+        first.cancel()
+        assert list(it) == []
+        second.record("web", 1.0)
+        assert second.close() == 1
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the slots come back
+            try:
+                assert len(list(client.stream_observations(0.01, max_count=1))) == 1
+                break
+            except RemoteError:
+                time.sleep(0.05)
+        else:
+            pytest.fail("stream slots were not released")
