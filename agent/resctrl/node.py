@@ -13,6 +13,7 @@ the root, read-modify-write sequences an exclusive one.
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import time
@@ -126,8 +127,10 @@ class ResctrlNode:
         self.proc = proc
         self.latency = latency
         safe_prefix = prefix.strip("-_.") or "rdtune"
+        # One file per (prefix, root): two nodes sharing a state dir never mix their groups.
+        suffix = "" if self.root == "/sys/fs/resctrl" else "-" + _short_hash(self.root)
         self.state_path = os.path.join(
-            state_dir or default_state_dir(), f"{safe_prefix}-resctrl-groups.json"
+            state_dir or default_state_dir(), f"{safe_prefix}-resctrl-groups{suffix}.json"
         )
         self._lock = ResctrlLock(self.root, lock_timeout_s)
         self._own_pmc = pmc == "auto"
@@ -308,7 +311,9 @@ class ResctrlNode:
                 if exc.errno == errno.EEXIST:
                     raise GroupExists(spec.name) from None
                 if exc.errno in (errno.ENOSPC, errno.EBUSY):
-                    resource = "rmid" if "RMID" in status else "closid"
+                    resource = (
+                        "rmid" if "RMID" in status else "ways" if "No space" in status else "closid"
+                    )
                     if exc.errno == errno.EBUSY:
                         why = (
                             f"{status or 'Out of RMIDs'}: freed RMIDs are still in limbo "
@@ -336,8 +341,24 @@ class ResctrlNode:
                         log.error("could not remove %s after a failed create: %s", path, exc)
                     raise
             self._specs[spec.name] = spec
-            self._vanished.pop(spec.name, None)
-            self._save()
+            vanished = self._vanished.pop(spec.name, None)
+            try:
+                self._save()
+            except OSError as exc:
+                # Without a record the group would come back as a batch group after a
+                # restart: undo rather than keep a group whose kind would be lost.
+                del self._specs[spec.name]
+                if vanished is not None:
+                    self._vanished[spec.name] = vanished
+                try:
+                    os.rmdir(path)
+                except OSError as undo:
+                    log.error("could not remove %s after a failed create: %s", path, undo)
+                raise OSError(
+                    exc.errno,
+                    f"cannot record group {spec.name!r} in {self.state_path}: {exc.strerror}; "
+                    "the group was not created",
+                ) from exc
 
     def _make_exclusive(self, name: str) -> None:
         """Narrow a new group to the ways no other group uses, then set mode exclusive
@@ -746,6 +767,10 @@ class ResctrlNode:
         if self.pmc is not None and self._own_pmc:
             self.pmc.close()
         self.pmc = None
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 def _lowest_run(mask: int) -> int:

@@ -429,3 +429,23 @@ def test_pmc_counts_follow_the_group_tasks(intel: Emulated, children: list[int])
     assert pmc.tracked["a"] == [children[1]], "re-tracked when the group's tasks change"
     node.delete_group("a")
     assert "a" not in pmc.tracked
+
+
+def test_unwritable_state_dir_creates_nothing(intel: Emulated, tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    node = make_node(intel, state_dir=str(blocker / "state"))
+    with pytest.raises(OSError, match="was not created"):
+        node.create_group(GroupSpec("a"))
+    assert node.groups() == {}
+    assert not os.path.exists(f"{intel.root}/{PREFIX}a")
+
+
+def test_two_roots_sharing_a_state_dir_keep_apart(intel: Emulated) -> None:
+    with emulated_resctrl("gold-6130") as other:
+        a = make_node(intel)
+        b = ResctrlNode(other.root, state_dir=intel.state_dir, pmc=None)
+        a.create_group(GroupSpec("svc", GroupKind.LC, SLO(99.0, 1.0)))
+        b.create_group(GroupSpec("svc"))
+        assert a.state_path != b.state_path
+        assert make_node(intel).groups()["svc"].kind is GroupKind.LC
