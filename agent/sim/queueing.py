@@ -25,7 +25,10 @@ BACKLOG_CAP_S = 30.0  # clients time out: a queue never holds more than this muc
 def service_multipliers(rng: np.random.Generator, dist: ServiceDist, shape) -> np.ndarray:
     """Service-time multipliers with mean 1 in the workload's distribution."""
     s = dist.sigma
-    jitter = np.exp(rng.standard_normal(shape) * s - 0.5 * s * s)  # lognormal, mean 1
+    jitter = rng.standard_normal(shape)
+    jitter *= s
+    jitter -= 0.5 * s * s
+    np.exp(jitter, out=jitter)  # lognormal with mean 1
     if dist.kind in ("constant", "lognormal"):
         return jitter
     probs = np.array([p for p, _ in dist.modes])
@@ -47,50 +50,55 @@ def simulate(
 ) -> tuple[np.ndarray, int, np.ndarray]:
     """Simulate ``dt`` seconds of a k-worker service.
 
+    The number of arrivals in the (possibly sampled) window is Poisson; given it, each
+    worker's arrival times are uniform order statistics over the window (exponential gaps
+    normalised by their sum: exactly a Poisson process conditioned on its count).
+
     Args:
         backlog: unfinished work (s) per worker at the start; its length is k.
 
     Returns:
         (latencies in seconds of the simulated requests, the number of requests the
-        whole interval completed (scaled when sampled), backlog at the end).
+        whole interval received (scaled when sampled), backlog at the end).
     """
     k = backlog.shape[0]
     if rate <= 0 or not math.isfinite(mean_service_s):
         return _EMPTY, 0, np.maximum(backlog - dt, 0.0)
     expected = rate * dt
     window = dt if expected <= max_requests else dt * max_requests / expected
-    per = rate / k * window
-    n = max(2, int(per + 3.0 * math.sqrt(per) + 3))
-    gaps = rng.standard_exponential((k, n))
-    gaps *= k / rate
-    arrivals = np.cumsum(gaps, axis=1)
+    total = int(rng.poisson(rate * window))
+    if total == 0:
+        new_backlog = np.maximum(backlog - dt, 0.0)
+        return _EMPTY, 0, new_backlog
+    n = -(-total // k)  # requests per worker (k * n >= total; the extra few are simulated)
+    e = rng.standard_exponential((k, n + 1))
+    c = np.cumsum(e, axis=1)
+    scale = window / c[:, n:]
+    arrivals = c[:, :n] * scale
+    gaps = e[:, :n] * scale
     service = service_multipliers(rng, dist, (k, n))
     service *= mean_service_s
     # Lindley: Y1 = B - t1, Y_{i+1} = S_i - gap_{i+1}; W_i = C_i - min(0, min_{j<=i} C_j).
     y = np.empty((k, n))
-    y[:, 0] = backlog - arrivals[:, 0]
+    np.subtract(backlog, arrivals[:, 0], out=y[:, 0])
     np.subtract(service[:, :-1], gaps[:, 1:], out=y[:, 1:])
-    c = np.cumsum(y, axis=1)
-    low = np.minimum.accumulate(c, axis=1)
+    cum = np.cumsum(y, axis=1)
+    low = np.minimum.accumulate(cum, axis=1)
     np.minimum(low, 0.0, out=low)
-    latency = c - low
-    latency += service
-    valid = arrivals < window
-    nvalid = valid.sum(axis=1)
-    # Backlog at the window's end: the last arrival's remaining work, or the old backlog.
-    last = np.maximum(nvalid - 1, 0)
-    rows = np.arange(k)
-    end_last = arrivals[rows, last] + latency[rows, last]
-    new_backlog = np.where(
-        nvalid > 0, np.maximum(end_last - window, 0.0), np.maximum(backlog - window, 0.0)
-    )
-    count = int(nvalid.sum())
+    cum -= low
+    cum += service  # latency = wait + service
+    # Backlog at the window's end: the last request's remaining work (FIFO: it ends last).
+    new_backlog = arrivals[:, -1] + cum[:, -1]
+    new_backlog -= window
+    np.maximum(new_backlog, 0.0, out=new_backlog)
+    count = total
     if window < dt:
         rho = rate / k * mean_service_s
-        new_backlog = np.maximum(new_backlog + (rho - 1.0) * (dt - window), 0.0)
-        count = round(count * dt / window)
+        new_backlog += (rho - 1.0) * (dt - window)
+        np.maximum(new_backlog, 0.0, out=new_backlog)
+        count = round(total * dt / window)
     np.minimum(new_backlog, BACKLOG_CAP_S, out=new_backlog)
-    return latency[valid], count, new_backlog
+    return cum.ravel(), count, new_backlog
 
 
 def steady_latency(

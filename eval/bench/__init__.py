@@ -8,5 +8,6 @@ docs/BENCHMARKS.md come from this command (median of repeated runs, machine note
 BENCHMARKS: dict[str, str] = {  # name -> module (eval.bench.<module>)
     "pmc": "pmc",
     "resctrl": "resctrl",
+    "sim": "sim",
     "agent": "agent",
 }
