@@ -3,7 +3,8 @@
 Prints what a controller would see: cache ways and masks, CLOSIDs, MBA mode and range,
 monitoring events, which PMC events work here, and the node's own groups with their kind,
 SLO and current allocation. Works on this machine's resctrl or on an emulated one
-(``rdtune emulate-resctrl``); other backends plug in through :data:`BACKENDS`.
+(``rdtune emulate-resctrl``), or on a simulated server (``--backend sim``); other
+backends plug in through :data:`BACKENDS`.
 """
 
 from __future__ import annotations
@@ -22,8 +23,17 @@ def _resctrl(args: argparse.Namespace):
     return ResctrlNode(**kwargs)
 
 
+def _sim(args: argparse.Namespace):
+    from agent.sim import DEFAULT_SCENARIO, SimNode
+
+    return SimNode(args.scenario or DEFAULT_SCENARIO)
+
+
 # backend name -> factory(args) -> Node. Add a backend here to describe it.
-BACKENDS: dict[str, Callable[[argparse.Namespace], object]] = {"resctrl": _resctrl}
+BACKENDS: dict[str, Callable[[argparse.Namespace], object]] = {
+    "resctrl": _resctrl,
+    "sim": _sim,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="rdtune-",
         help="directory prefix of the groups the node owns (default rdtune-)",
     )
-    parser.add_argument("--state-dir", help="where the node keeps group kinds and SLOs")
+    parser.add_argument("--state-dir", help="resctrl: where the node keeps group kinds and SLOs")
+    parser.add_argument("--scenario", help="sim: scenario name (default: the built-in one)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
@@ -159,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         node = BACKENDS[args.backend](args)
-    except (OSError, NodeError) as exc:
+    except (OSError, ValueError, KeyError, NodeError) as exc:
         print(f"rdtune describe: cannot open the {args.backend} node: {exc}", file=sys.stderr)
         return 1
     try:
