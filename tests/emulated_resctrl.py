@@ -3,7 +3,7 @@
 Shared by every package's tests (the gRPC agent, the tuner) that want a ResctrlNode on an
 emulated kernel. The mount runs in a thread of the test process, so tests can reach the
 model (``emu.model.fail_next_write(...)``) while ResctrlNode sees only files. Teardown
-unmounts with ``fusermount3 -u`` even when the test fails.
+unmounts with ``fusermount3 -u`` (``fusermount`` with libfuse 2) even when the test fails.
 
 Without FUSE the tests skip with the reason, unless RDTUNE_REQUIRE_FUSE=1 (CI) makes that a
 failure.
@@ -36,13 +36,17 @@ def fuse_missing() -> str | None:
         return "/dev/fuse does not exist (no FUSE kernel module)"
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         return "/dev/fuse is not accessible to this user"
-    if shutil.which("fusermount3") is None:
-        return "fusermount3 not found (install the fuse3 package)"
+    if _fusermount() is None:
+        return "neither fusermount3 nor fusermount found (install the fuse3 package)"
     try:
         import mfusepy  # noqa: F401
     except (ImportError, OSError) as exc:
         return f"mfusepy/libfuse3 unavailable: {exc}"
     return None
+
+
+def _fusermount() -> str | None:
+    return shutil.which("fusermount3") or shutil.which("fusermount")
 
 
 def skip_or_fail(reason: str) -> None:
@@ -76,14 +80,13 @@ class Emulated:
 
 
 def _unmount(mountpoint: str) -> None:
+    tool = _fusermount() or "fusermount3"
     for _ in range(50):
-        done = subprocess.run(
-            ["fusermount3", "-u", mountpoint], capture_output=True, text=True, check=False
-        )
+        done = subprocess.run([tool, "-u", mountpoint], capture_output=True, text=True, check=False)
         if done.returncode == 0 or not os.path.ismount(mountpoint):
             return
-        time.sleep(0.05)
-    subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True, check=False)
+        time.sleep(0.05)  # busy: a test still has a file open there
+    subprocess.run([tool, "-u", "-z", mountpoint], capture_output=True, check=False)
 
 
 @contextmanager

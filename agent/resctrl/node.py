@@ -743,7 +743,7 @@ class ResctrlNode:
                         tasks[name] = frozenset(int(x) for x in text.split() if x.isdigit())
                     except OSError:
                         pass
-        pmc = self._pmc_deltas(tasks)
+            pmc = self._pmc_deltas(tasks)
         samples = {}
         for name, m in mon.items():
             counts = pmc.get(name, {})
