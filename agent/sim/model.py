@@ -59,7 +59,7 @@ class Solution:
     miss_rate: np.ndarray  # LLC misses/s
     mem_bw: np.ndarray  # bytes/s (misses x 64 x (1 + write-back))
     capacity: np.ndarray  # effective capacity (bytes)
-    service_s: np.ndarray  # LC mean service time (s); nan for batch
+    service_s: np.ndarray  # LC mean service time (s); 0 for batch
     busy: np.ndarray  # busy cores (LC: utilisation x workers)
     latency_ns: float
     utilization: float
@@ -193,8 +193,7 @@ class Model:
         access = ips * apki / 1000.0
         miss = access * m
         bw = ips * bpi
-        with np.errstate(invalid="ignore", divide="ignore"):
-            service = np.where(self.is_lc, self.ipr * cpi / hz, np.nan)
+        service = self.ipr * cpi / hz
         busy = np.where(self.is_lc, ips * cpi / hz, inp.active * inp.cores)
         return Solution(ips, cpi, m, access, miss, bw, cap, service, busy, lat, float(u0))
 
@@ -206,18 +205,18 @@ class Model:
         """Occupancy after ``dt`` s with constant insertion: free space fills first, then
         each inserted line evicts a line of the way chosen in proportion to occupancy."""
         wb = self.way_bytes
-        ins = inp.masks * (miss_rate * LINE / inp.nways)[:, None]  # bytes/s per (w, way)
+        ins = inp.masks * (miss_rate * (LINE / inp.nways))[:, None]  # bytes/s per (w, way)
         rate = ins.sum(axis=0)  # (W,)
-        free = np.maximum(wb - occ.sum(axis=0), 0.0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t_fill = np.where(rate > 0, free / rate, np.inf)
-            t1 = np.minimum(t_fill, dt)
-            occ = occ + ins * t1
-            t2 = dt - t1
-            ss = np.where(rate > 0, wb * ins / rate, 0.0)
-        decay = np.exp(-rate * t2 / wb)
-        full = t2 > 0
-        occ = np.where(full, ss + (occ - ss) * decay, occ)
+        inv = 1.0 / np.maximum(rate, 1e-30)
+        free = wb - occ.sum(axis=0)
+        np.maximum(free, 0.0, out=free)
+        t1 = np.minimum(free * inv, dt)  # time to fill the free space
+        occ = occ + ins * t1
+        ss = ins * (wb * inv)  # split by insertion rate (0 where nobody inserts)
+        decay = np.exp(rate * (t1 - dt) / wb)  # 1 where the way never filled
+        occ -= ss
+        occ *= decay
+        occ += ss
         tot = occ.sum(axis=1)
         limit = self.fp * inp.ws_s
         over = tot > limit
