@@ -76,3 +76,36 @@ def test_mb_values_agree_and_round_alike(mounted, mb: int) -> None:
     assert kernel == (ours is not None), f"MB {mb}: kernel {emu.model.status!r}"
     if kernel:
         assert emu.model.groups["g"].ctrl["MB"][0] == ours.mb, "rounded differently"
+
+
+@pytest.fixture(scope="module")
+def with_exclusive() -> Iterator[tuple[Emulated, object]]:
+    with emulated_resctrl("intel-20way") as emu:
+        emu.write("schemata", "L3:0=00003;1=00003\n")
+        emu.model.mkdir("/x")
+        emu.write("x/schemata", "L3:0=00f00;1=00f00\n")
+        emu.write("x/mode", "exclusive\n")
+        emu.model.mkdir("/g")
+        yield emu, discover(emu.root)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(mask=st.integers(min_value=1, max_value=(1 << 20) - 1))
+def test_exclusive_overlap_agrees(with_exclusive, mask: int) -> None:
+    emu, caps = with_exclusive
+    kernel = _kernel_accepts(emu, f"L3:0={mask:x}\n")
+    current = Allocation({"g": {d: GroupAllocation(l3_mask=0x3) for d in caps.domains}})
+    ctx = PlanContext(
+        caps,
+        current,
+        exclusive=frozenset({"x"}),
+        others={"": {0: 0x3, 1: 0x3}, "x": {0: 0xF00, 1: 0xF00}},
+    )
+    try:
+        validate_plan(AllocationPlan({"g": {0: GroupAllocation(l3_mask=mask)}}), ctx)
+        ours = True
+    except InvalidAllocation:
+        ours = False
+    assert kernel == ours, f"mask {mask:#x}: kernel {emu.model.status!r}"
