@@ -17,6 +17,7 @@ from models.controller import Controller
 CONTROLLERS: dict[str, str] = {
     "unpartitioned": "models.basic:Unpartitioned",
     "eq": "models.basic:EqualPartition",
+    "explore": "models.explore:Explore",
 }
 
 

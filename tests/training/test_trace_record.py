@@ -1,0 +1,58 @@
+"""Recording from a real agent on loopback (sim backend), through the CLI and the API."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agent.sim import SimNode
+from models.explore import Explore
+from tests.agent.server.conftest import remote, serve
+from training.trace_record import record
+from training.traces import load_trace
+from tuner.cli import main
+
+
+def test_cli_records_from_a_simulated_agent(tmp_path, capsys) -> None:
+    out = tmp_path / "agent.parquet"
+    with serve(SimNode("default", seed=0)) as server:
+        rc = main(
+            [
+                "trace", "record", "--agent", server.address, "--controller", "explore",
+                "-o", "seed=3", "-o", "max_dwell=4", "--duration", "3", "--interval", "0.1",
+                "--out", str(out), "--scenario", "lc_batch_20", "--seed", "7", "--quiet",
+            ]
+        )  # fmt: skip
+    assert rc == 0
+    trace = load_trace(out)
+    assert len(trace) == 30
+    assert trace.scenario == {"name": "lc_batch_20"} and trace.seed == 7
+    assert trace.source == server.address and trace.extra["clock"] == "simulated"
+    assert {"masstree", "xapian"} <= set(trace.groups)
+    assert trace.steps[-1].snapshot.timestamp == pytest.approx(3.0)
+    assert sum(s.applied is not None for s in trace.steps) >= 30 // 4
+    assert main(["trace", "info", str(out)]) == 0
+    assert "30 intervals" in capsys.readouterr().out
+
+
+def test_real_node_records_in_wall_clock_time(tmp_path) -> None:
+    """A node without a Clock (clock=None): the recorder keeps wall-clock deadlines."""
+    node = SimNode("default", seed=0)
+    with serve(node) as server, remote(server) as client:
+        t0 = time.monotonic()
+        n = record(client, Explore(seed=0), tmp_path / "wall.parquet", 0.5, interval_s=0.05,
+                   clock=None, source=server.address)  # fmt: skip
+        took = time.monotonic() - t0
+    assert n == 10
+    assert took >= 0.45
+    assert load_trace(tmp_path / "wall.parquet").extra["clock"] == "wall"
+
+
+def test_bad_agent_and_bad_file_errors(tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1garbage")
+    assert main(["trace", "info", str(bad)]) == 1
+    assert f"trace {bad}" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["trace", "record", "--agent", "x:1", "--duration", "1", "--out", "o", "-o", "k"])

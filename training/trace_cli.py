@@ -1,0 +1,182 @@
+"""Record, inspect and export traces (docs/TRACES.md).
+
+  rdtune trace record --agent ADDR --controller NAME --duration D --out FILE
+  rdtune trace info FILE
+  rdtune trace export-minari FILE [FILE ...] --dataset-id rdtune/NAME-v0
+
+Recording works against any agent: a simulated one (``rdtune agent --backend sim``) is
+stepped through its clock, so D seconds of node time take as long as the simulator needs;
+a real one records in wall-clock time. Use ``--controller explore`` to record data a
+dynamics model can be learned from (random allocations held for random dwell times).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _options(pairs: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--option expects KEY=VALUE, got {pair!r}")
+        out[key.replace("-", "_")] = yaml.safe_load(value)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+
+    rec = sub.add_parser(
+        "record",
+        help="drive a controller on an agent and record every interval",
+        description="Drive a controller on an agent's node and write every interval "
+        "(snapshot, allocation held, allocation applied) to a Parquet trace.",
+    )
+    rec.add_argument("--agent", required=True, help="agent address: HOST:PORT or unix:/PATH")
+    rec.add_argument(
+        "--controller",
+        default="explore",
+        help="registered controller to drive (default: %(default)s, random exploration)",
+    )
+    rec.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="controller option (YAML value), e.g. -o seed=3 -o max_dwell=20; repeatable",
+    )
+    rec.add_argument("--duration", type=float, required=True, help="seconds of node time to record")
+    rec.add_argument(
+        "--interval", type=float, default=0.1, help="control interval, s (default: %(default)s)"
+    )
+    rec.add_argument("--out", required=True, help="trace file to write (.parquet)")
+    rec.add_argument(
+        "--scenario",
+        default=None,
+        help="simulated agents only: reset the agent to this scenario before recording "
+        "(recorded in the trace's metadata)",
+    )
+    rec.add_argument(
+        "--seed", type=int, default=None, help="simulated agents only: seed for --scenario"
+    )
+    rec.add_argument("--token", default=None, help="bearer token, if the agent requires one")
+    rec.add_argument("--tls-ca", default=None, help="CA certificate to verify the agent (TLS)")
+    rec.add_argument("--tls-cert", default=None, help="client certificate (mTLS)")
+    rec.add_argument("--tls-key", default=None, help="client key (mTLS)")
+    rec.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    info = sub.add_parser("info", help="summarise a trace file (and check it reads)")
+    info.add_argument("file", help="trace file")
+
+    exp = sub.add_parser(
+        "export-minari",
+        help="export traces as a Farama Minari dataset (observations from the feature encoder)",
+        description="Write a Minari dataset (arrow back end): one episode per trace, "
+        "observations from models.features, actions the allocation each step led to "
+        "(models.actions' MultiDiscrete share/MBA levels), rewards from envs.reward when "
+        "available.",
+    )
+    exp.add_argument("files", nargs="+", help="trace files")
+    exp.add_argument("--dataset-id", required=True, help="Minari id, e.g. rdtune/explore-v0")
+    exp.add_argument(
+        "--root", default=None, help="Minari datasets folder (default: $MINARI_DATASETS_PATH)"
+    )
+    exp.add_argument("--max-groups", type=int, default=8, help="group slots (default: 8)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"record": _record, "info": _info, "export-minari": _export}[args.trace_command](args)
+
+
+def _record(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from agent.client import RemoteNode, TlsConfig
+    from agent.node import as_clock
+    from models import registry
+    from training.trace_record import record
+
+    tls = None
+    if args.tls_ca or args.tls_cert:
+        tls = TlsConfig.from_files(args.tls_ca, args.tls_cert, args.tls_key)
+    controller = registry.make(args.controller, **_options(args.option))
+    node = RemoteNode(args.agent, token=args.token, tls=tls)
+    try:
+        clock = as_clock(node)
+        scenario = None
+        if args.scenario is not None:
+            if clock is None:
+                print(f"error: --scenario needs a simulated agent; {args.agent} is a real node")
+                return 2
+            clock.reset(args.scenario, args.seed)
+            scenario = {"name": args.scenario}
+        elif clock is not None:
+            scenario = {"name": None, "note": "simulated agent; scenario as the agent was started"}
+        bar = tqdm(
+            total=max(1, round(args.duration / args.interval)),
+            unit="step",
+            disable=args.quiet,
+            desc=f"recording {args.controller}",
+        )
+        steps = record(
+            node,
+            controller,
+            args.out,
+            args.duration,
+            interval_s=args.interval,
+            clock=clock,
+            scenario=scenario,
+            seed=args.seed,
+            source=args.agent,
+            progress=lambda done, total: bar.update(1),
+        )
+        bar.close()
+    finally:
+        node.close()
+    print(f"wrote {steps} intervals to {args.out}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from training.traces import TraceError, load_trace
+
+    try:
+        trace = load_trace(args.file)
+    except TraceError as e:
+        print(f"error: {e}")
+        return 1
+    caps = trace.capabilities
+    print(f"{trace.path}: rdtune trace v{trace.version} (written by rdtune {trace.rdtune_version})")
+    print(f"  node: {caps.description or caps.vendor.value}, simulated={caps.simulated}")
+    print(f"  scenario: {trace.scenario}, seed {trace.seed}, source {trace.source}")
+    print(f"  controller: {trace.controller}; {len(trace)} intervals, {trace.duration_s:.1f} s")
+    for name, spec in trace.groups.items():
+        slo = f", SLO p{spec.slo.percentile:g} < {spec.slo.target_ms:g} ms" if spec.slo else ""
+        print(f"  group {name}: {spec.kind.value}{slo}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from training.trace_minari import export_minari
+    from training.traces import TraceError, load_trace
+
+    try:
+        traces = [load_trace(f) for f in args.files]
+    except TraceError as e:
+        print(f"error: {e}")
+        return 1
+    try:
+        ds = export_minari(traces, args.dataset_id, root=args.root, max_groups=args.max_groups)
+    except ImportError as e:
+        print(f"error: {e}")
+        return 1
+    print(
+        f"wrote Minari dataset {args.dataset_id}: {ds.total_episodes} episodes, "
+        f"{ds.total_steps} steps"
+    )
+    return 0
