@@ -1,0 +1,196 @@
+"""The action decoder: a MultiDiscrete policy output -> an allocation plan valid by construction.
+
+Shared by envs/ (training) and the exported policy controller in the tuner, so a trained
+policy's action means the same allocation in both places.
+
+Design (RL.md, "a priority vector decoded into a valid allocation"):
+
+- The action is ``MultiDiscrete([share_levels] * max_groups + [mba_levels] * max_groups)``:
+  one cache *share level* and one MBA level per group slot (slots as in
+  :mod:`models.features`: LC first, then batch, then system, by name).
+- Ways: every present group first gets the minimum (``max(1, min_cbm_bits)`` ways); the
+  remaining ways are split in proportion to the share levels by largest-remainder
+  apportionment (ties to the earlier slot; all levels 0 = an equal split). The counts are
+  packed into contiguous, disjoint masks in slot order (:func:`models.allocation.pack_ways`),
+  so every mask is contiguous, respects ``min_cbm_bits`` and the total ways, and never
+  overlaps another planned group.
+- More groups than minimum-size slices (e.g. 15 groups on 11 ways, or min_cbm_bits 2):
+  no disjoint split exists, so groups share: ranked by share level (ties to the earlier
+  slot, so LC groups first), the ``slices - 1`` highest-ranked groups get a minimum-size
+  slice alone and the rest share the last slice (which also takes the leftover ways).
+  This is the one *repair*, reported in :attr:`DecodedAction.repairs`.
+- MBA: level ``j`` is the fraction ``(j + 1) / mba_levels`` of full bandwidth, mapped to
+  the highest value the kernel accepts at or below it by :func:`models.allocation.mb_level`
+  (so granularity and range hold, including AMD and mba_MBps modes). Without MBA the MBA
+  part is ignored.
+- Absent slots (and the MBA part on a node without MBA) are ignored; :meth:`action_mask`
+  masks them to their first choice for MaskablePPO, so a masked policy never wastes
+  probability on them. Non-zero values there are not errors (an unmasked PPO may send
+  them); they are reported as ignored in ``repairs``.
+
+Why this design: MaskablePPO's masks are per dimension and cannot express "masks
+contiguous and disjoint, total <= ways" (RL.md), whereas a share vector decodes to a valid
+split for any value, lets one step move to any allocation (no +1/-1 crawling), and has a
+fixed size whatever the mix, so one policy serves any number of groups up to max_groups.
+CLOSIDs are not an action concern: the groups exist already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agent.types import AllocationPlan, NodeCapabilities, contiguous_mask
+from models.allocation import mb_level, pack_ways, plan_from
+
+
+@dataclass(frozen=True)
+class DecodedAction:
+    """What an action means on a node.
+
+    Attributes:
+        plan: the allocation plan for the slotted groups (every domain).
+        ways: ways per group (empty without CAT).
+        masks: capacity bitmask per group (empty without CAT).
+        mb: MB value per group (empty without MBA).
+        shared: True when groups had to share slices (more groups than slices).
+        repairs: human-readable notes on anything not taken literally.
+    """
+
+    plan: AllocationPlan
+    ways: dict[str, int] = field(default_factory=dict)
+    masks: dict[str, int] = field(default_factory=dict)
+    mb: dict[str, int] = field(default_factory=dict)
+    shared: bool = False
+    repairs: tuple[str, ...] = ()
+
+
+def apportion(total: int, weights: Sequence[int]) -> list[int]:
+    """Split ``total`` into integers proportional to ``weights`` (largest remainder;
+    ties to the earlier index; all-zero weights split equally)."""
+    n = len(weights)
+    if n == 0:
+        return []
+    w = [max(0, int(x)) for x in weights]
+    s = sum(w)
+    if s == 0:
+        w, s = [1] * n, n
+    quotas = [total * x / s for x in w]
+    base = [int(q) for q in quotas]
+    left = total - sum(base)
+    order = sorted(range(n), key=lambda i: (-(quotas[i] - base[i]), i))
+    for i in order[:left]:
+        base[i] += 1
+    return base
+
+
+@dataclass(frozen=True)
+class ActionDecoder:
+    """Decodes MultiDiscrete share/MBA levels into plans (see the module docstring)."""
+
+    max_groups: int = 8
+    share_levels: int = 8
+    mba_levels: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("max_groups", "share_levels", "mba_levels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+    @property
+    def nvec(self) -> np.ndarray:
+        return np.array(
+            [self.share_levels] * self.max_groups + [self.mba_levels] * self.max_groups,
+            dtype=np.int64,
+        )
+
+    def layout(self) -> dict:
+        return {
+            "kind": "multidiscrete-share-levels",
+            "max_groups": self.max_groups,
+            "share_levels": self.share_levels,
+            "mba_levels": self.mba_levels,
+            "nvec": self.nvec.tolist(),
+        }
+
+    def action_mask(self, n_present: int, caps: NodeCapabilities) -> np.ndarray:
+        """Flat boolean mask over ``sum(nvec)`` choices (sb3-contrib's format): absent
+        slots, and every choice the node cannot act on, fixed to the first choice."""
+        n_present = min(n_present, self.max_groups)
+        share = np.zeros((self.max_groups, self.share_levels), dtype=bool)
+        share[:, 0] = True
+        if caps.l3 is not None:
+            share[:n_present, :] = True
+        mba = np.zeros((self.max_groups, self.mba_levels), dtype=bool)
+        mba[:, 0] = True
+        if caps.mba is not None:
+            mba[:n_present, :] = True
+        return np.concatenate([share.ravel(), mba.ravel()])
+
+    def decode(
+        self, action: Sequence[int] | np.ndarray, slots: Sequence[str], caps: NodeCapabilities
+    ) -> DecodedAction:
+        """The plan for ``slots`` (group names in slot order) on a node with ``caps``."""
+        a = np.asarray(action).reshape(-1)
+        if a.size != 2 * self.max_groups:
+            raise ValueError(
+                f"action has {a.size} values; expected {2 * self.max_groups} "
+                f"(share and MBA level per slot)"
+            )
+        if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a >= self.nvec):
+            raise ValueError(f"action {a.tolist()} outside MultiDiscrete{self.nvec.tolist()}")
+        levels = [int(x) for x in a]
+        slots = list(slots)[: self.max_groups]
+        n = len(slots)
+        share, mba_lv = levels[: self.max_groups], levels[self.max_groups :]
+        repairs: list[str] = []
+        if any(share[n:]) or any(mba_lv[n:]):
+            repairs.append(f"ignored levels of {self.max_groups - n} empty slots")
+        ways: dict[str, int] = {}
+        masks: dict[str, int] = {}
+        shared = False
+        l3 = caps.l3
+        if l3 is not None and n:
+            least = max(1, l3.min_cbm_bits)
+            total = l3.num_ways
+            if n * least <= total:
+                extra = apportion(total - n * least, share[:n])
+                ways = {g: least + e for g, e in zip(slots, extra, strict=True)}
+                masks = pack_ways(ways, caps)
+            else:
+                shared = True
+                masks = self._shared_masks(slots, share[:n], caps, least)
+                ways = {g: m.bit_count() for g, m in masks.items()}
+                repairs.append(
+                    f"{n} groups share {total // least} slices of {least} ways "
+                    f"({total} ways, min_cbm_bits {l3.min_cbm_bits})"
+                )
+        elif l3 is None and n and any(share[:n]):
+            repairs.append("ignored share levels: the node has no cache allocation")
+        mb: dict[str, int] = {}
+        if caps.mba is not None:
+            for g, lv in zip(slots, mba_lv, strict=False):
+                mb[g] = mb_level(caps, (lv + 1) / self.mba_levels)
+        elif n and any(mba_lv[:n]):
+            repairs.append("ignored MBA levels: the node has no MBA")
+        plan = plan_from(masks, mb, caps) if (masks or mb) else AllocationPlan({})
+        return DecodedAction(plan, ways, masks, mb, shared, tuple(repairs))
+
+    @staticmethod
+    def _shared_masks(
+        slots: Sequence[str], share: Sequence[int], caps: NodeCapabilities, least: int
+    ) -> dict[str, int]:
+        l3 = caps.l3
+        total = l3.num_ways
+        slices = total // least
+        low = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1
+        ranked = sorted(range(len(slots)), key=lambda i: (-share[i], i))
+        masks = {}
+        for k, i in enumerate(ranked):
+            s = min(k, slices - 1)
+            width = least + (total - slices * least if s == slices - 1 else 0)
+            masks[slots[i]] = contiguous_mask(width, low + s * least)
+        return masks

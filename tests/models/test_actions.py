@@ -1,0 +1,206 @@
+"""The action decoder: every action is a valid plan, on every preset and random scenario."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent.sim import SimNode, random_scenario
+from agent.types import (
+    Allocation,
+    CacheCapabilities,
+    GroupAllocation,
+    MbaCapabilities,
+    MbaMode,
+    NodeCapabilities,
+    Vendor,
+    is_contiguous,
+)
+from agent.validate import PlanContext, validate_plan
+from models.actions import ActionDecoder, apportion
+from models.features import slot_order
+
+PRESETS = ["gold6130", "e5_2683v4", "e5v3_4clos", "epyc7302p"]
+MAX_GROUPS = 8
+
+
+def test_apportion_sums_and_is_proportional() -> None:
+    assert apportion(10, [1, 1, 3]) == [2, 2, 6]
+    assert apportion(7, [0, 0, 0]) == [3, 2, 2]  # all zero: equal, remainder to earlier
+    assert apportion(5, [0, 1]) == [0, 5]
+    assert apportion(3, [1, 1, 1, 1]) == [1, 1, 1, 0]  # ties go to the earlier slot
+    assert apportion(0, [4, 2]) == [0, 0] and apportion(4, []) == []
+
+
+@given(st.integers(0, 40), st.lists(st.integers(0, 9), min_size=1, max_size=12))
+def test_apportion_properties(total: int, weights: list[int]) -> None:
+    out = apportion(total, weights)
+    assert sum(out) == total and all(x >= 0 for x in out)
+    if sum(weights):
+        quota = [total * w / sum(weights) for w in weights]
+        assert all(abs(o - q) < 1 for o, q in zip(out, quota, strict=True))
+
+
+_NODES: dict[str, SimNode] = {}
+
+
+def _node(preset: str, seed: int) -> SimNode:
+    node = _NODES.get(preset) or _NODES.setdefault(preset, SimNode("default", 0))
+    node.reset(random_scenario(seed, preset, max_lc=3, max_batch=6), seed=seed)
+    return node
+
+
+def _check_plan(decoded, slots, caps, current) -> None:
+    plan = validate_plan(decoded.plan, PlanContext(caps=caps, current=current))
+    assert set(plan.groups) <= set(slots)
+    if caps.l3 is not None and slots:
+        least = max(1, caps.l3.min_cbm_bits)
+        masks = decoded.masks
+        assert set(masks) == set(slots)
+        assert all(is_contiguous(m) and m.bit_count() >= least for m in masks.values())
+        if not decoded.shared:
+            union = 0
+            for m in masks.values():
+                assert not union & m  # disjoint
+                union |= m
+            assert union == caps.l3.cbm_mask  # every way is used
+        else:
+            assert len(slots) * least > caps.l3.num_ways
+    if caps.mba is not None and slots:
+        assert set(decoded.mb) == set(slots)
+        if caps.mba.mode is not MbaMode.MBPS:
+            assert set(decoded.mb.values()) <= set(caps.mba.levels())
+    else:
+        assert not decoded.mb
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    preset=st.sampled_from(PRESETS),
+    seed=st.integers(0, 10_000),
+    data=st.data(),
+)
+def test_every_action_is_a_valid_plan_on_every_preset(preset: str, seed: int, data) -> None:
+    node = _node(preset, seed)
+    caps = node.capabilities()
+    dec = ActionDecoder(MAX_GROUPS, share_levels=8, mba_levels=10)
+    action = data.draw(
+        st.lists(st.integers(0, 7), min_size=MAX_GROUPS, max_size=MAX_GROUPS).flatmap(
+            lambda s: st.lists(st.integers(0, 9), min_size=MAX_GROUPS, max_size=MAX_GROUPS).map(
+                lambda m: s + m
+            )
+        )
+    )
+    slots = slot_order(node.groups(), MAX_GROUPS)
+    decoded = dec.decode(np.array(action), slots, caps)
+    _check_plan(decoded, slots, caps, node.allocation())
+    held = node.apply(decoded.plan)  # the simulated kernel accepts it too
+    for g, m in decoded.masks.items():
+        assert held.get(g, caps.domains[0]).l3_mask == m
+
+
+def _caps(ways: int, min_bits: int, mba: MbaCapabilities | None, sparse=False):
+    return NodeCapabilities(
+        vendor=Vendor.SIMULATED,
+        num_cpus=8,
+        l3=CacheCapabilities(
+            cbm_mask=((1 << ways) - 1) << 4,  # a cbm_mask not starting at bit 0
+            min_cbm_bits=min_bits,
+            num_closids=32,
+            sparse_masks=sparse,
+        ),
+        mba=mba,
+        memory_bandwidth_bps=20e9,
+    )
+
+
+SYNTHETIC = {
+    "shared-min2": _caps(5, 2, MbaCapabilities(10, 10, 100, 32)),
+    "more-groups-than-ways": _caps(4, 1, None),
+    "mbps": _caps(12, 1, MbaCapabilities(1, 1, 4294967295, 32, mode=MbaMode.MBPS)),
+    "amd": _caps(16, 0, MbaCapabilities(0, 1, 2048, 32, mode=MbaMode.AMD), sparse=True),
+    "no-cat": NodeCapabilities(
+        vendor=Vendor.SIMULATED, num_cpus=8, mba=MbaCapabilities(10, 10, 100, 32)
+    ),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(sorted(SYNTHETIC)),
+    n=st.integers(0, 12),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_valid_on_synthetic_nodes_including_sharing(kind: str, n: int, seed: int) -> None:
+    caps = SYNTHETIC[kind]
+    dec = ActionDecoder(max_groups=12, share_levels=5, mba_levels=4)
+    slots = [f"g{i:02d}" for i in range(n)]
+    full = GroupAllocation(
+        l3_mask=caps.l3.cbm_mask if caps.l3 else None,
+        mb=caps.mba.max_bandwidth if caps.mba else None,
+    )
+    current = Allocation({g: {0: full} for g in slots})
+    action = np.random.default_rng(seed).integers(0, dec.nvec)
+    decoded = dec.decode(action, slots, caps)
+    _check_plan(decoded, slots, caps, current)
+    if decoded.shared:
+        assert any("share" in r for r in decoded.repairs)
+
+
+def test_sharing_gives_the_highest_share_levels_a_slice_alone() -> None:
+    caps = SYNTHETIC["shared-min2"]  # 5 ways, min 2 bits: 2 slices, the last 3 ways wide
+    dec = ActionDecoder(max_groups=3, share_levels=4, mba_levels=2)
+    decoded = dec.decode([0, 3, 0, 0, 0, 0], ["a", "b", "c"], caps)
+    assert decoded.shared
+    assert decoded.masks["b"] != decoded.masks["a"] == decoded.masks["c"]
+
+
+def test_share_levels_move_ways_monotonically() -> None:
+    caps = _caps(20, 1, None)
+    dec = ActionDecoder(max_groups=3, share_levels=8, mba_levels=2)
+    ways = [dec.decode([lv, 2, 2, 0, 0, 0], ["a", "b", "c"], caps).ways["a"] for lv in range(8)]
+    assert ways == sorted(ways) and ways[0] == 1 and ways[-1] > ways[1]
+    assert dec.decode([0, 0, 0, 0, 0, 0], ["a", "b", "c"], caps).ways == {"a": 7, "b": 7, "c": 6}
+
+
+def test_mba_levels_map_to_fractions() -> None:
+    caps = SYNTHETIC["shared-min2"]
+    dec = ActionDecoder(max_groups=2, share_levels=2, mba_levels=10)
+    assert dec.decode([0, 0, 0, 9], ["a", "b"], caps).mb == {"a": 10, "b": 100}
+    dec4 = ActionDecoder(max_groups=1, share_levels=2, mba_levels=4)
+    assert [dec4.decode([0, j], ["a"], caps).mb["a"] for j in range(4)] == [20, 50, 70, 100]
+
+
+def test_ignored_parts_are_reported() -> None:
+    caps = SYNTHETIC["more-groups-than-ways"]  # no MBA
+    dec = ActionDecoder(max_groups=3, share_levels=2, mba_levels=3)
+    repairs = dec.decode([1, 0, 1, 2, 0, 0], ["a"], caps).repairs
+    assert any("empty slots" in r for r in repairs)
+    assert any("no MBA" in r for r in repairs)
+    assert dec.decode([1, 0, 0, 0, 0, 0], ["a"], caps).repairs == ()
+
+
+def test_action_mask_fixes_absent_slots_and_missing_resources() -> None:
+    dec = ActionDecoder(max_groups=3, share_levels=4, mba_levels=2)
+    mask = dec.action_mask(2, SYNTHETIC["more-groups-than-ways"])  # CAT, no MBA
+    share, mba = mask[:12].reshape(3, 4), mask[12:].reshape(3, 2)
+    assert share[:2].all() and share[2].tolist() == [True, False, False, False]
+    assert mba.tolist() == [[True, False]] * 3
+    assert mask.size == dec.nvec.sum()
+
+
+@pytest.mark.parametrize(
+    "action, match",
+    [([0, 0, 0], "expected 4"), ([0, 0, 0, 5], "outside"), ([-1, 0, 0, 0], "outside")],
+)
+def test_bad_actions_are_rejected_with_a_reason(action, match) -> None:
+    dec = ActionDecoder(max_groups=2, share_levels=3, mba_levels=3)
+    with pytest.raises(ValueError, match=match):
+        dec.decode(action, ["a"], SYNTHETIC["amd"])
+
+
+def test_bad_decoder_sizes_are_rejected() -> None:
+    with pytest.raises(ValueError, match="share_levels"):
+        ActionDecoder(4, 0, 3)
