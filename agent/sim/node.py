@@ -9,7 +9,9 @@ requests); see shared/design/SIMULATOR.md and docs/SIMULATOR.md.
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -142,6 +144,17 @@ def solo_reference(preset: MachinePreset, spec: WorkloadSpec, threads: int) -> t
     return _SOLO_CACHE[key]
 
 
+def _locked(method):
+    """Run a public method under the node's lock."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 def _percentiles(x: np.ndarray) -> np.ndarray:
     """np.percentile(x, (50, 95, 99, 99.9)) (linear method)."""
     y = np.sort(x)
@@ -177,6 +190,8 @@ class SimNode:
         self._catalog = catalog or default_catalog()
         self._seed = int(seed)
         self._closed = False
+        # One caller at a time (the gRPC agent serves a node from a thread pool).
+        self._lock = threading.RLock()
         self.reset(scenario, seed)
 
     # ================================================================== Clock
@@ -184,6 +199,7 @@ class SimNode:
     def now(self) -> float:
         return self._t
 
+    @_locked
     def reset(self, scenario: object | None = None, seed: int | None = None) -> None:
         if scenario is not None:
             if not isinstance(scenario, str | Scenario):
@@ -266,11 +282,14 @@ class SimNode:
         if not (dt >= 0 and math.isfinite(dt)):
             raise ValueError(f"advance needs a finite dt >= 0, got {dt}")
         step = self.interval_s
-        remaining = float(dt)
-        while remaining > 1e-12:
-            h = step if remaining > step * (1 + 1e-9) else remaining
-            self._step(h)
-            remaining -= h
+        with self._lock:
+            # Whole steps, then the remainder (counted, so long advances do not drift).
+            full = int(dt / step + 1e-9)
+            for _ in range(full):
+                self._step(step)
+            rest = dt - full * step
+            if rest > 1e-9 * step:
+                self._step(rest)
 
     # ================================================================== Node
 
@@ -280,6 +299,7 @@ class SimNode:
     def groups(self) -> Mapping[str, GroupSpec]:
         return MappingProxyType(dict(self._groups))
 
+    @_locked
     def create_group(self, spec: GroupSpec) -> None:
         if not isinstance(spec, GroupSpec):
             raise TypeError(f"expected a GroupSpec, got {type(spec).__name__}")
@@ -308,6 +328,7 @@ class SimNode:
         self._dirty = True
         self._topo = None
 
+    @_locked
     def delete_group(self, name: str) -> None:
         if name not in self._groups:
             raise GroupNotFound(name)
@@ -321,6 +342,7 @@ class SimNode:
         self._dirty = True
         self._topo = None
 
+    @_locked
     def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
         if group not in self._groups:
             raise GroupNotFound(group)
@@ -352,6 +374,7 @@ class SimNode:
             raise GroupNotFound(group)
         return frozenset(p for p, g in self._task_group.items() if g == group)
 
+    @_locked
     def apply(self, plan: AllocationPlan, *, dry_run: bool = False) -> Allocation:
         normalized = validate_plan(plan, self._plan_context())
         new = self._overlay(normalized)
@@ -367,6 +390,7 @@ class SimNode:
     def allocation(self) -> Allocation:
         return self._as_allocation(self._alloc)
 
+    @_locked
     def observe(self) -> Snapshot:
         self._flush()
         interval = self._t - self._last_obs
@@ -460,6 +484,7 @@ class SimNode:
         """Bytes each workload instance holds in each way now (a copy)."""
         return {w.name: self._occ[i].copy() for i, w in enumerate(self._instances)}
 
+    @_locked
     def steady_state(
         self,
         plan_or_allocation: AllocationPlan | Allocation | None = None,

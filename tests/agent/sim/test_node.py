@@ -481,3 +481,45 @@ def test_unknown_names_are_clear_errors() -> None:
         Scenario("x", "no_such_machine", ())
     with pytest.raises(ValueError, match="interval_s"):
         SimNode(interval_s=0)
+
+
+def test_long_advances_do_not_drift() -> None:
+    node = SimNode()
+    for _ in range(10):
+        node.advance(10.0)
+    assert node.now() == pytest.approx(100.0, abs=1e-9)
+    node.advance(0.05)
+    assert node.now() == pytest.approx(100.05, abs=1e-9)
+    with pytest.raises(ValueError, match="finite dt"):
+        node.advance(-1.0)
+
+
+def test_concurrent_callers_are_serialised() -> None:
+    import threading
+
+    node = SimNode(seed=1)
+    errors: list[BaseException] = []
+
+    def worker(fn) -> None:
+        try:
+            for _ in range(50):
+                fn()
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [
+        threading.Thread(target=worker, args=(lambda: node.advance(0.1),)),
+        threading.Thread(target=worker, args=(node.observe,)),
+        threading.Thread(
+            target=worker,
+            args=(
+                lambda: node.apply(AllocationPlan.uniform({"ocean_cp": GroupAllocation(mb=50)})),
+            ),
+        ),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert node.now() == pytest.approx(5.0)
