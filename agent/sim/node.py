@@ -269,6 +269,8 @@ class SimNode:
         self._phased = [i for i, s in enumerate(self._specs) if s.phases]
         self._period = {i: sum(p.duration_s for p in self._specs[i].phases) for i in self._phased}
         self._sol: Solution | None = None
+        self._mask_rows: dict[int, np.ndarray] = {}
+        self._delays: dict[int, float] = {}
         self._dirty = True
         self._topo = None
         if self.auto_groups:
@@ -384,7 +386,6 @@ class SimNode:
             self._flush()
             self._alloc = new
             self._dirty = True
-            self._topo = None
         return self.allocation()
 
     def allocation(self) -> Allocation:
@@ -680,13 +681,18 @@ class SimNode:
             mask = preset.cbm_mask if a is None or a.l3_mask is None else a.l3_mask
             if a is not None and a.l3_code_mask is not None:
                 mask |= a.l3_code_mask
-            bits = [(mask >> j) & 1 for j in range(W)]
-            masks[i] = bits
-            nways[i] = max(1, sum(bits))
+            row = self._mask_rows.get(mask)
+            if row is None:
+                row = self._mask_rows[mask] = np.array([(mask >> j) & 1 for j in range(W)], float)
+            masks[i] = row
+            nways[i] = max(1.0, row.sum())
             if mba is not None:
                 mb = mba.max_bandwidth if a is None or a.mb is None else a.mb
                 if mba.mode is MbaMode.PERCENT:
-                    delay[i] = preset.mba_delay(int(mb))
+                    d = self._delays.get(mb)
+                    if d is None:
+                        d = self._delays[mb] = preset.mba_delay(int(mb))
+                    delay[i] = d
                 elif mba.mode is MbaMode.AMD and mb < mba.max_bandwidth:
                     cap[i] = amd_cap_bps(mb) / members[g]
                 elif mba.mode is MbaMode.MBPS:

@@ -7,6 +7,9 @@ One step = ``advance(interval_s)`` + ``observe()`` at the default control interv
 * ``4 groups, varying load``: the same mix with a diurnal LC load, so the operating point
   moves every step (no settled-state shortcut: the full CPI/bandwidth fixed point and
   occupancy update run each step);
+* ``4 groups, new allocation every step``: the default mix with ``apply`` of one of two
+  alternating plans (every group's mask and MB change) before each step, as an RL policy
+  acting every interval would;
 * ``16 groups``: the ``sixteen_groups`` workloads (3 LC + 13 batch) on an E5-2683 v4
   preset widened to 32 CLOSIDs so that every workload has its own group (the real part
   has 16 CLOSIDs, i.e. 15 own groups).
@@ -44,6 +47,19 @@ def _node(kind: str):
     return node
 
 
+def _plans(node):
+    from agent.types import AllocationPlan, GroupAllocation
+
+    out = []
+    for shift in (0, 1):
+        per = {}
+        for i, name in enumerate(node.groups()):
+            ways = 1 + (i + shift) % 4
+            per[name] = GroupAllocation(l3_mask=(1 << ways) - 1, mb=10 * (1 + (i + shift) % 10))
+        out.append(AllocationPlan.uniform(per))
+    return out
+
+
 def run(quick: bool) -> list[Result]:
     steps = 500 if quick else 3000
     runs = 3 if quick else 7
@@ -51,15 +67,19 @@ def run(quick: bool) -> list[Result]:
     for kind, label, target in (
         ("4", "sim step, 4 groups (advance 0.1 s + observe)", ">= 5000 steps/s"),
         ("4v", "sim step, 4 groups, varying load", ""),
+        ("4a", "sim step, 4 groups, apply + advance + observe", ""),
         ("16", "sim step, 16 groups", ""),
     ):
-        node = _node(kind)
+        node = _node("4" if kind == "4a" else kind)
         node.advance(1.0)  # warm up: the operating point settles as it would in training
         node.observe()
+        plans = _plans(node) if kind == "4a" else None
 
-        def work(node=node) -> int:
+        def work(node=node, plans=plans) -> int:
             dt = node.interval_s
-            for _ in range(steps):
+            for i in range(steps):
+                if plans is not None:
+                    node.apply(plans[i % 2])
                 node.advance(dt)
                 node.observe()
             return steps
