@@ -142,6 +142,7 @@ class MachinePreset:
 
 def _machine(name: str, e: Mapping) -> MachinePreset:
     where = f"machine {name!r}"
+    _check_keys(e, _MACHINE_KEYS, where)
     mba = e.get("mba")
     kw = {}
     if mba:
@@ -247,8 +248,52 @@ class WorkloadSpec:
         return self.mrc_floor + (self.mrc_ceil - self.mrc_floor) * total
 
 
+_WORKLOAD_KEYS = {
+    "source",
+    "kind",
+    "threads",
+    "cpi_base",
+    "apki",
+    "mlp",
+    "writeback",
+    "footprint_mb",
+    "mrc",
+    "phases",
+    "lc",
+    "note",
+}
+_MACHINE_KEYS = {
+    "description",
+    "source",
+    "vendor",
+    "cores",
+    "freq_ghz",
+    "llc_mb",
+    "ways",
+    "min_cbm_bits",
+    "l3_closids",
+    "rmids",
+    "mba",
+    "mba_delay_ns",
+    "mba_effective",
+    "peak_bw_gbps",
+    "mem_latency_ns",
+    "queueing_beta",
+    "assoc_a0",
+    "mba_hit_share",
+    "sparse_masks",
+}
+
+
+def _check_keys(e: Mapping, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(map(str, e)) - allowed)
+    if unknown:
+        raise CatalogError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+
+
 def _workload(name: str, e: Mapping) -> WorkloadSpec:
     where = f"workload {name!r}"
+    _check_keys(e, _WORKLOAD_KEYS, where)
     kind = str(e.get("kind", "batch"))
     if kind not in ("batch", "lc"):
         raise CatalogError(f"{where}: kind must be 'batch' or 'lc', got {kind!r}")
@@ -363,10 +408,16 @@ def _merge_file(path: Path, machines: dict, workloads: dict, scenarios: dict) ->
                 f"{path}: needs a top-level 'machines', 'workloads' or 'scenarios' key"
             )
         sections = {stem: data}
-    for name, e in (sections.get("machines") or {}).items():
-        machines[str(name)] = _machine(str(name), e or {})
-    for name, e in (sections.get("workloads") or {}).items():
-        workloads[str(name)] = _workload(str(name), e or {})
+    for kind, parse, into in (("machine", _machine, machines), ("workload", _workload, workloads)):
+        for name, e in (sections.get(kind + "s") or {}).items():
+            if not isinstance(e, Mapping):
+                raise CatalogError(f"{path}: {kind} {name!r} must be a mapping")
+            try:
+                into[str(name)] = parse(str(name), e)
+            except CatalogError as err:
+                raise CatalogError(f"{path}: {err}") from None
+            except (TypeError, ValueError, KeyError, AttributeError) as err:
+                raise CatalogError(f"{path}: {kind} {name!r}: malformed entry ({err})") from None
     for name, e in (sections.get("scenarios") or {}).items():
         if not isinstance(e, Mapping):
             raise CatalogError(f"{path}: scenario {name!r} must be a mapping")

@@ -151,6 +151,30 @@ def read_trace(path: str | Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(times), tuple(rates)
 
 
+_LOAD_KEYS = {
+    "kind",
+    "rps",
+    "utilization",
+    "steps",
+    "amplitude",
+    "period_s",
+    "phase",
+    "burst_factor",
+    "burst_s",
+    "gap_s",
+    "file",
+    "loop",
+}
+_INSTANCE_KEYS = {"workload", "name", "threads", "group", "load", "start_s", "end_s", "slo_ms"}
+_SCENARIO_KEYS = {"machine", "workloads", "description", "duration_s"}
+
+
+def _check_keys(e: Mapping, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(map(str, e)) - allowed)
+    if unknown:
+        raise CatalogError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+
+
 def parse_load(e: Mapping | float | int | None, base_dir: Path | None = None) -> LoadProfile:
     if e is None:
         return LoadProfile("constant", 0.3, "utilization")
@@ -158,11 +182,17 @@ def parse_load(e: Mapping | float | int | None, base_dir: Path | None = None) ->
         return LoadProfile("constant", float(e), "rps")
     if not isinstance(e, Mapping):
         raise CatalogError(f"load must be a mapping, got {e!r}")
+    _check_keys(e, _LOAD_KEYS, "load")
+    if "utilization" in e and "rps" in e:
+        raise CatalogError("load: give either 'rps' or 'utilization', not both")
     kind = str(e.get("kind", "constant"))
-    if "utilization" in e:
-        level, unit = float(e["utilization"]), "utilization"
-    else:
-        level, unit = float(e.get("rps", 0.0)), "rps"
+    try:
+        if "utilization" in e:
+            level, unit = float(e["utilization"]), "utilization"
+        else:
+            level, unit = float(e.get("rps", 0.0)), "rps"
+    except (TypeError, ValueError):
+        raise CatalogError(f"load level must be a number, got {dict(e)!r}") from None
     kw: dict = {}
     if kind == "step":
         kw["steps"] = tuple((float(t), float(v)) for t, v in (e.get("steps") or []))
@@ -259,6 +289,7 @@ def parse_scenario(
     where = f"scenario {name!r}"
     if "machine" not in e or "workloads" not in e:
         raise CatalogError(f"{where}: needs 'machine' and 'workloads'")
+    _check_keys(e, _SCENARIO_KEYS, where)
     instances = []
     seen: dict[str, int] = {}
     for i, w in enumerate(e["workloads"] or []):
@@ -266,6 +297,7 @@ def parse_scenario(
             w = {"workload": w}
         if not isinstance(w, Mapping) or "workload" not in w:
             raise CatalogError(f"{where}: workload #{i} needs a 'workload' name")
+        _check_keys(w, _INSTANCE_KEYS, f"{where}, workload #{i}")
         wl = str(w["workload"])
         inst = str(w.get("name") or wl)
         if inst in seen:

@@ -472,6 +472,39 @@ def test_bad_workload_entries_are_rejected(tmp_path, entry: str, match: str) -> 
         load_catalog([extra])
 
 
+@pytest.mark.parametrize(
+    ("workloads", "match"),
+    [
+        ("  - {workload: masstree, load: {utilisation: 0.5}}\n", "unknown field"),
+        ("  - {workload: masstree, load: {rps: 5, utilization: 0.5}}\n", "not both"),
+        ("  - {workload: masstree, load: {rps: lots}}\n", "must be a number"),
+        ("  - {workload: CG, thread: 2}\n", "unknown field"),
+        ("  - {name: x}\n", "needs a 'workload'"),
+    ],
+)
+def test_bad_scenario_files_are_clear_errors(tmp_path, workloads: str, match: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("machine: gold6130\nworkloads:\n" + workloads)
+    with pytest.raises(CatalogError, match=match):
+        get_scenario(str(f))
+
+
+def test_malformed_catalog_entries_are_clear_errors(tmp_path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("machines:\n  m: [1, 2]\n")
+    with pytest.raises(CatalogError, match="must be a mapping"):
+        load_catalog([f])
+    f.write_text(
+        "workloads:\n  w: {source: x, threads: 1, cpi_base: 1, apki: 1, mlp: 1,"
+        " footprint_mb: 1, mrc: {floor: 0.1, knees: [[1.0]]}}\n"
+    )
+    with pytest.raises(CatalogError, match="malformed"):
+        load_catalog([f])
+    f.write_text("workloads:\n  w: {source: x, threads: 1, cpu_base: 1}\n")
+    with pytest.raises(CatalogError, match="unknown field"):
+        load_catalog([f])
+
+
 def test_unknown_names_are_clear_errors() -> None:
     with pytest.raises(CatalogError, match="unknown scenario"):
         get_scenario("no_such_scenario")
