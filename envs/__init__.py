@@ -1,1 +1,28 @@
-"""Gymnasium environments over any Node: rewards, wrappers (registered on import)."""
+"""Gymnasium environments over any Node: partitioning LLC ways and memory bandwidth.
+
+Importing ``envs`` registers (issue 5; shared/design/RL.md):
+
+- ``rdtune/Partition-v0``: an in-process SimNode, a scenario per episode
+  (:class:`envs.partition.PartitionEnv`).
+- ``rdtune/RemotePartition-v0``: any Node, by default a RemoteNode at an agent's address
+  (:class:`envs.partition.NodePartitionEnv`).
+
+``gymnasium.make("envs:rdtune/Partition-v0", ...)`` imports this package first. Features
+and actions come from models/ (shared with the tuner), rewards from :mod:`envs.reward`,
+scenario families from :mod:`envs.scenarios`, vectorisation helpers from
+:mod:`envs.vector` and the transition recorder from :mod:`envs.recording`.
+"""
+
+import gymnasium
+
+PARTITION_ID = "rdtune/Partition-v0"
+REMOTE_PARTITION_ID = "rdtune/RemotePartition-v0"
+
+for _id, _entry in (
+    (PARTITION_ID, "envs.partition:PartitionEnv"),
+    (REMOTE_PARTITION_ID, "envs.partition:NodePartitionEnv"),
+):
+    if _id not in gymnasium.registry:
+        gymnasium.register(id=_id, entry_point=_entry)
+
+__all__ = ["PARTITION_ID", "REMOTE_PARTITION_ID"]

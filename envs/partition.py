@@ -1,0 +1,469 @@
+"""Partitioning as an RL problem: ``rdtune/Partition-v0`` and ``rdtune/RemotePartition-v0``.
+
+One step is one control interval, as in the tuner: decode the action into a plan
+(:mod:`models.actions`), apply it, let ``interval_s`` pass, observe, encode
+(:mod:`models.features`) and reward (:mod:`envs.reward`). Episodes end by truncation after
+``episode_steps`` intervals (partitioning has no terminal state).
+
+- :class:`PartitionEnv` (Partition-v0): an in-process SimNode; each reset draws a scenario
+  from a :class:`envs.scenarios.ScenarioFamily` (train/test disjoint) and a simulator seed
+  from ``self.np_random``, so trajectories are reproducible per seed. Slowdowns use the
+  simulator's ground truth (solo IPS at full resources) unless ``reference="running_max"``.
+- :class:`NodePartitionEnv` (RemotePartition-v0): any Node, by default a RemoteNode at
+  ``address``. When the node has a simulated clock (``agent.node.as_clock``) and
+  ``use_clock`` is on, reset rewinds it (``Clock.reset``: the agent's scenario, a seed
+  from ``self.np_random``) and steps advance it; otherwise steps take wall-clock time and
+  reset re-applies the baseline allocation instead of rewinding. Slowdowns use the running
+  max of observed IPS (all a real node offers).
+
+Both start each episode from a baseline allocation (``equal``: CoPart's EQ, or ``full``:
+unpartitioned) and render ``ansi`` text: per group its ways as a bar, MB value, IPC, tail
+latency / SLO and slowdown.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from agent.node import Node, as_clock
+from agent.types import Allocation, GroupKind, NodeCapabilities, Snapshot
+from envs.reward import (
+    RewardTerms,
+    RewardWeights,
+    RunningMaxReference,
+    compute_reward,
+    observed_ips,
+    solo_reference_ips,
+)
+from envs.scenarios import ScenarioFamily
+from models.actions import ActionDecoder, DecodedAction
+from models.basic import EqualPartition, Unpartitioned
+from models.controller import context
+from models.features import ENCODER_VERSION, FeatureEncoder, tail_ratio
+
+BASELINES = ("equal", "full")
+REFERENCES = ("truth", "running_max")
+
+
+def _positive(name: str, value: float) -> float:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+class _PartitionEnv(gym.Env):
+    """The shared step/reset/render logic over ``self.node`` (subclasses provide it)."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(
+        self,
+        *,
+        max_groups: int = 8,
+        share_levels: int = 8,
+        mba_levels: int = 10,
+        interval_s: float = 1.0,
+        episode_steps: int = 64,
+        reward_weights: RewardWeights | Mapping[str, float] | None = None,
+        baseline: str = "equal",
+        seed: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__()
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        if not isinstance(episode_steps, int) or episode_steps < 1:
+            raise ValueError(f"episode_steps must be a positive integer, got {episode_steps!r}")
+        self.render_mode = render_mode
+        self.encoder = FeatureEncoder(max_groups)
+        self.decoder = ActionDecoder(max_groups, share_levels, mba_levels)
+        self.interval_s = _positive("interval_s", interval_s)
+        self.episode_steps = episode_steps
+        self.weights = RewardWeights.of(reward_weights)
+        self.baseline = baseline
+        self._init_seed = seed
+        self.observation_space = spaces.Box(self.encoder.low, self.encoder.high, dtype=np.float32)
+        self.action_space = spaces.MultiDiscrete(self.decoder.nvec)
+        self.node: Node | None = None
+        self._caps: NodeCapabilities | None = None
+        self._groups: dict = {}
+        self._slots: list[str] = []
+        self._alloc: Allocation | None = None
+        self._snap: Snapshot | None = None
+        self._terms: RewardTerms | None = None
+        self._decoded: DecodedAction | None = None
+        self._steps = 0
+        self._scenario_name = ""
+        self._last_observe = 0.0
+
+    # ------------------------------------------------------------------ hooks
+
+    def _begin_episode(self, options: dict) -> None:
+        """Prepare ``self.node`` for a new episode (rewind or not)."""
+        raise NotImplementedError
+
+    def _wait(self) -> None:
+        """Let one interval pass."""
+        raise NotImplementedError
+
+    def _reference(self, ips: Mapping[str, float]) -> Mapping[str, float]:
+        raise NotImplementedError
+
+    def _refresh_groups(self) -> None:
+        """Called every step; a node whose groups may change re-reads them."""
+
+    # ------------------------------------------------------------------ gym API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if seed is None and self._init_seed is not None:
+            seed, self._init_seed = self._init_seed, None
+        super().reset(seed=seed)
+        options = dict(options or {})
+        baseline = options.pop("baseline", self.baseline)
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        self._begin_episode(options)
+        node = self.node
+        self._caps = node.capabilities()
+        self._set_groups(dict(node.groups()))
+        ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
+        decision = ctrl.start(context(node))
+        self._alloc = node.apply(decision.plan) if decision.plan is not None else None
+        if self._alloc is None:
+            self._alloc = node.allocation()
+        self._observe()  # start the first interval
+        self._wait()
+        self._snap = self._observe()
+        self._reference(observed_ips(self._snap))
+        self._steps = 0
+        self._terms = None
+        self._decoded = None
+        obs = self._encode()
+        info = {
+            "scenario": self._scenario_name,
+            "slots": list(self._slots),
+            "encoder_version": ENCODER_VERSION,
+            "action_mask": self.action_masks(),
+        }
+        return obs, info
+
+    def step(self, action):
+        if self.node is None or self._alloc is None:
+            raise RuntimeError("call reset() before step()")
+        self._refresh_groups()
+        decoded = self.decoder.decode(action, self._slots, self._caps)
+        before = self._alloc
+        after = self.node.apply(decoded.plan) if decoded.plan.groups else before
+        self._wait()
+        snap = self._observe()
+        ips = observed_ips(snap)
+        terms = compute_reward(
+            snap,
+            self._groups,
+            self._reference(ips),
+            self._caps,
+            before,
+            after,
+            self.weights,
+            ips,
+        )
+        self._alloc, self._snap, self._terms, self._decoded = after, snap, terms, decoded
+        self._steps += 1
+        obs = self._encode()
+        info = {
+            "reward_terms": terms.as_dict(),
+            "repairs": decoded.repairs,
+            "shared": decoded.shared,
+            "ways": decoded.ways,
+            "masks": decoded.masks,
+            "mb": decoded.mb,
+            "slots": self._slots,
+            "scenario": self._scenario_name,
+            "time_s": snap.timestamp,
+        }
+        return obs, float(terms.total), False, self._steps >= self.episode_steps, info
+
+    def action_masks(self) -> np.ndarray:
+        """Per-dimension masks (sb3-contrib's MaskablePPO; absent slots fixed to choice 0)."""
+        if self._caps is None:
+            return np.ones(int(self.decoder.nvec.sum()), dtype=bool)
+        return self.decoder.action_mask(len(self._slots), self._caps)
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return self.render_text()
+
+    def render_text(self) -> str:
+        """Per group: ways bar (bit 0 left), MB, IPC, tail latency / SLO, slowdown."""
+        if self._caps is None or self._snap is None:
+            return "(not reset)\n"
+        caps, snap, alloc = self._caps, self._snap, self._alloc
+        domain = caps.domains[0]
+        ways = caps.l3.num_ways if caps.l3 is not None else 0
+        ref = self._reference({})
+        ips = observed_ips(snap)
+        lines = [
+            f"{self._scenario_name} t={snap.timestamp:.1f}s step {self._steps}"
+            f"/{self.episode_steps} [{caps.description}]"
+        ]
+        for name in self._slots:
+            spec = self._groups[name]
+            a = alloc.get(name, domain) if alloc is not None else None
+            mask = (a.l3_mask or 0) if a is not None else 0
+            bar = "".join("#" if mask >> i & 1 else "." for i in range(ways)) or "-"
+            mb = "-" if a is None or a.mb is None else str(a.mb)
+            s = snap.groups.get(name)
+            ipc = f"{s.ipc:.2f}" if s is not None and s.ipc is not None else "-"
+            extra = ""
+            if spec.kind is GroupKind.LC:
+                r = tail_ratio(spec, s)
+                extra = f"p{spec.slo.percentile:g}/SLO={r:.2f}" if r is not None else "p/SLO=-"
+                if r is not None and r > 1:
+                    extra += " VIOLATED"
+            elif ref.get(name) and ips.get(name):
+                extra = f"slowdown={ref[name] / ips[name]:.2f}"
+            lines.append(
+                f"  {name[:16]:<16} {spec.kind.value:<5} [{bar}] MB={mb:>4} IPC={ipc:>5} {extra}"
+            )
+        if self._terms is not None:
+            t = self._terms
+            lines.append(
+                f"  reward={t.total:+.3f} (slo {t.slo:+.2f}, fairness {t.fairness:+.2f}, "
+                f"throughput {t.throughput:+.2f}, change {t.change:+.2f})"
+            )
+        if self._decoded is not None and self._decoded.repairs:
+            lines.append("  repairs: " + "; ".join(self._decoded.repairs))
+        return "\n".join(lines) + "\n"
+
+    # ------------------------------------------------------------------ read-only views
+
+    @property
+    def last_snapshot(self) -> Snapshot | None:
+        """The snapshot the latest observation was encoded from."""
+        return self._snap
+
+    @property
+    def held_allocation(self) -> Allocation | None:
+        """What the node holds now (applied by the latest step or reset)."""
+        return self._alloc
+
+    @property
+    def group_specs(self) -> dict:
+        return dict(self._groups)
+
+    @property
+    def capabilities(self) -> NodeCapabilities | None:
+        return self._caps
+
+    @property
+    def slots(self) -> list[str]:
+        return list(self._slots)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _observe(self) -> Snapshot:
+        snap = self.node.observe()
+        self._last_observe = time.monotonic()
+        return snap
+
+    def _set_groups(self, groups: dict) -> None:
+        self._groups = groups
+        self._slots = self.encoder.slots(groups)
+
+    def _encode(self) -> np.ndarray:
+        return self.encoder.encode(self._snap, self._alloc, self._groups, self._caps, self._slots)
+
+
+class PartitionEnv(_PartitionEnv):
+    """``rdtune/Partition-v0``: an in-process SimNode, one scenario per episode.
+
+    Args (all keyword, through ``gymnasium.make``):
+        scenarios: ``"random"`` (generator), ``"named"`` (the library) or a list of names.
+        split: ``train`` (default), ``test`` or ``all`` (see :mod:`envs.scenarios`).
+        preset: machine preset for every scenario (None: each scenario's own).
+        max_groups, share_levels, mba_levels: observation and action sizes.
+        interval_s: simulated seconds per step; sim_step_s: the simulator's step.
+        episode_steps: steps per episode (truncation).
+        reward_weights: :class:`envs.reward.RewardWeights` or a mapping of its fields.
+        reference: ``truth`` (simulator solo IPS) or ``running_max`` (observed).
+        baseline: ``equal`` or ``full`` allocation at reset.
+        noise: the simulator's counter noise.
+        seed: seed of the first reset when ``reset`` gets none.
+    """
+
+    def __init__(
+        self,
+        *,
+        scenarios: str | Sequence[str] = "random",
+        split: str = "train",
+        preset: str | None = None,
+        max_groups: int = 8,
+        share_levels: int = 8,
+        mba_levels: int = 10,
+        interval_s: float = 1.0,
+        sim_step_s: float = 0.1,
+        episode_steps: int = 64,
+        reward_weights: RewardWeights | Mapping[str, float] | None = None,
+        reference: str = "truth",
+        baseline: str = "equal",
+        noise: bool = True,
+        seed: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(
+            max_groups=max_groups,
+            share_levels=share_levels,
+            mba_levels=mba_levels,
+            interval_s=interval_s,
+            episode_steps=episode_steps,
+            reward_weights=reward_weights,
+            baseline=baseline,
+            seed=seed,
+            render_mode=render_mode,
+        )
+        if reference not in REFERENCES:
+            raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
+        self.family = ScenarioFamily(scenarios, split, preset, max_groups)
+        self.reference = reference
+        self.sim_step_s = _positive("sim_step_s", sim_step_s)
+        self.noise = bool(noise)
+        self._running = RunningMaxReference()
+        self._truth: dict[str, float] = {}
+
+    def _begin_episode(self, options: dict) -> None:
+        from agent.sim import SimNode
+
+        scn = options.pop("scenario", None)
+        if options:
+            raise ValueError(f"unknown reset options {sorted(options)}; have baseline, scenario")
+        scenario = self.family.draw(self.np_random) if scn is None else scn
+        sim_seed = int(self.np_random.integers(2**31 - 1))
+        if self.node is None:
+            self.node = SimNode(scenario, sim_seed, interval_s=self.sim_step_s, noise=self.noise)
+        else:
+            self.node.reset(scenario, seed=sim_seed)
+        self._scenario_name = self.node.scenario.name
+        self._running.reset()
+        self._truth = solo_reference_ips(self.node) if self.reference == "truth" else {}
+
+    def _wait(self) -> None:
+        self.node.advance(self.interval_s)
+
+    def _reference(self, ips: Mapping[str, float]) -> Mapping[str, float]:
+        if self.reference == "truth":
+            return self._truth
+        return self._running.update(ips)
+
+    def close(self) -> None:
+        if self.node is not None:
+            self.node.close()
+        super().close()
+
+
+class NodePartitionEnv(_PartitionEnv):
+    """``rdtune/RemotePartition-v0``: the same problem over any Node (a RemoteNode by default).
+
+    Args (keyword):
+        address: the agent's address (``host:port`` or ``unix:/path``), or
+        node: a Node object to use instead (the env does not close it).
+        token, tls, timeout: RemoteNode connection settings.
+        scenario: for a simulated node: the scenario to reset to (None keeps the agent's).
+        use_clock: rewind and advance a simulated node's clock (else wall-clock steps).
+        reference: ``running_max`` (default) — the only one a real node supports.
+        others as in :class:`PartitionEnv`.
+    """
+
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        node: Node | None = None,
+        token: str | None = None,
+        tls: Any = None,
+        timeout: float = 10.0,
+        scenario: str | None = None,
+        use_clock: bool = True,
+        max_groups: int = 8,
+        share_levels: int = 8,
+        mba_levels: int = 10,
+        interval_s: float = 1.0,
+        episode_steps: int = 64,
+        reward_weights: RewardWeights | Mapping[str, float] | None = None,
+        reference: str = "running_max",
+        baseline: str = "equal",
+        seed: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(
+            max_groups=max_groups,
+            share_levels=share_levels,
+            mba_levels=mba_levels,
+            interval_s=interval_s,
+            episode_steps=episode_steps,
+            reward_weights=reward_weights,
+            baseline=baseline,
+            seed=seed,
+            render_mode=render_mode,
+        )
+        if (address is None) == (node is None):
+            raise ValueError("give exactly one of address (an agent) or node (a Node object)")
+        if reference != "running_max":
+            raise ValueError(
+                "RemotePartition-v0 supports reference='running_max' only (a remote node "
+                "has no ground truth)"
+            )
+        if node is None:
+            from agent.client import RemoteNode
+
+            node = RemoteNode(address, token=token, tls=tls, timeout=timeout)
+            self._owns_node = True
+        else:
+            self._owns_node = False
+        self.node = node
+        self.address = address
+        self.scenario = scenario
+        self.use_clock = bool(use_clock)
+        self._clock = None
+        self._running = RunningMaxReference()
+
+    def _begin_episode(self, options: dict) -> None:
+        if options:
+            raise ValueError(f"unknown reset options {sorted(options)}; have baseline")
+        self._clock = as_clock(self.node) if self.use_clock else None
+        if self._clock is not None:
+            self._clock.reset(self.scenario, seed=int(self.np_random.integers(2**31 - 1)))
+        self._scenario_name = self.scenario or (self.address or type(self.node).__name__)
+        self._running.reset()
+
+    def _wait(self) -> None:
+        if self._clock is not None:
+            self._clock.advance(self.interval_s)
+            return
+        # Wall clock: the interval runs from the previous observe, so time spent deciding
+        # and applying counts towards it.
+        left = self._last_observe + self.interval_s - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+
+    def _refresh_groups(self) -> None:
+        groups = dict(self.node.groups())
+        if groups != self._groups:
+            self._set_groups(groups)
+
+    def _reference(self, ips: Mapping[str, float]) -> Mapping[str, float]:
+        return self._running.update(ips)
+
+    def close(self) -> None:
+        if self._owns_node and self.node is not None:
+            self.node.close()
+        super().close()

@@ -1,0 +1,201 @@
+"""Partition-v0: the checkers, seeding, configuration, scenario families and rendering."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import envs
+from agent.sim import random_scenario
+from agent.validate import PlanContext, validate_plan
+from envs.partition import NodePartitionEnv, PartitionEnv
+from envs.scenarios import ScenarioFamily, spec_key, split_of
+
+
+def test_ids_are_registered_on_import() -> None:
+    assert envs.PARTITION_ID in gym.registry and envs.REMOTE_PARTITION_ID in gym.registry
+    env = gym.make("envs:rdtune/Partition-v0", episode_steps=2)
+    assert isinstance(env.unwrapped, PartitionEnv)
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"preset": "e5_2683v4"}, {"scenarios": "named", "reference": "running_max"}],
+    ids=["random", "no-mba-preset", "named-running-max"],
+)
+def test_gymnasium_and_sb3_checkers_pass(make_env, kwargs) -> None:
+    env = make_env(**kwargs)
+    check_env(env.unwrapped, skip_render_check=False)
+    sb3_check_env(env.unwrapped, warn=True)
+
+
+def _rollout(env, seed: int, steps: int = 5):
+    obs, info = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    out = [(obs.copy(), 0.0, info["scenario"])]
+    for _ in range(steps):
+        action = rng.integers(0, env.action_space.nvec)
+        obs, reward, _, _, info = env.step(action)
+        out.append((obs.copy(), reward, info["scenario"]))
+    return out
+
+
+def test_same_seed_same_trajectory(make_env) -> None:
+    a = _rollout(make_env(), seed=11)
+    b = _rollout(make_env(), seed=11)
+    c = _rollout(make_env(), seed=12)
+    for (oa, ra, sa), (ob, rb, sb) in zip(a, b, strict=True):
+        assert sa == sb and ra == rb and np.array_equal(oa, ob)
+    assert a[0][2] != c[0][2] or not np.array_equal(a[1][0], c[1][0])
+
+
+def test_seed_kwarg_seeds_the_first_reset(make_env) -> None:
+    a, b = make_env(seed=5), make_env()
+    oa, ia = a.reset()
+    ob, ib = b.reset(seed=5)
+    assert ia["scenario"] == ib["scenario"] and np.array_equal(oa, ob)
+
+
+def test_episode_truncates_after_episode_steps(make_env) -> None:
+    env = make_env(episode_steps=3)
+    env.reset(seed=0)
+    flags = [env.step(env.action_space.sample())[3] for _ in range(3)]
+    assert flags == [False, False, True]
+
+
+def test_each_step_applies_the_decoded_valid_plan(make_env) -> None:
+    env = make_env(scenarios=["default"], split="all")
+    env.reset(seed=3)
+    base = env.unwrapped
+    action = np.zeros(base.action_space.shape, dtype=np.int64)
+    action[0] = 7  # the LC group (slot 0) gets the largest share
+    action[base.decoder.max_groups] = 9  # and full bandwidth
+    _, _, _, _, info = env.step(action)
+    held = base.held_allocation
+    node = base.node
+    assert held == node.allocation()
+    validate_plan(held.as_plan(), PlanContext(caps=node.capabilities(), current=held))
+    lc = base.slots[0]
+    assert base.group_specs[lc].kind.value == "lc"
+    assert info["ways"][lc] == max(info["ways"].values()) and info["mb"][lc] == 100
+    assert held.get(lc, 0).l3_mask == info["masks"][lc]
+
+
+def test_info_reports_reward_terms_and_repairs(make_env) -> None:
+    env = make_env()
+    env.reset(seed=2)
+    _, reward, _, _, info = env.step(env.action_space.sample())
+    terms = info["reward_terms"]
+    assert {"slo", "fairness", "throughput", "change", "total"} <= set(terms)
+    assert reward == pytest.approx(
+        terms["slo"] + terms["fairness"] + terms["throughput"] + terms["change"]
+    )
+    assert isinstance(info["repairs"], tuple)
+
+
+def test_action_masks_follow_present_groups(make_env) -> None:
+    env = make_env(scenarios=["default"], split="all")
+    _, info = env.reset(seed=0)
+    base = env.unwrapped
+    mask = base.action_masks()
+    assert np.array_equal(mask, info["action_mask"])
+    n = len(base.slots)
+    share = mask[: base.decoder.max_groups * base.decoder.share_levels].reshape(8, -1)
+    assert share[:n].all() and not share[n:, 1:].any()
+
+
+def test_ansi_render_shows_allocation_and_metrics(make_env) -> None:
+    env = make_env(scenarios=["default"], split="all", render_mode="ansi")
+    env.reset(seed=0)
+    env.step(env.action_space.sample())
+    text = env.render()
+    assert "memcached" in text and "[" in text and "MB=" in text and "reward=" in text
+    assert "SLO" in text and "slowdown=" in text
+    assert gym.make(envs.PARTITION_ID).unwrapped.render_text() == "(not reset)\n"
+
+
+def test_reset_options_pick_scenario_and_baseline(make_env) -> None:
+    env = make_env()
+    _, info = env.reset(seed=0, options={"scenario": "copart_h_llc", "baseline": "full"})
+    assert info["scenario"] == "copart_h_llc"
+    held = env.unwrapped.held_allocation
+    assert {held.get(g, 0).l3_mask for g in held} == {env.unwrapped.capabilities.l3.cbm_mask}
+    with pytest.raises(ValueError, match="unknown reset options"):
+        env.reset(options={"nope": 1})
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"scenarios": "everything"}, "scenarios must be one of"),
+        ({"split": "validation"}, "split must be one of"),
+        ({"preset": "no_such_cpu"}, "no_such_cpu"),
+        ({"reference": "oracle"}, "reference must be one of"),
+        ({"baseline": "random"}, "baseline must be one of"),
+        ({"interval_s": 0}, "interval_s must be a positive"),
+        ({"episode_steps": 0}, "episode_steps"),
+        ({"reward_weights": {"slo": -1}}, "reward weight slo"),
+        ({"reward_weights": {"speed": 1}}, "unknown reward weights"),
+        ({"max_groups": 0}, "max_groups"),
+        ({"render_mode": "human"}, "render_mode"),
+    ],
+)
+def test_bad_configuration_is_rejected_clearly(kwargs, match) -> None:
+    with pytest.raises(Exception, match=match):
+        PartitionEnv(**kwargs)
+
+
+def test_step_before_reset_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="reset"):
+        PartitionEnv().step(np.zeros(16, dtype=np.int64))
+
+
+def test_remote_env_needs_exactly_one_of_address_and_node() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        NodePartitionEnv()
+
+
+# ------------------------------------------------------------------ scenario families
+
+
+def test_named_train_and_test_families_are_disjoint_and_cover_the_library() -> None:
+    train = ScenarioFamily("named", "train").pool
+    test = ScenarioFamily("named", "test").pool
+    every = ScenarioFamily("named", "all").pool
+    assert train and test
+    keys_train, keys_test = {spec_key(s) for s in train}, {spec_key(s) for s in test}
+    assert not keys_train & keys_test
+    assert len(train) + len(test) == len(every)
+    assert all(len({w.group_name for w in s.workloads}) <= 8 for s in every)
+
+
+def test_generator_families_are_disjoint_by_spec_hash() -> None:
+    rng = np.random.default_rng(0)
+    fam_test = ScenarioFamily("random", "test")
+    fam_train = ScenarioFamily("random", "train")
+    assert all(split_of(fam_test.draw(rng)) == "test" for _ in range(15))
+    assert all(split_of(fam_train.draw(rng)) == "train" for _ in range(15))
+
+
+def test_split_ignores_the_name() -> None:
+    a = random_scenario(4)
+    b = type(a)(name="renamed", machine=a.machine, workloads=a.workloads)
+    assert spec_key(a) == spec_key(b) and split_of(a) == split_of(b)
+
+
+def test_preset_applies_to_every_draw() -> None:
+    rng = np.random.default_rng(1)
+    fam = ScenarioFamily("random", "train", preset="epyc7302p")
+    assert {fam.draw(rng).machine for _ in range(5)} == {"epyc7302p"}
+    named = ScenarioFamily(["default", "copart_h_bw"], "all", preset="e5_2683v4")
+    assert {s.machine for s in named.pool} == {"e5_2683v4"}
+
+
+def test_an_empty_split_is_an_error() -> None:
+    test_names = [s.name for s in ScenarioFamily("named", "test").pool]
+    with pytest.raises(ValueError, match="no scenario"):
+        ScenarioFamily(test_names, "train")

@@ -1,0 +1,164 @@
+"""Reward terms move the right way on hand-built situations, and on the simulator."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from agent.sim.catalog import default_catalog
+from agent.types import (
+    SLO,
+    Allocation,
+    GroupAllocation,
+    GroupKind,
+    GroupSample,
+    GroupSpec,
+    LatencyStats,
+    Snapshot,
+)
+from envs.partition import PartitionEnv
+from envs.reward import (
+    RewardWeights,
+    RunningMaxReference,
+    churn,
+    compute_reward,
+    observed_ips,
+)
+
+CAPS = default_catalog().machine("gold6130").capabilities()  # 11 ways, MBA 10..100
+GROUPS = {
+    "kv": GroupSpec("kv", GroupKind.LC, SLO(99.0, 1.0)),
+    "a": GroupSpec("a", GroupKind.BATCH),
+    "b": GroupSpec("b", GroupKind.BATCH),
+}
+REF = {"a": 2e9, "b": 2e9}
+W = RewardWeights()
+
+
+def _alloc(**masks) -> Allocation:
+    return Allocation({g: {0: GroupAllocation(l3_mask=m, mb=100)} for g, m in masks.items()})
+
+
+HELD = _alloc(kv=0b111, a=0b1111000, b=0b11110000000)
+
+
+def _snap(p99_ms: float = 0.5, ips_a: float = 2e9, ips_b: float = 2e9) -> Snapshot:
+    lat = LatencyStats(1000, 0.2, 0.4, p99_ms, p99_ms * 1.5)
+    return Snapshot(
+        timestamp=1.0,
+        interval_s=1.0,
+        groups={
+            "kv": GroupSample(instructions=1e9, cycles=1e9, latency=lat),
+            "a": GroupSample(instructions=ips_a, cycles=2e9),
+            "b": GroupSample(instructions=ips_b, cycles=2e9),
+        },
+    )
+
+
+def _reward(snap, before=HELD, after=HELD, weights=W, ref=REF):
+    return compute_reward(snap, GROUPS, ref, CAPS, before, after, weights)
+
+
+def test_meeting_everything_alone_is_the_best_case() -> None:
+    t = _reward(_snap())
+    assert t.slo == 0 and t.fairness == 0 and t.change == 0 and t.violations == 0
+    assert t.throughput == pytest.approx(1.0) and t.total == pytest.approx(1.0)
+
+
+def test_violating_an_slo_lowers_the_reward_and_more_so_the_further() -> None:
+    ok, just, far, very_far = (_reward(_snap(p99_ms=x)) for x in (0.9, 1.1, 3.0, 100.0))
+    assert ok.slo == 0 and ok.violations == 0
+    assert just.violations == 1 and just.slo == pytest.approx(-W.slo * 1.1)
+    assert very_far.slo < far.slo < just.slo < ok.slo
+    assert very_far.slo == pytest.approx(-W.slo * (1 + W.slo_cap))  # capped
+    # SLO first: a violation costs more than perfect fairness and throughput give.
+    assert just.total < _reward(_snap(ips_a=0.5e9, ips_b=2e9)).total
+
+
+def test_lc_without_requests_is_not_judged() -> None:
+    snap = _snap()
+    groups = dict(snap.groups)
+    groups["kv"] = GroupSample(instructions=1e9, cycles=1e9, latency=LatencyStats.empty())
+    t = _reward(Snapshot(1.0, 1.0, groups))
+    assert t.slo == 0 and math.isnan(t.worst_ratio)
+
+
+def test_an_unfair_split_lowers_the_reward() -> None:
+    fair = _reward(_snap(ips_a=1e9, ips_b=1e9))  # both slowed down 2x
+    unfair = _reward(_snap(ips_a=1.8e9, ips_b=0.2e9))  # 1.1x and 10x
+    assert fair.unfairness == pytest.approx(0.0)
+    # CoPart: stddev / mean of slowdowns (10/9 and 10).
+    s = np.array([2e9 / 1.8e9, 10.0])
+    assert unfair.unfairness == pytest.approx(s.std() / s.mean())
+    assert unfair.fairness < fair.fairness and unfair.total < fair.total
+
+
+def test_more_batch_throughput_raises_the_reward() -> None:
+    slow = _reward(_snap(ips_a=1e9, ips_b=1e9))
+    fast = _reward(_snap(ips_a=1.5e9, ips_b=1.5e9))
+    assert fast.throughput > slow.throughput and fast.total > slow.total
+    assert fast.mean_progress == pytest.approx(0.75)
+
+
+def test_changing_the_allocation_costs() -> None:
+    moved = _alloc(kv=0b11, a=0b11111100, b=0b11100000000)
+    keep = _reward(_snap(), HELD, HELD)
+    change = _reward(_snap(), HELD, moved)
+    assert keep.change == 0 and change.change < 0 and change.total < keep.total
+    cache, mb = churn(HELD, moved, CAPS)
+    # kv loses bit 2, a gains bits 2 and 7, b loses bit 7: 4 bit flips of 2 * 11.
+    assert cache == pytest.approx(4 / 22) and mb == 0
+    mba_only = Allocation(
+        {g: {0: GroupAllocation(l3_mask=HELD.get(g, 0).l3_mask, mb=50)} for g in HELD}
+    )
+    t = _reward(_snap(), HELD, mba_only)
+    assert t.change == pytest.approx(-W.change * W.mba_share * 0.5)
+
+
+def test_weights_scale_their_terms() -> None:
+    snap = _snap(p99_ms=2.0, ips_a=1.8e9, ips_b=0.2e9)
+    base = _reward(snap)
+    doubled = _reward(snap, weights=RewardWeights(slo=8, fairness=2, throughput=2))
+    assert doubled.slo == pytest.approx(2 * base.slo)
+    assert doubled.fairness == pytest.approx(2 * base.fairness)
+    assert doubled.throughput == pytest.approx(2 * base.throughput)
+    zero = _reward(snap, weights=RewardWeights(0, 0, 0, 0))
+    assert zero.total == 0
+
+
+def test_running_max_reference_tracks_the_best_seen() -> None:
+    ref = RunningMaxReference()
+    assert ref.update(observed_ips(_snap(ips_a=1e9)))["a"] == 1e9
+    assert ref.update(observed_ips(_snap(ips_a=3e9)))["a"] == 3e9
+    assert ref.update(observed_ips(_snap(ips_a=2e9)))["a"] == 3e9
+    ref.reset()
+    assert ref.update({}) == {}
+
+
+def test_batch_groups_without_instructions_are_not_judged() -> None:
+    snap = Snapshot(1.0, 1.0, {"a": GroupSample(), "b": GroupSample(instructions=1e9)})
+    t = compute_reward(snap, GROUPS, REF, CAPS, None, HELD, W)
+    assert t.unfairness == 0 and t.throughput == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------ on the simulator
+
+
+def _env_reward(action_share, action_mba, scenario="lc_batch_20", steps=3):
+    env = PartitionEnv(scenarios=[scenario], split="all", interval_s=1.0, noise=False)
+    env.reset(seed=0)
+    action = np.array(action_share + action_mba)
+    terms = [env.step(action)[4]["reward_terms"] for _ in range(steps)]
+    env.close()
+    return terms[-1]
+
+
+def test_starving_the_lc_services_violates_their_slos_in_the_simulator() -> None:
+    # lc_batch_20: two LC services at 20% load (slots 0-1), then three batch jobs.
+    generous = _env_reward([7, 7, 0, 0, 0, 0, 0, 0], [9, 9, 0, 0, 0, 0, 0, 0])
+    starved = _env_reward([0, 0, 7, 7, 7, 0, 0, 0], [0, 0, 9, 9, 9, 0, 0, 0])
+    assert generous["violations"] == 0
+    assert starved["violations"] >= 1 and starved["slo"] < generous["slo"]
+    assert starved["total"] < generous["total"]
