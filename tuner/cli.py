@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent.server.cli", "serve a node (simulated or resctrl) over gRPC"),
     "emulate-resctrl": ("agent.emulator.cli", "mount an emulated resctrl filesystem (FUSE)"),
     "describe": ("agent.describe", "print a node's capabilities and own groups"),
+    "tune": ("tuner.tune", "run the online tuner: a controller driving a node agent, guarded"),
+    "status": ("tuner.status", "print a node's live allocation and the tuner's key metrics"),
     "trace": ("training.trace_cli", "record, inspect and export traces (offline training data)"),
 }
 

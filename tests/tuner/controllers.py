@@ -1,0 +1,60 @@
+"""Deliberately misbehaving controllers for the tuner's tests (``import:tests.tuner.controllers:X``).
+
+They are real Controller subclasses run by the real tuner; what they get wrong is the point.
+"""
+
+from __future__ import annotations
+
+from agent.types import AllocationPlan, GroupAllocation, Snapshot
+from models.allocation import equal_masks, mb_level, plan_from
+from models.controller import KEEP, ControlContext, Controller, Decision
+
+
+class Broken(Controller):
+    """Every other interval a plan with a non-contiguous mask (the kernel refuses those);
+    in between a valid equal partition."""
+
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        self.calls += 1
+        caps = ctx.capabilities
+        groups = sorted(ctx.groups)
+        if self.calls % 2:
+            bad = caps.l3.cbm_mask & ~0b10  # a hole at way 1
+            return Decision(AllocationPlan.uniform({groups[0]: GroupAllocation(l3_mask=bad)}))
+        masks = equal_masks(groups, caps)
+        return Decision(plan_from(masks, {}, caps))
+
+
+class Swing(Controller):
+    """Swings every interval between two far-apart allocations: group order reversed and
+    the MB values of the first and last group swapped between the minimum and maximum."""
+
+    name = "swing"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        self.calls += 1
+        caps = ctx.capabilities
+        groups = sorted(ctx.groups)
+        if self.calls % 2:
+            groups.reverse()
+        masks = equal_masks(groups, caps)
+        low, high = mb_level(caps, 0.0), mb_level(caps, 1.0)
+        mbs = {g: (low if i == 0 else high) for i, g in enumerate(groups)}
+        return Decision(plan_from(masks, mbs, caps))
+
+
+class Quiet(Controller):
+    """Keeps whatever the node holds (never decides anything)."""
+
+    name = "quiet"
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        return KEEP

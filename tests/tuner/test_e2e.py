@@ -1,0 +1,149 @@
+"""End to end: ``rdtune agent`` (sim backend) and ``rdtune tune`` as separate processes over
+loopback gRPC -- every registered heuristic, the SLO guard tripping on a load spike and
+recovering, the agent killed and restarted mid-run, the tuner killed or stopped cleanly."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from models import registry
+from tests.tuner.conftest import (
+    assert_valid,
+    run_tune,
+    start_agent,
+    start_tune,
+    wait_for,
+)
+from tuner.status import read_metrics
+
+# Controllers that cannot run against a node across gRPC, and why.
+NOT_REMOTE = {"oracle": "searches the simulator's ground truth in-process; refuses a RemoteNode"}
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_each_heuristic_drives_a_remote_sim_node(fresh, name: str) -> None:
+    if name in NOT_REMOTE:
+        pytest.skip(NOT_REMOTE[name])
+    run = run_tune(fresh.address, name, "--interval", "0.1", "--intervals", "40")
+    assert run.returncode == 0, run.stderr
+    assert run.summary["intervals"] == 40
+    assert run.summary["controller"] == name
+    assert not run.of("dropped"), f"{name} decided invalid plans: {run.of('dropped')}"
+    with fresh.node() as node:
+        assert_valid(node)
+        assert node.now() == pytest.approx(4.0 + 0.0, abs=1e-6), "the tuner stepped the clock"
+
+
+def test_unknown_controller_is_refused_with_the_choices(fresh) -> None:
+    run = run_tune(fresh.address, "no-such-heuristic", "--intervals", "1")
+    assert run.returncode == 2
+    assert "unknown controller 'no-such-heuristic'" in run.stderr
+    assert "eq" in run.stderr
+
+
+def test_load_spike_trips_the_guard_and_it_recovers(spike_file: str) -> None:
+    agent = start_agent(spike_file)
+    try:
+        config = {"guard": {"violation_intervals": 3, "stable_intervals": 8}}
+        run = run_tune(
+            agent.address, "eq", "--interval", "0.1", "--intervals", "140", config=config
+        )
+        assert run.returncode == 0, run.stderr
+        switches = run.summary["switches"]
+        assert [s["to_fallback"] for s in switches] == [True, False], switches
+        assert switches[0]["groups"] == ["memcached"]
+        trip, back = run.of("switch")
+        assert trip["to"] == run.summary["fallback"] and trip["tripped_by"] == ["memcached"]
+        assert back["to"] == "eq" and "no SLO violation for 8 intervals" in back["reason"]
+        with agent.node() as node:
+            assert node.now() == pytest.approx(14.0)
+            assert_valid(node)
+    finally:
+        agent.stop()
+
+
+def test_agent_killed_and_restarted_mid_run(spike_file: str) -> None:
+    agent = start_agent("default")
+    port = agent.address.rsplit(":", 1)[1]
+    config = {"realtime": True, "retry": {"initial_s": 0.05, "max_s": 0.2}}
+    tune = start_tune(
+        agent.address, "eq", "--interval", "0.05", "--metrics-listen", "127.0.0.1:0",
+        config=config,
+    )  # fmt: skip
+    try:
+        assert tune.metrics_url, tune.stdout
+
+        def intervals() -> float:
+            return sum(v for _, v in read_metrics(tune.metrics_url)["rdtune_tuner_intervals_total"])
+
+        wait_for(lambda: intervals() >= 10)
+        with agent.node() as node:
+            held = assert_valid(node)
+            full = node.capabilities().l3.cbm_mask
+        assert all(a.l3_mask != full for p in held.groups.values() for a in p.values())
+        agent.kill()
+        time.sleep(0.5)  # the tuner finds the agent gone and backs off
+        before = intervals()
+        agent = start_agent("default", port=int(port))
+        # A restarted sim agent starts over with every group at full allocation; the tuner
+        # reconnects and puts back what it had applied.
+        wait_for(lambda: read_metrics(tune.metrics_url)["rdtune_tuner_reconnects_total"][0][1] >= 1)
+        wait_for(lambda: intervals() >= before + 10)
+        with agent.node() as node:
+            after = assert_valid(node)
+        assert after == held, "the node holds the tuner's allocation again"
+        m = read_metrics(tune.metrics_url)
+        assert sum(v for _, v in m["rdtune_tuner_agent_errors_total"]) >= 1
+        assert m["rdtune_tuner_agent_up"][0][1] == 1
+    finally:
+        tune.stop()
+        agent.stop()
+    assert tune.returncode == 0, tune.stderr
+    assert tune.of("agent_down") and tune.of("agent_up") and tune.of("restored")
+    assert tune.summary["intervals"] > before, "interval count carried on across the outage"
+
+
+def test_invalid_plans_are_dropped_and_counted(fresh) -> None:
+    run = run_tune(
+        fresh.address, "import:tests.tuner.controllers:Broken", "--interval", "0.1",
+        "--intervals", "10",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    dropped = run.of("dropped")
+    assert len(dropped) == 5 and {d["rule"] for d in dropped} == {"contiguous"}
+    with fresh.node() as node:
+        alloc = assert_valid(node)
+        caps = node.capabilities()
+    hole = caps.l3.cbm_mask & ~0b10
+    assert all(a.l3_mask != hole for p in alloc.groups.values() for a in p.values())
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_clean_shutdown_restores_the_baseline_when_asked(fresh, restore: bool) -> None:
+    with fresh.node() as node:
+        baseline = node.allocation()
+    args = ["--interval", "0.1", "--intervals", "5"] + (["--restore-baseline"] if restore else [])
+    run = run_tune(fresh.address, "eq", *args)
+    assert run.returncode == 0, run.stderr
+    with fresh.node() as node:
+        after = assert_valid(node)
+    if restore:
+        assert after == baseline
+    else:
+        assert after != baseline, "without the flag the node keeps the tuner's allocation"
+
+
+def test_killed_tuner_leaves_the_last_valid_allocation(fresh) -> None:
+    config = {"realtime": True}
+    tune = start_tune(
+        fresh.address, "eq", "--interval", "0.05", "--restore-baseline", config=config
+    )
+    with fresh.node() as node:
+        baseline = node.allocation()
+        held = wait_for(lambda: (a := node.allocation()) != baseline and a)
+        tune.stop(signal.SIGKILL)
+        assert node.allocation() == held
+        assert_valid(node)

@@ -1,0 +1,307 @@
+"""The tuner's safety guard: no invalid plan reaches the node, changes are rate-limited, and
+an LC group missing its SLO switches the node to a fallback controller (issue 8, "Safety
+guard").
+
+- :class:`PlanGuard` screens every decided plan: validated with the kernel's rules
+  (agent/validate.py, the same code every backend runs) against the allocation the node
+  holds now; an invalid plan is dropped whole and the reason returned, never applied. It
+  then enforces the change limits -- at most ``max_way_step`` ways gained or lost per group
+  and domain per interval, at most ``max_mb_step`` MBA steps, and ``min_dwell_s`` between
+  two changes of one group -- by moving each group *toward* its target one way (or one MB
+  step) at a time. Each step moves one mask end toward the target's, so a contiguous mask
+  stays contiguous and never falls below ``min_cbm_bits``; the clamped plan is validated
+  again and, should it break a rule the target did not (an exclusive group's masks
+  overlapping mid-way), its masks are held where they are.
+- :class:`SloGuard` is the SLO state machine: K consecutive violating intervals of any LC
+  group trip it (switch to the fallback); ``stable_intervals`` without a violation switch
+  back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from agent.errors import GroupNotFound, InvalidAllocation
+from agent.types import (
+    Allocation,
+    AllocationPlan,
+    GroupAllocation,
+    GroupKind,
+    GroupSpec,
+    NodeCapabilities,
+    Snapshot,
+    popcount,
+)
+from agent.validate import PlanContext, validate_plan
+from tuner.config import GuardConfig
+
+# --------------------------------------------------------------------------- plan screening
+
+
+@dataclass(frozen=True)
+class Screened:
+    """What the guard let through for one decided plan.
+
+    Attributes:
+        plan: the plan to apply (validated, clamped, no-op entries removed), or None.
+        dropped: the broken rule when the decided plan was invalid (nothing is applied).
+        limits: the change limits that altered the plan (``ways``, ``mb``, ``dwell``,
+            ``held``: the clamped masks conflicted and were held).
+    """
+
+    plan: AllocationPlan | None
+    dropped: str | None = None
+    error: str = ""
+    limits: tuple[str, ...] = ()
+
+
+def _bounds(mask: int) -> tuple[int, int]:
+    """[low, high) bit positions of a contiguous mask."""
+    low = (mask & -mask).bit_length() - 1
+    return low, mask.bit_length()
+
+
+def step_contiguous(old: int, target: int, budget: int, least: int) -> int:
+    """Move contiguous ``old`` toward ``target`` by at most ``budget`` one-way steps.
+
+    Every step moves one end of the run one bit toward the target's end, so the distance
+    shrinks by one per step, ``popcount(old ^ result) <= budget``, and the run never gets
+    shorter than ``least``. Growing comes first when the run is shorter than the target,
+    shrinking first otherwise, so a run sliding to a new place never grows more than one way
+    past its target size.
+    """
+    a, b = _bounds(old)
+    c, d = _bounds(target)
+    for _ in range(budget):
+        grows = [m for m, ok in (((a, b + 1), b < d), ((a - 1, b), a > c)) if ok]
+        shrinks = [
+            m for m, ok in (((a, b - 1), b > d), ((a + 1, b), a < c)) if ok and b - a - 1 >= least
+        ]
+        order = grows + shrinks if b - a <= d - c else shrinks + grows
+        if not order:
+            break
+        a, b = order[0]
+    return ((1 << (b - a)) - 1) << a
+
+
+def step_sparse(old: int, target: int, budget: int, least: int) -> int:
+    """Like :func:`step_contiguous` for nodes that allow non-contiguous masks: one bit added
+    or removed per step (lowest first), never below ``least`` bits."""
+    cur = old
+    for _ in range(budget):
+        add, remove = target & ~cur, cur & ~target
+        grow = add & -add
+        shrink = remove & -remove if popcount(cur) - 1 >= least else 0
+        first, second = (grow, shrink) if popcount(cur) <= popcount(target) else (shrink, grow)
+        if first:
+            cur ^= first
+        elif second:
+            cur ^= second
+        else:
+            break
+    return cur
+
+
+def step_mb(old: int, target: int, max_steps: int, gran: int) -> int:
+    """``target`` or, when further than ``max_steps`` granules from ``old``, that far toward it."""
+    limit = max_steps * max(1, gran)
+    if abs(target - old) <= limit:
+        return target
+    return old + limit if target > old else old - limit
+
+
+class PlanGuard:
+    """Screens decided plans: validation, change limits, dwell time (see module docstring)."""
+
+    def __init__(self, cfg: GuardConfig) -> None:
+        self.cfg = cfg
+        self.last_change: dict[str, float] = {}
+
+    def _context(self, caps, groups, current) -> PlanContext:
+        exclusive = frozenset(n for n, s in groups.items() if s.exclusive)
+        return PlanContext(caps=caps, current=current, exclusive=exclusive)
+
+    def screen(
+        self,
+        plan: AllocationPlan,
+        caps: NodeCapabilities,
+        groups: Mapping[str, GroupSpec],
+        current: Allocation,
+        now: float,
+        *,
+        limit: bool = True,
+    ) -> Screened:
+        ctx = self._context(caps, groups, current)
+        try:
+            target = validate_plan(plan, ctx)
+        except (InvalidAllocation, GroupNotFound) as exc:
+            rule = getattr(exc, "rule", "unknown_group")
+            return Screened(None, dropped=rule, error=str(exc))
+        limits: list[str] = []
+        if limit:
+            target = self._limit(target, caps, current, now, limits)
+            try:
+                target = validate_plan(target, ctx)
+            except (InvalidAllocation, GroupNotFound):
+                # The clamped masks broke a rule the target keeps (exclusive overlap mid-way):
+                # hold every mask where it is, let the MB changes through.
+                target = validate_plan(_without_masks(target), ctx)
+                limits.append("held")
+        return Screened(_changes_only(target, current), limits=tuple(dict.fromkeys(limits)))
+
+    def _limit(
+        self,
+        plan: AllocationPlan,
+        caps: NodeCapabilities,
+        current: Allocation,
+        now: float,
+        limits: list[str],
+    ) -> AllocationPlan:
+        cfg = self.cfg
+        out: dict[str, dict[int, GroupAllocation]] = {}
+        for group, per_domain in plan.groups.items():
+            if not _differs(per_domain, current, group):
+                out[group] = dict(per_domain)
+                continue
+            since = now - self.last_change.get(group, -math.inf)
+            if cfg.min_dwell_s > 0 and since < cfg.min_dwell_s:
+                limits.append("dwell")
+                continue
+            doms: dict[int, GroupAllocation] = {}
+            for domain, want in per_domain.items():
+                have = current.get(group, domain) or GroupAllocation()
+                doms[domain] = self._clamp(want, have, caps, limits)
+            out[group] = doms
+        return AllocationPlan(out)
+
+    def _clamp(
+        self, want: GroupAllocation, have: GroupAllocation, caps: NodeCapabilities, limits
+    ) -> GroupAllocation:
+        cfg = self.cfg
+        mask, code, mb = want.l3_mask, want.l3_code_mask, want.mb
+        if cfg.max_way_step is not None and caps.l3 is not None:
+            least = max(1, caps.l3.min_cbm_bits)
+            step = step_sparse if caps.l3.sparse_masks else step_contiguous
+            if (
+                mask is not None
+                and have.l3_mask
+                and popcount(mask ^ have.l3_mask) > cfg.max_way_step
+            ):
+                mask = step(have.l3_mask, mask, cfg.max_way_step, least)
+                limits.append("ways")
+            if (
+                code is not None
+                and have.l3_code_mask
+                and popcount(code ^ have.l3_code_mask) > cfg.max_way_step
+            ):
+                code = step(have.l3_code_mask, code, cfg.max_way_step, least)
+                limits.append("ways")
+        if cfg.max_mb_step is not None and caps.mba is not None and mb is not None and have.mb:
+            new = step_mb(have.mb, mb, cfg.max_mb_step, caps.mba.bandwidth_gran)
+            if new != mb:
+                mb = new
+                limits.append("mb")
+        return GroupAllocation(l3_mask=mask, mb=mb, l3_code_mask=code)
+
+    def committed(self, plan: AllocationPlan, before: Allocation, now: float) -> None:
+        """Record that ``plan`` was applied over ``before`` at ``now`` (starts dwell timers)."""
+        for group, per_domain in plan.groups.items():
+            if _differs(per_domain, before, group):
+                self.last_change[group] = now
+
+    def forget(self) -> None:
+        """Drop dwell timers (after a restart of the node, its clock starts over)."""
+        self.last_change.clear()
+
+
+def _differs(per_domain: Mapping[int, GroupAllocation], current: Allocation, group: str) -> bool:
+    for domain, want in per_domain.items():
+        have = current.get(group, domain) or GroupAllocation()
+        for attr in ("l3_mask", "mb", "l3_code_mask"):
+            value = getattr(want, attr)
+            if value is not None and value != getattr(have, attr):
+                return True
+    return False
+
+
+def _without_masks(plan: AllocationPlan) -> AllocationPlan:
+    return AllocationPlan(
+        {
+            g: {d: GroupAllocation(mb=a.mb) for d, a in per_domain.items()}
+            for g, per_domain in plan.groups.items()
+        }
+    )
+
+
+def _changes_only(plan: AllocationPlan, current: Allocation) -> AllocationPlan | None:
+    kept = {g: dict(p) for g, p in plan.groups.items() if _differs(p, current, g)}
+    return AllocationPlan(kept) if kept else None
+
+
+# --------------------------------------------------------------------------- SLO guard
+
+
+def slo_verdicts(snapshot: Snapshot, groups: Mapping[str, GroupSpec]) -> dict[str, bool | None]:
+    """Per LC group: True when it missed its SLO this interval, False when it met it, None
+    when the interval had no completed requests (nothing to judge)."""
+    out: dict[str, bool | None] = {}
+    for name, spec in groups.items():
+        if spec.kind is not GroupKind.LC or spec.slo is None:
+            continue
+        sample = snapshot.groups.get(name)
+        lat = sample.latency if sample is not None else None
+        if lat is None or not lat.count:
+            out[name] = None
+            continue
+        tail = lat.percentile(spec.slo.percentile)
+        out[name] = bool(math.isfinite(tail) and tail > spec.slo.target_ms)
+    return out
+
+
+@dataclass
+class Switch:
+    """A controller switch decided by the SLO guard."""
+
+    to_fallback: bool
+    reason: str
+    groups: tuple[str, ...] = ()
+
+
+@dataclass
+class SloGuard:
+    """K consecutive violations of any LC group -> fallback; ``stable_intervals`` clean
+    intervals in fallback -> back to the primary controller."""
+
+    violation_intervals: int = 3
+    stable_intervals: int = 10
+    in_fallback: bool = False
+    streak: dict[str, int] = field(default_factory=dict)
+    stable: int = 0
+
+    def update(self, verdicts: Mapping[str, bool | None]) -> Switch | None:
+        for group, violated in verdicts.items():
+            if violated:
+                self.streak[group] = self.streak.get(group, 0) + 1
+            elif violated is False:
+                self.streak[group] = 0
+        violating = any(verdicts.values())
+        if not self.in_fallback:
+            tripped = tuple(
+                sorted(g for g, n in self.streak.items() if n >= self.violation_intervals)
+            )
+            if tripped:
+                self.in_fallback, self.stable = True, 0
+                return Switch(
+                    True,
+                    f"SLO violated {self.violation_intervals} intervals in a row",
+                    tripped,
+                )
+            return None
+        self.stable = 0 if violating else self.stable + 1
+        if self.stable >= self.stable_intervals:
+            self.in_fallback, self.stable = False, 0
+            self.streak.clear()
+            return Switch(False, f"no SLO violation for {self.stable_intervals} intervals")
+        return None

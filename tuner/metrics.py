@@ -1,0 +1,144 @@
+"""The tuner's Prometheus metrics (issue 8, "Operations"), on its own registry.
+
+Names follow Prometheus conventions: counters end in ``_total``, durations are histograms
+in ``_seconds``. Served by ``rdtune tune`` on ``metrics_listen`` (127.0.0.1:9465 by default)
+and read back by ``rdtune status --tuner-metrics URL``.
+
+Reward terms: the tuner does not import ``envs`` (ARCHITECTURE.md), so it exports the
+measured signals every reward in envs/ is built from -- per-group SLO attainment and tail
+latency, and batch instructions/s -- rather than a reward value.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Sub-millisecond to a second: decisions are ~10-100 us, a loop over gRPC a few ms.
+_LATENCY_BUCKETS = (
+    25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1, 0.25,
+    0.5, 1.0,
+)  # fmt: skip
+
+
+class TunerMetrics:
+    """Every metric the tuner exports; one instance per tuner (tests make their own)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.decisions = Counter(
+            "rdtune_tuner_decisions_total",
+            "Decisions made, by controller and outcome (applied, kept, dropped)",
+            ["controller", "outcome"],
+            registry=r,
+        )
+        self.decision_latency = Histogram(
+            "rdtune_tuner_decision_latency_seconds",
+            "Time in the controller's decide() (features and inference for a policy)",
+            ["controller"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.loop_latency = Histogram(
+            "rdtune_tuner_loop_latency_seconds",
+            "One interval's observe -> decide -> guard -> apply, agent round trips included",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.guard_trips = Counter(
+            "rdtune_tuner_guard_trips_total",
+            "SLO guard trips (switches to the fallback), by LC group that tripped it",
+            ["group"],
+            registry=r,
+        )
+        self.switches = Counter(
+            "rdtune_tuner_controller_switches_total",
+            "Controller switches by the SLO guard",
+            ["from_controller", "to_controller"],
+            registry=r,
+        )
+        self.fallback_active = Gauge(
+            "rdtune_tuner_fallback_active",
+            "1 while the fallback controller is in charge",
+            registry=r,
+        )
+        self.dropped_plans = Counter(
+            "rdtune_tuner_dropped_plans_total",
+            "Decided plans dropped as invalid (never applied), by broken rule",
+            ["rule"],
+            registry=r,
+        )
+        self.limited_plans = Counter(
+            "rdtune_tuner_limited_plans_total",
+            "Plans altered by a change limit (ways, mb, dwell, held)",
+            ["limit"],
+            registry=r,
+        )
+        self.agent_errors = Counter(
+            "rdtune_tuner_agent_errors_total",
+            "Failed calls to the agent, by error class",
+            ["error"],
+            registry=r,
+        )
+        self.reconnects = Counter(
+            "rdtune_tuner_reconnects_total",
+            "Times the agent was reached again after an outage",
+            registry=r,
+        )
+        self.agent_up = Gauge("rdtune_tuner_agent_up", "1 while the agent answers", registry=r)
+        self.slo_intervals = Counter(
+            "rdtune_tuner_slo_intervals_total",
+            "Judged intervals of each LC group, by result (met, violated)",
+            ["group", "result"],
+            registry=r,
+        )
+        self.slo_attainment = Gauge(
+            "rdtune_tuner_slo_attainment_ratio",
+            "Fraction of judged intervals in which the LC group met its SLO (since start)",
+            ["group"],
+            registry=r,
+        )
+        self.tail_latency = Gauge(
+            "rdtune_tuner_tail_latency_milliseconds",
+            "Last interval's latency at the SLO percentile, per LC group",
+            ["group"],
+            registry=r,
+        )
+        self.batch_ips = Gauge(
+            "rdtune_tuner_batch_instructions_per_second",
+            "Last interval's instructions/s of each batch group (when the node measures them)",
+            ["group"],
+            registry=r,
+        )
+        self.ways = Gauge(
+            "rdtune_tuner_group_ways",
+            "L3 ways each group holds (first domain)",
+            ["group"],
+            registry=r,
+        )
+        self.mb = Gauge(
+            "rdtune_tuner_group_mb",
+            "MB value each group holds (first domain)",
+            ["group"],
+            registry=r,
+        )
+        self.intervals = Counter(
+            "rdtune_tuner_intervals_total", "Control intervals completed", registry=r
+        )
+        self._met: dict[str, list[int]] = {}
+
+    def record_slo(self, group: str, violated: bool, tail_ms: float) -> None:
+        self.slo_intervals.labels(group, "violated" if violated else "met").inc()
+        counts = self._met.setdefault(group, [0, 0])
+        counts[0] += not violated
+        counts[1] += 1
+        self.slo_attainment.labels(group).set(counts[0] / counts[1])
+        self.tail_latency.labels(group).set(tail_ms)
+
+    def record_allocation(self, allocation) -> None:
+        for group, per_domain in allocation.groups.items():
+            if not per_domain:
+                continue
+            first = per_domain[min(per_domain)]
+            self.ways.labels(group).set(first.ways)
+            if first.mb is not None:
+                self.mb.labels(group).set(first.mb)

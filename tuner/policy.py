@@ -1,0 +1,160 @@
+"""Loading an exported policy for ``rdtune tune --controller policy:PATH``, refusing a model
+that does not fit the node (issue 8, "Service").
+
+The policy runtime is ``models.policy.PolicyController`` (owned by the models package); the
+tuner does not run ONNX itself. Before loading it the tuner reads the model card that
+ships with the export and refuses, with a message naming every mismatch, a model whose
+
+* feature encoder version differs from this build's ``models.features.ENCODER_VERSION``
+  (the policy would be fed features it was not trained on; ARCHITECTURE.md, "Data flow"), or
+* supported capabilities do not cover the node: CAT / MBA it needs and the node lacks,
+  an MBA mode, a vendor or a way count outside what it was trained on.
+
+Interface (what the tuner needs from an export):
+
+* ``PATH`` is the export directory, its ``.onnx`` file or its card; the card is the JSON
+  file beside the ONNX file (``model_card.json``, ``card.json`` or ``<stem>.json``);
+* the card holds the encoder version under ``feature_encoder.encoder_version`` (the
+  encoder's ``layout()``; ``version``, a top-level ``encoder_version`` are read too), and
+  ``supported_capabilities`` with any of ``requires_cat``, ``requires_mba`` (bools),
+  ``mba_modes``, ``vendors`` (lists of names), ``num_ways`` (a list of way counts or
+  ``{min, max}``), ``max_groups`` (groups beyond it are left untouched: a warning, not a
+  refusal);
+* ``PolicyController.load(path)`` returns a :class:`models.controller.Controller`; when it
+  has ``check_compatible(caps)`` that is called too, and its refusal is the tuner's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from agent.types import NodeCapabilities
+from models.controller import Controller
+
+log = logging.getLogger("rdtune.tuner")
+
+CARD_NAMES = ("model_card.json", "card.json")
+
+
+class PolicyRefused(ValueError):
+    """The model cannot control this node (or cannot be loaded); the message says why."""
+
+
+def find_card(path: str | Path) -> Path:
+    """The model card of an export given as a directory, an .onnx file or the card itself."""
+    p = Path(path)
+    if p.suffix == ".json" and p.is_file():
+        return p
+    folder = p if p.is_dir() else p.parent
+    candidates = [folder / n for n in CARD_NAMES]
+    if p.is_file():
+        candidates.insert(0, p.with_suffix(".json"))
+    elif not p.is_dir():
+        raise PolicyRefused(f"policy {path}: no such file or directory")
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise PolicyRefused(
+        f"policy {path}: no model card (looked for {', '.join(c.name for c in candidates)})"
+    )
+
+
+def read_card(path: str | Path) -> dict:
+    card_path = find_card(path)
+    try:
+        card = json.loads(card_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PolicyRefused(f"policy {path}: cannot read model card {card_path}: {exc}") from exc
+    if not isinstance(card, dict):
+        raise PolicyRefused(f"policy {path}: model card {card_path} is not a JSON object")
+    return card
+
+
+def card_encoder_version(card: Mapping) -> int | None:
+    for key in ("feature_encoder", "encoder", "features"):
+        section = card.get(key)
+        if isinstance(section, Mapping):
+            for name in ("encoder_version", "version"):
+                if isinstance(section.get(name), int):
+                    return section[name]
+    value = card.get("encoder_version")
+    return value if isinstance(value, int) else None
+
+
+def check_compatible(card: Mapping, caps: NodeCapabilities, encoder_version: int) -> list[str]:
+    """Every reason the model described by ``card`` must not control a node with ``caps``."""
+    problems = []
+    version = card_encoder_version(card)
+    if version is None:
+        problems.append("the model card names no feature encoder version")
+    elif version != encoder_version:
+        problems.append(
+            f"feature encoder version {version} (this build encodes version {encoder_version})"
+        )
+    sup = card.get("supported_capabilities")
+    if sup is None:
+        problems.append("the model card lists no supported_capabilities")
+        return problems
+    if not isinstance(sup, Mapping):
+        problems.append("supported_capabilities is not a mapping")
+        return problems
+    if sup.get("requires_cat") and caps.l3 is None:
+        problems.append("the model needs cache allocation (CAT); the node has none")
+    if sup.get("requires_mba") and caps.mba is None:
+        problems.append("the model needs memory bandwidth allocation (MBA); the node has none")
+    modes = sup.get("mba_modes")
+    if modes is not None and caps.mba is not None and caps.mba.mode.value not in modes:
+        problems.append(f"MBA mode {caps.mba.mode.value!r} not among the model's {list(modes)}")
+    vendors = sup.get("vendors")
+    if vendors is not None and caps.vendor.value not in vendors:
+        problems.append(f"vendor {caps.vendor.value!r} not among the model's {list(vendors)}")
+    ways = sup.get("num_ways")
+    if ways is not None and caps.l3 is not None:
+        n = caps.l3.num_ways
+        if isinstance(ways, Mapping):
+            lo, hi = ways.get("min", 0), ways.get("max", n)
+            if not lo <= n <= hi:
+                problems.append(f"{n} L3 ways outside the model's range [{lo}, {hi}]")
+        elif n not in ways:
+            problems.append(f"{n} L3 ways not among the model's {list(ways)}")
+    return problems
+
+
+def load_policy(path: str | Path, caps: NodeCapabilities, groups: int = 0) -> Controller:
+    """The exported policy at ``path`` as a Controller, or :class:`PolicyRefused`."""
+    card = read_card(path)
+    try:
+        from models.features import ENCODER_VERSION
+    except ImportError as exc:  # pragma: no cover - models.features ships with the package
+        raise PolicyRefused(f"this build has no feature encoder: {exc}") from exc
+    problems = check_compatible(card, caps, ENCODER_VERSION)
+    if problems:
+        raise PolicyRefused(f"policy {path} refused for this node: " + "; ".join(problems))
+    max_groups = (card.get("supported_capabilities") or {}).get("max_groups")
+    if isinstance(max_groups, int) and groups > max_groups:
+        log.warning(
+            "policy %s handles %d groups; the node has %d: the rest keep their allocation",
+            path,
+            max_groups,
+            groups,
+        )
+    try:
+        from models.policy import PolicyController
+    except ImportError as exc:
+        raise PolicyRefused(
+            f"policy {path}: the learned-policy runtime (models.policy) is not available: {exc}"
+        ) from exc
+    try:
+        controller = PolicyController.load(path)
+    except Exception as exc:  # a corrupt ONNX file, a missing input, ...
+        raise PolicyRefused(f"policy {path}: cannot load: {exc}") from exc
+    check = getattr(controller, "check_compatible", None)
+    if callable(check):
+        try:
+            check(caps)
+        except Exception as exc:
+            raise PolicyRefused(f"policy {path} refused for this node: {exc}") from exc
+    return controller

@@ -1,0 +1,441 @@
+"""The online tuner: one controller driving one node through the safety guard (issue 8).
+
+Each interval: observe -> (encode ->) decide -> guard -> apply (ARCHITECTURE.md, "Data flow";
+the policy controller encodes features itself with models/features.py). On a simulated node
+the tuner steps the node's clock by the interval (optionally also sleeping, ``realtime``);
+on a real node it sleeps to a fixed-rate schedule.
+
+Failure handling (issue 8, "Safety guard"):
+
+* The agent unreachable (UNAVAILABLE, a deadline): the interval is abandoned, the tuner
+  retries with exponential backoff (``retry``), and on reconnecting re-checks its groups
+  and puts back what it last applied if the node lost it (an agent restarted on a
+  simulated node starts over). Apply is atomic at the node, so an interrupted apply left
+  either the old allocation or the new one, never a mix; the reconciliation re-applies the
+  intended one. The controller, the guard and the metrics keep their state throughout.
+* The tuner dying leaves the node with its last applied (valid) allocation: nothing is
+  undone on the node's side.
+* Clean shutdown optionally restores the allocation found at start (``restore_baseline``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from agent.errors import (
+    GroupExists,
+    GroupNotFound,
+    InvalidAllocation,
+    NodeError,
+    ResourceExhausted,
+    UnknownTask,
+)
+from agent.node import Node, as_clock
+from agent.types import Allocation, AllocationPlan, GroupKind, GroupSpec, Snapshot
+from models.controller import ControlContext, Controller, Decision
+from tuner.config import TunerConfig
+from tuner.guard import PlanGuard, SloGuard, Switch, slo_verdicts
+from tuner.metrics import TunerMetrics
+
+log = logging.getLogger("rdtune.tuner")
+
+# Status codes of a RemoteError meaning "the agent is not there (right now)".
+OUTAGE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})
+
+
+def is_outage(exc: BaseException) -> bool:
+    from agent.server.errors import RemoteError
+
+    return isinstance(exc, RemoteError) and exc.code in OUTAGE_CODES
+
+
+@dataclass
+class StepResult:
+    """What one interval did (returned by :meth:`Tuner.step`, handy in tests)."""
+
+    snapshot: Snapshot
+    controller: str
+    outcome: str  # applied, kept, dropped, limited
+    decide_s: float
+    loop_s: float
+    switch: Switch | None = None
+    rule: str | None = None
+
+
+class Tuner:
+    """Controller x Node with the safety guard.
+
+    Args:
+        connect: returns a connected node (a RemoteNode in production); called again after
+            an outage only if ``reconnect_new`` (a RemoteNode reconnects by itself).
+        controller: builds the primary controller for the node's capabilities (called once,
+            after the first connection: a policy is checked against the node).
+        cfg: the configuration (interval, groups, guard, fallback, retry).
+        fallback: the SLO guard's fallback controller.
+        metrics: where to export (a fresh registry by default).
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Node],
+        controller: Callable[[object, int], Controller],
+        cfg: TunerConfig,
+        fallback: Controller,
+        metrics: TunerMetrics | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self._connect = connect
+        self._build_controller = controller
+        self.fallback = fallback
+        self.metrics = metrics or TunerMetrics()
+        self.plan_guard = PlanGuard(cfg.guard)
+        self.slo_guard = SloGuard(cfg.guard.violation_intervals, cfg.guard.stable_intervals)
+        self.node: Node | None = None
+        self.primary: Controller | None = None
+        self.caps = None
+        self.clock = None
+        self.groups: dict[str, GroupSpec] = {}
+        self.baseline: Allocation | None = None
+        self.intended: Allocation | None = None  # what the tuner last applied (read back)
+        self.pending: AllocationPlan | None = None  # an apply whose outcome is unknown
+        self.target: AllocationPlan | None = None  # a rate-limited plan still being reached
+        self.intervals = 0
+        self.switches: list[Switch] = []
+        self._last_now = -math.inf
+        self._next_tick: float | None = None
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def active(self) -> Controller:
+        return self.fallback if self.slo_guard.in_fallback else self.primary
+
+    # ------------------------------------------------------------------ set-up
+
+    def start(self) -> None:
+        """Connect, create or adopt the configured groups, start the controller."""
+        self.node = self._connect()
+        self.caps = self.node.capabilities()
+        self.clock = as_clock(self.node)
+        self._ensure_groups()
+        self.groups = dict(self.node.groups())
+        if self.primary is None:
+            self.primary = self._build_controller(self.caps, len(self.groups))
+        self.baseline = self.node.allocation()
+        self.intended = self.baseline
+        self.metrics.agent_up.set(1)
+        self.metrics.fallback_active.set(0)
+        log.info(
+            "tuning %s with %s (fallback %s): %d groups, interval %.3g s%s",
+            getattr(self.node, "address", "node"),
+            self.primary.name,
+            self.fallback.name,
+            len(self.groups),
+            self.cfg.interval_s,
+            ", simulated clock" if self.clock is not None else "",
+            extra={"event": "start", "controller": self.primary.name, "groups": list(self.groups)},
+        )
+        self._carry_out(self.active.start(self._context(self.baseline)), self.baseline, 0.0)
+        self.node.observe()  # the first interval starts now
+
+    def _ensure_groups(self) -> None:
+        have = self.node.groups()
+        for g in self.cfg.groups:
+            spec = g.spec
+            if spec.name in have:
+                if have[spec.name] != spec:
+                    log.warning(
+                        "group %r exists as %s; adopting it as it is (configured: %s)",
+                        spec.name,
+                        have[spec.name],
+                        spec,
+                        extra={"event": "adopt_mismatch", "group": spec.name},
+                    )
+            else:
+                # GroupExists: created meanwhile (another tuner instance starting): adopt it.
+                with contextlib.suppress(GroupExists):
+                    self.node.create_group(spec)
+                log.info(
+                    "created group %r", spec.name, extra={"event": "create", "group": spec.name}
+                )
+            pids = g.all_pids()
+            for pid in pids:
+                try:
+                    self.node.assign(spec.name, pids=[pid])
+                except UnknownTask as exc:  # exited since the config/cgroup was read
+                    log.warning("group %r: %s", spec.name, exc, extra={"event": "assign_failed"})
+            if g.cpus:
+                self.node.assign(spec.name, cpus=g.cpus)
+
+    def _context(self, allocation: Allocation, now: float = 0.0) -> ControlContext:
+        controller = self.active
+        tasks = None
+        if controller.needs_tasks:
+            tasks = {g: self.node.tasks(g) for g in self.groups}
+        return ControlContext(
+            capabilities=self.caps,
+            groups=dict(self.groups),
+            allocation=allocation,
+            tasks=tasks,
+            time_s=now,
+        )
+
+    # ------------------------------------------------------------------ one interval
+
+    def step(self) -> StepResult:
+        """Advance one interval: observe, judge SLOs, decide, guard, apply."""
+        if self.clock is not None:
+            self.clock.advance(self.cfg.interval_s)
+        t0 = time.perf_counter()
+        snap = self.node.observe()
+        if set(snap.groups) != set(self.groups) or snap.vanished:
+            self._groups_changed()
+        current = self.node.allocation()
+        now = snap.timestamp
+        if now < self._last_now:  # the node's clock started over (a restarted sim agent)
+            self.plan_guard.forget()
+        self._last_now = now
+        verdicts = slo_verdicts(snap, self.groups)
+        for group, violated in verdicts.items():
+            if violated is not None:
+                spec = self.groups[group]
+                tail = snap.groups[group].latency.percentile(spec.slo.percentile)
+                self.metrics.record_slo(group, violated, tail)
+        for group, spec in self.groups.items():
+            sample = snap.groups.get(group)
+            batch = spec.kind is GroupKind.BATCH and sample is not None
+            if batch and sample.instructions and snap.interval_s > 0:
+                self.metrics.batch_ips.labels(group).set(sample.instructions / snap.interval_s)
+        switch = self.slo_guard.update(verdicts)
+        ctx = self._context(current, now)
+        t1 = time.perf_counter()
+        if switch is not None:
+            self._switched(switch)
+            self.target = None
+            decision = self.active.start(ctx)
+        else:
+            decision = self.active.decide(snap, ctx)
+        decide_s = time.perf_counter() - t1
+        name = self.active.name
+        self.metrics.decision_latency.labels(name).observe(decide_s)
+        outcome, rule = self._carry_out(decision, current, now)
+        loop_s = time.perf_counter() - t0
+        self.metrics.loop_latency.observe(loop_s)
+        self.metrics.intervals.inc()
+        self.intervals += 1
+        return StepResult(snap, name, outcome, decide_s, loop_s, switch, rule)
+
+    def _switched(self, switch: Switch) -> None:
+        old, new = (
+            (self.primary, self.fallback) if switch.to_fallback else (self.fallback, self.primary)
+        )
+        self.switches.append(switch)
+        self.metrics.switches.labels(old.name, new.name).inc()
+        self.metrics.fallback_active.set(1 if switch.to_fallback else 0)
+        for group in switch.groups:
+            self.metrics.guard_trips.labels(group).inc()
+        log.warning(
+            "switching from %s to %s: %s%s",
+            old.name,
+            new.name,
+            switch.reason,
+            f" ({', '.join(switch.groups)})" if switch.groups else "",
+            extra={
+                "event": "switch",
+                "from": old.name,
+                "to": new.name,
+                "reason": switch.reason,
+                "tripped_by": list(switch.groups),
+            },
+        )
+
+    def _carry_out(
+        self, decision: Decision, current: Allocation, now: float
+    ) -> tuple[str, str | None]:
+        name = self.active.name
+        for group, pids in decision.moves.items():
+            if pids:
+                try:
+                    self.node.assign(group, pids=sorted(pids))
+                except (UnknownTask, GroupNotFound) as exc:
+                    log.warning("task move into %r failed: %s", group, exc)
+        plan = decision.plan
+        if plan is None:
+            # A rate-limited plan keeps moving toward its target until reached or replaced
+            # (controllers such as static or eq decide once and then keep).
+            plan = self.target
+        if plan is None:
+            self.metrics.decisions.labels(name, "kept").inc()
+            return "kept", None
+        limit = not self.slo_guard.in_fallback or self.cfg.guard.limit_fallback
+        screened = self.plan_guard.screen(plan, self.caps, self.groups, current, now, limit=limit)
+        for what in screened.limits:
+            self.metrics.limited_plans.labels(what).inc()
+        self.target = plan if screened.limits and screened.dropped is None else None
+        if screened.dropped is not None:
+            return self._dropped(name, screened.dropped, screened.error)
+        if screened.plan is None:
+            self.metrics.decisions.labels(name, "kept").inc()
+            return ("limited" if screened.limits else "kept"), None
+        self.pending = screened.plan
+        try:
+            held = self.node.apply(screened.plan)
+        except (InvalidAllocation, GroupNotFound) as exc:  # the node saw more than we did
+            self.pending = None
+            return self._dropped(name, getattr(exc, "rule", "unknown_group"), str(exc))
+        self.pending = None
+        self.plan_guard.committed(screened.plan, current, now)
+        self.intended = held
+        self.metrics.record_allocation(held)
+        self.metrics.decisions.labels(name, "applied").inc()
+        return ("limited" if screened.limits else "applied"), None
+
+    def _dropped(self, name: str, rule: str, error: str) -> tuple[str, str]:
+        self.metrics.dropped_plans.labels(rule).inc()
+        self.metrics.decisions.labels(name, "dropped").inc()
+        log.warning(
+            "dropped an invalid plan from %s: %s",
+            name,
+            error,
+            extra={"event": "dropped", "controller": name, "rule": rule},
+        )
+        return "dropped", rule
+
+    def _groups_changed(self) -> None:
+        """Groups appeared or vanished: controllers start over on the new set."""
+        self.groups = dict(self.node.groups())
+        self.target = None
+        log.info("groups changed: %s", sorted(self.groups), extra={"event": "groups"})
+        current = self.node.allocation()
+        self._carry_out(self.active.start(self._context(current)), current, self._last_now)
+
+    # ------------------------------------------------------------------ outages
+
+    def reconcile(self) -> None:
+        """After an outage: groups back, and the node holding what the tuner last applied."""
+        self.caps = self.node.capabilities()
+        self.clock = as_clock(self.node)
+        self._ensure_groups()
+        self.groups = dict(self.node.groups())
+        current = self.node.allocation()
+        want: dict[str, Mapping] = {}
+        if self.intended is not None:
+            want.update({g: a for g, a in self.intended.groups.items() if g in self.groups})
+        if self.pending is not None:
+            for g, per_domain in self.pending.groups.items():
+                if g in self.groups:
+                    want[g] = {**want.get(g, {}), **per_domain}
+        plan = AllocationPlan(want)
+        screened = self.plan_guard.screen(plan, self.caps, self.groups, current, 0.0, limit=False)
+        if screened.dropped is not None:
+            log.warning("cannot restore the last allocation: %s", screened.error)
+        elif screened.plan is not None:
+            self.intended = self.node.apply(screened.plan)
+            log.warning(
+                "the node lost the tuner's allocation (agent restarted?): re-applied it",
+                extra={"event": "restored", "groups": sorted(screened.plan.groups)},
+            )
+        else:
+            self.intended = current
+        self.pending = None
+        self.metrics.record_allocation(self.intended)
+        self.node.observe()  # a fresh interval
+
+    def _wait_for_agent(self, stop: threading.Event, first: BaseException) -> bool:
+        """Retry with backoff until the agent answers again; False when stopped meanwhile."""
+        self.metrics.agent_up.set(0)
+        delay = self.cfg.retry_initial_s
+        error: BaseException = first
+        attempt = 0
+        while not stop.is_set():
+            attempt += 1
+            log.warning(
+                "agent unreachable (%s); retry %d in %.2g s",
+                error,
+                attempt,
+                delay,
+                extra={"event": "agent_down", "attempt": attempt},
+            )
+            if stop.wait(delay):
+                return False
+            delay = min(delay * 2, self.cfg.retry_max_s)
+            try:
+                if self.node is None:
+                    self.start()
+                else:
+                    self.reconcile()
+            except NodeError as exc:
+                if not is_outage(exc):
+                    raise
+                self.metrics.agent_errors.labels(type(exc).__name__).inc()
+                error = exc
+                continue
+            self.metrics.agent_up.set(1)
+            self.metrics.reconnects.inc()
+            log.warning("agent reachable again", extra={"event": "agent_up"})
+            return True
+        return False
+
+    # ------------------------------------------------------------------ run
+
+    def run(self, stop: threading.Event, max_intervals: int | None = None) -> int:
+        """Run until ``stop`` is set (or ``max_intervals`` intervals); returns an exit code."""
+        try:
+            self.start()
+        except NodeError as exc:
+            if not is_outage(exc):
+                raise
+            self.node = None
+            if not self._wait_for_agent(stop, exc):
+                return 0
+        realtime = self.cfg.realtime if self.cfg.realtime is not None else self.clock is None
+        self._next_tick = time.monotonic()
+        while not stop.is_set() and (max_intervals is None or self.intervals < max_intervals):
+            if realtime and not self._sleep(stop):
+                break
+            try:
+                self.step()
+            except (ResourceExhausted, GroupNotFound) as exc:
+                self.metrics.agent_errors.labels(type(exc).__name__).inc()
+                log.warning("interval abandoned: %s", exc)
+                self._groups_changed()
+            except NodeError as exc:
+                self.metrics.agent_errors.labels(type(exc).__name__).inc()
+                if not is_outage(exc):
+                    raise
+                if not self._wait_for_agent(stop, exc):
+                    break
+                self._next_tick = time.monotonic()
+        return 0
+
+    def _sleep(self, stop: threading.Event) -> bool:
+        self._next_tick += self.cfg.interval_s
+        delay = self._next_tick - time.monotonic()
+        if delay < -self.cfg.interval_s:  # fell behind (an outage, a slow agent): re-anchor
+            self._next_tick = time.monotonic()
+            delay = 0.0
+        return not stop.wait(max(0.0, delay))
+
+    def shutdown(self) -> None:
+        """Clean exit: optionally restore the baseline allocation, then disconnect."""
+        if self.node is None:
+            return
+        try:
+            if self.cfg.restore_baseline and self.baseline is not None:
+                groups = set(self.node.groups())
+                plan = AllocationPlan(
+                    {g: a for g, a in self.baseline.groups.items() if g in groups}
+                )
+                if plan.groups:
+                    self.node.apply(plan)
+                    log.info("restored the baseline allocation", extra={"event": "restore"})
+        except NodeError as exc:
+            log.error("could not restore the baseline allocation: %s", exc)
+        finally:
+            self.node.close()

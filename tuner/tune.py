@@ -1,0 +1,170 @@
+"""Run the online tuner: a controller driving one node agent, behind the safety guard.
+
+Every interval the tuner observes the node, decides with the controller (a heuristic from
+the registry, or policy:PATH for an exported learned policy, refused when its encoder
+version or capabilities do not match the node), validates the plan, enforces the change
+limits, and applies it atomically. An LC group missing its SLO for K intervals in a row
+switches the node to the fallback controller until it has been stable again. While the
+agent is unreachable the tuner retries with backoff and re-applies its allocation when the
+agent is back. SIGTERM/SIGINT stop it cleanly (optionally restoring the allocation found
+at start); if the tuner dies, the node keeps its last valid allocation.
+
+Options given on the command line override the --config YAML file (see tuner/config.py and
+docs/DEPLOY.md). Prometheus metrics are served on --metrics-listen.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("\n\n", 1)[1]
+    parser.add_argument("--agent", metavar="ADDR", help="agent address: host:port or unix:/path")
+    parser.add_argument(
+        "--controller",
+        metavar="SPEC",
+        help="a registered controller (eq, static, copart, ubik, coco, ...), policy:PATH "
+        "(exported policy) or import:MODULE:CLASS",
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    parser.add_argument("--interval", dest="interval_s", type=float, metavar="S", help="seconds")
+    parser.add_argument("--fallback", metavar="NAME", help="SLO guard fallback controller")
+    parser.add_argument(
+        "--metrics-listen", metavar="ADDR", help="Prometheus host:port (default 127.0.0.1:9465)"
+    )
+    parser.add_argument("--log-json", action="store_true", default=None, help="JSON lines logs")
+    parser.add_argument(
+        "--restore-baseline",
+        action="store_true",
+        default=None,
+        help="on clean shutdown put back the allocation found at start",
+    )
+    parser.add_argument(
+        "--intervals", type=int, metavar="N", help="stop after N intervals (default: run on)"
+    )
+    sec = parser.add_argument_group("agent security")
+    sec.add_argument("--token-file", metavar="FILE", help="bearer token (or $RDTUNE_AGENT_TOKEN)")
+    sec.add_argument("--tls-ca", metavar="FILE", help="CA of the agent's certificate (PEM)")
+    sec.add_argument("--tls-cert", metavar="FILE", help="client certificate for mTLS (PEM)")
+    sec.add_argument("--tls-key", metavar="FILE", help="client key for mTLS (PEM)")
+    sec.add_argument("--tls-server-name", metavar="NAME", help="name to check in the agent cert")
+    parser.add_argument(
+        "--list-controllers", action="store_true", help="print the registered controllers and exit"
+    )
+
+
+def build_config(args: argparse.Namespace):
+    from tuner.config import TunerConfig, load_yaml
+
+    cfg = load_yaml(args.config) if args.config else TunerConfig()
+    for name in ("interval_s", "fallback", "metrics_listen", "log_json", "restore_baseline"):
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(cfg, name, value)
+    a = cfg.agent
+    if args.agent:
+        a.address = args.agent
+    for flag, attr in (
+        ("token_file", "token_file"),
+        ("tls_ca", "tls_ca"),
+        ("tls_cert", "tls_cert"),
+        ("tls_key", "tls_key"),
+        ("tls_server_name", "tls_server_name"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            setattr(a, attr, value)
+    a.tls = a.tls or bool(a.tls_ca or a.tls_cert)
+    a.resolve_token()
+    cfg.validate()
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import logging
+    import signal
+    import sys
+    import threading
+
+    from models import registry
+    from tuner.config import ConfigError
+    from tuner.controllers import ControllerError, build, fallback
+    from tuner.policy import PolicyRefused
+
+    if args.list_controllers:
+        for name in registry.names():
+            print(name)
+        return 0
+    if not args.controller:
+        print("rdtune tune: --controller is required (see --list-controllers)", file=sys.stderr)
+        return 2
+    try:
+        cfg = build_config(args)
+        backup = fallback(cfg.fallback)
+    except (ConfigError, ControllerError) as exc:
+        print(f"rdtune tune: {exc}", file=sys.stderr)
+        return 2
+    if cfg.log_json:
+        from tuner.logs import use_json_logs
+
+        use_json_logs(logging.INFO)
+    elif logging.getLogger().level > logging.INFO:
+        logging.getLogger("rdtune.tuner").setLevel(logging.INFO)
+
+    from prometheus_client import start_http_server
+
+    from agent.errors import NodeError
+    from tuner.metrics import TunerMetrics
+    from tuner.service import Tuner
+
+    metrics = TunerMetrics()
+    http = None
+    if cfg.metrics_listen:
+        host, _, port = cfg.metrics_listen.rpartition(":")
+        try:
+            http, _ = start_http_server(int(port), addr=host.strip("[]"), registry=metrics.registry)
+        except OSError as exc:
+            print(
+                f"rdtune tune: cannot serve metrics on {cfg.metrics_listen}: {exc}", file=sys.stderr
+            )
+            return 2
+        print(f"rdtune tune: metrics on {host}:{http.server_port}/metrics", flush=True)
+
+    def controller(caps, groups):
+        return build(args.controller, caps, cfg.controller_options, groups)
+
+    tuner = Tuner(cfg.agent.connect, controller, cfg, backup, metrics)
+    stop = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"rdtune tune: {args.controller} on {cfg.agent.address}", flush=True)
+    code = 0
+    try:
+        code = tuner.run(stop, args.intervals)
+    except (PolicyRefused, ControllerError, ConfigError) as exc:
+        print(f"rdtune tune: {exc}", file=sys.stderr)
+        code = 2
+    except NodeError as exc:
+        print(f"rdtune tune: the agent refused: {exc}", file=sys.stderr)
+        code = 1
+    finally:
+        tuner.shutdown()
+        if http is not None:
+            http.shutdown()
+    summary = {
+        "intervals": tuner.intervals,
+        "switches": [
+            {"to_fallback": s.to_fallback, "groups": list(s.groups)} for s in tuner.switches
+        ],
+        "controller": tuner.primary.name if tuner.primary else None,
+        "fallback": backup.name,
+    }
+    print(f"rdtune tune: stopped {json.dumps(summary)}", flush=True)
+    return code
