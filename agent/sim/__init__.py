@@ -38,6 +38,8 @@ Simulated-only tools (controllers must not need them):
   {instance: req/s}); does not disturb the node. Key ``""`` is the default group.
 * ``workloads()`` (which instance is in which group, its pids, LC capacity),
   ``scenario``, ``preset``, ``load_rps(name)``, ``memory_latency_ns()``, ``occupancy()``.
+* A node pickles and deep-copies with its RNG state (Ray workers; look-ahead copies for
+  an oracle continue exactly as the original would). Calls are serialised by a lock.
 
 Data: machine presets, workloads and scenarios are YAML in agent/sim/data/;
 :func:`agent.sim.catalog.load_catalog` adds user files; :func:`agent.sim.scenario.get_scenario`

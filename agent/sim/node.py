@@ -194,6 +194,20 @@ class SimNode:
         self._lock = threading.RLock()
         self.reset(scenario, seed)
 
+    def __getstate__(self) -> dict:
+        # Picklable / deep-copyable (Ray workers, an oracle's look-ahead copies): the lock
+        # is recreated, everything else (RNG state included) is copied.
+        # Capabilities are rebuilt from the preset (agent.types' read-only mappings are
+        # MappingProxyType, which does not pickle).
+        state = self.__dict__.copy()
+        del state["_lock"], state["_caps"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._caps = self._preset.capabilities()
+        self._lock = threading.RLock()
+
     # ================================================================== Clock
 
     def now(self) -> float:

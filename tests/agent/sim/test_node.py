@@ -64,6 +64,21 @@ def test_reset_restores_groups_and_allocations() -> None:
     assert node.allocation().get("memcached", 0).l3_mask == node.capabilities().l3.cbm_mask
 
 
+def test_a_copy_continues_the_same_trajectory() -> None:
+    """Pickled or deep-copied nodes (Ray workers, look-ahead) carry their RNG state."""
+    import copy
+    import pickle
+
+    node = SimNode(seed=11)
+    node.advance(1.0)
+    node.observe()
+    twin = pickle.loads(pickle.dumps(node))
+    other = copy.deepcopy(node)
+    expected = trajectory(node, 5)
+    assert trajectory(twin, 5) == expected
+    assert trajectory(other, 5) == expected
+
+
 def test_noise_free_observation_matches_the_steady_state() -> None:
     node = SimNode(noise=False)
     node.advance(2.0)
