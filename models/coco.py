@@ -1,0 +1,509 @@
+"""CoCo: time-sharing a few CLOS among more LC services than CLOSIDs, and a round-robin baseline.
+
+Rules (shared/design/BASELINES.md, "CoCo", a summary in our words; the constants below are
+the ones it gives, the rest are our reading, documented here):
+
+- **Tiers** (BASELINES.md): the CLOS are partitioned into fixed tiers; on a 20-way cache
+  2, 3, 6 and 9 ways with 10, 10, 30 and 50% MBA (:data:`TIER_TEMPLATE`), scaled to the
+  node's ways. The smallest tier is the CLOS reserved for background/system tasks
+  (``background_pids``); the LC tiers are the largest template tiers that fit the node's
+  free CLOSIDs, scaled to fill the remaining ways. CAT and MBA move together: a tier never
+  has fewer ways with more bandwidth. On a 4-CLOS node (default group + 3 own groups) that
+  is one background tier and two LC tiers.
+- **Tier occupancy** (our reading): the lowest LC tier is the shared queue every service
+  rests in; each higher tier holds one service at a time. A service is only ever in one
+  CLOS; moving it is a task move (``Decision.moves`` -> the node's assign).
+- **Sensitivity profile** (BASELINES.md: load sustained within SLO at full resources vs.
+  reduced masks and MBA; slowdown = load(full) / load(state)): :func:`calibrate` measures
+  each service alone in each tier shape and at full resources. A node cannot change the
+  offered load, so the load ratio is taken as the service-time ratio CPI(state) /
+  CPI(full) (at a fixed work per request the load a queue sustains within a latency bound
+  scales with 1 / service time); the tail latency measured in each state says whether the
+  SLO holds there. The shared lowest tier is profiled as its per-service share
+  (ways / sharers; on absolute-bandwidth MBA, bandwidth / sharers too).
+- **Multi-level queue** (our reading): a service's level is the smallest tier whose
+  profiled tail meets its SLO (with ``margin``). Services needing a higher tier get one
+  each, largest need first, the larger tier when the one they need is taken.
+- **Admission control** (BASELINES.md): when no assignment meets every SLO (more services
+  need a dedicated tier than there are tiers), the affordable set is kept — the services
+  with the highest slowdown weight — and the rest are dropped to best effort (they rest in
+  the shared tier and share spare tiers like everyone else); the decision note names them.
+- **Weighted round robin** (BASELINES.md): higher tiers not dedicated to a service are
+  time-shared by all resting services; service ``i`` gets slices of
+  ``slice_s x n x weight_i`` with ``weight_i = slowdown_i / sum_k slowdown_k`` (slowdown
+  in the shared tier), visiting every service once per round, so none starves and the
+  higher-slowdown services hold the larger tiers longer.
+- **Migration warm-up** (BASELINES.md: model it): a service moved into a tier must fill its
+  ways before it benefits, at one line per miss: warm-up = ways x way bytes / (64 x
+  misses/s). No slice is shorter than ``warmup_factor`` warm-ups (default 10, so at most
+  ~10% of a slice is spent warming), and dedicated services are never rotated.
+- Online refinement: a dedicated service whose observed tail (its tier holds only it)
+  exceeds its SLO for ``patience`` intervals has its level raised.
+
+:class:`RoundRobin` is the plain time-sharing baseline: the same tiers, every service
+rotated through the higher tiers with equal slices, no profile, no admission control.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from agent.node import Clock, Node
+from agent.types import (
+    SLO,
+    AllocationPlan,
+    GroupAllocation,
+    GroupKind,
+    GroupSpec,
+    MbaMode,
+    NodeCapabilities,
+    Snapshot,
+    contiguous_mask,
+)
+from models.allocation import mb_level, pack_ways
+from models.controller import KEEP, ControlContext, Controller, Decision
+
+# (ways on a 20-way cache, MBA fraction); the first is the background/system CLOS.
+TIER_TEMPLATE: tuple[tuple[int, float], ...] = ((2, 0.10), (3, 0.10), (6, 0.30), (9, 0.50))
+LINE_BYTES = 64
+DEFAULT_WAY_BYTES = 2 * 2**20
+
+
+@dataclass(frozen=True)
+class Service:
+    """One LC service CoCo schedules: its tasks and its SLO."""
+
+    name: str
+    pids: frozenset[int]
+    slo: SLO
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pids", frozenset(int(p) for p in self.pids))
+        if not self.pids:
+            raise ValueError(f"service {self.name!r} has no tasks")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A CLOS tier: the group holding it, its ways and its MBA fraction."""
+
+    group: str
+    ways: int
+    mb_fraction: float
+
+
+@dataclass
+class ServiceProfile:
+    """Per LC tier index (1 = shared lowest tier): tail latency (ms at the SLO percentile)
+    and CPI measured there; ``cpi_full`` at full resources; ``miss_rate`` in misses/s."""
+
+    tails: dict[int, float] = field(default_factory=dict)
+    cpi: dict[int, float] = field(default_factory=dict)
+    cpi_full: float | None = None
+    miss_rate: float = 0.0
+
+    def slowdown(self, tier: int) -> float:
+        if self.cpi_full and tier in self.cpi and self.cpi_full > 0:
+            return max(1.0, self.cpi[tier] / self.cpi_full)
+        return 1.0
+
+
+def tier_shapes(caps: NodeCapabilities, n_lc: int) -> list[tuple[int, float]]:
+    """``[background, lc_1 (shared), ..., lc_n (largest)]`` as (ways, MBA fraction)."""
+    if caps.l3 is None:
+        raise ValueError("CoCo needs L3 cache allocation")
+    W, least = caps.l3.num_ways, max(1, caps.l3.min_cbm_bits)
+    bg_ways, bg_mb = TIER_TEMPLATE[0]
+    lc = list(TIER_TEMPLATE[1:])[-n_lc:] if n_lc <= len(TIER_TEMPLATE) - 1 else None
+    if lc is None or n_lc < 1:
+        raise ValueError(f"CoCo supports 1..{len(TIER_TEMPLATE) - 1} LC tiers, got {n_lc}")
+    bg = max(least, round(bg_ways * W / 20))
+    rest = W - bg
+    if rest < least * n_lc:
+        raise ValueError(f"{W} ways cannot hold {n_lc} LC tiers and a background tier")
+    total = sum(w for w, _ in lc)
+    ways = [max(least, int(w * rest / total)) for w, _ in lc]
+    ways[-1] += rest - sum(ways)
+    while ways[-1] < least or any(ways[i] > ways[i + 1] for i in range(n_lc - 1)):
+        i = max(range(n_lc - 1), key=lambda j: ways[j])  # only reached on tiny caches
+        ways[i] -= 1
+        ways[-1] += 1
+    return [(bg, bg_mb)] + [(w, f) for w, (_, f) in zip(ways, lc, strict=True)]
+
+
+def prepare_groups(
+    node: Node, slo: SLO, *, prefix: str = "coco", n_lc_tiers: int | None = None
+) -> list[str]:
+    """Create CoCo's groups on ``node`` (background first, then LC tiers, smallest first)
+    from its free CLOSIDs; existing groups of those names are reused. The tiers' SLO is a
+    label only (CoCo judges each service by its own)."""
+    caps = node.capabilities()
+    have = node.groups()
+    free = caps.num_closids - 1 - len([g for g in have if not g.startswith(prefix + "_")])
+    n = min(free - 1, len(TIER_TEMPLATE) - 1) if n_lc_tiers is None else n_lc_tiers
+    if n < 1:
+        raise ValueError(f"CoCo needs at least 2 free CLOSIDs, the node has {free}")
+    names = [f"{prefix}_bg"] + [f"{prefix}_t{i}" for i in range(1, n + 1)]
+    for i, g in enumerate(names):
+        if g not in have:
+            kind = GroupSpec(g, GroupKind.SYSTEM) if i == 0 else GroupSpec(g, GroupKind.LC, slo)
+            node.create_group(kind)
+    return names
+
+
+def _mb_fraction(caps: NodeCapabilities, fraction: float, sharers: int = 1) -> int | None:
+    if caps.mba is None:
+        return None
+    absolute = caps.mba.mode in (MbaMode.AMD, MbaMode.MBPS)
+    return mb_level(caps, fraction / sharers if absolute else fraction)
+
+
+def _tier_plan(
+    caps: NodeCapabilities, groups: Sequence[str], shapes: Sequence[tuple[int, float]]
+) -> AllocationPlan:
+    masks = pack_ways({g: w for g, (w, _) in zip(groups, shapes, strict=True)}, caps)
+    return AllocationPlan.uniform(
+        {
+            g: GroupAllocation(l3_mask=masks[g], mb=_mb_fraction(caps, f))
+            for g, (_, f) in zip(groups, shapes, strict=True)
+        },
+        caps.domains,
+    )
+
+
+class _TimeSharing(Controller):
+    """Shared machinery: tiers, where each service is, task moves."""
+
+    needs_tasks = True
+
+    def __init__(
+        self,
+        services: Sequence[Service],
+        groups: Sequence[str],
+        *,
+        background_pids: Iterable[int] = (),
+        slice_s: float = 1.0,
+    ) -> None:
+        if len(groups) < 2:
+            raise ValueError("need a background group and at least one LC tier group")
+        if not services:
+            raise ValueError("no services to schedule")
+        names = [s.name for s in services]
+        if len(set(names)) != len(names):
+            raise ValueError("service names must be unique")
+        if slice_s <= 0:
+            raise ValueError(f"slice_s must be positive, got {slice_s}")
+        self.services = list(services)
+        self.groups = list(groups)
+        self.background_pids = frozenset(background_pids)
+        self.slice_s = float(slice_s)
+        self._placed: dict[str, str] = {}
+        self._interval = 0.1
+
+    def start(self, ctx: ControlContext) -> Decision:
+        missing = [g for g in self.groups if g not in ctx.groups]
+        if missing:
+            raise ValueError(f"{self.name}: groups {missing} do not exist (prepare_groups)")
+        caps = ctx.capabilities
+        self.shapes = tier_shapes(caps, len(self.groups) - 1)
+        self._lc_groups = self.groups[1:]
+        self._placed = {}
+        self._tick = 0
+        self._setup(ctx)
+        place = self._assign(ctx)
+        moves = self._moves(place, ctx)
+        if self.background_pids:
+            moves[self.groups[0]] = self.background_pids
+        plan = _tier_plan(caps, self.groups, self.shapes)
+        return Decision(plan, moves, note=f"{self.name}: tiers {self._describe()}")
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        if any(g not in ctx.groups for g in self.groups):
+            return KEEP  # someone deleted our groups: nothing safe to do
+        self._tick += 1
+        if snapshot.interval_s > 0:
+            self._interval = snapshot.interval_s
+        self._learn(snapshot, ctx)
+        place = self._assign(ctx)
+        moves = self._moves(place, ctx)
+        note = self._note if moves else ""
+        return Decision(moves=moves, note=note) if moves else KEEP
+
+    def _moves(self, place: Mapping[str, str], ctx: ControlContext) -> dict[str, frozenset[int]]:
+        moves: dict[str, set[int]] = {}
+        for s in self.services:
+            g = place[s.name]
+            here = ctx.tasks.get(g, frozenset()) if ctx.tasks is not None else frozenset()
+            if self._placed.get(s.name) != g or not s.pids <= here:
+                moves.setdefault(g, set()).update(s.pids)
+        self._placed = dict(place)
+        return {g: frozenset(p) for g, p in moves.items()}
+
+    def _describe(self) -> str:
+        return ", ".join(
+            f"{g}={w}w/{f:.0%}" for g, (w, f) in zip(self.groups, self.shapes, strict=False)
+        )
+
+    def _setup(self, ctx: ControlContext) -> None:
+        pass
+
+    def _learn(self, snapshot: Snapshot, ctx: ControlContext) -> None:
+        pass
+
+    def _assign(self, ctx: ControlContext) -> dict[str, str]:
+        raise NotImplementedError
+
+
+class RoundRobin(_TimeSharing):
+    """Plain round robin: every ``slice_s`` the services shift one place through the
+    higher tiers (equal slices, no profile); the others rest in the shared tier."""
+
+    name = "round_robin"
+
+    def _assign(self, ctx: ControlContext) -> dict[str, str]:
+        per_slice = max(1, round(self.slice_s / self._interval))
+        turn = self._tick // per_slice
+        n = len(self.services)
+        place = {s.name: self._lc_groups[0] for s in self.services}
+        for j, g in enumerate(reversed(self._lc_groups[1:])):
+            place[self.services[(turn + j) % n].name] = g
+        self._note = f"{self.name}: turn {turn}"
+        return place
+
+
+class CoCo(_TimeSharing):
+    """CoCo (see the module docstring).
+
+    Args:
+        services: the LC services to schedule.
+        groups: background group first, then the LC tier groups, smallest first
+            (:func:`prepare_groups` creates them).
+        profile: per service name, its :class:`ServiceProfile` (:func:`calibrate`); services
+            without one are assumed to need the largest tier.
+        background_pids: tasks of batch/system work, moved into the background group.
+        slice_s: base time slice of the weighted round robin.
+        margin: a tier meets an SLO when its profiled tail is at most ``margin x target``.
+        warmup_factor: minimum slice length in cache warm-ups.
+        patience: intervals over the SLO before a dedicated service's level is raised.
+    """
+
+    name = "coco"
+
+    def __init__(
+        self,
+        services: Sequence[Service],
+        groups: Sequence[str],
+        *,
+        profile: Mapping[str, ServiceProfile] | None = None,
+        background_pids: Iterable[int] = (),
+        slice_s: float = 1.0,
+        margin: float = 0.9,
+        warmup_factor: float = 10.0,
+        patience: int = 5,
+    ) -> None:
+        super().__init__(services, groups, background_pids=background_pids, slice_s=slice_s)
+        self.profile = dict(profile or {})
+        self.margin = margin
+        self.warmup_factor = warmup_factor
+        self.patience = patience
+
+    def _setup(self, ctx: ControlContext) -> None:
+        caps = ctx.capabilities
+        k = len(self._lc_groups)
+        self._way_bytes = caps.l3.way_bytes or DEFAULT_WAY_BYTES
+        self._need: dict[str, int] = {}
+        for s in self.services:
+            p = self.profile.get(s.name)
+            need = k
+            if p is not None:
+                ok = [
+                    j
+                    for j in range(1, k + 1)
+                    if p.tails.get(j, math.inf) <= self.margin * s.slo.target_ms
+                ]
+                need = ok[0] if ok else k
+            self._need[s.name] = need
+        self._over: dict[str, int] = dict.fromkeys(self._need, 0)
+        self._schedule()
+
+    def _weight(self, name: str) -> float:
+        p = self.profile.get(name)
+        return p.slowdown(1) if p is not None else 1.0
+
+    def _schedule(self) -> None:
+        """Dedicate tiers (largest need first, ties by weight) and set up the rotation."""
+        k = len(self._lc_groups)
+        free = list(range(2, k + 1))  # exclusive tier indices
+        self._dedicated: dict[int, str] = {}
+        self._dropped: list[str] = []
+        order = sorted(self.services, key=lambda s: (-self._need[s.name], -self._weight(s.name)))
+        for s in order:
+            need = self._need[s.name]
+            if need <= 1:
+                continue
+            fit = [j for j in free if j >= need]
+            if fit:
+                self._dedicated[fit[0]] = s.name
+                free.remove(fit[0])
+            else:
+                self._dropped.append(s.name)
+        self._spare = sorted(free, reverse=True)
+        dedicated = set(self._dedicated.values())
+        self._rotation = [s.name for s in order if s.name not in dedicated]
+        self._rotation.sort(key=lambda n: -self._weight(n))
+        total = sum(self._weight(n) for n in self._rotation) or 1.0
+        self._weights = {n: self._weight(n) / total for n in self._rotation}
+        self._holder: dict[int, tuple[int, int]] = {}  # tier -> (rotation index, intervals left)
+
+    def _slice_intervals(self, name: str, tier: int) -> int:
+        n = len(self._rotation)
+        want = self.slice_s * n * self._weights.get(name, 1.0 / max(n, 1))
+        p = self.profile.get(name)
+        if p is not None and p.miss_rate > 0:
+            ways = self.shapes[tier][0]
+            warm = ways * self._way_bytes / (LINE_BYTES * p.miss_rate)
+            want = max(want, self.warmup_factor * warm)
+        return max(1, math.ceil(want / self._interval - 1e-9))
+
+    def _assign(self, ctx: ControlContext) -> dict[str, str]:
+        place = {s.name: self._lc_groups[0] for s in self.services}
+        for j, name in self._dedicated.items():
+            place[name] = self._lc_groups[j - 1]
+        busy: set[str] = set()
+        n = len(self._rotation)
+        for j in self._spare:
+            if not n:
+                break
+            idx, left = self._holder.get(j, (-1, 0))
+            if left <= 0 or idx < 0 or self._rotation[idx % n] in busy:
+                for step in range(1, n + 1):  # next service not holding another tier
+                    cand = (idx + step) % n
+                    if self._rotation[cand] not in busy:
+                        idx = cand
+                        break
+                left = self._slice_intervals(self._rotation[idx], j)
+            name = self._rotation[idx % n]
+            if name in busy:
+                continue
+            busy.add(name)
+            place[name] = self._lc_groups[j - 1]
+            self._holder[j] = (idx, left - 1)
+        dropped = f", dropped {self._dropped}" if self._dropped else ""
+        self._note = (
+            f"{self.name}: dedicated {dict(sorted(self._dedicated.items()))}{dropped}; "
+            f"rotating {[n for n in self._rotation if place[n] != self._lc_groups[0]]}"
+        )
+        return place
+
+    def _learn(self, snapshot: Snapshot, ctx: ControlContext) -> None:
+        k = len(self._lc_groups)
+        changed = False
+        for j, name in list(self._dedicated.items()):
+            s = snapshot.groups.get(self._lc_groups[j - 1])
+            svc = next(x for x in self.services if x.name == name)
+            if s is None or s.latency is None or s.latency.count == 0:
+                continue
+            tail = s.latency.percentile(svc.slo.percentile)
+            self._over[name] = self._over[name] + 1 if tail > svc.slo.target_ms else 0
+            if self._over[name] >= self.patience and self._need[name] < k:
+                self._need[name] = j + 1
+                self._over[name] = 0
+                changed = True
+        if changed:
+            self._schedule()
+
+
+# ---------------------------------------------------------------------- calibration
+
+
+def calibrate(
+    node: Node,
+    clock: Clock | None,
+    services: Sequence[Service],
+    groups: Sequence[str],
+    *,
+    background_pids: Iterable[int] = (),
+    settle_intervals: int = 3,
+    measure_intervals: int = 20,
+    interval_s: float = 0.1,
+) -> dict[str, ServiceProfile]:
+    """Sensitivity profile: each service alone in each LC tier shape and at full resources.
+
+    The service under test goes into the largest tier group, reshaped to the state being
+    measured; every other service waits in the shared tier. The shared tier is measured as
+    one service's share of it (ways and, on absolute-bandwidth MBA, bandwidth divided by
+    the number of services expected to rest there). ``background_pids`` are moved into the
+    background group first, as CoCo runs them. Restores the node's allocation afterwards
+    and leaves the services in the shared tier.
+    """
+    caps = node.capabilities()
+    k = len(groups) - 1
+    shapes = tier_shapes(caps, k)
+    least = max(1, caps.l3.min_cbm_bits)
+    top, bottom = groups[-1], groups[1]
+    saved = node.allocation().as_plan()
+    sharers = max(1, len(services) - (k - 1))
+    low = (caps.l3.cbm_mask & -caps.l3.cbm_mask).bit_length() - 1
+    full_mb = caps.mba.max_bandwidth if caps.mba else None
+
+    def wait() -> None:
+        if clock is not None:
+            clock.advance(interval_s)
+        else:
+            time.sleep(interval_s)
+
+    states: dict[int | str, GroupAllocation] = {}
+    for j in range(1, k + 1):
+        w, f = shapes[j]
+        if j == 1:
+            w = max(least, w // sharers)
+            mb = _mb_fraction(caps, f, sharers)
+        else:
+            mb = _mb_fraction(caps, f)
+        # the top group's region, shrunk from its high end, keeps the other tiers intact
+        states[j] = GroupAllocation(l3_mask=contiguous_mask(w, low + caps.l3.num_ways - w), mb=mb)
+    states["full"] = GroupAllocation(l3_mask=caps.l3.cbm_mask, mb=full_mb)
+    out: dict[str, ServiceProfile] = {}
+    try:
+        node.apply(_tier_plan(caps, groups, shapes))
+        if background_pids:
+            node.assign(groups[0], pids=sorted(background_pids))
+        for s in services:
+            node.assign(bottom, pids=sorted(s.pids))
+        for s in services:
+            prof = ServiceProfile()
+            node.assign(top, pids=sorted(s.pids))
+            for key, alloc in states.items():
+                node.apply(AllocationPlan.uniform({top: alloc}, caps.domains))
+                for _ in range(settle_intervals):
+                    wait()
+                node.observe()
+                ins = cyc = miss = 0.0
+                tails: list[tuple[float, int]] = []
+                for _ in range(measure_intervals):
+                    wait()
+                    g = node.observe().groups.get(top)
+                    if g is None:
+                        continue
+                    if g.latency is not None and g.latency.count:
+                        tails.append((g.latency.percentile(s.slo.percentile), g.latency.count))
+                    ins += g.instructions or 0.0
+                    cyc += g.cycles or 0.0
+                    miss += g.llc_misses or 0.0
+                n = sum(c for _, c in tails)
+                tail = sum(t * c for t, c in tails) / n if n else math.nan
+                cpi = cyc / ins if ins > 0 else math.nan
+                if key == "full":
+                    prof.cpi_full = cpi
+                    prof.miss_rate = miss / (measure_intervals * interval_s)
+                else:
+                    prof.tails[key] = tail
+                    prof.cpi[key] = cpi
+            node.assign(bottom, pids=sorted(s.pids))
+            out[s.name] = prof
+    finally:
+        node.apply(saved)
+    return out
