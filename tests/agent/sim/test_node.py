@@ -355,6 +355,23 @@ def test_more_lc_services_than_closids() -> None:
         node.create_group(GroupSpec("one_more"))
 
 
+def test_exclusive_groups_take_free_ways_and_keep_them() -> None:
+    from agent.errors import InvalidAllocation
+
+    node = SimNode(Scenario("x", "gold6130", (WorkloadInstance("a", "CG"),)), auto_groups=False)
+    node.create_group(GroupSpec("shared"))
+    with pytest.raises(ResourceExhausted, match="no free ways"):
+        node.create_group(GroupSpec("mine", exclusive=True))  # "shared" holds every way
+    node.apply(AllocationPlan.uniform({"shared": GroupAllocation(l3_mask=0x7F)}))
+    node.create_group(GroupSpec("mine", exclusive=True))
+    assert node.allocation().get("mine", 0).l3_mask == 0x780
+    with pytest.raises(InvalidAllocation) as err:
+        node.apply(AllocationPlan.uniform({"shared": GroupAllocation(l3_mask=0xFF)}))
+    assert err.value.rule == "exclusive_overlap"
+    node.create_group(GroupSpec("later"))  # a new group gets every way not held exclusively
+    assert node.allocation().get("later", 0).l3_mask == 0x7F
+
+
 def test_latency_reported_for_lc_groups_only() -> None:
     node = SimNode()
     node.advance(0.5)
