@@ -10,4 +10,5 @@ BENCHMARKS: dict[str, str] = {  # name -> module (eval.bench.<module>)
     "resctrl": "resctrl",
     "sim": "sim",
     "agent": "agent",
+    "controllers": "controllers",
 }
