@@ -62,7 +62,45 @@ def _time_sharing(kind: str) -> Callable[[str, int], tuple[Controller, SimNode]]
     return build
 
 
+def _static(preset: str, seed: int) -> tuple[Controller, SimNode]:
+    from models.static import StaticController, calibrate
+
+    node = _mixed_node(preset, seed)
+    lc = [g for g, s in node.groups().items() if s.kind is GroupKind.LC]
+    if lc:
+        sweep = calibrate(node, node, lc[0], measure_s=0.2, warmup_s=0.1)
+        return StaticController.from_sweep(sweep), node
+    return StaticController(next(iter(node.groups())), 2), node
+
+
+def _best_static(preset: str, seed: int) -> tuple[Controller, SimNode]:
+    from models.static import BestStatic
+
+    node = _mixed_node(preset, seed)
+    best = BestStatic(max_evals=40)
+    best.fit(node)
+    return best, node
+
+
+def _copart(preset: str, seed: int) -> tuple[Controller, SimNode]:
+    from models.copart import CoPart, stream_profile_sim
+
+    node = _mixed_node(preset, seed)
+    return CoPart(stream_profile_sim(node), period=2, profile_intervals=2, seed=seed), node
+
+
+def _oracle(preset: str, seed: int) -> tuple[Controller, SimNode]:
+    from models.oracle import Oracle
+
+    node = _mixed_node(preset, seed)
+    return Oracle(node, max_evals=40), node
+
+
 CONTROLLERS: dict[str, Callable[[str, int], tuple[Controller, SimNode]]] = {
+    "static": _static,
+    "best_static": _best_static,
+    "copart": _copart,
+    "oracle": _oracle,
     "ubik": _ubik,
     "static_lc": _static_lc,
     "coco": _time_sharing("coco"),

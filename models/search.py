@@ -1,0 +1,180 @@
+"""Bounded search over static allocations, shared by the best static (ST) and the oracle.
+
+CoPart's ST (EuroSys'19 section 6.1) is "the system state with the highest fairness among
+the system states evaluated through extensive offline experiments"; the oracle
+(BASELINES.md, "Oracle") is the same search on the simulator's ground truth. A *state*
+gives every group a number of ways (disjoint, contiguous, packed from bit 0 in group
+order, LC groups first) and an MB level from a grid (the node's levels at 10%, 20%, ...,
+100% of full bandwidth; a single "no MBA" entry without MBA). The unpartitioned state
+(every group every way, full bandwidth) is always evaluated too.
+
+Search: exhaustive when the state space fits ``max_evals``; otherwise every way split with
+each group at full bandwidth and at the equal bandwidth share, then best-improvement local
+search (move one way between two groups; set one group's MB to any grid level) from the
+best few starts until no neighbour improves or the budget is spent. Evaluations are cached.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.types import AllocationPlan, GroupKind, GroupSpec, NodeCapabilities
+from models.allocation import full_allocation, mb_level, pack_ways, plan_from
+
+# A state: (ways per group, MB per group) in group order; ways () means unpartitioned.
+State = tuple[tuple[int, ...], tuple[int | None, ...]]
+UNPARTITIONED_WAYS: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best state found, its plan and score, and how many states were evaluated."""
+
+    plan: AllocationPlan
+    state: State
+    score: float
+    evaluations: int
+    exhaustive: bool
+
+
+def group_order(groups: Mapping[str, GroupSpec]) -> list[str]:
+    """LC groups first (they get the low ways, as catbench does), then the rest, by name."""
+    return sorted(groups, key=lambda g: (groups[g].kind is not GroupKind.LC, g))
+
+
+def mb_grid(caps: NodeCapabilities, steps: int = 10) -> tuple[int | None, ...]:
+    """MB values at 1/steps, 2/steps, ..., 1 of full bandwidth (deduplicated)."""
+    if caps.mba is None:
+        return (None,)
+    return tuple(sorted({mb_level(caps, k / steps) for k in range(1, steps + 1)}))
+
+
+def way_splits(total: int, n: int, least: int) -> list[tuple[int, ...]]:
+    """Every split of ``total`` ways into ``n`` parts of at least ``least`` (compositions)."""
+    if n == 0 or total < n * least:
+        return []
+    spare = total - n * least
+    out = []
+    for cuts in itertools.combinations(range(spare + n - 1), n - 1):
+        parts, prev = [], -1
+        for c in [*cuts, spare + n - 1]:
+            parts.append(c - prev - 1 + least)
+            prev = c
+        out.append(tuple(parts))
+    return out
+
+
+def state_plan(state: State, order: Sequence[str], caps: NodeCapabilities) -> AllocationPlan:
+    ways, mbs = state
+    if ways == UNPARTITIONED_WAYS:
+        full = full_allocation(caps)
+        masks = {g: full.l3_mask for g in order}
+    else:
+        masks = pack_ways(dict(zip(order, ways, strict=True)), caps)
+    return plan_from(masks, dict(zip(order, mbs, strict=True)), caps)
+
+
+def search(
+    score: Callable[[AllocationPlan], float],
+    groups: Mapping[str, GroupSpec],
+    caps: NodeCapabilities,
+    *,
+    max_evals: int = 600,
+    starts: int = 3,
+    mb_steps: int = 10,
+    seeds: Sequence[State] = (),
+) -> SearchResult:
+    """Minimise ``score(plan)`` over static states (see the module docstring).
+
+    ``seeds`` are extra states to evaluate first and to start local search from.
+    """
+    if caps.l3 is None:
+        raise ValueError("node has no L3 allocation; nothing to search")
+    order = group_order(groups)
+    n = len(order)
+    if n == 0:
+        raise ValueError("no groups to allocate")
+    least = max(1, caps.l3.min_cbm_bits)
+    splits = way_splits(caps.l3.num_ways, n, least)
+    grid = mb_grid(caps, mb_steps)
+    top = grid[-1]
+    cache: dict[State, float] = {}
+
+    def evaluate(state: State) -> float:
+        if state not in cache:
+            value = score(state_plan(state, order, caps))
+            cache[state] = value if not math.isnan(value) else math.inf
+        return cache[state]
+
+    evaluate((UNPARTITIONED_WAYS, (top,) * n))
+    for s in seeds:
+        evaluate(s)
+    space = len(splits) * len(grid) ** n
+    exhaustive = space + len(cache) <= max_evals
+    if exhaustive:
+        for ways in splits:
+            for mbs in itertools.product(grid, repeat=n):
+                evaluate((ways, tuple(mbs)))
+    else:
+        equal_mb = max((v for v in grid if v is None or v <= top / n + 1e-9), default=grid[0])
+        stage_one = [(w, (top,) * n) for w in splits]
+        if equal_mb != top:
+            stage_one += [(w, (equal_mb,) * n) for w in splits]
+        for s in stage_one[: max(0, max_evals // 2 - len(cache))]:
+            evaluate(s)
+        ranked = sorted((s for s in cache if s[0] != UNPARTITIONED_WAYS), key=lambda s: cache[s])
+        for start in [*seeds, *ranked[:starts]]:
+            if start[0] == UNPARTITIONED_WAYS:
+                continue
+            _local_search(start, evaluate, grid, least, lambda: len(cache) >= max_evals)
+    best = min(cache, key=lambda s: cache[s])
+    return SearchResult(
+        plan=state_plan(best, order, caps),
+        state=best,
+        score=cache[best],
+        evaluations=len(cache),
+        exhaustive=exhaustive,
+    )
+
+
+def _local_search(
+    state: State,
+    evaluate: Callable[[State], float],
+    grid: Sequence[int | None],
+    least: int,
+    spent: Callable[[], bool],
+) -> State:
+    current, value = state, evaluate(state)
+    while not spent():
+        best, best_value = current, value
+        for nb in _neighbours(current, grid, least):
+            v = evaluate(nb)
+            if v < best_value:
+                best, best_value = nb, v
+            if spent():
+                break
+        if best == current:
+            break
+        current, value = best, best_value
+    return current
+
+
+def _neighbours(state: State, grid: Sequence[int | None], least: int):
+    ways, mbs = state
+    n = len(ways)
+    for i in range(n):
+        for j in range(n):
+            if i != j and ways[i] > least:
+                w = list(ways)
+                w[i] -= 1
+                w[j] += 1
+                yield (tuple(w), mbs)
+    for i in range(n):
+        for level in grid:
+            if level != mbs[i]:
+                m = list(mbs)
+                m[i] = level
+                yield (ways, tuple(m))

@@ -1,0 +1,385 @@
+"""Static allocations: the catbench-style offline sweep and CoPart's best static (ST).
+
+:class:`StaticController` ("Simple Cache Partitioning for Networked Workloads", CMU 2017,
+as summarised in BASELINES.md "Static"): the LC service (the "mite") gets a contiguous low
+range of ways from bit 0; every other group shares the disjoint remainder (mite 2 ways =
+0x3, contenders 0xffffc on 20 ways); no MBA (every MB at its maximum). :func:`calibrate`
+sweeps the mite's ways from 1 to L-1 on a node under contention at the target load,
+measuring the SLO percentile (p99.9 in catbench) and the contenders' throughput over one
+window per point (largest mite first, so backlog from overloaded points cannot leak in),
+and picks the smallest way count at the start of the flat (best) tail-latency region
+plus one way of slack (offline measurement may misrepresent the online workload). The
+controller then holds that allocation; it has no online control.
+
+Flatness criterion (our reading; the write-up gives none numerically): y(k) is the
+SLO-percentile latency measured over one window at k ways, s(k) its 3-point running median
+(a tail percentile of a finite window is noisy; one outlier must not move the knee), and
+the tail level y* the median of s over the upper half of the sweep (the largest mites,
+flat by construction; the minimum of a noisy curve would be biased low). The flat region
+is the longest suffix k0..L-1 with every s(k) <= y* * (1 + tolerance) + abs_tolerance_ms
+(default tolerance 10%); the knee is k0. Points where no request completed count as
+infinitely slow.
+
+:class:`BestStatic` (CoPart, EuroSys'19 section 6.1, "ST"): the single allocation with the
+best objective found by bounded exhaustive search (:mod:`models.search`) — on a SimNode by
+its ground truth, on any other node by measurement (each candidate applied and observed
+for a few intervals; batch slowdowns against IPS measured once with each group given every
+way and full bandwidth while the others are confined to the top way at the lowest MB
+level). A reference, not a deployable controller.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.node import Clock, Node
+from agent.types import (
+    SLO,
+    AllocationPlan,
+    GroupKind,
+    NodeCapabilities,
+    Snapshot,
+    contiguous_mask,
+)
+from models.allocation import full_allocation, mb_level, plan_from
+from models.controller import KEEP, ControlContext, Controller, Decision
+from models.objectives import Objective, Outcome, get_objective, slowdown
+from models.search import SearchResult, search
+
+DEFAULT_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of the sweep: the mite at ``ways`` ways."""
+
+    ways: int
+    latency_ms: float  # the SLO percentile over the measurement window (inf: no answers)
+    contender_ips: float  # contenders' summed instructions/s over the window
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The result of :func:`calibrate`: the curve, its knee and the chosen way count."""
+
+    lc_group: str
+    slo: SLO
+    points: tuple[SweepPoint, ...]
+    knee: int
+    ways: int
+    tolerance: float
+    load: float | None = None
+
+    @property
+    def curve(self) -> dict[int, float]:
+        return {p.ways: p.latency_ms for p in self.points}
+
+
+def knee(
+    latencies: Mapping[int, float],
+    tolerance: float = DEFAULT_TOLERANCE,
+    abs_tolerance_ms: float = 0.0,
+) -> int:
+    """The smallest way count from which the (3-point median smoothed) curve stays within
+    the flat band around the tail level (see the module docstring)."""
+    if not latencies:
+        raise ValueError("no sweep points")
+    ks = sorted(latencies)
+    ys = [latencies[k] if not math.isnan(latencies[k]) else math.inf for k in ks]
+    smooth = [statistics.median(ys[max(0, i - 1) : i + 2]) for i in range(len(ys))]
+    level = statistics.median(smooth[len(smooth) // 2 :])
+    if math.isinf(level):
+        return ks[-1]
+    band = level * (1.0 + tolerance) + abs_tolerance_ms
+    k0 = ks[-1]
+    for k, y in zip(reversed(ks), reversed(smooth), strict=True):
+        if y > band:
+            break
+        k0 = k
+    return k0
+
+
+def mite_plan(
+    lc_group: str, ways: int, groups: Sequence[str], caps: NodeCapabilities
+) -> AllocationPlan:
+    """The mite at ``ways`` low ways, every other group sharing the rest; MB at maximum."""
+    l3 = caps.l3
+    if l3 is None:
+        raise ValueError("node has no L3 allocation")
+    low = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1
+    least = max(1, l3.min_cbm_bits)
+    if not least <= ways <= l3.num_ways - least:
+        raise ValueError(
+            f"mite ways must be in {least}..{l3.num_ways - least} on this node, got {ways}"
+        )
+    mite = contiguous_mask(ways, low)
+    rest = l3.cbm_mask & ~mite
+    masks = {g: (mite if g == lc_group else rest) for g in groups}
+    mb = caps.mba.max_bandwidth if caps.mba else None
+    return plan_from(masks, dict.fromkeys(groups, mb), caps)
+
+
+def _wait(clock: Clock | None, seconds: float) -> None:
+    if clock is not None:
+        clock.advance(seconds)
+    else:
+        time.sleep(seconds)
+
+
+def calibrate(
+    node: Node,
+    clock: Clock | None,
+    lc_group: str,
+    *,
+    load: float | None = None,
+    set_load: Callable[[float], None] | None = None,
+    measure_s: float = 5.0,
+    warmup_s: float = 0.3,
+    tolerance: float = DEFAULT_TOLERANCE,
+    abs_tolerance_ms: float = 0.0,
+    slack: int = 1,
+) -> Sweep:
+    """Sweep the mite's ways 1..L-1 on ``node`` under its current contention.
+
+    ``load``/``set_load``: the target load, and a callback that makes the load generator
+    offer it before the sweep (on a simulated node the scenario's load is the target load).
+    Each point: apply, wait ``warmup_s`` (caches refill, queues drain), then measure one
+    window of ``measure_s``. ``clock`` None means a real node: the sweep sleeps instead.
+    Leaves the node holding the chosen allocation.
+    """
+    groups = node.groups()
+    if lc_group not in groups:
+        raise ValueError(f"no group {lc_group!r} on the node; have {sorted(groups)}")
+    spec = groups[lc_group]
+    if spec.kind is not GroupKind.LC or spec.slo is None:
+        raise ValueError(f"group {lc_group!r} is not an LC group with an SLO")
+    if not (measure_s > 0 and warmup_s >= 0):
+        raise ValueError("need measure_s > 0 and warmup_s >= 0")
+    caps = node.capabilities()
+    if caps.l3 is None:
+        raise ValueError("node has no L3 allocation to sweep")
+    if set_load is not None and load is not None:
+        set_load(load)
+    names = list(groups)
+    least = max(1, caps.l3.min_cbm_bits)
+    points = []
+    # Largest mite first: an overloaded small-mite point leaves a request backlog behind,
+    # which must not leak into the flat region's measurements.
+    for ways in range(caps.l3.num_ways - least, least - 1, -1):
+        node.apply(mite_plan(lc_group, ways, names, caps))
+        _wait(clock, warmup_s)
+        node.observe()
+        # One observe over the whole window: the percentile of every request in it (p99.9
+        # needs thousands of requests; per-interval percentiles would be noise).
+        _wait(clock, measure_s)
+        snap = node.observe()
+        lat = _latency(snap, lc_group, spec.slo)
+        ips = sum(
+            (s.instructions or 0.0) / snap.interval_s
+            for g, s in snap.groups.items()
+            if g != lc_group and snap.interval_s > 0
+        )
+        points.append(SweepPoint(ways, lat if not math.isnan(lat) else math.inf, ips))
+    points.reverse()
+    k = knee({p.ways: p.latency_ms for p in points}, tolerance, abs_tolerance_ms)
+    chosen = min(k + slack, caps.l3.num_ways - least)
+    node.apply(mite_plan(lc_group, chosen, names, caps))
+    return Sweep(lc_group, spec.slo, tuple(points), k, chosen, tolerance, load)
+
+
+def _latency(snap: Snapshot, group: str, slo: SLO) -> float:
+    sample = snap.groups.get(group)
+    if sample is None or sample.latency is None or sample.latency.count == 0:
+        return math.nan
+    return sample.latency.percentile(slo.percentile)
+
+
+class StaticController(Controller):
+    """Holds the catbench allocation: ``lc_group`` at ``ways`` low ways, the rest shared."""
+
+    name = "static"
+
+    def __init__(self, lc_group: str, ways: int) -> None:
+        self.lc_group = lc_group
+        self.ways = int(ways)
+        self._groups: tuple[str, ...] = ()
+
+    @classmethod
+    def from_sweep(cls, sweep: Sweep) -> StaticController:
+        return cls(sweep.lc_group, sweep.ways)
+
+    def start(self, ctx: ControlContext) -> Decision:
+        self._groups = tuple(ctx.groups)
+        if not self._groups:
+            return KEEP
+        if self.lc_group not in ctx.groups:
+            raise ValueError(
+                f"static controller calibrated for {self.lc_group!r}, which is not a group "
+                f"on this node ({sorted(ctx.groups)})"
+            )
+        plan = mite_plan(self.lc_group, self.ways, self._groups, ctx.capabilities)
+        return Decision(plan, note=f"static: {self.lc_group} at {self.ways} ways")
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        if tuple(ctx.groups) != self._groups:
+            return self.start(ctx)
+        return KEEP
+
+
+# --------------------------------------------------------------------------- best static
+
+
+def measure_outcome(
+    node: Node,
+    clock: Clock | None,
+    plan: AllocationPlan,
+    ips_full: Mapping[str, float],
+    *,
+    intervals: int = 3,
+    warmup: int = 1,
+    interval_s: float = 0.1,
+) -> Outcome:
+    """Apply ``plan`` and measure batch slowdowns and LC latencies over ``intervals``."""
+    groups = node.groups()
+    node.apply(plan)
+    for _ in range(warmup):
+        _wait(clock, interval_s)
+    node.observe()
+    ips: dict[str, list[float]] = {g: [] for g in groups}
+    lat: dict[str, list[float]] = {g: [] for g in groups}
+    for _ in range(intervals):
+        _wait(clock, interval_s)
+        snap = node.observe()
+        for g, spec in groups.items():
+            s = snap.groups.get(g)
+            if s is None:
+                continue
+            if spec.kind is GroupKind.LC and spec.slo is not None:
+                x = _latency(snap, g, spec.slo)
+                lat[g].append(x if not math.isnan(x) else math.inf)
+            elif s.instructions is not None and snap.interval_s > 0:
+                ips[g].append(s.instructions / snap.interval_s)
+    slow, lats, targets = [], [], []
+    for g, spec in groups.items():
+        if spec.kind is GroupKind.LC and spec.slo is not None:
+            lats.append(statistics.median(lat[g]) if lat[g] else math.inf)
+            targets.append(spec.slo.target_ms)
+        elif spec.kind is GroupKind.BATCH and ips_full.get(g, 0) > 0 and ips[g]:
+            slow.append(slowdown(ips_full[g], statistics.fmean(ips[g])))
+    return Outcome(tuple(slow), tuple(lats), tuple(targets))
+
+
+def profile_full(
+    node: Node,
+    clock: Clock | None,
+    *,
+    intervals: int = 2,
+    warmup: int = 1,
+    interval_s: float = 0.1,
+) -> dict[str, float]:
+    """IPS of each batch group given every way and full bandwidth while the other groups
+    are confined to the top way at the lowest MB level (CoPart section 5.4.1's "full
+    resources" run, done online)."""
+    groups = node.groups()
+    caps = node.capabilities()
+    top = _top_ways(caps)
+    low_mb = mb_level(caps, 0.0)
+    full = full_allocation(caps)
+    out = {}
+    for g, spec in groups.items():
+        if spec.kind is not GroupKind.BATCH:
+            continue
+        masks = {h: (full.l3_mask if h == g else top) for h in groups}
+        mbs = {h: (full.mb if h == g else low_mb) for h in groups}
+        node.apply(plan_from(masks, mbs, caps))
+        for _ in range(warmup):
+            _wait(clock, interval_s)
+        node.observe()
+        total = 0.0
+        for _ in range(intervals):
+            _wait(clock, interval_s)
+            snap = node.observe()
+            s = snap.groups.get(g)
+            if s is not None and s.instructions is not None and snap.interval_s > 0:
+                total += s.instructions / snap.interval_s
+        out[g] = total / intervals
+    return out
+
+
+def _top_ways(caps: NodeCapabilities) -> int:
+    """The highest min_cbm_bits ways of the cache (where squeezed groups are confined)."""
+    l3 = caps.l3
+    least = max(1, l3.min_cbm_bits)
+    high = l3.cbm_mask.bit_length()
+    return contiguous_mask(least, high - least)
+
+
+class BestStatic(Controller):
+    """CoPart's ST: the best static allocation by exhaustive search, then held.
+
+    Call :meth:`fit` before driving: on a SimNode it scores candidates by ground truth; on
+    any other node by measurement (slow: ``intervals + warmup`` intervals per candidate;
+    bound it with ``max_evals``).
+    """
+
+    name = "best_static"
+
+    def __init__(self, objective: str | Objective | None = None, *, max_evals: int = 600):
+        self.objective = objective
+        self.max_evals = max_evals
+        self.result: SearchResult | None = None
+        self._groups: tuple[str, ...] = ()
+
+    def fit(
+        self,
+        node: Node,
+        clock: Clock | None = None,
+        *,
+        intervals: int = 3,
+        warmup: int = 1,
+        interval_s: float = 0.1,
+    ) -> SearchResult:
+        groups = node.groups()
+        has_lc = any(g.kind is GroupKind.LC for g in groups.values())
+        obj = get_objective(self.objective, has_lc)
+        caps = node.capabilities()
+        from agent.sim import SimNode
+
+        if isinstance(node, SimNode):
+            from models.oracle import truth_score
+
+            score = truth_score(node, obj)
+        else:
+            ips_full = profile_full(node, clock, interval_s=interval_s)
+
+            def score(plan: AllocationPlan) -> float:
+                return obj(
+                    measure_outcome(
+                        node,
+                        clock,
+                        plan,
+                        ips_full,
+                        intervals=intervals,
+                        warmup=warmup,
+                        interval_s=interval_s,
+                    )
+                )
+
+        self.result = search(score, groups, caps, max_evals=self.max_evals)
+        self._groups = ()
+        return self.result
+
+    def start(self, ctx: ControlContext) -> Decision:
+        if self.result is None:
+            raise RuntimeError("BestStatic.fit(node) must run before the controller starts")
+        self._groups = tuple(ctx.groups)
+        return Decision(self.result.plan, note=f"best static: score {self.result.score:.4g}")
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        if tuple(ctx.groups) != self._groups:
+            return self.start(ctx)
+        return KEEP

@@ -1,0 +1,111 @@
+"""The catbench-style static sweep and CoPart's best static (ST) on the simulator."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agent.sim import LoadProfile, Scenario, SimNode, WorkloadInstance
+from models.basic import EqualPartition, Unpartitioned
+from models.controller import drive
+from models.oracle import evaluate_truth
+from models.static import BestStatic, StaticController, calibrate, knee, mite_plan
+
+# catbench's setting on its E5-2683 v4: a small-footprint KV store ("mite") at 70% load
+# next to a 12-thread streaming contender (SPEC class s). Unpartitioned, the contender
+# evicts the mite's working set and its p99.9 misses the 50 us SLO.
+KV_STREAMING = Scenario(
+    "kv_streaming",
+    "e5_2683v4",
+    (
+        WorkloadInstance("kv", "mica_kv_small", load=LoadProfile("constant", 0.7, "utilization")),
+        WorkloadInstance("contender", "spec_s", threads=12),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("curve", "expected"),
+    [
+        ({1: 9.0, 2: 3.0, 3: 1.05, 4: 1.0, 5: 1.0, 6: 1.0}, 3),
+        ({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}, 1),
+        ({1: math.inf, 2: 2.0, 3: 1.0, 4: 1.0, 5: 2.0, 6: 1.0, 7: 1.0}, 3),  # one outlier
+        ({1: 5.0, 2: 4.0, 3: 3.0, 4: 2.0, 5: 1.5, 6: 1.0}, 5),  # no plateau: the tail
+    ],
+)
+def test_knee_is_the_start_of_the_flat_region(curve, expected):
+    assert knee(curve) == expected
+
+
+def test_sweep_picks_the_knee_of_the_latency_curve():
+    node = SimNode(KV_STREAMING, noise=False, max_requests=5000)
+    sweep = calibrate(node, node, "kv", measure_s=5.0)
+    groups = list(node.groups())
+    caps = node.capabilities()
+    truth = {
+        k: node.steady_state(mite_plan("kv", k, groups, caps), latency_requests=50_000)[
+            "kv"
+        ].latency_ms[99.9]
+        for k in range(1, caps.l3.num_ways)
+    }
+    true_knee = knee(truth)
+    assert abs(sweep.knee - true_knee) <= 2, (sweep.curve, truth)
+    assert sweep.ways == sweep.knee + 1
+    assert [p.ways for p in sweep.points] == list(range(1, caps.l3.num_ways))
+    assert sweep.points[0].latency_ms > 2 * sweep.points[-1].latency_ms
+
+
+def test_static_meets_the_slo_where_unpartitioned_does_not():
+    node = SimNode(KV_STREAMING, noise=False, max_requests=5000)
+    sweep = calibrate(node, node, "kv", measure_s=5.0)
+    target = node.groups()["kv"].slo.target_ms
+    results = {}
+    for ctl in (StaticController.from_sweep(sweep), Unpartitioned()):
+        sim = SimNode(KV_STREAMING, noise=False, max_requests=5000, seed=3)
+        drive(ctl, sim, sim, 20)
+        sim.observe()
+        sim.advance(5.0)
+        measured = sim.observe().groups["kv"].latency.p999_ms
+        truth = evaluate_truth(sim, sim.allocation())[1].lc_latency_ms[0]
+        results[ctl.name] = (measured, truth)
+    assert results["static"][0] <= target and results["static"][1] <= target, results
+    assert results["unpartitioned"][0] > target and results["unpartitioned"][1] > target, results
+
+
+def test_static_refuses_an_unknown_group():
+    node = SimNode(KV_STREAMING, noise=False)
+    with pytest.raises(ValueError, match="not a group"):
+        drive(StaticController("nope", 3), node, node, 1)
+    with pytest.raises(ValueError, match="LC group"):
+        calibrate(node, node, "contender")
+
+
+@pytest.mark.parametrize("scenario", ["copart_h_bw", "catbench_kv_big_tensorflow"])
+def test_best_static_beats_equal_on_its_objective(scenario):
+    node = SimNode(scenario, noise=False)
+    best = BestStatic(max_evals=200)
+    result = best.fit(node)
+    drive(best, node, node, 2)
+    eq = SimNode(scenario, noise=False)
+    drive(EqualPartition(), eq, eq, 2)
+    assert evaluate_truth(node, node.allocation())[0] == pytest.approx(result.score)
+    assert result.score <= evaluate_truth(eq, eq.allocation())[0]
+
+
+def test_best_static_by_measurement_on_a_node():
+    """Any node: candidates are applied and measured (here a SimNode treated as opaque by
+    calling the measuring path directly through a wrapper that is not a SimNode)."""
+
+    class Opaque:
+        def __init__(self, inner):
+            self._n = inner
+
+        def __getattr__(self, name):
+            return getattr(self._n, name)
+
+    sim = SimNode("catbench_kv_big_tensorflow", noise=False)
+    node = Opaque(sim)
+    best = BestStatic(max_evals=8)
+    result = best.fit(node, sim, interval_s=0.1)
+    assert result.evaluations <= 8 and math.isfinite(result.score)
