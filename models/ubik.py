@@ -9,17 +9,20 @@ What is implemented, and where each rule comes from (../shared/papers/ubik-asplo
   tail of the sweep (our reading of "the size that meets its SLO alone"; the paper takes
   targets as given) — or supplied in config (:class:`LcProfile` or a way count).
 - **Deadline / reference tail** (section 5: the deadline is the tail latency at the target
-  size): from the profile, else measured over the first ``ref_intervals`` active intervals
-  while the group holds its target.
+  size): measured online under the run's own conditions — over the first
+  ``ref_intervals`` active intervals at the target, then refined (request-weighted) by
+  every feedback period spent at the target. The profile's tail (measured with the other
+  groups confined differently) is reported but not used as the reference.
 - **Slack** (section 5.2; default 5% as in section 7): a proportional feedback controller
   on the measured tail vs. ``reference x (1 + slack)`` turns slack into a *miss slack*
   sigma (extra misses allowed relative to the target size); ``s_active`` is the smallest
   way count whose predicted misses stay within ``(1 + sigma) x misses(target)``. The
-  controller's gain and sigma's bound are our choice (the paper gives none): sigma starts
-  at ``slack`` and moves by ``gain x relative error`` every ``period`` active intervals.
-  The low watermark of section 5.2 (fall back to the no-slack sizes when misses outgrow
-  the prediction) becomes: when the tail exceeds its allowance, sigma shrinks by the
-  feedback and ``s_active`` is re-derived, moving back towards the target.
+  controller's set point, gain and sigma's bound are our choice (the paper gives none):
+  sigma starts at ``slack`` and moves by ``gain x relative error`` every ``period`` active
+  intervals, the error measured against ``reference x (1 + slack/2)`` so that noise around
+  the set point stays inside the allowance. The low watermark of section 5.2 (fall back to
+  the no-slack sizes when misses outgrow the prediction) becomes: when a period's tail
+  exceeds ``reference x (1 + slack)``, ``s_active`` returns to the target and sigma halves.
 - **Miss curve** (section 5.1 uses UMONs): estimated online by :class:`models.ucp.MissCurve`
   from the MPKI observed at each way count held (the interval right after a resize is a
   transient and skipped). Sizes below the smallest observed one are never chosen from the
@@ -166,6 +169,22 @@ def fit_lc_sizes(sizes: dict[str, int], caps: NodeCapabilities, reserve: int) ->
     return out
 
 
+def decreasing_fit(values: list[float], weights: list[float]) -> list[float]:
+    """Weighted least-squares non-increasing fit (pool adjacent violators): tail latency
+    cannot rise with more ways, so bumps in a noisy sweep are averaged out."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for v, w in zip(values, weights, strict=True):
+        blocks.append([v, max(w, 1e-12), 1])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    out: list[float] = []
+    for m, _, n in blocks:
+        out.extend([m] * int(n))
+    return out
+
+
 def _tail(sample: GroupSample | None, percentile: float) -> tuple[float, int]:
     if sample is None or sample.latency is None or sample.latency.count == 0:
         return math.nan, 0
@@ -199,6 +218,8 @@ class _Lc:
     idle_run: int = 0
     window: list[tuple[float, int]] = field(default_factory=list)
     ref_window: list[tuple[float, int]] = field(default_factory=list)
+    ref_requests: int = 0  # requests behind ref_tail
+    window_at_target: bool = True  # every interval of the window held the target
     last_probe: int = -(10**9)
     cpi_mpi: deque = field(default_factory=lambda: deque(maxlen=64))
 
@@ -232,7 +253,7 @@ class Ubik(Controller):
         slack: float = DEFAULT_SLACK,
         gain: float = 0.5,
         period: int = 10,
-        ref_intervals: int = 10,
+        ref_intervals: int = 20,
         sigma_max: float = 1.0,
         idle_fraction: float = 0.05,
         max_boost_intervals: int = 3,
@@ -306,7 +327,7 @@ class Ubik(Controller):
             t = targets[g]
             self._lc[g] = _Lc(
                 target=t,
-                ref_tail=p.tail_ms if p else None,
+                ref_tail=None,
                 sigma=self.slack,
                 curve=curve,
                 active=t,
@@ -384,7 +405,7 @@ class Ubik(Controller):
                 st.mode, st.size = "active", st.active
                 return f"{g} de-boost -> {st.active} ways"
             return ""
-        return self._feedback(g, st, tail, count)
+        return self._feedback(g, st, tail, count, held[g] == st.target)
 
     def _learn_lc(
         self, st: _Lc, s: GroupSample | None, snap: Snapshot, ways: int, stable: bool
@@ -401,26 +422,45 @@ class Ubik(Controller):
         if s.cycles:
             st.cpi_mpi.append((s.cycles / s.instructions, s.llc_misses / s.instructions))
 
-    def _feedback(self, g: str, st: _Lc, tail: float, count: int) -> str:
-        st.window.append((tail, count))
+    def _feedback(self, g: str, st: _Lc, tail: float, count: int, at_target: bool) -> str:
         if st.ref_tail is None:
-            st.ref_window.append((tail, count))
+            if at_target:
+                st.ref_window.append((tail, count))
             if len(st.ref_window) >= self.ref_intervals:
                 ref = _weighted_tail(st.ref_window)
-                st.ref_tail = ref if math.isfinite(ref) else None
-                st.window.clear()
+                if math.isfinite(ref):
+                    st.ref_tail = ref
+                    st.ref_requests = sum(n for _, n in st.ref_window)
+                st.ref_window.clear()
             return ""
+        st.window.append((tail, count))
+        st.window_at_target = st.window_at_target and at_target
         if self.strict or len(st.window) < self.period:
             return ""
         measured = _weighted_tail(st.window)
+        requests = sum(n for _, n in st.window)
+        at_target_all = st.window_at_target
         st.window.clear()
+        st.window_at_target = True
         if not math.isfinite(measured):
             return ""
+        if at_target_all:  # another measurement of the reference: fold it in
+            total = st.ref_requests + requests
+            st.ref_tail = (st.ref_tail * st.ref_requests + measured * requests) / total
+            st.ref_requests = total
         allowed = st.ref_tail * (1.0 + self.slack)
-        err = (allowed - measured) / allowed
+        setpoint = st.ref_tail * (1.0 + self.slack / 2)
+        err = (setpoint - measured) / setpoint
         st.sigma = min(self.sigma_max, max(0.0, st.sigma + self.gain * err))
+        if measured > allowed:
+            # Low watermark (section 5.2): back to the no-slack size, with less miss slack.
+            st.sigma *= 0.5
+            if st.active != st.target:
+                st.active = st.size = st.target
+                return f"{g} over slack ({measured:.3g}/{allowed:.3g} ms): back to {st.target}"
+            return ""
         new = self._s_active(st)
-        headroom = measured <= st.ref_tail * (1.0 + self.slack / 2)
+        headroom = measured <= setpoint
         pts = st.curve.observed()
         least = self._least
         if (
@@ -597,6 +637,8 @@ def calibrate(
     groups: list[str] | None = None,
     settle_intervals: int = 3,
     measure_intervals: int = 30,
+    min_requests: int = 3000,
+    max_intervals: int = 300,
     interval_s: float = 0.1,
     tolerance: float = 0.1,
     max_ways: int | None = None,
@@ -607,8 +649,12 @@ def calibrate(
     group shares the rest (so it runs "alone" in its ways), for ``w`` from the minimum up
     to the ways that leave the others the minimum. The target is the smallest ``w``
     meeting the SLO with a tail within ``tolerance`` of the best tail of the sweep (or the
-    best ``w`` when none meets it). Drives ``node`` (advancing ``clock`` when simulated,
-    sleeping otherwise) and restores its allocation afterwards.
+    best ``w`` when none meets it), judged on a non-increasing fit of the measured tails
+    (:func:`decreasing_fit`; ``LcProfile.sweep`` keeps the raw measurements). Drives
+    ``node`` (advancing ``clock`` when simulated, sleeping otherwise) and restores its
+    allocation afterwards. Each way count is measured for ``measure_intervals`` and then
+    until ``min_requests`` requests were seen (at most ``max_intervals``), since a tail
+    percentile from a few hundred requests is too noisy to find a knee.
     """
     caps = node.capabilities()
     if caps.l3 is None:
@@ -634,6 +680,7 @@ def calibrate(
         for g in lcs:
             slo = specs[g].slo
             sweep: dict[int, float] = {}
+            weight: dict[int, float] = {}
             points: dict[int, tuple[float, float]] = {}
             for w in range(least, top + 1):
                 masks = {h: contiguous_mask(W - w, low + w) for h in specs if h != g}
@@ -647,7 +694,9 @@ def calibrate(
                     wait()
                 node.observe()
                 window, ins, miss, refs = [], 0.0, 0.0, 0.0
-                for _ in range(measure_intervals):
+                for i in range(max(measure_intervals, max_intervals)):
+                    if i >= measure_intervals and sum(n for _, n in window) >= min_requests:
+                        break
                     wait()
                     s = node.observe().groups.get(g)
                     window.append(_tail(s, slo.percentile))
@@ -656,10 +705,14 @@ def calibrate(
                         miss += s.llc_misses
                         refs += s.llc_references or 0.0
                 sweep[w] = _weighted_tail(window)
+                weight[w] = sum(n for _, n in window)
                 if ins > 0:
                     points[w] = (1000.0 * miss / ins, 1000.0 * refs / ins)
             finite = {w: t for w, t in sweep.items() if math.isfinite(t)}
             if finite:
+                ws = sorted(finite)
+                fit = decreasing_fit([finite[w] for w in ws], [weight[w] for w in ws])
+                finite = dict(zip(ws, fit, strict=True))
                 best = min(finite.values())
                 ok = [
                     w
