@@ -65,6 +65,7 @@ from agent.types import (
 )
 from models.allocation import mb_level, pack_ways
 from models.controller import KEEP, ControlContext, Controller, Decision
+from models.objectives import slo_met
 
 # (ways on a 20-way cache, MBA fraction); the first is the background/system CLOS.
 TIER_TEMPLATE: tuple[tuple[int, float], ...] = ((2, 0.10), (3, 0.10), (6, 0.30), (9, 0.50))
@@ -407,7 +408,8 @@ class CoCo(_TimeSharing):
             if s is None or s.latency is None or s.latency.count == 0:
                 continue
             tail = s.latency.percentile(svc.slo.percentile)
-            self._over[name] = self._over[name] + 1 if tail > svc.slo.target_ms else 0
+            met = slo_met(tail, svc.slo.target_ms)
+            self._over[name] = 0 if met else self._over[name] + 1
             if self._over[name] >= self.patience and self._need[name] < k:
                 self._need[name] = j + 1
                 self._over[name] = 0

@@ -18,6 +18,7 @@ from models.coco import (
     tier_shapes,
 )
 from models.controller import carry_out, context
+from models.objectives import slo_met
 
 EPYC = "more_lc_than_closids_epyc"
 
@@ -48,7 +49,7 @@ def _violations(ctrl, node, services, intervals=60):
         for truth in node.steady_state(latency_requests=20_000).values():
             for name, w in truth.workloads.items():
                 if name in slo:
-                    bad += w.latency_ms[slo[name].percentile] > slo[name].target_ms
+                    bad += not slo_met(w.latency_ms[slo[name].percentile], slo[name].target_ms)
         carry_out(node, ctrl.decide(snap, context(node, tasks=True, time_s=node.now())))
     return bad
 
