@@ -57,6 +57,10 @@ def lookahead(
                 mu = (base - cost(g, a + k)) / k
                 if mu > best_mu + 1e-12:
                     best_g, best_k, best_mu = g, k, mu
+        if best_mu <= 0:
+            # No group gains from more ways (or nothing is measured): spread the rest evenly
+            # instead of piling it on the first group.
+            best_g, best_k = min(names, key=lambda g: alloc[g]), 1
         alloc[best_g] += best_k
         balance -= best_k
     return alloc

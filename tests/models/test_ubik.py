@@ -41,6 +41,11 @@ def test_lookahead_handles_non_convex_curves():
     assert lookahead(curves, 2) == {"a": 1, "b": 1}
 
 
+def test_lookahead_spreads_ways_nobody_gains_from():
+    flat = {"a": [5, 5, 5, 5, 5, 5, 5], "b": [0] * 7, "c": [3] * 7}
+    assert lookahead(flat, 6) == {"a": 2, "b": 2, "c": 2}
+
+
 def test_lookahead_rejects_budget_below_minimum():
     with pytest.raises(ValueError, match="cannot give 3 groups 2 way"):
         lookahead({"a": [1], "b": [1], "c": [1]}, 5, minimum=2)
@@ -180,3 +185,25 @@ def test_strict_mode_does_not_downsize_a_cache_sensitive_service():
 def test_ubik_rejects_bad_config():
     with pytest.raises(ValueError, match="slack"):
         Ubik(slack=-0.1)
+
+
+@pytest.mark.parametrize("cls", [Ubik, StaticLC])
+def test_without_counters_or_latency_holds_targets(cls):
+    """A real node without a PMU or latency feed reports None: Ubik degrades to StaticLC
+    with an even batch split instead of failing."""
+    from agent.types import GroupSample, Snapshot
+    from agent.validate import PlanContext, validate_plan
+    from models.controller import carry_out, context
+
+    node = SimNode("lc_batch_20", seed=1, noise=False)
+    ctrl = cls({"masstree": 3, "xapian": 2})
+    carry_out(node, ctrl.start(context(node)))
+    blind = Snapshot(1.0, 0.1, {g: GroupSample() for g in node.groups()})
+    for _ in range(30):
+        d = ctrl.decide(blind, context(node))
+        if d.plan is not None:
+            validate_plan(d.plan, PlanContext(node.capabilities(), node.allocation()))
+        carry_out(node, d)
+    ways = {g: next(iter(a.values())).ways for g, a in node.allocation().groups.items()}
+    assert ways["masstree"] == 3 and ways["xapian"] == 2
+    assert sorted(ways[b] for b in BATCH) == [2, 2, 2]
