@@ -4,7 +4,9 @@ Example ``tuner.yaml`` (every key optional; see docs/DEPLOY.md)::
 
     interval_s: 1.0               # control interval (node clock: simulated nodes are stepped)
     controller_options: {}        # keyword options of the controller (registry factory)
-    fallback: static              # SLO guard's fallback (default: static, else ubik strict)
+    fallback: static              # SLO guard's fallback (default: static, else ubik strict,
+    fallback_options:             #   else eq: the first that needs no options)
+      {lc_group: web, ways: 4}    # static: the LC group and its ways (from an offline sweep)
     groups:                       # groups to create (or adopt when they exist) on the node
       - name: web
         kind: lc
@@ -143,6 +145,7 @@ class TunerConfig:
     interval_s: float = 1.0
     controller_options: dict = field(default_factory=dict)
     fallback: str | None = None
+    fallback_options: dict = field(default_factory=dict)
     groups: list[GroupConfig] = field(default_factory=list)
     guard: GuardConfig = field(default_factory=GuardConfig)
     agent: AgentConnection = field(default_factory=AgentConnection)
@@ -162,6 +165,8 @@ class TunerConfig:
             raise ConfigError("agent.timeout_s must be positive")
         if not isinstance(self.controller_options, dict):
             raise ConfigError("controller_options must be a mapping")
+        if not isinstance(self.fallback_options, dict):
+            raise ConfigError("fallback_options must be a mapping")
         self.guard.validate()
         names = [g.spec.name for g in self.groups]
         if len(set(names)) != len(names):
@@ -250,7 +255,8 @@ def parse_config(raw: object, where: str = "config") -> TunerConfig:
     groups = raw.pop("groups", None) or []
     if not isinstance(groups, list):
         raise ConfigError("groups must be a list")
-    known = {"interval_s", "controller_options", "fallback", "metrics_listen", "log_json"}
+    known = {"interval_s", "controller_options", "fallback", "fallback_options"}
+    known |= {"metrics_listen", "log_json"}
     known |= {"restore_baseline", "realtime"}
     unknown = set(raw) - known
     if unknown:
@@ -260,6 +266,7 @@ def parse_config(raw: object, where: str = "config") -> TunerConfig:
             interval_s=float(raw.get("interval_s", 1.0)),
             controller_options=raw.get("controller_options") or {},
             fallback=raw.get("fallback"),
+            fallback_options=raw.get("fallback_options") or {},
             groups=[parse_group(g, i) for i, g in enumerate(groups)],
             guard=GuardConfig(**guard),
             agent=AgentConnection(

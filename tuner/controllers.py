@@ -62,20 +62,28 @@ def build(
     return _construct(factory, options, f"controller {spec!r}")
 
 
-def fallback(name: str | None = None) -> Controller:
-    """The SLO guard's fallback: ``name``, or the first of static / ubik (strict) / eq."""
+def fallback(name: str | None = None, options: Mapping | None = None) -> Controller:
+    """The SLO guard's fallback: ``name`` (with ``options``), or else the first of static /
+    Ubik strict (slack 0) / eq that the registry has and that can be built without options
+    (the static allocation needs its LC group and way count from an offline sweep:
+    configure it as ``fallback: static`` with ``fallback_options: {lc_group, ways}``)."""
     if name:
         if name.startswith("policy:"):
             raise ControllerError("the fallback must be a heuristic, not a learned policy")
-        return build(name, caps=None)  # type: ignore[arg-type]  (only policies need caps)
+        return build(name, caps=None, options=options)  # type: ignore[arg-type]
+    skipped = []
     for candidate in FALLBACK_ORDER:
         if candidate not in registry.names():
             continue
         factory = registry.factory(candidate)
-        if candidate == "ubik" and "strict" in _parameters(factory):
-            return factory(strict=True)
-        return factory()
-    raise ControllerError(f"no fallback controller: none of {FALLBACK_ORDER} is registered")
+        kwargs = {"slack": 0.0} if candidate == "ubik" and "slack" in _parameters(factory) else {}
+        try:
+            return factory(**kwargs)
+        except TypeError as exc:  # needs options only the operator can give
+            skipped.append(f"{candidate}: {exc}")
+    raise ControllerError(
+        f"no fallback controller could be built from {FALLBACK_ORDER}: {'; '.join(skipped)}"
+    )
 
 
 def _parameters(factory) -> set[str]:

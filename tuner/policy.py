@@ -10,16 +10,17 @@ ships with the export and refuses, with a message naming every mismatch, a model
 * supported capabilities do not cover the node: CAT / MBA it needs and the node lacks,
   an MBA mode, a vendor or a way count outside what it was trained on.
 
-Interface (what the tuner needs from an export):
+Interface (what the tuner needs from an export; training/export.py writes it):
 
 * ``PATH`` is the export directory, its ``.onnx`` file or its card; the card is the JSON
   file beside the ONNX file (``model_card.json``, ``card.json`` or ``<stem>.json``);
-* the card holds the encoder version under ``feature_encoder.encoder_version`` (the
-  encoder's ``layout()``; ``version``, a top-level ``encoder_version`` are read too), and
-  ``supported_capabilities`` with any of ``requires_cat``, ``requires_mba`` (bools),
-  ``mba_modes``, ``vendors`` (lists of names), ``num_ways`` (a list of way counts or
-  ``{min, max}``), ``max_groups`` (groups beyond it are left untouched: a warning, not a
-  refusal);
+* the card holds the encoder version as ``encoder_version`` (top level, or inside
+  ``features`` / ``feature_encoder``), and the capabilities the policy was trained on as
+  ``capabilities`` (or ``supported_capabilities``) with any of ``requires_cat``,
+  ``requires_mba`` (bools), ``mba_modes`` (the MBA modes seen; a node with another mode is
+  refused), ``trained_without_mba`` (false: a node without MBA is refused), ``ways_min`` /
+  ``ways_max``, ``min_cbm_bits_max``, ``vendors``, ``num_ways`` (a list or ``{min, max}``),
+  ``max_groups`` (groups beyond it are left untouched: a warning, not a refusal);
 * ``PolicyController.load(path)`` returns a :class:`models.controller.Controller`; when it
   has ``check_compatible(caps)`` that is called too, and its refusal is the tuner's.
 """
@@ -94,32 +95,41 @@ def check_compatible(card: Mapping, caps: NodeCapabilities, encoder_version: int
         problems.append(
             f"feature encoder version {version} (this build encodes version {encoder_version})"
         )
-    sup = card.get("supported_capabilities")
+    sup = card.get("capabilities", card.get("supported_capabilities"))
     if sup is None:
-        problems.append("the model card lists no supported_capabilities")
+        problems.append("the model card lists no capabilities it was trained on")
         return problems
     if not isinstance(sup, Mapping):
-        problems.append("supported_capabilities is not a mapping")
+        problems.append("the model card's capabilities are not a mapping")
         return problems
     if sup.get("requires_cat") and caps.l3 is None:
         problems.append("the model needs cache allocation (CAT); the node has none")
     if sup.get("requires_mba") and caps.mba is None:
         problems.append("the model needs memory bandwidth allocation (MBA); the node has none")
+    if caps.mba is None and sup.get("trained_without_mba") is False:
+        problems.append("the model was trained only on nodes with MBA; the node has none")
     modes = sup.get("mba_modes")
     if modes is not None and caps.mba is not None and caps.mba.mode.value not in modes:
         problems.append(f"MBA mode {caps.mba.mode.value!r} not among the model's {list(modes)}")
     vendors = sup.get("vendors")
     if vendors is not None and caps.vendor.value not in vendors:
         problems.append(f"vendor {caps.vendor.value!r} not among the model's {list(vendors)}")
-    ways = sup.get("num_ways")
-    if ways is not None and caps.l3 is not None:
+    if caps.l3 is not None:
         n = caps.l3.num_ways
+        ways = sup.get("num_ways")
+        lo, hi = sup.get("ways_min"), sup.get("ways_max")
         if isinstance(ways, Mapping):
-            lo, hi = ways.get("min", 0), ways.get("max", n)
-            if not lo <= n <= hi:
-                problems.append(f"{n} L3 ways outside the model's range [{lo}, {hi}]")
-        elif n not in ways:
+            lo, hi = ways.get("min", lo), ways.get("max", hi)
+        elif ways is not None and n not in ways:
             problems.append(f"{n} L3 ways not among the model's {list(ways)}")
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
+            problems.append(f"{n} L3 ways outside the model's range [{lo}, {hi}]")
+        most = sup.get("min_cbm_bits_max")
+        if most is not None and caps.l3.min_cbm_bits > most:
+            problems.append(
+                f"the node needs {caps.l3.min_cbm_bits} bits per mask; the model was trained "
+                f"with at most {most}"
+            )
     return problems
 
 
@@ -133,7 +143,8 @@ def load_policy(path: str | Path, caps: NodeCapabilities, groups: int = 0) -> Co
     problems = check_compatible(card, caps, ENCODER_VERSION)
     if problems:
         raise PolicyRefused(f"policy {path} refused for this node: " + "; ".join(problems))
-    max_groups = (card.get("supported_capabilities") or {}).get("max_groups")
+    sup = card.get("capabilities", card.get("supported_capabilities")) or {}
+    max_groups = sup.get("max_groups")
     if isinstance(max_groups, int) and groups > max_groups:
         log.warning(
             "policy %s handles %d groups; the node has %d: the rest keep their allocation",

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         cfg = build_config(args)
-        backup = fallback(cfg.fallback)
+        backup = fallback(cfg.fallback, cfg.fallback_options)
     except (ConfigError, ControllerError) as exc:
         print(f"rdtune tune: {exc}", file=sys.stderr)
         return 2

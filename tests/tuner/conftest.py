@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -111,10 +112,8 @@ class TuneRun:
         self.stderr += err
         for line in self.stderr.splitlines():
             if line.startswith("{"):
-                try:
+                with contextlib.suppress(ValueError):  # a non-JSON line of a library
                     self.events.append(json.loads(line))
-                except ValueError:
-                    pass
         for line in self.stdout.splitlines():
             if line.startswith("rdtune tune: stopped "):
                 self.summary = json.loads(line.removeprefix("rdtune tune: stopped "))

@@ -1,4 +1,4 @@
-"""Deliberately misbehaving controllers for the tuner's tests (``import:tests.tuner.controllers:X``).
+"""Misbehaving controllers for the tuner's tests (``import:tests.tuner.controllers:NAME``).
 
 They are real Controller subclasses run by the real tuner; what they get wrong is the point.
 """

@@ -1,0 +1,100 @@
+"""The tuner's YAML configuration: a full example parses; bad input is refused with a message
+naming what is wrong; flags override the file."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import yaml
+
+from agent.types import SLO, GroupKind
+from tuner.config import ConfigError, load_yaml, parse_config
+from tuner.tune import add_arguments, build_config
+
+EXAMPLE = """
+interval_s: 0.5
+fallback: eq
+controller_options: {}
+groups:
+  - name: web
+    kind: lc
+    slo: {percentile: 99, target_ms: 5.0}
+    pids: [1, 2]
+    cpus: [0]
+  - {name: batch, kind: batch}
+guard: {violation_intervals: 2, stable_intervals: 4, max_way_step: 2, max_mb_step: 1,
+        min_dwell_s: 2.0}
+agent: {address: "unix:/run/rdtune/agent.sock", timeout_s: 2.0}
+retry: {initial_s: 0.1, max_s: 5}
+metrics_listen: "127.0.0.1:0"
+log_json: true
+restore_baseline: true
+"""
+
+
+def test_full_example_parses(tmp_path) -> None:
+    path = tmp_path / "tuner.yaml"
+    path.write_text(EXAMPLE)
+    cfg = load_yaml(path)
+    assert cfg.interval_s == 0.5 and cfg.fallback == "eq"
+    web = cfg.groups[0]
+    assert web.spec.kind is GroupKind.LC and web.spec.slo == SLO(99.0, 5.0)
+    assert web.pids == (1, 2) and web.cpus == (0,)
+    assert cfg.guard.max_way_step == 2 and cfg.guard.min_dwell_s == 2.0
+    assert cfg.agent.address == "unix:/run/rdtune/agent.sock" and cfg.agent.timeout_s == 2.0
+    assert cfg.retry_initial_s == 0.1 and cfg.log_json and cfg.restore_baseline
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("intervl_s: 1", "unknown config key(s) in config: intervl_s"),
+        ("interval_s: 0", "interval_s must be a positive number"),
+        ("guard: {violation_intervals: 0}", "violation_intervals must be >= 1"),
+        ("guard: {max_way_step: 0}", "max_way_step must be a whole number >= 1"),
+        ("guard: {max_ways: 2}", "unknown key(s) in guard: max_ways"),
+        ("agent: {token: s3cret}", "token_file or $RDTUNE_AGENT_TOKEN"),
+        ("groups: [{name: web, kind: lc}]", "LC group 'web' needs an SLO"),
+        ("groups: [{name: ../x}]", "may only use letters"),
+        ("groups: [{name: a, slo: {percentile: 99}}]", "slo needs exactly percentile"),
+        ("groups: [{name: a, cgroup: rel/path}]", "cgroup must be an absolute path"),
+        ("groups: [{name: a, pids: [-1]}]", "pids must be a list of whole numbers"),
+        ("groups: [{name: a}, {name: a}]", "group names must be unique"),
+        ("metrics_listen: 9465", "metrics_listen must be host:port"),
+        ("- a list", "must be a mapping"),
+    ],
+)
+def test_bad_config_is_refused_with_a_clear_message(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(yaml.safe_load(text))
+    assert message in str(err.value)
+
+
+def test_cgroup_members_are_read_at_start(tmp_path) -> None:
+    (tmp_path / "cgroup.procs").write_text("10\n11\n")
+    cfg = parse_config({"groups": [{"name": "a", "pids": [10, 12], "cgroup": str(tmp_path)}]})
+    assert cfg.groups[0].all_pids() == (10, 12, 11)
+    missing = parse_config({"groups": [{"name": "a", "cgroup": str(tmp_path / "gone")}]})
+    with pytest.raises(ConfigError, match="cannot read"):
+        missing.groups[0].all_pids()
+
+
+def test_flags_override_the_file_and_the_token_comes_from_a_file(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("RDTUNE_AGENT_TOKEN", raising=False)
+    path = tmp_path / "tuner.yaml"
+    path.write_text(EXAMPLE)
+    token = tmp_path / "token"
+    token.write_text("abc\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--config", str(path), "--agent", "127.0.0.1:1", "--interval", "2", "--token-file",
+         str(token), "--controller", "eq"]
+    )  # fmt: skip
+    cfg = build_config(args)
+    assert cfg.agent.address == "127.0.0.1:1" and cfg.interval_s == 2.0
+    assert cfg.agent.token == "abc" and cfg.guard.max_way_step == 2
+    token.write_text("")
+    with pytest.raises(ConfigError, match="is empty"):
+        build_config(args)

@@ -1,0 +1,197 @@
+"""The safety guard: plan screening (validation, way/MB steps, dwell) and the SLO state machine."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.types import (
+    SLO,
+    Allocation,
+    AllocationPlan,
+    CacheCapabilities,
+    GroupAllocation,
+    GroupKind,
+    GroupSample,
+    GroupSpec,
+    LatencyStats,
+    MbaCapabilities,
+    NodeCapabilities,
+    Snapshot,
+    Vendor,
+    is_contiguous,
+    popcount,
+)
+from tuner.config import GuardConfig
+from tuner.guard import (
+    PlanGuard,
+    SloGuard,
+    slo_verdicts,
+    step_contiguous,
+    step_mb,
+    step_sparse,
+)
+
+WAYS = 12
+
+
+def caps(sparse: bool = False, min_bits: int = 1) -> NodeCapabilities:
+    return NodeCapabilities(
+        vendor=Vendor.INTEL,
+        num_cpus=8,
+        l3=CacheCapabilities(
+            cbm_mask=(1 << WAYS) - 1, min_cbm_bits=min_bits, num_closids=8, sparse_masks=sparse
+        ),
+        mba=MbaCapabilities(min_bandwidth=10, bandwidth_gran=10, max_bandwidth=100, num_closids=8),
+    )
+
+
+def run_mask(data, least: int) -> int:
+    size = data.draw(st.integers(least, WAYS))
+    start = data.draw(st.integers(0, WAYS - size))
+    return ((1 << size) - 1) << start
+
+
+@given(st.data(), st.integers(1, 4), st.integers(1, 3))
+def test_contiguous_steps_stay_valid_bounded_and_arrive(data, budget: int, least: int) -> None:
+    old, target = run_mask(data, least), run_mask(data, least)
+    a, b = (old & -old).bit_length() - 1, old.bit_length()
+    c, d = (target & -target).bit_length() - 1, target.bit_length()
+    distance = abs(a - c) + abs(b - d)
+    cur, steps = old, 0
+    while cur != target:
+        new = step_contiguous(cur, target, budget, least)
+        assert is_contiguous(new) and popcount(new) >= least
+        assert popcount(new ^ cur) <= budget
+        assert new & ~((1 << WAYS) - 1) == 0
+        cur, steps = new, steps + 1
+        assert steps <= distance, "every step must get closer"
+    assert steps == math.ceil(distance / budget)
+
+
+@given(st.integers(1, (1 << WAYS) - 1), st.integers(1, (1 << WAYS) - 1), st.integers(1, 4))
+def test_sparse_steps_stay_valid_bounded_and_arrive(old: int, target: int, budget: int) -> None:
+    least = 1
+    cur = old
+    for _ in range(2 * WAYS):
+        if cur == target:
+            break
+        new = step_sparse(cur, target, budget, least)
+        assert popcount(new) >= least and popcount(new ^ cur) <= budget
+        cur = new
+    assert cur == target
+
+
+@pytest.mark.parametrize(
+    ("old", "target", "steps", "want"),
+    [(100, 10, 2, 80), (10, 100, 1, 20), (50, 60, 2, 60), (100, 100, 1, 100)],
+)
+def test_mb_steps(old: int, target: int, steps: int, want: int) -> None:
+    assert step_mb(old, target, steps, 10) == want
+
+
+GROUPS = {"a": GroupSpec("a"), "b": GroupSpec("b")}
+
+
+def alloc(**masks: tuple[int, int]) -> Allocation:
+    return Allocation({g: {0: GroupAllocation(l3_mask=m, mb=mb)} for g, (m, mb) in masks.items()})
+
+
+def plan(**masks: tuple[int | None, int | None]) -> AllocationPlan:
+    return AllocationPlan(
+        {g: {0: GroupAllocation(l3_mask=m, mb=mb)} for g, (m, mb) in masks.items()}
+    )
+
+
+@pytest.mark.parametrize(
+    ("bad", "rule"),
+    [
+        (plan(a=(0b101, None)), "contiguous"),
+        (plan(a=(1 << WAYS, None)), "mask_range"),
+        (plan(a=(None, 5)), "mb_range"),
+        (plan(zz=(0b1, None)), "unknown_group"),
+    ],
+)
+def test_invalid_plans_are_dropped_with_the_rule(bad: AllocationPlan, rule: str) -> None:
+    current = alloc(a=(0xFFF, 100), b=(0xFFF, 100))
+    screened = PlanGuard(GuardConfig()).screen(bad, caps(), GROUPS, current, 0.0)
+    assert screened.plan is None and screened.dropped == rule and screened.error
+
+
+def test_no_op_entries_are_removed_and_mb_normalised() -> None:
+    current = alloc(a=(0xFFF, 100), b=(0xFFF, 100))
+    screened = PlanGuard(GuardConfig()).screen(
+        plan(a=(0xFFF, 100), b=(0x0F0, 15)), caps(), GROUPS, current, 0.0
+    )
+    assert screened.plan == plan(b=(0x0F0, 20))  # MB rounded up as the kernel does
+    same = PlanGuard(GuardConfig()).screen(plan(a=(0xFFF, 100)), caps(), GROUPS, current, 0.0)
+    assert same.plan is None and same.dropped is None
+
+
+def test_change_limits_clamp_toward_the_target() -> None:
+    guard = PlanGuard(GuardConfig(max_way_step=2, max_mb_step=1))
+    current = alloc(a=(0xFFF, 100), b=(0xFFF, 100))
+    s = guard.screen(plan(a=(0x00F, 10), b=(0xF00, 100)), caps(), GROUPS, current, 0.0)
+    assert set(s.limits) == {"ways", "mb"}
+    a, b = s.plan["a"][0], s.plan["b"][0]
+    assert popcount(a.l3_mask ^ 0xFFF) == 2 and is_contiguous(a.l3_mask) and a.mb == 90
+    assert popcount(b.l3_mask ^ 0xFFF) == 2 and b.l3_mask & 0xF00 == 0xF00
+    # Unlimited when the fallback is in charge (limit=False).
+    s = guard.screen(plan(a=(0x00F, 10)), caps(), GROUPS, current, 0.0, limit=False)
+    assert s.plan == plan(a=(0x00F, 10)) and not s.limits
+
+
+def test_dwell_holds_a_group_that_just_changed() -> None:
+    guard = PlanGuard(GuardConfig(min_dwell_s=1.0))
+    current = alloc(a=(0xFFF, 100), b=(0xFFF, 100))
+    first = guard.screen(plan(a=(0x00F, None)), caps(), GROUPS, current, 10.0)
+    guard.committed(first.plan, current, 10.0)
+    now = alloc(a=(0x00F, 100), b=(0xFFF, 100))
+    held = guard.screen(plan(a=(0x0FF, None), b=(0xF00, None)), caps(), GROUPS, now, 10.5)
+    assert held.plan == plan(b=(0xF00, None)) and held.limits == ("dwell",)
+    later = guard.screen(plan(a=(0x0FF, None)), caps(), GROUPS, now, 11.0)
+    assert later.plan == plan(a=(0x0FF, None)) and not later.limits
+    guard.forget()
+    assert not guard.last_change
+
+
+def test_clamped_masks_that_would_break_exclusivity_are_held() -> None:
+    groups = {"a": GroupSpec("a", exclusive=True), "b": GroupSpec("b")}
+    current = alloc(a=(0b1100, 100), b=(0b0011, 100))
+    # The target swaps them; one way per step, each grows first: a 1110 overlaps b 0111.
+    target = plan(a=(0b0011, 50), b=(0b1100, 100))
+    s = PlanGuard(GuardConfig(max_way_step=1)).screen(target, caps(), groups, current, 0.0)
+    assert "held" in s.limits
+    assert s.plan == plan(a=(None, 50))
+
+
+def lc_snapshot(p95: float | None) -> Snapshot:
+    lat = LatencyStats.empty() if p95 is None else LatencyStats(100, p95 / 2, p95, p95, p95)
+    return Snapshot(1.0, 0.1, {"web": GroupSample(latency=lat), "b": GroupSample()})
+
+
+LC_GROUPS = {"web": GroupSpec("web", GroupKind.LC, SLO(95.0, 1.0)), "b": GroupSpec("b")}
+
+
+def test_slo_verdicts() -> None:
+    assert slo_verdicts(lc_snapshot(2.0), LC_GROUPS) == {"web": True}
+    assert slo_verdicts(lc_snapshot(0.5), LC_GROUPS) == {"web": False}
+    assert slo_verdicts(lc_snapshot(None), LC_GROUPS) == {"web": None}
+
+
+def test_slo_guard_trips_after_k_in_a_row_and_recovers_after_a_stable_period() -> None:
+    g = SloGuard(violation_intervals=3, stable_intervals=2)
+    seq = [True, True, False, True, True, None, True]  # None (no requests) does not reset
+    switches = [g.update({"web": v}) for v in seq]
+    assert [s is not None for s in switches] == [False] * 6 + [True]
+    assert switches[-1].to_fallback and switches[-1].groups == ("web",) and g.in_fallback
+    assert g.update({"web": False}) is None
+    assert g.update({"web": True}) is None, "a violation restarts the stable period"
+    assert g.update({"web": False}) is None
+    back = g.update({"web": None})
+    assert back is not None and not back.to_fallback and not g.in_fallback
+    assert g.update({"web": True}) is None and g.update({"web": True}) is None
+    assert g.update({"web": True}).to_fallback, "trips again after K fresh violations"

@@ -1,0 +1,138 @@
+"""``--controller policy:PATH``: the tuner refuses, with a clear message, an exported model
+whose feature encoder version or trained-on capabilities do not match the node. The model
+cards here are written by the tests in the export's format (training/export.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.sim import SimNode
+from models.features import ENCODER_VERSION
+from tests.tuner.conftest import ROOT, run_tune
+from tuner.policy import PolicyRefused, check_compatible, find_card, load_policy
+
+
+def card(**caps_overrides) -> dict:
+    caps = {
+        "max_groups": 8,
+        "presets": ["gold6130"],
+        "ways_min": 11,
+        "ways_max": 20,
+        "min_cbm_bits_max": 2,
+        "requires_cat": True,
+        "mba_modes": ["percent"],
+        "trained_without_mba": False,
+    }
+    caps.update(caps_overrides)
+    return {
+        "format": "rdtune-policy-card/1",
+        "name": "test",
+        "encoder_version": ENCODER_VERSION,
+        "features": {"encoder_version": ENCODER_VERSION, "max_groups": 8},
+        "capabilities": caps,
+    }
+
+
+def export(tmp_path: Path, data: dict | None, onnx: bytes = b"not an onnx model") -> Path:
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "policy.onnx").write_bytes(onnx)
+    if data is not None:
+        (out / "model_card.json").write_text(json.dumps(data))
+    return out
+
+
+NODE = SimNode("default").capabilities()  # gold6130: 11 ways, MBA in percent, Intel
+
+
+def test_a_matching_card_has_no_problems() -> None:
+    assert check_compatible(card(), NODE, ENCODER_VERSION) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({**card(), "encoder_version": 99, "features": {}}, "feature encoder version 99"),
+        ({"capabilities": card()["capabilities"]}, "names no feature encoder version"),
+        ({"encoder_version": ENCODER_VERSION}, "lists no capabilities"),
+        (card(ways_min=12), "11 L3 ways outside the model's range [12, 20]"),
+        (card(ways_max=10), "11 L3 ways outside the model's range [11, 10]"),
+        (card(mba_modes=["mbps"]), "MBA mode 'percent' not among the model's ['mbps']"),
+        (card(vendors=["amd"]), "vendor 'intel' not among the model's ['amd']"),
+    ],
+)
+def test_mismatches_are_named(data: dict, message: str) -> None:
+    problems = check_compatible(data, NODE, ENCODER_VERSION)
+    assert any(message in p for p in problems), problems
+
+
+def test_node_without_cat_or_mba() -> None:
+    from dataclasses import replace
+
+    bare = replace(NODE, l3=None, mba=None)
+    problems = " ".join(check_compatible(card(requires_mba=True), bare, ENCODER_VERSION))
+    assert "needs cache allocation (CAT)" in problems
+    assert "needs memory bandwidth allocation (MBA)" in problems
+    assert "trained only on nodes with MBA" in problems
+
+
+def test_card_is_found_beside_the_onnx_file(tmp_path) -> None:
+    out = export(tmp_path, card())
+    assert find_card(out) == find_card(out / "policy.onnx") == out / "model_card.json"
+    with pytest.raises(PolicyRefused, match="no such file"):
+        find_card(tmp_path / "missing")
+    (out / "model_card.json").write_text("{not json")
+    with pytest.raises(PolicyRefused, match="cannot read model card"):
+        load_policy(out, NODE)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({**card(), "encoder_version": ENCODER_VERSION + 1, "features": {}}, "encoder version"),
+        (card(ways_min=16), "11 L3 ways outside the model's range [16, 20]"),
+        (card(mba_modes=["mbps"]), "MBA mode 'percent'"),
+        (None, "no model card"),
+    ],
+)
+def test_tune_refuses_a_mismatched_policy(fresh, tmp_path, data, message: str) -> None:
+    path = export(tmp_path, data)
+    run = run_tune(fresh.address, f"policy:{path}", "--intervals", "3")
+    assert run.returncode == 2, run.stdout
+    assert message in run.stderr
+    assert run.summary["intervals"] == 0, "no interval ran with a refused policy"
+
+
+def test_tune_refuses_a_matching_card_whose_model_cannot_load(fresh, tmp_path) -> None:
+    path = export(tmp_path, card())  # the card fits; policy.onnx is garbage
+    run = run_tune(fresh.address, f"policy:{path}", "--intervals", "3")
+    assert run.returncode == 2
+    assert f"policy {path}" in run.stderr
+    assert ("cannot load" in run.stderr) or (
+        "runtime (models.policy) is not available" in run.stderr
+    )
+
+
+# An export directory ('rdtune export --out DIR'): $RDTUNE_TEST_POLICY, else the policy
+# shipped in models/policies/default once the training engineer's export is there.
+SHIPPED = ROOT / "models" / "policies" / "default"
+EXPORT = os.environ.get("RDTUNE_TEST_POLICY") or (
+    str(SHIPPED) if (SHIPPED / "model_card.json").is_file() else None
+)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("models.policy") is None or not EXPORT,
+    reason="needs an exported policy (models/policies/default, or RDTUNE_TEST_POLICY set to an "
+    "'rdtune export' directory); none existed when this test was written",
+)
+def test_tune_runs_an_exported_policy(fresh) -> None:
+    run = run_tune(fresh.address, f"policy:{EXPORT}", "--interval", "0.1", "--intervals", "30")
+    assert run.returncode == 0, run.stderr
+    assert run.summary["intervals"] == 30
+    assert not run.of("dropped")

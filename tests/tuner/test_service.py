@@ -1,0 +1,130 @@
+"""The tuner loop in-process against a real agent on loopback (RemoteNode): change limits and
+dwell time enforced interval by interval, limited plans carried on to their target, groups
+created and adopted from the config, metrics."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+
+from agent.sim import SimNode
+from agent.types import SLO, GroupKind, GroupSpec, popcount
+from models import registry
+from tests.agent.server.conftest import serve
+from tests.tuner.conftest import assert_valid
+from tests.tuner.controllers import Swing
+from tuner.config import AgentConnection, GroupConfig, GuardConfig, TunerConfig
+from tuner.controllers import fallback
+from tuner.service import Tuner
+
+
+@pytest.fixture
+def server():
+    with serve(SimNode("default", seed=0)) as srv:
+        yield srv
+
+
+def make_tuner(server, controller, **cfg) -> Tuner:
+    guard = cfg.pop("guard", GuardConfig())
+    config = TunerConfig(
+        interval_s=0.1,
+        guard=guard,
+        agent=AgentConnection(address=server.address, timeout_s=10),
+        metrics_listen="",
+        **cfg,
+    )
+    return Tuner(config.agent.connect, lambda caps, n: controller, config, fallback())
+
+
+def held(tuner: Tuner) -> dict[str, tuple[int, int]]:
+    alloc = tuner.node.allocation()
+    return {g: (p[0].l3_mask, p[0].mb) for g, p in alloc.groups.items()}
+
+
+def test_way_and_mb_steps_and_dwell_are_enforced_every_interval(server) -> None:
+    guard = GuardConfig(max_way_step=1, max_mb_step=2, min_dwell_s=0.3, violation_intervals=10**6)
+    tuner = make_tuner(server, Swing(), guard=guard)
+    tuner.start()
+    gran = tuner.caps.mba.bandwidth_gran
+    history = [(0.0, held(tuner))]
+    changes = 0
+    for _ in range(40):
+        result = tuner.step()
+        history.append((result.snapshot.timestamp, held(tuner)))
+        changes += result.outcome in ("applied", "limited")
+    assert changes >= 10, "the swinging controller keeps the tuner busy"
+    last_change: dict[str, float] = {}
+    for (_, before), (t, after) in itertools.pairwise(history):
+        for g in after:
+            (m0, mb0), (m1, mb1) = before[g], after[g]
+            assert popcount(m0 ^ m1) <= 1, f"{g}: {m0:#x} -> {m1:#x} at {t}"
+            assert abs(mb1 - mb0) <= 2 * gran, f"{g}: MB {mb0} -> {mb1} at {t}"
+            if (m0, mb0) != (m1, mb1):
+                if g in last_change:
+                    assert t - last_change[g] >= 0.3 - 1e-9, f"{g} changed again at {t}"
+                last_change[g] = t
+    assert_valid(tuner.node)
+    limited = [
+        s for m in tuner.metrics.registry.collect() for s in m.samples
+        if s.name == "rdtune_tuner_limited_plans_total"
+    ]  # fmt: skip
+    assert {s.labels["limit"] for s in limited if s.value} >= {"ways", "dwell"}
+    tuner.shutdown()
+
+
+def test_a_limited_plan_is_carried_on_until_reached(server) -> None:
+    """eq decides once; with one way per interval the tuner keeps moving toward its plan."""
+    tuner = make_tuner(server, registry.make("eq"), guard=GuardConfig(max_way_step=1))
+    tuner.start()
+    first = held(tuner)
+    for _ in range(12):
+        tuner.step()
+    final = held(tuner)
+    assert first != final
+    assert tuner.target is None, "target reached"
+    eq = registry.make("eq")
+    from models.controller import context
+
+    want = eq.start(context(tuner.node)).plan
+    assert {g: (p[0].l3_mask) for g, p in want.groups.items()} == {
+        g: m for g, (m, _) in final.items()
+    }
+    tuner.shutdown()
+
+
+def test_groups_from_the_config_are_created_or_adopted(server, tmp_path) -> None:
+    cgroup = tmp_path / "web.slice"
+    cgroup.mkdir()
+    node = SimNode("default", seed=0)  # same scenario: same pids as the served node
+    pids = sorted(node.tasks("memcached"))
+    (cgroup / "cgroup.procs").write_text(f"{pids[0]}\n{pids[1]}\n")
+    groups = [
+        GroupConfig(GroupSpec("web", GroupKind.LC, SLO(99.0, 2.0)), cgroup=str(cgroup)),
+        GroupConfig(GroupSpec("memcached"), pids=(pids[2], 999999)),  # exists; one unknown pid
+    ]
+    tuner = make_tuner(server, registry.make("eq"), groups=groups)
+    tuner.start()
+    assert tuner.groups["web"] == GroupSpec("web", GroupKind.LC, SLO(99.0, 2.0))
+    assert tuner.groups["memcached"].kind is GroupKind.LC, "adopted as it is"
+    assert tuner.node.tasks("web") == frozenset(pids[:2])
+    assert pids[2] in tuner.node.tasks("memcached")
+    tuner.step()
+    assert_valid(tuner.node)
+    tuner.shutdown()
+
+
+def test_run_stops_on_the_event(server) -> None:
+    tuner = make_tuner(server, registry.make("eq"), realtime=True)
+    stop = threading.Event()
+    timer = threading.Timer(0.5, stop.set)
+    timer.start()
+    assert tuner.run(stop) == 0
+    assert 2 <= tuner.intervals <= 7
+    hist = [
+        s for m in tuner.metrics.registry.collect() for s in m.samples
+        if s.name == "rdtune_tuner_decision_latency_seconds_count"
+    ]  # fmt: skip
+    assert sum(s.value for s in hist) == tuner.intervals
+    tuner.shutdown()

@@ -1,0 +1,64 @@
+"""``rdtune status``: the live allocation (ways bars, MB) from a real agent and the tuner's key
+metrics from its real Prometheus endpoint."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from prometheus_client import start_http_server
+
+from tests.tuner.conftest import ROOT, run_tune
+from tuner.metrics import TunerMetrics
+from tuner.status import ways_bar
+
+
+def test_ways_bar() -> None:
+    assert ways_bar(0b0011, 0xF) == "..##"
+    assert ways_bar(0b0110 << 4, 0xFF0) == ".....##."  # a cbm_mask not starting at bit 0
+    assert ways_bar(None, 0xF) == "-"
+
+
+def status(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "status", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_status_prints_the_live_allocation_and_tuner_metrics(fresh) -> None:
+    run = run_tune(fresh.address, "eq", "--interval", "0.1", "--intervals", "5")
+    assert run.returncode == 0, run.stderr
+    metrics = TunerMetrics()
+    metrics.intervals.inc(7)
+    metrics.decisions.labels("eq", "applied").inc(3)
+    metrics.dropped_plans.labels("contiguous").inc(2)
+    metrics.decision_latency.labels("eq").observe(40e-6)
+    metrics.record_slo("memcached", False, 0.4)
+    metrics.record_slo("memcached", True, 1.4)
+    http, _ = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    try:
+        url = f"http://127.0.0.1:{http.server_port}/metrics"
+        done = status("--agent", fresh.address, "--tuner-metrics", url)
+    finally:
+        http.shutdown()
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    with fresh.node() as node:
+        alloc = node.allocation()
+        cbm = node.capabilities().l3.cbm_mask
+    for group, per_domain in alloc.groups.items():
+        assert group in out
+        assert ways_bar(per_domain[0].l3_mask, cbm) in out
+    assert "p95 < 1 ms (50% met)" in out
+    assert "decisions applied" in out and "dropped plans" in out
+
+
+def test_status_of_an_unreachable_agent_says_so() -> None:
+    done = status("--agent", "127.0.0.1:1", "--timeout", "0.5")
+    assert done.returncode == 1
+    assert "cannot read the agent at 127.0.0.1:1" in done.stderr
