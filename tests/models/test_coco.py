@@ -149,3 +149,43 @@ def test_coco_needs_its_groups():
         CoCo(services, ["nope_bg", "nope_t1"]).start(context(node, tasks=True))
     with pytest.raises(ValueError, match="no services"):
         CoCo([], groups)
+
+
+def test_dedicated_service_over_its_slo_moves_up_a_tier():
+    """Online refinement on a 16-CLOS part (three LC tiers): a profile that wrongly says
+    shore_mt is fine in the middle tier is corrected from the observed tail."""
+    from agent.sim import get_scenario
+
+    scn = get_scenario(EPYC).with_machine("e5_2683v4")
+    node = SimNode(scn, seed=2, noise=False, auto_groups=False)
+    wl = node.workloads()
+    services = [
+        # shore_mt's SLO is set far below what any tier gives it (0.2 ms): it always misses
+        Service(w.name, frozenset(w.pids), SLO(w.spec.lc.slo_percentile, 0.2))
+        if w.name == "shore_mt"
+        else Service(w.name, frozenset(w.pids), SLO(w.spec.lc.slo_percentile, w.spec.lc.slo_ms))
+        for w in wl
+        if w.kind == "lc"
+    ]
+    groups = prepare_groups(node, services[0].slo)
+    assert len(groups) == 4  # background + three LC tiers
+    prof = {
+        s.name: ServiceProfile(
+            tails={1: 10.0 * s.slo.target_ms, 2: 0.01, 3: 0.01}
+            if s.name == "shore_mt"
+            else {1: 0.01, 2: 0.01, 3: 0.01},
+            cpi={1: 1.2},
+            cpi_full=1.0,
+        )
+        for s in services
+    }
+    coco = CoCo(services, groups, profile=prof, patience=3)
+    carry_out(node, coco.start(context(node, tasks=True)))
+    assert coco._dedicated == {2: "shore_mt"}
+    node.observe()
+    for _ in range(10):
+        node.advance(0.1)
+        snap = node.observe()
+        carry_out(node, coco.decide(snap, context(node, tasks=True, time_s=node.now())))
+    assert coco._dedicated == {3: "shore_mt"}
+    assert services[[s.name for s in services].index("shore_mt")].pids <= node.tasks(groups[3])
