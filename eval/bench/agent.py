@@ -89,15 +89,21 @@ def _load_worker(address: str, threads: int, seconds: float, kind: str, out) -> 
 
     from agent.client import RemoteNode
 
-    setup_node, caps, names = _setup(address)
-    plans = _plans(caps, names)
+    plans = []
+    if kind != "caps":
+        setup_node, caps, names = _setup(address)
+        plans = _plans(caps, names)
+        setup_node.close()
     counts, errors = [0] * threads, [0] * threads
     start = threading.Barrier(threads + 1)
 
     def work(i: int) -> None:
         node = RemoteNode(address, timeout=10)
-        node.capabilities()
-        start.wait()
+        try:
+            node.capabilities()  # connect before the clock starts
+        except Exception:
+            errors[i] += 1
+        start.wait(timeout=120)
         stop_at = time.perf_counter() + seconds
         k = 0
         while time.perf_counter() < stop_at:
@@ -117,10 +123,9 @@ def _load_worker(address: str, threads: int, seconds: float, kind: str, out) -> 
     pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
     for t in pool:
         t.start()
-    start.wait()
+    start.wait(timeout=120)
     for t in pool:
         t.join()
-    setup_node.close()
     out.put((sum(counts), sum(errors)))
 
 
