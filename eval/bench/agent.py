@@ -55,6 +55,45 @@ def _start_agent() -> tuple[subprocess.Popen, str]:
     return proc, line.rsplit(" ", 1)[-1].strip()
 
 
+_BARE_SERVER = """
+import sys, time
+from concurrent import futures
+import grpc
+from proto.build import ensure_built
+ensure_built()
+from proto.rdtune.v1 import agent_pb2_grpc as rpc, types_pb2 as pb
+class S(rpc.NodeAgentServicer):
+    def GetCapabilities(self, request, context):
+        return pb.NodeCapabilities(vendor=pb.VENDOR_SIMULATED, num_cpus=1)
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+rpc.add_NodeAgentServicer_to_server(S(), server)
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print(port, flush=True)
+time.sleep(3600)
+"""
+
+
+def _bare_floor(repeats: int) -> list[float]:
+    """Round trips of a no-op unary RPC to a bare grpcio server (no agent code at all):
+    the floor under every agent RPC on this machine."""
+    import grpc
+
+    from proto.rdtune.v1 import agent_pb2 as api
+    from proto.rdtune.v1 import agent_pb2_grpc as rpc
+
+    proc = subprocess.Popen([sys.executable, "-c", _BARE_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = rpc.NodeAgentStub(channel)
+            req = api.GetCapabilitiesRequest()
+            return latencies(lambda: stub.GetCapabilities(req, timeout=10), repeats, warmup=50)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def _plans(caps, names: list[str]):
     """Two valid plans over every group (alternated so each apply changes something)."""
     from agent.types import AllocationPlan, GroupAllocation, MbaMode
@@ -169,6 +208,14 @@ def run(quick: bool) -> list[Result]:
                 target="p99 <= 2 ms",
             )
         ]
+        results.append(
+            latency_result(
+                "bare grpcio unary round trip (floor, no agent code)",
+                _bare_floor(repeats),
+                unit="ms",
+                target="reference",
+            )
+        )
         seconds = 2.0 if quick else 5.0
         runs = 1 if quick else 3
         for kind, label, target in (
