@@ -99,8 +99,19 @@ class RewardTerms:
     def as_dict(self) -> dict[str, float | None]:
         """The terms as a dict, undefined quantities (NaN) as None (comparable, JSON-able)."""
         return {
-            k: (None if isinstance(v, float) and math.isnan(v) else v)
-            for k, v in asdict(self).items()
+            k: (None if v != v else v)  # v != v: NaN
+            for k, v in (
+                ("slo", self.slo),
+                ("fairness", self.fairness),
+                ("throughput", self.throughput),
+                ("change", self.change),
+                ("total", self.total),
+                ("violations", self.violations),
+                ("worst_ratio", self.worst_ratio),
+                ("unfairness", self.unfairness),
+                ("mean_progress", self.mean_progress),
+                ("churn", self.churn),
+            )
         }
 
 

@@ -9,7 +9,7 @@ Each copy ``i`` is seeded ``seed + i``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -72,3 +72,15 @@ def make_gym_vec_env(
     return gym.make_vec(
         env_id, num_envs=n_envs, vectorization_mode=vectorization_mode, **env_kwargs
     )
+
+
+def env_creator(config: Mapping[str, Any] | None = None) -> gym.Env:
+    """An env from one config mapping, the form Ray RLlib hands to an env creator
+    (``tune.register_env("rdtune/Partition-v0", env_creator)``; the gymnasium registry is
+    not visible in Ray workers, RL.md). ``config["env_id"]`` picks the env (default
+    Partition-v0); every other key is a keyword of the env."""
+    import envs  # noqa: F401  (registers the ids in a fresh worker)
+
+    kwargs = dict(config or {})
+    env_id = kwargs.pop("env_id", PARTITION_ID)
+    return gym.make(env_id, **kwargs)

@@ -45,6 +45,8 @@ import numpy as np
 from agent.types import AllocationPlan, NodeCapabilities, contiguous_mask
 from models.allocation import mb_level, pack_ways, plan_from
 
+_MB_TABLES: dict[tuple, tuple[int, ...]] = {}
+
 
 @dataclass(frozen=True)
 class DecodedAction:
@@ -68,8 +70,8 @@ class DecodedAction:
 
 
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
-    """Split ``total`` into integers proportional to ``weights`` (largest remainder;
-    ties to the earlier index; all-zero weights split equally)."""
+    """Split ``total`` into integers proportional to ``weights`` (largest remainder, in
+    exact integer arithmetic; ties to the earlier index; all-zero weights split equally)."""
     n = len(weights)
     if n == 0:
         return []
@@ -77,12 +79,12 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
     s = sum(w)
     if s == 0:
         w, s = [1] * n, n
-    quotas = [total * x / s for x in w]
-    base = [int(q) for q in quotas]
+    base = [total * x // s for x in w]
     left = total - sum(base)
-    order = sorted(range(n), key=lambda i: (-(quotas[i] - base[i]), i))
-    for i in order[:left]:
-        base[i] += 1
+    if left:
+        rem = [total * x % s for x in w]
+        for i in sorted(range(n), key=lambda i: (-rem[i], i))[:left]:
+            base[i] += 1
     return base
 
 
@@ -99,13 +101,12 @@ class ActionDecoder:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        bounds = (self.share_levels,) * self.max_groups + (self.mba_levels,) * self.max_groups
+        object.__setattr__(self, "_bounds", bounds)
 
     @property
     def nvec(self) -> np.ndarray:
-        return np.array(
-            [self.share_levels] * self.max_groups + [self.mba_levels] * self.max_groups,
-            dtype=np.int64,
-        )
+        return np.array(self._bounds, dtype=np.int64)
 
     def layout(self) -> dict:
         return {
@@ -134,15 +135,19 @@ class ActionDecoder:
         self, action: Sequence[int] | np.ndarray, slots: Sequence[str], caps: NodeCapabilities
     ) -> DecodedAction:
         """The plan for ``slots`` (group names in slot order) on a node with ``caps``."""
-        a = np.asarray(action).reshape(-1)
-        if a.size != 2 * self.max_groups:
+        raw = action.reshape(-1).tolist() if isinstance(action, np.ndarray) else list(action)
+        if len(raw) != 2 * self.max_groups:
             raise ValueError(
-                f"action has {a.size} values; expected {2 * self.max_groups} "
+                f"action has {len(raw)} values; expected {2 * self.max_groups} "
                 f"(share and MBA level per slot)"
             )
-        if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a >= self.nvec):
-            raise ValueError(f"action {a.tolist()} outside MultiDiscrete{self.nvec.tolist()}")
-        levels = [int(x) for x in a]
+        bounds = self._bounds
+        try:
+            levels = [int(x) for x in raw]
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"action {raw} is not a vector of integers") from None
+        if levels != raw or any(not 0 <= x < b for x, b in zip(levels, bounds, strict=True)):
+            raise ValueError(f"action {raw} outside MultiDiscrete{list(bounds)}")
         slots = list(slots)[: self.max_groups]
         n = len(slots)
         share, mba_lv = levels[: self.max_groups], levels[self.max_groups :]
@@ -172,12 +177,25 @@ class ActionDecoder:
             repairs.append("ignored share levels: the node has no cache allocation")
         mb: dict[str, int] = {}
         if caps.mba is not None:
+            table = self._mb_table(caps)
             for g, lv in zip(slots, mba_lv, strict=False):
-                mb[g] = mb_level(caps, (lv + 1) / self.mba_levels)
+                mb[g] = table[lv]
         elif n and any(mba_lv[:n]):
             repairs.append("ignored MBA levels: the node has no MBA")
         plan = plan_from(masks, mb, caps) if (masks or mb) else AllocationPlan({})
         return DecodedAction(plan, ways, masks, mb, shared, tuple(repairs))
+
+    def _mb_table(self, caps: NodeCapabilities) -> tuple[int, ...]:
+        """MB value of each MBA level on this node (cached: it only depends on the MBA
+        capabilities and the peak bandwidth)."""
+        key = (caps.mba, caps.memory_bandwidth_bps, self.mba_levels)
+        table = _MB_TABLES.get(key)
+        if table is None:
+            table = tuple(mb_level(caps, (j + 1) / self.mba_levels) for j in range(self.mba_levels))
+            if len(_MB_TABLES) > 64:
+                _MB_TABLES.clear()
+            _MB_TABLES[key] = table
+        return table
 
     @staticmethod
     def _shared_masks(

@@ -11,4 +11,5 @@ BENCHMARKS: dict[str, str] = {  # name -> module (eval.bench.<module>)
     "sim": "sim",
     "agent": "agent",
     "controllers": "controllers",
+    "env": "env",
 }

@@ -8,7 +8,7 @@ from sb3_contrib import MaskablePPO
 from sb3_contrib.common.maskable.utils import get_action_masks
 from stable_baselines3 import PPO
 
-from envs.vector import make_gym_vec_env, make_sb3_vec_env
+from envs.vector import env_creator, make_gym_vec_env, make_sb3_vec_env
 
 SMALL = {"episode_steps": 8, "interval_s": 0.5, "max_groups": 4}
 
@@ -84,3 +84,15 @@ def test_bad_sizes_are_rejected() -> None:
         make_sb3_vec_env(0)
     with pytest.raises(ValueError, match="vectorization_mode"):
         make_gym_vec_env(2, vectorization_mode="threads")
+
+
+def test_env_creator_builds_from_one_config_mapping() -> None:
+    env = env_creator({"episode_steps": 3, "max_groups": 5})
+    try:
+        assert env.unwrapped.episode_steps == 3 and env.unwrapped.encoder.max_groups == 5
+        obs, _ = env.reset(seed=0)
+        assert obs in env.observation_space
+    finally:
+        env.close()
+    with pytest.raises(TypeError):
+        env_creator({"no_such_option": 1})
