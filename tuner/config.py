@@ -3,6 +3,7 @@
 Example ``tuner.yaml`` (every key optional; see docs/DEPLOY.md)::
 
     interval_s: 1.0               # control interval (node clock: simulated nodes are stepped)
+    resync_intervals: 10          # read the node's allocation back every N intervals (1: always)
     controller_options: {}        # keyword options of the controller (registry factory)
     fallback: static              # SLO guard's fallback (default: static, else ubik strict,
     fallback_options:             #   else eq: the first that needs no options)
@@ -143,6 +144,7 @@ class AgentConnection:
 @dataclass
 class TunerConfig:
     interval_s: float = 1.0
+    resync_intervals: int = 10
     controller_options: dict = field(default_factory=dict)
     fallback: str | None = None
     fallback_options: dict = field(default_factory=dict)
@@ -159,6 +161,8 @@ class TunerConfig:
     def validate(self) -> None:
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
             raise ConfigError(f"interval_s must be a positive number, got {self.interval_s}")
+        if not isinstance(self.resync_intervals, int) or self.resync_intervals < 1:
+            raise ConfigError("resync_intervals must be a whole number >= 1")
         if not (0 < self.retry_initial_s <= self.retry_max_s):
             raise ConfigError("retry needs 0 < initial_s <= max_s")
         if not (math.isfinite(self.agent.timeout_s) and self.agent.timeout_s > 0):
@@ -255,7 +259,8 @@ def parse_config(raw: object, where: str = "config") -> TunerConfig:
     groups = raw.pop("groups", None) or []
     if not isinstance(groups, list):
         raise ConfigError("groups must be a list")
-    known = {"interval_s", "controller_options", "fallback", "fallback_options"}
+    known = {"interval_s", "resync_intervals", "controller_options", "fallback"}
+    known |= {"fallback_options"}
     known |= {"metrics_listen", "log_json"}
     known |= {"restore_baseline", "realtime"}
     unknown = set(raw) - known
@@ -264,6 +269,7 @@ def parse_config(raw: object, where: str = "config") -> TunerConfig:
     try:
         cfg = TunerConfig(
             interval_s=float(raw.get("interval_s", 1.0)),
+            resync_intervals=raw.get("resync_intervals", 10),
             controller_options=raw.get("controller_options") or {},
             fallback=raw.get("fallback"),
             fallback_options=raw.get("fallback_options") or {},

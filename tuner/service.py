@@ -105,6 +105,8 @@ class Tuner:
         self.intended: Allocation | None = None  # what the tuner last applied (read back)
         self.pending: AllocationPlan | None = None  # an apply whose outcome is unknown
         self.target: AllocationPlan | None = None  # a rate-limited plan still being reached
+        self._stale = True  # read the allocation back at the next interval
+        self._since_read = 0
         self.intervals = 0
         self.switches: list[Switch] = []
         self._last_now = -math.inf
@@ -141,6 +143,7 @@ class Tuner:
             ", simulated clock" if self.clock is not None else "",
             extra={"event": "start", "controller": self.primary.name, "groups": list(self.groups)},
         )
+        self._stale, self._since_read = False, 0  # ``intended`` is what the node holds
         self._carry_out(self.active.start(self._context(self.baseline)), self.baseline, 0.0)
         self.node.observe()  # the first interval starts now
 
@@ -188,6 +191,19 @@ class Tuner:
 
     # ------------------------------------------------------------------ one interval
 
+    def _current(self) -> Allocation:
+        """What the node holds: read back every ``resync_intervals`` intervals (and after any
+        surprise); in between, what the last apply returned -- one round trip less per
+        interval. A stale view cannot get an invalid plan applied: the node validates every
+        apply against what it really holds, atomically, and a refusal counts as a drop."""
+        self._since_read += 1
+        if self.intended is None or self._stale:
+            self.intended = self.node.allocation()
+            self._stale, self._since_read = False, 0
+        elif self._since_read >= self.cfg.resync_intervals:
+            return self._reassert(self.node.allocation())
+        return self.intended
+
     def step(self) -> StepResult:
         """Advance one interval: observe, judge SLOs, decide, guard, apply."""
         if self.clock is not None:
@@ -196,7 +212,7 @@ class Tuner:
         snap = self.node.observe()
         if set(snap.groups) != set(self.groups) or snap.vanished:
             self._groups_changed()
-        current = self.node.allocation()
+        current = self._current()
         now = snap.timestamp
         if now < self._last_now:  # the node's clock started over (a restarted sim agent)
             self.plan_guard.forget()
@@ -288,6 +304,7 @@ class Tuner:
             held = self.node.apply(screened.plan)
         except (InvalidAllocation, GroupNotFound) as exc:  # the node saw more than we did
             self.pending = None
+            self._stale = True
             return self._dropped(name, getattr(exc, "rule", "unknown_group"), str(exc))
         self.pending = None
         self.plan_guard.committed(screened.plan, current, now)
@@ -311,6 +328,7 @@ class Tuner:
         """Groups appeared or vanished: controllers start over on the new set."""
         self.groups = dict(self.node.groups())
         self.target = None
+        self._stale = True
         log.info("groups changed: %s", sorted(self.groups), extra={"event": "groups"})
         current = self.node.allocation()
         self._carry_out(self.active.start(self._context(current)), current, self._last_now)
@@ -323,7 +341,13 @@ class Tuner:
         self.clock = as_clock(self.node)
         self._ensure_groups()
         self.groups = dict(self.node.groups())
-        current = self.node.allocation()
+        self._reassert(self.node.allocation())
+        self.node.observe()  # a fresh interval
+
+    def _reassert(self, current: Allocation) -> Allocation:
+        """Put back what the tuner last applied (and an apply cut short by an outage) where
+        the node holds something else: a restarted simulated agent starts over, an
+        operator's manual write, a lost apply. Returns what the node holds afterwards."""
         want: dict[str, Mapping] = {}
         if self.intended is not None:
             want.update({g: a for g, a in self.intended.groups.items() if g in self.groups})
@@ -331,21 +355,21 @@ class Tuner:
             for g, per_domain in self.pending.groups.items():
                 if g in self.groups:
                     want[g] = {**want.get(g, {}), **per_domain}
+        self.pending = None
         plan = AllocationPlan(want)
         screened = self.plan_guard.screen(plan, self.caps, self.groups, current, 0.0, limit=False)
+        self.intended = current
         if screened.dropped is not None:
             log.warning("cannot restore the last allocation: %s", screened.error)
         elif screened.plan is not None:
             self.intended = self.node.apply(screened.plan)
             log.warning(
-                "the node lost the tuner's allocation (agent restarted?): re-applied it",
+                "the node does not hold the tuner's allocation (agent restarted?): re-applied",
                 extra={"event": "restored", "groups": sorted(screened.plan.groups)},
             )
-        else:
-            self.intended = current
-        self.pending = None
         self.metrics.record_allocation(self.intended)
-        self.node.observe()  # a fresh interval
+        self._stale, self._since_read = False, 0
+        return self.intended
 
     def _wait_for_agent(self, stop: threading.Event, first: BaseException) -> bool:
         """Retry with backoff until the agent answers again; False when stopped meanwhile."""

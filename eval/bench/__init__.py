@@ -12,4 +12,5 @@ BENCHMARKS: dict[str, str] = {  # name -> module (eval.bench.<module>)
     "agent": "agent",
     "controllers": "controllers",
     "env": "env",
+    "tuner": "tuner",
 }

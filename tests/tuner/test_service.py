@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from agent.sim import SimNode
-from agent.types import SLO, GroupKind, GroupSpec, popcount
+from agent.types import SLO, AllocationPlan, GroupKind, GroupSpec, popcount
 from models import registry
 from tests.agent.server.conftest import serve
 from tests.tuner.conftest import assert_valid
@@ -127,4 +127,23 @@ def test_run_stops_on_the_event(server) -> None:
         if s.name == "rdtune_tuner_decision_latency_seconds_count"
     ]  # fmt: skip
     assert sum(s.value for s in hist) == tuner.intervals
+    tuner.shutdown()
+
+
+def test_an_allocation_changed_behind_the_tuners_back_is_put_back(server) -> None:
+    """Between read-backs the tuner trusts its last apply; every resync_intervals it reads
+    the node and re-asserts its allocation where the node holds something else."""
+    tuner = make_tuner(server, registry.make("eq"), resync_intervals=3)
+    tuner.start()
+    mine = tuner.node.allocation()
+    from agent.client import RemoteNode
+    from models.allocation import full_allocation
+
+    with RemoteNode(server.address) as other:  # an operator's manual write
+        full = full_allocation(other.capabilities())
+        other.apply(AllocationPlan.uniform({"memcached": full}, tuner.caps.domains))
+    for _ in range(3):
+        tuner.step()
+    assert tuner.node.allocation() == mine
+    assert_valid(tuner.node)
     tuner.shutdown()
