@@ -103,7 +103,8 @@ class LcProfile:
 
     Attributes:
         target_ways: ways meeting its SLO alone at its load.
-        tail_ms: its tail latency (at the SLO percentile) at ``target_ways``: the deadline.
+        tail_ms: its tail latency (SLO percentile) at ``target_ways`` during the profile
+            (informational: the controller measures its reference online).
         points: ways -> (MPKI, APKI) measured during the profile (seeds the miss curve).
         sweep: ways -> tail latency in ms, as measured.
     """
