@@ -142,15 +142,21 @@ class AgentServer:
 
     def start(self) -> AgentServer:
         self._bind()
+        if self.cfg.metrics_listen:
+            m = parse_listen(self.cfg.metrics_listen)
+            if not m.loopback:
+                log.warning("metrics endpoint on non-loopback %s (plain HTTP)", m.raw)
+            try:
+                self._metrics_http, _ = start_http_server(
+                    m.port, addr=m.host.strip("[]"), registry=self.metrics.registry
+                )
+            except OSError as exc:
+                self.server.stop(None)
+                raise ConfigError(f"cannot serve metrics on {m.raw}: {exc}") from exc
+            self.metrics_port = self._metrics_http.server_port
         self.server.start()
         if self.listen.unix_path is not None:
             os.chmod(self.listen.unix_path, 0o600)  # only the agent's user may connect
-        if self.cfg.metrics_listen:
-            m = parse_listen(self.cfg.metrics_listen)
-            self._metrics_http, _ = start_http_server(
-                m.port, addr=m.host.strip("[]"), registry=self.metrics.registry
-            )
-            self.metrics_port = self._metrics_http.server_port
         with self.host.lock:
             self.metrics.record_allocation(self.node.allocation())
         for name in ("", *SERVICE_NAMES):

@@ -79,6 +79,24 @@ class TestRemoteResctrlNode(NodeContract):
                 p.kill()
                 p.wait()
 
+    def test_simulation_is_failed_precondition(self, node) -> None:
+        from agent.errors import Unsupported
+
+        assert as_clock(node) is None
+        with pytest.raises(Unsupported) as err:
+            node.advance(1.0)
+        assert err.value.code == "FAILED_PRECONDITION"
+
+    def test_pushed_latencies_reach_observe(self, node) -> None:
+        from agent.types import SLO, GroupKind, GroupSpec
+
+        node.create_group(GroupSpec("web", GroupKind.LC, SLO(99.0, 5.0)))
+        node.observe()
+        with node.reporter() as rep:
+            rep.record_many("web", [1.0] * 98 + [7.0, 9.0])
+        stats = node.observe().groups["web"].latency
+        assert stats.count == 100 and stats.p50_ms == 1.0 and stats.p99_ms > 5.0
+
 
 def test_remote_reset_to_a_named_scenario_and_unknown_names() -> None:
     sim = pytest.importorskip("agent.sim", reason="SimNode not available")

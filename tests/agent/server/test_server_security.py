@@ -265,3 +265,17 @@ def test_bad_yaml_config_is_refused(tmp_path, text, match) -> None:
     path.write_text(text)
     with pytest.raises(ConfigError, match=match):
         load_yaml(path).validate()
+
+
+def test_metrics_port_in_use_is_a_clear_error() -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        server = AgentServer(
+            RefNode(), AgentConfig(listen="127.0.0.1:0", metrics_listen=f"127.0.0.1:{port}")
+        )
+        with pytest.raises(ConfigError, match="metrics"):
+            server.start()
