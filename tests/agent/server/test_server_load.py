@@ -71,7 +71,7 @@ def test_32_clients_mixing_observe_and_apply() -> None:
         for g in range(6):
             node.create_group(GroupSpec(f"g{g}"))
     deadline = time.monotonic() + TIME_LIMIT_S
-    with serve(node, max_workers=16) as server:
+    with serve(node) as server:
         managers = [remote(server) for _ in range(CLIENTS)]
         clients = [m.__enter__() for m in managers]
         try:
