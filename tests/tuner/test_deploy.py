@@ -1,0 +1,61 @@
+"""The deployment examples stay in step with the code: their configs load with the real
+loaders and their command lines parse with the real ``rdtune`` parser."""
+
+from __future__ import annotations
+
+import configparser
+import shlex
+
+import pytest
+import yaml
+
+from agent.server.config import AgentConfig
+from agent.server.config import load_yaml as load_agent_yaml
+from tests.tuner.conftest import ROOT
+from tuner.cli import build_parser
+from tuner.config import load_yaml as load_tuner_yaml
+from tuner.config import parse_config
+
+DEPLOY = ROOT / "deploy"
+
+
+def test_example_configs_load() -> None:
+    agent = load_agent_yaml(DEPLOY / "agent.yaml")
+    agent.validate()
+    assert agent.backend == "resctrl" and agent.listen.startswith("unix:")
+    tuner = load_tuner_yaml(DEPLOY / "tuner.yaml")
+    assert tuner.agent.address == agent.listen
+    assert {g.spec.name for g in tuner.groups} >= {tuner.fallback_options["lc_group"]}
+
+
+def test_daemonset_configs_load_and_agree() -> None:
+    docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "daemonset.yaml").read_text()))
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    raw = yaml.safe_load(config["agent.yaml"])
+    agent = AgentConfig(**raw)
+    agent.validate()
+    tuner = parse_config(yaml.safe_load(config["tuner.yaml"]))
+    assert tuner.agent.address == agent.listen
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    containers = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
+    assert containers["agent"]["securityContext"]["privileged"] is True
+    for name in ("agent", "tuner"):
+        args = build_parser().parse_args(containers[name]["args"])
+        assert args.command == name.replace("tuner", "tune")
+
+
+@pytest.mark.parametrize("unit", ["rdtune-agent.service", "rdtune-tuner.service"])
+def test_systemd_units_run_valid_commands(unit: str) -> None:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str
+    text = (DEPLOY / "systemd" / unit).read_text().replace("\\\n", " ")
+    parser.read_string(text)
+    service = parser["Service"]
+    env = dict(
+        item.split("=", 1) for item in shlex.split(service.get("Environment", "")) if "=" in item
+    )
+    argv = shlex.split(service["ExecStart"])
+    assert argv[0].endswith("/rdtune")
+    argv = [a.replace("${RDTUNE_CONTROLLER}", env.get("RDTUNE_CONTROLLER", "")) for a in argv]
+    args = build_parser().parse_args(argv[1:])
+    assert args.command in ("agent", "tune")
