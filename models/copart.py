@@ -17,7 +17,9 @@ group (its counters are the group's). Three phases (section 5.4, Figure 10):
    because occupancy takes about 0.3 s to follow a mask change on the simulator) update
    the FSMs, compute Algorithm 2's next state; when it equals the current one, move to a
    random neighbour (one way or one MBA step from a random donor to a random receiver) at
-   most theta=3 times (the counter is not reset, as in the pseudocode), then go idle.
+   most theta=3 times (the counter is not reset, as in the pseudocode), then go idle —
+   except (our addition) that a last random move whose loser now demands what it lost, with
+   nobody able to give it back, is undone first.
    Algorithm 2 — Hospitals/Residents matching: hospitals are the resource types LLC, MBA and
    ANY with as many positions as producers of that type; consumers (residents) apply in
    preference order (an LLC consumer prefers LLC then ANY; MBA likewise; an ANY consumer a
@@ -25,12 +27,20 @@ group (its counters are the group's). Three phases (section 5.4, Figure 10):
    tentative consumer, who applies to its next preference (instability chaining). Then
    each matched consumer takes one unit from the lowest-slowdown producer of that type.
 3. **Idle** (5.4.3): monitor only; exploration restarts on a change: an application starts
-   or stops (IPS appears or vanishes), a load shift (an LC service's request rate or a
-   batch application's IPS moves by more than ``shift`` for ``confirm`` intervals), or the
-   resources available to batch change; a new group set restarts from profiling.
+   or stops (IPS appears or vanishes), a load shift (an LC service's request rate moves by
+   more than ``shift``, default 2 x delta_p, for ``confirm`` intervals against its value at
+   idle entry; with ``watch_ips`` a batch application's IPS too — off by default, since
+   batch jobs' own phases, e.g. Spark's map and reduce, are not a change in the paper's
+   sense and would re-trigger exploration every phase), or the resources available to
+   batch change; a new group set restarts from profiling. On re-adaptation (our reading;
+   Figure 10 is lost) the FSMs keep their states, except that an application that lost
+   more than delta_p since idle entry demands the LLC when its miss ratio rose by more than
+   beta and bandwidth otherwise; after an application start/stop they restart from the
+   profile's initial states.
 
 FSMs (Figures 8 and 9 did not survive as text; reconstructed from sections 5.2-5.3; g is
-the relative IPS change over the last period, "gained/lost" the resource moved last):
+the relative IPS change since just before the application's last move, "gained/lost" the
+resource moved last — a move's effect builds up over periods as occupancy follows the mask):
 
 - LLC: *low* = LLC access rate < alpha=1.5e6/s or miss ratio < B=3% -> SUPPLY from any
   state. DEMAND: after gaining a way, stays DEMAND if g >= delta_p=5%, else MAINTAIN;
@@ -67,6 +77,8 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -140,7 +152,8 @@ class App:
     ips_full: float = 0.0
     profile: dict[str, Measure] = field(default_factory=dict)
     last: Measure | None = None
-    gained: str = ""  # resource moved last period: "llc+", "llc-", "mba+", "mba-" or ""
+    gained: str = ""  # last resource moved to/from it: "llc+", "llc-", "mba+", "mba-" or ""
+    ref: Measure | None = None  # measured just before that move
 
     def slowdown(self) -> float:
         if self.last is None or self.last.ips <= 0 or self.ips_full <= 0:
@@ -216,6 +229,9 @@ class CoPart(Controller):
         period: control intervals per exploration period (only the last is measured).
         profile_intervals: intervals per profiling run (only the last is measured).
         lc_ways: starting ways of each LC group (None: the equal share).
+        grow_at, shrink_at, shrink_after: the LC reservation manager (module docstring).
+        shift, confirm, watch_ips: idle-phase change detection (module docstring).
+        theta: neighbour retries of Algorithm 1.
         seed: for the random neighbour moves and ANY preferences.
     """
 
@@ -231,8 +247,9 @@ class CoPart(Controller):
         grow_at: float = 0.9,
         shrink_at: float = 0.5,
         shrink_after: int = 20,
-        shift: float = 0.2,
+        shift: float = 2 * DELTA_P,
         confirm: int = 3,
+        watch_ips: bool = False,
         theta: int = THETA,
         seed: int = 0,
     ) -> None:
@@ -243,7 +260,7 @@ class CoPart(Controller):
         self.profile_intervals = profile_intervals
         self.lc_ways_start = lc_ways
         self.grow_at, self.shrink_at, self.shrink_after = grow_at, shrink_at, shrink_after
-        self.shift, self.confirm = shift, confirm
+        self.shift, self.confirm, self.watch_ips = shift, confirm, watch_ips
         self.theta = theta
         self.rng = random.Random(seed)
         self.phase = Phase.PROFILE
@@ -292,8 +309,12 @@ class CoPart(Controller):
             self._profile_queue = [(a, k) for a, k in self._profile_queue if k != "mp"]
         self._tick = 0
         self._retry = 0
+        self._last_random: dict[str, str] = {}
         self._idle_ref: dict[str, float] = {}
         self._idle_lc: dict[str, float] = {}
+        # Recent request rates per LC group: a one-interval count is Poisson-noisy (about
+        # 8% at 0.5 s on the case study), so shifts compare medians, not single intervals.
+        self._lc_rates: dict[str, deque[float]] = {g: deque(maxlen=5) for g in self.lc}
         self._shift_count = 0
         self.history.clear()
         if not self.apps:
@@ -479,7 +500,7 @@ class CoPart(Controller):
                 else:
                     app.mba0 = Fsm.MAINTAIN
         app.llc, app.mba = app.llc0, app.mba0
-        app.last, app.gained = None, ""
+        app.last, app.gained, app.ref = None, "", None
 
     def _explore_step(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         for app in self.apps.values():
@@ -489,18 +510,25 @@ class CoPart(Controller):
             self._update_fsms(app, m)
             app.last = m
         before = self.state()
+        last_random, self._last_random = self._last_random, {}
         changes = self.next_state()
         if self.state() == before:
             if self._retry < self.theta:
                 changes = self._neighbour()
                 self._retry += 1
+                self._last_random = changes
             else:
+                undo = self._undo_harmful_neighbour(last_random)
                 for app in self.apps.values():
-                    app.gained = ""
+                    app.gained, app.ref = "", None
                 self._enter_idle(snapshot, ctx.time_s, "converged")
+                if undo:
+                    self._idle_wait = self.period  # re-take the idle reference once settled
+                    return Decision(self._plan(), note="copart: undo last random move")
                 return KEEP
-        for app in self.apps.values():
-            app.gained = changes.get(app.name, "")
+        for name, change in changes.items():
+            app = self.apps[name]
+            app.gained, app.ref = change, app.last
         return Decision(self._plan(), note=f"copart: explore {self._fmt()}")
 
     def _fmt(self) -> str:
@@ -509,12 +537,17 @@ class CoPart(Controller):
     # ------------------------------------------------------------------ FSMs (5.2, 5.3)
 
     def _update_fsms(self, app: App, m: Measure) -> None:
-        prev = app.last
+        # Gains are judged against the performance just before the app's last move, not the
+        # previous period: occupancy follows a mask change gradually (lines outside a shrunk
+        # mask stay until someone evicts them), so a loss can show up over several periods.
+        prev = app.ref if app.ref is not None else app.last
         g = (m.ips / prev.ips - 1.0) if prev is not None and prev.ips > 0 else 0.0
         got = app.gained
         # LLC classifier (Figure 8, reconstructed).
         low = m.refs < ALPHA or m.miss_ratio < B_MISS
-        if low:
+        if got == "llc-" and g <= -DELTA_P:
+            app.llc = Fsm.DEMAND  # the way it gave up was needed (checked before "low")
+        elif low:
             app.llc = Fsm.SUPPLY
         elif app.llc is Fsm.DEMAND:
             if got == "llc+":
@@ -532,7 +565,9 @@ class CoPart(Controller):
         if self._caps.mba is None:
             return
         ratio = m.misses / self._stream_misses(self._mb(app.units))
-        if ratio < GAMMA_LO:
+        if got == "mba-" and g <= -DELTA_P:
+            app.mba = Fsm.DEMAND  # throttled traffic looks light; the loss says otherwise
+        elif ratio < GAMMA_LO:
             app.mba = Fsm.SUPPLY
         elif app.mba is Fsm.DEMAND:
             if got == "mba+" and g < DELTA_P:
@@ -626,6 +661,24 @@ class CoPart(Controller):
             donor.units -= 1
             taker.units += 1
 
+    def _undo_harmful_neighbour(self, moved: Mapping[str, str]) -> bool:
+        """Our addition to Algorithm 1's exit: when the state repeats right after a random
+        neighbour move whose loser now demands what it lost (nobody could give it back), take
+        the move back instead of idling in a state known to hurt."""
+        if len(moved) != 2:
+            return False
+        (a, ca), (b, _) = moved.items()
+        taker, donor = (a, b) if ca.endswith("+") else (b, a)
+        kind = ca[:-1]
+        d, t = self.apps.get(donor), self.apps.get(taker)
+        if d is None or t is None:
+            return False
+        state = d.llc if kind == LLC else d.mba
+        if state is not Fsm.DEMAND or not self._can_give(t, kind):
+            return False
+        self._move(t, d, kind)
+        return True
+
     def _neighbour(self) -> dict[str, str]:
         """A random neighbouring state: one unit of one resource between two apps."""
         kinds = [LLC] + ([MBA] if self._caps.mba is not None else [])
@@ -647,11 +700,16 @@ class CoPart(Controller):
 
     def _enter_idle(self, snapshot: Snapshot, t: float, why: str) -> None:
         self._idle_ref = {}
+        self._idle_meas: dict[str, Measure | None] = {}
         for app in self.apps.values():
             m = self._measure(snapshot, app.name)
+            self._idle_meas[app.name] = m
             self._idle_ref[app.name] = m.ips if m is not None else 0.0
-        self._idle_lc = {g: self._lc_rate(snapshot, g) for g in self.lc}
+        self._idle_lc = {
+            g: statistics.median(self._lc_rates[g]) if self._lc_rates[g] else 0.0 for g in self.lc
+        }
         self._shift_count = 0
+        self._idle_wait = 0
         self._enter(Phase.IDLE, t, why)
 
     @staticmethod
@@ -664,6 +722,13 @@ class CoPart(Controller):
     def _idle_step(self, snapshot: Snapshot, ctx: ControlContext, lc_changed: bool) -> Decision:
         if not self.apps:
             return Decision(self._plan()) if lc_changed else KEEP
+        if self._idle_wait > 0 and not lc_changed:
+            self._idle_wait -= 1
+            if self._idle_wait == 0:
+                self._enter_idle(snapshot, ctx.time_s, "reference after undo")
+                self.history.pop()  # same idle phase, new reference
+                self.phase = Phase.IDLE
+            return KEEP
         why = ""
         if lc_changed:
             why = "resources available to batch changed"
@@ -677,11 +742,12 @@ class CoPart(Controller):
                 if (ref <= floor) != (ips <= floor):
                     why = f"{app.name} {'started' if ips > floor else 'stopped'}"
                     break
-                if ref > 0 and abs(ips / ref - 1.0) > self.shift:
+                if self.watch_ips and ref > 0 and abs(ips / ref - 1.0) > self.shift:
                     shifted = f"{app.name} IPS shift"
             if not why:
                 for g, ref in self._idle_lc.items():
-                    rate = self._lc_rate(snapshot, g)
+                    recent = list(self._lc_rates[g])[-self.confirm :]
+                    rate = statistics.median(recent) if recent else 0.0
                     if abs(rate - ref) > self.shift * max(ref, 1.0):
                         shifted = f"{g} load shift"
                 if shifted:
@@ -694,14 +760,24 @@ class CoPart(Controller):
             return KEEP
         if lc_changed:
             self._fit_to_batch_ways()
+        restart = why.endswith(("started", "stopped"))
         for app in self.apps.values():
-            app.llc, app.mba = app.llc0, app.mba0
-            app.last = None
-            app.gained = ""
             m = self._measure(snapshot, app.name)
+            before = self._idle_meas.get(app.name)
+            if restart:
+                app.llc, app.mba = app.llc0, app.mba0
+            elif m is not None and before is not None and m.ips < (1 - DELTA_P) * before.ips:
+                # It lost performance while idle: it demands the resource its counters point
+                # at (more misses per access: cache; otherwise bandwidth).
+                if m.miss_ratio - before.miss_ratio > BETA or self._caps.mba is None:
+                    app.llc = Fsm.DEMAND
+                else:
+                    app.mba = Fsm.DEMAND
+            app.gained, app.ref = "", None
             app.last = m
         self._retry = 0
         self._tick = 0
+        self._last_random = {}
         self._enter(Phase.EXPLORE, ctx.time_s, why)
         return Decision(self._plan(), note=f"copart: re-adapting ({why})")
 
@@ -710,6 +786,7 @@ class CoPart(Controller):
     def _manage_lc(self, snapshot: Snapshot) -> bool:
         changed = False
         for g in sorted(self.lc):
+            self._lc_rates[g].append(self._lc_rate(snapshot, g))
             slo = self._specs[g].slo
             s = snapshot.groups.get(g)
             if slo is None or s is None or s.latency is None or s.latency.count == 0:

@@ -18,6 +18,9 @@ CONTROLLERS: dict[str, str] = {
     "unpartitioned": "models.basic:Unpartitioned",
     "eq": "models.basic:EqualPartition",
     "explore": "models.explore:Explore",
+    "copart": "models.copart:CoPart",  # stream={mb: misses/s}, period=..., lc_ways=...
+    "static": "models.static:StaticController",  # lc_group=..., ways=... (from a sweep)
+    "policy": "models.policy:PolicyController",  # path=... (an 'rdtune export' directory)
 }
 
 

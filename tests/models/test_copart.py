@@ -3,6 +3,8 @@ versus EQ on CoPart's mix families, and re-adaptation after the case study's loa
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from agent.sim import SimNode
@@ -12,55 +14,48 @@ from models.controller import ControlContext, drive
 from models.copart import CoPart, Fsm, Measure, Phase, stream_profile_sim
 from models.oracle import evaluate_truth
 
-
-def _run(scenario: str, intervals: int = 200, **kw) -> tuple[float, float, CoPart]:
-    node = SimNode(scenario, noise=False)
-    copart = CoPart(stream_profile_sim(node), period=4, profile_intervals=6, **kw)
-    drive(copart, node, node, intervals)
-    eq = SimNode(scenario, noise=False)
-    drive(EqualPartition(), eq, eq, 2)
-    return (
-        evaluate_truth(node, node.allocation(), "fairness")[0],
-        evaluate_truth(eq, eq.allocation(), "fairness")[0],
-        copart,
-    )
+SEEDS = (0, 1, 2, 3)
 
 
-@pytest.mark.parametrize("scenario", ["copart_h_bw", "copart_m_bw"])
-def test_lowers_unfairness_on_bandwidth_mixes(scenario):
-    copart, eq, ctl = _run(scenario)
-    assert [p for _, p, _ in ctl.history] == [Phase.PROFILE, Phase.EXPLORE, Phase.IDLE]
-    assert copart < eq, f"CoPart unfairness {copart:.4f} not below EQ's {eq:.4f}"
+def _unfairness(scenario: str, make, seed: int, intervals: int) -> float:
+    node = SimNode(scenario, noise=False, seed=seed)
+    ctl = make(node, seed)
+    drive(ctl, node, node, intervals)
+    if isinstance(ctl, CoPart):
+        assert [p for _, p, _ in ctl.history][:3] == [Phase.PROFILE, Phase.EXPLORE, Phase.IDLE]
+    return evaluate_truth(node, node.allocation(), "fairness")[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "simulator: stale lines outside a shrunk mask decay over tens of seconds when the "
-        "co-runners holding those ways rarely miss (copart_m_llc: water_spatial at 2 ways "
-        "runs at IPS 8.09e9 right after exploration and 7.86e9 after 80 s, while "
-        "steady_state says 6.33e9, slowdown 1.33), so CoPart's FSMs see no loss when a "
-        "way is taken and the ground-truth unfairness ends at EQ's (0.128 vs 0.127)"
-    ),
+@pytest.mark.parametrize(
+    "scenario",
+    ["copart_h_bw", "copart_m_bw", "copart_h_llc", "copart_m_llc"],  # BW- and LLC-sensitive
 )
-@pytest.mark.parametrize("scenario", ["copart_h_llc", "copart_m_llc"])
-def test_lowers_unfairness_on_llc_mixes(scenario):
-    copart, eq, _ = _run(scenario)
-    assert copart < eq
+def test_lowers_unfairness_versus_eq(scenario):
+    """Geometric mean over seeds (as the paper averages its mixes) of the ground-truth
+    unfairness at the allocation CoPart settles on, against EQ's."""
+    copart = [
+        _unfairness(scenario, lambda n, s: CoPart(stream_profile_sim(n), seed=s), s, 200)
+        for s in SEEDS
+    ]
+    eq = _unfairness(scenario, lambda n, s: EqualPartition(), 0, 2)
+    mean = math.prod(copart) ** (1 / len(copart))
+    assert mean < eq, f"CoPart unfairness {copart} (geo-mean {mean:.4f}) vs EQ {eq:.4f}"
 
 
-def test_readapts_after_memcached_load_step():
-    node = SimNode("copart_memcached", noise=False, interval_s=0.5)
-    ctl = CoPart(stream_profile_sim(node), period=2, profile_intervals=3)
-    drive(ctl, node, node, 240, 0.5)  # 120 s; the load steps 75k -> 150k at 99.4 s
-    before = [(t, p) for t, p, _ in ctl.history if t < 99.4]
-    after = [(t, p, why) for t, p, why in ctl.history if t >= 99.4]
-    assert before[-1][1] is Phase.IDLE, "CoPart should be idle before the step"
-    assert after and after[0][1] is Phase.EXPLORE and after[0][0] < 99.4 + 5
-    assert "memcached" in after[0][2]
-    assert any(p is Phase.IDLE for _, p, _ in after[1:]), "never settled after the step"
-    assert ctl.lc == {"memcached": ctl.lc["memcached"]}  # batch only: LC kept out of the FSMs
-    assert "memcached" not in ctl.apps
+@pytest.mark.parametrize("seed", [0, 1])
+def test_readapts_after_memcached_load_step(seed):
+    """Idle before the step, leaves idle on the load shift, explores, settles — and no
+    spurious re-adaptation from the Spark jobs' phases or request-count noise."""
+    node = SimNode("copart_memcached", seed=seed, interval_s=0.5)
+    ctl = CoPart(stream_profile_sim(node), seed=seed)
+    drive(ctl, node, node, 250, 0.5)  # 125 s; the load steps 75k -> 150k req/s at 99.4 s
+    phases = [p for _, p, _ in ctl.history]
+    assert phases == [Phase.PROFILE, Phase.EXPLORE, Phase.IDLE, Phase.EXPLORE, Phase.IDLE]
+    (t_idle, _, _), (t_explore, _, why), (t_settled, _, _) = ctl.history[2:]
+    assert t_idle < 99.4 <= t_explore < 99.4 + 5, ctl.history
+    assert why == "memcached load shift"
+    assert t_explore < t_settled < 125
+    assert "memcached" in ctl.lc and "memcached" not in ctl.apps  # CoPart balances batch only
 
 
 def _copart_with(apps: dict[str, tuple[Fsm, Fsm, float, int, int]]) -> CoPart:
@@ -126,3 +121,37 @@ def test_needs_counters():
         ctl.decide(blank, ctx)
     with pytest.raises(ValueError, match="counters"):
         ctl.decide(blank, ctx)
+
+
+@pytest.mark.parametrize(
+    ("start", "gained", "ips", "expect"),
+    [
+        # (llc, mba) before; resource moved last; IPS now (was 1e9); (llc, mba) after
+        ((Fsm.DEMAND, Fsm.MAINTAIN), "llc+", 1.10e9, (Fsm.DEMAND, Fsm.MAINTAIN)),
+        ((Fsm.DEMAND, Fsm.MAINTAIN), "llc+", 1.01e9, (Fsm.MAINTAIN, Fsm.MAINTAIN)),
+        ((Fsm.SUPPLY, Fsm.MAINTAIN), "llc-", 0.90e9, (Fsm.DEMAND, Fsm.MAINTAIN)),
+        ((Fsm.SUPPLY, Fsm.SUPPLY), "mba-", 0.90e9, (Fsm.SUPPLY, Fsm.DEMAND)),
+        ((Fsm.MAINTAIN, Fsm.DEMAND), "llc+", 1.01e9, (Fsm.MAINTAIN, Fsm.DEMAND)),  # coupling
+        ((Fsm.MAINTAIN, Fsm.DEMAND), "mba+", 1.01e9, (Fsm.MAINTAIN, Fsm.MAINTAIN)),
+        ((Fsm.MAINTAIN, Fsm.MAINTAIN), "", 0.90e9, (Fsm.DEMAND, Fsm.DEMAND)),
+    ],
+)
+def test_classifier_transitions(start, gained, ips, expect):
+    """Figures 8 and 9 as reconstructed (module docstring), with a heavy app: 1e8 LLC
+    accesses/s, 10% miss ratio, and a miss rate far above 30% of STREAM's."""
+    ctl = _copart_with({"a": (*start, 1.0, 3, 3), "b": (Fsm.MAINTAIN, Fsm.MAINTAIN, 1.0, 8, 7)})
+    ctl.stream = dict.fromkeys(range(10, 101, 10), 1e6)
+    app = ctl.apps["a"]
+    app.gained, app.ref = gained, Measure(1e9, 1e8, 1e7)
+    ctl._update_fsms(app, Measure(ips, 1e8, 1e7))
+    assert (app.llc, app.mba) == expect
+
+
+def test_light_apps_supply():
+    ctl = _copart_with(
+        {"a": (Fsm.DEMAND, Fsm.DEMAND, 1.0, 3, 3), "b": (Fsm.MAINTAIN,) * 2 + (1.0, 8, 7)}
+    )
+    ctl.stream = dict.fromkeys(range(10, 101, 10), 1e9)
+    app = ctl.apps["a"]
+    ctl._update_fsms(app, Measure(1e9, 1e6, 1e4))  # < alpha accesses/s, tiny traffic
+    assert (app.llc, app.mba) == (Fsm.SUPPLY, Fsm.SUPPLY)

@@ -77,7 +77,7 @@ def _best_static(preset: str, seed: int) -> tuple[Controller, SimNode]:
     from models.static import BestStatic
 
     node = _mixed_node(preset, seed)
-    best = BestStatic(max_evals=40)
+    best = BestStatic(max_evals=12)
     best.fit(node)
     return best, node
 
@@ -93,7 +93,7 @@ def _oracle(preset: str, seed: int) -> tuple[Controller, SimNode]:
     from models.oracle import Oracle
 
     node = _mixed_node(preset, seed)
-    return Oracle(node, max_evals=40), node
+    return Oracle(node, max_evals=12), node
 
 
 CONTROLLERS: dict[str, Callable[[str, int], tuple[Controller, SimNode]]] = {
