@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 import threading
 from collections.abc import Callable, Iterator
 
@@ -30,6 +31,8 @@ from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
+
+_SCENARIO_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,8 +303,16 @@ class SimulationServicer(rpc.SimulationServicer):
     def Reset(self, request, context):
         clock = self._clock(context)
         scenario = request.scenario or None
-        if scenario is not None and (len(scenario) > 256 or not scenario.isprintable()):
-            abort(context, ValueError("scenario name must be a printable string <= 256 chars"))
+        if scenario is not None and not _SCENARIO_NAME.fullmatch(scenario):
+            # A name from the node's catalog only: the simulator also loads YAML *paths*,
+            # which a remote client must not make the agent read.
+            abort(
+                context,
+                ValueError(
+                    f"scenario {scenario[:40]!r} is not a scenario name ([A-Za-z0-9_-], "
+                    "at most 128 characters; files cannot be named remotely)"
+                ),
+            )
         seed = request.seed if request.HasField("seed") else None
         try:
             with self.host.lock:

@@ -108,6 +108,9 @@ def test_remote_reset_to_a_named_scenario_and_unknown_names() -> None:
         assert set(client.groups()) == set(node.groups())
         with pytest.raises(ValueError, match="no-such-scenario"):
             client.reset("no-such-scenario")
+        for path in ("/etc/passwd", "../../x.yaml", "a.yaml", "x" * 200):
+            with pytest.raises(ValueError, match="scenario"):
+                client.reset(path)
         with pytest.raises(ValueError, match="advance"):
             client.advance(-1.0)
         assert client.now() == 0.0, "a refused reset or advance changes nothing"
