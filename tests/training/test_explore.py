@@ -96,8 +96,11 @@ def test_exclusive_groups_get_disjoint_masks() -> None:
     from agent.types import GroupSpec
 
     node = SimNode("default", seed=0, auto_groups=False)
-    node.create_group(GroupSpec("y"))
+    from agent.types import AllocationPlan, GroupAllocation
+
     node.create_group(GroupSpec("x", exclusive=True))
+    node.apply(AllocationPlan.uniform({"x": GroupAllocation(l3_mask=0b11)}))
+    node.create_group(GroupSpec("y"))
     ctl = Explore(seed=0, min_dwell=1, max_dwell=1, overlap=1.0)
     ctl.start(context(node))
     for _ in range(50):

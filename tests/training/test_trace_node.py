@@ -1,0 +1,110 @@
+"""The trace-driven node: Node contract, replay of the recorded load, agreement with the sim."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.node import Clock, Node, as_clock
+from agent.sim import SimNode
+from models import registry
+from models.controller import drive
+from tests.agent.contract import NodeContract, NodeHarness
+from training.trace_node import Replay, TraceNode
+
+
+@pytest.fixture(scope="module")
+def replay(explore_trace) -> Replay:
+    return Replay.from_trace(explore_trace)
+
+
+class TestTraceNodeContract(NodeContract):
+    @pytest.fixture
+    def harness(self, dynamics, replay) -> NodeHarness:
+        node = TraceNode(dynamics, replay, seed=1, auto_groups=False)
+        pids = [p for ps in node._pids.values() for p in ps]
+        return NodeHarness(node=node, pids=pids, unknown_pid=999_999, tick=node.advance)
+
+
+def test_is_a_node_and_a_clock(dynamics, replay) -> None:
+    node = TraceNode(dynamics, replay)
+    assert isinstance(node, Node) and isinstance(node, Clock) and as_clock(node) is node
+    assert dict(node.groups()) == {g: d.spec for g, d in dynamics.groups.items()}
+
+
+def test_replays_the_recorded_load(explore_trace, dynamics, replay) -> None:
+    node = TraceNode(dynamics, replay, seed=0, noise=False)
+    lc = next(g for g, s in explore_trace.groups.items() if s.slo is not None)
+    got, want = [], []
+    for step in explore_trace.steps[:50]:
+        node.advance(step.snapshot.interval_s)
+        snap = node.observe()
+        got.append(snap.groups[lc].latency.count)
+        want.append(step.snapshot.groups[lc].latency.count)
+    assert np.allclose(got, want, rtol=0.02, atol=2)
+
+
+def test_same_seed_same_run_and_reset_rewinds(dynamics, replay) -> None:
+    def run(node: TraceNode):
+        out = []
+        for _ in range(10):
+            node.advance(0.1)
+            out.append(node.observe())
+        return out
+
+    a = TraceNode(dynamics, replay, seed=4)
+    first = run(a)
+    assert run(TraceNode(dynamics, replay, seed=4)) == first
+    a.reset(seed=4)
+    assert run(a) == first
+    assert run(TraceNode(dynamics, replay, seed=5)) != first
+
+
+def test_responds_to_allocations_like_the_simulator(dynamics, replay) -> None:
+    """Squeezing a memory-bound group's MBA cuts its bandwidth by what the sim says."""
+    from agent.types import AllocationPlan, GroupAllocation
+
+    node = TraceNode(dynamics, replay, seed=0, noise=False)
+    sim = SimNode("default", seed=0, noise=False)
+    caps = node.capabilities()
+
+    def plan(mb: int) -> AllocationPlan:
+        return AllocationPlan.uniform({"ocean_cp": GroupAllocation(mb=mb)}, caps.domains)
+
+    def bw(mb: int) -> float:
+        node.apply(plan(mb))
+        node.advance(2.0)
+        node.observe()
+        node.advance(1.0)
+        return node.observe().bandwidth_bps("ocean_cp")
+
+    low, high = caps.mba.levels()[0], caps.mba.max_bandwidth
+    want = (
+        sim.steady_state(plan(low))["ocean_cp"].bandwidth_bps
+        / sim.steady_state(plan(high))["ocean_cp"].bandwidth_bps
+    )
+    assert want < 0.9, "the scenario's ocean_cp must be bandwidth-sensitive for this test"
+    assert bw(low) / bw(high) == pytest.approx(want, abs=0.08)
+
+
+@pytest.mark.parametrize("controller", ["eq", "unpartitioned"])
+def test_controller_metrics_match_the_simulator(dynamics, replay, controller) -> None:
+    """A controller driven on the trace-driven node sees what it sees on the scenario's
+    simulator: per-group IPS within 10% and the LC tail latency within 25%."""
+    sim = SimNode("default", seed=5)
+    tn = TraceNode(dynamics, replay, seed=5)
+    runs = {}
+    for name, node in (("sim", sim), ("trace", tn)):
+        recs = drive(registry.make(controller), node, node, 100, 0.1)
+        ips = {g: np.mean([r.snapshot.groups[g].instructions / 0.1 for r in recs[20:]])
+               for g in node.groups()}  # fmt: skip
+        lat = np.nanmean([r.snapshot.groups["memcached"].latency.p95_ms for r in recs[20:]])
+        runs[name] = (ips, lat)
+    for g, v in runs["sim"][0].items():
+        assert runs["trace"][0][g] == pytest.approx(v, rel=0.10), g
+    assert runs["trace"][1] == pytest.approx(runs["sim"][1], rel=0.25)
+
+
+def test_reset_to_another_scenario_is_refused(dynamics, replay) -> None:
+    with pytest.raises(ValueError, match="replays its own trace"):
+        TraceNode(dynamics, replay).reset("default")
