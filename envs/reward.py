@@ -44,7 +44,6 @@ from agent.types import (
     MbaMode,
     NodeCapabilities,
     Snapshot,
-    popcount,
 )
 from models.features import tail_ratio
 
@@ -179,7 +178,7 @@ def churn(before: Allocation | None, after: Allocation, caps: NodeCapabilities) 
         a, b = after.get(g, domain), before.get(g, domain)
         if a is None or b is None:
             continue
-        moved += popcount((a.l3_mask or 0) ^ (b.l3_mask or 0))
+        moved += ((a.l3_mask or 0) ^ (b.l3_mask or 0)).bit_count()
         if scale and a.mb is not None and b.mb is not None:
             mb_delta.append(min(1.0, abs(a.mb - b.mb) / scale))
     ways = caps.l3.num_ways if caps.l3 is not None else 0

@@ -55,7 +55,6 @@ from agent.types import (
     MbaMode,
     NodeCapabilities,
     Snapshot,
-    popcount,
 )
 
 ENCODER_VERSION = 1
@@ -240,7 +239,7 @@ class FeatureEncoder:
                 row.append(1.0)
             else:
                 mask = alloc.l3_mask | (alloc.l3_code_mask or 0)
-                row.append(_clip01(popcount(mask) / num_ways))
+                row.append(_clip01(mask.bit_count() / num_ways))
             if mba is None or alloc is None or alloc.mb is None:
                 row.append(1.0)
             elif mba.mode is MbaMode.MBPS:

@@ -4,7 +4,9 @@ For the same scenario, seed and action sequence, the raw loop is what any contro
 do on a SimNode (``apply`` the decoded plan, ``advance`` one interval, ``observe``); the env
 loop is ``env.step``, which adds decoding, feature encoding and the reward. Both run on the
 env's own node from the same reset state, alternating, and the overhead is the ratio of
-the medians. Per-step costs of encoder, decoder and reward are measured alone too.
+the medians. Loops are timed in process CPU time (``time.process_time``), not wall time,
+so other work on a shared machine does not land on one side of the ratio. Per-step costs
+of encoder, decoder and reward are measured alone too.
 
 Run: ``.venv/bin/python -m eval.bench env``.
 """
@@ -54,19 +56,19 @@ def _compare(scenario: str, interval: float, steps: int, runs: int) -> list[Resu
     def raw() -> float:
         env.reset(seed=0)
         node = env.node
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for p in plans:
             node.apply(p)
             node.advance(interval)
             node.observe()
-        return time.perf_counter() - t0
+        return time.process_time() - t0
 
     def stepped() -> float:
         env.reset(seed=0)
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for a in actions:
             env.step(a)
-        return time.perf_counter() - t0
+        return time.process_time() - t0
 
     raw_t, env_t = [], []
     for _ in range(runs):  # alternate so background load hits both alike
@@ -77,8 +79,8 @@ def _compare(scenario: str, interval: float, steps: int, runs: int) -> list[Resu
     name = f"{scenario}, interval {interval:g} s"
     overhead = 100.0 * (statistics.median(env_t) / statistics.median(raw_t) - 1.0)
     results = [
-        Result(f"raw SimNode apply+advance+observe ({name})", raw_rate, "steps/s", runs),
-        Result(f"Partition-v0 env.step ({name})", env_rate, "steps/s", runs),
+        Result(f"raw SimNode apply+advance+observe ({name})", raw_rate, "steps/s (CPU)", runs),
+        Result(f"Partition-v0 env.step ({name})", env_rate, "steps/s (CPU)", runs),
         Result(f"env overhead ({name})", overhead, "%", runs, target="<= 20%"),
     ]
     env.close()
