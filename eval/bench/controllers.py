@@ -114,6 +114,31 @@ def _copart_explore(intervals: int) -> list[float]:
     return out
 
 
+def _copart_alg2(intervals: int) -> list[float]:
+    """Algorithm 2 alone (getNextSystemState) on 4 apps with a consumer/producer mix."""
+    import time
+
+    from agent.sim import SimNode
+    from models.controller import context
+    from models.copart import CoPart, Fsm, Measure
+
+    node = SimNode("copart_h_both", seed=0, noise=False)
+    ctrl = CoPart({})
+    ctrl.start(context(node))
+    states = [(Fsm.DEMAND, Fsm.DEMAND), (Fsm.DEMAND, Fsm.MAINTAIN), (Fsm.SUPPLY, Fsm.SUPPLY)]
+    states.append((Fsm.MAINTAIN, Fsm.SUPPLY))
+    out = []
+    for i in range(max(intervals, 1000)):
+        for k, app in enumerate(ctrl.apps.values()):
+            app.llc, app.mba = states[k]
+            app.ways, app.units = (2, 3, 3, 3)[k], (2, 2, 3, 3)[k]
+            app.ips_full, app.last = 1e9 * (1.5 - 0.1 * k + 0.01 * (i % 7)), Measure(1e9, 1e8, 1e7)
+        t0 = time.perf_counter()
+        ctrl.next_state()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def _copart_run(intervals: int) -> list[float]:
     """Every interval of CoPart on the case study (profiling, exploration, idle monitoring,
     re-adaptation after the load step at 99.4 s when the run is long enough)."""
@@ -167,6 +192,7 @@ SEARCHES: dict[str, Case] = {
 
 CASES: dict[str, Case] = {
     "copart exploration step (Alg. 1+2), 7 mix families": _copart_explore,
+    "copart Algorithm 2 only (getNextSystemState), 4 apps": _copart_alg2,
     "copart, every interval, copart_memcached": _copart_run,
     "static (catbench, holding), catbench_kv_small_lepton": _static,
     "ubik (slack 5%), lc_batch_20": _ubik(0.05),

@@ -11,6 +11,7 @@ from models.controller import drive
 from models.copart import CoPart, stream_profile_sim
 from models.oracle import Oracle, evaluate_truth
 from models.static import BestStatic, StaticController, calibrate
+from models.ubik import StaticLC, Ubik
 
 
 def _controllers(scenario: str, node: SimNode) -> list:
@@ -21,12 +22,9 @@ def _controllers(scenario: str, node: SimNode) -> list:
         out.append(StaticController.from_sweep(calibrate(probe, probe, lc, measure_s=1.0)))
     if node.capabilities().mba is not None:
         out.append(CoPart(stream_profile_sim(node)))
-    try:  # the Ubik and CoCo controllers, when the other engineer's modules exist
-        from models.ubik import Ubik  # type: ignore[import-not-found]
-
-        out.append(Ubik())
-    except Exception:
-        pass
+    # Ubik and its StaticLC reference (CoCo time-shares tier groups it creates itself, on
+    # nodes without per-service groups, so its allocations are not on this node's terms).
+    out += [Ubik(), StaticLC()]
     return out
 
 
