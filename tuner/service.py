@@ -126,7 +126,7 @@ class Tuner:
         self.caps = self.node.capabilities()
         self.clock = as_clock(self.node)
         self._ensure_groups()
-        self.groups = dict(self.node.groups())
+        self.groups = self._read_groups()
         if self.primary is None:
             self.primary = self._build_controller(self.caps, len(self.groups))
         self.baseline = self.node.allocation()
@@ -175,6 +175,15 @@ class Tuner:
                     log.warning("group %r: %s", spec.name, exc, extra={"event": "assign_failed"})
             if g.cpus:
                 self.node.assign(spec.name, cpus=g.cpus)
+
+    def _read_groups(self) -> dict[str, GroupSpec]:
+        """The node's groups in a stable order: known groups keep their place (a restarted
+        agent may list them differently, and order-sensitive controllers would re-plan),
+        new ones follow in the node's order."""
+        fresh = dict(self.node.groups())
+        ordered = {g: fresh[g] for g in self.groups if g in fresh}
+        ordered.update(fresh)
+        return ordered
 
     def _context(self, allocation: Allocation, now: float = 0.0) -> ControlContext:
         controller = self.active
@@ -326,7 +335,7 @@ class Tuner:
 
     def _groups_changed(self) -> None:
         """Groups appeared or vanished: controllers start over on the new set."""
-        self.groups = dict(self.node.groups())
+        self.groups = self._read_groups()
         self.target = None
         self._stale = True
         log.info("groups changed: %s", sorted(self.groups), extra={"event": "groups"})
@@ -340,7 +349,7 @@ class Tuner:
         self.caps = self.node.capabilities()
         self.clock = as_clock(self.node)
         self._ensure_groups()
-        self.groups = dict(self.node.groups())
+        self.groups = self._read_groups()
         self._reassert(self.node.allocation())
         self.node.observe()  # a fresh interval
 

@@ -79,7 +79,13 @@ class Agent:
 
 def start_agent(scenario: str = "default", port: int | None = None) -> Agent:
     port = port or free_port()
-    args = ("--backend", "sim", "--scenario", scenario, "--listen", f"127.0.0.1:{port}")
+    return start_agent_with(
+        "--backend", "sim", "--scenario", scenario, "--listen", f"127.0.0.1:{port}"
+    )
+
+
+def start_agent_with(*args: str) -> Agent:
+    """``rdtune agent ARGS`` as a process; returns once it serves."""
     cmd = [sys.executable, "-m", "tuner.cli", "agent", "--metrics-listen", "", *args]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True

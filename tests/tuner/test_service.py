@@ -147,3 +147,37 @@ def test_an_allocation_changed_behind_the_tuners_back_is_put_back(server) -> Non
     assert tuner.node.allocation() == mine
     assert_valid(tuner.node)
     tuner.shutdown()
+
+
+def test_metrics_after_a_guard_trip_and_recovery(spike_file: str) -> None:
+    with serve(SimNode(spike_file, seed=0)) as srv:
+        guard = GuardConfig(violation_intervals=3, stable_intervals=8)
+        tuner = make_tuner(srv, registry.make("eq"), guard=guard)
+        tuner.start()
+        for _ in range(140):
+            tuner.step()
+        tuner.shutdown()
+    m = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for metric in tuner.metrics.registry.collect()
+        for s in metric.samples
+    }
+
+    def get(name: str, **labels) -> float:
+        return m[(name, tuple(sorted(labels.items())))]
+
+    assert [s.to_fallback for s in tuner.switches] == [True, False]
+    fb = tuner.fallback.name
+    assert get("rdtune_tuner_guard_trips_total", group="memcached") == 1
+    assert get("rdtune_tuner_controller_switches_total", from_controller="eq", to_controller=fb)
+    assert get("rdtune_tuner_fallback_active") == 0
+    assert get("rdtune_tuner_intervals_total") == 140
+    assert get("rdtune_tuner_loop_latency_seconds_count") == 140
+    met = get("rdtune_tuner_slo_intervals_total", group="memcached", result="met")
+    missed = get("rdtune_tuner_slo_intervals_total", group="memcached", result="violated")
+    assert met > 0 and missed >= 3
+    ratio = get("rdtune_tuner_slo_attainment_ratio", group="memcached")
+    assert ratio == pytest.approx(met / (met + missed))
+    assert get("rdtune_tuner_tail_latency_milliseconds", group="memcached") > 0
+    assert get("rdtune_tuner_batch_instructions_per_second", group="ocean_cp") > 0
+    assert get("rdtune_tuner_group_ways", group="memcached") >= 1

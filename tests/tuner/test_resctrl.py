@@ -1,0 +1,84 @@
+"""The tuner on a resctrl node (the FUSE emulator behaving like the kernel): groups from the
+config with real tasks, and the agent killed and restarted mid-run -- the allocation stays
+in resctrl, the restarted agent adopts its groups, the tuner reconnects and nothing is lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from tests.tuner.conftest import assert_valid, start_agent_with, start_tune, wait_for
+from tuner.status import read_metrics
+
+
+@pytest.fixture
+def emu():
+    pytest.importorskip("agent.resctrl", reason="ResctrlNode not available")
+    from tests.emulated_resctrl import emulated_resctrl
+
+    with emulated_resctrl("intel-20way") as mounted:
+        yield mounted
+
+
+@pytest.fixture
+def tasks():
+    procs = [subprocess.Popen(["sleep", "120"]) for _ in range(3)]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_resctrl_agent_killed_and_restarted_loses_nothing(emu, tasks) -> None:
+    sock = os.path.join(tempfile.mkdtemp(prefix="rdt"), "a.sock")
+    args = ("--backend", "resctrl", "--root", emu.root, "--state-dir", emu.state_dir)
+    args += ("--listen", f"unix:{sock}")
+    agent = start_agent_with(*args)
+    config = {
+        "realtime": True,
+        "resync_intervals": 2,
+        "retry": {"initial_s": 0.05, "max_s": 0.2},
+        "groups": [
+            {"name": "web", "kind": "lc", "slo": {"percentile": 99, "target_ms": 5},
+             "pids": tasks[:1]},
+            {"name": "batch", "pids": tasks[1:]},
+        ],
+    }  # fmt: skip
+    tune = start_tune(
+        agent.address, "eq", "--interval", "0.05", "--metrics-listen", "127.0.0.1:0",
+        config=config,
+    )  # fmt: skip
+    try:
+
+        def intervals() -> float:
+            return read_metrics(tune.metrics_url)["rdtune_tuner_intervals_total"][0][1]
+
+        wait_for(lambda: intervals() >= 5)
+        with agent.node() as node:
+            held = assert_valid(node)
+            assert set(node.groups()) == {"web", "batch"}
+            assert node.tasks("web") == frozenset(tasks[:1])
+        schemata = emu.read("rdtune-web/schemata")
+        agent.kill()
+        time.sleep(0.3)
+        assert emu.read("rdtune-web/schemata") == schemata, "resctrl keeps the allocation"
+        before = intervals()
+        agent = start_agent_with(*args)
+        wait_for(lambda: read_metrics(tune.metrics_url)["rdtune_tuner_reconnects_total"][0][1])
+        wait_for(lambda: intervals() >= before + 5)
+        with agent.node() as node:
+            assert assert_valid(node) == held
+            assert node.tasks("batch") == frozenset(tasks[1:])
+    finally:
+        tune.stop()
+        agent.stop()
+    assert tune.returncode == 0, tune.stderr
+    assert tune.of("agent_down") and tune.of("agent_up")
+    assert not tune.of("restored"), "the restarted agent held the allocation: nothing re-applied"
+    assert not tune.of("dropped")
