@@ -84,6 +84,12 @@ class RemoteNode:
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            # The channel's own reconnect backoff (default: 1 s growing to 120 s) would keep
+            # failing calls fast long after a restarted agent is back; keep it as short as
+            # our retry backoff.
+            ("grpc.initial_reconnect_backoff_ms", max(10, int(backoff_s * 1000))),
+            ("grpc.min_reconnect_backoff_ms", max(10, int(backoff_s * 1000))),
+            ("grpc.max_reconnect_backoff_ms", 2000),
         ]
         if tls:
             conf = tls if isinstance(tls, TlsConfig) else TlsConfig()

@@ -15,6 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from agent.client import RemoteNode
 from agent.errors import GroupNotFound, Unsupported
 from agent.latency import LatencyRecorder
 from agent.server.errors import RemoteError
@@ -352,3 +353,30 @@ def test_open_streams_are_bounded_and_never_starve_unary_calls() -> None:
                 time.sleep(0.05)
         else:
             pytest.fail("stream slots were not released")
+
+
+def test_client_rides_out_an_agent_restart(tmp_path) -> None:
+    import tempfile
+
+    sock = os.path.join(tempfile.mkdtemp(prefix="rdt"), "a.sock")
+    node = RefNode()
+    with serve(node, own_node=False, listen=f"unix:{sock}") as server:
+        client = RemoteNode(server.address, timeout=5, retries=8, backoff_s=0.05)
+        client.create_group(GroupSpec("a"))
+    restarted, done = threading.Event(), threading.Event()
+
+    def restart_later() -> None:
+        time.sleep(0.3)
+        with serve(node, own_node=False, listen=f"unix:{sock}"):
+            restarted.set()
+            done.wait(10)
+
+    t = threading.Thread(target=restart_later)
+    t.start()
+    try:
+        assert set(client.groups()) == {"a"}, "retried with backoff until the agent was back"
+        assert restarted.is_set()
+    finally:
+        done.set()
+        t.join()
+        client.close()
