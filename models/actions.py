@@ -11,9 +11,9 @@ Design (RL.md, "a priority vector decoded into a valid allocation"):
 - Ways: every present group first gets the minimum (``max(1, min_cbm_bits)`` ways); the
   remaining ways are split in proportion to the share levels by largest-remainder
   apportionment (ties to the earlier slot; all levels 0 = an equal split). The counts are
-  packed into contiguous, disjoint masks in slot order (:func:`models.allocation.pack_ways`),
-  so every mask is contiguous, respects ``min_cbm_bits`` and the total ways, and never
-  overlaps another planned group.
+  packed into contiguous, disjoint masks in slot order (as
+  :func:`models.allocation.pack_ways` does), so every mask is contiguous, respects
+  ``min_cbm_bits`` and the total ways, and never overlaps another planned group.
 - More groups than minimum-size slices (e.g. 15 groups on 11 ways, or min_cbm_bits 2):
   no disjoint split exists, so groups share: ranked by share level (ties to the earlier
   slot, so LC groups first), the ``slices - 1`` highest-ranked groups get a minimum-size
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.types import AllocationPlan, NodeCapabilities, contiguous_mask
-from models.allocation import mb_level, pack_ways, plan_from
+from agent.types import AllocationPlan, GroupAllocation, NodeCapabilities, contiguous_mask
+from models.allocation import mb_level
 
 _MB_TABLES: dict[tuple, tuple[int, ...]] = {}
 
@@ -164,7 +164,10 @@ class ActionDecoder:
             if n * least <= total:
                 extra = apportion(total - n * least, share[:n])
                 ways = {g: least + e for g, e in zip(slots, extra, strict=True)}
-                masks = pack_ways(ways, caps)
+                offset = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1
+                for g, k in ways.items():  # contiguous, disjoint, in slot order
+                    masks[g] = ((1 << k) - 1) << offset
+                    offset += k
             else:
                 shared = True
                 masks = self._shared_masks(slots, share[:n], caps, least)
@@ -182,7 +185,13 @@ class ActionDecoder:
                 mb[g] = table[lv]
         elif n and any(mba_lv[:n]):
             repairs.append("ignored MBA levels: the node has no MBA")
-        plan = plan_from(masks, mb, caps) if (masks or mb) else AllocationPlan({})
+        domains = caps.domains
+        plan = AllocationPlan(
+            {
+                g: dict.fromkeys(domains, GroupAllocation(l3_mask=masks.get(g), mb=mb.get(g)))
+                for g in (slots if (masks or mb) else ())
+            }
+        )
         return DecodedAction(plan, ways, masks, mb, shared, tuple(repairs))
 
     def _mb_table(self, caps: NodeCapabilities) -> tuple[int, ...]:
