@@ -1,0 +1,97 @@
+"""Training config parsing: the shipped configs load, bad ones fail naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from training.config import ConfigError, TrainConfig, load_config
+
+CONFIGS = sorted((Path(__file__).parents[2] / "training" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_parse(path):
+    cfg = load_config(path)
+    assert cfg.algorithm in ("PPO", "MaskablePPO")
+    assert cfg.eval_kwargs()["split"] == "test"
+    assert cfg.env_kwargs().get("split", "train") == "train"
+
+
+def test_defaults_and_round_trip():
+    cfg = TrainConfig.parse({"name": "x", "ppo": {"learning_rate": 1e-3}})
+    assert cfg.output_dir == "runs/x"
+    assert cfg.ppo["learning_rate"] == 1e-3 and cfg.ppo["n_epochs"] == 10
+    again = TrainConfig.parse(cfg.to_dict())
+    assert again == cfg
+
+
+def test_overrides_apply_and_revalidate():
+    cfg = TrainConfig.parse({"name": "x"})
+    new = cfg.with_overrides({"seed": 7, "ppo.learning_rate": 0.01, "env.kwargs.episode_steps": 4})
+    assert (new.seed, new.ppo["learning_rate"], new.env_kwargs()["episode_steps"]) == (7, 0.01, 4)
+    assert cfg.seed == 0  # the original is untouched
+    with pytest.raises(ConfigError, match=r"ppo\.learning_rate"):
+        cfg.with_overrides({"ppo.learning_rate": "fast"})
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"bogus": 1}, r"unknown key\(s\) \['bogus'\]"),
+        ({"algorithm": "DQN"}, "algorithm: expected one of"),
+        ({"seed": "x"}, "seed: expected an integer"),
+        ({"n_envs": 0}, "n_envs: expected an integer >= 1"),
+        ({"subproc": "yes"}, "subproc: expected true or false"),
+        ({"ppo": {"lr": 1}}, r"ppo: unknown key\(s\) \['lr'\]"),
+        ({"ppo": {"learning_rate": -1}}, "ppo.learning_rate: expected a finite number >= 0"),
+        ({"ppo": {"n_steps": 1.5}}, "ppo.n_steps: expected an integer"),
+        ({"env": {"kwargs": {"split": "nope"}}}, "env.kwargs: split must be one of"),
+        ({"env": {"kwargs": {"bogus": 1}}}, "env.kwargs: .*bogus"),
+        ({"env": {"id": "nope/Nothing-v0"}}, "env.id"),
+        ({"env": {"reward_weights": {"slo": -1}}}, "env.reward_weights: reward weight slo"),
+        ({"env": {"reward_weights": {"speed": 1}}}, "env.reward_weights: unknown reward"),
+        ({"eval": {"kwargs": {"split": "nope"}}}, "eval.kwargs: split must be one of"),
+        ({"eval": {"episodes": 0}}, "eval.episodes"),
+        ({"eval": {"controllers": "eq"}}, "eval.controllers: expected a list"),
+        ({"policy": {"activation": "gelu"}}, "policy.activation"),
+        ({"policy": {"extractor": {"pool": ["sum"]}}}, "policy.extractor.pool"),
+        ({"policy": {"net_arch": {"pi": []}}}, "policy.net_arch.pi"),
+        ({"policy": {"net_arch": {"qf": [8]}}}, r"policy.net_arch: unknown key"),
+        ({"env": [1, 2]}, "env: expected a mapping"),
+    ],
+)
+def test_bad_config_names_the_key(data, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig.parse(data)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("algorithm: [unclosed", "not valid YAML"),
+        ("- 1\n- 2\n", "expected a mapping at the top level"),
+        ("algorithm: A2C\n", "algorithm: expected one of"),
+    ],
+)
+def test_load_config_errors_name_the_file(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(path)
+    assert str(path) in str(err.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_cli_reports_config_errors(tmp_path, capsys):
+    from tuner.cli import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("algorithm: A2C\n")
+    assert main(["train", "--config", str(path)]) == 2
+    assert "algorithm: expected one of" in capsys.readouterr().out

@@ -1,0 +1,97 @@
+"""Export: ONNX actions equal the trained policy's deterministic actions; a readable card."""
+
+# ruff: noqa: F811  (pytest fixtures imported from tests.training.tiny_runs)
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from models.features import ENCODER_VERSION
+from tests.training.tiny_runs import tiny_export, tiny_ppo_run, tiny_run  # noqa: F401
+from training.export import ExportError, export_run
+from training.train import load_model
+
+
+def test_card_describes_the_policy(tiny_export):
+    card = json.loads((tiny_export / "model_card.json").read_text())
+    assert card["format"] == "rdtune-policy-card/1"
+    assert card["encoder_version"] == ENCODER_VERSION
+    assert card["features"]["max_groups"] == 8 and len(card["features"]["names"]) == 126
+    assert card["action_design"] == "multidiscrete-share-levels"
+    assert card["actions"]["share_levels"] == 4 and card["actions"]["mba_levels"] == 3
+    assert card["masked"] is True
+    assert card["observation_normalization"] is None
+    caps = card["capabilities"]
+    assert caps["ways_min"] <= caps["ways_max"] and caps["requires_cat"] is True
+    assert set(caps["mba_modes"]) <= {"percent", "mbps", "amd"}
+    assert card["training"]["algorithm"] == "MaskablePPO"
+    assert {r["name"] for r in card["evaluation"]["rows"]} == {"policy", "eq"}
+    assert card["parity"] == {"observations": 64, "matched": 64}
+
+
+def _session(path):
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path / "policy.onnx"), opts)
+
+
+def test_exported_actions_match_the_trained_policy(tiny_run, tiny_export):
+    """Many observations, including random ones off the training distribution, and
+    random masks: the ONNX argmax equals SB3's deterministic masked prediction."""
+    model = load_model(tiny_run.run_dir / "best_model.zip", "MaskablePPO")
+    sess = _session(tiny_export)
+    rng = np.random.default_rng(0)
+    space = model.observation_space
+    nvec = model.action_space.nvec
+    n = 300
+    obs = rng.uniform(space.low, space.high, size=(n, space.shape[0])).astype(np.float32)
+    masks = rng.random((n, int(nvec.sum()))) < 0.7
+    starts = np.concatenate([[0], np.cumsum(nvec)[:-1]])
+    masks[:, starts] = True  # at least one valid choice per dimension
+    got = sess.run(["action"], {"obs": obs, "action_mask": masks})[0]  # one batch
+    for i in range(n):
+        want, _ = model.predict(obs[i], deterministic=True, action_masks=masks[i])
+        np.testing.assert_array_equal(got[i], want)
+        for d, s in enumerate(starts):
+            assert masks[i, s + got[i, d]], "a masked-out choice was taken"
+
+
+def test_unmasked_ppo_export_matches(tiny_ppo_run, tmp_path):
+    card = export_run(tiny_ppo_run.run_dir, tmp_path, parity_observations=32)
+    assert card["masked"] is False and card["parity"]["matched"] == 32
+    model = load_model(tiny_ppo_run.run_dir / "best_model.zip", "PPO")
+    sess = _session(tmp_path)
+    assert [i.name for i in sess.get_inputs()] == ["obs"]
+    obs = np.random.default_rng(1).uniform(0, 1, size=(50, model.observation_space.shape[0]))
+    got = sess.run(["action"], {"obs": obs.astype(np.float32)})[0]
+    want, _ = model.predict(obs.astype(np.float32), deterministic=True)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_export_refuses_what_is_not_a_run(tmp_path):
+    with pytest.raises(ExportError, match=r"no run\.json"):
+        export_run(tmp_path, tmp_path / "out")
+
+
+def test_export_refuses_another_encoder_version(tiny_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run.run_dir, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["encoder_version"] = ENCODER_VERSION + 1
+    (run / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(ExportError, match="encoder"):
+        export_run(run, tmp_path / "out")
+
+
+def test_export_cli(tiny_run, tmp_path, capsys):
+    from tuner.cli import main
+
+    assert main(["export", "--model", str(tiny_run.run_dir), "--out", str(tmp_path / "e")]) == 0
+    assert (tmp_path / "e" / "policy.onnx").is_file()
+    assert "actions match" in capsys.readouterr().out
+    assert main(["export", "--model", str(tmp_path / "nothing"), "--out", str(tmp_path)]) == 2

@@ -1,0 +1,61 @@
+"""Tiny PPO and MaskablePPO runs: outputs, evaluation table, reproducibility."""
+
+# ruff: noqa: F811  (pytest fixtures imported from tests.training.tiny_runs)
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.training.tiny_runs import tiny_config, tiny_ppo_run, tiny_run  # noqa: F401
+from training.train import load_model, train
+
+
+def _params(run_dir, algorithm="MaskablePPO", name="model.zip"):
+    return load_model(run_dir / name, algorithm).policy.state_dict()
+
+
+@pytest.mark.parametrize("fixture", ["tiny_run", "tiny_ppo_run"])
+def test_tiny_run_writes_a_complete_run_directory(request, fixture):
+    result = request.getfixturevalue(fixture)
+    d = result.run_dir
+    for name in ("config.yaml", "run.json", "model.zip", "best_model.zip", "eval.json"):
+        assert (d / name).is_file(), name
+    assert list((d / "tb").rglob("events.out.tfevents.*"))  # TensorBoard logs
+    evals = [json.loads(line) for line in (d / "evaluations.jsonl").read_text().splitlines()]
+    assert [e["timesteps"] for e in evals] == [64, 128]  # every eval.freq steps
+    assert evals[0]["best"] is True
+    assert result.best_step in (64, 128)
+    table = json.loads((d / "eval.json").read_text())
+    names = {r["name"] for r in table["rows"]}
+    assert names == {"policy", "eq"}
+    # The final table uses other episodes than checkpoint selection did.
+    assert table["seed"] != 1000 and table["episodes"] == 2
+    meta = json.loads((d / "run.json").read_text())
+    assert meta["actions"]["nvec"] == [4] * 8 + [3] * 8
+    assert meta["algorithm"] == ("PPO" if fixture == "tiny_ppo_run" else "MaskablePPO")
+    assert "| policy |" in result.summary()
+
+
+def test_same_config_and_seed_give_the_same_policy(tiny_run, tmp_path):
+    again = train(tiny_config(tmp_path / "again"))
+    a, b = _params(tiny_run.run_dir), _params(again.run_dir)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+    assert again.rows == tiny_run.rows
+
+
+def test_another_seed_gives_another_policy(tiny_run, tmp_path):
+    other = train(tiny_config(tmp_path / "other", seed=4))
+    a, b = _params(tiny_run.run_dir), _params(other.run_dir)
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_flat_mlp_policy_without_extractor(tmp_path):
+    cfg = tiny_config(tmp_path / "flat", policy={"extractor": None}, total_timesteps=64)
+    result = train(cfg, final_eval=False)
+    policy = load_model(result.run_dir / "model.zip", "MaskablePPO").policy
+    assert type(policy.features_extractor).__name__ == "FlattenExtractor"
+    assert result.rows == []

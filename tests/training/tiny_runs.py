@@ -1,0 +1,71 @@
+"""Tiny training runs shared by the trainer, export, sweep and policy-runtime tests.
+
+Import the fixtures into a test module (``from tests.training.tiny_runs import tiny_run``);
+session-scoped, so each tiny run trains once per test session.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+# A run of a few seconds: 8-step episodes at a coarse simulator step, a small network.
+TINY: dict = {
+    "name": "tiny",
+    "algorithm": "MaskablePPO",
+    "seed": 3,
+    "total_timesteps": 128,
+    "n_envs": 2,
+    "progress_bar": False,
+    "env": {
+        "kwargs": {
+            "episode_steps": 8,
+            "sim_step_s": 0.5,
+            "share_levels": 4,
+            "mba_levels": 3,
+        }
+    },
+    "eval": {"freq": 64, "episodes": 1, "controllers": ["eq"], "kwargs": {"split": "test"}},
+    "policy": {"extractor": {"hidden": 16, "slot_hidden": 8}, "net_arch": {"pi": [16], "vf": [16]}},
+    "ppo": {"n_steps": 32, "batch_size": 32, "n_epochs": 2},
+}
+
+
+def tiny_config(out_dir, **overrides):
+    """The tiny config writing to ``out_dir``, with top-level ``overrides``."""
+    from training.config import TrainConfig
+
+    data = copy.deepcopy(TINY)
+    data.update(overrides)
+    data["output_dir"] = str(out_dir)
+    return TrainConfig.parse(data)
+
+
+def _train(tmp_path_factory, name: str, **overrides):
+    from training.train import train
+
+    out = tmp_path_factory.mktemp(name) / "run"
+    return train(tiny_config(out, **overrides))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """A tiny MaskablePPO run (TrainResult)."""
+    return _train(tmp_path_factory, "maskable")
+
+
+@pytest.fixture(scope="session")
+def tiny_ppo_run(tmp_path_factory):
+    """A tiny plain-PPO run (TrainResult)."""
+    return _train(tmp_path_factory, "ppo", algorithm="PPO")
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tiny_run, tmp_path_factory):
+    """The tiny MaskablePPO run exported (directory with policy.onnx + model_card.json)."""
+    from training.export import export_run
+
+    out = tmp_path_factory.mktemp("export")
+    export_run(tiny_run.run_dir, out, parity_observations=64)
+    return out

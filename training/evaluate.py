@@ -1,0 +1,271 @@
+"""Head-to-head evaluation on the env's reward: a policy and the heuristics on the same episodes.
+
+Every contestant plays the same episodes of the held-out family: episode ``i`` is
+``env.reset(seed=seed + i)``, which fixes the scenario and the simulator's seed, and starts
+from the env's baseline allocation. A policy acts through ``env.step``; a heuristic
+:class:`~models.controller.Controller` decides from the same snapshots and its plan is
+applied to the same node, then the interval is scored with the env's own reward
+(:func:`envs.reward.compute_reward`, same weights and reference). So the table compares
+like with like (issue 7: "beats EQ, static and CoPart on its held-out family on the env's
+reward, with no more SLO violations than Ubik").
+
+Heuristics drive the env's node through its internals (``_alloc``, ``_snap``, ``_wait``,
+``_observe``, ``_reference``): the envs package has no controller adapter by design.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from envs.reward import compute_reward, observed_ips
+from models.controller import Controller, carry_out, context
+
+log = logging.getLogger(__name__)
+
+ActFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (obs, action_mask) -> action
+
+
+@dataclass
+class Row:
+    """One contestant's results over the evaluation episodes.
+
+    Attributes:
+        name: controller name (``policy`` for the learned one).
+        episodes: episodes played.
+        mean_return: mean episode return (sum of rewards); std_return its spread.
+        mean_reward: mean reward per step.
+        violation_rate: LC intervals over their SLO / LC intervals judged.
+        violations: LC intervals over their SLO (total).
+        unfairness: mean CoPart unfairness of batch slowdowns per step.
+        progress: mean batch progress (1 / slowdown) per step.
+        churn: mean allocation churn per step.
+    """
+
+    name: str
+    episodes: int
+    mean_return: float
+    std_return: float
+    mean_reward: float
+    violation_rate: float
+    violations: int
+    unfairness: float
+    progress: float
+    churn: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            k: (None if isinstance(v, float) and math.isnan(v) else v)
+            for k, v in asdict(self).items()
+        }
+
+
+def _summarise(name: str, episodes: list[list[dict]]) -> Row:
+    returns = [sum(t["total"] for t in ep) for ep in episodes]
+    steps = [t for ep in episodes for t in ep]
+    # violations counts LC groups over their SLO in a step; the rate is per judged (step, group)
+    viol = sum(int(t["violations"]) for t in steps)
+    lc_judged = sum(int(t["lc_judged"]) for t in steps)
+
+    def mean(key: str) -> float:
+        vals = [t[key] for t in steps if t.get(key) is not None]
+        return float(np.mean(vals)) if vals else math.nan
+
+    return Row(
+        name=name,
+        episodes=len(episodes),
+        mean_return=float(np.mean(returns)),
+        std_return=float(np.std(returns)),
+        mean_reward=mean("total"),
+        violation_rate=viol / lc_judged if lc_judged else 0.0,
+        violations=viol,
+        unfairness=mean("unfairness"),
+        progress=mean("mean_progress"),
+        churn=mean("churn"),
+    )
+
+
+def _lc_judged(env: gym.Env, snap) -> int:
+    from agent.types import GroupKind
+    from models.features import tail_ratio
+
+    u = env.unwrapped
+    return sum(
+        1
+        for name, spec in u._groups.items()
+        if spec.kind is GroupKind.LC and tail_ratio(spec, snap.groups.get(name)) is not None
+    )
+
+
+def policy_episode(env: gym.Env, act: ActFn, seed: int) -> list[dict]:
+    """One episode of a policy; the reward terms of each step."""
+    obs, info = env.reset(seed=seed)
+    u = env.unwrapped
+    out = []
+    while True:
+        mask = u.action_masks()
+        obs, _, terminated, truncated, info = env.step(act(obs, mask))
+        terms = dict(info["reward_terms"])
+        terms["lc_judged"] = _lc_judged(env, u._snap)
+        out.append(terms)
+        if terminated or truncated:
+            return out
+
+
+def controller_episode(
+    env: gym.Env, ctrl: Controller | Callable[[gym.Env], Controller], seed: int
+) -> list[dict]:
+    """One episode of a heuristic on the env's node, scored with the env's reward
+    (``ctrl``: a controller, or ``env -> controller`` built after the reset)."""
+    env.reset(seed=seed)
+    if not isinstance(ctrl, Controller):
+        ctrl = ctrl(env)
+    u = env.unwrapped
+    node = u.node
+    clock_now = getattr(node, "now", lambda: 0.0)
+    pending = [ctrl.start(context(node, tasks=ctrl.needs_tasks, time_s=clock_now()))]
+    out = []
+    for _ in range(u.episode_steps):
+        before = u._alloc
+        for decision in pending:
+            carry_out(node, decision)
+        ctx = context(node, tasks=ctrl.needs_tasks, time_s=clock_now())
+        carry_out(node, ctrl.decide(u._snap, ctx))
+        after = node.allocation()
+        u._wait()
+        snap = u._observe()
+        ips = observed_ips(snap)
+        terms = compute_reward(
+            snap, u._groups, u._reference(ips), u._caps, before, after, u.weights, ips
+        )
+        u._alloc, u._snap = after, snap
+        u._steps += 1
+        d = terms.as_dict()
+        d["lc_judged"] = _lc_judged(env, snap)
+        out.append(d)
+        pending = []
+    return out
+
+
+def make_eval_env(env_id: str, env_kwargs: Mapping[str, Any]) -> gym.Env:
+    import envs  # noqa: F401  (registers the ids)
+
+    return gym.make(env_id, **dict(env_kwargs))
+
+
+def evaluate_policy(
+    act: ActFn, env: gym.Env, episodes: int, seed: int, name: str = "policy"
+) -> Row:
+    return _summarise(name, [policy_episode(env, act, seed + i) for i in range(episodes)])
+
+
+def evaluate_controller(
+    ctrl_factory: Callable[[], Controller], env: gym.Env, episodes: int, seed: int, name: str
+) -> Row:
+    # A fresh controller per episode: heuristics keep per-run state (history, phases).
+    return _summarise(
+        name, [controller_episode(env, ctrl_factory(), seed + i) for i in range(episodes)]
+    )
+
+
+# Controllers not (yet) in the registry but importable, tried when the registry lacks them.
+FALLBACK = {"ubik": "models.ubik:Ubik", "copart": "models.copart:CoPart"}
+
+
+def _import(target: str):
+    import importlib
+
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def controller_factory(name: str) -> Callable[[gym.Env], Controller]:
+    """``env -> Controller`` for heuristic ``name``, set up for the episode the env has
+    just been reset to, the way each is meant to be deployed on a simulated node:
+
+    - ``static`` (catbench): calibrated by its offline way sweep on a *copy* of the node
+      (the copy's time, not the episode's) for the first LC group in slot order; with no
+      LC group, every group shares the whole cache (there is no mite to protect).
+    - ``copart``: with its STREAM profile of the node's machine (``stream_profile_sim``).
+    - anything else: the registry's factory with default options.
+    """
+    from models import registry
+
+    try:
+        factory = registry.factory(name)
+    except ValueError:
+        if name not in FALLBACK:
+            raise
+        factory = _import(FALLBACK[name])
+    if name == "static":
+
+        def make_static(env: gym.Env) -> Controller:
+            import copy
+
+            from agent.types import GroupKind
+            from models.basic import Unpartitioned
+            from models.static import StaticController, calibrate
+
+            u = env.unwrapped
+            lc = [g for g in u._slots if u._groups[g].kind is GroupKind.LC]
+            if not lc:
+                return Unpartitioned()
+            twin = copy.deepcopy(u.node)
+            sweep = calibrate(twin, twin, lc[0], measure_s=2.0, warmup_s=0.3)
+            twin.close()
+            return StaticController(sweep.lc_group, sweep.ways)
+
+        return make_static
+    if name == "copart":
+
+        def make_copart(env: gym.Env) -> Controller:
+            from models.copart import stream_profile_sim
+
+            return factory(stream_profile_sim(env.unwrapped.node))
+
+        return make_copart
+    return lambda env: factory()
+
+
+def evaluate_heuristics(
+    names: Sequence[str], env: gym.Env, episodes: int, seed: int
+) -> tuple[list[Row], list[str]]:
+    """Rows for the available heuristics among ``names``; also the names not available."""
+    rows, missing = [], []
+    for name in names:
+        try:
+            make = controller_factory(name)
+        except (ValueError, ImportError, AttributeError) as exc:
+            log.warning("controller %s not available: %s", name, exc)
+            missing.append(name)
+            continue
+        eps = [controller_episode(env, make, seed + i) for i in range(episodes)]
+        rows.append(_summarise(name, eps))
+    return rows, missing
+
+
+def table(rows: Sequence[Row | Mapping[str, Any]]) -> str:
+    """A Markdown table of rows (best mean return first is up to the caller)."""
+    head = (
+        "| controller | return (mean ± std) | reward/step | SLO violation rate | "
+        "unfairness | batch progress | churn |\n|---|---|---|---|---|---|---|"
+    )
+
+    def f(v, fmt=".3f"):
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+    lines = [head]
+    for r in rows:
+        r = r.as_dict() if isinstance(r, Row) else r
+        lines.append(
+            f"| {r['name']} | {f(r['mean_return'], '.2f')} ± {f(r['std_return'], '.2f')} | "
+            f"{f(r['mean_reward'])} | {f(r['violation_rate'])} ({r['violations']}) | "
+            f"{f(r['unfairness'])} | {f(r['progress'])} | {f(r['churn'])} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,318 @@
+"""``rdtune export``: a trained run -> ``policy.onnx`` + ``model_card.json`` (issue 7, "Export").
+
+What is exported is the small actor only (RL.md, "Export and inference latency"):
+``extract_features -> mlp_extractor.forward_actor -> action_net -> logits``, then per action
+dimension the argmax, after masking the logits with the action mask when the policy was
+trained with MaskablePPO (so the exported action equals ``predict(..., deterministic=True,
+action_masks=mask)``). The graph takes ``obs`` (float32 ``[batch, size]``) and, for masked
+policies, ``action_mask`` (bool ``[batch, sum(nvec)]``), and returns ``action`` (int64
+``[batch, len(nvec)]``). Observation normalisation (VecNormalize) is not in the graph: its
+statistics go into the card and :class:`models.policy.PolicyController` applies them.
+
+The model card (JSON, :data:`CARD_FORMAT`) records what a runtime must check before feeding
+the policy: the feature encoder's version and layout, the action design, the observation
+normalisation, the machine capabilities the policy was trained on (group slots, ways range,
+minimum mask bits, MBA presence and modes), the training config and the evaluation table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CARD_FORMAT = "rdtune-policy-card/1"
+ONNX_OPSET = 17
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="run directory written by 'rdtune train'")
+    parser.add_argument(
+        "--out", required=True, help="directory for policy.onnx and model_card.json"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default="best_model.zip",
+        help="checkpoint in the run directory (default: best_model.zip; model.zip = last)",
+    )
+    parser.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip the parity check of ONNX actions against the trained policy",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        card = export_run(args.model, args.out, checkpoint=args.checkpoint, check=not args.no_check)
+    except ExportError as exc:
+        print(f"rdtune export: {exc}")
+        return 2
+    print(
+        f"exported {card['name']} ({card['algorithm']}, encoder v{card['encoder_version']}, "
+        f"{card['actions']['kind']}) to {args.out}"
+    )
+    if card.get("parity"):
+        print(f"parity: {card['parity']['matched']}/{card['parity']['observations']} actions match")
+    return 0
+
+
+class ExportError(ValueError):
+    """A run that cannot be exported (missing files, wrong layout); the message says which."""
+
+
+def actor_module(policy, nvec: list[int], masked: bool):
+    """A torch module: obs (and mask) -> per-dimension argmax actions (int64)."""
+    import torch
+    from torch import nn
+
+    # Runs of equal-sized dimensions are reshaped and argmaxed together (2 ops instead of
+    # one per dimension: share levels, then MBA levels).
+    runs: list[tuple[int, int]] = []  # (count, size)
+    for n in nvec:
+        if runs and runs[-1][1] == n:
+            runs[-1] = (runs[-1][0] + 1, n)
+        else:
+            runs.append((1, n))
+
+    class Actor(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.features_extractor = policy.pi_features_extractor
+            self.mlp_extractor = policy.mlp_extractor
+            self.action_net = policy.action_net
+
+        def forward(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+            features = self.features_extractor(obs.float())
+            logits = self.action_net(self.mlp_extractor.forward_actor(features))
+            if mask is not None:
+                logits = torch.where(mask, logits, torch.full_like(logits, -1e8))
+            out = []
+            start = 0
+            for count, size in runs:
+                block = logits[:, start : start + count * size].reshape(-1, count, size)
+                out.append(torch.argmax(block, dim=2))
+                start += count * size
+            return torch.cat(out, dim=1)
+
+    actor = Actor().eval()
+    if masked:
+        return actor
+    return _NoMask(actor)
+
+
+def _NoMask(actor):
+    from torch import nn
+
+    class NoMask(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.actor = actor
+
+        def forward(self, obs):
+            return self.actor(obs)
+
+    return NoMask().eval()
+
+
+def export_onnx(model, path: Path, nvec: list[int], masked: bool) -> None:
+    import torch
+
+    module = actor_module(model.policy, nvec, masked)
+    size = int(model.observation_space.shape[0])
+    obs = torch.zeros(1, size, dtype=torch.float32)
+    args: tuple = (obs,)
+    names = ["obs"]
+    if masked:
+        args = (obs, torch.ones(1, int(sum(nvec)), dtype=torch.bool))
+        names.append("action_mask")
+    dyn = {n: {0: "batch"} for n in [*names, "action"]}
+    with torch.no_grad(), warnings.catch_warnings():
+        # The legacy (TorchScript-based) exporter, on purpose: a small graph that matches
+        # SB3 exactly (RL.md); it warns that it is no longer the default.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=names,
+            output_names=["action"],
+            dynamic_axes=dyn,
+            opset_version=ONNX_OPSET,
+            dynamo=False,
+        )
+
+
+def trained_capabilities(env_kwargs: dict[str, Any], max_groups: int) -> dict[str, Any]:
+    """The machines a policy saw in training: the preset, or every preset the generator or
+    scenario family could use, summarised as ranges a runtime can check."""
+    from agent.sim.catalog import default_catalog
+    from agent.sim.scenario import get_scenario
+
+    catalog = default_catalog()
+    preset = env_kwargs.get("preset")
+    source = env_kwargs.get("scenarios", "random")
+    if preset is not None:
+        names = [preset]
+    elif isinstance(source, list | tuple):
+        names = sorted({get_scenario(s, catalog).machine for s in source})
+    else:
+        names = sorted(catalog.machines)
+    presets = [catalog.machine(n) for n in names]
+    ways = [p.ways for p in presets]
+    modes = sorted({p.mba_mode.value for p in presets if p.mba_mode is not None})
+    return {
+        "max_groups": max_groups,
+        "presets": names,
+        "ways_min": min(ways),
+        "ways_max": max(ways),
+        "min_cbm_bits_max": max(p.min_cbm_bits for p in presets),
+        "requires_cat": True,  # every simulated preset has CAT; the policy never saw a node without
+        "mba_modes": modes,  # MBA modes seen (a node with another MBA mode is refused)
+        "trained_without_mba": any(p.mba_mode is None for p in presets),
+    }
+
+
+def _normalisation(run_dir: Path, checkpoint: str, venv_kwargs: dict) -> dict | None:
+    path = run_dir / "vecnormalize.pkl"
+    if not path.exists():
+        return None
+    import pickle
+
+    with path.open("rb") as f:
+        stats = pickle.load(f)  # a VecNormalize object; written by our own trainer
+    rms = stats.obs_rms
+    return {
+        "kind": "vecnormalize",
+        "mean": rms.mean.astype(float).tolist(),
+        "var": rms.var.astype(float).tolist(),
+        "epsilon": float(stats.epsilon),
+        "clip": float(stats.clip_obs),
+    }
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def export_run(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    checkpoint: str = "best_model.zip",
+    check: bool = True,
+    parity_observations: int = 512,
+) -> dict[str, Any]:
+    """Export ``run_dir`` into ``out_dir``; returns the model card (also written)."""
+    import yaml
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    for name in ("run.json", "config.yaml", checkpoint):
+        if not (run_dir / name).exists():
+            raise ExportError(f"{run_dir}: no {name} (is this a run directory of 'rdtune train'?)")
+    meta = json.loads((run_dir / "run.json").read_text())
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    from models.features import ENCODER_VERSION
+    from training.train import load_model
+
+    if meta["encoder_version"] != ENCODER_VERSION:
+        raise ExportError(
+            f"{run_dir}: trained with feature encoder v{meta['encoder_version']}, this code "
+            f"has v{ENCODER_VERSION}: the policy's inputs no longer mean the same; retrain"
+        )
+    model = load_model(run_dir / checkpoint, meta["algorithm"])
+    nvec = [int(n) for n in meta["actions"]["nvec"]]
+    masked = meta["algorithm"] == "MaskablePPO"
+    if list(model.action_space.nvec) != nvec:
+        raise ExportError(f"{run_dir}: checkpoint action space differs from run.json")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    onnx_path = out_dir / "policy.onnx"
+    export_onnx(model, onnx_path, nvec, masked)
+    norm = _normalisation(run_dir, checkpoint, {})
+    evaluation = None
+    if (run_dir / "eval.json").exists():
+        evaluation = json.loads((run_dir / "eval.json").read_text())
+    card: dict[str, Any] = {
+        "format": CARD_FORMAT,
+        "name": meta["name"],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "algorithm": meta["algorithm"],
+        "checkpoint": checkpoint,
+        "onnx": {
+            "file": onnx_path.name,
+            "sha256": _sha256(onnx_path),
+            "opset": ONNX_OPSET,
+            "inputs": {"obs": ["batch", meta["features"]["size"]]}
+            | ({"action_mask": ["batch", int(sum(nvec))]} if masked else {}),
+            "output": {"action": ["batch", len(nvec)]},
+        },
+        "encoder_version": meta["encoder_version"],
+        "features": meta["features"],
+        "action_design": meta["actions"]["kind"],
+        "actions": meta["actions"],
+        "masked": masked,
+        "observation_normalization": norm,
+        "capabilities": trained_capabilities(meta["env_kwargs"], meta["features"]["max_groups"]),
+        "env": {"id": meta["env_id"], "kwargs": meta["env_kwargs"]},
+        "training": config,
+        "evaluation": evaluation,
+    }
+    if check:
+        card["parity"] = parity(model, onnx_path, card, parity_observations, meta)
+        if card["parity"]["matched"] != card["parity"]["observations"]:
+            raise ExportError(
+                f"exported actions differ from the trained policy's on "
+                f"{card['parity']['observations'] - card['parity']['matched']} of "
+                f"{card['parity']['observations']} observations"
+            )
+    (out_dir / "model_card.json").write_text(json.dumps(card, indent=2, default=str) + "\n")
+    return card
+
+
+def parity(model, onnx_path: Path, card: dict, n: int, meta: dict) -> dict[str, Any]:
+    """Compare ONNX actions with ``model.predict(deterministic=True)`` on observations
+    from real episodes of the training env (random actions, so many states are seen)."""
+    import gymnasium as gym
+    import numpy as np
+    import onnxruntime as ort
+
+    import envs  # noqa: F401
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    env = gym.make(meta["env_id"], **meta["env_kwargs"])
+    rng = np.random.default_rng(0)
+    obs, _ = env.reset(seed=12345)
+    matched = 0
+    for i in range(n):
+        mask = env.unwrapped.action_masks()
+        norm = card["observation_normalization"]
+        o = obs
+        if norm is not None:
+            o = np.clip(
+                (obs - np.asarray(norm["mean"]))
+                / np.sqrt(np.asarray(norm["var"]) + norm["epsilon"]),
+                -norm["clip"],
+                norm["clip"],
+            ).astype(np.float32)
+        feeds = {"obs": o[None, :].astype(np.float32)}
+        if card["masked"]:
+            feeds["action_mask"] = mask[None, :]
+            want, _ = model.predict(o, deterministic=True, action_masks=mask)
+        else:
+            want, _ = model.predict(o, deterministic=True)
+        got = sess.run(["action"], feeds)[0][0]
+        matched += int(np.array_equal(np.asarray(want), got))
+        obs, _, term, trunc, _ = env.step(env.action_space.sample(mask=None) if i % 2 else want)
+        if term or trunc:
+            obs, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
+    env.close()
+    return {"observations": n, "matched": matched}

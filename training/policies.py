@@ -1,0 +1,98 @@
+"""A permutation-aware feature extractor over group slots (issue 7, "Trainer").
+
+The observation (models/features.py) is ``max_groups`` slots of per-group features, with
+the ``present`` flag first, then node features. :class:`GroupSetExtractor` applies ONE
+small network to every slot (shared weights, Deep Sets: Zaheer et al., NeurIPS'17), so what
+is learned about "an LC group near its SLO" holds in every slot and for every mix size.
+Absent slots are masked out: they add nothing to the pools and their slot embedding is 0,
+so whatever an absent slot holds cannot change the output.
+
+Output = ``[slot_1 .. slot_G, pooled, node]``:
+
+- ``pooled``: masked mean and/or max of the per-slot embeddings: invariant to the order of
+  the present groups (the context every decision needs: "is any LC group violating?").
+- ``slot_i``: a second shared layer over ``[embedding_i, pooled]`` (equivariant: permuting
+  groups permutes these blocks), because the action is per slot (share and MBA level of
+  each group), so the actor must still know which slot holds what.
+- ``node``: the node features, passed through.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import torch
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+from torch import nn
+
+from models.features import GROUP_FEATURES, NODE_FEATURES
+
+_PRESENT = GROUP_FEATURES.index("present")
+
+
+class GroupSetExtractor(BaseFeaturesExtractor):
+    """Shared per-slot encoder, masked pooling, per-slot context (see the module docstring).
+
+    Args:
+        observation_space: the env's flat Box (``max_groups * group_size + node_size``).
+        max_groups: slots in the observation (from the env's encoder).
+        hidden: width of the per-slot embedding (and of each pool).
+        slot_hidden: width of each slot's output block (0: pooled + node only, fully
+            permutation-invariant).
+        pool: ``mean`` and/or ``max``.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.spaces.Box,
+        max_groups: int,
+        hidden: int = 64,
+        slot_hidden: int = 32,
+        pool: tuple[str, ...] | list[str] = ("mean", "max"),
+    ) -> None:
+        group_size, node_size = len(GROUP_FEATURES), len(NODE_FEATURES)
+        size = int(observation_space.shape[0])
+        if size != max_groups * group_size + node_size:
+            raise ValueError(
+                f"observation has {size} values; expected {max_groups} slots x {group_size} "
+                f"+ {node_size} node features (encoder layout)"
+            )
+        pool = tuple(pool)
+        if not pool or any(p not in ("mean", "max") for p in pool):
+            raise ValueError(f"pool must be a non-empty subset of ('mean', 'max'), got {pool}")
+        pooled = hidden * len(pool)
+        super().__init__(observation_space, max_groups * slot_hidden + pooled + node_size)
+        self.max_groups, self.group_size, self.node_size = max_groups, group_size, node_size
+        self.pool = pool
+        self.slot_hidden = slot_hidden
+        self.phi = nn.Sequential(
+            nn.Linear(group_size, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
+        )
+        self.rho = (
+            nn.Sequential(nn.Linear(hidden + pooled, slot_hidden), nn.ReLU())
+            if slot_hidden
+            else None
+        )
+
+    def forward(self, observations: torch.Tensor) -> torch.Tensor:
+        n = observations.shape[0]
+        g, f = self.max_groups, self.group_size
+        slots = observations[:, : g * f].reshape(n, g, f)
+        node = observations[:, g * f :]
+        present = (slots[:, :, _PRESENT] > 0.5).to(observations.dtype).unsqueeze(-1)
+        emb = self.phi(slots) * present  # absent slots contribute exactly 0
+        pools = []
+        count = present.sum(dim=1)
+        if "mean" in self.pool:
+            pools.append(emb.sum(dim=1) / count.clamp(min=1.0))
+        if "max" in self.pool:
+            # Embeddings are >= 0 (ReLU) and absent ones are 0, so max over all slots equals
+            # the max over present slots (0 when none is present).
+            pools.append(emb.max(dim=1).values)
+        pooled = torch.cat(pools, dim=1)
+        parts = []
+        if self.rho is not None:
+            ctx = pooled.unsqueeze(1).expand(n, g, pooled.shape[1])
+            per_slot = self.rho(torch.cat([emb, ctx], dim=2)) * present
+            parts.append(per_slot.reshape(n, g * self.slot_hidden))
+        parts += [pooled, node]
+        return torch.cat(parts, dim=1)

@@ -1,0 +1,279 @@
+"""Scale-out on Ray: seed and hyperparameter sweeps with Ray Tune, parallel rollouts (issue 7).
+
+``rdtune train --config FILE --ray-address ADDR|local --sweep seeds=0,1,2 lr=3e-4,1e-3``
+runs the grid (every combination) as Ray Tune trials. Each trial is a *function trainable*
+(:func:`_trainable`) that rebuilds the config from plain data, builds its VecEnv in the
+worker and calls :func:`training.train.train`; the trainer's evaluation callback reports
+through ``ray.tune.report`` (Ray 2.60's API: ``report(metrics, checkpoint=...)``). What
+crosses to a worker is data only (the config dict and overrides): the gymnasium registry
+of the driver is not visible there (RL.md), so the worker imports ``envs`` itself (its ids
+register on import) and builds envs from the id and kwargs.
+
+All trials land in one experiment folder, ``<output_dir>-sweep/`` (Ray's own files and a
+folder per trial holding a normal run directory: checkpoints, TensorBoard, eval.json),
+with ``sweep.json`` summarising every trial. Ray limits each worker's threads
+(``OMP_NUM_THREADS``); trials also pin torch to ``torch_threads``.
+
+:func:`parallel_rollouts` evaluates controllers on the held-out family as Ray tasks, one
+per (controller, episode), building :class:`envs.partition.PartitionEnv` from its class.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# short sweep names -> config keys
+ALIASES = {
+    "seeds": "seed",
+    "seed": "seed",
+    "lr": "ppo.learning_rate",
+    "ent": "ppo.ent_coef",
+    "gamma": "ppo.gamma",
+    "steps": "total_timesteps",
+    "n_steps": "ppo.n_steps",
+    "batch": "ppo.batch_size",
+    "epochs": "ppo.n_epochs",
+}
+
+
+class SweepError(ValueError):
+    """A sweep specification or Ray set-up that cannot be used."""
+
+
+def _value(item: str, text: str) -> Any:
+    """A sweep value: int, then float (``3e-4``, which YAML 1.1 reads as a string), then YAML."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise SweepError(f"sweep item {item!r}: cannot read value {text!r}") from None
+
+
+def parse_sweep(items: list[str]) -> dict[str, list[Any]]:
+    """``["seeds=0,1", "lr=3e-4,1e-3"]`` -> ``{"seed": [0, 1], "ppo.learning_rate": [...]}``."""
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key or not values:
+            raise SweepError(f"sweep item {item!r}: expected KEY=V1,V2,...")
+        key = ALIASES.get(key, key)
+        parsed = []
+        for v in values.split(","):
+            parsed.append(_value(item, v))
+        if key in grid:
+            raise SweepError(f"sweep key {key!r} given twice")
+        grid[key] = parsed
+    return grid
+
+
+def combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    if not grid:
+        return [{}]
+    keys = list(grid)
+    return [dict(zip(keys, vals, strict=True)) for vals in itertools.product(*grid.values())]
+
+
+def trial_name(overrides: dict[str, Any]) -> str:
+    if not overrides:
+        return "base"
+    return "_".join(f"{k.split('.')[-1]}={v}" for k, v in overrides.items())
+
+
+@dataclass
+class SweepResult:
+    """The experiment folder and one summary row per trial."""
+
+    experiment_dir: Path
+    trials: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [
+            f"experiment: {self.experiment_dir}",
+            "| trial | status | best selection return | final policy return | violation rate |",
+            "|---|---|---|---|---|",
+        ]
+        for t in self.trials:
+
+            def f(v):
+                return "-" if v is None else f"{v:.3f}"
+
+            lines.append(
+                f"| {t['trial']} | {t['status']} | {f(t.get('best_return'))} | "
+                f"{f(t.get('final_return'))} | {f(t.get('violation_rate'))} |"
+            )
+        return "\n".join(lines)
+
+
+def _trainable(config: dict[str, Any]) -> None:
+    """One Ray Tune trial: the base config plus this trial's overrides, trained here."""
+    from ray import tune
+
+    from training.config import TrainConfig
+    from training.train import train
+
+    overrides = dict(config["overrides"])
+    overrides["output_dir"] = str(Path(tune.get_context().get_trial_dir()) / "run")
+    overrides["progress_bar"] = False
+    cfg = TrainConfig.parse(config["base"]).with_overrides(overrides)
+
+    def on_eval(timesteps: int, row, best: float) -> None:
+        tune.report(
+            {
+                "timesteps": timesteps,
+                "mean_return": row.mean_return,
+                "best_return": best,
+                "violation_rate": row.violation_rate,
+            }
+        )
+
+    result = train(cfg, on_eval=on_eval)
+    policy = next((r for r in result.rows if r["name"] == "policy"), None)
+    tune.report(
+        {
+            "timesteps": cfg.total_timesteps,
+            "best_return": result.best_return,
+            "final_return": policy["mean_return"] if policy else None,
+            "violation_rate": policy["violation_rate"] if policy else None,
+            "done": True,
+        }
+    )
+
+
+def _init_ray(address: str, num_cpus: int | None) -> None:
+    import ray
+
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if address == "local":
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count(),
+            include_dashboard=False,
+            runtime_env={"env_vars": env},
+            log_to_driver=False,
+            ignore_reinit_error=True,
+        )
+    else:
+        # Every node must import the package: ship our source packages with the job.
+        import agent
+        import envs
+        import models
+        import training
+
+        modules = [str(Path(m.__file__).parent) for m in (agent, envs, models, training)]
+        try:
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                runtime_env={"env_vars": env, "py_modules": modules},
+            )
+        except ConnectionError as exc:
+            raise SweepError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
+
+
+def run_sweep(
+    cfg,
+    grid: dict[str, list[Any]],
+    *,
+    address: str = "local",
+    max_concurrent: int = 0,
+    num_cpus: int | None = None,
+    cpus_per_trial: float = 1.0,
+    shutdown: bool = True,
+) -> SweepResult:
+    """Run every combination of ``grid`` over ``cfg`` as Ray Tune trials."""
+    import ray
+    from ray import tune
+
+    from training.config import ConfigError
+
+    trials = combinations(grid)
+    for overrides in trials:  # fail fast, in the driver, on a bad key or value
+        try:
+            cfg.with_overrides(overrides)
+        except ConfigError as exc:
+            raise SweepError(f"sweep {trial_name(overrides)}: {exc}") from None
+    experiment = Path(cfg.output_dir).resolve().parent
+    name = f"{Path(cfg.output_dir).name}-sweep"
+    started = not ray.is_initialized()
+    if started:
+        _init_ray(address, num_cpus)
+    try:
+        tuner = tune.Tuner(
+            tune.with_resources(_trainable, {"cpu": cpus_per_trial}),
+            param_space={
+                "base": cfg.to_dict(),
+                "overrides": tune.grid_search(trials),
+            },
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=max_concurrent or None,
+                trial_dirname_creator=lambda t: trial_name(t.config["overrides"]),
+            ),
+            run_config=tune.RunConfig(name=name, storage_path=str(experiment), verbose=0),
+        )
+        grid_result = tuner.fit()
+    finally:
+        if started and shutdown:
+            ray.shutdown()
+    out = SweepResult(experiment / name)
+    for res in grid_result:
+        metrics = res.metrics or {}
+        out.trials.append(
+            {
+                "trial": trial_name(res.config["overrides"]),
+                "overrides": res.config["overrides"],
+                "status": "error" if res.error else "done",
+                "error": str(res.error) if res.error else None,
+                "path": str(res.path),
+                "best_return": metrics.get("best_return"),
+                "final_return": metrics.get("final_return"),
+                "violation_rate": metrics.get("violation_rate"),
+            }
+        )
+    out.trials.sort(key=lambda t: t["trial"])
+    (out.experiment_dir / "sweep.json").write_text(json.dumps(out.trials, indent=2, default=str))
+    return out
+
+
+# ---------------------------------------------------------------------------- rollouts
+
+
+def _rollout(env_kwargs: dict, name: str, seed: int, policy_path: str | None) -> list[dict]:
+    """One held-out episode of controller ``name`` (a Ray task: builds the env class)."""
+    from envs.partition import PartitionEnv
+    from models import registry
+    from training.evaluate import controller_episode
+
+    env = PartitionEnv(**env_kwargs)
+    try:
+        ctrl = registry.make(name, path=policy_path) if name == "policy" else registry.make(name)
+        return controller_episode(env, ctrl, seed)
+    finally:
+        env.close()
+
+
+def parallel_rollouts(
+    env_kwargs: dict, names: list[str], episodes: int, seed: int, policy_path: str | None = None
+) -> dict[str, Any]:
+    """Evaluate controllers (``policy`` = the exported one at ``policy_path``) on
+    ``episodes`` episodes each, every episode a Ray task; rows as in training/evaluate.py.
+    Needs a running Ray (``ray.init``)."""
+    import ray
+
+    from training.evaluate import _summarise
+
+    task = ray.remote(num_cpus=1)(_rollout)
+    futures = {
+        name: [task.remote(dict(env_kwargs), name, seed + i, policy_path) for i in range(episodes)]
+        for name in names
+    }
+    return {name: _summarise(name, ray.get(refs)) for name, refs in futures.items()}

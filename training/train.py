@@ -1,0 +1,400 @@
+"""``rdtune train``: train a PPO / MaskablePPO policy on Partition-v0 (issue 7, "Trainer").
+
+Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered steps):
+
+1. seed everything and pin torch to ``torch_threads`` (reproducible: same config and seed,
+   same policy);
+2. build the training VecEnv (``n_envs`` copies, seeds ``seed + i``) and, if asked,
+   VecNormalize for observations;
+3. build the model: PPO or MaskablePPO with the group-set feature extractor
+   (:mod:`training.policies`) and the configured actor/critic sizes;
+4. evaluate the heuristics once on the held-out family (:mod:`training.evaluate`), then let
+   :class:`EvalCallback` evaluate the policy every ``eval.freq`` steps on the same episodes,
+   log to TensorBoard and keep the best checkpoint (``best_model.zip``);
+5. learn (with SB3's progress bar), save ``model.zip``;
+6. final evaluation of the best checkpoint and the heuristics on *fresh* held-out episodes
+   (other seeds than the ones used to choose the checkpoint, so the table is not biased by
+   the choice), written to ``eval.json`` and printed as a table.
+
+The run directory holds ``config.yaml`` (the validated config), ``run.json`` (layouts and
+versions the exporter needs), checkpoints, ``vecnormalize.pkl`` when used, ``tb/`` and
+``evaluations.jsonl``. ``rdtune export --model RUN_DIR`` turns it into an ONNX policy.
+With ``--ray-address`` and ``--sweep`` the same function runs inside Ray Tune trials
+(:mod:`training.sweep`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FINAL_SEED_OFFSET = 100_000  # final-table episodes never overlap checkpoint-selection ones
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", required=True, help="YAML training config (see training/config.py)"
+    )
+    parser.add_argument("--out", help="run directory (default: the config's output_dir)")
+    parser.add_argument("--seed", type=int, help="override the config's seed")
+    parser.add_argument("--total-timesteps", type=int, help="override total_timesteps")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"
+    )
+    parser.add_argument(
+        "--ray-address",
+        help="run on Ray: 'local' (a Ray instance on this machine) or a cluster address; "
+        "needed for --sweep",
+    )
+    parser.add_argument(
+        "--sweep",
+        nargs="+",
+        metavar="KEY=V1,V2",
+        help="grid over config keys on Ray Tune, e.g. seeds=0,1,2 lr=3e-4,1e-3 "
+        "(short names: seeds, lr, ent, gamma, steps; or any dotted key like ppo.n_epochs)",
+    )
+    parser.add_argument(
+        "--max-concurrent", type=int, default=0, help="Ray Tune: trials at once (0: by CPUs)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from training.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+        overrides: dict[str, Any] = {}
+        if args.seed is not None:
+            overrides["seed"] = args.seed
+        if args.total_timesteps is not None:
+            overrides["total_timesteps"] = args.total_timesteps
+        if args.no_progress:
+            overrides["progress_bar"] = False
+        if args.out:
+            overrides["output_dir"] = args.out
+        if overrides:
+            cfg = cfg.with_overrides(overrides)
+    except ConfigError as exc:
+        print(f"rdtune train: {exc}")
+        return 2
+    if args.sweep or args.ray_address:
+        from training.sweep import SweepError, parse_sweep, run_sweep
+
+        try:
+            grid = parse_sweep(args.sweep or [])
+            result = run_sweep(
+                cfg, grid, address=args.ray_address or "local", max_concurrent=args.max_concurrent
+            )
+        except (SweepError, ConfigError) as exc:
+            print(f"rdtune train: {exc}")
+            return 2
+        print(result.summary())
+        return 0
+    result = train(cfg)
+    print(result.summary())
+    return 0
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: its directory, final table and best checkpoint."""
+
+    run_dir: Path
+    best_step: int
+    best_return: float
+    rows: list[dict] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        from training.evaluate import table
+
+        lines = [
+            f"run: {self.run_dir}  ({self.seconds / 60:.1f} min; best checkpoint at step "
+            f"{self.best_step}, selection return {self.best_return:.2f})",
+            table(self.rows),
+        ]
+        if self.missing:
+            lines.append(f"(controllers not available: {', '.join(self.missing)})")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- pieces
+
+
+def seed_everything(seed: int, threads: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+
+
+def build_vec_env(cfg, n_envs: int | None = None, seed: int | None = None):
+    """The training VecEnv for ``cfg`` (VecNormalize on top when ``normalize_obs``)."""
+    from envs.vector import make_sb3_vec_env
+
+    venv = make_sb3_vec_env(
+        n_envs or cfg.n_envs,
+        env_id=cfg.env.id,
+        seed=cfg.seed if seed is None else seed,
+        subproc=cfg.subproc,
+        **cfg.env_kwargs(),
+    )
+    if cfg.normalize_obs:
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        venv = VecNormalize(venv, norm_obs=True, norm_reward=False, clip_obs=10.0)
+    return venv
+
+
+def policy_kwargs(cfg, max_groups: int) -> dict[str, Any]:
+    import torch
+
+    from training.policies import GroupSetExtractor
+
+    kw: dict[str, Any] = {
+        "net_arch": {"pi": list(cfg.policy.net_arch["pi"]), "vf": list(cfg.policy.net_arch["vf"])},
+        "activation_fn": {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[cfg.policy.activation],
+    }
+    ext = cfg.policy.extractor
+    if ext is not None:
+        kw["features_extractor_class"] = GroupSetExtractor
+        kw["features_extractor_kwargs"] = {
+            "max_groups": max_groups,
+            "hidden": ext.hidden,
+            "slot_hidden": ext.slot_hidden,
+            "pool": list(ext.pool),
+        }
+    return kw
+
+
+def build_model(cfg, venv, tensorboard_log: str | None):
+    max_groups = venv.get_attr("encoder")[0].max_groups
+    common = dict(
+        env=venv,
+        seed=cfg.seed,
+        verbose=0,
+        device="cpu",
+        tensorboard_log=tensorboard_log,
+        policy_kwargs=policy_kwargs(cfg, max_groups),
+        **cfg.ppo,
+    )
+    if cfg.algorithm == "MaskablePPO":
+        from sb3_contrib import MaskablePPO
+
+        return MaskablePPO("MlpPolicy", **common)
+    from stable_baselines3 import PPO
+
+    return PPO("MlpPolicy", **common)
+
+
+def load_model(path: str | Path, algorithm: str):
+    if algorithm == "MaskablePPO":
+        from sb3_contrib import MaskablePPO
+
+        return MaskablePPO.load(str(path), device="cpu")
+    from stable_baselines3 import PPO
+
+    return PPO.load(str(path), device="cpu")
+
+
+def act_fn(model, obs_norm: Callable | None = None):
+    """``(obs, mask) -> action``: the model's deterministic action (masked if maskable)."""
+    import numpy as np
+
+    maskable = type(model).__name__ == "MaskablePPO"
+
+    def act(obs, mask):
+        o = obs_norm(obs) if obs_norm is not None else obs
+        if maskable:
+            a, _ = model.predict(o, deterministic=True, action_masks=mask)
+        else:
+            a, _ = model.predict(o, deterministic=True)
+        return np.asarray(a)
+
+    return act
+
+
+def _obs_norm(venv):
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    if isinstance(venv, VecNormalize):
+        return lambda obs: venv.normalize_obs(obs)
+    return None
+
+
+def make_eval_callback(cfg, venv, run_dir: Path, heuristics: list, on_eval: Callable | None):
+    """SB3 callback: every ``eval.freq`` steps, evaluate on the held-out family, log,
+    keep the best checkpoint (and tell ``on_eval``, e.g. Ray Tune's reporter)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from training.evaluate import evaluate_policy, make_eval_env
+
+    class EvalCallback(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.env = make_eval_env(cfg.env.id, cfg.eval_kwargs())
+            self.best = -math.inf
+            self.best_step = 0
+            self.last = 0
+            self.history = run_dir / "evaluations.jsonl"
+
+        def _on_step(self) -> bool:
+            if cfg.eval.freq and self.num_timesteps - self.last >= cfg.eval.freq:
+                self.evaluate()
+            return True
+
+        def _on_training_end(self) -> None:
+            if self.num_timesteps != self.last:
+                self.evaluate()
+
+        def evaluate(self) -> None:
+            self.last = self.num_timesteps
+            act = act_fn(self.model, _obs_norm(venv))
+            row = evaluate_policy(act, self.env, cfg.eval.episodes, cfg.eval.seed)
+            self.logger.record("eval/mean_return", row.mean_return)
+            self.logger.record("eval/violation_rate", row.violation_rate)
+            self.logger.record("eval/unfairness", row.unfairness)
+            for h in heuristics:
+                self.logger.record(f"eval/{h.name}_return", h.mean_return)
+            self.logger.dump(self.num_timesteps)
+            improved = row.mean_return > self.best
+            if improved:
+                self.best, self.best_step = row.mean_return, self.num_timesteps
+                self.model.save(run_dir / "best_model.zip")
+                if cfg.normalize_obs:
+                    venv.save(str(run_dir / "vecnormalize.pkl"))
+            with self.history.open("a") as f:
+                f.write(
+                    json.dumps({"timesteps": self.num_timesteps, "best": improved, **row.as_dict()})
+                    + "\n"
+                )
+            log.info(
+                "step %d: eval return %.2f (best %.2f at %d), violation rate %.3f",
+                self.num_timesteps,
+                row.mean_return,
+                self.best,
+                self.best_step,
+                row.violation_rate,
+            )
+            if on_eval is not None:
+                on_eval(self.num_timesteps, row, self.best)
+
+    return EvalCallback()
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def train(cfg, *, on_eval: Callable | None = None, final_eval: bool = True) -> TrainResult:
+    """Train ``cfg`` (a :class:`training.config.TrainConfig`) and return the result."""
+    import yaml
+
+    from models.features import ENCODER_VERSION
+    from training.evaluate import evaluate_heuristics, evaluate_policy, make_eval_env
+
+    t0 = time.monotonic()
+    run_dir = Path(cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "evaluations.jsonl").unlink(missing_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+    # 1. Seeds and threads.
+    seed_everything(cfg.seed, cfg.torch_threads)
+
+    # 2. Environments.
+    venv = build_vec_env(cfg)
+    encoder = venv.get_attr("encoder")[0]
+    decoder = venv.get_attr("decoder")[0]
+    (run_dir / "run.json").write_text(
+        json.dumps(
+            {
+                "name": cfg.name,
+                "algorithm": cfg.algorithm,
+                "seed": cfg.seed,
+                "env_id": cfg.env.id,
+                "env_kwargs": cfg.env_kwargs(),
+                "eval_kwargs": cfg.eval_kwargs(),
+                "encoder_version": ENCODER_VERSION,
+                "features": encoder.layout(),
+                "actions": decoder.layout(),
+                "normalize_obs": cfg.normalize_obs,
+            },
+            indent=2,
+            default=str,
+        )
+    )
+
+    # 3. Model.
+    model = build_model(cfg, venv, str(run_dir / "tb"))
+
+    # 4. Heuristics on the held-out family (once: they do not learn), policy evaluator.
+    eval_env = make_eval_env(cfg.env.id, cfg.eval_kwargs())
+    heuristics, missing = evaluate_heuristics(
+        cfg.eval.controllers, eval_env, cfg.eval.episodes, cfg.eval.seed
+    )
+    callback = make_eval_callback(cfg, venv, run_dir, heuristics, on_eval)
+
+    # 5. Learn.
+    model.learn(
+        total_timesteps=cfg.total_timesteps,
+        callback=callback,
+        progress_bar=cfg.progress_bar,
+        tb_log_name="ppo",
+    )
+    model.save(run_dir / "model.zip")
+    if cfg.normalize_obs:
+        venv.save(str(run_dir / "vecnormalize_final.pkl"))
+
+    # 6. Final table: the best checkpoint against the heuristics on fresh held-out episodes.
+    rows: list[dict] = []
+    if final_eval:
+        best = load_model(run_dir / "best_model.zip", cfg.algorithm)
+        norm = None
+        if cfg.normalize_obs:
+            from stable_baselines3.common.vec_env import VecNormalize
+
+            stats = VecNormalize.load(str(run_dir / "vecnormalize.pkl"), venv.venv)
+            stats.training = False
+            norm = stats.normalize_obs
+        seed = cfg.eval.seed + FINAL_SEED_OFFSET
+        episodes = 2 * cfg.eval.episodes
+        final = [evaluate_policy(act_fn(best, norm), eval_env, episodes, seed)]
+        final += evaluate_heuristics(cfg.eval.controllers, eval_env, episodes, seed)[0]
+        final.sort(key=lambda r: -r.mean_return)
+        rows = [r.as_dict() for r in final]
+        (run_dir / "eval.json").write_text(
+            json.dumps(
+                {
+                    "env_id": cfg.env.id,
+                    "eval_kwargs": cfg.eval_kwargs(),
+                    "episodes": episodes,
+                    "seed": seed,
+                    "best_step": callback.best_step,
+                    "total_timesteps": cfg.total_timesteps,
+                    "rows": rows,
+                    "missing": missing,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    eval_env.close()
+    callback.env.close()
+    venv.close()
+    return TrainResult(
+        run_dir, callback.best_step, callback.best, rows, missing, time.monotonic() - t0
+    )
