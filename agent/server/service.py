@@ -71,6 +71,7 @@ class NodeHost:
         self.stopping = threading.Event()
         self._streams: set[threading.Event] = set()
         self._streams_lock = threading.Lock()
+        self._scrape_lock = threading.Lock()
         self._stream_slots = threading.BoundedSemaphore(limits.max_streams)
 
     def open_stream(self, context: grpc.ServicerContext) -> None:
@@ -98,21 +99,25 @@ class NodeHost:
             abort(context, exc)
 
     def observe(self) -> Snapshot:
-        for scraper in self.scrapers:
-            try:
-                scraper.scrape_once()
-            except Exception as exc:  # a service being down must not stop observation
-                log.warning("latency scrape of group %s failed: %s", scraper.group, exc)
-                self.metrics.scrape_errors.labels(scraper.group).inc()
+        # Scrapes hold their own lock, not the node's: a slow exporter must not block
+        # applies, but two observers must not compute deltas from the same baseline.
+        with self._scrape_lock:
+            for scraper in self.scrapers:
+                try:
+                    scraper.scrape_once()
+                except Exception as exc:  # a service being down must not stop observation
+                    log.warning("latency scrape of group %s failed: %s", scraper.group, exc)
+                    self.metrics.scrape_errors.labels(scraper.group).inc()
         with self.lock:
             snap = self.node.observe()
             specs = dict(self.node.groups())
-        groups = dict(snap.groups)
+        groups, changed = dict(snap.groups), False
         for name, sample in snap.groups.items():
             stats = self.recorder.drain(name)
             if stats is not None:
                 groups[name] = dataclasses.replace(sample, latency=stats)
-        if groups != dict(snap.groups):
+                changed = True
+        if changed:
             snap = dataclasses.replace(snap, groups=groups)
         self.metrics.record_snapshot(snap, specs)
         return snap
