@@ -109,7 +109,6 @@ class RemoteNode:
             self._channel = grpc.insecure_channel(address, options=options)
         self._agent = rpc.NodeAgentStub(self._channel)
         self._sim = rpc.SimulationStub(self._channel)
-        self._caps: NodeCapabilities | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ plumbing
@@ -131,8 +130,7 @@ class RemoteNode:
 
     def capabilities(self) -> NodeCapabilities:
         msg = self._call(self._agent.GetCapabilities, api.GetCapabilitiesRequest())
-        self._caps = C.from_capabilities(msg)
-        return self._caps
+        return C.from_capabilities(msg)
 
     def groups(self) -> Mapping[str, GroupSpec]:
         resp = self._call(self._agent.ListGroups, api.ListGroupsRequest())
