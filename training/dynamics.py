@@ -128,12 +128,19 @@ class GroupDynamics:
     tau_s: float = 0.0
 
     def predict(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        x = np.clip(x, self.lo, self.hi)
-        out = {}
-        for name, reg in self.models.items():
-            v = reg(x)
-            out[name] = np.exp(v) if name in LOG_TARGETS else np.clip(v, 0.0, 1.0)
-        return out
+        if not self.models:
+            return {}
+        if getattr(self, "_w", None) is None:
+            # Fold each target's standardisation into one weight matrix: one basis and one
+            # matrix product per call (a replay step stays well under a millisecond).
+            names = list(self.models)
+            w = np.stack([r.coef / r.scale for r in self.models.values()], axis=1)
+            b = np.array([-(r.mean / r.scale) @ r.coef for r in self.models.values()])
+            log = np.array([n in LOG_TARGETS for n in names])
+            self._w, self._b, self._names, self._log = w, b, names, log
+        v = basis(np.clip(x, self.lo, self.hi)) @ self._w + self._b
+        v = np.where(self._log, np.exp(np.minimum(v, 700.0)), np.clip(v, 0.0, 1.0))
+        return {n: v[:, i] for i, n in enumerate(self._names)}
 
 
 @dataclass(frozen=True)

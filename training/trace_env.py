@@ -1,0 +1,146 @@
+"""Training against recorded traces: ``rdtune/TracePartition-v0`` and env recording to Parquet.
+
+- ``rdtune/TracePartition-v0`` is envs' ``NodePartitionEnv`` over a
+  :class:`training.trace_node.TraceNode` fitted from one or more trace files (issue 7,
+  "Offline training against recorded traces"): each reset picks a trace (seeded) and a
+  random start in its replay. Registered when this module is imported, so the trainer's
+  config can name it as ``env.id: "training.trace_env:rdtune/TracePartition-v0"``
+  (Gymnasium imports the module before making the env, in worker processes too) with
+  ``env.kwargs: {traces: [FILE, ...], ...}``. Fits are cached per file and process.
+- :func:`episode_writers` is the ``open_writer`` envs' ``RecordTrace`` wrapper takes:
+  one Parquet trace (docs/TRACES.md) per episode in a directory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from training.dynamics import Dynamics, fit_dynamics
+from training.trace_node import Replay, TraceNode
+from training.traces import TraceWriter, load_trace
+
+TRACE_PARTITION_ID = "rdtune/TracePartition-v0"
+_FITS: dict[tuple[str, float], tuple[Dynamics, Replay, float]] = {}
+
+
+def _fitted(path: str) -> tuple[Dynamics, Replay, float]:
+    key = (os.path.abspath(path), os.path.getmtime(path))
+    if key not in _FITS:
+        trace = load_trace(path)
+        _FITS[key] = (fit_dynamics(trace), Replay.from_trace(trace), trace.interval_s or 0.1)
+    return _FITS[key]
+
+
+class TraceNodes:
+    """A TraceNode per trace; ``reset`` picks one by seed (a family of recorded mixes)."""
+
+    def __init__(self, paths: Sequence[str], noise: bool = True) -> None:
+        if not paths:
+            raise ValueError("TracePartition-v0 needs at least one trace file (traces=[...])")
+        self.nodes = []
+        for p in paths:
+            dyn, replay, interval = _fitted(str(p))
+            self.nodes.append(
+                TraceNode(dyn, replay, interval_s=interval, noise=noise, random_start=True)
+            )
+        self.current = self.nodes[0]
+
+    def reset(self, scenario: object | None = None, seed: int | None = None) -> None:
+        if seed is not None:
+            self.current = self.nodes[int(np.random.default_rng(seed).integers(len(self.nodes)))]
+        self.current.reset(None, seed)
+
+    def now(self) -> float:
+        return self.current.now()
+
+    def advance(self, dt: float) -> None:
+        self.current.advance(dt)
+
+
+def make_trace_env(traces: str | Sequence[str], noise: bool = True, **env_kwargs: Any):
+    """``NodePartitionEnv`` over trace-driven nodes fitted from ``traces``."""
+    from envs.partition import NodePartitionEnv
+
+    paths = [traces] if isinstance(traces, str | os.PathLike) else list(traces)
+    env_kwargs.setdefault("reference", "running_max")
+    return NodePartitionEnv(node=_Facade(TraceNodes(paths, noise)), **env_kwargs)
+
+
+class _Facade:
+    """What NodePartitionEnv sees: the current TraceNode's Node and Clock methods."""
+
+    def __init__(self, nodes: TraceNodes) -> None:
+        self._nodes = nodes
+
+    def capabilities(self):
+        return self._nodes.current.capabilities()
+
+    def groups(self):
+        return self._nodes.current.groups()
+
+    def create_group(self, spec):
+        return self._nodes.current.create_group(spec)
+
+    def delete_group(self, name):
+        return self._nodes.current.delete_group(name)
+
+    def assign(self, group, *, pids=(), cpus=()):
+        return self._nodes.current.assign(group, pids=pids, cpus=cpus)
+
+    def tasks(self, group):
+        return self._nodes.current.tasks(group)
+
+    def apply(self, plan, *, dry_run: bool = False):
+        return self._nodes.current.apply(plan, dry_run=dry_run)
+
+    def allocation(self):
+        return self._nodes.current.allocation()
+
+    def observe(self):
+        return self._nodes.current.observe()
+
+    def close(self) -> None:
+        pass
+
+    def now(self) -> float:
+        return self._nodes.now()
+
+    def reset(self, scenario: object | None = None, seed: int | None = None) -> None:
+        self._nodes.reset(scenario, seed)
+
+    def advance(self, dt: float) -> None:
+        self._nodes.advance(dt)
+
+
+if TRACE_PARTITION_ID not in gymnasium.registry:
+    gymnasium.register(id=TRACE_PARTITION_ID, entry_point="training.trace_env:make_trace_env")
+
+
+def episode_writers(
+    directory: str | os.PathLike, controller: str = "policy", **writer_kwargs: Any
+) -> Callable[[gymnasium.Env, int], TraceWriter]:
+    """``open_writer`` for envs' ``RecordTrace``: one trace file per episode,
+    ``DIRECTORY/episode-00000.parquet`` ..., each with the env's node and groups."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+
+    def open_writer(env: gymnasium.Env, episode: int) -> TraceWriter:
+        node = env.node
+        scenario = getattr(env, "_scenario_name", None)
+        return TraceWriter(
+            root / f"episode-{episode:05d}.parquet",
+            node.capabilities(),
+            node.groups(),
+            controller,
+            scenario={"name": scenario} if scenario else None,
+            interval_s=getattr(env, "interval_s", 0.0),
+            **writer_kwargs,
+        )
+
+    return open_writer
