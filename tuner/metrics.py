@@ -27,7 +27,7 @@ class TunerMetrics:
         r = self.registry = registry or CollectorRegistry()
         self.decisions = Counter(
             "rdtune_tuner_decisions_total",
-            "Decisions made, by controller and outcome (applied, kept, dropped)",
+            "Decisions by controller and outcome (applied, kept, dropped; error: decide raised)",
             ["controller", "outcome"],
             registry=r,
         )

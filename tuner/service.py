@@ -61,7 +61,7 @@ class StepResult:
 
     snapshot: Snapshot
     controller: str
-    outcome: str  # applied, kept, dropped, limited
+    outcome: str  # applied, limited, kept, dropped, error
     decide_s: float
     loop_s: float
     switch: Switch | None = None
@@ -239,17 +239,35 @@ class Tuner:
                 self.metrics.batch_ips.labels(group).set(sample.instructions / snap.interval_s)
         switch = self.slo_guard.update(verdicts)
         ctx = self._context(current, now)
-        t1 = time.perf_counter()
         if switch is not None:
             self._switched(switch)
             self.target = None
-            decision = self.active.start(ctx)
-        else:
-            decision = self.active.decide(snap, ctx)
-        decide_s = time.perf_counter() - t1
         name = self.active.name
+        t1 = time.perf_counter()
+        try:
+            if switch is not None:
+                decision = self.active.start(ctx)
+            else:
+                decision = self.active.decide(snap, ctx)
+        except NodeError:
+            raise  # the agent's (an outage while a controller reads the node): run() handles it
+        except Exception as exc:
+            # A controller bug must not take the node down with it: keep what the node holds
+            # (valid), count it, carry on; the SLO guard still watches the LC groups.
+            decision = None
+            log.exception(
+                "controller %s failed: %s",
+                name,
+                exc,
+                extra={"event": "controller_error", "controller": name},
+            )
+        decide_s = time.perf_counter() - t1
         self.metrics.decision_latency.labels(name).observe(decide_s)
-        outcome, rule = self._carry_out(decision, current, now)
+        if decision is None:
+            self.metrics.decisions.labels(name, "error").inc()
+            outcome, rule = "error", None
+        else:
+            outcome, rule = self._carry_out(decision, current, now)
         loop_s = time.perf_counter() - t0
         self.metrics.loop_latency.observe(loop_s)
         self.metrics.intervals.inc()

@@ -58,3 +58,18 @@ class Quiet(Controller):
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         return KEEP
+
+
+class Crashy(Controller):
+    """Raises on every third decision (a controller bug)."""
+
+    name = "crashy"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        self.calls += 1
+        if self.calls % 3 == 0:
+            raise ZeroDivisionError("a bug in the controller")
+        return KEEP

@@ -14,7 +14,7 @@ from agent.types import SLO, AllocationPlan, GroupKind, GroupSpec, popcount
 from models import registry
 from tests.agent.server.conftest import serve
 from tests.tuner.conftest import assert_valid
-from tests.tuner.controllers import Swing
+from tests.tuner.controllers import Crashy, Swing
 from tuner.config import AgentConnection, GroupConfig, GuardConfig, TunerConfig
 from tuner.controllers import fallback
 from tuner.service import Tuner
@@ -181,3 +181,18 @@ def test_metrics_after_a_guard_trip_and_recovery(spike_file: str) -> None:
     assert get("rdtune_tuner_tail_latency_milliseconds", group="memcached") > 0
     assert get("rdtune_tuner_batch_instructions_per_second", group="ocean_cp") > 0
     assert get("rdtune_tuner_group_ways", group="memcached") >= 1
+
+
+def test_a_failing_controller_keeps_the_allocation_and_is_counted(server) -> None:
+    tuner = make_tuner(server, Crashy())
+    tuner.start()
+    before = tuner.node.allocation()
+    outcomes = [tuner.step().outcome for _ in range(6)]
+    assert outcomes == ["kept", "kept", "error"] * 2
+    assert tuner.node.allocation() == before
+    errors = [
+        s for m in tuner.metrics.registry.collect() for s in m.samples
+        if s.name == "rdtune_tuner_decisions_total" and s.labels["outcome"] == "error"
+    ]  # fmt: skip
+    assert errors[0].value == 2
+    tuner.shutdown()
