@@ -71,6 +71,7 @@ class MachinePreset:
     assoc_a0: float
     mba_hit_share: float
     sparse_masks: bool = False
+    llc_inclusive: bool = True
     mba_mode: MbaMode | None = None
     mba_min: int = 0
     mba_gran: int = 1
@@ -177,6 +178,7 @@ def _machine(name: str, e: Mapping) -> MachinePreset:
         assoc_a0=_need(e, "assoc_a0", where),
         mba_hit_share=_need(e, "mba_hit_share", where),
         sparse_masks=bool(e.get("sparse_masks", False)),
+        llc_inclusive=bool(e.get("llc_inclusive", True)),
         **kw,
     )
 
@@ -282,6 +284,7 @@ _MACHINE_KEYS = {
     "assoc_a0",
     "mba_hit_share",
     "sparse_masks",
+    "llc_inclusive",
 }
 
 

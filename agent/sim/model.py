@@ -101,6 +101,7 @@ class Model:
         self.a0 = preset.assoc_a0
         self.hit_share = preset.mba_hit_share
         self.peak = preset.peak_bw_bps
+        self.inclusive = preset.llc_inclusive
         self._assoc_full = self.W / (self.W + self.a0)
 
     # ------------------------------------------------------------------ pieces
@@ -200,11 +201,28 @@ class Model:
     # ------------------------------------------------------------------ occupancy
 
     def step_occupancy(
-        self, occ: np.ndarray, inp: Inputs, miss_rate: np.ndarray, dt: float
+        self,
+        occ: np.ndarray,
+        inp: Inputs,
+        miss_rate: np.ndarray,
+        dt: float,
+        hit_rate: np.ndarray | None = None,
     ) -> np.ndarray:
         """Occupancy after ``dt`` s with constant insertion: free space fills first, then
-        each inserted line evicts a line of the way chosen in proportion to occupancy."""
+        each inserted line evicts a line of the way chosen in proportion to occupancy.
+
+        On a non-inclusive LLC (``hit_rate`` given), a line hit outside the workload's
+        mask moves to its L2 and re-enters the LLC on L2 eviction through the current
+        mask: out-of-mask lines migrate into the mask at their hit rate.
+        """
         wb = self.way_bytes
+        if hit_rate is not None and not self.inclusive:
+            outside = occ * (1.0 - inp.masks)
+            lines = np.maximum(occ.sum(axis=1), LINE) / LINE
+            moved_frac = 1.0 - np.exp(-(hit_rate / lines) * dt)
+            moved = outside * moved_frac[:, None]
+            occ = occ - moved
+            miss_rate = miss_rate + moved.sum(axis=1) / (LINE * dt)
         ins = inp.masks * (miss_rate * (LINE / inp.nways))[:, None]  # bytes/s per (w, way)
         rate = ins.sum(axis=0)  # (W,)
         inv = 1.0 / np.maximum(rate, 1e-30)
@@ -241,10 +259,13 @@ class Model:
         """Occupancy after ``dt`` s. Insertion runs at the miss rate of the step's midpoint
         (predictor-corrector): holding the start's miss rate for a whole step over-shoots
         when fills are faster than a step and makes occupancy oscillate."""
-        pred = self.step_occupancy(occ, inp, sol.miss_rate, dt)
+        hits = None if self.inclusive else sol.access_rate - sol.miss_rate
+        pred = self.step_occupancy(occ, inp, sol.miss_rate, dt, hits)
         mid = 0.5 * (occ + pred)
         m = self.miss_ratio(mid.sum(axis=1) * self.assoc(inp.nways), inp.ws_s)
-        return self.step_occupancy(occ, inp, sol.access_rate * m, dt)
+        if hits is not None:
+            hits = sol.access_rate * (1.0 - m)
+        return self.step_occupancy(occ, inp, sol.access_rate * m, dt, hits)
 
     def steady(
         self, inp: Inputs, occ: np.ndarray | None = None, iters: int = 300

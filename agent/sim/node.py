@@ -336,25 +336,28 @@ class SimNode:
             )
         if len(self._groups) + 1 >= self._preset.rmids:
             raise ResourceExhausted("Out of RMIDs", resource="rmid")
+        held = 0
+        for name, g in self._groups.items():
+            if g.exclusive:
+                held |= self._alloc[name].l3_mask or 0
+        mask = self._preset.cbm_mask & ~held
+        if not self._preset.sparse_masks:
+            mask = _lowest_run(mask)
         if spec.exclusive:
             # Like ResctrlNode: narrow to the lowest run of ways no other own group uses
             # (the simulated default group is not counted: it cannot be shrunk here).
+            # Leniently, when every way is in use, start like any new group (overlapping
+            # non-exclusive groups) and let the first plan separate them.
             used = 0
             for a in self._alloc.values():
                 used |= (a.l3_mask or 0) | (a.l3_code_mask or 0)
-            mask = _lowest_run(self._preset.cbm_mask & ~used)
-        else:
-            held = 0
-            for name, g in self._groups.items():
-                if g.exclusive:
-                    held |= self._alloc[name].l3_mask or 0
-            mask = self._preset.cbm_mask & ~held
-            if not self._preset.sparse_masks:
-                mask = _lowest_run(mask)
+            free = _lowest_run(self._preset.cbm_mask & ~used)
+            if free.bit_count() >= max(1, self._preset.min_cbm_bits):
+                mask = free
         if mask == 0 or mask.bit_count() < max(1, self._preset.min_cbm_bits):
             raise ResourceExhausted(
                 f"cannot create group {spec.name!r}: no free ways for it "
-                f"(exclusive groups and others hold {self._preset.cbm_mask & ~mask:#x})",
+                f"(exclusive groups hold {held:#x})",
                 resource="ways",
             )
         mb = self._caps.mba.max_bandwidth if self._caps.mba is not None else None

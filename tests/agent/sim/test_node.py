@@ -129,21 +129,23 @@ def test_load_step_shows_in_the_latency() -> None:
     assert after.p95_ms > 2 * before.p95_ms
 
 
-def _inertia_node() -> SimNode:
+def _inertia_node(machine: str = "gold6130") -> SimNode:
+    """'fit' (cache-fitting, 1 thread) in way 0, a streaming group in every other way."""
     scn = Scenario(
         "inertia",
-        "gold6130",
+        machine,
         (
             WorkloadInstance("fit", "spec_t", threads=1),
             WorkloadInstance("stream", "spec_s", threads=4),
         ),
     )
     node = SimNode(scn, noise=False, interval_s=0.002)
+    ways = node.preset.ways
     node.apply(
         AllocationPlan.uniform(
             {
                 "fit": GroupAllocation(l3_mask=contiguous_mask(1)),
-                "stream": GroupAllocation(l3_mask=contiguous_mask(10, 1)),
+                "stream": GroupAllocation(l3_mask=contiguous_mask(ways - 1, 1)),
             }
         )
     )
@@ -152,12 +154,13 @@ def _inertia_node() -> SimNode:
 
 
 def _grow(node: SimNode) -> None:
-    """'fit' gets ways 0-5, the streaming group keeps ways 6-10."""
+    """'fit' gets ways 0-5, the streaming group keeps the rest."""
+    ways = node.preset.ways
     node.apply(
         AllocationPlan.uniform(
             {
                 "fit": GroupAllocation(l3_mask=contiguous_mask(6)),
-                "stream": GroupAllocation(l3_mask=contiguous_mask(5, 6)),
+                "stream": GroupAllocation(l3_mask=contiguous_mask(ways - 6, 6)),
             }
         )
     )
@@ -180,7 +183,8 @@ def test_occupancy_fills_gradually_after_a_mask_grows() -> None:
 
 
 def test_lines_outside_a_shrunk_mask_stay_until_others_evict_them() -> None:
-    node = _inertia_node()
+    """Inclusive LLC (Broadwell-EP): stale lines stay, and hit, until others insert there."""
+    node = _inertia_node("e5_2683v4")
     _grow(node)
     node.advance(0.5)
     held = node.occupancy()["fit"]
@@ -190,12 +194,30 @@ def test_lines_outside_a_shrunk_mask_stay_until_others_evict_them() -> None:
     kept = node.occupancy()["fit"]
     assert kept[1:6].sum() == pytest.approx(held[1:6].sum(), rel=0.02)
     # Now the streaming group's mask covers ways 1-5: its inserts evict them over time.
-    node.apply(AllocationPlan.uniform({"stream": GroupAllocation(l3_mask=contiguous_mask(10, 1))}))
+    node.apply(AllocationPlan.uniform({"stream": GroupAllocation(l3_mask=contiguous_mask(19, 1))}))
     node.advance(0.002)
     partly = node.occupancy()["fit"][1:6].sum()
     node.advance(0.5)
     gone = node.occupancy()["fit"][1:6].sum()
     assert gone < 0.05 * held[1:6].sum() < partly
+
+
+def test_non_inclusive_llc_migrates_stale_lines_into_the_mask() -> None:
+    """Non-inclusive LLC (Skylake-SP): a hit line moves to L2 and re-enters the LLC
+    through the current mask, so lines outside a shrunk mask leave even when nobody else
+    inserts there, at the workload's hit rate."""
+    node = _inertia_node("gold6130")
+    _grow(node)
+    node.advance(0.5)
+    held = node.occupancy()["fit"][1:6].sum()
+    node.apply(AllocationPlan.uniform({"fit": GroupAllocation(l3_mask=contiguous_mask(1))}))
+    node.advance(0.002)
+    partly = node.occupancy()["fit"][1:6].sum()
+    node.advance(0.2)
+    gone = node.occupancy()["fit"][1:6].sum()
+    assert gone < 0.01 * held < partly
+    truth = node.steady_state()["fit"]
+    assert node.occupancy()["fit"].sum() == pytest.approx(truth.occupancy_bytes, rel=0.02)
 
 
 def test_shared_ways_split_by_insertion_rate() -> None:
@@ -360,8 +382,6 @@ def test_exclusive_groups_take_free_ways_and_keep_them() -> None:
 
     node = SimNode(Scenario("x", "gold6130", (WorkloadInstance("a", "CG"),)), auto_groups=False)
     node.create_group(GroupSpec("shared"))
-    with pytest.raises(ResourceExhausted, match="no free ways"):
-        node.create_group(GroupSpec("mine", exclusive=True))  # "shared" holds every way
     node.apply(AllocationPlan.uniform({"shared": GroupAllocation(l3_mask=0x7F)}))
     node.create_group(GroupSpec("mine", exclusive=True))
     assert node.allocation().get("mine", 0).l3_mask == 0x780
@@ -370,6 +390,11 @@ def test_exclusive_groups_take_free_ways_and_keep_them() -> None:
     assert err.value.rule == "exclusive_overlap"
     node.create_group(GroupSpec("later"))  # a new group gets every way not held exclusively
     assert node.allocation().get("later", 0).l3_mask == 0x7F
+    node.delete_group("later")
+    node.delete_group("shared")
+    node.apply(AllocationPlan.uniform({"mine": GroupAllocation(l3_mask=0x7FF)}))
+    with pytest.raises(ResourceExhausted, match="no free ways"):
+        node.create_group(GroupSpec("none_left"))
 
 
 def test_latency_reported_for_lc_groups_only() -> None:
