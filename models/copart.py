@@ -17,9 +17,11 @@ group (its counters are the group's). Three phases (section 5.4, Figure 10):
    because occupancy takes about 0.3 s to follow a mask change on the simulator) update
    the FSMs, compute Algorithm 2's next state; when it equals the current one, move to a
    random neighbour (one way or one MBA step from a random donor to a random receiver) at
-   most theta=3 times (the counter is not reset, as in the pseudocode), then go idle —
-   except (our addition) that a last random move whose loser now demands what it lost, with
-   nobody able to give it back, is undone first.
+   most theta=3 times (the counter is not reset, as in the pseudocode), then go idle; a
+   return to any state visited in this exploration counts as a repeat too (two apps trading
+   one unit back and forth would otherwise never stop). Our addition at that exit: a move of
+   the last step (Algorithm 2's or the random neighbour's) whose donor now demands what it
+   gave, with nobody able to give it back, is undone rather than left in place.
    Algorithm 2 — Hospitals/Residents matching: hospitals are the resource types LLC, MBA and
    ANY with as many positions as producers of that type; consumers (residents) apply in
    preference order (an LLC consumer prefers LLC then ANY; MBA likewise; an ANY consumer a
@@ -27,9 +29,12 @@ group (its counters are the group's). Three phases (section 5.4, Figure 10):
    tentative consumer, who applies to its next preference (instability chaining). Then
    each matched consumer takes one unit from the lowest-slowdown producer of that type.
 3. **Idle** (5.4.3): monitor only; exploration restarts on a change: an application starts
-   or stops (IPS appears or vanishes), a load shift (an LC service's request rate moves by
-   more than ``shift``, default 2 x delta_p, for ``confirm`` intervals against its value at
-   idle entry; with ``watch_ips`` a batch application's IPS too — off by default, since
+   or stops (IPS appears or vanishes), a load shift (an LC service's requests over its last
+   ``confirm`` intervals differ from what its rate over the five intervals before idle
+   entry predicts by more than ``lc_shift``, default 25%, and by more than four Poisson
+   standard deviations — a service answering tens of requests per interval is noisy;
+   with ``watch_ips`` also a batch application's IPS by more than ``shift``, default
+   2 x delta_p — off by default, since
    batch jobs' own phases, e.g. Spark's map and reduce, are not a change in the paper's
    sense and would re-trigger exploration every phase), or the resources available to
    batch change; a new group set restarts from profiling. On re-adaptation (our reading;
@@ -77,7 +82,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -230,7 +234,7 @@ class CoPart(Controller):
         profile_intervals: intervals per profiling run (only the last is measured).
         lc_ways: starting ways of each LC group (None: the equal share).
         grow_at, shrink_at, shrink_after: the LC reservation manager (module docstring).
-        shift, confirm, watch_ips: idle-phase change detection (module docstring).
+        shift, lc_shift, confirm, watch_ips: idle-phase change detection (module docstring).
         theta: neighbour retries of Algorithm 1.
         seed: for the random neighbour moves and ANY preferences.
     """
@@ -248,6 +252,7 @@ class CoPart(Controller):
         shrink_at: float = 0.5,
         shrink_after: int = 20,
         shift: float = 2 * DELTA_P,
+        lc_shift: float = 0.25,
         confirm: int = 3,
         watch_ips: bool = False,
         theta: int = THETA,
@@ -260,7 +265,8 @@ class CoPart(Controller):
         self.profile_intervals = profile_intervals
         self.lc_ways_start = lc_ways
         self.grow_at, self.shrink_at, self.shrink_after = grow_at, shrink_at, shrink_after
-        self.shift, self.confirm, self.watch_ips = shift, confirm, watch_ips
+        self.shift, self.lc_shift = shift, lc_shift
+        self.confirm, self.watch_ips = confirm, watch_ips
         self.theta = theta
         self.rng = random.Random(seed)
         self.phase = Phase.PROFILE
@@ -309,12 +315,16 @@ class CoPart(Controller):
             self._profile_queue = [(a, k) for a, k in self._profile_queue if k != "mp"]
         self._tick = 0
         self._retry = 0
-        self._last_random: dict[str, str] = {}
+        self._moves: list[tuple[str, str, str]] = []  # (donor, taker, kind) of the last step
+        self._visited: set[tuple] = set()
         self._idle_ref: dict[str, float] = {}
         self._idle_lc: dict[str, float] = {}
-        # Recent request rates per LC group: a one-interval count is Poisson-noisy (about
-        # 8% at 0.5 s on the case study), so shifts compare medians, not single intervals.
-        self._lc_rates: dict[str, deque[float]] = {g: deque(maxlen=5) for g in self.lc}
+        # Recent (requests, seconds) per LC group: a one-interval count is Poisson-noisy
+        # (8% at 0.5 s on the case study, 20% for a service answering 25 requests per
+        # interval), so shifts compare sums over several intervals against Poisson noise.
+        self._lc_rates: dict[str, deque[tuple[float, float]]] = {
+            g: deque(maxlen=5) for g in self.lc
+        }
         self._shift_count = 0
         self.history.clear()
         if not self.apps:
@@ -510,21 +520,26 @@ class CoPart(Controller):
             self._update_fsms(app, m)
             app.last = m
         before = self.state()
-        last_random, self._last_random = self._last_random, {}
+        self._visited.add(before)
+        last_moves, self._moves = self._moves, []
         changes = self.next_state()
-        if self.state() == before:
+        # Algorithm 1 line 11 checks "same as the previous state"; we treat any state already
+        # visited in this exploration the same way, so two apps trading one unit back and
+        # forth (a 2-cycle the literal check never ends) also counts as converged.
+        if self.state() in self._visited:
             if self._retry < self.theta:
                 changes = self._neighbour()
                 self._retry += 1
-                self._last_random = changes
             else:
-                undo = self._undo_harmful_neighbour(last_random)
+                moved = self.state() != before
+                undo = self._undo_harmful(last_moves) if not moved else False
                 for app in self.apps.values():
                     app.gained, app.ref = "", None
                 self._enter_idle(snapshot, ctx.time_s, "converged")
-                if undo:
+                if undo or moved:
                     self._idle_wait = self.period  # re-take the idle reference once settled
-                    return Decision(self._plan(), note="copart: undo last random move")
+                    why = "undo last random move" if undo else "back to a visited state"
+                    return Decision(self._plan(), note=f"copart: {why}")
                 return KEEP
         for name, change in changes.items():
             app = self.apps[name]
@@ -654,6 +669,7 @@ class CoPart(Controller):
         return app.ways > self._least if rtype == LLC else app.units > 1
 
     def _move(self, donor: App, taker: App, rtype: str) -> None:
+        self._moves.append((donor.name, taker.name, rtype))
         if rtype == LLC:
             donor.ways -= 1
             taker.ways += 1
@@ -661,23 +677,20 @@ class CoPart(Controller):
             donor.units -= 1
             taker.units += 1
 
-    def _undo_harmful_neighbour(self, moved: Mapping[str, str]) -> bool:
-        """Our addition to Algorithm 1's exit: when the state repeats right after a random
-        neighbour move whose loser now demands what it lost (nobody could give it back), take
-        the move back instead of idling in a state known to hurt."""
-        if len(moved) != 2:
-            return False
-        (a, ca), (b, _) = moved.items()
-        taker, donor = (a, b) if ca.endswith("+") else (b, a)
-        kind = ca[:-1]
-        d, t = self.apps.get(donor), self.apps.get(taker)
-        if d is None or t is None:
-            return False
-        state = d.llc if kind == LLC else d.mba
-        if state is not Fsm.DEMAND or not self._can_give(t, kind):
-            return False
-        self._move(t, d, kind)
-        return True
+    def _undo_harmful(self, moves: Sequence[tuple[str, str, str]]) -> bool:
+        """Our addition to Algorithm 1's exit: when the state repeats and a move of the last
+        step (Algorithm 2's or a random neighbour's) left its donor demanding what it gave
+        — and nobody could give it back — take that move back instead of idling in a state
+        known to hurt."""
+        undone = False
+        for donor, taker, kind in moves:
+            d, t = self.apps.get(donor), self.apps.get(taker)
+            if d is None or t is None:
+                continue
+            if (d.llc if kind == LLC else d.mba) is Fsm.DEMAND and self._can_give(t, kind):
+                self._move(t, d, kind)
+                undone = True
+        return undone
 
     def _neighbour(self) -> dict[str, str]:
         """A random neighbouring state: one unit of one resource between two apps."""
@@ -705,19 +718,15 @@ class CoPart(Controller):
             m = self._measure(snapshot, app.name)
             self._idle_meas[app.name] = m
             self._idle_ref[app.name] = m.ips if m is not None else 0.0
-        self._idle_lc = {
-            g: statistics.median(self._lc_rates[g]) if self._lc_rates[g] else 0.0 for g in self.lc
-        }
+        self._idle_lc = {g: self._window_rate(self._lc_rates[g]) for g in self.lc}
         self._shift_count = 0
         self._idle_wait = 0
         self._enter(Phase.IDLE, t, why)
 
     @staticmethod
-    def _lc_rate(snapshot: Snapshot, group: str) -> float:
-        s = snapshot.groups.get(group)
-        if s is None or s.latency is None or snapshot.interval_s <= 0:
-            return 0.0
-        return s.latency.count / snapshot.interval_s
+    def _window_rate(window: Sequence[tuple[float, float]]) -> float:
+        span = sum(dt for _, dt in window)
+        return sum(n for n, _ in window) / span if span > 0 else 0.0
 
     def _idle_step(self, snapshot: Snapshot, ctx: ControlContext, lc_changed: bool) -> Decision:
         if not self.apps:
@@ -747,8 +756,11 @@ class CoPart(Controller):
             if not why:
                 for g, ref in self._idle_lc.items():
                     recent = list(self._lc_rates[g])[-self.confirm :]
-                    rate = statistics.median(recent) if recent else 0.0
-                    if abs(rate - ref) > self.shift * max(ref, 1.0):
+                    span = sum(dt for _, dt in recent)
+                    count = sum(n for n, _ in recent)
+                    expect = ref * span
+                    # beyond lc_shift and 4 Poisson standard deviations of the expected count
+                    if abs(count - expect) > max(self.lc_shift * expect, 4 * math.sqrt(expect), 1):
                         shifted = f"{g} load shift"
                 if shifted:
                     self._shift_count += 1
@@ -777,7 +789,8 @@ class CoPart(Controller):
             app.last = m
         self._retry = 0
         self._tick = 0
-        self._last_random = {}
+        self._moves = []
+        self._visited = set()
         self._enter(Phase.EXPLORE, ctx.time_s, why)
         return Decision(self._plan(), note=f"copart: re-adapting ({why})")
 
@@ -786,7 +799,9 @@ class CoPart(Controller):
     def _manage_lc(self, snapshot: Snapshot) -> bool:
         changed = False
         for g in sorted(self.lc):
-            self._lc_rates[g].append(self._lc_rate(snapshot, g))
+            s_ = snapshot.groups.get(g)
+            count = s_.latency.count if s_ is not None and s_.latency is not None else 0
+            self._lc_rates[g].append((float(count), snapshot.interval_s))
             slo = self._specs[g].slo
             s = snapshot.groups.get(g)
             if slo is None or s is None or s.latency is None or s.latency.count == 0:

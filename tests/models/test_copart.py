@@ -155,3 +155,20 @@ def test_light_apps_supply():
     app = ctl.apps["a"]
     ctl._update_fsms(app, Measure(1e9, 1e6, 1e4))  # < alpha accesses/s, tiny traffic
     assert (app.llc, app.mba) == (Fsm.SUPPLY, Fsm.SUPPLY)
+
+
+def test_lc_reservations_grow_on_slo_pressure_and_exploration_ends():
+    """lc_batch_60: both LC services miss their SLO at the equal share, so the LC manager
+    takes ways from batch (never below one per batch app); the batch apps, left one way
+    each, trade an MBA step back and forth — a 2-cycle that must still end in idle."""
+    node = SimNode("lc_batch_60", seed=0)
+    ctl = CoPart(stream_profile_sim(node))
+    start = ctl.start(ControlContext(node.capabilities(), node.groups(), node.allocation()))
+    initial = dict(ctl.lc)
+    ctl = CoPart(stream_profile_sim(node))
+    drive(ctl, node, node, 150)
+    assert start.plan is not None
+    assert sum(ctl.lc.values()) > sum(initial.values())
+    assert all(a.ways == 1 for a in ctl.apps.values())
+    assert sum(ctl.lc.values()) + len(ctl.apps) == node.capabilities().l3.num_ways
+    assert ctl.phase is Phase.IDLE
