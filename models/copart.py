@@ -3,7 +3,8 @@ sections 5.1-5.4; shared/papers/copart-eurosys19.txt; BASELINES.md "CoPart").
 
 Unfairness = sigma/mu of the batch applications' slowdowns, slowdown = IPS(full) / IPS(now)
 with IPS(full) from the profiling phase (section 2, eq. 2). One *application* is one batch
-group (its counters are the group's). Three phases (section 5.4, Figure 10):
+group (its counters are the group's; system groups count as batch). Three phases
+(section 5.4, Figure 10):
 
 1. **Profiling** (5.4.1): each application briefly at full resources, at (l_p=2 ways, MBA
    100%) and at (all ways, M_p=20%); the others meanwhile are confined to the top way at the
@@ -47,19 +48,20 @@ FSMs (Figures 8 and 9 did not survive as text; reconstructed from sections 5.2-5
 the relative IPS change since just before the application's last move, "gained/lost" the
 resource moved last — a move's effect builds up over periods as occupancy follows the mask):
 
-- LLC: *low* = LLC access rate < alpha=1.5e6/s or miss ratio < B=3% -> SUPPLY from any
+- LLC: after losing a way, g <= -delta_p -> DEMAND (checked first: the way was needed);
+  otherwise *low* = LLC access rate < alpha=1.5e6/s or miss ratio < B=3% -> SUPPLY from any
   state. DEMAND: after gaining a way, stays DEMAND if g >= delta_p=5%, else MAINTAIN;
   without a change it keeps demanding. MAINTAIN -> DEMAND when performance falls by
   delta_p (contention grew, or a random neighbour move took a way) unless what it lost was
-  an MBA step. SUPPLY: after losing a way, -> DEMAND
-  if g <= -delta_p, -> MAINTAIN if the miss ratio rose by more than beta=1 point (the way
-  was in use), else stays SUPPLY.
-- Bandwidth: memory traffic ratio r = LLC miss rate / STREAM's at the same MBA level;
-  r < gamma=10% -> SUPPLY from any state. DEMAND: after gaining an MBA step, stays DEMAND
-  if g >= delta_p else MAINTAIN; after gaining an LLC way it stays DEMAND even when the
-  gain is small (the paper's coupling rule). MAINTAIN -> DEMAND when performance fell by
-  delta_p after losing an MBA step, or with r > Gamma=30% unless it lost an LLC way.
-  SUPPLY: after losing a step, -> DEMAND if g <= -delta_p; -> MAINTAIN when r > Gamma.
+  an MBA step. SUPPLY: after losing a way, -> MAINTAIN if the miss ratio rose by more than
+  beta=1 point (the way was in use), else stays SUPPLY.
+- Bandwidth: memory traffic ratio r = LLC miss rate / STREAM's at the same MBA level.
+  After losing an MBA step, g <= -delta_p -> DEMAND (checked first: a throttled app's
+  traffic looks light); otherwise r < gamma=10% -> SUPPLY from any state. DEMAND: after
+  gaining an MBA step, stays DEMAND if g >= delta_p else MAINTAIN; after gaining an LLC way
+  it stays DEMAND even when the gain is small (the paper's coupling rule). MAINTAIN ->
+  DEMAND when performance fell by delta_p after losing an MBA step, or with r > Gamma=30%
+  unless it lost an LLC way. SUPPLY -> MAINTAIN when r > Gamma.
 
 Bandwidth as a resource: Algorithm 2 moves "a level-up in the MBA setting" from producers to
 consumers, so the batch applications share a fixed budget of MBA steps: the node's levels
