@@ -6,6 +6,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import envs
@@ -199,3 +201,31 @@ def test_an_empty_split_is_an_error() -> None:
     test_names = [s.name for s in ScenarioFamily("named", "test").pool]
     with pytest.raises(ValueError, match="no scenario"):
         ScenarioFamily(test_names, "train")
+
+
+def test_reward_weights_reach_the_reward(make_env) -> None:
+    silent = make_env(reward_weights={"slo": 0, "fairness": 0, "throughput": 0, "change": 0})
+    silent.reset(seed=1)
+    _, reward, _, _, info = silent.step(silent.action_space.sample())
+    assert reward == 0 and info["reward_terms"]["total"] == 0
+    only_tput = make_env(reward_weights={"slo": 0, "fairness": 0, "change": 0})
+    only_tput.reset(seed=1)
+    _, reward, _, _, info = only_tput.step(only_tput.action_space.sample())
+    assert reward == pytest.approx(info["reward_terms"]["mean_progress"]) and reward > 0
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), preset=st.sampled_from([None, "e5v3_4clos", "epyc7302p"]))
+def test_any_action_sequence_keeps_the_node_valid(seed: int, preset) -> None:
+    env = PartitionEnv(preset=preset, split="all", episode_steps=3, interval_s=0.2, noise=False)
+    try:
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+        caps = env.capabilities
+        for _ in range(3):
+            _, reward, *_ = env.step(env.action_space.sample())
+            held = env.node.allocation()
+            assert held == env.held_allocation and np.isfinite(reward)
+            validate_plan(held.as_plan(), PlanContext(caps=caps, current=held))
+    finally:
+        env.close()
