@@ -46,6 +46,7 @@ class Inputs:
     cpi_s: np.ndarray
     lam: np.ndarray  # (n,) LC request rate (req/s); 0 for batch
     cores: np.ndarray  # (n,) cores the workload runs on (after oversubscription)
+    unmask: np.ndarray | None = None  # 1 - masks, filled in lazily
 
 
 @dataclass
@@ -217,7 +218,10 @@ class Model:
         """
         wb = self.way_bytes
         if hit_rate is not None and not self.inclusive:
-            outside = occ * (1.0 - inp.masks)
+            if inp.unmask is None:
+                inp.unmask = 1.0 - inp.masks
+            outside = occ * inp.unmask
+        if hit_rate is not None and not self.inclusive and outside.max() > LINE:
             lines = np.maximum(occ.sum(axis=1), LINE) / LINE
             moved_frac = 1.0 - np.exp(-(hit_rate / lines) * dt)
             moved = outside * moved_frac[:, None]
