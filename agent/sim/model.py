@@ -47,6 +47,7 @@ class Inputs:
     lam: np.ndarray  # (n,) LC request rate (req/s); 0 for batch
     cores: np.ndarray  # (n,) cores the workload runs on (after oversubscription)
     unmask: np.ndarray | None = None  # 1 - masks, filled in lazily
+    assoc: np.ndarray | None = None  # associativity factor of nways, filled in lazily
 
 
 @dataclass
@@ -124,7 +125,9 @@ class Model:
     ) -> Solution:
         """Rates at the fixed point of CPI <-> bandwidth <-> memory latency, for the
         occupancy ``occ`` (n x W bytes) held now."""
-        cap = occ.sum(axis=1) * self.assoc(inp.nways)
+        if inp.assoc is None:
+            inp.assoc = self.assoc(inp.nways)
+        cap = occ.sum(axis=1) * inp.assoc
         m = self.miss_ratio(cap, inp.ws_s)
         apki = self.apki * inp.apki_s
         fm = self.freq / self.mlp * apki / 1000.0
@@ -133,9 +136,8 @@ class Model:
         b = fm * m
         hz = self.freq * 1e9
         k_cpu = inp.active * inp.cores * hz
-        lc_cap = np.full(self.n, np.inf)
-        lc = self.is_lc
-        lc_cap[lc] = inp.lam[lc] * self.ipr[lc] * inp.active[lc]
+        # LC services are demand-driven (lam is 0 and ipr 0 for batch jobs: no cap there).
+        lc_cap = np.where(self.is_lc, inp.lam * self.ipr * inp.active, np.inf)
         bpi = apki / 1000.0 * m * LINE * (1.0 + self.wb)  # memory bytes per instruction
         capped = bool(np.isfinite(inp.bw_cap).any())
         peak = self.peak
@@ -266,7 +268,7 @@ class Model:
         hits = None if self.inclusive else sol.access_rate - sol.miss_rate
         pred = self.step_occupancy(occ, inp, sol.miss_rate, dt, hits)
         mid = 0.5 * (occ + pred)
-        m = self.miss_ratio(mid.sum(axis=1) * self.assoc(inp.nways), inp.ws_s)
+        m = self.miss_ratio(mid.sum(axis=1) * inp.assoc, inp.ws_s)
         if hits is not None:
             hits = sol.access_rate * (1.0 - m)
         return self.step_occupancy(occ, inp, sol.access_rate * m, dt, hits)

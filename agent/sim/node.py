@@ -136,7 +136,7 @@ def solo_reference(preset: MachinePreset, spec: WorkloadSpec, threads: int) -> t
             apki_s=np.ones(1),
             ws_s=np.ones(1),
             cpi_s=np.ones(1),
-            lam=np.full(1, np.inf),
+            lam=np.full(1, 1e30),  # saturated: every worker busy
             cores=np.array([float(min(threads, preset.cores))]),
         )
         _, sol = model.steady(inp)
