@@ -2,6 +2,7 @@
 
   rdtune trace record --agent ADDR --controller NAME --duration D --out FILE
   rdtune trace info FILE
+  rdtune trace export-minari FILE [FILE ...] --dataset-id rdtune/NAME-v0
 
 Recording works against any agent: a simulated one (``rdtune agent --backend sim``) is
 stepped through its clock, so D seconds of node time take as long as the simulator needs;
@@ -72,9 +73,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     info = sub.add_parser("info", help="summarise a trace file (and check it reads)")
     info.add_argument("file", help="trace file")
 
+    exp = sub.add_parser(
+        "export-minari",
+        help="export traces as a Farama Minari dataset (needs the 'minari' extra)",
+        description="Write a Minari dataset (arrow back end), one episode per trace: "
+        "observations from the feature encoder, actions the share/MBA levels of the "
+        "allocation each interval led to, rewards from envs.reward (running-max reference).",
+    )
+    exp.add_argument("files", nargs="+", help="trace files")
+    exp.add_argument("--dataset-id", required=True, help="Minari id, e.g. rdtune/explore-v0")
+    exp.add_argument(
+        "--root", default=None, help="Minari datasets folder (default: $MINARI_DATASETS_PATH)"
+    )
+    exp.add_argument("--max-groups", type=int, default=8, help="group slots (default: 8)")
+
 
 def run(args: argparse.Namespace) -> int:
-    return {"record": _record, "info": _info}[args.trace_command](args)
+    actions = {"record": _record, "info": _info, "export-minari": _export}
+    return actions[args.trace_command](args)
 
 
 def _record(args: argparse.Namespace) -> int:
@@ -142,4 +158,21 @@ def _info(args: argparse.Namespace) -> int:
     for name, spec in trace.groups.items():
         slo = f", SLO p{spec.slo.percentile:g} < {spec.slo.target_ms:g} ms" if spec.slo else ""
         print(f"  group {name}: {spec.kind.value}{slo}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from training.trace_minari import export_minari
+    from training.traces import TraceError, load_trace
+
+    try:
+        traces = [load_trace(f) for f in args.files]
+        ds = export_minari(traces, args.dataset_id, root=args.root, max_groups=args.max_groups)
+    except (TraceError, ImportError, ValueError) as e:
+        print(f"error: {e}")
+        return 1
+    print(
+        f"wrote Minari dataset {args.dataset_id}: {ds.total_episodes} episodes, "
+        f"{ds.total_steps} steps"
+    )
     return 0
