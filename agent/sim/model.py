@@ -223,7 +223,7 @@ class Model:
             if inp.unmask is None:
                 inp.unmask = 1.0 - inp.masks
             outside = occ * inp.unmask
-        if hit_rate is not None and not self.inclusive and outside.max() > LINE:
+        if hit_rate is not None and not self.inclusive and outside.max(initial=0.0) > LINE:
             lines = np.maximum(occ.sum(axis=1), LINE) / LINE
             moved_frac = 1.0 - np.exp(-(hit_rate / lines) * dt)
             moved = outside * moved_frac[:, None]
@@ -283,7 +283,7 @@ class Model:
         for _ in range(iters):
             new = self.advance_occupancy(occ, inp, sol, 0.1)
             sol = self.solve(inp, new, sol.utilization, tol=1e-10)
-            done = np.abs(new - occ).max() < 0.5
+            done = np.abs(new - occ).max(initial=0.0) < 0.5
             occ = new
             if done:
                 break

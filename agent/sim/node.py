@@ -308,12 +308,14 @@ class SimNode:
         step = self.interval_s
         with self._lock:
             # Whole steps, then the remainder (counted, so long advances do not drift).
+            start = self._t
             full = int(dt / step + 1e-9)
             for _ in range(full):
                 self._step(step)
             rest = dt - full * step
             if rest > 1e-9 * step:
                 self._step(rest)
+            self._t = start + dt
 
     # ================================================================== Node
 
@@ -748,7 +750,7 @@ class SimNode:
             sol = self._model.solve(inp, self._occ, self._u)
             self._u = sol.utilization
             new = self._model.advance_occupancy(self._occ, inp, sol, dt)
-            self._settled = float(np.abs(new - self._occ).max()) < 1.0
+            self._settled = float(np.abs(new - self._occ).max(initial=0.0)) < 1.0
             self._occ = new
             self._sol = sol
             self._prev_inp = inp

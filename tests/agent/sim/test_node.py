@@ -584,6 +584,17 @@ def test_long_advances_do_not_drift() -> None:
         node.advance(-1.0)
 
 
+def test_an_empty_scenario_is_a_quiet_node() -> None:
+    node = SimNode(Scenario("empty", "gold6130", ()))
+    node.advance(1.0)
+    assert node.now() == 1.0
+    assert node.observe().groups == {}
+    node.create_group(GroupSpec("a"))
+    node.advance(0.5)
+    assert node.observe().groups["a"].instructions == 0.0
+    assert set(node.steady_state()) == {"a"}
+
+
 def test_concurrent_callers_are_serialised() -> None:
     import threading
 
