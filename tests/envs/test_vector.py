@@ -13,6 +13,18 @@ from envs.vector import env_creator, make_gym_vec_env, make_sb3_vec_env
 SMALL = {"episode_steps": 8, "interval_s": 0.5, "max_groups": 4}
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny MLPs gain nothing from threads, and on a shared 2-core machine torch's worker
+    threads spin against other processes (the smoke runs took 10x longer with them)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _check_masked_predictions(model, vec) -> None:
     obs = vec.reset()
     masks = get_action_masks(vec)  # through env_method("action_masks")
