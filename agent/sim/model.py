@@ -97,7 +97,6 @@ class Model:
                 self.kw[i, j], self.kk[i, j], self.ks[i, j] = w, size, sh
         self.is_lc = f([s.kind == "lc" for s in specs], dtype=bool)
         self.ipr = f([s.lc.instructions_per_request if s.lc else 0.0 for s in specs])
-        self.workers = f([s.lc.workers if s.lc else 0 for s in specs], dtype=float)
         self.L0 = preset.mem_latency_ns
         self.beta = preset.queueing_beta
         self.a0 = preset.assoc_a0

@@ -82,6 +82,7 @@ class WorkloadView:
     active: bool
     spec: WorkloadSpec = field(repr=False)
     lc_capacity_rps: float | None = None  # requests/s at utilisation 1, full resources alone
+    lc_workers: int | None = None  # LC worker threads (at most its threads)
 
 
 @dataclass(frozen=True)
@@ -262,15 +263,18 @@ class SimNode:
         self._sched: dict[int, tuple[LoadSchedule, float]] = {}
         self._capacity: dict[int, float] = {}
         self._backlog: dict[int, np.ndarray] = {}
+        self._workers: dict[int, int] = {}
         horizon = max(3600.0, scn.duration_s or 0.0)
         for i in self._lc_idx:
             spec, inst = self._specs[i], self._instances[i]
             _, cpi = solo_reference(self._preset, spec, threads[i])
             svc = spec.lc.instructions_per_request * cpi / (self._preset.freq_ghz * 1e9)
-            self._capacity[i] = spec.lc.workers / svc
+            # Workers run on the instance's threads: never more workers than threads.
+            self._workers[i] = min(spec.lc.workers, threads[i])
+            self._capacity[i] = self._workers[i] / svc
             scale = self._capacity[i] if inst.load.unit == "utilization" else 1.0
             self._sched[i] = (inst.load.schedule(self._rng, horizon), scale)
-            self._backlog[i] = np.zeros(spec.lc.workers)
+            self._backlog[i] = np.zeros(self._workers[i])
         self._t = 0.0
         self._last_obs = 0.0
         self._acc_w = np.zeros((n, 5))  # instructions, cycles, refs, misses, mem bytes
@@ -507,6 +511,7 @@ class SimNode:
                 active=bool(self._active(self._t)[i]),
                 spec=s,
                 lc_capacity_rps=self._capacity.get(i),
+                lc_workers=self._workers.get(i),
             )
             for i, (w, s) in enumerate(zip(self._instances, self._specs, strict=True))
         )
@@ -813,9 +818,9 @@ class SimNode:
             if s.kind == "lc":
                 rate = float(inp.lam[i] * inp.active[i])
                 svc = float(sol.service_s[i])
-                util = rate * svc / s.lc.workers
+                util = rate * svc / self._workers[i]
                 ps = steady_latency(
-                    rate, svc, s.lc.service, s.lc.workers, requests=latency_requests
+                    rate, svc, s.lc.service, self._workers[i], requests=latency_requests
                 )
                 lat = {p: v * 1e3 for p, v in zip(_PERCENTILES, ps, strict=True)}
                 slowdown = float(sol.cpi[i]) / cpi_ref

@@ -397,6 +397,14 @@ def test_exclusive_groups_take_free_ways_and_keep_them() -> None:
         node.create_group(GroupSpec("none_left"))
 
 
+def test_lc_workers_never_exceed_threads() -> None:
+    scn = Scenario("w", "gold6130", (WorkloadInstance("kv", "memcached", threads=2),))
+    small = SimNode(scn).workloads()[0]
+    full = SimNode(Scenario("w", "gold6130", (WorkloadInstance("kv", "memcached"),))).workloads()[0]
+    assert (small.lc_workers, full.lc_workers) == (2, 4)
+    assert small.lc_capacity_rps == pytest.approx(full.lc_capacity_rps / 2, rel=0.01)
+
+
 def test_latency_reported_for_lc_groups_only() -> None:
     node = SimNode()
     node.advance(0.5)
