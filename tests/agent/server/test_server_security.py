@@ -279,3 +279,10 @@ def test_metrics_port_in_use_is_a_clear_error() -> None:
         )
         with pytest.raises(ConfigError, match="metrics"):
             server.start()
+
+
+def test_a_second_agent_cannot_take_over_a_bound_port() -> None:
+    with serve(RefNode()) as first:
+        second = AgentServer(RefNode(), AgentConfig(listen=first.address, metrics_listen=""))
+        with pytest.raises((ConfigError, RuntimeError)):
+            second.start()
