@@ -27,6 +27,8 @@ Unknown keys, wrong types and out-of-range values are rejected with the key's do
       extractor: {hidden: 64, slot_hidden: 32, pool: [mean, max]}   # or null: flat MLP
       net_arch: {pi: [64, 64], vf: [64, 64]}
       activation: tanh              # tanh | relu
+      head: dense                   # dense | slots (shared per-slot head; needs pi: [])
+      head_hidden: 64
     ppo: {learning_rate: 3.0e-4, n_steps: 256, batch_size: 128, n_epochs: 10, gamma: 0.9,
           gae_lambda: 0.95, ent_coef: 0.01, clip_range: 0.2, vf_coef: 0.5, max_grad_norm: 0.5}
 """
@@ -185,11 +187,16 @@ class ExtractorConfig:
         return out
 
 
+HEADS = ("dense", "slots")
+
+
 @dataclass
 class PolicyConfig:
     extractor: ExtractorConfig | None = field(default_factory=ExtractorConfig)
     net_arch: dict[str, list[int]] = field(default_factory=lambda: {"pi": [64, 64], "vf": [64, 64]})
     activation: str = "tanh"
+    head: str = "dense"  # dense: SB3's linear head; slots: one shared head per group slot
+    head_hidden: int = 64
 
     @classmethod
     def parse(cls, data: dict, where: str = "policy") -> PolicyConfig:
@@ -203,13 +210,32 @@ class PolicyConfig:
         if "net_arch" in data:
             arch = data["net_arch"]
             _check_keys(f"{where}.net_arch", arch, {"pi", "vf"})
-            out.net_arch = {k: _ints(f"{where}.net_arch.{k}", v) for k, v in arch.items()}
+            out.net_arch = {
+                k: [] if k == "pi" and v == [] else _ints(f"{where}.net_arch.{k}", v)
+                for k, v in arch.items()
+            }
             for k in ("pi", "vf"):
                 out.net_arch.setdefault(k, [64, 64])
         if "activation" in data:
             if data["activation"] not in ACTIVATIONS:
                 raise ConfigError(f"{where}.activation: expected one of {ACTIVATIONS}")
             out.activation = data["activation"]
+        if "head" in data:
+            if data["head"] not in HEADS:
+                raise ConfigError(f"{where}.head: expected one of {HEADS}, got {data['head']!r}")
+            out.head = data["head"]
+        if "head_hidden" in data:
+            out.head_hidden = _int(f"{where}.head_hidden", data["head_hidden"], 1)
+        if out.head == "slots":
+            if out.extractor is None or out.extractor.slot_hidden < 1:
+                raise ConfigError(
+                    f"{where}.head: 'slots' needs the group-set extractor with slot_hidden >= 1"
+                )
+            if out.net_arch["pi"]:
+                raise ConfigError(
+                    f"{where}.net_arch.pi: must be [] with head 'slots' (the shared per-slot "
+                    f"head reads the extractor's slot blocks directly)"
+                )
         return out
 
 

@@ -43,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="checkpoint in the run directory (default: best_model.zip; model.zip = last)",
     )
     parser.add_argument(
+        "--evaluate",
+        type=int,
+        metavar="EPISODES",
+        help="re-run the final evaluation (policy vs the heuristics on held-out episodes) "
+        "with this code before writing the card",
+    )
+    parser.add_argument(
         "--no-check",
         action="store_true",
         help="skip the parity check of ONNX actions against the trained policy",
@@ -50,7 +57,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import yaml
+
     try:
+        if args.evaluate:
+            from training.config import TrainConfig
+            from training.evaluate import table
+            from training.train import final_evaluation
+
+            run_dir = Path(args.model)
+            cfg = TrainConfig.parse(yaml.safe_load((run_dir / "config.yaml").read_text()))
+            print(table(final_evaluation(cfg, run_dir, episodes=args.evaluate)["rows"]))
         card = export_run(args.model, args.out, checkpoint=args.checkpoint, check=not args.no_check)
     except ExportError as exc:
         print(f"rdtune export: {exc}")

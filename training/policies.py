@@ -96,3 +96,83 @@ class GroupSetExtractor(BaseFeaturesExtractor):
             parts.append(per_slot.reshape(n, g * self.slot_hidden))
         parts += [pooled, node]
         return torch.cat(parts, dim=1)
+
+
+class SlotHead(nn.Module):
+    """Shared per-slot action head: the logits of slot ``i``'s share and MBA levels come
+    from ONE network applied to ``[slot_i block, pooled, node]`` (the extractor's output),
+    so what is learned for one slot holds for every slot (equivariant policy). Output order
+    matches the env's MultiDiscrete: all share-level logits by slot, then all MBA ones."""
+
+    def __init__(
+        self,
+        features_dim: int,
+        max_groups: int,
+        slot_hidden: int,
+        share_levels: int,
+        mba_levels: int,
+        hidden: int = 64,
+    ) -> None:
+        super().__init__()
+        if slot_hidden < 1:
+            raise ValueError("a per-slot head needs the extractor's slot blocks (slot_hidden >= 1)")
+        self.g, self.s = max_groups, slot_hidden
+        self.share, self.mba = share_levels, mba_levels
+        context = features_dim - max_groups * slot_hidden
+        self.body = nn.Sequential(nn.Linear(slot_hidden + context, hidden), nn.Tanh())
+        self.out = nn.Linear(hidden, share_levels + mba_levels)
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        n = latent.shape[0]
+        slots = latent[:, : self.g * self.s].reshape(n, self.g, self.s)
+        ctx = latent[:, self.g * self.s :]
+        x = torch.cat([slots, ctx.unsqueeze(1).expand(n, self.g, ctx.shape[1])], dim=2)
+        logits = self.out(self.body(x))
+        share = logits[:, :, : self.share].reshape(n, self.g * self.share)
+        mba = logits[:, :, self.share :].reshape(n, self.g * self.mba)
+        return torch.cat([share, mba], dim=1)
+
+
+def _with_slot_head(base):
+    """A policy class like ``base`` whose action head is a :class:`SlotHead`.
+
+    ``slot_head`` (policy kwarg): ``{max_groups, slot_hidden, share_levels, mba_levels,
+    hidden}``; the actor MLP must be empty (``net_arch.pi: []``) so the head sees the
+    extractor's slot blocks."""
+
+    class SlotPolicy(base):
+        def __init__(self, *args, slot_head: dict | None = None, **kwargs) -> None:
+            if not slot_head:
+                raise ValueError("slot_head settings are required")
+            self.slot_head = dict(slot_head)
+            super().__init__(*args, **kwargs)
+
+        def _build(self, lr_schedule) -> None:
+            super()._build(lr_schedule)
+            if self.mlp_extractor.latent_dim_pi != self.features_dim:
+                raise ValueError("a per-slot head needs net_arch.pi: [] (no actor MLP)")
+            self.action_net = SlotHead(self.features_dim, **self.slot_head)
+            if self.ortho_init:
+                self.action_net.body.apply(lambda m: self.init_weights(m, gain=2**0.5))
+                self.action_net.out.apply(lambda m: self.init_weights(m, gain=0.01))
+            self.optimizer = self.optimizer_class(
+                self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs
+            )
+
+        def _get_constructor_parameters(self) -> dict:
+            data = super()._get_constructor_parameters()
+            data["slot_head"] = self.slot_head
+            return data
+
+    SlotPolicy.__name__ = SlotPolicy.__qualname__ = f"Slot{base.__name__}"
+    return SlotPolicy
+
+
+def _slot_policies():
+    from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    return _with_slot_head(ActorCriticPolicy), _with_slot_head(MaskableActorCriticPolicy)
+
+
+SlotActorCriticPolicy, MaskableSlotActorCriticPolicy = _slot_policies()

@@ -182,23 +182,40 @@ def policy_kwargs(cfg, max_groups: int) -> dict[str, Any]:
 
 
 def build_model(cfg, venv, tensorboard_log: str | None):
-    max_groups = venv.get_attr("encoder")[0].max_groups
+    decoder = venv.get_attr("decoder")[0]
+    kwargs = policy_kwargs(cfg, decoder.max_groups)
+    policy: Any = "MlpPolicy"
+    if cfg.policy.head == "slots":
+        from training.policies import MaskableSlotActorCriticPolicy, SlotActorCriticPolicy
+
+        policy = (
+            MaskableSlotActorCriticPolicy
+            if cfg.algorithm == "MaskablePPO"
+            else SlotActorCriticPolicy
+        )
+        kwargs["slot_head"] = {
+            "max_groups": decoder.max_groups,
+            "slot_hidden": cfg.policy.extractor.slot_hidden,
+            "share_levels": decoder.share_levels,
+            "mba_levels": decoder.mba_levels,
+            "hidden": cfg.policy.head_hidden,
+        }
     common = dict(
         env=venv,
         seed=cfg.seed,
         verbose=0,
         device="cpu",
         tensorboard_log=tensorboard_log,
-        policy_kwargs=policy_kwargs(cfg, max_groups),
+        policy_kwargs=kwargs,
         **cfg.ppo,
     )
     if cfg.algorithm == "MaskablePPO":
         from sb3_contrib import MaskablePPO
 
-        return MaskablePPO("MlpPolicy", **common)
+        return MaskablePPO(policy, **common)
     from stable_baselines3 import PPO
 
-    return PPO("MlpPolicy", **common)
+    return PPO(policy, **common)
 
 
 def load_model(path: str | Path, algorithm: str):
@@ -304,7 +321,7 @@ def train(cfg, *, on_eval: Callable | None = None, final_eval: bool = True) -> T
     import yaml
 
     from models.features import ENCODER_VERSION
-    from training.evaluate import evaluate_heuristics, evaluate_policy, make_eval_env
+    from training.evaluate import evaluate_heuristics, make_eval_env
 
     t0 = time.monotonic()
     run_dir = Path(cfg.output_dir)
@@ -360,41 +377,55 @@ def train(cfg, *, on_eval: Callable | None = None, final_eval: bool = True) -> T
         venv.save(str(run_dir / "vecnormalize_final.pkl"))
 
     # 6. Final table: the best checkpoint against the heuristics on fresh held-out episodes.
-    rows: list[dict] = []
-    if final_eval:
-        best = load_model(run_dir / "best_model.zip", cfg.algorithm)
-        norm = None
-        if cfg.normalize_obs:
-            from stable_baselines3.common.vec_env import VecNormalize
-
-            stats = VecNormalize.load(str(run_dir / "vecnormalize.pkl"), venv.venv)
-            stats.training = False
-            norm = stats.normalize_obs
-        seed = cfg.eval.seed + FINAL_SEED_OFFSET
-        episodes = 2 * cfg.eval.episodes
-        final = [evaluate_policy(act_fn(best, norm), eval_env, episodes, seed)]
-        final += evaluate_heuristics(cfg.eval.controllers, eval_env, episodes, seed)[0]
-        final.sort(key=lambda r: -r.mean_return)
-        rows = [r.as_dict() for r in final]
-        (run_dir / "eval.json").write_text(
-            json.dumps(
-                {
-                    "env_id": cfg.env.id,
-                    "eval_kwargs": cfg.eval_kwargs(),
-                    "episodes": episodes,
-                    "seed": seed,
-                    "best_step": callback.best_step,
-                    "total_timesteps": cfg.total_timesteps,
-                    "rows": rows,
-                    "missing": missing,
-                },
-                indent=2,
-                default=str,
-            )
-        )
     eval_env.close()
     callback.env.close()
     venv.close()
+    rows: list[dict] = []
+    if final_eval:
+        table = final_evaluation(cfg, run_dir, best_step=callback.best_step)
+        rows, missing = table["rows"], table["missing"]
     return TrainResult(
         run_dir, callback.best_step, callback.best, rows, missing, time.monotonic() - t0
     )
+
+
+def final_evaluation(
+    cfg, run_dir: Path, *, best_step: int | None = None, episodes: int | None = None
+) -> dict[str, Any]:
+    """The best checkpoint and the heuristics on held-out episodes that checkpoint
+    selection never saw; written to ``run_dir/eval.json`` and returned."""
+    from training.evaluate import evaluate_heuristics, evaluate_policy, make_eval_env
+
+    best = load_model(run_dir / "best_model.zip", cfg.algorithm)
+    norm = None
+    if cfg.normalize_obs:
+        import pickle
+
+        with (run_dir / "vecnormalize.pkl").open("rb") as f:
+            stats = pickle.load(f)  # written by this trainer
+        stats.training = False
+        norm = stats.normalize_obs
+    seed = cfg.eval.seed + FINAL_SEED_OFFSET
+    episodes = episodes or 2 * cfg.eval.episodes
+    eval_env = make_eval_env(cfg.env.id, cfg.eval_kwargs())
+    try:
+        final = [evaluate_policy(act_fn(best, norm), eval_env, episodes, seed)]
+        heuristics, missing = evaluate_heuristics(cfg.eval.controllers, eval_env, episodes, seed)
+    finally:
+        eval_env.close()
+    final += heuristics
+    final.sort(key=lambda r: -r.mean_return)
+    if best_step is None and (run_dir / "eval.json").exists():
+        best_step = json.loads((run_dir / "eval.json").read_text()).get("best_step")
+    table = {
+        "env_id": cfg.env.id,
+        "eval_kwargs": cfg.eval_kwargs(),
+        "episodes": episodes,
+        "seed": seed,
+        "best_step": best_step,
+        "total_timesteps": cfg.total_timesteps,
+        "rows": [r.as_dict() for r in final],
+        "missing": missing,
+    }
+    (run_dir / "eval.json").write_text(json.dumps(table, indent=2, default=str))
+    return table

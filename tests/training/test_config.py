@@ -57,9 +57,12 @@ def test_overrides_apply_and_revalidate():
         ({"eval": {"controllers": "eq"}}, "eval.controllers: expected a list"),
         ({"policy": {"activation": "gelu"}}, "policy.activation"),
         ({"policy": {"extractor": {"pool": ["sum"]}}}, "policy.extractor.pool"),
-        ({"policy": {"net_arch": {"pi": []}}}, "policy.net_arch.pi"),
+        ({"policy": {"net_arch": {"pi": [0]}}}, "policy.net_arch.pi"),
         ({"policy": {"net_arch": {"qf": [8]}}}, r"policy.net_arch: unknown key"),
         ({"env": [1, 2]}, "env: expected a mapping"),
+        ({"policy": {"head": "wide"}}, "policy.head: expected one of"),
+        ({"policy": {"head": "slots"}}, r"policy.net_arch.pi: must be \[\]"),
+        ({"policy": {"head": "slots", "extractor": None}}, "needs the group-set extractor"),
     ],
 )
 def test_bad_config_names_the_key(data, message):

@@ -8,7 +8,7 @@ import torch
 from gymnasium import spaces
 
 from models.features import GROUP_FEATURES, NODE_FEATURES, FeatureEncoder
-from training.policies import GroupSetExtractor
+from training.policies import GroupSetExtractor, SlotHead
 
 G, F, N = 6, len(GROUP_FEATURES), len(NODE_FEATURES)
 H, S = 16, 8
@@ -102,3 +102,22 @@ def test_wrong_observation_size_is_refused():
     enc = FeatureEncoder(G)
     with pytest.raises(ValueError, match="pool"):
         GroupSetExtractor(spaces.Box(enc.low, enc.high, dtype=np.float32), G, pool=("sum",))
+
+
+def test_slot_head_is_shared_across_slots():
+    """Permuting the groups permutes each slot's logits: one head for every slot."""
+    ext = _extractor()
+    head = SlotHead(ext.features_dim, G, S, share_levels=5, mba_levels=4, hidden=8)
+    obs = _obs(present=4, seed=6)
+    perm = [3, 1, 0, 2, 4, 5]
+    shuffled = obs.clone()
+    shuffled[0, : G * F] = obs[0, : G * F].reshape(G, F)[perm].reshape(-1)
+    with torch.no_grad():
+        a, b = head(ext(obs)), head(ext(shuffled))
+    assert a.shape == (1, G * 5 + G * 4)
+    share_a, mba_a = a[0, : G * 5].reshape(G, 5), a[0, G * 5 :].reshape(G, 4)
+    share_b, mba_b = b[0, : G * 5].reshape(G, 5), b[0, G * 5 :].reshape(G, 4)
+    torch.testing.assert_close(share_a[perm], share_b)
+    torch.testing.assert_close(mba_a[perm], mba_b)
+    with pytest.raises(ValueError, match="slot_hidden"):
+        SlotHead(ext.features_dim, G, 0, 5, 4)

@@ -35,6 +35,9 @@ def test_tiny_run_writes_a_complete_run_directory(request, fixture):
     meta = json.loads((d / "run.json").read_text())
     assert meta["actions"]["nvec"] == [4] * 8 + [3] * 8
     assert meta["algorithm"] == ("PPO" if fixture == "tiny_ppo_run" else "MaskablePPO")
+    policy = load_model(d / "model.zip", meta["algorithm"]).policy
+    head = "SlotHead" if fixture == "tiny_ppo_run" else "Linear"
+    assert type(policy.action_net).__name__ == head
     assert "| policy |" in result.summary()
 
 

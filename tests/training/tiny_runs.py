@@ -55,10 +55,18 @@ def tiny_run(tmp_path_factory):
     return _train(tmp_path_factory, "maskable")
 
 
+SLOT_POLICY = {
+    "extractor": {"hidden": 16, "slot_hidden": 8},
+    "net_arch": {"pi": [], "vf": [16]},
+    "head": "slots",
+    "head_hidden": 16,
+}
+
+
 @pytest.fixture(scope="session")
 def tiny_ppo_run(tmp_path_factory):
-    """A tiny plain-PPO run (TrainResult)."""
-    return _train(tmp_path_factory, "ppo", algorithm="PPO")
+    """A tiny plain-PPO run with the shared per-slot head (TrainResult)."""
+    return _train(tmp_path_factory, "ppo", algorithm="PPO", policy=SLOT_POLICY)
 
 
 @pytest.fixture(scope="session")
