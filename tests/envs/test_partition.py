@@ -229,3 +229,16 @@ def test_any_action_sequence_keeps_the_node_valid(seed: int, preset) -> None:
             validate_plan(held.as_plan(), PlanContext(caps=caps, current=held))
     finally:
         env.close()
+
+
+def test_groups_beyond_max_groups_are_left_untouched(make_env) -> None:
+    env = make_env(scenarios=["copart_h_llc"], split="all", max_groups=2)
+    obs, info = env.reset(seed=0, options={"baseline": "full"})
+    base = env.unwrapped
+    assert len(info["slots"]) == 2 and len(base.group_specs) == 4
+    assert obs[base.encoder.names.index("node.truncated")] == 1
+    left_out = set(base.group_specs) - set(base.slots)
+    before = {g: base.held_allocation.get(g, 0) for g in left_out}
+    _, _, _, _, info = env.step(env.action_space.sample())
+    assert set(info["masks"]) == set(base.slots)
+    assert {g: base.node.allocation().get(g, 0) for g in left_out} == before
