@@ -1,23 +1,31 @@
 """The built-in demo (README's main command): controllers head to head on a simulated node.
 
-Starts a simulated server on the default scenario (an LC service with a tail-latency SLO
-beside batch jobs on a Xeon Gold 6130 model), runs every available controller for the same
-simulated time with the same seed, and prints a comparison table.
+Starts a simulated server on the demo scenario (eval/scenarios/demo.yaml: memcached with a
+p95 < 1 ms SLO at 75% load beside cache- and bandwidth-hungry batch jobs on a Xeon Gold
+6130 model), runs the heuristics — and the bundled learned policy when
+models/policies/default exists — for the same simulated time with the same seed, prints a
+comparison table and writes a report with plots (eval/report.py).
 """
 
 from __future__ import annotations
 
 import argparse
 
+HEURISTICS = "unpartitioned,eq,static,copart,ubik,ucp"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--scenario", default="default", help="simulated scenario to run (default: %(default)s)"
+        "--scenario",
+        default="demo",
+        help="simulated scenario: 'demo', a library name (e.g. default, lc_batch_60) or a "
+        "YAML path (default: %(default)s)",
     )
     parser.add_argument(
         "--controllers",
         default=None,
-        help="comma-separated controllers (default: every registered one)",
+        help=f"comma-separated controller specs (default: {HEURISTICS}, plus policy when "
+        "a bundled policy exists)",
     )
     parser.add_argument(
         "--seconds",
@@ -32,48 +40,93 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="control interval in seconds (default: %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument(
+        "--out", default="runs/demo", help="report directory (default: %(default)s)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
+
     from rich.console import Console
     from rich.table import Table
-    from tqdm import tqdm
 
-    from agent.sim import SimNode
-    from eval.metrics import sim_reference_ips, summarize
-    from models import registry
-    from models.controller import drive
+    from eval.bench.harness import machine
+    from eval.controllers import policy_available, split_specs
+    from eval.report import write_report
+    from eval.runner import Job, run_job
+    from eval.suites import EVAL_DIR
 
-    names = args.controllers.split(",") if args.controllers else registry.names()
-    intervals = max(1, round(args.seconds / args.interval))
+    text = args.controllers or HEURISTICS + (",policy" if policy_available() else "")
+    specs = split_specs(text)  # raises ValueError naming an unknown controller
+    scenario = (
+        str(EVAL_DIR / "scenarios" / "demo.yaml") if args.scenario == "demo" else args.scenario
+    )
+    console = Console(width=max(120, Console().width))
+    t_start = time.perf_counter()
+    results = []
+    for spec in specs:
+        job = Job(
+            "demo",
+            scenario,
+            spec.text,
+            args.seed,
+            args.seconds,
+            args.interval,
+            timeline_every=max(1, round(args.seconds / args.interval / 600)),
+        )
+        console.print(f"  running {spec.label} ...", end=" ")
+        r = run_job(job)
+        console.print(
+            f"[red]failed: {r.error}[/red]" if r.error else f"{r.build_s + r.run_s:.1f} s"
+        )
+        results.append(r)
     table = Table(
-        title=f"rdtune demo: scenario {args.scenario!r}, {args.seconds:g} s simulated "
+        title=f"rdtune demo: scenario {results[0].scenario!r}, {args.seconds:g} s simulated "
         f"per controller, seed {args.seed}"
     )
-    for col in (
+    cols = (
         "controller",
         "SLO violations",
         "LC tail (ms)",
+        "tail / alone",
         "unfairness",
         "weighted speedup",
         "changes/min",
         "decide (us)",
-    ):
+    )
+    for col in cols:
         first = col == "controller"
         table.add_column(col, justify="left" if first else "right", no_wrap=first)
-    for name in tqdm(names, desc="controllers", unit="ctl"):
-        node = SimNode(args.scenario, seed=args.seed, interval_s=args.interval)
-        controller = registry.make(name)
-        records = drive(controller, node, node, intervals, args.interval)
-        m = summarize(records, node.groups(), sim_reference_ips(node))
+    for r in results:
+        if r.error:
+            table.add_row(r.controller, "failed", *[""] * (len(cols) - 2))
+            continue
+        m = r.metrics
         table.add_row(
-            name,
-            f"{m.slo_violation_rate:.1%}",
-            f"{m.tail_latency_ms:.3f}",
-            f"{m.unfairness:.3f}",
-            f"{m.weighted_speedup:.2f}",
-            f"{m.changes_per_minute:.1f}",
-            f"{m.decide_us_median:.1f}",
+            r.controller,
+            f"{m['slo_violation_rate']:.1%}",
+            f"{m['tail_latency_ms']:.3f}",
+            f"{m['tail_normalized']:.2f}",
+            f"{m['unfairness']:.3f}",
+            f"{m['weighted_speedup']:.2f}",
+            f"{m['changes_per_minute']:.1f}",
+            f"{m['decide_us_median']:.1f}",
         )
-    Console(width=max(120, Console().width)).print(table)
-    return 0
+    console.print(table)
+    report = write_report(
+        results,
+        args.out,
+        title="rdtune demo",
+        description="Controllers head to head on one simulated node (one seed; "
+        "`rdtune eval --suite demo` runs several seeds with confidence intervals).",
+        command=f"rdtune demo --scenario {args.scenario} --seconds {args.seconds:g} "
+        f"--seed {args.seed}",
+        machine=machine(),
+        timelines=1,
+    )
+    console.print(f"report: {report.markdown}")
+    for p in report.plots:
+        console.print(f"  plot: {p}")
+    console.print(f"demo took {time.perf_counter() - t_start:.1f} s")
+    return 0 if any(not r.error for r in results) else 1

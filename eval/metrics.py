@@ -91,3 +91,62 @@ def sim_reference_ips(node) -> dict[str, float]:
             ips, _ = solo_reference(node.preset, w.spec, len(w.pids))
             out[w.group] = out.get(w.group, 0.0) + ips
     return out
+
+
+def lc_tails(records: Sequence[StepRecord], groups: Mapping[str, GroupSpec]) -> dict[str, float]:
+    """Per LC group, the mean over intervals (with requests) of its SLO-percentile latency."""
+    tails: dict[str, list[float]] = {}
+    for rec in records:
+        for name, sample in rec.snapshot.groups.items():
+            spec = groups.get(name)
+            if spec is None or spec.kind is not GroupKind.LC or spec.slo is None:
+                continue
+            if sample.latency and sample.latency.count:
+                tails.setdefault(name, []).append(sample.latency.percentile(spec.slo.percentile))
+    return {g: statistics.fmean(v) for g, v in tails.items()}
+
+
+def normalized_tail(tails: Mapping[str, float], alone: Mapping[str, float]) -> float:
+    """Mean over LC groups of tail / tail alone (1 = as good as running alone; NaN when no
+    group has a reference)."""
+    ratios = [t / alone[g] for g, t in tails.items() if alone.get(g, 0) > 0 and math.isfinite(t)]
+    return statistics.fmean(ratios) if ratios else float("nan")
+
+
+def sim_alone_tails(node, seconds: float = 5.0) -> dict[str, float]:
+    """Each LC group's tail with its service alone on the machine (every way, full
+    bandwidth, same load and seed), measured like a run: the mean over ``seconds`` of
+    intervals of the SLO-percentile latency. ``node`` is a SimNode; it is not disturbed."""
+    import dataclasses
+
+    from agent.sim import SimNode
+
+    out: dict[str, float] = {}
+    scn = node.scenario
+    for view in node.workloads():
+        if view.kind != "lc" or not view.group:
+            continue
+        inst = next(w for w in scn.workloads if w.name == view.name)
+        alone_scn = dataclasses.replace(
+            scn, name=f"{scn.name}-{view.name}-alone", workloads=(inst,)
+        )
+        alone = SimNode(alone_scn, seed=node.seed, interval_s=node.interval_s)
+        try:
+            specs = alone.groups()
+            intervals = max(1, round(seconds / node.interval_s))
+            alone.observe()
+            records = []
+            for _ in range(intervals):
+                alone.advance(node.interval_s)
+                records.append(alone.observe())
+            vals = []
+            for snap in records:
+                for g, sample in snap.groups.items():
+                    spec = specs.get(g)
+                    if spec and spec.slo and sample.latency and sample.latency.count:
+                        vals.append(sample.latency.percentile(spec.slo.percentile))
+            if vals:
+                out[view.group] = statistics.fmean(vals)
+        finally:
+            alone.close()
+    return out

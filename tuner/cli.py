@@ -16,6 +16,8 @@ from collections.abc import Sequence
 # name -> (module, one-line help). Order is the order shown by --help.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("eval.demo", "run the built-in demo: controllers head to head on a simulated node"),
+    "eval": ("eval.cli", "compare controllers on a suite of scenarios; report with plots"),
+    "bench": ("eval.bench.cli", "measure speed: simulator, env, agent RPC, controllers, tuner"),
     "agent": ("agent.server.cli", "serve a node (simulated or resctrl) over gRPC"),
     "emulate-resctrl": ("agent.emulator.cli", "mount an emulated resctrl filesystem (FUSE)"),
     "describe": ("agent.describe", "print a node's capabilities and own groups"),

@@ -1,19 +1,39 @@
-"""The README's main command runs every registered controller and prints the comparison."""
+"""The README's main command: controllers head to head, a table and a report with plots."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from eval.controllers import policy_available
+from eval.demo import HEURISTICS
 from models import registry
 from tuner.cli import main
 
 
-def test_demo_compares_every_controller(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--seconds", "1", "--controllers", "unpartitioned,eq"]) == 0
+def test_demo_compares_controllers_and_writes_a_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["demo", "--seconds", "1", "--controllers", "unpartitioned,eq", "--out", str(tmp_path)]
+    assert main(args) == 0
     out = capsys.readouterr().out
     for name in ("unpartitioned", "eq"):
         assert name in out
-    assert "SLO violations" in out
+    assert "violations" in out and "scenario 'demo'" in out
+    assert f"report: {tmp_path}/report.md" in out
+    assert (tmp_path / "timeline_demo.png").is_file() and (tmp_path / "tradeoff.png").is_file()
+
+
+def test_demo_default_runs_the_heuristics_and_the_bundled_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--seconds", "0.5", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for name in HEURISTICS.split(","):
+        assert f"running {name} ..." in out
+    assert ("running policy ..." in out) == policy_available()
+    assert "failed" not in out
 
 
 def test_demo_rejects_unknown_controller() -> None:

@@ -1,0 +1,45 @@
+"""Run benchmarks, print medians of repeated runs (`rdtune bench`, `python -m eval.bench`).
+
+Benchmarks are the modules listed in ``eval.bench.BENCHMARKS`` (SimNode steps/s, env
+steps/s, agent RPC round trip, controller decision time, policy inference, tuner loop
+latency, resctrl and PMC operations); each prints rows of median, p99, repeats and its
+target. --quick runs fewer repeats (a smoke run, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from eval.bench import BENCHMARKS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "names",
+        nargs="*",
+        help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS) or '(none yet)'}",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from eval.bench.harness import machine
+
+    names = args.names or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s) {unknown}; have {list(BENCHMARKS)}")
+    print(f"machine: {machine()}\n")
+    print("| benchmark | median | p99 | runs | target |\n|---|---|---|---|---|")
+    for name in names:
+        module = importlib.import_module(f"eval.bench.{BENCHMARKS[name]}")
+        for result in module.run(quick=args.quick):
+            print(result.row(), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.bench", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

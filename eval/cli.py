@@ -1,0 +1,157 @@
+"""Head-to-head evaluation: every controller on every scenario of a suite, several seeds.
+
+Runs on simulated nodes in-process (or against a node agent with --agent), in parallel on
+Ray when there is more than one run (a local Ray instance by default; --ray-address none
+runs serially), and writes a Markdown report with tables (means with 95% Student-t
+confidence intervals over seeds) and PNG plots. Suites are defined in
+eval/data/suites.yaml (see --list).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--suite",
+        help="suite to run (see --list); e.g. copart, ubik, catbench, coco, learned, smoke",
+    )
+    parser.add_argument("--list", action="store_true", help="list the suites and exit")
+    parser.add_argument(
+        "--suites", metavar="FILE", help="suites YAML file (default: eval/data/suites.yaml)"
+    )
+    parser.add_argument(
+        "--controllers",
+        help="comma-separated controller specs, NAME or NAME[key=value,...] "
+        "(default: the suite's); e.g. eq,copart,ubik[slack=0.01]",
+    )
+    parser.add_argument(
+        "--scenarios", help="comma-separated subset of scenario names (default: the suite's)"
+    )
+    parser.add_argument(
+        "--seeds", type=int, help="seeds per controller and scenario (default: the suite's)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, help="simulated seconds per run (default: the suite's)"
+    )
+    parser.add_argument(
+        "--agent",
+        metavar="ADDR",
+        help="run against a node agent at ADDR (host:port) instead of in-process simulated nodes",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR|local|none",
+        help="Ray cluster to run on: an address, 'local' (start one here; the default when "
+        "there is more than one run) or 'none' (serial)",
+    )
+    parser.add_argument("--out", metavar="DIR", help="report directory (default: runs/eval/SUITE)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from eval.bench.harness import machine
+    from eval.report import write_report
+    from eval.runner import run_jobs
+    from eval.suites import SuiteError, get_suite, load_suites, parse_controllers
+
+    console = Console(width=max(120, Console().width))
+    try:
+        if args.list:
+            for name, s in load_suites(args.suites).items():
+                ctl = ", ".join(c.label for c in s.controllers)
+                print(f"{name:10s} {s.description}\n{'':10s} controllers: {ctl}")
+            return 0
+        if not args.suite:
+            print("rdtune eval: --suite NAME is required (see --list)", file=sys.stderr)
+            return 2
+        suite = get_suite(args.suite, args.suites)
+        controllers = parse_controllers(args.controllers) if args.controllers else None
+        scenarios = None
+        if args.scenarios:
+            want = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+            names = {(s if isinstance(s, str) else s.name): s for s in suite.scenarios}
+            scenarios = [names.get(s, s) for s in want]
+        if args.agent and any(not isinstance(s, str) for s in (scenarios or suite.scenarios)):
+            raise SuiteError("an agent run needs named scenarios (not generated ones)")
+        jobs = suite.jobs(
+            controllers=controllers,
+            seeds=args.seeds,
+            seconds=args.seconds,
+            agent=args.agent,
+            scenarios=scenarios,
+        )
+    except (SuiteError, ValueError) as exc:
+        print(f"rdtune eval: {exc}", file=sys.stderr)
+        return 2
+    ray_address = args.ray_address
+    if ray_address is None:
+        ray_address = "local" if len(jobs) > 1 and not args.agent else "none"
+    if args.agent and ray_address != "none":
+        print("rdtune eval: --agent runs serially (one node)", file=sys.stderr)
+        ray_address = "none"
+    out = Path(args.out or Path("runs") / "eval" / suite.name)
+    console.print(
+        f"rdtune eval: suite {suite.name!r}: {len(jobs)} runs "
+        f"({'serial' if ray_address == 'none' else 'Ray ' + ray_address})"
+    )
+    done = [0]
+
+    def progress(r) -> None:
+        done[0] += 1
+        status = f"[red]failed: {r.error}[/red]" if r.error else f"{r.run_s + r.build_s:.1f} s"
+        console.print(
+            f"  [{done[0]}/{len(jobs)}] {r.scenario} / {r.controller} / seed {r.seed}: {status}"
+        )
+
+    try:
+        results = run_jobs(jobs, ray_address, progress)
+    except ValueError as exc:
+        print(f"rdtune eval: {exc}", file=sys.stderr)
+        return 2
+    command = (
+        "rdtune eval " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["eval"]
+        else ""
+    )
+    if not command:
+        command = f"rdtune eval --suite {suite.name}"
+    report = write_report(
+        results,
+        out,
+        title=f"rdtune eval: suite {suite.name}",
+        description=suite.description,
+        command=command,
+        machine=machine(),
+    )
+    print_summary(console, results)
+    console.print(f"report: {report.markdown}")
+    for p in report.plots:
+        console.print(f"  plot: {p}")
+    failed = sum(1 for r in results if r.error)
+    if failed:
+        console.print(f"[red]{failed} of {len(results)} runs failed (see the report)[/red]")
+    return 1 if failed == len(results) else 0
+
+
+def print_summary(console, results, title: str = "all scenarios") -> None:
+    """A rich table of the mean ± CI per controller over every scenario and seed."""
+    from rich.table import Table
+
+    from eval.report import COLUMNS, estimates
+
+    table = Table(title=f"{title} (mean ± 95% CI over runs)")
+    table.add_column("controller", no_wrap=True)
+    table.add_column("runs", justify="right")
+    for _, t, _ in COLUMNS:
+        table.add_column(t, justify="right")
+    for label, row in estimates(results).items():
+        n = max(e.n for e in row.values())
+        table.add_row(label, str(n), *(f(row[k]) for k, _, f in COLUMNS))
+    console.print(table)

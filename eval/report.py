@@ -1,0 +1,397 @@
+"""Reports of an evaluation: a Markdown file with tables and PNG plots (matplotlib, Agg).
+
+Tables give, per scenario and controller, means with 95% Student-t confidence intervals
+over seeds (:mod:`eval.stats`) of the metrics defined in :mod:`eval.metrics`. Plots:
+
+- ``tail_vs_ways.png``: LC tail latency (and contender throughput) against the ways of a
+  static allocation, when the suite sweeps them (catbench's figure);
+- ``unfairness.png``: CoPart unfairness per scenario (mix family), one bar per controller;
+- ``tradeoff.png``: LC tail (normalised to the service alone) against batch weighted
+  speedup, one point per controller and scenario — down and right is better;
+- ``timeline_<scenario>.png``: ways held by each group over time, one panel per controller.
+
+``results.json`` keeps every run (metrics, references, timelines) for other tools.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from eval.runner import JobResult
+from eval.stats import Estimate, mean_ci
+
+# (metric key, column title, formatter)
+COLUMNS: tuple[tuple[str, str, Callable[[Estimate], str]], ...] = (
+    ("slo_violation_rate", "SLO violations", lambda e: e.fmt(".1f", percent=True)),
+    ("tail_latency_ms", "LC tail (ms)", lambda e: e.fmt(".3g")),
+    ("tail_normalized", "tail / alone", lambda e: e.fmt(".2f")),
+    ("unfairness", "unfairness", lambda e: e.fmt(".3f")),
+    ("weighted_speedup", "weighted speedup", lambda e: e.fmt(".2f")),
+    (
+        "batch_ips",
+        "batch IPS (G/s)",
+        lambda e: Estimate(e.mean / 1e9, e.half_width / 1e9, e.n).fmt(".2f"),
+    ),
+    ("changes_per_minute", "changes/min", lambda e: e.fmt(".1f")),
+    ("decide_us_median", "decide (us)", lambda e: e.fmt(".1f")),
+)
+
+
+@dataclass
+class Report:
+    markdown: Path
+    plots: list[Path]
+    results_json: Path
+
+
+def _order(values: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def estimates(
+    results: Sequence[JobResult], scenario: str | None = None
+) -> dict[str, dict[str, Estimate]]:
+    """controller label -> metric -> estimate over its runs (of ``scenario``, or all)."""
+    ok = [r for r in results if not r.error and (scenario is None or r.scenario == scenario)]
+    out: dict[str, dict[str, Estimate]] = {}
+    for label in _order([r.controller for r in ok]):
+        runs = [r for r in ok if r.controller == label]
+        out[label] = {k: mean_ci([r.metrics.get(k, math.nan) for r in runs]) for k, _, _ in COLUMNS}
+    return out
+
+
+def table(results: Sequence[JobResult], scenario: str | None = None) -> str:
+    """A Markdown table: one row per controller, mean ± 95% CI per metric."""
+    est = estimates(results, scenario)
+    head = "| controller | runs | " + " | ".join(t for _, t, _ in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
+    for label, row in est.items():
+        n = max(e.n for e in row.values())
+        cells = [f(row[k]) for k, _, f in COLUMNS]
+        lines.append(f"| {label} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_tail_vs_ways(results: Sequence[JobResult], path: Path) -> Path | None:
+    """Tail latency and contender throughput vs the static allocation's ways (a sweep)."""
+    runs = [r for r in results if not r.error and "ways" in r.options]
+    if not runs:
+        return None
+    plt = _plt()
+    scenarios = _order([r.scenario for r in runs])
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(6.5 * len(scenarios), 4.2), squeeze=False)
+    for ax, scn in zip(axes[0], scenarios, strict=True):
+        pts = sorted({int(r.options["ways"]) for r in runs if r.scenario == scn})
+        tail = [
+            mean_ci(
+                [
+                    r.metrics["tail_latency_ms"]
+                    for r in runs
+                    if r.scenario == scn and int(r.options["ways"]) == w
+                ]
+            )
+            for w in pts
+        ]
+        ips = [
+            mean_ci(
+                [
+                    r.metrics["batch_ips"] / 1e9
+                    for r in runs
+                    if r.scenario == scn and int(r.options["ways"]) == w
+                ]
+            )
+            for w in pts
+        ]
+        ax.errorbar(
+            pts,
+            [e.mean for e in tail],
+            yerr=[_hw(e) for e in tail],
+            marker="o",
+            color="tab:red",
+            capsize=3,
+            label="LC tail latency",
+        )
+        ax.set_yscale("log")
+        ax.set_xlabel("ways given to the LC service (static allocation)")
+        ax.set_ylabel("LC tail latency at SLO percentile (ms, log)", color="tab:red")
+        slo = _slo_of(runs, scn)
+        if slo:
+            ax.axhline(slo, color="tab:red", linestyle=":", linewidth=1, label=f"SLO {slo:g} ms")
+        ax2 = ax.twinx()
+        ax2.errorbar(
+            pts,
+            [e.mean for e in ips],
+            yerr=[_hw(e) for e in ips],
+            marker="s",
+            color="tab:blue",
+            capsize=3,
+            label="contender throughput",
+        )
+        ax2.set_ylabel("contender throughput (G instr/s)", color="tab:blue")
+        ax.set_title(f"{scn}: tail latency vs ways")
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, loc="upper center", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _slo_of(runs: Sequence[JobResult], scenario: str) -> float | None:
+    for r in runs:
+        if r.scenario == scenario and r.metrics.get("slo_target_ms"):
+            return r.metrics["slo_target_ms"]
+    return None
+
+
+def _hw(e: Estimate) -> float:
+    return e.half_width if math.isfinite(e.half_width) else 0.0
+
+
+def plot_unfairness(results: Sequence[JobResult], path: Path) -> Path | None:
+    """Grouped bars: unfairness per scenario, one bar per controller, 95% CI whiskers."""
+    ok = [
+        r for r in results if not r.error and math.isfinite(r.metrics.get("unfairness", math.nan))
+    ]
+    if not ok:
+        return None
+    plt = _plt()
+    scenarios = _order([r.scenario for r in ok])
+    labels = _order([r.controller for r in ok])
+    if len(labels) > 10:
+        return None  # a sweep: the bars would be unreadable
+    width = 0.8 / len(labels)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(scenarios) + 2), 4.2))
+    for i, label in enumerate(labels):
+        est = [
+            mean_ci(
+                [r.metrics["unfairness"] for r in ok if r.scenario == s and r.controller == label]
+            )
+            for s in scenarios
+        ]
+        xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(scenarios))]
+        ax.bar(
+            xs,
+            [e.mean if e.n else 0 for e in est],
+            width,
+            yerr=[_hw(e) for e in est],
+            capsize=2,
+            label=label,
+        )
+    ax.set_xticks(range(len(scenarios)))
+    ax.set_xticklabels(scenarios, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("unfairness (stddev / mean of batch slowdowns)")
+    ax.set_title("Unfairness among batch jobs (lower is fairer)")
+    ax.legend(fontsize=8, ncol=min(len(labels), 4))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_tradeoff(results: Sequence[JobResult], path: Path) -> Path | None:
+    """LC tail (normalised, or in ms without references) vs batch weighted speedup."""
+    ok = [r for r in results if not r.error]
+    key = "tail_normalized"
+    if not any(math.isfinite(r.metrics.get(key, math.nan)) for r in ok):
+        key = "tail_latency_ms"
+    ok = [r for r in ok if math.isfinite(r.metrics.get(key, math.nan))]
+    xkey = "weighted_speedup"
+    if not any(math.isfinite(r.metrics.get(xkey, math.nan)) for r in ok):
+        xkey = "batch_ips"
+    ok = [r for r in ok if math.isfinite(r.metrics.get(xkey, math.nan))]
+    if not ok:
+        return None
+    plt = _plt()
+    scenarios = _order([r.scenario for r in ok])
+    labels = _order([r.controller for r in ok])
+    markers = "os^Dv<>pPX*h"
+    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "viridis")
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    for i, label in enumerate(labels):
+        color = cmap(i if len(labels) <= 10 else i / max(1, len(labels) - 1))
+        for j, scn in enumerate(scenarios):
+            runs = [r for r in ok if r.controller == label and r.scenario == scn]
+            if not runs:
+                continue
+            x = mean_ci([r.metrics[xkey] for r in runs])
+            y = mean_ci([r.metrics[key] for r in runs])
+            ax.errorbar(
+                x.mean,
+                y.mean,
+                xerr=_hw(x),
+                yerr=_hw(y),
+                marker=markers[j % len(markers)],
+                color=color,
+                capsize=2,
+                linestyle="none",
+                label=label if j == 0 else None,
+            )
+    for j, scn in enumerate(scenarios if len(scenarios) > 1 else []):
+        ax.plot([], [], marker=markers[j % len(markers)], color="gray", linestyle="none", label=scn)
+    ax.set_yscale("log")
+    ax.set_xlabel(
+        "batch weighted speedup (sum of IPS / IPS alone)"
+        if xkey == "weighted_speedup"
+        else "batch throughput (instructions/s)"
+    )
+    ax.set_ylabel(
+        "LC tail latency / tail alone (log)"
+        if key == "tail_normalized"
+        else "LC tail latency (ms, log)"
+    )
+    ax.set_title("Latency / throughput trade-off (better: lower right)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_timeline(
+    results: Sequence[JobResult], scenario: str, path: Path, max_panels: int = 8
+) -> Path | None:
+    """Ways per group over time for each controller's first seed on ``scenario``."""
+    runs: dict[str, JobResult] = {}
+    for r in results:
+        if not r.error and r.scenario == scenario and r.timeline_t and r.controller not in runs:
+            runs[r.controller] = r
+    if not runs:
+        return None
+    plt = _plt()
+    items = list(runs.items())[:max_panels]
+    cols = 2 if len(items) > 1 else 1
+    rows = math.ceil(len(items) / cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(6.2 * cols, 2.4 * rows + 0.6), squeeze=False, sharex=True, sharey=True
+    )
+    groups = sorted({g for _, r in items for g in r.timeline_ways})
+    colors = {g: plt.get_cmap("tab10")(i % 10) for i, g in enumerate(groups)}
+    for ax, (label, r) in zip(axes.flat, items, strict=False):
+        names = sorted(r.timeline_ways)
+        ax.stackplot(
+            r.timeline_t,
+            *[r.timeline_ways[g] for g in names],
+            step="post",
+            colors=[colors[g] for g in names],
+            alpha=0.85,
+            linewidth=0,
+        )
+        cache = r.metrics.get("cache_ways")
+        if cache:
+            ax.axhline(cache, color="black", linestyle="--", linewidth=0.8)
+        ax.set_title(f"{label} (seed {r.seed})", fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("time (s)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("ways (stacked)")
+    for ax in list(axes.flat)[len(items) :]:
+        ax.set_visible(False)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[g], label=g) for g in groups]
+    handles.append(plt.Line2D([], [], color="black", linestyle="--", label="cache ways"))
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.96),
+        ncol=min(len(handles), 7),
+        fontsize=8,
+    )
+    fig.suptitle(
+        f"Allocation timeline: {scenario} (above the dashed line, groups share ways)",
+        y=0.995,
+        fontsize=10,
+        x=0.02,
+        ha="left",
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.90))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    results: Sequence[JobResult],
+    out_dir: str | Path,
+    *,
+    title: str,
+    description: str = "",
+    command: str = "",
+    machine: str = "",
+    timelines: int = 2,
+) -> Report:
+    """Write ``report.md``, the PNGs and ``results.json`` into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots: list[Path] = []
+    for fn, name in (
+        (plot_tail_vs_ways, "tail_vs_ways.png"),
+        (plot_unfairness, "unfairness.png"),
+        (plot_tradeoff, "tradeoff.png"),
+    ):
+        p = fn(results, out / name)
+        if p is not None:
+            plots.append(p)
+    scenarios = _order([r.scenario for r in results])
+    for scn in scenarios[:timelines]:
+        p = plot_timeline(results, scn, out / f"timeline_{_slug(scn)}.png")
+        if p is not None:
+            plots.append(p)
+    lines = [f"# {title}", ""]
+    if description:
+        lines += [description, ""]
+    if command:
+        lines += ["Regenerate with:", "", f"    {command}", ""]
+    if machine:
+        lines += [f"Machine: {machine}", ""]
+    seeds = sorted({r.seed for r in results})
+    lines += [
+        f"Runs: {len(results)} ({len(seeds)} seed(s) per controller and scenario). "
+        "Cells are means over seeds ± the half-width of the 95% Student-t confidence interval. "
+        "SLO violations: share of intervals with an LC group over its SLO; tail / alone: the LC "
+        "tail latency over the same service's alone on the machine; unfairness: CoPart's "
+        "stddev/mean of batch slowdowns; weighted speedup: sum of batch IPS / IPS alone.",
+        "",
+    ]
+    if len(scenarios) > 1:
+        lines += ["## All scenarios", "", table(results), ""]
+    for scn in scenarios:
+        lines += [f"## {scn}", "", table(results, scn), ""]
+    errors = [r for r in results if r.error]
+    if errors:
+        lines += ["## Failed runs", ""]
+        lines += [f"- {r.controller} on {r.scenario}, seed {r.seed}: {r.error}" for r in errors]
+        lines.append("")
+    if plots:
+        lines += ["## Plots", ""]
+        lines += [f"![{p.stem}]({p.name})" for p in plots]
+        lines.append("")
+    md = out / "report.md"
+    md.write_text("\n".join(lines))
+    rj = out / "results.json"
+    rj.write_text(
+        json.dumps([r.as_dict() for r in results], indent=1, allow_nan=False, default=str)
+    )
+    return Report(md, plots, rj)

@@ -1,0 +1,316 @@
+"""Run evaluation jobs: one controller on one scenario for one seed, serially or on Ray.
+
+A :class:`Job` is plain data (it pickles to Ray workers). :func:`run_job` builds the node
+(an in-process :class:`~agent.sim.SimNode`, or a :class:`~agent.client.RemoteNode` reset to
+the scenario when ``agent`` is set), builds the controller for it
+(:mod:`eval.controllers`, calibrating on a copy), drives it with
+:func:`models.controller.drive` and reduces the run to :class:`JobResult`: the metrics of
+:mod:`eval.metrics`, the LC tail normalised to the service alone, and the allocation
+timeline (ways per group per interval) for the report's plots.
+
+Reference figures (batch IPS with full resources alone, LC tail alone) come from the
+simulator's ground truth; for an agent they come from a local simulated twin when the agent
+is simulated and the scenario is in the local catalog, else they are NaN (a real machine
+needs its own solo runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.sim import Scenario
+from agent.types import GroupKind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run. ``scenario`` is a name, a YAML path or a :class:`Scenario`."""
+
+    suite: str
+    scenario: str | Scenario
+    controller: str  # a spec string (eval.controllers)
+    seed: int
+    seconds: float
+    interval_s: float = 0.1
+    agent: str | None = None
+    timeline_every: int = 1  # keep every n-th interval of the allocation timeline
+    label: str = ""  # how tables name the controller (default: the spec string)
+
+    @property
+    def scenario_name(self) -> str:
+        if isinstance(self.scenario, Scenario):
+            return self.scenario.name
+        return (
+            Path(self.scenario).stem if self.scenario.endswith((".yaml", ".yml")) else self.scenario
+        )
+
+
+@dataclass
+class JobResult:
+    suite: str
+    scenario: str
+    controller: str
+    controller_name: str
+    options: dict[str, Any]
+    seed: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    lc_tails_ms: dict[str, float] = field(default_factory=dict)
+    lc_alone_ms: dict[str, float] = field(default_factory=dict)
+    timeline_t: list[float] = field(default_factory=list)
+    timeline_ways: dict[str, list[int]] = field(default_factory=dict)
+    build_s: float = 0.0
+    run_s: float = 0.0
+    error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return _clean(asdict(self))
+
+
+def _clean(v: Any) -> Any:
+    """JSON-safe: non-finite floats become None."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_clean(x) for x in v]
+    return v
+
+
+def _ways(alloc) -> dict[str, int]:
+    out = {}
+    for g in alloc:
+        per = alloc[g]
+        a = next(iter(per.values()), None)
+        if a is not None and a.l3_mask is not None:
+            out[g] = bin(a.l3_mask).count("1")
+    return out
+
+
+class _ServiceProbe:
+    """A SimNode whose every ``observe`` also records each LC service's noise-free tail
+    (``steady_state``) at the placement of the moment. Time-sharing controllers move
+    services between tier groups, so group latency mixes services with different SLOs;
+    this judges every service by its own SLO (simulated nodes only)."""
+
+    def __init__(self, node) -> None:
+        self._node = node
+        self._slo = {
+            w.name: (float(w.spec.lc.slo_percentile), float(w.spec.lc.slo_ms))
+            for w in node.workloads()
+            if w.kind == "lc" and w.spec.lc is not None
+        }
+        self.tails: dict[str, list[float]] = {n: [] for n in self._slo}
+        self.violations = 0
+        self.judged = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._node, name)
+
+    def observe(self):
+        snap = self._node.observe()
+        for truth in self._node.steady_state(latency_requests=20_000).values():
+            for name, wt in truth.workloads.items():
+                if name not in self._slo or not wt.latency_ms:
+                    continue
+                pct, target = self._slo[name]
+                tail = wt.latency_ms.get(pct)
+                if tail is None or not wt.load_rps:
+                    continue
+                self.tails[name].append(tail)
+                self.judged += 1
+                self.violations += tail > target
+        return snap
+
+
+def _sim_node(job: Job, bare: bool):
+    from agent.sim import SimNode
+
+    return SimNode(job.scenario, seed=job.seed, interval_s=job.interval_s, auto_groups=not bare)
+
+
+def run_job(job: Job) -> JobResult:
+    """Run one job; a controller or node failure is recorded in ``error``, not raised."""
+    from eval.controllers import ControllerSpec, build, needs_bare_node
+    from eval.metrics import (
+        lc_tails,
+        normalized_tail,
+        sim_alone_tails,
+        sim_reference_ips,
+        summarize,
+    )
+    from models.controller import drive
+
+    spec = ControllerSpec.parse(job.controller)
+    res = JobResult(
+        job.suite,
+        job.scenario_name,
+        job.label or spec.label,
+        spec.name,
+        dict(spec.options),
+        job.seed,
+    )
+    node = clock = twin = None
+    try:
+        if job.agent:
+            from agent.client import RemoteNode
+
+            if not isinstance(job.scenario, str):
+                raise ValueError("an agent run needs a scenario name from the agent's catalog")
+            node = RemoteNode(job.agent, timeout=30.0)
+            simulated = node.capabilities().simulated
+            clock = node if simulated else None
+            if simulated:
+                node.reset(job.scenario, job.seed)
+            try:
+                twin = _sim_node(job, False)
+            except Exception as exc:
+                log.info("no local twin of %s for references: %s", job.scenario, exc)
+        else:
+            node = _sim_node(job, needs_bare_node(spec))
+            clock = node
+            twin = node
+        t0 = time.perf_counter()
+        controller = build(spec, node, clock)
+        if job.agent and clock is not None and spec.name in ("static", "ubik", "static_lc"):
+            node.reset(job.scenario, job.seed)  # calibration ran on the agent's node itself
+        res.build_s = time.perf_counter() - t0
+        intervals = max(1, round(job.seconds / job.interval_s))
+        t0 = time.perf_counter()
+        probe = _ServiceProbe(node) if needs_bare_node(spec) and not job.agent else None
+        records = drive(controller, probe or node, clock, intervals, job.interval_s)
+        res.run_s = time.perf_counter() - t0
+        groups = node.groups()
+        refs = sim_reference_ips(twin) if twin is not None else {}
+        m = summarize(records, groups, refs)
+        res.metrics = asdict(m)
+        if not refs:
+            for k in ("unfairness", "weighted_speedup"):
+                res.metrics[k] = math.nan
+        if probe is None:
+            res.lc_tails_ms = lc_tails(records, groups)
+        # time-sharing moves services between tier groups: no per-service reference there
+        bare = needs_bare_node(spec)
+        if bare:
+            for k in ("unfairness", "weighted_speedup"):
+                res.metrics[k] = math.nan
+        if probe is not None:  # every service by its own SLO (ground truth per interval)
+            res.metrics["slo_violation_rate"] = probe.violations / max(1, probe.judged)
+            tails = {n: statistics.fmean(v) for n, v in probe.tails.items() if v}
+            res.metrics["tail_latency_ms"] = statistics.fmean(tails.values()) if tails else math.nan
+            res.lc_tails_ms = tails
+        alone = sim_alone_tails(twin) if twin is not None and not bare else {}
+        res.lc_alone_ms = alone
+        res.metrics["tail_normalized"] = normalized_tail(res.lc_tails_ms, alone)
+        targets = [s.slo.target_ms for s in groups.values() if s.kind is GroupKind.LC and s.slo]
+        res.metrics["slo_target_ms"] = targets[0] if targets else math.nan
+        l3 = node.capabilities().l3
+        res.metrics["cache_ways"] = float(l3.num_ways) if l3 else math.nan
+        every = max(1, job.timeline_every)
+        t = 0.0
+        for i, rec in enumerate(records):
+            t += rec.snapshot.interval_s
+            if i % every:
+                continue
+            res.timeline_t.append(round(t, 6))
+            ways = _ways(rec.allocation)
+            for g in set(ways) | set(res.timeline_ways):
+                res.timeline_ways.setdefault(g, [0] * (len(res.timeline_t) - 1))
+                res.timeline_ways[g].append(ways.get(g, 0))
+    except Exception as exc:
+        log.warning(
+            "job %s/%s/%s seed %d failed: %s",
+            job.suite,
+            job.scenario_name,
+            job.controller,
+            job.seed,
+            exc,
+        )
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        for n in {id(x): x for x in (node, twin) if x is not None}.values():
+            with contextlib.suppress(Exception):
+                n.close()
+    return res
+
+
+def init_ray(address: str) -> None:
+    """Start (``local``) or join (an address) a Ray cluster for evaluation jobs."""
+    import os
+
+    import ray
+
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if address == "local":
+        ray.init(
+            num_cpus=os.cpu_count(),
+            include_dashboard=False,
+            runtime_env={"env_vars": env},
+            log_to_driver=False,
+            ignore_reinit_error=True,
+        )
+    else:
+        from pathlib import Path
+
+        import agent
+        import envs
+        import eval as eval_pkg
+        import models
+
+        modules = [str(Path(m.__file__).parent) for m in (agent, envs, eval_pkg, models)]
+        try:
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                runtime_env={"env_vars": env, "py_modules": modules},
+                ignore_reinit_error=True,
+            )
+        except ConnectionError as exc:
+            raise ValueError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    ray_address: str | None = "local",
+    progress: Callable[[JobResult], None] | None = None,
+) -> list[JobResult]:
+    """Run ``jobs``, on Ray (``local``: a local instance; else a cluster address) or
+    serially (``ray_address`` None or ``none``). Results come back in job order."""
+    if not ray_address or ray_address == "none" or len(jobs) <= 1:
+        out = []
+        for job in jobs:
+            out.append(run_job(job))
+            if progress:
+                progress(out[-1])
+        return out
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        init_ray(ray_address)
+    try:
+        task = ray.remote(num_cpus=1)(run_job)
+        refs = [task.remote(job) for job in jobs]
+        index = {r: i for i, r in enumerate(refs)}
+        results: list[JobResult | None] = [None] * len(jobs)
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for r in done:
+                results[index[r]] = ray.get(r)
+                if progress:
+                    progress(results[index[r]])
+        return [r for r in results if r is not None]
+    finally:
+        if started:
+            ray.shutdown()

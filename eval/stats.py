@@ -1,0 +1,64 @@
+"""Means with Student-t confidence intervals over seeds (what every eval table reports).
+
+No SciPy here: two-sided 95% quantiles of Student's t for 1..30 degrees of freedom are
+tabulated (standard tables, 3 decimals), and above 30 the Cornish-Fisher expansion around
+the normal quantile (Abramowitz & Stegun 26.7.5) is used, accurate to about 1e-4 there.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+_Z975 = 1.959963984540054
+
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (df >= 1)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    return z + g1 / df + g2 / df**2 + g3 / df**3
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean over ``n`` finite values and the half-width of its 95% CI (NaN when n < 2)."""
+
+    mean: float
+    half_width: float
+    n: int
+
+    def fmt(self, spec: str = ".3f", percent: bool = False) -> str:
+        if self.n == 0:
+            return "-"
+        scale = 100.0 if percent else 1.0
+        unit = "%" if percent else ""
+        text = f"{self.mean * scale:{spec}}"
+        if self.n > 1 and math.isfinite(self.half_width):
+            text += f" ± {self.half_width * scale:{spec}}"
+        return text + unit
+
+
+def mean_ci(values: Sequence[float]) -> Estimate:
+    """Mean and 95% Student-t half-width of the finite ``values`` (NaN/inf are dropped)."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not xs:
+        return Estimate(math.nan, math.nan, 0)
+    mean = statistics.fmean(xs)
+    if len(xs) < 2:
+        return Estimate(mean, math.nan, 1)
+    sem = statistics.stdev(xs) / math.sqrt(len(xs))
+    return Estimate(mean, t975(len(xs) - 1) * sem, len(xs))

@@ -1,0 +1,107 @@
+"""``rdtune eval`` end to end (serial, on Ray local mode, against a real agent on loopback)
+and ``rdtune bench``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eval.runner import Job, run_job, run_jobs
+from eval.suites import get_suite
+from tuner.cli import main
+
+
+def _report(out: Path) -> tuple[str, list[dict]]:
+    return (out / "report.md").read_text(), json.loads((out / "results.json").read_text())
+
+
+def test_smoke_suite_serial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--suite", "smoke", "--ray-address", "none", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "4 runs (serial)" in out and f"report: {tmp_path}/report.md" in out
+    md, runs = _report(tmp_path)
+    assert len(runs) == 4 and not any(r["error"] for r in runs)
+    assert {(r["controller"], r["seed"]) for r in runs} == {
+        (c, s) for c in ("unpartitioned", "eq") for s in (0, 1)
+    }
+    assert "| eq | 2 |" in md and (tmp_path / "tradeoff.png").is_file()
+
+
+def test_smoke_suite_on_ray_local_matches_serial() -> None:
+    jobs = get_suite("smoke").jobs(seconds=1.0)
+    serial = run_jobs(jobs, "none")
+    on_ray = run_jobs(jobs, "local")
+    assert [r.controller for r in on_ray] == ["unpartitioned"] * 2 + ["eq"] * 2  # job order
+    for a, b in zip(serial, on_ray, strict=True):
+        assert not a.error and not b.error
+        keys = set(a.metrics) - {"decide_us_median"}  # wall-clock timing differs
+        assert {k: a.metrics[k] for k in keys} == pytest.approx(
+            {k: b.metrics[k] for k in keys}, nan_ok=True
+        )
+
+
+def test_failed_job_is_recorded_not_raised() -> None:
+    r = run_job(Job("t", "default", "coco", 0, 1.0))
+    assert r.error == ""  # coco gets a bare node and works
+    r = run_job(Job("t", "default", "static[ways=99]", 0, 1.0))
+    assert r.error  # 99 ways cannot be applied; the run is marked, not lost
+
+
+def test_agent_run_on_loopback(agent_address: str, tmp_path: Path) -> None:
+    args = [
+        "eval",
+        "--suite",
+        "smoke",
+        "--controllers",
+        "eq,static",
+        "--seeds",
+        "1",
+        "--seconds",
+        "2",
+        "--agent",
+        agent_address,
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(args) == 0
+    _, runs = _report(tmp_path)
+    assert [r["controller"] for r in runs] == ["eq", "static"]
+    for r in runs:
+        assert not r["error"], r["error"]
+        assert len(r["timeline_t"]) == 20  # 2 s of 0.1 s intervals through the agent
+        assert r["metrics"]["weighted_speedup"] > 0  # references from the local twin
+    static = runs[1]
+    assert static["timeline_ways"]["memcached"][-1] < 11  # the mite got its own low ways
+
+
+def test_eval_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--suite", "nope"]) == 2
+    assert "unknown suite 'nope'" in capsys.readouterr().err
+    assert main(["eval", "--suite", "smoke", "--controllers", "eq,bogus"]) == 2
+    assert "unknown controller 'bogus'" in capsys.readouterr().err
+    assert main(["eval"]) == 2
+
+
+@pytest.mark.parametrize("cmd", ["eval", "bench"])
+def test_help(cmd: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([cmd, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--quick" in out if cmd == "bench" else "--suite" in out and "--ray-address" in out
+
+
+def test_list_suites(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "copart" in out and "CAT-only" in out
+
+
+def test_bench_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quick", "sim"]) == 0
+    out = capsys.readouterr().out
+    assert "machine:" in out and "steps/s" in out
+    with pytest.raises(SystemExit, match="unknown benchmark"):
+        main(["bench", "nope"])

@@ -1,0 +1,84 @@
+"""Report generation: Markdown tables with CIs, PNG plots (incl. the ways sweep), JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from eval.report import table, write_report
+from eval.runner import JobResult
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _result(label: str, scenario: str, seed: int, tail: float, unf: float, **opts) -> JobResult:
+    name = label.split("[")[0]
+    return JobResult(
+        "t",
+        scenario,
+        label,
+        name,
+        dict(opts),
+        seed,
+        metrics={
+            "slo_violation_rate": 0.1 * seed,
+            "tail_latency_ms": tail,
+            "tail_normalized": tail / 0.1,
+            "unfairness": unf,
+            "weighted_speedup": 2.0 + unf,
+            "batch_ips": 1e10 * (1 + seed),
+            "changes_per_minute": 0.0,
+            "decide_us_median": 3.0,
+            "slo_target_ms": 1.0,
+            "cache_ways": 11.0,
+        },
+        timeline_t=[0.1, 0.2, 0.3],
+        timeline_ways={"lc": [2, 3, 3], "b": [9, 8, 8]},
+    )
+
+
+def test_table_means_and_confidence_intervals() -> None:
+    rows = [_result("eq", "s1", s, tail=t, unf=0.1) for s, t in ((0, 1.0), (1, 2.0), (2, 3.0))]
+    text = table(rows)
+    line = next(x for x in text.splitlines() if x.startswith("| eq |"))
+    # tail mean 2, CI half-width 4.303 / sqrt(3) = 2.48
+    assert "| 3 |" in line and "2 ± 2.48" in line
+    assert "10.0 ± 24.8%" in line  # violation rates 0, 10, 20 %
+
+
+def test_report_writes_markdown_plots_and_json(tmp_path: Path) -> None:
+    results = [
+        _result(lbl, scn, seed, tail=0.5 + seed, unf=0.1 * (i + 1))
+        for scn in ("mix_a", "mix_b")
+        for i, lbl in enumerate(("eq", "copart"))
+        for seed in (0, 1)
+    ]
+    results += [
+        _result(f"static[ways={w}]", "kv", s, tail=1.0 / w, unf=0.0, ways=w)
+        for w in (1, 2, 4)
+        for s in (0, 1)
+    ]
+    bad = _result("ubik", "mix_a", 0, 1.0, 0.1)
+    bad.error = "ValueError: boom"
+    results.append(bad)
+    rep = write_report(results, tmp_path, title="T", command="rdtune eval --suite t", machine="m")
+    md = rep.markdown.read_text()
+    assert md.startswith("# T") and "rdtune eval --suite t" in md
+    for heading in ("## All scenarios", "## mix_a", "## mix_b", "## kv", "## Failed runs"):
+        assert heading in md
+    assert "ubik on mix_a, seed 0: ValueError: boom" in md
+    names = {p.name for p in rep.plots}
+    assert {"tail_vs_ways.png", "unfairness.png", "tradeoff.png", "timeline_mix_a.png"} <= names
+    for p in rep.plots:
+        assert p.read_bytes()[:8] == PNG and p.stat().st_size > 5000
+        assert f"]({p.name})" in md
+    data = json.loads(rep.results_json.read_text())
+    assert len(data) == len(results) and data[0]["metrics"]["tail_latency_ms"] == 0.5
+
+
+def test_non_finite_metrics_become_null_in_json(tmp_path: Path) -> None:
+    r = _result("eq", "s", 0, 1.0, 0.1)
+    r.metrics["unfairness"] = math.nan
+    rep = write_report([r], tmp_path, title="T")
+    assert json.loads(rep.results_json.read_text())[0]["metrics"]["unfairness"] is None

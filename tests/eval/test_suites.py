@@ -1,0 +1,68 @@
+"""Suites are data: the bundled file loads, sweeps expand, bad files are clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eval.suites import SuiteError, get_suite, load_suites
+
+
+def test_bundled_suites_load_and_expand() -> None:
+    suites = load_suites()
+    assert {"smoke", "copart", "ubik", "catbench", "coco", "learned", "demo"} <= set(suites)
+    copart = get_suite("copart")
+    assert len(copart.scenarios) == 7
+    assert [c.label for c in copart.controllers] == ["EQ", "CAT-only", "MBA-only", "ST", "CoPart"]
+    assert len(copart.jobs()) == 7 * 5 * copart.seeds
+    ubik = get_suite("ubik")
+    assert {c.options.get("slack") for c in ubik.controllers if c.name == "ubik"} == {
+        0,
+        0.01,
+        0.05,
+        0.1,
+    }
+    cat = get_suite("catbench")
+    swept = [c for c in cat.controllers if "ways" in c.options]
+    assert len(swept) >= 10 and all(c.name == "static" for c in swept)
+
+
+def test_jobs_overrides() -> None:
+    smoke = get_suite("smoke")
+    jobs = smoke.jobs(seeds=3, seconds=1.5)
+    assert len(jobs) == 2 * 3 and {j.seed for j in jobs} == {0, 1, 2}
+    assert all(j.seconds == 1.5 for j in jobs)
+    with pytest.raises(SuiteError, match="seeds"):
+        smoke.jobs(seeds=0)
+
+
+def test_held_out_family_draws_test_split_scenarios() -> None:
+    from envs.scenarios import split_of
+
+    learned = get_suite("learned")
+    assert learned.scenarios and all(split_of(s) == "test" for s in learned.scenarios)
+    again = get_suite("learned")
+    assert [s.name for s in again.scenarios] == [s.name for s in learned.scenarios]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("x: {scenarios: [default], controllers: [eq], colour: red}", "unknown field"),
+        ("x: {scenarios: [default], controllers: [nope]}", "unknown controller"),
+        ("x: {scenarios: [default], controllers: []}", "no controllers"),
+        ("x: {scenarios: [default], controllers: [eq], sweep: {controller: static}}", "sweep"),
+        ("- 1", "mapping"),
+    ],
+)
+def test_bad_suite_files(tmp_path: Path, text: str, match: str) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    with pytest.raises(SuiteError, match=match):
+        load_suites(p)
+
+
+def test_unknown_suite() -> None:
+    with pytest.raises(SuiteError, match="unknown suite 'nope'"):
+        get_suite("nope")
