@@ -200,6 +200,7 @@ def plot_unfairness(results: Sequence[JobResult], path: Path) -> Path | None:
         )
     ax.set_xticks(range(len(scenarios)))
     ax.set_xticklabels(scenarios, rotation=20, ha="right", fontsize=8)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # room for the legend above the bars
     ax.set_ylabel("unfairness (stddev / mean of batch slowdowns)")
     ax.set_title("Unfairness among batch jobs (lower is fairer)")
     ax.legend(fontsize=8, ncol=min(len(labels), 4))

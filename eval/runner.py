@@ -113,12 +113,14 @@ class _ServiceProbe:
         self.tails: dict[str, list[float]] = {n: [] for n in self._slo}
         self.violations = 0
         self.judged = 0
+        self.placement: list[dict[str, str]] = []  # per observe: service -> its group
 
     def __getattr__(self, name: str):
         return getattr(self._node, name)
 
     def observe(self):
         snap = self._node.observe()
+        self.placement.append({w.name: w.group for w in self._node.workloads() if w.kind == "lc"})
         for truth in self._node.steady_state(latency_requests=20_000).values():
             for name, wt in truth.workloads.items():
                 if name not in self._slo or not wt.latency_ms:
@@ -201,8 +203,8 @@ def run_job(job: Job) -> JobResult:
             res.lc_tails_ms = lc_tails(records, groups)
         # time-sharing moves services between tier groups: no per-service reference there
         bare = needs_bare_node(spec)
-        if bare:
-            for k in ("unfairness", "weighted_speedup"):
+        if bare:  # batch runs in CoCo's background (system) group: not a batch group
+            for k in ("unfairness", "weighted_speedup", "batch_ips"):
                 res.metrics[k] = math.nan
         if probe is not None:  # every service by its own SLO (ground truth per interval)
             res.metrics["slo_violation_rate"] = probe.violations / max(1, probe.judged)
@@ -224,6 +226,9 @@ def run_job(job: Job) -> JobResult:
                 continue
             res.timeline_t.append(round(t, 6))
             ways = _ways(rec.allocation)
+            if probe is not None:  # time-sharing: the ways of the tier each service is in
+                where = probe.placement[i + 1]
+                ways = {svc: ways.get(g, 0) for svc, g in where.items()}
             for g in set(ways) | set(res.timeline_ways):
                 res.timeline_ways.setdefault(g, [0] * (len(res.timeline_t) - 1))
                 res.timeline_ways[g].append(ways.get(g, 0))

@@ -105,3 +105,13 @@ def test_bench_quick(capsys: pytest.CaptureFixture[str]) -> None:
     assert "machine:" in out and "steps/s" in out
     with pytest.raises(SystemExit, match="unknown benchmark"):
         main(["bench", "nope"])
+
+
+def test_time_sharing_is_judged_per_service() -> None:
+    r = run_job(Job("t", "more_lc_than_closids_epyc", "round_robin", 0, 2.0))
+    assert not r.error, r.error
+    services = {"memcached_coco", "nginx", "mongodb", "specjbb", "shore_mt"}
+    assert set(r.lc_tails_ms) == services  # each service by its own SLO, not per tier group
+    assert set(r.timeline_ways) == services
+    # round robin rotates the big tier: some service's ways change over the run
+    assert any(len(set(w)) > 1 for w in r.timeline_ways.values())
