@@ -289,10 +289,6 @@ class Model:
         return occ, sol
 
 
-def mba_delay_table(preset: MachinePreset) -> dict[int, float]:
-    return {lvl: preset.mba_delay(lvl) for lvl in range(0, 101)}
-
-
 def amd_cap_bps(value: int) -> float:
     """AMD L3 QoS bandwidth limit: ``value`` in 1/8 GB/s units (a floor keeps 0 finite)."""
     return max(float(value), 0.2) * 0.125e9 if math.isfinite(value) else math.inf

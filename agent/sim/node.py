@@ -257,6 +257,7 @@ class SimNode:
         self._task_group: dict[int, str] = dict.fromkeys(self._pid_owner, "")
         self._groups: dict[str, GroupSpec] = {}
         self._alloc: dict[str, GroupAllocation] = {}
+        self._alloc_obj: Allocation | None = None  # read-back cache of self._alloc
         self._cpus: dict[str, set[int]] = {}
         # LC: load schedules (in req/s) and per-worker backlogs.
         self._lc_idx = [i for i, s in enumerate(self._specs) if s.kind == "lc"]
@@ -370,6 +371,7 @@ class SimNode:
         self._flush()
         self._groups[spec.name] = spec
         self._alloc[spec.name] = GroupAllocation(l3_mask=mask, mb=mb)
+        self._alloc_obj = None
         self._cpus[spec.name] = set()
         self._acc_g = np.vstack([self._acc_g, np.zeros((1, 5))])
         self._dirty = True
@@ -386,6 +388,7 @@ class SimNode:
         row = list(self._groups).index(name)
         self._acc_g = np.delete(self._acc_g, row, axis=0)
         del self._groups[name], self._alloc[name], self._cpus[name]
+        self._alloc_obj = None
         self._dirty = True
         self._topo = None
 
@@ -430,11 +433,14 @@ class SimNode:
         if new != self._alloc:
             self._flush()
             self._alloc = new
+            self._alloc_obj = None
             self._dirty = True
         return self.allocation()
 
     def allocation(self) -> Allocation:
-        return self._as_allocation(self._alloc)
+        if self._alloc_obj is None:
+            self._alloc_obj = self._as_allocation(self._alloc)
+        return self._alloc_obj
 
     @_locked
     def observe(self) -> Snapshot:
