@@ -7,6 +7,7 @@ import pytest
 
 from agent.node import Clock, Node, as_clock
 from agent.sim import SimNode
+from agent.sim.catalog import default_catalog
 from models import registry
 from models.controller import drive
 from tests.agent.contract import NodeContract, NodeHarness
@@ -108,3 +109,27 @@ def test_controller_metrics_match_the_simulator(dynamics, replay, controller) ->
 def test_reset_to_another_scenario_is_refused(dynamics, replay) -> None:
     with pytest.raises(ValueError, match="replays its own trace"):
         TraceNode(dynamics, replay).reset("default")
+
+
+@pytest.mark.parametrize("machine", sorted(default_catalog().machines))
+def test_every_preset_records_fits_and_replays(machine: str, tmp_path) -> None:
+    """No MBA (E5 v4/v3), AMD MBA units, 4 CLOSIDs: record, fit and drive plans."""
+    from agent.sim.scenario import Scenario, WorkloadInstance
+    from models.explore import Explore
+    from training.trace_record import record
+    from training.traces import load_trace
+
+    scn = Scenario(f"p-{machine}", machine, (
+        WorkloadInstance("kv", "memcached", threads=2),
+        WorkloadInstance("cg", "CG", threads=2),
+        WorkloadInstance("wn", "water_nsquared", threads=2),
+    ))  # fmt: skip
+    path = tmp_path / "p.parquet"
+    record(SimNode(scn, seed=0), Explore(seed=0), path, 12.0, interval_s=0.1)
+    trace = load_trace(path)
+    node = TraceNode.from_trace(trace)
+    assert node.capabilities().mba == trace.capabilities.mba
+    recs = drive(Explore(seed=3, min_dwell=1, max_dwell=1), node, node, 20, 0.1)
+    for rec in recs:
+        for s in rec.snapshot.groups.values():
+            assert s.ipc is not None and 0 < s.ipc < 8
