@@ -32,11 +32,14 @@ noise=True, max_requests=1000, catalog=None)``
 
 Simulated-only tools (controllers must not need them):
 
-* ``steady_state(plan_or_allocation=None, load_overrides=None) -> {group: GroupTruth}``:
-  noise-free steady state (IPS, IPC, miss ratio, MPKI, bandwidth, occupancy, slowdown vs.
-  full resources alone, LC latency percentiles at the load now or ``load_overrides``
-  {instance: req/s}); does not disturb the node. Key ``""`` is the default group.
-* ``workloads()`` (which instance is in which group, its pids, LC capacity),
+* ``steady_state(plan_or_allocation=None, load_overrides=None, *, latency_requests=100_000)
+  -> {group: GroupTruth}``: noise-free steady state (IPS, IPC, miss ratio, MPKI,
+  bandwidth, occupancy, slowdown vs. full resources alone, LC latency percentiles at the
+  load now or ``load_overrides`` {instance: req/s}, per-workload ``WorkloadTruth``); does
+  not disturb the node. Key ``""`` is the default group when it holds workloads.
+  ``agent.sim.node.solo_reference(preset, spec, threads)`` gives the full-resources-alone
+  (IPS, CPI) the slowdowns are relative to.
+* ``workloads()`` (which instance is in which group, its pids, LC capacity and workers),
   ``scenario``, ``preset``, ``load_rps(name)``, ``memory_latency_ns()``, ``occupancy()``.
 * A node pickles and deep-copies with its RNG state (Ray workers; look-ahead copies for
   an oracle continue exactly as the original would). Calls are serialised by a lock.
