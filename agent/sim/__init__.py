@@ -35,7 +35,8 @@ Simulated-only tools (controllers must not need them):
 * ``steady_state(plan_or_allocation=None, load_overrides=None, *, latency_requests=100_000)
   -> {group: GroupTruth}``: noise-free steady state (IPS, IPC, miss ratio, MPKI,
   bandwidth, occupancy, slowdown vs. full resources alone, LC latency percentiles at the
-  load now or ``load_overrides`` {instance: req/s}, per-workload ``WorkloadTruth``); does
+  load now or ``load_overrides`` {instance: req/s}, and Ubik's tail metric, the mean
+  beyond the 95th percentile, ``tail95_mean_ms``; per-workload ``WorkloadTruth``); does
   not disturb the node. Key ``""`` is the default group when it holds workloads.
   ``agent.sim.node.solo_reference(preset, spec, threads)`` gives the full-resources-alone
   (IPS, CPI) the slowdowns are relative to.

@@ -27,7 +27,7 @@ from agent.errors import (
 )
 from agent.sim.catalog import Catalog, MachinePreset, Phase, WorkloadSpec, default_catalog
 from agent.sim.model import Inputs, Model, Solution, amd_cap_bps
-from agent.sim.queueing import simulate, steady_latency
+from agent.sim.queueing import simulate, steady_samples, tail_mean
 from agent.sim.scenario import (
     LoadSchedule,
     Scenario,
@@ -101,6 +101,8 @@ class WorkloadTruth:
     load_rps: float = 0.0
     utilization: float = 0.0  # LC: per-worker utilisation
     latency_ms: Mapping[float, float] = field(default_factory=dict)  # LC percentiles
+    # LC: mean latency of the requests beyond the 95th percentile (Ubik's "tail latency").
+    tail95_mean_ms: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class GroupTruth:
     latency_ms: Mapping[float, float]
     workloads: Mapping[str, WorkloadTruth]
     memory_latency_ns: float
+    tail95_mean_ms: float = math.nan  # the largest among its LC services
 
 
 _SOLO_CACHE: dict[tuple, tuple[float, float]] = {}
@@ -825,13 +828,20 @@ class SimNode:
                 rate = float(inp.lam[i] * inp.active[i])
                 svc = float(sol.service_s[i])
                 util = rate * svc / self._workers[i]
-                ps = steady_latency(
-                    rate, svc, s.lc.service, self._workers[i], requests=latency_requests
-                )
-                lat = {p: v * 1e3 for p, v in zip(_PERCENTILES, ps, strict=True)}
+                workers = self._workers[i]
+                if rate <= 0:
+                    ps, tail = (svc,) * len(_PERCENTILES), svc
+                elif util >= 1.0:
+                    ps, tail = (math.inf,) * len(_PERCENTILES), math.inf
+                else:
+                    samples = steady_samples(rate, svc, s.lc.service, workers, latency_requests)
+                    ps, tail = tuple(np.percentile(samples, _PERCENTILES)), tail_mean(samples)
+                lat = {p: float(v) * 1e3 for p, v in zip(_PERCENTILES, ps, strict=True)}
+                tail_ms = tail * 1e3
                 slowdown = float(sol.cpi[i]) / cpi_ref
             else:
                 slowdown = ips_ref / ips if ips > 0 else math.inf
+                tail_ms = math.nan
             busy_cycles = float(sol.busy[i]) * hz
             per_w[i] = WorkloadTruth(
                 ips=ips,
@@ -846,6 +856,7 @@ class SimNode:
                 load_rps=rate,
                 utilization=util,
                 latency_ms=MappingProxyType(lat),
+                tail95_mean_ms=tail_ms,
             )
         out: dict[str, GroupTruth] = {}
         for g in [*alloc, ""]:
@@ -871,5 +882,9 @@ class SimNode:
                 latency_ms=MappingProxyType(lat),
                 workloads=MappingProxyType({self._instances[i].name: per_w[i] for i in members}),
                 memory_latency_ns=sol.latency_ns,
+                tail95_mean_ms=max(
+                    (per_w[i].tail95_mean_ms for i in members if self._specs[i].kind == "lc"),
+                    default=math.nan,
+                ),
             )
         return out

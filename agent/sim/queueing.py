@@ -101,6 +101,34 @@ def simulate(
     return cum.ravel(), count, new_backlog
 
 
+def steady_samples(
+    rate: float,
+    mean_service_s: float,
+    dist: ServiceDist,
+    workers: int,
+    requests: int = 200_000,
+    seed: int = 12345,
+) -> np.ndarray:
+    """Latencies (s) of a long fixed-seed steady-state run (after a warm-up from empty).
+
+    Requires utilisation < 1 (a stationary queue).
+    """
+    if rate * mean_service_s / workers >= 1.0:
+        raise ValueError("no steady state at utilisation >= 1")
+    rng = np.random.default_rng(seed)
+    backlog = np.zeros(workers)
+    warm = max(requests // 10, 100)
+    _, _, backlog = simulate(rng, rate, mean_service_s, dist, backlog, warm / rate, warm + 1)
+    lat, _, _ = simulate(rng, rate, mean_service_s, dist, backlog, requests / rate, requests + 1)
+    return lat
+
+
+def tail_mean(latencies: np.ndarray, percentile: float = 95.0) -> float:
+    """Mean latency of the requests beyond ``percentile`` (Ubik's tail metric, Sec. 3.2)."""
+    cut = np.percentile(latencies, percentile)
+    return float(latencies[latencies >= cut].mean())
+
+
 def steady_latency(
     rate: float,
     mean_service_s: float,
@@ -110,7 +138,7 @@ def steady_latency(
     requests: int = 200_000,
     seed: int = 12345,
 ) -> tuple[float, ...]:
-    """Noise-free steady-state latency percentiles (s): a long fixed-seed run from empty.
+    """Noise-free steady-state latency percentiles (s): a long fixed-seed run.
 
     ``inf`` when the offered load reaches the capacity (utilisation >= 1).
     """
@@ -118,10 +146,5 @@ def steady_latency(
         return tuple(float(mean_service_s) for _ in percentiles)
     if rate * mean_service_s / workers >= 1.0:
         return tuple(float("inf") for _ in percentiles)
-    rng = np.random.default_rng(seed)
-    # Warm up from empty for a tenth of the run, then measure from the warmed backlog.
-    backlog = np.zeros(workers)
-    warm = max(requests // 10, 100)
-    _, _, backlog = simulate(rng, rate, mean_service_s, dist, backlog, warm / rate, warm + 1)
-    lat, _, _ = simulate(rng, rate, mean_service_s, dist, backlog, requests / rate, requests + 1)
+    lat = steady_samples(rate, mean_service_s, dist, workers, requests, seed)
     return tuple(float(x) for x in np.percentile(lat, percentiles))
