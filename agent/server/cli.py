@@ -51,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--max-message-bytes", type=int, metavar="N", help="largest message")
     net.add_argument("--rate-limit", type=float, metavar="RPS", help="requests/s per client host")
     net.add_argument("--rate-burst", type=float, metavar="N", help="burst allowance per client")
+    net.add_argument(
+        "--latency-scrape",
+        action="append",
+        metavar="GROUP=URL#METRIC",
+        help="scrape an LC group's latency from a Prometheus histogram, e.g. "
+        "web=http://127.0.0.1:8080/metrics#http_request_duration_seconds (repeatable)",
+    )
     life = parser.add_argument_group("lifecycle")
     life.add_argument(
         "--restore-on-exit",
@@ -93,9 +100,26 @@ def build_config(args: argparse.Namespace):
         value = getattr(args, name, None)
         if value is not None:
             setattr(cfg, name, value)
+    for spec in getattr(args, "latency_scrape", None) or ():
+        cfg.latency_scrape.update(parse_scrape_flag(spec))
     cfg.resolve_token()
     cfg.validate()
     return cfg
+
+
+def parse_scrape_flag(spec: str) -> dict:
+    """``GROUP=URL#METRIC`` -> {group: ScrapeTarget} (a URL fragment is never sent)."""
+    from agent.server.scrape import ScrapeTarget
+    from agent.server.security import ConfigError
+
+    group, sep, rest = spec.partition("=")
+    url, hash_, metric = rest.rpartition("#")
+    if not (sep and hash_ and group and url and metric):
+        raise ConfigError(f"--latency-scrape {spec!r}: expected GROUP=URL#METRIC")
+    try:
+        return {group: ScrapeTarget(url=url, metric=metric)}
+    except ValueError as exc:
+        raise ConfigError(f"--latency-scrape {spec!r}: {exc}") from exc
 
 
 def run(args: argparse.Namespace) -> int:

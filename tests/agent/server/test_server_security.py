@@ -286,3 +286,26 @@ def test_a_second_agent_cannot_take_over_a_bound_port() -> None:
         second = AgentServer(RefNode(), AgentConfig(listen=first.address, metrics_listen=""))
         with pytest.raises((ConfigError, RuntimeError)):
             second.start()
+
+
+@pytest.mark.parametrize(
+    ("flag", "ok"),
+    [
+        ("web=http://127.0.0.1:8080/metrics#http_request_duration_seconds", True),
+        ("web=http://127.0.0.1:8080/metrics", False),
+        ("web=file:///etc/passwd#m", False),
+        ("../x=http://h/m#m", False),
+        ("http://h/m#m", False),
+    ],
+)
+def test_latency_scrape_flag(flag: str, ok: bool) -> None:
+    from agent.server.cli import build_config
+    from tuner.cli import build_parser
+
+    args = build_parser().parse_args(["agent", "--latency-scrape", flag])
+    if ok:
+        target = build_config(args).latency_scrape["web"]
+        assert target.metric == "http_request_duration_seconds" and target.url.endswith("/metrics")
+    else:
+        with pytest.raises(ConfigError):
+            build_config(args)
