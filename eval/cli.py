@@ -51,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "there is more than one run) or 'none' (serial)",
     )
     parser.add_argument("--out", metavar="DIR", help="report directory (default: runs/eval/SUITE)")
+    parser.add_argument(
+        "--rerender",
+        metavar="DIR",
+        help="rewrite the report in DIR from its results.json (no runs)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from eval.suites import SuiteError, get_suite, load_suites, parse_controllers
 
     console = Console(width=max(120, Console().width))
+    if args.rerender:
+        return _rerender(console, Path(args.rerender))
     try:
         if args.list:
             for name, s in load_suites(args.suites).items():
@@ -155,3 +162,32 @@ def print_summary(console, results, title: str = "all scenarios") -> None:
         n = max(e.n for e in row.values())
         table.add_row(label, str(n), *(f(row[k]) for k, _, f in COLUMNS))
     console.print(table)
+
+
+def _rerender(console, out: Path) -> int:
+    from eval.bench.harness import machine
+    from eval.report import load_results, write_report
+    from eval.suites import load_suites
+
+    try:
+        results = load_results(out / "results.json")
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        print(f"rdtune eval: cannot read {out / 'results.json'}: {exc}", file=sys.stderr)
+        return 2
+    if not results:
+        print(f"rdtune eval: {out / 'results.json'} holds no runs", file=sys.stderr)
+        return 2
+    suite = results[0].suite
+    known = load_suites()
+    desc = known[suite].description if suite in known else ""
+    report = write_report(
+        results,
+        out,
+        title=f"rdtune eval: suite {suite}",
+        description=desc,
+        command=f"rdtune eval --suite {suite}",
+        machine=machine(),
+    )
+    print_summary(console, results)
+    console.print(f"report: {report.markdown}")
+    return 0

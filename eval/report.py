@@ -61,7 +61,25 @@ def estimates(
     out: dict[str, dict[str, Estimate]] = {}
     for label in _order([r.controller for r in ok]):
         runs = [r for r in ok if r.controller == label]
-        out[label] = {k: mean_ci([r.metrics.get(k, math.nan) for r in runs]) for k, _, _ in COLUMNS}
+        out[label] = {k: mean_ci([_metric(r, k) for r in runs]) for k, _, _ in COLUMNS}
+    return out
+
+
+def _metric(r: JobResult, key: str) -> float:
+    v = r.metrics.get(key)
+    v = math.nan if v is None else float(v)
+    if key == "slo_violation_rate" and not math.isfinite(_metric(r, "tail_latency_ms")):
+        return math.nan  # no LC interval was judged: there is no violation rate
+    return v
+
+
+def load_results(path: str | Path) -> list[JobResult]:
+    """Runs from a ``results.json`` written by :func:`write_report` (nulls become NaN)."""
+    rows = json.loads(Path(path).read_text())
+    out = []
+    for d in rows:
+        d["metrics"] = {k: math.nan if v is None else v for k, v in d["metrics"].items()}
+        out.append(JobResult(**d))
     return out
 
 

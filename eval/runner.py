@@ -196,6 +196,8 @@ def run_job(job: Job) -> JobResult:
         refs = sim_reference_ips(twin) if twin is not None else {}
         m = summarize(records, groups, refs)
         res.metrics = asdict(m)
+        if not any(s.kind is GroupKind.LC for s in groups.values()):
+            res.metrics["slo_violation_rate"] = math.nan  # nothing to judge
         if not refs:
             for k in ("unfairness", "weighted_speedup"):
                 res.metrics[k] = math.nan

@@ -27,6 +27,10 @@ def test_smoke_suite_serial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         (c, s) for c in ("unpartitioned", "eq") for s in (0, 1)
     }
     assert "| eq | 2 |" in md and (tmp_path / "tradeoff.png").is_file()
+    (tmp_path / "report.md").unlink()
+    assert main(["eval", "--rerender", str(tmp_path)]) == 0  # from results.json, no runs
+    assert (tmp_path / "report.md").read_text() == md
+    assert main(["eval", "--rerender", str(tmp_path / "nowhere")]) == 2
 
 
 def test_smoke_suite_on_ray_local_matches_serial() -> None:
