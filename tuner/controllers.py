@@ -39,6 +39,10 @@ def build(
 ) -> Controller:
     """The controller ``spec`` names, for a node with ``caps``."""
     options = dict(options or {})
+    if spec == "policy":  # the registry's entry: the policy shipped in models/policies/default
+        from models.policy import DEFAULT_POLICY
+
+        spec = f"policy:{options.pop('path', DEFAULT_POLICY)}"
     if spec.startswith("policy:"):
         from tuner.policy import load_policy
 

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         tls=bool(args.tls_ca),
         timeout_s=args.timeout,
     )
-    console = Console()
+    console = Console(width=max(100, Console().width))  # group names and bars unwrapped
     try:
         conn.resolve_token()
         node = conn.connect()
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
 
     cbm = caps.l3.cbm_mask if caps.l3 else 0
-    title = f"{args.agent}: {caps.description or caps.vendor.value}"
+    title = f"{args.agent}: {(caps.description or caps.vendor.value).strip()}"
     if caps.l3:
         title += f", {caps.l3.num_ways} ways"
     if caps.mba:

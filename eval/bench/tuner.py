@@ -102,6 +102,8 @@ def run(quick: bool) -> list[Result]:
             loop, decide = measure(address, spec, intervals)
             target = "p99 <= 5 ms" if spec.startswith("policy:") else "reference"
             results.append(latency_result(f"tuner loop, {name}", loop, "ms", target))
+            within = 100.0 * sum(t <= 5e-3 for t in loop) / len(loop)
+            results.append(Result(f"loops within 5 ms, {name}", within, "%", len(loop)))
             results.append(latency_result(f"decide, {name}", decide, "us"))
     finally:
         proc.terminate()
