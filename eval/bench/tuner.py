@@ -30,9 +30,9 @@ SKIP = {"oracle"}  # searches the simulator in-process; refuses a remote node
 OPTIONS = {"static": {"lc_group": "memcached", "ways": 4}}
 
 
-def _start_agent() -> tuple[subprocess.Popen, str]:
+def _start_agent(listen: str = "127.0.0.1:0") -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "tuner.cli", "agent", "--backend", "sim", "--scenario"]
-    cmd += [SCENARIO, "--listen", "127.0.0.1:0", "--metrics-listen", ""]
+    cmd += [SCENARIO, "--listen", listen, "--metrics-listen", ""]
     err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the agent)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     line = proc.stdout.readline()
@@ -92,25 +92,43 @@ def measure(address: str, spec: str, intervals: int) -> tuple[list[float], list[
     return loop, decide
 
 
-def run(quick: bool) -> list[Result]:
-    proc, address = _start_agent()
-    intervals = 300 if quick else 2000
-    results = []
+def _results(spec: str, loop: list[float], decide: list[float], via: str) -> list[Result]:
+    name = ("policy (ONNX)" if spec.startswith("policy:") else spec) + via
+    target = "p99 <= 5 ms" if spec.startswith("policy:") else "reference"
+    within = 100.0 * sum(t <= 5e-3 for t in loop) / len(loop)
+    return [
+        latency_result(f"tuner loop, {name}", loop, "ms", target),
+        Result(f"loops within 5 ms, {name}", within, "%", len(loop)),
+        latency_result(f"decide, {name}", decide, "us"),
+    ]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
     try:
-        for spec in _controllers():
-            name = "policy (ONNX)" if spec.startswith("policy:") else spec
-            loop, decide = measure(address, spec, intervals)
-            target = "p99 <= 5 ms" if spec.startswith("policy:") else "reference"
-            results.append(latency_result(f"tuner loop, {name}", loop, "ms", target))
-            within = 100.0 * sum(t <= 5e-3 for t in loop) / len(loop)
-            results.append(Result(f"loops within 5 ms, {name}", within, "%", len(loop)))
-            results.append(latency_result(f"decide, {name}", decide, "us"))
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def run(quick: bool) -> list[Result]:
+    intervals = 300 if quick else 2000
+    specs = _controllers()
+    results = []
+    proc, address = _start_agent()
+    try:
+        for spec in specs:
+            results += _results(spec, *measure(address, spec, intervals), "")
     finally:
-        proc.terminate()
+        _stop(proc)
+    # The deployment examples connect over a Unix socket: the last controller (the policy
+    # when there is one) again that way.
+    with tempfile.TemporaryDirectory(prefix="rdt") as tmp:
+        proc, address = _start_agent(f"unix:{tmp}/agent.sock")
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            results += _results(specs[-1], *measure(address, specs[-1], intervals), ", unix")
+        finally:
+            _stop(proc)
     return results
 
 
