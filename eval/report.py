@@ -95,6 +95,26 @@ def table(results: Sequence[JobResult], scenario: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def pivot(results: Sequence[JobResult], key: str) -> str | None:
+    """A Markdown table of one metric: scenarios as rows, controllers as columns (mean ± CI);
+    None when no run has the metric."""
+    fmt = next(f for k, _, f in COLUMNS if k == key)
+    ok = [r for r in results if not r.error]
+    scenarios = _order([r.scenario for r in ok])
+    labels = _order([r.controller for r in ok])
+    cells = {
+        (s, c): mean_ci([_metric(r, key) for r in ok if r.scenario == s and r.controller == c])
+        for s in scenarios
+        for c in labels
+    }
+    if not any(e.n for e in cells.values()):
+        return None
+    lines = ["| scenario | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for s in scenarios:
+        lines.append(f"| {s} | " + " | ".join(fmt(cells[s, c]) for c in labels) + " |")
+    return "\n".join(lines)
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
 
@@ -396,6 +416,14 @@ def write_report(
     ]
     if len(scenarios) > 1:
         lines += ["## All scenarios", "", table(results), ""]
+        for key, title in (
+            ("slo_violation_rate", "SLO violations"),
+            ("unfairness", "Unfairness"),
+            ("tail_normalized", "LC tail / alone"),
+        ):
+            text = pivot(results, key)
+            if text and len(_order([r.controller for r in results])) <= 10:
+                lines += [f"### {title} per scenario", "", text, ""]
     for scn in scenarios:
         lines += [f"## {scn}", "", table(results, scn), ""]
     errors = [r for r in results if r.error]

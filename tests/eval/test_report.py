@@ -65,7 +65,14 @@ def test_report_writes_markdown_plots_and_json(tmp_path: Path) -> None:
     rep = write_report(results, tmp_path, title="T", command="rdtune eval --suite t", machine="m")
     md = rep.markdown.read_text()
     assert md.startswith("# T") and "rdtune eval --suite t" in md
-    for heading in ("## All scenarios", "## mix_a", "## mix_b", "## kv", "## Failed runs"):
+    for heading in (
+        "## All scenarios",
+        "## mix_a",
+        "## mix_b",
+        "## kv",
+        "## Failed runs",
+        "### Unfairness per scenario",
+    ):
         assert heading in md
     assert "ubik on mix_a, seed 0: ValueError: boom" in md
     names = {p.name for p in rep.plots}
@@ -82,3 +89,15 @@ def test_non_finite_metrics_become_null_in_json(tmp_path: Path) -> None:
     r.metrics["unfairness"] = math.nan
     rep = write_report([r], tmp_path, title="T")
     assert json.loads(rep.results_json.read_text())[0]["metrics"]["unfairness"] is None
+
+
+def test_pivot_lays_one_metric_out_by_scenario_and_controller() -> None:
+    from eval.report import pivot
+
+    rows = [
+        _result(c, s, 0, 1.0, unf)
+        for s, c, unf in (("a", "eq", 0.1), ("a", "copart", 0.2), ("b", "eq", 0.3))
+    ]
+    text = pivot(rows, "unfairness").splitlines()
+    assert text[0] == "| scenario | eq | copart |"
+    assert text[2] == "| a | 0.100 | 0.200 |" and text[3] == "| b | 0.300 | - |"
