@@ -163,7 +163,7 @@ def clone(
     demos: Demonstrations,
     *,
     epochs: int = 30,
-    batch_size: int = 256,
+    batch_size: int = 64,
     lr: float = 3e-3,
     seed: int = 0,
     threads: int | None = 1,

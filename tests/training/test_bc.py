@@ -45,7 +45,7 @@ def test_cloning_reduces_loss_and_reproduces_decisions(demos) -> None:
     train, test = data.split(0.8, seed=0)
     policy = bc.make_policy(data.encoder, data.decoder)
     before = bc.imitation_loss(policy, test)
-    losses = bc.clone(policy, train, epochs=40, seed=0)
+    losses = bc.clone(policy, train, epochs=20, seed=0)
     after = bc.imitation_loss(policy, test)
     assert losses[-1] < 0.2 * losses[0]
     assert after < 0.2 * before
@@ -71,3 +71,26 @@ def test_cloned_weights_load_into_ppo(demos) -> None:
     a, _ = model.predict(data.obs[:5], deterministic=True)
     b, _ = policy.predict(data.obs[:5], deterministic=True)
     assert np.array_equal(a, b)
+
+
+def test_clones_straight_into_a_maskable_ppo_policy(demos) -> None:
+    """The trainer's models are MaskablePPO: clone into ``model.policy`` in place."""
+    import gymnasium as gym
+    from sb3_contrib import MaskablePPO
+
+    data, caps = demos
+    spaces = bc.make_policy(data.encoder, data.decoder)
+
+    class Spaces(gym.Env):
+        observation_space = spaces.observation_space
+        action_space = spaces.action_space
+
+        def action_masks(self):
+            return np.ones(int(self.action_space.nvec.sum()), dtype=bool)
+
+    model = MaskablePPO("MlpPolicy", Spaces(), n_steps=8, seed=0)
+    train, test = data.split(0.8, seed=1)
+    before = bc.imitation_loss(model.policy, test)
+    bc.clone(model.policy, train, epochs=20)
+    assert bc.imitation_loss(model.policy, test) < 0.3 * before
+    assert bc.agreement(model.policy, test, caps) > 0.5
