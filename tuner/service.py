@@ -39,7 +39,7 @@ from agent.errors import (
 from agent.node import Node, as_clock
 from agent.types import Allocation, AllocationPlan, GroupKind, GroupSpec, Snapshot
 from models.controller import ControlContext, Controller, Decision
-from tuner.config import TunerConfig
+from tuner.config import ConfigError, TunerConfig
 from tuner.guard import PlanGuard, SloGuard, Switch, slo_verdicts
 from tuner.metrics import TunerMetrics
 
@@ -147,7 +147,10 @@ class Tuner:
         self._carry_out(self.active.start(self._context(self.baseline)), self.baseline, 0.0)
         self.node.observe()  # the first interval starts now
 
-    def _ensure_groups(self) -> None:
+    def _ensure_groups(self, strict: bool = True) -> None:
+        """Create (or adopt) the configured groups and move their tasks in. ``strict``: an
+        unreadable cgroup is a configuration error (at start); after an outage it is logged
+        and the group's tasks stay where they are."""
         have = self.node.groups()
         for g in self.cfg.groups:
             spec = g.spec
@@ -167,12 +170,24 @@ class Tuner:
                 log.info(
                     "created group %r", spec.name, extra={"event": "create", "group": spec.name}
                 )
-            pids = g.all_pids()
-            for pid in pids:
-                try:
-                    self.node.assign(spec.name, pids=[pid])
-                except UnknownTask as exc:  # exited since the config/cgroup was read
-                    log.warning("group %r: %s", spec.name, exc, extra={"event": "assign_failed"})
+            try:
+                pids = g.all_pids()
+            except ConfigError as exc:
+                if strict:
+                    raise
+                log.warning("%s", exc, extra={"event": "assign_failed", "group": spec.name})
+                pids = ()
+            try:
+                if pids:
+                    self.node.assign(spec.name, pids=pids)
+            except UnknownTask:  # one exited since the config/cgroup was read: one at a time
+                for pid in pids:
+                    try:
+                        self.node.assign(spec.name, pids=[pid])
+                    except UnknownTask as exc:
+                        log.warning(
+                            "group %r: %s", spec.name, exc, extra={"event": "assign_failed"}
+                        )
             if g.cpus:
                 self.node.assign(spec.name, cpus=g.cpus)
 
@@ -366,7 +381,7 @@ class Tuner:
         """After an outage: groups back, and the node holding what the tuner last applied."""
         self.caps = self.node.capabilities()
         self.clock = as_clock(self.node)
-        self._ensure_groups()
+        self._ensure_groups(strict=False)
         self.groups = self._read_groups()
         self._reassert(self.node.allocation())
         self.node.observe()  # a fresh interval
