@@ -13,7 +13,7 @@ Example ``tuner.yaml`` (every key optional; see docs/DEPLOY.md)::
         kind: lc
         slo: {percentile: 99, target_ms: 5.0}
         pids: [1234]              # tasks to move in at start
-        cgroup: /sys/fs/cgroup/system.slice/web.service   # its cgroup.procs are moved in
+        cgroup: /sys/fs/cgroup/system.slice/web.service   # its tasks, now and later
         cpus: [0, 1]
       - {name: batch, kind: batch, cgroup: /sys/fs/cgroup/batch.slice}
     guard:

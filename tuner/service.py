@@ -106,6 +106,7 @@ class Tuner:
         self.pending: AllocationPlan | None = None  # an apply whose outcome is unknown
         self.target: AllocationPlan | None = None  # a rate-limited plan still being reached
         self._stale = True  # read the allocation back at the next interval
+        self._moved: dict[str, set[int]] = {}  # pids moved into each configured group
         self._since_read = 0
         self.intervals = 0
         self.switches: list[Switch] = []
@@ -177,19 +178,48 @@ class Tuner:
                     raise
                 log.warning("%s", exc, extra={"event": "assign_failed", "group": spec.name})
                 pids = ()
-            try:
-                if pids:
-                    self.node.assign(spec.name, pids=pids)
-            except UnknownTask:  # one exited since the config/cgroup was read: one at a time
-                for pid in pids:
-                    try:
-                        self.node.assign(spec.name, pids=[pid])
-                    except UnknownTask as exc:
-                        log.warning(
-                            "group %r: %s", spec.name, exc, extra={"event": "assign_failed"}
-                        )
+            self._move(spec.name, pids)
             if g.cpus:
                 self.node.assign(spec.name, cpus=g.cpus)
+
+    def _move(self, group: str, pids) -> None:
+        """Move ``pids`` into ``group`` in one call; one at a time only when one has exited
+        since it was listed."""
+        pids = tuple(pids)
+        try:
+            if pids:
+                self.node.assign(group, pids=pids)
+        except UnknownTask:
+            for pid in pids:
+                try:
+                    self.node.assign(group, pids=[pid])
+                except UnknownTask as exc:
+                    log.warning("group %r: %s", group, exc, extra={"event": "assign_failed"})
+        self._moved[group] = set(pids)
+
+    def _follow_cgroups(self) -> None:
+        """Tasks that joined a configured cgroup since the last look (a restarted service,
+        a new worker) are moved into its group; children of moved tasks follow by
+        themselves (resctrl groups are inherited on fork)."""
+        for g in self.cfg.groups:
+            if not g.cgroup or g.spec.name not in self.groups:
+                continue
+            try:
+                pids = set(g.all_pids())
+            except ConfigError as exc:
+                log.warning("%s", exc, extra={"event": "assign_failed", "group": g.spec.name})
+                continue
+            new = pids - self._moved.get(g.spec.name, set())
+            if new:
+                self._move(g.spec.name, sorted(new))
+                log.info(
+                    "moved %d new task(s) of %s into %r",
+                    len(new),
+                    g.cgroup,
+                    g.spec.name,
+                    extra={"event": "tasks", "group": g.spec.name, "pids": sorted(new)},
+                )
+            self._moved[g.spec.name] = pids
 
     def _read_groups(self) -> dict[str, GroupSpec]:
         """The node's groups in a stable order: known groups keep their place (a restarted
@@ -225,6 +255,7 @@ class Tuner:
             self.intended = self.node.allocation()
             self._stale, self._since_read = False, 0
         elif self._since_read >= self.cfg.resync_intervals:
+            self._follow_cgroups()
             return self._reassert(self.node.allocation())
         return self.intended
 

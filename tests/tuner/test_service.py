@@ -104,13 +104,18 @@ def test_groups_from_the_config_are_created_or_adopted(server, tmp_path) -> None
         GroupConfig(GroupSpec("web", GroupKind.LC, SLO(99.0, 2.0)), cgroup=str(cgroup)),
         GroupConfig(GroupSpec("memcached"), pids=(pids[2], 999999)),  # exists; one unknown pid
     ]
-    tuner = make_tuner(server, registry.make("eq"), groups=groups)
+    tuner = make_tuner(server, registry.make("eq"), groups=groups, resync_intervals=2)
     tuner.start()
     assert tuner.groups["web"] == GroupSpec("web", GroupKind.LC, SLO(99.0, 2.0))
     assert tuner.groups["memcached"].kind is GroupKind.LC, "adopted as it is"
     assert tuner.node.tasks("web") == frozenset(pids[:2])
     assert pids[2] in tuner.node.tasks("memcached")
+    # A task joining the cgroup later (a restarted worker) follows at the next resync.
+    (cgroup / "cgroup.procs").write_text(f"{pids[0]}\n{pids[1]}\n{pids[3]}\n")
     tuner.step()
+    assert pids[3] not in tuner.node.tasks("web")
+    tuner.step()
+    assert tuner.node.tasks("web") == frozenset([pids[0], pids[1], pids[3]])
     assert_valid(tuner.node)
     tuner.shutdown()
 
