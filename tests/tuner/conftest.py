@@ -113,7 +113,12 @@ class TuneRun:
         return self.proc.returncode
 
     def finish(self, timeout: float = 60) -> TuneRun:
-        out, err = self.proc.communicate(timeout=timeout)
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # never leave a tuner behind
+            out, err = self.proc.communicate()
+            pytest.fail(f"rdtune tune did not finish in {timeout} s: {err[-2000:]}")
         self.stdout += out
         self.stderr += err
         for line in self.stderr.splitlines():
