@@ -61,6 +61,12 @@ class TunerMetrics:
             "1 while the fallback controller is in charge",
             registry=r,
         )
+        self.active_controller = Gauge(
+            "rdtune_tuner_active_controller",
+            "1 for the controller in charge, 0 for the other",
+            ["controller", "role"],
+            registry=r,
+        )
         self.dropped_plans = Counter(
             "rdtune_tuner_dropped_plans_total",
             "Decided plans dropped as invalid (never applied), by broken rule",
@@ -125,6 +131,11 @@ class TunerMetrics:
             "rdtune_tuner_intervals_total", "Control intervals completed", registry=r
         )
         self._met: dict[str, list[int]] = {}
+
+    def set_active(self, active: str, primary: str, fallback: str) -> None:
+        self.active_controller.labels(primary, "primary").set(int(active == "primary"))
+        self.active_controller.labels(fallback, "fallback").set(int(active == "fallback"))
+        self.fallback_active.set(int(active == "fallback"))
 
     def record_slo(self, group: str, violated: bool, tail_ms: float) -> None:
         self.slo_intervals.labels(group, "violated" if violated else "met").inc()

@@ -133,7 +133,7 @@ class Tuner:
         self.baseline = self.node.allocation()
         self.intended = self.baseline
         self.metrics.agent_up.set(1)
-        self.metrics.fallback_active.set(0)
+        self.metrics.set_active("primary", self.primary.name, self.fallback.name)
         log.info(
             "tuning %s with %s (fallback %s): %d groups, interval %.3g s%s",
             getattr(self.node, "address", "node"),
@@ -326,7 +326,8 @@ class Tuner:
         )
         self.switches.append(switch)
         self.metrics.switches.labels(old.name, new.name).inc()
-        self.metrics.fallback_active.set(1 if switch.to_fallback else 0)
+        role = "fallback" if switch.to_fallback else "primary"
+        self.metrics.set_active(role, self.primary.name, self.fallback.name)
         for group in switch.groups:
             self.metrics.guard_trips.labels(group).inc()
         log.warning(

@@ -151,8 +151,12 @@ def metrics_table(m: dict) -> object:
     t = Table(title="tuner")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    fallback = _sum(m.get("rdtune_tuner_fallback_active", []))
-    t.add_row("controller in charge", "fallback" if fallback else "primary")
+    active = [
+        f"{labels.get('controller')} ({labels.get('role')})"
+        for labels, v in m.get("rdtune_tuner_active_controller", [])
+        if v
+    ]
+    t.add_row("controller in charge", ", ".join(active) or "-")
     t.add_row("intervals", f"{_sum(m.get('rdtune_tuner_intervals_total', [])):.0f}")
     dec = m.get("rdtune_tuner_decisions_total", [])
     for outcome in ("applied", "kept", "dropped"):

@@ -35,6 +35,7 @@ def test_status_prints_the_live_allocation_and_tuner_metrics(fresh) -> None:
     assert run.returncode == 0, run.stderr
     metrics = TunerMetrics()
     metrics.intervals.inc(7)
+    metrics.set_active("fallback", "copart", "static")
     metrics.decisions.labels("eq", "applied").inc(3)
     metrics.dropped_plans.labels("contiguous").inc(2)
     metrics.decision_latency.labels("eq").observe(40e-6)
@@ -56,6 +57,7 @@ def test_status_prints_the_live_allocation_and_tuner_metrics(fresh) -> None:
         assert ways_bar(per_domain[0].l3_mask, cbm) in out
     assert "p95 < 1 ms (50% met)" in out
     assert "decisions applied" in out and "dropped plans" in out
+    assert "static (fallback)" in out
 
 
 def test_status_of_an_unreachable_agent_says_so() -> None:
