@@ -12,8 +12,10 @@ import pytest
 from models import registry
 from tests.tuner.conftest import (
     assert_valid,
+    free_port,
     run_tune,
     start_agent,
+    start_agent_with,
     start_tune,
     wait_for,
 )
@@ -160,3 +162,21 @@ def test_killed_tuner_leaves_the_last_valid_allocation(fresh) -> None:
         tune.stop(signal.SIGKILL)
         assert node.allocation() == held
         assert_valid(node)
+
+
+def test_token_protected_agent(tmp_path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    port = free_port()
+    agent = start_agent_with(
+        "--backend", "sim", "--listen", f"127.0.0.1:{port}", "--token-file", str(token)
+    )
+    try:
+        refused = run_tune(agent.address, "eq", "--intervals", "2")
+        assert refused.returncode == 1
+        assert "the agent refused" in refused.stderr
+        ok = run_tune(agent.address, "eq", "--intervals", "2", "--token-file", str(token))
+        assert ok.returncode == 0, ok.stderr
+        assert ok.summary["intervals"] == 2
+    finally:
+        agent.stop()
