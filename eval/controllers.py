@@ -16,7 +16,9 @@ is also the label shown in tables. Set-up follows each controller's design
 - ``static`` (catbench): its offline way sweep on a *fresh copy* of the node (a simulated
   node deep-copies; a remote node is swept itself, then reset), for the first LC group;
   ``static[ways=k]`` skips the sweep (the suite's ways sweep).
-- ``ubik[slack=s]`` and ``static_lc``: target sizes from Ubik's profile sweep on a copy.
+- ``ubik[slack=s]`` and ``static_lc``: target sizes from Ubik's profile sweep on a copy
+  (10 intervals and at least 1000 requests per way count: a third of the module's default,
+  which keeps suites of many runs affordable; pass ``profiles`` to skip the sweep).
 - ``ucp``: :class:`UcpStyle`, every group (LC included) by UCP Lookahead on online miss
   curves — the utility-only partitioning Ubik's evaluation compares against.
 - ``coco`` / ``round_robin``: the node's LC services time-share CoCo's tiers; they need a

@@ -9,6 +9,9 @@ Definitions (shared by the demo, ``rdtune eval`` and the RL evaluation):
 - Unfairness: CoPart's stddev / mean of the batch groups' slowdowns.
 - Weighted speedup: sum over batch groups of mean IPS / reference IPS.
 - Allocation changes per minute: intervals whose decision changed the allocation.
+- Normalised tail: per LC group, its mean tail over the mean tail of the same service alone
+  on the machine (same load, seed and interval, every way and full bandwidth), averaged
+  over LC groups (:func:`sim_alone_tails` measures the reference on a simulated node).
 """
 
 from __future__ import annotations
