@@ -6,12 +6,12 @@ guard").
   (agent/validate.py, the same code every backend runs) against the allocation the node
   holds now; an invalid plan is dropped whole and the reason returned, never applied. It
   then enforces the change limits -- at most ``max_way_step`` ways gained or lost per group
-  and domain per interval, at most ``max_mb_step`` MBA steps, and ``min_dwell_s`` between
-  two changes of one group -- by moving each group *toward* its target one way (or one MB
-  step) at a time. Each step moves one mask end toward the target's, so a contiguous mask
-  stays contiguous and never falls below ``min_cbm_bits``; the clamped plan is validated
-  again and, should it break a rule the target did not (an exclusive group's masks
-  overlapping mid-way), its masks are held where they are.
+  and domain per interval, at most ``max_mb_step`` MBA steps (:func:`mb_step_size`), and
+  ``min_dwell_s`` between two changes of one group -- by moving each group *toward* its
+  target one way (or one MB step) at a time. Each step moves one mask end toward the
+  target's, so a contiguous mask stays contiguous and never falls below ``min_cbm_bits``;
+  the clamped plan is validated again and, should it break a rule the target did not (an
+  exclusive group's masks overlapping mid-way), its masks are held where they are.
 - :class:`SloGuard` is the SLO state machine: K consecutive violating intervals of any LC
   group trip it (switch to the fallback); ``stable_intervals`` without a violation switch
   back.
@@ -30,6 +30,7 @@ from agent.types import (
     GroupAllocation,
     GroupKind,
     GroupSpec,
+    MbaMode,
     NodeCapabilities,
     Snapshot,
     popcount,
@@ -110,6 +111,18 @@ def step_mb(old: int, target: int, max_steps: int, gran: int) -> int:
     if abs(target - old) <= limit:
         return target
     return old + limit if target > old else old - limit
+
+
+def mb_step_size(caps: NodeCapabilities) -> int | None:
+    """One MBA step in the node's MB unit: ``bandwidth_gran`` (percent, AMD units); in
+    mba_MBps mode 1% of the peak bandwidth in MiB/s (None -- no limit -- when the peak is
+    unknown)."""
+    if caps.mba is None:
+        return None
+    if caps.mba.mode is MbaMode.MBPS:
+        peak = caps.memory_bandwidth_bps
+        return max(1, int(peak / 2**20 / 100)) if peak else None
+    return max(1, caps.mba.bandwidth_gran)
 
 
 class PlanGuard:
@@ -198,8 +211,9 @@ class PlanGuard:
             ):
                 code = step(have.l3_code_mask, code, cfg.max_way_step, least)
                 limits.append("ways")
-        if cfg.max_mb_step is not None and caps.mba is not None and mb is not None and have.mb:
-            new = step_mb(have.mb, mb, cfg.max_mb_step, caps.mba.bandwidth_gran)
+        gran = mb_step_size(caps)
+        if cfg.max_mb_step is not None and gran and mb is not None and have.mb:
+            new = step_mb(have.mb, mb, cfg.max_mb_step, gran)
             if new != mb:
                 mb = new
                 limits.append("mb")

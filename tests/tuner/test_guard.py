@@ -195,3 +195,17 @@ def test_slo_guard_trips_after_k_in_a_row_and_recovers_after_a_stable_period() -
     assert back is not None and not back.to_fallback and not g.in_fallback
     assert g.update({"web": True}) is None and g.update({"web": True}) is None
     assert g.update({"web": True}).to_fallback, "trips again after K fresh violations"
+
+
+def test_mb_step_size_per_mode() -> None:
+    from dataclasses import replace
+
+    from agent.types import MbaMode
+    from tuner.guard import mb_step_size
+
+    assert mb_step_size(caps()) == 10
+    mbps = replace(caps().mba, mode=MbaMode.MBPS, bandwidth_gran=1, max_bandwidth=4294967295)
+    assert mb_step_size(replace(caps(), mba=mbps)) is None, "peak unknown: no MB limit"
+    known = replace(caps(), mba=mbps, memory_bandwidth_bps=100 * 2**30)
+    assert mb_step_size(known) == 1024  # 1% of 100 GiB/s in MiB/s
+    assert mb_step_size(replace(caps(), mba=None)) is None
