@@ -1,0 +1,63 @@
+"""Choosing the controller and the fallback; JSON log lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from agent.sim import SimNode
+from models import registry
+from tuner.controllers import ControllerError, build, fallback
+from tuner.logs import JsonFormatter
+
+CAPS = SimNode("default").capabilities()
+
+
+def test_registered_and_imported_controllers() -> None:
+    assert build("eq", CAPS).name == "eq"
+    assert build("import:tests.tuner.controllers:Quiet", CAPS).name == "quiet"
+
+
+@pytest.mark.parametrize(
+    ("spec", "options", "message"),
+    [
+        ("nope", {}, "unknown controller 'nope'"),
+        ("import:tests.tuner.controllers", {}, "use import:MODULE:CLASS"),
+        ("import:tests.tuner.nothing:X", {}, "No module named"),
+        ("import:tests.tuner.controllers:Nothing", {}, "has no attribute 'Nothing'"),
+        ("import:json:JSONDecoder", {}, "is not a models.controller.Controller"),
+        ("eq", {"colour": "red"}, "bad options {'colour': 'red'}"),
+        ("policy:", {}, "policy: needs a path"),
+    ],
+)
+def test_bad_controller_specs_say_why(spec: str, options: dict, message: str) -> None:
+    with pytest.raises(ControllerError) as err:
+        build(spec, CAPS, options)
+    assert message in str(err.value)
+
+
+def test_fallback_defaults_and_choices() -> None:
+    default = fallback()
+    # static needs its sweep's options, so the default is Ubik strict or eq when it is there
+    assert default.name in {"ubik", "eq"}
+    if "ubik" in registry.names():
+        assert default.name == "ubik"
+    assert fallback("eq").name == "eq"
+    with pytest.raises(ControllerError, match="not a learned policy"):
+        fallback("policy:/some/export")
+    if "static" in registry.names():
+        static = fallback("static", {"lc_group": "memcached", "ways": 4})
+        assert static.name == "static"
+
+
+def test_json_log_lines_carry_the_event_fields() -> None:
+    record = logging.LogRecord(
+        "rdtune.tuner", logging.WARNING, __file__, 1, "switch %s", ("x",), None
+    )
+    record.event, record.tripped_by = "switch", ["web"]
+    line = json.loads(JsonFormatter().format(record))
+    assert line["msg"] == "switch x" and line["level"] == "warning"
+    assert line["event"] == "switch" and line["tripped_by"] == ["web"]
+    assert line["logger"] == "rdtune.tuner" and line["ts"].endswith("+00:00")
