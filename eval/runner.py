@@ -300,7 +300,13 @@ def run_jobs(
             if progress:
                 progress(out[-1])
         return out
-    import ray
+    try:
+        import ray
+    except ImportError:
+        if ray_address != "local":
+            raise ValueError("Ray is not installed: use --ray-address none") from None
+        log.warning("Ray is not installed: running %d jobs serially", len(jobs))
+        return run_jobs(jobs, "none", progress)
 
     started = not ray.is_initialized()
     if started:
