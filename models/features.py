@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -52,6 +53,7 @@ from agent.types import (
     Allocation,
     GroupKind,
     GroupSpec,
+    LatencyStats,
     MbaMode,
     NodeCapabilities,
     Snapshot,
@@ -182,89 +184,203 @@ class FeatureEncoder:
         caps: NodeCapabilities,
         slots: Sequence[str] | None = None,
     ) -> np.ndarray:
-        """The observation of one interval (``slots``: a precomputed :meth:`slots`)."""
+        """The observation of one interval (``slots``: a precomputed :meth:`slots`).
+
+        Hot path of every env step and tuner interval: what depends only on the groups and
+        capabilities is prepared once (:meth:`_static`), the allocation's features once per
+        allocation object (immutable), and the rest is the same scalar arithmetic, in the
+        same order, as the per-feature definitions above (the output is pinned bit for bit
+        by tests/models/test_features_pinned.py).
+        """
         if slots is None:
             slots = self.slots(groups)
-        domain = caps.domains[0]
-        interval = snapshot.interval_s if snapshot.interval_s > 0 else None
+        st = self._static(groups, caps, slots)
+        dt = snapshot.interval_s
+        interval = dt if dt > 0 else None
         samples = snapshot.groups
-        l3, mba = caps.l3, caps.mba
-        num_ways = l3.num_ways if l3 is not None else 0
-        cache_bytes = l3.size_bytes if l3 is not None else None
-        peak = caps.memory_bandwidth_bps or None
+        peak = st.peak
 
         # Node-wide totals (shares fall back to "of the observed total").
-        bw: dict[str, float | None] = {}
         bw_total, bw_known = 0.0, False
         occ_total = 0.0
-        for name, s in samples.items():
-            rate = None
+        for s in samples.values():
             if s.memory_bytes is not None and interval:
-                rate = s.memory_bytes / interval
-                bw_total += rate
+                bw_total += s.memory_bytes / interval
                 bw_known = True
-            bw[name] = rate
             if s.llc_occupancy_bytes is not None:
                 occ_total += s.llc_occupancy_bytes
         bw_denominator = peak or (bw_total if bw_total > 0 else None)
-        occ_denominator = cache_bytes or (occ_total if occ_total > 0 else None)
+        occ_denominator = st.cache_bytes or (occ_total if occ_total > 0 else None)
 
+        held = self._held(allocation, st)
         out: list[float] = []
-        for name in slots:
-            spec = groups[name]
+        extend = out.extend
+        log1p, isfinite = math.log1p, math.isfinite
+        for (name, is_lc, latency_of, target), (ways, mb) in zip(st.rows, held, strict=True):
             s = samples.get(name)
-            row = [1.0, 1.0 if spec.kind is GroupKind.LC else 0.0]
-            ipc = s.ipc if s is not None else None
-            row += (_clip01(ipc / IPC_SCALE), 1.0) if ipc is not None else (0.0, 0.0)
-            mpki = s.mpki if s is not None else None
-            row += (
-                (_clip01(math.log1p(max(mpki, 0.0)) / MPKI_SCALE), 1.0)
-                if mpki is not None
-                else (0.0, 0.0)
-            )
-            occ = s.llc_occupancy_bytes if s is not None else None
-            row += (
-                (_clip01(occ / occ_denominator), 1.0)
-                if occ is not None and occ_denominator
-                else (0.0, 0.0)
-            )
-            rate = bw.get(name)
-            row += (
-                (_clip01(rate / bw_denominator), 1.0)
-                if rate is not None and bw_denominator
-                else (0.0, 0.0)
-            )
-            alloc = allocation.get(name, domain)
-            if l3 is None or alloc is None or alloc.l3_mask is None:
-                row.append(1.0)
+            if s is None:
+                extend((1.0, is_lc, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ways, mb))
+                extend((0.0, 0.0, 0.0))
+                continue
+            instructions = s.instructions
+            cycles = s.cycles
+            if instructions is None or not cycles:  # GroupSample.ipc
+                ipc = ipc_ok = 0.0
             else:
-                mask = alloc.l3_mask | (alloc.l3_code_mask or 0)
-                row.append(_clip01(mask.bit_count() / num_ways))
-            if mba is None or alloc is None or alloc.mb is None:
-                row.append(1.0)
-            elif mba.mode is MbaMode.MBPS:
-                row.append(_clip01(alloc.mb * 2**20 / peak) if peak else 1.0)
+                x = instructions / cycles / IPC_SCALE
+                ipc, ipc_ok = (0.0 if x < 0.0 else 1.0 if x > 1.0 else x), 1.0
+            misses = s.llc_misses
+            if misses is None or not instructions:  # GroupSample.mpki
+                mpki = mpki_ok = 0.0
             else:
-                row.append(_clip01(alloc.mb / mba.max_bandwidth))
-            ratio = tail_ratio(spec, s)
+                x = log1p(max(1000.0 * misses / instructions, 0.0)) / MPKI_SCALE
+                mpki, mpki_ok = (0.0 if x < 0.0 else 1.0 if x > 1.0 else x), 1.0
+            occ = s.llc_occupancy_bytes
+            if occ is not None and occ_denominator:
+                x = occ / occ_denominator
+                occ, occ_ok = (0.0 if x < 0.0 else 1.0 if x > 1.0 else x), 1.0
+            else:
+                occ = occ_ok = 0.0
+            moved = s.memory_bytes
+            if moved is not None and interval and bw_denominator:
+                x = moved / interval / bw_denominator
+                bw, bw_ok = (0.0 if x < 0.0 else 1.0 if x > 1.0 else x), 1.0
+            else:
+                bw = bw_ok = 0.0
+            lat = s.latency
+            ratio = None
+            if latency_of is not None and lat is not None:  # tail_ratio
+                value = latency_of(lat)
+                if isfinite(value) and lat.count > 0:
+                    ratio = value / target
             if ratio is None:
-                row += (0.0, 0.0)
+                lr = lr_ok = 0.0
             else:
                 lg = math.log2(ratio) if ratio > 0 else -LATENCY_LOG2_CLIP
                 lg = max(-LATENCY_LOG2_CLIP, min(LATENCY_LOG2_CLIP, lg))
-                row += (lg / LATENCY_LOG2_CLIP, 1.0)
-            if s is not None and s.latency is not None and interval:
-                row.append(_clip01(math.log1p(s.latency.count / interval) / LOAD_SCALE))
+                lr, lr_ok = lg / LATENCY_LOG2_CLIP, 1.0
+            if lat is not None and interval:
+                x = log1p(lat.count / interval) / LOAD_SCALE
+                load = 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
             else:
-                row.append(0.0)
-            out += row
-        out += [0.0] * ((self.max_groups - len(slots)) * len(GROUP_FEATURES))
-        out += (
-            _clip01(bw_total / peak) if peak and bw_known else 0.0,
-            1.0 if peak and bw_known else 0.0,
-            min(1.0, len(groups) / self.max_groups),
-            1.0 if len(groups) > self.max_groups else 0.0,
-            1.0 if l3 is not None else 0.0,
-            1.0 if mba is not None else 0.0,
+                load = 0.0
+            extend((1.0, is_lc, ipc, ipc_ok, mpki, mpki_ok, occ, occ_ok, bw, bw_ok, ways, mb))
+            extend((lr, lr_ok, load))
+        extend(st.padding)
+        if peak and bw_known:
+            x = bw_total / peak
+            extend((0.0 if x < 0.0 else 1.0 if x > 1.0 else x, 1.0))
+        else:
+            extend((0.0, 0.0))
+        extend(st.node_tail)
+        return np.array(out, dtype=np.float32)
+
+    def _static(
+        self, groups: Mapping[str, GroupSpec], caps: NodeCapabilities, slots: Sequence[str]
+    ) -> _Static:
+        """What the encoding needs from groups and capabilities alone (one cached entry:
+        an env or tuner encodes the same groups on the same node step after step)."""
+        specs = tuple(groups[name] for name in slots)
+        key = (tuple(slots), specs, len(groups))
+        cached = self.__dict__.get("_static_cache")
+        if (
+            cached is not None
+            and cached.key == key
+            and (cached.caps is caps or cached.caps == caps)
+        ):
+            return cached
+        st = _Static.build(self.max_groups, groups, caps, list(slots), specs, key)
+        object.__setattr__(self, "_static_cache", st)  # a cache, not state: frozen otherwise
+        object.__setattr__(self, "_held_cache", None)
+        return st
+
+    def _held(self, allocation: Allocation, st: _Static) -> list[tuple[float, float]]:
+        """(ways_fraction, mba_fraction) per slot; an Allocation is immutable, so the result
+        is kept for as long as the same allocation object is held."""
+        cached = self.__dict__.get("_held_cache")
+        if cached is not None and cached[0] is allocation and cached[1] is st:
+            return cached[2]
+        caps, l3, mba, peak = st.caps, st.caps.l3, st.caps.mba, st.peak
+        domain = caps.domains[0]
+        out = []
+        for name in st.slots:
+            alloc = allocation.get(name, domain)
+            if l3 is None or alloc is None or alloc.l3_mask is None:
+                ways = 1.0
+            else:
+                mask = alloc.l3_mask | (alloc.l3_code_mask or 0)
+                ways = _clip01(mask.bit_count() / st.num_ways)
+            if mba is None or alloc is None or alloc.mb is None:
+                mb = 1.0
+            elif mba.mode is MbaMode.MBPS:
+                mb = _clip01(alloc.mb * 2**20 / peak) if peak else 1.0
+            else:
+                mb = _clip01(alloc.mb / mba.max_bandwidth)
+            out.append((ways, mb))
+        object.__setattr__(self, "_held_cache", (allocation, st, out))
+        return out
+
+
+_PERCENTILE_FIELDS = dict(
+    zip(LatencyStats.PERCENTILES, ("p50_ms", "p95_ms", "p99_ms", "p999_ms"), strict=True)
+)
+
+
+def _percentile_of(p: float):
+    return lambda lat: lat.percentile(p)
+
+
+@dataclass(frozen=True)
+class _Static:
+    """Per (slots, their specs, number of groups, capabilities): the encoder's constants."""
+
+    key: tuple
+    caps: NodeCapabilities
+    slots: tuple[str, ...]
+    # per slot: (name, is_lc, getter of the SLO's latency percentile or None, SLO target)
+    rows: tuple[tuple, ...]
+    num_ways: int
+    cache_bytes: int | None
+    peak: float | None
+    padding: tuple[float, ...]
+    node_tail: tuple[float, ...]  # group_fraction, truncated, has_cat, has_mba
+
+    @classmethod
+    def build(
+        cls,
+        max_groups: int,
+        groups: Mapping[str, GroupSpec],
+        caps: NodeCapabilities,
+        slots: list[str],
+        specs: tuple[GroupSpec, ...],
+        key: tuple,
+    ) -> _Static:
+        rows = []
+        for name, spec in zip(slots, specs, strict=True):
+            getter, target = None, None
+            if spec.slo is not None:
+                p = spec.slo.percentile
+                field_name = _PERCENTILE_FIELDS.get(float(p))
+                # LatencyStats.percentile(p) without its per-call lookup (and with its error
+                # for a percentile it does not have).
+                getter = attrgetter(field_name) if field_name else _percentile_of(p)
+                target = spec.slo.target_ms
+            rows.append((name, 1.0 if spec.kind is GroupKind.LC else 0.0, getter, target))
+        l3, mba = caps.l3, caps.mba
+        n_groups = len(groups)
+        return cls(
+            key=key,
+            caps=caps,
+            slots=tuple(slots),
+            rows=tuple(rows),
+            num_ways=l3.num_ways if l3 is not None else 0,
+            cache_bytes=l3.size_bytes if l3 is not None else None,
+            peak=caps.memory_bandwidth_bps or None,
+            padding=(0.0,) * ((max_groups - len(slots)) * len(GROUP_FEATURES)),
+            node_tail=(
+                min(1.0, n_groups / max_groups),
+                1.0 if n_groups > max_groups else 0.0,
+                1.0 if l3 is not None else 0.0,
+                1.0 if mba is not None else 0.0,
+            ),
         )
-        return np.asarray(out, dtype=np.float32)
