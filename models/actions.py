@@ -134,13 +134,58 @@ class ActionDecoder:
     def decode(
         self, action: Sequence[int] | np.ndarray, slots: Sequence[str], caps: NodeCapabilities
     ) -> DecodedAction:
-        """The plan for ``slots`` (group names in slot order) on a node with ``caps``."""
-        raw = action.reshape(-1).tolist() if isinstance(action, np.ndarray) else list(action)
-        if len(raw) != 2 * self.max_groups:
+        """The plan for ``slots`` (group names in slot order) on a node with ``caps``.
+
+        Hot path of every env step: what depends only on ``slots`` and ``caps`` is prepared
+        once per node (:class:`_Context`), and the cache split of each share vector is
+        memoised there; the returned dicts are fresh (callers may keep or change them).
+        """
+        g_max = self.max_groups
+        if isinstance(action, np.ndarray):
+            raw = action.reshape(-1).tolist()
+            exact = action.dtype.kind in "iu"  # tolist() gave Python ints already
+        else:
+            raw, exact = list(action), False
+        if len(raw) != 2 * g_max:
             raise ValueError(
-                f"action has {len(raw)} values; expected {2 * self.max_groups} "
-                f"(share and MBA level per slot)"
+                f"action has {len(raw)} values; expected {2 * g_max} (share and MBA level per slot)"
             )
+        if exact:
+            levels = raw
+            if (
+                min(raw) < 0
+                or max(raw[:g_max]) >= self.share_levels
+                or (max(raw[g_max:]) >= self.mba_levels)
+            ):
+                raise ValueError(f"action {raw} outside MultiDiscrete{list(self._bounds)}")
+        else:
+            levels = self._checked_levels(raw)
+        ctx = self._context(slots, caps)
+        slots, n = ctx.slots, ctx.n
+        share, mba_lv = levels[:n], levels[g_max : g_max + n]
+        repairs: list[str] = []
+        if any(levels[n:g_max]) or any(levels[g_max + n :]):
+            repairs.append(f"ignored levels of {g_max - n} empty slots")
+        ways: dict[str, int] = {}
+        masks: dict[str, int] = {}
+        shared = False
+        if ctx.l3 and n:
+            ways, masks, shared, note = ctx.split(tuple(share))
+            ways, masks = dict(ways), dict(masks)
+            if note:
+                repairs.append(note)
+        elif not ctx.l3 and n and any(share):
+            repairs.append("ignored share levels: the node has no cache allocation")
+        mb: dict[str, int] = {}
+        table = ctx.mb_table
+        if table is not None:
+            mb = {g: table[lv] for g, lv in zip(slots, mba_lv, strict=True)}
+        elif n and any(mba_lv):
+            repairs.append("ignored MBA levels: the node has no MBA")
+        plan = ctx.plan(slots if (masks or mb) else (), masks, mb)
+        return DecodedAction(plan, ways, masks, mb, shared, tuple(repairs))
+
+    def _checked_levels(self, raw: list) -> list[int]:
         bounds = self._bounds
         try:
             levels = [int(x) for x in raw]
@@ -148,51 +193,20 @@ class ActionDecoder:
             raise ValueError(f"action {raw} is not a vector of integers") from None
         if levels != raw or any(not 0 <= x < b for x, b in zip(levels, bounds, strict=True)):
             raise ValueError(f"action {raw} outside MultiDiscrete{list(bounds)}")
-        slots = list(slots)[: self.max_groups]
-        n = len(slots)
-        share, mba_lv = levels[: self.max_groups], levels[self.max_groups :]
-        repairs: list[str] = []
-        if any(share[n:]) or any(mba_lv[n:]):
-            repairs.append(f"ignored levels of {self.max_groups - n} empty slots")
-        ways: dict[str, int] = {}
-        masks: dict[str, int] = {}
-        shared = False
-        l3 = caps.l3
-        if l3 is not None and n:
-            least = max(1, l3.min_cbm_bits)
-            total = l3.num_ways
-            if n * least <= total:
-                extra = apportion(total - n * least, share[:n])
-                ways = {g: least + e for g, e in zip(slots, extra, strict=True)}
-                offset = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1
-                for g, k in ways.items():  # contiguous, disjoint, in slot order
-                    masks[g] = ((1 << k) - 1) << offset
-                    offset += k
-            else:
-                shared = True
-                masks = self._shared_masks(slots, share[:n], caps, least)
-                ways = {g: m.bit_count() for g, m in masks.items()}
-                repairs.append(
-                    f"{n} groups share {total // least} slices of {least} ways "
-                    f"({total} ways, min_cbm_bits {l3.min_cbm_bits})"
-                )
-        elif l3 is None and n and any(share[:n]):
-            repairs.append("ignored share levels: the node has no cache allocation")
-        mb: dict[str, int] = {}
-        if caps.mba is not None:
-            table = self._mb_table(caps)
-            for g, lv in zip(slots, mba_lv, strict=False):
-                mb[g] = table[lv]
-        elif n and any(mba_lv[:n]):
-            repairs.append("ignored MBA levels: the node has no MBA")
-        domains = caps.domains
-        plan = AllocationPlan(
-            {
-                g: dict.fromkeys(domains, GroupAllocation(l3_mask=masks.get(g), mb=mb.get(g)))
-                for g in (slots if (masks or mb) else ())
-            }
+        return levels
+
+    def _context(self, slots: Sequence[str], caps: NodeCapabilities) -> _Context:
+        """The per-(slots, capabilities) constants (one cached entry: an env decodes for the
+        same groups on the same node step after step)."""
+        key = tuple(slots)[: self.max_groups]
+        ctx = self.__dict__.get("_ctx")
+        if ctx is not None and ctx.slots == key and (ctx.caps is caps or ctx.caps == caps):
+            return ctx
+        ctx = _Context(
+            key, caps, self._mb_table(caps) if caps.mba is not None else None, self._shared_masks
         )
-        return DecodedAction(plan, ways, masks, mb, shared, tuple(repairs))
+        object.__setattr__(self, "_ctx", ctx)  # a cache, not state: frozen otherwise
+        return ctx
 
     def _mb_table(self, caps: NodeCapabilities) -> tuple[int, ...]:
         """MB value of each MBA level on this node (cached: it only depends on the MBA
@@ -221,3 +235,69 @@ class ActionDecoder:
             width = least + (total - slices * least if s == slices - 1 else 0)
             masks[slots[i]] = contiguous_mask(width, low + s * least)
         return masks
+
+
+_CACHE_LIMIT = 4096  # memoised splits / group allocations per context (cleared when full)
+
+
+class _Context:
+    """What decoding needs from the slots and capabilities alone, plus memo tables of
+    immutable results (cache splits per share vector, GroupAllocation per (mask, MB))."""
+
+    def __init__(
+        self, slots: tuple[str, ...], caps: NodeCapabilities, mb_table, shared_masks
+    ) -> None:
+        self.slots, self.caps, self.n = slots, caps, len(slots)
+        self.mb_table: tuple[int, ...] | None = mb_table
+        self.domains = caps.domains
+        l3 = caps.l3
+        self.l3 = l3 is not None
+        if l3 is not None:
+            self.least = max(1, l3.min_cbm_bits)
+            self.total = l3.num_ways
+            self.offset = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1
+            self.min_cbm_bits = l3.min_cbm_bits
+        self._shared_masks = shared_masks
+        self._splits: dict[tuple[int, ...], tuple] = {}
+        self._allocs: dict[tuple, GroupAllocation] = {}
+
+    def split(self, share: tuple[int, ...]) -> tuple[dict, dict, bool, str | None]:
+        """(ways, masks, shared, repair note) for the share levels of the present slots."""
+        got = self._splits.get(share)
+        if got is not None:
+            return got
+        slots, n, least, total = self.slots, self.n, self.least, self.total
+        if n * least <= total:
+            extra = apportion(total - n * least, share)
+            ways = {g: least + e for g, e in zip(slots, extra, strict=True)}
+            masks = {}
+            offset = self.offset
+            for g, k in ways.items():  # contiguous, disjoint, in slot order
+                masks[g] = ((1 << k) - 1) << offset
+                offset += k
+            got = (ways, masks, False, None)
+        else:
+            masks = self._shared_masks(slots, share, self.caps, least)
+            ways = {g: m.bit_count() for g, m in masks.items()}
+            note = (
+                f"{n} groups share {total // least} slices of {least} ways "
+                f"({total} ways, min_cbm_bits {self.min_cbm_bits})"
+            )
+            got = (ways, masks, True, note)
+        if len(self._splits) >= _CACHE_LIMIT:
+            self._splits.clear()
+        self._splits[share] = got
+        return got
+
+    def plan(self, groups: Sequence[str], masks: dict, mb: dict) -> AllocationPlan:
+        allocs = self._allocs
+        per_group = {}
+        for g in groups:
+            key = (masks.get(g), mb.get(g))
+            a = allocs.get(key)
+            if a is None:
+                if len(allocs) >= _CACHE_LIMIT:
+                    allocs.clear()
+                a = allocs[key] = GroupAllocation(l3_mask=key[0], mb=key[1])
+            per_group[g] = dict.fromkeys(self.domains, a)
+        return AllocationPlan(per_group)
