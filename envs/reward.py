@@ -80,7 +80,7 @@ class RewardWeights:
         return cls(**{k: float(v) for k, v in value.items()})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RewardTerms:
     """Each term of one step's reward, and the quantities behind them."""
 
@@ -162,28 +162,57 @@ def solo_reference_ips(node) -> dict[str, float]:
 
 def churn(before: Allocation | None, after: Allocation, caps: NodeCapabilities) -> tuple:
     """(cache churn in [0, 1], mean absolute MB-fraction change) between two allocations."""
-    if before is None:
-        return 0.0, 0.0
-    domain = caps.domains[0]
-    moved = 0
-    mb_delta: list[float] = []
-    mba = caps.mba
-    scale = None
-    if mba is not None:
-        if mba.mode is MbaMode.MBPS:
-            scale = (caps.memory_bandwidth_bps or 0) / 2**20 or None
-        else:
-            scale = float(mba.max_bandwidth)
-    for g in after:
-        a, b = after.get(g, domain), before.get(g, domain)
-        if a is None or b is None:
-            continue
-        moved += ((a.l3_mask or 0) ^ (b.l3_mask or 0)).bit_count()
-        if scale and a.mb is not None and b.mb is not None:
-            mb_delta.append(min(1.0, abs(a.mb - b.mb) / scale))
-    ways = caps.l3.num_ways if caps.l3 is not None else 0
-    cache = min(1.0, moved / (2 * ways)) if ways else 0.0
-    return cache, (sum(mb_delta) / len(mb_delta) if mb_delta else 0.0)
+    return _Churn(caps)(before, after)
+
+
+class _Churn:
+    """:func:`churn` with the capabilities' constants prepared once, and each allocation's
+    (mask, MB) per group read once (an Allocation is immutable, and an env step's ``after``
+    is the next step's ``before``)."""
+
+    def __init__(self, caps: NodeCapabilities) -> None:
+        self.domain = caps.domains[0]
+        mba = caps.mba
+        scale = None
+        if mba is not None:
+            if mba.mode is MbaMode.MBPS:
+                scale = (caps.memory_bandwidth_bps or 0) / 2**20 or None
+            else:
+                scale = float(mba.max_bandwidth)
+        self.scale = scale
+        self.ways = caps.l3.num_ways if caps.l3 is not None else 0
+        self._seen: list[tuple[Allocation, dict]] = []
+
+    def _table(self, alloc: Allocation) -> dict[str, tuple[int, int | None]]:
+        for held, table in self._seen:
+            if held is alloc:
+                return table
+        domain = self.domain
+        table = {}
+        for g in alloc:
+            a = alloc.get(g, domain)
+            if a is not None:
+                table[g] = (a.l3_mask or 0, a.mb)
+        self._seen = [*self._seen[-1:], (alloc, table)]  # keeps before and after
+        return table
+
+    def __call__(self, before: Allocation | None, after: Allocation) -> tuple[float, float]:
+        if before is None or before is after:  # after is after: nothing moved (the loop's 0s)
+            return 0.0, 0.0
+        old, new = self._table(before), self._table(after)
+        scale = self.scale
+        moved = 0
+        mb_delta: list[float] = []
+        for g, (mask, mb) in new.items():
+            b = old.get(g)
+            if b is None:
+                continue
+            moved += (mask ^ b[0]).bit_count()
+            if scale and mb is not None and b[1] is not None:
+                mb_delta.append(min(1.0, abs(mb - b[1]) / scale))
+        ways = self.ways
+        cache = min(1.0, moved / (2 * ways)) if ways else 0.0
+        return cache, (sum(mb_delta) / len(mb_delta) if mb_delta else 0.0)
 
 
 def compute_reward(
@@ -197,16 +226,39 @@ def compute_reward(
     ips: Mapping[str, float] | None = None,
 ) -> RewardTerms:
     """The reward of one interval (see the module docstring)."""
-    if ips is None:
-        ips = observed_ips(snapshot)
-    penalties: list[float] = []
-    worst = math.nan
-    violations = 0
-    slowdowns: list[float] = []
-    for name, spec in groups.items():
-        s = snapshot.groups.get(name)
-        if spec.kind is GroupKind.LC:
-            ratio = tail_ratio(spec, s)
+    return StepReward(groups, caps, weights)(snapshot, reference_ips, before, after, ips)
+
+
+class StepReward:
+    """:func:`compute_reward` for fixed groups, capabilities and weights (an episode's):
+    the group lists and capability constants are prepared once, so a step only does the
+    per-interval arithmetic (same terms, same order of operations)."""
+
+    def __init__(
+        self, groups: Mapping[str, GroupSpec], caps: NodeCapabilities, weights: RewardWeights
+    ) -> None:
+        self.weights = weights
+        self._lc = [(name, spec) for name, spec in groups.items() if spec.kind is GroupKind.LC]
+        self._batch = [name for name, spec in groups.items() if spec.kind is GroupKind.BATCH]
+        self._churn = _Churn(caps)
+
+    def __call__(
+        self,
+        snapshot: Snapshot,
+        reference_ips: Mapping[str, float],
+        before: Allocation | None,
+        after: Allocation,
+        ips: Mapping[str, float] | None = None,
+    ) -> RewardTerms:
+        if ips is None:
+            ips = observed_ips(snapshot)
+        weights = self.weights
+        samples = snapshot.groups
+        penalties: list[float] = []
+        worst = math.nan
+        violations = 0
+        for name, spec in self._lc:
+            ratio = tail_ratio(spec, samples.get(name))
             if ratio is None:
                 continue
             worst = ratio if math.isnan(worst) else max(worst, ratio)
@@ -215,22 +267,23 @@ def compute_reward(
                 penalties.append(1.0 + min(weights.slo_cap, ratio - 1.0))
             else:
                 penalties.append(0.0)
-        elif spec.kind is GroupKind.BATCH:
+        slowdowns: list[float] = []
+        for name in self._batch:
             ref, got = reference_ips.get(name), ips.get(name)
             if ref and got and got > 0:  # not running (departed, not started): not judged
                 slowdowns.append(max(ref / got, 1e-6))
-    slo = -weights.slo * (sum(penalties) / len(penalties)) if penalties else 0.0
-    unfairness = _unfairness(slowdowns)
-    fairness = -weights.fairness * unfairness
-    progress = sum(1.0 / s for s in slowdowns) / len(slowdowns) if slowdowns else math.nan
-    throughput = weights.throughput * progress if slowdowns else 0.0
-    cache, mb = churn(before, after, caps)
-    moved = cache + weights.mba_share * mb
-    change = -weights.change * moved
-    total = slo + fairness + throughput + change
-    return RewardTerms(
-        slo, fairness, throughput, change, total, violations, worst, unfairness, progress, moved
-    )
+        slo = -weights.slo * (sum(penalties) / len(penalties)) if penalties else 0.0
+        unfairness = _unfairness(slowdowns)
+        fairness = -weights.fairness * unfairness
+        progress = sum(1.0 / s for s in slowdowns) / len(slowdowns) if slowdowns else math.nan
+        throughput = weights.throughput * progress if slowdowns else 0.0
+        cache, mb = self._churn(before, after)
+        moved = cache + weights.mba_share * mb
+        change = -weights.change * moved
+        total = slo + fairness + throughput + change
+        return RewardTerms(
+            slo, fairness, throughput, change, total, violations, worst, unfairness, progress, moved
+        )
 
 
 def _unfairness(slowdowns: Sequence[float]) -> float:
