@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 from eval.bench import BENCHMARKS
 
@@ -32,10 +33,18 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown benchmark(s) {unknown}; have {list(BENCHMARKS)}")
     print(f"machine: {machine()}\n")
     print("| benchmark | median | p99 | runs | target |\n|---|---|---|---|---|")
+    failed = []
     for name in names:
-        module = importlib.import_module(f"eval.bench.{BENCHMARKS[name]}")
-        for result in module.run(quick=args.quick):
-            print(result.row(), flush=True)
+        try:
+            module = importlib.import_module(f"eval.bench.{BENCHMARKS[name]}")
+            for result in module.run(quick=args.quick):
+                print(result.row(), flush=True)
+        except Exception as exc:  # one benchmark must not lose the others
+            failed.append(name)
+            print(f"| {name}: failed ({type(exc).__name__}: {exc}) | - | - | - | - |", flush=True)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -119,3 +119,16 @@ def test_time_sharing_is_judged_per_service() -> None:
     assert set(r.timeline_ways) == services
     # round robin rotates the big tier: some service's ways change over the run
     assert any(len(set(w)) > 1 for w in r.timeline_ways.values())
+
+
+def test_bench_failure_is_reported_and_the_rest_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from eval import bench
+
+    # a benchmark module that does not exist stands in for one that breaks
+    monkeypatch.setitem(bench.BENCHMARKS, "broken", "no_such_module")
+    assert main(["bench", "--quick", "broken", "sim"]) == 1
+    out = capsys.readouterr()
+    assert "| broken: failed (ModuleNotFoundError" in out.out and "steps/s" in out.out
+    assert "failed: broken" in out.err
