@@ -46,7 +46,7 @@ from training.traces import Trace
 LATENCY_KEYS = ("p50", "p95", "p99", "p999")
 LOG_TARGETS = ("ipc", "cps", "mpki", "apki", "bw", *LATENCY_KEYS)
 TARGETS = (*LOG_TARGETS, "occ")
-INPUTS = ("w", "m", "B", "L")
+INPUTS = ("w", "m", "B", "L", "o")
 TAU_GRID = (0.0, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8)
 _EPS = 1e-9
 
@@ -63,18 +63,21 @@ def hats(v: np.ndarray, knots: np.ndarray) -> np.ndarray:
 
 
 def basis(x: np.ndarray) -> np.ndarray:
-    """The regression basis of inputs ``x`` (N x 4: w, m, B, L): hat functions in ways and
-    MBA (a response table with knees where the data has them) plus smooth interaction,
-    contention and load terms."""
+    """The regression basis of inputs ``x`` (N x 5: w, m, B, L, o): hat functions in ways,
+    occupancy and MBA (a response table with knees where the data has them) plus smooth
+    interaction, contention and load terms."""
     w = np.maximum(x[:, 0], 1e-3)
     m = np.maximum(x[:, 1], 1e-3)
     b, load = x[:, 2], x[:, 3]
-    lw, lm = np.log(w), np.log(m)
+    o = np.maximum(x[:, 4], 1e-3)
+    lw, lm, lo = np.log(w), np.log(m), np.log(o)
     cols = [
-        np.ones_like(w), lw * lm, w * m,
-        b, b * b, b * lm, b * lw, load, load**2, load**3, load * lw, load * lm,
+        np.ones_like(w), lw * lm, w * m, lo * lm, o * m, o * w,
+        b, b * b, b * lm, b * lo, load, load**2, load**3, load * lo, load * lm,
     ]  # fmt: skip
-    return np.concatenate([np.stack(cols, axis=1), hats(w, W_KNOTS), hats(m, M_KNOTS)], axis=1)
+    return np.concatenate(
+        [np.stack(cols, axis=1), hats(w, W_KNOTS), hats(o, W_KNOTS), hats(m, M_KNOTS)], axis=1
+    )
 
 
 @dataclass
@@ -126,6 +129,7 @@ class GroupDynamics:
     max_load_rps: float = 0.0
     samples: int = 0
     tau_s: float = 0.0
+    state: bool = False
 
     def predict(self, x: np.ndarray) -> dict[str, np.ndarray]:
         if not self.models:
@@ -154,6 +158,7 @@ class Prediction:
     bw_bps: float
     occupancy_bytes: float
     latency_ms: Mapping[str, float] = field(default_factory=dict)
+    occupancy_share: float = 0.0  # the state at the interval's end (occupancy models)
 
 
 @dataclass
@@ -165,6 +170,7 @@ class Dynamics:
     peak_bps: float
     cache_bytes: float
     fit_error: dict[str, float] = field(default_factory=dict)
+    interval_s: float = 0.1  # the recording's interval: one step of the occupancy state
 
     # ------------------------------------------------------------------ prediction
 
@@ -174,6 +180,7 @@ class Dynamics:
         mb: Mapping[str, int | None],
         loads_rps: Mapping[str, float],
         others_bw: Mapping[str, float],
+        occupancy: Mapping[str, float] | None = None,
     ) -> dict[str, np.ndarray]:
         caps = self.capabilities
         ways = caps.l3.num_ways if caps.l3 else 1
@@ -184,7 +191,8 @@ class Dynamics:
             w = eff_ways[g] / ways if caps.l3 else 1.0
             m = (mb.get(g) or mbmax) / mbmax if caps.mba else 1.0
             load = loads_rps.get(g, 0.0) / d.max_load_rps if d.max_load_rps > 0 else 0.0
-            out[g] = np.array([[w, m, others_bw.get(g, 0.0) / self.peak_bps, load]])
+            o = occupancy.get(g, w) if (d.state and occupancy is not None) else w
+            out[g] = np.array([[w, m, others_bw.get(g, 0.0) / self.peak_bps, load, o]])
         return out
 
     def predict(
@@ -192,10 +200,28 @@ class Dynamics:
         eff_ways: Mapping[str, float],
         mb: Mapping[str, int | None],
         loads_rps: Mapping[str, float] | None = None,
-        iterations: int = 4,
+        iterations: int = 3,
+        occupancy: Mapping[str, float] | None = None,
+        settle_steps: int = 600,
     ) -> dict[str, Prediction]:
         """Predictions for the active groups named in ``eff_ways`` (effective ways, after
-        sharing and lag) at MB values ``mb`` and LC loads ``loads_rps`` (req/s)."""
+        sharing and lag) at MB values ``mb`` and LC loads ``loads_rps`` (req/s).
+
+        ``occupancy``: each group's occupancy share at the start of the interval (the state
+        of groups fitted with an occupancy model); the prediction for one recorded interval
+        follows, with the state at its end in ``occupancy_share``. None: the steady state,
+        found by stepping the state (at most ``settle_steps`` intervals) until it settles.
+        """
+        if occupancy is None and any(self.groups[g].state for g in eff_ways if g in self.groups):
+            occ = {g: 0.0 for g in eff_ways}
+            pred: dict[str, Prediction] = {}
+            for _ in range(settle_steps):
+                pred = self.predict(eff_ways, mb, loads_rps, iterations, occ)
+                new = {g: p.occupancy_share for g, p in pred.items()}
+                if all(abs(new[g] - occ.get(g, 0.0)) < 1e-5 for g in new):
+                    break
+                occ = new
+            return pred
         loads_rps = loads_rps or {}
         names = [g for g in eff_ways if g in self.groups]
         bw = {g: 0.0 for g in names}
@@ -204,7 +230,7 @@ class Dynamics:
         for _ in range(max(1, iterations)):
             total = sum(bw.values())
             others = {g: total - bw[g] for g in names}
-            x = self.inputs({g: eff_ways[g] for g in names}, mb, loads_rps, others)
+            x = self.inputs({g: eff_ways[g] for g in names}, mb, loads_rps, others, occupancy)
             raw = {g: self.groups[g].predict(x[g]) for g in names}
             new = {g: _bw(raw[g], self.groups[g]) for g in names}
             if all(abs(new[g] - bw[g]) <= 1e-3 * (bw[g] + 1.0) for g in names):
@@ -225,6 +251,7 @@ class Dynamics:
                 bw_bps=bw[g],
                 occupancy_bytes=float(r["occ"][0]) * self.cache_bytes if "occ" in r else 0.0,
                 latency_ms=lat,
+                occupancy_share=float(r["occ"][0]) if "occ" in r else 0.0,
             )
         return out
 
@@ -401,12 +428,20 @@ def fit_dynamics(
         b = (total_bw - s.bw) / peak
         max_load = float(s.load.max())
         load = s.load / max_load if max_load > 0 else np.zeros_like(s.load)
+        occ = s.y["occ"]
+        # With occupancy measured (CMT), it is the state: performance follows the occupancy
+        # at the interval's start, and the occupancy at its end is fitted as a transition
+        # (from the start occupancy, the mask, MBA, load, contention). Without it, the
+        # mask's effect is lagged by a per-group time constant instead.
+        state = bool(np.isfinite(occ[s.active]).mean() > 0.9) if s.active.any() else False
+        o_start = np.concatenate([[occ[0]], occ[:-1]]) if state else None
         best: tuple[float, GroupDynamics] | None = None
         # Each group fills its ways at its own pace (about one line per miss): its lag is
         # chosen per group, by the fit error of IPC and MPKI over every interval.
-        for tau in tau_grid:
+        for tau in (0.0,) if state else tau_grid:
             w = lag(s.ways, s.dt, tau) / ways if caps.l3 else np.ones_like(s.ways)
-            x = np.stack([w, m, b, load], axis=1)
+            o = np.nan_to_num(o_start, nan=0.0) if state else w
+            x = np.stack([w, m, b, load, o], axis=1)
             models = {}
             for name in TARGETS:
                 y = s.y[name]
@@ -415,6 +450,8 @@ def fit_dynamics(
                     ok &= y > 0
                 if ok.sum() < min_samples:
                     continue
+                if state:
+                    ok &= np.isfinite(o_start)
                 yy = np.log(y[ok]) if name in LOG_TARGETS else y[ok]
                 models[name] = Regression.fit(x[ok], yy, ridge)
             score = sum(models[k].sigma ** 2 for k in ("ipc", "mpki") if k in models)
@@ -428,12 +465,13 @@ def fit_dynamics(
                 max_load_rps=max_load,
                 samples=int(s.active.sum()),
                 tau_s=float(tau),
+                state=state,
             )
             if best is None or score < best[0] - 1e-12:
                 best = (score, cand)
         fitted[g] = best[1]
     errors = {f"{g}.{k}": r.sigma for g, d in fitted.items() for k, r in d.models.items()}
-    return Dynamics(caps, fitted, peak, cache, errors)
+    return Dynamics(caps, fitted, peak, cache, errors, trace.interval_s or 0.1)
 
 
 def is_lc(spec: GroupSpec) -> bool:

@@ -159,6 +159,7 @@ class TraceNode:
         self._lat: dict[str, np.ndarray] = {}  # workload -> count, weighted p50..p999
         self._occ: dict[str, float] = {}
         self._eff: dict[str, float] | None = None
+        self._state: dict[str, float] | None = None  # occupancy shares (the model's state)
         for w in self._workloads:
             self._acc[w] = np.zeros(5)
             self._lat[w] = np.zeros(1 + len(LATENCY_KEYS))
@@ -318,6 +319,13 @@ class TraceNode:
         )
 
     def _step(self, h: float) -> None:
+        # The occupancy state moves in the recording's steps (its transition was fitted on
+        # them), so a coarser model step runs as several recorded-size steps.
+        k = max(1, round(h / self.dynamics.interval_s))
+        for _ in range(k):
+            self._substep(h / k)
+
+    def _substep(self, h: float) -> None:
         loads, active = self.replay.at(self._offset + self._t + h / 2)
         act = [w for w in self._workloads if w in active]
         allocs = {w: self._workload_alloc(w) for w in self._workloads}
@@ -330,13 +338,23 @@ class TraceNode:
             a = math.exp(-h / tau) if tau > 0 else 0.0
             self._eff[w] = target[w] + (self._eff[w] - target[w]) * a
             eff[w] = self._eff[w]
+        if self._state is None:  # start settled under the allocation held at the start
+            settled = self.dynamics.predict(
+                {w: eff[w] for w in act}, {w: allocs[w].mb for w in act}, loads
+            )
+            self._state = {w: p.occupancy_share for w, p in settled.items()}
         pred = self.dynamics.predict(
-            {w: eff[w] for w in act}, {w: allocs[w].mb for w in act}, loads
+            {w: eff[w] for w in act},
+            {w: allocs[w].mb for w in act},
+            loads,
+            occupancy={w: self._state.get(w, 0.0) for w in act},
         )
         for w in self._workloads:
             p = pred.get(w)
             if p is None:
                 self._occ[w] *= 0.5  # an idle workload's lines get evicted
+                if w in self._state:
+                    self._state[w] *= 0.5
                 continue
             d = self.dynamics.groups[w]
             z = self._noise(d)
@@ -351,6 +369,7 @@ class TraceNode:
                 ]
             )
             self._occ[w] = p.occupancy_bytes
+            self._state[w] = p.occupancy_share
             if len(p.latency_ms) == len(LATENCY_KEYS) and loads.get(w, 0.0) > 0:
                 n = loads[w] * h
                 self._lat[w] += np.array([n, *(n * p.latency_ms[k] * z[k] for k in LATENCY_KEYS)])

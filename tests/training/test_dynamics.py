@@ -41,12 +41,13 @@ def _held_out(dynamics, n: int = 40):
 
 def test_predicts_held_out_allocations(dynamics) -> None:
     e = _held_out(dynamics)
-    # Tolerances (docs/TRACES.md): medians within 5% (IPS, bandwidth) and 15% (tail
-    # latency); 80% of IPS predictions within 15%.
-    assert np.median(e["ips"]) < 0.05, np.median(e["ips"])
-    assert np.percentile(e["ips"], 80) < 0.15
-    assert np.median(e["bw"]) < 0.05
-    assert np.median(e["lat"]) < 0.15, np.median(e["lat"])
+    # Tolerances (docs/TRACES.md; measured: IPS mean 0.3 %, bandwidth 0.5 %, tail latency
+    # 3 %): means within 2 % (IPS, bandwidth) and 8 % (tail latency), and 80 % of IPS
+    # predictions within 2 %.
+    assert e["ips"].mean() < 0.02, e["ips"].mean()
+    assert np.percentile(e["ips"], 80) < 0.02
+    assert e["bw"].mean() < 0.02, e["bw"].mean()
+    assert e["lat"].mean() < 0.08, e["lat"].mean()
 
 
 def test_a_model_ignoring_allocations_does_worse(dynamics, explore_trace) -> None:
@@ -61,9 +62,9 @@ def test_a_model_ignoring_allocations_does_worse(dynamics, explore_trace) -> Non
     record(node, Explore(seed=0, mba=False, ways=False), path, 30.0, interval_s=0.1)
     blind = fit_dynamics(load_trace(path))
     e_blind = _held_out(blind, n=20)
-    # Measured: bandwidth error 0.41 vs 0.09, tail latency 0.30 vs 0.08 (means).
-    for key in ("bw", "lat"):
-        assert e_blind[key].mean() > 2 * e_good[key].mean(), key
+    # Measured (means): IPS 0.053 vs 0.003, bandwidth 0.31 vs 0.005, latency 0.26 vs 0.03.
+    for key in ("ips", "bw", "lat"):
+        assert e_blind[key].mean() > 4 * e_good[key].mean(), key
     assert np.percentile(e_blind["ips"], 80) > np.percentile(e_good["ips"], 80)
 
 
@@ -90,3 +91,26 @@ def test_too_short_trace_is_a_clear_error(explore_trace, tmp_path) -> None:
     record(SimNode("default", seed=0), Explore(seed=0), path, 1.0, interval_s=0.1)
     with pytest.raises(ValueError, match="active in only 10 intervals"):
         fit_dynamics(load_trace(path))
+
+
+def test_occupancy_is_the_state_when_measured(dynamics) -> None:
+    assert all(d.state and d.tau_s == 0 for d in dynamics.groups.values())
+
+
+def test_without_occupancy_the_mask_is_lagged_instead(explore_trace, tmp_path) -> None:
+    """A node without CMT (no occupancy): the fit falls back to a lagged mask."""
+    from dataclasses import replace
+
+    from training.traces import TraceWriter
+
+    path = tmp_path / "nocmt.parquet"
+    t = explore_trace
+    with TraceWriter(path, t.capabilities, t.groups, t.controller, interval_s=0.1) as w:
+        for s in t.steps:
+            groups = {g: replace(x, llc_occupancy_bytes=None) for g, x in s.snapshot.groups.items()}
+            w.write(replace(s.snapshot, groups=groups), s.allocation, s.applied)
+    dyn = fit_dynamics(load_trace(path))
+    assert not any(d.state for d in dyn.groups.values())
+    assert all("occ" not in d.models for d in dyn.groups.values())
+    e = _held_out(dyn, n=15)
+    assert np.median(e["ips"]) < 0.05 and np.median(e["lat"]) < 0.15
