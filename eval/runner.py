@@ -174,10 +174,10 @@ def run_job(job: Job) -> JobResult:
             clock = node if simulated else None
             if simulated:
                 node.reset(job.scenario, job.seed)
-            try:
-                twin = _sim_node(job, False)
-            except Exception as exc:
-                log.info("no local twin of %s for references: %s", job.scenario, exc)
+                try:  # references from a local twin of the agent's simulated node
+                    twin = _sim_node(job, False)
+                except Exception as exc:  # the twin only gives references
+                    log.info("no local twin of %s for references: %s", job.scenario, exc)
         else:
             node = _sim_node(job, needs_bare_node(spec))
             clock = node
