@@ -12,6 +12,7 @@ Unknown keys, wrong types and out-of-range values are rejected with the key's do
     subproc: false                  # SubprocVecEnv instead of DummyVecEnv
     torch_threads: 1
     normalize_obs: false            # VecNormalize (stats shipped in the model card)
+    normalize_reward: false         # scale rewards by the running std of returns (training only)
     output_dir: runs/default
     env:
       id: rdtune/Partition-v0
@@ -266,6 +267,7 @@ class TrainConfig:
     subproc: bool = False
     torch_threads: int = 1
     normalize_obs: bool = False
+    normalize_reward: bool = False
     output_dir: str = "runs/run"
     progress_bar: bool = True
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -290,7 +292,7 @@ class TrainConfig:
             if key in data:
                 low = 0 if key == "seed" else 1
                 setattr(out, key, _int(key, data[key], low))
-        for key in ("subproc", "normalize_obs", "progress_bar"):
+        for key in ("subproc", "normalize_obs", "normalize_reward", "progress_bar"):
             if key in data:
                 setattr(out, key, _bool(key, data[key]))
         if "output_dir" in data:

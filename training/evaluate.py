@@ -189,8 +189,9 @@ def controller_factory(name: str) -> Callable[[gym.Env], Controller]:
     """``env -> Controller`` for heuristic ``name``, set up for the episode the env has
     just been reset to, the way each is meant to be deployed on a simulated node:
 
-    - ``static`` (catbench): calibrated by its offline way sweep on a *copy* of the node
-      (the copy's time, not the episode's) for the first LC group in slot order; with no
+    - ``static`` (catbench): calibrated by its offline way sweep on a twin of the node (the
+      same scenario on a fresh simulated machine: offline profiling, not the episode's
+      time) for the first LC group in slot order; with no
       LC group, every group shares the whole cache (there is no mite to protect).
     - ``copart``: with its STREAM profile of the node's machine (``stream_profile_sim``).
     - anything else: the registry's factory with default options.
@@ -206,8 +207,6 @@ def controller_factory(name: str) -> Callable[[gym.Env], Controller]:
     if name == "static":
 
         def make_static(env: gym.Env) -> Controller:
-            import copy
-
             from agent.types import GroupKind
             from models.basic import Unpartitioned
             from models.static import StaticController, calibrate
@@ -216,9 +215,14 @@ def controller_factory(name: str) -> Callable[[gym.Env], Controller]:
             lc = [g for g in u._slots if u._groups[g].kind is GroupKind.LC]
             if not lc:
                 return Unpartitioned()
-            twin = copy.deepcopy(u.node)
-            sweep = calibrate(twin, twin, lc[0], measure_s=2.0, warmup_s=0.3)
-            twin.close()
+            from agent.sim import SimNode
+
+            # Offline profiling on a twin: the same scenario on a fresh simulated machine.
+            twin = SimNode(u.node.scenario, seed=1, interval_s=u.sim_step_s, noise=u.noise)
+            try:
+                sweep = calibrate(twin, twin, lc[0], measure_s=2.0, warmup_s=0.3)
+            finally:
+                twin.close()
             return StaticController(sweep.lc_group, sweep.ways)
 
         return make_static

@@ -143,7 +143,9 @@ def seed_everything(seed: int, threads: int) -> None:
 
 
 def build_vec_env(cfg, n_envs: int | None = None, seed: int | None = None):
-    """The training VecEnv for ``cfg`` (VecNormalize on top when ``normalize_obs``)."""
+    """The training VecEnv for ``cfg`` (VecNormalize on top when ``normalize_obs`` or
+    ``normalize_reward``: reward scaling keeps the value loss from swamping the policy
+    gradient in the shared extractor when SLO penalties make returns large)."""
     from envs.vector import make_sb3_vec_env
 
     venv = make_sb3_vec_env(
@@ -153,10 +155,16 @@ def build_vec_env(cfg, n_envs: int | None = None, seed: int | None = None):
         subproc=cfg.subproc,
         **cfg.env_kwargs(),
     )
-    if cfg.normalize_obs:
+    if cfg.normalize_obs or cfg.normalize_reward:
         from stable_baselines3.common.vec_env import VecNormalize
 
-        venv = VecNormalize(venv, norm_obs=True, norm_reward=False, clip_obs=10.0)
+        venv = VecNormalize(
+            venv,
+            norm_obs=cfg.normalize_obs,
+            norm_reward=cfg.normalize_reward,
+            clip_obs=10.0,
+            gamma=cfg.ppo["gamma"],
+        )
     return venv
 
 
