@@ -131,9 +131,8 @@ class GroupDynamics:
     tau_s: float = 0.0
     state: bool = False
 
-    def predict(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        if not self.models:
-            return {}
+    def fold(self) -> None:
+        """Fold each target's standardisation into one weight matrix (``_w``, ``_b``)."""
         if getattr(self, "_w", None) is None:
             # Fold each target's standardisation into one weight matrix: one basis and one
             # matrix product per call (a replay step stays well under a millisecond).
@@ -142,9 +141,17 @@ class GroupDynamics:
             b = np.array([-(r.mean / r.scale) @ r.coef for r in self.models.values()])
             log = np.array([n in LOG_TARGETS for n in names])
             self._w, self._b, self._names, self._log = w, b, names, log
-        v = basis(np.clip(x, self.lo, self.hi)) @ self._w + self._b
+
+    def predict(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        if not self.models:
+            return {}
+        self.fold()
+        return self.from_basis(basis(np.clip(x, self.lo, self.hi)))
+
+    def from_basis(self, phi: np.ndarray) -> dict[str, np.ndarray]:
+        v = phi @ self._w + self._b
         v = np.where(self._log, np.exp(np.minimum(v, 700.0)), np.clip(v, 0.0, 1.0))
-        return {n: v[:, i] for i, n in enumerate(self._names)}
+        return {n: v[..., i : i + 1] for i, n in enumerate(self._names)}
 
 
 @dataclass(frozen=True)
@@ -203,6 +210,7 @@ class Dynamics:
         iterations: int = 3,
         occupancy: Mapping[str, float] | None = None,
         settle_steps: int = 600,
+        bw_start: Mapping[str, float] | None = None,
     ) -> dict[str, Prediction]:
         """Predictions for the active groups named in ``eff_ways`` (effective ways, after
         sharing and lag) at MB values ``mb`` and LC loads ``loads_rps`` (req/s).
@@ -211,6 +219,8 @@ class Dynamics:
         of groups fitted with an occupancy model); the prediction for one recorded interval
         follows, with the state at its end in ``occupancy_share``. None: the steady state,
         found by stepping the state (at most ``settle_steps`` intervals) until it settles.
+        ``bw_start``: a first guess of each group's bandwidth for the fixed point (a replay
+        passes the previous step's, and one iteration then suffices).
         """
         if occupancy is None and any(self.groups[g].state for g in eff_ways if g in self.groups):
             occ = {g: 0.0 for g in eff_ways}
@@ -223,15 +233,23 @@ class Dynamics:
                 occ = new
             return pred
         loads_rps = loads_rps or {}
-        names = [g for g in eff_ways if g in self.groups]
-        bw = {g: 0.0 for g in names}
+        names = [g for g in eff_ways if g in self.groups and self.groups[g].models]
+        bw = {g: (bw_start or {}).get(g, 0.0) for g in names}
         raw: dict[str, dict[str, np.ndarray]] = {}
         total = 0.0
+        if not names:
+            return {}
+        lo = np.stack([self.groups[g].lo for g in names])
+        hi = np.stack([self.groups[g].hi for g in names])
+        for g in names:
+            self.groups[g].fold()
         for _ in range(max(1, iterations)):
             total = sum(bw.values())
             others = {g: total - bw[g] for g in names}
             x = self.inputs({g: eff_ways[g] for g in names}, mb, loads_rps, others, occupancy)
-            raw = {g: self.groups[g].predict(x[g]) for g in names}
+            # One basis for every group (rows), then each group's own weights.
+            phi = basis(np.clip(np.concatenate([x[g] for g in names]), lo, hi))
+            raw = {g: self.groups[g].from_basis(phi[i]) for i, g in enumerate(names)}
             new = {g: _bw(raw[g], self.groups[g]) for g in names}
             if all(abs(new[g] - bw[g]) <= 1e-3 * (bw[g] + 1.0) for g in names):
                 bw = new

@@ -160,6 +160,7 @@ class TraceNode:
         self._occ: dict[str, float] = {}
         self._eff: dict[str, float] | None = None
         self._state: dict[str, float] | None = None  # occupancy shares (the model's state)
+        self._bw: dict[str, float] = {}  # last step's bandwidth: the fixed point's start
         for w in self._workloads:
             self._acc[w] = np.zeros(5)
             self._lat[w] = np.zeros(1 + len(LATENCY_KEYS))
@@ -343,12 +344,16 @@ class TraceNode:
                 {w: eff[w] for w in act}, {w: allocs[w].mb for w in act}, loads
             )
             self._state = {w: p.occupancy_share for w, p in settled.items()}
+            self._bw = {w: p.bw_bps for w, p in settled.items()}
         pred = self.dynamics.predict(
             {w: eff[w] for w in act},
             {w: allocs[w].mb for w in act},
             loads,
+            iterations=1,
             occupancy={w: self._state.get(w, 0.0) for w in act},
+            bw_start=self._bw,
         )
+        self._bw = {w: p.bw_bps for w, p in pred.items()}
         for w in self._workloads:
             p = pred.get(w)
             if p is None:
