@@ -155,6 +155,7 @@ class PlanGuard:
         limits: list[str] = []
         if limit:
             target = self._limit(target, caps, current, now, limits)
+        if limits:  # clamped or thinned out: what is left must be valid on its own
             try:
                 target = validate_plan(target, ctx)
             except (InvalidAllocation, GroupNotFound):
