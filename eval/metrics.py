@@ -116,16 +116,21 @@ def normalized_tail(tails: Mapping[str, float], alone: Mapping[str, float]) -> f
     return statistics.fmean(ratios) if ratios else float("nan")
 
 
-def sim_alone_tails(node, seconds: float = 5.0) -> dict[str, float]:
+def sim_alone_tails(
+    node, seconds: float = 5.0, interval_s: float | None = None
+) -> dict[str, float]:
     """Each LC group's tail with its service alone on the machine (every way, full
     bandwidth, same load and seed), measured like a run: the mean over ``seconds`` of
-    intervals of the SLO-percentile latency. ``node`` is a SimNode; it is not disturbed."""
+    intervals of the SLO-percentile latency. ``node`` is a SimNode; it is not disturbed.
+    ``interval_s``: the measurement interval (default: the node's step), as in the run."""
     import dataclasses
 
     from agent.sim import SimNode
 
     out: dict[str, float] = {}
     scn = node.scenario
+    interval = interval_s or node.interval_s
+    seconds = max(seconds, 5 * interval)
     for view in node.workloads():
         if view.kind != "lc" or not view.group:
             continue
@@ -136,11 +141,11 @@ def sim_alone_tails(node, seconds: float = 5.0) -> dict[str, float]:
         alone = SimNode(alone_scn, seed=node.seed, interval_s=node.interval_s)
         try:
             specs = alone.groups()
-            intervals = max(1, round(seconds / node.interval_s))
+            intervals = max(1, round(seconds / interval))
             alone.observe()
             records = []
             for _ in range(intervals):
-                alone.advance(node.interval_s)
+                alone.advance(interval)
                 records.append(alone.observe())
             vals = []
             for snap in records:

@@ -31,6 +31,8 @@ from agent.types import GroupKind
 
 log = logging.getLogger(__name__)
 
+SIM_STEP_S = 0.1  # the simulator's integration step (its default resolution)
+
 
 @dataclass(frozen=True)
 class Job:
@@ -138,7 +140,10 @@ class _ServiceProbe:
 def _sim_node(job: Job, bare: bool):
     from agent.sim import SimNode
 
-    return SimNode(job.scenario, seed=job.seed, interval_s=job.interval_s, auto_groups=not bare)
+    # integrate at most 0.1 s per step (the simulator's resolution) whatever the control
+    # interval; drive advances the clock by the control interval
+    step = min(job.interval_s, SIM_STEP_S)
+    return SimNode(job.scenario, seed=job.seed, interval_s=step, auto_groups=not bare)
 
 
 def run_job(job: Job) -> JobResult:
@@ -213,7 +218,9 @@ def run_job(job: Job) -> JobResult:
             tails = {n: statistics.fmean(v) for n, v in probe.tails.items() if v}
             res.metrics["tail_latency_ms"] = statistics.fmean(tails.values()) if tails else math.nan
             res.lc_tails_ms = tails
-        alone = sim_alone_tails(twin) if twin is not None and not bare else {}
+        alone = {}
+        if twin is not None and not bare:
+            alone = sim_alone_tails(twin, interval_s=job.interval_s)
         res.lc_alone_ms = alone
         res.metrics["tail_normalized"] = normalized_tail(res.lc_tails_ms, alone)
         targets = [s.slo.target_ms for s in groups.values() if s.kind is GroupKind.LC and s.slo]

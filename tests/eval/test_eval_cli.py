@@ -132,3 +132,10 @@ def test_bench_failure_is_reported_and_the_rest_run(
     out = capsys.readouterr()
     assert "| broken: failed (ModuleNotFoundError" in out.out and "steps/s" in out.out
     assert "failed: broken" in out.err
+
+
+def test_one_decision_a_second_keeps_the_simulators_resolution() -> None:
+    r = run_job(Job("t", "default", "eq", 0, 3.0, interval_s=1.0))
+    assert not r.error, r.error
+    assert r.timeline_t == [1.0, 2.0, 3.0]
+    assert 0.5 < r.metrics["tail_normalized"] < 5  # reference measured over 1 s windows too
