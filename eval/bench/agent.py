@@ -94,6 +94,48 @@ def _bare_floor(repeats: int) -> list[float]:
         proc.wait()
 
 
+def _in_process(repeats: int) -> list[Result]:
+    """The round trip's compute without the network: the node itself, and the type <->
+    protobuf conversions both ends do (to_plan, from_plan, to/from_allocation, to/from
+    snapshot), so the gap to the measured round trip is gRPC's own cost."""
+    from agent.server import convert as C
+    from agent.sim import SimNode
+
+    node = SimNode(SCENARIO)
+    names = sorted(node.groups())
+    plans = _plans(node.capabilities(), names)
+    k = [0]
+
+    def node_only() -> None:
+        node.observe()
+        node.apply(plans[k[0] % 2])
+        k[0] += 1
+
+    snap, held = node.observe(), node.allocation()
+
+    def conversions() -> None:
+        C.from_snapshot(C.pb.Snapshot.FromString(C.to_snapshot(snap).SerializeToString()))
+        wire = C.to_plan(plans[k[0] % 2]).SerializeToString()
+        C.from_plan(C.pb.AllocationPlan.FromString(wire))
+        C.from_allocation(C.pb.Allocation.FromString(C.to_allocation(held).SerializeToString()))
+        k[0] += 1
+
+    return [
+        latency_result(
+            "in-process SimNode observe+apply (no gRPC)",
+            latencies(node_only, repeats),
+            unit="ms",
+            target="reference",
+        ),
+        latency_result(
+            "in-process conversions of one round trip",
+            latencies(conversions, repeats),
+            unit="ms",
+            target="reference",
+        ),
+    ]
+
+
 def _plans(caps, names: list[str]):
     """Two valid plans over every group (alternated so each apply changes something)."""
     from agent.types import AllocationPlan, GroupAllocation, MbaMode
@@ -208,6 +250,7 @@ def run(quick: bool) -> list[Result]:
                 target="p99 <= 2 ms",
             )
         ]
+        results += _in_process(repeats)
         results.append(
             latency_result(
                 "bare grpcio unary round trip (floor, no agent code)",
