@@ -60,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from eval.bench.harness import machine
     from eval.report import write_report
@@ -112,9 +113,11 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(r) -> None:
         done[0] += 1
-        status = f"[red]failed: {r.error}[/red]" if r.error else f"{r.run_s + r.build_s:.1f} s"
+        err = escape(r.error)
+        status = f"[red]failed: {err}[/red]" if r.error else f"{r.run_s + r.build_s:.1f} s"
         console.print(
-            f"  [{done[0]}/{len(jobs)}] {r.scenario} / {r.controller} / seed {r.seed}: {status}"
+            f"  \\[{done[0]}/{len(jobs)}] {escape(r.scenario)} / {escape(r.controller)} / "
+            f"seed {r.seed}: {status}"
         )
 
     try:
@@ -149,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
 def print_summary(console, results, title: str = "all scenarios") -> None:
     """A rich table of the mean ± CI per controller over every scenario and seed."""
+    from rich.markup import escape
     from rich.table import Table
 
     from eval.report import COLUMNS, estimates
@@ -160,7 +164,7 @@ def print_summary(console, results, title: str = "all scenarios") -> None:
         table.add_column(t, justify="right")
     for label, row in estimates(results).items():
         n = max(e.n for e in row.values())
-        table.add_row(label, str(n), *(f(row[k]) for k, _, f in COLUMNS))
+        table.add_row(escape(label), str(n), *(f(row[k]) for k, _, f in COLUMNS))
     console.print(table)
 
 

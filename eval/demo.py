@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from eval.bench.harness import machine
@@ -75,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
             args.interval,
             timeline_every=max(1, round(args.seconds / args.interval / 600)),
         )
-        console.print(f"  running {spec.label} ...", end=" ")
+        console.print(f"  running {escape(spec.label)} ...", end=" ")
         r = run_job(job)
         console.print(
-            f"[red]failed: {r.error}[/red]" if r.error else f"{r.build_s + r.run_s:.1f} s"
+            f"[red]failed: {escape(r.error)}[/red]" if r.error else f"{r.build_s + r.run_s:.1f} s"
         )
         results.append(r)
     table = Table(
@@ -100,11 +101,11 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(col, justify="left" if first else "right", no_wrap=first)
     for r in results:
         if r.error:
-            table.add_row(r.controller, "failed", *[""] * (len(cols) - 2))
+            table.add_row(escape(r.controller), "failed", *[""] * (len(cols) - 2))
             continue
         m = r.metrics
         table.add_row(
-            r.controller,
+            escape(r.controller),
             f"{m['slo_violation_rate']:.1%}",
             f"{m['tail_latency_ms']:.3f}",
             f"{m['tail_normalized']:.2f}",

@@ -43,3 +43,12 @@ def test_demo_rejects_unknown_controller() -> None:
 
 def test_registry_lists_the_basics() -> None:
     assert {"unpartitioned", "eq"} <= set(registry.names())
+
+
+def test_demo_shows_specs_with_options_verbatim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["demo", "--seconds", "0.5", "--controllers", "static[ways=3]", "--out", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "running static[ways=3] ..." in out and "│ static[ways=3]" in out
