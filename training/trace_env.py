@@ -40,14 +40,18 @@ def _fitted(path: str) -> tuple[Dynamics, Replay, float]:
 class TraceNodes:
     """A TraceNode per trace; ``reset`` picks one by seed (a family of recorded mixes)."""
 
-    def __init__(self, paths: Sequence[str], noise: bool = True) -> None:
+    def __init__(
+        self, paths: Sequence[str], noise: bool = True, step_s: float | None = None
+    ) -> None:
         if not paths:
             raise ValueError("TracePartition-v0 needs at least one trace file (traces=[...])")
         self.nodes = []
         for p in paths:
             dyn, replay, interval = _fitted(str(p))
             self.nodes.append(
-                TraceNode(dyn, replay, interval_s=interval, noise=noise, random_start=True)
+                TraceNode(
+                    dyn, replay, interval_s=step_s or interval, noise=noise, random_start=True
+                )
             )
         self.current = self.nodes[0]
 
@@ -63,13 +67,20 @@ class TraceNodes:
         self.current.advance(dt)
 
 
-def make_trace_env(traces: str | Sequence[str], noise: bool = True, **env_kwargs: Any):
-    """``NodePartitionEnv`` over trace-driven nodes fitted from ``traces``."""
+def make_trace_env(
+    traces: str | Sequence[str],
+    noise: bool = True,
+    trace_step_s: float | None = 0.5,
+    **env_kwargs: Any,
+):
+    """``NodePartitionEnv`` over trace-driven nodes fitted from ``traces``; the node's model
+    step is ``trace_step_s`` (None: the trace's interval). Groups with an occupancy model
+    still move their state in the recording's interval within a step."""
     from envs.partition import NodePartitionEnv
 
     paths = [traces] if isinstance(traces, str | os.PathLike) else list(traces)
     env_kwargs.setdefault("reference", "running_max")
-    return NodePartitionEnv(node=_Facade(TraceNodes(paths, noise)), **env_kwargs)
+    return NodePartitionEnv(node=_Facade(TraceNodes(paths, noise, trace_step_s)), **env_kwargs)
 
 
 class _Facade:

@@ -94,3 +94,31 @@ def test_clones_straight_into_a_maskable_ppo_policy(demos) -> None:
     bc.clone(model.policy, train, epochs=20)
     assert bc.imitation_loss(model.policy, test) < 0.3 * before
     assert bc.agreement(model.policy, test, caps) > 0.5
+
+
+def test_warm_starts_the_trainers_policy(demos, tmp_path) -> None:
+    """The trainer's own policy (training.train.policy_kwargs: the permutation-aware
+    GroupSetExtractor) takes the cloned behaviour in place."""
+    import gymnasium as gym
+    from sb3_contrib import MaskablePPO
+
+    from training.config import TrainConfig
+    from training.train import policy_kwargs
+
+    data, caps = demos
+    spaces = bc.make_policy(data.encoder, data.decoder)
+
+    class Spaces(gym.Env):
+        observation_space = spaces.observation_space
+        action_space = spaces.action_space
+
+    cfg = TrainConfig.parse({"name": "bc", "output_dir": str(tmp_path)})
+    model = MaskablePPO(
+        "MlpPolicy", Spaces(), n_steps=8, seed=0, policy_kwargs=policy_kwargs(cfg, 8)
+    )
+    assert type(model.policy.features_extractor).__name__ == "GroupSetExtractor"
+    train, test = data.split(0.8, seed=1)
+    before = bc.imitation_loss(model.policy, test)
+    bc.clone(model.policy, train, epochs=20)
+    assert bc.imitation_loss(model.policy, test) < 0.2 * before
+    assert bc.agreement(model.policy, test, caps) > 0.5
