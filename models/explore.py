@@ -91,6 +91,8 @@ class Explore(Controller):
                 drawn = self.disjoint_masks(groups, caps)
                 if drawn is not None:
                     masks, mode = drawn, "disjoint"
+                elif not exclusive:  # more groups than minimum slices: they must share
+                    masks, mode = self.overlapping_masks(groups, caps), "overlap"
         mbs = {g: self.random_mb(caps) for g in groups} if self.explore_mba else {}
         if not masks and not any(v is not None for v in mbs.values()):
             return KEEP

@@ -107,3 +107,27 @@ def test_exclusive_groups_get_disjoint_masks() -> None:
         plan = ctl.decide(node.observe(), context(node)).plan
         assert plan.get("x", 0).l3_mask & plan.get("y", 0).l3_mask == 0
         node.apply(plan)
+
+
+def test_more_groups_than_minimum_slices_share_ways() -> None:
+    """3 groups, 4 ways, min_cbm_bits 2: no disjoint split exists, so masks overlap."""
+    from agent.types import (
+        Allocation,
+        CacheCapabilities,
+        GroupAllocation,
+        GroupSpec,
+        NodeCapabilities,
+        Vendor,
+    )
+    from models.controller import ControlContext
+
+    caps = NodeCapabilities(Vendor.SIMULATED, 4, l3=CacheCapabilities(0b1111, 2, 8))
+    groups = {g: GroupSpec(g) for g in ("a", "b", "c")}
+    held = Allocation({g: {0: GroupAllocation(l3_mask=0b1111)} for g in groups})
+    ctx = ControlContext(caps, groups, held)
+    ctl = Explore(seed=0, min_dwell=1, max_dwell=1, overlap=0.0)
+    ctl.start(ctx)
+    for _ in range(50):
+        plan = ctl.decide(None, ctx).plan
+        validate_plan(plan, PlanContext(caps, held))
+        assert all(plan.get(g, 0).ways >= 2 for g in groups)
