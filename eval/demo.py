@@ -58,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
     from eval.runner import Job, run_job
     from eval.suites import EVAL_DIR
 
-    text = args.controllers or HEURISTICS + (",policy" if policy_available() else "")
+    # the bundled policy decides once a second, the cadence it was trained at
+    policy = "policy[decide_s=1]" if args.interval <= 1.0 else "policy"
+    text = args.controllers or HEURISTICS + (f",{policy}" if policy_available() else "")
     specs = split_specs(text)  # raises ValueError naming an unknown controller
     scenario = (
         str(EVAL_DIR / "scenarios" / "demo.yaml") if args.scenario == "demo" else args.scenario

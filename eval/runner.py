@@ -188,7 +188,7 @@ def run_job(job: Job) -> JobResult:
             clock = node
             twin = node
         t0 = time.perf_counter()
-        controller = build(spec, node, clock)
+        controller = build(spec, node, clock, job.interval_s)
         if job.agent and clock is not None and spec.name in ("static", "ubik", "static_lc"):
             node.reset(job.scenario, job.seed)  # calibration ran on the agent's node itself
         res.build_s = time.perf_counter() - t0

@@ -118,3 +118,48 @@ def test_time_sharing_needs_a_bare_node() -> None:
     node = SimNode("more_lc_than_closids_epyc", 0)
     with pytest.raises(ValueError, match="without per-workload groups"):
         build(spec, node, node)
+
+
+def test_merged_snapshots_sum_counters_and_weight_latency() -> None:
+    from agent.types import GroupSample, LatencyStats, Snapshot
+    from eval.controllers import merge_snapshots
+
+    a = Snapshot(
+        0.1,
+        0.1,
+        {
+            "g": GroupSample(
+                instructions=1e8,
+                cycles=2e8,
+                llc_misses=None,
+                latency=LatencyStats(100, 1.0, 2.0, 3.0, 4.0),
+            )
+        },
+    )
+    b = Snapshot(
+        0.2,
+        0.1,
+        {
+            "g": GroupSample(
+                instructions=3e8,
+                cycles=4e8,
+                llc_misses=5.0,
+                latency=LatencyStats(300, 2.0, 3.0, 4.0, 5.0),
+            )
+        },
+        vanished=frozenset({"x"}),
+    )
+    m = merge_snapshots([a, b])
+    g = m.groups["g"]
+    assert (m.timestamp, m.interval_s, m.vanished) == (0.2, pytest.approx(0.2), {"x"})
+    assert (g.instructions, g.cycles, g.llc_misses) == (4e8, 6e8, None)  # None: not measured
+    assert g.latency.count == 400 and g.latency.p95_ms == pytest.approx(2.75)
+
+
+def test_decide_s_slows_any_controller_down() -> None:
+    node = SimNode("default", 1)
+    records = drive(build("ucp[period=1,decide_s=1]", node, node, 0.1), node, node, 60, 0.1)
+    changed = [i for i, r in enumerate(records) if r.decision.plan is not None]
+    assert changed and all(i % 10 == 9 for i in changed)  # decisions only every 10th interval
+    with pytest.raises(ValueError, match="whole number"):
+        build("eq[decide_s=0.25]", node, node, 0.1)

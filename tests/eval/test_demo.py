@@ -32,7 +32,7 @@ def test_demo_default_runs_the_heuristics_and_the_bundled_policy(
     out = capsys.readouterr().out
     for name in HEURISTICS.split(","):
         assert f"running {name} ..." in out
-    assert ("running policy ..." in out) == policy_available()
+    assert ("running policy[decide_s=1] ..." in out) == policy_available()
     assert "failed" not in out
 
 
