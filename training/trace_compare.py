@@ -7,7 +7,8 @@ budget, both with the running-max reward reference (the only one a trace has). T
 evaluate both — and the equal split — on the simulator with the ground-truth reference,
 over the same held-out seeds, and print the table (docs/TRACES.md records the figures).
 
-    python -m training.trace_compare --scenario default --steps 30000 --out runs/trace_compare
+    python -m training.trace_compare --scenario default --steps 40000 --out runs/trace_compare
+    (or --part trace & --part sim as two processes, then --part eval)
 """
 
 from __future__ import annotations
@@ -92,25 +93,41 @@ def compare(
     seed: int = 0,
     trace_s: float = 120.0,
     episodes: int = 8,
+    part: str = "all",
 ) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    trace = record_trace(scenario, trace_s, out / f"{scenario}-explore.parquet")
-    timings = {"record_s": time.time() - t0}
-    t0 = time.time()
-    from_trace = _train(
-        "rdtune/TracePartition-v0", steps, seed, traces=[str(trace)], reference="running_max",
-        **ENV_KW,
-    )  # fmt: skip
-    timings["train_trace_s"] = time.time() - t0
-    t0 = time.time()
-    from_sim = _train(
-        "rdtune/Partition-v0", steps, seed, scenarios=[scenario], reference="running_max",
-        sim_step_s=0.2, **ENV_KW,
-    )  # fmt: skip
-    timings["train_sim_s"] = time.time() - t0
+    """Run ``part`` of the comparison: ``trace`` (record + train on the trace), ``sim``
+    (train on the simulator), ``eval`` (evaluate the saved models), or ``all``. The parts
+    save to ``out``, so ``trace`` and ``sim`` can run as two processes."""
+    from sb3_contrib import MaskablePPO
 
-    def policy(model):
+    out.mkdir(parents=True, exist_ok=True)
+    trace = out / f"{scenario}-explore.parquet"
+    timings: dict[str, float] = {}
+    if part in ("all", "trace"):
+        t0 = time.time()
+        record_trace(scenario, trace_s, trace)
+        timings["record_s"] = time.time() - t0
+        t0 = time.time()
+        model = _train(
+            "rdtune/TracePartition-v0", steps, seed, traces=[str(trace)],
+            reference="running_max", **ENV_KW,
+        )  # fmt: skip
+        model.save(out / "trained_on_trace.zip")
+        timings["train_trace_s"] = time.time() - t0
+        (out / "timings_trace.json").write_text(json.dumps(timings))
+    if part in ("all", "sim"):
+        t0 = time.time()
+        model = _train(
+            "rdtune/Partition-v0", steps, seed, scenarios=[scenario], reference="running_max",
+            sim_step_s=0.2, **ENV_KW,
+        )  # fmt: skip
+        model.save(out / "trained_on_sim.zip")
+        (out / "timings_sim.json").write_text(json.dumps({"train_sim_s": time.time() - t0}))
+    if part not in ("all", "eval"):
+        return {}
+
+    def policy(name: str):
+        model = MaskablePPO.load(out / f"{name}.zip", device="cpu")
         return lambda obs, mask: model.predict(obs, deterministic=True, action_masks=mask)[0]
 
     share, mba = ENV_KW["share_levels"], ENV_KW["mba_levels"]
@@ -119,14 +136,17 @@ def compare(
         slots = len(mask) // (share + mba)
         return np.array([0] * slots + [mba - 1] * slots)
 
+    for name in ("timings_trace.json", "timings_sim.json"):
+        if (out / name).exists():
+            timings.update(json.loads((out / name).read_text()))
     result = {
         "scenario": scenario,
         "steps": steps,
         "seed": seed,
         "trace_seconds": trace_s,
         "episodes": episodes,
-        "trained_on_trace": evaluate(policy(from_trace), scenario, episodes),
-        "trained_on_sim": evaluate(policy(from_sim), scenario, episodes),
+        "trained_on_trace": evaluate(policy("trained_on_trace"), scenario, episodes),
+        "trained_on_sim": evaluate(policy("trained_on_sim"), scenario, episodes),
         "equal_split": evaluate(equal, scenario, episodes),
         "timings": timings,
     }
@@ -142,12 +162,16 @@ def main(argv=None) -> int:
     parser.add_argument("--trace-seconds", type=float, default=120.0)
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--out", default="runs/trace_compare")
+    parser.add_argument(
+        "--part", choices=("all", "trace", "sim", "eval"), default="all",
+        help="run one part (trace and sim can run as two processes, then eval)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
     res = compare(args.scenario, args.steps, Path(args.out), seed=args.seed,
-                  trace_s=args.trace_seconds, episodes=args.episodes)  # fmt: skip
+                  trace_s=args.trace_seconds, episodes=args.episodes, part=args.part)  # fmt: skip
     print(json.dumps(res, indent=2))
     return 0
 
