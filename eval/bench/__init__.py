@@ -13,4 +13,5 @@ BENCHMARKS: dict[str, str] = {  # name -> module (eval.bench.<module>)
     "controllers": "controllers",
     "env": "env",
     "tuner": "tuner",
+    "traces": "traces",
 }
