@@ -144,6 +144,7 @@ class EvalConfig:
     episodes: int = 8
     seed: int = 1000
     controllers: list[str] = field(default_factory=lambda: ["eq", "static", "copart", "ubik"])
+    heuristics_at_start: bool = True  # also evaluate them before training (TensorBoard lines)
 
     @classmethod
     def parse(cls, data: dict, where: str = "eval") -> EvalConfig:
@@ -158,6 +159,10 @@ class EvalConfig:
             out.episodes = _int(f"{where}.episodes", data["episodes"], 1)
         if "seed" in data:
             out.seed = _int(f"{where}.seed", data["seed"])
+        if "heuristics_at_start" in data:
+            out.heuristics_at_start = _bool(
+                f"{where}.heuristics_at_start", data["heuristics_at_start"]
+            )
         if "controllers" in data:
             ctrls = data["controllers"] or []
             if not isinstance(ctrls, list):

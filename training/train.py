@@ -368,9 +368,11 @@ def train(cfg, *, on_eval: Callable | None = None, final_eval: bool = True) -> T
 
     # 4. Heuristics on the held-out family (once: they do not learn), policy evaluator.
     eval_env = make_eval_env(cfg.env.id, cfg.eval_kwargs())
-    heuristics, missing = evaluate_heuristics(
-        cfg.eval.controllers, eval_env, cfg.eval.episodes, cfg.eval.seed
-    )
+    heuristics, missing = [], []
+    if cfg.eval.heuristics_at_start:
+        heuristics, missing = evaluate_heuristics(
+            cfg.eval.controllers, eval_env, cfg.eval.episodes, cfg.eval.seed
+        )
     callback = make_eval_callback(cfg, venv, run_dir, heuristics, on_eval)
 
     # 5. Learn.

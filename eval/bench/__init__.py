@@ -14,4 +14,5 @@ BENCHMARKS: dict[str, str] = {  # name -> module (eval.bench.<module>)
     "env": "env",
     "tuner": "tuner",
     "traces": "traces",
+    "policy": "policy",
 }

@@ -1,0 +1,58 @@
+"""Benchmark of the learned-policy runtime (issue 7, "Export"): per-decision cost of the
+shipped exported policy (models/policies/default) with ONNX Runtime, batch 1, one intra-op
+thread (target p99 <= 200 us), and of a whole ``PolicyController.decide()`` (feature encoding
++ inference + action decoding into a plan), on snapshots of the default simulated scenario.
+"""
+
+from __future__ import annotations
+
+from eval.bench.harness import Result, latencies, latency_result
+
+
+def run(quick: bool) -> list[Result]:
+    from agent.sim import SimNode
+    from models.controller import carry_out, context
+    from models.policy import DEFAULT_POLICY, PolicyController
+
+    n = 2_000 if quick else 20_000
+    ctrl = PolicyController.load(DEFAULT_POLICY)
+    node = SimNode("default", seed=1)
+    carry_out(node, ctrl.start(context(node)))
+    node.observe()
+    node.advance(1.0)
+    snap = node.observe()
+    ctx = context(node)
+    slots = ctrl.encoder.slots(ctx.groups)
+    obs = ctrl.encoder.encode(snap, ctx.allocation, ctx.groups, ctx.capabilities, slots)
+    mask = ctrl.decoder.action_mask(len(slots), ctx.capabilities)
+    feeds = {"obs": obs[None, :]}
+    if ctrl.masked:
+        feeds["action_mask"] = mask[None, :]
+    session = ctrl._session
+    results = [
+        latency_result(
+            "policy: ONNX Runtime session.run, batch 1, 1 thread",
+            latencies(lambda: session.run(None, feeds), n),
+            target="p99 <= 200 us",
+        ),
+        latency_result(
+            "policy: act() (normalise + run + argmax out)",
+            latencies(lambda: ctrl.act(obs, mask), n),
+            target="p99 <= 200 us",
+        ),
+        latency_result(
+            "policy: encode snapshot (FeatureEncoder)",
+            latencies(
+                lambda: ctrl.encoder.encode(
+                    snap, ctx.allocation, ctx.groups, ctx.capabilities, slots
+                ),
+                n,
+            ),
+        ),
+        latency_result(
+            f"policy: full decide() ({len(slots)} groups, {ctx.capabilities.description})",
+            latencies(lambda: ctrl.decide(snap, ctx), n),
+        ),
+    ]
+    node.close()
+    return results

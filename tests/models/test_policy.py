@@ -1,0 +1,175 @@
+"""The learned-policy runtime: loads an export, decides like the trained policy, refuses
+what it does not fit (issue 7, "Export")."""
+
+# ruff: noqa: F811  (pytest fixtures imported from tests.training.tiny_runs)
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from agent.sim import SimNode, random_scenario
+from agent.sim.catalog import default_catalog
+from agent.validate import PlanContext, validate_plan
+from models import registry
+from models.controller import carry_out, context, drive
+from models.features import ENCODER_VERSION
+from models.policy import (
+    DEFAULT_POLICY,
+    PolicyCompatibilityError,
+    PolicyController,
+    PolicyError,
+)
+from tests.training.tiny_runs import tiny_export, tiny_run  # noqa: F401
+
+PRESETS = sorted(default_catalog().machines)
+
+
+def _copy(src, dst, **card_changes):
+    shutil.copytree(src, dst)
+    card = json.loads((dst / "model_card.json").read_text())
+    for key, value in card_changes.items():
+        node = card
+        *path, last = key.split(".")
+        for p in path:
+            node = node[p]
+        node[last] = value
+    (dst / "model_card.json").write_text(json.dumps(card))
+    return dst
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_drives_a_node_with_valid_plans(tiny_export, preset):
+    ctrl = registry.make("policy", path=tiny_export)
+    assert isinstance(ctrl, PolicyController)
+    node = SimNode(random_scenario(5, preset, max_lc=2, max_batch=4), seed=5)
+    caps = node.capabilities()
+    start = ctrl.start(context(node))
+    carry_out(node, start)
+    node.observe()
+    for _ in range(6):
+        node.advance(0.5)
+        snap = node.observe()
+        decision = ctrl.decide(snap, context(node))
+        assert decision.plan is not None and decision.note.startswith("policy:")
+        validate_plan(decision.plan, PlanContext(caps=caps, current=node.allocation()))
+        carry_out(node, decision)
+    node.close()
+
+
+def test_decides_what_the_trained_policy_decides(tiny_run, tiny_export):
+    """On the env's own observations the runtime's action is SB3's deterministic one."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401
+    from training.train import load_model
+
+    model = load_model(tiny_run.run_dir / "best_model.zip", "MaskablePPO")
+    ctrl = PolicyController.load(tiny_export)
+    meta = json.loads((tiny_run.run_dir / "run.json").read_text())
+    env = gym.make(meta["env_id"], **meta["env_kwargs"])
+    obs, _ = env.reset(seed=9)
+    rng = np.random.default_rng(9)
+    for _ in range(40):
+        mask = env.unwrapped.action_masks()
+        want, _ = model.predict(obs, deterministic=True, action_masks=mask)
+        np.testing.assert_array_equal(ctrl.act(obs, mask), want)
+        obs, _, _, trunc, _ = env.step(env.action_space.sample() if rng.random() < 0.5 else want)
+        if trunc:
+            obs, _ = env.reset(seed=int(rng.integers(1000)))
+    env.close()
+
+
+def test_loads_from_the_onnx_path_and_the_card(tiny_export):
+    for path in (tiny_export / "policy.onnx", tiny_export / "model_card.json"):
+        assert PolicyController.load(path).card["encoder_version"] == ENCODER_VERSION
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"encoder_version": ENCODER_VERSION + 1}, "feature encoder v"),
+        ({"action_design": "per-group-moves"}, "action design"),
+        ({"features.names": ["x"]}, "feature layout"),
+        ({"format": "something/9"}, "model card format"),
+    ],
+)
+def test_refuses_cards_this_code_cannot_serve(tiny_export, tmp_path, changes, message):
+    path = _copy(tiny_export, tmp_path / "p", **changes)
+    with pytest.raises(PolicyError, match=message):
+        PolicyController.load(path)
+
+
+def _caps(preset):
+    return default_catalog().machine(preset).capabilities()
+
+
+@pytest.mark.parametrize(
+    ("changes", "preset", "edit", "message"),
+    [
+        ({}, "gold6130", lambda c: dataclasses.replace(c, l3=None), "needs cache allocation"),
+        ({"capabilities.ways_min": 12}, "gold6130", None, r"trained on 12..20 LLC ways"),
+        ({"capabilities.min_cbm_bits_max": 1}, "e5v3_4clos", None, "min_cbm_bits"),
+        ({"capabilities.mba_modes": ["percent"]}, "epyc7302p", None, "MBA modes"),
+        ({"capabilities.trained_without_mba": False}, "e5_2683v4", None, "only trained on nodes"),
+    ],
+)
+def test_refuses_nodes_it_was_not_trained_for(
+    tiny_export, tmp_path, changes, preset, edit, message
+):
+    ctrl = PolicyController.load(_copy(tiny_export, tmp_path / "p", **changes))
+    caps = _caps(preset)
+    caps = edit(caps) if edit else caps
+    with pytest.raises(PolicyCompatibilityError, match=message):
+        ctrl.check_compatible(caps)
+    node = SimNode(random_scenario(1, preset), seed=1)
+    if edit is None:  # the same refusal when the controller starts on such a node
+        with pytest.raises(PolicyCompatibilityError, match=message):
+            ctrl.start(context(node))
+    node.close()
+
+
+def test_accepts_every_trained_preset(tiny_export):
+    ctrl = PolicyController.load(tiny_export)
+    for preset in PRESETS:
+        ctrl.check_compatible(_caps(preset))
+
+
+def test_refuses_damaged_files(tiny_export, tmp_path):
+    with pytest.raises(PolicyError, match="no model card"):
+        PolicyController.load(tmp_path)
+    bad = _copy(tiny_export, tmp_path / "corrupt")
+    data = bytearray((bad / "policy.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (bad / "policy.onnx").write_bytes(bytes(data))
+    with pytest.raises(PolicyError, match="sha256"):
+        PolicyController.load(bad)
+    garbage = _copy(tiny_export, tmp_path / "garbage", **{"onnx.sha256": None})
+    (garbage / "policy.onnx").write_bytes(b"not onnx")
+    with pytest.raises(PolicyError, match="not a loadable ONNX model"):
+        PolicyController.load(garbage)
+    (garbage / "model_card.json").write_text("{broken")
+    with pytest.raises(PolicyError, match="not a readable JSON"):
+        PolicyController.load(garbage)
+
+
+def test_shipped_default_policy_runs_the_default_scenario():
+    ctrl = PolicyController.load(DEFAULT_POLICY)
+    node = SimNode("default", seed=2)
+    records = drive(ctrl, node, node, 10, interval_s=1.0)
+    assert all(r.decision.plan is not None for r in records)
+    node.close()
+
+
+def test_runtime_does_not_import_torch():
+    code = (
+        "import sys, models.policy, models.registry; "
+        "models.policy.PolicyController.load(models.policy.DEFAULT_POLICY); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
