@@ -11,6 +11,7 @@ import pytest
 
 from models import registry
 from tests.tuner.conftest import (
+    ROOT,
     assert_valid,
     free_port,
     run_tune,
@@ -22,10 +23,9 @@ from tests.tuner.conftest import (
 from tuner.status import read_metrics
 
 # Registered controllers this test does not run, and why.
-NOT_HERE = {
-    "oracle": "searches the simulator's ground truth in-process; refuses a RemoteNode",
-    "policy": "the learned policy needs an export: tests/tuner/test_policy.py",
-}
+NOT_HERE = {"oracle": "searches the simulator's ground truth in-process; refuses a RemoteNode"}
+if not (ROOT / "models" / "policies" / "default" / "model_card.json").is_file():
+    NOT_HERE["policy"] = "no shipped export (models/policies/default): tests/tuner/test_policy.py"
 # Options a controller cannot do without on the default scenario (what an operator configures).
 OPTIONS = {"static": {"lc_group": "memcached", "ways": 4}}
 

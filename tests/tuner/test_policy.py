@@ -128,8 +128,8 @@ EXPORT = os.environ.get("RDTUNE_TEST_POLICY") or (
 
 @pytest.mark.skipif(
     importlib.util.find_spec("models.policy") is None or not EXPORT,
-    reason="needs an exported policy (models/policies/default, or RDTUNE_TEST_POLICY set to an "
-    "'rdtune export' directory); none existed when this test was written",
+    reason="needs an exported policy: models/policies/default, or RDTUNE_TEST_POLICY set to an "
+    "'rdtune export' directory",
 )
 def test_tune_runs_an_exported_policy(fresh) -> None:
     run = run_tune(fresh.address, f"policy:{EXPORT}", "--interval", "0.1", "--intervals", "30")
