@@ -91,7 +91,8 @@ def test_responds_to_allocations_like_the_simulator(dynamics, replay) -> None:
 @pytest.mark.parametrize("controller", ["eq", "unpartitioned"])
 def test_controller_metrics_match_the_simulator(dynamics, replay, controller) -> None:
     """A controller driven on the trace-driven node sees what it sees on the scenario's
-    simulator: per-group IPS within 10% and the LC tail latency within 25%."""
+    simulator: per-group IPS within 3% and the LC tail latency within 20% (measured:
+    IPS within 0.6%, p95 0.6% (eq) and 7% (unpartitioned))."""
     sim = SimNode("default", seed=5)
     tn = TraceNode(dynamics, replay, seed=5)
     runs = {}
@@ -102,8 +103,8 @@ def test_controller_metrics_match_the_simulator(dynamics, replay, controller) ->
         lat = np.nanmean([r.snapshot.groups["memcached"].latency.p95_ms for r in recs[20:]])
         runs[name] = (ips, lat)
     for g, v in runs["sim"][0].items():
-        assert runs["trace"][0][g] == pytest.approx(v, rel=0.10), g
-    assert runs["trace"][1] == pytest.approx(runs["sim"][1], rel=0.25)
+        assert runs["trace"][0][g] == pytest.approx(v, rel=0.03), g
+    assert runs["trace"][1] == pytest.approx(runs["sim"][1], rel=0.20)
 
 
 def test_reset_to_another_scenario_is_refused(dynamics, replay) -> None:
