@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
@@ -242,7 +243,8 @@ _CACHE_LIMIT = 4096  # memoised splits / group allocations per context (cleared 
 
 class _Context:
     """What decoding needs from the slots and capabilities alone, plus memo tables of
-    immutable results (cache splits per share vector, GroupAllocation per (mask, MB))."""
+    immutable results (cache splits per share vector, per-domain allocations per (mask,
+    MB))."""
 
     def __init__(
         self, slots: tuple[str, ...], caps: NodeCapabilities, mb_table, shared_masks
@@ -259,7 +261,8 @@ class _Context:
             self.min_cbm_bits = l3.min_cbm_bits
         self._shared_masks = shared_masks
         self._splits: dict[tuple[int, ...], tuple] = {}
-        self._allocs: dict[tuple, GroupAllocation] = {}
+        self._inner: dict[tuple, MappingProxyType] = {}
+        self._direct: bool | None = None  # None: not checked yet (see plan)
 
     def split(self, share: tuple[int, ...]) -> tuple[dict, dict, bool, str | None]:
         """(ways, masks, shared, repair note) for the share levels of the present slots."""
@@ -290,14 +293,47 @@ class _Context:
         return got
 
     def plan(self, groups: Sequence[str], masks: dict, mb: dict) -> AllocationPlan:
-        allocs = self._allocs
+        """The plan giving each group its (mask, MB) in every domain.
+
+        Each (mask, MB) pair's read-only per-domain mapping is built once; the plan then
+        wraps them directly in the representation AllocationPlan's constructor produces (a
+        read-only mapping of read-only mappings), rather than letting the constructor copy
+        every level again on every step. The first plan of a context is built both ways
+        and compared; if the constructor's form ever differs, the constructor is used.
+        """
+        inner = self._inner
         per_group = {}
         for g in groups:
             key = (masks.get(g), mb.get(g))
-            a = allocs.get(key)
-            if a is None:
-                if len(allocs) >= _CACHE_LIMIT:
-                    allocs.clear()
-                a = allocs[key] = GroupAllocation(l3_mask=key[0], mb=key[1])
-            per_group[g] = dict.fromkeys(self.domains, a)
-        return AllocationPlan(per_group)
+            got = inner.get(key)
+            if got is None:
+                if len(inner) >= _CACHE_LIMIT:
+                    inner.clear()
+                a = GroupAllocation(l3_mask=key[0], mb=key[1])
+                got = inner[key] = MappingProxyType(dict.fromkeys(self.domains, a))
+            per_group[g] = got
+        if self._direct:
+            plan = object.__new__(AllocationPlan)
+            object.__setattr__(plan, "groups", MappingProxyType(per_group))
+            return plan
+        plan = AllocationPlan(per_group)
+        if self._direct is None:
+            self._direct = _same_form(plan, per_group)
+        return plan
+
+
+def _same_form(plan: AllocationPlan, per_group: dict) -> bool:
+    """Whether ``plan`` (from the constructor) holds exactly what :meth:`_Context.plan`
+    builds directly from ``per_group``: equal content, the same read-only types."""
+    groups = plan.groups
+    return (
+        type(groups) is MappingProxyType
+        and dict(groups) == per_group
+        and all(type(v) is MappingProxyType for v in groups.values())
+        and [k for k in groups] == list(per_group)
+        and all(
+            type(d) is int and type(a) is GroupAllocation
+            for v in groups.values()
+            for d, a in v.items()
+        )
+    )
