@@ -45,7 +45,7 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
 )
-from models.features import tail_ratio
+from models.features import percentile_getter
 
 
 @dataclass(frozen=True)
@@ -189,8 +189,8 @@ class _Churn:
                 return table
         domain = self.domain
         table = {}
-        for g in alloc:
-            a = alloc.get(g, domain)
+        for g, per_domain in alloc.groups.items():  # alloc.get(g, domain) for g in alloc
+            a = per_domain.get(domain)
             if a is not None:
                 table[g] = (a.l3_mask or 0, a.mb)
         self._seen = [*self._seen[-1:], (alloc, table)]  # keeps before and after
@@ -238,7 +238,12 @@ class StepReward:
         self, groups: Mapping[str, GroupSpec], caps: NodeCapabilities, weights: RewardWeights
     ) -> None:
         self.weights = weights
-        self._lc = [(name, spec) for name, spec in groups.items() if spec.kind is GroupKind.LC]
+        # LC groups: (name, getter of the SLO's percentile, target): tail_ratio's terms.
+        self._lc = [
+            (name, percentile_getter(spec.slo.percentile), spec.slo.target_ms)
+            for name, spec in groups.items()
+            if spec.kind is GroupKind.LC and spec.slo is not None
+        ]
         self._batch = [name for name, spec in groups.items() if spec.kind is GroupKind.BATCH]
         self._churn = _Churn(caps)
 
@@ -250,17 +255,21 @@ class StepReward:
         after: Allocation,
         ips: Mapping[str, float] | None = None,
     ) -> RewardTerms:
-        if ips is None:
-            ips = observed_ips(snapshot)
         weights = self.weights
         samples = snapshot.groups
         penalties: list[float] = []
         worst = math.nan
         violations = 0
-        for name, spec in self._lc:
-            ratio = tail_ratio(spec, samples.get(name))
-            if ratio is None:
+        isfinite = math.isfinite
+        for name, latency_of, target in self._lc:
+            s = samples.get(name)  # tail_ratio(spec, s), inlined
+            lat = s.latency if s is not None else None
+            if lat is None:
                 continue
+            value = latency_of(lat)
+            if not isfinite(value) or lat.count <= 0:
+                continue
+            ratio = value / target
             worst = ratio if math.isnan(worst) else max(worst, ratio)
             if ratio > 1.0:
                 violations += 1
@@ -268,8 +277,14 @@ class StepReward:
             else:
                 penalties.append(0.0)
         slowdowns: list[float] = []
+        dt = snapshot.interval_s
         for name in self._batch:
-            ref, got = reference_ips.get(name), ips.get(name)
+            ref = reference_ips.get(name)
+            if ips is not None:
+                got = ips.get(name)
+            else:  # observed_ips(snapshot)[name], without building the dict
+                s = samples.get(name) if dt > 0 else None
+                got = s.instructions / dt if s is not None and s.instructions is not None else None
             if ref and got and got > 0:  # not running (departed, not started): not judged
                 slowdowns.append(max(ref / got, 1e-6))
         slo = -weights.slo * (sum(penalties) / len(penalties)) if penalties else 0.0

@@ -43,7 +43,7 @@ were left out), ``has_cat``, ``has_mba``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -219,8 +219,9 @@ class FeatureEncoder:
         for (name, is_lc, latency_of, target), (ways, mb) in zip(st.rows, held, strict=True):
             s = samples.get(name)
             if s is None:
-                extend((1.0, is_lc, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ways, mb))
-                extend((0.0, 0.0, 0.0))
+                extend(
+                    (1.0, is_lc, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ways, mb, 0.0, 0.0, 0.0)
+                )
                 continue
             instructions = s.instructions
             cycles = s.cycles
@@ -264,8 +265,25 @@ class FeatureEncoder:
                 load = 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
             else:
                 load = 0.0
-            extend((1.0, is_lc, ipc, ipc_ok, mpki, mpki_ok, occ, occ_ok, bw, bw_ok, ways, mb))
-            extend((lr, lr_ok, load))
+            extend(
+                (
+                    1.0,
+                    is_lc,
+                    ipc,
+                    ipc_ok,
+                    mpki,
+                    mpki_ok,
+                    occ,
+                    occ_ok,
+                    bw,
+                    bw_ok,
+                    ways,
+                    mb,
+                    lr,
+                    lr_ok,
+                    load,
+                )
+            )
         extend(st.padding)
         if peak and bw_known:
             x = bw_total / peak
@@ -303,8 +321,10 @@ class FeatureEncoder:
         caps, l3, mba, peak = st.caps, st.caps.l3, st.caps.mba, st.peak
         domain = caps.domains[0]
         out = []
+        groups = allocation.groups
         for name in st.slots:
-            alloc = allocation.get(name, domain)
+            per_domain = groups.get(name)  # allocation.get(name, domain)
+            alloc = None if per_domain is None else per_domain.get(domain)
             if l3 is None or alloc is None or alloc.l3_mask is None:
                 ways = 1.0
             else:
@@ -326,8 +346,13 @@ _PERCENTILE_FIELDS = dict(
 )
 
 
-def _percentile_of(p: float):
-    return lambda lat: lat.percentile(p)
+def percentile_getter(p: float) -> Callable[[LatencyStats], float]:
+    """``lambda lat: lat.percentile(p)`` without its per-call lookup (hot paths: encoder,
+    reward); a percentile LatencyStats does not have keeps ``percentile``'s error."""
+    field_name = _PERCENTILE_FIELDS.get(float(p))
+    if field_name is None:
+        return lambda lat: lat.percentile(p)
+    return attrgetter(field_name)
 
 
 @dataclass(frozen=True)
@@ -359,11 +384,7 @@ class _Static:
         for name, spec in zip(slots, specs, strict=True):
             getter, target = None, None
             if spec.slo is not None:
-                p = spec.slo.percentile
-                field_name = _PERCENTILE_FIELDS.get(float(p))
-                # LatencyStats.percentile(p) without its per-call lookup (and with its error
-                # for a percentile it does not have).
-                getter = attrgetter(field_name) if field_name else _percentile_of(p)
+                getter = percentile_getter(spec.slo.percentile)
                 target = spec.slo.target_ms
             rows.append((name, 1.0 if spec.kind is GroupKind.LC else 0.0, getter, target))
         l3, mba = caps.l3, caps.mba
