@@ -38,7 +38,7 @@ from envs.reward import (
     RewardTerms,
     RewardWeights,
     RunningMaxReference,
-    compute_reward,
+    StepReward,
     observed_ips,
     solo_reference_ips,
 )
@@ -62,6 +62,7 @@ class _PartitionEnv(gym.Env):
     """The shared step/reset/render logic over ``self.node`` (subclasses provide it)."""
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    _reference_learns = True  # _reference(ips) uses ips (else it ignores them)
 
     def __init__(
         self,
@@ -101,6 +102,8 @@ class _PartitionEnv(gym.Env):
         self._snap: Snapshot | None = None
         self._terms: RewardTerms | None = None
         self._decoded: DecodedAction | None = None
+        self._reward: StepReward | None = None
+        self._applied = None  # the plan the node last took (see _holds)
         self._steps = 0
         self._scenario_name = ""
         self._last_observe = 0.0
@@ -121,6 +124,12 @@ class _PartitionEnv(gym.Env):
     def _refresh_groups(self) -> None:
         """Called every step; a node whose groups may change re-reads them."""
 
+    def _holds(self, plan) -> bool:
+        """True when applying ``plan`` could not change the node: it is the plan the node
+        last took and the node still holds what that apply returned. Only a node that can
+        say so without a round trip answers (the in-process SimNode); by default, apply."""
+        return False
+
     # ------------------------------------------------------------------ gym API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -135,6 +144,7 @@ class _PartitionEnv(gym.Env):
         node = self.node
         self._caps = node.capabilities()
         self._set_groups(dict(node.groups()))
+        self._applied = None
         ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
         decision = ctrl.start(context(node))
         self._alloc = node.apply(decision.plan) if decision.plan is not None else None
@@ -161,21 +171,17 @@ class _PartitionEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         self._refresh_groups()
         decoded = self.decoder.decode(action, self._slots, self._caps)
-        before = self._alloc
-        after = self.node.apply(decoded.plan) if decoded.plan.groups else before
+        before = after = self._alloc
+        plan = decoded.plan
+        if plan.groups and not self._holds(plan):
+            after = self.node.apply(plan)
+            self._applied = plan
         self._wait()
         snap = self._observe()
-        ips = observed_ips(snap)
-        terms = compute_reward(
-            snap,
-            self._groups,
-            self._reference(ips),
-            self._caps,
-            before,
-            after,
-            self.weights,
-            ips,
-        )
+        # The reward reads the IPS it needs off the snapshot itself; the dict is built only
+        # for a reference that learns from it.
+        ips = observed_ips(snap) if self._reference_learns else None
+        terms = self._reward(snap, self._reference(ips), before, after, ips)
         self._alloc, self._snap, self._terms, self._decoded = after, snap, terms, decoded
         self._steps += 1
         obs = self._encode()
@@ -279,6 +285,7 @@ class _PartitionEnv(gym.Env):
     def _set_groups(self, groups: dict) -> None:
         self._groups = groups
         self._slots = self.encoder.slots(groups)
+        self._reward = StepReward(groups, self._caps, self.weights)
 
     def _encode(self) -> np.ndarray:
         return self.encoder.encode(self._snap, self._alloc, self._groups, self._caps, self._slots)
@@ -358,6 +365,15 @@ class PartitionEnv(_PartitionEnv):
 
     def _wait(self) -> None:
         self.node.advance(self.interval_s)
+
+    def _holds(self, plan) -> bool:
+        # A SimNode hands back the same Allocation object until its allocation changes
+        # (apply, create_group, delete_group), so identity says nothing moved since.
+        return plan == self._applied and self.node.allocation() is self._alloc
+
+    @property
+    def _reference_learns(self) -> bool:
+        return self.reference != "truth"
 
     def _reference(self, ips: Mapping[str, float]) -> Mapping[str, float]:
         if self.reference == "truth":
