@@ -237,9 +237,12 @@ class SimNode:
         cat = scn.catalog
         self._preset = cat.machine(scn.machine)
         self._caps = self._preset.capabilities()
-        # One stream for measurement noise, load schedules and every LC service's requests
-        # (per-service streams would decouple services' samples; see docs/SIMULATOR.md).
-        self._rng = np.random.default_rng(np.random.SeedSequence(self._seed).spawn(1)[0])
+        # Independent streams: measurement noise and load schedules, then one per LC
+        # service, so one service's request count never shifts another's samples (common
+        # random numbers across allocations and loads).
+        streams = np.random.SeedSequence(self._seed).spawn(1 + len(scn.workloads))
+        self._rng = np.random.default_rng(streams[0])
+        self._req_rng = [np.random.default_rng(st) for st in streams[1:]]
         self._instances: list[WorkloadInstance] = list(scn.workloads)
         self._specs = [cat.workload(w.workload) for w in self._instances]
         threads = [
@@ -782,7 +785,7 @@ class SimNode:
         for i in self._lc_idx:
             rate = inp.lam[i] * inp.active[i]
             lat, count, self._backlog[i] = simulate(
-                self._rng,
+                self._req_rng[i],
                 rate,
                 float(sol.service_s[i]),
                 self._specs[i].lc.service,
