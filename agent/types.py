@@ -15,17 +15,43 @@ percentage on Intel, MiB/s in ``mba_MBps`` mode, 1/8 GB/s units on AMD).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from types import MappingProxyType
 
 # --------------------------------------------------------------------------- helpers
 
 
+class FrozenMap(Mapping):
+    """A read-only mapping that, unlike ``types.MappingProxyType``, pickles (Ray, copies)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping | Iterable = ()) -> None:
+        self._data = dict(data)
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+    def __reduce__(self):
+        return (FrozenMap, (self._data,))
+
+
 def _frozen_map(mapping: Mapping | None) -> Mapping:
     """A read-only copy, so frozen dataclasses stay frozen all the way down."""
-    return MappingProxyType(dict(mapping or {}))
+    return FrozenMap(mapping or {})
 
 
 def popcount(mask: int) -> int:

@@ -14,10 +14,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 from agent.node import Clock, Node
-from agent.types import Allocation, AllocationPlan, GroupSpec, NodeCapabilities, Snapshot
+from agent.types import (
+    Allocation,
+    AllocationPlan,
+    FrozenMap,
+    GroupSpec,
+    NodeCapabilities,
+    Snapshot,
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class Decision:
     note: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "moves", MappingProxyType(dict(self.moves)))
+        object.__setattr__(self, "moves", FrozenMap(self.moves))
 
     @property
     def changes(self) -> bool:

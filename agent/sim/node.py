@@ -209,15 +209,12 @@ class SimNode:
     def __getstate__(self) -> dict:
         # Picklable / deep-copyable (Ray workers, an oracle's look-ahead copies): the lock
         # is recreated, everything else (RNG state included) is copied.
-        # Capabilities are rebuilt from the preset (agent.types' read-only mappings are
-        # MappingProxyType, which does not pickle).
         state = self.__dict__.copy()
-        del state["_lock"], state["_caps"]
+        del state["_lock"]
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._caps = self._preset.capabilities()
         self._lock = threading.RLock()
 
     # ================================================================== Clock

@@ -68,3 +68,25 @@ def test_snapshot_rates() -> None:
 )
 def test_mba_levels(mba: MbaCapabilities, levels: tuple[int, ...]) -> None:
     assert mba.levels() == levels
+
+
+def test_core_types_pickle_and_stay_read_only() -> None:
+    import pickle
+
+    from agent.types import (
+        AllocationPlan,
+        CacheCapabilities,
+        GroupAllocation,
+        NodeCapabilities,
+        Vendor,
+    )
+
+    caps = NodeCapabilities(
+        Vendor.INTEL, 4, CacheCapabilities(0xFF, 1, 4), pmc_unsupported={"cycles": "ENOENT"}
+    )
+    plan = AllocationPlan.uniform({"a": GroupAllocation(0x3, 50)})
+    snap = Snapshot(1.0, 0.5, {"a": GroupSample(instructions=1.0)})
+    for value in (caps, plan, snap):
+        assert pickle.loads(pickle.dumps(value)) == value
+    with pytest.raises(TypeError):
+        caps.pmc_unsupported["x"] = "y"  # type: ignore[index]
