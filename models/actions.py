@@ -138,8 +138,8 @@ class ActionDecoder:
         """The plan for ``slots`` (group names in slot order) on a node with ``caps``.
 
         Hot path of every env step: what depends only on ``slots`` and ``caps`` is prepared
-        once per node (:class:`_Context`), and the cache split of each share vector is
-        memoised there; the returned dicts are fresh (callers may keep or change them).
+        once per node (:class:`_Context`); the returned dicts are fresh (callers may keep
+        or change them).
         """
         g_max = self.max_groups
         if isinstance(action, np.ndarray):
@@ -171,8 +171,7 @@ class ActionDecoder:
         masks: dict[str, int] = {}
         shared = False
         if ctx.l3 and n:
-            ways, masks, shared, note = ctx.split(tuple(share))
-            ways, masks = dict(ways), dict(masks)
+            ways, masks, shared, note = ctx.split(share)
             if note:
                 repairs.append(note)
         elif not ctx.l3 and n and any(share):
@@ -238,13 +237,15 @@ class ActionDecoder:
         return masks
 
 
-_CACHE_LIMIT = 4096  # memoised splits / group allocations per context (cleared when full)
+# Memoised per-domain allocations per context (cleared when full). Kept small on purpose:
+# between two env steps the simulator evicts the CPU caches, and a large memo table is
+# slower to look up cold than its entries are to rebuild (and evicts the simulator's data).
+_CACHE_LIMIT = 256
 
 
 class _Context:
-    """What decoding needs from the slots and capabilities alone, plus memo tables of
-    immutable results (cache splits per share vector, per-domain allocations per (mask,
-    MB))."""
+    """What decoding needs from the slots and capabilities alone, plus a small memo of
+    immutable per-domain allocations per (mask, MB)."""
 
     def __init__(
         self, slots: tuple[str, ...], caps: NodeCapabilities, mb_table, shared_masks
@@ -260,15 +261,11 @@ class _Context:
             self.offset = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1
             self.min_cbm_bits = l3.min_cbm_bits
         self._shared_masks = shared_masks
-        self._splits: dict[tuple[int, ...], tuple] = {}
         self._inner: dict[tuple, MappingProxyType] = {}
         self._direct: bool | None = None  # None: not checked yet (see plan)
 
-    def split(self, share: tuple[int, ...]) -> tuple[dict, dict, bool, str | None]:
+    def split(self, share: Sequence[int]) -> tuple[dict, dict, bool, str | None]:
         """(ways, masks, shared, repair note) for the share levels of the present slots."""
-        got = self._splits.get(share)
-        if got is not None:
-            return got
         slots, n, least, total = self.slots, self.n, self.least, self.total
         if n * least <= total:
             extra = apportion(total - n * least, share)
@@ -278,19 +275,14 @@ class _Context:
             for g, k in ways.items():  # contiguous, disjoint, in slot order
                 masks[g] = ((1 << k) - 1) << offset
                 offset += k
-            got = (ways, masks, False, None)
-        else:
-            masks = self._shared_masks(slots, share, self.caps, least)
-            ways = {g: m.bit_count() for g, m in masks.items()}
-            note = (
-                f"{n} groups share {total // least} slices of {least} ways "
-                f"({total} ways, min_cbm_bits {self.min_cbm_bits})"
-            )
-            got = (ways, masks, True, note)
-        if len(self._splits) >= _CACHE_LIMIT:
-            self._splits.clear()
-        self._splits[share] = got
-        return got
+            return ways, masks, False, None
+        masks = self._shared_masks(slots, share, self.caps, least)
+        ways = {g: m.bit_count() for g, m in masks.items()}
+        note = (
+            f"{n} groups share {total // least} slices of {least} ways "
+            f"({total} ways, min_cbm_bits {self.min_cbm_bits})"
+        )
+        return ways, masks, True, note
 
     def plan(self, groups: Sequence[str], masks: dict, mb: dict) -> AllocationPlan:
         """The plan giving each group its (mask, MB) in every domain.
