@@ -23,11 +23,16 @@ the ones it gives, the rest are our reading, documented here):
   (ways / sharers; on absolute-bandwidth MBA, bandwidth / sharers too).
 - **Multi-level queue** (our reading): a service's level is the smallest tier whose
   profiled tail meets its SLO (with ``margin``). Services needing a higher tier get one
-  each, largest need first, the larger tier when the one they need is taken.
-- **Admission control** (BASELINES.md): when no assignment meets every SLO (more services
-  need a dedicated tier than there are tiers), the affordable set is kept — the services
-  with the highest slowdown weight — and the rest are dropped to best effort (they rest in
-  the shared tier and share spare tiers like everyone else); the decision note names them.
+  each, largest need first, the larger tier when the one they need is taken. When more
+  services need a tier than there are, a tier that suits them becomes a queue they
+  time-share by weighted round robin (slices ``slice_s x n x weight_i`` within the queue),
+  up to ``max_sharers`` services per tier: a profile near the SLO boundary is too noisy
+  to give the whole tier to one service and starve another that needs it as much.
+- **Admission control** (BASELINES.md): when even time-sharing cannot give every service
+  that needs a higher tier at least 1/``max_sharers`` of one, the affordable set is kept —
+  the services with the highest slowdown weight — and the rest are dropped to best effort
+  (they rest in the shared tier and share spare tiers like everyone else); the decision
+  note names them.
 - **Weighted round robin** (BASELINES.md): higher tiers not dedicated to a service are
   time-shared by all resting services; service ``i`` gets slices of
   ``slice_s x n x weight_i`` with ``weight_i = slowdown_i / sum_k slowdown_k`` (slowdown
@@ -289,6 +294,8 @@ class CoCo(_TimeSharing):
         margin: a tier meets an SLO when its profiled tail is at most ``margin x target``.
         warmup_factor: minimum slice length in cache warm-ups.
         patience: intervals over the SLO before a dedicated service's level is raised.
+        max_sharers: most services time-sharing one contested tier before admission
+            control drops the lowest-weight ones.
     """
 
     name = "coco"
@@ -304,8 +311,12 @@ class CoCo(_TimeSharing):
         margin: float = 0.9,
         warmup_factor: float = 10.0,
         patience: int = 5,
+        max_sharers: int = 2,
     ) -> None:
         super().__init__(services, groups, background_pids=background_pids, slice_s=slice_s)
+        if max_sharers < 1:
+            raise ValueError(f"max_sharers must be >= 1, got {max_sharers}")
+        self.max_sharers = int(max_sharers)
         self.profile = dict(profile or {})
         self.margin = margin
         self.warmup_factor = warmup_factor
@@ -335,10 +346,11 @@ class CoCo(_TimeSharing):
         return p.slowdown(1) if p is not None else 1.0
 
     def _schedule(self) -> None:
-        """Dedicate tiers (largest need first, ties by weight) and set up the rotation."""
+        """Give each needing service a tier (largest need first, ties by weight), time-share
+        contested tiers, and set up the rotation of the spare ones."""
         k = len(self._lc_groups)
         free = list(range(2, k + 1))  # exclusive tier indices
-        self._dedicated: dict[int, str] = {}
+        self._queues: dict[int, list[str]] = {}  # tier -> the services time-sharing it
         self._dropped: list[str] = []
         order = sorted(self.services, key=lambda s: (-self._need[s.name], -self._weight(s.name)))
         for s in order:
@@ -347,21 +359,32 @@ class CoCo(_TimeSharing):
                 continue
             fit = [j for j in free if j >= need]
             if fit:
-                self._dedicated[fit[0]] = s.name
+                self._queues[fit[0]] = [s.name]
                 free.remove(fit[0])
+                continue
+            room = [
+                j
+                for j in sorted(self._queues, key=lambda j: (len(self._queues[j]), j))
+                if j >= need and len(self._queues[j]) < self.max_sharers
+            ]
+            if room:
+                self._queues[room[0]].append(s.name)
             else:
                 self._dropped.append(s.name)
         self._spare = sorted(free, reverse=True)
-        dedicated = set(self._dedicated.values())
-        self._rotation = [s.name for s in order if s.name not in dedicated]
+        queued = {n for q in self._queues.values() for n in q}
+        self._rotation = [s.name for s in order if s.name not in queued]
         self._rotation.sort(key=lambda n: -self._weight(n))
-        total = sum(self._weight(n) for n in self._rotation) or 1.0
-        self._weights = {n: self._weight(n) / total for n in self._rotation}
-        self._holder: dict[int, tuple[int, int]] = {}  # tier -> (rotation index, intervals left)
+        self._holder: dict[int, tuple[int, int]] = {}  # tier -> (queue index, intervals left)
 
-    def _slice_intervals(self, name: str, tier: int) -> int:
-        n = len(self._rotation)
-        want = self.slice_s * n * self._weights.get(name, 1.0 / max(n, 1))
+    @property
+    def _dedicated(self) -> dict[int, str]:
+        """Tiers held by one service alone."""
+        return {j: q[0] for j, q in self._queues.items() if len(q) == 1}
+
+    def _slice_intervals(self, name: str, tier: int, queue: Sequence[str]) -> int:
+        total = sum(self._weight(n) for n in queue) or 1.0
+        want = self.slice_s * len(queue) * self._weight(name) / total
         p = self.profile.get(name)
         if p is not None and p.miss_rate > 0:
             ways = self.shapes[tier][0]
@@ -369,32 +392,39 @@ class CoCo(_TimeSharing):
             want = max(want, self.warmup_factor * warm)
         return max(1, math.ceil(want / self._interval - 1e-9))
 
+    def _turn(self, tier: int, queue: Sequence[str], busy: set[str]) -> str | None:
+        """Whose slice of ``tier`` it is: the holder until its slice ends, then the next
+        service of ``queue`` not holding another tier (weighted round robin)."""
+        n = len(queue)
+        if not n:
+            return None
+        idx, left = self._holder.get(tier, (-1, 0))
+        if left <= 0 or idx < 0 or queue[idx % n] in busy:
+            for step in range(1, n + 1):
+                cand = (idx + step) % n
+                if queue[cand] not in busy:
+                    idx = cand
+                    break
+            else:
+                return None
+            left = self._slice_intervals(queue[idx], tier, queue)
+        self._holder[tier] = (idx, left - 1)
+        return queue[idx % n]
+
     def _assign(self, ctx: ControlContext) -> dict[str, str]:
         place = {s.name: self._lc_groups[0] for s in self.services}
-        for j, name in self._dedicated.items():
-            place[name] = self._lc_groups[j - 1]
         busy: set[str] = set()
-        n = len(self._rotation)
-        for j in self._spare:
-            if not n:
-                break
-            idx, left = self._holder.get(j, (-1, 0))
-            if left <= 0 or idx < 0 or self._rotation[idx % n] in busy:
-                for step in range(1, n + 1):  # next service not holding another tier
-                    cand = (idx + step) % n
-                    if self._rotation[cand] not in busy:
-                        idx = cand
-                        break
-                left = self._slice_intervals(self._rotation[idx], j)
-            name = self._rotation[idx % n]
-            if name in busy:
-                continue
-            busy.add(name)
-            place[name] = self._lc_groups[j - 1]
-            self._holder[j] = (idx, left - 1)
+        tiers = [(j, self._queues[j]) for j in sorted(self._queues, reverse=True)]
+        tiers += [(j, self._rotation) for j in self._spare]
+        for j, queue in tiers:
+            name = self._turn(j, queue, busy)
+            if name is not None:
+                busy.add(name)
+                place[name] = self._lc_groups[j - 1]
         dropped = f", dropped {self._dropped}" if self._dropped else ""
+        queues = {j: q[0] if len(q) == 1 else q for j, q in sorted(self._queues.items())}
         self._note = (
-            f"{self.name}: dedicated {dict(sorted(self._dedicated.items()))}{dropped}; "
+            f"{self.name}: tiers {queues}{dropped}; "
             f"rotating {[n for n in self._rotation if place[n] != self._lc_groups[0]]}"
         )
         return place
