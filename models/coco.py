@@ -539,3 +539,40 @@ def calibrate(
     finally:
         node.apply(saved)
     return out
+
+
+# ---------------------------------------------------------------------- configuration
+
+
+def services_from_options(services: Sequence[Mapping]) -> list[Service]:
+    """Services from plain data (a YAML config): ``{name, pids, slo: {percentile,
+    target_ms}}`` each. Raises ValueError naming the entry that is malformed."""
+    out = []
+    for i, raw in enumerate(services):
+        try:
+            slo = raw["slo"]
+            out.append(
+                Service(
+                    str(raw["name"]),
+                    frozenset(int(p) for p in raw["pids"]),
+                    SLO(float(slo["percentile"]), float(slo["target_ms"])),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"services[{i}]: need name, pids and slo {{percentile, target_ms}}: {exc}"
+            ) from None
+    return out
+
+
+def coco_from_options(services: Sequence[Mapping], groups: Sequence[str], **options) -> CoCo:
+    """The registry's ``coco``: services as plain data, tier groups by name (background
+    first; the operator's config creates them, or :func:`prepare_groups`)."""
+    return CoCo(services_from_options(services), groups, **options)
+
+
+def round_robin_from_options(
+    services: Sequence[Mapping], groups: Sequence[str], **options
+) -> RoundRobin:
+    """The registry's ``round_robin`` (see :func:`coco_from_options`)."""
+    return RoundRobin(services_from_options(services), groups, **options)

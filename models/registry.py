@@ -20,6 +20,10 @@ CONTROLLERS: dict[str, str] = {
     "explore": "models.explore:Explore",
     "copart": "models.copart:CoPart",  # stream={mb: misses/s}, period=..., lc_ways=...
     "static": "models.static:StaticController",  # lc_group=..., ways=... (from a sweep)
+    "ubik": "models.ubik:Ubik",  # profiles={lc_group: target ways}, slack=0.05
+    "static_lc": "models.ubik:StaticLC",  # profiles={lc_group: ways}
+    "coco": "models.coco:coco_from_options",  # services=[{name, pids, slo}], groups=[...]
+    "round_robin": "models.coco:round_robin_from_options",  # as coco
     "policy": "models.policy:PolicyController",  # path=... (an 'rdtune export' directory)
 }
 

@@ -215,3 +215,30 @@ def test_dedicated_service_over_its_slo_moves_up_a_tier():
         carry_out(node, coco.decide(snap, context(node, tasks=True, time_s=node.now())))
     assert coco._dedicated == {3: "shore_mt"}
     assert services[[s.name for s in services].index("shore_mt")].pids <= node.tasks(groups[3])
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ({"name": "a", "pids": [1]}, "slo"),
+        ({"name": "a", "pids": [], "slo": {"percentile": 99, "target_ms": 1}}, "no tasks"),
+        ({"name": "a", "pids": [1], "slo": {"percentile": 98, "target_ms": 1}}, "percentile"),
+    ],
+)
+def test_services_from_options_say_what_is_wrong(raw: dict, problem: str) -> None:
+    from models.coco import services_from_options
+
+    with pytest.raises(ValueError, match=r"services\[0\]") as err:
+        services_from_options([raw])
+    assert problem in str(err.value)
+
+
+def test_registry_builds_coco_from_plain_options() -> None:
+    from models import registry
+
+    coco = registry.make(
+        "coco",
+        services=[{"name": "kv", "pids": [7], "slo": {"percentile": 99.0, "target_ms": 1.0}}],
+        groups=["bg", "t1"],
+    )
+    assert isinstance(coco, CoCo) and coco.services[0].pids == frozenset({7})

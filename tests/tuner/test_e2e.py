@@ -30,11 +30,35 @@ if not (ROOT / "models" / "policies" / "default" / "model_card.json").is_file():
 OPTIONS = {"static": {"lc_group": "memcached", "ways": 4}}
 
 
+def time_sharing_config(node) -> dict:
+    """CoCo / round robin: memcached is the service; the config creates the tier groups."""
+    slo = node.groups()["memcached"].slo
+    slo_data = {"percentile": slo.percentile, "target_ms": slo.target_ms}
+    tiers = ["coco_bg", "coco_t1", "coco_t2"]
+    return {
+        "groups": [{"name": tiers[0], "kind": "system"}]
+        + [{"name": g, "kind": "lc", "slo": slo_data} for g in tiers[1:]],
+        "controller_options": {
+            "services": [
+                {"name": "memcached", "pids": sorted(node.tasks("memcached")), "slo": slo_data}
+            ],
+            "groups": tiers,
+        },
+    }
+
+
+CONFIGS = {"coco": time_sharing_config, "round_robin": time_sharing_config}
+
+
 @pytest.mark.parametrize("name", registry.names())
 def test_each_heuristic_drives_a_remote_sim_node(fresh, name: str) -> None:
     if name in NOT_HERE:
         pytest.skip(NOT_HERE[name])
-    config = {"controller_options": OPTIONS.get(name, {})}
+    if name in CONFIGS:
+        with fresh.node() as node:
+            config = CONFIGS[name](node)
+    else:
+        config = {"controller_options": OPTIONS.get(name, {})}
     run = run_tune(fresh.address, name, "--interval", "0.1", "--intervals", "40", config=config)
     if run.returncode == 2 and "bad options" in run.stderr and name not in OPTIONS:
         pytest.fail(f"{name} needs options: add them to OPTIONS in this file ({run.stderr})")
