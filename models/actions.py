@@ -37,9 +37,8 @@ CLOSIDs are not an action concern: the groups exist already.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 import numpy as np
 
@@ -261,8 +260,8 @@ class _Context:
             self.offset = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1
             self.min_cbm_bits = l3.min_cbm_bits
         self._shared_masks = shared_masks
-        self._inner: dict[tuple, MappingProxyType] = {}
-        self._direct: bool | None = None  # None: not checked yet (see plan)
+        self._inner: dict[tuple, Mapping] = {}
+        self._wrap = None  # the plans' read-only mapping type; None: not checked yet (plan)
 
     def split(self, share: Sequence[int]) -> tuple[dict, dict, bool, str | None]:
         """(ways, masks, shared, repair note) for the share levels of the present slots."""
@@ -287,12 +286,22 @@ class _Context:
     def plan(self, groups: Sequence[str], masks: dict, mb: dict) -> AllocationPlan:
         """The plan giving each group its (mask, MB) in every domain.
 
-        Each (mask, MB) pair's read-only per-domain mapping is built once; the plan then
-        wraps them directly in the representation AllocationPlan's constructor produces (a
-        read-only mapping of read-only mappings), rather than letting the constructor copy
-        every level again on every step. The first plan of a context is built both ways
-        and compared; if the constructor's form ever differs, the constructor is used.
+        AllocationPlan's constructor copies every level into its read-only mapping type on
+        every step. Here each (mask, MB) pair's read-only per-domain mapping is built once
+        and the plan wraps them directly, in the same type. The first plan of a context
+        is built by the constructor and the direct form checked against it (type of every
+        level, content, order); if they ever differ, the constructor is used throughout.
         """
+        wrap = self._wrap
+        if not wrap:
+            per_group = {
+                g: dict.fromkeys(self.domains, GroupAllocation(l3_mask=masks.get(g), mb=mb.get(g)))
+                for g in groups
+            }
+            plan = AllocationPlan(per_group)
+            if wrap is None and per_group:
+                self._wrap = _direct_form(plan)
+            return plan
         inner = self._inner
         per_group = {}
         for g in groups:
@@ -302,30 +311,33 @@ class _Context:
                 if len(inner) >= _CACHE_LIMIT:
                     inner.clear()
                 a = GroupAllocation(l3_mask=key[0], mb=key[1])
-                got = inner[key] = MappingProxyType(dict.fromkeys(self.domains, a))
+                got = inner[key] = wrap(dict.fromkeys(self.domains, a))
             per_group[g] = got
-        if self._direct:
-            plan = object.__new__(AllocationPlan)
-            object.__setattr__(plan, "groups", MappingProxyType(per_group))
-            return plan
-        plan = AllocationPlan(per_group)
-        if self._direct is None:
-            self._direct = _same_form(plan, per_group)
+        plan = object.__new__(AllocationPlan)
+        object.__setattr__(plan, "groups", wrap(per_group))
         return plan
 
 
-def _same_form(plan: AllocationPlan, per_group: dict) -> bool:
-    """Whether ``plan`` (from the constructor) holds exactly what :meth:`_Context.plan`
-    builds directly from ``per_group``: equal content, the same read-only types."""
-    groups = plan.groups
+def _direct_form(plan: AllocationPlan):
+    """The read-only mapping type the constructor gave ``plan`` at both levels, if
+    wrapping the same content in it directly gives an identical plan; else False."""
+    wrap = type(plan.groups)
+    direct = object.__new__(AllocationPlan)
+    object.__setattr__(direct, "groups", wrap({g: wrap(dict(v)) for g, v in plan.groups.items()}))
+    return wrap if _same_form(plan, direct) else False
+
+
+def _same_form(a: AllocationPlan, b: AllocationPlan) -> bool:
+    """Equal content, in the same order, in the same types at every level."""
+    ga, gb = a.groups, b.groups
     return (
-        type(groups) is MappingProxyType
-        and dict(groups) == per_group
-        and all(type(v) is MappingProxyType for v in groups.values())
-        and [k for k in groups] == list(per_group)
+        type(ga) is type(gb)
+        and ga == gb
+        and list(ga) == list(gb)
         and all(
-            type(d) is int and type(a) is GroupAllocation
-            for v in groups.values()
-            for d, a in v.items()
+            type(ga[g]) is type(gb[g]) is type(ga)
+            and list(ga[g].items()) == list(gb[g].items())
+            and all(type(d) is int and type(x) is GroupAllocation for d, x in ga[g].items())
+            for g in ga
         )
     )
