@@ -95,3 +95,37 @@ def test_export_cli(tiny_run, tmp_path, capsys):
     assert (tmp_path / "e" / "policy.onnx").is_file()
     assert "actions match" in capsys.readouterr().out
     assert main(["export", "--model", str(tmp_path / "nothing"), "--out", str(tmp_path)]) == 2
+
+
+def test_observation_normalisation_travels_in_the_card(tmp_path):
+    """VecNormalize statistics go into the card; the runtime applies them, so it acts on
+    raw observations exactly as the trained policy on normalised ones."""
+    import pickle
+
+    import gymnasium as gym
+
+    import envs  # noqa: F401
+    from models.policy import PolicyController
+    from tests.training.tiny_runs import tiny_config
+    from training.train import train
+
+    run = train(tiny_config(tmp_path / "run", normalize_obs=True, total_timesteps=64))
+    card = export_run(run.run_dir, tmp_path / "out", parity_observations=32)
+    norm = card["observation_normalization"]
+    assert norm is not None and len(norm["mean"]) == 126
+    assert card["parity"]["matched"] == 32
+    with (run.run_dir / "vecnormalize.pkl").open("rb") as f:
+        stats = pickle.load(f)
+    model = load_model(run.run_dir / "best_model.zip", "MaskablePPO")
+    ctrl = PolicyController.load(tmp_path / "out")
+    meta = json.loads((run.run_dir / "run.json").read_text())
+    env = gym.make(meta["env_id"], **meta["env_kwargs"])
+    obs, _ = env.reset(seed=2)
+    for _ in range(10):
+        mask = env.unwrapped.action_masks()
+        want, _ = model.predict(stats.normalize_obs(obs), deterministic=True, action_masks=mask)
+        np.testing.assert_array_equal(ctrl.act(obs, mask), want)
+        obs, _, _, truncated, _ = env.step(want)
+        if truncated:
+            obs, _ = env.reset()
+    env.close()

@@ -71,3 +71,15 @@ def test_flat_mlp_policy_without_extractor(tmp_path):
     policy = load_model(result.run_dir / "model.zip", "MaskablePPO").policy
     assert type(policy.features_extractor).__name__ == "FlattenExtractor"
     assert result.rows == []
+
+
+@pytest.mark.parametrize(("obs", "reward"), [(True, False), (False, True), (True, True)])
+def test_vecnormalize_options(tmp_path, obs, reward):
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from training.train import build_vec_env
+
+    venv = build_vec_env(tiny_config(tmp_path, normalize_obs=obs, normalize_reward=reward))
+    assert isinstance(venv, VecNormalize)
+    assert (venv.norm_obs, venv.norm_reward) == (obs, reward)
+    venv.close()
