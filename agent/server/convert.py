@@ -214,20 +214,35 @@ def _set_int(msg, name: str, value: int | None, group: str, domain: int) -> None
 
 
 def _fill_groups(target, groups) -> None:
+    # Hot path of every Apply (both ends). Per-field assignment into the map entries is
+    # faster under upb than building sub-messages with constructor kwargs (map values are
+    # copied); plain in-range ints skip _set_int, anything else takes it for its error.
+    lo, hi = _INT64_MIN, _INT64_MAX
     for name, per_domain in groups.items():
-        entry = target[name]
+        entry = target[name].domains
         for domain, a in per_domain.items():
-            if not 0 <= int(domain) < (1 << 32):
+            d = int(domain)
+            if not 0 <= d < (1 << 32):
                 raise InvalidAllocation(
                     f"domain {domain} out of range",
                     rule="unknown_domain",
                     group=name,
                     domain=domain,
                 )
-            ga = entry.domains[int(domain)]
-            _set_int(ga, "l3_mask", a.l3_mask, name, domain)
-            _set_int(ga, "mb", a.mb, name, domain)
-            _set_int(ga, "l3_code_mask", a.l3_code_mask, name, domain)
+            ga = entry[d]
+            l3, mb, code = a.l3_mask, a.mb, a.l3_code_mask
+            if l3 is not None:
+                if type(l3) is int and lo <= l3 <= hi:
+                    ga.l3_mask = l3
+                else:
+                    _set_int(ga, "l3_mask", l3, name, domain)
+            if mb is not None:
+                if type(mb) is int and lo <= mb <= hi:
+                    ga.mb = mb
+                else:
+                    _set_int(ga, "mb", mb, name, domain)
+            if code is not None:
+                _set_int(ga, "l3_code_mask", code, name, domain)
 
 
 def _read_groups(msg_groups, validate_names: bool) -> dict:
@@ -286,25 +301,36 @@ def from_latency(msg: pb.LatencyStats) -> LatencyStats:
     return LatencyStats(msg.count, msg.p50_ms, msg.p95_ms, msg.p99_ms, msg.p999_ms)
 
 
-_COUNTERS = (
-    "instructions",
-    "cycles",
-    "llc_references",
-    "llc_misses",
-    "llc_occupancy_bytes",
-    "memory_bytes",
-    "memory_local_bytes",
-)
+def _fill_sample(msg: pb.GroupSample, sample: GroupSample) -> None:
+    # Hot path of every Observe: direct attribute stores, no getattr/setattr by name.
+    if sample.instructions is not None:
+        msg.instructions = float(sample.instructions)
+    if sample.cycles is not None:
+        msg.cycles = float(sample.cycles)
+    if sample.llc_references is not None:
+        msg.llc_references = float(sample.llc_references)
+    if sample.llc_misses is not None:
+        msg.llc_misses = float(sample.llc_misses)
+    if sample.llc_occupancy_bytes is not None:
+        msg.llc_occupancy_bytes = float(sample.llc_occupancy_bytes)
+    if sample.memory_bytes is not None:
+        msg.memory_bytes = float(sample.memory_bytes)
+    if sample.memory_local_bytes is not None:
+        msg.memory_local_bytes = float(sample.memory_local_bytes)
+    stats = sample.latency
+    if stats is not None:
+        lat = msg.latency
+        lat.SetInParent()  # present even when every field is zero (an idle interval)
+        lat.count = stats.count
+        lat.p50_ms = stats.p50_ms
+        lat.p95_ms = stats.p95_ms
+        lat.p99_ms = stats.p99_ms
+        lat.p999_ms = stats.p999_ms
 
 
 def to_sample(sample: GroupSample) -> pb.GroupSample:
     msg = pb.GroupSample()
-    for name in _COUNTERS:
-        value = getattr(sample, name)
-        if value is not None:
-            setattr(msg, name, float(value))
-    if sample.latency is not None:
-        msg.latency.CopyFrom(to_latency(sample.latency))
+    _fill_sample(msg, sample)
     return msg
 
 
@@ -326,8 +352,9 @@ def to_snapshot(snap: Snapshot) -> pb.Snapshot:
     msg = pb.Snapshot(
         timestamp=snap.timestamp, interval_s=snap.interval_s, vanished=sorted(snap.vanished)
     )
+    groups = msg.groups
     for name, sample in snap.groups.items():
-        msg.groups[name].CopyFrom(to_sample(sample))
+        _fill_sample(groups[name], sample)  # in place: no sub-message built and copied
     return msg
 
 
