@@ -187,9 +187,20 @@ def from_group_spec(msg: pb.GroupSpec) -> GroupSpec:
     return GroupSpec(name=msg.name, kind=kind, slo=slo, exclusive=msg.exclusive)
 
 
+# Names that passed validate_group_name (a pure function of the string): every Apply names
+# the same groups again. Bounded, so a client inventing names cannot grow it without end.
+_VALID_NAMES: set[str] = set()
+_VALID_NAMES_MAX = 4096
+
+
 def group_name(name: str) -> str:
     """A group name from a request, validated (it names a directory on a real node)."""
-    return validate_group_name(name, error=InvalidName)
+    if type(name) is str and name in _VALID_NAMES:
+        return name
+    validate_group_name(name, error=InvalidName)
+    if len(_VALID_NAMES) < _VALID_NAMES_MAX:
+        _VALID_NAMES.add(name)
+    return name
 
 
 # --------------------------------------------------------------------------- allocations

@@ -60,11 +60,19 @@ class AgentMetrics:
         )
         self._state = _GroupState()
         self.registry.register(self._state)
+        # Labelled children per (method, code): ``labels()`` takes a lock and builds a key
+        # on every call, and this runs after every RPC. Bounded: methods and codes are
+        # finite (unknown methods never reach the interceptor's observer).
+        self._rpc_children: dict[tuple[str, str], tuple] = {}
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
-        short = method.rsplit("/", 1)[-1]
-        self.rpcs.labels(short, code).inc()
-        self.rpc_seconds.labels(short).observe(seconds)
+        children = self._rpc_children.get((method, code))
+        if children is None:
+            short = method.rsplit("/", 1)[-1]
+            children = (self.rpcs.labels(short, code), self.rpc_seconds.labels(short))
+            self._rpc_children[(method, code)] = children  # a race only builds it twice
+        children[0].inc()
+        children[1].observe(seconds)
 
     def apply_failed(self, cause: str) -> None:
         self.apply_errors.labels(cause).inc()

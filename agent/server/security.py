@@ -152,6 +152,10 @@ class GuardInterceptor(grpc.ServerInterceptor):
         self._expected = f"Bearer {token}".encode() if token else None
         self._limiter = limiter
         self._observe = observe
+        # (method, authorised) -> (handler, guarded handler): wrapping builds closures and a
+        # new handler, and the service's handler for a method is the same object each call.
+        # Bounded by the registered methods (x2).
+        self._guarded: dict[tuple[str, bool], tuple] = {}
 
     def _authorised(self, metadata) -> bool:
         if self._expected is None:
@@ -170,7 +174,13 @@ class GuardInterceptor(grpc.ServerInterceptor):
         authorised = method.startswith(HEALTH_PREFIX) or self._authorised(
             handler_call_details.invocation_metadata
         )
-        return _wrap(handler, lambda fn: self._guard(fn, method, authorised))
+        key = (method, authorised)
+        cached = self._guarded.get(key)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        guarded = _wrap(handler, lambda fn: self._guard(fn, method, authorised))
+        self._guarded[key] = (handler, guarded)
+        return guarded
 
     def _guard(self, fn, method: str, authorised: bool):
         def check(context) -> None:

@@ -157,6 +157,7 @@ class NodeHost:
 class NodeAgentServicer(rpc.NodeAgentServicer):
     def __init__(self, host: NodeHost) -> None:
         self.host = host
+        self._caps: tuple | None = None  # (NodeCapabilities, its message)
 
     def _decode(self, context, fn: Callable, *args):
         try:
@@ -165,7 +166,15 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             abort(context, exc)
 
     def GetCapabilities(self, request, context):
-        return C.to_capabilities(self.host.call(context, self.host.node.capabilities))
+        caps = self.host.call(context, self.host.node.capabilities)
+        # Capabilities rarely change (a simulated Reset may): reuse the message built for
+        # equal ones. Messages are only read after this (serialised), never mutated.
+        cached = self._caps
+        if cached is not None and (cached[0] is caps or cached[0] == caps):
+            return cached[1]
+        msg = C.to_capabilities(caps)
+        self._caps = (caps, msg)
+        return msg
 
     def ListGroups(self, request, context):
         groups = self.host.call(context, self.host.node.groups)
