@@ -25,7 +25,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
     echo "setup: installing rdtune and its dependencies into .venv"
     # torch first, from the CPU wheel on disk; the constraint keeps every later resolve on it.
     .venv/bin/pip install -q -c constraints.txt torch==2.13.0
-    .venv/bin/pip install -q -c constraints.txt -e ".[dev]"
+    .venv/bin/pip install -q -c constraints.txt -e ".[dev,minari]"
     touch "$stamp"
 fi
 # The gRPC stubs are build products of proto/rdtune/v1/*.proto (never edited by hand).
