@@ -15,6 +15,7 @@ Simulated time is not advanced: the figures are the agent's cost, not the simula
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import subprocess
@@ -121,6 +122,7 @@ def _in_process(repeats: int) -> list[Result]:
         k[0] += 1
 
     return [
+        *_handlers(repeats),
         latency_result(
             "in-process SimNode observe+apply (no gRPC)",
             latencies(node_only, repeats),
@@ -133,6 +135,73 @@ def _in_process(repeats: int) -> list[Result]:
             unit="ms",
             target="reference",
         ),
+    ]
+
+
+class _Context:
+    """The little of grpc.ServicerContext the handlers touch on success."""
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def code(self):
+        return None
+
+    def abort(self, code, details):
+        raise RuntimeError(f"{code}: {details}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallDetails:
+    method: str
+    invocation_metadata: tuple
+
+
+def _handlers(repeats: int) -> list[Result]:
+    """The agent's server-side work for one Observe and one Apply without the transport:
+    the real servicer behind the real guard interceptor (metrics on), with request
+    decoding and response encoding, on a SimNode."""
+    import grpc
+
+    from agent.server import convert as C
+    from agent.server.metrics import AgentMetrics
+    from agent.server.security import GuardInterceptor
+    from agent.server.service import NodeAgentServicer, NodeHost
+    from agent.sim import SimNode
+    from proto.rdtune.v1 import agent_pb2 as api
+
+    node = SimNode(SCENARIO)
+    metrics = AgentMetrics()
+    servicer = NodeAgentServicer(NodeHost(node, metrics=metrics))
+    guard = GuardInterceptor(None, None, metrics.observe_rpc)
+    plans = _plans(node.capabilities(), sorted(node.groups()))
+    wires = [api.ApplyRequest(plan=C.to_plan(p)).SerializeToString() for p in plans]
+
+    def guarded(name: str, fn, request, response):
+        handler = grpc.unary_unary_rpc_method_handler(
+            fn,
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString,
+        )
+        details = _CallDetails(f"/rdtune.v1.NodeAgent/{name}", ())
+        return guard.intercept_service(lambda _: handler, details)
+
+    observe = guarded("Observe", servicer.Observe, api.ObserveRequest, api.ObserveResponse)
+    apply = guarded("Apply", servicer.Apply, api.ApplyRequest, api.ApplyResponse)
+    ctx, k = _Context(), [0]
+
+    def both() -> None:
+        for h, wire in ((observe, b""), (apply, wires[k[0] % 2])):
+            h.response_serializer(h.unary_unary(h.request_deserializer(wire), ctx))
+        k[0] += 1
+
+    return [
+        latency_result(
+            "in-process server handlers Observe+Apply (interceptor, SimNode, no transport)",
+            latencies(both, repeats),
+            unit="ms",
+            target="reference",
+        )
     ]
 
 
