@@ -9,10 +9,11 @@ reaches the node. The rules and messages mirror fs/resctrl/ctrlmondata.c (``cbm_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
+from numbers import Integral
 
-from agent.errors import GroupNotFound, InvalidAllocation
+from agent.errors import GroupNotFound, InvalidAllocation, InvalidCpus, UnknownTask
 from agent.types import (
     Allocation,
     AllocationPlan,
@@ -237,3 +238,23 @@ def _check_overlaps(plan: AllocationPlan, ctx: PlanContext) -> None:
                         group=group,
                         domain=domain,
                     )
+
+
+def check_assign_ids(
+    pids: Iterable[object], cpus: Iterable[object], *, known_pids: Container[int], num_cpus: int
+) -> tuple[list[int], list[int]]:
+    """Check the pids and CPUs of an ``assign`` on a node that knows its tasks (simulated
+    and trace-driven nodes); return them as ints. Raises UnknownTask or InvalidCpus naming
+    the first bad one, before anything moves."""
+    pids, cpus = list(pids), list(cpus)
+    for pid in pids:
+        if isinstance(pid, bool) or not isinstance(pid, Integral):
+            raise UnknownTask(-1, f"pid {pid!r} is not an integer")
+        if int(pid) not in known_pids:
+            raise UnknownTask(int(pid))
+    for cpu in cpus:
+        if isinstance(cpu, bool) or not isinstance(cpu, Integral):
+            raise InvalidCpus(f"cpu {cpu!r} is not an integer")
+        if not 0 <= int(cpu) < num_cpus:
+            raise InvalidCpus(f"cpu {cpu} out of range 0..{num_cpus - 1}")
+    return [int(p) for p in pids], [int(c) for c in cpus]

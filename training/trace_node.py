@@ -24,7 +24,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from agent.errors import GroupExists, GroupNotFound, InvalidCpus, ResourceExhausted, UnknownTask
+from agent.errors import GroupExists, GroupNotFound, ResourceExhausted
 from agent.types import (
     Allocation,
     AllocationPlan,
@@ -35,7 +35,7 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
 )
-from agent.validate import PlanContext, validate_plan
+from agent.validate import PlanContext, check_assign_ids, validate_plan
 from training.dynamics import LATENCY_KEYS, Dynamics, effective_ways, fit_dynamics
 from training.traces import Trace
 
@@ -223,17 +223,9 @@ class TraceNode:
     def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
         if group not in self._groups:
             raise GroupNotFound(group)
-        pids, cpus = list(pids), list(cpus)
-        for pid in pids:
-            if isinstance(pid, bool) or not isinstance(pid, int | np.integer):
-                raise UnknownTask(-1, f"pid {pid!r} is not an integer")
-            if int(pid) not in self._owner:
-                raise UnknownTask(int(pid))
-        for cpu in cpus:
-            if isinstance(cpu, bool) or not isinstance(cpu, int | np.integer):
-                raise InvalidCpus(f"cpu {cpu!r} is not an integer")
-            if not 0 <= int(cpu) < self._caps.num_cpus:
-                raise InvalidCpus(f"cpu {cpu} out of range 0..{self._caps.num_cpus - 1}")
+        pids, cpus = check_assign_ids(
+            pids, cpus, known_pids=self._owner, num_cpus=self._caps.num_cpus
+        )
         for pid in pids:
             self._task_group[int(pid)] = group
         for cpu in cpus:

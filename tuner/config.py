@@ -46,9 +46,8 @@ from pathlib import Path
 
 import yaml
 
+from agent.server.security import read_token
 from agent.types import SLO, GroupKind, GroupSpec
-
-TOKEN_ENV = "RDTUNE_AGENT_TOKEN"
 
 
 class ConfigError(ValueError):
@@ -112,16 +111,8 @@ class AgentConnection:
     timeout_s: float = 5.0
 
     def resolve_token(self) -> None:
-        """The token comes from a file or the environment, never argv or the config."""
-        if self.token is None and self.token_file:
-            try:
-                self.token = Path(self.token_file).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"cannot read token file {self.token_file!r}: {exc}") from exc
-            if not self.token:
-                raise ConfigError(f"token file {self.token_file!r} is empty")
-        if self.token is None and os.environ.get(TOKEN_ENV):
-            self.token = os.environ[TOKEN_ENV].strip()
+        """Fill ``token`` from ``token_file`` or the environment (see ``read_token``)."""
+        self.token = read_token(self.token, self.token_file, ConfigError)
 
     def connect(self):
         """A :class:`agent.client.RemoteNode` for this connection."""

@@ -23,17 +23,14 @@ Example ``agent.yaml``::
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 
 from agent.server.scrape import ScrapeTarget
-from agent.server.security import ConfigError, check_exposure, parse_listen
+from agent.server.security import ConfigError, check_exposure, parse_listen, read_token
 from agent.types import validate_group_name
-
-TOKEN_ENV = "RDTUNE_AGENT_TOKEN"
 
 
 @dataclass
@@ -66,17 +63,8 @@ class AgentConfig:
         return bool(self.tls_cert and self.tls_key)
 
     def resolve_token(self) -> None:
-        """Read the token from ``token_file`` or the environment (never from a flag: argv
-        is visible to every user of the host)."""
-        if self.token is None and self.token_file:
-            try:
-                self.token = Path(self.token_file).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"cannot read token file {self.token_file!r}: {exc}") from exc
-            if not self.token:
-                raise ConfigError(f"token file {self.token_file!r} is empty")
-        if self.token is None and os.environ.get(TOKEN_ENV):
-            self.token = os.environ[TOKEN_ENV].strip()
+        """Fill ``token`` from ``token_file`` or the environment (see ``read_token``)."""
+        self.token = read_token(self.token, self.token_file, ConfigError)
 
     def validate(self) -> None:
         if self.backend not in ("sim", "resctrl"):

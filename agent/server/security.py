@@ -11,16 +11,38 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
 from agent.server.errors import abort_with
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+
+
+TOKEN_ENV = "RDTUNE_AGENT_TOKEN"
+
+
+def read_token(
+    token: str | None, token_file: str | None, error: type[Exception] = ValueError
+) -> str | None:
+    """The bearer token: ``token`` if given, else the contents of ``token_file``, else
+    ``$RDTUNE_AGENT_TOKEN``. Never a command-line flag: argv is visible to every user."""
+    if token is None and token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise error(f"cannot read token file {token_file!r}: {exc}") from exc
+        if not token:
+            raise error(f"token file {token_file!r} is empty")
+    if token is None and os.environ.get(TOKEN_ENV):
+        token = os.environ[TOKEN_ENV].strip()
+    return token
 
 
 class ConfigError(ValueError):

@@ -21,9 +21,7 @@ import numpy as np
 from agent.errors import (
     GroupExists,
     GroupNotFound,
-    InvalidCpus,
     ResourceExhausted,
-    UnknownTask,
 )
 from agent.sim.catalog import Catalog, MachinePreset, Phase, WorkloadSpec, default_catalog
 from agent.sim.model import Inputs, Model, Solution, amd_cap_bps
@@ -47,7 +45,7 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
 )
-from agent.validate import PlanContext, validate_plan
+from agent.validate import PlanContext, check_assign_ids, validate_plan
 
 DEFAULT_SCENARIO = "default"
 PID_BASE = 10_000
@@ -401,18 +399,9 @@ class SimNode:
     def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
         if group not in self._groups:
             raise GroupNotFound(group)
-        pids = list(pids)
-        cpus = list(cpus)
-        for pid in pids:
-            if isinstance(pid, bool) or not isinstance(pid, int | np.integer):
-                raise UnknownTask(-1, f"pid {pid!r} is not an integer")
-            if int(pid) not in self._pid_owner:
-                raise UnknownTask(int(pid))
-        for cpu in cpus:
-            if isinstance(cpu, bool) or not isinstance(cpu, int | np.integer):
-                raise InvalidCpus(f"cpu {cpu!r} is not an integer")
-            if not 0 <= int(cpu) < self._caps.num_cpus:
-                raise InvalidCpus(f"cpu {cpu} out of range 0..{self._caps.num_cpus - 1}")
+        pids, cpus = check_assign_ids(
+            pids, cpus, known_pids=self._pid_owner, num_cpus=self._caps.num_cpus
+        )
         if pids:
             self._flush()
             for pid in pids:

@@ -140,3 +140,22 @@ def test_plans_and_allocations_are_immutable() -> None:
     with pytest.raises(TypeError):
         plan.groups["b"] = {}  # type: ignore[index]
     assert hash(GroupAllocation(0x3, 10)) == hash(GroupAllocation(0x3, 10))
+
+
+@pytest.mark.parametrize(
+    ("pids", "cpus", "error"),
+    [
+        ([99], [], "no task with pid 99"),
+        (["1"], [], "not an integer"),
+        ([True], [], "integer"),
+        ([1], [16], "out of range 0..15"),
+        ([1], [1.5], "not an integer"),
+    ],
+)
+def test_assign_ids_are_checked_before_anything_moves(pids, cpus, error: str) -> None:
+    from agent.errors import InvalidCpus, UnknownTask
+    from agent.validate import check_assign_ids
+
+    with pytest.raises((UnknownTask, InvalidCpus), match=error):
+        check_assign_ids(pids, cpus, known_pids={1, 2}, num_cpus=16)
+    assert check_assign_ids([2], [3], known_pids={1, 2}, num_cpus=16) == ([2], [3])
