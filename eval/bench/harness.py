@@ -26,8 +26,10 @@ class Result:
 
     def row(self) -> str:
         p99 = f"{self.p99:.4g}" if self.p99 is not None else "-"
-        return (f"| {self.name} | {self.value:.4g} {self.unit} | {p99} | {self.repeats} | "
-                f"{self.target} |")
+        return (
+            f"| {self.name} | {self.value:.4g} {self.unit} | {p99} | {self.repeats} | "
+            f"{self.target} |"
+        )
 
 
 def machine() -> str:
@@ -63,16 +65,22 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[k]
 
 
-def latency_result(name: str, seconds: list[float], unit: str = "us",
-                   target: str = "") -> Result:
+def latency_result(name: str, seconds: list[float], unit: str = "us", target: str = "") -> Result:
     """Median and p99 of per-call latencies, converted to ``unit`` (us or ms)."""
     scale = {"us": 1e6, "ms": 1e3, "s": 1.0}[unit]
-    return Result(name, statistics.median(seconds) * scale, unit, len(seconds),
-                  p99=percentile(seconds, 99) * scale, target=target)
+    return Result(
+        name,
+        statistics.median(seconds) * scale,
+        unit,
+        len(seconds),
+        p99=percentile(seconds, 99) * scale,
+        target=target,
+    )
 
 
-def rate_result(name: str, fn: Callable[[], int], runs: int = 5, unit: str = "steps/s",
-                target: str = "") -> Result:
+def rate_result(
+    name: str, fn: Callable[[], int], runs: int = 5, unit: str = "steps/s", target: str = ""
+) -> Result:
     """Median throughput of ``runs`` runs of ``fn`` (which returns how many items it did)."""
     rates = []
     for _ in range(runs):
