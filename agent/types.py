@@ -319,6 +319,15 @@ class GroupAllocation:
     def ways(self) -> int:
         return 0 if self.l3_mask is None else popcount(self.l3_mask)
 
+    def overlay(self, change: GroupAllocation) -> GroupAllocation:
+        """This allocation with the resources ``change`` sets (its None fields keep ours):
+        what a group holds after a plan entry is applied over it."""
+        return GroupAllocation(
+            l3_mask=self.l3_mask if change.l3_mask is None else change.l3_mask,
+            mb=self.mb if change.mb is None else change.mb,
+            l3_code_mask=self.l3_code_mask if change.l3_code_mask is None else change.l3_code_mask,
+        )
+
 
 class _PerGroupDomain:
     """Shared shape of plans and allocations: group name -> domain id -> GroupAllocation."""

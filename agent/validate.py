@@ -200,14 +200,8 @@ def final_masks(plan: AllocationPlan, current: Allocation) -> dict[str, dict[int
     for group, per_domain in plan.groups.items():
         for d, a in per_domain.items():
             if a.l3_mask is not None or a.l3_code_mask is not None:
-                old = current.get(group, d)
-                data = a.l3_mask if a.l3_mask is not None else (old.l3_mask if old else 0)
-                code = (
-                    a.l3_code_mask
-                    if a.l3_code_mask is not None
-                    else (old.l3_code_mask if old else None)
-                )
-                masks.setdefault(group, {})[d] = (data or 0) | (code or 0)
+                new = (current.get(group, d) or GroupAllocation()).overlay(a)
+                masks.setdefault(group, {})[d] = (new.l3_mask or 0) | (new.l3_code_mask or 0)
     return masks
 
 

@@ -244,12 +244,7 @@ class TraceNode:
         new = dict(self._alloc)
         for group, per_domain in normalized.groups.items():
             for a in per_domain.values():
-                old = new[group]
-                new[group] = GroupAllocation(
-                    l3_mask=a.l3_mask if a.l3_mask is not None else old.l3_mask,
-                    mb=a.mb if a.mb is not None else old.mb,
-                    l3_code_mask=a.l3_code_mask if a.l3_code_mask is not None else old.l3_code_mask,
-                )
+                new[group] = new[group].overlay(a)
         if dry_run:
             return self._as_allocation(new)
         self._alloc = new

@@ -634,14 +634,7 @@ class ResctrlNode:
                 merged = {n: dict(per) for n, per in current.groups.items()}
                 for g, per_dom in plan.groups.items():
                     for d, a in per_dom.items():
-                        old = merged[g].get(d, GroupAllocation())
-                        merged[g][d] = GroupAllocation(
-                            l3_mask=a.l3_mask if a.l3_mask is not None else old.l3_mask,
-                            mb=a.mb if a.mb is not None else old.mb,
-                            l3_code_mask=(
-                                a.l3_code_mask if a.l3_code_mask is not None else old.l3_code_mask
-                            ),
-                        )
+                        merged[g][d] = merged[g].get(d, GroupAllocation()).overlay(a)
                 return Allocation(merged)
             writes = []
             for group, per_dom in plan.groups.items():

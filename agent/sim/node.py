@@ -595,13 +595,8 @@ class SimNode:
     def _overlay(self, plan: AllocationPlan) -> dict[str, GroupAllocation]:
         new = dict(self._alloc)
         for group, per_domain in plan.groups.items():
-            for _domain, a in per_domain.items():
-                old = new[group]
-                new[group] = GroupAllocation(
-                    l3_mask=a.l3_mask if a.l3_mask is not None else old.l3_mask,
-                    mb=a.mb if a.mb is not None else old.mb,
-                    l3_code_mask=a.l3_code_mask if a.l3_code_mask is not None else old.l3_code_mask,
-                )
+            for a in per_domain.values():
+                new[group] = new[group].overlay(a)
         return new
 
     def _as_allocation(self, alloc: Mapping[str, GroupAllocation]) -> Allocation:

@@ -9,6 +9,7 @@ import pytest
 from agent.errors import InvalidName
 from agent.types import (
     SLO,
+    GroupAllocation,
     GroupKind,
     GroupSample,
     GroupSpec,
@@ -90,3 +91,16 @@ def test_core_types_pickle_and_stay_read_only() -> None:
         assert pickle.loads(pickle.dumps(value)) == value
     with pytest.raises(TypeError):
         caps.pmc_unsupported["x"] = "y"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("change", "held"),
+    [
+        (GroupAllocation(), GroupAllocation(0x3, 50, 0xC)),
+        (GroupAllocation(mb=20), GroupAllocation(0x3, 20, 0xC)),
+        (GroupAllocation(l3_mask=0xF0), GroupAllocation(0xF0, 50, 0xC)),
+        (GroupAllocation(l3_code_mask=0x1), GroupAllocation(0x3, 50, 0x1)),
+    ],
+)
+def test_overlay_keeps_what_the_change_leaves_unset(change, held) -> None:
+    assert GroupAllocation(0x3, 50, 0xC).overlay(change) == held
