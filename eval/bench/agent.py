@@ -20,40 +20,12 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
-from eval.bench.harness import Result, latencies, latency_result
+from eval.bench.harness import Result, latencies, latency_result, start_sim_agent
 
 SCENARIO = "sixteen_groups"  # 16 CLOSIDs in use: 15 own groups + the default group
 LISTEN = "127.0.0.1:0"
-
-
-def _start_agent() -> tuple[subprocess.Popen, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "tuner.cli",
-        "agent",
-        "--backend",
-        "sim",
-        "--scenario",
-        SCENARIO,
-        "--listen",
-        LISTEN,
-        "--metrics-listen",
-        "",
-    ]
-    # stderr to a file: an unread pipe would block the agent once full.
-    err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the agent)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    line = proc.stdout.readline()
-    if "serving" not in line:
-        proc.kill()
-        proc.wait()
-        err.seek(0)
-        raise RuntimeError(f"agent did not start: {line}{err.read()}")
-    return proc, line.rsplit(" ", 1)[-1].strip()
 
 
 _BARE_SERVER = """
@@ -305,7 +277,7 @@ def _sustained(address: str, procs: int, threads: int, seconds: float, kind: str
 
 
 def run(quick: bool) -> list[Result]:
-    proc, address = _start_agent()
+    proc, address = start_sim_agent(SCENARIO, LISTEN)
     try:
         node, caps, names = _setup(address)
         plans = _plans(caps, names)

@@ -88,3 +88,37 @@ def rate_result(
         n = fn()
         rates.append(n / (time.perf_counter() - t0))
     return Result(name, statistics.median(rates), unit, runs, target=target)
+
+
+def start_sim_agent(scenario: str, listen: str = "127.0.0.1:0"):
+    """Start ``rdtune agent --backend sim`` as a process; return (process, address).
+
+    Benchmarks talk to a real agent over loopback, as production does."""
+    import subprocess
+    import sys
+    import tempfile
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "agent",
+        "--backend",
+        "sim",
+        "--scenario",
+        scenario,
+        "--listen",
+        listen,
+        "--metrics-listen",
+        "",
+    ]
+    # stderr to a file: an unread pipe would block the agent once full.
+    err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the agent)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    line = proc.stdout.readline()
+    if "serving" not in line:
+        proc.kill()
+        proc.wait()
+        err.seek(0)
+        raise RuntimeError(f"agent did not start: {line}{err.read()}")
+    return proc, line.rsplit(" ", 1)[-1].strip()

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eval.bench.harness import Result, latency_result
+from eval.bench.harness import Result, latency_result, start_sim_agent
 
 SCENARIO = "default"
 # oracle: searches the simulator in-process, refuses a remote node. coco, round_robin: need
@@ -32,20 +32,6 @@ SCENARIO = "default"
 # "controllers" benchmark; tests/tuner/test_e2e.py runs them through the tuner).
 SKIP = {"oracle", "coco", "round_robin"}
 OPTIONS = {"static": {"lc_group": "memcached", "ways": 4}}
-
-
-def _start_agent(listen: str = "127.0.0.1:0") -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "tuner.cli", "agent", "--backend", "sim", "--scenario"]
-    cmd += [SCENARIO, "--listen", listen, "--metrics-listen", ""]
-    err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the agent)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    line = proc.stdout.readline()
-    if "serving" not in line:
-        proc.kill()
-        proc.wait()
-        err.seek(0)
-        raise RuntimeError(f"agent did not start: {line}{err.read()}")
-    return proc, line.rsplit(" ", 1)[-1].strip()
 
 
 def policy_export() -> str | None:
@@ -119,7 +105,7 @@ def run(quick: bool) -> list[Result]:
     intervals = 300 if quick else 2000
     specs = _controllers()
     results = []
-    proc, address = _start_agent()
+    proc, address = start_sim_agent(SCENARIO)
     try:
         for spec in specs:
             results += _results(spec, *measure(address, spec, intervals), "")
@@ -128,7 +114,7 @@ def run(quick: bool) -> list[Result]:
     # The deployment examples connect over a Unix socket: the last controller (the policy
     # when there is one) again that way.
     with tempfile.TemporaryDirectory(prefix="rdt") as tmp:
-        proc, address = _start_agent(f"unix:{tmp}/agent.sock")
+        proc, address = start_sim_agent(SCENARIO, f"unix:{tmp}/agent.sock")
         try:
             results += _results(specs[-1], *measure(address, specs[-1], intervals), ", unix")
         finally:
