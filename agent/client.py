@@ -4,7 +4,13 @@ Every consumer written against :class:`agent.node.Node` works unchanged against 
 served by ``rdtune agent`` on this or another host (ARCHITECTURE.md, "One seam"). Each call
 has a deadline; UNAVAILABLE (the agent restarting, a dropped connection) is retried with
 exponential backoff; server errors come back as the same ``agent.errors`` classes with the
-same attributes (``GroupNotFound``, ``InvalidAllocation.rule``, ...). The Clock methods work
+same attributes (``GroupNotFound``, ``InvalidAllocation.rule``, ...).
+
+The per-interval hot path (observe, apply, allocation) travels as messages on one
+long-lived ``Session`` stream: on loopback a stream message costs about a third of a unary
+call (docs/BENCHMARKS.md). A thread that finds the session busy, an agent without
+sessions or out of session slots, get the unary RPCs instead, with the same results and
+errors. The Clock methods work
 when the served node is simulated (``capabilities().simulated``); on a real node they raise
 ``Unsupported``, and :func:`agent.node.as_clock` returns None for it, as for a local one.
 """
@@ -15,6 +21,7 @@ import queue
 import random
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,7 +29,7 @@ import grpc
 
 from agent.errors import NodeError
 from agent.server import convert as C
-from agent.server.errors import from_rpc_error
+from agent.server.errors import RemoteError, from_rpc_error, from_status_number
 from agent.types import Allocation, AllocationPlan, GroupSpec, NodeCapabilities, Snapshot
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
@@ -65,6 +72,8 @@ class RemoteNode:
         retries: attempts after an UNAVAILABLE answer, with exponential backoff.
         backoff_s: first backoff delay (doubles each retry, with jitter, up to 2 s).
         max_message_bytes: largest message sent or received.
+        session: carry observe, apply and allocation over a Session stream (False: one
+            unary RPC each).
     """
 
     def __init__(
@@ -77,6 +86,7 @@ class RemoteNode:
         retries: int = 5,
         backoff_s: float = 0.05,
         max_message_bytes: int = 4 << 20,
+        session: bool = True,
     ) -> None:
         self.address, self.timeout = address, timeout
         self.retries, self.backoff_s = retries, backoff_s
@@ -110,6 +120,10 @@ class RemoteNode:
         self._agent = rpc.NodeAgentStub(self._channel)
         self._sim = rpc.SimulationStub(self._channel)
         self._closed = False
+        self._session: _Session | None = None
+        self._session_lock = threading.Lock()
+        # monotonic time before which no session is opened (inf: the agent has none)
+        self._session_after = 0.0 if session else float("inf")
 
     # ------------------------------------------------------------------ plumbing
 
@@ -125,6 +139,46 @@ class RemoteNode:
                     continue
                 raise from_rpc_error(err) from None
         raise AssertionError("unreachable")
+
+    def _hot(self, kind: str, request: api.SessionRequest, unary):
+        """``request`` (its ``kind`` call filled in) answered over the session, or its
+        ``kind`` body by the ``unary`` RPC when no session can be had; the answer's body."""
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            if not self._session_lock.acquire(blocking=False):
+                break  # another thread's request is on the session
+            try:
+                session = self._open_session()
+                if session is None:
+                    break
+                try:
+                    return session.ask(request, kind, self.timeout)
+                except _SessionLost as lost:
+                    self._drop_session()
+                    if self._closed or attempt == self.retries:
+                        raise RemoteError("UNAVAILABLE", f"{kind}: {lost}") from None
+                except _NoSession as refused:
+                    self._drop_session()
+                    self._session_after = time.monotonic() + refused.retry_after
+                    break
+                except BaseException:
+                    self._drop_session()  # an unknown state (a deadline, a protocol error)
+                    raise
+            finally:
+                self._session_lock.release()
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
+        return self._call(unary, getattr(request, kind))
+
+    def _open_session(self) -> _Session | None:
+        if self._session is None and not self._closed and time.monotonic() >= self._session_after:
+            self._session = _Session(self._agent.Session, self._metadata)
+        return self._session
+
+    def _drop_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
 
     # ------------------------------------------------------------------ Node
 
@@ -151,15 +205,21 @@ class RemoteNode:
         return frozenset(resp.pids)
 
     def apply(self, plan: AllocationPlan, *, dry_run: bool = False) -> Allocation:
-        req = api.ApplyRequest(plan=C.to_plan(plan), dry_run=dry_run)
-        return C.from_allocation(self._call(self._agent.Apply, req).allocation)
+        req = api.SessionRequest()
+        C.to_plan(plan, req.apply.plan)
+        req.apply.dry_run = dry_run
+        return C.from_allocation(self._hot("apply", req, self._agent.Apply).allocation)
 
     def allocation(self) -> Allocation:
-        resp = self._call(self._agent.GetAllocation, api.GetAllocationRequest())
+        req = api.SessionRequest()
+        req.get_allocation.SetInParent()
+        resp = self._hot("get_allocation", req, self._agent.GetAllocation)
         return C.from_allocation(resp.allocation)
 
     def observe(self) -> Snapshot:
-        return C.from_snapshot(self._call(self._agent.Observe, api.ObserveRequest()).snapshot)
+        req = api.SessionRequest()
+        req.observe.SetInParent()
+        return C.from_snapshot(self._hot("observe", req, self._agent.Observe).snapshot)
 
     def stream_observations(self, interval_s: float, max_count: int = 0):
         """Snapshots every ``interval_s`` (an iterator; call ``.cancel()`` on it to stop).
@@ -175,6 +235,8 @@ class RemoteNode:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            with self._session_lock:
+                self._drop_session()
             self._channel.close()
 
     def __enter__(self) -> RemoteNode:
@@ -209,6 +271,125 @@ class RemoteNode:
         return LatencyReporter(self, **kwargs)
 
 
+class _SessionLost(Exception):
+    """The session ended before answering (the agent went away or is shutting down); the
+    request was not carried out or, over a dropped connection, may have been: retried
+    like a unary call that met UNAVAILABLE."""
+
+
+class _NoSession(Exception):
+    """The agent will not open a session (none implemented, or no slot free)."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__()
+        self.retry_after = retry_after
+
+
+_CLOSE = object()
+_SESSION_SLOT_WAIT_S = 5.0  # before asking a full agent for a session again
+
+
+class _Session:
+    """One Session stream: one request at a time (the caller holds RemoteNode's session
+    lock), its answer read by the calling thread itself."""
+
+    def __init__(self, method, metadata) -> None:
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = method(iter(self._requests.get, _CLOSE), metadata=metadata)
+        self._last_id = 0
+        self.deadline: float | None = None  # when the outstanding answer is overdue
+        self.expired = False
+        _WATCHDOG.watch(self)
+
+    def ask(self, request: api.SessionRequest, kind: str, timeout: float):
+        """Send ``request`` (its ``kind`` call filled in); the answer's body, or raise."""
+        self._last_id += 1
+        request.id = self._last_id
+        self.deadline = time.monotonic() + timeout
+        self._requests.put(request)
+        try:
+            answer = next(self._call)
+        except StopIteration:
+            raise _SessionLost("the agent ended the session") from None
+        except grpc.RpcError as err:
+            raise self._failure(err, kind, timeout) from None
+        finally:
+            self.deadline = None
+        result = answer.WhichOneof("result")
+        if result == "error":
+            raise from_status_number(answer.error.code, answer.error.detail)
+        if answer.id != request.id or result != kind:
+            raise RemoteError(
+                "INTERNAL",
+                f"session answer {answer.id} ({result}) does not match request "
+                f"{request.id} ({kind})",
+            )
+        return getattr(answer, kind)
+
+    def _failure(self, err: grpc.RpcError, kind: str, timeout: float) -> Exception:
+        code = err.code()
+        if self.expired:
+            return RemoteError("DEADLINE_EXCEEDED", f"no answer to {kind} within {timeout:g} s")
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+            return _SessionLost(err.details() or code.name)
+        if code is grpc.StatusCode.UNIMPLEMENTED:
+            return _NoSession(retry_after=float("inf"))
+        exc = from_rpc_error(err)
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED and (
+            isinstance(exc, RemoteError) and exc.details().get("resource") == "sessions"
+        ):
+            return _NoSession(retry_after=_SESSION_SLOT_WAIT_S)
+        return exc
+
+    def close(self) -> None:
+        self.deadline = None
+        self._requests.put(_CLOSE)
+        self._call.cancel()
+
+    def cancel_overdue(self, now: float) -> None:
+        deadline = self.deadline
+        if deadline is not None and now > deadline:
+            self.expired = True
+            self._call.cancel()
+
+
+class _Watchdog:
+    """Cancels sessions whose answer is overdue: a synchronous stream read has no
+    deadline of its own. One thread for every session of the process, ticking only while
+    sessions exist."""
+
+    TICK_S = 0.05
+
+    def __init__(self) -> None:
+        self._sessions: weakref.WeakSet[_Session] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._running = False
+
+    def watch(self, session: _Session) -> None:
+        with self._lock:
+            self._sessions.add(session)
+            if not self._running:
+                self._running = True
+                threading.Thread(
+                    target=self._run, name="rdtune-session-watchdog", daemon=True
+                ).start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.TICK_S)
+            with self._lock:
+                sessions = list(self._sessions)
+                if not sessions:
+                    self._running = False
+                    return
+            now = time.monotonic()
+            for session in sessions:
+                session.cancel_overdue(now)
+
+
+_WATCHDOG = _Watchdog()
+
+
 class _SnapshotStream:
     def __init__(self, call) -> None:
         self._call = call
@@ -224,9 +405,6 @@ class _SnapshotStream:
 
     def cancel(self) -> None:
         self._call.cancel()
-
-
-_CLOSE = object()
 
 
 class LatencyReporter:

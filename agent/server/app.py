@@ -78,12 +78,14 @@ class AgentServer:
             HistogramScraper(group, target, self.recorder)
             for group, target in cfg.latency_scrape.items()
         ]
+        limiter = RateLimiter(cfg.rate_limit, cfg.rate_burst) if cfg.rate_limit else None
         self.host = NodeHost(
             node,
             metrics=self.metrics,
             recorder=self.recorder,
             scrapers=scrapers,
-            limits=Limits(max_streams=cfg.max_streams),
+            limits=Limits(max_streams=cfg.max_streams, max_sessions=cfg.max_sessions),
+            limiter=limiter,
         )
         self.listen = parse_listen(cfg.listen)
         self.port: int | None = None
@@ -92,7 +94,6 @@ class AgentServer:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
 
-        limiter = RateLimiter(cfg.rate_limit, cfg.rate_burst) if cfg.rate_limit else None
         guard = GuardInterceptor(cfg.token, limiter, self.metrics.observe_rpc)
         options = [
             ("grpc.max_receive_message_length", cfg.max_message_bytes),

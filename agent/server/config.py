@@ -12,8 +12,9 @@ Example ``agent.yaml``::
     tls: {cert: server.pem, key: server.key, client_ca: clients.pem}   # client_ca: mTLS
     token_file: /etc/rdtune/token    # or the RDTUNE_AGENT_TOKEN environment variable
     max_message_bytes: 4194304
-    max_workers: 32           # RPC worker threads
-    max_streams: 16           # open observation/latency streams at once (< max_workers)
+    max_workers: 64           # RPC worker threads
+    max_streams: 16           # open observation/latency streams at once
+    max_sessions: 32          # open control sessions at once (streams + sessions < max_workers)
     rate_limit: {rate: 20000, burst: 40000}   # requests/s per client host; null disables
     restore_on_exit: false
     grace_s: 5
@@ -51,8 +52,9 @@ class AgentConfig:
     max_message_bytes: int = 4 << 20
     rate_limit: float | None = 20000.0
     rate_burst: float = 40000.0
-    max_workers: int = 32
-    max_streams: int = 16  # open streams at once (each holds a worker); < max_workers
+    max_workers: int = 64
+    max_streams: int = 16  # open observation/latency streams at once (each holds a worker)
+    max_sessions: int = 32  # open control sessions at once (each holds a worker)
     max_concurrent_rpcs: int = 256
     restore_on_exit: bool = False
     grace_s: float = 5.0
@@ -80,9 +82,13 @@ class AgentConfig:
             raise ConfigError("max_message_bytes must be at least 1024")
         if self.rate_limit is not None and (self.rate_limit <= 0 or self.rate_burst < 1):
             raise ConfigError("rate limit needs rate > 0 and burst >= 1")
-        if not 1 <= self.max_streams < self.max_workers:
+        if self.max_streams < 1 or self.max_sessions < 0:
+            raise ConfigError("max_streams must be >= 1 and max_sessions >= 0")
+        if self.max_streams + self.max_sessions >= self.max_workers:
             raise ConfigError(
-                "max_streams must be >= 1 and below max_workers (unary calls need workers too)"
+                f"max_streams + max_sessions ({self.max_streams} + {self.max_sessions}) must be "
+                f"below max_workers ({self.max_workers}): each open stream or session holds a "
+                "worker thread, and unary calls need workers too"
             )
         if self.grace_s < 0:
             raise ConfigError("grace_s must be >= 0")

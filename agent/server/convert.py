@@ -277,8 +277,11 @@ def _read_groups(msg_groups, validate_names: bool) -> dict:
     return out
 
 
-def to_plan(plan: AllocationPlan) -> pb.AllocationPlan:
-    msg = pb.AllocationPlan()
+def to_plan(plan: AllocationPlan, msg: pb.AllocationPlan | None = None) -> pb.AllocationPlan:
+    """The message for ``plan``, filled into ``msg`` when given (see to_snapshot)."""
+    if msg is None:
+        msg = pb.AllocationPlan()
+    msg.SetInParent()
     _fill_groups(msg.groups, plan.groups)
     return msg
 
@@ -288,8 +291,11 @@ def from_plan(msg: pb.AllocationPlan) -> AllocationPlan:
     return AllocationPlan(_read_groups(msg.groups, validate_names=True))
 
 
-def to_allocation(alloc: Allocation) -> pb.Allocation:
-    msg = pb.Allocation()
+def to_allocation(alloc: Allocation, msg: pb.Allocation | None = None) -> pb.Allocation:
+    """The message for ``alloc``, filled into ``msg`` when given (see to_snapshot)."""
+    if msg is None:
+        msg = pb.Allocation()
+    msg.SetInParent()
     _fill_groups(msg.groups, alloc.groups)
     return msg
 
@@ -362,10 +368,14 @@ def from_sample(msg: pb.GroupSample) -> GroupSample:
     )
 
 
-def to_snapshot(snap: Snapshot) -> pb.Snapshot:
-    msg = pb.Snapshot(
-        timestamp=snap.timestamp, interval_s=snap.interval_s, vanished=sorted(snap.vanished)
-    )
+def to_snapshot(snap: Snapshot, msg: pb.Snapshot | None = None) -> pb.Snapshot:
+    """The message for ``snap``; filled into ``msg`` (an empty field of a response) when
+    given: under upb, assigning a built sub-message copies it."""
+    if msg is None:
+        msg = pb.Snapshot()
+    msg.SetInParent()
+    msg.timestamp, msg.interval_s = snap.timestamp, snap.interval_s
+    msg.vanished.extend(sorted(snap.vanished))
     groups = msg.groups
     for name, sample in snap.groups.items():
         _fill_sample(groups[name], sample)  # in place: no sub-message built and copied

@@ -49,12 +49,24 @@ class RemoteError(E.NodeError):
         return dict(self._details)
 
 
+class RateLimited(E.NodeError):
+    """A client over its request rate (answered as a RemoteError with resource=rate_limit)."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, rate: float) -> None:
+        super().__init__(f"rate limit exceeded ({rate:g} requests/s per client)")
+
+    def details(self) -> dict[str, str]:
+        return {"resource": "rate_limit"}
+
+
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str, pb.ErrorDetail]:
     """The status code, message and detail an exception raised by a node maps onto."""
     if isinstance(exc, E.NodeError):
         code = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN)
         details = {k: str(v) for k, v in exc.details().items()}
-        name = type(exc).__name__
+        name = "RemoteError" if isinstance(exc, RateLimited) else type(exc).__name__
     elif isinstance(exc, (ValueError, TypeError)):
         # Requests the dataclass constructors refuse (a bad SLO, a malformed value).
         code, details, name = grpc.StatusCode.INVALID_ARGUMENT, {}, type(exc).__name__
@@ -102,7 +114,20 @@ def from_rpc_error(err: grpc.RpcError) -> Exception:
     """The exception a local node would have raised, rebuilt from a failed RPC."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     message = err.details() if hasattr(err, "details") else str(err)
-    detail = _detail(err)
+    return from_status(code, message, _detail(err))
+
+
+_STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_status_number(number: int, detail: pb.ErrorDetail) -> Exception:
+    """The exception of a status sent as a message (a Session's SessionError)."""
+    code = _STATUS_BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
+    return from_status(code, detail.message, detail)
+
+
+def from_status(code: grpc.StatusCode, message: str, detail: pb.ErrorDetail | None) -> Exception:
+    """The exception a local node would have raised, from a status and its detail."""
     if detail is None:
         return RemoteError(code.name, message or code.name)
     facts = dict(detail.details)

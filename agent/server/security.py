@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from agent.server.errors import abort_with
+from agent.server.errors import RateLimited, abort, abort_with
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 
@@ -213,12 +213,7 @@ class GuardInterceptor(grpc.ServerInterceptor):
                     "missing or wrong bearer token (send 'authorization: Bearer <token>')",
                 )
             if self._limiter is not None and not self._limiter.allow(client_key(context.peer())):
-                abort_with(
-                    context,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"rate limit exceeded ({self._limiter.rate:g} requests/s per client)",
-                    resource="rate_limit",
-                )
+                abort(context, RateLimited(self._limiter.rate))
 
         def finish(context, started: float, failed: BaseException | None) -> None:
             if self._observe is None:

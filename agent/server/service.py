@@ -15,6 +15,7 @@ import logging
 import math
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -23,9 +24,10 @@ from agent.errors import GroupNotFound, NodeError, Unsupported
 from agent.latency import LatencyRecorder
 from agent.node import Node, as_clock
 from agent.server import convert as C
-from agent.server.errors import abort, abort_with
+from agent.server.errors import RateLimited, abort, abort_with, status_of
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
+from agent.server.security import RateLimiter, client_key
 from agent.types import AllocationPlan, GroupAllocation, Snapshot
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
@@ -45,9 +47,10 @@ class Limits:
     min_stream_interval_s: float = 0.01
     max_stream_interval_s: float = 3600.0
     max_advance_s: float = 86400.0
-    # Open streams (observation and latency) each hold a worker thread; this many at most,
-    # so streams can never take every worker away from unary calls.
+    # Open streams (observation and latency) and control sessions each hold a worker
+    # thread; this many at most, so they can never take every worker away from unary calls.
     max_streams: int = 16
+    max_sessions: int = 32
 
 
 class NodeHost:
@@ -61,8 +64,10 @@ class NodeHost:
         recorder: LatencyRecorder | None = None,
         scrapers: list[HistogramScraper] = (),
         limits: Limits = Limits(),
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.node = node
+        self.limiter = limiter  # per-message rate limits inside sessions
         self.metrics = metrics or AgentMetrics()
         self.recorder = recorder or LatencyRecorder()
         self.scrapers = list(scrapers)
@@ -73,6 +78,8 @@ class NodeHost:
         self._streams_lock = threading.Lock()
         self._scrape_lock = threading.Lock()
         self._stream_slots = threading.BoundedSemaphore(limits.max_streams)
+        self._session_slots = threading.BoundedSemaphore(max(limits.max_sessions, 1))
+        self._sessions: set[_SessionState] = set()
 
     def open_stream(self, context: grpc.ServicerContext) -> None:
         """Take a stream slot or abort with RESOURCE_EXHAUSTED; release with close_stream."""
@@ -86,6 +93,30 @@ class NodeHost:
 
     def close_stream(self) -> None:
         self._stream_slots.release()
+
+    def open_session(self, context: grpc.ServicerContext) -> _SessionState:
+        """Take a session slot or abort with RESOURCE_EXHAUSTED (the client then falls
+        back to unary calls); release with close_session."""
+        if self.stopping.is_set():
+            abort_with(context, grpc.StatusCode.UNAVAILABLE, "the agent is shutting down")
+        if self.limits.max_sessions < 1 or not self._session_slots.acquire(blocking=False):
+            abort_with(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many open sessions (at most {self.limits.max_sessions}); use unary calls",
+                resource="sessions",
+            )
+        state = _SessionState(context)
+        with self._streams_lock:
+            self._sessions.add(state)
+            if self.stopping.is_set():
+                state.end()
+        return state
+
+    def close_session(self, state: _SessionState) -> None:
+        with self._streams_lock:
+            self._sessions.discard(state)
+        self._session_slots.release()
 
     def call(self, context: grpc.ServicerContext, fn: Callable, *args, **kwargs):
         """Run a node method under the lock; node errors become their gRPC status."""
@@ -140,6 +171,8 @@ class NodeHost:
         with self._streams_lock:
             for event in self._streams:
                 event.set()
+            for session in self._sessions:
+                session.end()
 
     def restore_defaults(self) -> None:
         """Give every own group every way and full bandwidth again (``--restore-on-exit``)."""
@@ -152,6 +185,42 @@ class NodeHost:
             groups = list(self.node.groups())
             if groups:
                 self.node.apply(AllocationPlan.uniform(dict.fromkeys(groups, full), caps.domains))
+
+
+class _SessionState:
+    """One open session, so shutdown can end it without losing an answer: a session idle
+    between requests is cancelled at once; one working on a request answers it first."""
+
+    def __init__(self, context: grpc.ServicerContext) -> None:
+        self.context = context
+        self._lock = threading.Lock()
+        self._busy = False
+        self.ending = False
+
+    def begin(self) -> bool:
+        """Mark a request taken; False when the session is ending (do not start it)."""
+        with self._lock:
+            if self.ending:
+                return False
+            self._busy = True
+            return True
+
+    def done(self) -> bool:
+        """Mark the request answered; True when the session should end after sending."""
+        with self._lock:
+            self._busy = False
+            return self.ending
+
+    def end(self) -> None:
+        with self._lock:
+            self.ending = True
+            if not self._busy:
+                self.context.cancel()  # unblocks the handler waiting for the next request
+
+
+_OBSERVE = "/rdtune.v1.NodeAgent/Observe"
+_APPLY = "/rdtune.v1.NodeAgent/Apply"
+_GET_ALLOCATION = "/rdtune.v1.NodeAgent/GetAllocation"
 
 
 class NodeAgentServicer(rpc.NodeAgentServicer):
@@ -208,28 +277,95 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         pids = self.host.call(context, self.host.node.tasks, name)
         return api.ListTasksResponse(pids=sorted(pids))
 
-    def Apply(self, request, context):
-        plan = self._decode(context, C.from_plan, request.plan)
+    # The hot path (Observe, Apply, GetAllocation) has raising cores shared by the unary
+    # RPCs, which abort with the error's status, and Session, which answers with it.
+
+    def _apply(self, request: api.ApplyRequest, out: api.ApplyResponse) -> None:
+        plan = C.from_plan(request.plan)
         try:
             with self.host.lock:
                 held = self.host.node.apply(plan, dry_run=request.dry_run)
         except Exception as exc:
             self.host.metrics.apply_failed(getattr(exc, "rule", None) or type(exc).__name__)
-            if not isinstance(exc, (NodeError, ValueError, TypeError)):
-                log.exception("apply failed")
-            abort(context, exc)
+            raise
         if not request.dry_run:
             self.host.metrics.record_allocation(held)
-        return api.ApplyResponse(allocation=C.to_allocation(held))
+        C.to_allocation(held, out.allocation)
+
+    def _get_allocation(self, request: api.GetAllocationRequest, out) -> None:
+        with self.host.lock:
+            held = self.host.node.allocation()
+        self.host.metrics.record_allocation(held)
+        C.to_allocation(held, out.allocation)
+
+    def _observe(self, request: api.ObserveRequest, out: api.ObserveResponse) -> None:
+        C.to_snapshot(self.host.observe(), out.snapshot)
+
+    def _unary(self, core: Callable, request, response, context):
+        try:
+            core(request, response)
+        except Exception as exc:
+            if not isinstance(exc, (NodeError, ValueError, TypeError)):
+                log.exception("%s failed", core.__name__.strip("_"))
+            abort(context, exc)
+        return response
+
+    def Apply(self, request, context):
+        return self._unary(self._apply, request, api.ApplyResponse(), context)
 
     def GetAllocation(self, request, context):
-        held = self.host.call(context, self.host.node.allocation)
-        self.host.metrics.record_allocation(held)
-        return api.GetAllocationResponse(allocation=C.to_allocation(held))
+        return self._unary(self._get_allocation, request, api.GetAllocationResponse(), context)
 
     def Observe(self, request, context):
-        snap = self.host.call(context, self.host.observe)
-        return api.ObserveResponse(snapshot=C.to_snapshot(snap))
+        return self._unary(self._observe, request, api.ObserveResponse(), context)
+
+    def Session(self, request_iterator, context) -> Iterator[api.SessionResponse]:
+        session = self.host.open_session(context)
+        try:
+            yield from self._session(request_iterator, session)
+        except grpc.RpcError:
+            return  # cancelled: by the client, or by shutdown while idle
+        finally:
+            self.host.close_session(session)
+
+    def _session(self, requests, session: _SessionState) -> Iterator[api.SessionResponse]:
+        cores = {
+            "observe": (self._observe, _OBSERVE),
+            "apply": (self._apply, _APPLY),
+            "get_allocation": (self._get_allocation, _GET_ALLOCATION),
+        }
+        limiter, peer = self.host.limiter, session.context.peer()
+        record = self.host.metrics.observe_rpc
+        for request in requests:
+            if not session.begin():
+                return
+            started = time.perf_counter()
+            answer = api.SessionResponse(id=request.id)
+            kind = request.WhichOneof("call")
+            method = cores[kind][1] if kind in cores else "/rdtune.v1.NodeAgent/Session"
+            try:
+                if kind not in cores:
+                    raise ValueError(
+                        "a session request needs one of observe, apply, get_allocation"
+                    )
+                if limiter is not None and not limiter.allow(client_key(peer)):
+                    raise RateLimited(limiter.rate)
+                out = getattr(answer, kind)
+                out.SetInParent()
+                cores[kind][0](getattr(request, kind), out)
+                code = grpc.StatusCode.OK
+            except Exception as exc:
+                if not isinstance(exc, (NodeError, ValueError, TypeError)):
+                    log.exception("%s in a session failed", method.rsplit("/", 1)[-1])
+                code, _, detail = status_of(exc)
+                answer = api.SessionResponse(
+                    id=request.id, error=api.SessionError(code=code.value[0], detail=detail)
+                )
+            record(method, code.name, time.perf_counter() - started)
+            ending = session.done()
+            yield answer
+            if ending:
+                return
 
     def StreamObservations(self, request, context) -> Iterator[api.ObserveResponse]:
         lim = self.host.limits

@@ -330,7 +330,10 @@ def test_scraped_histogram_feeds_observe() -> None:
 
 
 def test_open_streams_are_bounded_and_never_starve_unary_calls() -> None:
-    with serve(RefNode(), max_workers=4, max_streams=2) as server, remote(server) as client:
+    with (
+        serve(RefNode(), max_workers=4, max_streams=2, max_sessions=1) as server,
+        remote(server) as client,
+    ):
         client.create_group(LC)
         first = client.stream_observations(0.01)
         second = client.reporter()
