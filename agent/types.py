@@ -62,6 +62,13 @@ class FrozenMap(Mapping):
     def __reduce__(self):
         return (FrozenMap, (self._data,))
 
+    @classmethod
+    def _adopt(cls, data: dict) -> FrozenMap:
+        """Wrap a dict nobody else holds without copying it (the constructor copies)."""
+        new = cls.__new__(cls)
+        new._data = data
+        return new
+
 
 def _frozen_map(mapping: Mapping | None) -> Mapping:
     """A read-only copy, so frozen dataclasses stay frozen all the way down."""
@@ -336,11 +343,16 @@ class _PerGroupDomain:
     groups: Mapping[str, Mapping[int, GroupAllocation]]
 
     def _freeze(self) -> None:
+        # Built on every plan, allocation and read-back: adopt the fresh dicts rather than
+        # copy them again, and convert keys only when they are not str / int already.
+        adopt = FrozenMap._adopt
         frozen = {
-            str(name): _frozen_map({int(d): a for d, a in per_domain.items()})
+            name if type(name) is str else str(name): adopt(
+                {d if type(d) is int else int(d): a for d, a in per_domain.items()}
+            )
             for name, per_domain in self.groups.items()
         }
-        object.__setattr__(self, "groups", _frozen_map(frozen))
+        object.__setattr__(self, "groups", adopt(frozen))
 
     def __getitem__(self, group: str) -> Mapping[int, GroupAllocation]:
         return self.groups[group]

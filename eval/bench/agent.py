@@ -6,9 +6,13 @@ groups, one per workload, plus the default group). Through :class:`agent.client.
 it measures
 
 * the observe + apply round trip of one client (what a controller does each interval):
-  p50 and p99 (target p99 <= 2 ms);
+  p50 and p99 (target p99 <= 2 ms), over RemoteNode's Session stream (its default) and,
+  for reference, over one unary RPC per call (``session=False``);
 * sustained RPC/s of client processes x threads alternating observe and apply (target
-  >= 2,000 RPC/s), and of the cheapest RPC (GetCapabilities) for reference.
+  >= 2,000 RPC/s), the same with unary RPCs, and the cheapest RPC (GetCapabilities) for
+  reference;
+* the floors under both: a no-op unary RPC, and a no-op message round trip on a
+  bidirectional stream, to a bare grpcio server with no agent code.
 
 Simulated time is not advanced: the figures are the agent's cost, not the simulator's.
 """
@@ -35,9 +39,13 @@ import grpc
 from proto.build import ensure_built
 ensure_built()
 from proto.rdtune.v1 import agent_pb2_grpc as rpc, types_pb2 as pb
+from proto.rdtune.v1 import agent_pb2 as api
 class S(rpc.NodeAgentServicer):
     def GetCapabilities(self, request, context):
         return pb.NodeCapabilities(vendor=pb.VENDOR_SIMULATED, num_cpus=1)
+    def Session(self, requests, context):
+        for request in requests:
+            yield api.SessionResponse(id=request.id)
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
 rpc.add_NodeAgentServicer_to_server(S(), server)
 port = server.add_insecure_port("127.0.0.1:0")
@@ -47,9 +55,12 @@ time.sleep(3600)
 """
 
 
-def _bare_floor(repeats: int) -> list[float]:
-    """Round trips of a no-op unary RPC to a bare grpcio server (no agent code at all):
-    the floor under every agent RPC on this machine."""
+def _bare_floors(repeats: int) -> tuple[list[float], list[float]]:
+    """Round trips to a bare grpcio server (no agent code at all) of a no-op unary RPC and
+    of a no-op message on a bidirectional stream: the floors under every agent RPC and
+    every Session message on this machine."""
+    import queue
+
     import grpc
 
     from proto.rdtune.v1 import agent_pb2 as api
@@ -61,7 +72,18 @@ def _bare_floor(repeats: int) -> list[float]:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = rpc.NodeAgentStub(channel)
             req = api.GetCapabilitiesRequest()
-            return latencies(lambda: stub.GetCapabilities(req, timeout=10), repeats, warmup=50)
+            unary = latencies(lambda: stub.GetCapabilities(req, timeout=10), repeats, warmup=50)
+            requests: queue.SimpleQueue = queue.SimpleQueue()
+            call = stub.Session(iter(requests.get, None))
+
+            def message() -> None:
+                requests.put(api.SessionRequest(id=1))
+                next(call)
+
+            stream = latencies(message, repeats, warmup=50)
+            requests.put(None)
+            call.cancel()
+            return unary, stream
     finally:
         proc.kill()
         proc.wait()
@@ -204,10 +226,10 @@ def _plans(caps, names: list[str]):
     return out
 
 
-def _setup(address: str):
+def _setup(address: str, session: bool = True):
     from agent.client import RemoteNode
 
-    node = RemoteNode(address, timeout=10)
+    node = RemoteNode(address, timeout=10, session=session)
     caps = node.capabilities()
     return node, caps, sorted(node.groups())
 
@@ -227,7 +249,7 @@ def _load_worker(address: str, threads: int, seconds: float, kind: str, out) -> 
     start = threading.Barrier(threads + 1)
 
     def work(i: int) -> None:
-        node = RemoteNode(address, timeout=10)
+        node = RemoteNode(address, timeout=10, session=kind != "unary")
         try:
             node.capabilities()  # connect before the clock starts
         except Exception:
@@ -279,38 +301,51 @@ def _sustained(address: str, procs: int, threads: int, seconds: float, kind: str
 def run(quick: bool) -> list[Result]:
     proc, address = start_sim_agent(SCENARIO, LISTEN)
     try:
-        node, caps, names = _setup(address)
-        plans = _plans(caps, names)
-        k = [0]
-
-        def round_trip() -> None:
-            node.observe()
-            node.apply(plans[k[0] % 2])
-            k[0] += 1
-
         repeats = 300 if quick else 3000
-        rt = latencies(round_trip, repeats=repeats, warmup=50)
-        results = [
-            latency_result(
-                f"observe+apply round trip, {len(names)} own groups + default, sim",
-                rt,
-                unit="ms",
-                target="p99 <= 2 ms",
+        results = []
+        for session, label, target in (
+            (True, "over a Session", "p99 <= 2 ms"),
+            (False, "unary RPCs (session=False)", "reference"),
+        ):
+            node, caps, names = _setup(address, session)
+            plans = _plans(caps, names)
+            k = [0]
+
+            def round_trip(node=node, plans=plans, k=k) -> None:
+                node.observe()
+                node.apply(plans[k[0] % 2])
+                k[0] += 1
+
+            results.append(
+                latency_result(
+                    f"observe+apply round trip {label}, {len(names)} own groups + default, sim",
+                    latencies(round_trip, repeats=repeats, warmup=50),
+                    unit="ms",
+                    target=target,
+                )
             )
-        ]
+            node.close()
         results += _in_process(repeats)
-        results.append(
+        unary, stream = _bare_floors(repeats)
+        results += [
             latency_result(
-                "bare grpcio unary round trip (floor, no agent code)",
-                _bare_floor(repeats),
+                "bare grpcio unary round trip (floor of an RPC, no agent code)",
+                unary,
                 unit="ms",
                 target="reference",
-            )
-        )
+            ),
+            latency_result(
+                "bare grpcio stream message round trip (floor of a Session message)",
+                stream,
+                unit="ms",
+                target="reference",
+            ),
+        ]
         seconds = 2.0 if quick else 5.0
         runs = 1 if quick else 3
         for kind, label, target in (
             ("mixed", "observe/apply", ">= 2000 RPC/s"),
+            ("unary", "observe/apply, unary RPCs,", "reference"),
             ("caps", "GetCapabilities", "reference"),
         ):
             rates, errs, cpu = [], 0, []
@@ -333,7 +368,6 @@ def run(quick: bool) -> list[Result]:
                     target=target,
                 )
             )
-        node.close()
         return results
     finally:
         proc.terminate()
