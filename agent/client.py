@@ -152,7 +152,7 @@ class RemoteNode:
                 if session is None:
                     break
                 try:
-                    return session.ask(request, kind, self.timeout)
+                    answer = session.ask(request, kind, self.timeout)
                 except _SessionLost as lost:
                     self._drop_session()
                     if self._closed or attempt == self.retries:
@@ -164,6 +164,10 @@ class RemoteNode:
                 except BaseException:
                     self._drop_session()  # an unknown state (a deadline, a protocol error)
                     raise
+                else:
+                    if answer.WhichOneof("result") == "error":  # the node's; session fine
+                        raise from_status_number(answer.error.code, answer.error.detail)
+                    return getattr(answer, kind)
             finally:
                 self._session_lock.release()
             time.sleep(delay * (0.5 + random.random()))
@@ -301,8 +305,9 @@ class _Session:
         self.expired = False
         _WATCHDOG.watch(self)
 
-    def ask(self, request: api.SessionRequest, kind: str, timeout: float):
-        """Send ``request`` (its ``kind`` call filled in); the answer's body, or raise."""
+    def ask(self, request: api.SessionRequest, kind: str, timeout: float) -> api.SessionResponse:
+        """Send ``request`` (its ``kind`` call filled in); its answer (a result or the
+        node's error), or raise when the session itself failed."""
         self._last_id += 1
         request.id = self._last_id
         self.deadline = time.monotonic() + timeout
@@ -316,15 +321,13 @@ class _Session:
         finally:
             self.deadline = None
         result = answer.WhichOneof("result")
-        if result == "error":
-            raise from_status_number(answer.error.code, answer.error.detail)
-        if answer.id != request.id or result != kind:
+        if answer.id != request.id or result not in (kind, "error"):
             raise RemoteError(
                 "INTERNAL",
                 f"session answer {answer.id} ({result}) does not match request "
                 f"{request.id} ({kind})",
             )
-        return getattr(answer, kind)
+        return answer
 
     def _failure(self, err: grpc.RpcError, kind: str, timeout: float) -> Exception:
         code = err.code()
