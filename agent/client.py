@@ -165,6 +165,8 @@ class RemoteNode:
                     self._drop_session()  # an unknown state (a deadline, a protocol error)
                     raise
                 else:
+                    if session.expired:  # answered, but cancelled as the deadline passed
+                        self._drop_session()
                     if answer.WhichOneof("result") == "error":  # the node's; session fine
                         raise from_status_number(answer.error.code, answer.error.detail)
                     return getattr(answer, kind)
@@ -300,9 +302,15 @@ class _Session:
     def __init__(self, method, metadata) -> None:
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._call = method(iter(self._requests.get, _CLOSE), metadata=metadata)
+        # gRPC's thread feeding the stream waits on the queue: end it even when nobody
+        # calls close() (a RemoteNode dropped without it).
+        self._end_requests = weakref.finalize(self, self._requests.put, _CLOSE)
         self._last_id = 0
-        self.deadline: float | None = None  # when the outstanding answer is overdue
-        self.expired = False
+        # The watchdog's check and the clearing of the deadline are one step under this
+        # lock, so an answer that arrives as the deadline passes is never misread.
+        self._lock = threading.Lock()
+        self._deadline: float | None = None  # when the outstanding answer is overdue
+        self.expired = False  # cancelled by the watchdog: the session is finished
         _WATCHDOG.watch(self)
 
     def ask(self, request: api.SessionRequest, kind: str, timeout: float) -> api.SessionResponse:
@@ -310,7 +318,8 @@ class _Session:
         node's error), or raise when the session itself failed."""
         self._last_id += 1
         request.id = self._last_id
-        self.deadline = time.monotonic() + timeout
+        with self._lock:
+            self._deadline = time.monotonic() + timeout
         self._requests.put(request)
         try:
             answer = next(self._call)
@@ -319,7 +328,10 @@ class _Session:
         except grpc.RpcError as err:
             raise self._failure(err, kind, timeout) from None
         finally:
-            self.deadline = None
+            with self._lock:
+                self._deadline = None
+        # An answer read just as the watchdog cancelled the stream is still the answer
+        # (the caller drops the session, which ``expired`` marks finished).
         result = answer.WhichOneof("result")
         if answer.id != request.id or result not in (kind, "error"):
             raise RemoteError(
@@ -345,15 +357,16 @@ class _Session:
         return exc
 
     def close(self) -> None:
-        self.deadline = None
-        self._requests.put(_CLOSE)
+        with self._lock:
+            self._deadline = None
+        self._end_requests()
         self._call.cancel()
 
     def cancel_overdue(self, now: float) -> None:
-        deadline = self.deadline
-        if deadline is not None and now > deadline:
-            self.expired = True
-            self._call.cancel()
+        with self._lock:
+            if self._deadline is not None and now > self._deadline:
+                self.expired = True
+                self._call.cancel()
 
 
 class _Watchdog:

@@ -342,7 +342,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             started = time.perf_counter()
             answer = api.SessionResponse(id=request.id)
             kind = request.WhichOneof("call")
-            method = cores[kind][1] if kind in cores else "/rdtune.v1.NodeAgent/Session"
+            method = cores[kind][1] if kind in cores else None
             try:
                 if kind not in cores:
                     raise ValueError(
@@ -356,12 +356,13 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                 code = grpc.StatusCode.OK
             except Exception as exc:
                 if not isinstance(exc, (NodeError, ValueError, TypeError)):
-                    log.exception("%s in a session failed", method.rsplit("/", 1)[-1])
+                    log.exception("%s in a session failed", kind)
                 code, _, detail = status_of(exc)
                 answer = api.SessionResponse(
                     id=request.id, error=api.SessionError(code=code.value[0], detail=detail)
                 )
-            record(method, code.name, time.perf_counter() - started)
+            if method is not None:  # a malformed message is no RPC of any method
+                record(method, code.name, time.perf_counter() - started)
             ending = session.done()
             yield answer
             if ending:

@@ -5,8 +5,10 @@ and lifecycle as the unary RPCs it stands in for."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import queue
+import sys
 import tempfile
 import threading
 import time
@@ -405,6 +407,41 @@ def test_a_call_past_its_deadline_fails_and_the_client_recovers(session) -> None
                 assert len(server.host._sessions) == 1
 
 
+def test_a_late_watchdog_tick_after_the_answer_changes_nothing() -> None:
+    node = RefNode()
+    with serve(node) as server, remote(server, timeout=0.3) as client:
+        node.create_group(GroupSpec("a"))
+        client.observe()
+        session = client._session
+        session.cancel_overdue(time.monotonic() + 3600)  # long past any deadline
+        assert not session.expired
+        assert client.apply(_plan()) == node.allocation()
+        assert client._session is session
+
+
+def _feeding_threads() -> int:
+    """gRPC's threads feeding request streams (one per open client stream)."""
+    count = 0
+    for frame in sys._current_frames().values():
+        while frame is not None and frame.f_code.co_name != "consume_request_iterator":
+            frame = frame.f_back
+        count += frame is not None
+    return count
+
+
+def test_a_client_dropped_without_close_leaves_no_thread_behind() -> None:
+    with serve(RefNode()) as server:
+        before = _feeding_threads()
+        for _ in range(3):
+            client = RemoteNode(server.address, timeout=5.0)
+            client.observe()
+            assert _feeding_threads() == before + 1
+            del client
+            gc.collect()
+        assert _wait_for(lambda: _feeding_threads() == before)
+        assert _wait_for(lambda: not server.host._sessions)
+
+
 # --------------------------------------------------------------------------- shutdown
 
 
@@ -586,6 +623,8 @@ def test_a_bad_request_is_answered_and_the_stream_stays_open(
         assert list(raw.call) == []
         assert raw.call.code() is grpc.StatusCode.OK
         assert _wait_for(lambda: not server.host._sessions)
+        # A malformed message is no call of any method: only the stream itself counts.
+        assert _rpcs(server, "Session", code) == 0
 
 
 @pytest.mark.parametrize("leave", ["cancel", "close-channel"])
