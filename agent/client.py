@@ -7,8 +7,8 @@ exponential backoff; server errors come back as the same ``agent.errors`` classe
 same attributes (``GroupNotFound``, ``InvalidAllocation.rule``, ...).
 
 The per-interval hot path (observe, apply, allocation) travels as messages on one
-long-lived ``Session`` stream: on loopback a stream message costs about a third of a unary
-call (docs/BENCHMARKS.md). A thread that finds the session busy, an agent without
+long-lived ``Session`` stream: on loopback a message round trip costs less than half a
+unary call (docs/BENCHMARKS.md). A thread that finds the session busy, an agent without
 sessions or out of session slots, get the unary RPCs instead, with the same results and
 errors. The Clock methods work
 when the served node is simulated (``capabilities().simulated``); on a real node they raise
