@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import stat
 import threading
 from concurrent import futures
@@ -20,12 +21,12 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
 from agent.latency import LatencyRecorder
 from agent.node import Node
 from agent.server.config import AgentConfig
 from agent.server.metrics import AgentMetrics
+from agent.server.metrics_http import serve_metrics
 from agent.server.scrape import HistogramScraper
 from agent.server.security import ConfigError, GuardInterceptor, RateLimiter, parse_listen
 from agent.server.service import Limits, NodeAgentServicer, NodeHost, SimulationServicer
@@ -145,13 +146,17 @@ class AgentServer:
         self._bind()
         if self.cfg.metrics_listen:
             m = parse_listen(self.cfg.metrics_listen)
-            if not m.loopback:
-                log.warning("metrics endpoint on non-loopback %s (plain HTTP)", m.raw)
+            exposed = not m.loopback  # validate() made sure TLS and a token are configured
             try:
-                self._metrics_http, _ = start_http_server(
-                    m.port, addr=m.host.strip("[]"), registry=self.metrics.registry
+                self._metrics_http = serve_metrics(
+                    self.metrics.registry,
+                    m.host.strip("[]"),
+                    m.port,
+                    tls=(self.cfg.tls_cert, self.cfg.tls_key) if exposed else None,
+                    client_ca=self.cfg.tls_client_ca if exposed else None,
+                    token=self.cfg.token if exposed else None,
                 )
-            except OSError as exc:
+            except (OSError, ssl.SSLError) as exc:
                 self.server.stop(None)
                 raise ConfigError(f"cannot serve metrics on {m.raw}: {exc}") from exc
             self.metrics_port = self._metrics_http.server_port

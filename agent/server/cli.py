@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--metrics-listen",
         metavar="ADDR",
-        help="Prometheus endpoint host:port (default 127.0.0.1:9464; '' disables)",
+        help="Prometheus endpoint host:port (default 127.0.0.1:9464; '' disables); "
+        "on a non-loopback address it is HTTPS with the agent's certificate and token",
     )
     net.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM)")
     net.add_argument("--tls-key", metavar="FILE", help="server private key (PEM)")
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import threading
 
-    from agent.server.security import ConfigError
+    from agent.server.security import ConfigError, parse_listen
 
     log = logging.getLogger("rdtune.agent")
     if args.list_scenarios:
@@ -158,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"rdtune agent: serving {cfg.backend} on {server.address}", flush=True)
     if server.metrics_port:
+        scheme = "http" if parse_listen(cfg.metrics_listen).loopback else "https"
         print(
-            f"rdtune agent: metrics on {cfg.metrics_listen.rpartition(':')[0]}:"
+            f"rdtune agent: metrics on {scheme}://{cfg.metrics_listen.rpartition(':')[0]}:"
             f"{server.metrics_port}/metrics",
             flush=True,
         )

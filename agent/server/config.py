@@ -8,7 +8,7 @@ Example ``agent.yaml``::
     root: /sys/fs/resctrl     # resctrl: the mount to manage (an emulated one works too)
     state_dir: /var/lib/rdtune  # resctrl: records of the agent's own groups (adopted on restart)
     listen: 127.0.0.1:50051   # or unix:/run/rdtune/agent.sock
-    metrics_listen: 127.0.0.1:9464   # "" disables the metrics endpoint
+    metrics_listen: 127.0.0.1:9464   # "" disables it; not loopback: HTTPS + token, as gRPC
     tls: {cert: server.pem, key: server.key, client_ca: clients.pem}   # client_ca: mTLS
     token_file: /etc/rdtune/token    # or the RDTUNE_AGENT_TOKEN environment variable
     max_message_bytes: 4194304
@@ -99,6 +99,10 @@ class AgentConfig:
             metrics = parse_listen(self.metrics_listen)
             if metrics.unix_path is not None:
                 raise ConfigError("the metrics endpoint listens on host:port, not a unix socket")
+            try:  # the same rule as the gRPC port: served over HTTPS with the token there
+                check_exposure(metrics, self.tls, self.token)
+            except ConfigError as exc:
+                raise ConfigError(f"metrics endpoint: {exc}") from None
 
 
 def _scrape_targets(raw: object) -> dict[str, ScrapeTarget]:

@@ -309,3 +309,84 @@ def test_latency_scrape_flag(flag: str, ok: bool) -> None:
     else:
         with pytest.raises(ConfigError):
             build_config(args)
+
+
+# --------------------------------------------------------------------------- metrics endpoint
+
+
+@pytest.mark.parametrize(
+    ("tls", "token", "missing"), [(False, TOKEN, "TLS"), (True, None, "token")]
+)
+def test_an_exposed_metrics_endpoint_needs_tls_and_token(certs, tls, token, missing) -> None:
+    cfg = AgentConfig(listen="127.0.0.1:0", metrics_listen="0.0.0.0:0", token=token)
+    if tls:
+        cfg.tls_cert, cfg.tls_key = certs["server.pem"], certs["server.key"]
+    with pytest.raises(ConfigError, match=f"metrics endpoint: .*{missing}"):
+        AgentServer(RefNode(), cfg)
+
+
+def _scrape(port: int, *, ca: str | None, cert=None, token: str | None = None):
+    """(status, body) of GET /metrics over HTTPS (``ca`` given) or plain HTTP."""
+    import http.client
+    import ssl
+
+    if ca is None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    else:
+        context = ssl.create_default_context(cafile=ca)
+        if cert is not None:
+            context.load_cert_chain(*cert)
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context)
+    try:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        conn.request("GET", "/metrics", headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def test_an_exposed_metrics_endpoint_is_https_with_the_token(certs) -> None:
+    with serve(
+        RefNode(),
+        metrics_listen="0.0.0.0:0",
+        token=TOKEN,
+        tls_cert=certs["server.pem"],
+        tls_key=certs["server.key"],
+    ) as server:
+        port = server.metrics_port
+        import socket
+
+        # A client that connects and never says anything holds up nobody else's scrape.
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            status, body = _scrape(port, ca=certs["ca.pem"], token=TOKEN)
+        assert status == 200 and "rdtune_agent_group_slo_intervals" in body
+        for token in (None, "wrong", TOKEN + "x"):
+            status, body = _scrape(port, ca=certs["ca.pem"], token=token)
+            assert status == 401 and "rdtune_agent" not in body
+        with pytest.raises(OSError):  # not served in the clear (reset or a bad reply)
+            _scrape(port, ca=None, token=TOKEN)
+
+
+def test_an_exposed_metrics_endpoint_asks_for_client_certificates_under_mtls(certs) -> None:
+    import ssl
+
+    with serve(
+        RefNode(),
+        metrics_listen="0.0.0.0:0",
+        token=TOKEN,
+        tls_cert=certs["server.pem"],
+        tls_key=certs["server.key"],
+        tls_client_ca=certs["ca.pem"],
+    ) as server:
+        client = (certs["client.pem"], certs["client.key"])
+        status, _ = _scrape(server.metrics_port, ca=certs["ca.pem"], cert=client, token=TOKEN)
+        assert status == 200
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            _scrape(server.metrics_port, ca=certs["ca.pem"], token=TOKEN)
+
+
+def test_a_loopback_metrics_endpoint_is_plain_http_without_a_token() -> None:
+    with serve(RefNode(), metrics_listen="127.0.0.1:0", token=TOKEN) as server:
+        status, body = _scrape(server.metrics_port, ca=None)
+        assert status == 200 and "rdtune_agent" in body
