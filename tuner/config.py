@@ -29,7 +29,9 @@ Example ``tuner.yaml`` (every key optional; see docs/DEPLOY.md)::
       tls: {ca: ca.pem, cert: client.pem, key: client.key, server_name: agent.local}
       timeout_s: 5.0
     retry: {initial_s: 0.2, max_s: 10.0}   # backoff while the agent is unreachable
-    metrics_listen: 127.0.0.1:9465   # Prometheus endpoint ("" disables)
+    metrics_listen: 127.0.0.1:9465   # Prometheus endpoint ("" disables); not loopback:
+    metrics_tls: {cert: tuner.pem, key: tuner.key, client_ca: null}   # HTTPS and
+    metrics_token_file: /etc/rdtune/metrics-token                     # a bearer token
     log_json: false               # JSON lines logs on stderr
     restore_baseline: false       # on clean shutdown, put back the allocation found at start
     realtime: null                # simulated node: also sleep each interval (default: no)
@@ -46,7 +48,8 @@ from pathlib import Path
 
 import yaml
 
-from agent.server.security import read_token
+from agent.server.security import ConfigError as AgentConfigError
+from agent.server.security import check_exposure, parse_listen, read_token
 from agent.types import SLO, GroupKind, GroupSpec
 
 
@@ -145,6 +148,10 @@ class TunerConfig:
     retry_initial_s: float = 0.2
     retry_max_s: float = 10.0
     metrics_listen: str = "127.0.0.1:9465"
+    metrics_tls_cert: str | None = None
+    metrics_tls_key: str | None = None
+    metrics_tls_client_ca: str | None = None
+    metrics_token_file: str | None = None
     log_json: bool = False
     restore_baseline: bool = False
     realtime: bool | None = None
@@ -173,6 +180,34 @@ class TunerConfig:
                     f"metrics_listen must be host:port (or '' to disable), "
                     f"got {self.metrics_listen!r}"
                 )
+            self._check_metrics_exposure()
+
+    @property
+    def metrics_tls(self) -> tuple[str, str] | None:
+        if self.metrics_tls_cert and self.metrics_tls_key:
+            return self.metrics_tls_cert, self.metrics_tls_key
+        return None
+
+    def _check_metrics_exposure(self) -> None:
+        """The agent's rule (agent/server/security.py): off loopback, HTTPS and a token."""
+        if bool(self.metrics_tls_cert) != bool(self.metrics_tls_key):
+            raise ConfigError("metrics_tls needs both cert and key")
+        for path in (self.metrics_tls_cert, self.metrics_tls_key, self.metrics_tls_client_ca):
+            if path and not Path(path).is_file():
+                raise ConfigError(f"metrics_tls file {path!r} does not exist")
+        try:
+            listen = parse_listen(self.metrics_listen)
+            check_exposure(listen, bool(self.metrics_tls), self.metrics_token_file)
+        except AgentConfigError as exc:
+            raise ConfigError(
+                f"metrics endpoint: {exc} (metrics_tls, metrics_token_file)"
+            ) from None
+
+    def metrics_token(self) -> str | None:
+        """The token scrapes must bear (from ``metrics_token_file``; None: no token)."""
+        if not self.metrics_token_file:
+            return None
+        return read_token(None, self.metrics_token_file, ConfigError)
 
 
 def _ints(raw: object, what: str) -> tuple[int, ...]:
@@ -247,12 +282,13 @@ def parse_config(raw: object, where: str = "config") -> TunerConfig:
     if not isinstance(tls, dict) or set(tls) - {"ca", "cert", "key", "server_name"}:
         raise ConfigError("agent.tls takes ca, cert, key and server_name")
     retry = _section(raw, "retry", {"initial_s", "max_s"})
+    metrics_tls = _section(raw, "metrics_tls", {"cert", "key", "client_ca"})
     groups = raw.pop("groups", None) or []
     if not isinstance(groups, list):
         raise ConfigError("groups must be a list")
     known = {"interval_s", "resync_intervals", "controller_options", "fallback"}
     known |= {"fallback_options"}
-    known |= {"metrics_listen", "log_json"}
+    known |= {"metrics_listen", "metrics_tls", "metrics_token_file", "log_json"}
     known |= {"restore_baseline", "realtime"}
     unknown = set(raw) - known
     if unknown:
@@ -279,6 +315,10 @@ def parse_config(raw: object, where: str = "config") -> TunerConfig:
             retry_initial_s=float(retry.get("initial_s", 0.2)),
             retry_max_s=float(retry.get("max_s", 10.0)),
             metrics_listen=str(raw.get("metrics_listen", "127.0.0.1:9465") or ""),
+            metrics_tls_cert=metrics_tls.get("cert"),
+            metrics_tls_key=metrics_tls.get("key"),
+            metrics_tls_client_ca=metrics_tls.get("client_ca"),
+            metrics_token_file=raw.get("metrics_token_file"),
             log_json=bool(raw.get("log_json", False)),
             restore_baseline=bool(raw.get("restore_baseline", False)),
             realtime=raw.get("realtime"),

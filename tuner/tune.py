@@ -114,9 +114,8 @@ def run(args: argparse.Namespace) -> int:
     elif logging.getLogger().level > logging.INFO:
         logging.getLogger("rdtune.tuner").setLevel(logging.INFO)
 
-    from prometheus_client import start_http_server
-
     from agent.errors import NodeError
+    from agent.server.metrics_http import serve_metrics
     from tuner.metrics import TunerMetrics
     from tuner.service import Tuner
 
@@ -125,13 +124,21 @@ def run(args: argparse.Namespace) -> int:
     if cfg.metrics_listen:
         host, _, port = cfg.metrics_listen.rpartition(":")
         try:
-            http, _ = start_http_server(int(port), addr=host.strip("[]"), registry=metrics.registry)
-        except OSError as exc:
+            http = serve_metrics(  # off loopback, validate() required TLS and a token
+                metrics.registry,
+                host.strip("[]"),
+                int(port),
+                tls=cfg.metrics_tls,
+                client_ca=cfg.metrics_tls_client_ca,
+                token=cfg.metrics_token(),
+            )
+        except (OSError, ConfigError) as exc:
             print(
                 f"rdtune tune: cannot serve metrics on {cfg.metrics_listen}: {exc}", file=sys.stderr
             )
             return 2
-        print(f"rdtune tune: metrics on {host}:{http.server_port}/metrics", flush=True)
+        scheme = "https" if cfg.metrics_tls else "http"
+        print(f"rdtune tune: metrics on {scheme}://{host}:{http.server_port}/metrics", flush=True)
 
     def controller(caps, groups):
         return build(args.controller, caps, cfg.controller_options, groups)
@@ -158,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         tuner.shutdown()
         if http is not None:
             http.shutdown()
+            http.server_close()
     summary = {
         "intervals": tuner.intervals,
         "switches": [

@@ -146,17 +146,16 @@ class AgentServer:
         self._bind()
         if self.cfg.metrics_listen:
             m = parse_listen(self.cfg.metrics_listen)
-            exposed = not m.loopback  # validate() made sure TLS and a token are configured
-            try:
+            try:  # off loopback, validate() made sure both TLS and a token are configured
                 self._metrics_http = serve_metrics(
                     self.metrics.registry,
                     m.host.strip("[]"),
                     m.port,
-                    tls=(self.cfg.tls_cert, self.cfg.tls_key) if exposed else None,
-                    client_ca=self.cfg.tls_client_ca if exposed else None,
-                    token=self.cfg.token if exposed else None,
+                    tls=self.cfg.metrics_tls,
+                    client_ca=self.cfg.metrics_tls_client_ca,
+                    token=self.cfg.metrics_token(),
                 )
-            except (OSError, ssl.SSLError) as exc:
+            except (OSError, ssl.SSLError, ConfigError) as exc:
                 self.server.stop(None)
                 raise ConfigError(f"cannot serve metrics on {m.raw}: {exc}") from exc
             self.metrics_port = self._metrics_http.server_port

@@ -42,8 +42,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--metrics-listen",
         metavar="ADDR",
-        help="Prometheus endpoint host:port (default 127.0.0.1:9464; '' disables); "
-        "on a non-loopback address it is HTTPS with the agent's certificate and token",
+        help="Prometheus endpoint host:port (default 127.0.0.1:9464; '' disables); a "
+        "non-loopback address needs --metrics-tls-cert/--metrics-tls-key and "
+        "--metrics-token-file (HTTPS with a bearer token)",
+    )
+    net.add_argument("--metrics-tls-cert", metavar="FILE", help="metrics certificate (PEM)")
+    net.add_argument("--metrics-tls-key", metavar="FILE", help="metrics private key (PEM)")
+    net.add_argument(
+        "--metrics-tls-client-ca",
+        metavar="FILE",
+        help="CA of the scrapers' client certificates (required when given)",
+    )
+    net.add_argument(
+        "--metrics-token-file", metavar="FILE", help="bearer token scrapes must send (off loopback)"
     )
     net.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM)")
     net.add_argument("--tls-key", metavar="FILE", help="server private key (PEM)")
@@ -81,6 +92,10 @@ _OVERRIDES = (
     "state_dir",
     "listen",
     "metrics_listen",
+    "metrics_tls_cert",
+    "metrics_tls_key",
+    "metrics_tls_client_ca",
+    "metrics_token_file",
     "tls_cert",
     "tls_key",
     "tls_client_ca",
@@ -129,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import threading
 
-    from agent.server.security import ConfigError, parse_listen
+    from agent.server.security import ConfigError
 
     log = logging.getLogger("rdtune.agent")
     if args.list_scenarios:
@@ -159,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"rdtune agent: serving {cfg.backend} on {server.address}", flush=True)
     if server.metrics_port:
-        scheme = "http" if parse_listen(cfg.metrics_listen).loopback else "https"
+        scheme = "https" if cfg.metrics_tls else "http"
         print(
             f"rdtune agent: metrics on {scheme}://{cfg.metrics_listen.rpartition(':')[0]}:"
             f"{server.metrics_port}/metrics",

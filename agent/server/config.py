@@ -8,7 +8,9 @@ Example ``agent.yaml``::
     root: /sys/fs/resctrl     # resctrl: the mount to manage (an emulated one works too)
     state_dir: /var/lib/rdtune  # resctrl: records of the agent's own groups (adopted on restart)
     listen: 127.0.0.1:50051   # or unix:/run/rdtune/agent.sock
-    metrics_listen: 127.0.0.1:9464   # "" disables it; not loopback: HTTPS + token, as gRPC
+    metrics_listen: 127.0.0.1:9464   # "" disables it; on a non-loopback address only with:
+    metrics_tls: {cert: metrics.pem, key: metrics.key, client_ca: null}   # HTTPS, and
+    metrics_token_file: /etc/rdtune/metrics-token                         # a bearer token
     tls: {cert: server.pem, key: server.key, client_ca: clients.pem}   # client_ca: mTLS
     token_file: /etc/rdtune/token    # or the RDTUNE_AGENT_TOKEN environment variable
     max_message_bytes: 4194304
@@ -49,6 +51,12 @@ class AgentConfig:
     tls_client_ca: str | None = None
     token: str | None = field(default=None, repr=False)
     token_file: str | None = None
+    # The metrics endpoint's own TLS and token (needed off loopback): the gRPC port may be a
+    # Unix socket without TLS while Prometheus scrapes over the pod network.
+    metrics_tls_cert: str | None = None
+    metrics_tls_key: str | None = None
+    metrics_tls_client_ca: str | None = None
+    metrics_token_file: str | None = None
     max_message_bytes: int = 4 << 20
     rate_limit: float | None = 20000.0
     rate_burst: float = 40000.0
@@ -64,6 +72,18 @@ class AgentConfig:
     def tls(self) -> bool:
         return bool(self.tls_cert and self.tls_key)
 
+    @property
+    def metrics_tls(self) -> tuple[str, str] | None:
+        if self.metrics_tls_cert and self.metrics_tls_key:
+            return self.metrics_tls_cert, self.metrics_tls_key
+        return None
+
+    def metrics_token(self) -> str | None:
+        """The token scrapes must bear (from ``metrics_token_file``; None: no token)."""
+        if not self.metrics_token_file:
+            return None
+        return read_token(None, self.metrics_token_file, ConfigError)
+
     def resolve_token(self) -> None:
         """Fill ``token`` from ``token_file`` or the environment (see ``read_token``)."""
         self.token = read_token(self.token, self.token_file, ConfigError)
@@ -78,6 +98,11 @@ class AgentConfig:
         for path in (self.tls_cert, self.tls_key, self.tls_client_ca):
             if path and not Path(path).is_file():
                 raise ConfigError(f"TLS file {path!r} does not exist")
+        if bool(self.metrics_tls_cert) != bool(self.metrics_tls_key):
+            raise ConfigError("metrics TLS needs both a certificate and a key")
+        for path in (self.metrics_tls_cert, self.metrics_tls_key, self.metrics_tls_client_ca):
+            if path and not Path(path).is_file():
+                raise ConfigError(f"metrics TLS file {path!r} does not exist")
         if self.max_message_bytes < 1024:
             raise ConfigError("max_message_bytes must be at least 1024")
         if self.rate_limit is not None and (self.rate_limit <= 0 or self.rate_burst < 1):
@@ -99,10 +124,12 @@ class AgentConfig:
             metrics = parse_listen(self.metrics_listen)
             if metrics.unix_path is not None:
                 raise ConfigError("the metrics endpoint listens on host:port, not a unix socket")
-            try:  # the same rule as the gRPC port: served over HTTPS with the token there
-                check_exposure(metrics, self.tls, self.token)
+            try:  # the gRPC port's rule: off loopback only over HTTPS with a token
+                check_exposure(metrics, self.metrics_tls is not None, self.metrics_token_file)
             except ConfigError as exc:
-                raise ConfigError(f"metrics endpoint: {exc}") from None
+                raise ConfigError(
+                    f"metrics endpoint: {exc} (metrics_tls, metrics_token_file)"
+                ) from None
 
 
 def _scrape_targets(raw: object) -> dict[str, ScrapeTarget]:
@@ -135,17 +162,24 @@ def load_yaml(path: str | Path) -> AgentConfig:
         raise ConfigError(f"config {path} must be a mapping")
     raw = dict(raw)
     tls = raw.pop("tls", None) or {}
+    metrics_tls = raw.pop("metrics_tls", None) or {}
+    for section, value in (("tls", tls), ("metrics_tls", metrics_tls)):
+        if not isinstance(value, dict) or set(value) - {"cert", "key", "client_ca"}:
+            raise ConfigError(f"{section} takes cert, key and client_ca")
     rate = raw.pop("rate_limit", "default")
     if "token" in raw:
         raise ConfigError("put the token in token_file or $RDTUNE_AGENT_TOKEN, not the config")
     scrape = _scrape_targets(raw.pop("latency_scrape", None))
     known = {f.name for f in fields(AgentConfig)} - {"token", "latency_scrape"}
+    known -= {"metrics_tls_cert", "metrics_tls_key", "metrics_tls_client_ca"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"unknown config key(s) in {path}: {', '.join(sorted(unknown))}")
     cfg = AgentConfig(**raw, latency_scrape=scrape)
     cfg.tls_cert, cfg.tls_key = tls.get("cert"), tls.get("key")
     cfg.tls_client_ca = tls.get("client_ca")
+    cfg.metrics_tls_cert, cfg.metrics_tls_key = metrics_tls.get("cert"), metrics_tls.get("key")
+    cfg.metrics_tls_client_ca = metrics_tls.get("client_ca")
     if rate is None:
         cfg.rate_limit = None
     elif isinstance(rate, dict):

@@ -153,7 +153,7 @@ def start_tune(address: str, controller: str, *args: str, config: dict | None = 
         line = proc.stdout.readline()
         run.stdout += line
         if "metrics on" in line:
-            run.metrics_url = "http://" + line.rsplit(" ", 1)[-1].strip()
+            run.metrics_url = line.rsplit(" ", 1)[-1].strip()
     return run
 
 

@@ -62,6 +62,10 @@ def test_full_example_parses(tmp_path) -> None:
         ("groups: [{name: a, pids: [-1]}]", "pids must be a list of whole numbers"),
         ("groups: [{name: a}, {name: a}]", "group names must be unique"),
         ("metrics_listen: 9465", "metrics_listen must be host:port"),
+        ("metrics_listen: 0.0.0.0:9465", "metrics endpoint: refusing to listen"),
+        ("metrics_tls: {cert: a.pem}", "metrics_tls needs both cert and key"),
+        ("metrics_tls: {ca: a.pem}", "unknown key(s) in metrics_tls: ca"),
+        ("metrics_tls: {cert: /nonexistent.pem, key: /nonexistent.key}", "does not exist"),
         ("- a list", "must be a mapping"),
     ],
 )
@@ -98,3 +102,20 @@ def test_flags_override_the_file_and_the_token_comes_from_a_file(tmp_path, monke
     token.write_text("")
     with pytest.raises(ConfigError, match="is empty"):
         build_config(args)
+
+
+@pytest.mark.parametrize(
+    ("tls", "token", "missing"), [(False, True, "TLS"), (True, False, "token")]
+)
+def test_an_exposed_metrics_endpoint_needs_tls_and_a_token(tmp_path, tls, token, missing) -> None:
+    from tests.certs import make_certs
+
+    raw: dict = {"metrics_listen": "0.0.0.0:9465"}
+    if tls:
+        certs = make_certs(tmp_path)
+        raw["metrics_tls"] = {"cert": certs["server.pem"], "key": certs["server.key"]}
+    if token:
+        (tmp_path / "token").write_text("t0ken\n")
+        raw["metrics_token_file"] = str(tmp_path / "token")
+    with pytest.raises(ConfigError, match=f"metrics endpoint: .*{missing}"):
+        parse_config(raw)

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import configparser
 import shlex
+from pathlib import Path
 
 import pytest
 import yaml
 
-from agent.server.config import AgentConfig
 from agent.server.config import load_yaml as load_agent_yaml
+from tests.certs import make_certs
 from tests.tuner.conftest import ROOT
 from tuner.cli import build_parser
 from tuner.config import load_yaml as load_tuner_yaml
-from tuner.config import parse_config
 
 DEPLOY = ROOT / "deploy"
 
@@ -28,16 +28,34 @@ def test_example_configs_load() -> None:
     assert {g.spec.name for g in tuner.groups} >= {tuner.fallback_options["lc_group"]}
 
 
-def test_daemonset_configs_load_and_agree() -> None:
+SECRETS = "/var/run/secrets/rdtune"
+
+
+def test_daemonset_configs_load_and_agree(tmp_path) -> None:
     docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "daemonset.yaml").read_text()))
     config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
-    raw = yaml.safe_load(config["agent.yaml"])
-    agent = AgentConfig(**raw)
-    agent.validate()
-    tuner = parse_config(yaml.safe_load(config["tuner.yaml"]))
-    assert tuner.agent.address == agent.listen
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     containers = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
+    # The pod's Secrets, here: the configs must validate once the files they name exist.
+    certs = make_certs(tmp_path / "certs")
+    (tmp_path / "metrics-tls").mkdir()
+    (tmp_path / "metrics-tls" / "tls.crt").write_text(Path(certs["server.pem"]).read_text())
+    (tmp_path / "metrics-tls" / "tls.key").write_text(Path(certs["server.key"]).read_text())
+    (tmp_path / "metrics-token").mkdir()
+    (tmp_path / "metrics-token" / "token").write_text("t0ken\n")
+    local = {}
+    for name in ("agent.yaml", "tuner.yaml"):
+        local[name] = tmp_path / name
+        local[name].write_text(config[name].replace(SECRETS, str(tmp_path)))
+    agent = load_agent_yaml(local["agent.yaml"])
+    agent.validate()
+    tuner = load_tuner_yaml(local["tuner.yaml"])
+    assert tuner.agent.address == agent.listen
+    for cfg, container in ((agent, "agent"), (tuner, "tuner")):
+        # Metrics leave the pod over HTTPS with a token, from files the container mounts.
+        assert cfg.metrics_tls is not None and cfg.metrics_token() == "t0ken"
+        mounts = {m["mountPath"] for m in containers[container]["volumeMounts"]}
+        assert {f"{SECRETS}/metrics-tls", f"{SECRETS}/metrics-token"} <= mounts
     assert containers["agent"]["securityContext"]["privileged"] is True
     for name in ("agent", "tuner"):
         args = build_parser().parse_args(containers[name]["args"])

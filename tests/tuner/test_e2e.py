@@ -204,3 +204,41 @@ def test_token_protected_agent(tmp_path) -> None:
         assert ok.summary["intervals"] == 2
     finally:
         agent.stop()
+
+
+def test_an_exposed_metrics_endpoint_is_https_with_a_token(fresh, tmp_path) -> None:
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from tests.certs import make_certs
+
+    certs = make_certs(tmp_path)
+    (tmp_path / "metrics-token").write_text("m3trics\n")
+    config = {
+        "metrics_tls": {"cert": certs["server.pem"], "key": certs["server.key"]},
+        "metrics_token_file": str(tmp_path / "metrics-token"),
+        "realtime": True,
+    }
+    tune = start_tune(
+        fresh.address, "eq", "--interval", "0.05", "--metrics-listen", "0.0.0.0:0",
+        config=config,
+    )  # fmt: skip
+    try:
+        assert tune.metrics_url.startswith("https://"), tune.stdout
+        url = "https://127.0.0.1:" + tune.metrics_url.rsplit(":", 1)[1]
+        context = ssl.create_default_context(cafile=certs["ca.pem"])
+
+        def scrape(token: str | None) -> str:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            request = urllib.request.Request(url, headers=headers)
+            with urllib.request.urlopen(request, timeout=5, context=context) as resp:
+                return resp.read().decode()
+
+        assert "rdtune_tuner_intervals_total" in scrape("m3trics")
+        for token in (None, "wrong"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                scrape(token)
+            assert err.value.code == 401
+    finally:
+        tune.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import grpc
 import pytest
@@ -17,6 +16,7 @@ from agent.server.security import ConfigError, RateLimiter, client_key, parse_li
 from agent.types import GroupSpec
 from tests.agent.server.conftest import remote, serve
 from tests.agent.server.refnode import RefNode
+from tests.certs import make_certs
 
 TOKEN = "s3cret-token-for-tests"
 
@@ -52,7 +52,8 @@ def test_bad_listen_addresses_are_refused(bad: str) -> None:
 def test_non_loopback_needs_tls_and_token(tmp_path, tls, token, missing) -> None:
     cfg = AgentConfig(listen="0.0.0.0:0", token=token, metrics_listen="")
     if tls:
-        cfg.tls_cert, cfg.tls_key = _certs(tmp_path)["server.pem"], _certs(tmp_path)["server.key"]
+        made = make_certs(tmp_path)
+        cfg.tls_cert, cfg.tls_key = made["server.pem"], made["server.key"]
     with pytest.raises(ConfigError, match=missing):
         AgentServer(RefNode(), cfg)
 
@@ -107,69 +108,9 @@ def test_health_needs_no_token(with_token) -> None:
 # --------------------------------------------------------------------------- TLS
 
 
-def _certs(tmp: Path) -> dict[str, str]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate (openssl)."""
-    if (tmp / "server.pem").exists():
-        return {p.name: str(p) for p in tmp.iterdir()}
-
-    def ssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=tmp, check=True, capture_output=True)
-
-    ssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=rdtune test CA",
-    )
-    for name, ext in (
-        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
-        ("client", "extendedKeyUsage=clientAuth"),
-    ):
-        ssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            f"/CN={name}",
-        )
-        (tmp / f"{name}.ext").write_text(ext + "\n")
-        ssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.pem",
-            "-days",
-            "1",
-            "-extfile",
-            f"{name}.ext",
-        )
-    return {p.name: str(p) for p in tmp.iterdir()}
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> dict[str, str]:
-    return _certs(tmp_path_factory.mktemp("tls"))
+    return make_certs(tmp_path_factory.mktemp("tls"))
 
 
 def test_tls_with_token(certs) -> None:
@@ -314,13 +255,24 @@ def test_latency_scrape_flag(flag: str, ok: bool) -> None:
 # --------------------------------------------------------------------------- metrics endpoint
 
 
+@pytest.fixture
+def metrics_token(tmp_path) -> str:
+    path = tmp_path / "metrics-token"
+    path.write_text("m3trics-token\n")
+    return str(path)
+
+
 @pytest.mark.parametrize(
-    ("tls", "token", "missing"), [(False, TOKEN, "TLS"), (True, None, "token")]
+    ("tls", "token", "missing"), [(False, True, "TLS"), (True, False, "token")]
 )
-def test_an_exposed_metrics_endpoint_needs_tls_and_token(certs, tls, token, missing) -> None:
-    cfg = AgentConfig(listen="127.0.0.1:0", metrics_listen="0.0.0.0:0", token=token)
+def test_an_exposed_metrics_endpoint_needs_tls_and_token(
+    certs, metrics_token, tls, token, missing
+) -> None:
+    cfg = AgentConfig(listen="127.0.0.1:0", metrics_listen="0.0.0.0:0")
     if tls:
-        cfg.tls_cert, cfg.tls_key = certs["server.pem"], certs["server.key"]
+        cfg.metrics_tls_cert, cfg.metrics_tls_key = certs["server.pem"], certs["server.key"]
+    if token:
+        cfg.metrics_token_file = metrics_token
     with pytest.raises(ConfigError, match=f"metrics endpoint: .*{missing}"):
         AgentServer(RefNode(), cfg)
 
@@ -346,47 +298,71 @@ def _scrape(port: int, *, ca: str | None, cert=None, token: str | None = None):
         conn.close()
 
 
-def test_an_exposed_metrics_endpoint_is_https_with_the_token(certs) -> None:
-    with serve(
-        RefNode(),
+def _exposed(certs, metrics_token, **cfg) -> dict:
+    """Agent settings of a metrics endpoint on the pod network (gRPC stays on loopback)."""
+    return dict(
         metrics_listen="0.0.0.0:0",
-        token=TOKEN,
-        tls_cert=certs["server.pem"],
-        tls_key=certs["server.key"],
-    ) as server:
+        metrics_tls_cert=certs["server.pem"],
+        metrics_tls_key=certs["server.key"],
+        metrics_token_file=metrics_token,
+        **cfg,
+    )
+
+
+def test_an_exposed_metrics_endpoint_is_https_with_the_token(certs, metrics_token) -> None:
+    with serve(RefNode(), **_exposed(certs, metrics_token)) as server:
         port = server.metrics_port
         import socket
 
         # A client that connects and never says anything holds up nobody else's scrape.
         with socket.create_connection(("127.0.0.1", port), timeout=5):
-            status, body = _scrape(port, ca=certs["ca.pem"], token=TOKEN)
+            status, body = _scrape(port, ca=certs["ca.pem"], token="m3trics-token")
         assert status == 200 and "rdtune_agent_group_slo_intervals" in body
-        for token in (None, "wrong", TOKEN + "x"):
+        for token in (None, "wrong", "m3trics-token-x", TOKEN):
             status, body = _scrape(port, ca=certs["ca.pem"], token=token)
             assert status == 401 and "rdtune_agent" not in body
         with pytest.raises(OSError):  # not served in the clear (reset or a bad reply)
-            _scrape(port, ca=None, token=TOKEN)
+            _scrape(port, ca=None, token="m3trics-token")
+        with remote(server) as client:  # the gRPC port is untouched: plaintext loopback
+            assert client.groups() == {}
 
 
-def test_an_exposed_metrics_endpoint_asks_for_client_certificates_under_mtls(certs) -> None:
+def test_an_exposed_metrics_endpoint_asks_for_client_certificates_under_mtls(
+    certs, metrics_token
+) -> None:
     import ssl
 
-    with serve(
-        RefNode(),
-        metrics_listen="0.0.0.0:0",
-        token=TOKEN,
-        tls_cert=certs["server.pem"],
-        tls_key=certs["server.key"],
-        tls_client_ca=certs["ca.pem"],
-    ) as server:
+    cfg = _exposed(certs, metrics_token, metrics_tls_client_ca=certs["ca.pem"])
+    with serve(RefNode(), **cfg) as server:
         client = (certs["client.pem"], certs["client.key"])
-        status, _ = _scrape(server.metrics_port, ca=certs["ca.pem"], cert=client, token=TOKEN)
+        status, _ = _scrape(
+            server.metrics_port, ca=certs["ca.pem"], cert=client, token="m3trics-token"
+        )
         assert status == 200
         with pytest.raises((ssl.SSLError, ConnectionError)):
-            _scrape(server.metrics_port, ca=certs["ca.pem"], token=TOKEN)
+            _scrape(server.metrics_port, ca=certs["ca.pem"], token="m3trics-token")
 
 
-def test_a_loopback_metrics_endpoint_is_plain_http_without_a_token() -> None:
+def test_a_loopback_metrics_endpoint_is_plain_http_unless_configured(certs, metrics_token) -> None:
     with serve(RefNode(), metrics_listen="127.0.0.1:0", token=TOKEN) as server:
         status, body = _scrape(server.metrics_port, ca=None)
         assert status == 200 and "rdtune_agent" in body
+    with serve(RefNode(), metrics_listen="127.0.0.1:0", metrics_token_file=metrics_token) as server:
+        assert _scrape(server.metrics_port, ca=None)[0] == 401  # a configured token holds
+        assert _scrape(server.metrics_port, ca=None, token="m3trics-token")[0] == 200
+
+
+def test_the_metrics_settings_load_from_yaml(tmp_path, certs, metrics_token) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        "metrics_listen: 0.0.0.0:9464\n"
+        f"metrics_tls: {{cert: {certs['server.pem']}, key: {certs['server.key']}}}\n"
+        f"metrics_token_file: {metrics_token}\n"
+    )
+    cfg = load_yaml(path)
+    cfg.validate()
+    assert cfg.metrics_tls == (certs["server.pem"], certs["server.key"])
+    assert cfg.metrics_token() == "m3trics-token"
+    path.write_text("metrics_tls: {cert: a.pem, ca: b.pem}\n")
+    with pytest.raises(ConfigError, match="metrics_tls takes cert, key and client_ca"):
+        load_yaml(path)
