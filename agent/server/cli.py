@@ -54,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CA of the scrapers' client certificates (required when given)",
     )
     net.add_argument(
-        "--metrics-token-file", metavar="FILE", help="bearer token scrapes must send (off loopback)"
+        "--metrics-token-file",
+        metavar="FILE",
+        help="bearer token scrapes must send (required off loopback)",
     )
     net.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM)")
     net.add_argument("--tls-key", metavar="FILE", help="server private key (PEM)")
