@@ -241,9 +241,9 @@ class RemoteNode:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._channel.close()  # first: it cancels a call another thread is waiting on
             with self._session_lock:
                 self._drop_session()
-            self._channel.close()
 
     def __enter__(self) -> RemoteNode:
         return self

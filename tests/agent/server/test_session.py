@@ -652,3 +652,20 @@ def test_a_client_that_leaves_mid_session_frees_its_slot(leave) -> None:
             assert answer is not None, "the slot was not released"
             assert answer.id == 1 and answer.WhichOneof("result") == "get_allocation"
         channel.close()
+
+
+def test_close_does_not_wait_for_a_call_in_progress() -> None:
+    node = GatedNode("observe")
+    with serve(node) as server:
+        node.create_group(GroupSpec("a"))
+        client = RemoteNode(server.address, timeout=30.0)
+        thread, out = _in_thread(client.observe)
+        try:
+            assert node.entered.wait(5)
+            started = time.monotonic()
+            client.close()
+            assert time.monotonic() - started < 2.0, "close waited for the call"
+            thread.join(5)
+            assert not thread.is_alive() and "error" in out
+        finally:
+            node.release.set()
