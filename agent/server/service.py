@@ -6,6 +6,10 @@ one left. Requests are decoded (and their names validated) before the lock is ta
 errors leave through :func:`agent.server.errors.abort` with their status code and details.
 Pushed or scraped LC latencies are drained into each Observe, replacing the backend's own
 figure for a group that reports (a real node has none; a simulated one models it).
+
+Observe, Apply and GetAllocation are also served as messages on a ``Session`` stream (the
+per-interval hot path without a call's set-up each time, docs/AGENT.md): the same cores,
+with errors answered in the stream rather than ending it.
 """
 
 from __future__ import annotations
