@@ -21,6 +21,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the tuner's metrics endpoint, e.g. http://127.0.0.1:9465/metrics",
     )
     parser.add_argument(
+        "--tuner-metrics-token-file",
+        metavar="FILE",
+        help="bearer token of the tuner's metrics endpoint (its metrics_token_file)",
+    )
+    parser.add_argument(
+        "--tuner-metrics-ca", metavar="FILE", help="CA of the metrics endpoint's certificate"
+    )
+    parser.add_argument(
         "--token-file", metavar="FILE", help="bearer token (or $RDTUNE_AGENT_TOKEN)"
     )
     parser.add_argument("--tls-ca", metavar="FILE", help="CA of the agent's certificate (PEM)")
@@ -36,13 +44,20 @@ def ways_bar(mask: int | None, cbm_mask: int) -> str:
     return "".join("#" if mask >> b & 1 else "." for b in bits)
 
 
-def read_metrics(url: str, timeout: float = 5.0) -> dict[str, list[tuple[dict, float]]]:
-    """Samples by name from a Prometheus text endpoint."""
+def read_metrics(
+    url: str, timeout: float = 5.0, *, token: str | None = None, ca: str | None = None
+) -> dict[str, list[tuple[dict, float]]]:
+    """Samples by name from a Prometheus text endpoint (HTTPS checked against ``ca`` or
+    the system's CAs; ``token`` sent as a bearer token)."""
+    import ssl
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    context = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
         text = resp.read().decode()
     out: dict[str, list[tuple[dict, float]]] = {}
     for family in text_string_to_metric_families(text):
@@ -80,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from agent.errors import NodeError
+    from agent.server.security import read_token
     from tuner.config import AgentConnection, ConfigError
 
     conn = AgentConnection(
@@ -106,7 +122,12 @@ def run(args: argparse.Namespace) -> int:
     metrics = {}
     if args.tuner_metrics:
         try:
-            metrics = read_metrics(args.tuner_metrics, args.timeout)
+            token = None
+            if args.tuner_metrics_token_file:
+                token = read_token(None, args.tuner_metrics_token_file, ConfigError)
+            metrics = read_metrics(
+                args.tuner_metrics, args.timeout, token=token, ca=args.tuner_metrics_ca
+            )
         except (OSError, ValueError) as exc:
             print(f"rdtune status: cannot read {args.tuner_metrics}: {exc}", file=sys.stderr)
             return 1

@@ -64,3 +64,31 @@ def test_status_of_an_unreachable_agent_says_so() -> None:
     done = status("--agent", "127.0.0.1:1", "--timeout", "0.5")
     assert done.returncode == 1
     assert "cannot read the agent at 127.0.0.1:1" in done.stderr
+
+
+def test_status_reads_an_https_metrics_endpoint_with_its_token(fresh, tmp_path) -> None:
+    from agent.server.metrics_http import serve_metrics
+    from tests.certs import make_certs
+
+    certs = make_certs(tmp_path / "tls")
+    (tmp_path / "token").write_text("m3trics\n")
+    metrics = TunerMetrics()
+    metrics.decisions.labels("eq", "applied").inc(3)
+    http = serve_metrics(
+        metrics.registry,
+        "127.0.0.1",
+        0,
+        tls=(certs["server.pem"], certs["server.key"]),
+        token="m3trics",
+    )
+    try:
+        url = f"https://127.0.0.1:{http.server_port}/metrics"
+        args = ("--agent", fresh.address, "--tuner-metrics", url, "--tuner-metrics-ca")
+        done = status(*args, certs["ca.pem"], "--tuner-metrics-token-file", str(tmp_path / "token"))
+        refused = status(*args, certs["ca.pem"])
+    finally:
+        http.shutdown()
+        http.server_close()
+    assert done.returncode == 0, done.stderr
+    assert "decisions applied" in done.stdout
+    assert refused.returncode == 1 and "401" in refused.stderr
