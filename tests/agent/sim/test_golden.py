@@ -4,8 +4,9 @@
 the run itself, so a refactoring of the node (its group bookkeeping, caches, accumulator
 flushes) that changes even one float of an observation fails here. Each case drives a
 scenario for a few hundred control steps with seeded random plans (valid and invalid, dry
-runs), exclusive groups created and deleted, tasks and CPUs moved, and a pickled copy
-taking over halfway; the hash covers every snapshot, allocation, task set and error.
+runs), exclusive groups created and deleted, tasks and CPUs moved (every other change
+mid-interval), and a pickled copy taking over halfway; the hash covers every snapshot,
+allocation, task set and error.
 
 When a change is *meant* to move the simulator (a model or calibration change), print the
 new digests with ``.venv/bin/python -m tests.agent.sim.test_golden`` and update GOLDEN,
@@ -28,9 +29,9 @@ STEPS = 300
 
 # Recorded before agent/groups.py took over SimNode's group bookkeeping.
 GOLDEN = {
-    "default": "532e0af5cf19cd29bca421b861081b2f5ee4c6085208274df158c1918f2fc48c",
-    "more_lc_than_closids_epyc": "cca8ae6805594b83a590796a3d199379565cb920bb43b7bd045bd82470b8d52d",
-    "more_lc_than_closids_e5v3": "958690fd973e695b3f3c47330bd4e6d211c8e0cb7ea5857d71e5b027442c97a6",
+    "default": "20a698b3b229932cf4b07266bfe6d3d9154c8fc7ec15f80653102b7a12be472d",
+    "more_lc_than_closids_epyc": "4e4d432297f0f5d8ed72c86f1e1b4236e7f22b3ae90b7bbfafc1da64c4884f1e",
+    "more_lc_than_closids_e5v3": "0621114a00167838f6e4710b9d3402051f55e22bf298ca9a9d82c66799989449",
 }
 
 
@@ -51,6 +52,11 @@ def _random_alloc(node: SimNode, rng: np.random.Generator) -> GroupAllocation:
 def _drive(node: SimNode, rng: np.random.Generator, steps: int, out: list[str]) -> None:
     pids = sorted(p for w in node.workloads() for p in w.pids)
     for i in range(steps):
+        # Every other change comes mid-interval, so counters accumulated under the old
+        # groups must be settled before groups, tasks or allocations change.
+        mid = i % 2 == 1
+        if mid:
+            node.advance(node.interval_s / 2)
         names = sorted(node.groups())
         try:
             if i % 60 == 10:
@@ -73,7 +79,7 @@ def _drive(node: SimNode, rng: np.random.Generator, steps: int, out: list[str]) 
                 out.append(repr(node.apply(plan, dry_run=dry)))
         except NodeError as e:
             out.append(f"{type(e).__name__}: {e}")
-        node.advance(node.interval_s)
+        node.advance(node.interval_s / 2 if mid else node.interval_s)
         out.append(repr(node.observe()))
         out.append(repr(node.allocation()))
         out.append(repr({g: sorted(node.tasks(g)) for g in sorted(node.groups())}))
