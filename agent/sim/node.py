@@ -18,11 +18,8 @@ from types import MappingProxyType
 
 import numpy as np
 
-from agent.errors import (
-    GroupExists,
-    GroupNotFound,
-    ResourceExhausted,
-)
+from agent.errors import ResourceExhausted
+from agent.groups import GroupTable
 from agent.sim.catalog import Catalog, MachinePreset, Phase, WorkloadSpec, default_catalog
 from agent.sim.model import Inputs, Model, Solution, amd_cap_bps
 from agent.sim.queueing import simulate, steady_samples, tail_mean
@@ -45,7 +42,6 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
 )
-from agent.validate import PlanContext, check_assign_ids, validate_plan
 
 DEFAULT_SCENARIO = "default"
 PID_BASE = 10_000
@@ -146,14 +142,6 @@ def solo_reference(preset: MachinePreset, spec: WorkloadSpec, threads: int) -> t
     return _SOLO_CACHE[key]
 
 
-def _lowest_run(mask: int) -> int:
-    """The lowest run of consecutive set bits of ``mask`` (0 for 0)."""
-    if mask <= 0:
-        return 0
-    low = mask & -mask
-    return mask & ~(mask + low)
-
-
 def _locked(method):
     """Run a public method under the node's lock."""
 
@@ -249,19 +237,19 @@ class SimNode:
         self._n = n
         # pids: one per thread, unique on this node.
         self._pids: list[tuple[int, ...]] = []
-        self._pid_owner: dict[int, int] = {}
         nxt = PID_BASE
-        for i, t in enumerate(threads):
-            pids = tuple(range(nxt, nxt + t))
+        for t in threads:
+            self._pids.append(tuple(range(nxt, nxt + t)))
             nxt += t + 10
-            self._pids.append(pids)
-            for p in pids:
-                self._pid_owner[p] = i
-        self._task_group: dict[int, str] = dict.fromkeys(self._pid_owner, "")
-        self._groups: dict[str, GroupSpec] = {}
-        self._alloc: dict[str, GroupAllocation] = {}
-        self._alloc_obj: Allocation | None = None  # read-back cache of self._alloc
-        self._cpus: dict[str, set[int]] = {}
+        # Own groups as resctrl would hold them on this preset: RMIDs run out too, masks
+        # start contiguous unless the CPU takes sparse ones, exclusive groups on free ways.
+        self._table = GroupTable(
+            self._caps,
+            (p for pids in self._pids for p in pids),
+            rmids=self._preset.rmids,
+            contiguous=not self._preset.sparse_masks,
+            exclusive_free_ways=True,
+        )
         # LC: load schedules (in req/s) and per-worker backlogs.
         self._lc_idx = [i for i, s in enumerate(self._specs) if s.kind == "lc"]
         self._sched: dict[int, tuple[LoadSchedule, float]] = {}
@@ -285,7 +273,7 @@ class SimNode:
         self._dirty_acc = False
         self._rates_of: Solution | None = None
         self._rates = np.zeros((n, 5))
-        self._acc_g = np.zeros((0, 5))  # per own group, in self._groups order
+        self._acc_g = np.zeros((0, 5))  # per own group, in the group table's order
         self._lat: dict[int, list[np.ndarray]] = {i: [] for i in self._lc_idx}
         self._lat_n: dict[int, int] = dict.fromkeys(self._lc_idx, 0)
         self._count: dict[int, int] = dict.fromkeys(self._lc_idx, 0)
@@ -331,117 +319,39 @@ class SimNode:
         return self._caps
 
     def groups(self) -> Mapping[str, GroupSpec]:
-        return MappingProxyType(dict(self._groups))
+        return self._table.groups()
 
     @_locked
     def create_group(self, spec: GroupSpec) -> None:
-        if not isinstance(spec, GroupSpec):
-            raise TypeError(f"expected a GroupSpec, got {type(spec).__name__}")
-        if spec.name in self._groups:
-            raise GroupExists(spec.name)
-        if len(self._groups) + 1 >= self._caps.num_closids:
-            raise ResourceExhausted(
-                f"Out of CLOSIDs: {self._caps.num_closids} including the default group",
-                resource="closid",
-            )
-        if len(self._groups) + 1 >= self._preset.rmids:
-            raise ResourceExhausted("Out of RMIDs", resource="rmid")
-        held = 0
-        for name, g in self._groups.items():
-            if g.exclusive:
-                held |= self._alloc[name].l3_mask or 0
-        mask = self._preset.cbm_mask & ~held
-        if not self._preset.sparse_masks:
-            mask = _lowest_run(mask)
-        if spec.exclusive:
-            # Like ResctrlNode: narrow to the lowest run of ways no other own group uses
-            # (the simulated default group is not counted: it cannot be shrunk here).
-            # Leniently, when every way is in use, start like any new group (overlapping
-            # non-exclusive groups) and let the first plan separate them.
-            used = 0
-            for a in self._alloc.values():
-                used |= (a.l3_mask or 0) | (a.l3_code_mask or 0)
-            free = _lowest_run(self._preset.cbm_mask & ~used)
-            if free.bit_count() >= max(1, self._preset.min_cbm_bits):
-                mask = free
-        if mask == 0 or mask.bit_count() < max(1, self._preset.min_cbm_bits):
-            raise ResourceExhausted(
-                f"cannot create group {spec.name!r}: no free ways for it "
-                f"(exclusive groups hold {held:#x})",
-                resource="ways",
-            )
-        mb = self._caps.mba.max_bandwidth if self._caps.mba is not None else None
-        self._flush()
-        self._groups[spec.name] = spec
-        self._alloc[spec.name] = GroupAllocation(l3_mask=mask, mb=mb)
-        self._alloc_obj = None
-        self._cpus[spec.name] = set()
+        self._table.create(spec, on_change=self._tasks_changing)
         self._acc_g = np.vstack([self._acc_g, np.zeros((1, 5))])
-        self._dirty = True
-        self._topo = None
 
     @_locked
     def delete_group(self, name: str) -> None:
-        if name not in self._groups:
-            raise GroupNotFound(name)
-        self._flush()
-        for pid, g in self._task_group.items():
-            if g == name:
-                self._task_group[pid] = ""
-        row = list(self._groups).index(name)
+        row = self._table.delete(name, on_change=self._tasks_changing)
         self._acc_g = np.delete(self._acc_g, row, axis=0)
-        del self._groups[name], self._alloc[name], self._cpus[name]
-        self._alloc_obj = None
-        self._dirty = True
-        self._topo = None
 
     @_locked
     def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
-        if group not in self._groups:
-            raise GroupNotFound(group)
-        pids, cpus = check_assign_ids(
-            pids, cpus, known_pids=self._pid_owner, num_cpus=self._caps.num_cpus
-        )
-        if pids:
-            self._flush()
-            for pid in pids:
-                self._task_group[int(pid)] = group
-            self._dirty = True
-            self._topo = None
-        for cpu in cpus:
-            for s in self._cpus.values():
-                s.discard(int(cpu))
-            self._cpus[group].add(int(cpu))
+        self._table.assign(group, pids, cpus, on_change=self._tasks_changing)
 
     def tasks(self, group: str) -> frozenset[int]:
-        if group not in self._groups:
-            raise GroupNotFound(group)
-        return frozenset(p for p, g in self._task_group.items() if g == group)
+        return self._table.tasks(group)
 
     @_locked
     def apply(self, plan: AllocationPlan, *, dry_run: bool = False) -> Allocation:
-        normalized = validate_plan(plan, self._plan_context())
-        new = self._overlay(normalized)
-        if dry_run:
-            return self._as_allocation(new)
-        if new != self._alloc:
-            self._flush()
-            self._alloc = new
-            self._alloc_obj = None
-            self._dirty = True
-        return self.allocation()
+        return self._table.apply(plan, dry_run=dry_run, on_change=self._alloc_changing)
 
     def allocation(self) -> Allocation:
-        if self._alloc_obj is None:
-            self._alloc_obj = self._as_allocation(self._alloc)
-        return self._alloc_obj
+        return self._table.allocation()
 
     @_locked
     def observe(self) -> Snapshot:
         self._flush()
         interval = self._t - self._last_obs
         self._last_obs = self._t
-        names = list(self._groups)
+        specs = self._table.specs
+        names = list(specs)
         major, frac = self._topology()
         out: dict[str, GroupSample] = {}
         if names:
@@ -462,7 +372,7 @@ class SimNode:
                 r = rows[gi]
                 members = lc_groups.get(name)
                 latency = None
-                if members or self._groups[name].kind is GroupKind.LC:
+                if members or specs[name].kind is GroupKind.LC:
                     latency = self._latency_stats(members or [])
                 out[name] = GroupSample(
                     instructions=r[0],
@@ -545,12 +455,12 @@ class SimNode:
 
         Keys are own group names, plus ``""`` for the default group when it holds workloads.
         """
-        alloc = dict(self._alloc)
+        alloc = dict(self._table.alloc)
         if plan_or_allocation is not None:
             plan = plan_or_allocation
             if isinstance(plan, Allocation):
                 plan = plan.as_plan()
-            alloc = self._overlay(validate_plan(plan, self._plan_context()))
+            alloc = self._table.would_hold(plan)
         lam_over = {}
         for name, rate in (load_overrides or {}).items():
             i = self._index(name)
@@ -576,7 +486,7 @@ class SimNode:
             gname = w.group_name
             if not gname:
                 continue
-            if gname not in self._groups:
+            if gname not in self._table.specs:
                 if s.kind == "lc":
                     target = w.slo_ms or s.lc.slo_ms
                     spec = GroupSpec(gname, GroupKind.LC, SLO(s.lc.slo_percentile, target))
@@ -588,20 +498,17 @@ class SimNode:
                     continue  # more services than CLOSIDs: the rest stay in the default group
             self.assign(gname, pids=self._pids[i])
 
-    def _plan_context(self) -> PlanContext:
-        excl = frozenset(n for n, g in self._groups.items() if g.exclusive)
-        return PlanContext(caps=self._caps, current=self.allocation(), exclusive=excl)
+    def _tasks_changing(self) -> None:
+        """Before groups are created or deleted or tasks move: counters so far go to the
+        groups that held the tasks, and model inputs and topology are recomputed after."""
+        self._flush()
+        self._dirty = True
+        self._topo = None
 
-    def _overlay(self, plan: AllocationPlan) -> dict[str, GroupAllocation]:
-        new = dict(self._alloc)
-        for group, per_domain in plan.groups.items():
-            for a in per_domain.values():
-                new[group] = new[group].overlay(a)
-        return new
-
-    def _as_allocation(self, alloc: Mapping[str, GroupAllocation]) -> Allocation:
-        doms = self._caps.domains
-        return Allocation({g: dict.fromkeys(doms, a) for g, a in alloc.items()})
+    def _alloc_changing(self) -> None:
+        """Before an allocation changes: the same, but tasks stay where they are."""
+        self._flush()
+        self._dirty = True
 
     def _major_groups(self) -> list[str]:
         return self._topology()[0]
@@ -617,22 +524,23 @@ class SimNode:
 
     def _compute_major(self) -> list[str]:
         out = []
+        task_group = self._table.task_group
         for pids in self._pids:
             counts: dict[str, int] = {}
             for p in pids:
-                g = self._task_group[p]
+                g = task_group[p]
                 counts[g] = counts.get(g, 0) + 1
             out.append(max(counts, key=lambda g: (counts[g], g == "")))
         return out
 
     def _compute_fractions(self) -> np.ndarray:
-        names = list(self._groups)
-        idx = {g: j for j, g in enumerate(names)}
-        frac = np.zeros((self._n, len(names)))
+        task_group = self._table.task_group
+        idx = {g: j for j, g in enumerate(self._table.specs)}
+        frac = np.zeros((self._n, len(idx)))
         for i, pids in enumerate(self._pids):
             share = 1.0 / len(pids)
             for p in pids:
-                j = idx.get(self._task_group[p])
+                j = idx.get(task_group[p])
                 if j is not None:
                     frac[i, j] += share
         return frac
@@ -640,7 +548,7 @@ class SimNode:
     def _flush(self) -> None:
         """Move per-workload counters into the groups holding the tasks now."""
         if self._dirty_acc:
-            if self._groups:
+            if self._table.specs:
                 self._acc_g += self._fractions().T @ self._acc_w
             self._acc_w[:] = 0.0
             self._dirty_acc = False
@@ -664,7 +572,7 @@ class SimNode:
         if alloc is None and not self._dirty:
             base = self._base
         else:
-            base = self._alloc_inputs(self._alloc if alloc is None else alloc)
+            base = self._alloc_inputs(self._table.alloc if alloc is None else alloc)
             if alloc is None:
                 self._base, self._dirty = base, False
         insts = self._instances
