@@ -20,11 +20,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from types import MappingProxyType
 
 import numpy as np
 
-from agent.errors import GroupExists, GroupNotFound, ResourceExhausted
+from agent.groups import GroupTable
 from agent.types import (
     Allocation,
     AllocationPlan,
@@ -35,7 +34,6 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
 )
-from agent.validate import PlanContext, check_assign_ids, validate_plan
 from training.dynamics import LATENCY_KEYS, Dynamics, effective_ways, fit_dynamics
 from training.traces import Trace
 
@@ -151,10 +149,7 @@ class TraceNode:
         )
         self._t = 0.0
         self._last_obs = 0.0
-        self._groups: dict[str, GroupSpec] = {}
-        self._alloc: dict[str, GroupAllocation] = {}
-        self._task_group = dict.fromkeys(self._owner, "")
-        self._cpus: dict[str, set[int]] = {}
+        self._table = GroupTable(self._caps, self._owner)
         self._acc: dict[str, np.ndarray] = {}  # workload -> instr, cycles, refs, misses, bytes
         self._lat: dict[str, np.ndarray] = {}  # workload -> count, weighted p50..p999
         self._occ: dict[str, float] = {}
@@ -185,79 +180,31 @@ class TraceNode:
         return self._caps
 
     def groups(self) -> Mapping[str, GroupSpec]:
-        return MappingProxyType(dict(self._groups))
+        return self._table.groups()
 
     def create_group(self, spec: GroupSpec) -> None:
-        if not isinstance(spec, GroupSpec):
-            raise TypeError(f"expected a GroupSpec, got {type(spec).__name__}")
-        if spec.name in self._groups:
-            raise GroupExists(spec.name)
-        if len(self._groups) + 1 >= self._caps.num_closids:
-            raise ResourceExhausted(
-                f"Out of CLOSIDs: {self._caps.num_closids} including the default group",
-                resource="closid",
-            )
-        caps = self._caps
-        held = 0
-        for name, g in self._groups.items():
-            if g.exclusive:
-                held |= self._alloc[name].l3_mask or 0
-        mask = None
-        if caps.l3 is not None:
-            mask = caps.l3.cbm_mask & ~held
-            if mask == 0 or mask.bit_count() < caps.l3.min_cbm_bits:
-                raise ResourceExhausted("every way is held exclusively", resource="cbm")
-        mb = caps.mba.max_bandwidth if caps.mba is not None else None
-        self._groups[spec.name] = spec
-        self._alloc[spec.name] = GroupAllocation(l3_mask=mask, mb=mb)
-        self._cpus[spec.name] = set()
+        self._table.create(spec)
 
     def delete_group(self, name: str) -> None:
-        if name not in self._groups:
-            raise GroupNotFound(name)
-        for pid, g in self._task_group.items():
-            if g == name:
-                self._task_group[pid] = ""
-        del self._groups[name], self._alloc[name], self._cpus[name]
+        self._table.delete(name)
 
     def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
-        if group not in self._groups:
-            raise GroupNotFound(group)
-        pids, cpus = check_assign_ids(
-            pids, cpus, known_pids=self._owner, num_cpus=self._caps.num_cpus
-        )
-        for pid in pids:
-            self._task_group[int(pid)] = group
-        for cpu in cpus:
-            for s in self._cpus.values():
-                s.discard(int(cpu))
-            self._cpus[group].add(int(cpu))
+        self._table.assign(group, pids, cpus)
 
     def tasks(self, group: str) -> frozenset[int]:
-        if group not in self._groups:
-            raise GroupNotFound(group)
-        return frozenset(p for p, g in self._task_group.items() if g == group)
+        return self._table.tasks(group)
 
     def apply(self, plan: AllocationPlan, *, dry_run: bool = False) -> Allocation:
-        excl = frozenset(n for n, g in self._groups.items() if g.exclusive)
-        normalized = validate_plan(plan, PlanContext(self._caps, self.allocation(), excl))
-        new = dict(self._alloc)
-        for group, per_domain in normalized.groups.items():
-            for a in per_domain.values():
-                new[group] = new[group].overlay(a)
-        if dry_run:
-            return self._as_allocation(new)
-        self._alloc = new
-        return self.allocation()
+        return self._table.apply(plan, dry_run=dry_run)
 
     def allocation(self) -> Allocation:
-        return self._as_allocation(self._alloc)
+        return self._table.allocation()
 
     def observe(self) -> Snapshot:
         interval = self._t - self._last_obs
         self._last_obs = self._t
         out: dict[str, GroupSample] = {}
-        for name, spec in self._groups.items():
+        for name, spec in self._table.specs.items():
             members = [w for w in self._workloads if self._group_of(w) == name]
             acc = sum((self._acc[w] for w in members), np.zeros(5))
             lat = sum((self._lat[w] for w in members), np.zeros(1 + len(LATENCY_KEYS)))
@@ -287,20 +234,19 @@ class TraceNode:
 
     # ================================================================== internals
 
-    def _as_allocation(self, alloc: Mapping[str, GroupAllocation]) -> Allocation:
-        return Allocation({g: dict.fromkeys(self._caps.domains, a) for g, a in alloc.items()})
-
     def _group_of(self, workload: str) -> str:
         counts: dict[str, int] = {}
+        task_group = self._table.task_group
         for p in self._pids[workload]:
-            g = self._task_group[p]
+            g = task_group[p]
             counts[g] = counts.get(g, 0) + 1
         return max(counts, key=lambda g: (counts[g], g == ""))
 
     def _workload_alloc(self, w: str) -> GroupAllocation:
         g = self._group_of(w)
-        if g in self._alloc:
-            return self._alloc[g]
+        held = self._table.alloc
+        if g in held:
+            return held[g]
         caps = self._caps  # the default group: every way, full bandwidth
         return GroupAllocation(
             caps.l3.cbm_mask if caps.l3 else None, caps.mba.max_bandwidth if caps.mba else None
