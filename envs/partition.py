@@ -103,7 +103,9 @@ class _PartitionEnv(gym.Env):
         self._terms: RewardTerms | None = None
         self._decoded: DecodedAction | None = None
         self._reward: StepReward | None = None
-        self._applied = None  # the plan the node last took (see _holds)
+        self._decode = None  # the prepared decoder's decode, encoder (see _set_groups)
+        self._encoder = None
+        self._applied = None  # (masks, MB values) of the plan the node last took (_holds)
         self._steps = 0
         self._scenario_name = ""
         self._last_observe = 0.0
@@ -124,10 +126,10 @@ class _PartitionEnv(gym.Env):
     def _refresh_groups(self) -> None:
         """Called every step; a node whose groups may change re-reads them."""
 
-    def _holds(self, plan) -> bool:
-        """True when applying ``plan`` could not change the node: it is the plan the node
-        last took and the node still holds what that apply returned. Only a node that can
-        say so without a round trip answers (the in-process SimNode); by default, apply."""
+    def _holds(self, decoded: DecodedAction) -> bool:
+        """True when applying ``decoded.plan`` could not change the node: it is the plan the
+        node last took and the node still holds what that apply returned. Only a node that
+        can say so without a round trip answers (the in-process SimNode); by default, apply."""
         return False
 
     # ------------------------------------------------------------------ gym API
@@ -170,12 +172,12 @@ class _PartitionEnv(gym.Env):
         if self.node is None or self._alloc is None:
             raise RuntimeError("call reset() before step()")
         self._refresh_groups()
-        decoded = self.decoder.decode(action, self._slots, self._caps)
+        decoded = self._decode(action)
         before = after = self._alloc
         plan = decoded.plan
-        if plan.groups and not self._holds(plan):
+        if plan.groups and not self._holds(decoded):
             after = self.node.apply(plan)
-            self._applied = plan
+            self._applied = (dict(decoded.masks), dict(decoded.mb))  # info hands out the dicts
         self._wait()
         snap = self._observe()
         # The reward reads the IPS it needs off the snapshot itself; the dict is built only
@@ -283,12 +285,17 @@ class _PartitionEnv(gym.Env):
         return snap
 
     def _set_groups(self, groups: dict) -> None:
+        # Decoder, encoder and reward prepared for these groups on this node: a step does
+        # only its per-interval work (no checks that groups and capabilities are the same).
         self._groups = groups
         self._slots = self.encoder.slots(groups)
+        self._decode = self.decoder.prepare(self._slots, self._caps).decode
+        self._encoder = self.encoder.prepare(groups, self._caps, self._slots)
         self._reward = StepReward(groups, self._caps, self.weights)
+        self._applied = None  # masks and MB values are compared for the same slots only
 
     def _encode(self) -> np.ndarray:
-        return self.encoder.encode(self._snap, self._alloc, self._groups, self._caps, self._slots)
+        return self._encoder.encode(self._snap, self._alloc)
 
 
 class PartitionEnv(_PartitionEnv):
@@ -366,10 +373,19 @@ class PartitionEnv(_PartitionEnv):
     def _wait(self) -> None:
         self.node.advance(self.interval_s)
 
-    def _holds(self, plan) -> bool:
-        # A SimNode hands back the same Allocation object until its allocation changes
-        # (apply, create_group, delete_group), so identity says nothing moved since.
-        return plan == self._applied and self.node.allocation() is self._alloc
+    def _holds(self, decoded: DecodedAction) -> bool:
+        # Within an episode the decoder's plan is a function of its masks and MB values
+        # (same slots and domains; _applied is cleared on reset), so two small dicts of
+        # ints say whether the plans are equal, without comparing their nested read-only
+        # mappings. A SimNode hands back the same Allocation object until its allocation
+        # changes (apply, create_group, delete_group), so identity says nothing moved since.
+        applied = self._applied
+        return (
+            applied is not None
+            and decoded.masks == applied[0]
+            and decoded.mb == applied[1]
+            and self.node.allocation() is self._alloc
+        )
 
     @property
     def _reference_learns(self) -> bool:

@@ -137,9 +137,20 @@ class ActionDecoder:
         """The plan for ``slots`` (group names in slot order) on a node with ``caps``.
 
         Hot path of every env step: what depends only on ``slots`` and ``caps`` is prepared
-        once per node (:class:`_Context`); the returned dicts are fresh (callers may keep
+        once per node (:class:`PreparedDecoder`); the returned dicts are fresh (callers may keep
         or change them).
         """
+        return self._context(slots, caps).decode(action)
+
+    def prepare(self, slots: Sequence[str], caps: NodeCapabilities) -> PreparedDecoder:
+        """The decoder for these slots on this node: ``prepare(slots, caps).decode(action)``
+        equals ``decode(action, slots, caps)``, without checking on every call that slots
+        and capabilities are still those it was prepared for (an env prepares once per
+        episode)."""
+        return self._context(slots, caps)
+
+    def levels(self, action: Sequence[int] | np.ndarray) -> list[int]:
+        """The action as a list of levels, checked against ``nvec`` (ValueError if not)."""
         g_max = self.max_groups
         if isinstance(action, np.ndarray):
             raw = action.reshape(-1).tolist()
@@ -150,39 +161,15 @@ class ActionDecoder:
             raise ValueError(
                 f"action has {len(raw)} values; expected {2 * g_max} (share and MBA level per slot)"
             )
-        if exact:
-            levels = raw
-            if (
-                min(raw) < 0
-                or max(raw[:g_max]) >= self.share_levels
-                or (max(raw[g_max:]) >= self.mba_levels)
-            ):
-                raise ValueError(f"action {raw} outside MultiDiscrete{list(self._bounds)}")
-        else:
-            levels = self._checked_levels(raw)
-        ctx = self._context(slots, caps)
-        slots, n = ctx.slots, ctx.n
-        share, mba_lv = levels[:n], levels[g_max : g_max + n]
-        repairs: list[str] = []
-        if any(levels[n:g_max]) or any(levels[g_max + n :]):
-            repairs.append(f"ignored levels of {g_max - n} empty slots")
-        ways: dict[str, int] = {}
-        masks: dict[str, int] = {}
-        shared = False
-        if ctx.l3 and n:
-            ways, masks, shared, note = ctx.split(share)
-            if note:
-                repairs.append(note)
-        elif not ctx.l3 and n and any(share):
-            repairs.append("ignored share levels: the node has no cache allocation")
-        mb: dict[str, int] = {}
-        table = ctx.mb_table
-        if table is not None:
-            mb = {g: table[lv] for g, lv in zip(slots, mba_lv, strict=True)}
-        elif n and any(mba_lv):
-            repairs.append("ignored MBA levels: the node has no MBA")
-        plan = ctx.plan(slots if (masks or mb) else (), masks, mb)
-        return DecodedAction(plan, ways, masks, mb, shared, tuple(repairs))
+        if not exact:
+            return self._checked_levels(raw)
+        if (
+            min(raw) < 0
+            or max(raw[:g_max]) >= self.share_levels
+            or (max(raw[g_max:]) >= self.mba_levels)
+        ):
+            raise ValueError(f"action {raw} outside MultiDiscrete{list(self._bounds)}")
+        return raw
 
     def _checked_levels(self, raw: list) -> list[int]:
         bounds = self._bounds
@@ -194,15 +181,21 @@ class ActionDecoder:
             raise ValueError(f"action {raw} outside MultiDiscrete{list(bounds)}")
         return levels
 
-    def _context(self, slots: Sequence[str], caps: NodeCapabilities) -> _Context:
+    def _context(self, slots: Sequence[str], caps: NodeCapabilities) -> PreparedDecoder:
         """The per-(slots, capabilities) constants (one cached entry: an env decodes for the
         same groups on the same node step after step)."""
         key = tuple(slots)[: self.max_groups]
         ctx = self.__dict__.get("_ctx")
-        if ctx is not None and ctx.slots == key and (ctx.caps is caps or ctx.caps == caps):
-            return ctx
-        ctx = _Context(
-            key, caps, self._mb_table(caps) if caps.mba is not None else None, self._shared_masks
+        if ctx is not None and ctx.slots == key:
+            if ctx.caps is caps:
+                return ctx
+            if ctx.caps == caps:
+                # Equal, new object (a SimNode's capabilities are new after every reset):
+                # keep it, or every later step would compare the dataclasses field by field.
+                ctx.caps = caps
+                return ctx
+        ctx = PreparedDecoder(
+            self, key, caps, self._mb_table(caps) if caps.mba is not None else None
         )
         object.__setattr__(self, "_ctx", ctx)  # a cache, not state: frozen otherwise
         return ctx
@@ -242,13 +235,14 @@ class ActionDecoder:
 _CACHE_LIMIT = 256
 
 
-class _Context:
+class PreparedDecoder:
     """What decoding needs from the slots and capabilities alone, plus a small memo of
     immutable per-domain allocations per (mask, MB)."""
 
     def __init__(
-        self, slots: tuple[str, ...], caps: NodeCapabilities, mb_table, shared_masks
+        self, decoder: ActionDecoder, slots: tuple[str, ...], caps: NodeCapabilities, mb_table
     ) -> None:
+        self.decoder = decoder
         self.slots, self.caps, self.n = slots, caps, len(slots)
         self.mb_table: tuple[int, ...] | None = mb_table
         self.domains = caps.domains
@@ -259,9 +253,35 @@ class _Context:
             self.total = l3.num_ways
             self.offset = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1
             self.min_cbm_bits = l3.min_cbm_bits
-        self._shared_masks = shared_masks
+        self._shared_masks = decoder._shared_masks
         self._inner: dict[tuple, Mapping] = {}
         self._wrap = None  # the plans' read-only mapping type; None: not checked yet (plan)
+
+    def decode(self, action: Sequence[int] | np.ndarray) -> DecodedAction:
+        """:meth:`ActionDecoder.decode` for this context's slots and capabilities."""
+        levels = self.decoder.levels(action)
+        g_max, slots, n = self.decoder.max_groups, self.slots, self.n
+        share, mba_lv = levels[:n], levels[g_max : g_max + n]
+        repairs: list[str] = []
+        if any(levels[n:g_max]) or any(levels[g_max + n :]):
+            repairs.append(f"ignored levels of {g_max - n} empty slots")
+        ways: dict[str, int] = {}
+        masks: dict[str, int] = {}
+        shared = False
+        if self.l3 and n:
+            ways, masks, shared, note = self.split(share)
+            if note:
+                repairs.append(note)
+        elif not self.l3 and n and any(share):
+            repairs.append("ignored share levels: the node has no cache allocation")
+        mb: dict[str, int] = {}
+        table = self.mb_table
+        if table is not None:
+            mb = {g: table[lv] for g, lv in zip(slots, mba_lv, strict=True)}
+        elif n and any(mba_lv):
+            repairs.append("ignored MBA levels: the node has no MBA")
+        plan = self.plan(slots if (masks or mb) else (), masks, mb)
+        return DecodedAction(plan, ways, masks, mb, shared, tuple(repairs))
 
     def split(self, share: Sequence[int]) -> tuple[dict, dict, bool, str | None]:
         """(ways, masks, shared, repair note) for the share levels of the present slots."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 import numpy as np
@@ -187,18 +187,126 @@ class FeatureEncoder:
         """The observation of one interval (``slots``: a precomputed :meth:`slots`).
 
         Hot path of every env step and tuner interval: what depends only on the groups and
-        capabilities is prepared once (:meth:`_static`), the allocation's features once per
+        capabilities is prepared once (:meth:`prepare`), the allocation's features once per
         allocation object (immutable), and the rest is the same scalar arithmetic, in the
         same order, as the per-feature definitions above (the output is pinned bit for bit
         by tests/models/test_features_pinned.py).
         """
         if slots is None:
             slots = self.slots(groups)
-        st = self._static(groups, caps, slots)
+        return self._static(groups, caps, slots).encode(snapshot, allocation)
+
+    def prepare(
+        self,
+        groups: Mapping[str, GroupSpec],
+        caps: NodeCapabilities,
+        slots: Sequence[str] | None = None,
+    ) -> PreparedEncoder:
+        """The encoder for these groups on this node: ``prepare(...).encode(snapshot,
+        allocation)`` equals ``encode(snapshot, allocation, groups, caps, slots)``, without
+        checking on every call that groups and capabilities are still those it was prepared
+        for (an env prepares once per episode)."""
+        if slots is None:
+            slots = self.slots(groups)
+        return self._static(groups, caps, slots)
+
+    def _static(
+        self, groups: Mapping[str, GroupSpec], caps: NodeCapabilities, slots: Sequence[str]
+    ) -> PreparedEncoder:
+        """What the encoding needs from groups and capabilities alone (one cached entry:
+        an env or tuner encodes the same groups on the same node step after step)."""
+        specs = tuple(groups[name] for name in slots)
+        key = (tuple(slots), specs, len(groups))
+        cached = self.__dict__.get("_static_cache")
+        if cached is not None and cached.caps is caps and cached.key == key:
+            return cached  # usually identical items: the tuple comparison stops at `is`
+        if cached is not None and cached.key == key and cached.caps == caps:
+            # Equal but new objects (a SimNode hands out new capabilities and specs on
+            # every reset): keep the new ones, or every later step would compare the
+            # dataclasses field by field.
+            st = replace(cached, key=key, caps=caps)
+            object.__setattr__(self, "_static_cache", st)
+            return st
+        st = PreparedEncoder.build(self.max_groups, groups, caps, list(slots), specs, key)
+        object.__setattr__(self, "_static_cache", st)  # a cache, not state: frozen otherwise
+        return st
+
+
+_PERCENTILE_FIELDS = dict(
+    zip(LatencyStats.PERCENTILES, ("p50_ms", "p95_ms", "p99_ms", "p999_ms"), strict=True)
+)
+
+
+def percentile_getter(p: float) -> Callable[[LatencyStats], float]:
+    """``lambda lat: lat.percentile(p)`` without its per-call lookup (hot paths: encoder,
+    reward); a percentile LatencyStats does not have keeps ``percentile``'s error."""
+    field_name = _PERCENTILE_FIELDS.get(float(p))
+    if field_name is None:
+        return lambda lat: lat.percentile(p)
+    return attrgetter(field_name)
+
+
+@dataclass(frozen=True)
+class PreparedEncoder:
+    """:meth:`FeatureEncoder.encode` for fixed slots, specs, number of groups and
+    capabilities (:meth:`FeatureEncoder.prepare`): their constants, computed once."""
+
+    key: tuple
+    caps: NodeCapabilities
+    slots: tuple[str, ...]
+    # per slot: (name, is_lc, getter of the SLO's latency percentile or None, SLO target)
+    rows: tuple[tuple, ...]
+    num_ways: int
+    cache_bytes: int | None
+    peak: float | None
+    padding: tuple[float, ...]
+    node_tail: tuple[float, ...]  # group_fraction, truncated, has_cat, has_mba
+    # (allocation, held(allocation)): the last allocation's features (an Allocation is
+    # immutable and an env holds the same one until it applies a new plan)
+    _held_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def build(
+        cls,
+        max_groups: int,
+        groups: Mapping[str, GroupSpec],
+        caps: NodeCapabilities,
+        slots: list[str],
+        specs: tuple[GroupSpec, ...],
+        key: tuple,
+    ) -> PreparedEncoder:
+        rows = []
+        for name, spec in zip(slots, specs, strict=True):
+            getter, target = None, None
+            if spec.slo is not None:
+                getter = percentile_getter(spec.slo.percentile)
+                target = spec.slo.target_ms
+            rows.append((name, 1.0 if spec.kind is GroupKind.LC else 0.0, getter, target))
+        l3, mba = caps.l3, caps.mba
+        n_groups = len(groups)
+        return cls(
+            key=key,
+            caps=caps,
+            slots=tuple(slots),
+            rows=tuple(rows),
+            num_ways=l3.num_ways if l3 is not None else 0,
+            cache_bytes=l3.size_bytes if l3 is not None else None,
+            peak=caps.memory_bandwidth_bps or None,
+            padding=(0.0,) * ((max_groups - len(slots)) * len(GROUP_FEATURES)),
+            node_tail=(
+                min(1.0, n_groups / max_groups),
+                1.0 if n_groups > max_groups else 0.0,
+                1.0 if l3 is not None else 0.0,
+                1.0 if mba is not None else 0.0,
+            ),
+        )
+
+    def encode(self, snapshot: Snapshot, allocation: Allocation) -> np.ndarray:
+        """The observation of one interval (see :meth:`FeatureEncoder.encode`)."""
         dt = snapshot.interval_s
         interval = dt if dt > 0 else None
         samples = snapshot.groups
-        peak = st.peak
+        peak = self.peak
 
         # Node-wide totals (shares fall back to "of the observed total").
         bw_total, bw_known = 0.0, False
@@ -210,13 +318,13 @@ class FeatureEncoder:
             if s.llc_occupancy_bytes is not None:
                 occ_total += s.llc_occupancy_bytes
         bw_denominator = peak or (bw_total if bw_total > 0 else None)
-        occ_denominator = st.cache_bytes or (occ_total if occ_total > 0 else None)
+        occ_denominator = self.cache_bytes or (occ_total if occ_total > 0 else None)
 
-        held = self._held(allocation, st)
+        held = self.held(allocation)
         out: list[float] = []
         extend = out.extend
         log1p, isfinite = math.log1p, math.isfinite
-        for (name, is_lc, latency_of, target), (ways, mb) in zip(st.rows, held, strict=True):
+        for (name, is_lc, latency_of, target), (ways, mb) in zip(self.rows, held, strict=True):
             s = samples.get(name)
             if s is None:
                 extend(
@@ -284,52 +392,33 @@ class FeatureEncoder:
                     load,
                 )
             )
-        extend(st.padding)
+        extend(self.padding)
         if peak and bw_known:
             x = bw_total / peak
             extend((0.0 if x < 0.0 else 1.0 if x > 1.0 else x, 1.0))
         else:
             extend((0.0, 0.0))
-        extend(st.node_tail)
+        extend(self.node_tail)
         return np.array(out, dtype=np.float32)
 
-    def _static(
-        self, groups: Mapping[str, GroupSpec], caps: NodeCapabilities, slots: Sequence[str]
-    ) -> _Static:
-        """What the encoding needs from groups and capabilities alone (one cached entry:
-        an env or tuner encodes the same groups on the same node step after step)."""
-        specs = tuple(groups[name] for name in slots)
-        key = (tuple(slots), specs, len(groups))
-        cached = self.__dict__.get("_static_cache")
-        if (
-            cached is not None
-            and cached.key == key
-            and (cached.caps is caps or cached.caps == caps)
-        ):
-            return cached
-        st = _Static.build(self.max_groups, groups, caps, list(slots), specs, key)
-        object.__setattr__(self, "_static_cache", st)  # a cache, not state: frozen otherwise
-        object.__setattr__(self, "_held_cache", None)
-        return st
-
-    def _held(self, allocation: Allocation, st: _Static) -> list[tuple[float, float]]:
+    def held(self, allocation: Allocation) -> list[tuple[float, float]]:
         """(ways_fraction, mba_fraction) per slot; an Allocation is immutable, so the result
         is kept for as long as the same allocation object is held."""
-        cached = self.__dict__.get("_held_cache")
-        if cached is not None and cached[0] is allocation and cached[1] is st:
-            return cached[2]
-        caps, l3, mba, peak = st.caps, st.caps.l3, st.caps.mba, st.peak
+        cached = self._held_cache
+        if cached is not None and cached[0] is allocation:
+            return cached[1]
+        caps, l3, mba, peak = self.caps, self.caps.l3, self.caps.mba, self.peak
         domain = caps.domains[0]
         out = []
         groups = allocation.groups
-        for name in st.slots:
+        for name in self.slots:
             per_domain = groups.get(name)  # allocation.get(name, domain)
             alloc = None if per_domain is None else per_domain.get(domain)
             if l3 is None or alloc is None or alloc.l3_mask is None:
                 ways = 1.0
             else:
                 mask = alloc.l3_mask | (alloc.l3_code_mask or 0)
-                ways = _clip01(mask.bit_count() / st.num_ways)
+                ways = _clip01(mask.bit_count() / self.num_ways)
             if mba is None or alloc is None or alloc.mb is None:
                 mb = 1.0
             elif mba.mode is MbaMode.MBPS:
@@ -337,71 +426,5 @@ class FeatureEncoder:
             else:
                 mb = _clip01(alloc.mb / mba.max_bandwidth)
             out.append((ways, mb))
-        object.__setattr__(self, "_held_cache", (allocation, st, out))
+        object.__setattr__(self, "_held_cache", (allocation, out))  # a cache, not state
         return out
-
-
-_PERCENTILE_FIELDS = dict(
-    zip(LatencyStats.PERCENTILES, ("p50_ms", "p95_ms", "p99_ms", "p999_ms"), strict=True)
-)
-
-
-def percentile_getter(p: float) -> Callable[[LatencyStats], float]:
-    """``lambda lat: lat.percentile(p)`` without its per-call lookup (hot paths: encoder,
-    reward); a percentile LatencyStats does not have keeps ``percentile``'s error."""
-    field_name = _PERCENTILE_FIELDS.get(float(p))
-    if field_name is None:
-        return lambda lat: lat.percentile(p)
-    return attrgetter(field_name)
-
-
-@dataclass(frozen=True)
-class _Static:
-    """Per (slots, their specs, number of groups, capabilities): the encoder's constants."""
-
-    key: tuple
-    caps: NodeCapabilities
-    slots: tuple[str, ...]
-    # per slot: (name, is_lc, getter of the SLO's latency percentile or None, SLO target)
-    rows: tuple[tuple, ...]
-    num_ways: int
-    cache_bytes: int | None
-    peak: float | None
-    padding: tuple[float, ...]
-    node_tail: tuple[float, ...]  # group_fraction, truncated, has_cat, has_mba
-
-    @classmethod
-    def build(
-        cls,
-        max_groups: int,
-        groups: Mapping[str, GroupSpec],
-        caps: NodeCapabilities,
-        slots: list[str],
-        specs: tuple[GroupSpec, ...],
-        key: tuple,
-    ) -> _Static:
-        rows = []
-        for name, spec in zip(slots, specs, strict=True):
-            getter, target = None, None
-            if spec.slo is not None:
-                getter = percentile_getter(spec.slo.percentile)
-                target = spec.slo.target_ms
-            rows.append((name, 1.0 if spec.kind is GroupKind.LC else 0.0, getter, target))
-        l3, mba = caps.l3, caps.mba
-        n_groups = len(groups)
-        return cls(
-            key=key,
-            caps=caps,
-            slots=tuple(slots),
-            rows=tuple(rows),
-            num_ways=l3.num_ways if l3 is not None else 0,
-            cache_bytes=l3.size_bytes if l3 is not None else None,
-            peak=caps.memory_bandwidth_bps or None,
-            padding=(0.0,) * ((max_groups - len(slots)) * len(GROUP_FEATURES)),
-            node_tail=(
-                min(1.0, n_groups / max_groups),
-                1.0 if n_groups > max_groups else 0.0,
-                1.0 if l3 is not None else 0.0,
-                1.0 if mba is not None else 0.0,
-            ),
-        )
