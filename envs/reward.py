@@ -97,20 +97,32 @@ class RewardTerms:
 
     def as_dict(self) -> dict[str, float | None]:
         """The terms as a dict, undefined quantities (NaN) as None (comparable, JSON-able)."""
+        # Spelled out (no generator of pairs): every env step builds one. v != v: NaN.
+        slo, fairness, throughput, change, total = (
+            self.slo,
+            self.fairness,
+            self.throughput,
+            self.change,
+            self.total,
+        )
+        violations, worst, unfairness, progress, churn = (
+            self.violations,
+            self.worst_ratio,
+            self.unfairness,
+            self.mean_progress,
+            self.churn,
+        )
         return {
-            k: (None if v != v else v)  # v != v: NaN
-            for k, v in (
-                ("slo", self.slo),
-                ("fairness", self.fairness),
-                ("throughput", self.throughput),
-                ("change", self.change),
-                ("total", self.total),
-                ("violations", self.violations),
-                ("worst_ratio", self.worst_ratio),
-                ("unfairness", self.unfairness),
-                ("mean_progress", self.mean_progress),
-                ("churn", self.churn),
-            )
+            "slo": None if slo != slo else slo,
+            "fairness": None if fairness != fairness else fairness,
+            "throughput": None if throughput != throughput else throughput,
+            "change": None if change != change else change,
+            "total": None if total != total else total,
+            "violations": None if violations != violations else violations,
+            "worst_ratio": None if worst != worst else worst,
+            "unfairness": None if unfairness != unfairness else unfairness,
+            "mean_progress": None if progress != progress else progress,
+            "churn": None if churn != churn else churn,
         }
 
 
@@ -181,7 +193,8 @@ class _Churn:
                 scale = float(mba.max_bandwidth)
         self.scale = scale
         self.ways = caps.l3.num_ways if caps.l3 is not None else 0
-        self._seen: list[tuple[Allocation, dict]] = []
+        # the last two allocations read, oldest first (placeholders until then)
+        self._seen: tuple[tuple[Allocation | None, dict], ...] = ((None, {}), (None, {}))
 
     def _table(self, alloc: Allocation) -> dict[str, tuple[int, int | None]]:
         for held, table in self._seen:
@@ -193,7 +206,7 @@ class _Churn:
             a = per_domain.get(domain)
             if a is not None:
                 table[g] = (a.l3_mask or 0, a.mb)
-        self._seen = [*self._seen[-1:], (alloc, table)]  # keeps before and after
+        self._seen = (self._seen[-1], (alloc, table))  # keeps before and after
         return table
 
     def __call__(self, before: Allocation | None, after: Allocation) -> tuple[float, float]:
@@ -290,7 +303,8 @@ class StepReward:
         slo = -weights.slo * (sum(penalties) / len(penalties)) if penalties else 0.0
         unfairness = _unfairness(slowdowns)
         fairness = -weights.fairness * unfairness
-        progress = sum(1.0 / s for s in slowdowns) / len(slowdowns) if slowdowns else math.nan
+        # (lists, not generators, in sum: the same additions in the same order, fewer calls)
+        progress = sum([1.0 / s for s in slowdowns]) / len(slowdowns) if slowdowns else math.nan
         throughput = weights.throughput * progress if slowdowns else 0.0
         cache, mb = self._churn(before, after)
         moved = cache + weights.mba_share * mb
@@ -307,5 +321,5 @@ def _unfairness(slowdowns: Sequence[float]) -> float:
         return 0.0
     n = len(slowdowns)
     mean = sum(slowdowns) / n
-    var = sum((x - mean) ** 2 for x in slowdowns) / n
+    var = sum([(x - mean) ** 2 for x in slowdowns]) / n
     return math.sqrt(var) / mean if mean > 0 else 0.0

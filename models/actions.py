@@ -72,10 +72,14 @@ class DecodedAction:
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
     """Split ``total`` into integers proportional to ``weights`` (largest remainder, in
     exact integer arithmetic; ties to the earlier index; all-zero weights split equally)."""
-    n = len(weights)
+    return _largest_remainder(total, [max(0, int(x)) for x in weights])
+
+
+def _largest_remainder(total: int, w: list[int]) -> list[int]:
+    """:func:`apportion` for weights that are ints >= 0 already (a checked action's levels)."""
+    n = len(w)
     if n == 0:
         return []
-    w = [max(0, int(x)) for x in weights]
     s = sum(w)
     if s == 0:
         w, s = [1] * n, n
@@ -83,7 +87,9 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
     left = total - sum(base)
     if left:
         rem = [total * x % s for x in w]
-        for i in sorted(range(n), key=lambda i: (-rem[i], i))[:left]:
+        # Largest remainders first, ties to the earlier index: a reverse sort is stable
+        # too, so this is sorted(key=(-rem[i], i)) without a Python key function.
+        for i in sorted(range(n), key=rem.__getitem__, reverse=True)[:left]:
             base[i] += 1
     return base
 
@@ -287,7 +293,7 @@ class PreparedDecoder:
         """(ways, masks, shared, repair note) for the share levels of the present slots."""
         slots, n, least, total = self.slots, self.n, self.least, self.total
         if n * least <= total:
-            extra = apportion(total - n * least, share)
+            extra = _largest_remainder(total - n * least, share)  # levels: ints >= 0
             ways = {g: least + e for g, e in zip(slots, extra, strict=True)}
             masks = {}
             offset = self.offset
@@ -334,7 +340,8 @@ class PreparedDecoder:
                 got = inner[key] = wrap(dict.fromkeys(self.domains, a))
             per_group[g] = got
         plan = object.__new__(AllocationPlan)
-        object.__setattr__(plan, "groups", wrap(per_group))
+        # per_group is ours alone: a FrozenMap adopts it instead of copying it
+        object.__setattr__(plan, "groups", getattr(wrap, "_adopt", wrap)(per_group))
         return plan
 
 

@@ -409,6 +409,8 @@ class PreparedEncoder:
             return cached[1]
         caps, l3, mba, peak = self.caps, self.caps.l3, self.caps.mba, self.peak
         domain = caps.domains[0]
+        mbps = mba is not None and mba.mode is MbaMode.MBPS
+        num_ways = self.num_ways
         out = []
         groups = allocation.groups
         for name in self.slots:
@@ -418,13 +420,13 @@ class PreparedEncoder:
                 ways = 1.0
             else:
                 mask = alloc.l3_mask | (alloc.l3_code_mask or 0)
-                ways = _clip01(mask.bit_count() / self.num_ways)
-            if mba is None or alloc is None or alloc.mb is None:
+                x = mask.bit_count() / num_ways
+                ways = 0.0 if x < 0.0 else 1.0 if x > 1.0 else x  # _clip01, inlined
+            if mba is None or alloc is None or alloc.mb is None or (mbps and not peak):
                 mb = 1.0
-            elif mba.mode is MbaMode.MBPS:
-                mb = _clip01(alloc.mb * 2**20 / peak) if peak else 1.0
             else:
-                mb = _clip01(alloc.mb / mba.max_bandwidth)
+                x = alloc.mb * 2**20 / peak if mbps else alloc.mb / mba.max_bandwidth
+                mb = 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
             out.append((ways, mb))
         object.__setattr__(self, "_held_cache", (allocation, out))  # a cache, not state
         return out
