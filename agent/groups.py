@@ -89,6 +89,17 @@ class GroupTable:
             raise GroupNotFound(group)
         return frozenset(p for p, g in self.task_group.items() if g == group)
 
+    def majority_group(self, pids: Iterable[int]) -> str:
+        """The group holding most of ``pids``, ties going to the default group ``""``: a
+        workload whose threads are split among groups (CoCo-style time-sharing) runs with
+        that group's allocation on these nodes."""
+        counts: dict[str, int] = {}
+        task_group = self.task_group
+        for p in pids:
+            g = task_group[p]
+            counts[g] = counts.get(g, 0) + 1
+        return max(counts, key=lambda g: (counts[g], g == ""))
+
     def allocation(self) -> Allocation:
         """What the own groups hold now; the same object until the next change."""
         if self._held is None:

@@ -235,12 +235,7 @@ class TraceNode:
     # ================================================================== internals
 
     def _group_of(self, workload: str) -> str:
-        counts: dict[str, int] = {}
-        task_group = self._table.task_group
-        for p in self._pids[workload]:
-            g = task_group[p]
-            counts[g] = counts.get(g, 0) + 1
-        return max(counts, key=lambda g: (counts[g], g == ""))
+        return self._table.majority_group(self._pids[workload])
 
     def _workload_alloc(self, w: str) -> GroupAllocation:
         g = self._group_of(w)

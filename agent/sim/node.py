@@ -523,15 +523,7 @@ class SimNode:
         return self._topo
 
     def _compute_major(self) -> list[str]:
-        out = []
-        task_group = self._table.task_group
-        for pids in self._pids:
-            counts: dict[str, int] = {}
-            for p in pids:
-                g = task_group[p]
-                counts[g] = counts.get(g, 0) + 1
-            out.append(max(counts, key=lambda g: (counts[g], g == "")))
-        return out
+        return [self._table.majority_group(pids) for pids in self._pids]
 
     def _compute_fractions(self) -> np.ndarray:
         task_group = self._table.task_group

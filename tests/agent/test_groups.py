@@ -194,6 +194,24 @@ def test_assign_moves_tasks_and_cpus_out_of_every_other_group() -> None:
     assert t.cpus == {"a": set(), "b": {0, 1}}
 
 
+@pytest.mark.parametrize(
+    ("placed", "want"),
+    [
+        ({}, ""),  # nothing moved: the default group
+        ({100: "a", 101: "a", 102: "b"}, "a"),
+        ({100: "a", 101: "a"}, ""),  # a tie with the default group goes to it
+        ({100: "b", 101: "b", 102: "a", 103: "a"}, "b"),  # else to the first one seen
+    ],
+)
+def test_majority_group(placed: dict[int, str], want: str) -> None:
+    t = table()
+    t.create(GroupSpec("a"))
+    t.create(GroupSpec("b"))
+    for pid, group in placed.items():
+        t.assign(group, [pid])
+    assert t.majority_group(PIDS) == want
+
+
 def test_delete_returns_tasks_and_the_row_it_had() -> None:
     t = table()
     for name in ("a", "b", "c"):
