@@ -87,10 +87,12 @@ def _largest_remainder(total: int, w: list[int]) -> list[int]:
     left = total - sum(base)
     if left:
         rem = [total * x % s for x in w]
-        # Largest remainders first, ties to the earlier index: a reverse sort is stable
-        # too, so this is sorted(key=(-rem[i], i)) without a Python key function.
-        for i in sorted(range(n), key=rem.__getitem__, reverse=True)[:left]:
+        # The `left` largest remainders, ties to the earlier index (list.index finds the
+        # first): the same as taking sorted(key=(-rem[i], i))[:left]; left < n is small.
+        for _ in range(left):
+            i = rem.index(max(rem))
             base[i] += 1
+            rem[i] = -1  # remainders are >= 0: never picked again
     return base
 
 
@@ -329,6 +331,7 @@ class PreparedDecoder:
                 self._wrap = _direct_form(plan)
             return plan
         inner = self._inner
+        adopt = getattr(wrap, "_adopt", wrap)  # FrozenMap wraps a fresh dict without a copy
         per_group = {}
         for g in groups:
             key = (masks.get(g), mb.get(g))
@@ -337,11 +340,10 @@ class PreparedDecoder:
                 if len(inner) >= _CACHE_LIMIT:
                     inner.clear()
                 a = GroupAllocation(l3_mask=key[0], mb=key[1])
-                got = inner[key] = wrap(dict.fromkeys(self.domains, a))
+                got = inner[key] = adopt(dict.fromkeys(self.domains, a))
             per_group[g] = got
         plan = object.__new__(AllocationPlan)
-        # per_group is ours alone: a FrozenMap adopts it instead of copying it
-        object.__setattr__(plan, "groups", getattr(wrap, "_adopt", wrap)(per_group))
+        object.__setattr__(plan, "groups", adopt(per_group))
         return plan
 
 

@@ -34,6 +34,23 @@ def test_apportion_sums_and_is_proportional() -> None:
     assert apportion(0, [4, 2]) == [0, 0] and apportion(4, []) == []
 
 
+def _largest_remainder_by_sorting(total: int, weights: list[int]) -> list[int]:
+    """The textbook form: floor quotas, then one more to the largest remainders, ties to
+    the earlier index (exact integer arithmetic; all-zero weights split equally)."""
+    w = weights if sum(weights) else [1] * len(weights)
+    s = sum(w)
+    base = [total * x // s for x in w]
+    rem = [total * x % s for x in w]
+    for i in sorted(range(len(w)), key=lambda i: (-rem[i], i))[: total - sum(base)]:
+        base[i] += 1
+    return base
+
+
+@given(st.integers(0, 40), st.lists(st.integers(0, 9), min_size=1, max_size=12))
+def test_apportion_is_the_textbook_largest_remainder(total: int, weights: list[int]) -> None:
+    assert apportion(total, weights) == _largest_remainder_by_sorting(total, weights)
+
+
 @given(st.integers(0, 40), st.lists(st.integers(0, 9), min_size=1, max_size=12))
 def test_apportion_properties(total: int, weights: list[int]) -> None:
     out = apportion(total, weights)
