@@ -264,10 +264,25 @@ class PreparedDecoder:
         self._shared_masks = decoder._shared_masks
         self._inner: dict[tuple, Mapping] = {}
         self._wrap = None  # the plans' read-only mapping type; None: not checked yet (plan)
+        # (levels, the decoded action) of the last decode, its dicts private: a policy
+        # often sends the same action again, and then only fresh copies are needed.
+        self._last: tuple[list[int], tuple] | None = None
 
     def decode(self, action: Sequence[int] | np.ndarray) -> DecodedAction:
         """:meth:`ActionDecoder.decode` for this context's slots and capabilities."""
         levels = self.decoder.levels(action)
+        last = self._last
+        if last is not None and last[0] == levels:
+            parts = last[1]
+        else:
+            parts = self._parts(levels)
+            self._last = (levels, parts)
+        plan, ways, masks, mb, shared, repairs = parts
+        # the caller's dicts are copies: callers may keep or change them, not the memo's
+        return DecodedAction(plan, dict(ways), dict(masks), dict(mb), shared, repairs)
+
+    def _parts(self, levels: list[int]) -> tuple:
+        """(plan, ways, masks, mb, shared, repairs): the fields of the DecodedAction."""
         g_max, slots, n = self.decoder.max_groups, self.slots, self.n
         share, mba_lv = levels[:n], levels[g_max : g_max + n]
         repairs: list[str] = []
@@ -289,7 +304,7 @@ class PreparedDecoder:
         elif n and any(mba_lv):
             repairs.append("ignored MBA levels: the node has no MBA")
         plan = self.plan(slots if (masks or mb) else (), masks, mb)
-        return DecodedAction(plan, ways, masks, mb, shared, tuple(repairs))
+        return plan, ways, masks, mb, shared, tuple(repairs)
 
     def split(self, share: Sequence[int]) -> tuple[dict, dict, bool, str | None]:
         """(ways, masks, shared, repair note) for the share levels of the present slots."""
