@@ -149,7 +149,12 @@ class TraceNode:
         )
         self._t = 0.0
         self._last_obs = 0.0
-        self._table = GroupTable(self._caps, self._owner)
+        # New groups start on a contiguous run unless the recorded CPU takes sparse masks:
+        # a mask the recorded machine would refuse must not appear in a replayed allocation.
+        l3 = self._caps.l3
+        self._table = GroupTable(
+            self._caps, self._owner, contiguous=l3 is not None and not l3.sparse_masks
+        )
         self._acc: dict[str, np.ndarray] = {}  # workload -> instr, cycles, refs, misses, bytes
         self._lat: dict[str, np.ndarray] = {}  # workload -> count, weighted p50..p999
         self._occ: dict[str, float] = {}

@@ -170,3 +170,18 @@ def test_occupancy_fills_over_time_like_the_simulator(dynamics, replay) -> None:
     assert got[-1] - got[0] > (sim[-1] - sim[0]) / 3
     cache = dynamics.cache_bytes
     assert abs(got[-1] - sim[-1]) < 0.15 * cache, (np.array(got) / cache, np.array(sim) / cache)
+
+
+def test_a_new_group_starts_on_a_contiguous_run_around_exclusive_ways(dynamics, replay) -> None:
+    from agent.types import AllocationPlan, GroupAllocation, GroupSpec, is_contiguous
+
+    node = TraceNode(dynamics, replay, seed=0, auto_groups=False)
+    l3 = node.capabilities().l3
+    assert not l3.sparse_masks
+    node.create_group(GroupSpec("pinned", exclusive=True))
+    middle = 0b1111 << 3  # ways 3-6: free ways left on both sides
+    node.apply(AllocationPlan.uniform({"pinned": GroupAllocation(l3_mask=middle)}, l3.domains))
+    node.create_group(GroupSpec("fresh"))
+    for domain in l3.domains:
+        mask = node.allocation().get("fresh", domain).l3_mask
+        assert is_contiguous(mask) and mask & middle == 0, bin(mask)
