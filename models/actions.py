@@ -161,7 +161,8 @@ class ActionDecoder:
         """The action as a list of levels, checked against ``nvec`` (ValueError if not)."""
         g_max = self.max_groups
         if isinstance(action, np.ndarray):
-            raw = action.reshape(-1).tolist()
+            # (a 1-D action, the usual one, needs no reshaped view: one numpy call fewer)
+            raw = (action if action.ndim == 1 else action.reshape(-1)).tolist()
             exact = action.dtype.kind in "iu"  # tolist() gave Python ints already
         else:
             raw, exact = list(action), False

@@ -49,3 +49,13 @@ def test_a_new_node_or_group_set_gets_a_new_context() -> None:
     a = np.array([1, 2, 3, 0, 4, 5, 6, 0])
     for caps, slots in [(intel, ["x", "y"]), (amd, ["x", "y"]), (amd, ["x", "y", "z"])]:
         assert dec.decode(a, slots, caps) == ActionDecoder(max_groups=4).decode(a, slots, caps)
+
+
+def test_an_action_of_any_shape_is_read_flat() -> None:
+    caps = _capabilities()[0]
+    a = np.array([1, 2, 3, 0, 4, 5, 6, 0])
+    flat = ActionDecoder(max_groups=4).decode(a, ["x", "y"], caps)
+    assert ActionDecoder(max_groups=4).decode(a.reshape(2, 4), ["x", "y"], caps) == flat
+    assert ActionDecoder(max_groups=4).decode(a[::-1][::-1], ["x", "y"], caps) == flat
+    with pytest.raises(ValueError, match="8"):
+        ActionDecoder(max_groups=4).decode(np.array(3), ["x", "y"], caps)
