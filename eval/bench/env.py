@@ -128,6 +128,11 @@ def _components(repeats: int) -> list[Result]:
     fresh = iter(pool)
     pairs = itertools.pairwise(pool)  # (before, after): after is new
     step_reward = StepReward(groups, caps, env.weights)
+    # The decoder remembers the last action it decoded (a policy often repeats one): cycle
+    # through distinct masked random actions, no two in a row equal, to time a decoding.
+    distinct = _actions(env, 257, seed=4)
+    distinct = [a for a, b in itertools.pairwise(distinct) if not np.array_equal(a, b)]
+    actions = itertools.cycle(distinct)
     out = [
         latency_result(
             "encode (FeatureEncoder.encode, 4 groups, allocation seen before)",
@@ -138,7 +143,11 @@ def _components(repeats: int) -> list[Result]:
             latencies(lambda: env.encoder.encode(snap, next(fresh), groups, caps, slots), repeats),
         ),
         latency_result(
-            "decode (ActionDecoder.decode, 4 groups)",
+            "decode (ActionDecoder.decode, 4 groups, a new action each call)",
+            latencies(lambda: env.decoder.decode(next(actions), slots, caps), repeats),
+        ),
+        latency_result(
+            "decode (ActionDecoder.decode, 4 groups, the same action again: remembered)",
             latencies(lambda: env.decoder.decode(action, slots, caps), repeats),
         ),
         latency_result(
