@@ -239,7 +239,7 @@ _PERCENTILE_FIELDS = dict(
 
 def percentile_getter(p: float) -> Callable[[LatencyStats], float]:
     """``lambda lat: lat.percentile(p)`` without its per-call lookup (hot paths: encoder,
-    reward); a percentile LatencyStats does not have keeps ``percentile``'s error."""
+    reward); for a percentile LatencyStats does not hold, ``percentile``'s own error stays."""
     field_name = _PERCENTILE_FIELDS.get(float(p))
     if field_name is None:
         return lambda lat: lat.percentile(p)
