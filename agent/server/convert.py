@@ -277,13 +277,18 @@ def _read_groups(msg_groups, validate_names: bool) -> dict:
     return out
 
 
-def to_plan(plan: AllocationPlan, msg: pb.AllocationPlan | None = None) -> pb.AllocationPlan:
-    """The message for ``plan``, filled into ``msg`` when given (see to_snapshot)."""
+def _groups_message(kind, groups, msg):
+    """A ``kind`` message (plan or allocation) holding ``groups``; filled into ``msg``
+    when given (see to_snapshot)."""
     if msg is None:
-        msg = pb.AllocationPlan()
+        msg = kind()
     msg.SetInParent()
-    _fill_groups(msg.groups, plan.groups)
+    _fill_groups(msg.groups, groups)
     return msg
+
+
+def to_plan(plan: AllocationPlan, msg: pb.AllocationPlan | None = None) -> pb.AllocationPlan:
+    return _groups_message(pb.AllocationPlan, plan.groups, msg)
 
 
 def from_plan(msg: pb.AllocationPlan) -> AllocationPlan:
@@ -292,12 +297,7 @@ def from_plan(msg: pb.AllocationPlan) -> AllocationPlan:
 
 
 def to_allocation(alloc: Allocation, msg: pb.Allocation | None = None) -> pb.Allocation:
-    """The message for ``alloc``, filled into ``msg`` when given (see to_snapshot)."""
-    if msg is None:
-        msg = pb.Allocation()
-    msg.SetInParent()
-    _fill_groups(msg.groups, alloc.groups)
-    return msg
+    return _groups_message(pb.Allocation, alloc.groups, msg)
 
 
 def from_allocation(msg: pb.Allocation) -> Allocation:
