@@ -48,8 +48,9 @@ from pathlib import Path
 
 import yaml
 
+from agent.server.metrics_http import MetricsEndpoint
 from agent.server.security import ConfigError as AgentConfigError
-from agent.server.security import check_exposure, parse_listen, read_token
+from agent.server.security import read_token
 from agent.types import SLO, GroupKind, GroupSpec
 
 
@@ -180,34 +181,14 @@ class TunerConfig:
                     f"metrics_listen must be host:port (or '' to disable), "
                     f"got {self.metrics_listen!r}"
                 )
-            self._check_metrics_exposure()
+            try:
+                self.metrics_endpoint().check()
+            except AgentConfigError as exc:
+                raise ConfigError(str(exc)) from None
 
-    @property
-    def metrics_tls(self) -> tuple[str, str] | None:
-        if self.metrics_tls_cert and self.metrics_tls_key:
-            return self.metrics_tls_cert, self.metrics_tls_key
-        return None
-
-    def _check_metrics_exposure(self) -> None:
-        """The agent's rule (agent/server/security.py): off loopback, HTTPS and a token."""
-        if bool(self.metrics_tls_cert) != bool(self.metrics_tls_key):
-            raise ConfigError("metrics_tls needs both cert and key")
-        for path in (self.metrics_tls_cert, self.metrics_tls_key, self.metrics_tls_client_ca):
-            if path and not Path(path).is_file():
-                raise ConfigError(f"metrics_tls file {path!r} does not exist")
-        try:
-            listen = parse_listen(self.metrics_listen)
-            check_exposure(listen, bool(self.metrics_tls), self.metrics_token_file)
-        except AgentConfigError as exc:
-            raise ConfigError(
-                f"metrics endpoint: {exc} (metrics_tls, metrics_token_file)"
-            ) from None
-
-    def metrics_token(self) -> str | None:
-        """The token scrapes must bear (from ``metrics_token_file``; None: no token)."""
-        if not self.metrics_token_file:
-            return None
-        return read_token(None, self.metrics_token_file, ConfigError)
+    def metrics_endpoint(self) -> MetricsEndpoint | None:
+        """The metrics endpoint's settings (None: disabled)."""
+        return MetricsEndpoint.of(self)
 
 
 def _ints(raw: object, what: str) -> tuple[int, ...]:

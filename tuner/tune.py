@@ -115,30 +115,25 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("rdtune.tuner").setLevel(logging.INFO)
 
     from agent.errors import NodeError
-    from agent.server.metrics_http import serve_metrics
     from tuner.metrics import TunerMetrics
     from tuner.service import Tuner
 
     metrics = TunerMetrics()
     http = None
-    if cfg.metrics_listen:
-        host, _, port = cfg.metrics_listen.rpartition(":")
-        try:
-            http = serve_metrics(  # off loopback, validate() required TLS and a token
-                metrics.registry,
-                host.strip("[]"),
-                int(port),
-                tls=cfg.metrics_tls,
-                client_ca=cfg.metrics_tls_client_ca,
-                token=cfg.metrics_token(),
-            )
-        except (OSError, ConfigError) as exc:
+    endpoint = cfg.metrics_endpoint()
+    if endpoint is not None:
+        try:  # off loopback, validate() required TLS and a token
+            http = endpoint.serve(metrics.registry)
+        except (OSError, ValueError) as exc:  # a bind error; an unreadable token file
             print(
                 f"rdtune tune: cannot serve metrics on {cfg.metrics_listen}: {exc}", file=sys.stderr
             )
             return 2
-        scheme = "https" if cfg.metrics_tls else "http"
-        print(f"rdtune tune: metrics on {scheme}://{host}:{http.server_port}/metrics", flush=True)
+        host = cfg.metrics_listen.rpartition(":")[0]
+        print(
+            f"rdtune tune: metrics on {endpoint.scheme}://{host}:{http.server_port}/metrics",
+            flush=True,
+        )
 
     def controller(caps, groups):
         return build(args.controller, caps, cfg.controller_options, groups)

@@ -26,7 +26,6 @@ from agent.latency import LatencyRecorder
 from agent.node import Node
 from agent.server.config import AgentConfig
 from agent.server.metrics import AgentMetrics
-from agent.server.metrics_http import serve_metrics
 from agent.server.scrape import HistogramScraper
 from agent.server.security import ConfigError, GuardInterceptor, RateLimiter, parse_listen
 from agent.server.service import Limits, NodeAgentServicer, NodeHost, SimulationServicer
@@ -144,20 +143,13 @@ class AgentServer:
 
     def start(self) -> AgentServer:
         self._bind()
-        if self.cfg.metrics_listen:
-            m = parse_listen(self.cfg.metrics_listen)
+        metrics = self.cfg.metrics_endpoint()
+        if metrics is not None:
             try:  # off loopback, validate() made sure both TLS and a token are configured
-                self._metrics_http = serve_metrics(
-                    self.metrics.registry,
-                    m.host.strip("[]"),
-                    m.port,
-                    tls=self.cfg.metrics_tls,
-                    client_ca=self.cfg.metrics_tls_client_ca,
-                    token=self.cfg.metrics_token(),
-                )
+                self._metrics_http = metrics.serve(self.metrics.registry)
             except (OSError, ssl.SSLError, ConfigError) as exc:
                 self.server.stop(None)
-                raise ConfigError(f"cannot serve metrics on {m.raw}: {exc}") from exc
+                raise ConfigError(f"cannot serve metrics on {metrics.listen}: {exc}") from exc
             self.metrics_port = self._metrics_http.server_port
         self.server.start()
         if self.listen.unix_path is not None:

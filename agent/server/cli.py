@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"rdtune agent: serving {cfg.backend} on {server.address}", flush=True)
     if server.metrics_port:
-        scheme = "https" if cfg.metrics_tls else "http"
+        scheme = cfg.metrics_endpoint().scheme
         print(
             f"rdtune agent: metrics on {scheme}://{cfg.metrics_listen.rpartition(':')[0]}:"
             f"{server.metrics_port}/metrics",

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from agent.server.metrics_http import MetricsEndpoint
 from agent.server.scrape import ScrapeTarget
 from agent.server.security import ConfigError, check_exposure, parse_listen, read_token
 from agent.types import validate_group_name
@@ -72,17 +73,9 @@ class AgentConfig:
     def tls(self) -> bool:
         return bool(self.tls_cert and self.tls_key)
 
-    @property
-    def metrics_tls(self) -> tuple[str, str] | None:
-        if self.metrics_tls_cert and self.metrics_tls_key:
-            return self.metrics_tls_cert, self.metrics_tls_key
-        return None
-
-    def metrics_token(self) -> str | None:
-        """The token scrapes must bear (from ``metrics_token_file``; None: no token)."""
-        if not self.metrics_token_file:
-            return None
-        return read_token(None, self.metrics_token_file, ConfigError)
+    def metrics_endpoint(self) -> MetricsEndpoint | None:
+        """The metrics endpoint's settings (None: disabled)."""
+        return MetricsEndpoint.of(self)
 
     def resolve_token(self) -> None:
         """Fill ``token`` from ``token_file`` or the environment (see ``read_token``)."""
@@ -98,11 +91,6 @@ class AgentConfig:
         for path in (self.tls_cert, self.tls_key, self.tls_client_ca):
             if path and not Path(path).is_file():
                 raise ConfigError(f"TLS file {path!r} does not exist")
-        if bool(self.metrics_tls_cert) != bool(self.metrics_tls_key):
-            raise ConfigError("metrics TLS needs both a certificate and a key")
-        for path in (self.metrics_tls_cert, self.metrics_tls_key, self.metrics_tls_client_ca):
-            if path and not Path(path).is_file():
-                raise ConfigError(f"metrics TLS file {path!r} does not exist")
         if self.max_message_bytes < 1024:
             raise ConfigError("max_message_bytes must be at least 1024")
         if self.rate_limit is not None and (self.rate_limit <= 0 or self.rate_burst < 1):
@@ -120,16 +108,9 @@ class AgentConfig:
         for group in self.latency_scrape:
             validate_group_name(group, error=ConfigError)
         check_exposure(parse_listen(self.listen), self.tls, self.token)
-        if self.metrics_listen:
-            metrics = parse_listen(self.metrics_listen)
-            if metrics.unix_path is not None:
-                raise ConfigError("the metrics endpoint listens on host:port, not a unix socket")
-            try:  # the gRPC port's rule: off loopback only over HTTPS with a token
-                check_exposure(metrics, self.metrics_tls is not None, self.metrics_token_file)
-            except ConfigError as exc:
-                raise ConfigError(
-                    f"metrics endpoint: {exc} (metrics_tls, metrics_token_file)"
-                ) from None
+        metrics = self.metrics_endpoint()
+        if metrics is not None:
+            metrics.check()
 
 
 def _scrape_targets(raw: object) -> dict[str, ScrapeTarget]:

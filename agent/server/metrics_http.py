@@ -5,7 +5,8 @@ it is plain HTTP without authentication, as a Prometheus on the same host expect
 other address it is served only over TLS with the agent's certificate (client certificates
 required when the agent has a client CA) and answers only requests bearing the agent's
 token (``Authorization: Bearer <token>``, Prometheus' ``authorization.credentials_file``),
-else the agent refuses to start (:meth:`AgentConfig.validate`).
+else the agent refuses to start. :class:`MetricsEndpoint` holds that rule for both the agent
+and the tuner (their configs build one from their ``metrics_*`` settings).
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import hmac
 import socket
 import ssl
 import threading
+from dataclasses import dataclass
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+
+from agent.server.security import ConfigError, check_exposure, parse_listen, read_token
 
 
 class _Handler(_SilentHandler):
@@ -86,3 +91,78 @@ def serve_metrics(
         )
     threading.Thread(target=httpd.serve_forever, name="rdtune-metrics", daemon=True).start()
     return httpd
+
+
+@dataclass(frozen=True)
+class MetricsEndpoint:
+    """Where and how a Prometheus endpoint is served (the agent's or the tuner's).
+
+    Args:
+        listen: ``host:port``.
+        tls_cert, tls_key: serve HTTPS with these (PEM files).
+        client_ca: with TLS, require client certificates signed by this CA.
+        token_file: require ``Authorization: Bearer <its contents>`` on every scrape.
+    """
+
+    listen: str
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    client_ca: str | None = None
+    token_file: str | None = None
+
+    @classmethod
+    def of(cls, config) -> MetricsEndpoint | None:
+        """From a config's ``metrics_listen``, ``metrics_tls_cert``, ``metrics_tls_key``,
+        ``metrics_tls_client_ca`` and ``metrics_token_file`` (the agent's and the tuner's
+        spell them alike); None when ``metrics_listen`` is empty (disabled)."""
+        if not config.metrics_listen:
+            return None
+        return cls(
+            config.metrics_listen,
+            config.metrics_tls_cert,
+            config.metrics_tls_key,
+            config.metrics_tls_client_ca,
+            config.metrics_token_file,
+        )
+
+    @property
+    def tls(self) -> tuple[str, str] | None:
+        return (self.tls_cert, self.tls_key) if self.tls_cert and self.tls_key else None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    def check(self) -> None:
+        """Raise ConfigError unless this can be served: a host:port, TLS files that exist,
+        and off loopback both TLS and a token (the gRPC port's rule)."""
+        where = parse_listen(self.listen)
+        if where.unix_path is not None:
+            raise ConfigError("the metrics endpoint listens on host:port, not a unix socket")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("metrics TLS needs both a certificate and a key")
+        for path in (self.tls_cert, self.tls_key, self.client_ca):
+            if path and not Path(path).is_file():
+                raise ConfigError(f"metrics TLS file {path!r} does not exist")
+        try:
+            check_exposure(where, self.tls is not None, self.token_file)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"metrics endpoint: {exc} (metrics_tls, metrics_token_file)"
+            ) from None
+
+    def token(self) -> str | None:
+        """The token scrapes must bear (None: none configured)."""
+        return read_token(None, self.token_file, ConfigError) if self.token_file else None
+
+    def serve(self, registry: CollectorRegistry) -> WSGIServer:
+        """Start serving ``registry`` (see :func:`serve_metrics`)."""
+        host, _, port = self.listen.rpartition(":")
+        return serve_metrics(
+            registry,
+            host.strip("[]"),
+            int(port),
+            tls=self.tls,
+            client_ca=self.client_ca,
+            token=self.token(),
+        )

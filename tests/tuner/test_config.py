@@ -63,7 +63,7 @@ def test_full_example_parses(tmp_path) -> None:
         ("groups: [{name: a}, {name: a}]", "group names must be unique"),
         ("metrics_listen: 9465", "metrics_listen must be host:port"),
         ("metrics_listen: 0.0.0.0:9465", "metrics endpoint: refusing to listen"),
-        ("metrics_tls: {cert: a.pem}", "metrics_tls needs both cert and key"),
+        ("metrics_tls: {cert: a.pem}", "metrics TLS needs both a certificate and a key"),
         ("metrics_tls: {ca: a.pem}", "unknown key(s) in metrics_tls: ca"),
         ("metrics_tls: {cert: /nonexistent.pem, key: /nonexistent.key}", "does not exist"),
         ("- a list", "must be a mapping"),

@@ -53,7 +53,8 @@ def test_daemonset_configs_load_and_agree(tmp_path) -> None:
     assert tuner.agent.address == agent.listen
     for cfg, container in ((agent, "agent"), (tuner, "tuner")):
         # Metrics leave the pod over HTTPS with a token, from files the container mounts.
-        assert cfg.metrics_tls is not None and cfg.metrics_token() == "t0ken"
+        endpoint = cfg.metrics_endpoint()
+        assert endpoint.tls is not None and endpoint.token() == "t0ken"
         mounts = {m["mountPath"] for m in containers[container]["volumeMounts"]}
         assert {f"{SECRETS}/metrics-tls", f"{SECRETS}/metrics-token"} <= mounts
     assert containers["agent"]["securityContext"]["privileged"] is True

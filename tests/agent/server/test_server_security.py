@@ -361,8 +361,9 @@ def test_the_metrics_settings_load_from_yaml(tmp_path, certs, metrics_token) -> 
     )
     cfg = load_yaml(path)
     cfg.validate()
-    assert cfg.metrics_tls == (certs["server.pem"], certs["server.key"])
-    assert cfg.metrics_token() == "m3trics-token"
+    endpoint = cfg.metrics_endpoint()
+    assert endpoint.tls == (certs["server.pem"], certs["server.key"])
+    assert endpoint.token() == "m3trics-token" and endpoint.scheme == "https"
     path.write_text("metrics_tls: {cert: a.pem, ca: b.pem}\n")
     with pytest.raises(ConfigError, match="metrics_tls takes cert, key and client_ca"):
         load_yaml(path)
