@@ -10,17 +10,17 @@ decoder's slow path):
   every step, :func:`envs.reward.compute_reward` and a fresh FeatureEncoder — so every
   per-step shortcut (caches, skipped applies, fused passes) is checked against the
   definition, whatever the simulator computes.
-- ``test_trajectory_digests_are_pinned``: SHA-256 digests of whole trajectories
-  (observations, rewards, terminated/truncated, info) recorded in
-  ``data/trajectories.json`` before the env's step was optimised; they also pin the
-  decoder, encoder and reward themselves. They depend on the simulator's numbers too: if
-  the simulator's output changes on purpose (and the composition test still passes),
+- ``test_trajectories_are_pinned``: whole trajectories (observations, rewards,
+  terminated/truncated, info) recorded in ``data/trajectories.npz``, first before the
+  env's step was optimised; they also pin the decoder, encoder and reward themselves.
+  Structure is pinned exactly and floats at tests/golden.py's tolerance, so the test
+  passes on any x86-64 CPU. They depend on the simulator's numbers too: if the
+  simulator's output changes on purpose (and the composition test still passes),
   regenerate with ``.venv/bin/python -m tests.envs.test_trajectories --write``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -32,8 +32,9 @@ from envs.partition import PartitionEnv
 from envs.reward import compute_reward, observed_ips
 from models.actions import ActionDecoder
 from models.features import FeatureEncoder
+from tests import golden
 
-DATA = Path(__file__).parent / "data" / "trajectories.json"
+DATA = Path(__file__).parent / "data" / "trajectories.npz"
 STEPS = 40
 
 CONFIGS: dict[str, dict] = {
@@ -133,18 +134,28 @@ def _trajectory(env: PartitionEnv, seed: int = 7, steps: int = STEPS) -> list:
     return out
 
 
-def _digest(trajectory: list) -> str:
-    h = hashlib.sha256()
+def _record(trajectory: list) -> golden.Recorder:
+    """Observations as numbers (their bytes would pin float bits), the rest as text."""
+    rec = golden.Recorder()
     for record in trajectory:
-        h.update(repr(record).encode())
-    return h.hexdigest()
+        if record[0] == "reset":
+            _, obs, info = record
+            rec.add("reset")
+            rec.add_floats(np.frombuffer(obs, dtype=np.float32))
+            rec.add(info)
+        else:
+            t, obs, reward, terminated, truncated, info, dtype = record
+            rec.add((t, reward, terminated, truncated, dtype))
+            rec.add_floats(np.frombuffer(obs, dtype=np.dtype(dtype)))
+            rec.add(info)
+    return rec
 
 
-def _digests() -> dict[str, str]:
+def _records(names=tuple(CONFIGS)) -> dict[str, golden.Recorder]:
     out = {}
-    for name, kwargs in CONFIGS.items():
-        env = PartitionEnv(**{"split": "all", **kwargs})
-        out[name] = _digest(_trajectory(env))
+    for name in names:
+        env = PartitionEnv(**{"split": "all", **CONFIGS[name]})
+        out[name] = _record(_trajectory(env))
         env.close()
     return out
 
@@ -161,12 +172,11 @@ def test_env_steps_as_the_plain_composition(name: str) -> None:
     plain.close()
 
 
-def test_trajectory_digests_are_pinned() -> None:
-    pinned = json.loads(DATA.read_text())
-    assert _digests() == pinned
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_trajectories_are_pinned(name: str) -> None:
+    golden.assert_matches(_records([name])[name], golden.load(DATA)[name], name)
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
-    DATA.parent.mkdir(exist_ok=True)
-    DATA.write_text(json.dumps(_digests(), indent=1, sort_keys=True) + "\n")
+    golden.write(DATA, _records())
     print(f"wrote {DATA}")
