@@ -1,14 +1,18 @@
 """A pure-Python model of the kernel's resctrl filesystem, addressed by path.
 
 Mirrors fs/resctrl in the kernel (rdtgroup.c: mkdir/rmdir, tasks, cpus, mode, CLOSID
-allocation, new-group masks; ctrlmondata.c: schemata parsing, ``cbm_validate``,
-``bw_validate``; monitor.c: RMIDs, limbo, counters) and the facts of
-shared/design/RESCTRL.md. It deliberately shares no code with ResctrlNode or
-agent/validate.py, so a bug in the validator cannot hide behind the emulator.
+allocation, new-group masks; ctrlmondata.c: schemata parsing and printing, ``cbm_validate``,
+``bw_validate``; monitor.c: RMIDs, limbo, counters) for the kernel version its preset names
+(kernel.py), with the CPU bitmap formats of lib/bitmap-str.c (bitmap.py) and the domains of
+the preset's CPU topology (topology.py); docs/EMULATOR.md lists the rules. It deliberately
+shares no code with ResctrlNode or agent/validate.py, so a bug in the validator cannot hide
+behind the emulator.
 
-Every method that changes state is one "kernel command": it resets ``last_cmd_status``
-(except where the kernel fails before that) and raises :class:`ResctrlError` with the
-kernel's errno. Tests reach in through the injection hooks at the bottom of the class.
+Every method that changes state is one "kernel command": it clears ``last_cmd_status``
+(except where the kernel fails before that), appends the kernel's messages to it and raises
+:class:`ResctrlError` with the kernel's errno. Tasks are threads, as in the kernel: every
+thread id in /proc/*/task is a task, and a group lists the ids of its threads. Tests reach
+in through the injection hooks at the bottom of the class.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agent.emulator.bitmap import BitmapError, format_list, format_mask, parse_list, parse_mask
 from agent.emulator.presets import MBPS_DEFAULT, Preset
 
 U64 = (1 << 64) - 1
@@ -86,7 +91,10 @@ class Model:
         self.proc = proc
         self.lock = threading.RLock()
         self.status = "ok"
-        self.online = set(range(preset.cpus_online))
+        self.rules = preset.rules
+        self.topo = preset.topo
+        self.domains = self.topo.domains
+        self.online = set(self.topo.online)
         self.cbm_len = preset.cbm_len
         cdp_div = 2 if preset.cdp else 1
         counts = [preset.l3_closids // cdp_div]
@@ -100,7 +108,7 @@ class Model:
         self.root = Group("", "ctrl", 0, 0, cpus=set(self.online))
         self.root.ctrl = self._default_ctrl(full=True)
         self.groups: dict[str, Group] = {}  # ctrl groups below the root, by name
-        self.task_group: dict[int, Group] = {}  # pid -> the group it was moved into
+        self.task_group: dict[int, Group] = {}  # thread id -> the group it was moved into
         self.denied: set[int] = set()
         self.last_advance = self.clock()
         self._rates_cache: dict[int, tuple[float, dict[int, float]]] | None = None
@@ -116,7 +124,7 @@ class Model:
 
     @property
     def schemas(self) -> tuple[str, ...]:
-        return self.l3_schemas + (("MB",) if self.p.mb is not None else ())
+        return self.rules.schema_order(self.l3_schemas, self.p.mb is not None)
 
     def _mb_default(self) -> int:
         assert self.p.mb is not None
@@ -125,9 +133,9 @@ class Model:
     def _default_ctrl(self, full: bool) -> dict[str, dict[int, int]]:
         out: dict[str, dict[int, int]] = {}
         for s in self.l3_schemas:
-            out[s] = {d: self.p.cbm_mask if full else self._new_cbm(s, d) for d in self.p.domains}
+            out[s] = {d: self.p.cbm_mask if full else self._new_cbm(s, d) for d in self.domains}
         if self.p.mb is not None:
-            out["MB"] = {d: self._mb_default() for d in self.p.domains}
+            out["MB"] = {d: self._mb_default() for d in self.domains}
         return out
 
     def _ctrl_groups(self) -> list[Group]:
@@ -247,7 +255,7 @@ class Model:
             return None
 
     def _mon_dirs(self) -> list[str]:
-        return [f"mon_L3_{d:02d}" for d in self.p.domains]
+        return [f"mon_L3_{d:02d}" for d in self.domains]
 
     def listdir(self, path: str) -> list[str]:
         with self.lock:
@@ -290,9 +298,9 @@ class Model:
             if name == "tasks":
                 return "".join(f"{pid}\n" for pid in sorted(self._tasks_of(g)))
             if name == "cpus":
-                return self._format_mask(g.cpus) + "\n"
+                return format_mask(g.cpus, self.topo.possible) + "\n"
             if name == "cpus_list":
-                return self._format_list(g.cpus) + "\n"
+                return format_list(g.cpus) + "\n"
             if name == "schemata":
                 return self._schemata_text(g)
             if name == "mode":
@@ -301,35 +309,36 @@ class Model:
                 return self._size_text(g)
             return self._read_counter(g, int(rest[1][len("mon_L3_") :]), rest[2]) + "\n"
 
+    def _name_width(self) -> int:
+        return self.rules.name_width(self.schemas, self.p.cdp_capable)
+
     def _schemata_text(self, g: Group) -> str:
-        width = max([len(s) for s in self.schemas] + [self.p.name_width])
-        digits = (self.cbm_len + 3) // 4
+        # rdtgroup_schemata_show / show_doms, with the padding of the emulated kernel.
+        mb = self.p.mb
+        width = self.rules.data_width(self.cbm_len, mb.data_width if mb is not None else None)
         lines = []
         for s in self.schemas:
-            if s == "MB":
-                vals = ";".join(f"{d}={v:>{self.p.mb_width}}" for d, v in g.ctrl[s].items())
-            else:
-                vals = ";".join(f"{d}={v:0{digits}x}" for d, v in g.ctrl[s].items())
-            lines.append(f"{s:>{width}}:{vals}\n")
+            fmt = self.rules.format_bw if s == "MB" else self.rules.format_cbm
+            vals = ";".join(fmt(d, v, width) for d, v in g.ctrl[s].items())
+            lines.append(f"{s:>{self._name_width()}}:{vals}\n")
         return "".join(lines)
 
     def _size_text(self, g: Group) -> str:
-        width = max([len(s) for s in self.schemas] + [self.p.name_width])
+        # rdtgroup_size_show: names padded, values never; a mask's size is
+        # cache size / cbm_len * bits (rdtgroup_cbm_to_size divides first).
         lines = []
         for s in self.schemas:
             if s == "MB":
                 vals = ";".join(f"{d}={v}" for d, v in g.ctrl[s].items())
             else:
-                vals = ";".join(
-                    f"{d}={self.p.cache_size * v.bit_count() // self.cbm_len}"
-                    for d, v in g.ctrl[s].items()
-                )
-            lines.append(f"{s:>{width}}:{vals}\n")
+                way = self.p.cache_size // self.cbm_len
+                vals = ";".join(f"{d}={way * v.bit_count()}" for d, v in g.ctrl[s].items())
+            lines.append(f"{s:>{self._name_width()}}:{vals}\n")
         return "".join(lines)
 
     def _bit_usage(self, schema: str) -> str:
         out = []
-        for d in self.p.domains:
+        for d in self.domains:
             chars = []
             for bit in reversed(range(self.cbm_len)):
                 b = 1 << bit
@@ -346,108 +355,104 @@ class Model:
     # ------------------------------------------------------------------ tasks
 
     def _pid_alive(self, pid: int) -> bool:
-        return os.path.exists(f"{self.proc}/{pid}")
+        # /proc/<tid> resolves for every thread, though only leaders are listed in /proc.
+        return pid > 0 and os.path.exists(f"{self.proc}/{pid}")
+
+    def _threads(self) -> set[int]:
+        """Every thread id of the system (the kernel's for_each_process_thread)."""
+        out: set[int] = set()
+        try:
+            leaders = [x for x in os.listdir(self.proc) if x.isdigit()]
+        except OSError:
+            return out
+        for pid in leaders:
+            try:
+                out.update(int(t) for t in os.listdir(f"{self.proc}/{pid}/task") if t.isdigit())
+            except OSError:
+                continue  # exited while we looked
+        return out
 
     def _tasks_of(self, g: Group) -> set[int]:
-        gone = [p for p in self.task_group if not self._pid_alive(p)]
+        # show_rdt_tasks: every thread whose CLOSID is a control group's (so a control
+        # group, the default one too, lists the tasks of its monitoring groups) or whose
+        # RMID is a monitoring group's.
+        gone = [t for t in self.task_group if not self._pid_alive(t)]
         if gone:
             self._advance()
-        for pid in gone:
-            del self.task_group[pid]  # exited tasks leave every group
+        for tid in gone:
+            del self.task_group[tid]  # exited tasks leave every group
         if g is self.root:
-            try:
-                live = {int(x) for x in os.listdir(self.proc) if x.isdigit()}
-            except OSError:
-                live = set()
-            return live - set(self.task_group)
+            return {
+                t
+                for t in self._threads()
+                if self.task_group.get(t, self.root).ctrl_group is self.root
+            }
         if g.kind == "ctrl":
-            return {p for p, h in self.task_group.items() if h.ctrl_group is g}
-        return {p for p, h in self.task_group.items() if h is g}
+            return {t for t, h in self.task_group.items() if h.ctrl_group is g}
+        return {t for t, h in self.task_group.items() if h is g}
 
     def _write_tasks(self, g: Group, text: str) -> None:
-        # rdtgroup_tasks_write: comma-separated pids, each moved in turn.
+        # rdtgroup_tasks_write. Before 6.7: one pid, parsed before the status is cleared.
+        # From 6.7: comma-separated pids moved in turn; a failed move appends
+        # "Error while processing task N" to its reason, and earlier moves stay.
+        if not self.rules.multi_pid_tasks:
+            pid = _kstrtoint(text.strip(" \t\n\v\f\r"))
+            if pid is None or pid < 0:
+                raise ResctrlError(errno.EINVAL)
+            self.status = "ok"
+            self._move_task(g, pid)
+            return
         self.status = "ok"
-        buf = text
+        buf: str | None = text
         while buf and buf[0] not in "\0\n":
-            pid_str, _, buf = buf.partition(",")
-            pid_str = pid_str.strip()
-            try:
-                pid = int(pid_str, 0)
-            except ValueError:
+            pid_str, sep, rest = buf.partition(",")
+            buf = rest if sep else None
+            pid_str = pid_str.strip(" \t\n\v\f\r")
+            pid = _kstrtoint(pid_str)
+            if pid is None:
                 self.status = f"Task list parsing error pid {pid_str}"
-                raise ResctrlError(errno.EINVAL) from None
+                raise ResctrlError(errno.EINVAL)
             if pid < 0:
                 self.status = f"Invalid pid {pid}"
                 raise ResctrlError(errno.EINVAL)
-            if not self._pid_alive(pid):
-                self.status = f"No task {pid}"
-                raise ResctrlError(errno.ESRCH)
-            if pid in self.denied:
-                self.status = f"No permission to move task {pid}"
-                raise ResctrlError(errno.EPERM)
-            cur = self.task_group.get(pid, self.root)
-            if g.kind == "mon" and cur.ctrl_group is not g.parent:
-                self.status = "Can't move task to different control group"
-                raise ResctrlError(errno.EINVAL)
-            self._advance()
-            if g is self.root:
-                self.task_group.pop(pid, None)
-            else:
-                self.task_group[pid] = g
+            try:
+                self._move_task(g, pid)
+            except ResctrlError:
+                self.status += f"\nError while processing task {pid}"
+                raise
+
+    def _move_task(self, g: Group, tid: int) -> None:
+        """rdtgroup_move_task for one thread id (writing a process's pid moves only its
+        main thread: find_task_by_vpid finds that one task)."""
+        if not self._pid_alive(tid):
+            self.status = f"No task {tid}"
+            raise ResctrlError(errno.ESRCH)
+        if tid in self.denied:
+            self.status = f"No permission to move task {tid}"
+            raise ResctrlError(errno.EPERM)
+        cur = self.task_group.get(tid, self.root)
+        if cur is g:
+            return  # already there: nothing to do, and no CLOSID check
+        if g.kind == "mon" and cur.ctrl_group is not g.parent:
+            self.status = "Can't move task to different control group"
+            raise ResctrlError(errno.EINVAL)
+        self._advance()
+        if g is self.root:
+            self.task_group.pop(tid, None)
+        else:
+            self.task_group[tid] = g
 
     # ------------------------------------------------------------------ cpus
 
-    def _format_mask(self, cpus: set[int]) -> str:
-        nbits = self.p.cpus_possible
-        value = sum(1 << c for c in cpus)
-        digits = (nbits + 3) // 4
-        text = f"{value:0{digits}x}"
-        words = []
-        while text:
-            words.append(text[-8:])
-            text = text[:-8]
-        return ",".join(reversed(words))
-
-    @staticmethod
-    def _format_list(cpus: set[int]) -> str:
-        out, run = [], []
-        for c in sorted(cpus):
-            if run and c == run[-1] + 1:
-                run.append(c)
-                continue
-            if run:
-                out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = [c]
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        return ",".join(out)
-
     def _parse_cpus(self, text: str, as_list: bool) -> set[int]:
-        text = text.strip()
-        nbits = self.p.cpus_possible
-        cpus: set[int] = set()
+        # rdtgroup_cpus_write: cpulist_parse / cpumask_parse; their errno passes through.
         try:
             if as_list:
-                for part in filter(None, text.split(",")):
-                    lo, _, hi = part.partition("-")
-                    a, b = int(lo, 10), int(hi or lo, 10)
-                    if a > b or a < 0 or b >= nbits:
-                        raise ValueError
-                    cpus.update(range(a, b + 1))
-            else:
-                words = text.split(",")
-                value = 0
-                for w in words:
-                    if not w or len(w) > 8:
-                        raise ValueError
-                    value = (value << 32) | int(w, 16)
-                if value >> nbits:
-                    raise ValueError
-                cpus = {i for i in range(nbits) if value >> i & 1}
-        except ValueError:
+                return parse_list(text, self.topo.possible)
+            return parse_mask(text, self.topo.possible)
+        except BitmapError as exc:
             self.status = "Bad CPU list/mask"
-            raise ResctrlError(errno.EINVAL) from None
-        return cpus
+            raise ResctrlError(exc.err) from None
 
     def _write_cpus(self, g: Group, text: str, as_list: bool) -> None:
         self.status = "ok"
@@ -500,7 +505,7 @@ class Model:
                 self.status = "Cannot change mode of the default group"
                 raise ResctrlError(errno.EINVAL)
             for s in self.l3_schemas:
-                for d in self.p.domains:
+                for d in self.domains:
                     if self._overlaps(s, d, g.ctrl[s][d], g.closid, exclusive_only=False):
                         self.status = "Schemata overlaps"
                         raise ResctrlError(errno.EINVAL)
@@ -557,7 +562,7 @@ class Model:
                 raise ResctrlError(errno.EINVAL)
             dom = int(ident)
             value = value.strip()
-            if dom not in self.p.domains:
+            if dom not in self.domains:
                 raise ResctrlError(errno.EINVAL)  # the kernel says nothing: status stays "ok"
             if dom in staged:
                 self.status = f"Duplicate domain {dom}"
@@ -665,9 +670,7 @@ class Model:
             self.free_rmids.append(rmid)
 
     def _new_rmid_state(self, rmid: int) -> None:
-        self.rmids[rmid] = Rmid(
-            rmid, {d: 0 for d in self.p.domains}, {d: 0 for d in self.p.domains}
-        )
+        self.rmids[rmid] = Rmid(rmid, {d: 0 for d in self.domains}, {d: 0 for d in self.domains})
 
     def mkdir(self, path: str) -> None:
         with self.lock:
@@ -777,7 +780,7 @@ class Model:
             demand = ntasks * TASK_BPS + max(0, ncpus) * CPU_BPS
             footprint = ntasks * TASK_FOOTPRINT + max(0, ncpus) * CPU_FOOTPRINT
             per_dom = {}
-            for d in self.p.domains:
+            for d in self.domains:
                 frac = self._mask_of(g, d).bit_count() / self.cbm_len
                 rate = demand * (1.5 - 0.5 * frac)  # fewer ways: more misses, more traffic
                 if self.p.mb is not None:
@@ -786,7 +789,7 @@ class Model:
                         rate = min(rate, mb * 1024 * 1024)
                     else:
                         rate *= max(mb, 1) / self.p.mb.max_bandwidth
-                per_dom[d] = rate / len(self.p.domains)
+                per_dom[d] = rate / len(self.domains)
             out[rmid] = (footprint, per_dom)
         return out
 
@@ -876,3 +879,24 @@ class Model:
         """Moving ``pid`` fails with EPERM (a task the writer may not move)."""
         with self.lock:
             self.denied.add(pid)
+
+
+def _kstrtoint(text: str) -> int | None:
+    """The kernel's kstrtoint(s, 0): optional sign, 0x hex / 0 octal / decimal, one
+    optional trailing newline, and a value that fits an int; None where it fails."""
+    body = text[:-1] if text.endswith("\n") else text
+    sign = 1
+    if body[:1] in "+-" and body:
+        sign = -1 if body[0] == "-" else 1
+        body = body[1:]
+    if body[:2].lower() == "0x" and len(body) > 2:
+        base, digits = 16, body[2:]
+    elif body[:1] == "0" and len(body) > 1:
+        base, digits = 8, body[1:]
+    else:
+        base, digits = 10, body
+    allowed = {8: "01234567", 10: "0123456789", 16: "0123456789abcdefABCDEF"}[base]
+    if not digits or any(c not in allowed for c in digits):
+        return None
+    value = sign * int(digits, base)
+    return value if -(2**31) <= value < 2**31 else None

@@ -1,14 +1,19 @@
 """Machines the resctrl emulator can pretend to be (data only).
 
-Values follow shared/design/RESCTRL.md ("A typical Intel host", AMD units) and the machine
-list of shared/design/SIMULATOR.md (Xeon Gold 6130: 11 ways, MBA 10-100 step 10; Xeon E5 v3:
-20 ways, 4 CLOS, the Haswell quirk of at least 2 bits per mask; AMD EPYC 7002: 4 CLOS,
-20-bit masks, MB as an absolute limit in 1/8 GB/s).
+Values follow the resctrl facts of docs/EMULATOR.md (a typical Intel host, AMD units) and
+the simulator's machine list (docs/SIMULATOR.md: Xeon Gold 6130: 11 ways, MBA 10-100 step
+10; Xeon E5 v3: 20 ways, 4 CLOS, the Haswell quirk of at least 2 bits per mask; AMD EPYC
+7002: 4 CLOS, MB as an absolute limit in 1/8 GB/s). Each preset names the kernel version
+whose resctrl it emulates (agent/emulator/kernel.py) and lays its CPUs out in one block per
+L3 domain (agent/emulator/topology.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+
+from agent.emulator.kernel import KernelRules
+from agent.emulator.topology import Topology
 
 MBPS_DEFAULT = 4294967295  # MBA_MAX_MBPS: the default MB value in mba_MBps mode
 
@@ -21,6 +26,7 @@ class MbPreset:
     num_closids: int = 8
     delay_linear: int = 1
     thread_throttle_mode: str = "max"
+    data_width: int = 3  # schemata padding of MB values before 6.15: 3 on Intel, 4 on AMD
 
 
 @dataclass(frozen=True)
@@ -34,8 +40,14 @@ class Preset:
         cdp / mba_mbps: the mount options ``cdp`` and ``mba_MBps``.
         cpus_online / cpus_possible: CPUs 0..online-1 are online; up to possible-1 exist
             but are offline (writing them fails "Can only assign online CPUs").
-        name_width / mb_width: read-back padding of resource names and MB values, as
-            printed by kernels that pad (``  L3:0=...``, ``MB:0=  100``).
+        domains / l3_per_socket: L3 cache ids; the possible CPUs are split into one
+            contiguous block per id, ``l3_per_socket`` blocks to a package.
+        topology: an explicit CPU topology (e.g. the host's, ``Topology.from_sysfs()``);
+            when set it replaces cpus_online, cpus_possible and domains.
+        kernel: the kernel version whose resctrl this emulates (schemata padding, tasks
+            parsing: agent/emulator/kernel.py).
+        cdp_capable: the L3 supports CDP (cpuinfo flag ``cdp_l3``), which widens the
+            schemata name column even while CDP is off.
         limbo_s: how long a freed RMID stays in limbo before it can be reused.
     """
 
@@ -56,26 +68,43 @@ class Preset:
     cache_size: int = 40 * 1024 * 1024
     cpus_online: int = 8
     cpus_possible: int = 12
+    l3_per_socket: int = 1
+    topology: Topology | None = None
     cdp: bool = False
+    cdp_capable: bool = True
     mba_mbps: bool = False
-    name_width: int = 0
-    mb_width: int = 3
+    kernel: str = "6.1"
     limbo_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        KernelRules.parse(self.kernel)  # a clear error for a bad version, at once
 
     @property
     def cbm_len(self) -> int:
         return self.cbm_mask.bit_length()
 
+    @property
+    def topo(self) -> Topology:
+        if self.topology is not None:
+            return self.topology
+        return Topology.blocks(
+            self.cpus_online, self.cpus_possible, self.domains, self.l3_per_socket
+        )
+
+    @property
+    def rules(self) -> KernelRules:
+        return KernelRules.parse(self.kernel)
+
 
 _INTEL = Preset(
     name="intel-20way",
     description="Intel Xeon, 20-way L3, 16 CLOSIDs (MB: 8), MBA 10-100 step 10, 192 RMIDs, "
-    "2 sockets",
+    "2 sockets; kernel 6.1",
     model_name="Intel(R) Xeon(R) Platinum 8180 CPU @ 2.50GHz (emulated)",
     shareable_bits=0xC0000,
     domains=(0, 1),
     cache_size=40 * 1024 * 1024,
-    mb_width=5,
+    kernel="6.1",
 )
 
 PRESETS: dict[str, Preset] = {
@@ -84,18 +113,20 @@ PRESETS: dict[str, Preset] = {
         _INTEL,
         Preset(
             name="gold-6130",
-            description="Xeon Gold 6130 (CoPart): 11-way 22 MB L3, 16 CLOSIDs, MBA 10-100 step 10",
+            description="Xeon Gold 6130 (CoPart): 11-way 22 MB L3, 16 CLOSIDs, MBA 10-100 step 10; "
+            "kernel 6.15",
             model_name="Intel(R) Xeon(R) Gold 6130 CPU @ 2.10GHz (emulated)",
             cbm_mask=0x7FF,
             num_rmids=176,
             cache_size=22 * 1024 * 1024,
             cpus_online=16,
             cpus_possible=16,
+            kernel="6.15",
         ),
         Preset(
             name="e5v3-4clos",
             description="Xeon E5 v3 (Haswell): 20-way 35 MB L3, 4 CLOSIDs, masks of >= 2 bits, "
-            "no MBA",
+            "no MBA; kernel 5.10",
             model_name="Intel(R) Xeon(R) CPU E5-2697 v3 @ 2.60GHz (emulated)",
             l3_closids=4,
             min_cbm_bits=2,
@@ -105,6 +136,8 @@ PRESETS: dict[str, Preset] = {
             cache_size=35 * 1024 * 1024,
             cpus_online=14,
             cpus_possible=16,
+            cdp_capable=False,  # CDP came with Broadwell
+            kernel="5.10",
         ),
         replace(
             _INTEL,
@@ -120,19 +153,26 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset(
             name="amd-epyc",
-            description="AMD EPYC 7002: 4 CLOSIDs, 20-bit masks, MB limit in 1/8 GB/s "
-            "(0..2048, step 1), 8 L3 domains",
+            description="AMD EPYC 7002: 4 CLOSIDs, 16-way L3 per CCX, MB limit in 1/8 GB/s "
+            "(0..2048, step 1), 8 L3 domains; kernel 6.8",
             vendor="AuthenticAMD",
             model_name="AMD EPYC 7302P 16-Core Processor (emulated)",
+            cbm_mask=0xFFFF,  # 16 MB, 16-way L3 per CCX: 1 MB per bit
             l3_closids=4,
-            mb=MbPreset(min_bandwidth=0, bandwidth_gran=1, max_bandwidth=2048, num_closids=4),
+            mb=MbPreset(
+                min_bandwidth=0,
+                bandwidth_gran=1,
+                max_bandwidth=2048,
+                num_closids=4,
+                data_width=4,
+            ),
             num_rmids=256,
             domains=tuple(range(8)),
+            l3_per_socket=8,  # one package, eight CCX L3s
             cache_size=16 * 1024 * 1024,
             cpus_online=16,
             cpus_possible=16,
-            name_width=4,
-            mb_width=4,
+            kernel="6.8",
         ),
     )
 }

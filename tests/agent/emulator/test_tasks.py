@@ -1,0 +1,183 @@
+"""The ``tasks`` files follow the kernel's rules (fs/resctrl/rdtgroup.c):
+
+- ``show_rdt_tasks`` walks every *thread* (for_each_process_thread) and lists those whose
+  CLOSID is the control group's (``is_closid_match``) or whose RMID is the monitoring
+  group's (``is_rmid_match``). So the default group lists the tasks of its own monitoring
+  groups, and a task is listed again by the default group after its monitoring group is
+  removed (rmdir moves the tasks to the parent: Documentation/filesystems/resctrl.rst,
+  "Removing a directory will move all tasks and cpus owned by the group it represents to
+  the parent").
+- ``rdtgroup_move_task`` moves the one task ``find_task_by_vpid`` finds: writing a
+  process id moves its main thread only.
+- ``rdtgroup_tasks_write`` takes one pid before 6.7 and a comma-separated list from 6.7
+  (agent/emulator/kernel.py), where a failed move also reports "Error while processing
+  task N".
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.emulated_resctrl import Emulated, emulated_resctrl
+
+THREADED = (
+    "import threading, time\n"
+    "ev = threading.Event()\n"
+    "for _ in range(3):\n"
+    "    threading.Thread(target=ev.wait, daemon=True).start()\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def threaded() -> Iterator[int]:
+    """A process with four threads (its main thread and three more)."""
+    proc = subprocess.Popen([sys.executable, "-c", THREADED], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def tids(pid: int) -> set[int]:
+    return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+def listed(emu: Emulated, rel: str) -> set[int]:
+    return {int(x) for x in emu.read(rel).split()}
+
+
+def test_default_group_lists_tasks_of_its_mon_groups(emu: Emulated, child: int) -> None:
+    # is_closid_match: the default group's CLOSID is shared by its monitoring groups.
+    os.mkdir(f"{emu.root}/mon_groups/m")
+    emu.write("mon_groups/m/tasks", f"{child}\n")
+    assert listed(emu, "mon_groups/m/tasks") == {child}
+    assert child in listed(emu, "tasks")
+    os.rmdir(f"{emu.root}/mon_groups/m")
+    assert child in listed(emu, "tasks"), "rmdir returns the task to the parent"
+
+
+def test_control_group_tasks_come_back_to_the_default_group(emu: Emulated, child: int) -> None:
+    os.mkdir(f"{emu.root}/a")
+    os.mkdir(f"{emu.root}/a/mon_groups/m")
+    emu.write("a/tasks", f"{child}\n")
+    emu.write("a/mon_groups/m/tasks", f"{child}\n")
+    assert child not in listed(emu, "tasks")
+    os.rmdir(f"{emu.root}/a")
+    assert child in listed(emu, "tasks")
+
+
+def test_every_thread_is_a_task_and_moves_alone(emu: Emulated, threaded: int) -> None:
+    every = tids(threaded)
+    assert len(every) == 4
+    assert every <= listed(emu, "tasks"), "the default group lists every thread"
+    os.mkdir(f"{emu.root}/a")
+    emu.write("a/tasks", f"{threaded}\n")  # the process id: its main thread only
+    assert listed(emu, "a/tasks") == {threaded}
+    assert every - {threaded} <= listed(emu, "tasks")
+    for tid in sorted(every - {threaded}):
+        emu.write("a/tasks", f"{tid}\n")
+    assert listed(emu, "a/tasks") == every
+    assert not every & listed(emu, "tasks")
+
+
+def test_exited_threads_leave_their_group(emu: Emulated) -> None:
+    os.mkdir(f"{emu.root}/a")
+    proc = subprocess.Popen(["sleep", "60"])
+    emu.write("a/tasks", f"{proc.pid}\n")
+    assert listed(emu, "a/tasks") == {proc.pid}
+    proc.kill()
+    proc.wait()
+    assert listed(emu, "a/tasks") == set()
+
+
+def _missing_pid() -> int:
+    pid = 4194000
+    while os.path.exists(f"/proc/{pid}"):
+        pid -= 1
+    return pid
+
+
+@pytest.mark.parametrize(
+    ("kernel", "suffix"), [("6.1", ""), ("6.8", "\nError while processing task {pid}")]
+)
+def test_refused_moves_by_kernel_version(kernel: str, suffix: str, child: int) -> None:
+    with emulated_resctrl("intel-20way", kernel=kernel) as emu:
+        os.mkdir(f"{emu.root}/a")
+        pid = _missing_pid()
+        with pytest.raises(OSError) as err:
+            emu.write("a/tasks", f"{pid}\n")
+        assert (err.value.errno, emu.status()) == (
+            errno.ESRCH,
+            f"No task {pid}" + suffix.format(pid=pid),
+        )
+        emu.model.deny_task(child)
+        with pytest.raises(OSError) as err:
+            emu.write("a/tasks", f"{child}\n")
+        assert (err.value.errno, emu.status()) == (
+            errno.EPERM,
+            f"No permission to move task {child}" + suffix.format(pid=child),
+        )
+
+
+def test_before_6_7_one_pid_per_write_parsed_before_the_status_is_cleared(child: int) -> None:
+    with emulated_resctrl("intel-20way", kernel="6.1") as emu:
+        os.mkdir(f"{emu.root}/a")
+        with pytest.raises(OSError):
+            emu.write("a/schemata", "L3:0=zz\n")
+        for text in ("abc\n", f"{child},{child}\n", "-1\n"):
+            with pytest.raises(OSError) as err:
+                emu.write("a/tasks", text)
+            assert err.value.errno == errno.EINVAL
+            assert emu.status() == "Non-hex character in the mask zz", "status untouched"
+        emu.write("a/tasks", f"0x{child:x}\n")  # kstrtoint base 0
+        assert listed(emu, "a/tasks") == {child}
+
+
+def test_from_6_7_a_list_of_pids_moves_each_in_turn(child: int) -> None:
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        with emulated_resctrl("intel-20way", kernel="6.8") as emu:
+            os.mkdir(f"{emu.root}/a")
+            emu.write("a/tasks", f"{child}, {other.pid}\n")
+            assert listed(emu, "a/tasks") == {child, other.pid}
+            os.mkdir(f"{emu.root}/b")
+            pid = _missing_pid()
+            with pytest.raises(OSError) as err:
+                emu.write("b/tasks", f"{child},{pid},{other.pid}\n")
+            assert err.value.errno == errno.ESRCH
+            assert listed(emu, "b/tasks") == {child}, "moves before the failure stay"
+            for text, status in (
+                ("abc\n", "Task list parsing error pid abc"),
+                ("-3\n", "Invalid pid -3"),
+            ):
+                with pytest.raises(OSError) as err:
+                    emu.write("b/tasks", text)
+                assert (err.value.errno, emu.status()) == (errno.EINVAL, status)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_mon_group_takes_only_tasks_of_its_parent(emu: Emulated, child: int) -> None:
+    os.mkdir(f"{emu.root}/a")
+    os.mkdir(f"{emu.root}/a/mon_groups/m")
+    with pytest.raises(OSError) as err:
+        emu.write("a/mon_groups/m/tasks", f"{child}\n")
+    assert (err.value.errno, emu.status()) == (
+        errno.EINVAL,
+        "Can't move task to different control group",
+    )
+    # A root-level monitoring group takes the default group's tasks.
+    os.mkdir(f"{emu.root}/mon_groups/r")
+    emu.write("mon_groups/r/tasks", f"{child}\n")
+    assert listed(emu, "mon_groups/r/tasks") == {child}
