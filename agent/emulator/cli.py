@@ -1,10 +1,13 @@
 """Mount an emulated resctrl filesystem (``rdtune emulate-resctrl --preset NAME MOUNTPOINT``).
 
 Try the real agent on any Linux machine with FUSE: the emulator behaves like the kernel's
-/sys/fs/resctrl (groups, schemata rules and errors, tasks, CPUs, monitoring counters) for
-one of several machines. Point ResctrlNode at it, e.g. ``rdtune describe --root
-MOUNTPOINT`` or ``rdtune agent --backend resctrl --root MOUNTPOINT``. Runs in the
-foreground; Ctrl-C (or ``fusermount3 -u MOUNTPOINT``) unmounts cleanly.
+/sys/fs/resctrl (groups, schemata rules and errors, tasks, CPUs, monitoring counters) of
+one of several machines running a named kernel version. Point ResctrlNode at it, e.g.
+``rdtune describe --root MOUNTPOINT`` or ``rdtune agent --backend resctrl --root
+MOUNTPOINT``. Clients that also read the CPU topology (pqos) need domain ids that match it:
+``--host-topology`` takes the host's CPUs and L3 ids, ``--cpu-sysfs DIR`` writes the
+preset's own /sys/devices/system/cpu files to bind-mount for them (docs/EMULATOR.md). Runs
+in the foreground; Ctrl-C (or ``fusermount3 -u MOUNTPOINT``) unmounts cleanly.
 """
 
 from __future__ import annotations
@@ -22,6 +25,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="machine to emulate (default intel-20way; see --list-presets)",
     )
     parser.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    parser.add_argument(
+        "--kernel",
+        metavar="VERSION",
+        help="emulate this kernel version's resctrl (e.g. 6.1, 6.15) instead of the preset's: "
+        "schemata padding and line order, tasks parsing",
+    )
+    topo = parser.add_mutually_exclusive_group()
+    topo.add_argument(
+        "--host-topology",
+        action="store_true",
+        help="take the CPUs (online, possible) and L3 domain ids from this host's "
+        "/sys/devices/system/cpu, so clients reading the real sysfs see matching domains",
+    )
+    topo.add_argument(
+        "--cpu-sysfs",
+        metavar="DIR",
+        help="also write the preset's /sys/devices/system/cpu files (online CPUs, cache ids, "
+        "packages) into DIR, to bind-mount over /sys/devices/system/cpu for a client",
+    )
     parser.add_argument(
         "mountpoint", nargs="?", help="an existing empty directory to mount the tree on"
     )
@@ -55,9 +77,15 @@ def run(args: argparse.Namespace) -> int:
     from agent.emulator.fs import mount
     from agent.emulator.model import Model
 
-    model = Model(PRESETS[args.preset])
+    try:
+        preset = configure(args)
+    except (OSError, ValueError) as exc:
+        print(f"rdtune emulate-resctrl: {exc}", file=sys.stderr)
+        return 2
+    model = Model(preset)
     print(
-        f"emulating {args.preset} ({PRESETS[args.preset].description}) at "
+        f"emulating {args.preset} ({preset.description}) with the resctrl of Linux "
+        f"{preset.rules}, L3 domains {list(model.domains)}, at "
         f"{os.path.abspath(args.mountpoint)}; Ctrl-C to unmount",
         file=sys.stderr,
     )
@@ -67,3 +95,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"rdtune emulate-resctrl: mounting failed: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def configure(args: argparse.Namespace):
+    """The preset with the command line's kernel and topology choices applied; writes the
+    ``--cpu-sysfs`` tree."""
+    from dataclasses import replace
+
+    from agent.emulator.presets import PRESETS
+    from agent.emulator.topology import Topology
+
+    preset = PRESETS[args.preset]
+    if args.kernel:
+        preset = replace(preset, kernel=args.kernel)
+    if args.host_topology:
+        preset = replace(preset, topology=Topology.from_sysfs())
+    if args.cpu_sysfs:
+        preset.topo.write_sysfs(args.cpu_sysfs, preset.cache_size, preset.cbm_len)
+    return preset
