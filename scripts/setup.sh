@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up rdtune on a fresh machine: system packages for the resctrl emulator (FUSE),
-# a virtual environment in .venv, torch pinned to the CPU build, and rdtune itself.
+# Set up rdtune on a fresh machine: system packages for the resctrl emulator (FUSE) and
+# its pqos interoperability test (intel-cmt-cat, qemu-user on non-Intel hosts), a virtual
+# environment in .venv, torch pinned to the CPU build, and rdtune itself.
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,23 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so\.3\|libfuse\.so\.2'; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-3 >/dev/null
     else
         echo "setup: libfuse not found and cannot install it; emulator tests will skip" >&2
+    fi
+fi
+
+# Intel's pqos (intel-cmt-cat) checks the emulator in tests/agent/emulator/test_pqos.py; on
+# a non-Intel host it runs under qemu-user with an Intel CPU model (qemu-x86_64).
+need=()
+command -v pqos >/dev/null || [ -x /usr/sbin/pqos ] || need+=(intel-cmt-cat)
+if ! grep -q '^vendor_id.*GenuineIntel' /proc/cpuinfo 2>/dev/null; then
+    command -v qemu-x86_64 >/dev/null || need+=(qemu-user)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: installing ${need[*]} (pqos interoperability test of the emulator)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    else
+        echo "setup: ${need[*]} missing and cannot install; the pqos test will skip" >&2
     fi
 fi
 
