@@ -1,4 +1,4 @@
-"""The emulator behaves like the kernel's resctrl (shared/design/RESCTRL.md), seen through
+"""The emulator behaves like the kernel's resctrl (docs/EMULATOR.md), seen through
 the FUSE mount with plain syscalls: errno plus info/last_cmd_status for each refusal,
 padding, move semantics, rmdir, allocation of CLOSIDs and RMIDs, counters."""
 
