@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -24,7 +23,6 @@ import pytest
 
 from agent.emulator.bitmap import parse_list
 from tests.agent.emulator.pqos import Pqos, finish, host_vendor, pqos_command
-from tests.agent.emulator.test_tasks import THREADED
 from tests.emulated_resctrl import Emulated, emulated_resctrl
 
 NO_PERF = ("--disable-mon-ipc", "--disable-mon-llc_miss")
@@ -38,17 +36,6 @@ def pqos() -> Iterator[Pqos]:
             yield runner
         finally:
             runner.close()
-
-
-@pytest.fixture
-def threaded() -> Iterator[int]:
-    proc = subprocess.Popen([sys.executable, "-c", THREADED], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        yield proc.pid
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 # ---------------------------------------------------------------- reading the emulated tree
@@ -169,11 +156,12 @@ def test_association_of_cores_and_tasks(pqos: Pqos, child: int) -> None:
     assert f"COS2 => {child}\n" in shown, shown
 
 
+@pytest.mark.slow
 def test_core_monitoring(pqos: Pqos) -> None:
     emu = pqos.emu
     pqos.run("-d")
     pqos.run("-a", "llc:1=0-1")
-    proc = pqos.start("-m", "llc:[0-1];mbl:6", *NO_PERF, "-i", "5", "-t", "3")
+    proc = pqos.start("-m", "llc:[0-1];mbl:6", *NO_PERF, "-i", "5", "-t", "2")
     try:
 
         def grouped() -> bool:
@@ -194,6 +182,7 @@ def test_core_monitoring(pqos: Pqos) -> None:
     assert "exit status 0" in out, out
 
 
+@pytest.mark.slow
 def test_pid_monitoring_of_every_thread(pqos: Pqos, threaded: int) -> None:
     emu = pqos.emu
     every = {int(t) for t in os.listdir(f"/proc/{threaded}/task")}
@@ -201,7 +190,7 @@ def test_pid_monitoring_of_every_thread(pqos: Pqos, threaded: int) -> None:
     pqos.run("-d")
     pqos.run("-a", f"pid:2={threaded}")  # the main thread only: the others stay in COS0
     assert tasks(emu, "COS2") == {threaded} and others <= tasks(emu, "")
-    proc = pqos.start("-p", f"llc:{threaded}", *NO_PERF, "-i", "5", "-t", "3")
+    proc = pqos.start("-p", f"llc:{threaded}", *NO_PERF, "-i", "5", "-t", "2")
     try:
 
         def monitored() -> bool:
