@@ -116,6 +116,8 @@ def describe(node) -> dict:
     }
     vanished = getattr(node, "vanished", None)
     out["vanished"] = sorted(vanished()) if callable(vanished) else []
+    prefix = getattr(node, "prefix", "")
+    out["not_ours"] = [prefix + n for n in sorted(getattr(node, "not_ours", ()))]
     return out
 
 
@@ -160,6 +162,8 @@ def format_text(d: dict) -> str:
             lines.append(f"    domain {dom}: L3 {a['l3_mask']}{code}, MB {a['mb']}")
     if d["vanished"]:
         lines.append(f"vanished (deleted by someone else): {', '.join(d['vanished'])}")
+    if d.get("not_ours"):
+        lines.append(f"not created by this node (left alone): {', '.join(d['not_ours'])}")
     return "\n".join(lines)
 
 

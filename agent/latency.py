@@ -27,6 +27,9 @@ import numpy as np
 from agent.types import LatencyStats
 
 _QUANTILES = tuple(p / 100.0 for p in LatencyStats.PERCENTILES)
+# Request counts travel as int64 (LatencyStats.count): an interval's total must stay below
+# 2^63, or every later observation of the group could not be sent.
+MAX_COUNT = 2.0**63
 
 
 def histogram_quantile(q: float, upper_bounds: Sequence[float], counts: Sequence[float]) -> float:
@@ -111,11 +114,20 @@ class LatencyRecorder:
         if (cnt < 0).any() or not np.isfinite(cnt).all():
             raise ValueError("histogram counts must be finite and non-negative")
         with self._lock:
-            feed = self._feeds.setdefault(group, _GroupFeed())
+            feed = self._feeds.get(group) or _GroupFeed()
+            held = 0.0 if feed.buckets is None else float(feed.buckets.sum())
+            if held + float(cnt.sum()) + feed.seen >= MAX_COUNT:
+                # Checked before anything is stored: a refused report leaves the interval
+                # as it was.
+                raise ValueError(
+                    f"group {group!r}: histogram counts total {held + float(cnt.sum()):g} "
+                    "requests this interval, beyond int64"
+                )
+            if feed.bounds is not None and feed.bounds != bounds:
+                raise ValueError(f"group {group!r}: histogram bounds changed within an interval")
+            self._feeds[group] = feed
             if feed.bounds is None:
                 feed.bounds, feed.buckets = bounds, cnt.copy()
-            elif feed.bounds != bounds:
-                raise ValueError(f"group {group!r}: histogram bounds changed within an interval")
             else:
                 feed.buckets += cnt
 

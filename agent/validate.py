@@ -147,6 +147,13 @@ def _validate_one(
             domain=domain,
         )
     mask, code, mb = alloc.l3_mask, alloc.l3_code_mask, alloc.mb
+    if domain not in caps.domains and not (caps.mba is not None and domain in caps.mba.domains):
+        raise InvalidAllocation(
+            f"unknown domain (node has {list(caps.domains)})",
+            rule="unknown_domain",
+            group=group,
+            domain=domain,
+        )
     if mask is not None or code is not None:
         if caps.l3 is None:
             raise InvalidAllocation(

@@ -34,6 +34,7 @@ Example ``tuner.yaml`` (every key optional; see docs/DEPLOY.md)::
     metrics_token_file: /etc/rdtune/metrics-token                     # a bearer token
     log_json: false               # JSON lines logs on stderr
     restore_baseline: false       # on clean shutdown, put back the allocation found at start
+    restore_deadline_s: 10.0      # ... retrying an unreachable agent for this long
     realtime: null                # simulated node: also sleep each interval (default: no)
 
 Unknown keys are an error: a typo in a safety limit must not pass silently.
@@ -155,6 +156,7 @@ class TunerConfig:
     metrics_token_file: str | None = None
     log_json: bool = False
     restore_baseline: bool = False
+    restore_deadline_s: float = 10.0
     realtime: bool | None = None
 
     def validate(self) -> None:
@@ -164,6 +166,8 @@ class TunerConfig:
             raise ConfigError("resync_intervals must be a whole number >= 1")
         if not (0 < self.retry_initial_s <= self.retry_max_s):
             raise ConfigError("retry needs 0 < initial_s <= max_s")
+        if not (math.isfinite(self.restore_deadline_s) and self.restore_deadline_s >= 0):
+            raise ConfigError("restore_deadline_s must be a number >= 0")
         if not (math.isfinite(self.agent.timeout_s) and self.agent.timeout_s > 0):
             raise ConfigError("agent.timeout_s must be positive")
         if not isinstance(self.controller_options, dict):
@@ -270,7 +274,7 @@ def parse_config(raw: object, where: str = "config") -> TunerConfig:
     known = {"interval_s", "resync_intervals", "controller_options", "fallback"}
     known |= {"fallback_options"}
     known |= {"metrics_listen", "metrics_tls", "metrics_token_file", "log_json"}
-    known |= {"restore_baseline", "realtime"}
+    known |= {"restore_baseline", "restore_deadline_s", "realtime"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"unknown config key(s) in {where}: {', '.join(sorted(unknown))}")
@@ -302,6 +306,7 @@ def parse_config(raw: object, where: str = "config") -> TunerConfig:
             metrics_token_file=raw.get("metrics_token_file"),
             log_json=bool(raw.get("log_json", False)),
             restore_baseline=bool(raw.get("restore_baseline", False)),
+            restore_deadline_s=float(raw.get("restore_deadline_s", 10.0)),
             realtime=raw.get("realtime"),
         )
     except (TypeError, ValueError) as exc:

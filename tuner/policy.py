@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -44,31 +46,86 @@ class PolicyRefused(ValueError):
     """The model cannot control this node (or cannot be loaded); the message says why."""
 
 
+WHAT_TO_GIVE = "give the export directory, its .onnx file or its model card"
+MAX_CARD_BYTES = 16 << 20
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _check_path(path: str | Path) -> Path:
+    """``path`` as a Path when it names a directory or a regular file we may read; else
+    :class:`PolicyRefused` saying what it is instead (a device, a broken link, ...)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        if p.is_symlink():
+            raise PolicyRefused(
+                f"policy {path}: a broken symbolic link (to {os.readlink(p)}); {WHAT_TO_GIVE}"
+            ) from None
+        raise PolicyRefused(f"policy {path}: no such file or directory") from None
+    except PermissionError:
+        raise PolicyRefused(f"policy {path}: permission denied") from None
+    except OSError as exc:
+        raise PolicyRefused(f"policy {path}: cannot access: {exc.strerror}") from None
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        raise PolicyRefused(f"policy {path}: {_kind(st.st_mode)}, not a policy; {WHAT_TO_GIVE}")
+    if not os.access(p, os.R_OK | (os.X_OK if stat.S_ISDIR(st.st_mode) else 0)):
+        raise PolicyRefused(f"policy {path}: permission denied")
+    return p
+
+
 def find_card(path: str | Path) -> Path:
     """The model card of an export given as a directory, an .onnx file or the card itself."""
-    p = Path(path)
+    p = _check_path(path)
     if p.suffix == ".json" and p.is_file():
         return p
     folder = p if p.is_dir() else p.parent
     candidates = [folder / n for n in CARD_NAMES]
     if p.is_file():
         candidates.insert(0, p.with_suffix(".json"))
-    elif not p.is_dir():
-        raise PolicyRefused(f"policy {path}: no such file or directory")
     for c in candidates:
         if c.is_file():
             return c
     raise PolicyRefused(
-        f"policy {path}: no model card (looked for {', '.join(c.name for c in candidates)})"
+        f"policy {path}: no model card (looked for {', '.join(str(c) for c in candidates)}); "
+        f"{WHAT_TO_GIVE}"
     )
 
 
 def read_card(path: str | Path) -> dict:
     card_path = find_card(path)
     try:
+        if card_path.stat().st_size > MAX_CARD_BYTES:
+            raise PolicyRefused(
+                f"policy {path}: model card {card_path} is larger than "
+                f"{MAX_CARD_BYTES >> 20} MiB: not a model card"
+            )
         card = json.loads(card_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PolicyRefused(f"policy {path}: cannot read model card {card_path}: {exc}") from exc
+    except UnicodeDecodeError:
+        raise PolicyRefused(
+            f"policy {path}: model card {card_path} is not text (JSON expected)"
+        ) from None
+    except ValueError as exc:
+        if isinstance(exc, PolicyRefused):
+            raise
+        raise PolicyRefused(
+            f"policy {path}: model card {card_path} is not valid JSON: {exc}"
+        ) from None
+    except OSError as exc:
+        raise PolicyRefused(
+            f"policy {path}: cannot read model card {card_path}: {exc.strerror or exc}"
+        ) from None
     if not isinstance(card, dict):
         raise PolicyRefused(f"policy {path}: model card {card_path} is not a JSON object")
     return card

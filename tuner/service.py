@@ -15,7 +15,10 @@ Failure handling (issue 8, "Safety guard"):
   intended one. The controller, the guard and the metrics keep their state throughout.
 * The tuner dying leaves the node with its last applied (valid) allocation: nothing is
   undone on the node's side.
-* Clean shutdown optionally restores the allocation found at start (``restore_baseline``).
+* Started before its agent, the tuner waits for it with the same backoff and starts when
+  it answers.
+* Clean shutdown optionally restores the allocation found at start (``restore_baseline``),
+  retrying an agent that is down until ``restore_deadline_s``.
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ class Tuner:
         self.switches: list[Switch] = []
         self._last_now = -math.inf
         self._next_tick: float | None = None
+        self.started = False  # start() has finished once: later outages reconcile
 
     # ------------------------------------------------------------------ state
 
@@ -122,8 +126,12 @@ class Tuner:
     # ------------------------------------------------------------------ set-up
 
     def start(self) -> None:
-        """Connect, create or adopt the configured groups, start the controller."""
-        self.node = self._connect()
+        """Connect, create or adopt the configured groups, start the controller.
+
+        Safe to call again after it failed part-way (the agent not up yet): the connection
+        is kept, and nothing counts as started until the controller has started."""
+        if self.node is None:
+            self.node = self._connect()
         self.caps = self.node.capabilities()
         self.clock = as_clock(self.node)
         self._ensure_groups()
@@ -147,6 +155,7 @@ class Tuner:
         self._stale, self._since_read = False, 0  # ``intended`` is what the node holds
         self._carry_out(self.active.start(self._context(self.baseline)), self.baseline, 0.0)
         self.node.observe()  # the first interval starts now
+        self.started = True
 
     def _ensure_groups(self, strict: bool = True) -> None:
         """Create (or adopt) the configured groups and move their tasks in. ``strict``: an
@@ -464,7 +473,7 @@ class Tuner:
                 return False
             delay = min(delay * 2, self.cfg.retry_max_s)
             try:
-                if self.node is None:
+                if not self.started:
                     self.start()
                 else:
                     self.reconcile()
@@ -489,7 +498,6 @@ class Tuner:
         except NodeError as exc:
             if not is_outage(exc):
                 raise
-            self.node = None
             if not self._wait_for_agent(stop, exc):
                 return 0
         realtime = self.cfg.realtime if self.cfg.realtime is not None else self.clock is None
@@ -521,19 +529,52 @@ class Tuner:
         return not stop.wait(max(0.0, delay))
 
     def shutdown(self) -> None:
-        """Clean exit: optionally restore the baseline allocation, then disconnect."""
+        """Clean exit: optionally restore the baseline allocation, then disconnect.
+
+        An agent that is down (restarting) is retried with the usual backoff until
+        ``cfg.restore_deadline_s`` has passed: leaving the tuned allocation behind would
+        keep the node split for workloads the tuner no longer watches."""
         if self.node is None:
             return
         try:
-            if self.cfg.restore_baseline and self.baseline is not None:
+            if self.cfg.restore_baseline and self.baseline is not None and self.started:
+                self._restore_baseline()
+        finally:
+            self.node.close()
+
+    def _restore_baseline(self) -> None:
+        deadline = time.monotonic() + self.cfg.restore_deadline_s
+        delay = self.cfg.retry_initial_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
                 groups = set(self.node.groups())
                 plan = AllocationPlan(
                     {g: a for g, a in self.baseline.groups.items() if g in groups}
                 )
                 if plan.groups:
                     self.node.apply(plan)
-                    log.info("restored the baseline allocation", extra={"event": "restore"})
-        except NodeError as exc:
-            log.error("could not restore the baseline allocation: %s", exc)
-        finally:
-            self.node.close()
+                log.info(
+                    "restored the baseline allocation",
+                    extra={"event": "restore", "attempts": attempt},
+                )
+                return
+            except NodeError as exc:
+                left = deadline - time.monotonic()
+                if not is_outage(exc) or left <= 0:
+                    log.error(
+                        "could not restore the baseline allocation: %s",
+                        exc,
+                        extra={"event": "restore_failed", "attempts": attempt},
+                    )
+                    return
+                log.warning(
+                    "restoring the baseline: agent unreachable (%s); retry %d in %.2g s",
+                    exc,
+                    attempt,
+                    min(delay, left),
+                    extra={"event": "restore_retry", "attempt": attempt},
+                )
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, self.cfg.retry_max_s)

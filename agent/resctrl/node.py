@@ -1,13 +1,20 @@
 """ResctrlNode: the real Linux backend of ``Node`` (ARCHITECTURE.md, "One seam"), over the
 resctrl filesystem, perf_event_open counters and an LC latency feed.
 
-Follows shared/design/RESCTRL.md: owns only groups named with its prefix (adopted again
-after a restart, kind and SLO kept in a state file), never lists or changes foreign
-groups, notices own groups deleted by someone else, cleans up its stale monitoring groups,
+Follows shared/design/RESCTRL.md: owns only the groups it created -- recorded in a state
+file by name, kind, SLO and a marker of the directory (agent/resctrl/state.py) and adopted
+again after a restart; a directory with its prefix that it did not record is someone
+else's and is never changed or removed. It notices own groups deleted by someone else,
 validates every plan with agent.validate before the first write, writes one schemata per
 group (shrinking groups first), restores what it changed when the kernel refuses a write,
 and returns what the kernel really holds, parsed by value. Reads take a shared flock on
 the root, read-modify-write sequences an exclusive one.
+
+Crash consistency: a multi-group apply, a group's creation and its deletion are written to
+an intent journal before resctrl is touched; a journal found at start is rolled back
+(apply: every group gets its old values; create: the half-made directory goes) or
+forward (delete) before the node is used, so ``kill -9`` at any instant leaves one whole
+plan and no group without its kind and SLO.
 """
 
 from __future__ import annotations
@@ -106,6 +113,10 @@ class ResctrlNode:
         lock_timeout_s: how long to wait for the flock on the root.
         cache_size_path / cpuinfo: sysfs/procfs files for cache size and vendor.
         proc: procfs, used to check pids exist before moving them.
+        check_markers: refuse to adopt (or remove) a recorded directory whose marker
+            changed. Default: on a real resctrl mount, whose inode numbers are kernfs ids;
+            off elsewhere (the FUSE emulator's inode numbers are libfuse node ids, which
+            change when the kernel forgets an inode), where markers are only recorded.
     """
 
     def __init__(
@@ -120,6 +131,7 @@ class ResctrlNode:
         cache_size_path: str = discovery.CACHE_SIZE,
         cpuinfo: str = discovery.CPUINFO,
         proc: str = "/proc",
+        check_markers: bool | None = None,
     ) -> None:
         validate_group_name(prefix, error=InvalidName)
         self.root = os.path.abspath(root)
@@ -133,6 +145,9 @@ class ResctrlNode:
             state_dir or default_state_dir(), f"{safe_prefix}-resctrl-groups{suffix}.json"
         )
         self._lock = ResctrlLock(self.root, lock_timeout_s)
+        if check_markers is None:
+            check_markers = discovery.mount_info(self.root, mounts).is_resctrl
+        self.check_markers = check_markers
         self._own_pmc = pmc == "auto"
         self.pmc: PmcSource | None = _default_pmc() if pmc == "auto" else pmc  # type: ignore[assignment]
         if self.pmc is not None:
@@ -157,7 +172,14 @@ class ResctrlNode:
         self._cdp = bool(self._caps.l3 and self._caps.l3.cdp)
         self._digits = (self._caps.l3.cbm_mask.bit_length() + 3) // 4 if self._caps.l3 else 0
         self._specs: dict[str, GroupSpec] = {}
+        self._markers: dict[str, int | None] = {}  # own group -> its directory's marker
+        self._mon_groups: dict[str, int] = {}  # own monitoring group (path) -> marker
         self._vanished: dict[str, GroupSpec] = {}
+        self._journal = state.Journal(self.state_path + ".intent")
+        self._creating: str | None = None  # the group being created (own, not recorded yet)
+        self._made = False  # its mkdir succeeded
+        self.recovered: str | None = None  # what start-up recovery did, if anything
+        self.not_ours: list[str] = []  # prefix-named directories this node did not record
         self._tracker = monitor.CounterTracker()
         self._pmc_tasks: dict[str, frozenset[int]] = {}
         self._last_observe = time.monotonic()
@@ -209,48 +231,163 @@ class ResctrlNode:
     def _adopt(self) -> None:
         saved = state.load(self.state_path)
         with self._lock.exclusive():
+            self._recover(saved)
+            self._mon_groups = dict(saved.mon_groups)
             on_disk = set(self._own_dirs())
             for name in sorted(on_disk):
-                spec = saved.get(name, GroupSpec(name))
+                spec = saved.groups.get(name)
+                if spec is None:
+                    log.warning(
+                        "%s%s was not created by this agent (not in %s): left alone",
+                        self.prefix,
+                        name,
+                        self.state_path,
+                    )
+                    self.not_ours.append(name)
+                    continue
+                try:
+                    marker = state.marker_of(self._dir(name))
+                except OSError:
+                    on_disk.discard(name)
+                    continue
+                if not self._same(saved.markers.get(name), marker):
+                    log.warning(
+                        "own group %r was deleted and re-created by someone else: left alone",
+                        name,
+                    )
+                    self.not_ours.append(name)
+                    on_disk.discard(name)
+                    continue
                 try:
                     mode = discovery.read_text(self._path(name, "mode")).strip()
                 except OSError:
                     mode = "shareable"
                 self._specs[name] = replace(spec, exclusive=mode == "exclusive")
-            for name, spec in saved.items():
+                self._markers[name] = marker
+            for name, spec in saved.groups.items():
                 if name not in on_disk:
                     log.warning("own group %r is gone (deleted by someone else?)", name)
                     self._vanished[name] = spec
-            self._clean_stale_mon_groups()
-        if self._specs or saved:
+            self._clean_own_mon_groups()
+        if self._specs or saved.groups or saved.mon_groups != self._mon_groups:
             self._save()
 
-    def _clean_stale_mon_groups(self) -> None:
-        """rmdir every ``mon_groups/<prefix>*``: this node creates none while running, so
-        any left are from a crashed run and hold RMIDs."""
-        parents = [self.root] + [
-            os.path.join(self.root, e)
-            for e in os.listdir(self.root)
-            if e != "info" and os.path.isdir(os.path.join(self.root, e, "mon_groups"))
-        ]
-        for parent in parents:
-            mon = os.path.join(parent, "mon_groups")
-            try:
-                entries = os.listdir(mon)
-            except OSError:
+    def _recover(self, saved: state.Saved) -> None:
+        """Finish what a crash cut short, from the intent journal (exclusive lock held)."""
+        intent = self._journal.read()
+        if intent is None:
+            return
+        op, name = intent.get("op"), intent.get("name")
+        try:
+            if op == "apply":
+                self.recovered = self._roll_back_apply(intent, saved)
+            elif op == "create" and isinstance(name, str):
+                self.recovered = self._roll_back_create(name, saved)
+            elif op == "delete" and isinstance(name, str):
+                self.recovered = self._roll_forward_delete(name, saved)
+            else:
+                log.warning("ignoring an intent record of unknown form: %r", intent)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.error("recovering from the intent record %r failed: %s", intent, exc)
+            self.recovered = f"failed: {exc}"
+        else:
+            if self.recovered:
+                log.warning("crash recovery: %s", self.recovered)
+        self._journal.clear()
+
+    def _roll_back_apply(self, intent: dict, saved: state.Saved) -> str:
+        """Every group of an interrupted apply gets its old values back, in the reverse of
+        the order they were written (so no two groups overlap on the way)."""
+        groups = intent["groups"]
+        restored = []
+        for group in reversed(intent["order"]):
+            if group not in saved.groups:
                 continue
-            for entry in entries:
-                if entry.startswith(self.prefix):
-                    path = os.path.join(mon, entry)
-                    try:
-                        os.rmdir(path)
-                        self.cleaned_mon_groups.append(os.path.relpath(path, self.root))
-                        log.info("removed stale monitoring group %s", path)
-                    except OSError as exc:
-                        log.warning("could not remove stale monitoring group %s: %s", path, exc)
+            old = {
+                res: {int(d): int(v) for d, v in per_dom.items()}
+                for res, per_dom in groups[group]["old"].items()
+            }
+            path = os.path.join(self.root, self.prefix + group, "schemata")
+            if not os.path.exists(path):
+                continue
+            try:
+                self._write(path, schemata.format_write(old, self._digits))
+                restored.append(group)
+            except OSError as exc:
+                log.error("could not roll back group %r: %s (%s)", group, exc, self._status())
+        return f"rolled back an interrupted apply of {', '.join(map(repr, restored)) or 'nothing'}"
+
+    def _roll_back_create(self, name: str, saved: state.Saved) -> str:
+        if name in saved.groups:
+            return ""  # recorded before the crash: the creation is complete
+        path = self._dir(name)
+        if not os.path.isdir(path):
+            return ""  # the crash came before mkdir
+        if discovery.read_text(os.path.join(path, "tasks")).split():
+            # Nobody was told the group exists, so nobody could have put tasks in it:
+            # this directory is someone else's after all.
+            return f"left {path} alone (it holds tasks)"
+        os.rmdir(path)
+        return f"removed group {name!r}, whose creation a crash cut short"
+
+    def _roll_forward_delete(self, name: str, saved: state.Saved) -> str:
+        path = self._dir(name)
+        marker = saved.markers.get(name)
+        done = ""
+        ours = name in saved.groups and os.path.isdir(path)
+        if ours and self._same(marker, state.marker_of(path)):
+            os.rmdir(path)
+            done = f"finished deleting group {name!r}"
+        saved.groups.pop(name, None)
+        saved.markers.pop(name, None)
+        return done or f"forgot group {name!r}, deleted before a crash"
+
+    def _same(self, recorded: int | None, found: int) -> bool:
+        """Whether a directory found with marker ``found`` is the one recorded."""
+        return recorded is None or not self.check_markers or recorded == found
+
+    def _clean_own_mon_groups(self) -> None:
+        """rmdir the monitoring groups this node recorded as its own (left by a crashed
+        run, they hold RMIDs); any other monitoring group is left alone."""
+        for rel, marker in sorted(self._mon_groups.items()):
+            path = os.path.join(self.root, rel)
+            try:
+                if self._same(marker, state.marker_of(path)):
+                    os.rmdir(path)
+                    self.cleaned_mon_groups.append(rel)
+                    log.info("removed own stale monitoring group %s", path)
+                else:
+                    log.warning("monitoring group %s is no longer ours: left alone", path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("could not remove own monitoring group %s: %s", path, exc)
+                continue
+            del self._mon_groups[rel]
+
+    def _intend(self, record: dict, what: str) -> None:
+        """Journal ``record`` durably before touching resctrl, or refuse to go on."""
+        try:
+            self._journal.write(record)
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"cannot {what}: recording the intent in {self._journal.path} failed "
+                f"({exc.strerror}); the group was not created"
+                if record["op"] == "create"
+                else f"cannot {what}: recording the intent in {self._journal.path} failed "
+                f"({exc.strerror}); nothing was changed",
+            ) from exc
 
     def _save(self) -> None:
-        state.save(self.state_path, {**self._vanished, **self._specs}, self.root, self.prefix)
+        state.save(
+            self.state_path,
+            {**self._vanished, **self._specs},
+            self.root,
+            self.prefix,
+            self._markers,
+            self._mon_groups,
+        )
 
     # ------------------------------------------------------------------ vanished groups
 
@@ -304,61 +441,78 @@ class ResctrlNode:
         with self._lock.exclusive():
             if spec.name in self._specs or os.path.lexists(path):
                 raise GroupExists(spec.name)
+            self._intend({"op": "create", "name": spec.name}, f"create group {spec.name!r}")
+            self._creating = spec.name
             try:
-                os.mkdir(path)
-            except OSError as exc:
-                status = self._status()
-                if exc.errno == errno.EEXIST:
-                    raise GroupExists(spec.name) from None
-                if exc.errno in (errno.ENOSPC, errno.EBUSY):
-                    resource = (
-                        "rmid" if "RMID" in status else "ways" if "No space" in status else "closid"
+                self._create(spec, path)
+            except BaseException:
+                # Not made (mkdir refused: a directory there is someone else's), or undone.
+                if not self._made or not os.path.isdir(path):
+                    self._journal.clear()
+                raise
+            finally:
+                self._creating, self._made = None, False
+            self._journal.clear()
+
+    def _create(self, spec: GroupSpec, path: str) -> None:
+        try:
+            os.mkdir(path)
+            self._made = True
+        except OSError as exc:
+            status = self._status()
+            if exc.errno == errno.EEXIST:
+                raise GroupExists(spec.name) from None
+            if exc.errno in (errno.ENOSPC, errno.EBUSY):
+                resource = (
+                    "rmid" if "RMID" in status else "ways" if "No space" in status else "closid"
+                )
+                if exc.errno == errno.EBUSY:
+                    why = (
+                        f"{status or 'Out of RMIDs'}: freed RMIDs are still in limbo "
+                        "(their cache occupancy has not drained); retry shortly"
                     )
-                    if exc.errno == errno.EBUSY:
-                        why = (
-                            f"{status or 'Out of RMIDs'}: freed RMIDs are still in limbo "
-                            "(their cache occupancy has not drained); retry shortly"
-                        )
-                        resource = "rmid"
-                    else:
-                        why = status or "no CLOSID or RMID left"
-                    raise ResourceExhausted(
-                        f"cannot create group {spec.name!r}: {why}", resource=resource
-                    ) from None
-                raise KernelError(
-                    f"cannot create group {spec.name!r}",
-                    err=exc.errno or 0,
-                    status=status,
-                    path=path,
+                    resource = "rmid"
+                else:
+                    why = status or "no CLOSID or RMID left"
+                raise ResourceExhausted(
+                    f"cannot create group {spec.name!r}: {why}", resource=resource
                 ) from None
-            if spec.exclusive:
-                try:
-                    self._make_exclusive(spec.name)
-                except BaseException:
-                    try:
-                        os.rmdir(path)
-                    except OSError as exc:
-                        log.error("could not remove %s after a failed create: %s", path, exc)
-                    raise
-            self._specs[spec.name] = spec
-            vanished = self._vanished.pop(spec.name, None)
+            raise KernelError(
+                f"cannot create group {spec.name!r}",
+                err=exc.errno or 0,
+                status=status,
+                path=path,
+            ) from None
+        if spec.exclusive:
             try:
-                self._save()
-            except OSError as exc:
-                # Without a record the group would come back as a batch group after a
-                # restart: undo rather than keep a group whose kind would be lost.
-                del self._specs[spec.name]
-                if vanished is not None:
-                    self._vanished[spec.name] = vanished
+                self._make_exclusive(spec.name)
+            except BaseException:
                 try:
                     os.rmdir(path)
-                except OSError as undo:
-                    log.error("could not remove %s after a failed create: %s", path, undo)
-                raise OSError(
-                    exc.errno,
-                    f"cannot record group {spec.name!r} in {self.state_path}: {exc.strerror}; "
-                    "the group was not created",
-                ) from exc
+                except OSError as exc:
+                    log.error("could not remove %s after a failed create: %s", path, exc)
+                raise
+        self._specs[spec.name] = spec
+        self._markers[spec.name] = state.marker_of(path)
+        vanished = self._vanished.pop(spec.name, None)
+        try:
+            self._save()
+        except OSError as exc:
+            # Without a record the group would not be adopted after a restart: undo
+            # rather than keep a group whose kind would be lost.
+            del self._specs[spec.name]
+            del self._markers[spec.name]
+            if vanished is not None:
+                self._vanished[spec.name] = vanished
+            try:
+                os.rmdir(path)
+            except OSError as undo:
+                log.error("could not remove %s after a failed create: %s", path, undo)
+            raise OSError(
+                exc.errno,
+                f"cannot record group {spec.name!r} in {self.state_path}: {exc.strerror}; "
+                "the group was not created",
+            ) from exc
 
     def _make_exclusive(self, name: str) -> None:
         """Narrow a new group to the ways no other group uses, then set mode exclusive
@@ -403,11 +557,13 @@ class ResctrlNode:
                 self._save()
                 return
             self._require(name)
+            self._intend({"op": "delete", "name": name}, f"delete group {name!r}")
             try:
                 os.rmdir(path)
             except FileNotFoundError:
                 pass
             except OSError as exc:
+                self._journal.clear()
                 raise KernelError(
                     f"cannot delete group {name!r}",
                     err=exc.errno or 0,
@@ -415,9 +571,11 @@ class ResctrlNode:
                     path=path,
                 ) from None
             del self._specs[name]
+            self._markers.pop(name, None)
             self._tracker.forget(name)
             self._untrack(name)
             self._save()
+            self._journal.clear()
 
     # ------------------------------------------------------------------ Node: tasks
 
@@ -573,11 +731,15 @@ class ResctrlNode:
         return Allocation({n: self._to_alloc(s) for n, s in held.items()})
 
     def _foreign_dirs(self) -> list[str]:
+        """Control groups that are not own: other tools' (whatever their names)."""
+        own = {self.prefix + n for n in self._specs}
+        if self._creating is not None:
+            own.add(self.prefix + self._creating)
         return [
             e
             for e in os.listdir(self.root)
             if e != "info"
-            and not e.startswith(self.prefix)
+            and e not in own
             and os.path.isfile(os.path.join(self.root, e, "schemata"))
         ]
 
@@ -642,6 +804,19 @@ class ResctrlNode:
                 if changes:
                     writes.append((self._growth(changes, held[group]), group, changes))
             writes.sort(key=lambda w: w[0])  # shrinking groups first: no transient overlap
+            if len(writes) > 1:
+                # One schemata write is atomic in the kernel; several are not: journal the
+                # old values so a crash between them is rolled back at the next start.
+                self._intend(
+                    {
+                        "op": "apply",
+                        "order": [g for _, g, _ in writes],
+                        "groups": {
+                            g: {"old": _old_values(changes, held[g])} for _, g, changes in writes
+                        },
+                    },
+                    "apply the plan",
+                )
             done: list[tuple[str, dict[str, dict[int, int]]]] = []
             for _, group, changes in writes:
                 path = self._path(group, "schemata")
@@ -650,6 +825,8 @@ class ResctrlNode:
                 except OSError as exc:
                     status = self._status()
                     failed = self._restore(done, held)
+                    if not failed and len(writes) > 1:
+                        self._journal.clear()  # restored: no crash left anything to repair
                     msg = f"the kernel refused the schemata of group {group!r}"
                     if done:
                         msg += f"; restored {', '.join(repr(g) for g, _ in done)}"
@@ -657,6 +834,8 @@ class ResctrlNode:
                         msg += f"; COULD NOT restore {', '.join(failed)}"
                     raise KernelError(msg, err=exc.errno or 0, status=status, path=path) from None
                 done.append((group, changes))
+            if len(writes) > 1:
+                self._journal.clear()
             result = self._read_all()
         return Allocation({n: self._to_alloc(s) for n, s in result.items()})
 
@@ -760,6 +939,15 @@ class ResctrlNode:
         if self.pmc is not None and self._own_pmc:
             self.pmc.close()
         self.pmc = None
+
+
+def _old_values(
+    changes: Mapping[str, Mapping[int, int]], held: schemata.Schemata
+) -> dict[str, dict[str, int]]:
+    """What a group held of every value an apply changes (JSON-ready)."""
+    return {
+        res: {str(d): held.resources[res][d] for d in per_dom} for res, per_dom in changes.items()
+    }
 
 
 def _short_hash(text: str) -> str:

@@ -1,8 +1,23 @@
-"""The small state ResctrlNode keeps beside resctrl: each own group's kind and SLO.
+"""The small state ResctrlNode keeps beside resctrl: what it made, and what it is doing.
 
-resctrl stores masks, tasks and modes, but not what a group is *for*; without this file a
-restarted agent would adopt its LC services as batch jobs. Written atomically (temp file in
-the same directory, fsync, rename) so a crash leaves the old or the new file, never half.
+resctrl stores masks, tasks and modes, but not what a group is *for* nor who made it.
+The state file records each own group's kind and SLO (without it a restarted agent would
+adopt its LC services as batch jobs) and a *marker* of the directory it created: its inode
+number, which the kernel never gives to another directory while the mount lives (kernfs
+ids carry a generation), so a directory of the same name made by someone else is told
+apart. Monitoring groups the node creates are recorded the same way; nothing that is not
+recorded is ever removed or rewritten (shared/design/RESCTRL.md, "Locking and ownership").
+
+The intent journal (:class:`Journal`) makes multi-step changes crash-consistent: the
+node writes what it is about to do (the old and new values of an apply, the group being
+created or deleted) durably before touching resctrl and clears it after; a journal found
+at start is rolled back (apply, create) or forward (delete) before anything is served.
+
+Every file is written atomically (temp file in the same directory, then rename), so a
+crash leaves the old or the new file, never half. The state file is also fsynced with its
+directory, so it survives a power cut. The journal is not: it only has to outlive the
+process (``kill -9``), since resctrl itself does not survive a reboot -- and an fsync per
+apply would cost ~16 ms on an ordinary ext4 disk, 10x the apply itself.
 """
 
 from __future__ import annotations
@@ -13,11 +28,12 @@ import logging
 import os
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from agent.types import SLO, GroupKind, GroupSpec
 
 log = logging.getLogger(__name__)
-VERSION = 1
+VERSION = 2  # 1: groups without markers (adopted by name, then upgraded)
 
 
 def spec_to_json(spec: GroupSpec) -> dict:
@@ -37,43 +53,135 @@ def spec_from_json(name: str, data: dict) -> GroupSpec:
     )
 
 
-def load(path: str) -> dict[str, GroupSpec]:
-    """Specs by group name; an unreadable or corrupt file counts as empty (with a warning)."""
+@dataclass
+class Saved:
+    """What the state file holds: own groups' specs and markers (None: recorded before
+    markers existed), and own monitoring groups (path under the root -> marker)."""
+
+    groups: dict[str, GroupSpec] = field(default_factory=dict)
+    markers: dict[str, int | None] = field(default_factory=dict)
+    mon_groups: dict[str, int] = field(default_factory=dict)
+
+
+def _read_json(path: str) -> dict | None:
     try:
         with open(path) as f:
             data = json.load(f)
     except FileNotFoundError:
-        return {}
+        return None
     except (OSError, ValueError) as exc:
-        log.warning("ignoring unreadable state file %s: %s", path, exc)
-        return {}
-    out: dict[str, GroupSpec] = {}
+        log.warning("ignoring unreadable file %s: %s", path, exc)
+        return None
+    if not isinstance(data, dict):
+        log.warning("ignoring %s: not a JSON object", path)
+        return None
+    return data
+
+
+def load(path: str) -> Saved:
+    """The saved state; an unreadable or corrupt file counts as empty (with a warning)."""
+    data = _read_json(path) or {}
+    out = Saved()
     for name, entry in (data.get("groups") or {}).items():
         try:
-            out[name] = spec_from_json(name, entry)
-        except (ValueError, KeyError, TypeError) as exc:
+            out.groups[name] = spec_from_json(name, entry)
+            marker = entry.get("marker")
+            out.markers[name] = int(marker) if marker is not None else None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("state file %s: ignoring group %r: %s", path, name, exc)
+    for rel, marker in (data.get("mon_groups") or {}).items():
+        with contextlib.suppress(ValueError, TypeError):
+            out.mon_groups[str(rel)] = int(marker)
     return out
 
 
-def save(path: str, specs: Mapping[str, GroupSpec], root: str, prefix: str) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+def save(
+    path: str,
+    specs: Mapping[str, GroupSpec],
+    root: str,
+    prefix: str,
+    markers: Mapping[str, int | None] | None = None,
+    mon_groups: Mapping[str, int] | None = None,
+) -> None:
+    markers = markers or {}
+    groups = {}
+    for name, spec in sorted(specs.items()):
+        entry = spec_to_json(spec)
+        if markers.get(name) is not None:
+            entry["marker"] = markers[name]
+        groups[name] = entry
     data = {
         "version": VERSION,
         "root": root,
         "prefix": prefix,
-        "groups": {name: spec_to_json(s) for name, s in sorted(specs.items())},
+        "groups": groups,
+        "mon_groups": dict(sorted((mon_groups or {}).items())),
     }
+    write_atomic(path, data)
+
+
+def write_atomic(path: str, data: dict, durable: bool = True) -> None:
+    """``data`` as JSON at ``path``: the old or the new file after any crash; with
+    ``durable`` also after a power cut once this returns."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".state-", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
+            json.dump(data, f, indent=1 if durable else None)
             f.write("\n")
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if durable:
+        _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def marker_of(path: str) -> int:
+    """The marker of a directory: its inode number (unique while the mount lives)."""
+    return os.stat(path).st_ino
+
+
+class Journal:
+    """One intent record at a time, beside the state file (``<state>.intent``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def write(self, record: dict) -> None:
+        # A fixed temp name (the node writes under its exclusive flock on the root) and
+        # one write(2): this is on the path of every multi-group apply.
+        data = json.dumps(record, separators=(",", ":")).encode()
+        tmp = self.path + ".tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+
+    def read(self) -> dict | None:
+        return _read_json(self.path)
+
+    def clear(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)

@@ -15,6 +15,7 @@ import os
 import ssl
 import stat
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
@@ -27,12 +28,20 @@ from agent.node import Node
 from agent.server.config import AgentConfig
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
-from agent.server.security import ConfigError, GuardInterceptor, RateLimiter, parse_listen
+from agent.server.security import (
+    BadFrameLog,
+    ConfigError,
+    GuardInterceptor,
+    RateLimiter,
+    parse_listen,
+)
 from agent.server.service import Limits, NodeAgentServicer, NodeHost, SimulationServicer
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
+
+STOP_SLACK_S = 2.0  # what stop may take beyond the grace period
 
 SERVICE_NAMES = tuple(
     api.DESCRIPTOR.services_by_name[name].full_name for name in ("NodeAgent", "Simulation")
@@ -79,6 +88,7 @@ class AgentServer:
             for group, target in cfg.latency_scrape.items()
         ]
         limiter = RateLimiter(cfg.rate_limit, cfg.rate_burst) if cfg.rate_limit else None
+        self.bad_frames = BadFrameLog()
         self.host = NodeHost(
             node,
             metrics=self.metrics,
@@ -86,6 +96,7 @@ class AgentServer:
             scrapers=scrapers,
             limits=Limits(max_streams=cfg.max_streams, max_sessions=cfg.max_sessions),
             limiter=limiter,
+            bad_frames=self.bad_frames,
         )
         self.listen = parse_listen(cfg.listen)
         self.port: int | None = None
@@ -93,8 +104,9 @@ class AgentServer:
         self._metrics_http = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
+        self.restored: bool | None = None  # after stop: whether restore-on-exit succeeded
 
-        guard = GuardInterceptor(cfg.token, limiter, self.metrics.observe_rpc)
+        guard = GuardInterceptor(cfg.token, limiter, self.metrics.observe_rpc, self.bad_frames)
         options = [
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.max_send_message_length", cfg.max_message_bytes),
@@ -162,27 +174,41 @@ class AgentServer:
         return self
 
     def stop(self, grace: float | None = None) -> None:
-        """Graceful shutdown; safe to call twice and from a signal handler's thread."""
+        """Graceful shutdown within ``grace`` + 2 s; safe to call twice and from a signal
+        handler's thread.
+
+        Streams end at once (idle sessions and latency pushes are cancelled), in-flight
+        calls get ``grace`` seconds, then grpcio cancels the rest. Waiting for that is
+        bounded too (a peer that broke its stream must not hold the agent), and restore-on-
+        exit runs in any case, after the node lock is free or the time is up.
+        """
         with self._stop_lock:
             if self._stopped.is_set():
                 return
             grace = self.cfg.grace_s if grace is None else grace
+            deadline = time.monotonic() + grace + STOP_SLACK_S
             self.health.enter_graceful_shutdown()
             self.host.stop_streams()
-            self.server.stop(grace).wait()
-            # In-flight applies finished (or were cut at the grace period): the lock is free.
+            if not self.server.stop(grace).wait(grace + STOP_SLACK_S / 2):
+                log.warning("RPCs still running %.3g s after shutdown began", grace + 1)
             if self.cfg.restore_on_exit:
                 try:
-                    self.host.restore_defaults()
+                    self.host.restore_defaults(timeout=max(0.1, deadline - time.monotonic()))
+                    self.restored = True
                     log.info("restored full allocations of own groups")
-                except Exception:
-                    log.exception("restoring default allocations failed")
+                except Exception as exc:
+                    self.restored = False
+                    log.error("restoring default allocations failed: %s", exc)
             if self._metrics_http is not None:
                 self._metrics_http.shutdown()
                 self._metrics_http.server_close()
-            if self.own_node:
-                with self.host.lock:
+            if self.own_node and self.host.lock.acquire(
+                timeout=max(0.0, deadline - time.monotonic())
+            ):
+                try:
                     self.node.close()
+                finally:
+                    self.host.lock.release()
             if self.listen.unix_path is not None:
                 Path(self.listen.unix_path).unlink(missing_ok=True)
             self._stopped.set()

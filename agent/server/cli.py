@@ -193,5 +193,15 @@ def run(args: argparse.Namespace) -> int:
     while not stop.wait(1.0):
         pass
     server.stop()
+    if server.restored is not None:
+        print(
+            "rdtune agent: "
+            + (
+                "restored full allocations of own groups"
+                if server.restored
+                else "could NOT restore full allocations (see the log)"
+            ),
+            flush=True,
+        )
     print("rdtune agent: stopped", flush=True)
     return 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
+import math
 import os
 import threading
 import time
@@ -23,6 +25,7 @@ import grpc
 from agent.server.errors import RateLimited, abort, abort_with
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+_log = logging.getLogger("agent.server")
 
 
 TOKEN_ENV = "RDTUNE_AGENT_TOKEN"
@@ -152,7 +155,66 @@ def client_key(peer: str) -> str:
     return peer
 
 
+# Methods that answer an undecodable frame in their own response stream.
+IN_STREAM_ERRORS = frozenset({"/rdtune.v1.NodeAgent/Session"})
+
 RpcObserver = Callable[[str, str, float], None]  # (method, status code name, seconds)
+
+
+class BadFrame:
+    """A request body that did not decode: what the handler gets instead of a message, so
+    the agent answers INVALID_ARGUMENT itself (grpcio would answer INTERNAL and log a
+    traceback per frame, and on a stream send a second status that can hang shutdown)."""
+
+    __slots__ = ("error", "size")
+
+    def __init__(self, error: Exception, size: int) -> None:
+        self.error, self.size = error, size
+
+    def message(self, method: str) -> str:
+        name = method.rsplit("/", 1)[-1]
+        return f"undecodable {name} request ({self.size} bytes): {self.error}"
+
+
+def _tolerant(deserializer):
+    """``deserializer`` returning a :class:`BadFrame` instead of raising."""
+    if deserializer is None:
+        return None
+
+    def decode(raw: bytes):
+        try:
+            return deserializer(raw)
+        except Exception as exc:  # DecodeError, or anything a corrupt body provokes
+            return BadFrame(exc, len(raw))
+
+    return decode
+
+
+class BadFrameLog:
+    """Logs undecodable frames at most once per client host and ``every_s`` (default a
+    minute), with the number left unlogged meanwhile: a hostile or broken peer cannot flood
+    the log."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        self.every_s = every_s
+        self._last: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+        self.total = 0
+
+    def note(self, peer: str, text: str) -> None:
+        key = client_key(peer)
+        now = time.monotonic()
+        with self._lock:
+            self.total += 1
+            last, quiet = self._last.get(key, (-math.inf, 0))
+            if now - last < self.every_s:
+                self._last[key] = (last, quiet + 1)
+                return
+            if len(self._last) > 4096:  # bounded: forget hosts not heard of for a minute
+                self._last = {k: v for k, v in self._last.items() if now - v[0] < self.every_s}
+            self._last[key] = (now, 0)
+        more = f" ({quiet} more since the last report)" if quiet else ""
+        _log.warning("bad frame from %s: %s%s", key, text, more)
 
 
 class GuardInterceptor(grpc.ServerInterceptor):
@@ -163,6 +225,8 @@ class GuardInterceptor(grpc.ServerInterceptor):
             None for no authentication (loopback only, enforced by :func:`check_exposure`).
         limiter: a :class:`RateLimiter`, or None.
         observe: called with (method, status code name, seconds) after every RPC.
+        bad_frames: where undecodable request bodies are counted and logged; they are
+            answered INVALID_ARGUMENT (a Session answers them in its stream).
     """
 
     def __init__(
@@ -170,10 +234,12 @@ class GuardInterceptor(grpc.ServerInterceptor):
         token: str | None = None,
         limiter: RateLimiter | None = None,
         observe: RpcObserver | None = None,
+        bad_frames: BadFrameLog | None = None,
     ) -> None:
         self._expected = f"Bearer {token}".encode() if token else None
         self._limiter = limiter
         self._observe = observe
+        self.bad_frames = bad_frames or BadFrameLog()
         # (method, authorised) -> (handler, guarded handler): wrapping builds closures and a
         # new handler, and the service's handler for a method is the same object each call.
         # Bounded by the registered methods (x2).
@@ -200,11 +266,26 @@ class GuardInterceptor(grpc.ServerInterceptor):
         cached = self._guarded.get(key)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        guarded = _wrap(handler, lambda fn: self._guard(fn, method, authorised))
+        guarded = _wrap(
+            handler,
+            lambda fn: self._guard(fn, method, authorised, handler.request_streaming),
+        )
         self._guarded[key] = (handler, guarded)
         return guarded
 
-    def _guard(self, fn, method: str, authorised: bool):
+    def _bad(self, context, method: str, frame: BadFrame) -> None:
+        text = frame.message(method)
+        self.bad_frames.note(context.peer(), text)
+        abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, text)
+
+    def _frames(self, requests, context, method: str):
+        """A request stream whose undecodable frames end the call with INVALID_ARGUMENT."""
+        for request in requests:
+            if type(request) is BadFrame:
+                self._bad(context, method, request)
+            yield request
+
+    def _guard(self, fn, method: str, authorised: bool, request_streaming: bool):
         def check(context) -> None:
             if not authorised:
                 abort_with(
@@ -224,12 +305,21 @@ class GuardInterceptor(grpc.ServerInterceptor):
             name = code.name if isinstance(code, grpc.StatusCode) else str(code)
             self._observe(method, name, time.perf_counter() - started)
 
+        in_stream = method in IN_STREAM_ERRORS  # its servicer answers BadFrames itself
+
+        def prepare(request, context):
+            if request_streaming:
+                return request if in_stream else self._frames(request, context, method)
+            if type(request) is BadFrame:
+                self._bad(context, method, request)
+            return request
+
         def unary(request, context):
             started = time.perf_counter()
             failed = None
             try:
                 check(context)
-                return fn(request, context)
+                return fn(prepare(request, context), context)
             except BaseException as exc:
                 failed = exc
                 raise
@@ -241,7 +331,7 @@ class GuardInterceptor(grpc.ServerInterceptor):
             failed = None
             try:
                 check(context)
-                yield from fn(request, context)
+                yield from fn(prepare(request, context), context)
             except BaseException as exc:
                 failed = exc
                 raise
@@ -265,7 +355,7 @@ def _wrap(handler: grpc.RpcMethodHandler, guard) -> grpc.RpcMethodHandler:
             unary, streaming = guard(fn)
             return factory(
                 streaming if streams_out else unary,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
     return handler

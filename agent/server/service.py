@@ -31,7 +31,7 @@ from agent.server import convert as C
 from agent.server.errors import RateLimited, abort, abort_with, status_of
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
-from agent.server.security import RateLimiter, client_key
+from agent.server.security import BadFrame, BadFrameLog, RateLimiter, client_key
 from agent.types import AllocationPlan, GroupAllocation, Snapshot
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
@@ -69,9 +69,11 @@ class NodeHost:
         scrapers: list[HistogramScraper] = (),
         limits: Limits = Limits(),
         limiter: RateLimiter | None = None,
+        bad_frames: BadFrameLog | None = None,
     ) -> None:
         self.node = node
         self.limiter = limiter  # per-message rate limits inside sessions
+        self.bad_frames = bad_frames or BadFrameLog()
         self.metrics = metrics or AgentMetrics()
         self.recorder = recorder or LatencyRecorder()
         self.scrapers = list(scrapers)
@@ -84,6 +86,7 @@ class NodeHost:
         self._stream_slots = threading.BoundedSemaphore(limits.max_streams)
         self._session_slots = threading.BoundedSemaphore(max(limits.max_sessions, 1))
         self._sessions: set[_SessionState] = set()
+        self._pushes: set[grpc.ServicerContext] = set()  # open ReportLatencies streams
 
     def open_stream(self, context: grpc.ServicerContext) -> None:
         """Take a stream slot or abort with RESOURCE_EXHAUSTED; release with close_stream."""
@@ -97,6 +100,19 @@ class NodeHost:
 
     def close_stream(self) -> None:
         self._stream_slots.release()
+
+    def open_push(self, context: grpc.ServicerContext) -> None:
+        """Register a client stream (ReportLatencies) so shutdown can cancel it: one idle
+        between reports would otherwise hold the server for the whole grace period."""
+        with self._streams_lock:
+            self._pushes.add(context)
+            stopping = self.stopping.is_set()
+        if stopping:
+            context.cancel()
+
+    def close_push(self, context: grpc.ServicerContext) -> None:
+        with self._streams_lock:
+            self._pushes.discard(context)
 
     def open_session(self, context: grpc.ServicerContext) -> _SessionState:
         """Take a session slot or abort with RESOURCE_EXHAUSTED (the client then falls
@@ -177,10 +193,16 @@ class NodeHost:
                 event.set()
             for session in self._sessions:
                 session.end()
+            pushes = list(self._pushes)
+        for context in pushes:
+            context.cancel()
 
-    def restore_defaults(self) -> None:
-        """Give every own group every way and full bandwidth again (``--restore-on-exit``)."""
-        with self.lock:
+    def restore_defaults(self, timeout: float = -1) -> None:
+        """Give every own group every way and full bandwidth again (``--restore-on-exit``);
+        waits at most ``timeout`` seconds for a call still holding the node (TimeoutError)."""
+        if not self.lock.acquire(timeout=timeout):
+            raise TimeoutError(f"a node call still held the node after {timeout:g} s")
+        try:
             caps = self.node.capabilities()
             full = GroupAllocation(
                 l3_mask=caps.l3.cbm_mask if caps.l3 else None,
@@ -189,6 +211,8 @@ class NodeHost:
             groups = list(self.node.groups())
             if groups:
                 self.node.apply(AllocationPlan.uniform(dict.fromkeys(groups, full), caps.domains))
+        finally:
+            self.lock.release()
 
 
 class _SessionState:
@@ -343,6 +367,19 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         for request in requests:
             if not session.begin():
                 return
+            if type(request) is BadFrame:  # answered in the stream, which stays usable
+                text = request.message("Session")
+                self.host.bad_frames.note(peer, text)
+                ending = session.done()
+                yield api.SessionResponse(
+                    error=api.SessionError(
+                        code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                        detail=C.pb.ErrorDetail(error="ValueError", message=text),
+                    )
+                )
+                if ending:
+                    return
+                continue
             started = time.perf_counter()
             answer = api.SessionResponse(id=request.id)
             kind = request.WhichOneof("call")
@@ -402,9 +439,11 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
 
     def ReportLatencies(self, request_iterator, context):
         self.host.open_stream(context)
+        self.host.open_push(context)
         try:
             return self._report_latencies(request_iterator, context)
         finally:
+            self.host.close_push(context)
             self.host.close_stream()
 
     def _report_latencies(self, request_iterator, context):
@@ -437,7 +476,9 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                 abort(context, ValueError(f"latency report for group {name!r}: {exc}"))
             reports += 1
             self.host.metrics.latency_reports.labels(name).inc()
-        return api.ReportLatenciesResponse(reports=reports, samples=samples)
+        # Each interval's count stays below 2^63 (LatencyRecorder); a long stream's total
+        # could still pass it.
+        return api.ReportLatenciesResponse(reports=reports, samples=min(samples, 2**63 - 1))
 
 
 class SimulationServicer(rpc.SimulationServicer):

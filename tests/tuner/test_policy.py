@@ -14,7 +14,7 @@ import pytest
 from agent.sim import SimNode
 from models.features import ENCODER_VERSION
 from tests.tuner.conftest import ROOT, run_tune
-from tuner.policy import PolicyRefused, check_compatible, find_card, load_policy
+from tuner.policy import PolicyRefused, check_compatible, find_card, load_policy, read_card
 
 
 def card(**caps_overrides) -> dict:
@@ -87,7 +87,7 @@ def test_card_is_found_beside_the_onnx_file(tmp_path) -> None:
     with pytest.raises(PolicyRefused, match="no such file"):
         find_card(tmp_path / "missing")
     (out / "model_card.json").write_text("{not json")
-    with pytest.raises(PolicyRefused, match="cannot read model card"):
+    with pytest.raises(PolicyRefused, match=r"model card .* is not valid JSON"):
         load_policy(out, NODE)
 
 
@@ -136,3 +136,38 @@ def test_tune_runs_an_exported_policy(fresh) -> None:
     assert run.returncode == 0, run.stderr
     assert run.summary["intervals"] == 30
     assert not run.of("dropped")
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda tmp: "/dev/zero", "/dev/zero: a character device, not a policy"),
+        (lambda tmp: str(tmp / "missing"), "no such file or directory"),
+        (lambda tmp: _link(tmp / "dangling", tmp / "gone"), "a broken symbolic link"),
+        (lambda tmp: _fifo(tmp / "pipe"), "a named pipe, not a policy"),
+        (lambda tmp: _write(tmp / "card.json", b"\xff\xfe\x00"), "is not text"),
+        (lambda tmp: _write(tmp / "card.json", b"[1, 2]"), "is not a JSON object"),
+        (lambda tmp: _write(tmp / "notes.txt", b"hello"), "no model card"),
+    ],
+    ids=["char-device", "missing", "dangling-link", "fifo", "binary-card", "list-card", "txt"],
+)
+def test_bad_policy_paths_say_what_they_are(tmp_path, make, message) -> None:
+    with pytest.raises(PolicyRefused, match=message):
+        read_card(make(tmp_path))
+
+
+def _link(path, target) -> str:
+    path.symlink_to(target)
+    return str(path)
+
+
+def _fifo(path) -> str:
+    import os
+
+    os.mkfifo(path)
+    return str(path)
+
+
+def _write(path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)

@@ -56,7 +56,9 @@ def test_mount_describe_and_ctrl_c(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr
         assert "L3: 11 ways (cbm 0x7ff)" in out.stdout
         assert "MB: percent 10..100 step 10" in out.stdout
-        assert "web: batch" in out.stdout
+        # Made by hand, not by a node: someone else's (docs/AGENT.md, "Crash consistency
+        # and ownership").
+        assert "not created by this node (left alone): rdtune-web" in out.stdout
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
         assert not os.path.ismount(mnt)

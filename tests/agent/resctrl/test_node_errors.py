@@ -21,7 +21,7 @@ from agent.errors import (
     ResourceExhausted,
     UnknownTask,
 )
-from agent.resctrl import ResctrlNode
+from agent.resctrl import ResctrlNode, schemata
 from agent.types import (
     SLO,
     AllocationPlan,
@@ -187,10 +187,14 @@ def test_restart_adopts_groups_with_kind_and_slo(intel: Emulated, children: list
     assert again.groups() == {"svc": lc, "batch": GroupSpec("batch")}
     assert again.allocation() == held
     assert children[0] in again.tasks("svc")
-    # Without a state file an adopted group is a batch group.
+    # Without a state file the directories are not known to be this node's: left alone
+    # (never adopted as batch groups, never changed).
     os.remove(again.state_path)
     third = make_node(intel)
-    assert third.groups()["svc"] == GroupSpec("svc")
+    assert third.groups() == {}
+    assert sorted(third.not_ours) == ["batch", "svc"]
+    assert os.path.isdir(f"{intel.root}/{PREFIX}svc")
+    assert third.allocation().groups == {}
 
 
 def test_state_file_is_written_atomically_as_json(intel: Emulated) -> None:
@@ -202,6 +206,7 @@ def test_state_file_is_written_atomically_as_json(intel: Emulated) -> None:
         "kind": "lc",
         "exclusive": False,
         "slo": {"percentile": 99.0, "target_ms": 2.0},
+        "marker": os.stat(f"{intel.root}/{PREFIX}svc").st_ino,
     }
     assert [n for n in os.listdir(os.path.dirname(node.state_path)) if n.startswith(".")] == []
 
@@ -228,17 +233,64 @@ def test_vanished_group_is_reported_and_recreated_on_request(intel: Emulated) ->
     assert node.observe().vanished == frozenset()
 
 
-def test_stale_monitoring_groups_are_cleaned_up(intel: Emulated) -> None:
-    os.mkdir(f"{intel.root}/{PREFIX}a")
-    os.mkdir(f"{intel.root}/{PREFIX}a/mon_groups/{PREFIX}m1")
-    os.mkdir(f"{intel.root}/mon_groups/{PREFIX}m2")
-    os.mkdir(f"{intel.root}/mon_groups/someone-else")
+def test_monitoring_groups_it_did_not_make_are_left_alone(intel: Emulated) -> None:
     node = make_node(intel)
-    assert sorted(node.cleaned_mon_groups) == sorted(
-        [f"{PREFIX}a/mon_groups/{PREFIX}m1", f"mon_groups/{PREFIX}m2"]
-    )
-    assert os.listdir(f"{intel.root}/mon_groups") == ["someone-else"]
-    assert set(node.groups()) == {"a"}
+    node.create_group(GroupSpec("a"))
+    node.close()
+    os.mkdir(f"{intel.root}/other")  # another tool's control group
+    made = [
+        f"{PREFIX}a/mon_groups/{PREFIX}m1",
+        f"mon_groups/{PREFIX}m2",
+        f"other/mon_groups/{PREFIX}m3",
+        "mon_groups/someone-else",
+    ]
+    for rel in made:
+        os.mkdir(f"{intel.root}/{rel}")
+    again = make_node(intel)
+    assert again.cleaned_mon_groups == []
+    assert all(os.path.isdir(f"{intel.root}/{rel}") for rel in made)
+    assert set(again.groups()) == {"a"}
+
+
+def test_own_recorded_monitoring_groups_of_a_crashed_run_are_removed(intel: Emulated) -> None:
+    node = make_node(intel)
+    node.create_group(GroupSpec("a"))
+    node.close()
+    rel = f"{PREFIX}a/mon_groups/{PREFIX}m1"
+    os.mkdir(f"{intel.root}/{rel}")
+    with open(node.state_path) as f:
+        data = json.load(f)
+    data["mon_groups"] = {rel: os.stat(f"{intel.root}/{rel}").st_ino, "mon_groups/gone": 7}
+    with open(node.state_path, "w") as f:
+        json.dump(data, f)
+    # Recorded, but deleted and made again by someone else: no longer ours.
+    other = f"mon_groups/{PREFIX}m2"
+    os.mkdir(f"{intel.root}/{other}")
+    data["mon_groups"][other] = os.stat(f"{intel.root}/{other}").st_ino + 1000
+    with open(node.state_path, "w") as f:
+        json.dump(data, f)
+    again = make_node(intel, check_markers=True)  # see ResctrlNode on the emulator
+    assert again.cleaned_mon_groups == [rel]
+    assert not os.path.exists(f"{intel.root}/{rel}")
+    assert os.path.isdir(f"{intel.root}/{other}")
+    with open(again.state_path) as f:
+        assert json.load(f)["mon_groups"] == {}
+
+
+def test_a_group_re_made_by_someone_else_is_not_adopted(intel: Emulated) -> None:
+    node = make_node(intel)
+    node.create_group(GroupSpec("svc", GroupKind.LC, SLO(99.0, 2.0)))
+    node.close()
+    os.rmdir(f"{intel.root}/{PREFIX}svc")
+    os.mkdir(f"{intel.root}/{PREFIX}svc")  # same name, another owner
+    intel.write(f"{PREFIX}svc/schemata", "L3:0=3;1=3\n")
+    again = make_node(intel, check_markers=True)
+    assert "svc" not in again.groups() and again.not_ours == ["svc"]
+    assert again.vanished() == {"svc"}
+    with pytest.raises(GroupNotFound):
+        again.apply(AllocationPlan.uniform({"svc": GroupAllocation(l3_mask=0xFF)}, (0, 1)))
+    held = schemata.parse(intel.read(f"{PREFIX}svc/schemata"))
+    assert held.get("L3", 0) == held.get("L3", 1) == 0x3, "left as its owner wrote it"
 
 
 # ---------------------------------------------------------------------- tasks and cpus

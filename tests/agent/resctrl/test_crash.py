@@ -1,0 +1,149 @@
+"""``kill -9`` at random instants of apply and group creation, on the FUSE emulator: after
+each kill a fresh ResctrlNode (the next start) must hold one whole plan, every group its
+kind and SLO, no half-made group, and nothing foreign touched (docs/AGENT.md, "Crash
+consistency").
+
+The trials run in a zygote process (tests/agent/resctrl/crash.py) that forks a worker per
+trial; the kill instant is uniform over the shortest of three unkilled runs, measured first. ``RDTUNE_CRASH_
+TRIALS`` sets the number of trials (100 in CI; the benchmark in docs/BENCHMARKS.md runs
+more).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from agent.resctrl import ResctrlNode
+from tests.agent.resctrl.crash import BATCH, LC_NAMES, lc_spec, plans
+from tests.emulated_resctrl import Emulated, emulated_resctrl
+
+PREFIX = "rdtune-"
+TRIALS = int(os.environ.get("RDTUNE_CRASH_TRIALS", "100"))
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+
+
+class Zygote:
+    def __init__(self, emu: Emulated) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.agent.resctrl.crash", emu.root, emu.state_dir],
+            cwd=ROOT_DIR,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def trial(self, seed: int, delay: float) -> str:
+        self.proc.stdin.write(f"trial {seed} {delay}\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def emu() -> Iterator[Emulated]:
+    with emulated_resctrl("intel-20way") as mounted:
+        yield mounted
+
+
+def _foreign(emu: Emulated) -> dict[str, str]:
+    """What other tools hold: their control group, their monitoring groups (one named
+    with our prefix), and the default group's schemata."""
+    out = {}
+    for rel in ("schemata", "other/schemata", "other/tasks"):
+        out[rel] = emu.read(rel)
+    out["mon"] = sorted(os.listdir(os.path.join(emu.root, "mon_groups")))
+    out["other-mon"] = sorted(os.listdir(os.path.join(emu.root, "other", "mon_groups")))
+    return out
+
+
+def _check(emu: Emulated, a, b) -> tuple[str, list[str]]:
+    """Start a node as the agent would after the kill; return which plan it holds
+    ("a", "b", "mixed", or "setup"/"initial" before the first apply) and what is broken."""
+    node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+    broken = []
+    try:
+        groups = node.groups()
+        held = node.allocation()
+        on_disk = {e[len(PREFIX) :] for e in os.listdir(emu.root) if e.startswith(PREFIX)}
+        if on_disk != set(groups):
+            broken.append(f"half_made: {sorted(on_disk ^ set(groups))}")
+        for name, spec in groups.items():
+            if name in LC_NAMES and spec != lc_spec(name):
+                broken.append(f"lost_role: {name} adopted as {spec.kind.value}")
+        if not all(g in groups for g in BATCH):
+            return "setup", broken  # killed while creating the batch groups
+        which = set()
+        for g in BATCH:
+            for d, got in held.groups[g].items():
+                for label, plan in (("a", a), ("b", b)):
+                    want = plan.groups[g][d]
+                    if got.l3_mask == want.l3_mask and got.mb == want.mb:
+                        which.add(label)
+                        break
+                else:
+                    which.add("initial")
+        state = which.pop() if len(which) == 1 else "mixed"
+        if state == "mixed":
+            broken.append("mixed: groups hold parts of two plans")
+        return state, broken
+    finally:
+        node.close()
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_instants_leaves_one_whole_plan(emu: Emulated) -> None:
+    os.mkdir(os.path.join(emu.root, "other"))  # another tool's groups, never to be touched
+    emu.write("other/schemata", "L3:0=ff000;1=ff000\n")
+    os.mkdir(os.path.join(emu.root, "mon_groups", f"{PREFIX}mon"))
+    os.mkdir(os.path.join(emu.root, "other", "mon_groups", f"{PREFIX}mon"))
+    foreign = _foreign(emu)
+    rng = random.Random(19)
+    zygote = Zygote(emu)
+    outcomes: dict[str, int] = {}
+    problems: dict[str, int] = {}
+    killed = 0
+    try:
+        runs = [zygote.trial(seed, -1.0) for seed in range(3)]  # unkilled: measure the run
+        assert all(r.startswith("finished") for r in runs), runs
+        # The shortest run: on a loaded machine a trial may run faster than the median one
+        # measured, and a kill after the worker finished tests nothing.
+        span = min(float(r.split()[1]) for r in runs)
+        probe = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+        a, b = plans(probe.capabilities())
+        probe.close()
+        for i in range(TRIALS):
+            answer = zygote.trial(1000 + i, rng.uniform(0.0, span))
+            assert answer == "killed" or answer.startswith("finished"), answer
+            killed += answer == "killed"
+            state, broken = _check(emu, a, b)
+            if _foreign(emu) != foreign:
+                broken.append("foreign: another tool's group was changed or removed")
+            outcomes[state] = outcomes.get(state, 0) + 1
+            for what in broken:
+                kind = what.split(":")[0]
+                problems[kind] = problems.get(kind, 0) + 1
+                if problems[kind] == 1:
+                    print(f"trial {i}: {what}")
+                if kind == "foreign":  # restore them, to count each trial's own damage
+                    _rebuild_foreign(emu)
+    finally:
+        zygote.close()
+    print(f"kill -9 trials: {TRIALS}, killed mid-run {killed}; outcomes {outcomes}")
+    assert problems == {}, f"broken after kill -9 (trials of {TRIALS}): {problems}"
+    assert killed >= TRIALS * 0.5, f"only {killed} of {TRIALS} trials killed the worker mid-run"
+
+
+def _rebuild_foreign(emu: Emulated) -> None:
+    for rel in ("mon_groups", "other/mon_groups"):
+        path = os.path.join(emu.root, rel, f"{PREFIX}mon")
+        if not os.path.isdir(path):
+            os.mkdir(path)

@@ -1,0 +1,122 @@
+"""The tuner against an agent that is not there yet, goes away and comes back (in-process
+tuner, real agents on loopback on one fixed port, started and stopped by the test)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+from agent.sim import SimNode
+from models import registry
+from tests.agent.server.conftest import serve
+from tests.tuner.conftest import free_port, wait_for
+from tuner.config import AgentConnection, TunerConfig
+from tuner.controllers import fallback
+from tuner.service import Tuner
+
+
+def make_tuner(address: str, **cfg) -> Tuner:
+    config = TunerConfig(
+        interval_s=0.05,
+        agent=AgentConnection(address=address, timeout_s=3),
+        metrics_listen="",
+        retry_initial_s=0.05,
+        retry_max_s=0.4,
+        realtime=True,  # paced by the wall clock: no spinning on a simulated clock
+        **cfg,
+    )
+    return Tuner(config.agent.connect, lambda caps, n: registry.make("eq"), config, fallback())
+
+
+class Running:
+    """``tuner.run`` in a thread; its return value or exception kept for the test."""
+
+    def __init__(self, tuner: Tuner) -> None:
+        self.tuner, self.stop = tuner, threading.Event()
+        self.result: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.tuner.run(self.stop)
+        except BaseException as exc:  # reported by finish()
+            self.error = exc
+
+    def intervals(self) -> int:
+        if self.error is not None:
+            raise AssertionError(f"the tuner died: {self.error!r}") from self.error
+        return self.tuner.intervals
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        assert self.error is None, repr(self.error)
+        assert self.result == 0
+
+
+def _reconnects(tuner: Tuner) -> float:
+    for metric in tuner.metrics.registry.collect():
+        for s in metric.samples:
+            if s.name == "rdtune_tuner_reconnects_total":
+                return s.value
+    raise AssertionError("no reconnect counter")
+
+
+def test_a_tuner_started_before_its_agent_waits_and_survives_a_restart() -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    run = Running(make_tuner(address))
+    try:
+        time.sleep(1.0)  # the tuner finds nobody and backs off
+        assert run.intervals() == 0 and not run.tuner.started
+        with serve(SimNode("default", seed=0), listen=address):
+            wait_for(lambda: run.intervals() >= 5, timeout=40)
+            assert run.tuner.primary is not None and run.tuner.primary.name == "eq"
+        before = run.intervals()
+        time.sleep(0.5)  # down for a while: the tuner notices and waits
+        with serve(SimNode("default", seed=1), listen=address) as again:
+            wait_for(lambda: run.intervals() >= before + 5, timeout=40)
+            assert _reconnects(run.tuner) >= 1
+            # Resumed control: the restarted node holds the tuner's allocation, not the
+            # fresh node's full one.
+            from agent.client import RemoteNode
+
+            with RemoteNode(again.address) as other:
+                assert other.allocation() == run.tuner.intended
+    finally:
+        run.finish()
+        run.tuner.shutdown()
+
+
+def test_stop_retries_the_restore_while_the_agent_is_down() -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    node = SimNode("default", seed=0)
+    tuner = make_tuner(address, restore_baseline=True, restore_deadline_s=30.0)
+    first = serve(node, listen=address, own_node=False)
+    first.__enter__()
+    stopped = False
+    try:
+        tuner.start()
+        for _ in range(3):
+            tuner.step()
+        baseline = tuner.baseline
+        assert node.allocation() != baseline, "the tuner changed the allocation"
+        first.__exit__(None, None, None)
+        stopped = True
+        done = threading.Thread(target=tuner.shutdown, daemon=True)
+        done.start()
+        time.sleep(1.0)  # the agent is down: the restore is retried
+        assert done.is_alive()
+        with serve(node, listen=address, own_node=False):
+            done.join(30)
+            assert not done.is_alive()
+        assert node.allocation() == baseline
+    finally:
+        if not stopped:
+            with contextlib.suppress(Exception):
+                first.__exit__(None, None, None)
