@@ -148,9 +148,7 @@ def _machine(name: str, e: Mapping) -> MachinePreset:
     _check_keys(e, _MACHINE_KEYS, where)
     loaded = e.get("loaded_latency")
     if not isinstance(loaded, Mapping):
-        raise CatalogError(
-            f"{where}: missing field 'loaded_latency' {{slope, queue}}"
-        )
+        raise CatalogError(f"{where}: missing field 'loaded_latency' {{slope, queue}}")
     mba = e.get("mba")
     kw = {}
     if mba:
@@ -220,8 +218,13 @@ class LcSpec:
         burst: mean requests per arrival burst (compound Poisson; 1 = Poisson arrivals).
         reuse: share of the service's LLC hits on lines earlier requests brought in
             (cross-request reuse, Ubik Sec. 3.4): what an idle gap's evictions cost.
-        base_latency_ms: latency every request pays outside the modelled CPU work (network
-            round trip, client), added to its queueing and service time.
+        base_latency_ms: latency every request pays outside the server (network round
+            trip, client), added to its queueing and service time.
+        io_ms: time a request holds its worker without using the core (disk I/O, blocking
+            calls): part of the service time that no cache or bandwidth allocation changes.
+        io_bytes: memory traffic per request that does not pass through the core's caches
+            as misses (the NIC's or disk's DMA of the request and response): it loads the
+            memory bus without stalling the core.
     """
 
     instructions_per_request: float
@@ -232,6 +235,8 @@ class LcSpec:
     burst: float = 1.0
     reuse: float = 0.5
     base_latency_ms: float = 0.0
+    io_ms: float = 0.0
+    io_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -365,9 +370,17 @@ def _workload(name: str, e: Mapping) -> WorkloadSpec:
             burst=float(le.get("burst", 1.0)),
             reuse=float(le.get("reuse", 0.5)),
             base_latency_ms=float(le.get("base_latency_ms", 0.0)),
+            io_ms=float(le.get("io_ms", 0.0)),
+            io_bytes=float(le.get("io_bytes", 0.0)),
         )
-        if lc.burst < 1.0 or not 0.0 <= lc.reuse <= 1.0 or lc.base_latency_ms < 0:
-            raise CatalogError(f"{where}: need lc burst >= 1, 0 <= reuse <= 1, base latency >= 0")
+        if (
+            lc.burst < 1.0
+            or not 0 <= lc.reuse <= 1
+            or min(lc.base_latency_ms, lc.io_ms, lc.io_bytes) < 0
+        ):
+            raise CatalogError(
+                f"{where}: need lc burst >= 1, 0 <= reuse <= 1, base latency and io >= 0"
+            )
     footprint = _need(e, "footprint_mb", where) * MB
     phases = tuple(
         Phase(

@@ -118,7 +118,7 @@ class Engine:
                 continue
             lc = spec.lc
             _, cpi = solo(preset, spec, threads[i])
-            svc = lc.instructions_per_request * cpi / (preset.freq_ghz * 1e9)
+            svc = lc.instructions_per_request * cpi / (preset.freq_ghz * 1e9) + lc.io_ms * 1e-3
             workers = min(lc.workers, threads[i])  # never more workers than threads
             capacity = workers / svc
             scale = capacity if inst.load.unit == "utilization" else 1.0
