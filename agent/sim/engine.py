@@ -227,7 +227,7 @@ class Engine:
             sol = self._sol
         else:
             sol = self.model.solve(inp, self.occ, self.dyn)
-            new, eta = self.model.advance(self.occ, inp, sol, dt)
+            new, eta = self.model.advance(self.occ, inp, sol, self.dyn, dt)
             self._settled = float(np.abs(new - self.occ).max(initial=0.0)) < 1.0
             self.occ = new
             self.dyn = Dynamics(sol.utilization, sol.rho, eta)

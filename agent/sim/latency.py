@@ -71,6 +71,10 @@ class LatencyTable:
     q: np.ndarray
     tail95: np.ndarray
 
+    def __post_init__(self) -> None:
+        # A service at a steady operating point asks for the same utilisation every step.
+        object.__setattr__(self, "_memo", {})
+
     def _at(self, values: np.ndarray, rho: np.ndarray) -> np.ndarray:
         """``values`` (rows over RHO_GRID) at utilisations ``rho`` (any shape) -> (..., cols)."""
         rho = np.asarray(rho, dtype=float)
@@ -90,6 +94,14 @@ class LatencyTable:
 
     def quantiles(self, rho) -> np.ndarray:
         """The whole quantile function (..., len(P_GRID)) at utilisations ``rho``."""
+        if isinstance(rho, float):
+            memo = self._memo
+            out = memo.get(rho)
+            if out is None:
+                if len(memo) > 256:
+                    memo.clear()
+                out = memo[rho] = self._at(self.q, rho)
+            return out
         return self._at(self.q, rho)
 
     def standard(self, rho) -> np.ndarray:

@@ -34,7 +34,7 @@ import numpy as np
 from agent.sim.catalog import MachinePreset, WorkloadSpec
 
 LINE = 64.0
-U_MAX = 0.999
+U_MAX = 1.0 - 1e-7  # the queue term diverges there: demand can never exceed the peak
 
 
 @dataclass
@@ -81,6 +81,29 @@ class Dynamics:
     u: np.ndarray  # (nodes,) memory utilisation (the fixed point's warm start)
     rho: np.ndarray  # (nodes, workloads) LC utilisation of the last step
     eta: np.ndarray  # (nodes, workloads) rate (1/s) at which others evict a line it holds
+
+
+@dataclass
+class _Cpu:
+    """CPI = a + b * L (capped workloads: at least the throttle's), instructions/s from it."""
+
+    a: np.ndarray
+    b: np.ndarray
+    k_cpu: np.ndarray  # cycles/s of the cores (LC: of its workers)
+    demand: np.ndarray  # LC: instructions/s its requests ask for (inf for batch)
+    throttle: np.ndarray | None  # (CPI that draws the cap)^4 where capped
+    capped: np.ndarray
+    io_cpi: np.ndarray | None  # I/O time per instruction, in cycles
+    bpi: np.ndarray
+    apki: np.ndarray
+
+    def rates(self, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(instructions/s, CPI) at memory latency ``lat`` (ns, one per node)."""
+        cpi = self.a + self.b * lat[:, None]
+        if self.throttle is not None:
+            cpi = np.where(self.capped, (cpi**4 + self.throttle) ** 0.25, cpi)
+        spent = cpi if self.io_cpi is None else cpi + self.io_cpi
+        return np.minimum(self.k_cpu / spent, self.demand), cpi
 
 
 def _pad(rows: Sequence[Sequence[float]], n: int, fill: float) -> np.ndarray:
@@ -201,63 +224,62 @@ class Model:
 
     # ------------------------------------------------------------------ the operating point
 
+    def _cpu(self, inp: Inputs, m: np.ndarray, dyn: Dynamics) -> _Cpu:
+        """How instructions/s and CPI follow the memory latency at miss ratio ``m``."""
+        apki = self.apki * inp.apki_s
+        fm = self.freq / self.mlp * apki / 1000.0
+        lc = self.is_lc
+        miss_bpi = apki / 1000.0 * m * LINE * (1.0 + self.wb)  # miss traffic per instruction
+        throttle = None
+        capped = np.isfinite(inp.bw_cap)
+        if capped.any():
+            # While running, a workload on k cores draws k * hz / cpi * bpi bytes/s; a cap
+            # enforced over short windows makes the CPI at least the one that draws the cap.
+            running = np.where(lc, np.maximum(1.0, dyn.rho * self.workers), inp.cores)
+            cap = np.where(capped, inp.bw_cap, 1.0)
+            throttle = np.where(capped, running * self.hz * miss_bpi / cap, 0.0) ** 4
+        k_cpu = inp.active * np.where(lc, self.workers, inp.cores) * self.hz
+        # A worker busy on I/O serves no instructions: k workers finish at most
+        # k / (cpu time + io) requests per second.
+        io = self.io_s
+        io_cpi = io * self.hz / np.maximum(self.ipr, 1.0) if (io > 0).any() else None
+        return _Cpu(
+            # cpi = a + b * L   (L in ns); hits pay a share of the MBA delay too.
+            a=self.cpi_base * inp.cpi_s + fm * (m + self.hit_share * (1.0 - m)) * inp.delay_ns,
+            b=fm * m,
+            k_cpu=k_cpu,
+            demand=np.where(lc, inp.lam * self.ipr * inp.active, np.inf),
+            throttle=throttle,
+            capped=capped,
+            io_cpi=io_cpi,
+            bpi=miss_bpi + self.dma,  # memory bytes per instruction, DMA of requests included
+            apki=apki,
+        )
+
     def solve(self, inp: Inputs, occ: np.ndarray, dyn: Dynamics, tol: float = 1e-6) -> Solution:
         """Rates at the fixed point of CPI <-> bandwidth <-> memory latency, for the
         occupancy ``occ`` held now (``dyn.u`` is the warm start)."""
         held = occ.sum(axis=-1)
         m = self.miss_ratio(held, inp.ws_s)
         m = m + self.cold_misses(m, inp, dyn)
-        apki = self.apki * inp.apki_s
-        fm = self.freq / self.mlp * apki / 1000.0
-        # cpi = a + b * L   (L in ns); hits pay a share of the MBA delay too.
-        a = self.cpi_base * inp.cpi_s + fm * (m + self.hit_share * (1.0 - m)) * inp.delay_ns
-        b = fm * m
-        lc = self.is_lc
-        k_cpu = inp.active * np.where(lc, self.workers, inp.cores) * self.hz
-        demand = np.where(lc, inp.lam * self.ipr * inp.active, np.inf)
-        miss_bpi = apki / 1000.0 * m * LINE * (1.0 + self.wb)  # miss traffic per instruction
-        bpi = miss_bpi + self.dma  # memory bytes per instruction, DMA of requests included
-        capped = np.isfinite(inp.bw_cap)
-        throttle = None
-        if capped.any():
-            # While running, a workload on k cores draws k * hz / cpi * bpi bytes/s; a cap
-            # enforced over short windows makes the CPI at least the one that draws the cap.
-            running = np.where(lc, np.maximum(1.0, dyn.rho * self.workers), inp.cores)
-            throttle = np.where(
-                capped, running * self.hz * bpi / np.where(capped, inp.bw_cap, 1.0), 0.0
-            )
-            throttle4 = throttle**4
-        L_of = self.latency
-        peak = self.peak
-
-        io = self.io_s
-        has_io = bool((io > 0).any())
-
-        def rates(u: np.ndarray):
-            lat = L_of(u)
-            cpi = a + b * lat[:, None]
-            if throttle is not None:
-                cpi = np.where(capped, (cpi**4 + throttle4) ** 0.25, cpi)
-            if has_io:
-                # A worker busy on I/O serves no instructions: k workers finish at most
-                # k / (cpu time + io) requests per second.
-                ips = np.minimum(k_cpu / (cpi + io * self.hz / np.maximum(self.ipr, 1.0)), demand)
-            else:
-                ips = np.minimum(k_cpu / cpi, demand)
-            return ips, cpi, lat
+        cpu = self._cpu(inp, m, dyn)
+        L_of, peak, bpi = self.latency, self.peak, cpu.bpi
 
         def h(u: np.ndarray):
-            ips, cpi, lat = rates(u)
-            return (ips * bpi).sum(axis=-1) / peak - u, ips, cpi, lat
+            ips, _ = cpu.rates(L_of(u))
+            return ((ips * bpi).sum(axis=-1) / peak - u,)
 
         u = _fixed_point(h, dyn.u, tol)
-        ips, cpi, lat = rates(u)
-        access = ips * apki / 1000.0
-        miss = access * m
+        lat = L_of(u)
+        ips, cpi = cpu.rates(lat)
+        access = ips * cpu.apki / 1000.0
+        lc = self.is_lc
         service = np.where(lc, self.ipr * cpi / self.hz + self.io_s, 0.0)
         busy = np.where(lc, ips * cpi / self.hz, inp.active * inp.cores)
         rho = np.where(lc, inp.lam * inp.active * service / self.workers, 0.0)
-        return Solution(ips, cpi, m, access, miss, ips * bpi, held, service, busy, rho, lat, u)
+        return Solution(
+            ips, cpi, m, access, access * m, ips * bpi, held, service, busy, rho, lat, u
+        )
 
     # ------------------------------------------------------------------ occupancy
 
@@ -297,11 +319,20 @@ class Model:
         ss = ins * (wb * inv)  # split by insertion rate (0 where nobody inserts)
         decay = np.exp(rate * (t1 - dt) / wb)  # 1 where the way never filled
         occ = (occ + ins * t1 - ss) * decay + ss
+        # Its mask keeps at most ``hold_cap`` of its footprint (set conflicts); lines it
+        # still holds outside the mask (a mask that shrank) are not limited by the mask.
+        inside = occ * inp.masks
+        held_in = inside.sum(axis=-1)
+        over_in = held_in > inp.hold_cap
+        if over_in.any():
+            keep = np.where(over_in, inp.hold_cap / np.maximum(held_in, 1e-30), 1.0)
+            occ = occ - inside * (1.0 - keep)[..., None]
+        # A workload holds at most its footprint: its inserts replace its own lines in the
+        # ways it inserts into first (LRU within the mask), then elsewhere.
+        fp = self.fp * inp.ws_s
         tot = occ.sum(axis=-1)
-        excess = tot - inp.hold_cap
+        excess = tot - fp
         if (excess > 0).any():
-            # A workload holds at most what its mask can keep of its footprint: its inserts
-            # replace its own lines in the ways it inserts into first (LRU within the mask).
             inside = occ * inp.masks
             held_in = inside.sum(axis=-1)
             take = np.clip(np.minimum(excess, held_in), 0.0, None)
@@ -318,23 +349,34 @@ class Model:
         return occ, eta
 
     def advance(
-        self, occ: np.ndarray, inp: Inputs, sol: Solution, dt: float, iters: int = 8
+        self,
+        occ: np.ndarray,
+        inp: Inputs,
+        sol: Solution,
+        dyn: Dynamics,
+        dt: float,
+        iters: int = 8,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Occupancy (and eviction rates) after ``dt`` s. Insertion runs at the miss ratio of
-        the step's *end* (backward Euler, found by damped iteration): a workload's miss ratio
-        depends on what it holds, and fills take milliseconds, far less than a step, so any
-        miss ratio taken from the step's start or middle overshoots (a small footprint next
-        to a streaming neighbour would keep all of it, or none of it)."""
+        """Occupancy (and eviction rates) after ``dt`` s, with insertion at the miss ratio
+        *and access rate* of the step's end (backward Euler, found by damped iteration, at
+        the step's memory latency). Fills take milliseconds, far less than a step, and what a
+        workload holds sets both how often it misses and how fast it runs, so rates taken
+        from the step's start or middle overshoot: a small footprint next to a streaming
+        neighbour would keep all of it, or none of it, and neighbours trading ways would
+        oscillate from step to step."""
         ni = self.non_inclusive.any()
-        access = sol.access_rate
-        cold = sol.miss_ratio - self.miss_ratio(sol.capacity, inp.ws_s)
-        m = sol.miss_ratio
+        lc = self.is_lc.any()
+        m, access = sol.miss_ratio, sol.access_rate
         new, eta = self.step_occupancy(occ, inp, access * m, dt, access * (1.0 - m) if ni else None)
         for _ in range(iters):
-            end = self.miss_ratio(new.sum(axis=-1), inp.ws_s) + cold
+            end = self.miss_ratio(new.sum(axis=-1), inp.ws_s)
+            if lc:  # idle-gap evictions at the end's eviction rates, too
+                end = end + self.cold_misses(end, inp, Dynamics(dyn.u, dyn.rho, eta))
             if np.abs(end - m).max(initial=0.0) < 1e-4:
                 break
             m = 0.5 * (m + end)
+            cpu = self._cpu(inp, m, dyn)
+            access = cpu.rates(sol.latency_ns)[0] * cpu.apki / 1000.0
             new, eta = self.step_occupancy(
                 occ, inp, access * m, dt, access * (1.0 - m) if ni else None
             )
@@ -362,7 +404,7 @@ class Model:
         dt = 0.1
         for _ in range(iters):
             dyn = Dynamics(sol.utilization, sol.rho, dyn.eta)
-            new, eta = self.advance(occ, inp, sol, dt)
+            new, eta = self.advance(occ, inp, sol, dyn, dt)
             moved = np.abs(new - occ).max(initial=0.0)
             # Long steps jump to each step's equilibrium; halving the jump damps the
             # feedback through the rates (it changes the path, not the fixed point).

@@ -176,6 +176,7 @@ class SimNode:
         self._mask_rows: dict[int, np.ndarray] = {}
         self._delays: dict[int, float] = {}
         self._topo = None
+        self._topo_version = 0  # counts task/group changes (what _sync_allocation keys on)
         self._alloc_key: tuple | None = None
         if self.auto_groups:
             self._create_scenario_groups()
@@ -333,12 +334,16 @@ class SimNode:
         self,
         plan_or_allocation: AllocationPlan | Allocation | None = None,
         load_overrides: Mapping[str, float] | None = None,
+        *,
+        latency_requests: int | None = None,
     ) -> dict[str, GroupTruth]:
         """Noise-free steady state under ``plan_or_allocation`` (over the current
         allocation; None keeps it) with LC loads at ``load_overrides`` (req/s by instance
         name; others at their load now). Leaves the node's state untouched.
 
         Keys are own group names, plus ``""`` for the default group when it holds workloads.
+        ``latency_requests`` is accepted and ignored (LC latency comes from the latency
+        tables, exact for the steady state; callers passing it are being moved off it).
         """
         alloc = dict(self._table.alloc)
         if plan_or_allocation is not None:
@@ -399,6 +404,7 @@ class SimNode:
         groups that held the tasks; topology and model inputs are recomputed after."""
         self._flush()
         self._topo = None
+        self._topo_version += 1
 
     def _topology(self) -> tuple[list[str], np.ndarray]:
         """(the group holding most of each workload's tasks, the (workloads x own groups)
@@ -428,12 +434,11 @@ class SimNode:
 
     def _sync_allocation(self) -> None:
         """Hand the engine each workload's mask, MBA delay and cap when they changed."""
-        key = (id(self._topo), self._table.alloc)
-        if key == self._alloc_key and self._topo is not None:
+        key = (self._topo_version, dict(self._table.alloc))
+        if key == self._alloc_key:
             return
         self._engine.set_allocation(0, *self._alloc_arrays(self._table.alloc))
-        self._topology()
-        self._alloc_key = (id(self._topo), self._table.alloc)
+        self._alloc_key = key
 
     def _alloc_arrays(self, alloc: Mapping[str, GroupAllocation]) -> tuple[np.ndarray, ...]:
         """(masks n x W, ways, MBA delay ns, bandwidth cap bytes/s) per workload: each runs
