@@ -54,6 +54,8 @@ class Inputs:
     cores: np.ndarray  # cores the workload runs on (after oversubscription)
     hold_cap: np.ndarray | None = None  # bytes its mask can hold of its footprint (lazily)
     unmask: np.ndarray | None = None  # 1 - masks (lazily)
+    ins_per_miss: np.ndarray | None = None  # bytes inserted per (miss, way) (lazily)
+    cpu_fixed: tuple | None = None  # the CPI model's parts that do not depend on misses
 
 
 @dataclass
@@ -92,7 +94,7 @@ class _Cpu:
     k_cpu: np.ndarray  # cycles/s of the cores (LC: of its workers)
     demand: np.ndarray  # LC: instructions/s its requests ask for (inf for batch)
     throttle: np.ndarray | None  # (CPI that draws the cap)^4 where capped
-    capped: np.ndarray
+    capped: np.ndarray | None
     io_cpi: np.ndarray | None  # I/O time per instruction, in cycles
     bpi: np.ndarray
     apki: np.ndarray
@@ -184,12 +186,12 @@ class Model:
 
     def latency(self, u: np.ndarray) -> np.ndarray:
         """Loaded memory latency (ns) at utilisation ``u`` of each node's peak."""
-        u = np.clip(u, 0.0, U_MAX)
+        u = np.minimum(np.maximum(u, 0.0), U_MAX)
         return self.L0 * (1.0 + self.lat_slope * u + self.lat_queue * u / (1.0 - u))
 
     def miss_ratio(self, held: np.ndarray, ws_s: np.ndarray) -> np.ndarray:
         """m(c): ``held`` bytes of a footprint scaled by ``ws_s`` (floor at the footprint)."""
-        x = np.clip(held / (self.fp * ws_s), 0.0, 1.0)[..., None]
+        x = np.minimum(held / (self.fp * ws_s), 1.0)[..., None]  # held >= 0
         g = (1.0 / (1.0 + (x / self.kr) ** self.ks) - self.kend) / (1.0 - self.kend)
         return self.floor + self.span * (self.kw * g).sum(axis=-1)
 
@@ -216,7 +218,7 @@ class Model:
         which a line it holds is evicted at rate ``eta`` (others' insertions into its ways).
         Its first request re-misses the lost share of its cross-request reuse."""
         lam = inp.lam * inp.active
-        idle = (1.0 - np.clip(dyn.rho, 0.0, 1.0)) ** self.workers
+        idle = np.maximum(1.0 - dyn.rho, 0.0) ** self.workers
         lost = np.where(
             self.is_lc & (lam > 0), idle * dyn.eta / (self.burst * dyn.eta + lam + 1e-30), 0.0
         )
@@ -226,29 +228,41 @@ class Model:
 
     def _cpu(self, inp: Inputs, m: np.ndarray, dyn: Dynamics) -> _Cpu:
         """How instructions/s and CPI follow the memory latency at miss ratio ``m``."""
-        apki = self.apki * inp.apki_s
-        fm = self.freq / self.mlp * apki / 1000.0
-        lc = self.is_lc
-        miss_bpi = apki / 1000.0 * m * LINE * (1.0 + self.wb)  # miss traffic per instruction
+        fixed = inp.cpu_fixed
+        if fixed is None:
+            # What does not depend on the miss ratio, once per set of inputs.
+            apki = self.apki * inp.apki_s
+            lc = self.is_lc
+            io = self.io_s
+            capped = np.isfinite(inp.bw_cap)
+            fixed = inp.cpu_fixed = (
+                apki,
+                self.freq / self.mlp * apki / 1000.0,  # fm
+                apki / 1000.0 * LINE * (1.0 + self.wb),  # miss bytes per instruction / m
+                self.cpi_base * inp.cpi_s,
+                self.hit_share * inp.delay_ns,
+                inp.active * np.where(lc, self.workers, inp.cores) * self.hz,  # k_cpu
+                np.where(lc, inp.lam * self.ipr * inp.active, np.inf),  # LC demand
+                # A worker busy on I/O serves no instructions: k workers finish at most
+                # k / (cpu time + io) requests per second.
+                io * self.hz / np.maximum(self.ipr, 1.0) if (io > 0).any() else None,
+                capped if capped.any() else None,
+                np.where(capped, inp.bw_cap, 1.0),
+            )
+        apki, fm, bytes_per_miss, base, hit_delay, k_cpu, demand, io_cpi, capped, cap = fixed
+        miss_bpi = bytes_per_miss * m  # miss traffic per instruction
         throttle = None
-        capped = np.isfinite(inp.bw_cap)
-        if capped.any():
+        if capped is not None:
             # While running, a workload on k cores draws k * hz / cpi * bpi bytes/s; a cap
             # enforced over short windows makes the CPI at least the one that draws the cap.
-            running = np.where(lc, np.maximum(1.0, dyn.rho * self.workers), inp.cores)
-            cap = np.where(capped, inp.bw_cap, 1.0)
+            running = np.where(self.is_lc, np.maximum(1.0, dyn.rho * self.workers), inp.cores)
             throttle = np.where(capped, running * self.hz * miss_bpi / cap, 0.0) ** 4
-        k_cpu = inp.active * np.where(lc, self.workers, inp.cores) * self.hz
-        # A worker busy on I/O serves no instructions: k workers finish at most
-        # k / (cpu time + io) requests per second.
-        io = self.io_s
-        io_cpi = io * self.hz / np.maximum(self.ipr, 1.0) if (io > 0).any() else None
         return _Cpu(
             # cpi = a + b * L   (L in ns); hits pay a share of the MBA delay too.
-            a=self.cpi_base * inp.cpi_s + fm * (m + self.hit_share * (1.0 - m)) * inp.delay_ns,
+            a=base + fm * (m * inp.delay_ns + hit_delay * (1.0 - m)),
             b=fm * m,
             k_cpu=k_cpu,
-            demand=np.where(lc, inp.lam * self.ipr * inp.active, np.inf),
+            demand=demand,
             throttle=throttle,
             capped=capped,
             io_cpi=io_cpi,
@@ -263,14 +277,8 @@ class Model:
         m = self.miss_ratio(held, inp.ws_s)
         m = m + self.cold_misses(m, inp, dyn)
         cpu = self._cpu(inp, m, dyn)
-        L_of, peak, bpi = self.latency, self.peak, cpu.bpi
-
-        def h(u: np.ndarray):
-            ips, _ = cpu.rates(L_of(u))
-            return ((ips * bpi).sum(axis=-1) / peak - u,)
-
-        u = _fixed_point(h, dyn.u, tol)
-        lat = L_of(u)
+        u = self._utilization(cpu, dyn.u, tol)
+        lat = self.latency(u)
         ips, cpi = cpu.rates(lat)
         access = ips * cpu.apki / 1000.0
         lc = self.is_lc
@@ -278,8 +286,19 @@ class Model:
         busy = np.where(lc, ips * cpi / self.hz, inp.active * inp.cores)
         rho = np.where(lc, inp.lam * inp.active * service / self.workers, 0.0)
         return Solution(
-            ips, cpi, m, access, access * m, ips * bpi, held, service, busy, rho, lat, u
+            ips, cpi, m, access, access * m, ips * cpu.bpi, held, service, busy, rho, lat, u
         )
+
+    def _utilization(self, cpu: _Cpu, guess: np.ndarray, tol: float = 1e-6) -> np.ndarray:
+        """The memory utilisation at which the workloads' demand, at the latency it causes,
+        equals it (per node)."""
+        L_of, peak, bpi = self.latency, self.peak, cpu.bpi
+
+        def h(u: np.ndarray):
+            ips, _ = cpu.rates(L_of(u))
+            return ((ips * bpi).sum(axis=-1) / peak - u,)
+
+        return _fixed_point(h, guess, tol)
 
     # ------------------------------------------------------------------ occupancy
 
@@ -311,7 +330,9 @@ class Model:
                 moved = outside * (1.0 - np.exp(-(hit_rate / lines) * dt))[..., None]
                 occ = occ - moved
                 miss_rate = miss_rate + moved.sum(axis=-1) / (LINE * dt)
-        ins = inp.masks * (miss_rate * (LINE / inp.nways))[..., None]  # bytes/s per (w, way)
+        if inp.ins_per_miss is None:
+            inp.ins_per_miss = inp.masks * (LINE / inp.nways)[..., None]
+        ins = inp.ins_per_miss * miss_rate[..., None]  # bytes/s per (w, way)
         rate = ins.sum(axis=1, keepdims=True)  # (B, 1, W)
         inv = 1.0 / np.maximum(rate, 1e-30)
         free = np.maximum(wb - occ.sum(axis=1, keepdims=True), 0.0)
@@ -368,13 +389,24 @@ class Model:
         lc = self.is_lc.any()
         m, access = sol.miss_ratio, sol.access_rate
         new, eta = self.step_occupancy(occ, inp, access * m, dt, access * (1.0 - m) if ni else None)
+        prev_m = prev_end = None
         for _ in range(iters):
             end = self.miss_ratio(new.sum(axis=-1), inp.ws_s)
             if lc:  # idle-gap evictions at the end's eviction rates, too
                 end = end + self.cold_misses(end, inp, Dynamics(dyn.u, dyn.rho, eta))
-            if np.abs(end - m).max(initial=0.0) < 1e-4:
+            r = end - m
+            if np.abs(r).max(initial=0.0) < 2e-5:
                 break
-            m = 0.5 * (m + end)
+            # m = G(m), G the end's miss ratio: a per-workload secant estimate g of G's
+            # slope gives the step r / (1 - g) (g = 0: plain iteration; g near -1, as when
+            # neighbours trade lines: a damped one).
+            step = r
+            if prev_m is not None:
+                dm = m - prev_m
+                g = np.where(np.abs(dm) > 1e-12, (end - prev_end) / np.where(dm != 0, dm, 1.0), 0.0)
+                step = r / (1.0 - np.minimum(np.maximum(g, -20.0), 0.8))
+            prev_m, prev_end = m, end
+            m = np.minimum(np.maximum(m + step, 0.0), 1.0)
             cpu = self._cpu(inp, m, dyn)
             access = cpu.rates(sol.latency_ns)[0] * cpu.apki / 1000.0
             new, eta = self.step_occupancy(
@@ -422,6 +454,10 @@ def _fixed_point(h, u0: np.ndarray, tol: float) -> np.ndarray:
     """Per node, the u in [0, U_MAX] with h(u) = 0 for a decreasing h (demand / peak - u):
     the root lies between a guess and its image, so bracket there and refine with Illinois
     regula falsi (usually 1-3 evaluations from the previous step's u)."""
+    if u0.shape[0] == 1:
+        return np.array(
+            [_fixed_point_one(lambda x: float(h(np.array([x]))[0][0]), float(u0[0]), tol)]
+        )
     u = np.clip(u0, 0.0, U_MAX)
     hu = h(u)[0]
     done = np.abs(hu) <= tol
@@ -462,6 +498,42 @@ def _fixed_point(h, u0: np.ndarray, tol: float) -> np.ndarray:
         hlo = np.where(neg & (side == -1), hlo * 0.5, hlo)
         hi, hhi = np.where(neg, u, hi), np.where(neg, hn, hhi)
         side = np.where(pos, 1.0, np.where(neg, -1.0, side))
+    return u
+
+
+def _fixed_point_one(h, u0: float, tol: float) -> float:
+    """:func:`_fixed_point` for one node, on floats (a single node steps several times
+    faster without the per-node masks)."""
+    u0 = min(max(u0, 0.0), U_MAX)
+    h0 = h(u0)
+    if abs(h0) <= tol:
+        return u0
+    u1 = min(max(u0 + h0, 0.0), U_MAX)
+    h1 = h(u1)
+    lo, hlo, hi, hhi = (u0, h0, u1, h1) if h0 > 0 else (u1, h1, u0, h0)
+    if hlo < 0 or hhi > 0:  # clipped at an end: the whole range
+        lo, hi = 0.0, U_MAX
+        hlo, hhi = h(lo), h(hi)
+    u, side = u1, 0
+    for _ in range(60):
+        if hhi >= 0:
+            return hi
+        if hlo <= 0:
+            return lo
+        u = (lo * hhi - hi * hlo) / (hhi - hlo)
+        hu = h(u)
+        if abs(hu) <= tol or hi - lo < 1e-9:
+            return u
+        if hu > 0:
+            lo, hlo = u, hu
+            if side == 1:
+                hhi *= 0.5
+            side = 1
+        else:
+            hi, hhi = u, hu
+            if side == -1:
+                hlo *= 0.5
+            side = -1
     return u
 
 
