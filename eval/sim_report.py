@@ -18,11 +18,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from agent.sim import SimNode  # noqa: E402
-from agent.sim.facts import load_facts, max_load, report, solo_node  # noqa: E402
-from agent.types import AllocationPlan, GroupAllocation, contiguous_mask  # noqa: E402
+from agent.sim import SimNode
+from agent.sim.facts import load_facts, max_load, report, solo_node
+from agent.types import AllocationPlan, GroupAllocation, contiguous_mask
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "SIMULATOR.md"
