@@ -81,8 +81,11 @@ def plot(path: Path = PLOT) -> None:
     tails, unpart = u_shape()
     axes[2].plot(list(tails), list(tails.values()), marker="o", label="partitioned")
     axes[2].axhline(unpart, color="gray", linestyle="--", label="unpartitioned")
-    axes[2].set(xlabel="KV store's ways (TensorFlow holds the rest), E5-2683 v4",
-                ylabel="KV p99.9 (ms)", title="catbench: tail vs ways next to TensorFlow")  # fmt: skip
+    axes[2].set(
+        xlabel="KV store's ways (TensorFlow holds the rest), E5-2683 v4",
+        ylabel="KV p99.9 (ms)",
+        title="catbench: tail vs ways next to TensorFlow",
+    )
     axes[2].legend(fontsize=8)
     for ax in axes:
         ax.grid(alpha=0.3)
