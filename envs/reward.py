@@ -161,7 +161,7 @@ class RunningMaxReference:
 def solo_reference_ips(node) -> dict[str, float]:
     """Per own group, the summed IPS of its workloads alone at full resources (SimNode
     ground truth; uses simulator-only views, never available on a real node)."""
-    from agent.sim.node import solo_reference
+    from agent.sim.truth import solo_reference
 
     out: dict[str, float] = {}
     for w in node.workloads():

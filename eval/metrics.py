@@ -86,7 +86,7 @@ def summarize(
 
 def sim_reference_ips(node) -> dict[str, float]:
     """Each group's IPS with full resources alone, from a SimNode's ground truth."""
-    from agent.sim.node import solo_reference
+    from agent.sim.truth import solo_reference
 
     out: dict[str, float] = {}
     for w in node.workloads():

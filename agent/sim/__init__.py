@@ -53,7 +53,7 @@ Xeon Gold 6130.
 """
 
 from agent.sim.catalog import Catalog, CatalogError, MachinePreset, WorkloadSpec, load_catalog
-from agent.sim.node import DEFAULT_SCENARIO, GroupTruth, SimNode, WorkloadTruth, WorkloadView
+from agent.sim.node import DEFAULT_SCENARIO, SimNode, WorkloadView
 from agent.sim.scenario import (
     LoadProfile,
     Scenario,
@@ -62,6 +62,7 @@ from agent.sim.scenario import (
     random_scenario,
     scenario_names,
 )
+from agent.sim.truth import GroupTruth, WorkloadTruth, solo_reference
 
 __all__ = [
     "DEFAULT_SCENARIO",
@@ -80,4 +81,5 @@ __all__ = [
     "load_catalog",
     "random_scenario",
     "scenario_names",
+    "solo_reference",
 ]

@@ -67,8 +67,10 @@ class MachinePreset:
     rmids: int
     peak_bw_bps: float
     mem_latency_ns: float
-    queueing_beta: float
-    assoc_a0: float
+    # Loaded memory latency (docs/SIMULATOR.md, "Memory bandwidth contention"):
+    # L(u) = L0 * (1 + slope * u + queue * u / (1 - u)), u = demand / peak.
+    latency_slope: float
+    latency_queue: float
     mba_hit_share: float
     sparse_masks: bool = False
     llc_inclusive: bool = True
@@ -144,6 +146,9 @@ class MachinePreset:
 def _machine(name: str, e: Mapping) -> MachinePreset:
     where = f"machine {name!r}"
     _check_keys(e, _MACHINE_KEYS, where)
+    loaded = e.get("loaded_latency")
+    if not isinstance(loaded, Mapping):
+        raise CatalogError(f"{where}: missing field 'loaded_latency' {{slope, queue}}")
     mba = e.get("mba")
     kw = {}
     if mba:
@@ -174,8 +179,8 @@ def _machine(name: str, e: Mapping) -> MachinePreset:
         rmids=_need(e, "rmids", where, int),
         peak_bw_bps=_need(e, "peak_bw_gbps", where) * 1e9,
         mem_latency_ns=_need(e, "mem_latency_ns", where),
-        queueing_beta=_need(e, "queueing_beta", where),
-        assoc_a0=_need(e, "assoc_a0", where),
+        latency_slope=_need(loaded, "slope", where),
+        latency_queue=_need(loaded, "queue", where),
         mba_hit_share=_need(e, "mba_hit_share", where),
         sparse_masks=bool(e.get("sparse_masks", False)),
         llc_inclusive=bool(e.get("llc_inclusive", True)),
@@ -202,11 +207,36 @@ class ServiceDist:
 
 @dataclass(frozen=True)
 class LcSpec:
+    """An LC service's request model (docs/SIMULATOR.md, "LC services").
+
+    Attributes:
+        instructions_per_request: instructions of one request (its service time is this
+            times the CPI, over the clock).
+        workers: worker threads serving requests (each a FIFO queue).
+        service: service-time shape (a multiplier with mean 1).
+        slo_percentile, slo_ms: the SLO.
+        burst: mean requests per arrival burst (compound Poisson; 1 = Poisson arrivals).
+        reuse: share of the service's LLC hits on lines earlier requests brought in
+            (cross-request reuse, Ubik Sec. 3.4): what an idle gap's evictions cost.
+        base_latency_ms: latency every request pays outside the server (network round
+            trip, client), added to its queueing and service time.
+        io_ms: time a request holds its worker without using the core (disk I/O, blocking
+            calls): part of the service time that no cache or bandwidth allocation changes.
+        io_bytes: memory traffic per request that does not pass through the core's caches
+            as misses (the NIC's or disk's DMA of the request and response): it loads the
+            memory bus without stalling the core.
+    """
+
     instructions_per_request: float
     workers: int
     service: ServiceDist
     slo_percentile: float
     slo_ms: float
+    burst: float = 1.0
+    reuse: float = 0.5
+    base_latency_ms: float = 0.0
+    io_ms: float = 0.0
+    io_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -223,8 +253,10 @@ class Phase:
 class WorkloadSpec:
     """One workload's model parameters (see docs/SIMULATOR.md for the equations).
 
-    Miss-ratio curve: ``m(c) = floor + (ceil - floor) * sum_k w_k / (1 + (c/K_k)^s_k)``
-    with ``knees = ((w_k, K_k bytes, s_k), ...)``, c the effective capacity held.
+    Miss-ratio curve: ``m(c) = floor + (ceil - floor) * sum_k w_k g_k(c / F)`` over the
+    capacity ``c`` held, with ``knees = ((w_k, K_k bytes, s_k), ...)`` and footprint ``F``:
+    ``g_k`` falls from 1 at ``c = 0`` through a knee of sharpness ``s_k`` at ``K_k`` to 0 at
+    ``c = F``, so the curve reaches its floor when the whole footprint is held.
     """
 
     name: str
@@ -244,9 +276,14 @@ class WorkloadSpec:
     note: str = ""
 
     def miss_ratio(self, capacity: float, ws_scale: float = 1.0) -> float:
+        """m(c) at ``capacity`` bytes held (knees and footprint scaled by ``ws_scale``)."""
+        fp = self.footprint_bytes * ws_scale
+        x = min(max(capacity, 0.0) / fp, 1.0)
         total = 0.0
         for w, k, s in self.knees:
-            total += w / (1.0 + (max(capacity, 0.0) / (k * ws_scale)) ** s)
+            r = k / self.footprint_bytes
+            end = 1.0 / (1.0 + (1.0 / r) ** s)
+            total += w * (1.0 / (1.0 + (x / r) ** s) - end) / (1.0 - end)
         return self.mrc_floor + (self.mrc_ceil - self.mrc_floor) * total
 
 
@@ -280,8 +317,7 @@ _MACHINE_KEYS = {
     "mba_effective",
     "peak_bw_gbps",
     "mem_latency_ns",
-    "queueing_beta",
-    "assoc_a0",
+    "loaded_latency",
     "mba_hit_share",
     "sparse_masks",
     "llc_inclusive",
@@ -331,7 +367,21 @@ def _workload(name: str, e: Mapping) -> WorkloadSpec:
             service=dist,
             slo_percentile=float(slo.get("percentile", 99.0)),
             slo_ms=float(slo.get("target_ms", 1.0)),
+            burst=float(le.get("burst", 1.0)),
+            reuse=float(le.get("reuse", 0.5)),
+            base_latency_ms=float(le.get("base_latency_ms", 0.0)),
+            io_ms=float(le.get("io_ms", 0.0)),
+            io_bytes=float(le.get("io_bytes", 0.0)),
         )
+        if (
+            lc.burst < 1.0
+            or not 0 <= lc.reuse <= 1
+            or min(lc.base_latency_ms, lc.io_ms, lc.io_bytes) < 0
+        ):
+            raise CatalogError(
+                f"{where}: need lc burst >= 1, 0 <= reuse <= 1, base latency and io >= 0"
+            )
+    footprint = _need(e, "footprint_mb", where) * MB
     phases = tuple(
         Phase(
             duration_s=float(p["duration_s"]),
@@ -350,16 +400,18 @@ def _workload(name: str, e: Mapping) -> WorkloadSpec:
         apki=_need(e, "apki", where),
         mlp=_need(e, "mlp", where),
         writeback=float(e.get("writeback", 0.2)),
-        footprint_bytes=_need(e, "footprint_mb", where) * MB,
+        footprint_bytes=footprint,
         mrc_floor=floor,
         mrc_ceil=ceil,
-        knees=knees or ((1.0, 1.0 * MB, 1.0),),
+        knees=knees or ((1.0, 0.5 * footprint, 1.0),),
         phases=phases,
         lc=lc,
         note=str(e.get("note", "")),
     )
     if spec.threads < 1 or spec.cpi_base <= 0 or spec.mlp <= 0 or spec.apki < 0:
         raise CatalogError(f"{where}: threads, cpi_base, mlp must be positive, apki >= 0")
+    if footprint <= 0 or any(not 0 < k < footprint for _, k, _ in spec.knees):
+        raise CatalogError(f"{where}: mrc knees must lie between 0 and the footprint")
     return spec
 
 

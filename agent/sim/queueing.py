@@ -1,25 +1,24 @@
-"""LC services as request queues (SIMULATOR.md item 6), without per-request Python loops.
+"""LC request queues simulated request by request: the reference the latency tables are built from.
 
-Each service has ``k`` workers; requests are dispatched to workers uniformly at random
-(each worker is a FIFO M/G/1 queue with rate lambda/k, as with memcached's per-thread
-connections). Waits follow the Lindley recursion ``W[n+1] = max(0, W[n] + S[n] - A[n+1])``,
-computed per worker with a cumulative sum and a running minimum. The unfinished work of
-each worker is carried over interval boundaries. When an interval would hold more than
-``max_requests`` requests, a window at the interval's start with the true arrival rate is
-simulated (counts are scaled to the whole interval) and the backlog is advanced over the
-rest of the interval by its mean drift (grows when overloaded, drains otherwise).
+Each LC service has ``k`` workers; requests are dispatched to workers uniformly at random,
+so each worker is a FIFO queue with its share of the arrivals. Arrivals come in *bursts*
+(a compound Poisson process: bursts arrive as a Poisson process, each brings a geometric
+number of requests with mean ``burst``, all at once); ``burst = 1`` is a Poisson process.
+Bursts are how real request streams look at sub-millisecond scale (clients pipeline and
+fan out; load balancers batch), and they make the tail grow faster with load than an
+M/G/1 queue's (docs/SIMULATOR.md, "LC services").
+
+Waits follow the Lindley recursion ``W[n+1] = max(0, W[n] + S[n] - A[n+1])``, computed
+as a cumulative sum minus its running minimum (no per-request Python loop). This module is
+not on the simulator's step path: :mod:`agent.sim.latency` turns long runs of it into
+tables of latency quantiles against utilisation, and the tests check the tables against it.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from agent.sim.catalog import ServiceDist
-
-_EMPTY = np.empty(0)
-BACKLOG_CAP_S = 30.0  # clients time out: a queue never holds more than this much work
 
 
 def service_multipliers(rng: np.random.Generator, dist: ServiceDist, shape) -> np.ndarray:
@@ -39,112 +38,60 @@ def service_multipliers(rng: np.random.Generator, dist: ServiceDist, shape) -> n
     return vals[idx] * jitter
 
 
-def simulate(
-    rng: np.random.Generator,
-    rate: float,
-    mean_service_s: float,
-    dist: ServiceDist,
-    backlog: np.ndarray,
-    dt: float,
-    max_requests: int,
-) -> tuple[np.ndarray, int, np.ndarray]:
-    """Simulate ``dt`` seconds of a k-worker service.
+def burst_arrivals(rng: np.random.Generator, n: int, burst: float) -> np.ndarray:
+    """Gaps before each of ``n`` requests of one worker, for a unit mean inter-arrival time.
 
-    The number of arrivals in the (possibly sampled) window is Poisson; given it, each
-    worker's arrival times are uniform order statistics over the window (exponential gaps
-    normalised by their sum: exactly a Poisson process conditioned on its count).
-
-    Args:
-        backlog: unfinished work (s) per worker at the start; its length is k.
-
-    Returns:
-        (latencies in seconds of the simulated requests, the number of requests the
-        whole interval received (scaled when sampled), backlog at the end).
+    Burst starts are a Poisson process with mean gap ``burst``; burst sizes are geometric
+    with mean ``burst``; requests within a burst arrive together (gap 0).
     """
-    k = backlog.shape[0]
-    if rate <= 0 or not math.isfinite(mean_service_s):
-        return _EMPTY, 0, np.maximum(backlog - dt, 0.0)
-    expected = rate * dt
-    window = dt if expected <= max_requests else dt * max_requests / expected
-    total = int(rng.poisson(rate * window))
-    if total == 0:
-        new_backlog = np.maximum(backlog - dt, 0.0)
-        return _EMPTY, 0, new_backlog
-    n = -(-total // k)  # requests per worker (k * n >= total; the extra few are simulated)
-    e = rng.standard_exponential((k, n + 1))
-    c = np.cumsum(e, axis=1)
-    scale = window / c[:, n:]
-    arrivals = c[:, :n] * scale
-    gaps = e[:, :n] * scale
-    service = service_multipliers(rng, dist, (k, n))
-    service *= mean_service_s
-    # Lindley: Y1 = B - t1, Y_{i+1} = S_i - gap_{i+1}; W_i = C_i - min(0, min_{j<=i} C_j).
-    y = np.empty((k, n))
-    np.subtract(backlog, arrivals[:, 0], out=y[:, 0])
-    np.subtract(service[:, :-1], gaps[:, 1:], out=y[:, 1:])
-    cum = np.cumsum(y, axis=1)
-    low = np.minimum.accumulate(cum, axis=1)
+    if burst <= 1.0:
+        return rng.standard_exponential(n)
+    first = rng.random(n) < 1.0 / burst  # a request starts a new burst with this probability
+    first[0] = True
+    gaps = np.zeros(n)
+    gaps[first] = rng.standard_exponential(int(first.sum())) * burst
+    return gaps
+
+
+def lindley(gaps: np.ndarray, service: np.ndarray, backlog: float = 0.0) -> np.ndarray:
+    """Latencies (wait + service) of FIFO requests with inter-arrival ``gaps`` (the first
+    gap is from the start, where ``backlog`` work is queued) and service times ``service``.
+
+    Works along the last axis, so several independent queues go in one call.
+    """
+    y = np.empty_like(service)
+    y[..., 0] = backlog - gaps[..., 0]
+    np.subtract(service[..., :-1], gaps[..., 1:], out=y[..., 1:])
+    cum = np.cumsum(y, axis=-1)
+    low = np.minimum.accumulate(cum, axis=-1)
     np.minimum(low, 0.0, out=low)
     cum -= low
-    cum += service  # latency = wait + service
-    # Backlog at the window's end: the last request's remaining work (FIFO: it ends last).
-    new_backlog = arrivals[:, -1] + cum[:, -1]
-    new_backlog -= window
-    np.maximum(new_backlog, 0.0, out=new_backlog)
-    count = total
-    if window < dt:
-        rho = rate / k * mean_service_s
-        new_backlog += (rho - 1.0) * (dt - window)
-        np.maximum(new_backlog, 0.0, out=new_backlog)
-        count = round(total * dt / window)
-    np.minimum(new_backlog, BACKLOG_CAP_S, out=new_backlog)
-    return cum.ravel(), count, new_backlog
+    cum += service
+    return cum
 
 
 def steady_samples(
-    rate: float,
-    mean_service_s: float,
+    utilisation: float,
     dist: ServiceDist,
-    workers: int,
+    burst: float = 1.0,
     requests: int = 200_000,
     seed: int = 12345,
 ) -> np.ndarray:
-    """Latencies (s) of a long fixed-seed steady-state run (after a warm-up from empty).
-
-    Requires utilisation < 1 (a stationary queue).
-    """
-    if rate * mean_service_s / workers >= 1.0:
-        raise ValueError("no steady state at utilisation >= 1")
+    """Latencies, in units of the mean service time, of one worker at ``utilisation``
+    (< 1): a long fixed-seed run after a warm-up of a tenth of it."""
+    if not 0.0 <= utilisation < 1.0:
+        raise ValueError(f"no steady state at utilisation {utilisation} (need 0 <= u < 1)")
     rng = np.random.default_rng(seed)
-    backlog = np.zeros(workers)
     warm = max(requests // 10, 100)
-    _, _, backlog = simulate(rng, rate, mean_service_s, dist, backlog, warm / rate, warm + 1)
-    lat, _, _ = simulate(rng, rate, mean_service_s, dist, backlog, requests / rate, requests + 1)
-    return lat
+    total = warm + requests
+    service = service_multipliers(rng, dist, total)
+    if utilisation == 0.0:
+        return service[warm:]
+    gaps = burst_arrivals(rng, total, burst) / utilisation
+    return lindley(gaps, service)[warm:]
 
 
 def tail_mean(latencies: np.ndarray, percentile: float = 95.0) -> float:
     """Mean latency of the requests beyond ``percentile`` (Ubik's tail metric, Sec. 3.2)."""
     cut = np.percentile(latencies, percentile)
     return float(latencies[latencies >= cut].mean())
-
-
-def steady_latency(
-    rate: float,
-    mean_service_s: float,
-    dist: ServiceDist,
-    workers: int,
-    percentiles=(50.0, 95.0, 99.0, 99.9),
-    requests: int = 200_000,
-    seed: int = 12345,
-) -> tuple[float, ...]:
-    """Noise-free steady-state latency percentiles (s): a long fixed-seed run.
-
-    ``inf`` when the offered load reaches the capacity (utilisation >= 1).
-    """
-    if rate <= 0:
-        return tuple(float(mean_service_s) for _ in percentiles)
-    if rate * mean_service_s / workers >= 1.0:
-        return tuple(float("inf") for _ in percentiles)
-    lat = steady_samples(rate, mean_service_s, dist, workers, requests, seed)
-    return tuple(float(x) for x in np.percentile(lat, percentiles))

@@ -39,7 +39,7 @@ def test_knee_is_the_start_of_the_flat_region(curve, expected):
 
 
 def test_sweep_picks_the_knee_of_the_latency_curve():
-    node = SimNode(KV_STREAMING, noise=False, max_requests=5000)
+    node = SimNode(KV_STREAMING, noise=False)
     sweep = calibrate(node, node, "kv", measure_s=5.0)
     groups = list(node.groups())
     caps = node.capabilities()
@@ -57,12 +57,12 @@ def test_sweep_picks_the_knee_of_the_latency_curve():
 
 
 def test_static_meets_the_slo_where_unpartitioned_does_not():
-    node = SimNode(KV_STREAMING, noise=False, max_requests=5000)
+    node = SimNode(KV_STREAMING, noise=False)
     sweep = calibrate(node, node, "kv", measure_s=5.0)
     target = node.groups()["kv"].slo.target_ms
     results = {}
     for ctl in (StaticController.from_sweep(sweep), Unpartitioned()):
-        sim = SimNode(KV_STREAMING, noise=False, max_requests=5000, seed=3)
+        sim = SimNode(KV_STREAMING, noise=False, seed=3)
         drive(ctl, sim, sim, 20)
         sim.observe()
         sim.advance(5.0)

@@ -166,7 +166,8 @@ def test_idle_downsizing_then_boost_then_active():
     ctrl = Ubik(prof, slack=0.05)
     recs = drive(ctrl, node, node, 90)
     sizes = [_ways(r, "masstree") for r in recs]
-    active = ctrl._lc["masstree"].active
+    # s_active adapts to measured slack over the run: compare with its size before idling.
+    active = sizes[29]
     idle = sizes[35:58]  # load is 0 from t=3 s to t=6 s
     assert max(idle) < active
     after = sizes[60:66]

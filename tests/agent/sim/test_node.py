@@ -10,7 +10,8 @@ import pytest
 
 from agent.errors import ResourceExhausted
 from agent.sim import SimNode
-from agent.sim.catalog import CatalogError, load_catalog
+from agent.sim.catalog import CatalogError, default_catalog, load_catalog
+from agent.sim.model import Model
 from agent.sim.scenario import (
     LoadProfile,
     Scenario,
@@ -255,11 +256,14 @@ def test_squeezed_neighbours_slow_a_class_given_more_cache() -> None:
     assert s8 > s4
 
 
-def test_memory_latency_rises_steeply_near_the_peak() -> None:
-    node = SimNode("copart_h_bw", noise=False)
-    lat = [node._model.latency(u) for u in (0.1, 0.5, 0.8, 0.95)]
-    assert lat[1] < 1.2 * lat[0]
-    assert lat[3] > 3 * lat[0]
+def test_memory_latency_follows_the_loaded_latency_curve() -> None:
+    """Mild below the peak (MLC: +21% at half of it, +51% at 97%), unbounded at it."""
+    preset = default_catalog().machine("gold6130")
+    model = Model([preset], [[default_catalog().workload("CG")]], [[4]])
+    lat = [float(model.latency(np.array([u]))[0]) for u in (0.02, 0.5, 0.97, 0.999)]
+    assert lat[1] == pytest.approx(1.21 * lat[0], rel=0.05)
+    assert lat[2] == pytest.approx(1.51 * lat[0], rel=0.08)
+    assert lat[3] > 2.5 * lat[0]
     # And the solved operating point never exceeds the peak bandwidth.
     node = SimNode(
         Scenario("s", "gold6130", tuple(WorkloadInstance(f"s{i}", "stream") for i in range(4))),
@@ -402,7 +406,9 @@ def test_lc_workers_never_exceed_threads() -> None:
     small = SimNode(scn).workloads()[0]
     full = SimNode(Scenario("w", "gold6130", (WorkloadInstance("kv", "memcached"),))).workloads()[0]
     assert (small.lc_workers, full.lc_workers) == (2, 4)
-    assert small.lc_capacity_rps == pytest.approx(full.lc_capacity_rps / 2, rel=0.01)
+    # Half the workers, half the capacity (within the few percent that two threads' lower
+    # memory traffic takes off their CPI).
+    assert small.lc_capacity_rps == pytest.approx(full.lc_capacity_rps / 2, rel=0.03)
 
 
 def test_latency_reported_for_lc_groups_only() -> None:
@@ -414,11 +420,11 @@ def test_latency_reported_for_lc_groups_only() -> None:
     assert snap.groups["ocean_cp"].latency is None
 
 
-def test_high_rates_are_sampled_and_counts_scaled() -> None:
-    node = SimNode("copart_memcached", seed=4, max_requests=200)
+def test_request_counts_follow_the_offered_load() -> None:
+    node = SimNode("copart_memcached", seed=4)
     node.advance(1.0)
     lat = node.observe().groups["memcached"].latency
-    assert lat.count == pytest.approx(75_000, rel=0.05)
+    assert lat.count == pytest.approx(75_000, rel=0.02)
 
 
 def test_overload_grows_the_backlog_across_intervals() -> None:

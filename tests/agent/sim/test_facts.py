@@ -1,0 +1,60 @@
+"""The simulator against published facts (agent/sim/data/facts.yaml; agent/sim/facts.py).
+
+Calibration facts were used to fit parameters: each must be within its stated tolerance.
+Validation facts were set aside before fitting and never used to choose a parameter: the
+test pins which of them the model reproduces within their tolerance (25% unless the fact
+states another), so a model change that gains or loses one fails here and the table in
+docs/SIMULATOR.md is regenerated (``python -m agent.sim.facts``). The misses are listed with
+what the model lacks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.sim.facts import load_facts, measure
+
+FACTS = load_facts()
+CALIBRATION = [f for f in FACTS if f.set == "calibration"]
+VALIDATION = [f for f in FACTS if f.set == "validation"]
+
+# Validation facts the model misses, and why (docs/SIMULATOR.md, "Validation").
+KNOWN_MISSES = {
+    # nginx's p99 more than doubles from 25% to 50% of max RPS; here it is dominated by a
+    # constant network latency and its microsecond requests barely queue until saturation.
+    "iiswc-nginx-p99-50": "load-dependent network-stack latency not modelled",
+    "iiswc-nginx-p99-75": "load-dependent network-stack latency not modelled",
+    # PARTIES' memcached cannot meet its QoS at any load next to 50 GB/s of memory traffic;
+    # here its 0.55 MPKI keeps it near a third of its load.
+    "parties-mem-thrash-memcached_coco": "kernel network path's memory sensitivity not modelled",
+    # PARTIES' MongoDB is I/O-bound yet loses 30% of its load to memory thrashers (its disk
+    # and page-cache traffic share the memory bus); here its I/O time is fixed.
+    "parties-mem-thrash-mongodb": "I/O through memory (page cache, DMA) not modelled",
+}
+
+
+def test_the_facts_file_splits_calibration_from_validation() -> None:
+    assert CALIBRATION and VALIDATION
+    assert len({f.id for f in FACTS}) == len(FACTS)
+    assert set(KNOWN_MISSES) <= {f.id for f in VALIDATION}
+
+
+@pytest.mark.parametrize("fact", CALIBRATION, ids=lambda f: f.id)
+def test_calibration_fact_within_tolerance(fact) -> None:
+    value = measure(fact)
+    assert fact.ok(value), (
+        f"{fact.id}: simulated {value!r}, published {fact.published!r} "
+        f"(tolerance {fact.tolerance_text}): {fact.claim}"
+    )
+
+
+def test_validation_facts_met_are_the_documented_ones() -> None:
+    missed = {}
+    for fact in VALIDATION:
+        value = measure(fact)
+        if not fact.ok(value):
+            missed[fact.id] = value
+    assert set(missed) == set(KNOWN_MISSES), (
+        f"validation misses changed: now {sorted(missed)} (values {missed}), documented "
+        f"{sorted(KNOWN_MISSES)}; update docs/SIMULATOR.md and KNOWN_MISSES"
+    )
