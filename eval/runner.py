@@ -266,7 +266,10 @@ def init_ray(address: str) -> None:
 
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if address == "local":
+        # "local" always starts a private instance: with no address Ray would join any
+        # cluster it finds (RAY_ADDRESS, /tmp/ray/ray_current_cluster) and refuse num_cpus.
         ray.init(
+            address="local",
             num_cpus=os.cpu_count(),
             include_dashboard=False,
             runtime_env={"env_vars": env},
