@@ -426,13 +426,14 @@ class SimNode:
             for i, (w, s) in enumerate(zip(self._instances, self._specs, strict=True))
         )
 
-    def load_rps(self, name: str) -> float:
-        """The offered load (req/s) of LC instance ``name`` now."""
+    def load_rps(self, name: str, at_s: float | None = None) -> float:
+        """The offered load (req/s) of LC instance ``name`` now, or at time ``at_s`` (s)
+        of the load schedule realised at reset, bursts included (an oracle's look-ahead)."""
         i = self._index(name)
         if i not in self._sched:
             raise ValueError(f"{name!r} is not an LC service")
         sched, scale = self._sched[i]
-        return sched.level(self._t) * scale
+        return sched.level(self._t if at_s is None else float(at_s)) * scale
 
     def memory_latency_ns(self) -> float:
         return self._model.latency(self._u)
