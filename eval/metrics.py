@@ -1,8 +1,14 @@
 """What a controller achieved over a run: the figures every comparison reports.
 
 Definitions (shared by the demo, ``rdtune eval`` and the RL evaluation):
-- SLO violation rate: fraction of intervals (with requests) in which an LC group's latency
-  at its SLO percentile exceeded the target.
+- SLO violation rate: fraction of intervals (with requests) that fall in an *SLO window*
+  where the LC group's latency at its SLO percentile exceeded the target. A window pools
+  consecutive intervals until it holds at least :func:`window_requests` requests (50
+  beyond the percentile: 1,000 for p95, 5,000 for p99), so a percentile is judged on
+  enough requests to mean something — a p95 over the 20 requests a slow service answers in
+  0.1 s is mostly sampling noise. A busy service's window is one interval (the old
+  per-interval rule); the pooled percentile is read from the intervals' percentiles
+  (:func:`share_within`: the request-weighted share of requests within the target).
 - Tail latency: mean over intervals of the latency at the SLO percentile (ms).
 - Slowdown of a batch group: reference IPS / mean IPS over the run, the reference being its
   IPS with full resources alone (CoPart, EuroSys'19 section 2).
@@ -21,8 +27,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.types import GroupKind, GroupSpec
+from agent.types import GroupKind, GroupSpec, LatencyStats
 from models.controller import StepRecord
+
+MIN_TAIL_REQUESTS = 50  # requests beyond the SLO percentile an SLO window holds at least
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,87 @@ class RunMetrics:
     batch_ips: float
     changes_per_minute: float
     decide_us_median: float
+    slo_window_s: float = math.nan  # mean length of the SLO windows judged
+
+
+def window_requests(percentile: float) -> int:
+    """Requests an SLO window holds at least: :data:`MIN_TAIL_REQUESTS` beyond
+    ``percentile``."""
+    if not 0.0 < percentile < 100.0:
+        raise ValueError(f"percentile must be in (0, 100), got {percentile}")
+    return math.ceil(round(MIN_TAIL_REQUESTS / (1.0 - percentile / 100.0), 6))
+
+
+_KNOTS = tuple(p / 100.0 for p in LatencyStats.PERCENTILES)
+
+
+def share_within(stats: LatencyStats, x: float) -> float:
+    """Estimated share of an interval's requests answered within ``x`` ms, from its
+    percentiles: the piecewise-linear distribution function through (0, 0), (p50, 0.5),
+    (p95, 0.95), (p99, 0.99) and (p99.9, 0.999), and 1 beyond p99.9. Exact at the
+    percentiles themselves, so a one-interval window is judged exactly as that interval's
+    percentile against the target; 0 when a percentile is unknown (requests without
+    answers are not within any target)."""
+    values = (stats.p50_ms, stats.p95_ms, stats.p99_ms, stats.p999_ms)
+    if any(math.isnan(v) for v in values):
+        return 0.0
+    lo_x, lo_f = 0.0, 0.0
+    for v, f in zip(values, _KNOTS, strict=True):
+        if v <= x:
+            lo_x, lo_f = v, f
+            continue
+        return lo_f + (f - lo_f) * (x - lo_x) / (v - lo_x)
+    return 1.0 if x > lo_x else lo_f
+
+
+@dataclass(frozen=True)
+class SloWindow:
+    """Consecutive intervals ``first..last`` (indices into the run) judged together."""
+
+    first: int
+    last: int
+    intervals: int  # intervals with requests in it
+    requests: int
+    seconds: float
+    violated: bool
+
+
+def slo_windows(
+    latencies: Sequence[LatencyStats | None],
+    percentile: float,
+    target_ms: float,
+    interval_s: Sequence[float] | None = None,
+) -> list[SloWindow]:
+    """One LC group's run cut into SLO windows (see the module docstring): intervals with
+    requests pooled in order until a window holds :func:`window_requests`; a last window
+    short of it joins the one before (or stands alone when it is the only one). A window
+    is violated when under ``percentile`` % of its requests (request-weighted
+    :func:`share_within`) were answered within ``target_ms``."""
+    need = window_requests(percentile)
+    want = percentile / 100.0
+    spans: list[list[int]] = []
+    cur: list[int] = []
+    count = 0
+    for i, lat in enumerate(latencies):
+        if lat is None or not lat.count:
+            continue
+        cur.append(i)
+        count += lat.count
+        if count >= need:
+            spans.append(cur)
+            cur, count = [], 0
+    if cur:
+        if spans:
+            spans[-1].extend(cur)
+        else:
+            spans.append(cur)
+    out = []
+    for idx in spans:
+        n = sum(latencies[i].count for i in idx)
+        within = sum(latencies[i].count * share_within(latencies[i], target_ms) for i in idx)
+        secs = sum(interval_s[i] for i in range(idx[0], idx[-1] + 1)) if interval_s else 0.0
+        out.append(SloWindow(idx[0], idx[-1], len(idx), n, secs, within / n < want - 1e-12))
+    return out
 
 
 def unfairness(slowdowns: Sequence[float]) -> float:
@@ -55,19 +144,30 @@ def summarize(
     violations = judged = 0
     tails: list[float] = []
     ips: dict[str, list[float]] = {}
-    for rec in records:
+    lat: dict[str, list[LatencyStats | None]] = {}
+    for k, rec in enumerate(records):
         snap = rec.snapshot
         for name, sample in snap.groups.items():
             spec = groups.get(name)
             if spec is None:
                 continue
-            if spec.kind is GroupKind.LC and sample.latency and sample.latency.count:
-                tail = sample.latency.percentile(spec.slo.percentile)
-                tails.append(tail)
-                judged += 1
-                violations += tail > spec.slo.target_ms
+            if spec.kind is GroupKind.LC and spec.slo is not None:
+                series = lat.setdefault(name, [None] * k)
+                series.append(sample.latency)
+                if sample.latency and sample.latency.count:
+                    tails.append(sample.latency.percentile(spec.slo.percentile))
             elif spec.kind is GroupKind.BATCH and sample.instructions is not None:
                 ips.setdefault(name, []).append(sample.instructions / snap.interval_s)
+        for series in lat.values():
+            series.extend([None] * (k + 1 - len(series)))
+    lengths = [r.snapshot.interval_s for r in records]
+    window_s: list[float] = []
+    for name, series in lat.items():
+        slo = groups[name].slo
+        for w in slo_windows(series, slo.percentile, slo.target_ms, lengths):
+            judged += w.intervals
+            violations += w.intervals if w.violated else 0
+            window_s.append(w.seconds)
     mean_ips = {g: statistics.fmean(v) for g, v in ips.items() if g in reference_ips}
     slowdowns = [reference_ips[g] / v if v > 0 else math.inf for g, v in mean_ips.items()]
     speedup = sum(v / reference_ips[g] for g, v in mean_ips.items())
@@ -81,6 +181,7 @@ def summarize(
         batch_ips=sum(mean_ips.values()),
         changes_per_minute=changes / duration_min if duration_min else 0.0,
         decide_us_median=statistics.median(r.decide_s for r in records) * 1e6,
+        slo_window_s=statistics.fmean(window_s) if window_s else math.nan,
     )
 
 
