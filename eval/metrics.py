@@ -3,12 +3,14 @@
 Definitions (shared by the demo, ``rdtune eval`` and the RL evaluation):
 - SLO violation rate: fraction of intervals (with requests) that fall in an *SLO window*
   where the LC group's latency at its SLO percentile exceeded the target. A window pools
-  consecutive intervals until it holds at least :func:`window_requests` requests (50
-  beyond the percentile: 1,000 for p95, 5,000 for p99), so a percentile is judged on
-  enough requests to mean something — a p95 over the 20 requests a slow service answers in
-  0.1 s is mostly sampling noise. A busy service's window is one interval (the old
-  per-interval rule); the pooled percentile is read from the intervals' percentiles
-  (:func:`share_within`: the request-weighted share of requests within the target).
+  consecutive intervals until it spans :data:`models.objectives.SLO_WINDOW_S` (1 s) and
+  holds :func:`models.objectives.window_requests` (50 requests beyond the percentile:
+  1,000 for p95, 5,000 for p99), so a percentile is judged on enough requests and time to
+  mean something — a p95 over the 20 requests a slow service answers in 0.1 s, or over one
+  short burst of a busy one, is mostly sampling noise. With 1 s control intervals a busy
+  service's window is one interval. The window's percentile is the request-weighted mean
+  of its intervals' percentiles (as :func:`eval.controllers.merge_snapshots` merges
+  intervals).
 - Tail latency: mean over intervals of the latency at the SLO percentile (ms).
 - Slowdown of a batch group: reference IPS / mean IPS over the run, the reference being its
   IPS with full resources alone (CoPart, EuroSys'19 section 2).
@@ -29,8 +31,7 @@ from dataclasses import dataclass
 
 from agent.types import GroupKind, GroupSpec, LatencyStats
 from models.controller import StepRecord
-
-MIN_TAIL_REQUESTS = 50  # requests beyond the SLO percentile an SLO window holds at least
+from models.objectives import SLO_WINDOW_S, window_requests
 
 
 @dataclass(frozen=True)
@@ -45,34 +46,13 @@ class RunMetrics:
     slo_window_s: float = math.nan  # mean length of the SLO windows judged
 
 
-def window_requests(percentile: float) -> int:
-    """Requests an SLO window holds at least: :data:`MIN_TAIL_REQUESTS` beyond
-    ``percentile``."""
-    if not 0.0 < percentile < 100.0:
-        raise ValueError(f"percentile must be in (0, 100), got {percentile}")
-    return math.ceil(round(MIN_TAIL_REQUESTS / (1.0 - percentile / 100.0), 6))
-
-
-_KNOTS = tuple(p / 100.0 for p in LatencyStats.PERCENTILES)
-
-
-def share_within(stats: LatencyStats, x: float) -> float:
-    """Estimated share of an interval's requests answered within ``x`` ms, from its
-    percentiles: the piecewise-linear distribution function through (0, 0), (p50, 0.5),
-    (p95, 0.95), (p99, 0.99) and (p99.9, 0.999), and 1 beyond p99.9. Exact at the
-    percentiles themselves, so a one-interval window is judged exactly as that interval's
-    percentile against the target; 0 when a percentile is unknown (requests without
-    answers are not within any target)."""
-    values = (stats.p50_ms, stats.p95_ms, stats.p99_ms, stats.p999_ms)
-    if any(math.isnan(v) for v in values):
-        return 0.0
-    lo_x, lo_f = 0.0, 0.0
-    for v, f in zip(values, _KNOTS, strict=True):
-        if v <= x:
-            lo_x, lo_f = v, f
-            continue
-        return lo_f + (f - lo_f) * (x - lo_x) / (v - lo_x)
-    return 1.0 if x > lo_x else lo_f
+def pooled_percentile(stats: Sequence[LatencyStats], percentile: float) -> float:
+    """The latency at ``percentile`` over several intervals: the request-weighted mean of
+    their percentiles (NaN when one is unknown: requests without answers)."""
+    n = sum(s.count for s in stats)
+    if not n:
+        return math.nan
+    return sum(s.count * s.percentile(percentile) for s in stats) / n
 
 
 @dataclass(frozen=True)
@@ -91,26 +71,33 @@ def slo_windows(
     latencies: Sequence[LatencyStats | None],
     percentile: float,
     target_ms: float,
-    interval_s: Sequence[float] | None = None,
+    interval_s: float | Sequence[float],
+    window_s: float = SLO_WINDOW_S,
 ) -> list[SloWindow]:
-    """One LC group's run cut into SLO windows (see the module docstring): intervals with
-    requests pooled in order until a window holds :func:`window_requests`; a last window
-    short of it joins the one before (or stands alone when it is the only one). A window
-    is violated when under ``percentile`` % of its requests (request-weighted
-    :func:`share_within`) were answered within ``target_ms``."""
+    """One LC group's run cut into SLO windows (see the module docstring): intervals pooled
+    in order until a window spans ``window_s`` seconds (``interval_s``: each interval's
+    length, or one for all) and holds :func:`~models.objectives.window_requests`; a last
+    window short of either joins the one before (or stands alone when it is the only one).
+    Intervals without requests are not judged. A window is violated when its
+    :func:`pooled_percentile` exceeds ``target_ms`` or is unknown."""
     need = window_requests(percentile)
-    want = percentile / 100.0
+    lengths = (
+        [float(interval_s)] * len(latencies)
+        if isinstance(interval_s, int | float)
+        else list(interval_s)
+    )
     spans: list[list[int]] = []
     cur: list[int] = []
-    count = 0
+    count, span = 0, 0.0
     for i, lat in enumerate(latencies):
+        span += lengths[i]
         if lat is None or not lat.count:
             continue
         cur.append(i)
         count += lat.count
-        if count >= need:
+        if count >= need and span >= window_s - 1e-9:
             spans.append(cur)
-            cur, count = [], 0
+            cur, count, span = [], 0, 0.0
     if cur:
         if spans:
             spans[-1].extend(cur)
@@ -118,10 +105,11 @@ def slo_windows(
             spans.append(cur)
     out = []
     for idx in spans:
-        n = sum(latencies[i].count for i in idx)
-        within = sum(latencies[i].count * share_within(latencies[i], target_ms) for i in idx)
-        secs = sum(interval_s[i] for i in range(idx[0], idx[-1] + 1)) if interval_s else 0.0
-        out.append(SloWindow(idx[0], idx[-1], len(idx), n, secs, within / n < want - 1e-12))
+        stats = [latencies[i] for i in idx]
+        n = sum(s.count for s in stats)
+        tail = pooled_percentile(stats, percentile)
+        secs = sum(lengths[i] for i in range(idx[0], idx[-1] + 1))
+        out.append(SloWindow(idx[0], idx[-1], len(idx), n, secs, not tail <= target_ms))
     return out
 
 

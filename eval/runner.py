@@ -73,6 +73,10 @@ class JobResult:
     build_s: float = 0.0
     run_s: float = 0.0
     error: str = ""
+    # eval.feasibility: "feasible" / "infeasible" (every SLO attainable at every load of
+    # this scenario and seed, or not), "" when there is no SLO or no simulated twin
+    feasibility: str = ""
+    feasibility_note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return _clean(asdict(self))
@@ -197,10 +201,12 @@ def run_job(job: Job) -> JobResult:
         probe = _ServiceProbe(node) if needs_bare_node(spec) and not job.agent else None
         records = drive(controller, probe or node, clock, intervals, job.interval_s)
         res.run_s = time.perf_counter() - t0
+        stats = getattr(getattr(controller, "inner", controller), "stats", None)
+        extra = stats() if callable(stats) else {}
         groups = node.groups()
         refs = sim_reference_ips(twin) if twin is not None else {}
         m = summarize(records, groups, refs)
-        res.metrics = asdict(m)
+        res.metrics = {**asdict(m), **extra}
         if not any(s.kind is GroupKind.LC for s in groups.values()):
             res.metrics["slo_violation_rate"] = math.nan  # nothing to judge
         if not refs:
@@ -218,6 +224,11 @@ def run_job(job: Job) -> JobResult:
             tails = {n: statistics.fmean(v) for n, v in probe.tails.items() if v}
             res.metrics["tail_latency_ms"] = statistics.fmean(tails.values()) if tails else math.nan
             res.lc_tails_ms = tails
+        if twin is not None:
+            from eval.feasibility import check_run
+
+            verdict = check_run(job.scenario, job.seed, job.seconds, job.interval_s)
+            res.feasibility, res.feasibility_note = verdict.label, verdict.note
         alone = {}
         if twin is not None and not bare:
             alone = sim_alone_tails(twin, interval_s=job.interval_s)
