@@ -97,19 +97,32 @@ def _scenarios(entries: Any, where: str) -> list[str | Scenario]:
             p = EVAL_DIR / e
             out.append(str(p) if e.endswith((".yaml", ".yml")) and p.is_file() else e)
         elif isinstance(e, Mapping) and "family" in e:
-            out.extend(held_out(str(e["family"]), int(e.get("count", 4)), int(e.get("seed", 0))))
+            unknown = set(e) - {"family", "count", "seed", "preset", *_FAMILY_OPTIONS}
+            if unknown:
+                raise SuiteError(f"{where}: unknown family option(s) {sorted(unknown)}")
+            options: dict[str, Any] = {k: int(e[k]) for k in _FAMILY_OPTIONS if k in e}
+            if "preset" in e:
+                options["preset"] = str(e["preset"])
+            out.extend(
+                held_out(str(e["family"]), int(e.get("count", 4)), int(e.get("seed", 0)), **options)
+            )
         else:
             raise SuiteError(f"{where}: bad scenario entry {e!r}")
     return out
 
 
-def held_out(split: str, count: int, seed: int) -> list[Scenario]:
-    """``count`` distinct seeded draws of the training generator's ``split`` (envs)."""
+_FAMILY_OPTIONS = ("min_lc", "max_lc", "max_batch", "max_workloads")
+
+
+def held_out(split: str, count: int, seed: int, **options: Any) -> list[Scenario]:
+    """``count`` distinct seeded draws of the training generator's ``split`` (envs), the
+    generator narrowed by ``options`` (``preset``, ``min_lc``, ``max_lc``, ``max_batch``,
+    ``max_workloads``: see :class:`envs.scenarios.ScenarioFamily`)."""
     import numpy as np
 
     from envs.scenarios import ScenarioFamily
 
-    family = ScenarioFamily(source="random", split=split)
+    family = ScenarioFamily(source="random", split=split, **options)
     rng = np.random.default_rng(seed)
     out: dict[str, Scenario] = {}
     for _ in range(count * 20):
