@@ -83,3 +83,40 @@ def test_vecnormalize_options(tmp_path, obs, reward):
     assert isinstance(venv, VecNormalize)
     assert (venv.norm_obs, venv.norm_reward) == (obs, reward)
     venv.close()
+
+
+def test_rdtune_train_twice_gives_the_same_curve_and_exported_policy(tmp_path):
+    """``rdtune train --config F --seed S`` twice, with what the default config uses
+    (environments in worker processes, reward normalisation, the shared per-slot head):
+    the same learning curve (every checkpoint evaluation), checkpoints and exported ONNX
+    policy."""
+    import yaml
+
+    from tests.training.tiny_runs import SLOT_POLICY, TINY
+    from training.export import export_run
+    from tuner.cli import main
+
+    config = dict(TINY, subproc=True, normalize_reward=True, policy=SLOT_POLICY)
+    config["total_timesteps"] = 192
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    runs = []
+    for k in range(2):
+        out = tmp_path / f"run{k}"
+        argv = ["train", "--config", str(path), "--seed", "5", "--out", str(out), "--no-progress"]
+        assert main(argv) == 0
+        export_run(out, tmp_path / f"export{k}", parity_observations=16)
+        runs.append(out)
+    curves = [(r / "evaluations.jsonl").read_text().splitlines() for r in runs]
+    assert len(curves[0]) == 3 and curves[0] == curves[1]
+    assert json.loads(curves[0][0])["episodes"] == 1
+    for name in ("model.zip", "best_model.zip"):
+        a, b = _params(runs[0], "MaskablePPO", name), _params(runs[1], "MaskablePPO", name)
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+    onnx = [(tmp_path / f"export{k}" / "policy.onnx").read_bytes() for k in range(2)]
+    assert onnx[0] == onnx[1]
+    tables = [json.loads((r / "eval.json").read_text()) for r in runs]
+    assert tables[0]["rows"] == tables[1]["rows"]
+    assert tables[0]["eval_kwargs"]["split"] == "test"
+    assert tables[0]["selection_kwargs"]["split"] == "validation"
