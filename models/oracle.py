@@ -540,7 +540,7 @@ class Oracle(Controller):
         margin: float = SAFETY_MARGIN,
         lookahead_s: float = LOOKAHEAD_S,
         load_quantum: float = LOAD_QUANTUM,
-        max_evals: int = 600,
+        max_evals: int = 300,
         warm_evals: int = 40,
         reoptimise_quantum: float = REOPTIMISE_QUANTUM,
         latency_requests: int = LATENCY_REQUESTS,

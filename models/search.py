@@ -9,7 +9,8 @@ order, LC groups first) and an MB level from a grid (the node's levels at 10%, 2
 (every group every way, full bandwidth) is always evaluated too.
 
 Search: exhaustive when the state space fits ``max_evals``; otherwise every way split with
-each group at full bandwidth and at the equal bandwidth share, then best-improvement local
+each group at full bandwidth and at the equal bandwidth share (an evenly spread subset of
+them when they are more than half the budget), then best-improvement local
 search (move one way between two groups; set one group's MB to any grid level) from the
 best few starts until no neighbour improves or the budget is spent. Evaluations are cached
 (a caller may pass its cache in, to search the same scorer again from other starts); with
@@ -157,7 +158,10 @@ def search(
                 stage_one = [(w, (top,) * n) for w in splits]
                 if equal_mb != top:
                     stage_one += [(w, (equal_mb,) * n) for w in splits]
-                for s in stage_one[: max(0, max_evals // 2 - (len(cache) - known))]:
+                budget = max(0, max_evals // 2 - (len(cache) - known))
+                if len(stage_one) > budget:  # evenly spread, not the first splits only
+                    stage_one = [stage_one[i * len(stage_one) // budget] for i in range(budget)]
+                for s in stage_one:
                     evaluate(s)
             ranked = sorted(
                 (s for s in cache if s[0] != UNPARTITIONED_WAYS), key=lambda s: cache[s]
