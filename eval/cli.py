@@ -198,7 +198,7 @@ def print_paired(console, results, reference: str | None = None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from eval.report import PAIRED_METRICS, paired_cell, paired_comparisons
+    from eval.report import PAIRED_METRICS, paired_cell, paired_comparisons, paired_title
 
     if len({r.controller for r in results if not r.error}) < 2:
         return
@@ -211,7 +211,8 @@ def print_paired(console, results, reference: str | None = None) -> None:
     )
     table.add_column(f"{escape(ref)} vs", no_wrap=True)
     table.add_column("pairs", justify="right")
-    for _, title, higher, _, _ in PAIRED_METRICS:
+    for key, title, higher, _, _ in PAIRED_METRICS:
+        title = paired_title(comp, key, title)
         table.add_column(f"Δ {title} ({'higher' if higher else 'lower'} better)", justify="right")
         table.add_column("wins", justify="right")
     for row in comp["rows"]:

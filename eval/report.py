@@ -224,13 +224,25 @@ def paired_cell(p: Paired, scale: float, unit: str) -> str:
     return text + unit + (" *" if p.significant else "")
 
 
+def paired_title(comp: dict[str, Any], key: str, title: str) -> str:
+    """A paired column's title, with its number of pairs when some runs are left out of
+    it (SLO violations: infeasible runs)."""
+    counts = {row["metrics"][key].n for row in comp["rows"]}
+    pairs = {row["pairs"] for row in comp["rows"]}
+    if counts and counts != pairs:
+        n = max(counts)
+        return f"{title[:-1]}, {n} pairs)" if title.endswith(")") else f"{title} ({n} pairs)"
+    return title
+
+
 def paired_table(comp: dict[str, Any]) -> str:
     """The paired comparison as a Markdown table."""
     ref = comp["reference"]
     head = f"| {ref} vs | pairs |"
     rule = "|---|---|"
-    for _, title, higher, _, _ in PAIRED_METRICS:
-        head += f" Δ {title} ({'higher' if higher else 'lower'} is better) | wins |"
+    for key, title, higher, _, _ in PAIRED_METRICS:
+        better = "higher" if higher else "lower"
+        head += f" Δ {paired_title(comp, key, title)} ({better} is better) | wins |"
         rule += "---|---|"
     lines = [head, rule]
     for row in comp["rows"]:
