@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--paired-with",
         metavar="LABEL",
         help="controller the paired table compares with every other one, as the tables name "
-        "it (default: the learned policy when it runs, else the first controller)",
+        "it (default: the suite's paired_with, else the learned policy when it runs, else the "
+        "first controller)",
     )
     parser.add_argument("--out", metavar="DIR", help="report directory (default: runs/eval/SUITE)")
     parser.add_argument(
@@ -142,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if not command:
         command = f"rdtune eval --suite {suite.name}"
+    labels = {r.controller for r in results if not r.error}
+    reference = args.paired_with or (suite.paired_with if suite.paired_with in labels else None)
     try:
         report = write_report(
             results,
@@ -150,13 +153,13 @@ def run(args: argparse.Namespace) -> int:
             description=suite.description,
             command=command,
             machine=machine(),
-            reference=args.paired_with,
+            reference=reference,
         )
     except ValueError as exc:  # an unknown --paired-with
         print(f"rdtune eval: {exc}", file=sys.stderr)
         return 2
     print_summary(console, results)
-    print_paired(console, results, args.paired_with)
+    print_paired(console, results, reference)
     console.print(f"report: {report.markdown}")
     for p in report.plots:
         console.print(f"  plot: {p}")
@@ -198,7 +201,7 @@ def print_paired(console, results, reference: str | None = None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from eval.report import PAIRED_METRICS, paired_cell, paired_comparisons, paired_title
+    from eval.report import paired_cell, paired_comparisons, paired_metrics, paired_title
 
     if len({r.controller for r in results if not r.error}) < 2:
         return
@@ -211,13 +214,14 @@ def print_paired(console, results, reference: str | None = None) -> None:
     )
     table.add_column(f"{escape(ref)} vs", no_wrap=True)
     table.add_column("pairs", justify="right")
-    for key, title, higher, _, _ in PAIRED_METRICS:
+    metrics = paired_metrics(comp)
+    for key, title, higher, _, _ in metrics:
         title = paired_title(comp, key, title)
         table.add_column(f"Δ {title} ({'higher' if higher else 'lower'} better)", justify="right")
         table.add_column("wins", justify="right")
     for row in comp["rows"]:
         cells = []
-        for key, _, _, scale, unit in PAIRED_METRICS:
+        for key, _, _, scale, unit in metrics:
             p = row["metrics"][key]
             cells += [paired_cell(p, scale, unit), f"{p.win_rate:.0%}" if p.n else "-"]
         table.add_row(escape(row["controller"]), str(row["pairs"]), *cells)
@@ -240,6 +244,9 @@ def _rerender(console, out: Path) -> int:
     suite = results[0].suite
     known = load_suites()
     desc = known[suite].description if suite in known else ""
+    labels = {r.controller for r in results if not r.error}
+    ref = known[suite].paired_with if suite in known else None
+    ref = ref if ref in labels else None
     report = write_report(
         results,
         out,
@@ -247,8 +254,9 @@ def _rerender(console, out: Path) -> int:
         description=desc,
         command=f"rdtune eval --suite {suite}",
         machine=machine(),
+        reference=ref,
     )
     print_summary(console, results)
-    print_paired(console, results)
+    print_paired(console, results, ref)
     console.print(f"report: {report.markdown}")
     return 0

@@ -235,19 +235,26 @@ def paired_title(comp: dict[str, Any], key: str, title: str) -> str:
     return title
 
 
+def paired_metrics(comp: dict[str, Any]) -> list[tuple[str, str, bool, float, str]]:
+    """The :data:`PAIRED_METRICS` some pair has a value of (no SLO column for a suite of
+    batch-only mixes)."""
+    return [m for m in PAIRED_METRICS if any(row["metrics"][m[0]].n for row in comp["rows"])]
+
+
 def paired_table(comp: dict[str, Any]) -> str:
     """The paired comparison as a Markdown table."""
     ref = comp["reference"]
     head = f"| {ref} vs | pairs |"
     rule = "|---|---|"
-    for key, title, higher, _, _ in PAIRED_METRICS:
+    metrics = paired_metrics(comp)
+    for key, title, higher, _, _ in metrics:
         better = "higher" if higher else "lower"
         head += f" Δ {paired_title(comp, key, title)} ({better} is better) | wins |"
         rule += "---|---|"
     lines = [head, rule]
     for row in comp["rows"]:
         cells = []
-        for key, _, _, scale, unit in PAIRED_METRICS:
+        for key, _, _, scale, unit in metrics:
             p = row["metrics"][key]
             cells += [paired_cell(p, scale, unit), f"{p.win_rate:.0%}" if p.n else "-"]
         lines.append(f"| {row['controller']} | {row['pairs']} | " + " | ".join(cells) + " |")

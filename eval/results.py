@@ -120,7 +120,9 @@ def _pct(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{100 * x:.1f}%"
 
 
-def _suite_section(name: str, results: Sequence[JobResult], wall: dict, description: str):
+def _suite_section(
+    name: str, results: Sequence[JobResult], wall: dict, description: str, reference=None
+):
     from eval.report import infeasible_runs, paired_comparisons, paired_table, table
 
     ok = [r for r in results if not r.error]
@@ -145,8 +147,9 @@ def _suite_section(name: str, results: Sequence[JobResult], wall: dict, descript
         table(results),
         "",
     ]
-    if len({r.controller for r in ok}) > 1:
-        comp = paired_comparisons(ok)
+    labels = {r.controller for r in ok}
+    if len(labels) > 1:
+        comp = paired_comparisons(ok, reference if reference in labels else None)
         lines += [
             f"Paired: {comp['reference']} minus each controller over the same (scenario, "
             f"seed) runs ({comp['scenarios']} scenarios x {comp['seeds']} seeds), mean ± "
@@ -159,6 +162,7 @@ def _suite_section(name: str, results: Sequence[JobResult], wall: dict, descript
         ]
         verdicts = []
         for row in comp["rows"]:
+            by = {True: [], False: []}
             for key, word in (
                 ("slo_violation_rate", "SLO violations"),
                 ("weighted_speedup", "weighted speedup"),
@@ -166,18 +170,35 @@ def _suite_section(name: str, results: Sequence[JobResult], wall: dict, descript
             ):
                 p = row["metrics"][key]
                 if p.better is not None:
-                    verdicts.append(
-                        f"{'better' if p.better else 'worse'} than {row['controller']} on {word}"
-                    )
+                    by[p.better].append(word)
+            parts = [
+                f"{'better' if good else 'worse'} on {', '.join(words)}"
+                for good, words in ((True, by[True]), (False, by[False]))
+                if words
+            ]
+            if parts:
+                verdicts.append(f"vs {row['controller']}: {' and '.join(parts)}")
         lines += [
-            f"Significant differences: {comp['reference']} is "
-            + ("; ".join(verdicts) if verdicts else "not significantly different from any")
-            + ".",
+            f"Significant differences of {comp['reference']} (95% CI of the paired mean "
+            "excluding 0): " + ("; ".join(verdicts) if verdicts else "none") + ".",
             "",
         ]
     if bad:
-        lines += ["Infeasible runs (no allocation keeps every SLO at some load they see):", ""]
-        lines += [f"- {s}, seed {seed}: {note}" for s, seed, note in sorted(bad)]
+        lines += [
+            "Infeasible runs: no allocation keeps every SLO at some load they see. The reason "
+            "given is the first such load level and the service's lowest *guarded* latency "
+            "there (steady state plus an SLO window's measurement noise) as a multiple of its "
+            "SLO target; the margin asks for at most 0.95.",
+            "",
+        ]
+        grouped: dict[tuple[str, str], list[int]] = {}
+        for s, seed, note in sorted(bad):
+            grouped.setdefault((s, note), []).append(seed)
+        for (s, note), seeds_ in grouped.items():
+            which = (
+                f"seed {seeds_[0]}" if len(seeds_) == 1 else f"seeds {', '.join(map(str, seeds_))}"
+            )
+            lines.append(f"- {s}, {which}: {note}")
         lines.append("")
     return lines
 
@@ -301,7 +322,8 @@ def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -
         wall_path = runs / name / "wall.json"
         wall = json.loads(wall_path.read_text()) if wall_path.is_file() else {}
         desc = known[name].description if name in known else ""
-        lines += _suite_section(name, results, wall, desc)
+        ref = known[name].paired_with if name in known else None
+        lines += _suite_section(name, results, wall, desc, ref)
     lines += _training_section()
     out.write_text("\n".join(lines))
     return out

@@ -32,6 +32,7 @@ _SUITE_KEYS = {
     "seconds",
     "interval_s",
     "seed_base",
+    "paired_with",
 }
 
 
@@ -50,6 +51,7 @@ class Suite:
     seed_base: int = 0
     description: str = ""
     sweep: Mapping[str, Any] = field(default_factory=dict)
+    paired_with: str | None = None  # the paired table's reference (a controller label)
 
     def jobs(
         self,
@@ -195,6 +197,7 @@ def _raw(name: str, e: Any, p: Path) -> Suite:
         seed_base=int(e.get("seed_base", 0)),
         description=str(e.get("description", "")),
         sweep=e.get("sweep") or {},
+        paired_with=str(e["paired_with"]) if e.get("paired_with") else None,
     )
 
 

@@ -61,8 +61,8 @@ def test_results_document_from_saved_suites(tmp_path: Path) -> None:
         assert f"## Suite `{name}`" in md
     assert "2 scenario(s) x 3 seed(s), 18 runs (0 failed); 3 feasible and 3 infeasible" in md
     assert "| eq | 6 | -20 ± 0 pp * | 100% |" in md  # paired on the feasible runs
-    assert "Significant differences: policy is better than eq on SLO violations" in md
-    assert "- b, seed 0: kv at best 1.30 x its SLO target" in md
+    assert "excluding 0): vs eq: better on SLO violations, weighted speedup" in md
+    assert "- b, seeds 0, 1, 2: kv at best 1.30 x its SLO target" in md
     assert "3.0 min wall for the suites together" in md
 
 

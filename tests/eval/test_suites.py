@@ -25,6 +25,11 @@ def test_bundled_suites_load_and_expand() -> None:
         0.05,
         0.1,
     }
+    for suite in suites.values():  # a suite's paired reference is one of its controllers
+        assert suite.paired_with is None or suite.paired_with in {
+            c.label for c in suite.controllers
+        }
+    assert copart.paired_with == "CoPart"
     cat = get_suite("catbench")
     swept = [c for c in cat.controllers if "ways" in c.options]
     assert len(swept) >= 10 and all(c.name == "static" for c in swept)
