@@ -8,6 +8,11 @@ the scenario when ``agent`` is set), builds the controller for it
 :mod:`eval.metrics`, the LC tail normalised to the service alone, and the allocation
 timeline (ways per group per interval) for the report's plots.
 
+Every run carries its (scenario, seed)'s feasibility label (eval/feasibility.py): whether
+any allocation keeps every SLO at every load the run sees, so reports can set SLO
+violations of infeasible runs apart. A controller's own figures (``stats()``, e.g. the
+oracle's searches and cost) join the run's metrics.
+
 Reference figures (batch IPS with full resources alone, LC tail alone) come from the
 simulator's ground truth; for an agent they come from a local simulated twin when the agent
 is simulated and the scenario is in the local catalog, else they are NaN (a real machine

@@ -5,7 +5,10 @@ can be given instead (``rdtune eval --suites FILE``). Each suite reproduces one 
 comparison on the simulator: CoPart's seven mix families (EuroSys'19 section 6.1), Ubik's
 LC + batch mixes at low and high load (ASPLOS'14 section 7), catbench's static ways sweep
 (CMU 2017), CoCo's more-LC-than-CLOSIDs setting, and the learned policy on held-out mixes
-(issue 7's test split). ``smoke`` is the small suite the tests run.
+of the generator's test split (envs/scenarios.py): ``learned`` (6 mixes) and ``heldout``
+(32 mixes x 3 seeds, 8 per machine preset, built for paired comparisons). A suite may name
+the controller its paired table compares with the others (``paired_with``). ``smoke`` is
+the small suite the tests run.
 """
 
 from __future__ import annotations
