@@ -631,7 +631,8 @@ class Oracle(Controller):
         if not (self.objective is None or isinstance(self.objective, str)):
             return None
         if self._scenario_key is None:
-            text = repr(self.sim.scenario) + repr(sorted(self.sim.groups().items()))
+            scn = self.sim.scenario  # its catalog by identity: repr leaves it out
+            text = f"{id(scn.catalog)}|{scn!r}|{sorted(self.sim.groups().items())!r}"
             self._scenario_key = hashlib.sha256(text.encode()).hexdigest()
         return (
             self._scenario_key,
