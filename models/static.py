@@ -14,11 +14,15 @@ controller then holds that allocation; it has no online control.
 Flatness criterion (our reading; the write-up gives none numerically): y(k) is the
 SLO-percentile latency measured over one window at k ways, s(k) its 3-point running median
 (a tail percentile of a finite window is noisy; one outlier must not move the knee), and
-the tail level y* the median of s over the upper half of the sweep (the largest mites,
-flat by construction; the minimum of a noisy curve would be biased low). The flat region
-is the longest suffix k0..L-1 with every s(k) <= y* * (1 + tolerance) + abs_tolerance_ms
-(default tolerance 10%); the knee is k0. Points where no request completed count as
-infinitely slow.
+the tail level y* the median of s over half the sweep centred on the last minimum of s
+(the minimum of a noisy curve itself would be biased low). When the tail falls with the
+mite's ways all the way, as in catbench, that window is the upper half of the sweep (the
+largest mites). When it rises again at the top — a contender squeezed into the last ways
+misses so much that it saturates memory bandwidth (docs/SIMULATOR.md, the U-shape) — the
+window sits around the best way counts instead, so the knee is not pushed to the worst
+end. The flat region is the run of way counts ending at that minimum with every
+s(k) <= y* * (1 + tolerance) + abs_tolerance_ms (default tolerance 10%); the knee is its
+first. Points where no request completed count as infinitely slow.
 
 :class:`BestStatic` (CoPart, EuroSys'19 section 6.1, "ST"): the single allocation with the
 best objective found by bounded exhaustive search (:mod:`models.search`) — on a SimNode by
@@ -91,15 +95,19 @@ def knee(
     ks = sorted(latencies)
     ys = [latencies[k] if not math.isnan(latencies[k]) else math.inf for k in ks]
     smooth = [statistics.median(ys[max(0, i - 1) : i + 2]) for i in range(len(ys))]
-    level = statistics.median(smooth[len(smooth) // 2 :])
+    n = len(smooth)
+    best = max(i for i in range(n) if smooth[i] == min(smooth))  # the last minimum
+    half = n - n // 2
+    start = min(max(best - half // 2, 0), n - half)  # the upper half if best is the end
+    level = statistics.median(smooth[start : start + half])
     if math.isinf(level):
         return ks[-1]
     band = level * (1.0 + tolerance) + abs_tolerance_ms
-    k0 = ks[-1]
-    for k, y in zip(reversed(ks), reversed(smooth), strict=True):
-        if y > band:
+    k0 = ks[best]
+    for i in range(best - 1, -1, -1):
+        if smooth[i] > band:
             break
-        k0 = k
+        k0 = ks[i]
     return k0
 
 

@@ -32,6 +32,9 @@ KV_STREAMING = Scenario(
         ({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}, 1),
         ({1: math.inf, 2: 2.0, 3: 1.0, 4: 1.0, 5: 2.0, 6: 1.0, 7: 1.0}, 3),  # one outlier
         ({1: 5.0, 2: 4.0, 3: 3.0, 4: 2.0, 5: 1.5, 6: 1.0}, 5),  # no plateau: the tail
+        # U-shaped (a squeezed contender saturates memory bandwidth): the start of the
+        # best region, not the worst end (the rule for a falling tail alone would give 8)
+        ({1: 3.0, 2: 2.0, 3: 1.2, 4: 1.0, 5: 1.0, 6: 1.0, 7: 1.3, 8: 2.0}, 4),
     ],
 )
 def test_knee_is_the_start_of_the_flat_region(curve, expected):
