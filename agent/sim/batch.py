@@ -29,7 +29,15 @@ from agent.sim.catalog import MachinePreset, WorkloadSpec
 from agent.sim.engine import COUNTERS, Engine, describe
 from agent.sim.scenario import Scenario, WorkloadInstance
 from agent.sim.truth import solo_reference
-from agent.types import SLO, GroupAllocation, GroupKind, GroupSpec, MbaMode, NodeCapabilities
+from agent.types import (
+    SLO,
+    AllocationPlan,
+    GroupAllocation,
+    GroupKind,
+    GroupSpec,
+    MbaMode,
+    NodeCapabilities,
+)
 
 PID_BASE = 10_000
 # Relative 1-sigma noise per interval of each counter (perf multiplexing and skid, MBM
@@ -265,7 +273,7 @@ class SimBatch:
         self.rules: list[MbaRule] = [None] * N  # type: ignore[list-item]
         self.caps: list[NodeCapabilities] = [None] * N  # type: ignore[list-item]
         self.group_specs: list[list[GroupSpec]] = [[] for _ in range(N)]
-        self.allocations: list[dict[str, GroupAllocation]] = [{} for _ in range(N)]
+        self.tables: list[GroupTable] = [None] * N  # type: ignore[list-item]
         # LC groups of each node: (column, LC workload indices) of groups reporting latency
         self._lat_groups: list[list[tuple[int, list[int]]]] = [[] for _ in range(N)]
         self._setup(range(N))
@@ -343,7 +351,7 @@ class SimBatch:
             self.rules[b] = MbaRule.of(preset, caps)
             self.cbm[b] = caps.l3.cbm_mask if caps.l3 is not None else (1 << preset.ways) - 1
             self.group_specs[b] = [table.specs[g] for g in names]
-            self.allocations[b] = dict(table.alloc)
+            self.tables[b] = table
             self.ngroups[b] = len(names)
             for j, g in enumerate(names):
                 a = table.alloc[g]
@@ -367,6 +375,31 @@ class SimBatch:
         moved = np.asarray(moved, dtype=bool)
         if moved.any():
             self._push(rows[moved], True)
+
+    def apply(self, b: int, plan: AllocationPlan) -> None:
+        """Apply ``plan`` to node ``b`` as ``SimNode.apply`` does (validated against the
+        node's capabilities, all-or-nothing; fields a plan leaves None are kept). The slow
+        path, for a baseline or a controller's plan; a policy's arrays go through
+        :meth:`set_allocation`."""
+        table = self.tables[b]
+        names = list(table.specs)
+        for j, g in enumerate(names):  # what the arrays hold now
+            old = table.alloc[g]
+            mask = None if old.l3_mask is None else int(self.gmask[b, j])
+            mb = None if np.isnan(self.gmb[b, j]) else int(self.gmb[b, j])
+            table.alloc[g] = GroupAllocation(l3_mask=mask, mb=mb, l3_code_mask=old.l3_code_mask)
+        table.apply(plan)
+        gmask, gmb = self.gmask[b].copy(), self.gmb[b].copy()
+        for j, g in enumerate(names):
+            a = table.alloc[g]
+            mask = self.cbm[b] if a.l3_mask is None else a.l3_mask
+            gmask[j] = mask | (a.l3_code_mask or 0)
+            gmb[j] = np.nan if a.mb is None else a.mb
+        moved = not (
+            np.array_equal(gmask, self.gmask[b])
+            and np.array_equal(gmb, self.gmb[b], equal_nan=True)
+        )
+        self.set_allocation(np.array([b]), gmask[None], gmb[None], np.array([moved]))
 
     def _push(self, rows: np.ndarray, moved) -> None:
         masks, nways, delay, cap = workload_allocation(
