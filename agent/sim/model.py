@@ -149,6 +149,13 @@ def _rows(x, idx):
     return None if x is None else x[idx]
 
 
+def _worth_dropping(live: np.ndarray) -> bool:
+    """Whether to gather the nodes still iterating into smaller arrays: when at most half
+    remain, and not for a handful of rows, where a step costs no more than the gather."""
+    n = len(live)
+    return n > 8 and 2 * int(live.sum()) <= n
+
+
 def _pad(rows: Sequence[Sequence[float]], n: int, fill: float) -> np.ndarray:
     return np.array([list(r) + [fill] * (n - len(r)) for r in rows], dtype=float)
 
@@ -489,12 +496,13 @@ class Model:
         would oscillate from step to step. Backward Euler lags instead: a fill that reaches
         12 MB in 0.1 s reaches 9.4 MB in one 0.1 s step (the steady state is exact).
 
-        Each node iterates until its own workloads have converged (a converged node leaves
-        the batch), so a node's step is the same whichever nodes share its batch; ``dt`` is
-        one step for every node or (nodes, 1)."""
+        Each node iterates until its own workloads have converged (converged nodes keep
+        their result and leave the batch once they are the majority), so a node's step is
+        the same whichever nodes share its batch; ``dt`` is one step for every node or
+        (nodes, 1)."""
         ni = self.non_inclusive.any()
         lat = sol.latency_ns
-        model, rows = self, None  # the nodes still iterating (None: all of them)
+        model = self
 
         def step(m: np.ndarray, access: np.ndarray):
             new, eta = model.step_occupancy(
@@ -518,20 +526,19 @@ class Model:
         new, eta, end = step(a, sol.access_rate)
         out_new, out_eta = new, eta
         ra = end - a
-        done = np.abs(ra).max(axis=-1) < tol
-        if done.all():
+        live = ~(np.abs(ra).max(axis=-1) < tol)  # per node: still iterating
+        if not live.any():
             return new, eta
-        if done.any():
-            keep = np.flatnonzero(~done)
-            model, inp, dyn, rows = model.take(keep), inp.take(keep), dyn.take(keep), keep
+        rows = np.arange(self.B)  # each current row's node
+        if _worth_dropping(live):
+            keep = np.flatnonzero(live)
+            model, inp, dyn = model.take(keep), inp.take(keep), dyn.take(keep)
             occ, lat, a, ra, end = occ[keep], lat[keep], a[keep], ra[keep], end[keep]
             dt = dt[keep] if np.ndim(dt) else dt
+            rows, live = rows[keep], live[keep]
         b = end
         new, eta, end = step(b, access_at(b))
-        if rows is None:
-            out_new, out_eta = new, eta
-        else:
-            out_new[rows], out_eta[rows] = new, eta
+        out_new[rows[live]], out_eta[rows[live]] = new[live], eta[live]
         rb = end - b
         # lo: r > 0 (too few misses), hi: r < 0 (too many); the last two points bracket.
         up = ra > 0
@@ -539,26 +546,23 @@ class Model:
         hi, rhi = np.where(up, b, a), np.where(up, rb, ra)
         side = np.zeros_like(a)
         for _ in range(iters):
-            done = np.abs(end - b).max(axis=-1) < tol
-            if done.all():
+            live &= ~(np.abs(end - b).max(axis=-1) < tol)
+            if not live.any():
                 break
-            if done.any():
-                keep = np.flatnonzero(~done)
+            if _worth_dropping(live):
+                keep = np.flatnonzero(live)
                 model, inp, dyn = model.take(keep), inp.take(keep), dyn.take(keep)
-                rows = keep if rows is None else rows[keep]
                 occ, lat = occ[keep], lat[keep]
                 lo, rlo, hi, rhi, side = lo[keep], rlo[keep], hi[keep], rhi[keep], side[keep]
                 dt = dt[keep] if np.ndim(dt) else dt
+                rows, live = rows[keep], live[keep]
             denom = rlo - rhi
             m = np.where(
                 denom > 1e-15, (lo * -rhi + hi * rlo) / np.where(denom > 0, denom, 1.0), lo
             )
             m = np.minimum(np.maximum(m, np.minimum(lo, hi)), np.maximum(lo, hi))
             new, eta, end = step(m, access_at(m))
-            if rows is None:
-                out_new, out_eta = new, eta
-            else:
-                out_new[rows], out_eta[rows] = new, eta
+            out_new[rows[live]], out_eta[rows[live]] = new[live], eta[live]
             r = end - m
             pos = r > 0
             # Illinois: an end kept twice in a row has its residual halved.
@@ -569,8 +573,6 @@ class Model:
             side = np.where(pos, 1.0, -1.0)
             b = m
         return out_new, out_eta
-
-        return new, eta
 
     def start(self, u: float = 0.0) -> Dynamics:
         z = np.zeros((self.B, self.n))
