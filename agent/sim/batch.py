@@ -207,6 +207,32 @@ def measured(
 # ---------------------------------------------------------------------------- the batch
 
 
+_ALLOCATOR_TUNED = False
+
+
+def keep_freed_blocks() -> None:
+    """Ask glibc's malloc to keep freed blocks of up to 64 MB in the process instead of
+    returning them to the kernel. A batch step's numpy temporaries are around a megabyte
+    each; by default glibc unmaps such blocks on free and the next step faults their pages
+    in again, which doubled the time of pooling LC latency (measured: 22 -> 12 ms for 300
+    groups of five steps). Process-wide and idempotent; a no-op off glibc."""
+    global _ALLOCATOR_TUNED
+    if _ALLOCATOR_TUNED:
+        return
+    _ALLOCATOR_TUNED = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 64 << 20)
+    mallopt(m_trim_threshold, 256 << 20)
+
+
+
 @dataclass
 class GroupReadings:
     """What the groups of N nodes measured over their last interval, as arrays (groups in
@@ -252,6 +278,7 @@ class SimBatch:
     ) -> None:
         if not scenarios or len(scenarios) != len(seeds):
             raise ValueError("one scenario and one seed per node (at least one node)")
+        keep_freed_blocks()
         self.interval_s = float(interval_s)
         self.noise = bool(noise)
         described = [describe(s) for s in scenarios]

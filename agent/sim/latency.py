@@ -293,40 +293,47 @@ def _mixture(
     rel = knots - x0[:, None, None]  # >= 0, and a local origin keeps the running sums small
     w = w / w.sum(axis=1, keepdims=True)
     wk = w[..., None]
-    dP = np.diff(P_GRID)
-    width = np.diff(rel, axis=-1)
+    width = rel[..., 1:] - rel[..., :-1]
     # A piece far narrower than its component (tied table entries) is a step: its slope
     # would be rounding noise times a huge number.
     steep = width > 1e-9 * (rel[..., -1:] - rel[..., :1] + a[..., None])
-    slope = np.where(steep, dP / np.where(steep, width, 1.0), 0.0)
-    zero = np.zeros((R, c, 1))
-    ev = np.empty((R, c, K, 3))  # per point: slope change, step (kept after), point-only
-    ev[..., 0] = wk * (np.concatenate([slope, zero], -1) - np.concatenate([zero, slope], -1))
-    ev[..., 0, 1] = P_GRID[0]
-    ev[..., 1:, 1] = np.where(steep, 0.0, dP)
-    ev[..., -1, 1] += 1.0 - P_GRID[-1]  # beyond the last point: 1
-    ev[..., 1] *= wk
-    ev[..., 2] = 0.0
+    slope = np.where(steep, _DP / np.where(steep, width, 1.0), 0.0)
+    # Per point: the slope it starts minus the one it ends, the step it adds (kept beyond
+    # it), and a correction at the point alone.
+    d_slope = np.zeros((R, c, K))
+    d_slope[..., :-1] = slope
+    d_slope[..., 1:] -= slope
+    d_slope *= wk
+    step = np.empty((R, c, K))
+    step[..., 0] = P_GRID[0]
+    step[..., 1:] = np.where(steep, 0.0, _DP)
+    step[..., -1] += 1.0 - P_GRID[-1]  # beyond the last point: 1
+    step *= wk
     # np.interp at a component's own first and last point, recomputed as (point - shift)
     # / scale, may land just outside its range: 0 or 1 there, as pooled_quantiles had it.
+    point = np.zeros((R, c, K))
     own = (knots[..., [0, -1]] - s[..., None]) / a[..., None]
-    ev[..., 0, 2] = np.where(own[..., 0] < q[..., 0], -P_GRID[0], 0.0) * w
-    ev[..., -1, 2] = (np.where(own[..., 1] > q[..., -1], 1.0, P_GRID[-1]) - 1.0) * w
+    point[..., 0] = np.where(own[..., 0] < q[..., 0], -P_GRID[0], 0.0) * w
+    point[..., -1] = (np.where(own[..., 1] > q[..., -1], 1.0, P_GRID[-1]) - 1.0) * w
     # Sort the union: the point's index in the low bits of its (non-negative) value's bits.
     flat = rel.reshape(R, n)
     low = (1 << max(1, (n - 1).bit_length())) - 1
     keys = (flat.view(np.int64) & ~low) | np.arange(n)
     keys.sort(axis=1)
-    order = keys & low
-    pos = np.take_along_axis(flat, order, axis=1)
-    ev = np.take_along_axis(ev.reshape(R, n, 3), order[..., None], axis=1)
+    at = ((keys & low) + np.arange(0, R * n, n)[:, None]).ravel()
+    pos = flat.ravel()[at].reshape(R, n)
+    slopes = np.cumsum(d_slope.ravel()[at].reshape(R, n), axis=1)
     lin = np.zeros((R, n))
-    slopes = np.cumsum(ev[..., 0], axis=1)
-    np.cumsum(slopes[:, :-1] * np.diff(pos, axis=1), axis=1, out=lin[:, 1:])
-    cdf = np.cumsum(ev[..., 1], axis=1) + lin + ev[..., 2]
-    cdf = np.maximum.accumulate(cdf, axis=1)
+    np.cumsum(slopes[:, :-1] * (pos[:, 1:] - pos[:, :-1]), axis=1, out=lin[:, 1:])
+    cdf = np.cumsum(step.ravel()[at].reshape(R, n), axis=1)
+    cdf += lin
+    cdf += point.ravel()[at].reshape(R, n)
+    np.maximum.accumulate(cdf, axis=1, out=cdf)
     x = _interp_rows(np.broadcast_to(probs, (R, len(probs))), cdf, pos)
     return x + x0[:, None]
+
+
+_DP = np.diff(P_GRID)
 
 
 def _interp_rows(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
