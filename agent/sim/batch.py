@@ -232,7 +232,6 @@ def keep_freed_blocks() -> None:
     mallopt(m_trim_threshold, 256 << 20)
 
 
-
 @dataclass
 class GroupReadings:
     """What the groups of N nodes measured over their last interval, as arrays (groups in
@@ -303,6 +302,10 @@ class SimBatch:
         self.tables: list[GroupTable] = [None] * N  # type: ignore[list-item]
         # LC groups of each node: (column, LC workload indices) of groups reporting latency
         self._lat_groups: list[list[tuple[int, list[int]]]] = [[] for _ in range(N)]
+        self._monitor = None
+        # measurement noise drawn ahead (see _noise): a block of each node's stream
+        self._zbuf = np.zeros((N, max(4096, 12 * G)))
+        self._zcur = np.full(N, self._zbuf.shape[1], dtype=np.int64)
         self._setup(range(N))
 
     # ------------------------------------------------------------------ reset
@@ -337,6 +340,7 @@ class SimBatch:
             (self.group_of, _PAD),
             (self.gmask, 0),
             (self.gmb, np.nan),
+            (self._zcur, self._zbuf.shape[1]),  # the node's stream restarts: nothing ahead
         ):
             arr[idx] = value
         for b in rows:
@@ -387,6 +391,51 @@ class SimBatch:
                 self.gmb[b, j] = np.nan if a.mb is None else a.mb
         self._push(idx, True)
         e.warm(idx)
+        self._monitor = None  # the flat list of LC groups is rebuilt on next use
+
+    def _noise(self, idx: np.ndarray) -> np.ndarray:
+        """Each node's measurement-noise draws for one observation, (len(idx), G, 6): node
+        ``b`` takes the next ``6 * groups`` standard normals of its stream, as a SimNode
+        draws ``standard_normal((groups, 6))``. After its reset nothing else draws from that
+        stream, so the draws are taken ahead in blocks (one call per node per block, not per
+        observation) and give the same numbers."""
+        need = 6 * self.ngroups[idx]
+        size = self._zbuf.shape[1]
+        cur = self._zcur[idx]
+        for r in np.flatnonzero(cur + need > size).tolist():
+            b = int(idx[r])
+            left = self._zbuf[b, cur[r] :].copy()
+            self._zbuf[b, : len(left)] = left
+            self._zbuf[b, len(left) :] = self.engine.rng[b].standard_normal(size - len(left))
+            self._zcur[b] = cur[r] = 0
+        k = np.arange(6 * self.G)
+        at = np.minimum(cur[:, None] + k, size - 1)
+        z = np.where(k < need[:, None], self._zbuf.ravel()[at + (idx * size)[:, None]], 0.0)
+        self._zcur[idx] = cur + need
+        return z.reshape(len(idx), self.G, 6)
+
+    def _monitored(self, rows: np.ndarray | None):
+        """(node, column, LatencyGroups) of the groups reporting latency on nodes ``rows``
+        (None: all), in node order."""
+        if self._monitor is None:
+            pairs = [(b, c, m) for b in range(self.N) for c, m in self._lat_groups[b]]
+            lat = self.engine.monitored([(b, m) for b, _, m in pairs])
+            node = np.array([p[0] for p in pairs], dtype=np.int64)
+            col = np.array([p[1] for p in pairs], dtype=np.int64)
+            self._monitor = (node, col, lat)
+        node, col, lat = self._monitor
+        if rows is None:
+            return node, col, lat
+        keep = np.isin(node, rows)
+        members = keep[lat.owner]
+        renumber = np.cumsum(keep) - 1
+        sub = type(lat)(
+            lat.mb[members],
+            lat.mi[members],
+            renumber[lat.owner[members]],
+            [r for r, k in zip(lat.rngs, keep.tolist(), strict=True) if k],
+        )
+        return node[keep], col[keep], sub
 
     # ------------------------------------------------------------------ allocation
 
@@ -464,25 +513,17 @@ class SimBatch:
         interval = self.t[idx] - self.last_obs[idx]
         self.last_obs[idx] = self.t[idx]
         occ = group_counters(self.frac[idx], e.occ[idx].sum(axis=-1))
-        z = None
-        if self.noise:
-            z = np.zeros((len(idx), self.G, 6))
-            for r, b in enumerate(idx.tolist()):
-                k = int(self.ngroups[b])
-                if k:
-                    z[r, :k] = e.rng[b].standard_normal((k, 6))
+        z = self._noise(idx) if self.noise else None
         acc, occ = measured(acc, occ, z)
         count = np.full((len(idx), self.G), np.nan)
         pct = np.full((len(idx), self.G, 4), np.nan)
-        where, groups = [], []
-        for r, b in enumerate(idx.tolist()):
-            for col, members in self._lat_groups[b]:
-                where.append((r, col))
-                groups.append((b, members))
-        if groups:
-            n, p = e.latency(groups)
-            at = np.array(where)
-            count[at[:, 0], at[:, 1]] = n
-            pct[at[:, 0], at[:, 1]] = p * 1e3
+        node, col, lat = self._monitored(None if rows is None else idx)
+        if len(node):
+            n, p = e.latency_of(*lat)
+            at = node if rows is None else np.searchsorted(idx, node, sorter=np.argsort(idx))
+            if rows is not None:
+                at = np.argsort(idx)[at]
+            count[at, col] = n
+            pct[at, col] = p * 1e3
         e.clear_latency(idx)
         return GroupReadings(self.t[idx].copy(), interval, acc, occ, count, pct)

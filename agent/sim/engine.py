@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,6 +60,15 @@ class LcService:
     base_s: float  # latency outside the modelled CPU work
     rng: np.random.Generator
     capacity_rps: float  # req/s at utilisation 1, full resources alone
+
+
+class LatencyGroups(NamedTuple):
+    """Monitored groups of LC services, as :meth:`Engine.latency_of` takes them."""
+
+    mb: np.ndarray  # (M,) node of each member service, members in group order
+    mi: np.ndarray  # (M,) its workload index
+    owner: np.ndarray  # (M,) its group
+    rngs: list  # (G,) each group's sampling-error stream (its first member's), or None
 
 
 def describe(scn: Scenario) -> tuple[MachinePreset, list[WorkloadSpec], list[int]]:
@@ -518,7 +528,10 @@ class Engine:
         LC workload indices)`` since its services' last read, as a monitor would report
         them; NaN without requests. A group's sampling error is drawn from the stream of
         its first member service (in the node's service order)."""
-        G = len(groups)
+        return self.latency_of(*self.monitored(groups), noisy=noisy)
+
+    def monitored(self, groups: Sequence[tuple[int, Sequence[int]]]) -> LatencyGroups:
+        """The member services of each group ``(node, LC workload indices)``."""
         mb: list[int] = []
         mi: list[int] = []
         owner: list[int] = []
@@ -531,30 +544,47 @@ class Engine:
                     mi.append(s.index)
                     owner.append(g)
                     first = first or s.rng
-            rngs.append(first if noisy else None)
-        if not mb:
+            rngs.append(first)
+        return LatencyGroups(
+            np.array(mb, dtype=np.int64),
+            np.array(mi, dtype=np.int64),
+            np.array(owner, dtype=np.int64),
+            rngs,
+        )
+
+    def latency_of(
+        self,
+        mb: np.ndarray,
+        mi: np.ndarray,
+        owner: np.ndarray,
+        rngs: list[np.random.Generator | None],
+        noisy: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`latency` of groups given as :class:`LatencyGroups` (member services in
+        group order: node ``mb``, workload ``mi``, group ``owner``; each group's stream)."""
+        G = len(rngs)
+        if not len(mb):
             return np.zeros(G, dtype=np.int64), np.full((G, 4), np.nan)
-        mb_a, mi_a, own = np.array(mb), np.array(mi), np.array(owner)
-        counts = np.bincount(own, weights=self.count[mb_a, mi_a], minlength=G).astype(np.int64)
-        k = self.nparts[mb_a, mi_a]
-        parts = np.bincount(own, weights=k, minlength=G).astype(np.int64)
+        counts = np.bincount(owner, weights=self.count[mb, mi], minlength=G).astype(np.int64)
+        k = self.nparts[mb, mi]
+        parts = np.bincount(owner, weights=k, minlength=G).astype(np.int64)
         total = int(k.sum())
         rec = np.zeros((0, 4))
         qf = np.zeros((0, len(self._tables[0].q[0]) if self._tables else 0))
         base = np.zeros(0)
         if total:
-            svc = np.repeat(np.arange(len(mb_a)), k)
+            svc = np.repeat(np.arange(len(mb)), k)
             j = np.arange(total) - np.repeat(np.cumsum(k) - k, k)
-            pb, pi = mb_a[svc], mi_a[svc]
+            pb, pi = mb[svc], mi[svc]
             rec = self.parts[pb, pi, j]
             base = self._base[pb, pi]
             tno = self._table_no[pb, pi]
             qf = np.empty((total, self._tables[0].q.shape[1]))
             for t in np.unique(tno):
                 at = tno == t
-                table = self._tables[t]
-                qf[at] = table.quantiles(rec[at, 3])
-        p = observed_many(rngs, counts, parts, rec[:, 0], base + rec[:, 1], rec[:, 2], qf)
+                qf[at] = self._tables[t].quantiles(rec[at, 3])
+        draw = rngs if noisy else [None] * G
+        p = observed_many(draw, counts, parts, rec[:, 0], base + rec[:, 1], rec[:, 2], qf)
         return counts, p
 
     def clear_latency(self, rows) -> None:

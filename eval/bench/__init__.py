@@ -9,6 +9,7 @@ BENCHMARKS: dict[str, str] = {  # name -> module (eval.bench.<module>)
     "pmc": "pmc",
     "resctrl": "resctrl",
     "sim": "sim",
+    "batch": "batch",
     "agent": "agent",
     "controllers": "controllers",
     "env": "env",
