@@ -137,6 +137,7 @@ def _sb3_class():
                     f"SB3 needs a vector env that autoresets in the same step, got {mode}"
                 )
             self.venv = venv
+            self.render_mode = None  # no rendering (SB3 asks)
             super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
             self._actions = None
 
