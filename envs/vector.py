@@ -23,15 +23,18 @@ import gymnasium as gym
 from envs import PARTITION_ID
 
 
-def make_batched_vec_env(n_envs: int = 2, *, seed: int = 0, **env_kwargs: Any):
-    """SB3 ``VecEnv`` of ``n_envs`` Partition-v0 envs over one batched simulator, with
-    episode statistics (``VecMonitor``); env ``i`` is seeded ``seed + i``."""
+def make_batched_vec_env(
+    n_envs: int = 2, *, env_id: str = PARTITION_ID, seed: int = 0, **env_kwargs: Any
+):
+    """SB3 ``VecEnv`` of ``n_envs`` copies of ``env_id`` (Partition-v0) stepped by its
+    ``vector_entry_point`` (one batched simulator), with episode statistics
+    (``VecMonitor``); env ``i`` is seeded ``seed + i``."""
     from stable_baselines3.common.vec_env import VecMonitor
 
     if not isinstance(n_envs, int) or n_envs < 1:
         raise ValueError(f"n_envs must be a positive integer, got {n_envs!r}")
     venv = gym.make_vec(
-        PARTITION_ID, num_envs=n_envs, vectorization_mode="vector_entry_point", **env_kwargs
+        env_id, num_envs=n_envs, vectorization_mode="vector_entry_point", **env_kwargs
     )
     out = VecMonitor(sb3_vector_env(venv))
     out.seed(seed)
