@@ -10,6 +10,7 @@ BENCHMARKS: dict[str, str] = {  # name -> module (eval.bench.<module>)
     "resctrl": "resctrl",
     "sim": "sim",
     "batch": "batch",
+    "training": "training",
     "agent": "agent",
     "controllers": "controllers",
     "env": "env",
