@@ -97,6 +97,12 @@ def _class():
             kw = dict(env_kwargs)
             self.render_mode = None  # no rendering (SB3 asks)
             sizes = shard_sizes(n_envs, workers)
+            cpus = ray.cluster_resources().get("CPU", 0)
+            if workers > cpus:
+                # each actor takes a CPU: the ones beyond would wait for one forever
+                raise ValueError(
+                    f"{workers} rollout workers need {workers} CPUs; the Ray cluster has {cpus:g}"
+                )
             self._bounds = np.cumsum([0, *sizes])
             actor = ray.remote(num_cpus=1)(_Shard)
             self._shards = [actor.remote(k, env_id, kw) for k in sizes]

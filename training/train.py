@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         result = train(cfg, ray_address=args.ray_address)
-    except ConnectionError as exc:
+    except (ConnectionError, ValueError) as exc:
         print(f"rdtune train: {exc}")
         return 2
     print(result.summary())

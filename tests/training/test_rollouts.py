@@ -89,6 +89,9 @@ def test_ray_workers_match_the_in_process_vector_env_and_train(tmp_path):
         argv = ["train", "--config", str(path), "--out", str(out), "--no-progress"]
         assert main([*argv, "--rollout-workers", "1"]) == 0
         assert ray.is_initialized()
+        # more workers than the cluster has CPUs: a clear error, not actors waiting forever
+        with pytest.raises(ValueError, match="3 rollout workers need 3 CPUs"):
+            ray_vec_env(n, 3, **FAST)
     finally:
         ray.shutdown()
     assert yaml.safe_load((out / "config.yaml").read_text())["rollout_workers"] == 1
