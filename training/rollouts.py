@@ -23,6 +23,10 @@ from typing import Any
 import numpy as np
 
 
+class RolloutError(RuntimeError):
+    """Rollout workers that cannot run (e.g. more workers than the cluster has CPUs)."""
+
+
 class _Shard:
     """A Ray actor's environments: ``n`` envs of ``env_id`` through its vector entry point
     (for Partition-v0, one PartitionVectorEnv over a batched simulator)."""
@@ -100,7 +104,7 @@ def _class():
             cpus = ray.cluster_resources().get("CPU", 0)
             if workers > cpus:
                 # each actor takes a CPU: the ones beyond would wait for one forever
-                raise ValueError(
+                raise RolloutError(
                     f"{workers} rollout workers need {workers} CPUs; the Ray cluster has {cpus:g}"
                 )
             self._bounds = np.cumsum([0, *sizes])

@@ -125,6 +125,7 @@ def _trainable(config: dict[str, Any]) -> None:
     overrides = dict(config["overrides"])
     overrides["output_dir"] = str(Path(tune.get_context().get_trial_dir()) / "run")
     overrides["progress_bar"] = False
+    overrides["rollout_workers"] = 0  # a trial steps its envs itself (it holds one CPU)
     cfg = TrainConfig.parse(config["base"]).with_overrides(overrides)
 
     def on_eval(timesteps: int, row, best: float) -> None:

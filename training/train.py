@@ -129,9 +129,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(result.summary())
         return 0
+    from training.rollouts import RolloutError
+
     try:
         result = train(cfg, ray_address=args.ray_address)
-    except (ConnectionError, ValueError) as exc:
+    except (ConnectionError, RolloutError) as exc:
         print(f"rdtune train: {exc}")
         return 2
     print(result.summary())

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from envs.vector import make_batched_vec_env
-from training.rollouts import ray_vec_env, shard_sizes
+from training.rollouts import RolloutError, ray_vec_env, shard_sizes
 
 FAST = {"episode_steps": 3, "interval_s": 0.5, "share_levels": 4, "mba_levels": 3}
 
@@ -90,7 +90,7 @@ def test_ray_workers_match_the_in_process_vector_env_and_train(tmp_path):
         assert main([*argv, "--rollout-workers", "1"]) == 0
         assert ray.is_initialized()
         # more workers than the cluster has CPUs: a clear error, not actors waiting forever
-        with pytest.raises(ValueError, match="3 rollout workers need 3 CPUs"):
+        with pytest.raises(RolloutError, match="3 rollout workers need 3 CPUs"):
             ray_vec_env(n, 3, **FAST)
     finally:
         ray.shutdown()
