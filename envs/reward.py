@@ -23,6 +23,10 @@ reference is a batch group's IPS at full resources alone. Two sources:
 :class:`RunningMaxReference` keeps the highest IPS seen per group (works on a real node,
 RemotePartition-v0's default; early in an episode it underestimates slowdowns).
 
+One definition, on arrays: :func:`reward_arrays` computes the terms of N intervals at
+once (the vector environment); :class:`StepReward` (and :func:`compute_reward`) is its N=1
+case for a Snapshot and two Allocations.
+
 Default weights and why: ``slo=4``: a violation (>= 4) outweighs anything fairness (an
 unfairness rarely beyond 1) and throughput (at most 1) can give back, so SLOs come first;
 ``fairness=1``, ``throughput=1``: fairness is CoPart's objective and ranks before raw
@@ -34,8 +38,10 @@ enough to stop dithering between near-equal splits but not to freeze a bad one.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from agent.types import (
     Allocation,
@@ -45,7 +51,7 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
 )
-from models.features import percentile_getter
+from models.features import _PCT_INDEX
 
 
 @dataclass(frozen=True)
@@ -172,31 +178,149 @@ def solo_reference_ips(node) -> dict[str, float]:
     return out
 
 
+@dataclass
+class RewardArrays:
+    """The terms of N intervals' rewards (arrays (N,)), as :class:`RewardTerms`."""
+
+    slo: np.ndarray
+    fairness: np.ndarray
+    throughput: np.ndarray
+    change: np.ndarray
+    total: np.ndarray
+    violations: np.ndarray
+    worst_ratio: np.ndarray
+    unfairness: np.ndarray
+    mean_progress: np.ndarray
+    churn: np.ndarray
+
+    def terms(self, i: int) -> RewardTerms:
+        return RewardTerms(*(v[i].item() for v in vars(self).values()))
+
+
+def reward_arrays(
+    weights: RewardWeights,
+    *,
+    slo_pct: np.ndarray,
+    slo_target: np.ndarray,
+    is_batch: np.ndarray,
+    latency_count: np.ndarray,
+    latency_ms: np.ndarray,
+    ips: np.ndarray,
+    reference_ips: np.ndarray,
+    before: tuple[np.ndarray, np.ndarray, np.ndarray],
+    after: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ways: np.ndarray,
+    mb_scale: np.ndarray,
+) -> RewardArrays:
+    """The rewards of N intervals (module docstring), over each node's groups (columns).
+
+    Args:
+        slo_pct: (N, C) index of an LC group's SLO percentile (-1: not an LC group with
+            an SLO); slo_target: (N, C) its target (ms).
+        is_batch: (N, C) batch groups.
+        latency_count, latency_ms: (N, C), (N, C, 4) the interval's requests and
+            percentiles (NaN count: no latency statistics).
+        ips: (N, C) instructions per second of the interval (NaN: not measured).
+        reference_ips: (N, C) each batch group's reference (NaN or 0: none).
+        before, after: (capacity mask (N, C') int, MB value (N, C') NaN: none, held (N, C')
+            bool) of the allocations before and after the interval's apply (columns C'
+            may differ from the groups').
+        ways: (N,) the nodes' ways (0 without CAT); mb_scale: (N,) the MB range that
+            counts as a full change (NaN: no MBA).
+    """
+    w = weights
+    N = slo_pct.shape[0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pct = np.maximum(slo_pct, 0)[..., None]
+        value = np.take_along_axis(latency_ms, pct, axis=2)[..., 0] if latency_ms.shape[1] else ips
+        judged = (slo_pct >= 0) & (latency_count > 0) & np.isfinite(value)
+        ratio = np.where(judged, value / slo_target, np.nan)
+        over = judged & (ratio > 1.0)
+        penalty = np.where(over, 1.0 + np.minimum(w.slo_cap, ratio - 1.0), 0.0)
+        n_lc = judged.sum(axis=1)
+        slo = np.where(n_lc > 0, -w.slo * (penalty.sum(axis=1) / np.maximum(n_lc, 1)), 0.0)
+        top = np.where(judged, ratio, -np.inf).max(axis=1, initial=-np.inf)
+        worst = np.where(n_lc > 0, top, np.nan)
+        ref = np.where(np.isnan(reference_ips), 0.0, reference_ips)
+        ok = is_batch & (ref != 0) & (ips > 0)
+        slow = np.where(ok, np.maximum(ref / ips, 1e-6), np.nan)
+        n = ok.sum(axis=1)
+        mean = np.where(n > 0, np.where(ok, slow, 0.0).sum(axis=1) / np.maximum(n, 1), np.nan)
+        var = np.where(ok, (slow - mean[:, None]) ** 2, 0.0).sum(axis=1) / np.maximum(n, 1)
+        unfair = np.where((n >= 2) & (mean > 0), np.sqrt(var) / mean, 0.0)
+        progress = np.where(
+            n > 0, np.where(ok, 1.0 / slow, 0.0).sum(axis=1) / np.maximum(n, 1), np.nan
+        )
+        throughput = np.where(n > 0, w.throughput * progress, 0.0)
+        fairness = -w.fairness * unfair
+        cache, mb = churn_arrays(before, after, ways, mb_scale)
+        churn_ = cache + w.mba_share * mb
+        change = -w.change * churn_
+    total = slo + fairness + throughput + change
+    return RewardArrays(
+        slo,
+        fairness,
+        throughput,
+        change,
+        total,
+        over.sum(axis=1) + np.zeros(N, dtype=np.int64),
+        worst,
+        unfair,
+        progress,
+        churn_,
+    )
+
+
+def churn_arrays(
+    before: tuple[np.ndarray, np.ndarray, np.ndarray],
+    after: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ways: np.ndarray,
+    mb_scale: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(cache churn in [0, 1], mean absolute MB-fraction change) (N,) between allocations
+    given as in :func:`reward_arrays`: ways that changed hands over ``2 * ways``, over the
+    groups held before and after."""
+    m0, mb0, in0 = before
+    m1, mb1, in1 = after
+    with np.errstate(divide="ignore", invalid="ignore"):
+        both = in0 & in1
+        moved = np.where(both, np.bitwise_count((m0 ^ m1).astype(np.uint64)), 0).sum(axis=1)
+        cache = np.where(ways > 0, np.minimum(1.0, moved / (2.0 * np.maximum(ways, 1))), 0.0)
+        scale = mb_scale[:, None]
+        ok = both & ~np.isnan(mb0) & ~np.isnan(mb1) & (scale > 0)
+        delta = np.where(ok, np.minimum(1.0, np.abs(mb1 - mb0) / scale), 0.0)
+        k = ok.sum(axis=1)
+    return cache, np.where(k > 0, delta.sum(axis=1) / np.maximum(k, 1), 0.0)
+
+
 def churn(before: Allocation | None, after: Allocation, caps: NodeCapabilities) -> tuple:
     """(cache churn in [0, 1], mean absolute MB-fraction change) between two allocations."""
     return _Churn(caps)(before, after)
 
 
+def mb_scale(caps: NodeCapabilities) -> float:
+    """The MB range that counts as a full MBA change (NaN without MBA)."""
+    mba = caps.mba
+    if mba is None:
+        return math.nan
+    if mba.mode is MbaMode.MBPS:
+        return (caps.memory_bandwidth_bps or 0) / 2**20 or math.nan
+    return float(mba.max_bandwidth)
+
+
 class _Churn:
-    """:func:`churn` with the capabilities' constants prepared once, and each allocation's
-    (mask, MB) per group read once (an Allocation is immutable, and an env step's ``after``
-    is the next step's ``before``)."""
+    """Allocations as churn arrays, each read once (an Allocation is immutable, and an env
+    step's ``after`` is the next step's ``before``)."""
 
     def __init__(self, caps: NodeCapabilities) -> None:
         self.domain = caps.domains[0]
-        mba = caps.mba
-        scale = None
-        if mba is not None:
-            if mba.mode is MbaMode.MBPS:
-                scale = (caps.memory_bandwidth_bps or 0) / 2**20 or None
-            else:
-                scale = float(mba.max_bandwidth)
-        self.scale = scale
-        self.ways = caps.l3.num_ways if caps.l3 is not None else 0
+        self.scale = np.array([mb_scale(caps)])
+        self.ways = np.array([caps.l3.num_ways if caps.l3 is not None else 0])
         # the last two allocations read, oldest first (placeholders until then)
         self._seen: tuple[tuple[Allocation | None, dict], ...] = ((None, {}), (None, {}))
 
-    def _table(self, alloc: Allocation) -> dict[str, tuple[int, int | None]]:
+    def table(self, alloc: Allocation) -> dict[str, tuple[int, float]]:
+        """{group: (capacity mask or 0, MB value or NaN)} of the groups ``alloc`` holds."""
         for held, table in self._seen:
             if held is alloc:
                 return table
@@ -205,27 +329,30 @@ class _Churn:
         for g, per_domain in alloc.groups.items():  # alloc.get(g, domain) for g in alloc
             a = per_domain.get(domain)
             if a is not None:
-                table[g] = (a.l3_mask or 0, a.mb)
+                table[g] = (a.l3_mask or 0, math.nan if a.mb is None else a.mb)
         self._seen = (self._seen[-1], (alloc, table))  # keeps before and after
         return table
 
+    def arrays(self, before: Allocation | None, after: Allocation) -> tuple[tuple, tuple]:
+        """(before, after) as :func:`churn_arrays` takes them (columns: after's groups)."""
+        new = self.table(after)
+        old = self.table(before) if before is not None else {}
+        nan = math.nan
+        cols = list(new)
+        b = [old.get(g) for g in cols]
+        m1 = np.array([[new[g][0] for g in cols]], dtype=np.int64).reshape(1, -1)
+        mb1 = np.array([[new[g][1] for g in cols]], dtype=float).reshape(1, -1)
+        m0 = np.array([[x[0] if x else 0 for x in b]], dtype=np.int64).reshape(1, -1)
+        mb0 = np.array([[x[1] if x else nan for x in b]], dtype=float).reshape(1, -1)
+        in0 = np.array([[x is not None for x in b]], dtype=bool).reshape(1, -1)
+        in1 = np.ones_like(in0)
+        return (m0, mb0, in0), (m1, mb1, in1)
+
     def __call__(self, before: Allocation | None, after: Allocation) -> tuple[float, float]:
-        if before is None or before is after:  # after is after: nothing moved (the loop's 0s)
+        if before is None or before is after:  # nothing moved
             return 0.0, 0.0
-        old, new = self._table(before), self._table(after)
-        scale = self.scale
-        moved = 0
-        mb_delta: list[float] = []
-        for g, (mask, mb) in new.items():
-            b = old.get(g)
-            if b is None:
-                continue
-            moved += (mask ^ b[0]).bit_count()
-            if scale and mb is not None and b[1] is not None:
-                mb_delta.append(min(1.0, abs(mb - b[1]) / scale))
-        ways = self.ways
-        cache = min(1.0, moved / (2 * ways)) if ways else 0.0
-        return cache, (sum(mb_delta) / len(mb_delta) if mb_delta else 0.0)
+        cache, mb = churn_arrays(*self.arrays(before, after), self.ways, self.scale)
+        return float(cache[0]), float(mb[0])
 
 
 def compute_reward(
@@ -244,20 +371,23 @@ def compute_reward(
 
 class StepReward:
     """:func:`compute_reward` for fixed groups, capabilities and weights (an episode's):
-    the group lists and capability constants are prepared once, so a step only does the
-    per-interval arithmetic (same terms, same order of operations)."""
+    the group columns and capability constants are prepared once; a step turns the
+    snapshot into arrays and computes :func:`reward_arrays` for N = 1."""
 
     def __init__(
         self, groups: Mapping[str, GroupSpec], caps: NodeCapabilities, weights: RewardWeights
     ) -> None:
         self.weights = weights
-        # LC groups: (name, getter of the SLO's percentile, target): tail_ratio's terms.
-        self._lc = [
-            (name, percentile_getter(spec.slo.percentile), spec.slo.target_ms)
-            for name, spec in groups.items()
-            if spec.kind is GroupKind.LC and spec.slo is not None
-        ]
-        self._batch = [name for name, spec in groups.items() if spec.kind is GroupKind.BATCH]
+        self.names = list(groups)
+        C = len(self.names)
+        self.slo_pct = np.full((1, C), -1, dtype=np.int64)
+        self.slo_target = np.full((1, C), np.nan)
+        self.is_batch = np.zeros((1, C), dtype=bool)
+        for j, spec in enumerate(groups.values()):
+            if spec.kind is GroupKind.LC and spec.slo is not None:
+                self.slo_pct[0, j] = _PCT_INDEX[float(spec.slo.percentile)]
+                self.slo_target[0, j] = spec.slo.target_ms
+            self.is_batch[0, j] = spec.kind is GroupKind.BATCH
         self._churn = _Churn(caps)
 
     def __call__(
@@ -268,58 +398,48 @@ class StepReward:
         after: Allocation,
         ips: Mapping[str, float] | None = None,
     ) -> RewardTerms:
-        weights = self.weights
+        nan = math.nan
         samples = snapshot.groups
-        penalties: list[float] = []
-        worst = math.nan
-        violations = 0
-        isfinite = math.isfinite
-        for name, latency_of, target in self._lc:
-            s = samples.get(name)  # tail_ratio(spec, s), inlined
-            lat = s.latency if s is not None else None
-            if lat is None:
-                continue
-            value = latency_of(lat)
-            if not isfinite(value) or lat.count <= 0:
-                continue
-            ratio = value / target
-            worst = ratio if math.isnan(worst) else max(worst, ratio)
-            if ratio > 1.0:
-                violations += 1
-                penalties.append(1.0 + min(weights.slo_cap, ratio - 1.0))
-            else:
-                penalties.append(0.0)
-        slowdowns: list[float] = []
         dt = snapshot.interval_s
-        for name in self._batch:
-            ref = reference_ips.get(name)
+        count, lat, got, ref = [], [], [], []
+        for name in self.names:
+            s = samples.get(name)
+            x = s.latency if s is not None else None
+            if x is None:
+                count.append(nan)
+                lat.append((nan, nan, nan, nan))
+            else:
+                count.append(x.count)
+                lat.append((x.p50_ms, x.p95_ms, x.p99_ms, x.p999_ms))
             if ips is not None:
-                got = ips.get(name)
+                v = ips.get(name)
             else:  # observed_ips(snapshot)[name], without building the dict
-                s = samples.get(name) if dt > 0 else None
-                got = s.instructions / dt if s is not None and s.instructions is not None else None
-            if ref and got and got > 0:  # not running (departed, not started): not judged
-                slowdowns.append(max(ref / got, 1e-6))
-        slo = -weights.slo * (sum(penalties) / len(penalties)) if penalties else 0.0
-        unfairness = _unfairness(slowdowns)
-        fairness = -weights.fairness * unfairness
-        # (lists, not generators, in sum: the same additions in the same order, fewer calls)
-        progress = sum([1.0 / s for s in slowdowns]) / len(slowdowns) if slowdowns else math.nan
-        throughput = weights.throughput * progress if slowdowns else 0.0
-        cache, mb = self._churn(before, after)
-        moved = cache + weights.mba_share * mb
-        change = -weights.change * moved
-        total = slo + fairness + throughput + change
-        return RewardTerms(
-            slo, fairness, throughput, change, total, violations, worst, unfairness, progress, moved
+                v = (
+                    s.instructions / dt
+                    if dt > 0 and s is not None and s.instructions is not None
+                    else None
+                )
+            got.append(nan if v is None else v)
+            r = reference_ips.get(name)
+            ref.append(nan if r is None else r)
+        C = len(self.names)
+        if before is None or before is after:
+            empty = np.zeros((1, 0), dtype=np.int64)
+            olds = news = (empty, np.zeros((1, 0)), np.zeros((1, 0), dtype=bool))
+        else:
+            olds, news = self._churn.arrays(before, after)
+        out = reward_arrays(
+            self.weights,
+            slo_pct=self.slo_pct,
+            slo_target=self.slo_target,
+            is_batch=self.is_batch,
+            latency_count=np.array([count], dtype=float).reshape(1, C),
+            latency_ms=np.array([lat], dtype=float).reshape(1, C, 4),
+            ips=np.array([got], dtype=float).reshape(1, C),
+            reference_ips=np.array([ref], dtype=float).reshape(1, C),
+            before=olds,
+            after=news,
+            ways=self._churn.ways,
+            mb_scale=self._churn.scale,
         )
-
-
-def _unfairness(slowdowns: Sequence[float]) -> float:
-    """CoPart's unfairness: stddev / mean of slowdowns (population stddev)."""
-    if len(slowdowns) < 2:
-        return 0.0
-    n = len(slowdowns)
-    mean = sum(slowdowns) / n
-    var = sum([(x - mean) ** 2 for x in slowdowns]) / n
-    return math.sqrt(var) / mean if mean > 0 else 0.0
+        return out.terms(0)

@@ -1,4 +1,10 @@
-"""Vectorised construction: SB3 VecEnvs (DummyVecEnv / SubprocVecEnv) and Gymnasium's vector API.
+"""Vectorised construction: SB3 VecEnvs and Gymnasium's vector API.
+
+The batched path (the default for training): ``gymnasium.make_vec(PARTITION_ID,
+num_envs=N, vectorization_mode="vector_entry_point")`` is N environments over one batched
+simulator (:class:`envs.vector_env.PartitionVectorEnv`), and :func:`sb3_vector_env` is its
+SB3 ``VecEnv`` (:func:`make_batched_vec_env` builds both). The per-env paths remain: SB3's
+DummyVecEnv / SubprocVecEnv of single envs, and gymnasium's sync/async vector envs.
 
 SB3 VecEnvs are not ``gymnasium.vector`` (RL.md): the final observation is in
 ``info["terminal_observation"]`` and ``reset()`` returns only observations. MaskablePPO
@@ -15,6 +21,24 @@ from typing import Any
 import gymnasium as gym
 
 from envs import PARTITION_ID
+
+
+def make_batched_vec_env(
+    n_envs: int = 2, *, env_id: str = PARTITION_ID, seed: int = 0, **env_kwargs: Any
+):
+    """SB3 ``VecEnv`` of ``n_envs`` copies of ``env_id`` (Partition-v0) stepped by its
+    ``vector_entry_point`` (one batched simulator), with episode statistics
+    (``VecMonitor``); env ``i`` is seeded ``seed + i``."""
+    from stable_baselines3.common.vec_env import VecMonitor
+
+    if not isinstance(n_envs, int) or n_envs < 1:
+        raise ValueError(f"n_envs must be a positive integer, got {n_envs!r}")
+    venv = gym.make_vec(
+        env_id, num_envs=n_envs, vectorization_mode="vector_entry_point", **env_kwargs
+    )
+    out = VecMonitor(sb3_vector_env(venv))
+    out.seed(seed)
+    return out
 
 
 def env_factory(env_id: str = PARTITION_ID, **kwargs: Any) -> Callable[[], gym.Env]:
@@ -84,3 +108,90 @@ def env_creator(config: Mapping[str, Any] | None = None) -> gym.Env:
     kwargs = dict(config or {})
     env_id = kwargs.pop("env_id", PARTITION_ID)
     return gym.make(env_id, **kwargs)
+
+
+def sb3_vector_env(venv: gym.vector.VectorEnv):
+    """An SB3 ``VecEnv`` over a gymnasium vector env that autoresets in the same step
+    (:class:`envs.vector_env.PartitionVectorEnv`'s default): SB3's conventions (``reset``
+    returns observations only, ``dones`` = terminated or truncated, the last observation
+    of a finished episode in ``info["terminal_observation"]``, ``TimeLimit.truncated``),
+    ``env_method("action_masks")`` answered from the vector env's masks (MaskablePPO), and
+    attributes such as ``encoder`` read from the vector env. SB3's ``seed()`` seeds the next
+    reset (env ``i`` gets ``seed + i``)."""
+    return _sb3_class()(venv)
+
+
+_SB3_CLASS = None
+
+
+def _sb3_class():
+    global _SB3_CLASS
+    if _SB3_CLASS is not None:
+        return _SB3_CLASS
+    import numpy as np
+    from gymnasium.vector import AutoresetMode
+    from stable_baselines3.common.vec_env import VecEnv
+
+    class _SB3VectorEnv(VecEnv):
+        def __init__(self, venv: gym.vector.VectorEnv) -> None:
+            mode = venv.metadata.get("autoreset_mode")
+            if mode is not AutoresetMode.SAME_STEP:
+                raise ValueError(
+                    f"SB3 needs a vector env that autoresets in the same step, got {mode}"
+                )
+            self.venv = venv
+            self.render_mode = None  # no rendering (SB3 asks)
+            super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
+            self._actions = None
+
+        def reset(self):
+            seeds = self._seeds if any(s is not None for s in self._seeds) else None
+            options = self._options[0] if self._options[0] else None
+            obs, _ = self.venv.reset(seed=seeds, options=options)
+            self.reset_infos = [{} for _ in range(self.num_envs)]
+            self._reset_seeds()
+            self._reset_options()
+            return obs
+
+        def step_async(self, actions) -> None:
+            self._actions = actions
+
+        def step_wait(self):
+            obs, rewards, terminated, truncated, infos = self.venv.step(self._actions)
+            dones = terminated | truncated
+            final = infos.get("final_obs")
+            out = [{} for _ in range(self.num_envs)]
+            for i in np.flatnonzero(dones).tolist():
+                out[i]["terminal_observation"] = final[i]
+                out[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+            return obs, rewards.astype(np.float32), dones, out
+
+        def close(self) -> None:
+            self.venv.close()
+
+        def _count(self, indices) -> list[int]:
+            return list(self._get_indices(indices))
+
+        def get_attr(self, attr_name: str, indices=None) -> list:
+            value = getattr(self.venv, attr_name)
+            return [value for _ in self._count(indices)]
+
+        def set_attr(self, attr_name: str, value, indices=None) -> None:
+            setattr(self.venv, attr_name, value)
+
+        def env_method(self, method_name: str, *args, indices=None, **kwargs) -> list:
+            idx = self._count(indices)
+            if method_name == "action_masks":
+                masks = self.venv.action_masks()
+                return [masks[i] for i in idx]
+            result = getattr(self.venv, method_name)(*args, **kwargs)
+            return [result for _ in idx]
+
+        def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
+            return [False for _ in self._count(indices)]
+
+        def get_images(self):
+            raise NotImplementedError("the vector env does not render")
+
+    _SB3_CLASS = _SB3VectorEnv
+    return _SB3_CLASS

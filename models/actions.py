@@ -28,6 +28,10 @@ Design (RL.md, "a priority vector decoded into a valid allocation"):
   probability on them. Non-zero values there are not errors (an unmasked PPO may send
   them); they are reported as ignored in ``repairs``.
 
+One definition, on arrays: :func:`decode_arrays` decodes the actions of N nodes at once
+(the vector environment); :meth:`PreparedDecoder.decode` is its N=1 case, wrapped into a
+plan for a Node.
+
 Why this design: MaskablePPO's masks are per dimension and cannot express "masks
 contiguous and disjoint, total <= ways" (RL.md), whereas a share vector decodes to a valid
 split for any value, lets one step move to any allocation (no +1/-1 crawling), and has a
@@ -128,16 +132,7 @@ class ActionDecoder:
     def action_mask(self, n_present: int, caps: NodeCapabilities) -> np.ndarray:
         """Flat boolean mask over ``sum(nvec)`` choices (sb3-contrib's format): absent
         slots, and every choice the node cannot act on, fixed to the first choice."""
-        n_present = min(n_present, self.max_groups)
-        share = np.zeros((self.max_groups, self.share_levels), dtype=bool)
-        share[:, 0] = True
-        if caps.l3 is not None:
-            share[:n_present, :] = True
-        mba = np.zeros((self.max_groups, self.mba_levels), dtype=bool)
-        mba[:, 0] = True
-        if caps.mba is not None:
-            mba[:n_present, :] = True
-        return np.concatenate([share.ravel(), mba.ravel()])
+        return self.action_masks(self.decode_layout(n_present, caps))[0]
 
     def decode(
         self, action: Sequence[int] | np.ndarray, slots: Sequence[str], caps: NodeCapabilities
@@ -221,14 +216,32 @@ class ActionDecoder:
             _MB_TABLES[key] = table
         return table
 
-    @staticmethod
-    def _shared_masks(
-        slots: Sequence[str], share: Sequence[int], caps: NodeCapabilities, least: int
-    ) -> dict[str, int]:
+    def decode_layout(self, n_present: int, caps: NodeCapabilities) -> DecodeLayout:
+        """One node's :class:`DecodeLayout` (N = 1)."""
         l3 = caps.l3
-        total = l3.num_ways
+        table = np.full((1, self.mba_levels), np.nan)
+        if caps.mba is not None:
+            table[0] = self._mb_table(caps)
+        return DecodeLayout(
+            n_present=np.array([min(n_present, self.max_groups)], dtype=np.int64),
+            has_l3=np.array([l3 is not None]),
+            least=np.array([max(1, l3.min_cbm_bits) if l3 is not None else 1], dtype=np.int64),
+            total=np.array([l3.num_ways if l3 is not None else 0], dtype=np.int64),
+            offset=np.array(
+                [(l3.cbm_mask & -l3.cbm_mask).bit_length() - 1 if l3 is not None else 0],
+                dtype=np.int64,
+            ),
+            mb_table=table,
+        )
+
+    def _shared_masks_of(
+        self, slots: Sequence[str], share: Sequence[int], layout: DecodeLayout, b: int
+    ) -> dict[str, int]:
+        """Masks when more groups than minimum-size slices: ranked by share level (ties to
+        the earlier slot), the first ``slices - 1`` get a slice alone, the rest share the
+        last one (which takes the leftover ways too); node ``b`` of ``layout``."""
+        least, total, low = int(layout.least[b]), int(layout.total[b]), int(layout.offset[b])
         slices = total // least
-        low = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1
         ranked = sorted(range(len(slots)), key=lambda i: (-share[i], i))
         masks = {}
         for k, i in enumerate(ranked):
@@ -236,6 +249,108 @@ class ActionDecoder:
             width = least + (total - slices * least if s == slices - 1 else 0)
             masks[slots[i]] = contiguous_mask(width, low + s * least)
         return masks
+
+    def action_masks(self, layout: DecodeLayout) -> np.ndarray:
+        """:meth:`action_mask` of N nodes (N, sum(nvec))."""
+        N, S = len(layout.n_present), self.max_groups
+        present = np.arange(S) < layout.n_present[:, None]
+        share = np.zeros((N, S, self.share_levels), dtype=bool)
+        share[..., 0] = True
+        share |= (present & layout.has_l3[:, None])[..., None]
+        has_mba = ~np.isnan(layout.mb_table[:, 0])
+        mba = np.zeros((N, S, self.mba_levels), dtype=bool)
+        mba[..., 0] = True
+        mba |= (present & has_mba[:, None])[..., None]
+        return np.concatenate([share.reshape(N, -1), mba.reshape(N, -1)], axis=1)
+
+
+@dataclass
+class DecodeLayout:
+    """What decoding needs from N nodes' slots and capabilities (arrays (N,))."""
+
+    n_present: np.ndarray  # slots holding a group
+    has_l3: np.ndarray  # bool
+    least: np.ndarray  # smallest slice: max(1, min_cbm_bits)
+    total: np.ndarray  # ways
+    offset: np.ndarray  # lowest bit of the capacity mask
+    mb_table: np.ndarray  # (N, mba_levels) MB value of each level (NaN: no MBA)
+
+    @classmethod
+    def stack(cls, layouts: Sequence[DecodeLayout]) -> DecodeLayout:
+        return cls(*(np.concatenate([getattr(x, f) for x in layouts]) for f in _DL_FIELDS))
+
+    def put(self, rows: np.ndarray, other: DecodeLayout) -> None:
+        for f in _DL_FIELDS:
+            getattr(self, f)[rows] = getattr(other, f)
+
+
+_DL_FIELDS = tuple(DecodeLayout.__dataclass_fields__)
+
+
+@dataclass
+class Decoded:
+    """The allocation N actions mean, per slot (N, max_groups)."""
+
+    ways: np.ndarray  # int, 0 for absent slots and without CAT
+    masks: np.ndarray  # int64 capacity bitmasks (0: none)
+    mb: np.ndarray  # MB values (NaN: none)
+    shared: np.ndarray  # (N,) groups had to share slices
+
+
+def check_levels(decoder: ActionDecoder, actions) -> np.ndarray:
+    """N actions as an (N, 2 * max_groups) int64 array, checked against ``nvec``."""
+    a = np.asarray(actions)
+    if a.ndim != 2 or a.shape[1] != 2 * decoder.max_groups:
+        raise ValueError(
+            f"actions of shape {a.shape}; expected (envs, {2 * decoder.max_groups}) "
+            "(a share and an MBA level per slot)"
+        )
+    if a.dtype.kind not in "iu" and (
+        a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.round(a))
+    ):
+        raise ValueError("actions must be integers")
+    a = a.astype(np.int64)
+    if a.size and ((a < 0).any() or (a >= decoder.nvec).any()):
+        bad = np.flatnonzero(((a < 0) | (a >= decoder.nvec)).any(axis=1))[0]
+        raise ValueError(f"action {a[bad].tolist()} outside MultiDiscrete{decoder.nvec.tolist()}")
+    return a
+
+
+def decode_arrays(decoder: ActionDecoder, layout: DecodeLayout, levels: np.ndarray) -> Decoded:
+    """What checked ``levels`` (N, 2 * max_groups) mean on N nodes (module docstring):
+    ways by largest-remainder apportionment over the present slots, packed into
+    contiguous masks in slot order; MB values from each node's level table."""
+    N, S = levels.shape[0], decoder.max_groups
+    n = layout.n_present
+    present = np.arange(S) < n[:, None]
+    share = np.where(present, levels[:, :S], 0)
+    total = np.where(layout.has_l3, layout.total, 0)
+    shared = layout.has_l3 & (n * layout.least > total)
+    pool = np.maximum(total - n * layout.least, 0)
+    s = share.sum(axis=1)
+    w = np.where((s == 0)[:, None], present.astype(np.int64), share)  # all 0: equal split
+    s = np.maximum(w.sum(axis=1), 1)
+    base = pool[:, None] * w // s[:, None]
+    left = pool - base.sum(axis=1)
+    rem = np.where(present, pool[:, None] * w % s[:, None], -1)
+    # The `left` largest remainders get one more way, ties to the earlier slot.
+    order = np.argsort(-rem, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(S), (N, S)), axis=1)
+    ways = np.where(present, layout.least[:, None] + base + (rank < left[:, None]), 0)
+    ways = np.where(layout.has_l3[:, None], ways, 0)
+    start = layout.offset[:, None] + np.cumsum(ways, axis=1) - ways
+    masks = np.where(ways > 0, ((np.int64(1) << ways) - 1) << start, 0).astype(np.int64)
+    for b in np.flatnonzero(shared):  # more groups than slices: they share (rare)
+        k = int(n[b])
+        slots = [str(i) for i in range(k)]
+        got = decoder._shared_masks_of(slots, share[b, :k].tolist(), layout, b)
+        masks[b, :k] = [got[g] for g in slots]
+        ways[b, :k] = [m.bit_count() for m in masks[b, :k].tolist()]
+    lv = np.clip(levels[:, S:], 0, layout.mb_table.shape[1] - 1)
+    mb = np.take_along_axis(layout.mb_table, lv, axis=1)
+    mb = np.where(present, mb, np.nan)
+    return Decoded(ways, masks, mb, shared)
 
 
 # Memoised per-domain allocations per context (cleared when full). Its keys are the node's
@@ -261,9 +376,8 @@ class PreparedDecoder:
         if l3 is not None:
             self.least = max(1, l3.min_cbm_bits)
             self.total = l3.num_ways
-            self.offset = (l3.cbm_mask & -l3.cbm_mask).bit_length() - 1
             self.min_cbm_bits = l3.min_cbm_bits
-        self._shared_masks = decoder._shared_masks
+        self.layout = decoder.decode_layout(self.n, caps)
         self._inner: dict[tuple, Mapping] = {}
         self._wrap = None  # the plans' read-only mapping type; None: not checked yet (plan)
         # (levels, the decoded action) of the last decode, its dicts private: a policy
@@ -293,16 +407,16 @@ class PreparedDecoder:
         ways: dict[str, int] = {}
         masks: dict[str, int] = {}
         shared = False
+        d = decode_arrays(self.decoder, self.layout, np.array([levels], dtype=np.int64))
         if self.l3 and n:
-            ways, masks, shared, note = self.split(share)
+            ways, masks, shared, note = self._split(d)
             if note:
                 repairs.append(note)
         elif not self.l3 and n and any(share):
             repairs.append("ignored share levels: the node has no cache allocation")
         mb: dict[str, int] = {}
-        table = self.mb_table
-        if table is not None:
-            mb = {g: table[lv] for g, lv in zip(slots, mba_lv, strict=True)}
+        if self.mb_table is not None:
+            mb = dict(zip(slots, d.mb[0, :n].astype(np.int64).tolist(), strict=True))
         elif n and any(mba_lv):
             repairs.append("ignored MBA levels: the node has no MBA")
         plan = self.plan(slots if (masks or mb) else (), masks, mb)
@@ -310,21 +424,19 @@ class PreparedDecoder:
 
     def split(self, share: Sequence[int]) -> tuple[dict, dict, bool, str | None]:
         """(ways, masks, shared, repair note) for the share levels of the present slots."""
-        slots, n, least, total = self.slots, self.n, self.least, self.total
-        if n * least <= total:
-            extra = _largest_remainder(total - n * least, share)  # levels: ints >= 0
-            ways, masks = {}, {}
-            offset = self.offset
-            for g, e in zip(slots, extra, strict=True):  # contiguous, disjoint, in slot order
-                k = ways[g] = least + e
-                masks[g] = ((1 << k) - 1) << offset
-                offset += k
+        levels = np.zeros((1, 2 * self.decoder.max_groups), dtype=np.int64)
+        levels[0, : self.n] = share
+        return self._split(decode_arrays(self.decoder, self.layout, levels))
+
+    def _split(self, d: Decoded) -> tuple[dict, dict, bool, str | None]:
+        slots, n = self.slots, self.n
+        ways = dict(zip(slots, d.ways[0, :n].tolist(), strict=True))
+        masks = dict(zip(slots, d.masks[0, :n].tolist(), strict=True))
+        if not d.shared[0]:
             return ways, masks, False, None
-        masks = self._shared_masks(slots, share, self.caps, least)
-        ways = {g: m.bit_count() for g, m in masks.items()}
         note = (
-            f"{n} groups share {total // least} slices of {least} ways "
-            f"({total} ways, min_cbm_bits {self.min_cbm_bits})"
+            f"{n} groups share {self.total // self.least} slices of {self.least} ways "
+            f"({self.total} ways, min_cbm_bits {self.min_cbm_bits})"
         )
         return ways, masks, True, note
 

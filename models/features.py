@@ -38,6 +38,15 @@ never confused with a measured zero.
 Node features: ``bandwidth_utilisation`` (sum of group bandwidth / peak) and its flag,
 ``group_fraction`` (own groups / max_groups, capped at 1), ``truncated`` (1 when groups
 were left out), ``has_cat``, ``has_mba``.
+
+One definition, on arrays: :func:`encode_arrays` computes every feature for N nodes at
+once from :class:`Measurements` (a snapshot's group samples as arrays over (nodes, groups))
+and a :class:`SlotLayout` (what the groups and capabilities fix). The tuner and the single
+environment encode a :class:`Snapshot` as its N=1 case (:meth:`PreparedEncoder.encode`);
+the vector environment hands over the batched simulator's arrays directly. A new feature is
+a column of :data:`GROUP_FEATURES` or :data:`NODE_FEATURES` computed in
+:func:`encode_arrays` (and, if it needs a measurement not yet carried, a field of
+:class:`Measurements` filled in :meth:`Measurements.from_snapshot`).
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ import numpy as np
 
 from agent.types import (
     Allocation,
+    GroupAllocation,
     GroupKind,
     GroupSpec,
     LatencyStats,
@@ -246,6 +256,208 @@ def percentile_getter(p: float) -> Callable[[LatencyStats], float]:
     return attrgetter(field_name)
 
 
+_PCT_INDEX = {p: i for i, p in enumerate(LatencyStats.PERCENTILES)}
+
+
+@dataclass
+class Measurements:
+    """One interval's group samples of N nodes, as arrays over (nodes, columns).
+
+    Columns are groups in the order the node reports them (a snapshot's order: node-wide
+    totals are summed in it); ``NaN`` is a value not measured (None in a GroupSample).
+
+    Attributes:
+        interval_s: (N,) length of the interval.
+        sampled: (N, C) the column holds a sample.
+        instructions, cycles, llc_references, llc_misses, llc_occupancy_bytes,
+        memory_bytes: (N, C) the GroupSample fields.
+        latency_count: (N, C) requests of the interval (NaN: no latency statistics).
+        latency_ms: (N, C, 4) p50, p95, p99, p99.9.
+    """
+
+    interval_s: np.ndarray
+    sampled: np.ndarray
+    instructions: np.ndarray
+    cycles: np.ndarray
+    llc_references: np.ndarray
+    llc_misses: np.ndarray
+    llc_occupancy_bytes: np.ndarray
+    memory_bytes: np.ndarray
+    latency_count: np.ndarray
+    latency_ms: np.ndarray
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot) -> tuple[Measurements, dict[str, int]]:
+        """One snapshot (N = 1), and the column of each sampled group."""
+        nan = math.nan
+        rows: list[tuple] = []
+        lat: list[tuple] = []
+        for s in snapshot.groups.values():
+            rows.append(
+                (
+                    nan if s.instructions is None else s.instructions,
+                    nan if s.cycles is None else s.cycles,
+                    nan if s.llc_references is None else s.llc_references,
+                    nan if s.llc_misses is None else s.llc_misses,
+                    nan if s.llc_occupancy_bytes is None else s.llc_occupancy_bytes,
+                    nan if s.memory_bytes is None else s.memory_bytes,
+                )
+            )
+            x = s.latency
+            lat.append(
+                (nan,) * 5 if x is None else (x.count, x.p50_ms, x.p95_ms, x.p99_ms, x.p999_ms)
+            )
+        c = len(rows)
+        v = np.array(rows, dtype=float).reshape(1, c, 6)
+        la = np.array(lat, dtype=float).reshape(1, c, 5)
+        out = cls(
+            np.array([snapshot.interval_s], dtype=float),
+            np.ones((1, c), dtype=bool),
+            v[..., 0],
+            v[..., 1],
+            v[..., 2],
+            v[..., 3],
+            v[..., 4],
+            v[..., 5],
+            la[..., 0],
+            la[..., 1:],
+        )
+        return out, {name: j for j, name in enumerate(snapshot.groups)}
+
+
+@dataclass
+class SlotLayout:
+    """What encoding needs from groups and capabilities, for N nodes: per slot (N, S)
+    and per node (N,) arrays (:meth:`PreparedEncoder.layout` builds one node's)."""
+
+    present: np.ndarray  # (N, S) a group holds the slot
+    is_lc: np.ndarray  # (N, S) 1.0 for LC groups
+    slo_pct: np.ndarray  # (N, S) index of the SLO's percentile in LatencyStats.PERCENTILES, -1
+    slo_target: np.ndarray  # (N, S) SLO target ms (NaN: none)
+    num_ways: np.ndarray  # (N,) 0 without CAT
+    cache_bytes: np.ndarray  # (N,) NaN when unknown
+    peak: np.ndarray  # (N,) memory bandwidth bytes/s, NaN when unknown
+    mba_max: np.ndarray  # (N,) MB maximum (NaN without MBA)
+    mbps: np.ndarray  # (N,) bool, mba_MBps mode
+    node_tail: np.ndarray  # (N, 4) group_fraction, truncated, has_cat, has_mba
+
+    @classmethod
+    def stack(cls, layouts: Sequence[SlotLayout]) -> SlotLayout:
+        return cls(*(np.concatenate([getattr(x, f) for x in layouts]) for f in _LAYOUT_FIELDS))
+
+    def put(self, rows: np.ndarray, other: SlotLayout) -> None:
+        for f in _LAYOUT_FIELDS:
+            getattr(self, f)[rows] = getattr(other, f)
+
+
+_LAYOUT_FIELDS = tuple(SlotLayout.__dataclass_fields__)
+
+
+def _clip(x: np.ndarray) -> np.ndarray:
+    return np.minimum(np.maximum(x, 0.0), 1.0)
+
+
+def held_fractions(
+    layout: SlotLayout, masks: np.ndarray, has_mask: np.ndarray, mb: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ways_fraction, mba_fraction) per slot (N, S) of the allocation each slot's group
+    holds: capacity ``masks`` (code mask ORed in; ``has_mask`` False: none) and MB values
+    ``mb`` (NaN: none). 1.0 where the node lacks the feature or the group has no value."""
+    nw = layout.num_ways[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ways = _clip(np.bitwise_count(masks.astype(np.uint64)) / nw)
+        ways = np.where((nw > 0) & has_mask, ways, 1.0)
+        peak = layout.peak[:, None]
+        mbps = layout.mbps[:, None]
+        frac = np.where(mbps, mb * 2.0**20 / peak, mb / layout.mba_max[:, None])
+        ok = ~np.isnan(mb) & ~np.isnan(layout.mba_max)[:, None] & ~(mbps & ~(peak > 0))
+    return ways, np.where(ok, _clip(frac), 1.0)
+
+
+def encode_arrays(
+    layout: SlotLayout,
+    m: Measurements,
+    slot_col: np.ndarray,
+    ways: np.ndarray,
+    mb: np.ndarray,
+) -> np.ndarray:
+    """The observations (N, size) float32 of N nodes: every feature of the module
+    docstring, in :data:`GROUP_FEATURES` order per slot, then :data:`NODE_FEATURES`.
+
+    Args:
+        layout: the slots' groups and the nodes' capabilities.
+        m: the interval's samples (columns in the node's order).
+        slot_col: (N, S) column of each slot's sample in ``m`` (-1: no sample).
+        ways, mb: (N, S) :func:`held_fractions` of the held allocation.
+    """
+    N, S = layout.present.shape
+    dt = m.interval_s
+    has_dt = dt > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # Node-wide totals over every sample (beyond the slots too), summed in the node's
+        # order (a running sum: the order of the additions is the snapshot's).
+        has_mem = ~np.isnan(m.memory_bytes) & has_dt[:, None]
+        if m.memory_bytes.shape[1]:
+            bw_total = np.cumsum(np.where(has_mem, m.memory_bytes / dt[:, None], 0.0), 1)[:, -1]
+            occ = m.llc_occupancy_bytes
+            occ_total = np.cumsum(np.where(np.isnan(occ), 0.0, occ), 1)[:, -1]
+        else:
+            bw_total = occ_total = np.zeros(N)
+        bw_known = has_mem.any(axis=1)
+        peak_ok = layout.peak > 0
+        bw_den = np.where(peak_ok, layout.peak, np.where(bw_total > 0, bw_total, np.nan))
+        cache_ok = layout.cache_bytes > 0
+        occ_den = np.where(cache_ok, layout.cache_bytes, np.where(occ_total > 0, occ_total, np.nan))
+
+        col = np.maximum(slot_col, 0)
+        sampled = (slot_col >= 0) & layout.present
+
+        def at(a: np.ndarray) -> np.ndarray:
+            return np.take_along_axis(a, col, axis=1) if a.shape[1] else np.full((N, S), np.nan)
+
+        ins, cyc, mis = at(m.instructions), at(m.cycles), at(m.llc_misses)
+        occ_s, mem = at(m.llc_occupancy_bytes), at(m.memory_bytes)
+        count = at(m.latency_count)
+        out = np.zeros((N, S, len(GROUP_FEATURES)))
+        out[..., 0] = layout.present
+        out[..., 1] = layout.is_lc * layout.present
+        ok = sampled & ~np.isnan(ins) & ~np.isnan(cyc) & (cyc != 0)
+        out[..., 2] = np.where(ok, _clip(ins / cyc / IPC_SCALE), 0.0)
+        out[..., 3] = ok
+        ok = sampled & ~np.isnan(mis) & ~np.isnan(ins) & (ins != 0)
+        x = np.log1p(np.maximum(1000.0 * mis / ins, 0.0)) / MPKI_SCALE
+        out[..., 4] = np.where(ok, _clip(x), 0.0)
+        out[..., 5] = ok
+        ok = sampled & ~np.isnan(occ_s) & ~np.isnan(occ_den)[:, None]
+        out[..., 6] = np.where(ok, _clip(occ_s / occ_den[:, None]), 0.0)
+        out[..., 7] = ok
+        ok = sampled & ~np.isnan(mem) & has_dt[:, None] & ~np.isnan(bw_den)[:, None]
+        out[..., 8] = np.where(ok, _clip(mem / dt[:, None] / bw_den[:, None]), 0.0)
+        out[..., 9] = ok
+        out[..., 10] = np.where(layout.present, ways, 0.0)
+        out[..., 11] = np.where(layout.present, mb, 0.0)
+        pct = np.maximum(layout.slo_pct, 0)
+        if m.latency_ms.shape[1]:
+            lat = np.take_along_axis(m.latency_ms, col[..., None], axis=1)
+            value = np.take_along_axis(lat, pct[..., None], axis=2)[..., 0]
+        else:
+            value = np.full((N, S), np.nan)
+        ok = sampled & (layout.slo_pct >= 0) & ~np.isnan(count) & np.isfinite(value) & (count > 0)
+        ratio = value / layout.slo_target
+        lg = np.where(ratio > 0, np.log2(ratio), -LATENCY_LOG2_CLIP)
+        lg = np.minimum(np.maximum(lg, -LATENCY_LOG2_CLIP), LATENCY_LOG2_CLIP)
+        out[..., 12] = np.where(ok, lg / LATENCY_LOG2_CLIP, 0.0)
+        out[..., 13] = ok
+        ok = sampled & ~np.isnan(count) & has_dt[:, None]
+        out[..., 14] = np.where(ok, _clip(np.log1p(count / dt[:, None]) / LOAD_SCALE), 0.0)
+        node = np.zeros((N, len(NODE_FEATURES)))
+        ok = peak_ok & bw_known
+        node[:, 0] = np.where(ok, _clip(bw_total / layout.peak), 0.0)
+        node[:, 1] = ok
+        node[:, 2:] = layout.node_tail
+    return np.concatenate([out.reshape(N, -1), node], axis=1).astype(np.float32)
+
+
 @dataclass(frozen=True)
 class PreparedEncoder:
     """:meth:`FeatureEncoder.encode` for fixed slots, specs, number of groups and
@@ -254,14 +466,8 @@ class PreparedEncoder:
     key: tuple
     caps: NodeCapabilities
     slots: tuple[str, ...]
-    # per slot: (name, is_lc, getter of the SLO's latency percentile or None, SLO target)
-    rows: tuple[tuple, ...]
-    num_ways: int
-    cache_bytes: int | None
-    peak: float | None
-    padding: tuple[float, ...]
-    node_tail: tuple[float, ...]  # group_fraction, truncated, has_cat, has_mba
-    # (allocation, held(allocation)): the last allocation's features (an Allocation is
+    layout: SlotLayout  # N = 1
+    # (allocation, held fractions): the last allocation's features (an Allocation is
     # immutable and an env holds the same one until it applies a new plan)
     _held_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -275,158 +481,98 @@ class PreparedEncoder:
         specs: tuple[GroupSpec, ...],
         key: tuple,
     ) -> PreparedEncoder:
-        rows = []
-        for name, spec in zip(slots, specs, strict=True):
-            getter, target = None, None
-            if spec.slo is not None:
-                getter = percentile_getter(spec.slo.percentile)
-                target = spec.slo.target_ms
-            rows.append((name, 1.0 if spec.kind is GroupKind.LC else 0.0, getter, target))
-        l3, mba = caps.l3, caps.mba
-        n_groups = len(groups)
         return cls(
             key=key,
             caps=caps,
             slots=tuple(slots),
-            rows=tuple(rows),
-            num_ways=l3.num_ways if l3 is not None else 0,
-            cache_bytes=l3.size_bytes if l3 is not None else None,
-            peak=caps.memory_bandwidth_bps or None,
-            padding=(0.0,) * ((max_groups - len(slots)) * len(GROUP_FEATURES)),
-            node_tail=(
-                min(1.0, n_groups / max_groups),
-                1.0 if n_groups > max_groups else 0.0,
-                1.0 if l3 is not None else 0.0,
-                1.0 if mba is not None else 0.0,
-            ),
+            layout=layout_of(max_groups, groups, caps, specs),
         )
 
     def encode(self, snapshot: Snapshot, allocation: Allocation) -> np.ndarray:
         """The observation of one interval (see :meth:`FeatureEncoder.encode`)."""
-        dt = snapshot.interval_s
-        interval = dt if dt > 0 else None
-        samples = snapshot.groups
-        peak = self.peak
-
-        # Node-wide totals (shares fall back to "of the observed total").
-        bw_total, bw_known = 0.0, False
-        occ_total = 0.0
-        for s in samples.values():
-            if s.memory_bytes is not None and interval:
-                bw_total += s.memory_bytes / interval
-                bw_known = True
-            if s.llc_occupancy_bytes is not None:
-                occ_total += s.llc_occupancy_bytes
-        bw_denominator = peak or (bw_total if bw_total > 0 else None)
-        occ_denominator = self.cache_bytes or (occ_total if occ_total > 0 else None)
-
-        held = self.held(allocation)
-        out: list[float] = []
-        extend = out.extend
-        log1p, isfinite = math.log1p, math.isfinite
-        for (name, is_lc, latency_of, target), (ways, mb) in zip(self.rows, held, strict=True):
-            s = samples.get(name)
-            if s is None:
-                extend(
-                    (1.0, is_lc, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ways, mb, 0.0, 0.0, 0.0)
-                )
-                continue
-            instructions = s.instructions
-            cycles = s.cycles
-            if instructions is None or not cycles:  # GroupSample.ipc
-                ipc = ipc_ok = 0.0
-            else:
-                x = instructions / cycles / IPC_SCALE
-                ipc, ipc_ok = (0.0 if x < 0.0 else 1.0 if x > 1.0 else x), 1.0
-            misses = s.llc_misses
-            if misses is None or not instructions:  # GroupSample.mpki
-                mpki = mpki_ok = 0.0
-            else:
-                x = log1p(max(1000.0 * misses / instructions, 0.0)) / MPKI_SCALE
-                mpki, mpki_ok = (0.0 if x < 0.0 else 1.0 if x > 1.0 else x), 1.0
-            occ = s.llc_occupancy_bytes
-            if occ is not None and occ_denominator:
-                x = occ / occ_denominator
-                occ, occ_ok = (0.0 if x < 0.0 else 1.0 if x > 1.0 else x), 1.0
-            else:
-                occ = occ_ok = 0.0
-            moved = s.memory_bytes
-            if moved is not None and interval and bw_denominator:
-                x = moved / interval / bw_denominator
-                bw, bw_ok = (0.0 if x < 0.0 else 1.0 if x > 1.0 else x), 1.0
-            else:
-                bw = bw_ok = 0.0
-            lat = s.latency
-            ratio = None
-            if latency_of is not None and lat is not None:  # tail_ratio
-                value = latency_of(lat)
-                if isfinite(value) and lat.count > 0:
-                    ratio = value / target
-            if ratio is None:
-                lr = lr_ok = 0.0
-            else:
-                lg = math.log2(ratio) if ratio > 0 else -LATENCY_LOG2_CLIP
-                lg = max(-LATENCY_LOG2_CLIP, min(LATENCY_LOG2_CLIP, lg))
-                lr, lr_ok = lg / LATENCY_LOG2_CLIP, 1.0
-            if lat is not None and interval:
-                x = log1p(lat.count / interval) / LOAD_SCALE
-                load = 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
-            else:
-                load = 0.0
-            extend(
-                (
-                    1.0,
-                    is_lc,
-                    ipc,
-                    ipc_ok,
-                    mpki,
-                    mpki_ok,
-                    occ,
-                    occ_ok,
-                    bw,
-                    bw_ok,
-                    ways,
-                    mb,
-                    lr,
-                    lr_ok,
-                    load,
-                )
-            )
-        extend(self.padding)
-        if peak and bw_known:
-            x = bw_total / peak
-            extend((0.0 if x < 0.0 else 1.0 if x > 1.0 else x, 1.0))
-        else:
-            extend((0.0, 0.0))
-        extend(self.node_tail)
-        return np.array(out, dtype=np.float32)
+        m, cols = Measurements.from_snapshot(snapshot)
+        S = self.layout.present.shape[1]
+        slot_col = np.full((1, S), -1, dtype=np.int64)
+        for i, name in enumerate(self.slots):
+            slot_col[0, i] = cols.get(name, -1)
+        ways, mb = self.held_arrays(allocation)
+        return encode_arrays(self.layout, m, slot_col, ways, mb)[0]
 
     def held(self, allocation: Allocation) -> list[tuple[float, float]]:
-        """(ways_fraction, mba_fraction) per slot; an Allocation is immutable, so the result
-        is kept for as long as the same allocation object is held."""
+        """(ways_fraction, mba_fraction) per slot."""
+        ways, mb = self.held_arrays(allocation)
+        n = len(self.slots)
+        return list(zip(ways[0, :n].tolist(), mb[0, :n].tolist(), strict=True))
+
+    def held_arrays(self, allocation: Allocation) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`held_fractions` of ``allocation`` (1, S); kept for as long as the same
+        (immutable) allocation object is held."""
         cached = self._held_cache
         if cached is not None and cached[0] is allocation:
             return cached[1]
-        caps, l3, mba, peak = self.caps, self.caps.l3, self.caps.mba, self.peak
-        domain = caps.domains[0]
-        mbps = mba is not None and mba.mode is MbaMode.MBPS
-        num_ways = self.num_ways
-        out = []
+        S = self.layout.present.shape[1]
+        masks = np.zeros((1, S), dtype=np.int64)
+        has = np.zeros((1, S), dtype=bool)
+        mb = np.full((1, S), np.nan)
+        domain = self.caps.domains[0]
         groups = allocation.groups
-        for name in self.slots:
+        for i, name in enumerate(self.slots):
             per_domain = groups.get(name)  # allocation.get(name, domain)
-            alloc = None if per_domain is None else per_domain.get(domain)
-            if l3 is None or alloc is None or alloc.l3_mask is None:
-                ways = 1.0
-            else:
-                mask = alloc.l3_mask | (alloc.l3_code_mask or 0)
-                x = mask.bit_count() / num_ways
-                ways = 0.0 if x < 0.0 else 1.0 if x > 1.0 else x  # _clip01, inlined
-            if mba is None or alloc is None or alloc.mb is None or (mbps and not peak):
-                mb = 1.0
-            else:
-                x = alloc.mb * 2**20 / peak if mbps else alloc.mb / mba.max_bandwidth
-                mb = 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
-            out.append((ways, mb))
+            a: GroupAllocation | None = None if per_domain is None else per_domain.get(domain)
+            if a is None:
+                continue
+            if a.l3_mask is not None:
+                masks[0, i] = a.l3_mask | (a.l3_code_mask or 0)
+                has[0, i] = True
+            if a.mb is not None:
+                mb[0, i] = a.mb
+        out = held_fractions(self.layout, masks, has, mb)
         object.__setattr__(self, "_held_cache", (allocation, out))  # a cache, not state
         return out
+
+
+def layout_of(
+    max_groups: int,
+    groups: Mapping[str, GroupSpec],
+    caps: NodeCapabilities,
+    specs: Sequence[GroupSpec],
+) -> SlotLayout:
+    """One node's :class:`SlotLayout` (N = 1): ``specs`` are the slots' groups in slot
+    order, ``groups`` all of the node's groups."""
+    S = max_groups
+    present = np.zeros((1, S), dtype=bool)
+    is_lc = np.zeros((1, S))
+    pct = np.full((1, S), -1, dtype=np.int64)
+    target = np.full((1, S), np.nan)
+    for i, spec in enumerate(specs):
+        present[0, i] = True
+        is_lc[0, i] = 1.0 if spec.kind is GroupKind.LC else 0.0
+        if spec.slo is not None:
+            pct[0, i] = _PCT_INDEX[float(spec.slo.percentile)]
+            target[0, i] = spec.slo.target_ms
+    l3, mba = caps.l3, caps.mba
+    n_groups = len(groups)
+    peak = caps.memory_bandwidth_bps
+    return SlotLayout(
+        present=present,
+        is_lc=is_lc,
+        slo_pct=pct,
+        slo_target=target,
+        num_ways=np.array([l3.num_ways if l3 is not None else 0]),
+        cache_bytes=np.array(
+            [l3.size_bytes if l3 is not None and l3.size_bytes else np.nan], dtype=float
+        ),
+        peak=np.array([peak if peak else np.nan], dtype=float),
+        mba_max=np.array([mba.max_bandwidth if mba is not None else np.nan], dtype=float),
+        mbps=np.array([mba is not None and mba.mode is MbaMode.MBPS]),
+        node_tail=np.array(
+            [
+                [
+                    min(1.0, n_groups / max_groups),
+                    1.0 if n_groups > max_groups else 0.0,
+                    1.0 if l3 is not None else 0.0,
+                    1.0 if mba is not None else 0.0,
+                ]
+            ]
+        ),
+    )

@@ -11,8 +11,9 @@ Unknown keys, wrong types and out-of-range values are rejected with the key's do
     algorithm: MaskablePPO          # PPO | MaskablePPO
     seed: 0
     total_timesteps: 200000
-    n_envs: 2
-    subproc: false                  # SubprocVecEnv instead of DummyVecEnv
+    n_envs: 64
+    vec_env: auto                   # batched | dummy | subproc | auto (below)
+    rollout_workers: 0              # >0: the batched envs split over Ray actors
     torch_threads: 1
     normalize_obs: false            # VecNormalize (stats shipped in the model card)
     normalize_reward: false         # scale rewards by the running std of returns (training only)
@@ -50,6 +51,11 @@ from typing import Any
 import yaml
 
 ALGORITHMS = ("PPO", "MaskablePPO")
+# How the training environments are stepped: ``batched`` (one vector env over the batched
+# simulator, envs.vector_env; needs an id with a vector_entry_point), ``dummy`` / ``subproc``
+# (SB3's DummyVecEnv / SubprocVecEnv of single envs), ``auto`` (batched where the id has a
+# vector entry point, else dummy; ``subproc: true`` is the older spelling of subproc).
+VEC_ENVS = ("auto", "batched", "dummy", "subproc")
 ACTIVATIONS = ("tanh", "relu")
 POOLS = ("mean", "max")
 PPO_KEYS = {
@@ -285,6 +291,8 @@ class TrainConfig:
     total_timesteps: int = 100_000
     n_envs: int = 2
     subproc: bool = False
+    vec_env: str = "auto"
+    rollout_workers: int = 0  # Ray actors holding the batched envs (0: in this process)
     torch_threads: int = 1
     normalize_obs: bool = False
     normalize_reward: bool = False
@@ -308,13 +316,17 @@ class TrainConfig:
                     f"algorithm: expected one of {ALGORITHMS}, got {data['algorithm']!r}"
                 )
             out.algorithm = data["algorithm"]
-        for key in ("seed", "total_timesteps", "n_envs", "torch_threads"):
+        for key in ("seed", "total_timesteps", "n_envs", "torch_threads", "rollout_workers"):
             if key in data:
-                low = 0 if key == "seed" else 1
+                low = 0 if key in ("seed", "rollout_workers") else 1
                 setattr(out, key, _int(key, data[key], low))
         for key in ("subproc", "normalize_obs", "normalize_reward", "progress_bar"):
             if key in data:
                 setattr(out, key, _bool(key, data[key]))
+        if "vec_env" in data:
+            if data["vec_env"] not in VEC_ENVS:
+                raise ConfigError(f"vec_env: expected one of {VEC_ENVS}, got {data['vec_env']!r}")
+            out.vec_env = data["vec_env"]
         if "output_dir" in data:
             out.output_dir = _str("output_dir", data["output_dir"])
         else:
@@ -334,7 +346,35 @@ class TrainConfig:
                 else:
                     out.ppo[k] = _float(f"ppo.{k}", v)
         out._check_env()
+        out._check_vec_env()
         return out
+
+    def vectorization(self) -> str:
+        """How the training envs are stepped: ``batched``, ``dummy`` or ``subproc``."""
+        if self.vec_env != "auto":
+            return self.vec_env
+        if self.subproc:
+            return "subproc"
+        return "batched" if _has_vector_entry_point(self.env.id) else "dummy"
+
+    def _check_vec_env(self) -> None:
+        how = self.vectorization()
+        if self.subproc and how != "subproc":
+            raise ConfigError(f"subproc: true contradicts vec_env: {self.vec_env}")
+        if how == "batched" and not _has_vector_entry_point(self.env.id):
+            raise ConfigError(
+                f"vec_env: batched needs an env with a vector_entry_point; {self.env.id} has "
+                "none (use dummy or subproc)"
+            )
+        if self.rollout_workers:
+            if how != "batched":
+                raise ConfigError(
+                    f"rollout_workers: Ray rollout workers hold batched envs; vec_env is {how}"
+                )
+            if self.rollout_workers > self.n_envs:
+                raise ConfigError(
+                    f"rollout_workers: {self.rollout_workers} workers for {self.n_envs} envs"
+                )
 
     def _check_env(self) -> None:
         """Build the env once to turn bad env kwargs into a config error now, not mid-run."""
@@ -388,6 +428,18 @@ class TrainConfig:
                 node = node[p]
             node[parts[-1]] = value
         return TrainConfig.parse(data)
+
+
+def _has_vector_entry_point(env_id: str) -> bool:
+    import gymnasium as gym
+
+    import envs  # noqa: F401  (registers the ids)
+
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        return False
+    return spec.vector_entry_point is not None
 
 
 def load_config(path: str | Path) -> TrainConfig:

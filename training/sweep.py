@@ -125,6 +125,7 @@ def _trainable(config: dict[str, Any]) -> None:
     overrides = dict(config["overrides"])
     overrides["output_dir"] = str(Path(tune.get_context().get_trial_dir()) / "run")
     overrides["progress_bar"] = False
+    overrides["rollout_workers"] = 0  # a trial steps its envs itself (it holds one CPU)
     cfg = TrainConfig.parse(config["base"]).with_overrides(overrides)
 
     def on_eval(timesteps: int, row, best: float) -> None:
@@ -150,7 +151,9 @@ def _trainable(config: dict[str, Any]) -> None:
     )
 
 
-def _init_ray(address: str, num_cpus: int | None) -> None:
+def init_ray(address: str, num_cpus: int | None = None) -> None:
+    """Start a private Ray instance (``local``) or join the cluster at ``address`` (the
+    package's sources shipped with the job), for sweeps and rollout workers alike."""
     import ray
 
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -209,7 +212,7 @@ def run_sweep(
     name = f"{Path(cfg.output_dir).name}-sweep"
     started = not ray.is_initialized()
     if started:
-        _init_ray(address, num_cpus)
+        init_ray(address, num_cpus)
     try:
         tuner = tune.Tuner(
             tune.with_resources(_trainable, {"cpu": cpus_per_trial}),

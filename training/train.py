@@ -6,8 +6,9 @@ Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered step
    seeds), put torch in deterministic mode on ``torch_threads`` threads and give worker
    processes a fixed hash seed (reproducible: same config and seed, same learning curve
    and policy on one machine; tests/training/test_train.py runs a tiny training twice);
-2. build the training VecEnv (``n_envs`` copies, seeds ``seed + i``) and, if asked,
-   VecNormalize for observations;
+2. build the training VecEnv (``n_envs`` copies, seeds ``seed + i``): by default one
+   vector env over the batched simulator (``vec_env``; on ``rollout_workers`` Ray actors
+   when asked, :mod:`training.rollouts`), and, if asked, VecNormalize;
 3. build the model: PPO or MaskablePPO with the group-set feature extractor
    (:mod:`training.policies`) and the configured actor/critic sizes;
 4. evaluate the heuristics once on the validation family (:mod:`training.evaluate`), then
@@ -15,7 +16,8 @@ Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered step
    ``eval.episodes`` validation episodes (64 by default: with 8, the standard error of the
    mean return was a third of the spread between checkpoints), log to TensorBoard and keep
    the best checkpoint (``best_model.zip``);
-5. learn (with SB3's progress bar), save ``model.zip``;
+5. learn (with SB3's progress bar), save ``model.zip``; every rollout + update cycle's env
+   steps/s go to TensorBoard (``time/env_steps_per_s``) and ``throughput.jsonl``;
 6. final evaluation of the best checkpoint and the heuristics on the *test* split
    (``eval.final_kwargs``; mixes neither training nor selection saw), written to
    ``eval.json`` and printed as a table.
@@ -24,7 +26,8 @@ The run directory holds ``config.yaml`` (the validated config), ``run.json`` (la
 versions the exporter needs), checkpoints, ``vecnormalize.pkl`` when used, ``tb/`` and
 ``evaluations.jsonl``. ``rdtune export --model RUN_DIR`` turns it into an ONNX policy.
 With ``--ray-address`` and ``--sweep`` the same function runs inside Ray Tune trials
-(:mod:`training.sweep`).
+(:mod:`training.sweep`); with ``--ray-address`` alone the envs step on Ray actors of that
+cluster while PPO learns here (docs/TRAINING.md).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import math
 import random
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,8 +61,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ray-address",
-        help="run on Ray: 'local' (a Ray instance on this machine) or a cluster address; "
-        "needed for --sweep",
+        metavar="HOST:PORT",
+        help="run on Ray: 'local' (a private Ray instance on this machine) or the address of "
+        "a running cluster (ray start --head prints it). With --sweep the trials run there; "
+        "without, the training envs are split over --rollout-workers Ray actors there and "
+        "PPO learns in this process",
+    )
+    parser.add_argument(
+        "--rollout-workers",
+        type=int,
+        metavar="K",
+        help="Ray actors stepping the training envs (the config's rollout_workers; default 2 "
+        "with --ray-address). Without --ray-address: on a local Ray instance",
     )
     parser.add_argument(
         "--sweep",
@@ -86,12 +100,23 @@ def run(args: argparse.Namespace) -> int:
             overrides["progress_bar"] = False
         if args.out:
             overrides["output_dir"] = args.out
+        workers = getattr(args, "rollout_workers", None)
+        if workers is not None:
+            overrides["rollout_workers"] = workers
+        elif args.ray_address and not args.sweep and not cfg.rollout_workers:
+            overrides["rollout_workers"] = 2
         if overrides:
             cfg = cfg.with_overrides(overrides)
     except ConfigError as exc:
         print(f"rdtune train: {exc}")
         return 2
-    if args.sweep or args.ray_address:
+    if args.sweep and workers:
+        print(
+            "rdtune train: --rollout-workers and --sweep do not combine (trials step their "
+            "envs in their own process)"
+        )
+        return 2
+    if args.sweep:
         from training.sweep import SweepError, parse_sweep, run_sweep
 
         try:
@@ -104,7 +129,13 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(result.summary())
         return 0
-    result = train(cfg)
+    from training.rollouts import RolloutError
+
+    try:
+        result = train(cfg, ray_address=args.ray_address)
+    except (ConnectionError, RolloutError) as exc:
+        print(f"rdtune train: {exc}")
+        return 2
     print(result.summary())
     return 0
 
@@ -119,6 +150,7 @@ class TrainResult:
     rows: list[dict] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    throughput: Throughput | None = None
 
     def summary(self) -> str:
         from training.evaluate import table
@@ -126,8 +158,15 @@ class TrainResult:
         lines = [
             f"run: {self.run_dir}  ({self.seconds / 60:.1f} min; best checkpoint at step "
             f"{self.best_step}, selection return {self.best_return:.2f})",
-            table(self.rows),
         ]
+        if self.throughput is not None and self.throughput.steps:
+            t = self.throughput
+            lines.append(
+                f"training: {t.steps} env steps at {t.env_steps_per_s:,.0f} env steps/s "
+                f"(rollouts {t.rollout_s:.1f} s, updates {t.update_s:.1f} s; evaluations "
+                "not counted)"
+            )
+        lines.append(table(self.rows))
         if self.missing:
             lines.append(f"(controllers not available: {', '.join(self.missing)})")
         return "\n".join(lines)
@@ -154,18 +193,27 @@ def seed_everything(seed: int, threads: int) -> None:
 
 
 def build_vec_env(cfg, n_envs: int | None = None, seed: int | None = None):
-    """The training VecEnv for ``cfg`` (VecNormalize on top when ``normalize_obs`` or
-    ``normalize_reward``: reward scaling keeps the value loss from swamping the policy
-    gradient in the shared extractor when SLO penalties make returns large)."""
-    from envs.vector import make_sb3_vec_env
+    """The training VecEnv for ``cfg``: by default one vector env over the batched
+    simulator (``cfg.vectorization()``; on ``rollout_workers`` Ray actors when set, which
+    needs Ray started), else SB3's Dummy/SubprocVecEnv of single envs. VecNormalize on top
+    when ``normalize_obs`` or ``normalize_reward`` (reward scaling keeps the value loss from
+    swamping the policy gradient in the shared extractor when SLO penalties make returns
+    large)."""
+    from envs.vector import make_batched_vec_env, make_sb3_vec_env
 
-    venv = make_sb3_vec_env(
-        n_envs or cfg.n_envs,
-        env_id=cfg.env.id,
-        seed=cfg.seed if seed is None else seed,
-        subproc=cfg.subproc,
-        **cfg.env_kwargs(),
-    )
+    n = n_envs or cfg.n_envs
+    seed = cfg.seed if seed is None else seed
+    how = cfg.vectorization()
+    if how == "batched" and cfg.rollout_workers:
+        from training.rollouts import ray_vec_env
+
+        venv = ray_vec_env(n, cfg.rollout_workers, seed=seed, **cfg.env_kwargs())
+    elif how == "batched":
+        venv = make_batched_vec_env(n, env_id=cfg.env.id, seed=seed, **cfg.env_kwargs())
+    else:
+        venv = make_sb3_vec_env(
+            n, env_id=cfg.env.id, seed=seed, subproc=how == "subproc", **cfg.env_kwargs()
+        )
     if cfg.normalize_obs or cfg.normalize_reward:
         from stable_baselines3.common.vec_env import VecNormalize
 
@@ -287,6 +335,7 @@ def make_eval_callback(cfg, venv, run_dir: Path, heuristics: list, on_eval: Call
             self.best_step = 0
             self.last = 0
             self.history = run_dir / "evaluations.jsonl"
+            self.seconds = 0.0  # spent evaluating (not training: throughput leaves it out)
 
         def _on_step(self) -> bool:
             if cfg.eval.freq and self.num_timesteps - self.last >= cfg.eval.freq:
@@ -298,6 +347,13 @@ def make_eval_callback(cfg, venv, run_dir: Path, heuristics: list, on_eval: Call
                 self.evaluate()
 
         def evaluate(self) -> None:
+            t0 = time.perf_counter()
+            try:
+                self._evaluate()
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        def _evaluate(self) -> None:
             self.last = self.num_timesteps
             act = act_fn(self.model, _obs_norm(venv))
             row = evaluate_policy(act, self.env, cfg.eval.episodes, cfg.eval.seed)
@@ -332,11 +388,136 @@ def make_eval_callback(cfg, venv, run_dir: Path, heuristics: list, on_eval: Call
     return EvalCallback()
 
 
+@dataclass
+class Throughput:
+    """Env steps per second of PPO's rollout + update cycles (evaluations left out)."""
+
+    steps: int = 0
+    rollout_s: float = 0.0
+    update_s: float = 0.0
+
+    @property
+    def env_steps_per_s(self) -> float:
+        total = self.rollout_s + self.update_s
+        return self.steps / total if total > 0 else math.nan
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "env_steps": self.steps,
+            "rollout_s": round(self.rollout_s, 4),
+            "update_s": round(self.update_s, 4),
+            "env_steps_per_s": round(self.env_steps_per_s, 1),
+        }
+
+
+def make_throughput_callback(run_dir: Path | None, evaluator=None, log_every_s: float = 30.0):
+    """SB3 callback timing each rollout (env steps and the policy's forward passes) and the
+    update after it, without the time ``evaluator`` (the evaluation callback) spends:
+    ``time/env_steps_per_s`` (the cycle's) and ``time/rollout_steps_per_s`` in the SB3
+    logger (TensorBoard), one line per cycle in ``run_dir/throughput.jsonl``, and a log
+    line every ``log_every_s`` seconds. ``callback.total`` sums the run (:class:`Throughput`)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class ThroughputCallback(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.total = Throughput()
+            self.path = None if run_dir is None else run_dir / "throughput.jsonl"
+            if self.path is not None:
+                self.path.unlink(missing_ok=True)
+            self._rollout_start: float | None = None
+            self._rollout_end: float | None = None
+            self._rollout_s = 0.0
+            self._steps0 = 0
+            self._eval0 = 0.0
+            self._logged = time.perf_counter()
+
+        def _eval_s(self) -> float:
+            return evaluator.seconds if evaluator is not None else 0.0
+
+        def _on_rollout_start(self) -> None:
+            now = time.perf_counter()
+            if self._rollout_end is not None:  # the update since the last rollout ended
+                self._cycle(now)
+            self._rollout_start, self._steps0, self._eval0 = now, self.num_timesteps, self._eval_s()
+
+        def _on_rollout_end(self) -> None:
+            now = time.perf_counter()
+            self._rollout_s = now - self._rollout_start - (self._eval_s() - self._eval0)
+            self._rollout_end, self._eval0 = now, self._eval_s()
+
+        def _on_training_end(self) -> None:
+            if self._rollout_end is not None:
+                self._cycle(time.perf_counter())
+
+        def _on_step(self) -> bool:
+            return True
+
+        def _cycle(self, now: float) -> None:
+            update_s = now - self._rollout_end - (self._eval_s() - self._eval0)
+            steps = self.num_timesteps - self._steps0
+            self._rollout_end = None
+            cycle = Throughput(steps, self._rollout_s, update_s)
+            t = self.total
+            t.steps, t.rollout_s, t.update_s = (
+                t.steps + steps,
+                t.rollout_s + cycle.rollout_s,
+                t.update_s + update_s,
+            )
+            self.logger.record("time/env_steps_per_s", cycle.env_steps_per_s)
+            if cycle.rollout_s > 0:
+                self.logger.record("time/rollout_steps_per_s", steps / cycle.rollout_s)
+            if self.path is not None:
+                with self.path.open("a") as f:
+                    f.write(json.dumps({"timesteps": self.num_timesteps, **cycle.as_dict()}) + "\n")
+            if now - self._logged >= log_every_s:
+                self._logged = now
+                log.info(
+                    "step %d: %.0f env steps/s (rollout %.0f%%, update %.0f%% of the time)",
+                    self.num_timesteps,
+                    t.env_steps_per_s,
+                    100 * t.rollout_s / max(t.rollout_s + t.update_s, 1e-9),
+                    100 * t.update_s / max(t.rollout_s + t.update_s, 1e-9),
+                )
+
+    return ThroughputCallback()
+
+
 # ---------------------------------------------------------------------------- the run
 
 
-def train(cfg, *, on_eval: Callable | None = None, final_eval: bool = True) -> TrainResult:
-    """Train ``cfg`` (a :class:`training.config.TrainConfig`) and return the result."""
+@contextmanager
+def _rollout_workers_on_ray(cfg, address: str | None):
+    """Ray for ``cfg.rollout_workers`` while the training envs live: the one already
+    initialised in this process, else a private local instance or the cluster at
+    ``address`` (shut down afterwards)."""
+    import ray
+
+    if not cfg.rollout_workers or ray.is_initialized():
+        yield
+        return
+    from training.sweep import SweepError, init_ray
+
+    try:
+        init_ray(address or "local")
+    except SweepError as exc:
+        raise ConnectionError(str(exc)) from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def train(
+    cfg,
+    *,
+    on_eval: Callable | None = None,
+    final_eval: bool = True,
+    ray_address: str | None = None,
+) -> TrainResult:
+    """Train ``cfg`` (a :class:`training.config.TrainConfig`) and return the result. With
+    ``rollout_workers``, the envs step on Ray actors: on the cluster at ``ray_address``, on
+    a private local instance by default, or on the Ray already initialised in this process."""
     import yaml
 
     from models.features import ENCODER_VERSION
@@ -352,62 +533,75 @@ def train(cfg, *, on_eval: Callable | None = None, final_eval: bool = True) -> T
     seed_everything(cfg.seed, cfg.torch_threads)
 
     # 2. Environments.
-    venv = build_vec_env(cfg)
-    encoder = venv.get_attr("encoder")[0]
-    decoder = venv.get_attr("decoder")[0]
-    (run_dir / "run.json").write_text(
-        json.dumps(
-            {
-                "name": cfg.name,
-                "algorithm": cfg.algorithm,
-                "seed": cfg.seed,
-                "env_id": cfg.env.id,
-                "env_kwargs": cfg.env_kwargs(),
-                "eval_kwargs": cfg.eval_kwargs(),
-                "final_kwargs": cfg.final_kwargs(),
-                "encoder_version": ENCODER_VERSION,
-                "features": encoder.layout(),
-                "actions": decoder.layout(),
-                "normalize_obs": cfg.normalize_obs,
-            },
-            indent=2,
-            default=str,
+    with _rollout_workers_on_ray(cfg, ray_address):
+        venv = build_vec_env(cfg)
+        encoder = venv.get_attr("encoder")[0]
+        decoder = venv.get_attr("decoder")[0]
+        (run_dir / "run.json").write_text(
+            json.dumps(
+                {
+                    "name": cfg.name,
+                    "algorithm": cfg.algorithm,
+                    "seed": cfg.seed,
+                    "env_id": cfg.env.id,
+                    "env_kwargs": cfg.env_kwargs(),
+                    "eval_kwargs": cfg.eval_kwargs(),
+                    "final_kwargs": cfg.final_kwargs(),
+                    "encoder_version": ENCODER_VERSION,
+                    "features": encoder.layout(),
+                    "actions": decoder.layout(),
+                    "normalize_obs": cfg.normalize_obs,
+                },
+                indent=2,
+                default=str,
+            )
         )
-    )
 
-    # 3. Model.
-    model = build_model(cfg, venv, str(run_dir / "tb"))
+        # 3. Model.
+        model = build_model(cfg, venv, str(run_dir / "tb"))
 
-    # 4. Heuristics on the validation family (once: they do not learn), policy evaluator.
-    eval_env = make_eval_env(cfg.env.id, cfg.eval_kwargs())
-    heuristics, missing = [], []
-    if cfg.eval.heuristics_at_start:
-        heuristics, missing = evaluate_heuristics(
-            cfg.eval.controllers, eval_env, cfg.eval.episodes, cfg.eval.seed
+        # 4. Heuristics on the validation family (once: they do not learn), policy evaluator.
+        eval_env = make_eval_env(cfg.env.id, cfg.eval_kwargs())
+        heuristics, missing = [], []
+        if cfg.eval.heuristics_at_start:
+            heuristics, missing = evaluate_heuristics(
+                cfg.eval.controllers, eval_env, cfg.eval.episodes, cfg.eval.seed
+            )
+        callback = make_eval_callback(cfg, venv, run_dir, heuristics, on_eval)
+        speed = make_throughput_callback(run_dir, callback)
+
+        # 5. Learn.
+        model.learn(
+            total_timesteps=cfg.total_timesteps,
+            callback=[speed, callback],
+            progress_bar=cfg.progress_bar,
+            tb_log_name="ppo",
         )
-    callback = make_eval_callback(cfg, venv, run_dir, heuristics, on_eval)
+        log.info(
+            "%d env steps at %.0f env steps/s (rollouts and updates, evaluations left out)",
+            speed.total.steps,
+            speed.total.env_steps_per_s,
+        )
+        model.save(run_dir / "model.zip")
+        if cfg.normalize_obs:
+            venv.save(str(run_dir / "vecnormalize_final.pkl"))
 
-    # 5. Learn.
-    model.learn(
-        total_timesteps=cfg.total_timesteps,
-        callback=callback,
-        progress_bar=cfg.progress_bar,
-        tb_log_name="ppo",
-    )
-    model.save(run_dir / "model.zip")
-    if cfg.normalize_obs:
-        venv.save(str(run_dir / "vecnormalize_final.pkl"))
-
-    # 6. Final table: the best checkpoint against the heuristics on fresh held-out episodes.
-    eval_env.close()
-    callback.env.close()
-    venv.close()
+        # 6. Final table: the best checkpoint against the heuristics on fresh held-out episodes.
+        eval_env.close()
+        callback.env.close()
+        venv.close()
     rows: list[dict] = []
     if final_eval:
         table = final_evaluation(cfg, run_dir, best_step=callback.best_step)
         rows, missing = table["rows"], table["missing"]
     return TrainResult(
-        run_dir, callback.best_step, callback.best, rows, missing, time.monotonic() - t0
+        run_dir,
+        callback.best_step,
+        callback.best,
+        rows,
+        missing,
+        time.monotonic() - t0,
+        speed.total,
     )
 
 

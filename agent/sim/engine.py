@@ -6,7 +6,22 @@ the model's dynamics, per-workload counters, and LC request accounting (a fluid 
 per step, the request count and the parameters of the latency distribution). It knows
 nothing of resctrl groups: its owner says, per workload instance, which ways it may insert
 into and what MBA delay or bandwidth cap it runs under (:meth:`Engine.set_allocation`).
-:class:`agent.sim.node.SimNode` owns a one-node engine; a batched simulator owns a wide one.
+:class:`agent.sim.node.SimNode` owns a one-node engine; :class:`agent.sim.batch.SimBatch`
+a wide one. Every per-step quantity is an array over (nodes, workloads), so a step of many
+nodes is one pass of array operations (docs/SIMULATOR.md, "State and one step"):
+
+- inputs: activity from arrival/departure times; load levels and batch phases are
+  piecewise constant (diurnal loads aside, computed on arrays), so each (node, workload)
+  keeps its current level and phase with the interval they hold for, and only entries
+  whose interval has run out are looked up again;
+- a node whose inputs did not change and whose occupancy has converged is *settled*: its
+  operating point holds and the model is not run for it; the others are solved together
+  (:meth:`agent.sim.model.Model.take`), each converging on its own;
+- LC accounting: backlogs and the per-step records (requests, mean backlog, service time,
+  utilisation) are arrays; the request counts are drawn from each service's own stream.
+
+Nodes are independent and can be reset one at a time (:meth:`Engine.reset_nodes`); the
+arrays are padded to the most workloads and ways any scenario it will hold can have.
 
 Randomness comes from ``numpy`` streams spawned from each node's seed at reset: one for
 measurement noise and bursty load schedules, one per LC service's requests (so changing one
@@ -17,22 +32,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from agent.sim.catalog import MachinePreset, Phase, WorkloadSpec
-from agent.sim.latency import LatencyTable, fluid_backlog, observed, table_for
+from agent.sim.latency import LatencyTable, fluid_backlog, observed_many, table_for
 from agent.sim.model import Dynamics, Inputs, Model, Solution
-from agent.sim.scenario import LoadSchedule, Scenario
+from agent.sim.scenario import LoadSchedule, Scenario, diurnal
 
 BACKLOG_CAP_S = 30.0  # clients time out: a queue never holds more than this much work
 COUNTERS = 5  # instructions, cycles, LLC references, LLC misses, memory bytes
+_PARTS = 16  # initial per-service room for step records between two reads (grows)
 
 
 @dataclass
 class LcService:
-    """One LC instance of one node: its load, queue and the requests since the last read."""
+    """One LC instance of one node: its load and request stream (its queue and the requests
+    since the last read are the engine's arrays)."""
 
     index: int  # workload index within the node
     schedule: LoadSchedule
@@ -42,20 +60,23 @@ class LcService:
     base_s: float  # latency outside the modelled CPU work
     rng: np.random.Generator
     capacity_rps: float  # req/s at utilisation 1, full resources alone
-    backlog: float = 0.0  # fluid backlog (work seconds per worker)
-    count: int = 0  # requests since the last read
-    # Per step since the last read: [requests, mean backlog (s), service time (s), rho].
-    parts: list[list[float]] = field(default_factory=list)
 
-    def record(self, requests: int, backlog: float, service: float, rho: float) -> None:
-        self.count += requests
-        if requests == 0:
-            return
-        last = self.parts[-1] if self.parts else None
-        if last is not None and last[1] == backlog and last[2] == service and last[3] == rho:
-            last[0] += requests
-        else:
-            self.parts.append([float(requests), backlog, service, rho])
+
+class LatencyGroups(NamedTuple):
+    """Monitored groups of LC services, as :meth:`Engine.latency_of` takes them."""
+
+    mb: np.ndarray  # (M,) node of each member service, members in group order
+    mi: np.ndarray  # (M,) its workload index
+    owner: np.ndarray  # (M,) its group
+    rngs: list  # (G,) each group's sampling-error stream (its first member's), or None
+
+
+def describe(scn: Scenario) -> tuple[MachinePreset, list[WorkloadSpec], list[int]]:
+    """A scenario's machine preset, workload specs and threads per instance."""
+    cat = scn.catalog
+    specs = [cat.workload(w.workload) for w in scn.workloads]
+    threads = [w.threads or s.threads for w, s in zip(scn.workloads, specs, strict=True)]
+    return cat.machine(scn.machine), specs, threads
 
 
 class Engine:
@@ -66,92 +87,235 @@ class Engine:
         seeds: each node's seed.
         solo: ``solo(preset, spec, threads) -> (IPS, CPI)`` of a workload alone with every
             way and full bandwidth (the basis of ``utilization`` loads).
+        n, W, knees: pad to this many workloads, ways and MRC knees (default: what these
+            scenarios need), so that later resets can bring larger scenarios.
     """
 
-    def __init__(self, scenarios: Sequence[Scenario], seeds: Sequence[int], solo) -> None:
+    def __init__(
+        self,
+        scenarios: Sequence[Scenario],
+        seeds: Sequence[int],
+        solo,
+        *,
+        n: int | None = None,
+        W: int | None = None,
+        knees: int | None = None,
+    ) -> None:
         self.scenarios = list(scenarios)
+        self.solo = solo
         self.B = len(self.scenarios)
-        self.presets: list[MachinePreset] = []
-        self.specs: list[list[WorkloadSpec]] = []
-        self.threads: list[list[int]] = []
-        for scn in self.scenarios:
-            cat = scn.catalog
-            self.presets.append(cat.machine(scn.machine))
-            specs = [cat.workload(w.workload) for w in scn.workloads]
-            self.specs.append(specs)
-            self.threads.append(
-                [w.threads or s.threads for w, s in zip(scn.workloads, specs, strict=True)]
-            )
-        self.model = Model(self.presets, self.specs, self.threads)
+        described = [describe(s) for s in self.scenarios]
+        self.presets = [d[0] for d in described]
+        self.specs = [d[1] for d in described]
+        self.threads = [d[2] for d in described]
+        self.model = Model(self.presets, self.specs, self.threads, n=n, W=W, knees=knees)
         B, n, W = self.B, self.model.n, self.model.W
         self.t = np.zeros(B)
         self.occ = np.zeros((B, n, W))
         self.dyn = self.model.start()
         self.acc = np.zeros((B, n, COUNTERS))
-        self.rng: list[np.random.Generator] = []
-        self.lc: list[list[LcService]] = []
-        self._phased: list[list[int]] = []
-        self._period: list[dict[int, float]] = []
-        for b, scn in enumerate(self.scenarios):
-            self._reset_node(b, scn, int(seeds[b]), solo)
         # Allocation inputs, set by the owner (default: every way, no MBA limit).
-        self.masks = self.model.way_valid[:, None, :].repeat(n, axis=1).astype(float)
-        self.nways = np.broadcast_to(self.model.ways, (B, n)).copy()
+        self.masks = np.zeros((B, n, W))
+        self.nways = np.ones((B, n))
         self.delay = np.zeros((B, n))
         self.cap = np.full((B, n), np.inf)
-        self._alloc_version = 0
-        self._inp: Inputs | None = None
-        self._inp_key: tuple | None = None
-        self._sol: Solution | None = None
-        self._settled = False
-        self._settle_bytes = 1e-5 * float((self.model.way_bytes * self.model.ways).min())
-        self._rates: np.ndarray | None = None
+        # Inputs at the latest step (what the settled test compares with) and the parts
+        # of the occupancy update that depend on the allocation and phases only.
+        self.lam = np.zeros((B, n))
+        self.act = np.zeros((B, n))
+        self.mult = np.ones((B, n, 3))  # phase multipliers: apki, working set, base CPI
+        self._phase_no = np.zeros((B, n), dtype=np.int64)
+        self.cores = np.ones((B, n))
+        self._hold_cap = np.zeros((B, n))
+        self._unmask = np.zeros((B, n, W))
+        self._ins = np.zeros((B, n, W))
+        self._stale = np.ones(B, dtype=bool)  # the three above need recomputing
+        self._moved = np.ones(B, dtype=bool)  # allocation changed since the last step
+        self._settled = np.zeros(B, dtype=bool)
+        self._rates = np.zeros((B, n, COUNTERS))
+        self._service = np.zeros((B, n))
+        self._rho = np.zeros((B, n))
+        # Arrival/departure, load and phase schedules.
+        self._start = np.full((B, n), np.inf)
+        self._end = np.full((B, n), np.inf)
+        self._scale = np.zeros((B, n))
+        self._diurnal = np.zeros((B, n), dtype=bool)
+        self._dparams = np.zeros((4, B, n))  # level, amplitude, period, phase
+        self._dparams[2] = 1.0
+        self._level = np.zeros((B, n))
+        self._lo = np.full((B, n), np.inf)  # [lo, hi): where _level holds
+        self._hi = np.full((B, n), -np.inf)
+        self._ph_lo = np.full((B, n), np.inf)
+        self._ph_hi = np.full((B, n), -np.inf)
+        self._phased_mask = np.zeros((B, n), dtype=bool)
+        # LC accounting: per (node, workload); rows of non-LC workloads stay 0.
+        self.backlog = np.zeros((B, n))  # fluid backlog (work seconds per worker)
+        self.count = np.zeros((B, n), dtype=np.int64)  # requests since the last read
+        # Per step since the last read: [requests, mean backlog (s), service time (s), rho].
+        self.parts = np.zeros((B, n, _PARTS, 4))
+        self.nparts = np.zeros((B, n), dtype=np.int64)
+        self._table_no = np.zeros((B, n), dtype=np.int64)
+        self._tables: list[LatencyTable] = []
+        self._base = np.zeros((B, n))
+        self.rng: list[np.random.Generator] = [None] * B  # type: ignore[list-item]
+        self.lc: list[list[LcService]] = [[] for _ in range(B)]
+        self._phased: list[list[int]] = [[] for _ in range(B)]
+        self._period: list[dict[int, float]] = [{} for _ in range(B)]
+        self._cores_total = np.ones((B, 1))
+        self._settle_bytes = np.zeros(B)
+        self.reset_nodes(range(B), self.scenarios, seeds)
 
-    def _reset_node(self, b: int, scn: Scenario, seed: int, solo) -> None:
+    # ------------------------------------------------------------------ reset
+
+    def reset_nodes(
+        self, nodes: Sequence[int], scenarios: Sequence[Scenario], seeds: Sequence[int]
+    ) -> None:
+        """Start nodes ``nodes`` afresh with ``scenarios`` and ``seeds``: time 0, empty
+        caches, every way and no MBA limit, counters and queues empty."""
+        nodes = [int(b) for b in nodes]
+        if not nodes:
+            return
+        described = [describe(s) for s in scenarios]
+        presets = [d[0] for d in described]
+        specs = [d[1] for d in described]
+        threads = [d[2] for d in described]
+        m = self.model
+        m.put(nodes, Model(presets, specs, threads, n=m.n, W=m.W, knees=m.knees))
+        idx = np.array(nodes)
+        for arr, value in (
+            (self.t, 0.0),
+            (self.occ, 0.0),
+            (self.acc, 0.0),
+            (self.dyn.u, 0.0),
+            (self.dyn.rho, 0.0),
+            (self.dyn.eta, 0.0),
+            (self.delay, 0.0),
+            (self.cap, np.inf),
+            (self.backlog, 0.0),
+            (self.count, 0),
+            (self.nparts, 0),
+            (self._rates, 0.0),
+            (self._service, 0.0),
+            (self._rho, 0.0),
+            (self._start, np.inf),
+            (self._end, np.inf),
+            (self._scale, 0.0),
+            (self._diurnal, False),
+            (self._phased_mask, False),
+            (self._lo, np.inf),
+            (self._hi, -np.inf),
+            (self._ph_lo, np.inf),
+            (self._ph_hi, -np.inf),
+            (self.mult, 1.0),
+            (self._phase_no, 0),
+            (self._base, 0.0),
+        ):
+            arr[idx] = value
+        self.masks[idx] = m.way_valid[idx][:, None, :]
+        self.nways[idx] = m.ways[idx]
+        self._dparams[:, idx] = 0.0
+        self._dparams[2, idx] = 1.0
+        self._stale[idx] = True
+        self._moved[idx] = True
+        self._settled[idx] = False
+        self._cores_total[idx, 0] = [p.cores for p in presets]
+        self._settle_bytes[idx] = [1e-5 * p.way_bytes * p.ways for p in presets]
+        for b, scn, seed, (preset, sp, th) in zip(nodes, scenarios, seeds, described, strict=True):
+            self.scenarios[b] = scn
+            self.presets[b], self.specs[b], self.threads[b] = preset, sp, th
+            self._reset_node(b, scn, int(seed))
+
+    def _reset_node(self, b: int, scn: Scenario, seed: int) -> None:
         preset, specs, threads = self.presets[b], self.specs[b], self.threads[b]
         streams = np.random.SeedSequence(seed).spawn(1 + len(scn.workloads))
         rng = np.random.default_rng(streams[0])
-        self.rng.append(rng)
+        self.rng[b] = rng
         horizon = max(3600.0, scn.duration_s or 0.0)
         services = []
         for i, (inst, spec) in enumerate(zip(scn.workloads, specs, strict=True)):
+            self._start[b, i] = inst.start_s
+            self._end[b, i] = math.inf if inst.end_s is None else inst.end_s
             if spec.kind != "lc":
                 continue
             lc = spec.lc
-            _, cpi = solo(preset, spec, threads[i])
+            _, cpi = self.solo(preset, spec, threads[i])
             svc = lc.instructions_per_request * cpi / (preset.freq_ghz * 1e9) + lc.io_ms * 1e-3
             workers = min(lc.workers, threads[i])  # never more workers than threads
             capacity = workers / svc
             scale = capacity if inst.load.unit == "utilization" else 1.0
-            services.append(
-                LcService(
-                    index=i,
-                    schedule=inst.load.schedule(rng, horizon),
-                    scale=scale,
-                    workers=workers,
-                    table=table_for(lc.service, lc.burst),
-                    base_s=lc.base_latency_ms * 1e-3,
-                    rng=np.random.default_rng(streams[1 + i]),
-                    capacity_rps=capacity,
-                )
+            service = LcService(
+                index=i,
+                schedule=inst.load.schedule(rng, horizon),
+                scale=scale,
+                workers=workers,
+                table=table_for(lc.service, lc.burst),
+                base_s=lc.base_latency_ms * 1e-3,
+                rng=np.random.default_rng(streams[1 + i]),
+                capacity_rps=capacity,
             )
-        self.lc.append(services)
+            services.append(service)
+            self._scale[b, i] = scale
+            self._base[b, i] = service.base_s
+            self._table_no[b, i] = self._table_index(service.table)
+            p = inst.load
+            if not service.schedule.piecewise:
+                self._diurnal[b, i] = True
+                self._dparams[:, b, i] = (p.level, p.amplitude, p.period_s, p.phase)
+        self.lc[b] = services
         phased = [i for i, s in enumerate(specs) if s.phases]
-        self._phased.append(phased)
-        self._period.append({i: sum(p.duration_s for p in specs[i].phases) for i in phased})
+        self._phased[b] = phased
+        self._period[b] = {i: sum(p.duration_s for p in specs[i].phases) for i in phased}
+        self._phased_mask[b, phased] = True
+        self._lc_index = None  # the flat list of services is rebuilt on next use
+
+    def _table_index(self, table: LatencyTable) -> int:
+        for k, t in enumerate(self._tables):
+            if t is table:
+                return k
+        self._tables.append(table)
+        return len(self._tables) - 1
+
+    def _services(self) -> tuple[np.ndarray, np.ndarray, list]:
+        """(node, workload) of every LC service in node order, and the Poisson draw of
+        each one's request stream."""
+        if self._lc_index is None:
+            pairs = [(b, s.index, s.rng) for b in range(self.B) for s in self.lc[b]]
+            self._lc_index = (
+                np.array([p[0] for p in pairs], dtype=np.int64),
+                np.array([p[1] for p in pairs], dtype=np.int64),
+                [p[2].poisson for p in pairs],  # bound once: a step calls each
+            )
+        return self._lc_index
 
     # ------------------------------------------------------------------ inputs
 
     def set_allocation(
-        self, b: int, masks: np.ndarray, nways: np.ndarray, delay: np.ndarray, cap: np.ndarray
+        self,
+        b,
+        masks: np.ndarray,
+        nways: np.ndarray,
+        delay: np.ndarray,
+        cap: np.ndarray,
+        moved=True,
     ) -> None:
-        """Node ``b``'s per-workload masks (n x W, 0/1), ways, MBA delay and bandwidth cap."""
-        n = len(self.specs[b])
-        self.masks[b, :n] = masks
-        self.nways[b, :n] = nways
-        self.delay[b, :n] = delay
-        self.cap[b, :n] = cap
-        self._alloc_version += 1
+        """Per-workload masks (workloads x W, 0/1), ways, MBA delay and bandwidth cap of node
+        ``b``, or of nodes ``b`` (an index array; arrays with a leading node axis). Nodes
+        with ``moved`` (a flag, or one per node) leave their settled operating point."""
+        if np.ndim(b) == 0:
+            rows = (b, slice(0, len(self.specs[b])))
+        else:
+            b = np.asarray(b)
+            rows = (b,)
+        self.masks[rows] = np.asarray(masks)[..., : self.model.W]
+        self.nways[rows] = nways
+        self.delay[rows] = delay
+        self.cap[rows] = cap
+        if np.ndim(b) == 0:
+            self._stale[b] = True
+            self._moved[b] |= bool(moved)
+        else:
+            self._stale[b] = True
+            self._moved[b] |= np.broadcast_to(moved, b.shape)
 
     def active(self, b: int, t: float) -> list[bool]:
         return [
@@ -159,13 +323,21 @@ class Engine:
         ]
 
     def phase(self, b: int, i: int, t: float) -> Phase:
+        return self._phase_at(b, i, t)[0]
+
+    def _phase_at(self, b: int, i: int, t: float) -> tuple[Phase, int, float, float]:
+        """(phase of workload ``i`` of node ``b`` at ``t``, its number, and an interval
+        [start, end) around ``t`` within that phase)."""
         phases = self.specs[b][i].phases
         x = (t - self.scenarios[b].workloads[i].start_s) % self._period[b][i]
-        for p in phases:
+        at = t - x
+        pad = 1e-9 * max(1.0, abs(t))  # kept a hair inside the phase's boundaries
+        for k, p in enumerate(phases):
             if x < p.duration_s:
-                return p
+                return p, k, at + pad, at + p.duration_s - pad
             x -= p.duration_s
-        return phases[-1]
+            at += p.duration_s
+        return phases[-1], len(phases) - 1, t, t  # rounding at the cycle's end: look again
 
     def load(self, b: int, i: int, t: float) -> float:
         """Offered load (req/s) of LC workload ``i`` of node ``b`` at ``t``."""
@@ -174,112 +346,252 @@ class Engine:
                 return s.schedule.level(t) * s.scale
         raise ValueError("not an LC service")
 
-    def inputs(
-        self,
-        t: np.ndarray,
-        lam_over: Sequence[Mapping[int, float]] | None = None,
-        alloc: tuple[np.ndarray, ...] | None = None,
-    ) -> Inputs:
-        """Model inputs at times ``t`` (one per node). Reused, object and all, while nothing
-        moved, so the step can recognise an unchanged operating point (``inp is prev``)."""
-        B, n = self.B, self.model.n
-        active, phases, lams = [], [], []
-        for b in range(B):
-            tb = float(t[b])
-            active.append(tuple(self.active(b, tb)))
-            phases.append(tuple(self.phase(b, i, tb) for i in self._phased[b]))
-            over = lam_over[b] if lam_over else {}
-            lams.append(
-                tuple(over.get(s.index, s.schedule.level(tb) * s.scale) for s in self.lc[b])
-            )
-        key = (self._alloc_version, tuple(active), tuple(phases), tuple(lams))
-        cacheable = lam_over is None and alloc is None
-        if cacheable and key == self._inp_key:
-            return self._inp
-        act = np.zeros((B, n))
-        apki_s, ws_s, cpi_s = np.ones((B, n)), np.ones((B, n)), np.ones((B, n))
-        lam = np.zeros((B, n))
-        for b in range(B):
-            k = len(self.specs[b])
-            act[b, :k] = active[b]
-            for i, p in zip(self._phased[b], phases[b], strict=True):
-                apki_s[b, i], ws_s[b, i], cpi_s[b, i] = p.apki, p.ws, p.cpi
-            for s, rate in zip(self.lc[b], lams[b], strict=True):
-                lam[b, s.index] = rate
-        # Oversubscribed cores are shared: every thread gets cores / threads of one.
-        total = (self.model.threads * act).sum(axis=1, keepdims=True)
-        cores_total = np.array([[p.cores] for p in self.presets], dtype=float)
-        share = np.minimum(1.0, cores_total / np.maximum(total, 1e-9))
-        masks, nways, delay, cap = alloc or (self.masks, self.nways, self.delay, self.cap)
-        inp = Inputs(
-            masks, nways, delay, cap, act, apki_s, ws_s, cpi_s, lam, self.model.threads * share
+    def _refresh(self, t: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        """Set the inputs of nodes ``rows`` (None: all) at their times ``t`` (one per
+        node); return which of them changed since their last step."""
+        sel = slice(None) if rows is None else rows
+        tt = t[sel][:, None]
+        act = ((self._start[sel] <= tt) & (tt < self._end[sel])).astype(float)
+        # Piecewise loads and phases: look up only where the current interval ran out.
+        out = (tt < self._lo[sel]) | (tt >= self._hi[sel])
+        out &= self._scale[sel] > 0
+        out &= ~self._diurnal[sel]
+        for r, i in zip(*np.nonzero(out), strict=True):
+            b = r if rows is None else rows[r]
+            sched = next(s.schedule for s in self.lc[b] if s.index == i)
+            self._level[b, i], self._lo[b, i], self._hi[b, i] = sched.segment(float(t[b]))
+        level = self._level[sel]
+        dn = self._diurnal[sel]
+        if dn.any():
+            d = self._dparams[:, sel]
+            level = np.where(dn, diurnal(d[0], d[1], d[2], d[3], tt), level)
+        lam = level * self._scale[sel]
+        ph = self._phased_mask[sel] & ((tt < self._ph_lo[sel]) | (tt >= self._ph_hi[sel]))
+        phase_changed = np.zeros(len(act), dtype=bool)
+        for r, i in zip(*np.nonzero(ph), strict=True):
+            b = r if rows is None else rows[r]
+            p, k, lo, hi = self._phase_at(b, i, float(t[b]))
+            self._ph_lo[b, i], self._ph_hi[b, i] = lo, hi
+            if k != self._phase_no[b, i] or self._stale[b]:
+                self._phase_no[b, i] = k
+                self.mult[b, i] = (p.apki, p.ws, p.cpi)
+                phase_changed[r] = True
+        changed = (
+            (act != self.act[sel]).any(axis=1)
+            | (lam != self.lam[sel]).any(axis=1)
+            | phase_changed
+            | self._moved[sel]
         )
-        if cacheable:
-            prev = self._inp
-            if prev is not None and self._inp_key[:3] == key[:3]:
-                # Only the load moved: what depends on masks and phases carries over.
-                inp.hold_cap, inp.unmask = prev.hold_cap, prev.unmask
-                inp.ins_per_miss = prev.ins_per_miss
-            self._inp, self._inp_key = inp, key
-        return inp
+        self.act[sel] = act
+        self.lam[sel] = lam
+        if rows is None:
+            self._stale |= phase_changed
+        else:
+            self._stale[rows[phase_changed]] = True
+        # Oversubscribed cores are shared: every thread gets cores / threads of one.
+        threads = self.model.threads[sel]
+        total = (threads * act).sum(axis=1, keepdims=True)
+        share = np.minimum(1.0, self._cores_total[sel] / np.maximum(total, 1e-9))
+        self.cores[sel] = threads * share
+        return changed
+
+    def _inputs(self, rows: np.ndarray | None) -> Inputs:
+        """Model inputs of nodes ``rows`` (None: all) as set by the latest refresh, with the
+        allocation-dependent parts (recomputed where the allocation or a phase moved)."""
+        stale = self._stale if rows is None else self._stale[rows]
+        if stale.any():
+            at = np.flatnonzero(self._stale) if rows is None else rows[stale]
+            m = self.model.take(at)
+            ws = self.mult[at, :, 1]
+            self._hold_cap[at] = m.hold_cap(self.nways[at], ws)
+            self._unmask[at] = (1.0 - self.masks[at]) * m.non_inclusive[:, None, None]
+            self._ins[at] = self.masks[at] * (64.0 / self.nways[at])[..., None]
+            self._stale[at] = False
+        sel = slice(None) if rows is None else rows
+        mult = self.mult[sel]
+        return Inputs(
+            self.masks[sel],
+            self.nways[sel],
+            self.delay[sel],
+            self.cap[sel],
+            self.act[sel],
+            mult[..., 0],
+            mult[..., 1],
+            mult[..., 2],
+            self.lam[sel],
+            self.cores[sel],
+            hold_cap=self._hold_cap[sel],
+            unmask=self._unmask[sel],
+            ins_per_miss=self._ins[sel],
+        )
+
+    def inputs(self, t: np.ndarray | None = None, rows: np.ndarray | None = None) -> Inputs:
+        """Model inputs of nodes ``rows`` (None: all) at times ``t`` (default: now)."""
+        self._refresh(self.t if t is None else np.asarray(t, dtype=float), rows)
+        return self._inputs(rows)
+
+    def warm(self, rows: Sequence[int] | None = None) -> None:
+        """Start nodes ``rows`` (None: all) warm: caches hold the steady state of their
+        inputs now (noise-free), as a machine that has run this mix for a while."""
+        idx = None if rows is None else np.asarray(rows, dtype=np.int64)
+        inp = self.inputs(rows=idx)
+        model = self.model if idx is None else self.model.take(idx)
+        occ, _, dyn = model.steady(inp)
+        if idx is None:
+            self.occ, self.dyn = occ, dyn
+            self._settled[:] = False
+        else:
+            self.occ[idx] = occ
+            self.dyn.u[idx], self.dyn.rho[idx], self.dyn.eta[idx] = dyn.u, dyn.rho, dyn.eta
+            self._settled[idx] = False
 
     # ------------------------------------------------------------------ time
 
-    def step(self, dt: float) -> None:
-        """Advance every node by ``dt`` seconds (one model step)."""
-        inp = self.inputs(self.t + 0.5 * dt)
-        if self._settled and inp is self._inp_prev:
-            # Nothing moved and occupancy has converged: the operating point holds.
-            sol = self._sol
-        else:
-            sol = self.model.solve(inp, self.occ, self.dyn)
-            new, eta = self.model.advance(self.occ, inp, sol, self.dyn, dt)
+    def step(self, dt: float, rows: np.ndarray | None = None) -> None:
+        """Advance nodes ``rows`` (None: every node) by ``dt`` seconds (one model step)."""
+        sel = slice(None) if rows is None else rows
+        changed = self._refresh(self.t + 0.5 * dt, rows)
+        moving = changed | ~self._settled[sel]
+        if moving.any():
+            mv = np.flatnonzero(moving) if rows is None else rows[moving]
+            every = rows is None and len(mv) == self.B
+            at = None if every else mv
+            model = self.model if every else self.model.take(mv)
+            inp = self._inputs(at)
+            occ = self.occ if every else self.occ[mv]
+            dyn = self.dyn if every else self.dyn.take(mv)
+            sol = model.solve(inp, occ, dyn)
+            new, eta = model.advance(occ, inp, sol, dyn, dt)
             # Settled when no way moved by a hundred-thousandth of its cache: below that,
             # the step-to-step changes are the solver's tolerance, not the workloads.
-            self._settled = float(np.abs(new - self.occ).max(initial=0.0)) < self._settle_bytes
-            self.occ = new
-            self.dyn = Dynamics(sol.utilization, sol.rho, eta)
-            self._sol = sol
-            self._inp_prev = inp
-            self._rates = None
-        if self._rates is None:
-            hz = self.model.hz
-            self._rates = np.stack(
-                [sol.ips, sol.busy * hz, sol.access_rate, sol.miss_rate, sol.mem_bw], axis=-1
+            settled = np.abs(new - occ).max(axis=(1, 2)) < self._settle_bytes[mv]
+            rates = np.stack(
+                [sol.ips, sol.busy * model.hz, sol.access_rate, sol.miss_rate, sol.mem_bw], axis=-1
             )
-        self.acc += self._rates * dt
-        for b in range(self.B):
+            if every:
+                self.occ = new
+                self.dyn = Dynamics(sol.utilization, sol.rho, eta)
+                self._rates, self._service, self._rho = rates, sol.service_s, sol.rho
+                self._settled = settled
+            else:
+                self.occ[mv] = new
+                self.dyn.u[mv], self.dyn.rho[mv], self.dyn.eta[mv] = sol.utilization, sol.rho, eta
+                self._rates[mv], self._service[mv], self._rho[mv] = rates, sol.service_s, sol.rho
+                self._settled[mv] = settled
+            self._moved[mv] = False
+        self.acc[sel] += self._rates[sel] * dt
+        self._account(dt, rows)
+        self.t[sel] += dt
+
+    def _account(self, dt: float, rows: np.ndarray | None) -> None:
+        """One step of every LC service of nodes ``rows``: backlog, requests (drawn from
+        the service's stream), and the step's record."""
+        sb, si, draws = self._services()
+        if rows is not None:
+            keep = np.isin(sb, rows)
+            sb, si = sb[keep], si[keep]
+            draws = [d for d, k in zip(draws, keep.tolist(), strict=True) if k]
+        if not len(sb):
+            return
+        rate = self.lam[sb, si] * self.act[sb, si] * dt
+        rho = self._rho[sb, si]
+        end, mean = fluid_backlog(self.backlog[sb, si], rho, dt)
+        self.backlog[sb, si] = np.minimum(end, BACKLOG_CAP_S)
+        req = np.array(
+            [d(x) if x > 0 else 0 for d, x in zip(draws, rate.tolist(), strict=True)],
+            dtype=np.int64,
+        )
+        self.count[sb, si] += req
+        got = req > 0
+        if not got.any():
+            return
+        sb, si, req = sb[got], si[got], req[got]
+        rec = np.stack([req.astype(float), mean[got], self._service[sb, si], rho[got]], axis=-1)
+        k = self.nparts[sb, si]
+        last = self.parts[sb, si, np.maximum(k - 1, 0)]
+        same = (k > 0) & (last[:, 1:] == rec[:, 1:]).all(axis=1)
+        if same.any():
+            self.parts[sb[same], si[same], k[same] - 1, 0] += rec[same, 0]
+        new = ~same
+        if new.any():
+            if k[new].max() >= self.parts.shape[2]:
+                grown = np.zeros((*self.parts.shape[:2], 2 * self.parts.shape[2], 4))
+                grown[:, :, : self.parts.shape[2]] = self.parts
+                self.parts = grown
+            self.parts[sb[new], si[new], k[new]] = rec[new]
+            self.nparts[sb[new], si[new]] += 1
+
+    def latency(
+        self, groups: Sequence[tuple[int, Sequence[int]]], noisy: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(requests (G,), p50/p95/p99/p99.9 (G, 4) in seconds) of each group ``(node,
+        LC workload indices)`` since its services' last read, as a monitor would report
+        them; NaN without requests. A group's sampling error is drawn from the stream of
+        its first member service (in the node's service order)."""
+        return self.latency_of(*self.monitored(groups), noisy=noisy)
+
+    def monitored(self, groups: Sequence[tuple[int, Sequence[int]]]) -> LatencyGroups:
+        """The member services of each group ``(node, LC workload indices)``."""
+        mb: list[int] = []
+        mi: list[int] = []
+        owner: list[int] = []
+        rngs: list[np.random.Generator | None] = []
+        for g, (b, members) in enumerate(groups):
+            first = None
             for s in self.lc[b]:
-                i = s.index
-                rate = float(inp.lam[b, i] * inp.active[b, i])
-                rho = float(sol.rho[b, i])
-                end, mean = fluid_backlog(s.backlog, rho, dt)
-                s.backlog = min(end, BACKLOG_CAP_S)
-                requests = int(s.rng.poisson(rate * dt)) if rate > 0 else 0
-                s.record(requests, mean, float(sol.service_s[b, i]), rho)
-        self.t += dt
+                if s.index in members:
+                    mb.append(b)
+                    mi.append(s.index)
+                    owner.append(g)
+                    first = first or s.rng
+            rngs.append(first)
+        return LatencyGroups(
+            np.array(mb, dtype=np.int64),
+            np.array(mi, dtype=np.int64),
+            np.array(owner, dtype=np.int64),
+            rngs,
+        )
 
-    _inp_prev: Inputs | None = None
+    def latency_of(
+        self,
+        mb: np.ndarray,
+        mi: np.ndarray,
+        owner: np.ndarray,
+        rngs: list[np.random.Generator | None],
+        noisy: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`latency` of groups given as :class:`LatencyGroups` (member services in
+        group order: node ``mb``, workload ``mi``, group ``owner``; each group's stream)."""
+        G = len(rngs)
+        if not len(mb):
+            return np.zeros(G, dtype=np.int64), np.full((G, 4), np.nan)
+        counts = np.bincount(owner, weights=self.count[mb, mi], minlength=G).astype(np.int64)
+        k = self.nparts[mb, mi]
+        parts = np.bincount(owner, weights=k, minlength=G).astype(np.int64)
+        total = int(k.sum())
+        rec = np.zeros((0, 4))
+        qf = np.zeros((0, len(self._tables[0].q[0]) if self._tables else 0))
+        base = np.zeros(0)
+        if total:
+            svc = np.repeat(np.arange(len(mb)), k)
+            j = np.arange(total) - np.repeat(np.cumsum(k) - k, k)
+            pb, pi = mb[svc], mi[svc]
+            rec = self.parts[pb, pi, j]
+            base = self._base[pb, pi]
+            tno = self._table_no[pb, pi]
+            qf = np.empty((total, self._tables[0].q.shape[1]))
+            for t in np.unique(tno):
+                at = tno == t
+                qf[at] = self._tables[t].quantiles(rec[at, 3])
+        draw = rngs if noisy else [None] * G
+        p = observed_many(draw, counts, parts, rec[:, 0], base + rec[:, 1], rec[:, 2], qf)
+        return counts, p
 
-    def latency(self, b: int, members: Sequence[int], noisy: bool = True) -> tuple[int, np.ndarray]:
-        """(requests, p50/p95/p99/p99.9 in seconds) of node ``b``'s LC workloads ``members``
-        since their last read, as a monitor would report them; NaN without requests."""
-        services = [s for s in self.lc[b] if s.index in members]
-        count = sum(s.count for s in services)
-        parts = [(s, p) for s in services for p in s.parts]
-        if not parts:
-            return count, np.full(4, math.nan)
-        weights = np.array([p[0] for _, p in parts])
-        shifts = np.array([s.base_s + p[1] for s, p in parts])
-        scales = np.array([p[2] for _, p in parts])
-        qfuncs = np.stack([s.table.quantiles(p[3]) for s, p in parts])
-        rng = services[0].rng if noisy else None
-        return count, observed(rng, int(weights.sum()), weights, shifts, scales, qfuncs)
-
-    def clear_latency(self, b: int) -> None:
-        for s in self.lc[b]:
-            s.count = 0
-            s.parts = []
+    def clear_latency(self, rows) -> None:
+        """Forget the requests of nodes ``rows`` (a node or an index array) since the last
+        read."""
+        self.count[rows] = 0
+        self.nparts[rows] = 0
 
     def steady(
         self, b: int, alloc: tuple[np.ndarray, ...], lam: Mapping[int, float]
@@ -300,12 +612,20 @@ class _Single:
         if engine.B == 1:
             self.model = engine.model
         else:
-            self.model = Model([engine.presets[b]], [engine.specs[b]], [engine.threads[b]])
+            self.model = engine.model.take(np.array([b]))
 
     def inputs(self, alloc: tuple[np.ndarray, ...], lam: Mapping[int, float]) -> Inputs:
         e, b = self.engine, self.b
         n = self.model.n
         masks, nways, delay, cap = (np.asarray(x)[None, :n] for x in alloc)
+        if masks.shape[1] < n:  # a node's own arrays: pad to the engine's workloads
+            grow = n - masks.shape[1]
+            masks = np.pad(masks, ((0, 0), (0, grow), (0, 0)))
+            nways = np.pad(nways, ((0, 0), (0, grow)), constant_values=1.0)
+            delay = np.pad(delay, ((0, 0), (0, grow)))
+            cap = np.pad(cap, ((0, 0), (0, grow)), constant_values=np.inf)
+        if masks.shape[2] < self.model.W:
+            masks = np.pad(masks, ((0, 0), (0, 0), (0, self.model.W - masks.shape[2])))
         t = float(e.t[b])
         act = np.zeros((1, n))
         act[0, : len(e.specs[b])] = e.active(b, t)

@@ -200,15 +200,20 @@ def catalog_shapes(catalog=None) -> dict[str, tuple[ServiceDist, float]]:
 # --------------------------------------------------------------------------- per interval
 
 
-def fluid_backlog(backlog: float, rho: float, dt: float) -> tuple[float, float]:
+def fluid_backlog(backlog, rho, dt: float):
     """(backlog at the end of ``dt``, its mean over ``dt``): grows at ``rho - 1`` (work
-    seconds per second) while overloaded, drains at ``1 - rho`` otherwise, never below 0."""
+    seconds per second) while overloaded, drains at ``1 - rho`` otherwise, never below 0.
+    Floats or arrays (one entry per service)."""
+    backlog = np.asarray(backlog, dtype=float)
+    rho = np.asarray(rho, dtype=float)
     end = backlog + (rho - 1.0) * dt
-    if end >= 0.0:
-        return end, 0.5 * (backlog + end)
+    full = end >= 0.0
     # Drained within the step: the mean counts the part before it hit 0.
-    t0 = backlog / (1.0 - rho)
-    return 0.0, 0.5 * backlog * t0 / dt
+    t0 = backlog / np.where(full, 1.0, 1.0 - rho)
+    mean = np.where(full, 0.5 * (backlog + end), 0.5 * backlog * t0 / dt)
+    if end.ndim == 0:
+        return float(end) if full else 0.0, float(mean)
+    return np.where(full, end, 0.0), mean
 
 
 def pooled_quantiles(
@@ -223,20 +228,140 @@ def pooled_quantiles(
     Component c has weight ``weights[c]`` and latency ``shifts[c] + scales[c] * X_c`` where
     X_c's quantile function on P_GRID is ``qfuncs[c]``. Each component's CDF is evaluated
     on the union of all components' quantile points; the mixture's CDF there is inverted.
+    One mixture of :func:`pooled_quantiles_many`.
     """
-    if len(weights) == 1:
-        return shifts[0] + scales[0] * np.interp(probs, P_GRID, qfuncs[0])
-    pts = (shifts[:, None] + scales[:, None] * qfuncs).ravel()
-    pts.sort()
-    w = weights / weights.sum()
-    cdf = np.zeros_like(pts)
-    for c in range(len(w)):
-        x = (pts - shifts[c]) / scales[c]
-        cdf += w[c] * np.interp(x, qfuncs[c], P_GRID, left=0.0, right=1.0)
-    return np.interp(probs, cdf, pts)
+    n = np.array([len(weights)])
+    return pooled_quantiles_many(n, weights, shifts, scales, qfuncs, probs)[0]
+
+
+def pooled_quantiles_many(
+    parts: np.ndarray,
+    weights: np.ndarray,
+    shifts: np.ndarray,
+    scales: np.ndarray,
+    qfuncs: np.ndarray,
+    probs: np.ndarray,
+) -> np.ndarray:
+    """:func:`pooled_quantiles` of many mixtures at once -> (mixtures, len(probs)).
+
+    Mixture ``g`` has ``parts[g]`` components (at least one); ``weights``, ``shifts``,
+    ``scales`` (T,) and ``qfuncs`` (T, len(P_GRID)) list the components of mixture 0, then
+    those of mixture 1, and so on (T = ``parts.sum()``). Mixtures with the same number of
+    components are computed together.
+    """
+    parts = np.asarray(parts, dtype=np.int64)
+    probs = np.asarray(probs, dtype=float)
+    out = np.empty((len(parts), len(probs)))
+    first = np.concatenate([[0], np.cumsum(parts)[:-1]])
+    for c in np.unique(parts):
+        rows = np.flatnonzero(parts == c)
+        idx = first[rows][:, None] + np.arange(c)  # (R, c)
+        s, a, q = shifts[idx], scales[idx], qfuncs[idx]
+        if c == 1:
+            out[rows] = s + a * _interp_shared(probs, P_GRID, q[:, 0])
+        else:
+            out[rows] = _mixture(weights[idx], s, a, q, probs)
+    return out
+
+
+def _interp_shared(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """``np.interp(x, xp, fp[r])`` for every row ``r`` of ``fp`` (the same formula)."""
+    j = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, len(xp) - 2)
+    lo, hi = fp[:, j], fp[:, j + 1]
+    out = (hi - lo) / (xp[j + 1] - xp[j]) * (x - xp[j]) + lo
+    out = np.where(x == xp[j], lo, out)
+    out = np.where(x >= xp[-1], fp[:, -1:], out)
+    return np.where(x < xp[0], fp[:, :1], out)
+
+
+def _mixture(
+    w: np.ndarray, s: np.ndarray, a: np.ndarray, q: np.ndarray, probs: np.ndarray
+) -> np.ndarray:
+    """Quantiles of R mixtures of c components each (arrays (R, c) and q (R, c, K)).
+
+    Every component's CDF is piecewise linear between its quantile points (0 below the
+    first, 1 beyond the last, as ``np.interp(..., left=0, right=1)``), so the mixture's CDF
+    is linear between consecutive points of the union. Walking the union in order, each
+    point changes one component's slope (or adds a step), so the mixture's slope is a
+    running sum and its CDF a running sum of slope x gap: O(c K) per mixture where
+    evaluating every component at every union point is O(c^2 K).
+    """
+    R, c, K = q.shape
+    n = c * K
+    knots = s[:, :, None] + a[:, :, None] * q  # the union points, as pooled_quantiles has them
+    x0 = knots.min(axis=(1, 2))
+    rel = knots - x0[:, None, None]  # >= 0, and a local origin keeps the running sums small
+    w = w / w.sum(axis=1, keepdims=True)
+    wk = w[..., None]
+    width = rel[..., 1:] - rel[..., :-1]
+    # A piece far narrower than its component (tied table entries) is a step: its slope
+    # would be rounding noise times a huge number.
+    steep = width > 1e-9 * (rel[..., -1:] - rel[..., :1] + a[..., None])
+    slope = np.where(steep, _DP / np.where(steep, width, 1.0), 0.0)
+    # Per point: the slope it starts minus the one it ends, the step it adds (kept beyond
+    # it), and a correction at the point alone.
+    d_slope = np.zeros((R, c, K))
+    d_slope[..., :-1] = slope
+    d_slope[..., 1:] -= slope
+    d_slope *= wk
+    step = np.empty((R, c, K))
+    step[..., 0] = P_GRID[0]
+    step[..., 1:] = np.where(steep, 0.0, _DP)
+    step[..., -1] += 1.0 - P_GRID[-1]  # beyond the last point: 1
+    step *= wk
+    # np.interp at a component's own first and last point, recomputed as (point - shift)
+    # / scale, may land just outside its range: 0 or 1 there, as pooled_quantiles had it.
+    point = np.zeros((R, c, K))
+    own = (knots[..., [0, -1]] - s[..., None]) / a[..., None]
+    point[..., 0] = np.where(own[..., 0] < q[..., 0], -P_GRID[0], 0.0) * w
+    point[..., -1] = (np.where(own[..., 1] > q[..., -1], 1.0, P_GRID[-1]) - 1.0) * w
+    # Sort the union: the point's index in the low bits of its (non-negative) value's bits.
+    flat = rel.reshape(R, n)
+    low = (1 << max(1, (n - 1).bit_length())) - 1
+    keys = (flat.view(np.int64) & ~low) | np.arange(n)
+    keys.sort(axis=1)
+    at = ((keys & low) + np.arange(0, R * n, n)[:, None]).ravel()
+    pos = flat.ravel()[at].reshape(R, n)
+    slopes = np.cumsum(d_slope.ravel()[at].reshape(R, n), axis=1)
+    lin = np.zeros((R, n))
+    np.cumsum(slopes[:, :-1] * (pos[:, 1:] - pos[:, :-1]), axis=1, out=lin[:, 1:])
+    cdf = np.cumsum(step.ravel()[at].reshape(R, n), axis=1)
+    cdf += lin
+    cdf += point.ravel()[at].reshape(R, n)
+    np.maximum.accumulate(cdf, axis=1, out=cdf)
+    x = _interp_rows(np.broadcast_to(probs, (R, len(probs))), cdf, pos)
+    return x + x0[:, None]
+
+
+_DP = np.diff(P_GRID)
+
+
+def _interp_rows(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """``np.interp(x[r], xp[r], fp[r])`` for every row (the same formula and ends), for
+    ``xp`` rows in [0, 1] (a CDF): one search over fixed-point keys, rows kept apart."""
+    R, n = xp.shape
+    scale = float(1 << 40)
+    base = np.arange(R, dtype=np.int64)[:, None] << 42
+    keys = (np.rint(xp * scale).astype(np.int64) + base).ravel()
+    at = np.rint(np.clip(x, -1.0, 2.0) * scale).astype(np.int64) + base
+    j = np.searchsorted(keys, at.ravel(), side="right").reshape(x.shape) - 1 - base // (1 << 42) * n
+    jc = np.clip(j, 0, n - 2)
+    x0, x1 = np.take_along_axis(xp, jc, 1), np.take_along_axis(xp, jc + 1, 1)
+    f0, f1 = np.take_along_axis(fp, jc, 1), np.take_along_axis(fp, jc + 1, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = (f1 - f0) / (x1 - x0)
+        out = slope * (x - x0) + f0
+        out = np.where(np.isnan(out), slope * (x - x1) + f1, out)
+    out = np.where(x == x0, f0, out)
+    out = np.where(j >= n - 1, fp[:, -1:], out)
+    return np.where(j < 0, fp[:, :1], out)
 
 
 _DELTA = 0.004  # probability step for the density at a quantile (sampling error below)
+_PROBS = np.array(STANDARD) / 100.0
+_LO = np.maximum(_PROBS - _DELTA, P_GRID[0])
+_HI = np.minimum(_PROBS + _DELTA, P_GRID[-1])
+_ALL = np.concatenate([_PROBS, _LO, _HI])
 
 
 def observed(
@@ -250,19 +375,60 @@ def observed(
     """p50/p95/p99/p99.9 (seconds) a monitor would report from ``count`` requests drawn
     from the pooled distribution: the true quantiles plus an order statistic's sampling
     error (standard deviation ``sqrt(p (1 - p) / n) / f(x_p)``), sorted so they stay
-    monotone. ``rng=None`` gives the true quantiles."""
-    probs = np.array(STANDARD) / 100.0
-    if rng is None or count <= 0:
-        return pooled_quantiles(weights, shifts, scales, qfuncs, probs)
-    lo = np.maximum(probs - _DELTA, P_GRID[0])
-    hi = np.minimum(probs + _DELTA, P_GRID[-1])
-    both = pooled_quantiles(weights, shifts, scales, qfuncs, np.concatenate([probs, lo, hi]))
-    x, xlo, xhi = both[:4], both[4:8], both[8:]
-    slope = (xhi - xlo) / (hi - lo)  # dx/dp = 1 / density
-    sd = np.sqrt(probs * (1.0 - probs) / count) * slope
-    # One sample gives all four: their errors are correlated.
-    z = 0.8 * rng.standard_normal() + 0.6 * rng.standard_normal(4)
-    return np.sort(np.maximum(x + sd * z, 0.0))
+    monotone. ``rng=None`` gives the true quantiles. One mixture of :func:`observed_many`."""
+    parts = np.array([len(weights)])
+    return observed_many([rng], np.array([count]), parts, weights, shifts, scales, qfuncs)[0]
+
+
+def observed_many(
+    rngs: list[np.random.Generator | None],
+    counts: np.ndarray,
+    parts: np.ndarray,
+    weights: np.ndarray,
+    shifts: np.ndarray,
+    scales: np.ndarray,
+    qfuncs: np.ndarray,
+) -> np.ndarray:
+    """:func:`observed` for many monitored groups -> (groups, 4): group ``g`` has
+    ``counts[g]`` requests pooled from ``parts[g]`` components (listed as in
+    :func:`pooled_quantiles_many`; a group without components reads NaN) and draws its
+    sampling error from ``rngs[g]`` (two normal draws of one sample, in group order)."""
+    counts = np.asarray(counts)
+    parts = np.asarray(parts)
+    out = np.full((len(parts), 4), np.nan)
+    some = parts > 0
+    if not some.any():
+        return out
+    noisy = np.array([r is not None for r in rngs]) & (counts > 0) & some
+    rows = np.flatnonzero(some)
+    both = np.empty((len(rows), 12))
+    plain = ~noisy[rows]
+    # Components of each group with parts, in group order (groups without are skipped).
+    if plain.any() and noisy[rows].any():
+        first = np.concatenate([[0], np.cumsum(parts)[:-1]])
+        sel_p = np.concatenate([first[g] + np.arange(parts[g]) for g in rows[plain]])
+        sel_n = np.concatenate([first[g] + np.arange(parts[g]) for g in rows[~plain]])
+        pick = (weights, shifts, scales, qfuncs)
+        both[plain, :4] = pooled_quantiles_many(
+            parts[rows[plain]], *(x[sel_p] for x in pick), _PROBS
+        )
+        both[~plain] = pooled_quantiles_many(parts[rows[~plain]], *(x[sel_n] for x in pick), _ALL)
+    elif plain.any():
+        both[:, :4] = pooled_quantiles_many(parts[rows], weights, shifts, scales, qfuncs, _PROBS)
+    else:
+        both[:] = pooled_quantiles_many(parts[rows], weights, shifts, scales, qfuncs, _ALL)
+    x = both[:, :4]
+    res = x.copy()
+    if (~plain).any():
+        k = ~plain
+        slope = (both[k, 8:] - both[k, 4:8]) / (_HI - _LO)  # dx/dp = 1 / density
+        sd = np.sqrt(_PROBS * (1.0 - _PROBS) / counts[rows[k]][:, None]) * slope
+        # One sample gives all four: their errors are correlated.
+        z = np.array([rngs[g].standard_normal(5) for g in rows[k]])
+        z = 0.8 * z[:, :1] + 0.6 * z[:, 1:]
+        res[k] = np.sort(np.maximum(x[k] + sd * z, 0.0), axis=1)
+    out[rows] = res
+    return out
 
 
 if __name__ == "__main__" and "--write" in sys.argv:

@@ -57,6 +57,18 @@ class Inputs:
     ins_per_miss: np.ndarray | None = None  # bytes inserted per (miss, way) (lazily)
     cpu_fixed: tuple | None = None  # the CPI model's parts that do not depend on misses
 
+    def take(self, idx: np.ndarray) -> Inputs:
+        """The inputs of nodes ``idx`` (lazily computed parts included)."""
+        return Inputs(
+            *(getattr(self, f)[idx] for f in _INPUT_ARRAYS),
+            hold_cap=_rows(self.hold_cap, idx),
+            unmask=_rows(self.unmask, idx),
+            ins_per_miss=_rows(self.ins_per_miss, idx),
+            cpu_fixed=None
+            if self.cpu_fixed is None
+            else tuple(_rows(x, idx) for x in self.cpu_fixed),
+        )
+
 
 @dataclass
 class Solution:
@@ -75,6 +87,14 @@ class Solution:
     latency_ns: np.ndarray  # (nodes,) memory latency
     utilization: np.ndarray  # (nodes,) memory bandwidth utilisation of the peak
 
+    def take(self, idx: np.ndarray) -> Solution:
+        return Solution(*(x[idx] for x in self.__dict__.values()))
+
+    def put(self, idx: np.ndarray, sub: Solution) -> None:
+        """Write ``sub``'s nodes into rows ``idx``."""
+        for k, v in self.__dict__.items():
+            v[idx] = getattr(sub, k)
+
 
 @dataclass
 class Dynamics:
@@ -83,6 +103,9 @@ class Dynamics:
     u: np.ndarray  # (nodes,) memory utilisation (the fixed point's warm start)
     rho: np.ndarray  # (nodes, workloads) LC utilisation of the last step
     eta: np.ndarray  # (nodes, workloads) rate (1/s) at which others evict a line it holds
+
+    def take(self, idx: np.ndarray) -> Dynamics:
+        return Dynamics(self.u[idx], self.rho[idx], self.eta[idx])
 
 
 @dataclass
@@ -108,6 +131,31 @@ class _Cpu:
         return np.minimum(self.k_cpu / spent, self.demand), cpi
 
 
+_INPUT_ARRAYS = (
+    "masks",
+    "nways",
+    "delay_ns",
+    "bw_cap",
+    "active",
+    "apki_s",
+    "ws_s",
+    "cpi_s",
+    "lam",
+    "cores",
+)
+
+
+def _rows(x, idx):
+    return None if x is None else x[idx]
+
+
+def _worth_dropping(live: np.ndarray) -> bool:
+    """Whether to gather the nodes still iterating into smaller arrays: when at most half
+    remain, and not for a handful of rows, where a step costs no more than the gather."""
+    n = len(live)
+    return n > 8 and 2 * int(live.sum()) <= n
+
+
 def _pad(rows: Sequence[Sequence[float]], n: int, fill: float) -> np.ndarray:
     return np.array([list(r) + [fill] * (n - len(r)) for r in rows], dtype=float)
 
@@ -120,6 +168,9 @@ class Model:
         presets: the machine of each node.
         specs: each node's workload instances (their catalog entries).
         threads: each instance's threads (= pids = cores used).
+        n, W, knees: pad to this many workloads, ways and MRC knees (default: the most
+            any node has), so that nodes can later be replaced (:meth:`put`) by others
+            of the same sizes.
     """
 
     def __init__(
@@ -127,14 +178,25 @@ class Model:
         presets: Sequence[MachinePreset],
         specs: Sequence[Sequence[WorkloadSpec]],
         threads: Sequence[Sequence[int]],
+        *,
+        n: int | None = None,
+        W: int | None = None,
+        knees: int | None = None,
     ) -> None:
         if not (len(presets) == len(specs) == len(threads)) or not presets:
             raise ValueError("one preset, workload list and thread list per node")
         self.presets = list(presets)
         self.specs = [list(s) for s in specs]
         self.B = len(presets)
-        self.n = max([len(s) for s in specs] + [1])
-        self.W = max(p.ways for p in presets)
+        most = max([len(s) for s in specs] + [1])
+        widest = max(p.ways for p in presets)
+        if (n is not None and n < most) or (W is not None and widest > W):
+            raise ValueError(
+                f"padding to {n} workloads and {W} ways is less than a node has "
+                f"({most} workloads, {widest} ways)"
+            )
+        self.n = n or most
+        self.W = W or widest
         n, W = self.n, self.W
         col = lambda f: np.array([f(p) for p in presets], dtype=float)[:, None]  # noqa: E731
         self.ways = col(lambda p: p.ways)
@@ -161,7 +223,11 @@ class Model:
         self.fp = per(lambda s: s.footprint_bytes, LINE)
         self.floor = per(lambda s: s.mrc_floor)
         self.span = per(lambda s: s.mrc_ceil - s.mrc_floor)
-        k = max(len(s.knees) for row in self.specs for s in row) if any(self.specs) else 1
+        k = max([len(s.knees) for row in self.specs for s in row] + [1])
+        if knees is not None:
+            if knees < k:
+                raise ValueError(f"padding to {knees} knees; a workload has {k}")
+            k = knees
         self.kw = np.zeros((self.B, n, k))
         self.kr = np.full((self.B, n, k), 0.5)  # knee position as a fraction of the footprint
         self.ks = np.ones((self.B, n, k))
@@ -181,6 +247,43 @@ class Model:
         self.dma = per(lambda s: s.lc.io_bytes / s.lc.instructions_per_request if s.lc else 0.0)
         workers = per(lambda s: s.lc.workers if s.lc else 1.0, 1.0)
         self.workers = np.where(self.is_lc, np.minimum(workers, self.threads), 1.0)
+        # Every parameter above is an array over nodes: take() and put() move their rows.
+        self._node_arrays = tuple(k for k, v in vars(self).items() if isinstance(v, np.ndarray))
+
+    # ------------------------------------------------------------------ nodes
+
+    @property
+    def knees(self) -> int:
+        return self.kw.shape[-1]
+
+    def take(self, idx: np.ndarray) -> Model:
+        """The model of nodes ``idx`` alone (same padding). Every equation is per node, so
+        a node's results do not depend on which other nodes share its batch. Parameter
+        rows are gathered when first used (a step uses a third of them)."""
+        idx = np.asarray(idx)
+        root = self.__dict__.get("_root", self)
+        if root is not self:
+            idx = self._rows_of[idx]
+        sub = object.__new__(_Rows)
+        sub.__dict__.update({k: v for k, v in vars(root).items() if k not in root._node_arrays})
+        sub._root, sub._rows_of = root, idx
+        sub.presets = [root.presets[i] for i in idx]
+        sub.specs = [root.specs[i] for i in idx]
+        sub.B = len(idx)
+        return sub
+
+    def put(self, idx: Sequence[int], other: Model) -> None:
+        """Replace nodes ``idx`` by ``other``'s nodes (built with the same padding)."""
+        if (other.n, other.W, other.knees) != (self.n, self.W, self.knees):
+            raise ValueError(
+                f"model padded to {(other.n, other.W, other.knees)} workloads, ways and knees; "
+                f"this one to {(self.n, self.W, self.knees)}"
+            )
+        for k in self._node_arrays:
+            getattr(self, k)[idx] = getattr(other, k)
+        for j, i in enumerate(idx):
+            self.presets[i] = other.presets[j]
+            self.specs[i] = other.specs[j]
 
     # ------------------------------------------------------------------ pieces
 
@@ -307,27 +410,31 @@ class Model:
         occ: np.ndarray,
         inp: Inputs,
         miss_rate: np.ndarray,
-        dt: float,
+        dt: float | np.ndarray,
         hit_rate: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(occupancy after ``dt`` s with constant insertion, each line's eviction rate by
         others). Free space fills first, then each inserted line evicts a line of the way
-        chosen in proportion to occupancy.
+        chosen in proportion to occupancy. ``dt`` is one step for every node or (nodes, 1).
 
         On a non-inclusive LLC (``hit_rate`` given), a line hit outside the workload's
         mask moves to its L2 and re-enters the LLC on L2 eviction through the current
         mask: out-of-mask lines migrate into the mask at their hit rate.
         """
         wb = self.way_bytes[:, :, None]  # (B, 1, 1)
+        dt_w = dt if np.ndim(dt) == 0 else dt[..., None]  # against (B, ., W) arrays
         if inp.hold_cap is None:
             inp.hold_cap = self.hold_cap(inp.nways, inp.ws_s)
         if hit_rate is not None and self.non_inclusive.any():
             if inp.unmask is None:
                 inp.unmask = (1.0 - inp.masks) * self.non_inclusive[:, None, None]
             outside = occ * inp.unmask
-            if outside.max(initial=0.0) > LINE:
+            most = outside.max(axis=(1, 2))
+            if most.max(initial=0.0) > LINE:
                 lines = np.maximum(occ.sum(axis=-1), LINE) / LINE
                 moved = outside * (1.0 - np.exp(-(hit_rate / lines) * dt))[..., None]
+                if most.min() <= LINE:  # per node: as the node would alone
+                    moved = moved * (most > LINE)[:, None, None]
                 occ = occ - moved
                 miss_rate = miss_rate + moved.sum(axis=-1) / (LINE * dt)
         if inp.ins_per_miss is None:
@@ -336,9 +443,9 @@ class Model:
         rate = ins.sum(axis=1, keepdims=True)  # (B, 1, W)
         inv = 1.0 / np.maximum(rate, 1e-30)
         free = np.maximum(wb - occ.sum(axis=1, keepdims=True), 0.0)
-        t1 = np.minimum(free * inv, dt)  # time to fill the free space
+        t1 = np.minimum(free * inv, dt_w)  # time to fill the free space
         ss = ins * (wb * inv)  # split by insertion rate (0 where nobody inserts)
-        decay = np.exp(rate * (t1 - dt) / wb)  # 1 where the way never filled
+        decay = np.exp(rate * (t1 - dt_w) / wb)  # 1 where the way never filled
         occ = (occ + ins * t1 - ss) * decay + ss
         # Its mask keeps at most ``hold_cap`` of its footprint (set conflicts); lines it
         # still holds outside the mask (a mask that shrank) are not limited by the mask.
@@ -375,7 +482,7 @@ class Model:
         inp: Inputs,
         sol: Solution,
         dyn: Dynamics,
-        dt: float,
+        dt: float | np.ndarray,
         iters: int = 5,
         tol: float = 2e-5,
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -387,22 +494,27 @@ class Model:
         a streaming neighbour would keep all of it, or none of it, a growing mask would
         fill in one step what takes a few hundred milliseconds, and neighbours trading ways
         would oscillate from step to step. Backward Euler lags instead: a fill that reaches
-        12 MB in 0.1 s reaches 9.4 MB in one 0.1 s step (the steady state is exact)."""
+        12 MB in 0.1 s reaches 9.4 MB in one 0.1 s step (the steady state is exact).
+
+        Each node iterates until its own workloads have converged (converged nodes keep
+        their result and leave the batch once they are the majority), so a node's step is
+        the same whichever nodes share its batch; ``dt`` is one step for every node or
+        (nodes, 1)."""
         ni = self.non_inclusive.any()
-        lc = self.is_lc.any()
         lat = sol.latency_ns
+        model = self
 
         def step(m: np.ndarray, access: np.ndarray):
-            new, eta = self.step_occupancy(
+            new, eta = model.step_occupancy(
                 occ, inp, access * m, dt, access * (1.0 - m) if ni else None
             )
-            end = self.miss_ratio(new.sum(axis=-1), inp.ws_s)
-            if lc:  # idle-gap evictions at the end's eviction rates, too
-                end = end + self.cold_misses(end, inp, Dynamics(dyn.u, dyn.rho, eta))
+            end = model.miss_ratio(new.sum(axis=-1), inp.ws_s)
+            if model.is_lc.any():  # idle-gap evictions at the end's eviction rates, too
+                end = end + model.cold_misses(end, inp, Dynamics(dyn.u, dyn.rho, eta))
             return new, eta, end
 
         def access_at(m: np.ndarray) -> np.ndarray:
-            cpu = self._cpu(inp, m, dyn)
+            cpu = model._cpu(inp, m, dyn)
             return cpu.rates(lat)[0] * cpu.apki / 1000.0
 
         # r(m) = m_end(m) - m falls as m rises (more misses fill more, and a fuller cache
@@ -412,11 +524,21 @@ class Model:
         # the step, a little less and it barely moves, so a plain iteration would jump.)
         a = sol.miss_ratio
         new, eta, end = step(a, sol.access_rate)
+        out_new, out_eta = new, eta
         ra = end - a
-        if np.abs(ra).max(initial=0.0) < tol:
+        live = ~(np.abs(ra).max(axis=-1) < tol)  # per node: still iterating
+        if not live.any():
             return new, eta
+        rows = np.arange(self.B)  # each current row's node
+        if _worth_dropping(live):
+            keep = np.flatnonzero(live)
+            model, inp, dyn = model.take(keep), inp.take(keep), dyn.take(keep)
+            occ, lat, a, ra, end = occ[keep], lat[keep], a[keep], ra[keep], end[keep]
+            dt = dt[keep] if np.ndim(dt) else dt
+            rows, live = rows[keep], live[keep]
         b = end
         new, eta, end = step(b, access_at(b))
+        out_new[rows[live]], out_eta[rows[live]] = new[live], eta[live]
         rb = end - b
         # lo: r > 0 (too few misses), hi: r < 0 (too many); the last two points bracket.
         up = ra > 0
@@ -424,14 +546,23 @@ class Model:
         hi, rhi = np.where(up, b, a), np.where(up, rb, ra)
         side = np.zeros_like(a)
         for _ in range(iters):
-            if np.abs(end - b).max(initial=0.0) < tol:
+            live &= ~(np.abs(end - b).max(axis=-1) < tol)
+            if not live.any():
                 break
+            if _worth_dropping(live):
+                keep = np.flatnonzero(live)
+                model, inp, dyn = model.take(keep), inp.take(keep), dyn.take(keep)
+                occ, lat = occ[keep], lat[keep]
+                lo, rlo, hi, rhi, side = lo[keep], rlo[keep], hi[keep], rhi[keep], side[keep]
+                dt = dt[keep] if np.ndim(dt) else dt
+                rows, live = rows[keep], live[keep]
             denom = rlo - rhi
             m = np.where(
                 denom > 1e-15, (lo * -rhi + hi * rlo) / np.where(denom > 0, denom, 1.0), lo
             )
             m = np.minimum(np.maximum(m, np.minimum(lo, hi)), np.maximum(lo, hi))
             new, eta, end = step(m, access_at(m))
+            out_new[rows[live]], out_eta[rows[live]] = new[live], eta[live]
             r = end - m
             pos = r > 0
             # Illinois: an end kept twice in a row has its residual halved.
@@ -441,7 +572,7 @@ class Model:
             hi, rhi = np.where(pos, hi, m), np.where(pos, rhi, r)
             side = np.where(pos, 1.0, -1.0)
             b = m
-        return new, eta
+        return out_new, out_eta
 
     def start(self, u: float = 0.0) -> Dynamics:
         z = np.zeros((self.B, self.n))
@@ -455,28 +586,61 @@ class Model:
         Steps grow from 0.1 s towards 100 s while occupancy moves little per step (the
         per-way solution is exact for any step, so a rarely-missing workload's cache fills in
         a few steps, not thousands) and shrink again when it moves a lot: a workload whose
-        miss rate depends on what it holds needs short steps to settle, not to overshoot."""
+        miss rate depends on what it holds needs short steps to settle, not to overshoot.
+        Each node has its own step and stops when it has converged (then leaves the batch),
+        so its steady state is the one it would reach alone."""
         if occ is None:
             occ = np.zeros((self.B, self.n, self.W))
         dyn = self.start()
         sol = self.solve(inp, occ, dyn)
         # Converged when no way moves by more than a hundred-thousandth of the cache.
-        tol = 1e-5 * float((self.way_bytes * self.ways).min())
-        dt = 0.1
+        tol = 1e-5 * (self.way_bytes * self.ways)[:, 0]
+        big_move = 0.02 * self.way_bytes[:, 0]
+        dt = np.full((self.B, 1), 0.1)
+        out_occ, out_sol, out_eta = occ.copy(), sol.take(np.arange(self.B)), dyn.eta.copy()
+        model, rows = self, np.arange(self.B)
         for _ in range(iters):
             dyn = Dynamics(sol.utilization, sol.rho, dyn.eta)
-            new, eta = self.advance(occ, inp, sol, dyn, dt)
-            moved = np.abs(new - occ).max(initial=0.0)
+            new, eta = model.advance(occ, inp, sol, dyn, dt)
+            moved = np.abs(new - occ).max(axis=(1, 2))
             # Long steps jump to each step's equilibrium; halving the jump damps the
             # feedback through the rates (it changes the path, not the fixed point).
-            occ = new if dt < 1.0 else 0.5 * (occ + new)
+            occ = np.where(dt[:, :, None] < 1.0, new, 0.5 * (occ + new))
             dyn.eta = eta
-            sol = self.solve(inp, occ, dyn, tol=1e-10)
-            if moved < tol:
-                break
-            big = moved > 0.02 * float(self.way_bytes.min())
-            dt = max(dt * 0.5, 0.1) if big else min(dt * 1.5, 100.0)
-        return occ, sol, Dynamics(sol.utilization, sol.rho, dyn.eta)
+            sol = model.solve(inp, occ, dyn, tol=1e-10)
+            done = moved < tol
+            if done.any():
+                at = rows[done]
+                out_occ[at], out_eta[at] = occ[done], eta[done]
+                out_sol.put(at, sol.take(done))
+                if done.all():
+                    rows = rows[:0]
+                    break
+                keep = np.flatnonzero(~done)
+                model, inp, rows = model.take(keep), inp.take(keep), rows[keep]
+                occ, sol, dyn, dt = occ[keep], sol.take(keep), dyn.take(keep), dt[keep]
+                moved, tol, big_move = moved[keep], tol[keep], big_move[keep]
+            big = moved > big_move
+            dt = np.where(big[:, None], np.maximum(dt * 0.5, 0.1), np.minimum(dt * 1.5, 100.0))
+        if len(rows):  # out of iterations: where they got to
+            out_occ[rows], out_eta[rows] = occ, dyn.eta
+            out_sol.put(rows, sol)
+        return out_occ, out_sol, Dynamics(out_sol.utilization, out_sol.rho, out_eta)
+
+
+class _Rows(Model):
+    """Some nodes of a model (:meth:`Model.take`): parameter rows gathered on first use."""
+
+    def __getattr__(self, name: str):
+        root = self.__dict__.get("_root")
+        if root is None or name not in root._node_arrays:
+            raise AttributeError(name)
+        value = getattr(root, name)[self._rows_of]
+        setattr(self, name, value)
+        return value
+
+    def put(self, idx, other) -> None:
+        raise TypeError("put() replaces nodes of a whole model, not of a taken view")
 
 
 def _fixed_point(h, u0: np.ndarray, tol: float) -> np.ndarray:
@@ -504,7 +668,6 @@ def _fixed_point(h, u0: np.ndarray, tol: float) -> np.ndarray:
         lo, hlo = np.where(bad, ends[0], lo), np.where(bad, h_lo, hlo)
         hi, hhi = np.where(bad, ends[1], hi), np.where(bad, h_hi, hhi)
     u = np.where(done, u, u1)
-    done = done | (np.abs(h1) <= tol)
     side = np.zeros_like(u)
     for _ in range(60):
         # Ends that already solve it (demand at the bound is already on the line).

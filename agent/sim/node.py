@@ -19,15 +19,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.errors import ResourceExhausted
 from agent.groups import GroupTable
+from agent.sim.batch import (
+    MbaRule,
+    group_counters,
+    measured,
+    scenario_groups,
+    thread_pids,
+    workload_allocation,
+)
 from agent.sim.catalog import Catalog, MachinePreset, WorkloadSpec, default_catalog
 from agent.sim.engine import COUNTERS, Engine, _Single
-from agent.sim.model import amd_cap_bps
 from agent.sim.scenario import Scenario, WorkloadInstance, get_scenario
 from agent.sim.truth import GroupTruth, solo_reference, truths
 from agent.types import (
-    SLO,
     Allocation,
     AllocationPlan,
     GroupAllocation,
@@ -35,27 +40,11 @@ from agent.types import (
     GroupSample,
     GroupSpec,
     LatencyStats,
-    MbaMode,
     NodeCapabilities,
     Snapshot,
 )
 
 DEFAULT_SCENARIO = "default"
-PID_BASE = 10_000
-# Relative 1-sigma noise per interval of each counter (perf multiplexing and skid, MBM
-# sampling); occupancy is reported in units of the RMID counter's granularity.
-NOISE = {
-    "instructions": 0.004,
-    "cycles": 0.002,
-    "refs": 0.015,
-    "misses": 0.02,
-    "mem": 0.02,
-    "occ": 0.03,
-}
-_NOISE_SIGMA = np.array(
-    [NOISE["instructions"], NOISE["cycles"], NOISE["refs"], NOISE["misses"], NOISE["mem"]]
-)
-OCC_UNIT = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -153,11 +142,7 @@ class SimNode:
         self._threads = self._engine.threads[0]
         self._n = len(self._instances)
         # pids: one per thread, unique on this node.
-        self._pids: list[tuple[int, ...]] = []
-        nxt = PID_BASE
-        for t in self._threads:
-            self._pids.append(tuple(range(nxt, nxt + t)))
-            nxt += t + 10
+        self._pids: list[tuple[int, ...]] = thread_pids(self._threads)
         # Own groups as resctrl would hold them on this preset: RMIDs run out too, masks
         # start contiguous unless the CPU takes sparse ones, exclusive groups on free ways.
         self._table = GroupTable(
@@ -173,8 +158,7 @@ class SimNode:
         self._last_obs = 0.0
         self._dirty_acc = False
         self._acc_g = np.zeros((0, COUNTERS))  # per own group, in the group table's order
-        self._mask_rows: dict[int, np.ndarray] = {}
-        self._delays: dict[int, float] = {}
+        self._mba_rule = MbaRule.of(self._preset, self._caps)
         self._topo = None
         self._topo_version = 0  # counts task/group changes (what _sync_allocation keys on)
         self._alloc_key: tuple | None = None
@@ -182,8 +166,7 @@ class SimNode:
             self._create_scenario_groups()
         self._sync_allocation()
         # Start warm: caches hold their steady state for the starting allocation.
-        eng = self._engine
-        eng.occ, _, eng.dyn = eng.model.steady(eng.inputs(eng.t))
+        self._engine.warm()
 
     def advance(self, dt: float) -> None:
         if not (dt >= 0 and math.isfinite(dt)):
@@ -247,23 +230,20 @@ class SimNode:
         if names:
             acc = self._acc_g.copy()  # (G, 5)
             self._acc_g[:] = 0.0
-            occ = frac.T @ self._engine.occ[0, : self._n].sum(axis=1)
-            if self.noise:
-                z = self._rng.standard_normal((len(names), 6))
-                acc = acc * np.exp(z[:, :5] * _NOISE_SIGMA)
-                occ = np.maximum(occ * (1.0 + z[:, 5] * NOISE["occ"]), 0.0)
-            occ = np.round(occ / OCC_UNIT) * OCC_UNIT
+            occ = group_counters(frac[None], self._engine.occ[:1, : self._n].sum(axis=-1))[0]
+            z = self._rng.standard_normal((len(names), 6)) if self.noise else None
+            acc, occ = measured(acc, occ, z)
             lc_groups: dict[str, list[int]] = {}
             for i in self._lc:
                 lc_groups.setdefault(major[i], []).append(i)
+            # Groups holding an LC service or of kind LC report latency (all read at once).
+            lat_names = [g for g in names if lc_groups.get(g) or specs[g].kind is GroupKind.LC]
+            counts, pct = self._engine.latency([(0, lc_groups.get(g, [])) for g in lat_names])
+            latency = dict(zip(lat_names, _latency_stats(counts, pct), strict=True))
             rows = acc.tolist()
             occs = occ.tolist()
             for gi, name in enumerate(names):
                 r = rows[gi]
-                members = lc_groups.get(name)
-                latency = None
-                if members or specs[name].kind is GroupKind.LC:
-                    latency = self._latency_stats(members or [])
                 out[name] = GroupSample(
                     instructions=r[0],
                     cycles=r[1],
@@ -272,7 +252,7 @@ class SimNode:
                     llc_occupancy_bytes=occs[gi],
                     memory_bytes=r[4],
                     memory_local_bytes=r[4],
-                    latency=latency,
+                    latency=latency.get(name),
                 )
         self._engine.clear_latency(0)
         return Snapshot(timestamp=self._t, interval_s=interval, groups=out)
@@ -380,21 +360,14 @@ class SimNode:
         raise KeyError(f"no workload instance {name!r} in scenario {self._scenario.name!r}")
 
     def _create_scenario_groups(self) -> None:
-        for i, (w, s) in enumerate(zip(self._instances, self._specs, strict=True)):
-            gname = w.group_name
-            if not gname:
-                continue
-            if gname not in self._table.specs:
-                if s.kind == "lc":
-                    target = w.slo_ms or s.lc.slo_ms
-                    spec = GroupSpec(gname, GroupKind.LC, SLO(s.lc.slo_percentile, target))
-                else:
-                    spec = GroupSpec(gname, GroupKind.BATCH)
-                try:
-                    self.create_group(spec)
-                except ResourceExhausted:
-                    continue  # more services than CLOSIDs: the rest stay in the default group
-            self.assign(gname, pids=self._pids[i])
+        scenario_groups(
+            self._instances,
+            self._specs,
+            self._pids,
+            lambda: self._table.specs,
+            self.create_group,
+            lambda g, pids: self.assign(g, pids=pids),
+        )
 
     def _tasks_changing(self) -> None:
         """Before groups are created or deleted or tasks move: counters so far go to the
@@ -425,7 +398,7 @@ class SimNode:
         if self._dirty_acc:
             acc = self._engine.acc[0, : self._n]
             if self._table.specs:
-                self._acc_g += self._topology()[1].T @ acc
+                self._acc_g += group_counters(self._topology()[1][None], acc[None])[0]
             acc[:] = 0.0
             self._dirty_acc = False
 
@@ -434,48 +407,31 @@ class SimNode:
         key = (self._topo_version, dict(self._table.alloc))
         if key == self._alloc_key:
             return
-        self._engine.set_allocation(0, *self._alloc_arrays(self._table.alloc))
+        self._engine.set_allocation(0, *self._alloc_arrays(self._table.alloc), moved=True)
         self._alloc_key = key
 
     def _alloc_arrays(self, alloc: Mapping[str, GroupAllocation]) -> tuple[np.ndarray, ...]:
         """(masks n x W, ways, MBA delay ns, bandwidth cap bytes/s) per workload: each runs
         with the allocation of the group holding most of its threads."""
-        preset, n, W = self._preset, self._n, self._engine.model.W
         major = self._topology()[0]
-        masks = np.zeros((n, W))
-        nways = np.zeros(n)
-        delay = np.zeros(n)
-        cap = np.full(n, np.inf)
-        mba = self._caps.mba
-        members: dict[str, int] = {}
-        for g in major:
-            members[g] = members.get(g, 0) + 1
-        for i, g in enumerate(major):
-            a = alloc.get(g) if g else None
-            mask = preset.cbm_mask if a is None or a.l3_mask is None else a.l3_mask
-            if a is not None and a.l3_code_mask is not None:
-                mask |= a.l3_code_mask
-            row = self._mask_rows.get(mask)
-            if row is None:
-                row = self._mask_rows[mask] = np.array([(mask >> j) & 1 for j in range(W)], float)
-            masks[i] = row
-            nways[i] = max(1.0, row.sum())
-            if mba is not None:
-                mb = mba.max_bandwidth if a is None or a.mb is None else a.mb
-                if mba.mode is MbaMode.PERCENT:
-                    d = self._delays.get(mb)
-                    if d is None:
-                        d = self._delays[mb] = preset.mba_delay(int(mb))
-                    delay[i] = d
-                elif mba.mode is MbaMode.AMD and mb < mba.max_bandwidth:
-                    cap[i] = amd_cap_bps(mb) / members[g]
-                elif mba.mode is MbaMode.MBPS:
-                    cap[i] = float(mb) * (1 << 20) / members[g]
-        return masks, nways, delay, cap
+        cbm = self._preset.cbm_mask
+        col = {g: j for j, g in enumerate(alloc)}
+        gmask = np.zeros((1, max(len(alloc), 1)), dtype=np.int64)
+        gmb = np.full((1, max(len(alloc), 1)), np.nan)
+        for j, a in enumerate(alloc.values()):
+            mask = cbm if a.l3_mask is None else a.l3_mask
+            gmask[0, j] = mask | (a.l3_code_mask or 0)
+            gmb[0, j] = np.nan if a.mb is None else a.mb
+        group_of = np.array([[col[g] if g and g in col else -1 for g in major]], dtype=np.int64)
+        masks, nways, delay, cap = workload_allocation(
+            group_of, gmask, gmb, np.array([cbm]), [self._mba_rule], self._engine.model.W
+        )
+        return masks[0], nways[0], delay[0], cap[0]
 
-    def _latency_stats(self, members: list[int]) -> LatencyStats:
-        count, p = self._engine.latency(0, members)
-        if not count:
-            return LatencyStats.empty()
-        p = p * 1e3
-        return LatencyStats(count, float(p[0]), float(p[1]), float(p[2]), float(p[3]))
+
+def _latency_stats(counts: np.ndarray, pct: np.ndarray) -> list[LatencyStats]:
+    """LatencyStats of groups from the engine's request counts and percentiles (s)."""
+    out = []
+    for count, p in zip(counts.tolist(), (pct * 1e3).tolist(), strict=True):
+        out.append(LatencyStats(count, p[0], p[1], p[2], p[3]) if count else LatencyStats.empty())
+    return out

@@ -98,16 +98,43 @@ class LoadSchedule:
         if p.kind == "constant":
             return p.level
         if p.kind == "diurnal":
-            return max(
-                0.0,
-                p.level * (1.0 + p.amplitude * math.sin(2 * math.pi * t / p.period_s + p.phase)),
-            )
-        if p.kind == "trace" and p.loop and self._times:
-            span = self._times[-1] - self._times[0]
+            return float(diurnal(p.level, p.amplitude, p.period_s, p.phase, t))
+        return self.segment(t)[0]
+
+    @property
+    def piecewise(self) -> bool:
+        """Constant between breakpoints (every kind but ``diurnal``)."""
+        return self.p.kind != "diurnal"
+
+    def segment(self, t: float) -> tuple[float, float, float]:
+        """(level at ``t``, start, end): the level holds for every time in [start, end)
+        (piecewise kinds; a looping trace's interval is kept a hair inside its wrapped
+        breakpoints, so a time inside it always reads this level)."""
+        p = self.p
+        if p.kind == "constant":
+            return p.level, -math.inf, math.inf
+        if p.kind == "diurnal":
+            return self.level(t), t, t
+        times, levels = self._times, self._levels
+        shift = 0.0
+        if p.kind == "trace" and p.loop and times:
+            span = times[-1] - times[0]
             if span > 0:
-                t = self._times[0] + (t - self._times[0]) % span
-        i = bisect.bisect_right(self._times, t) - 1
-        return self._levels[max(i, 0)]
+                wrapped = times[0] + (t - times[0]) % span
+                shift = t - wrapped
+                t = wrapped
+        i = bisect.bisect_right(times, t) - 1
+        lo = times[i] if i >= 0 else -math.inf
+        hi = times[i + 1] if i + 1 < len(times) else math.inf
+        if shift:
+            pad = 1e-9 * max(1.0, abs(t) + abs(shift))
+            lo, hi = lo + shift + pad, hi + shift - pad
+        return levels[max(i, 0)], lo, hi
+
+
+def diurnal(level, amplitude, period_s, phase, t):
+    """The ``diurnal`` profile's level at ``t`` (floats or arrays of each)."""
+    return np.maximum(0.0, level * (1.0 + amplitude * np.sin(2 * np.pi * t / period_s + phase)))
 
 
 def read_trace(path: str | Path) -> tuple[tuple[float, ...], tuple[float, ...]]:

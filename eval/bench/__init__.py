@@ -9,6 +9,8 @@ BENCHMARKS: dict[str, str] = {  # name -> module (eval.bench.<module>)
     "pmc": "pmc",
     "resctrl": "resctrl",
     "sim": "sim",
+    "batch": "batch",
+    "training": "training",
     "agent": "agent",
     "controllers": "controllers",
     "env": "env",

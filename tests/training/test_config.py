@@ -37,6 +37,22 @@ def test_defaults_and_round_trip():
     assert again == cfg
 
 
+def test_training_envs_are_batched_where_the_env_has_a_vector_entry_point(tmp_path):
+    """Partition-v0 trains on its vector env by default; an env without a vector entry
+    point (the trace-driven one) falls back to SB3's vectorisation of single envs."""
+    from training.trace_env import TRACE_PARTITION_ID
+
+    assert TrainConfig.parse({}).vectorization() == "batched"
+    assert TrainConfig.parse({"subproc": True}).vectorization() == "subproc"
+    assert TrainConfig.parse({"vec_env": "dummy"}).vectorization() == "dummy"
+    cfg = TrainConfig.parse({})
+    cfg.env.id = TRACE_PARTITION_ID  # (parsing would build the env, which needs a trace file)
+    assert cfg.vectorization() == "dummy"
+    with pytest.raises(ConfigError, match="has none"):
+        cfg.vec_env = "batched"
+        cfg._check_vec_env()
+
+
 def test_overrides_apply_and_revalidate():
     cfg = TrainConfig.parse({"name": "x"})
     new = cfg.with_overrides({"seed": 7, "ppo.learning_rate": 0.01, "env.kwargs.episode_steps": 4})
@@ -54,6 +70,11 @@ def test_overrides_apply_and_revalidate():
         ({"seed": "x"}, "seed: expected an integer"),
         ({"n_envs": 0}, "n_envs: expected an integer >= 1"),
         ({"subproc": "yes"}, "subproc: expected true or false"),
+        ({"vec_env": "ray"}, "vec_env: expected one of"),
+        ({"subproc": True, "vec_env": "batched"}, "subproc: true contradicts vec_env: batched"),
+        ({"rollout_workers": -1}, "rollout_workers: expected an integer >= 0"),
+        ({"rollout_workers": 3, "n_envs": 2}, "rollout_workers: 3 workers for 2 envs"),
+        ({"rollout_workers": 1, "vec_env": "dummy"}, "rollout_workers: Ray rollout workers"),
         ({"ppo": {"lr": 1}}, r"ppo: unknown key\(s\) \['lr'\]"),
         ({"ppo": {"learning_rate": -1}}, "ppo.learning_rate: expected a finite number >= 0"),
         ({"ppo": {"n_steps": 1.5}}, "ppo.n_steps: expected an integer"),

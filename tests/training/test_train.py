@@ -38,6 +38,12 @@ def test_tiny_run_writes_a_complete_run_directory(request, fixture):
     head = "SlotHead" if fixture == "tiny_ppo_run" else "Linear"
     assert type(policy.action_net).__name__ == head
     assert "| policy |" in result.summary()
+    # the training log: env steps/s of every rollout + update cycle (evaluations left out)
+    cycles = [json.loads(line) for line in (d / "throughput.jsonl").read_text().splitlines()]
+    assert [c["timesteps"] for c in cycles] == [64, 128]  # n_steps 32 x 2 envs per cycle
+    assert all(c["env_steps"] == 64 and c["env_steps_per_s"] > 0 for c in cycles)
+    assert result.throughput.steps == 128
+    assert "env steps/s" in result.summary()
 
 
 def test_the_seed_matters(tmp_path):
@@ -77,7 +83,7 @@ def test_vecnormalize_options(tmp_path, obs, reward):
 
 def test_rdtune_train_twice_gives_the_same_curve_and_exported_policy(tmp_path):
     """``rdtune train --config F --seed S`` twice, with what the default config uses
-    (environments in worker processes, reward normalisation, the shared per-slot head):
+    (the batched vector env, reward normalisation, the shared per-slot head):
     the same learning curve (every checkpoint evaluation), checkpoints and exported ONNX
     policy."""
     import yaml
@@ -86,7 +92,7 @@ def test_rdtune_train_twice_gives_the_same_curve_and_exported_policy(tmp_path):
     from training.export import export_run
     from tuner.cli import main
 
-    config = dict(TINY, subproc=True, normalize_reward=True, policy=SLOT_POLICY)
+    config = dict(TINY, normalize_reward=True, policy=SLOT_POLICY)
     config["total_timesteps"] = 128
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(config))

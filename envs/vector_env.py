@@ -1,0 +1,471 @@
+"""``rdtune/Partition-v0`` as one vector environment over the batched simulator.
+
+:class:`PartitionVectorEnv` is N copies of :class:`envs.partition.PartitionEnv` stepped as
+one array pass: the N simulated nodes are one :class:`agent.sim.batch.SimBatch`, and the
+action decoder, feature encoder and reward run on arrays over the N environments
+(:func:`models.actions.decode_arrays`, :func:`models.features.encode_arrays`,
+:func:`envs.reward.reward_arrays` — the same definitions the single env calls with N=1).
+Environment ``i`` seeded ``s`` produces the same observations, rewards and truncations as
+``PartitionEnv`` reset with seed ``s`` and given the same actions (tested against
+gymnasium's ``SyncVectorEnv`` of single envs): each draws its scenarios and simulator seeds
+from its own ``np_random``, and a node of the batch is what a SimNode is.
+
+Registered as the id's ``vector_entry_point``::
+
+    gymnasium.make_vec("rdtune/Partition-v0", num_envs=256,
+                       vectorization_mode="vector_entry_point", **PartitionEnv kwargs)
+
+Autoreset (``metadata["autoreset_mode"]``): ``same_step`` by default (a truncated env is
+reset within the step; its last observation is in ``infos["final_obs"]``, what SB3
+expects), or ``next_step`` (gymnasium's default: the step after truncation resets it and
+ignores its action). Episodes end by truncation only. ``reset(seed=s)`` seeds env ``i``
+with ``s + i`` (a list gives one seed per env), as gymnasium's vector envs do.
+:meth:`PartitionVectorEnv.action_masks` gives MaskablePPO's masks; the SB3 ``VecEnv``
+adapter is :class:`envs.vector.SB3VectorEnv`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from agent.sim.batch import SimBatch
+from agent.sim.truth import solo_reference
+from agent.types import Allocation, GroupKind
+from envs.partition import BASELINES, REFERENCES, _positive
+from envs.reward import RewardWeights, mb_scale, reward_arrays
+from envs.scenarios import ScenarioFamily
+from models.actions import ActionDecoder, DecodeLayout, check_levels, decode_arrays
+from models.basic import EqualPartition, Unpartitioned
+from models.controller import ControlContext
+from models.features import (
+    _PCT_INDEX,
+    FeatureEncoder,
+    Measurements,
+    SlotLayout,
+    encode_arrays,
+    held_fractions,
+    layout_of,
+)
+
+MODES = (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)
+
+
+def _mode(value: str | AutoresetMode) -> AutoresetMode | None:
+    """An autoreset mode from the enum or its name (``same_step``, ``SameStep``, ...)."""
+    if isinstance(value, AutoresetMode):
+        return value
+    key = str(value).replace("_", "").lower()
+    return next((m for m in AutoresetMode if m.value.lower() == key), None)
+
+
+def family_bounds(family: ScenarioFamily) -> tuple[int, int]:
+    """(most workloads, most ways) a scenario of ``family`` can have: the batch's padding."""
+    cat = family.catalog
+    pool = family.pool
+    if pool is not None:
+        return (
+            max(len(s.workloads) for s in pool),
+            max(cat.machine(s.machine).ways for s in pool),
+        )
+    presets = [cat.machine(family.preset)] if family.preset else list(cat.machines.values())
+    return family.max_lc + family.max_batch, max(p.ways for p in presets)
+
+
+class PartitionVectorEnv(gym.vector.VectorEnv):
+    """N Partition-v0 environments over one batched simulator (module docstring).
+
+    Args:
+        num_envs: N.
+        autoreset_mode: ``same_step`` (default) or ``next_step``.
+        the rest: as :class:`envs.partition.PartitionEnv` (``seed`` seeds the first reset
+            of env ``i`` with ``seed + i``).
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        *,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.SAME_STEP,
+        scenarios: str | Sequence[str] = "random",
+        split: str = "train",
+        preset: str | None = None,
+        max_groups: int = 8,
+        share_levels: int = 8,
+        mba_levels: int = 10,
+        interval_s: float = 1.0,
+        sim_step_s: float = 0.1,
+        episode_steps: int = 64,
+        reward_weights: RewardWeights | Mapping[str, float] | None = None,
+        reference: str = "truth",
+        baseline: str = "equal",
+        noise: bool = True,
+        seed: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+        mode = _mode(autoreset_mode)
+        if mode not in MODES:
+            raise ValueError(
+                f"autoreset_mode must be one of {[m.value for m in MODES]}, got {autoreset_mode!r}"
+            )
+        if render_mode is not None:
+            raise ValueError("PartitionVectorEnv does not render (use Partition-v0's ansi)")
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        if reference not in REFERENCES:
+            raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
+        if not isinstance(episode_steps, int) or episode_steps < 1:
+            raise ValueError(f"episode_steps must be a positive integer, got {episode_steps!r}")
+        self.num_envs = num_envs
+        self.autoreset_mode = mode
+        self.metadata = {**self.metadata, "autoreset_mode": mode}
+        self.render_mode = None
+        self.encoder = FeatureEncoder(max_groups)
+        self.decoder = ActionDecoder(max_groups, share_levels, mba_levels)
+        self.interval_s = _positive("interval_s", interval_s)
+        self.sim_step_s = _positive("sim_step_s", sim_step_s)
+        self.episode_steps = episode_steps
+        self.weights = RewardWeights.of(reward_weights)
+        self.reference = reference
+        self.baseline = baseline
+        self.noise = bool(noise)
+        self.family = ScenarioFamily(scenarios, split, preset, max_groups)
+        self.single_observation_space = spaces.Box(
+            self.encoder.low, self.encoder.high, dtype=np.float32
+        )
+        self.single_action_space = spaces.MultiDiscrete(self.decoder.nvec)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self._init_seed = seed
+        self._rngs: list[np.random.Generator | None] = [None] * num_envs
+        self.batch: SimBatch | None = None
+        self.scenario_names = [""] * num_envs
+        self._steps = np.zeros(num_envs, dtype=np.int64)
+        self._autoreset = np.zeros(num_envs, dtype=bool)
+        self._obs = np.zeros((num_envs, self.encoder.size), dtype=np.float32)
+
+    # ------------------------------------------------------------------ gym API
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ):
+        if seed is None and self._init_seed is not None:
+            seed, self._init_seed = self._init_seed, None
+        if seed is None:
+            seeds: list[int | None] = [None] * self.num_envs
+        elif isinstance(seed, int):
+            seeds = [seed + i for i in range(self.num_envs)]
+        else:
+            seeds = list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+        for i, s in enumerate(seeds):
+            if s is not None or self._rngs[i] is None:
+                self._rngs[i], _ = seeding.np_random(s)
+        options = dict(options or {})
+        baseline = options.pop("baseline", self.baseline)
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        if options:
+            raise ValueError(f"unknown reset options {sorted(options)}; have baseline")
+        rows = np.arange(self.num_envs)
+        self._start(rows, baseline)
+        self.batch.advance(self.interval_s)
+        readings = self.batch.observe()
+        self._first(rows, self._ips(readings), self._encode(readings))
+        self._autoreset[:] = False
+        return self._obs.copy(), {"scenario": np.array(self.scenario_names, dtype=object)}
+
+    def step(self, actions):
+        if self.batch is None:
+            raise RuntimeError("call reset() before step()")
+        levels = check_levels(self.decoder, actions)
+        N = self.num_envs
+        resetting = self._autoreset.copy()  # next_step mode: these restart now
+        if resetting.any():
+            self._start(np.flatnonzero(resetting), self.baseline)
+        stepping = ~resetting
+        before = (self._churn_masks(), self.batch.gmb.copy(), self._held.copy())
+        self._act(levels, stepping)
+        after = (self._churn_masks(), self.batch.gmb, self._held)
+        self.batch.advance(self.interval_s)
+        readings = self.batch.observe()
+        ips = self._ips(readings)
+        rewards = np.zeros(N)
+        terms = None
+        if stepping.any():
+            self._update_reference(ips, stepping)
+            terms = reward_arrays(
+                self.weights,
+                slo_pct=self._slo_pct,
+                slo_target=self._slo_target,
+                is_batch=self._is_batch,
+                latency_count=readings.latency_count,
+                latency_ms=readings.latency_ms,
+                ips=ips,
+                reference_ips=self._ref,
+                before=before,
+                after=after,
+                ways=self._ways,
+                mb_scale=self._mb_scale,
+            )
+            rewards = np.where(stepping, terms.total, 0.0)
+        self._steps[stepping] += 1
+        obs = self._encode(readings)
+        self._obs[stepping] = obs[stepping]
+        if resetting.any():
+            self._first(np.flatnonzero(resetting), ips[resetting], obs[resetting])
+        truncated = stepping & (self._steps >= self.episode_steps)
+        terminated = np.zeros(N, dtype=bool)
+        infos: dict[str, Any] = {}
+        if terms is not None:
+            infos["reward_terms"] = {k: v for k, v in vars(terms).items()}
+        if truncated.any():
+            if self.autoreset_mode is AutoresetMode.SAME_STEP:
+                done = np.flatnonzero(truncated)
+                final = np.full(N, None, dtype=object)
+                for i in done:
+                    final[i] = self._obs[i].copy()
+                infos["final_obs"] = final
+                infos["_final_obs"] = truncated.copy()
+                self._start(done, self.baseline)
+                self.batch.advance(self.interval_s, done)
+                fresh = self.batch.observe(done)
+                self._first(done, self._ips(fresh), self._encode(fresh, done))
+            else:
+                self._autoreset = truncated
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            self._autoreset = truncated
+        infos["scenario"] = np.array(self.scenario_names, dtype=object)
+        return self._obs.copy(), rewards, terminated, truncated, infos
+
+    def action_masks(self) -> np.ndarray:
+        """Per env, the flat boolean masks MaskablePPO takes (absent slots, and choices the
+        node cannot act on, fixed to the first choice): (num_envs, sum(nvec))."""
+        if self.batch is None:
+            return np.ones((self.num_envs, int(self.decoder.nvec.sum())), dtype=bool)
+        return self.decoder.action_masks(self._dl)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self.batch = None
+
+    # ------------------------------------------------------------------ episodes
+
+    def _start(self, rows: np.ndarray, baseline: str) -> None:
+        """Begin new episodes on envs ``rows``: draw their scenarios and simulator seeds,
+        reset their nodes, apply the baseline allocation, and open the first interval."""
+        scenarios, seeds = [], []
+        for i in rows.tolist():
+            rng = self._rngs[i]
+            scenarios.append(self.family.draw(rng))
+            seeds.append(int(rng.integers(2**31 - 1)))
+        if self.batch is None:
+            if len(rows) != self.num_envs:
+                raise RuntimeError("the first reset starts every env")
+            n, W = family_bounds(self.family)
+            self.batch = SimBatch(
+                scenarios,
+                seeds,
+                interval_s=self.sim_step_s,
+                noise=self.noise,
+                max_workloads=n,
+                max_ways=W,
+            )
+            self._allocate()
+        else:
+            self.batch.reset(rows, scenarios, seeds)
+        layouts, decodes = [], []
+        for i, scn in zip(rows.tolist(), scenarios, strict=True):
+            self.scenario_names[i] = scn.name
+            lay, dl = self._episode(i, baseline)
+            layouts.append(lay)
+            decodes.append(dl)
+        self._layout.put(rows, SlotLayout.stack(layouts))
+        self._dl.put(rows, DecodeLayout.stack(decodes))
+        self._applied_ok[rows] = False
+        self._steps[rows] = 0
+        self.batch.observe(rows)  # opens the first interval (and draws its noise)
+
+    def _allocate(self) -> None:
+        N, G, S = self.num_envs, self.batch.G, self.encoder.max_groups
+        one = layout_of(S, {}, self.batch.caps[0], [])
+        self._layout = SlotLayout.stack([one] * N)
+        self._dl = DecodeLayout.stack([self.decoder.decode_layout(0, self.batch.caps[0])] * N)
+        self._slot_col = np.full((N, S), -1, dtype=np.int64)
+        self._slo_pct = np.full((N, G), -1, dtype=np.int64)
+        self._slo_target = np.full((N, G), np.nan)
+        self._is_batch = np.zeros((N, G), dtype=bool)
+        self._held = np.zeros((N, G), dtype=bool)
+        self._ref = np.full((N, G), np.nan)
+        self._truth = np.full((N, G), np.nan)
+        self._ways = np.zeros(N, dtype=np.int64)
+        self._mb_scale = np.full(N, np.nan)
+        self._has_l3 = np.zeros(N, dtype=bool)
+        self._has_mba = np.zeros(N, dtype=bool)
+        self._applied = (np.zeros((N, S), dtype=np.int64), np.full((N, S), np.nan))
+        self._applied_ok = np.zeros(N, dtype=bool)
+
+    def _episode(self, i: int, baseline: str) -> tuple[SlotLayout, DecodeLayout]:
+        """Env ``i``'s groups and constants for the new episode, its baseline applied."""
+        batch = self.batch
+        caps = batch.caps[i]
+        specs = batch.group_specs[i]
+        groups = {s.name: s for s in specs}
+        col = {s.name: j for j, s in enumerate(specs)}
+        slots = self.encoder.slots(groups)
+        self._slot_col[i] = -1
+        self._slot_col[i, : len(slots)] = [col[g] for g in slots]
+        self._slo_pct[i] = -1
+        self._slo_target[i] = np.nan
+        self._is_batch[i] = False
+        self._held[i] = False
+        for j, s in enumerate(specs):
+            if s.kind is GroupKind.LC and s.slo is not None:
+                self._slo_pct[i, j] = _PCT_INDEX[float(s.slo.percentile)]
+                self._slo_target[i, j] = s.slo.target_ms
+            self._is_batch[i, j] = s.kind is GroupKind.BATCH
+            self._held[i, j] = True
+        self._has_l3[i] = caps.l3 is not None
+        self._has_mba[i] = caps.mba is not None
+        self._ways[i] = caps.l3.num_ways if caps.l3 is not None else 0
+        self._mb_scale[i] = mb_scale(caps)
+        # reference IPS: every group's workloads alone at full resources (truth), or the
+        # running maximum of what is observed (cleared: learnt afresh each episode)
+        self._truth[i] = np.nan
+        if self.reference == "truth":
+            e = batch.engine
+            for w, spec in enumerate(e.specs[i]):
+                g = int(batch.group_of[i, w])
+                if g >= 0:
+                    ips, _ = solo_reference(e.presets[i], spec, e.threads[i][w])
+                    self._truth[i, g] = (
+                        0.0 if np.isnan(self._truth[i, g]) else self._truth[i, g]
+                    ) + ips
+        self._ref[i] = self._truth[i]
+        ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
+        ctx = ControlContext(caps, groups, Allocation({}))
+        decision = ctrl.start(ctx)
+        if decision.plan is not None and decision.plan.groups:
+            batch.apply(i, decision.plan)
+        return (
+            layout_of(self.encoder.max_groups, groups, caps, [groups[g] for g in slots]),
+            self.decoder.decode_layout(len(slots), caps),
+        )
+
+    def _first(self, rows: np.ndarray, ips: np.ndarray, obs: np.ndarray) -> None:
+        """The first observation of the episodes started on ``rows`` (``ips`` and ``obs``
+        of those rows): the running reference learns from it."""
+        mask = np.zeros(self.num_envs, dtype=bool)
+        mask[rows] = True
+        full = np.full(self._ref.shape, np.nan)
+        full[rows] = ips
+        self._update_reference(full, mask)
+        self._obs[rows] = obs
+
+    # ------------------------------------------------------------------ pieces
+
+    def _act(self, levels: np.ndarray, stepping: np.ndarray) -> None:
+        """Apply what the actions decode to, where it differs from what was applied last
+        (a plan the node already holds is not applied again, as in Partition-v0)."""
+        dec = decode_arrays(self.decoder, self._dl, levels)
+        present = np.arange(self.encoder.max_groups) < self._dl.n_present[:, None]
+        l3, mba = self._has_l3[:, None], self._has_mba[:, None]
+        masks0, mb0 = self._applied
+        same = (~l3 | ~present | (dec.masks == masks0)).all(axis=1) & (
+            ~mba | ~present | (dec.mb == mb0)
+        ).all(axis=1)
+        apply = (
+            stepping
+            & ~(self._applied_ok & same)
+            & (self._dl.n_present > 0)
+            & (self._has_l3 | self._has_mba)
+        )
+        if not apply.any():
+            return
+        rows = np.flatnonzero(apply)
+        b = self.batch
+        gmask, gmb = b.gmask[rows].copy(), b.gmb[rows].copy()
+        col = self._slot_col[rows]
+        put = present[rows] & (col >= 0)
+        r, s = np.nonzero(put)
+        c = col[r, s]
+        set_mask = l3[rows][r, 0]
+        gmask[r[set_mask], c[set_mask]] = dec.masks[rows][r[set_mask], s[set_mask]]
+        set_mb = mba[rows][r, 0]
+        gmb[r[set_mb], c[set_mb]] = dec.mb[rows][r[set_mb], s[set_mb]]
+        moved = (gmask != b.gmask[rows]).any(axis=1) | ~(
+            (gmb == b.gmb[rows]) | (np.isnan(gmb) & np.isnan(b.gmb[rows]))
+        ).all(axis=1)
+        b.set_allocation(rows, gmask, gmb, moved)
+        self._applied[0][rows] = dec.masks[rows]
+        self._applied[1][rows] = dec.mb[rows]
+        self._applied_ok[rows] = True
+
+    def _churn_masks(self) -> np.ndarray:
+        """Capacity masks as the reward's churn reads an Allocation (0 without CAT)."""
+        return np.where(self._has_l3[:, None], self.batch.gmask, 0)
+
+    def _ips(self, readings) -> np.ndarray:
+        dt = readings.interval_s[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(dt > 0, readings.counters[..., 0] / dt, np.nan)
+
+    def _update_reference(self, ips: np.ndarray, rows: np.ndarray) -> None:
+        if self.reference == "truth":
+            return
+        ref = self._ref
+        better = rows[:, None] & self._held & (ips > np.where(np.isnan(ref), 0.0, ref))
+        self._ref = np.where(better, ips, ref)
+
+    def _encode(self, readings, rows: np.ndarray | None = None) -> np.ndarray:
+        b = self.batch
+        sel = slice(None) if rows is None else rows
+        held = self._held[sel]
+        c = readings.counters
+        m = Measurements(
+            readings.interval_s,
+            held,
+            c[..., 0],
+            c[..., 1],
+            c[..., 2],
+            c[..., 3],
+            readings.occupancy,
+            c[..., 4],
+            readings.latency_count,
+            readings.latency_ms,
+        )
+        layout = self._layout if rows is None else _rows(self._layout, rows)
+        col = np.maximum(self._slot_col[sel], 0)
+        present = layout.present
+        masks = np.take_along_axis(b.gmask[sel], col, 1)
+        mb = np.take_along_axis(b.gmb[sel], col, 1)
+        has = present & self._has_l3[sel][:, None]
+        ways, mbf = held_fractions(layout, masks, has, mb)
+        return encode_arrays(layout, m, self._slot_col[sel], ways, mbf)
+
+
+def _rows(layout: SlotLayout, rows: np.ndarray) -> SlotLayout:
+    return SlotLayout(*(getattr(layout, f)[rows] for f in SlotLayout.__dataclass_fields__))
+
+
+def make_vector_env(num_envs: int = 1, **kwargs: Any) -> PartitionVectorEnv:
+    """The ``vector_entry_point`` of ``rdtune/Partition-v0``."""
+    kwargs.pop("max_episode_steps", None)  # gymnasium passes the spec's; episodes truncate
+    return PartitionVectorEnv(num_envs, **kwargs)
+
+
+__all__ = ["PartitionVectorEnv", "family_bounds", "make_vector_env"]

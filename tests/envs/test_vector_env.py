@@ -1,0 +1,187 @@
+"""PartitionVectorEnv: N Partition-v0 envs over the batched simulator, against N single envs.
+
+The reference is gymnasium's own vectorisation of the single env (``SyncVectorEnv`` of
+``PartitionEnv`` with the same autoreset mode): with the same seeds and actions the batched
+env must give the same observations, rewards, truncations and final observations, across
+autoresets, for both reward references, both baselines and both scenario families. Then the
+gymnasium conventions (``make_vec`` through the ``vector_entry_point``, autoreset declared in
+the metadata, seeding) and the SB3 adapter (against SB3's DummyVecEnv of single envs, and a
+MaskablePPO update).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import envs
+from envs.vector import make_batched_vec_env, sb3_vector_env
+from envs.vector_env import PartitionVectorEnv
+
+FAST = {"episode_steps": 4, "interval_s": 0.5}
+
+
+def _masked_actions(masks: np.ndarray, nvec: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Random actions that respect each env's masks (what MaskablePPO samples)."""
+    offsets = np.concatenate([[0], np.cumsum(nvec)[:-1]])
+    out = np.zeros((len(masks), len(nvec)), dtype=np.int64)
+    for i, m in enumerate(masks):
+        for d, (o, n) in enumerate(zip(offsets, nvec, strict=True)):
+            out[i, d] = rng.choice(np.flatnonzero(m[o : o + n]))
+    return out
+
+
+def _pair(n: int, mode: str, **kwargs):
+    kw = {**FAST, **kwargs}
+    vec = gym.make_vec(
+        envs.PARTITION_ID,
+        num_envs=n,
+        vectorization_mode="vector_entry_point",
+        autoreset_mode=mode,
+        **kw,
+    )
+    ref = gym.make_vec(
+        envs.PARTITION_ID,
+        num_envs=n,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": AutoresetMode(mode)},
+        **kw,
+    )
+    return vec, ref
+
+
+def _ref_masks(ref) -> np.ndarray:
+    return np.stack([e.unwrapped.action_masks() for e in ref.envs])
+
+
+@pytest.mark.parametrize(
+    ("mode", "kwargs"),
+    [
+        ("SameStep", {}),
+        ("SameStep", {"reference": "running_max", "baseline": "full"}),
+        ("SameStep", {"scenarios": "named", "split": "all", "noise": False}),
+        ("NextStep", {"sim_step_s": 0.2}),
+    ],
+)
+def test_matches_single_envs_step_by_step(mode: str, kwargs: dict) -> None:
+    n = 5
+    vec, ref = _pair(n, mode, **kwargs)
+    o1, i1 = vec.reset(seed=11)
+    o2, _ = ref.reset(seed=11)
+    np.testing.assert_array_equal(o1, o2)
+    assert list(i1["scenario"]) == [e.unwrapped._scenario_name for e in ref.envs]
+    rng = np.random.default_rng(5)
+    resets = 0
+    for _ in range(11):
+        masks = vec.unwrapped.action_masks()
+        np.testing.assert_array_equal(masks, _ref_masks(ref))
+        a = _masked_actions(masks, vec.unwrapped.decoder.nvec, rng)
+        obs, rew, term, trunc, info = vec.step(a)
+        obs2, rew2, term2, trunc2, info2 = ref.step(a)
+        np.testing.assert_array_equal(obs, obs2)
+        np.testing.assert_allclose(rew, rew2, rtol=1e-12, atol=1e-12)
+        assert term.tolist() == term2.tolist() == [False] * n
+        assert trunc.tolist() == trunc2.tolist()
+        resets += bool(trunc.any())
+        if mode == "SameStep":
+            for i in np.flatnonzero(trunc):
+                np.testing.assert_array_equal(info["final_obs"][i], info2["final_obs"][i])
+    assert resets == 2
+    vec.close()
+    ref.close()
+
+
+def test_make_vec_returns_the_batched_env_declaring_its_autoreset() -> None:
+    vec = gym.make_vec(envs.PARTITION_ID, num_envs=3, vectorization_mode="vector_entry_point")
+    assert isinstance(vec.unwrapped, PartitionVectorEnv)
+    assert vec.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+    assert vec.observation_space.shape == (3, vec.unwrapped.encoder.size)
+    assert vec.action_space.shape == (3, 2 * vec.unwrapped.decoder.max_groups)
+    obs, _ = vec.reset(seed=0)
+    assert vec.single_observation_space.contains(obs[0])
+    vec.close()
+
+
+def test_seeding_reproduces_and_separates_trajectories() -> None:
+    def run(seed, steps=6) -> np.ndarray:
+        env = PartitionVectorEnv(3, **FAST)
+        out = [env.reset(seed=seed)[0]]
+        for k in range(steps):  # the same actions in every env
+            a = np.zeros((3, 2 * env.decoder.max_groups), dtype=np.int64)
+            a[:, : env.decoder.max_groups] = k % env.decoder.share_levels
+            out.append(env.step(a)[0])
+        return np.stack(out)
+
+    same = run(4)
+    np.testing.assert_array_equal(same, run(4))
+    np.testing.assert_array_equal(same[:, 1], run([5, 5, 6])[:, 0])  # env i is seed + i
+    assert not np.array_equal(same, run(5))
+
+
+def test_autoreset_starts_a_fresh_episode_in_the_same_step() -> None:
+    env = PartitionVectorEnv(2, **{**FAST, "episode_steps": 2})
+    env.reset(seed=1)
+    zero = np.zeros((2, 2 * env.decoder.max_groups), dtype=np.int64)
+    env.step(zero)
+    obs, _, _, trunc, info = env.step(zero)
+    assert trunc.all() and info["_final_obs"].all()
+    # The observation after truncation is the next episode's first: what a single env
+    # with the same generator state gives on reset.
+    single = envs.partition.PartitionEnv(**{**FAST, "episode_steps": 2})
+    single.reset(seed=1)
+    single.step(zero[0])
+    single.step(zero[0])
+    np.testing.assert_array_equal(obs[0], single.reset()[0])
+    assert not np.array_equal(obs[0], info["final_obs"][0])
+
+
+def test_bad_actions_are_refused_with_a_clear_error() -> None:
+    env = PartitionVectorEnv(2, **FAST)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="shape"):
+        env.step(np.zeros(2 * env.decoder.max_groups, dtype=np.int64))
+    bad = np.zeros((2, 2 * env.decoder.max_groups), dtype=np.int64)
+    bad[1, 0] = env.decoder.share_levels
+    with pytest.raises(ValueError, match="outside"):
+        env.step(bad)
+    with pytest.raises(ValueError, match="autoreset_mode"):
+        PartitionVectorEnv(2, autoreset_mode="disabled")
+
+
+def test_sb3_adapter_matches_dummy_vec_env_of_single_envs() -> None:
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    n = 3
+    ours = sb3_vector_env(PartitionVectorEnv(n, **FAST))
+    theirs = DummyVecEnv([lambda: envs.partition.PartitionEnv(**FAST) for _ in range(n)])
+    for v in (ours, theirs):
+        v.seed(21)
+    np.testing.assert_array_equal(ours.reset(), theirs.reset())
+    rng = np.random.default_rng(3)
+    for _ in range(9):
+        masks = np.stack(ours.env_method("action_masks"))
+        np.testing.assert_array_equal(masks, np.stack(theirs.env_method("action_masks")))
+        a = _masked_actions(masks, ours.get_attr("decoder")[0].nvec, rng)
+        o1, r1, d1, i1 = ours.step(a)
+        o2, r2, d2, i2 = theirs.step(a)
+        np.testing.assert_array_equal(o1, o2)
+        np.testing.assert_allclose(r1, r2, rtol=1e-6)
+        assert d1.tolist() == d2.tolist()
+        for k in np.flatnonzero(d1):
+            np.testing.assert_array_equal(
+                i1[k]["terminal_observation"], i2[k]["terminal_observation"]
+            )
+            assert i1[k]["TimeLimit.truncated"] == i2[k]["TimeLimit.truncated"]
+
+
+def test_maskable_ppo_learns_on_the_batched_env() -> None:
+    from sb3_contrib import MaskablePPO
+
+    venv = make_batched_vec_env(4, seed=0, **FAST)
+    model = MaskablePPO("MlpPolicy", venv, n_steps=8, batch_size=16, n_epochs=1, seed=0)
+    model.learn(total_timesteps=64)
+    assert model.num_timesteps == 64
+    assert len(model.ep_info_buffer) > 0  # VecMonitor's episode statistics
+    venv.close()
