@@ -9,7 +9,7 @@ Definitions (shared by the demo, ``rdtune eval`` and the RL evaluation):
   mean something — a p95 over the 20 requests a slow service answers in 0.1 s, or over one
   short burst of a busy one, is mostly sampling noise. With 1 s control intervals a busy
   service's window is one interval. The window's percentile is the request-weighted mean
-  of its intervals' percentiles (as :func:`eval.controllers.merge_snapshots` merges
+  of its intervals' percentiles (as :func:`models.cadence.merge_snapshots` merges
   intervals).
 - Tail latency: mean over intervals of the latency at the SLO percentile (ms).
 - Slowdown of a batch group: reference IPS / mean IPS over the run, the reference being its

@@ -34,8 +34,8 @@ ORACLE = "oracle"
 
 
 def _jobs(name: str):
-    from eval.controllers import ControllerSpec
     from eval.suites import get_suite
+    from models.catalogue import ControllerSpec
 
     suite = get_suite(name)
     jobs = suite.jobs()

@@ -563,16 +563,3 @@ def services_from_options(services: Sequence[Mapping]) -> list[Service]:
                 f"services[{i}]: need name, pids and slo {{percentile, target_ms}}: {exc}"
             ) from None
     return out
-
-
-def coco_from_options(services: Sequence[Mapping], groups: Sequence[str], **options) -> CoCo:
-    """The registry's ``coco``: services as plain data, tier groups by name (background
-    first; the operator's config creates them, or :func:`prepare_groups`)."""
-    return CoCo(services_from_options(services), groups, **options)
-
-
-def round_robin_from_options(
-    services: Sequence[Mapping], groups: Sequence[str], **options
-) -> RoundRobin:
-    """The registry's ``round_robin`` (see :func:`coco_from_options`)."""
-    return RoundRobin(services_from_options(services), groups, **options)

@@ -89,7 +89,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from agent.node import Clock, Node
+from agent.node import Clock, Node, ground_truth
+from agent.sim import Scenario, SimNode, WorkloadInstance
 from agent.types import (
     AllocationPlan,
     GroupKind,
@@ -204,15 +205,17 @@ def profile_stream(
 
 def stream_profile_sim(node: Node) -> dict[int, float]:
     """Profile STREAM once on a fresh simulated node of ``node``'s machine preset."""
-    from agent.sim import Scenario, SimNode, WorkloadInstance
-
-    if not isinstance(node, SimNode):
-        raise TypeError("stream_profile_sim needs a SimNode (use profile_stream on real nodes)")
+    truth = ground_truth(node)
+    if truth is None:
+        raise TypeError(
+            "stream_profile_sim needs a simulated node's machine model (ground truth); "
+            "use profile_stream on real nodes"
+        )
     scn = Scenario(
         "stream-profile",
-        node.scenario.machine,
+        truth.scenario.machine,
         (WorkloadInstance("stream", "stream"),),
-        catalog=node.scenario.catalog,
+        catalog=truth.scenario.catalog,
     )
     sim = SimNode(scn, noise=False)
     return profile_stream(sim, sim, "stream")

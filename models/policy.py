@@ -23,6 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
+import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +37,16 @@ from models.actions import ActionDecoder
 from models.basic import EqualPartition
 from models.controller import ControlContext, Controller, Decision
 from models.features import ENCODER_VERSION, FeatureEncoder
+from models.setup import ControllerError, Unavailable
+
+log = logging.getLogger("rdtune.policy")
 
 CARD_FORMAT = "rdtune-policy-card/1"
 ACTION_DESIGN = "multidiscrete-share-levels"
 DEFAULT_POLICY = Path(__file__).parent / "policies" / "default"
 
 
-class PolicyError(ValueError):
+class PolicyError(ControllerError):
     """An exported policy that cannot be loaded (missing, corrupt, unknown format)."""
 
 
@@ -64,6 +71,180 @@ def _read_card(path: Path) -> tuple[dict[str, Any], Path]:
         got = card.get("format") if isinstance(card, dict) else type(card).__name__
         raise PolicyError(f"{card_path}: model card format {got!r}; this code reads {CARD_FORMAT}")
     return card, card_path.parent
+
+
+CARD_NAMES = ("model_card.json", "card.json")
+
+
+class PolicyRefused(Unavailable):
+    """The model cannot control this node (or its export cannot be read); says why."""
+
+
+WHAT_TO_GIVE = "give the export directory, its .onnx file or its model card"
+MAX_CARD_BYTES = 16 << 20
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _check_path(path: str | Path) -> Path:
+    """``path`` as a Path when it names a directory or a regular file we may read; else
+    :class:`PolicyRefused` saying what it is instead (a device, a broken link, ...)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        if p.is_symlink():
+            raise PolicyRefused(
+                f"policy {path}: a broken symbolic link (to {os.readlink(p)}); {WHAT_TO_GIVE}"
+            ) from None
+        raise PolicyRefused(f"policy {path}: no such file or directory") from None
+    except PermissionError:
+        raise PolicyRefused(f"policy {path}: permission denied") from None
+    except OSError as exc:
+        raise PolicyRefused(f"policy {path}: cannot access: {exc.strerror}") from None
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        raise PolicyRefused(f"policy {path}: {_kind(st.st_mode)}, not a policy; {WHAT_TO_GIVE}")
+    if not os.access(p, os.R_OK | (os.X_OK if stat.S_ISDIR(st.st_mode) else 0)):
+        raise PolicyRefused(f"policy {path}: permission denied")
+    return p
+
+
+def find_card(path: str | Path) -> Path:
+    """The model card of an export given as a directory, an .onnx file or the card itself."""
+    p = _check_path(path)
+    if p.suffix == ".json" and p.is_file():
+        return p
+    folder = p if p.is_dir() else p.parent
+    candidates = [folder / n for n in CARD_NAMES]
+    if p.is_file():
+        candidates.insert(0, p.with_suffix(".json"))
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise PolicyRefused(
+        f"policy {path}: no model card (looked for {', '.join(str(c) for c in candidates)}); "
+        f"{WHAT_TO_GIVE}"
+    )
+
+
+def read_card(path: str | Path) -> dict:
+    card_path = find_card(path)
+    try:
+        if card_path.stat().st_size > MAX_CARD_BYTES:
+            raise PolicyRefused(
+                f"policy {path}: model card {card_path} is larger than "
+                f"{MAX_CARD_BYTES >> 20} MiB: not a model card"
+            )
+        card = json.loads(card_path.read_text())
+    except UnicodeDecodeError:
+        raise PolicyRefused(
+            f"policy {path}: model card {card_path} is not text (JSON expected)"
+        ) from None
+    except ValueError as exc:
+        if isinstance(exc, PolicyRefused):
+            raise
+        raise PolicyRefused(
+            f"policy {path}: model card {card_path} is not valid JSON: {exc}"
+        ) from None
+    except OSError as exc:
+        raise PolicyRefused(
+            f"policy {path}: cannot read model card {card_path}: {exc.strerror or exc}"
+        ) from None
+    if not isinstance(card, dict):
+        raise PolicyRefused(f"policy {path}: model card {card_path} is not a JSON object")
+    return card
+
+
+def card_encoder_version(card: Mapping) -> int | None:
+    for key in ("feature_encoder", "encoder", "features"):
+        section = card.get(key)
+        if isinstance(section, Mapping):
+            for name in ("encoder_version", "version"):
+                if isinstance(section.get(name), int):
+                    return section[name]
+    value = card.get("encoder_version")
+    return value if isinstance(value, int) else None
+
+
+def check_compatible(card: Mapping, caps: NodeCapabilities, encoder_version: int) -> list[str]:
+    """Every reason the model described by ``card`` must not control a node with ``caps``."""
+    problems = []
+    version = card_encoder_version(card)
+    if version is None:
+        problems.append("the model card names no feature encoder version")
+    elif version != encoder_version:
+        problems.append(
+            f"feature encoder version {version} (this build encodes version {encoder_version})"
+        )
+    sup = card.get("capabilities", card.get("supported_capabilities"))
+    if sup is None:
+        problems.append("the model card lists no capabilities it was trained on")
+        return problems
+    if not isinstance(sup, Mapping):
+        problems.append("the model card's capabilities are not a mapping")
+        return problems
+    if sup.get("requires_cat") and caps.l3 is None:
+        problems.append("the model needs cache allocation (CAT); the node has none")
+    if sup.get("requires_mba") and caps.mba is None:
+        problems.append("the model needs memory bandwidth allocation (MBA); the node has none")
+    if caps.mba is None and sup.get("trained_without_mba") is False:
+        problems.append("the model was trained only on nodes with MBA; the node has none")
+    modes = sup.get("mba_modes")
+    if modes is not None and caps.mba is not None and caps.mba.mode.value not in modes:
+        problems.append(f"MBA mode {caps.mba.mode.value!r} not among the model's {list(modes)}")
+    vendors = sup.get("vendors")
+    if vendors is not None and caps.vendor.value not in vendors:
+        problems.append(f"vendor {caps.vendor.value!r} not among the model's {list(vendors)}")
+    if caps.l3 is not None:
+        n = caps.l3.num_ways
+        ways = sup.get("num_ways")
+        lo, hi = sup.get("ways_min"), sup.get("ways_max")
+        if isinstance(ways, Mapping):
+            lo, hi = ways.get("min", lo), ways.get("max", hi)
+        elif ways is not None and n not in ways:
+            problems.append(f"{n} L3 ways not among the model's {list(ways)}")
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
+            problems.append(f"{n} L3 ways outside the model's range [{lo}, {hi}]")
+        most = sup.get("min_cbm_bits_max")
+        if most is not None and caps.l3.min_cbm_bits > most:
+            problems.append(
+                f"the node needs {caps.l3.min_cbm_bits} bits per mask; the model was trained "
+                f"with at most {most}"
+            )
+    return problems
+
+
+def check_export(path: str | Path, caps: NodeCapabilities, groups: int = 0) -> None:
+    """Refuse (:class:`PolicyRefused`, every mismatch named) an export that cannot control a
+    node with ``caps``; groups beyond the policy's slots are a warning, not a refusal."""
+    card = read_card(path)
+    problems = check_compatible(card, caps, ENCODER_VERSION)
+    if problems:
+        raise PolicyRefused(f"policy {path} refused for this node: " + "; ".join(problems))
+    sup = card.get("capabilities", card.get("supported_capabilities")) or {}
+    max_groups = sup.get("max_groups")
+    if isinstance(max_groups, int) and groups > max_groups:
+        log.warning(
+            "policy %s handles %d groups; the node has %d: the rest keep their allocation",
+            path,
+            max_groups,
+            groups,
+        )
+
+
+def policy_available() -> bool:
+    """Whether the bundled policy is there (a checkout without it still evaluates)."""
+    return (DEFAULT_POLICY / "model_card.json").is_file()
 
 
 class PolicyController(Controller):
@@ -154,8 +335,6 @@ class PolicyController(Controller):
             )
         if caps.mba is None and not need.get("trained_without_mba", True):
             raise PolicyCompatibilityError(f"{where} was only trained on nodes with MBA")
-
-    check_compatible = check_capabilities  # the name tuner/policy.py looks for
 
     # ------------------------------------------------------------------ runtime
 

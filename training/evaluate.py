@@ -25,7 +25,10 @@ import gymnasium as gym
 import numpy as np
 
 from envs.reward import compute_reward, observed_ips
+from models import catalogue
+from models.catalogue import ControllerSpec
 from models.controller import Controller, carry_out, context
+from models.setup import ControllerError, Setup
 
 log = logging.getLogger(__name__)
 
@@ -174,67 +177,23 @@ def evaluate_controller(
     )
 
 
-# Controllers not (yet) in the registry but importable, tried when the registry lacks them.
-FALLBACK = {"ubik": "models.ubik:Ubik", "copart": "models.copart:CoPart"}
+def controller_factory(
+    spec: str | ControllerSpec, policy_path: str | None = None
+) -> Callable[[gym.Env], Controller]:
+    """``env -> Controller`` for controller ``spec``, built through the catalogue
+    (models/catalogue.py) for the episode the env has just been reset to, the way it is
+    deployed everywhere: e.g. ``static`` calibrated by its offline way sweep on a copy of
+    the node, ``copart`` with STREAM's profile of the node's machine (models/prepare.py).
+    ``policy_path``: the export ``policy`` names (default: the bundled one)."""
+    spec = ControllerSpec.parse(spec) if isinstance(spec, str) else spec
+    if spec.name == "policy" and policy_path is not None:
+        spec = spec.with_options({"path": policy_path})
 
+    def make(env: gym.Env) -> Controller:
+        u = env.unwrapped
+        return catalogue.build(spec, Setup(u.node, u.node, interval_s=u.interval_s))
 
-def _import(target: str):
-    import importlib
-
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def controller_factory(name: str) -> Callable[[gym.Env], Controller]:
-    """``env -> Controller`` for heuristic ``name``, set up for the episode the env has
-    just been reset to, the way each is meant to be deployed on a simulated node:
-
-    - ``static`` (catbench): calibrated by its offline way sweep on a twin of the node (the
-      same scenario on a fresh simulated machine: offline profiling, not the episode's
-      time) for the first LC group in slot order; with no
-      LC group, every group shares the whole cache (there is no mite to protect).
-    - ``copart``: with its STREAM profile of the node's machine (``stream_profile_sim``).
-    - anything else: the registry's factory with default options.
-    """
-    from models import registry
-
-    try:
-        factory = registry.factory(name)
-    except ValueError:
-        if name not in FALLBACK:
-            raise
-        factory = _import(FALLBACK[name])
-    if name == "static":
-
-        def make_static(env: gym.Env) -> Controller:
-            from agent.types import GroupKind
-            from models.basic import Unpartitioned
-            from models.static import StaticController, calibrate
-
-            u = env.unwrapped
-            lc = [g for g in u._slots if u._groups[g].kind is GroupKind.LC]
-            if not lc:
-                return Unpartitioned()
-            from agent.sim import SimNode
-
-            # Offline profiling on a twin: the same scenario on a fresh simulated machine.
-            twin = SimNode(u.node.scenario, seed=1, interval_s=u.sim_step_s, noise=u.noise)
-            try:
-                sweep = calibrate(twin, twin, lc[0], measure_s=2.0, warmup_s=0.3)
-            finally:
-                twin.close()
-            return StaticController(sweep.lc_group, sweep.ways)
-
-        return make_static
-    if name == "copart":
-
-        def make_copart(env: gym.Env) -> Controller:
-            from models.copart import stream_profile_sim
-
-            return factory(stream_profile_sim(env.unwrapped.node))
-
-        return make_copart
-    return lambda env: factory()
+    return make
 
 
 def evaluate_heuristics(
@@ -243,13 +202,13 @@ def evaluate_heuristics(
     """Rows for the available heuristics among ``names``; also the names not available."""
     rows, missing = [], []
     for name in names:
-        try:
+        try:  # an unknown name, or one this env's node cannot run (models/setup.py)
             make = controller_factory(name)
-        except (ValueError, ImportError, AttributeError) as exc:
+            eps = [controller_episode(env, make, seed + i) for i in range(episodes)]
+        except ControllerError as exc:
             log.warning("controller %s not available: %s", name, exc)
             missing.append(name)
             continue
-        eps = [controller_episode(env, make, seed + i) for i in range(episodes)]
         rows.append(_summarise(name, eps))
     return rows, missing
 

@@ -253,13 +253,11 @@ def run_sweep(
 def _rollout(env_kwargs: dict, name: str, seed: int, policy_path: str | None) -> list[dict]:
     """One held-out episode of controller ``name`` (a Ray task: builds the env class)."""
     from envs.partition import PartitionEnv
-    from models import registry
-    from training.evaluate import controller_episode
+    from training.evaluate import controller_episode, controller_factory
 
     env = PartitionEnv(**env_kwargs)
     try:
-        ctrl = registry.make(name, path=policy_path) if name == "policy" else registry.make(name)
-        return controller_episode(env, ctrl, seed)
+        return controller_episode(env, controller_factory(name, policy_path), seed)
     finally:
         env.close()
 

@@ -77,8 +77,9 @@ class Tuner:
     Args:
         connect: returns a connected node (a RemoteNode in production); called again after
             an outage only if ``reconnect_new`` (a RemoteNode reconnects by itself).
-        controller: builds the primary controller for the node's capabilities (called once,
-            after the first connection: a policy is checked against the node).
+        controller: builds the primary controller for the connected node (called once,
+            after the first connection: a policy is checked against the node, a controller
+            that calibrates may calibrate on it).
         cfg: the configuration (interval, groups, guard, fallback, retry).
         fallback: the SLO guard's fallback controller.
         metrics: where to export (a fresh registry by default).
@@ -87,7 +88,7 @@ class Tuner:
     def __init__(
         self,
         connect: Callable[[], Node],
-        controller: Callable[[object, int], Controller],
+        controller: Callable[[Node], Controller],
         cfg: TunerConfig,
         fallback: Controller,
         metrics: TunerMetrics | None = None,
@@ -136,10 +137,13 @@ class Tuner:
         self.clock = as_clock(self.node)
         self._ensure_groups()
         self.groups = self._read_groups()
+        baseline = self.node.allocation()  # before a controller's calibration changes it
         if self.primary is None:
-            self.primary = self._build_controller(self.caps, len(self.groups))
-        self.baseline = self.node.allocation()
-        self.intended = self.baseline
+            self.primary = self._build_controller(self.node)
+            self.intended = self.node.allocation()
+        else:
+            self.intended = baseline
+        self.baseline = baseline
         self.metrics.agent_up.set(1)
         self.metrics.set_active("primary", self.primary.name, self.fallback.name)
         log.info(
@@ -153,7 +157,7 @@ class Tuner:
             extra={"event": "start", "controller": self.primary.name, "groups": list(self.groups)},
         )
         self._stale, self._since_read = False, 0  # ``intended`` is what the node holds
-        self._carry_out(self.active.start(self._context(self.baseline)), self.baseline, 0.0)
+        self._carry_out(self.active.start(self._context(self.intended)), self.intended, 0.0)
         self.node.observe()  # the first interval starts now
         self.started = True
 

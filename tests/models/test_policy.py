@@ -16,7 +16,7 @@ import pytest
 from agent.sim import SimNode, random_scenario
 from agent.sim.catalog import default_catalog
 from agent.validate import PlanContext, validate_plan
-from models import registry
+from models import catalogue
 from models.controller import carry_out, context, drive
 from models.features import ENCODER_VERSION
 from models.policy import (
@@ -45,7 +45,7 @@ def _copy(src, dst, **card_changes):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_drives_a_node_with_valid_plans(tiny_export, preset):
-    ctrl = registry.make("policy", path=tiny_export)
+    ctrl = catalogue.construct(f"policy:{tiny_export}")
     assert isinstance(ctrl, PolicyController)
     node = SimNode(random_scenario(5, preset, max_lc=2, max_batch=4), seed=5)
     caps = node.capabilities()
@@ -126,7 +126,7 @@ def test_refuses_nodes_it_was_not_trained_for(
     caps = _caps(preset)
     caps = edit(caps) if edit else caps
     with pytest.raises(PolicyCompatibilityError, match=message):
-        ctrl.check_compatible(caps)
+        ctrl.check_capabilities(caps)
     node = SimNode(random_scenario(1, preset), seed=1)
     if edit is None:  # the same refusal when the controller starts on such a node
         with pytest.raises(PolicyCompatibilityError, match=message):
@@ -137,7 +137,7 @@ def test_refuses_nodes_it_was_not_trained_for(
 def test_accepts_every_trained_preset(tiny_export):
     ctrl = PolicyController.load(tiny_export)
     for preset in PRESETS:
-        ctrl.check_compatible(_caps(preset))
+        ctrl.check_capabilities(_caps(preset))
 
 
 def test_refuses_damaged_files(tiny_export, tmp_path):
@@ -168,7 +168,7 @@ def test_shipped_default_policy_runs_the_default_scenario():
 
 def test_runtime_does_not_import_torch():
     code = (
-        "import sys, models.policy, models.registry; "
+        "import sys, models.policy, models.catalogue; "
         "models.policy.PolicyController.load(models.policy.DEFAULT_POLICY); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )

@@ -13,8 +13,8 @@ import pytest
 
 from agent.sim import SimNode
 from models.features import ENCODER_VERSION
+from models.policy import PolicyRefused, check_compatible, find_card, read_card
 from tests.tuner.conftest import ROOT, run_tune
-from tuner.policy import PolicyRefused, check_compatible, find_card, load_policy, read_card
 
 
 def card(**caps_overrides) -> dict:
@@ -88,7 +88,7 @@ def test_card_is_found_beside_the_onnx_file(tmp_path) -> None:
         find_card(tmp_path / "missing")
     (out / "model_card.json").write_text("{not json")
     with pytest.raises(PolicyRefused, match=r"model card .* is not valid JSON"):
-        load_policy(out, NODE)
+        read_card(out)
 
 
 @pytest.mark.parametrize(
@@ -112,10 +112,8 @@ def test_tune_refuses_a_matching_card_whose_model_cannot_load(fresh, tmp_path) -
     path = export(tmp_path, card())  # the card fits; policy.onnx is garbage
     run = run_tune(fresh.address, f"policy:{path}", "--intervals", "3")
     assert run.returncode == 2
-    assert f"policy {path}" in run.stderr
-    assert ("cannot load" in run.stderr) or (
-        "runtime (models.policy) is not available" in run.stderr
-    )
+    assert f"controller 'policy:{path}': {path}" in run.stderr
+    assert run.summary["intervals"] == 0
 
 
 # An export directory ('rdtune export --out DIR'): $RDTUNE_TEST_POLICY, else the policy
