@@ -6,7 +6,8 @@ a cost for changing allocations (issue 5, "Reward").
 - ``slo = -w_slo * mean over LC groups of penalty``, penalty ``1 + min(cap, ratio - 1)``
   when the tail latency at the SLO's percentile exceeds its target (``ratio`` = latency /
   target), else 0. A violation always costs at least ``w_slo`` and more the further it
-  misses; LC groups without requests in the interval are not judged.
+  misses; LC groups without requests in the interval are not judged, and a tail that is not
+  a finite number is a violation at the cap (agent/slo.py's rule).
 - ``fairness = -w_fair * unfairness``, CoPart's unfairness (EuroSys'19, section 3): the
   standard deviation over the mean of the batch groups' slowdowns (0 with fewer than two
   running batch groups).
@@ -37,6 +38,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from agent.slo import judged, slo_met
 from agent.types import (
     Allocation,
     GroupKind,
@@ -273,22 +275,22 @@ class StepReward:
         penalties: list[float] = []
         worst = math.nan
         violations = 0
-        isfinite = math.isfinite
+        isfinite, isnan = math.isfinite, math.isnan
         for name, latency_of, target in self._lc:
-            s = samples.get(name)  # tail_ratio(spec, s), inlined
+            s = samples.get(name)  # agent/slo.py's slo_verdict, with a prepared getter
             lat = s.latency if s is not None else None
-            if lat is None:
+            if not judged(lat):
                 continue
             value = latency_of(lat)
-            if not isfinite(value) or lat.count <= 0:
-                continue
             ratio = value / target
-            worst = ratio if math.isnan(worst) else max(worst, ratio)
-            if ratio > 1.0:
-                violations += 1
-                penalties.append(1.0 + min(weights.slo_cap, ratio - 1.0))
-            else:
+            if not isnan(ratio):
+                worst = ratio if isnan(worst) else max(worst, ratio)
+            if slo_met(value, target):
                 penalties.append(0.0)
+            else:  # unknown (NaN) or unfinished (inf) tails cost the most a violation can
+                violations += 1
+                excess = ratio - 1.0 if isfinite(ratio) else weights.slo_cap
+                penalties.append(1.0 + min(weights.slo_cap, excess))
         slowdowns: list[float] = []
         dt = snapshot.interval_s
         for name in self._batch:

@@ -31,8 +31,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import eval as eval_package
 from agent.sim import Scenario
+from agent.slo import slo_met
 from agent.types import GroupKind
+from envs.cluster import start_ray
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +145,7 @@ class _ServiceProbe:
                     continue
                 self.tails[name].append(tail)
                 self.judged += 1
-                self.violations += tail > target
+                self.violations += not slo_met(tail, target)
         return snap
 
 
@@ -277,44 +280,6 @@ def run_job(job: Job) -> JobResult:
     return res
 
 
-def init_ray(address: str) -> None:
-    """Start (``local``) or join (an address) a Ray cluster for evaluation jobs."""
-    import os
-
-    import ray
-
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if address == "local":
-        # "local" always starts a private instance: with no address Ray would join any
-        # cluster it finds (RAY_ADDRESS, /tmp/ray/ray_current_cluster) and refuse num_cpus.
-        ray.init(
-            address="local",
-            num_cpus=os.cpu_count(),
-            include_dashboard=False,
-            runtime_env={"env_vars": env},
-            log_to_driver=False,
-            ignore_reinit_error=True,
-        )
-    else:
-        from pathlib import Path
-
-        import agent
-        import envs
-        import eval as eval_pkg
-        import models
-
-        modules = [str(Path(m.__file__).parent) for m in (agent, envs, eval_pkg, models)]
-        try:
-            ray.init(
-                address=address,
-                include_dashboard=False,
-                runtime_env={"env_vars": env, "py_modules": modules},
-                ignore_reinit_error=True,
-            )
-        except ConnectionError as exc:
-            raise ValueError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
-
-
 def run_jobs(
     jobs: Sequence[Job],
     ray_address: str | None = "local",
@@ -339,7 +304,7 @@ def run_jobs(
 
     started = not ray.is_initialized()
     if started:
-        init_ray(ray_address)
+        start_ray(ray_address, packages=(eval_package,))
     try:
         task = ray.remote(num_cpus=1)(run_job)
         refs = [task.remote(job) for job in jobs]

@@ -57,6 +57,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.node import Clock, Node
+from agent.slo import slo_met
 from agent.types import (
     SLO,
     AllocationPlan,
@@ -70,7 +71,6 @@ from agent.types import (
 )
 from models.allocation import mb_level, pack_ways
 from models.controller import KEEP, ControlContext, Controller, Decision
-from models.objectives import slo_met
 
 # (ways on a 20-way cache, MBA fraction); the first is the background/system CLOS.
 TIER_TEMPLATE: tuple[tuple[int, float], ...] = ((2, 0.10), (3, 0.10), (6, 0.30), (9, 0.50))

@@ -79,6 +79,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agent.node import Clock, Node
+from agent.slo import slo_met
 from agent.types import (
     AllocationPlan,
     GroupAllocation,
@@ -718,7 +719,7 @@ def calibrate(
                 ok = [
                     w
                     for w, t in sorted(finite.items())
-                    if t <= slo.target_ms and t <= best * (1.0 + tolerance)
+                    if slo_met(t, slo.target_ms) and t <= best * (1.0 + tolerance)
                 ]
                 target = ok[0] if ok else min(finite, key=lambda w: finite[w])
             else:

@@ -24,6 +24,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from agent.slo import judged
+from agent.types import GroupKind
 from envs.reward import compute_reward, observed_ips
 from models import catalogue
 from models.catalogue import ControllerSpec
@@ -95,14 +97,15 @@ def _summarise(name: str, episodes: list[list[dict]]) -> Row:
 
 
 def _lc_judged(env: gym.Env, snap) -> int:
-    from agent.types import GroupKind
-    from models.features import tail_ratio
-
+    """LC groups judged this interval (agent/slo.py: requests completed), as the reward
+    counts its violations."""
     u = env.unwrapped
     return sum(
         1
         for name, spec in u._groups.items()
-        if spec.kind is GroupKind.LC and tail_ratio(spec, snap.groups.get(name)) is not None
+        if spec.kind is GroupKind.LC
+        and spec.slo is not None
+        and judged(getattr(snap.groups.get(name), "latency", None))
     )
 
 

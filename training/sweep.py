@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+import training
+from envs.cluster import ClusterError, start_ray
 
 # short sweep names -> config keys
 ALIASES = {
@@ -150,39 +152,6 @@ def _trainable(config: dict[str, Any]) -> None:
     )
 
 
-def _init_ray(address: str, num_cpus: int | None) -> None:
-    import ray
-
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if address == "local":
-        # "local" always starts a private instance: with no address Ray would join any
-        # cluster it finds (RAY_ADDRESS, /tmp/ray/ray_current_cluster) and refuse num_cpus.
-        ray.init(
-            address="local",
-            num_cpus=num_cpus or os.cpu_count(),
-            include_dashboard=False,
-            runtime_env={"env_vars": env},
-            log_to_driver=False,
-            ignore_reinit_error=True,
-        )
-    else:
-        # Every node must import the package: ship our source packages with the job.
-        import agent
-        import envs
-        import models
-        import training
-
-        modules = [str(Path(m.__file__).parent) for m in (agent, envs, models, training)]
-        try:
-            ray.init(
-                address=address,
-                include_dashboard=False,
-                runtime_env={"env_vars": env, "py_modules": modules},
-            )
-        except ConnectionError as exc:
-            raise SweepError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
-
-
 def run_sweep(
     cfg,
     grid: dict[str, list[Any]],
@@ -209,7 +178,10 @@ def run_sweep(
     name = f"{Path(cfg.output_dir).name}-sweep"
     started = not ray.is_initialized()
     if started:
-        _init_ray(address, num_cpus)
+        try:
+            start_ray(address, num_cpus=num_cpus, packages=(training,))
+        except ClusterError as exc:
+            raise SweepError(str(exc)) from None
     try:
         tuner = tune.Tuner(
             tune.with_resources(_trainable, {"cpu": cpus_per_trial}),
