@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from eval.bench.harness import Result, latency_result, start_sim_agent
+from models.card import CARD_FILE
 
 SCENARIO = "default"
 # oracle: searches the simulator in-process, refuses a remote node. coco, round_robin: need
@@ -41,7 +42,7 @@ def policy_export() -> str | None:
     if path:
         return path
     shipped = Path(__file__).resolve().parents[2] / "models" / "policies" / "default"
-    return str(shipped) if (shipped / "model_card.json").is_file() else None
+    return str(shipped) if (shipped / CARD_FILE).is_file() else None
 
 
 def _controllers() -> list[str]:

@@ -28,9 +28,11 @@ from models.policy import (
 from tests.training.tiny_runs import tiny_export, tiny_run  # noqa: F401
 
 PRESETS = sorted(default_catalog().machines)
+ON = "training_data.trained_on."
 
 
 def _copy(src, dst, **card_changes):
+    """A copy of an export with keys of its card (dotted paths, format 2) changed."""
     shutil.copytree(src, dst)
     card = json.loads((dst / "model_card.json").read_text())
     for key, value in card_changes.items():
@@ -87,15 +89,15 @@ def test_decides_what_the_trained_policy_decides(tiny_run, tiny_export):
 
 def test_loads_from_the_onnx_path_and_the_card(tiny_export):
     for path in (tiny_export / "policy.onnx", tiny_export / "model_card.json"):
-        assert PolicyController.load(path).card["encoder_version"] == ENCODER_VERSION
+        assert PolicyController.load(path).card.encoder_version == ENCODER_VERSION
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"encoder_version": ENCODER_VERSION + 1}, "feature encoder v"),
-        ({"action_design": "per-group-moves"}, "action design"),
-        ({"features.names": ["x"]}, "feature layout"),
+        ({"runtime.encoder_version": ENCODER_VERSION + 1}, "feature encoder version"),
+        ({"runtime.actions.kind": "per-group-moves"}, "action design"),
+        ({"runtime.features.names": ["x"]}, "feature layout"),
         ({"format": "something/9"}, "model card format"),
     ],
 )
@@ -113,10 +115,10 @@ def _caps(preset):
     ("changes", "preset", "edit", "message"),
     [
         ({}, "gold6130", lambda c: dataclasses.replace(c, l3=None), "needs cache allocation"),
-        ({"capabilities.ways_min": 12}, "gold6130", None, r"trained on 12..20 LLC ways"),
-        ({"capabilities.min_cbm_bits_max": 1}, "e5v3_4clos", None, "min_cbm_bits"),
-        ({"capabilities.mba_modes": ["percent"]}, "epyc7302p", None, "MBA modes"),
-        ({"capabilities.trained_without_mba": False}, "e5_2683v4", None, "only trained on nodes"),
+        ({ON + "ways_min": 12}, "gold6130", None, r"ways outside the model's range \[12, 20\]"),
+        ({ON + "min_cbm_bits_max": 1}, "e5v3_4clos", None, "min_cbm_bits"),
+        ({ON + "mba_modes": ["percent"]}, "epyc7302p", None, "MBA mode 'amd'"),
+        ({ON + "trained_without_mba": False}, "e5_2683v4", None, "trained only on nodes"),
     ],
 )
 def test_refuses_nodes_it_was_not_trained_for(
@@ -149,12 +151,12 @@ def test_refuses_damaged_files(tiny_export, tmp_path):
     (bad / "policy.onnx").write_bytes(bytes(data))
     with pytest.raises(PolicyError, match="sha256"):
         PolicyController.load(bad)
-    garbage = _copy(tiny_export, tmp_path / "garbage", **{"onnx.sha256": None})
+    garbage = _copy(tiny_export, tmp_path / "garbage", **{"runtime.onnx.sha256": None})
     (garbage / "policy.onnx").write_bytes(b"not onnx")
     with pytest.raises(PolicyError, match="not a loadable ONNX model"):
         PolicyController.load(garbage)
     (garbage / "model_card.json").write_text("{broken")
-    with pytest.raises(PolicyError, match="not a readable JSON"):
+    with pytest.raises(PolicyError, match="not valid JSON"):
         PolicyController.load(garbage)
 
 
