@@ -71,7 +71,7 @@ class Row:
         }
 
 
-def _summarise(name: str, episodes: list[list[dict]]) -> Row:
+def summarise(name: str, episodes: list[list[dict]]) -> Row:
     returns = [sum(t["total"] for t in ep) for ep in episodes]
     steps = [t for ep in episodes for t in ep]
     # violations counts LC groups over their SLO in a step; the rate is per judged (step, group)
@@ -168,14 +168,14 @@ def make_eval_env(env_id: str, env_kwargs: Mapping[str, Any]) -> gym.Env:
 def evaluate_policy(
     act: ActFn, env: gym.Env, episodes: int, seed: int, name: str = "policy"
 ) -> Row:
-    return _summarise(name, [policy_episode(env, act, seed + i) for i in range(episodes)])
+    return summarise(name, [policy_episode(env, act, seed + i) for i in range(episodes)])
 
 
 def evaluate_controller(
     ctrl_factory: Callable[[], Controller], env: gym.Env, episodes: int, seed: int, name: str
 ) -> Row:
     # A fresh controller per episode: heuristics keep per-run state (history, phases).
-    return _summarise(
+    return summarise(
         name, [controller_episode(env, ctrl_factory(), seed + i) for i in range(episodes)]
     )
 
@@ -212,7 +212,7 @@ def evaluate_heuristics(
             log.warning("controller %s not available: %s", name, exc)
             missing.append(name)
             continue
-        rows.append(_summarise(name, eps))
+        rows.append(summarise(name, eps))
     return rows, missing
 
 

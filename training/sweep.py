@@ -30,6 +30,10 @@ import yaml
 
 import training
 from envs.cluster import ClusterError, start_ray
+from envs.partition import PartitionEnv
+from training.config import ConfigError, TrainConfig
+from training.evaluate import controller_episode, controller_factory, summarise
+from training.train import train
 
 # short sweep names -> config keys
 ALIASES = {
@@ -119,10 +123,7 @@ class SweepResult:
 
 def _trainable(config: dict[str, Any]) -> None:
     """One Ray Tune trial: the base config plus this trial's overrides, trained here."""
-    from ray import tune
-
-    from training.config import TrainConfig
-    from training.train import train
+    from ray import tune  # an optional dependency: only sweeps need it
 
     overrides = dict(config["overrides"])
     overrides["output_dir"] = str(Path(tune.get_context().get_trial_dir()) / "run")
@@ -163,10 +164,8 @@ def run_sweep(
     shutdown: bool = True,
 ) -> SweepResult:
     """Run every combination of ``grid`` over ``cfg`` as Ray Tune trials."""
-    import ray
+    import ray  # an optional dependency: only sweeps need it
     from ray import tune
-
-    from training.config import ConfigError
 
     trials = combinations(grid)
     for overrides in trials:  # fail fast, in the driver, on a bad key or value
@@ -224,9 +223,6 @@ def run_sweep(
 
 def _rollout(env_kwargs: dict, name: str, seed: int, policy_path: str | None) -> list[dict]:
     """One held-out episode of controller ``name`` (a Ray task: builds the env class)."""
-    from envs.partition import PartitionEnv
-    from training.evaluate import controller_episode, controller_factory
-
     env = PartitionEnv(**env_kwargs)
     try:
         return controller_episode(env, controller_factory(name, policy_path), seed)
@@ -240,13 +236,11 @@ def parallel_rollouts(
     """Evaluate controllers (``policy`` = the exported one at ``policy_path``) on
     ``episodes`` episodes each, every episode a Ray task; rows as in training/evaluate.py.
     Needs a running Ray (``ray.init``)."""
-    import ray
-
-    from training.evaluate import _summarise
+    import ray  # an optional dependency
 
     task = ray.remote(num_cpus=1)(_rollout)
     futures = {
         name: [task.remote(dict(env_kwargs), name, seed + i, policy_path) for i in range(episodes)]
         for name in names
     }
-    return {name: _summarise(name, ray.get(refs)) for name, refs in futures.items()}
+    return {name: summarise(name, ray.get(refs)) for name, refs in futures.items()}

@@ -24,12 +24,12 @@ The run directory holds ``config.yaml`` (the validated config), ``run.json`` (la
 versions the exporter needs), checkpoints, ``vecnormalize.pkl`` when used, ``tb/`` and
 ``evaluations.jsonl``. ``rdtune export --model RUN_DIR`` turns it into an ONNX policy.
 With ``--ray-address`` and ``--sweep`` the same function runs inside Ray Tune trials
-(:mod:`training.sweep`).
+(:mod:`training.sweep`, which depends on this module, not the other way round); the
+command line is training/cli.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -43,70 +43,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 FINAL_SEED_OFFSET = 100_000  # final-table episodes: other seeds (and the test split)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", required=True, help="YAML training config (see training/config.py)"
-    )
-    parser.add_argument("--out", help="run directory (default: the config's output_dir)")
-    parser.add_argument("--seed", type=int, help="override the config's seed")
-    parser.add_argument("--total-timesteps", type=int, help="override total_timesteps")
-    parser.add_argument(
-        "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"
-    )
-    parser.add_argument(
-        "--ray-address",
-        help="run on Ray: 'local' (a Ray instance on this machine) or a cluster address; "
-        "needed for --sweep",
-    )
-    parser.add_argument(
-        "--sweep",
-        nargs="+",
-        metavar="KEY=V1,V2",
-        help="grid over config keys on Ray Tune, e.g. seeds=0,1,2 lr=3e-4,1e-3 "
-        "(short names: seeds, lr, ent, gamma, steps; or any dotted key like ppo.n_epochs)",
-    )
-    parser.add_argument(
-        "--max-concurrent", type=int, default=0, help="Ray Tune: trials at once (0: by CPUs)"
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    from training.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(args.config)
-        overrides: dict[str, Any] = {}
-        if args.seed is not None:
-            overrides["seed"] = args.seed
-        if args.total_timesteps is not None:
-            overrides["total_timesteps"] = args.total_timesteps
-        if args.no_progress:
-            overrides["progress_bar"] = False
-        if args.out:
-            overrides["output_dir"] = args.out
-        if overrides:
-            cfg = cfg.with_overrides(overrides)
-    except ConfigError as exc:
-        print(f"rdtune train: {exc}")
-        return 2
-    if args.sweep or args.ray_address:
-        from training.sweep import SweepError, parse_sweep, run_sweep
-
-        try:
-            grid = parse_sweep(args.sweep or [])
-            result = run_sweep(
-                cfg, grid, address=args.ray_address or "local", max_concurrent=args.max_concurrent
-            )
-        except (SweepError, ConfigError) as exc:
-            print(f"rdtune train: {exc}")
-            return 2
-        print(result.summary())
-        return 0
-    result = train(cfg)
-    print(result.summary())
-    return 0
 
 
 @dataclass

@@ -23,10 +23,15 @@ import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
+from agent.client import RemoteNode
 from eval.bench.harness import Result, latency_result, start_sim_agent
+from models import catalogue
 from models.card import CARD_FILE
+from models.policy import DEFAULT_POLICY
+from tuner.config import AgentConnection, GuardConfig, TunerConfig
+from tuner.controllers import build, fallback
+from tuner.service import Tuner
 
 SCENARIO = "default"
 # oracle: searches the simulator in-process, refuses a remote node. coco, round_robin: need
@@ -41,13 +46,10 @@ def policy_export() -> str | None:
     path = os.environ.get("RDTUNE_BENCH_POLICY")
     if path:
         return path
-    shipped = Path(__file__).resolve().parents[2] / "models" / "policies" / "default"
-    return str(shipped) if (shipped / CARD_FILE).is_file() else None
+    return str(DEFAULT_POLICY) if (DEFAULT_POLICY / CARD_FILE).is_file() else None
 
 
 def _controllers() -> list[str]:
-    from models import catalogue
-
     names = [n for n in catalogue.names() if n not in SKIP and n != "policy"]
     export = policy_export()
     if export:
@@ -57,11 +59,6 @@ def _controllers() -> list[str]:
 
 def measure(address: str, spec: str, intervals: int) -> tuple[list[float], list[float]]:
     """Loop and decide seconds of ``intervals`` intervals of ``spec`` on a reset node."""
-    from agent.client import RemoteNode
-    from tuner.config import AgentConnection, GuardConfig, TunerConfig
-    from tuner.controllers import build, fallback
-    from tuner.service import Tuner
-
     with RemoteNode(address, timeout=10) as node:
         node.reset(SCENARIO, seed=0)
     cfg = TunerConfig(
