@@ -35,7 +35,7 @@ from models.cadence import Every
 from models.coco import CoCo, RoundRobin
 from models.controller import Controller
 from models.copart import CoPart
-from models.copart_variants import CoPartCatOnly, CoPartMbaOnly
+from models.copart.variants import CoPartCatOnly, CoPartMbaOnly
 from models.explore import Explore
 from models.oracle import Oracle
 from models.policy import PolicyController

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 from models.controller import ControlContext, Decision
-from models.copart import ANY, LLC, MBA, CoPart
+from models.copart.apps import ANY, LLC, MBA
+from models.copart.controller import CoPart
 
 
 class CoPartCatOnly(CoPart):
