@@ -1,5 +1,5 @@
 """The partitioning reward: SLOs first, then fairness among batch jobs, then throughput, minus
-a cost for changing allocations (issue 5, "Reward").
+a cost for changing allocations.
 
 ``total = slo + fairness + throughput + change`` with
 

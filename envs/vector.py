@@ -1,6 +1,6 @@
 """Vectorised construction: SB3 VecEnvs (DummyVecEnv / SubprocVecEnv) and Gymnasium's vector API.
 
-SB3 VecEnvs are not ``gymnasium.vector`` (RL.md): the final observation is in
+SB3 VecEnvs are not ``gymnasium.vector`` (docs/RL.md): the final observation is in
 ``info["terminal_observation"]`` and ``reset()`` returns only observations. MaskablePPO
 reads masks through ``env_method("action_masks")``, which both SB3 VecEnvs forward to the
 env itself (:meth:`envs.partition.PartitionEnv.action_masks`), so SubprocVecEnv works too.
@@ -77,7 +77,7 @@ def make_gym_vec_env(
 def env_creator(config: Mapping[str, Any] | None = None) -> gym.Env:
     """An env from one config mapping, the form Ray RLlib hands to an env creator
     (``tune.register_env("rdtune/Partition-v0", env_creator)``; the gymnasium registry is
-    not visible in Ray workers, RL.md). ``config["env_id"]`` picks the env (default
+    not visible in Ray workers, docs/RL.md). ``config["env_id"]`` picks the env (default
     Partition-v0); every other key is a keyword of the env."""
     import envs  # noqa: F401  (registers the ids in a fresh worker)
 

@@ -16,7 +16,7 @@ reuse them as they are:
   weights far apart).
 - :class:`SloConstrained` turns an objective into a constrained one: every LC service
   within its SLO target shrunk by a safety margin, then the objective (the safe oracle's,
-  BASELINES.md "Oracle"); :func:`slo_excess` measures how far an outcome is from that.
+  docs/CONTROLLERS.md, oracle); :func:`slo_excess` measures how far an outcome is from that.
 - SLO windows (:func:`window_requests`, :data:`SLO_WINDOW_S`): how many requests and how
   much time a measured percentile is judged on (eval/metrics.py judges runs so; the oracle
   sizes its safety margin to the noise of such a window, :func:`window_noise`).

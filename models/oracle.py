@@ -1,5 +1,5 @@
 """The safe oracle: the best allocation on the simulator's ground truth that keeps every SLO
-(BASELINES.md, "Oracle") — the ceiling every controller is compared to.
+(docs/CONTROLLERS.md, oracle) — the ceiling every controller is compared to.
 
 Nodes that offer ground truth only (:class:`agent.node.GroundTruth`: an in-process
 simulated node): candidate allocations are scored with its ``steady_state`` (noise-free,

@@ -1,7 +1,7 @@
 """Static allocations: the catbench-style offline sweep and CoPart's best static (ST).
 
 :class:`StaticController` ("Simple Cache Partitioning for Networked Workloads", CMU 2017,
-as summarised in BASELINES.md "Static"): the LC service (the "mite") gets a contiguous low
+as summarised in docs/CONTROLLERS.md, static): the LC service (the "mite") gets a contiguous low
 range of ways from bit 0; every other group shares the disjoint remainder (mite 2 ways =
 0x3, contenders 0xffffc on 20 ways); no MBA (every MB at its maximum). :func:`calibrate`
 sweeps the mite's ways from 1 to L-1 on a node under contention at the target load,

@@ -6,8 +6,8 @@ from the env's baseline allocation. A policy acts through ``env.step``; a heuris
 :class:`~models.controller.Controller` decides from the same snapshots and its plan is
 applied to the same node, then the interval is scored with the env's own reward
 (:func:`envs.reward.compute_reward`, same weights and reference). So the table compares
-like with like (issue 7: "beats EQ, static and CoPart on its held-out family on the env's
-reward, with no more SLO violations than Ubik").
+like with like: the policy is meant to beat EQ, static and CoPart on its held-out family on
+the env's reward, with no more SLO violations than Ubik.
 
 Heuristics drive the env's node through its internals (``_alloc``, ``_snap``, ``_wait``,
 ``_observe``, ``_reference``): the envs package has no controller adapter by design.

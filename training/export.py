@@ -1,6 +1,6 @@
-"""``rdtune export``: a trained run -> ``policy.onnx`` + ``model_card.json`` (issue 7, "Export").
+"""``rdtune export``: a trained run -> ``policy.onnx`` + ``model_card.json``.
 
-What is exported is the small actor only (RL.md, "Export and inference latency"):
+What is exported is the small actor only (docs/RL.md, "Export and inference latency"):
 ``extract_features -> mlp_extractor.forward_actor -> action_net -> logits``, then per action
 dimension the argmax, after masking the logits with the action mask when the policy was
 trained with MaskablePPO (so the exported action equals ``predict(..., deterministic=True,
@@ -157,7 +157,7 @@ def export_onnx(model, path: Path, nvec: list[int], masked: bool) -> None:
     dyn = {n: {0: "batch"} for n in [*names, "action"]}
     with torch.no_grad(), warnings.catch_warnings():
         # The legacy (TorchScript-based) exporter, on purpose: a small graph that matches
-        # SB3 exactly (RL.md); it warns that it is no longer the default.
+        # SB3 exactly (docs/RL.md); it warns that it is no longer the default.
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
             module,

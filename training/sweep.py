@@ -1,4 +1,4 @@
-"""Scale-out on Ray: seed and hyperparameter sweeps with Ray Tune, parallel rollouts (issue 7).
+"""Scale-out on Ray: seed and hyperparameter sweeps with Ray Tune, parallel rollouts.
 
 ``rdtune train --config FILE --ray-address ADDR|local --sweep seeds=0,1,2 lr=3e-4,1e-3``
 runs the grid (every combination) as Ray Tune trials. Each trial is a *function trainable*
@@ -6,7 +6,7 @@ runs the grid (every combination) as Ray Tune trials. Each trial is a *function 
 worker and calls :func:`training.train.train`; the trainer's evaluation callback reports
 through ``ray.tune.report`` (Ray 2.60's API: ``report(metrics, checkpoint=...)``). What
 crosses to a worker is data only (the config dict and overrides): the gymnasium registry
-of the driver is not visible there (RL.md), so the worker imports ``envs`` itself (its ids
+of the driver is not visible there (docs/RL.md), so the worker imports ``envs`` itself (its ids
 register on import) and builds envs from the id and kwargs.
 
 All trials land in one experiment folder, ``<output_dir>-sweep/`` (Ray's own files and a

@@ -1,4 +1,4 @@
-"""``rdtune train``: train a PPO / MaskablePPO policy on Partition-v0 (issue 7, "Trainer").
+"""``rdtune train``: train a PPO / MaskablePPO policy on Partition-v0.
 
 Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered steps):
 

@@ -1,6 +1,5 @@
 """The tuner's safety guard: no invalid plan reaches the node, changes are rate-limited, and
-an LC group missing its SLO switches the node to a fallback controller (issue 8, "Safety
-guard").
+an LC group missing its SLO switches the node to a fallback controller.
 
 - :class:`PlanGuard` screens every decided plan: validated with the kernel's rules
   (agent/validate.py, the same code every backend runs) against the allocation the node

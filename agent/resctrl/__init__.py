@@ -1,5 +1,5 @@
 """The real Linux resctrl backend: ResctrlNode and its pieces (schemata parsing, capability
-discovery, flock, monitoring counters, ownership state). See shared/design/RESCTRL.md."""
+discovery, flock, monitoring counters, ownership state). See docs/RESCTRL.md."""
 
 from agent.resctrl.node import ResctrlNode
 

@@ -1,7 +1,7 @@
-"""ResctrlNode: the real Linux backend of ``Node`` (ARCHITECTURE.md, "One seam"), over the
+"""ResctrlNode: the real Linux backend of ``Node`` (docs/ARCHITECTURE.md, "The seams"), over the
 resctrl filesystem, perf_event_open counters and an LC latency feed.
 
-Follows shared/design/RESCTRL.md: owns only the groups it created -- recorded in a state
+Follows docs/RESCTRL.md: owns only the groups it created -- recorded in a state
 file by name, kind, SLO and a marker of the directory (agent/resctrl/state.py) and adopted
 again after a restart; a directory with its prefix that it did not record is someone
 else's and is never changed or removed. It notices own groups deleted by someone else,

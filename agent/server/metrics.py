@@ -1,4 +1,4 @@
-"""The agent's Prometheus metrics (issue 4, "Prometheus metrics endpoint").
+"""The agent's Prometheus metrics.
 
 Naming follows Prometheus conventions: ``rdtune_agent_`` prefix, base units (seconds,
 bytes), ``_total`` for counters. RPC counts and latencies come from the server interceptor;

@@ -1,4 +1,4 @@
-"""Benchmark ``traces``: recorded traces and offline training (issue 7; docs/TRACES.md).
+"""Benchmark ``traces``: recorded traces and offline training (docs/TRACES.md).
 
 * recording: ``explore`` driving the default SimNode into a Parquet trace, intervals/s;
 * reading: ``load_trace`` of a 90 s (900-interval, 4-group) trace;

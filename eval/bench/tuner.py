@@ -1,5 +1,5 @@
 """Benchmark ``tuner``: the online tuner's observe -> decide -> apply loop over loopback gRPC
-(issue 8; target p99 <= 5 ms with an ONNX policy).
+(target p99 <= 5 ms with an ONNX policy).
 
 Starts the real agent (``rdtune agent --backend sim --scenario default``: an LC service and
 three batch jobs on the Gold 6130 model) as a separate process on 127.0.0.1 and runs the

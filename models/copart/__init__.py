@@ -1,5 +1,5 @@
 """CoPart: coordinated LLC and memory-bandwidth partitioning for fairness (EuroSys'19,
-sections 5.1-5.4; shared/papers/copart-eurosys19.txt; BASELINES.md "CoPart").
+sections 5.1-5.4; docs/CONTROLLERS.md summarises it).
 
 Unfairness = sigma/mu of the batch applications' slowdowns, slowdown = IPS(full) / IPS(now)
 with IPS(full) from the profiling phase (section 2, eq. 2). One *application* is one batch

@@ -1,4 +1,4 @@
-"""CoCo time-sharing and the round-robin baseline on 4-CLOS presets (issue 6)."""
+"""CoCo time-sharing and the round-robin baseline on 4-CLOS presets."""
 
 from __future__ import annotations
 

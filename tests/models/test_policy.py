@@ -1,5 +1,5 @@
 """The learned-policy runtime: loads an export, decides like the trained policy, refuses
-what it does not fit (issue 7, "Export")."""
+what it does not fit."""
 
 # ruff: noqa: F811  (pytest fixtures imported from tests.training.tiny_runs)
 from __future__ import annotations
