@@ -1,7 +1,7 @@
 """``RemoteNode``: a ``Node`` (and ``Clock``) across gRPC, and ``LatencyReporter``.
 
 Every consumer written against :class:`agent.node.Node` works unchanged against a node
-served by ``rdtune agent`` on this or another host (ARCHITECTURE.md, "One seam"). Each call
+served by ``rdtune agent`` on this or another host (docs/ARCHITECTURE.md, "The seams"). Each call
 has a deadline; UNAVAILABLE (the agent restarting, a dropped connection) is retried with
 exponential backoff; server errors come back as the same ``agent.errors`` classes with the
 same attributes (``GroupNotFound``, ``InvalidAllocation.rule``, ...).

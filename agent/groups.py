@@ -4,7 +4,7 @@ A simulated node (agent.sim's ``SimNode``) and a trace-driven one (training's
 ``TraceNode``) hold what a resctrl filesystem holds for a real node: each own group's spec,
 what it is allocated, its CPUs, and which group every known task is in. :class:`GroupTable`
 owns that state and the Node protocol's rules over it (agent/node.py; the kernel's
-behaviour as in shared/design/RESCTRL.md):
+behaviour as in docs/RESCTRL.md):
 
 * a new group holds every way not held exclusively and MB at maximum; CLOSIDs (and, where
   the node counts them, RMIDs) run out with the default group counted;

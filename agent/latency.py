@@ -1,7 +1,7 @@
 """Per-group request-latency feeds turned into per-interval percentiles.
 
-LC services report their latencies to the agent in one of two ways (ARCHITECTURE.md, "Real,
-not mocked"): they push raw samples or histogram buckets over the agent's gRPC stream, or the
+LC services report their latencies to the agent in one of two ways (docs/ARCHITECTURE.md,
+"Data flow"): they push raw samples or histogram buckets over the agent's gRPC stream, or the
 agent scrapes a Prometheus histogram they already export. Both land in a
 :class:`LatencyRecorder`; once per observation interval the node drains it into a
 :class:`~agent.types.LatencyStats` (count, p50/p95/p99/p99.9).

@@ -6,13 +6,17 @@ contract tests (tests/agent/contract.py): ``ResctrlNode`` (real Linux resctrl + 
 counters), ``SimNode`` (a simulated server) and ``RemoteNode`` (either, across gRPC).
 
 A simulated node is also a :class:`Clock`; a real node's clock is the wall clock. Code that
-needs to step time asks ``as_clock(node)``, never for the backend type.
+needs to step time asks ``as_clock(node)``, never for the backend type. Likewise an
+in-process simulated node offers :class:`GroundTruth` — what no real node can tell (the
+noise-free steady state of any allocation, the load schedule ahead, which workload runs
+where); code that needs it asks ``ground_truth(node)`` and refuses a node that answers None.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Protocol, runtime_checkable
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from agent.types import Allocation, AllocationPlan, GroupSpec, NodeCapabilities, Snapshot
 
@@ -102,3 +106,52 @@ def as_clock(node: Node) -> Clock | None:
     if node.capabilities().simulated and isinstance(node, Clock):
         return node
     return None
+
+
+@runtime_checkable
+class GroundTruth(Protocol):
+    """What a simulated node knows and a real one cannot: a capability, not a backend type.
+
+    Offered by an in-process simulated node (``agent.sim.SimNode``); a ``RemoteNode`` never
+    offers it, even to a simulated agent (the oracle's searches run thousands of steady
+    states). A node that offers it also deep-copies: the copy continues exactly as the node
+    would, which is how calibration sweeps run without disturbing the node (:func:`twin`).
+    Controllers that need it say so in the catalogue (models/catalogue.py).
+    """
+
+    @property
+    def scenario(self) -> Any:
+        """The scenario running (machine preset name, workloads, catalog)."""
+        ...
+
+    def workloads(self) -> Sequence[Any]:
+        """Every workload instance: name, kind, group, pids, spec, LC capacity, active."""
+        ...
+
+    def load_rps(self, name: str, at_s: float | None = None) -> float:
+        """An LC instance's offered load now, or at a future time of its load schedule."""
+        ...
+
+    def steady_state(
+        self,
+        plan_or_allocation: Any = None,
+        load_overrides: Mapping[str, float] | None = None,
+        *,
+        latency_requests: int = 100_000,
+    ) -> Mapping[str, Any]:
+        """The noise-free steady state of an allocation per group (IPS, slowdown, latency
+        percentiles), without disturbing the node."""
+        ...
+
+
+def ground_truth(node: Node) -> GroundTruth | None:
+    """The node's ground truth when it offers it (an in-process simulated node), else None."""
+    if isinstance(node, GroundTruth) and node.capabilities().simulated:
+        return node
+    return None
+
+
+def twin(node: GroundTruth) -> Any:
+    """An independent copy of a node that offers ground truth (same state, same future);
+    the caller closes it."""
+    return copy.deepcopy(node)

@@ -4,7 +4,7 @@ One implementation for every backend: ResctrlNode runs it before touching the fi
 (so a plan is rejected whole, before any write), SimNode runs it so a simulated node
 refuses what a real one would, and the tuner's safety guard runs it before a decided plan
 reaches the node. The rules and messages mirror fs/resctrl/ctrlmondata.c (``cbm_validate``,
-``bw_validate``) and rdtgroup.c (``rdtgroup_cbm_overlaps``); see shared/design/RESCTRL.md.
+``bw_validate``) and rdtgroup.c (``rdtgroup_cbm_overlaps``); see docs/RESCTRL.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Gymnasium environments over any Node: partitioning LLC ways and memory bandwidth.
 
-Importing ``envs`` registers (issue 5; shared/design/RL.md):
+Importing ``envs`` registers (docs/RL.md):
 
 - ``rdtune/Partition-v0``: an in-process SimNode, a scenario per episode
   (:class:`envs.partition.PartitionEnv`); its ``vector_entry_point`` is N of them over the

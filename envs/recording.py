@@ -1,7 +1,7 @@
 """Recording what an environment does: :class:`RecordTrace` and :class:`RecordTransitions`.
 
 Two wrappers, against two small protocols (envs/ may not import training/, which sits
-above it in ARCHITECTURE.md's layering; the training code plugs its writers in):
+above it in docs/ARCHITECTURE.md's layering; the training code plugs its writers in):
 
 - :class:`RecordTrace` writes every interval to the *trace format* of the training issue
   (Parquet, ``training.traces.TraceWriter``, docs/TRACES.md) through the
@@ -17,7 +17,7 @@ above it in ARCHITECTURE.md's layering; the training code plugs its writers in):
   :class:`JsonlTransitionWriter` stores them as JSON lines after a header line with the
   feature and action layouts (the format :func:`read_jsonl` reads back).
 
-RL.md ("Recorded traces"): replaying logs is biased when logged actions shaped what was
+docs/RL.md ("Recorded traces"): replaying logs is biased when logged actions shaped what was
 logged; both records keep the action and the allocation it produced, so an offline learner
 can model the response to allocations instead of replaying.
 """

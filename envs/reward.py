@@ -1,12 +1,13 @@
 """The partitioning reward: SLOs first, then fairness among batch jobs, then throughput, minus
-a cost for changing allocations (issue 5, "Reward").
+a cost for changing allocations.
 
 ``total = slo + fairness + throughput + change`` with
 
 - ``slo = -w_slo * mean over LC groups of penalty``, penalty ``1 + min(cap, ratio - 1)``
   when the tail latency at the SLO's percentile exceeds its target (``ratio`` = latency /
   target), else 0. A violation always costs at least ``w_slo`` and more the further it
-  misses; LC groups without requests in the interval are not judged.
+  misses; LC groups without requests in the interval are not judged, and a tail that is not
+  a finite number is a violation at the cap (agent/slo.py's rule).
 - ``fairness = -w_fair * unfairness``, CoPart's unfairness (EuroSys'19, section 3): the
   standard deviation over the mean of the batch groups' slowdowns (0 with fewer than two
   running batch groups).
@@ -233,14 +234,18 @@ def reward_arrays(
     with np.errstate(divide="ignore", invalid="ignore"):
         pct = np.maximum(slo_pct, 0)[..., None]
         value = np.take_along_axis(latency_ms, pct, axis=2)[..., 0] if latency_ms.shape[1] else ips
-        judged = (slo_pct >= 0) & (latency_count > 0) & np.isfinite(value)
+        # agent/slo.py's rule on arrays: judged when requests completed; met when the tail
+        # is finite and at most the target (an unknown or unfinished tail costs the cap)
+        judged = (slo_pct >= 0) & (latency_count > 0)
         ratio = np.where(judged, value / slo_target, np.nan)
-        over = judged & (ratio > 1.0)
-        penalty = np.where(over, 1.0 + np.minimum(w.slo_cap, ratio - 1.0), 0.0)
+        over = judged & ~(np.isfinite(value) & (value <= slo_target))
+        excess = np.where(np.isfinite(ratio), ratio - 1.0, w.slo_cap)
+        penalty = np.where(over, 1.0 + np.minimum(w.slo_cap, excess), 0.0)
         n_lc = judged.sum(axis=1)
         slo = np.where(n_lc > 0, -w.slo * (penalty.sum(axis=1) / np.maximum(n_lc, 1)), 0.0)
-        top = np.where(judged, ratio, -np.inf).max(axis=1, initial=-np.inf)
-        worst = np.where(n_lc > 0, top, np.nan)
+        known = judged & ~np.isnan(ratio)
+        top = np.where(known, ratio, -np.inf).max(axis=1, initial=-np.inf)
+        worst = np.where(known.any(axis=1), top, np.nan)
         ref = np.where(np.isnan(reference_ips), 0.0, reference_ips)
         ok = is_batch & (ref != 0) & (ips > 0)
         slow = np.where(ok, np.maximum(ref / ips, 1e-6), np.nan)

@@ -6,7 +6,7 @@ simulator (:class:`envs.vector_env.PartitionVectorEnv`), and :func:`sb3_vector_e
 SB3 ``VecEnv`` (:func:`make_batched_vec_env` builds both). The per-env paths remain: SB3's
 DummyVecEnv / SubprocVecEnv of single envs, and gymnasium's sync/async vector envs.
 
-SB3 VecEnvs are not ``gymnasium.vector`` (RL.md): the final observation is in
+SB3 VecEnvs are not ``gymnasium.vector`` (docs/RL.md): the final observation is in
 ``info["terminal_observation"]`` and ``reset()`` returns only observations. MaskablePPO
 reads masks through ``env_method("action_masks")``, which both SB3 VecEnvs forward to the
 env itself (:meth:`envs.partition.PartitionEnv.action_masks`), so SubprocVecEnv works too.
@@ -101,7 +101,7 @@ def make_gym_vec_env(
 def env_creator(config: Mapping[str, Any] | None = None) -> gym.Env:
     """An env from one config mapping, the form Ray RLlib hands to an env creator
     (``tune.register_env("rdtune/Partition-v0", env_creator)``; the gymnasium registry is
-    not visible in Ray workers, RL.md). ``config["env_id"]`` picks the env (default
+    not visible in Ray workers, docs/RL.md). ``config["env_id"]`` picks the env (default
     Partition-v0); every other key is a keyword of the env."""
     import envs  # noqa: F401  (registers the ids in a fresh worker)
 

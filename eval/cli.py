@@ -26,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     parser.add_argument(
+        "--list-controllers",
+        action="store_true",
+        help="list the controllers (the catalogue rdtune tune uses too) and exit",
+    )
+    parser.add_argument(
         "--suites", metavar="FILE", help="suites YAML file (default: eval/data/suites.yaml)"
     )
     parser.add_argument(
@@ -81,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
     console = Console(width=max(120, Console().width))
     if args.rerender:
         return _rerender(console, Path(args.rerender))
+    if args.list_controllers:
+        from models.catalogue import describe
+
+        print(describe())
+        return 0
     try:
         if args.list:
             for name, s in load_suites(args.suites).items():

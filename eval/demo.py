@@ -53,10 +53,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from eval.bench.harness import machine
-    from eval.controllers import policy_available, split_specs
     from eval.report import write_report
     from eval.runner import Job, run_job
     from eval.suites import EVAL_DIR
+    from models.catalogue import split_specs
+    from models.policy import policy_available
 
     # the bundled policy decides once a second, the cadence it was trained at
     policy = "policy[decide_s=1]" if args.interval <= 1.0 else "policy"

@@ -9,7 +9,7 @@ Definitions (shared by the demo, ``rdtune eval`` and the RL evaluation):
   mean something — a p95 over the 20 requests a slow service answers in 0.1 s, or over one
   short burst of a busy one, is mostly sampling noise. With 1 s control intervals a busy
   service's window is one interval. The window's percentile is the request-weighted mean
-  of its intervals' percentiles (as :func:`eval.controllers.merge_snapshots` merges
+  of its intervals' percentiles (as :func:`models.cadence.merge_snapshots` merges
   intervals).
 - Tail latency: mean over intervals of the latency at the SLO percentile (ms).
 - Slowdown of a batch group: reference IPS / mean IPS over the run, the reference being its
@@ -29,6 +29,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.slo import judged, slo_met
 from agent.types import GroupKind, GroupSpec, LatencyStats
 from models.controller import StepRecord
 from models.objectives import SLO_WINDOW_S, window_requests
@@ -91,7 +92,7 @@ def slo_windows(
     count, span = 0, 0.0
     for i, lat in enumerate(latencies):
         span += lengths[i]
-        if lat is None or not lat.count:
+        if not judged(lat):
             continue
         cur.append(i)
         count += lat.count
@@ -109,7 +110,7 @@ def slo_windows(
         n = sum(s.count for s in stats)
         tail = pooled_percentile(stats, percentile)
         secs = sum(lengths[i] for i in range(idx[0], idx[-1] + 1))
-        out.append(SloWindow(idx[0], idx[-1], len(idx), n, secs, not tail <= target_ms))
+        out.append(SloWindow(idx[0], idx[-1], len(idx), n, secs, not slo_met(tail, target_ms)))
     return out
 
 

@@ -8,7 +8,8 @@ infeasible runs apart), the paired table (the learned policy, else the suite's f
 controller, against each other one over the same (scenario, seed) runs, eval/report.py),
 the infeasible runs with the reason (eval/feasibility.py), and the oracle's safety record
 (violations on feasible runs, which must be 0) and cost. The learned policy's own
-training table comes from its model card (models/policies/default/model_card.json).
+training table comes from its model card (models/policies/default/model_card.json, read
+with models/card.py).
 
 Everything is generated: rerun it after a change to the simulator and commit the result.
 ``--rerender`` rebuilds the document from the saved ``results.json`` files without runs.
@@ -27,6 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from eval.runner import JobResult
+from models.card import ModelCard
+from models.policy import DEFAULT_POLICY, policy_available
 
 SUITES = ("demo", "copart", "ubik", "catbench", "coco", "learned", "heldout")
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,8 +37,8 @@ ORACLE = "oracle"
 
 
 def _jobs(name: str):
-    from eval.controllers import ControllerSpec
     from eval.suites import get_suite
+    from models.catalogue import ControllerSpec
 
     suite = get_suite(name)
     jobs = suite.jobs()
@@ -224,16 +227,15 @@ def _card_table(rows: Sequence[dict]) -> str:
 
 
 def _training_section() -> list[str]:
-    card = ROOT / "models" / "policies" / "default" / "model_card.json"
-    if not card.is_file():
+    if not policy_available():
         return []
-    data = json.loads(card.read_text())
-    ev = data.get("evaluation") or {}
+    card = ModelCard.read(DEFAULT_POLICY)
+    ev = card.evaluation or {}
     kw = ev.get("eval_kwargs") or {}
     return [
         "## The bundled policy's training table (model card)",
         "",
-        f"`models/policies/default` ({data.get('algorithm')}, exported {data.get('created')}): "
+        f"`models/policies/default` ({card.algorithm}, exported {card.created}): "
         f"its best checkpoint (step {ev.get('best_step')} of {ev.get('total_timesteps')}) "
         f"and the heuristics on {ev.get('episodes')} episodes of the `{kw.get('split')}` "
         f"split (seeds from {ev.get('seed')}), scored with the env's reward "

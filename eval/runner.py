@@ -3,7 +3,7 @@
 A :class:`Job` is plain data (it pickles to Ray workers). :func:`run_job` builds the node
 (an in-process :class:`~agent.sim.SimNode`, or a :class:`~agent.client.RemoteNode` reset to
 the scenario when ``agent`` is set), builds the controller for it
-(:mod:`eval.controllers`, calibrating on a copy), drives it with
+(the controller catalogue, models/catalogue.py, calibrating on a copy), drives it with
 :func:`models.controller.drive` and reduces the run to :class:`JobResult`: the metrics of
 :mod:`eval.metrics`, the LC tail normalised to the service alone, and the allocation
 timeline (ways per group per interval) for the report's plots.
@@ -31,8 +31,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import eval as eval_package
 from agent.sim import Scenario
+from agent.slo import slo_met
 from agent.types import GroupKind
+from envs.cluster import start_ray
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ class Job:
 
     suite: str
     scenario: str | Scenario
-    controller: str  # a spec string (eval.controllers)
+    controller: str  # a spec string (models/catalogue.py)
     seed: int
     seconds: float
     interval_s: float = 0.1
@@ -142,7 +145,7 @@ class _ServiceProbe:
                     continue
                 self.tails[name].append(tail)
                 self.judged += 1
-                self.violations += tail > target
+                self.violations += not slo_met(tail, target)
         return snap
 
 
@@ -157,7 +160,6 @@ def _sim_node(job: Job, bare: bool):
 
 def run_job(job: Job) -> JobResult:
     """Run one job; a controller or node failure is recorded in ``error``, not raised."""
-    from eval.controllers import ControllerSpec, build, needs_bare_node
     from eval.metrics import (
         lc_tails,
         normalized_tail,
@@ -165,9 +167,12 @@ def run_job(job: Job) -> JobResult:
         sim_reference_ips,
         summarize,
     )
+    from models.catalogue import ControllerSpec, build
     from models.controller import drive
+    from models.setup import Setup
 
     spec = ControllerSpec.parse(job.controller)
+    bare = spec.entry.own_groups
     res = JobResult(
         job.suite,
         job.scenario_name,
@@ -193,17 +198,19 @@ def run_job(job: Job) -> JobResult:
                 except Exception as exc:  # the twin only gives references
                     log.info("no local twin of %s for references: %s", job.scenario, exc)
         else:
-            node = _sim_node(job, needs_bare_node(spec))
+            node = _sim_node(job, bare)
             clock = node
             twin = node
         t0 = time.perf_counter()
-        controller = build(spec, node, clock, job.interval_s)
-        if job.agent and clock is not None and spec.name in ("static", "ubik", "static_lc"):
-            node.reset(job.scenario, job.seed)  # calibration ran on the agent's node itself
+        # calibration on the node itself when it cannot be copied: the run resets it after
+        setup = Setup(node, clock, job.interval_s, live_calibration=True)
+        controller = build(spec, setup)
+        if setup.disturbed and clock is not None:
+            node.reset(job.scenario, job.seed)
         res.build_s = time.perf_counter() - t0
         intervals = max(1, round(job.seconds / job.interval_s))
         t0 = time.perf_counter()
-        probe = _ServiceProbe(node) if needs_bare_node(spec) and not job.agent else None
+        probe = _ServiceProbe(node) if bare and not job.agent else None
         records = drive(controller, probe or node, clock, intervals, job.interval_s)
         res.run_s = time.perf_counter() - t0
         stats = getattr(getattr(controller, "inner", controller), "stats", None)
@@ -220,7 +227,6 @@ def run_job(job: Job) -> JobResult:
         if probe is None:
             res.lc_tails_ms = lc_tails(records, groups)
         # time-sharing moves services between tier groups: no per-service reference there
-        bare = needs_bare_node(spec)
         if bare:  # batch runs in CoCo's background (system) group: not a batch group
             for k in ("unfairness", "weighted_speedup", "batch_ips"):
                 res.metrics[k] = math.nan
@@ -274,44 +280,6 @@ def run_job(job: Job) -> JobResult:
     return res
 
 
-def init_ray(address: str) -> None:
-    """Start (``local``) or join (an address) a Ray cluster for evaluation jobs."""
-    import os
-
-    import ray
-
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if address == "local":
-        # "local" always starts a private instance: with no address Ray would join any
-        # cluster it finds (RAY_ADDRESS, /tmp/ray/ray_current_cluster) and refuse num_cpus.
-        ray.init(
-            address="local",
-            num_cpus=os.cpu_count(),
-            include_dashboard=False,
-            runtime_env={"env_vars": env},
-            log_to_driver=False,
-            ignore_reinit_error=True,
-        )
-    else:
-        from pathlib import Path
-
-        import agent
-        import envs
-        import eval as eval_pkg
-        import models
-
-        modules = [str(Path(m.__file__).parent) for m in (agent, envs, eval_pkg, models)]
-        try:
-            ray.init(
-                address=address,
-                include_dashboard=False,
-                runtime_env={"env_vars": env, "py_modules": modules},
-                ignore_reinit_error=True,
-            )
-        except ConnectionError as exc:
-            raise ValueError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
-
-
 def run_jobs(
     jobs: Sequence[Job],
     ray_address: str | None = "local",
@@ -336,7 +304,7 @@ def run_jobs(
 
     started = not ray.is_initialized()
     if started:
-        init_ray(ray_address)
+        start_ray(ray_address, packages=(eval_package,))
     try:
         task = ray.remote(num_cpus=1)(run_job)
         refs = [task.remote(job) for job in jobs]

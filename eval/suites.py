@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from agent.sim import Scenario
-from eval.controllers import ControllerSpec, split_specs
 from eval.runner import Job
+from models.catalogue import ControllerSpec, split_specs
 
 EVAL_DIR = Path(__file__).parent
 SUITES_FILE = EVAL_DIR / "data" / "suites.yaml"

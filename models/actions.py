@@ -3,7 +3,7 @@
 Shared by envs/ (training) and the exported policy controller in the tuner, so a trained
 policy's action means the same allocation in both places.
 
-Design (RL.md, "a priority vector decoded into a valid allocation"):
+Design (docs/RL.md, "Action design": a priority vector decoded into a valid allocation):
 
 - The action is ``MultiDiscrete([share_levels] * max_groups + [mba_levels] * max_groups)``:
   one cache *share level* and one MBA level per group slot (slots as in
@@ -33,7 +33,7 @@ One definition, on arrays: :func:`decode_arrays` decodes the actions of N nodes 
 plan for a Node.
 
 Why this design: MaskablePPO's masks are per dimension and cannot express "masks
-contiguous and disjoint, total <= ways" (RL.md), whereas a share vector decodes to a valid
+contiguous and disjoint, total <= ways" (docs/RL.md), whereas a share vector decodes to a valid
 split for any value, lets one step move to any allocation (no +1/-1 crawling), and has a
 fixed size whatever the mix, so one policy serves any number of groups up to max_groups.
 CLOSIDs are not an action concern: the groups exist already.

@@ -1,4 +1,4 @@
-"""The two reference points every evaluation starts from (BASELINES.md, first section).
+"""The two reference points every evaluation starts from (docs/CONTROLLERS.md, "The controllers").
 
 - :class:`Unpartitioned`: every group may use every way at full bandwidth — what a server
   does today without RDT.

@@ -1,9 +1,9 @@
 """CoCo: time-sharing a few CLOS among more LC services than CLOSIDs, and a round-robin baseline.
 
-Rules (shared/design/BASELINES.md, "CoCo", a summary in our words; the constants below are
+Rules (docs/CONTROLLERS.md, coco, a summary in our words; the constants below are
 the ones it gives, the rest are our reading, documented here):
 
-- **Tiers** (BASELINES.md): the CLOS are partitioned into fixed tiers; on a 20-way cache
+- **Tiers** (docs/CONTROLLERS.md): the CLOS are partitioned into fixed tiers; on a 20-way cache
   2, 3, 6 and 9 ways with 10, 10, 30 and 50% MBA (:data:`TIER_TEMPLATE`), scaled to the
   node's ways. The smallest tier is the CLOS reserved for background/system tasks
   (``background_pids``); the LC tiers are the largest template tiers that fit the node's
@@ -13,7 +13,7 @@ the ones it gives, the rest are our reading, documented here):
 - **Tier occupancy** (our reading): the lowest LC tier is the shared queue every service
   rests in; each higher tier holds one service at a time. A service is only ever in one
   CLOS; moving it is a task move (``Decision.moves`` -> the node's assign).
-- **Sensitivity profile** (BASELINES.md: load sustained within SLO at full resources vs.
+- **Sensitivity profile** (docs/CONTROLLERS.md: load sustained within SLO at full resources vs.
   reduced masks and MBA; slowdown = load(full) / load(state)): :func:`calibrate` measures
   each service alone in each tier shape and at full resources. A node cannot change the
   offered load, so the load ratio is taken as the service-time ratio CPI(state) /
@@ -28,17 +28,17 @@ the ones it gives, the rest are our reading, documented here):
   time-share by weighted round robin (slices ``slice_s x n x weight_i`` within the queue),
   up to ``max_sharers`` services per tier: a profile near the SLO boundary is too noisy
   to give the whole tier to one service and starve another that needs it as much.
-- **Admission control** (BASELINES.md): when even time-sharing cannot give every service
+- **Admission control** (docs/CONTROLLERS.md): when even time-sharing cannot give every service
   that needs a higher tier at least 1/``max_sharers`` of one, the affordable set is kept —
   the services with the highest slowdown weight — and the rest are dropped to best effort
   (they rest in the shared tier and share spare tiers like everyone else); the decision
   note names them.
-- **Weighted round robin** (BASELINES.md): higher tiers not dedicated to a service are
+- **Weighted round robin** (docs/CONTROLLERS.md): higher tiers not dedicated to a service are
   time-shared by all resting services; service ``i`` gets slices of
   ``slice_s x n x weight_i`` with ``weight_i = slowdown_i / sum_k slowdown_k`` (slowdown
   in the shared tier), visiting every service once per round, so none starves and the
   higher-slowdown services hold the larger tiers longer.
-- **Migration warm-up** (BASELINES.md: model it): a service moved into a tier must fill its
+- **Migration warm-up** (docs/CONTROLLERS.md: model it): a service moved into a tier must fill its
   ways before it benefits, at one line per miss: warm-up = ways x way bytes / (64 x
   misses/s). No slice is shorter than ``warmup_factor`` warm-ups (default 10, so at most
   ~10% of a slice is spent warming), and dedicated services are never rotated.
@@ -57,6 +57,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.node import Clock, Node
+from agent.slo import slo_met
 from agent.types import (
     SLO,
     AllocationPlan,
@@ -70,7 +71,6 @@ from agent.types import (
 )
 from models.allocation import mb_level, pack_ways
 from models.controller import KEEP, ControlContext, Controller, Decision
-from models.objectives import slo_met
 
 # (ways on a 20-way cache, MBA fraction); the first is the background/system CLOS.
 TIER_TEMPLATE: tuple[tuple[int, float], ...] = ((2, 0.10), (3, 0.10), (6, 0.30), (9, 0.50))
@@ -563,16 +563,3 @@ def services_from_options(services: Sequence[Mapping]) -> list[Service]:
                 f"services[{i}]: need name, pids and slo {{percentile, target_ms}}: {exc}"
             ) from None
     return out
-
-
-def coco_from_options(services: Sequence[Mapping], groups: Sequence[str], **options) -> CoCo:
-    """The registry's ``coco``: services as plain data, tier groups by name (background
-    first; the operator's config creates them, or :func:`prepare_groups`)."""
-    return CoCo(services_from_options(services), groups, **options)
-
-
-def round_robin_from_options(
-    services: Sequence[Mapping], groups: Sequence[str], **options
-) -> RoundRobin:
-    """The registry's ``round_robin`` (see :func:`coco_from_options`)."""
-    return RoundRobin(services_from_options(services), groups, **options)

@@ -4,7 +4,7 @@ A controller sees what a real one could see — capabilities, group specs, the a
 node holds, and one :class:`~agent.types.Snapshot` per interval — and answers with a
 :class:`Decision`: an allocation plan (or nothing, to keep the current one) and, for
 time-sharing controllers such as CoCo, tasks to move between groups. The learned policy
-and every heuristic (BASELINES.md) implement it, so the tuner, the environments and
+and every heuristic (docs/CONTROLLERS.md) implement it, so the tuner, the environments and
 evaluation can swap them freely.
 """
 

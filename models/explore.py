@@ -1,7 +1,7 @@
 """Randomised exploration: random valid allocations held for random dwell times.
 
-A controller for *recording* traces a dynamics model can be learned from (issue 7,
-"Recorded traces"; RL.md, "Recorded traces"). Logs of a heuristic are biased: the heuristic's
+A controller for *recording* traces a dynamics model can be learned from (docs/TRACES.md;
+docs/RL.md, "Recorded traces"). Logs of a heuristic are biased: the heuristic's
 allocations follow the counters, so replaying them confounds each workload's response to
 its allocation with the heuristic's choices (CausalSim). This controller decides
 independently of what it observes: every ``dwell`` intervals (drawn uniformly from

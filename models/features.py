@@ -1,12 +1,12 @@
 """The versioned feature encoder: (Snapshot, allocation, group specs, capabilities) -> observation.
 
 One encoder for training (envs/) and production (tuner/), so a policy never sees features it
-was not trained on (ARCHITECTURE.md, "Snapshot --(features: one versioned encoder)-->").
+was not trained on (docs/ARCHITECTURE.md, "The seams").
 Bump :data:`ENCODER_VERSION` whenever a feature's meaning, order or scaling changes; the
 version and :meth:`FeatureEncoder.layout` are stored with every exported model.
 
 Layout: ``max_groups`` slots of :data:`GROUP_FEATURES`, then :data:`NODE_FEATURES`, flat
-(SB3 wants 1-D Box observations, RL.md). Every value lies in ``[low, high]`` of its feature
+(SB3 wants 1-D Box observations, docs/RL.md). Every value lies in ``[low, high]`` of its feature
 (``[0, 1]``, except the latency ratio in ``[-1, 1]``).
 
 Group order (the slot a group gets): LC groups first, then batch, then system, each sorted
@@ -14,7 +14,7 @@ by name; groups beyond ``max_groups`` are left out (counted by the ``truncated``
 feature) and the action decoder leaves them untouched. An empty slot is all zeros, so
 ``present`` is the presence mask.
 
-Per-group features (issue 5; CoPart/Ubik use the same signals):
+Per-group features (CoPart/Ubik use the same signals):
 
 - ``present``, ``is_lc``.
 - ``ipc``: instructions per cycle / 4 (a 4-wide core), clipped to [0, 1].

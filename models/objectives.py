@@ -16,7 +16,7 @@ reuse them as they are:
   weights far apart).
 - :class:`SloConstrained` turns an objective into a constrained one: every LC service
   within its SLO target shrunk by a safety margin, then the objective (the safe oracle's,
-  BASELINES.md "Oracle"); :func:`slo_excess` measures how far an outcome is from that.
+  docs/CONTROLLERS.md, oracle); :func:`slo_excess` measures how far an outcome is from that.
 - SLO windows (:func:`window_requests`, :data:`SLO_WINDOW_S`): how many requests and how
   much time a measured percentile is judged on (eval/metrics.py judges runs so; the oracle
   sizes its safety margin to the noise of such a window, :func:`window_noise`).
@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+from agent.slo import slo_met
 
 # slo_first folds (violation, unfairness, mean slowdown) into one float. Unfairness is
 # < ~2 and mean slowdown < ~1e2 for any allocation that runs, so these weights keep the
@@ -120,17 +122,16 @@ def mean_slowdown(slowdowns: Sequence[float]) -> float:
 
 
 def slo_violation(latency_ms: float, target_ms: float) -> float:
-    """max(0, latency / target - 1): 0 when the SLO is met; inf when latency is unknown
-    (NaN: no request completed) — an interval without answers is not a met SLO."""
+    """How far a tail latency misses its target: 0 when the SLO is met (agent/slo.py's
+    rule), else latency / target - 1; inf when the latency is unknown (NaN: here an
+    estimate without answers, which is not a met SLO)."""
     if not target_ms > 0:
         raise ValueError(f"SLO target must be positive, got {target_ms}")
+    if slo_met(latency_ms, target_ms):
+        return 0.0
     if math.isnan(latency_ms):
         return math.inf
-    return max(0.0, latency_ms / target_ms - 1.0)
-
-
-def slo_met(latency_ms: float, target_ms: float) -> bool:
-    return slo_violation(latency_ms, target_ms) == 0.0
+    return latency_ms / target_ms - 1.0
 
 
 @dataclass(frozen=True)

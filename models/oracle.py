@@ -1,9 +1,9 @@
 """The safe oracle: the best allocation on the simulator's ground truth that keeps every SLO
-(BASELINES.md, "Oracle") — the ceiling every controller is compared to.
+(docs/CONTROLLERS.md, oracle) — the ceiling every controller is compared to.
 
-Simulated nodes only: candidate allocations are scored with
-:meth:`agent.sim.SimNode.steady_state` (noise-free steady state, without disturbing the
-node); any other node is refused with a clear error.
+Nodes that offer ground truth only (:class:`agent.node.GroundTruth`: an in-process
+simulated node): candidate allocations are scored with its ``steady_state`` (noise-free,
+without disturbing the node); any other node is refused with a clear error.
 
 **Safe.** At every interval it holds the allocation with the best objective *subject to*
 every LC service meeting its SLO with a margin, at the highest load the service will see
@@ -53,7 +53,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent.node import Node
+from agent.node import Node, ground_truth
 from agent.types import AllocationPlan, GroupKind, GroupSpec, Snapshot
 from models.controller import KEEP, ControlContext, Controller, Decision
 from models.objectives import (
@@ -117,15 +117,19 @@ def truth_outcome(truths: Mapping, groups: Mapping[str, GroupSpec]) -> Outcome:
     return Outcome(tuple(slow), tuple(lat), tuple(target))
 
 
-def _require_sim(node: object):
-    from agent.sim import SimNode
+class NoGroundTruth(TypeError):
+    """The node offers no ground truth (it is not an in-process simulated node)."""
 
-    if not isinstance(node, SimNode):
-        raise TypeError(
-            f"the oracle needs a simulated node (agent.sim.SimNode) to read ground truth; "
-            f"got {type(node).__name__}. Use BestStatic to search a real node by measurement."
+
+def _require_sim(node: Node):
+    truth = ground_truth(node)
+    if truth is None:
+        raise NoGroundTruth(
+            f"the oracle needs ground truth (a simulated node's steady state and load "
+            f"schedule, agent.node.GroundTruth), which this {type(node).__name__} does not "
+            f"offer. Use best_static to search a real node by measurement."
         )
-    return node
+    return truth
 
 
 def truth_score(

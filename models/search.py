@@ -2,7 +2,7 @@
 
 CoPart's ST (EuroSys'19 section 6.1) is "the system state with the highest fairness among
 the system states evaluated through extensive offline experiments"; the oracle
-(BASELINES.md, "Oracle") is the same search on the simulator's ground truth. A *state*
+(docs/CONTROLLERS.md, oracle) is the same search on the simulator's ground truth. A *state*
 gives every group a number of ways (disjoint, contiguous, packed from bit 0 in group
 order, LC groups first) and an MB level from a grid (the node's levels at 10%, 20%, ...,
 100% of full bandwidth; a single "no MBA" entry without MBA). The unpartitioned state

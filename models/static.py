@@ -1,7 +1,7 @@
 """Static allocations: the catbench-style offline sweep and CoPart's best static (ST).
 
 :class:`StaticController` ("Simple Cache Partitioning for Networked Workloads", CMU 2017,
-as summarised in BASELINES.md "Static"): the LC service (the "mite") gets a contiguous low
+as summarised in docs/CONTROLLERS.md, static): the LC service (the "mite") gets a contiguous low
 range of ways from bit 0; every other group shares the disjoint remainder (mite 2 ways =
 0x3, contenders 0xffffc on 20 ways); no MBA (every MB at its maximum). :func:`calibrate`
 sweeps the mite's ways from 1 to L-1 on a node under contention at the target load,
@@ -25,11 +25,12 @@ s(k) <= y* * (1 + tolerance) + abs_tolerance_ms (default tolerance 10%); the kne
 first. Points where no request completed count as infinitely slow.
 
 :class:`BestStatic` (CoPart, EuroSys'19 section 6.1, "ST"): the single allocation with the
-best objective found by bounded exhaustive search (:mod:`models.search`) — on a SimNode by
-its ground truth, on any other node by measurement (each candidate applied and observed
-for a few intervals; batch slowdowns against IPS measured once with each group given every
-way and full bandwidth while the others are confined to the top way at the lowest MB
-level). A reference, not a deployable controller.
+best objective found by bounded exhaustive search (:mod:`models.search`) — on a node that
+offers ground truth (:func:`agent.node.ground_truth`) by it, on any other node by
+measurement (each candidate applied and observed for a few intervals; batch slowdowns
+against IPS measured once with each group given every way and full bandwidth while the
+others are confined to the top way at the lowest MB level). A reference, not a deployable
+controller.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.node import Clock, Node
+from agent.node import Clock, Node, ground_truth
 from agent.types import (
     SLO,
     AllocationPlan,
@@ -52,6 +53,7 @@ from agent.types import (
 from models.allocation import full_allocation, mb_level, plan_from
 from models.controller import KEEP, ControlContext, Controller, Decision
 from models.objectives import Objective, Outcome, get_objective, slowdown
+from models.oracle import truth_score
 from models.search import SearchResult, search
 
 DEFAULT_TOLERANCE = 0.10
@@ -207,11 +209,17 @@ def _latency(snap: Snapshot, group: str, slo: SLO) -> float:
 
 
 class StaticController(Controller):
-    """Holds the catbench allocation: ``lc_group`` at ``ways`` low ways, the rest shared."""
+    """Holds the catbench allocation: ``lc_group`` at ``ways`` low ways, the rest shared.
+
+    With ``lc_group`` None (a node without an LC group: no mite to protect) every group
+    shares the whole cache at full bandwidth, as unpartitioned.
+    """
 
     name = "static"
 
-    def __init__(self, lc_group: str, ways: int) -> None:
+    def __init__(self, lc_group: str | None, ways: int = 0) -> None:
+        if lc_group is not None and int(ways) < 1:
+            raise ValueError(f"static: the mite {lc_group!r} needs at least one way, got {ways}")
         self.lc_group = lc_group
         self.ways = int(ways)
         self._groups: tuple[str, ...] = ()
@@ -224,6 +232,12 @@ class StaticController(Controller):
         self._groups = tuple(ctx.groups)
         if not self._groups:
             return KEEP
+        if self.lc_group is None:
+            full = full_allocation(ctx.capabilities)
+            plan = AllocationPlan.uniform(
+                dict.fromkeys(self._groups, full), ctx.capabilities.domains
+            )
+            return Decision(plan, note="static: no LC group, every group shares the cache")
         if self.lc_group not in ctx.groups:
             raise ValueError(
                 f"static controller calibrated for {self.lc_group!r}, which is not a group "
@@ -329,17 +343,23 @@ def _top_ways(caps: NodeCapabilities) -> int:
 class BestStatic(Controller):
     """CoPart's ST: the best static allocation by exhaustive search, then held.
 
-    Call :meth:`fit` before driving: on a SimNode it scores candidates by ground truth; on
-    any other node by measurement (slow: ``intervals + warmup`` intervals per candidate;
-    bound it with ``max_evals``).
+    Call :meth:`fit` before driving (or give its ``result``): on a node that offers ground
+    truth it scores candidates by it; on any other node by measurement (slow: ``intervals +
+    warmup`` intervals per candidate; bound it with ``max_evals``).
     """
 
     name = "best_static"
 
-    def __init__(self, objective: str | Objective | None = None, *, max_evals: int = 600):
+    def __init__(
+        self,
+        objective: str | Objective | None = None,
+        *,
+        max_evals: int = 600,
+        result: SearchResult | None = None,
+    ):
         self.objective = objective
         self.max_evals = max_evals
-        self.result: SearchResult | None = None
+        self.result = result  # the search's answer: from :meth:`fit`, or given
         self._groups: tuple[str, ...] = ()
 
     def fit(
@@ -355,12 +375,9 @@ class BestStatic(Controller):
         has_lc = any(g.kind is GroupKind.LC for g in groups.values())
         obj = get_objective(self.objective, has_lc)
         caps = node.capabilities()
-        from agent.sim import SimNode
-
-        if isinstance(node, SimNode):
-            from models.oracle import truth_score
-
-            score = truth_score(node, obj)
+        truth = ground_truth(node)
+        if truth is not None:
+            score = truth_score(truth, obj)
         else:
             ips_full = profile_full(node, clock, interval_s=interval_s)
 

@@ -1,6 +1,7 @@
 """Ubik's slack controller on CAT ways, and StaticLC (Kasture & Sanchez, ASPLOS'14).
 
-What is implemented, and where each rule comes from (../shared/papers/ubik-asplos14.txt):
+What is implemented, and where each rule comes from in the paper (docs/CONTROLLERS.md
+summarises the controller):
 
 - **Target size** per LC group (section 5: "the desired target size"; section 4: StaticLC
   gives each LC app a fixed target, e.g. 2 MB): from a profile — :func:`calibrate` sweeps
@@ -63,7 +64,7 @@ Where CAT and a control interval replace Ubik's hardware:
   (``idle_fraction`` of the active request rate); the accurate de-boosting interrupt becomes
   a count of boost intervals from the bound (rounded up), so de-boosting is never early.
 - Way partitions transition more slowly than Vantage's (section 7.3); the bound's
-  one-line-per-miss fill is the simulator's model too (SIMULATOR.md item 3).
+  one-line-per-miss fill is the simulator's model too (docs/SIMULATOR.md, "Equations", 3).
 - Ubik's 256-bucket repartitioning table (section 5.1.2) is unnecessary at way
   granularity: Lookahead over at most 20 ways costs microseconds per interval.
 
@@ -79,6 +80,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agent.node import Clock, Node
+from agent.slo import slo_met
 from agent.types import (
     AllocationPlan,
     GroupAllocation,
@@ -718,7 +720,7 @@ def calibrate(
                 ok = [
                     w
                     for w, t in sorted(finite.items())
-                    if t <= slo.target_ms and t <= best * (1.0 + tolerance)
+                    if slo_met(t, slo.target_ms) and t <= best * (1.0 + tolerance)
                 ]
                 target = ok[0] if ok else min(finite, key=lambda w: finite[w])
             else:

@@ -6,6 +6,9 @@
   way, over every possible extra allocation, so non-convex curves are handled) the number
   of ways achieving it. Ubik (ASPLOS'14, sections 4 and 5.1.2) partitions the space its
   latency-critical groups leave to batch groups with it.
+- :class:`UcpStyle` is UCP as a whole-node controller (every group, LC included, by
+  Lookahead on its online miss curve) -- the utility-only partitioning Ubik's evaluation
+  compares against.
 - :class:`MissCurve` replaces UCP's UMON shadow tags, which resctrl does not have: misses
   and accesses per kilo-instruction observed at each way count a group has held (an
   exponentially weighted mean per point, refined as allocations vary). Between observed
@@ -19,6 +22,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+
+from agent.types import NodeCapabilities, Snapshot
+from models.allocation import equal_ways, pack_ways, plan_from
+from models.controller import KEEP, ControlContext, Controller, Decision
 
 SQRT_RULE_EXPONENT = 0.5  # Hartstein et al. CF'06: misses ~ capacity^-0.5
 
@@ -142,3 +149,62 @@ class MissCurve:
             out[w] = max(out[w], out[w + 1])
         out[0] = max(out[1], self.apki())
         return out
+
+
+class UcpStyle(Controller):
+    """Utility-based cache partitioning (Qureshi & Patt, MICRO'06) as a whole-node policy:
+    every group, LC or batch, gets ways by Lookahead on its online miss curve (misses/s =
+    MPKI x instructions/s), recomputed every ``period`` intervals; no notion of SLOs, which
+    is why Ubik's evaluation shows it hurting LC tails. MBA stays at full bandwidth. The
+    interval right after a resize is a transient and not learned from."""
+
+    name = "ucp"
+
+    def __init__(self, period: int = 10) -> None:
+        if period < 1:
+            raise ValueError("period must be at least 1")
+        self.period = period
+
+    def start(self, ctx: ControlContext) -> Decision:
+        caps = ctx.capabilities
+        if caps.l3 is None:
+            raise ValueError("UCP needs L3 cache allocation")
+        self._groups = tuple(ctx.groups)
+        self._curves = {g: MissCurve(caps.l3.num_ways) for g in self._groups}
+        self._ips = dict.fromkeys(self._groups, 0.0)
+        self._ways = equal_ways(self._groups, caps) if self._groups else {}
+        self._changed = True
+        self._tick = 0
+        return Decision(self._plan(caps), note="ucp: equal start") if self._groups else KEEP
+
+    def _plan(self, caps: NodeCapabilities):
+        masks = pack_ways(self._ways, caps)
+        top = caps.mba.max_bandwidth if caps.mba else None
+        return plan_from(masks, dict.fromkeys(masks, top), caps)
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        if tuple(ctx.groups) != self._groups:
+            return self.start(ctx)
+        if not self._groups:
+            return KEEP
+        for g in self._groups:
+            s = snapshot.groups.get(g)
+            if s is None or not s.instructions or s.llc_misses is None:
+                continue
+            self._ips[g] = s.instructions / max(snapshot.interval_s, 1e-9)
+            if not self._changed:
+                self._curves[g].observe(self._ways[g], 1000.0 * s.llc_misses / s.instructions)
+        self._changed = False
+        self._tick += 1
+        if self._tick % self.period:
+            return KEEP
+        caps = ctx.capabilities
+        curves = {
+            g: [m * self._ips[g] / 1000.0 for m in self._curves[g].table()] for g in self._groups
+        }
+        ways = lookahead(curves, caps.l3.num_ways, max(1, caps.l3.min_cbm_bits))
+        if ways == self._ways:
+            return KEEP
+        self._ways = ways
+        self._changed = True
+        return Decision(self._plan(caps), note=f"ucp: {ways}")

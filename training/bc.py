@@ -1,4 +1,4 @@
-"""Behaviour cloning from a heuristic's traces: a warm start for PPO (issue 7).
+"""Behaviour cloning from a heuristic's traces: a warm start for PPO.
 
 A trace recorded while a heuristic (Ubik, CoPart, ...) drove a node becomes
 (observation, action) pairs in the policy's own terms: observations from the versioned

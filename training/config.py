@@ -1,4 +1,4 @@
-"""Training configuration: the YAML file ``rdtune train --config FILE`` reads (issue 7, "Trainer").
+"""Training configuration: the YAML file ``rdtune train --config FILE`` reads.
 
 One :class:`TrainConfig` holds everything that defines a run, so the same file and seed give
 the same learning curve and policy on one machine (the config is saved next to every

@@ -1,12 +1,12 @@
 """Fitted workload dynamics: each recorded group's response to its allocation, from a trace.
 
 Offline training must not replay logged counters as if allocations did not matter
-(RL.md, the CausalSim caveat): a trace recorded under randomised allocations
+(docs/RL.md, the CausalSim caveat): a trace recorded under randomised allocations
 (models/explore.py) is turned into a per-group *response model* — how IPC, LLC misses and
 references, memory bandwidth, occupancy and (LC) latency depend on the group's cache
 ways, its MBA level, its load and its neighbours' memory traffic — that a trace-driven
 node (training/trace_node.py) evaluates under allocations the recording never tried
-(issue 7, "Offline training against recorded traces").
+(docs/TRACES.md).
 
 Model (small and parametric, one per group and target; documented in docs/TRACES.md):
 

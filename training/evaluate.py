@@ -6,8 +6,8 @@ from the env's baseline allocation. A policy acts through ``env.step``; a heuris
 :class:`~models.controller.Controller` decides from the same snapshots and its plan is
 applied to the same node, then the interval is scored with the env's own reward
 (:func:`envs.reward.compute_reward`, same weights and reference). So the table compares
-like with like (issue 7: "beats EQ, static and CoPart on its held-out family on the env's
-reward, with no more SLO violations than Ubik").
+like with like: the policy is meant to beat EQ, static and CoPart on its held-out family on
+the env's reward, with no more SLO violations than Ubik.
 
 Heuristics drive the env's node through its internals (``_alloc``, ``_snap``, ``_wait``,
 ``_observe``, ``_reference``): the envs package has no controller adapter by design.
@@ -24,8 +24,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from agent.slo import judged
+from agent.types import GroupKind
 from envs.reward import compute_reward, observed_ips
+from models import catalogue
+from models.catalogue import ControllerSpec
 from models.controller import Controller, carry_out, context
+from models.setup import ControllerError, Setup
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +71,7 @@ class Row:
         }
 
 
-def _summarise(name: str, episodes: list[list[dict]]) -> Row:
+def summarise(name: str, episodes: list[list[dict]]) -> Row:
     returns = [sum(t["total"] for t in ep) for ep in episodes]
     steps = [t for ep in episodes for t in ep]
     # violations counts LC groups over their SLO in a step; the rate is per judged (step, group)
@@ -92,14 +97,15 @@ def _summarise(name: str, episodes: list[list[dict]]) -> Row:
 
 
 def _lc_judged(env: gym.Env, snap) -> int:
-    from agent.types import GroupKind
-    from models.features import tail_ratio
-
+    """LC groups judged this interval (agent/slo.py: requests completed), as the reward
+    counts its violations."""
     u = env.unwrapped
     return sum(
         1
         for name, spec in u._groups.items()
-        if spec.kind is GroupKind.LC and tail_ratio(spec, snap.groups.get(name)) is not None
+        if spec.kind is GroupKind.LC
+        and spec.slo is not None
+        and judged(getattr(snap.groups.get(name), "latency", None))
     )
 
 
@@ -162,79 +168,35 @@ def make_eval_env(env_id: str, env_kwargs: Mapping[str, Any]) -> gym.Env:
 def evaluate_policy(
     act: ActFn, env: gym.Env, episodes: int, seed: int, name: str = "policy"
 ) -> Row:
-    return _summarise(name, [policy_episode(env, act, seed + i) for i in range(episodes)])
+    return summarise(name, [policy_episode(env, act, seed + i) for i in range(episodes)])
 
 
 def evaluate_controller(
     ctrl_factory: Callable[[], Controller], env: gym.Env, episodes: int, seed: int, name: str
 ) -> Row:
     # A fresh controller per episode: heuristics keep per-run state (history, phases).
-    return _summarise(
+    return summarise(
         name, [controller_episode(env, ctrl_factory(), seed + i) for i in range(episodes)]
     )
 
 
-# Controllers not (yet) in the registry but importable, tried when the registry lacks them.
-FALLBACK = {"ubik": "models.ubik:Ubik", "copart": "models.copart:CoPart"}
+def controller_factory(
+    spec: str | ControllerSpec, policy_path: str | None = None
+) -> Callable[[gym.Env], Controller]:
+    """``env -> Controller`` for controller ``spec``, built through the catalogue
+    (models/catalogue.py) for the episode the env has just been reset to, the way it is
+    deployed everywhere: e.g. ``static`` calibrated by its offline way sweep on a copy of
+    the node, ``copart`` with STREAM's profile of the node's machine (models/prepare.py).
+    ``policy_path``: the export ``policy`` names (default: the bundled one)."""
+    spec = ControllerSpec.parse(spec) if isinstance(spec, str) else spec
+    if spec.name == "policy" and policy_path is not None:
+        spec = spec.with_options({"path": policy_path})
 
+    def make(env: gym.Env) -> Controller:
+        u = env.unwrapped
+        return catalogue.build(spec, Setup(u.node, u.node, interval_s=u.interval_s))
 
-def _import(target: str):
-    import importlib
-
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def controller_factory(name: str) -> Callable[[gym.Env], Controller]:
-    """``env -> Controller`` for heuristic ``name``, set up for the episode the env has
-    just been reset to, the way each is meant to be deployed on a simulated node:
-
-    - ``static`` (catbench): calibrated by its offline way sweep on a twin of the node (the
-      same scenario on a fresh simulated machine: offline profiling, not the episode's
-      time) for the first LC group in slot order; with no
-      LC group, every group shares the whole cache (there is no mite to protect).
-    - ``copart``: with its STREAM profile of the node's machine (``stream_profile_sim``).
-    - anything else: the registry's factory with default options.
-    """
-    from models import registry
-
-    try:
-        factory = registry.factory(name)
-    except ValueError:
-        if name not in FALLBACK:
-            raise
-        factory = _import(FALLBACK[name])
-    if name == "static":
-
-        def make_static(env: gym.Env) -> Controller:
-            from agent.types import GroupKind
-            from models.basic import Unpartitioned
-            from models.static import StaticController, calibrate
-
-            u = env.unwrapped
-            lc = [g for g in u._slots if u._groups[g].kind is GroupKind.LC]
-            if not lc:
-                return Unpartitioned()
-            from agent.sim import SimNode
-
-            # Offline profiling on a twin: the same scenario on a fresh simulated machine.
-            twin = SimNode(u.node.scenario, seed=1, interval_s=u.sim_step_s, noise=u.noise)
-            try:
-                sweep = calibrate(twin, twin, lc[0], measure_s=2.0, warmup_s=0.3)
-            finally:
-                twin.close()
-            return StaticController(sweep.lc_group, sweep.ways)
-
-        return make_static
-    if name == "copart":
-
-        def make_copart(env: gym.Env) -> Controller:
-            from models.copart import stream_profile_sim
-
-            return factory(stream_profile_sim(env.unwrapped.node))
-
-        return make_copart
-    return lambda env: factory()
+    return make
 
 
 def evaluate_heuristics(
@@ -243,14 +205,14 @@ def evaluate_heuristics(
     """Rows for the available heuristics among ``names``; also the names not available."""
     rows, missing = [], []
     for name in names:
-        try:
+        try:  # an unknown name, or one this env's node cannot run (models/setup.py)
             make = controller_factory(name)
-        except (ValueError, ImportError, AttributeError) as exc:
+            eps = [controller_episode(env, make, seed + i) for i in range(episodes)]
+        except ControllerError as exc:
             log.warning("controller %s not available: %s", name, exc)
             missing.append(name)
             continue
-        eps = [controller_episode(env, make, seed + i) for i in range(episodes)]
-        rows.append(_summarise(name, eps))
+        rows.append(summarise(name, eps))
     return rows, missing
 
 

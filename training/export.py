@@ -1,6 +1,6 @@
-"""``rdtune export``: a trained run -> ``policy.onnx`` + ``model_card.json`` (issue 7, "Export").
+"""``rdtune export``: a trained run -> ``policy.onnx`` + ``model_card.json``.
 
-What is exported is the small actor only (RL.md, "Export and inference latency"):
+What is exported is the small actor only (docs/RL.md, "Export and inference latency"):
 ``extract_features -> mlp_extractor.forward_actor -> action_net -> logits``, then per action
 dimension the argmax, after masking the logits with the action mask when the policy was
 trained with MaskablePPO (so the exported action equals ``predict(..., deterministic=True,
@@ -9,15 +9,18 @@ policies, ``action_mask`` (bool ``[batch, sum(nvec)]``), and returns ``action`` 
 ``[batch, len(nvec)]``). Observation normalisation (VecNormalize) is not in the graph: its
 statistics go into the card and :class:`models.policy.PolicyController` applies them.
 
-The model card (JSON, :data:`CARD_FORMAT`) records what a runtime must check before feeding
-the policy: the feature encoder's version and layout, the action design, the observation
-normalisation, the machine capabilities the policy was trained on (group slots, ways range,
-minimum mask bits, MBA presence and modes), the training config and the evaluation table.
+The model card (models/card.py, one format for writer and readers) has the usual sections —
+intended use, training data (the environment, the machines trained on: group slots, ways
+range, minimum mask bits, MBA presence and modes; the training config), evaluation (the
+held-out table and the ONNX parity check), limitations — and what a runtime must check
+before feeding the policy: the feature encoder's version and layout, the action design, the
+observation normalisation.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -26,9 +29,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from models.card import ModelCard, TrainedOn, standard_sections
+
 log = logging.getLogger(__name__)
 
-CARD_FORMAT = "rdtune-policy-card/1"
 ONNX_OPSET = 17
 
 
@@ -73,11 +77,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"rdtune export: {exc}")
         return 2
     print(
-        f"exported {card['name']} ({card['algorithm']}, encoder v{card['encoder_version']}, "
-        f"{card['actions']['kind']}) to {args.out}"
+        f"exported {card.name} ({card.algorithm}, encoder v{card.encoder_version}, "
+        f"{card.actions['kind']}) to {args.out}"
     )
-    if card.get("parity"):
-        print(f"parity: {card['parity']['matched']}/{card['parity']['observations']} actions match")
+    if card.parity:
+        print(f"parity: {card.parity['matched']}/{card.parity['observations']} actions match")
     return 0
 
 
@@ -153,7 +157,7 @@ def export_onnx(model, path: Path, nvec: list[int], masked: bool) -> None:
     dyn = {n: {0: "batch"} for n in [*names, "action"]}
     with torch.no_grad(), warnings.catch_warnings():
         # The legacy (TorchScript-based) exporter, on purpose: a small graph that matches
-        # SB3 exactly (RL.md); it warns that it is no longer the default.
+        # SB3 exactly (docs/RL.md); it warns that it is no longer the default.
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
             module,
@@ -167,7 +171,7 @@ def export_onnx(model, path: Path, nvec: list[int], masked: bool) -> None:
         )
 
 
-def trained_capabilities(env_kwargs: dict[str, Any], max_groups: int) -> dict[str, Any]:
+def trained_capabilities(env_kwargs: dict[str, Any], max_groups: int) -> TrainedOn:
     """The machines a policy saw in training: the preset, or every preset the generator or
     scenario family could use, summarised as ranges a runtime can check."""
     from agent.sim.catalog import default_catalog
@@ -185,16 +189,16 @@ def trained_capabilities(env_kwargs: dict[str, Any], max_groups: int) -> dict[st
     presets = [catalog.machine(n) for n in names]
     ways = [p.ways for p in presets]
     modes = sorted({p.mba_mode.value for p in presets if p.mba_mode is not None})
-    return {
-        "max_groups": max_groups,
-        "presets": names,
-        "ways_min": min(ways),
-        "ways_max": max(ways),
-        "min_cbm_bits_max": max(p.min_cbm_bits for p in presets),
-        "requires_cat": True,  # every simulated preset has CAT; the policy never saw a node without
-        "mba_modes": modes,  # MBA modes seen (a node with another MBA mode is refused)
-        "trained_without_mba": any(p.mba_mode is None for p in presets),
-    }
+    return TrainedOn(
+        max_groups=max_groups,
+        presets=tuple(names),
+        ways_min=min(ways),
+        ways_max=max(ways),
+        min_cbm_bits_max=max(p.min_cbm_bits for p in presets),
+        requires_cat=True,  # every simulated preset has CAT; the policy never saw a node without
+        mba_modes=tuple(modes),  # MBA modes seen (a node with another MBA mode is refused)
+        trained_without_mba=any(p.mba_mode is None for p in presets),
+    )
 
 
 def _normalisation(run_dir: Path, checkpoint: str, venv_kwargs: dict) -> dict | None:
@@ -226,8 +230,8 @@ def export_run(
     checkpoint: str = "best_model.zip",
     check: bool = True,
     parity_observations: int = 512,
-) -> dict[str, Any]:
-    """Export ``run_dir`` into ``out_dir``; returns the model card (also written)."""
+) -> ModelCard:
+    """Export ``run_dir`` into ``out_dir``; returns the model card (also written there)."""
     import yaml
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
@@ -256,13 +260,22 @@ def export_run(
     evaluation = None
     if (run_dir / "eval.json").exists():
         evaluation = json.loads((run_dir / "eval.json").read_text())
-    card: dict[str, Any] = {
-        "format": CARD_FORMAT,
-        "name": meta["name"],
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "algorithm": meta["algorithm"],
-        "checkpoint": checkpoint,
-        "onnx": {
+    trained_on = trained_capabilities(meta["env_kwargs"], meta["features"]["max_groups"])
+    env = {"id": meta["env_id"], "kwargs": meta["env_kwargs"]}
+    use, out_of_scope, limitations = standard_sections(trained_on, env)
+    card = ModelCard(
+        name=meta["name"],
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        algorithm=meta["algorithm"],
+        checkpoint=checkpoint,
+        intended_use=use,
+        out_of_scope=out_of_scope,
+        env=env,
+        trained_on=trained_on,
+        training_config=config,
+        evaluation=evaluation,
+        limitations=limitations,
+        onnx={
             "file": onnx_path.name,
             "sha256": _sha256(onnx_path),
             "opset": ONNX_OPSET,
@@ -270,30 +283,27 @@ def export_run(
             | ({"action_mask": ["batch", int(sum(nvec))]} if masked else {}),
             "output": {"action": ["batch", len(nvec)]},
         },
-        "encoder_version": meta["encoder_version"],
-        "features": meta["features"],
-        "action_design": meta["actions"]["kind"],
-        "actions": meta["actions"],
-        "masked": masked,
-        "observation_normalization": norm,
-        "capabilities": trained_capabilities(meta["env_kwargs"], meta["features"]["max_groups"]),
-        "env": {"id": meta["env_id"], "kwargs": meta["env_kwargs"]},
-        "training": config,
-        "evaluation": evaluation,
-    }
+        encoder_version=meta["encoder_version"],
+        features=meta["features"],
+        actions=meta["actions"],
+        masked=masked,
+        normalization=norm,
+        root=out_dir,
+    )
     if check:
-        card["parity"] = parity(model, onnx_path, card, parity_observations, meta)
-        if card["parity"]["matched"] != card["parity"]["observations"]:
+        result = parity(model, onnx_path, card, parity_observations, meta)
+        card = dataclasses.replace(card, parity=result)
+        if result["matched"] != result["observations"]:
             raise ExportError(
                 f"exported actions differ from the trained policy's on "
-                f"{card['parity']['observations'] - card['parity']['matched']} of "
-                f"{card['parity']['observations']} observations"
+                f"{result['observations'] - result['matched']} of "
+                f"{result['observations']} observations"
             )
-    (out_dir / "model_card.json").write_text(json.dumps(card, indent=2, default=str) + "\n")
+    card.write(out_dir)
     return card
 
 
-def parity(model, onnx_path: Path, card: dict, n: int, meta: dict) -> dict[str, Any]:
+def parity(model, onnx_path: Path, card: ModelCard, n: int, meta: dict) -> dict[str, Any]:
     """Compare ONNX actions with ``model.predict(deterministic=True)`` on observations
     from real episodes of the training env (random actions, so many states are seen)."""
     import gymnasium as gym
@@ -311,7 +321,7 @@ def parity(model, onnx_path: Path, card: dict, n: int, meta: dict) -> dict[str, 
     matched = 0
     for i in range(n):
         mask = env.unwrapped.action_masks()
-        norm = card["observation_normalization"]
+        norm = card.normalization
         o = obs
         if norm is not None:
             o = np.clip(
@@ -321,7 +331,7 @@ def parity(model, onnx_path: Path, card: dict, n: int, meta: dict) -> dict[str, 
                 norm["clip"],
             ).astype(np.float32)
         feeds = {"obs": o[None, :].astype(np.float32)}
-        if card["masked"]:
+        if card.masked:
             feeds["action_mask"] = mask[None, :]
             want, _ = model.predict(o, deterministic=True, action_masks=mask)
         else:

@@ -1,4 +1,4 @@
-"""A permutation-aware feature extractor over group slots (issue 7, "Trainer").
+"""A permutation-aware feature extractor over group slots.
 
 The observation (models/features.py) is ``max_groups`` slots of per-group features, with
 the ``present`` flag first, then node features. :class:`GroupSetExtractor` applies ONE

@@ -73,7 +73,7 @@ def ray_vec_env(
     **env_kwargs: Any,
 ):
     """An SB3 VecEnv of ``n_envs`` envs of ``env_id`` on ``workers`` Ray actors (needs a
-    running Ray: :func:`training.sweep.init_ray`), with episode statistics
+    running Ray: :func:`envs.cluster.start_ray`), with episode statistics
     (``VecMonitor``)."""
     from stable_baselines3.common.vec_env import VecMonitor
 

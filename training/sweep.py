@@ -1,4 +1,4 @@
-"""Scale-out on Ray: seed and hyperparameter sweeps with Ray Tune, parallel rollouts (issue 7).
+"""Scale-out on Ray: seed and hyperparameter sweeps with Ray Tune, parallel rollouts.
 
 ``rdtune train --config FILE --ray-address ADDR|local --sweep seeds=0,1,2 lr=3e-4,1e-3``
 runs the grid (every combination) as Ray Tune trials. Each trial is a *function trainable*
@@ -6,7 +6,7 @@ runs the grid (every combination) as Ray Tune trials. Each trial is a *function 
 worker and calls :func:`training.train.train`; the trainer's evaluation callback reports
 through ``ray.tune.report`` (Ray 2.60's API: ``report(metrics, checkpoint=...)``). What
 crosses to a worker is data only (the config dict and overrides): the gymnasium registry
-of the driver is not visible there (RL.md), so the worker imports ``envs`` itself (its ids
+of the driver is not visible there (docs/RL.md), so the worker imports ``envs`` itself (its ids
 register on import) and builds envs from the id and kwargs.
 
 All trials land in one experiment folder, ``<output_dir>-sweep/`` (Ray's own files and a
@@ -22,12 +22,18 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+import training
+from envs.cluster import ClusterError, start_ray
+from envs.partition import PartitionEnv
+from training.config import ConfigError, TrainConfig
+from training.evaluate import controller_episode, controller_factory, summarise
+from training.train import train
 
 # short sweep names -> config keys
 ALIASES = {
@@ -117,15 +123,11 @@ class SweepResult:
 
 def _trainable(config: dict[str, Any]) -> None:
     """One Ray Tune trial: the base config plus this trial's overrides, trained here."""
-    from ray import tune
-
-    from training.config import TrainConfig
-    from training.train import train
+    from ray import tune  # an optional dependency: only sweeps need it
 
     overrides = dict(config["overrides"])
     overrides["output_dir"] = str(Path(tune.get_context().get_trial_dir()) / "run")
     overrides["progress_bar"] = False
-    overrides["rollout_workers"] = 0  # a trial steps its envs itself (it holds one CPU)
     cfg = TrainConfig.parse(config["base"]).with_overrides(overrides)
 
     def on_eval(timesteps: int, row, best: float) -> None:
@@ -151,41 +153,6 @@ def _trainable(config: dict[str, Any]) -> None:
     )
 
 
-def init_ray(address: str, num_cpus: int | None = None) -> None:
-    """Start a private Ray instance (``local``) or join the cluster at ``address`` (the
-    package's sources shipped with the job), for sweeps and rollout workers alike."""
-    import ray
-
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if address == "local":
-        # "local" always starts a private instance: with no address Ray would join any
-        # cluster it finds (RAY_ADDRESS, /tmp/ray/ray_current_cluster) and refuse num_cpus.
-        ray.init(
-            address="local",
-            num_cpus=num_cpus or os.cpu_count(),
-            include_dashboard=False,
-            runtime_env={"env_vars": env},
-            log_to_driver=False,
-            ignore_reinit_error=True,
-        )
-    else:
-        # Every node must import the package: ship our source packages with the job.
-        import agent
-        import envs
-        import models
-        import training
-
-        modules = [str(Path(m.__file__).parent) for m in (agent, envs, models, training)]
-        try:
-            ray.init(
-                address=address,
-                include_dashboard=False,
-                runtime_env={"env_vars": env, "py_modules": modules},
-            )
-        except ConnectionError as exc:
-            raise SweepError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
-
-
 def run_sweep(
     cfg,
     grid: dict[str, list[Any]],
@@ -197,10 +164,8 @@ def run_sweep(
     shutdown: bool = True,
 ) -> SweepResult:
     """Run every combination of ``grid`` over ``cfg`` as Ray Tune trials."""
-    import ray
+    import ray  # an optional dependency: only sweeps need it
     from ray import tune
-
-    from training.config import ConfigError
 
     trials = combinations(grid)
     for overrides in trials:  # fail fast, in the driver, on a bad key or value
@@ -212,7 +177,10 @@ def run_sweep(
     name = f"{Path(cfg.output_dir).name}-sweep"
     started = not ray.is_initialized()
     if started:
-        init_ray(address, num_cpus)
+        try:
+            start_ray(address, num_cpus=num_cpus, packages=(training,))
+        except ClusterError as exc:
+            raise SweepError(str(exc)) from None
     try:
         tuner = tune.Tuner(
             tune.with_resources(_trainable, {"cpu": cpus_per_trial}),
@@ -255,14 +223,9 @@ def run_sweep(
 
 def _rollout(env_kwargs: dict, name: str, seed: int, policy_path: str | None) -> list[dict]:
     """One held-out episode of controller ``name`` (a Ray task: builds the env class)."""
-    from envs.partition import PartitionEnv
-    from models import registry
-    from training.evaluate import controller_episode
-
     env = PartitionEnv(**env_kwargs)
     try:
-        ctrl = registry.make(name, path=policy_path) if name == "policy" else registry.make(name)
-        return controller_episode(env, ctrl, seed)
+        return controller_episode(env, controller_factory(name, policy_path), seed)
     finally:
         env.close()
 
@@ -273,13 +236,11 @@ def parallel_rollouts(
     """Evaluate controllers (``policy`` = the exported one at ``policy_path``) on
     ``episodes`` episodes each, every episode a Ray task; rows as in training/evaluate.py.
     Needs a running Ray (``ray.init``)."""
-    import ray
-
-    from training.evaluate import _summarise
+    import ray  # an optional dependency
 
     task = ray.remote(num_cpus=1)(_rollout)
     futures = {
         name: [task.remote(dict(env_kwargs), name, seed + i, policy_path) for i in range(episodes)]
         for name in names
     }
-    return {name: _summarise(name, ray.get(refs)) for name, refs in futures.items()}
+    return {name: summarise(name, ray.get(refs)) for name, refs in futures.items()}

@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec.add_argument(
         "--controller",
         default="explore",
-        help="registered controller to drive (default: %(default)s, random exploration)",
+        help="controller to drive, a spec of the catalogue (rdtune tune --list-controllers; "
+        "default: %(default)s, random exploration)",
     )
     rec.add_argument(
         "-o",
@@ -98,13 +99,19 @@ def _record(args: argparse.Namespace) -> int:
 
     from agent.client import RemoteNode, TlsConfig
     from agent.node import as_clock
-    from models import registry
+    from models import catalogue
+    from models.catalogue import ControllerSpec
+    from models.setup import ControllerError, Setup
     from training.trace_record import record
 
     tls = None
     if args.tls_ca or args.tls_cert:
         tls = TlsConfig.from_files(args.tls_ca, args.tls_cert, args.tls_key)
-    controller = registry.make(args.controller, **_options(args.option))
+    try:
+        spec = ControllerSpec.parse(args.controller).with_options(_options(args.option))
+    except ControllerError as exc:
+        print(f"error: {exc}")
+        return 2
     node = RemoteNode(args.agent, token=args.token, tls=tls)
     try:
         clock = as_clock(node)
@@ -117,6 +124,12 @@ def _record(args: argparse.Namespace) -> int:
             scenario = {"name": args.scenario}
         elif clock is not None:
             scenario = {"name": None, "note": "simulated agent; scenario as the agent was started"}
+        try:  # calibration (static, ubik, ...) may run on a simulated agent's node itself
+            setup = Setup(node, clock, args.interval, live_calibration=clock is not None)
+            controller = catalogue.build(spec, setup)
+        except ControllerError as exc:
+            print(f"error: {exc}")
+            return 2
         bar = tqdm(
             total=max(1, round(args.duration / args.interval)),
             unit="step",

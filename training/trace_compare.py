@@ -1,4 +1,5 @@
-"""Trained from traces vs trained on the simulator: the offline-training check of issue 7.
+"""Trained from traces vs trained on the simulator: whether training on recorded traces
+holds up (docs/TRACES.md).
 
 For one scenario: record an exploration trace on its simulator (models/explore.py), train
 one MaskablePPO policy on ``rdtune/TracePartition-v0`` (the trace-driven node only) and

@@ -1,8 +1,8 @@
 """Training against recorded traces: ``rdtune/TracePartition-v0`` and env recording to Parquet.
 
 - ``rdtune/TracePartition-v0`` is envs' ``NodePartitionEnv`` over a
-  :class:`training.trace_node.TraceNode` fitted from one or more trace files (issue 7,
-  "Offline training against recorded traces"): each reset picks a trace (seeded) and a
+  :class:`training.trace_node.TraceNode` fitted from one or more trace files (docs/TRACES.md):
+  each reset picks a trace (seeded) and a
   random start in its replay. Registered when this module is imported, so the trainer's
   config can name it as ``env.id: "training.trace_env:rdtune/TracePartition-v0"``
   (Gymnasium imports the module before making the env, in worker processes too) with

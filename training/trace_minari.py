@@ -1,4 +1,4 @@
-"""Export traces to Farama Minari, the standard offline-RL dataset format (RL.md).
+"""Export traces to Farama Minari, the standard offline-RL dataset format (docs/RL.md).
 
 One Minari episode per trace. For interval ``k``: the observation is the feature encoder's
 (models/features.py) view of interval ``k``; the action is the share/MBA levels

@@ -1,11 +1,11 @@
 """A trace-driven simulated node: the recorded load replayed through fitted dynamics.
 
 ``TraceNode`` is a :class:`agent.node.Node` and :class:`agent.node.Clock` built from a
-recorded trace (issue 7, "Offline training against recorded traces"): each recorded group
+recorded trace: each recorded group
 becomes a workload with a few simulated pids; its LC load (completed requests/s) and
 whether it ran are replayed from the trace over time (looping at its end), and its
 counters come from :class:`training.dynamics.Dynamics` evaluated under whatever
-allocation the node holds *now* — not the logged one (RL.md, the CausalSim caveat). Plans
+allocation the node holds *now* — not the logged one (docs/RL.md, the CausalSim caveat). Plans
 are validated with agent/validate.py like every backend, so it passes the Node contract
 and can be the node of ``envs``' ``NodePartitionEnv(node=TraceNode(...))``.
 

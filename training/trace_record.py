@@ -1,7 +1,7 @@
 """Recording a trace: a controller drives any Node while every interval is written.
 
 The loop is :func:`models.controller.drive`'s, with a :class:`training.traces.TraceWriter`
-taking each interval (issue 7, "Recorded traces"). On a simulated node (local or behind an
+taking each interval. On a simulated node (local or behind an
 agent) time is advanced through its Clock, so recording is as fast as the simulator; on a
 real node the loop keeps wall-clock interval deadlines.
 """

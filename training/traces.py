@@ -4,9 +4,9 @@ A trace is what a controller saw and did on a node, one row per (interval, group
 snapshot's per-group counters, occupancy, bandwidth and latency percentiles, the allocation
 held during the interval and the allocation applied after it, with the node's capabilities,
 the group specs, the controller and the scenario (when simulated) in the file's metadata.
-The schema, its version and the compatibility rules are in docs/TRACES.md (issue 7,
-"Recorded traces and offline training"); recording under randomised allocations
-(models/explore.py) is what makes a trace learnable (RL.md, the CausalSim caveat).
+The schema, its version and the compatibility rules are in docs/TRACES.md; recording
+under randomised allocations (models/explore.py) is what makes a trace learnable
+(docs/RL.md, "Recorded traces": the CausalSim caveat).
 
 Everything that goes wrong reading a file raises :class:`TraceError` naming the file and
 what is wrong (missing, not Parquet, truncated, corrupt, not a trace, other version).

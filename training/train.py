@@ -1,4 +1,4 @@
-"""``rdtune train``: train a PPO / MaskablePPO policy on Partition-v0 (issue 7, "Trainer").
+"""``rdtune train``: train a PPO / MaskablePPO policy on Partition-v0.
 
 Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered steps):
 
@@ -26,13 +26,13 @@ The run directory holds ``config.yaml`` (the validated config), ``run.json`` (la
 versions the exporter needs), checkpoints, ``vecnormalize.pkl`` when used, ``tb/`` and
 ``evaluations.jsonl``. ``rdtune export --model RUN_DIR`` turns it into an ONNX policy.
 With ``--ray-address`` and ``--sweep`` the same function runs inside Ray Tune trials
-(:mod:`training.sweep`); with ``--ray-address`` alone the envs step on Ray actors of that
-cluster while PPO learns here (docs/TRAINING.md).
+(:mod:`training.sweep`, which depends on this module, not the other way round); with
+``--ray-address`` alone the envs step on Ray actors of that cluster while PPO learns here
+(docs/TRAINING.md). The command line is training/cli.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -47,97 +47,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 FINAL_SEED_OFFSET = 100_000  # final-table episodes: other seeds (and the test split)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", required=True, help="YAML training config (see training/config.py)"
-    )
-    parser.add_argument("--out", help="run directory (default: the config's output_dir)")
-    parser.add_argument("--seed", type=int, help="override the config's seed")
-    parser.add_argument("--total-timesteps", type=int, help="override total_timesteps")
-    parser.add_argument(
-        "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"
-    )
-    parser.add_argument(
-        "--ray-address",
-        metavar="HOST:PORT",
-        help="run on Ray: 'local' (a private Ray instance on this machine) or the address of "
-        "a running cluster (ray start --head prints it). With --sweep the trials run there; "
-        "without, the training envs are split over --rollout-workers Ray actors there and "
-        "PPO learns in this process",
-    )
-    parser.add_argument(
-        "--rollout-workers",
-        type=int,
-        metavar="K",
-        help="Ray actors stepping the training envs (the config's rollout_workers; default 2 "
-        "with --ray-address). Without --ray-address: on a local Ray instance",
-    )
-    parser.add_argument(
-        "--sweep",
-        nargs="+",
-        metavar="KEY=V1,V2",
-        help="grid over config keys on Ray Tune, e.g. seeds=0,1,2 lr=3e-4,1e-3 "
-        "(short names: seeds, lr, ent, gamma, steps; or any dotted key like ppo.n_epochs)",
-    )
-    parser.add_argument(
-        "--max-concurrent", type=int, default=0, help="Ray Tune: trials at once (0: by CPUs)"
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    from training.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(args.config)
-        overrides: dict[str, Any] = {}
-        if args.seed is not None:
-            overrides["seed"] = args.seed
-        if args.total_timesteps is not None:
-            overrides["total_timesteps"] = args.total_timesteps
-        if args.no_progress:
-            overrides["progress_bar"] = False
-        if args.out:
-            overrides["output_dir"] = args.out
-        workers = getattr(args, "rollout_workers", None)
-        if workers is not None:
-            overrides["rollout_workers"] = workers
-        elif args.ray_address and not args.sweep and not cfg.rollout_workers:
-            overrides["rollout_workers"] = 2
-        if overrides:
-            cfg = cfg.with_overrides(overrides)
-    except ConfigError as exc:
-        print(f"rdtune train: {exc}")
-        return 2
-    if args.sweep and workers:
-        print(
-            "rdtune train: --rollout-workers and --sweep do not combine (trials step their "
-            "envs in their own process)"
-        )
-        return 2
-    if args.sweep:
-        from training.sweep import SweepError, parse_sweep, run_sweep
-
-        try:
-            grid = parse_sweep(args.sweep or [])
-            result = run_sweep(
-                cfg, grid, address=args.ray_address or "local", max_concurrent=args.max_concurrent
-            )
-        except (SweepError, ConfigError) as exc:
-            print(f"rdtune train: {exc}")
-            return 2
-        print(result.summary())
-        return 0
-    from training.rollouts import RolloutError
-
-    try:
-        result = train(cfg, ray_address=args.ray_address)
-    except (ConnectionError, RolloutError) as exc:
-        print(f"rdtune train: {exc}")
-        return 2
-    print(result.summary())
-    return 0
 
 
 @dataclass
@@ -496,11 +405,12 @@ def _rollout_workers_on_ray(cfg, address: str | None):
     if not cfg.rollout_workers or ray.is_initialized():
         yield
         return
-    from training.sweep import SweepError, init_ray
+    import training
+    from envs.cluster import ClusterError, start_ray
 
     try:
-        init_ray(address or "local")
-    except SweepError as exc:
+        start_ray(address or "local", packages=(training,))
+    except ClusterError as exc:
         raise ConnectionError(str(exc)) from None
     try:
         yield

@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("tuner.tune", "run the online tuner: a controller driving a node agent, guarded"),
     "status": ("tuner.status", "print a node's live allocation and the tuner's key metrics"),
     "trace": ("training.trace_cli", "record, inspect and export traces (offline training data)"),
-    "train": ("training.train", "train a policy (PPO / MaskablePPO; Ray sweeps with --sweep)"),
+    "train": ("training.cli", "train a policy (PPO / MaskablePPO; Ray sweeps with --sweep)"),
     "export": ("training.export", "export a trained run to ONNX + a model card"),
 }
 

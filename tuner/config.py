@@ -4,7 +4,7 @@ Example ``tuner.yaml`` (every key optional; see docs/DEPLOY.md)::
 
     interval_s: 1.0               # control interval (node clock: simulated nodes are stepped)
     resync_intervals: 10          # read the node's allocation back every N intervals (1: always)
-    controller_options: {}        # keyword options of the controller (registry factory)
+    controller_options: {}        # keyword options of the controller (models/catalogue.py)
     fallback: static              # SLO guard's fallback (default: static, else ubik strict,
     fallback_options:             #   else eq: the first that needs no options)
       {lc_group: web, ways: 4}    # static: the LC group and its ways (from an offline sweep)

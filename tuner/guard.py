@@ -1,6 +1,5 @@
 """The tuner's safety guard: no invalid plan reaches the node, changes are rate-limited, and
-an LC group missing its SLO switches the node to a fallback controller (issue 8, "Safety
-guard").
+an LC group missing its SLO switches the node to a fallback controller.
 
 - :class:`PlanGuard` screens every decided plan: validated with the kernel's rules
   (agent/validate.py, the same code every backend runs) against the allocation the node
@@ -24,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agent.errors import GroupNotFound, InvalidAllocation
+from agent.slo import slo_verdict
 from agent.types import (
     Allocation,
     AllocationPlan,
@@ -260,18 +260,14 @@ def _changes_only(plan: AllocationPlan, current: Allocation) -> AllocationPlan |
 
 def slo_verdicts(snapshot: Snapshot, groups: Mapping[str, GroupSpec]) -> dict[str, bool | None]:
     """Per LC group: True when it missed its SLO this interval, False when it met it, None
-    when the interval had no completed requests (nothing to judge)."""
+    when the interval had no completed requests (nothing to judge): agent/slo.py's rule."""
     out: dict[str, bool | None] = {}
     for name, spec in groups.items():
         if spec.kind is not GroupKind.LC or spec.slo is None:
             continue
         sample = snapshot.groups.get(name)
-        lat = sample.latency if sample is not None else None
-        if lat is None or not lat.count:
-            out[name] = None
-            continue
-        tail = lat.percentile(spec.slo.percentile)
-        out[name] = bool(math.isfinite(tail) and tail > spec.slo.target_ms)
+        met = slo_verdict(sample.latency if sample is not None else None, spec.slo)
+        out[name] = None if met is None else not met
     return out
 
 

@@ -1,10 +1,10 @@
-"""The tuner's Prometheus metrics (issue 8, "Operations"), on its own registry.
+"""The tuner's Prometheus metrics, on its own registry.
 
 Names follow Prometheus conventions: counters end in ``_total``, durations are histograms
 in ``_seconds``. Served by ``rdtune tune`` on ``metrics_listen`` (127.0.0.1:9465 by default)
 and read back by ``rdtune status --tuner-metrics URL``.
 
-Reward terms: the tuner does not import ``envs`` (ARCHITECTURE.md), so it exports the
+Reward terms: the tuner does not import ``envs`` (docs/ARCHITECTURE.md), so it exports the
 measured signals every reward in envs/ is built from -- per-group SLO attainment and tail
 latency, and batch instructions/s -- rather than a reward value.
 """

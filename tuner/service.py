@@ -1,11 +1,14 @@
-"""The online tuner: one controller driving one node through the safety guard (issue 8).
+"""The online tuner: one controller driving one node through the safety guard.
 
-Each interval: observe -> (encode ->) decide -> guard -> apply (ARCHITECTURE.md, "Data flow";
+Each interval: observe -> (encode ->) decide -> guard -> apply (docs/ARCHITECTURE.md, "Data flow";
 the policy controller encodes features itself with models/features.py). On a simulated node
 the tuner steps the node's clock by the interval (optionally also sleeping, ``realtime``);
 on a real node it sleeps to a fixed-rate schedule.
 
-Failure handling (issue 8, "Safety guard"):
+The tuner is composed of this module (start, one interval, controller switches), its groups
+(tuner/groups.py) and its run loop with the outage handling and shutdown (tuner/outages.py).
+
+Failure handling (docs/DEPLOY.md, "What the safety guard guarantees"):
 
 * The agent unreachable (UNAVAILABLE, a deadline): the interval is abandoned, the tuner
   retries with exponential backoff (``retry``), and on reconnecting re-checks its groups
@@ -23,39 +26,28 @@ Failure handling (issue 8, "Safety guard"):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.errors import (
-    GroupExists,
     GroupNotFound,
     InvalidAllocation,
     NodeError,
-    ResourceExhausted,
     UnknownTask,
 )
 from agent.node import Node, as_clock
 from agent.types import Allocation, AllocationPlan, GroupKind, GroupSpec, Snapshot
 from models.controller import ControlContext, Controller, Decision
-from tuner.config import ConfigError, TunerConfig
+from tuner.config import TunerConfig
+from tuner.groups import GroupKeeper
 from tuner.guard import PlanGuard, SloGuard, Switch, slo_verdicts
 from tuner.metrics import TunerMetrics
+from tuner.outages import Resilience
 
 log = logging.getLogger("rdtune.tuner")
-
-# Status codes of a RemoteError meaning "the agent is not there (right now)".
-OUTAGE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})
-
-
-def is_outage(exc: BaseException) -> bool:
-    from agent.server.errors import RemoteError
-
-    return isinstance(exc, RemoteError) and exc.code in OUTAGE_CODES
 
 
 @dataclass
@@ -71,14 +63,15 @@ class StepResult:
     rule: str | None = None
 
 
-class Tuner:
+class Tuner(Resilience):
     """Controller x Node with the safety guard.
 
     Args:
         connect: returns a connected node (a RemoteNode in production); called again after
             an outage only if ``reconnect_new`` (a RemoteNode reconnects by itself).
-        controller: builds the primary controller for the node's capabilities (called once,
-            after the first connection: a policy is checked against the node).
+        controller: builds the primary controller for the connected node (called once,
+            after the first connection: a policy is checked against the node, a controller
+            that calibrates may calibrate on it).
         cfg: the configuration (interval, groups, guard, fallback, retry).
         fallback: the SLO guard's fallback controller.
         metrics: where to export (a fresh registry by default).
@@ -87,7 +80,7 @@ class Tuner:
     def __init__(
         self,
         connect: Callable[[], Node],
-        controller: Callable[[object, int], Controller],
+        controller: Callable[[Node], Controller],
         cfg: TunerConfig,
         fallback: Controller,
         metrics: TunerMetrics | None = None,
@@ -109,7 +102,7 @@ class Tuner:
         self.pending: AllocationPlan | None = None  # an apply whose outcome is unknown
         self.target: AllocationPlan | None = None  # a rate-limited plan still being reached
         self._stale = True  # read the allocation back at the next interval
-        self._moved: dict[str, set[int]] = {}  # pids moved into each configured group
+        self.keeper = GroupKeeper(cfg.groups)
         self._since_read = 0
         self.intervals = 0
         self.switches: list[Switch] = []
@@ -117,13 +110,9 @@ class Tuner:
         self._next_tick: float | None = None
         self.started = False  # start() has finished once: later outages reconcile
 
-    # ------------------------------------------------------------------ state
-
     @property
     def active(self) -> Controller:
         return self.fallback if self.slo_guard.in_fallback else self.primary
-
-    # ------------------------------------------------------------------ set-up
 
     def start(self) -> None:
         """Connect, create or adopt the configured groups, start the controller.
@@ -134,12 +123,15 @@ class Tuner:
             self.node = self._connect()
         self.caps = self.node.capabilities()
         self.clock = as_clock(self.node)
-        self._ensure_groups()
-        self.groups = self._read_groups()
+        self.keeper.ensure(self.node)
+        self.groups = self.keeper.read(self.node, self.groups)
+        baseline = self.node.allocation()  # before a controller's calibration changes it
         if self.primary is None:
-            self.primary = self._build_controller(self.caps, len(self.groups))
-        self.baseline = self.node.allocation()
-        self.intended = self.baseline
+            self.primary = self._build_controller(self.node)
+            self.intended = self.node.allocation()
+        else:
+            self.intended = baseline
+        self.baseline = baseline
         self.metrics.agent_up.set(1)
         self.metrics.set_active("primary", self.primary.name, self.fallback.name)
         log.info(
@@ -153,91 +145,9 @@ class Tuner:
             extra={"event": "start", "controller": self.primary.name, "groups": list(self.groups)},
         )
         self._stale, self._since_read = False, 0  # ``intended`` is what the node holds
-        self._carry_out(self.active.start(self._context(self.baseline)), self.baseline, 0.0)
+        self._carry_out(self.active.start(self._context(self.intended)), self.intended, 0.0)
         self.node.observe()  # the first interval starts now
         self.started = True
-
-    def _ensure_groups(self, strict: bool = True) -> None:
-        """Create (or adopt) the configured groups and move their tasks in. ``strict``: an
-        unreadable cgroup is a configuration error (at start); after an outage it is logged
-        and the group's tasks stay where they are."""
-        have = self.node.groups()
-        for g in self.cfg.groups:
-            spec = g.spec
-            if spec.name in have:
-                if have[spec.name] != spec:
-                    log.warning(
-                        "group %r exists as %s; adopting it as it is (configured: %s)",
-                        spec.name,
-                        have[spec.name],
-                        spec,
-                        extra={"event": "adopt_mismatch", "group": spec.name},
-                    )
-            else:
-                # GroupExists: created meanwhile (another tuner instance starting): adopt it.
-                with contextlib.suppress(GroupExists):
-                    self.node.create_group(spec)
-                log.info(
-                    "created group %r", spec.name, extra={"event": "create", "group": spec.name}
-                )
-            try:
-                pids = g.all_pids()
-            except ConfigError as exc:
-                if strict:
-                    raise
-                log.warning("%s", exc, extra={"event": "assign_failed", "group": spec.name})
-                pids = ()
-            self._move(spec.name, pids)
-            if g.cpus:
-                self.node.assign(spec.name, cpus=g.cpus)
-
-    def _move(self, group: str, pids) -> None:
-        """Move ``pids`` into ``group`` in one call; one at a time only when one has exited
-        since it was listed."""
-        pids = tuple(pids)
-        try:
-            if pids:
-                self.node.assign(group, pids=pids)
-        except UnknownTask:
-            for pid in pids:
-                try:
-                    self.node.assign(group, pids=[pid])
-                except UnknownTask as exc:
-                    log.warning("group %r: %s", group, exc, extra={"event": "assign_failed"})
-        self._moved[group] = set(pids)
-
-    def _follow_cgroups(self) -> None:
-        """Tasks that joined a configured cgroup since the last look (a restarted service,
-        a new worker) are moved into its group; children of moved tasks follow by
-        themselves (resctrl groups are inherited on fork)."""
-        for g in self.cfg.groups:
-            if not g.cgroup or g.spec.name not in self.groups:
-                continue
-            try:
-                pids = set(g.all_pids())
-            except ConfigError as exc:
-                log.warning("%s", exc, extra={"event": "assign_failed", "group": g.spec.name})
-                continue
-            new = pids - self._moved.get(g.spec.name, set())
-            if new:
-                self._move(g.spec.name, sorted(new))
-                log.info(
-                    "moved %d new task(s) of %s into %r",
-                    len(new),
-                    g.cgroup,
-                    g.spec.name,
-                    extra={"event": "tasks", "group": g.spec.name, "pids": sorted(new)},
-                )
-            self._moved[g.spec.name] = pids
-
-    def _read_groups(self) -> dict[str, GroupSpec]:
-        """The node's groups in a stable order: known groups keep their place (a restarted
-        agent may list them differently, and order-sensitive controllers would re-plan),
-        new ones follow in the node's order."""
-        fresh = dict(self.node.groups())
-        ordered = {g: fresh[g] for g in self.groups if g in fresh}
-        ordered.update(fresh)
-        return ordered
 
     def _context(self, allocation: Allocation, now: float = 0.0) -> ControlContext:
         controller = self.active
@@ -252,8 +162,6 @@ class Tuner:
             time_s=now,
         )
 
-    # ------------------------------------------------------------------ one interval
-
     def _current(self) -> Allocation:
         """What the node holds: read back every ``resync_intervals`` intervals (and after any
         surprise); in between, what the last apply returned -- one round trip less per
@@ -264,7 +172,7 @@ class Tuner:
             self.intended = self.node.allocation()
             self._stale, self._since_read = False, 0
         elif self._since_read >= self.cfg.resync_intervals:
-            self._follow_cgroups()
+            self.keeper.follow_cgroups(self.node, self.groups)
             return self._reassert(self.node.allocation())
         return self.intended
 
@@ -409,172 +317,9 @@ class Tuner:
 
     def _groups_changed(self) -> None:
         """Groups appeared or vanished: controllers start over on the new set."""
-        self.groups = self._read_groups()
+        self.groups = self.keeper.read(self.node, self.groups)
         self.target = None
         self._stale = True
         log.info("groups changed: %s", sorted(self.groups), extra={"event": "groups"})
         current = self.node.allocation()
         self._carry_out(self.active.start(self._context(current)), current, self._last_now)
-
-    # ------------------------------------------------------------------ outages
-
-    def reconcile(self) -> None:
-        """After an outage: groups back, and the node holding what the tuner last applied."""
-        self.caps = self.node.capabilities()
-        self.clock = as_clock(self.node)
-        self._ensure_groups(strict=False)
-        self.groups = self._read_groups()
-        self._reassert(self.node.allocation())
-        self.node.observe()  # a fresh interval
-
-    def _reassert(self, current: Allocation) -> Allocation:
-        """Put back what the tuner last applied (and an apply cut short by an outage) where
-        the node holds something else: a restarted simulated agent starts over, an
-        operator's manual write, a lost apply. Returns what the node holds afterwards."""
-        want: dict[str, Mapping] = {}
-        if self.intended is not None:
-            want.update({g: a for g, a in self.intended.groups.items() if g in self.groups})
-        if self.pending is not None:
-            for g, per_domain in self.pending.groups.items():
-                if g in self.groups:
-                    want[g] = {**want.get(g, {}), **per_domain}
-        self.pending = None
-        plan = AllocationPlan(want)
-        screened = self.plan_guard.screen(plan, self.caps, self.groups, current, 0.0, limit=False)
-        self.intended = current
-        if screened.dropped is not None:
-            log.warning("cannot restore the last allocation: %s", screened.error)
-        elif screened.plan is not None:
-            self.intended = self.node.apply(screened.plan)
-            log.warning(
-                "the node does not hold the tuner's allocation (agent restarted?): re-applied",
-                extra={"event": "restored", "groups": sorted(screened.plan.groups)},
-            )
-        self.metrics.record_allocation(self.intended)
-        self._stale, self._since_read = False, 0
-        return self.intended
-
-    def _wait_for_agent(self, stop: threading.Event, first: BaseException) -> bool:
-        """Retry with backoff until the agent answers again; False when stopped meanwhile."""
-        self.metrics.agent_up.set(0)
-        delay = self.cfg.retry_initial_s
-        error: BaseException = first
-        attempt = 0
-        while not stop.is_set():
-            attempt += 1
-            log.warning(
-                "agent unreachable (%s); retry %d in %.2g s",
-                error,
-                attempt,
-                delay,
-                extra={"event": "agent_down", "attempt": attempt},
-            )
-            if stop.wait(delay):
-                return False
-            delay = min(delay * 2, self.cfg.retry_max_s)
-            try:
-                if not self.started:
-                    self.start()
-                else:
-                    self.reconcile()
-            except NodeError as exc:
-                if not is_outage(exc):
-                    raise
-                self.metrics.agent_errors.labels(type(exc).__name__).inc()
-                error = exc
-                continue
-            self.metrics.agent_up.set(1)
-            self.metrics.reconnects.inc()
-            log.warning("agent reachable again", extra={"event": "agent_up"})
-            return True
-        return False
-
-    # ------------------------------------------------------------------ run
-
-    def run(self, stop: threading.Event, max_intervals: int | None = None) -> int:
-        """Run until ``stop`` is set (or ``max_intervals`` intervals); returns an exit code."""
-        try:
-            self.start()
-        except NodeError as exc:
-            if not is_outage(exc):
-                raise
-            if not self._wait_for_agent(stop, exc):
-                return 0
-        realtime = self.cfg.realtime if self.cfg.realtime is not None else self.clock is None
-        self._next_tick = time.monotonic()
-        while not stop.is_set() and (max_intervals is None or self.intervals < max_intervals):
-            if realtime and not self._sleep(stop):
-                break
-            try:
-                self.step()
-            except (ResourceExhausted, GroupNotFound) as exc:
-                self.metrics.agent_errors.labels(type(exc).__name__).inc()
-                log.warning("interval abandoned: %s", exc)
-                self._groups_changed()
-            except NodeError as exc:
-                self.metrics.agent_errors.labels(type(exc).__name__).inc()
-                if not is_outage(exc):
-                    raise
-                if not self._wait_for_agent(stop, exc):
-                    break
-                self._next_tick = time.monotonic()
-        return 0
-
-    def _sleep(self, stop: threading.Event) -> bool:
-        self._next_tick += self.cfg.interval_s
-        delay = self._next_tick - time.monotonic()
-        if delay < -self.cfg.interval_s:  # fell behind (an outage, a slow agent): re-anchor
-            self._next_tick = time.monotonic()
-            delay = 0.0
-        return not stop.wait(max(0.0, delay))
-
-    def shutdown(self) -> None:
-        """Clean exit: optionally restore the baseline allocation, then disconnect.
-
-        An agent that is down (restarting) is retried with the usual backoff until
-        ``cfg.restore_deadline_s`` has passed: leaving the tuned allocation behind would
-        keep the node split for workloads the tuner no longer watches."""
-        if self.node is None:
-            return
-        try:
-            if self.cfg.restore_baseline and self.baseline is not None and self.started:
-                self._restore_baseline()
-        finally:
-            self.node.close()
-
-    def _restore_baseline(self) -> None:
-        deadline = time.monotonic() + self.cfg.restore_deadline_s
-        delay = self.cfg.retry_initial_s
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                groups = set(self.node.groups())
-                plan = AllocationPlan(
-                    {g: a for g, a in self.baseline.groups.items() if g in groups}
-                )
-                if plan.groups:
-                    self.node.apply(plan)
-                log.info(
-                    "restored the baseline allocation",
-                    extra={"event": "restore", "attempts": attempt},
-                )
-                return
-            except NodeError as exc:
-                left = deadline - time.monotonic()
-                if not is_outage(exc) or left <= 0:
-                    log.error(
-                        "could not restore the baseline allocation: %s",
-                        exc,
-                        extra={"event": "restore_failed", "attempts": attempt},
-                    )
-                    return
-                log.warning(
-                    "restoring the baseline: agent unreachable (%s); retry %d in %.2g s",
-                    exc,
-                    attempt,
-                    min(delay, left),
-                    extra={"event": "restore_retry", "attempt": attempt},
-                )
-                time.sleep(min(delay, left))
-                delay = min(delay * 2, self.cfg.retry_max_s)

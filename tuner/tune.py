@@ -1,8 +1,8 @@
 """Run the online tuner: a controller driving one node agent, behind the safety guard.
 
-Every interval the tuner observes the node, decides with the controller (a heuristic from
-the registry, or policy:PATH for an exported learned policy, refused when its encoder
-version or capabilities do not match the node), validates the plan, enforces the change
+Every interval the tuner observes the node, decides with the controller (one of the
+catalogue's heuristics, or policy:PATH for an exported learned policy, refused when its
+encoder version or capabilities do not match the node), validates the plan, enforces the change
 limits, and applies it atomically. An LC group missing its SLO for K intervals in a row
 switches the node to the fallback controller until it has been stable again. While the
 agent is unreachable the tuner retries with backoff and re-applies its allocation when the
@@ -25,8 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--controller",
         metavar="SPEC",
-        help="a registered controller (eq, static, copart, ubik, coco, ...), policy:PATH "
-        "(exported policy) or import:MODULE:CLASS",
+        help="a controller of the catalogue (see --list-controllers), NAME[key=value,...], "
+        "policy:PATH (exported policy) or import:MODULE:CLASS",
+    )
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="let a controller that calibrates (static, ubik, static_lc, coco, best_static) "
+        "sweep this node at start instead of requiring its calibrated options",
     )
     parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
     parser.add_argument("--interval", dest="interval_s", type=float, metavar="S", help="seconds")
@@ -51,7 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sec.add_argument("--tls-key", metavar="FILE", help="client key for mTLS (PEM)")
     sec.add_argument("--tls-server-name", metavar="NAME", help="name to check in the agent cert")
     parser.add_argument(
-        "--list-controllers", action="store_true", help="print the registered controllers and exit"
+        "--list-controllers",
+        action="store_true",
+        help="list the controllers (the catalogue rdtune eval uses too) and exit",
     )
 
 
@@ -89,14 +97,12 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import threading
 
-    from models import registry
+    from models.catalogue import describe
     from tuner.config import ConfigError
     from tuner.controllers import ControllerError, build, fallback
-    from tuner.policy import PolicyRefused
 
     if args.list_controllers:
-        for name in registry.names():
-            print(name)
+        print(describe())
         return 0
     if not args.controller:
         print("rdtune tune: --controller is required (see --list-controllers)", file=sys.stderr)
@@ -135,8 +141,14 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    def controller(caps, groups):
-        return build(args.controller, caps, cfg.controller_options, groups)
+    def controller(node):
+        return build(
+            args.controller,
+            node,
+            cfg.controller_options,
+            interval_s=cfg.interval_s,
+            calibrate=args.calibrate,
+        )
 
     tuner = Tuner(cfg.agent.connect, controller, cfg, backup, metrics)
     stop = threading.Event()
@@ -150,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     code = 0
     try:
         code = tuner.run(stop, args.intervals)
-    except (PolicyRefused, ControllerError, ConfigError) as exc:
+    except (ControllerError, ConfigError) as exc:
         print(f"rdtune tune: {exc}", file=sys.stderr)
         code = 2
     except NodeError as exc:

@@ -1,6 +1,6 @@
 """PMC reader: hardware performance counters through ``perf_event_open`` (ctypes), grouped,
-scaled for multiplexing, per task, per set of pids or per cgroup (RESCTRL.md, section
-perf_event_open).
+scaled for multiplexing, per task, per set of pids or per cgroup (docs/RESCTRL.md,
+"perf_event_open").
 
 API for a Node (e.g. ResctrlNode)::
 

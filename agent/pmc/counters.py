@@ -1,7 +1,7 @@
 """Grouped counters: one leader + members per (target, CPU), read in one syscall, scaled
 for multiplexing, summed over CPUs / threads / pids, with deltas between reads.
 
-Implements RESCTRL.md, section perf_event_open: ``read_format = GROUP | TOTAL_TIME_ENABLED |
+Implements docs/RESCTRL.md, "perf_event_open": ``read_format = GROUP | TOTAL_TIME_ENABLED |
 TOTAL_TIME_RUNNING | ID``; a value counted for ``running`` of ``enabled`` ns estimates
 ``value * enabled / running``; a cgroup is counted with pid = the cgroup directory's fd,
 PERF_FLAG_PID_CGROUP and one group per online CPU.

@@ -1,5 +1,5 @@
 """PMC errors: the kernel's perf_event_open errno turned into a message a person can act on
-(RESCTRL.md, section perf_event_open: missing PMU, paranoid level, fds = events x CPUs)."""
+(docs/RESCTRL.md, "perf_event_open": missing PMU, paranoid level, fds = events x CPUs)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Counter events by name: the hardware set the Snapshot carries and the software events
-used for testing and as fallbacks (RESCTRL.md, section perf_event_open)."""
+used for testing and as fallbacks (docs/RESCTRL.md, "perf_event_open")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The perf_event_open ABI through ctypes: ``perf_event_attr``, constants, the raw syscall,
 the ioctls and the read formats.
 
-Implements RESCTRL.md, section perf_event_open: no maintained PyPI binding does
+Implements docs/RESCTRL.md, "perf_event_open": no maintained PyPI binding does
 cgroup-scoped counting, so this module speaks the kernel ABI of ``linux/perf_event.h``
 directly. Nothing here knows about event names or groups (see ``events`` and ``counters``).
 """

@@ -1,5 +1,5 @@
 """What works here: open each counter event once on the calling process and say why the
-ones that fail do (RESCTRL.md, section perf_event_open: without a PMU hardware events fail
+ones that fail do (docs/RESCTRL.md, "perf_event_open": without a PMU hardware events fail
 with ENOENT, also EOPNOTSUPP, ENODEV, ENXIO, EINVAL). Fills
 ``NodeCapabilities.pmc_events`` / ``pmc_unsupported``."""
 

@@ -1,5 +1,5 @@
 """PmcReader: the facade a Node uses: knows which events work here, opens counters only
-for those, and answers None for the rest (RESCTRL.md, section perf_event_open: report
+for those, and answers None for the rest (docs/RESCTRL.md, "perf_event_open": report
 hardware events as unsupported, keep everything else working)."""
 
 from __future__ import annotations

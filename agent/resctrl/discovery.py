@@ -1,5 +1,5 @@
-"""Discover NodeCapabilities from a resctrl tree (RESCTRL.md, sections Layout and Mount
-options).
+"""Discover NodeCapabilities from a resctrl tree (docs/RESCTRL.md, "Layout" and
+"Mount").
 
 Reads ``info/`` (L3 or L3CODE/L3DATA, MB, L3_MON), the root group's ``schemata`` (domain
 ids) and ``cpus_list`` (online CPUs), and the mount options. When the root is a real

@@ -1,4 +1,4 @@
-"""flock on the resctrl root directory (RESCTRL.md, section Locking and ownership).
+"""flock on the resctrl root directory (docs/RESCTRL.md, "Locking and ownership").
 
 pqos and other resctrl users take ``LOCK_EX`` on the root for read-modify-write sequences
 and ``LOCK_SH`` for reads; we do the same, with a timeout so a stuck peer gives a clear

@@ -1,5 +1,5 @@
 """resctrl monitoring: ``mon_data/mon_L3_XX/{llc_occupancy,mbm_total_bytes,mbm_local_bytes}``
-turned into per-interval values (RESCTRL.md, sections Layout and Behaviour).
+turned into per-interval values (docs/RESCTRL.md, "Layout" and "Behaviour").
 
 Counter files read as a decimal byte count or as ``Unavailable``/``Error``/``Unassigned``;
 those reads succeed and mean "no value" (None). ``mbm_*`` are cumulative 64-bit counters

@@ -1,7 +1,7 @@
-"""ResctrlNode: the real Linux backend of ``Node`` (ARCHITECTURE.md, "One seam"), over the
+"""ResctrlNode: the real Linux backend of ``Node`` (docs/ARCHITECTURE.md, "The seams"), over the
 resctrl filesystem, perf_event_open counters and an LC latency feed.
 
-Follows shared/design/RESCTRL.md: owns only the groups it created -- recorded in a state
+Follows docs/RESCTRL.md: owns only the groups it created -- recorded in a state
 file by name, kind, SLO and a marker of the directory (agent/resctrl/state.py) and adopted
 again after a restart; a directory with its prefix that it did not record is someone
 else's and is never changed or removed. It notices own groups deleted by someone else,
@@ -15,6 +15,11 @@ an intent journal before resctrl is touched; a journal found at start is rolled 
 (apply: every group gets its old values; create: the half-made directory goes) or
 forward (delete) before the node is used, so ``kill -9`` at any instant leaves one whole
 plan and no group without its kind and SLO.
+
+The node is composed of this module (set-up, paths, group creation and deletion) and its
+parts: ownership.py (adoption, crash recovery, vanished groups), tasks.py (tasks and CPUs),
+allocation.py (schemata reads and the all-or-nothing apply) and observe.py (one interval's
+counters and latency).
 """
 
 from __future__ import annotations
@@ -24,35 +29,27 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
-from typing import Any, Protocol
+from collections.abc import Mapping
 
 from agent.errors import (
     GroupExists,
     GroupNotFound,
-    InvalidCpus,
     InvalidName,
     KernelError,
-    NodeError,
     ResourceExhausted,
-    UnknownTask,
 )
 from agent.resctrl import discovery, monitor, schemata, state
+from agent.resctrl.allocation import Allocations
 from agent.resctrl.lock import ResctrlLock
+from agent.resctrl.observe import LatencySource, Observation, PmcSource
+from agent.resctrl.ownership import Ownership
+from agent.resctrl.tasks import Tasks
 from agent.types import (
-    Allocation,
-    AllocationPlan,
     GroupAllocation,
-    GroupKind,
-    GroupSample,
     GroupSpec,
-    LatencyStats,
     NodeCapabilities,
-    Snapshot,
     validate_group_name,
 )
-from agent.validate import PlanContext, validate_plan
 
 log = logging.getLogger(__name__)
 
@@ -70,24 +67,6 @@ def default_state_dir() -> str:
     return os.path.join(base, "rdtune")
 
 
-class PmcSource(Protocol):
-    """What ResctrlNode needs of a PMC reader (agent.pmc.PmcReader fits)."""
-
-    supported: frozenset[str]
-    unsupported: Mapping[str, str]
-
-    def track(self, name: str, *, pids: Iterable[int]) -> None: ...
-    def untrack(self, name: str) -> None: ...
-    def read_deltas(self) -> Mapping[str, Mapping[str, float | None]]: ...
-    def close(self) -> None: ...
-
-
-class LatencySource(Protocol):
-    """Where LC latency comes from (agent.latency.LatencyRecorder fits)."""
-
-    def drain(self, group: str) -> LatencyStats | None: ...
-
-
 def _default_pmc() -> PmcSource | None:
     try:
         from agent.pmc import PmcReader
@@ -100,7 +79,7 @@ def _default_pmc() -> PmcSource | None:
         return None
 
 
-class ResctrlNode:
+class ResctrlNode(Ownership, Tasks, Allocations, Observation):
     """A Node over the resctrl filesystem at ``root``.
 
     Args:
@@ -150,16 +129,7 @@ class ResctrlNode:
         self.check_markers = check_markers
         self._own_pmc = pmc == "auto"
         self.pmc: PmcSource | None = _default_pmc() if pmc == "auto" else pmc  # type: ignore[assignment]
-        if self.pmc is not None:
-            pmc_events = frozenset(self.pmc.supported) & frozenset(HARDWARE_EVENTS)
-            pmc_unsupported = {
-                e: self.pmc.unsupported.get(e, "not supported")
-                for e in HARDWARE_EVENTS
-                if e not in pmc_events
-            }
-        else:
-            pmc_events = frozenset()
-            pmc_unsupported = {e: "no PMC reader configured" for e in HARDWARE_EVENTS}
+        pmc_events, pmc_unsupported = _pmc_events(self.pmc)
         with self._lock.shared():
             self._caps = discovery.discover(
                 self.root,
@@ -186,8 +156,6 @@ class ResctrlNode:
         self.cleaned_mon_groups: list[str] = []
         self._adopt()
 
-    # ------------------------------------------------------------------ paths
-
     def _dir(self, name: str) -> str:
         """The directory of own group ``name``; nothing a caller passes leaves the root."""
         validate_group_name(name, error=InvalidName)
@@ -212,212 +180,6 @@ class ResctrlNode:
             os.write(fd, text.encode())
         finally:
             os.close(fd)
-
-    # ------------------------------------------------------------------ adoption
-
-    def _own_dirs(self) -> list[str]:
-        out = []
-        for entry in os.listdir(self.root):
-            if entry.startswith(self.prefix) and entry != self.prefix:
-                name = entry[len(self.prefix) :]
-                try:
-                    validate_group_name(name)
-                except ValueError:
-                    log.warning("ignoring %s: not a valid group name", entry)
-                    continue
-                out.append(name)
-        return out
-
-    def _adopt(self) -> None:
-        saved = state.load(self.state_path)
-        with self._lock.exclusive():
-            self._recover(saved)
-            self._mon_groups = dict(saved.mon_groups)
-            on_disk = set(self._own_dirs())
-            for name in sorted(on_disk):
-                spec = saved.groups.get(name)
-                if spec is None:
-                    log.warning(
-                        "%s%s was not created by this agent (not in %s): left alone",
-                        self.prefix,
-                        name,
-                        self.state_path,
-                    )
-                    self.not_ours.append(name)
-                    continue
-                try:
-                    marker = state.marker_of(self._dir(name))
-                except OSError:
-                    on_disk.discard(name)
-                    continue
-                if not self._same(saved.markers.get(name), marker):
-                    log.warning(
-                        "own group %r was deleted and re-created by someone else: left alone",
-                        name,
-                    )
-                    self.not_ours.append(name)
-                    on_disk.discard(name)
-                    continue
-                try:
-                    mode = discovery.read_text(self._path(name, "mode")).strip()
-                except OSError:
-                    mode = "shareable"
-                self._specs[name] = replace(spec, exclusive=mode == "exclusive")
-                self._markers[name] = marker
-            for name, spec in saved.groups.items():
-                if name not in on_disk:
-                    log.warning("own group %r is gone (deleted by someone else?)", name)
-                    self._vanished[name] = spec
-            self._clean_own_mon_groups()
-        if self._specs or saved.groups or saved.mon_groups != self._mon_groups:
-            self._save()
-
-    def _recover(self, saved: state.Saved) -> None:
-        """Finish what a crash cut short, from the intent journal (exclusive lock held)."""
-        intent = self._journal.read()
-        if intent is None:
-            return
-        op, name = intent.get("op"), intent.get("name")
-        try:
-            if op == "apply":
-                self.recovered = self._roll_back_apply(intent, saved)
-            elif op == "create" and isinstance(name, str):
-                self.recovered = self._roll_back_create(name, saved)
-            elif op == "delete" and isinstance(name, str):
-                self.recovered = self._roll_forward_delete(name, saved)
-            else:
-                log.warning("ignoring an intent record of unknown form: %r", intent)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            log.error("recovering from the intent record %r failed: %s", intent, exc)
-            self.recovered = f"failed: {exc}"
-        else:
-            if self.recovered:
-                log.warning("crash recovery: %s", self.recovered)
-        self._journal.clear()
-
-    def _roll_back_apply(self, intent: dict, saved: state.Saved) -> str:
-        """Every group of an interrupted apply gets its old values back, in the reverse of
-        the order they were written (so no two groups overlap on the way)."""
-        groups = intent["groups"]
-        restored = []
-        for group in reversed(intent["order"]):
-            if group not in saved.groups:
-                continue
-            old = {
-                res: {int(d): int(v) for d, v in per_dom.items()}
-                for res, per_dom in groups[group]["old"].items()
-            }
-            path = os.path.join(self.root, self.prefix + group, "schemata")
-            if not os.path.exists(path):
-                continue
-            try:
-                self._write(path, schemata.format_write(old, self._digits))
-                restored.append(group)
-            except OSError as exc:
-                log.error("could not roll back group %r: %s (%s)", group, exc, self._status())
-        return f"rolled back an interrupted apply of {', '.join(map(repr, restored)) or 'nothing'}"
-
-    def _roll_back_create(self, name: str, saved: state.Saved) -> str:
-        if name in saved.groups:
-            return ""  # recorded before the crash: the creation is complete
-        path = self._dir(name)
-        if not os.path.isdir(path):
-            return ""  # the crash came before mkdir
-        if discovery.read_text(os.path.join(path, "tasks")).split():
-            # Nobody was told the group exists, so nobody could have put tasks in it:
-            # this directory is someone else's after all.
-            return f"left {path} alone (it holds tasks)"
-        os.rmdir(path)
-        return f"removed group {name!r}, whose creation a crash cut short"
-
-    def _roll_forward_delete(self, name: str, saved: state.Saved) -> str:
-        path = self._dir(name)
-        marker = saved.markers.get(name)
-        done = ""
-        ours = name in saved.groups and os.path.isdir(path)
-        if ours and self._same(marker, state.marker_of(path)):
-            os.rmdir(path)
-            done = f"finished deleting group {name!r}"
-        saved.groups.pop(name, None)
-        saved.markers.pop(name, None)
-        return done or f"forgot group {name!r}, deleted before a crash"
-
-    def _same(self, recorded: int | None, found: int) -> bool:
-        """Whether a directory found with marker ``found`` is the one recorded."""
-        return recorded is None or not self.check_markers or recorded == found
-
-    def _clean_own_mon_groups(self) -> None:
-        """rmdir the monitoring groups this node recorded as its own (left by a crashed
-        run, they hold RMIDs); any other monitoring group is left alone."""
-        for rel, marker in sorted(self._mon_groups.items()):
-            path = os.path.join(self.root, rel)
-            try:
-                if self._same(marker, state.marker_of(path)):
-                    os.rmdir(path)
-                    self.cleaned_mon_groups.append(rel)
-                    log.info("removed own stale monitoring group %s", path)
-                else:
-                    log.warning("monitoring group %s is no longer ours: left alone", path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning("could not remove own monitoring group %s: %s", path, exc)
-                continue
-            del self._mon_groups[rel]
-
-    def _intend(self, record: dict, what: str) -> None:
-        """Journal ``record`` durably before touching resctrl, or refuse to go on."""
-        try:
-            self._journal.write(record)
-        except OSError as exc:
-            raise OSError(
-                exc.errno,
-                f"cannot {what}: recording the intent in {self._journal.path} failed "
-                f"({exc.strerror}); the group was not created"
-                if record["op"] == "create"
-                else f"cannot {what}: recording the intent in {self._journal.path} failed "
-                f"({exc.strerror}); nothing was changed",
-            ) from exc
-
-    def _save(self) -> None:
-        state.save(
-            self.state_path,
-            {**self._vanished, **self._specs},
-            self.root,
-            self.prefix,
-            self._markers,
-            self._mon_groups,
-        )
-
-    # ------------------------------------------------------------------ vanished groups
-
-    def _check_vanished(self) -> None:
-        present = set(os.listdir(self.root))
-        gone = [n for n in self._specs if self.prefix + n not in present]
-        for name in gone:
-            log.warning("own group %r vanished (deleted by someone else)", name)
-            self._vanished[name] = self._specs.pop(name)
-            self._tracker.forget(name)
-            self._untrack(name)
-        if gone:
-            self._save()
-
-    def vanished(self) -> frozenset[str]:
-        """Own groups deleted by someone else and not re-created or deleted since."""
-        with self._lock.shared():
-            self._check_vanished()
-        return frozenset(self._vanished)
-
-    def recreate_vanished(self) -> list[str]:
-        """Re-create every vanished group with its spec (fresh masks: all non-exclusive
-        ways, MB at maximum); returns the names re-created."""
-        done = []
-        for name, spec in sorted(self._vanished.items()):
-            self.create_group(spec)
-            done.append(name)
-        return done
-
-    # ------------------------------------------------------------------ Node: groups
 
     def capabilities(self) -> NodeCapabilities:
         return self._caps
@@ -577,377 +339,10 @@ class ResctrlNode:
             self._save()
             self._journal.clear()
 
-    # ------------------------------------------------------------------ Node: tasks
-
-    def tasks(self, group: str) -> frozenset[int]:
-        path = self._path(group, "tasks")
-        with self._lock.shared():
-            self._require(group)
-            try:
-                text = discovery.read_text(path)
-            except FileNotFoundError:
-                self._check_vanished()
-                raise GroupNotFound(group, "it vanished") from None
-        return frozenset(int(x) for x in text.split() if x.isdigit())
-
-    def _online_cpus(self) -> set[int]:
-        """Every online CPU belongs to exactly one control group: the union of them all."""
-        cpus: set[int] = set()
-        for entry in [""] + [e for e in os.listdir(self.root) if e != "info"]:
-            path = os.path.join(self.root, entry, "cpus_list")
-            if os.path.exists(path):
-                cpus |= discovery.parse_cpu_list(discovery.read_text(path))
-        return cpus
-
-    def _locate(self, pids: set[int]) -> dict[int, str]:
-        """The group directory (relative to the root, "" for the default group) of each pid,
-        read before a multi-pid move so a failure can put the moved ones back."""
-        where: dict[int, str] = {}
-        for entry in [e for e in os.listdir(self.root) if e != "info"]:
-            base = os.path.join(self.root, entry)
-            for rel in [entry] + [
-                os.path.join(entry, "mon_groups", m)
-                for m in monitor_listdir(os.path.join(base, "mon_groups"))
-            ]:
-                path = os.path.join(self.root, rel, "tasks")
-                if not os.path.exists(path):
-                    continue
-                for x in discovery.read_text(path).split():
-                    if x.isdigit() and int(x) in pids:
-                        where[int(x)] = rel
-        for m in monitor_listdir(os.path.join(self.root, "mon_groups")):
-            path = os.path.join(self.root, "mon_groups", m, "tasks")
-            for x in discovery.read_text(path).split():
-                if x.isdigit() and int(x) in pids:
-                    where[int(x)] = os.path.join("mon_groups", m)
-        return where
-
-    def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
-        pids = list(pids)
-        cpus = list(cpus)
-        for pid in pids:
-            if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-                raise UnknownTask(
-                    -1 if not isinstance(pid, int) else pid,
-                    f"pid {pid!r} is not a positive integer",
-                )
-        for cpu in cpus:
-            if not isinstance(cpu, int) or isinstance(cpu, bool) or cpu < 0:
-                raise InvalidCpus(f"CPU {cpu!r} is not a CPU number")
-        with self._lock.exclusive():
-            self._require(group)
-            if not os.path.isdir(self._dir(group)):
-                self._check_vanished()
-                raise GroupNotFound(group, "it vanished")
-            for pid in pids:
-                if not os.path.exists(os.path.join(self.proc, str(pid))):
-                    raise UnknownTask(pid, f"no task with pid {pid} (not in {self.proc})")
-            if cpus:
-                offline = set(cpus) - self._online_cpus()
-                if offline:
-                    raise InvalidCpus(
-                        f"cannot assign CPUs {sorted(offline)} to group {group!r}: not online"
-                    )
-            before = self._locate(set(pids)) if len(pids) > 1 else {}
-            moved: list[int] = []
-            try:
-                for pid in pids:
-                    self._move(group, pid)
-                    moved.append(pid)
-                if cpus:
-                    self._add_cpus(group, cpus)
-            except NodeError:
-                self._move_back(moved, before)
-                raise
-
-    def _move(self, group: str, pid: int) -> None:
-        path = self._path(group, "tasks")
-        try:
-            self._write(path, f"{pid}\n")
-        except OSError as exc:
-            status = self._status()
-            if exc.errno == errno.ESRCH:
-                raise UnknownTask(
-                    pid, f"no task with pid {pid} (the kernel says: {status or 'ESRCH'})"
-                ) from None
-            if exc.errno == errno.ENOENT:
-                self._check_vanished()
-                raise GroupNotFound(group, "it vanished") from None
-            raise KernelError(
-                f"cannot move task {pid} into group {group!r}",
-                err=exc.errno or 0,
-                status=status,
-                path=path,
-            ) from None
-
-    def _move_back(self, moved: list[int], before: Mapping[int, str]) -> None:
-        for pid in moved:
-            rel = before.get(pid, "")
-            try:
-                self._write(os.path.join(self.root, rel, "tasks"), f"{pid}\n")
-            except OSError as exc:
-                log.error("could not return task %d to %r: %s", pid, rel or "/", exc)
-
-    def _add_cpus(self, group: str, cpus: list[int]) -> None:
-        path = self._path(group, "cpus_list")
-        held = discovery.parse_cpu_list(discovery.read_text(path))
-        text = ",".join(str(c) for c in sorted(held | set(cpus)))
-        try:
-            self._write(path, text + "\n")
-        except OSError as exc:
-            status = self._status()
-            if exc.errno == errno.EINVAL:
-                raise InvalidCpus(
-                    f"cannot assign CPUs {sorted(cpus)} to group {group!r}: "
-                    f"{status or 'invalid CPU list'}"
-                ) from None
-            raise KernelError(
-                f"cannot assign CPUs to group {group!r}",
-                err=exc.errno or 0,
-                status=status,
-                path=path,
-            ) from None
-
-    # ------------------------------------------------------------------ Node: allocation
-
-    def _read_schemata(self, name: str) -> schemata.Schemata:
-        return schemata.parse(discovery.read_text(self._path(name, "schemata")))
-
-    def _to_alloc(self, held: schemata.Schemata) -> dict[int, GroupAllocation]:
-        return {d: held.allocation(d, self._cdp) for d in self._caps.domains}
-
-    def _read_all(self) -> dict[str, schemata.Schemata]:
-        out = {}
-        for name in list(self._specs):
-            try:
-                out[name] = self._read_schemata(name)
-            except FileNotFoundError:
-                self._check_vanished()
-        return out
-
-    def allocation(self) -> Allocation:
-        with self._lock.shared():
-            held = self._read_all()
-        return Allocation({n: self._to_alloc(s) for n, s in held.items()})
-
-    def _foreign_dirs(self) -> list[str]:
-        """Control groups that are not own: other tools' (whatever their names)."""
-        own = {self.prefix + n for n in self._specs}
-        if self._creating is not None:
-            own.add(self.prefix + self._creating)
-        return [
-            e
-            for e in os.listdir(self.root)
-            if e != "info"
-            and e not in own
-            and os.path.isfile(os.path.join(self.root, e, "schemata"))
-        ]
-
-    def _others_masks(self) -> dict[str, dict[int, int]]:
-        """L3 masks (code | data) of the default group ("") and foreign groups."""
-        out: dict[str, dict[int, int]] = {}
-        for entry in ["", *self._foreign_dirs()]:
-            held = schemata.parse(discovery.read_text(os.path.join(self.root, entry, "schemata")))
-            per_dom: dict[int, int] = {}
-            for res in schemata.L3_NAMES:
-                for d, v in held.resources.get(res, {}).items():
-                    per_dom[d] = per_dom.get(d, 0) | v
-            out["" if not entry else f"foreign:{entry}"] = per_dom
-        return out
-
-    def _exclusive_groups(self) -> frozenset[str]:
-        # Own groups' modes are ours to set (create_group): no need to read them back.
-        names = {name for name, spec in self._specs.items() if spec.exclusive}
-        for entry in self._foreign_dirs():
-            mode = os.path.join(self.root, entry, "mode")
-            if os.path.exists(mode) and discovery.read_text(mode).strip() == "exclusive":
-                names.add(f"foreign:{entry}")
-        return frozenset(names)
-
-    def _expand_cdp(self, plan: AllocationPlan) -> AllocationPlan:
-        """With CDP a plain l3_mask means code and data alike (GroupAllocation's meaning)."""
-        if not self._cdp or not isinstance(plan, AllocationPlan):
-            return plan
-        return AllocationPlan(
-            {
-                g: {
-                    d: replace(a, l3_code_mask=a.l3_mask)
-                    if isinstance(a, GroupAllocation) and a.l3_code_mask is None
-                    else a
-                    for d, a in per_dom.items()
-                }
-                for g, per_dom in plan.groups.items()
-            }
-        )
-
-    def apply(self, plan: AllocationPlan, *, dry_run: bool = False) -> Allocation:
-        with self._lock.exclusive():
-            self._check_vanished()
-            held = self._read_all()
-            current = Allocation({n: self._to_alloc(s) for n, s in held.items()})
-            ctx = PlanContext(
-                caps=self._caps,
-                current=current,
-                exclusive=self._exclusive_groups(),
-                others=self._others_masks(),
-            )
-            plan = validate_plan(self._expand_cdp(plan), ctx)
-            if dry_run:
-                merged = {n: dict(per) for n, per in current.groups.items()}
-                for g, per_dom in plan.groups.items():
-                    for d, a in per_dom.items():
-                        merged[g][d] = merged[g].get(d, GroupAllocation()).overlay(a)
-                return Allocation(merged)
-            writes = []
-            for group, per_dom in plan.groups.items():
-                changes = schemata.changes_for(per_dom, held[group], self._cdp)
-                if changes:
-                    writes.append((self._growth(changes, held[group]), group, changes))
-            writes.sort(key=lambda w: w[0])  # shrinking groups first: no transient overlap
-            if len(writes) > 1:
-                # One schemata write is atomic in the kernel; several are not: journal the
-                # old values so a crash between them is rolled back at the next start.
-                self._intend(
-                    {
-                        "op": "apply",
-                        "order": [g for _, g, _ in writes],
-                        "groups": {
-                            g: {"old": _old_values(changes, held[g])} for _, g, changes in writes
-                        },
-                    },
-                    "apply the plan",
-                )
-            done: list[tuple[str, dict[str, dict[int, int]]]] = []
-            for _, group, changes in writes:
-                path = self._path(group, "schemata")
-                try:
-                    self._write(path, schemata.format_write(changes, self._digits))
-                except OSError as exc:
-                    status = self._status()
-                    failed = self._restore(done, held)
-                    if not failed and len(writes) > 1:
-                        self._journal.clear()  # restored: no crash left anything to repair
-                    msg = f"the kernel refused the schemata of group {group!r}"
-                    if done:
-                        msg += f"; restored {', '.join(repr(g) for g, _ in done)}"
-                    if failed:
-                        msg += f"; COULD NOT restore {', '.join(failed)}"
-                    raise KernelError(msg, err=exc.errno or 0, status=status, path=path) from None
-                done.append((group, changes))
-            if len(writes) > 1:
-                self._journal.clear()
-            result = self._read_all()
-        return Allocation({n: self._to_alloc(s) for n, s in result.items()})
-
-    @staticmethod
-    def _growth(changes: Mapping[str, Mapping[int, int]], held: schemata.Schemata) -> int:
-        """Ways a write adds that the group did not hold (0 = only shrinks or MB changes)."""
-        grown = 0
-        for res, per_dom in changes.items():
-            if res == "MB":
-                continue
-            for d, v in per_dom.items():
-                grown += (v & ~(held.get(res, d) or 0)).bit_count()
-        return grown
-
-    def _restore(
-        self,
-        done: list[tuple[str, dict[str, dict[int, int]]]],
-        held: Mapping[str, schemata.Schemata],
-    ) -> list[str]:
-        failed = []
-        for group, changes in reversed(done):
-            old = {
-                res: {d: held[group].resources[res][d] for d in per_dom}
-                for res, per_dom in changes.items()
-            }
-            try:
-                self._write(self._path(group, "schemata"), schemata.format_write(old, self._digits))
-            except OSError as exc:
-                log.error("could not restore the schemata of group %r: %s", group, exc)
-                failed.append(repr(group))
-        return failed
-
-    # ------------------------------------------------------------------ Node: observe
-
-    def _untrack(self, name: str) -> None:
-        if self.pmc is not None and name in self._pmc_tasks:
-            self._pmc_tasks.pop(name, None)
-            try:
-                self.pmc.untrack(name)
-            except Exception as exc:
-                log.debug("pmc untrack %s: %s", name, exc)
-
-    def _pmc_deltas(self, tasks: Mapping[str, frozenset[int]]) -> Mapping[str, Mapping[str, Any]]:
-        if self.pmc is None or not self.pmc.supported:
-            return {}
-        for name, pids in tasks.items():
-            if self._pmc_tasks.get(name) != pids:
-                try:
-                    self.pmc.track(name, pids=sorted(pids))
-                    self._pmc_tasks[name] = pids
-                except Exception as exc:  # a task that exited meanwhile: retry next time
-                    log.debug("pmc track %s: %s", name, exc)
-        try:
-            return self.pmc.read_deltas()
-        except Exception as exc:
-            log.warning("PMC read failed: %s", exc)
-            return {}
-
-    def observe(self) -> Snapshot:
-        features = self._caps.monitoring.features if self._caps.monitoring else frozenset()
-        mon_doms = self._caps.monitoring.domains if self._caps.monitoring else ()
-        with self._lock.shared():
-            self._check_vanished()
-            now = time.monotonic()
-            interval = max(now - self._last_observe, 1e-9)
-            self._last_observe = now
-            mon: dict[str, monitor.MonSample] = {}
-            tasks: dict[str, frozenset[int]] = {}
-            for name in list(self._specs):
-                d = self._dir(name)
-                mon[name] = monitor.sample_group(
-                    name, os.path.join(d, "mon_data"), features, self._tracker, mon_doms
-                )
-                if self.pmc is not None and self.pmc.supported:
-                    try:
-                        text = discovery.read_text(os.path.join(d, "tasks"))
-                        tasks[name] = frozenset(int(x) for x in text.split() if x.isdigit())
-                    except OSError:
-                        pass
-            pmc = self._pmc_deltas(tasks)
-        samples = {}
-        for name, m in mon.items():
-            counts = pmc.get(name, {})
-            latency = None
-            spec = self._specs.get(name)
-            if spec is not None and spec.kind is GroupKind.LC and self.latency is not None:
-                latency = self.latency.drain(name) or LatencyStats.empty()
-            samples[name] = GroupSample(
-                instructions=counts.get("instructions"),
-                cycles=counts.get("cycles"),
-                llc_references=counts.get("llc_references"),
-                llc_misses=counts.get("llc_misses"),
-                llc_occupancy_bytes=m.occupancy,
-                memory_bytes=m.total,
-                memory_local_bytes=m.local,
-                latency=latency,
-            )
-        return Snapshot(now, interval, samples, frozenset(self._vanished))
-
     def close(self) -> None:
         if self.pmc is not None and self._own_pmc:
             self.pmc.close()
         self.pmc = None
-
-
-def _old_values(
-    changes: Mapping[str, Mapping[int, int]], held: schemata.Schemata
-) -> dict[str, dict[str, int]]:
-    """What a group held of every value an apply changes (JSON-ready)."""
-    return {
-        res: {str(d): held.resources[res][d] for d in per_dom} for res, per_dom in changes.items()
-    }
 
 
 def _short_hash(text: str) -> str:
@@ -962,8 +357,12 @@ def _lowest_run(mask: int) -> int:
     return mask & ((above & -above) - 1)
 
 
-def monitor_listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
+def _pmc_events(pmc: PmcSource | None) -> tuple[frozenset[str], dict[str, str]]:
+    """The hardware events ``pmc`` counts, and why each other one is missing."""
+    if pmc is None:
+        return frozenset(), {e: "no PMC reader configured" for e in HARDWARE_EVENTS}
+    events = frozenset(pmc.supported) & frozenset(HARDWARE_EVENTS)
+    missing = {
+        e: pmc.unsupported.get(e, "not supported") for e in HARDWARE_EVENTS if e not in events
+    }
+    return events, missing

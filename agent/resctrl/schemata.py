@@ -1,4 +1,4 @@
-"""Parse and format resctrl ``schemata`` text (RESCTRL.md, section Schemata).
+"""Parse and format resctrl ``schemata`` text (docs/RESCTRL.md, "Schemata").
 
 Read-back text is padded on many kernels (``MB:0=  100``, ``  L3:0=000ff``, CDP's
 ``    MB:``): values are parsed, never compared as text. Writes name only the domains that

@@ -6,7 +6,7 @@ adopt its LC services as batch jobs) and a *marker* of the directory it created:
 number, which the kernel never gives to another directory while the mount lives (kernfs
 ids carry a generation), so a directory of the same name made by someone else is told
 apart. Monitoring groups the node creates are recorded the same way; nothing that is not
-recorded is ever removed or rewritten (shared/design/RESCTRL.md, "Locking and ownership").
+recorded is ever removed or rewritten (docs/RESCTRL.md, "Locking and ownership").
 
 The intent journal (:class:`Journal`) makes multi-step changes crash-consistent: the
 node writes what it is about to do (the old and new values of an apply, the group being

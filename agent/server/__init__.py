@@ -5,5 +5,5 @@ Modules: ``convert`` (agent.types <-> protobuf), ``errors`` (NodeError <-> gRPC 
 listen-address rules), ``metrics`` (Prometheus), ``scrape`` (Prometheus histograms of LC
 services as a latency source), ``config`` and ``app`` (building and running a server) and
 ``cli`` (the ``rdtune agent`` subcommand). The client is :mod:`agent.client`.
-See shared/design/ARCHITECTURE.md ("One seam: the Node") and issue 4.
+See docs/ARCHITECTURE.md ("The seams") and docs/AGENT.md.
 """

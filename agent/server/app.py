@@ -1,5 +1,5 @@
 """Building, starting and stopping an agent: backend, gRPC server, health, reflection,
-metrics endpoint, lifecycle (issue 4, "Server" and "Lifecycle").
+metrics endpoint, lifecycle.
 
 :class:`AgentServer` is what ``rdtune agent`` runs and what the integration tests start on
 loopback. Shutdown is graceful: health turns NOT_SERVING, new RPCs are refused, server

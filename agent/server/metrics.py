@@ -1,4 +1,4 @@
-"""The agent's Prometheus metrics (issue 4, "Prometheus metrics endpoint").
+"""The agent's Prometheus metrics.
 
 Naming follows Prometheus conventions: ``rdtune_agent_`` prefix, base units (seconds,
 bytes), ``_total`` for counters. RPC counts and latencies come from the server interceptor;
@@ -16,6 +16,7 @@ from collections import defaultdict
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from agent.slo import slo_verdict
 from agent.types import Allocation, GroupKind, GroupSpec, Snapshot
 
 # RPCs are sub-millisecond on loopback; buckets from 50 us to 10 s.
@@ -109,13 +110,12 @@ class _GroupState:
                 spec = specs.get(name)
                 if spec is None or spec.kind is not GroupKind.LC or spec.slo is None:
                     continue
-                stats = sample.latency
-                if stats is None or stats.count == 0:
+                met = slo_verdict(sample.latency, spec.slo)
+                if met is None:
                     continue  # no requests: the interval says nothing about the SLO
-                value = stats.percentile(spec.slo.percentile)
                 tally = self._slo[name]
                 tally[1] += 1
-                tally[0] += int(value <= spec.slo.target_ms)
+                tally[0] += int(met)
                 self._slo_target[name] = spec.slo.target_ms / 1e3
 
     def describe(self):

@@ -1,4 +1,4 @@
-"""The agent's Prometheus endpoint over HTTP(S) (issue 4, "Server" and "Security").
+"""The agent's Prometheus endpoint over HTTP(S).
 
 The endpoint follows the gRPC port's exposure rule (agent/server/security.py): on loopback
 it is plain HTTP without authentication, as a Prometheus on the same host expects; on any

@@ -1,4 +1,4 @@
-"""LC latency from a Prometheus histogram a service already exports (issue 4, "LC latency").
+"""LC latency from a Prometheus histogram a service already exports.
 
 Configured per group (URL + metric name). Each observation interval the agent scrapes the
 service's text exposition, sums the histogram's cumulative ``_bucket{le=...}`` series over

@@ -1,4 +1,4 @@
-"""The NodeAgent and Simulation servicers: a ``Node`` behind gRPC (issue 4, "API").
+"""The NodeAgent and Simulation servicers: a ``Node`` behind gRPC.
 
 Every node call runs under one lock: backends are not required to be thread-safe, and the
 lock serialises concurrent applies so each is all-or-nothing against the state the previous

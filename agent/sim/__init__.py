@@ -1,7 +1,7 @@
 """Simulated CAT/MBA server: ``SimNode``, its machine presets, workload catalog and scenarios.
 
-Implements shared/design/SIMULATOR.md; equations, assumptions and calibration are in
-docs/SIMULATOR.md. ``agent`` code only: nothing here imports envs/models/tuner.
+The model is described in docs/SIMULATOR.md; equations, assumptions and calibration are in
+docs/SIMULATOR.md. ``agent`` code only: nothing here imports envs, models or tuner.
 
 API (stable; other layers build on it)
 --------------------------------------

@@ -1,7 +1,7 @@
 """Machine presets and the workload catalog of the simulator: data loaded from YAML.
 
 Presets and workloads are data, not code (agent/sim/data/*.yaml); each entry cites the paper
-it came from (shared/design/SIMULATOR.md, "Machine presets" and "Workloads"). Users add
+it came from (docs/SIMULATOR.md, "Parameters and where they come from"). Users add
 their own with :func:`load_catalog` (a YAML file or a directory of them, loaded on top).
 """
 

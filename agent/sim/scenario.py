@@ -6,7 +6,7 @@ names (used when the node creates groups itself), arrival/departure times, and f
 services a load profile: constant, step, diurnal, bursty or a recorded trace (CSV of
 ``time,rate``). Load is given in requests/s (``rps``) or as a fraction of the service's
 capacity at full resources alone (``utilization``). :func:`random_scenario` draws a seeded
-mix from the catalog for training. See shared/design/SIMULATOR.md ("Scenarios").
+mix from the catalog for training. See docs/SIMULATOR.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark ``agent``: the gRPC node agent on loopback with the sim backend (issue 4).
+"""Benchmark ``agent``: the gRPC node agent on loopback with the sim backend.
 
 Starts the real agent (``rdtune agent --backend sim --scenario sixteen_groups``) as a
 separate process on 127.0.0.1: a 16-CLOSID machine whose every CLOSID is in use (15 own

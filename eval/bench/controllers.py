@@ -1,4 +1,4 @@
-"""Controller decision time per interval (issue 6): ``python -m eval.bench controllers``.
+"""Controller decision time per interval: ``python -m eval.bench controllers``.
 
 Each heuristic drives a simulated node (noise-free, so runs repeat) through
 :func:`models.controller.drive`, which times every ``decide`` call; the figure is the

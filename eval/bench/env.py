@@ -1,4 +1,4 @@
-"""Benchmark ``env``: Partition-v0 steps/s against raw SimNode stepping (issue 5: overhead <= 20%).
+"""Benchmark ``env``: Partition-v0 steps/s against raw SimNode stepping (overhead <= 20%).
 
 For the same scenario, seed and action sequence, the raw loop is what any controller must
 do on a SimNode (``apply`` the decoded plan when it differs from the one applied last,

@@ -1,4 +1,4 @@
-"""Benchmark of the PMC reader (issue 2; RESCTRL.md, section perf_event_open): the cost of
+"""Benchmark of the PMC reader (docs/RESCTRL.md, "perf_event_open"): the cost of
 reading a group of 3 software counters (task_clock, context_switches, page_faults), as one
 PERF_FORMAT_GROUP read and through the GroupCounters API, against one read per event, and
 for a cgroup (one group per online CPU); plus the cost of probing the hardware events."""

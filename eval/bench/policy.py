@@ -1,4 +1,4 @@
-"""Benchmark of the learned-policy runtime (issue 7, "Export"): per-decision cost of the
+"""Benchmark of the learned-policy runtime: per-decision cost of the
 shipped exported policy (models/policies/default) with ONNX Runtime, batch 1, one intra-op
 thread (target p99 <= 200 us), and of a whole ``PolicyController.decide()`` (feature encoding
 + inference + action decoding into a plan), on snapshots of the default simulated scenario.

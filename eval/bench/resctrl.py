@@ -1,4 +1,4 @@
-"""Benchmark ``resctrl``: ResctrlNode against the FUSE resctrl emulator (issue 2).
+"""Benchmark ``resctrl``: ResctrlNode against the FUSE resctrl emulator.
 
 The emulator runs as its own process (``rdtune emulate-resctrl``), as a kernel would be
 outside the agent; the node creates N groups, puts one real task in each, then measures

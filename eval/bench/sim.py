@@ -1,4 +1,4 @@
-"""Benchmark ``sim``: SimNode stepping speed (issue 3), env-free.
+"""Benchmark ``sim``: SimNode stepping speed, env-free.
 
 One step = ``advance(interval_s)`` + ``observe()`` at the default control interval
 (0.1 s), in-process, one core. Scenarios:

@@ -1,4 +1,4 @@
-"""Benchmark ``traces``: recorded traces and offline training (issue 7; docs/TRACES.md).
+"""Benchmark ``traces``: recorded traces and offline training (docs/TRACES.md).
 
 * recording: ``explore`` driving the default SimNode into a Parquet trace, intervals/s;
 * reading: ``load_trace`` of a 90 s (900-interval, 4-group) trace;
@@ -17,7 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent.sim import SimNode
 from eval.bench.harness import Result, latency_result, rate_result
+from models.controller import context
+from models.explore import Explore
+from training.dynamics import fit_dynamics
+from training.trace_node import Replay, TraceNode
+from training.trace_record import record
+from training.traces import load_trace
 
 
 def _cpu_rate(name: str, fn, runs: int) -> Result:
@@ -30,13 +37,6 @@ def _cpu_rate(name: str, fn, runs: int) -> Result:
 
 
 def run(quick: bool) -> list[Result]:
-    from agent.sim import SimNode
-    from models.explore import Explore
-    from training.dynamics import fit_dynamics
-    from training.trace_node import Replay, TraceNode
-    from training.trace_record import record
-    from training.traces import load_trace
-
     runs = 3 if quick else 7
     out: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="rdt-bench") as tmp:
@@ -63,7 +63,7 @@ def run(quick: bool) -> list[Result]:
 
         node = TraceNode(dyn, Replay.from_trace(trace), seed=0)
         steps = 300 if quick else 2000
-        plans = [Explore(seed=s, overlap=0.0).start(_ctx(node)).plan for s in (0, 1)]
+        plans = [Explore(seed=s, overlap=0.0).start(context(node)).plan for s in (0, 1)]
         for label, apply in (("trace node step", False), ("trace node step + apply", True)):
 
             def work(apply=apply) -> int:
@@ -77,9 +77,3 @@ def run(quick: bool) -> list[Result]:
             out.append(rate_result(label + " (advance 0.1 s + observe)", work, runs))
             out.append(_cpu_rate(label + " [CPU time]", work, runs))
     return out
-
-
-def _ctx(node):
-    from models.controller import context
-
-    return context(node)

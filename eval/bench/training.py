@@ -82,9 +82,9 @@ def run(quick: bool) -> list[Result]:
     if os.environ.get("RDTUNE_BENCH_RAY", "1") != "0":
         import ray
 
-        from training.sweep import init_ray
+        from envs.cluster import start_ray
 
-        init_ray("local")
+        start_ray("local")
         try:
             for workers in (1, 2):
                 out += _results(

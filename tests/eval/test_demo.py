@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from eval.controllers import policy_available
 from eval.demo import HEURISTICS
-from models import registry
+from models import catalogue
+from models.policy import policy_available
 from tuner.cli import main
 
 
@@ -42,7 +42,7 @@ def test_demo_rejects_unknown_controller() -> None:
 
 
 def test_registry_lists_the_basics() -> None:
-    assert {"unpartitioned", "eq"} <= set(registry.names())
+    assert {"unpartitioned", "eq"} <= set(catalogue.names())
 
 
 def test_demo_shows_specs_with_options_verbatim(

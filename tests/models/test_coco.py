@@ -1,4 +1,4 @@
-"""CoCo time-sharing and the round-robin baseline on 4-CLOS presets (issue 6)."""
+"""CoCo time-sharing and the round-robin baseline on 4-CLOS presets."""
 
 from __future__ import annotations
 
@@ -251,12 +251,19 @@ def test_services_from_options_say_what_is_wrong(raw: dict, problem: str) -> Non
     assert problem in str(err.value)
 
 
-def test_registry_builds_coco_from_plain_options() -> None:
-    from models import registry
+def test_catalogue_builds_coco_from_plain_options() -> None:
+    """An operator's config: services as plain data, tier groups by name, no calibration
+    when the profile is given."""
+    from models import catalogue
+    from models.catalogue import ControllerSpec
+    from models.setup import Setup
 
-    coco = registry.make(
-        "coco",
-        services=[{"name": "kv", "pids": [7], "slo": {"percentile": 99.0, "target_ms": 1.0}}],
-        groups=["bg", "t1"],
-    )
+    node = SimNode("default", 0)
+    options = {
+        "services": [{"name": "kv", "pids": [7], "slo": {"percentile": 99.0, "target_ms": 1.0}}],
+        "groups": ["bg", "t1"],
+        "profile": {},
+    }
+    coco = catalogue.build(ControllerSpec("coco", options), Setup(node))
     assert isinstance(coco, CoCo) and coco.services[0].pids == frozenset({7})
+    assert coco.groups == ["bg", "t1"]

@@ -1,5 +1,5 @@
 """The learned-policy runtime: loads an export, decides like the trained policy, refuses
-what it does not fit (issue 7, "Export")."""
+what it does not fit."""
 
 # ruff: noqa: F811  (pytest fixtures imported from tests.training.tiny_runs)
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from agent.sim import SimNode, random_scenario
 from agent.sim.catalog import default_catalog
 from agent.validate import PlanContext, validate_plan
-from models import registry
+from models import catalogue
 from models.controller import carry_out, context, drive
 from models.features import ENCODER_VERSION
 from models.policy import (
@@ -28,9 +28,11 @@ from models.policy import (
 from tests.training.tiny_runs import tiny_export, tiny_run  # noqa: F401
 
 PRESETS = sorted(default_catalog().machines)
+ON = "training_data.trained_on."
 
 
 def _copy(src, dst, **card_changes):
+    """A copy of an export with keys of its card (dotted paths, format 2) changed."""
     shutil.copytree(src, dst)
     card = json.loads((dst / "model_card.json").read_text())
     for key, value in card_changes.items():
@@ -45,7 +47,7 @@ def _copy(src, dst, **card_changes):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_drives_a_node_with_valid_plans(tiny_export, preset):
-    ctrl = registry.make("policy", path=tiny_export)
+    ctrl = catalogue.construct(f"policy:{tiny_export}")
     assert isinstance(ctrl, PolicyController)
     node = SimNode(random_scenario(5, preset, max_lc=2, max_batch=4), seed=5)
     caps = node.capabilities()
@@ -87,15 +89,15 @@ def test_decides_what_the_trained_policy_decides(tiny_run, tiny_export):
 
 def test_loads_from_the_onnx_path_and_the_card(tiny_export):
     for path in (tiny_export / "policy.onnx", tiny_export / "model_card.json"):
-        assert PolicyController.load(path).card["encoder_version"] == ENCODER_VERSION
+        assert PolicyController.load(path).card.encoder_version == ENCODER_VERSION
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"encoder_version": ENCODER_VERSION + 1}, "feature encoder v"),
-        ({"action_design": "per-group-moves"}, "action design"),
-        ({"features.names": ["x"]}, "feature layout"),
+        ({"runtime.encoder_version": ENCODER_VERSION + 1}, "feature encoder version"),
+        ({"runtime.actions.kind": "per-group-moves"}, "action design"),
+        ({"runtime.features.names": ["x"]}, "feature layout"),
         ({"format": "something/9"}, "model card format"),
     ],
 )
@@ -113,10 +115,10 @@ def _caps(preset):
     ("changes", "preset", "edit", "message"),
     [
         ({}, "gold6130", lambda c: dataclasses.replace(c, l3=None), "needs cache allocation"),
-        ({"capabilities.ways_min": 12}, "gold6130", None, r"trained on 12..20 LLC ways"),
-        ({"capabilities.min_cbm_bits_max": 1}, "e5v3_4clos", None, "min_cbm_bits"),
-        ({"capabilities.mba_modes": ["percent"]}, "epyc7302p", None, "MBA modes"),
-        ({"capabilities.trained_without_mba": False}, "e5_2683v4", None, "only trained on nodes"),
+        ({ON + "ways_min": 12}, "gold6130", None, r"ways outside the model's range \[12, 20\]"),
+        ({ON + "min_cbm_bits_max": 1}, "e5v3_4clos", None, "min_cbm_bits"),
+        ({ON + "mba_modes": ["percent"]}, "epyc7302p", None, "MBA mode 'amd'"),
+        ({ON + "trained_without_mba": False}, "e5_2683v4", None, "trained only on nodes"),
     ],
 )
 def test_refuses_nodes_it_was_not_trained_for(
@@ -126,7 +128,7 @@ def test_refuses_nodes_it_was_not_trained_for(
     caps = _caps(preset)
     caps = edit(caps) if edit else caps
     with pytest.raises(PolicyCompatibilityError, match=message):
-        ctrl.check_compatible(caps)
+        ctrl.check_capabilities(caps)
     node = SimNode(random_scenario(1, preset), seed=1)
     if edit is None:  # the same refusal when the controller starts on such a node
         with pytest.raises(PolicyCompatibilityError, match=message):
@@ -137,7 +139,7 @@ def test_refuses_nodes_it_was_not_trained_for(
 def test_accepts_every_trained_preset(tiny_export):
     ctrl = PolicyController.load(tiny_export)
     for preset in PRESETS:
-        ctrl.check_compatible(_caps(preset))
+        ctrl.check_capabilities(_caps(preset))
 
 
 def test_refuses_damaged_files(tiny_export, tmp_path):
@@ -149,12 +151,12 @@ def test_refuses_damaged_files(tiny_export, tmp_path):
     (bad / "policy.onnx").write_bytes(bytes(data))
     with pytest.raises(PolicyError, match="sha256"):
         PolicyController.load(bad)
-    garbage = _copy(tiny_export, tmp_path / "garbage", **{"onnx.sha256": None})
+    garbage = _copy(tiny_export, tmp_path / "garbage", **{"runtime.onnx.sha256": None})
     (garbage / "policy.onnx").write_bytes(b"not onnx")
     with pytest.raises(PolicyError, match="not a loadable ONNX model"):
         PolicyController.load(garbage)
     (garbage / "model_card.json").write_text("{broken")
-    with pytest.raises(PolicyError, match="not a readable JSON"):
+    with pytest.raises(PolicyError, match="not valid JSON"):
         PolicyController.load(garbage)
 
 
@@ -168,7 +170,7 @@ def test_shipped_default_policy_runs_the_default_scenario():
 
 def test_runtime_does_not_import_torch():
     code = (
-        "import sys, models.policy, models.registry; "
+        "import sys, models.policy, models.catalogue; "
         "models.policy.PolicyController.load(models.policy.DEFAULT_POLICY); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )

@@ -1,4 +1,4 @@
-"""Ubik slack controller, StaticLC, UCP Lookahead and the online miss curve (issue 6)."""
+"""Ubik slack controller, StaticLC, UCP Lookahead and the online miss curve."""
 
 from __future__ import annotations
 

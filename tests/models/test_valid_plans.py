@@ -1,4 +1,4 @@
-"""Every controller only ever emits valid plans, on every machine preset (issue 6).
+"""Every controller only ever emits valid plans, on every machine preset.
 
 Each entry of :data:`CONTROLLERS` builds a controller (and the node it runs on) for a preset;
 the run checks every plan with agent.validate.validate_plan against what the node holds

@@ -10,7 +10,7 @@ from agent.sim import SimNode
 from agent.sim.catalog import default_catalog
 from agent.sim.scenario import Scenario, WorkloadInstance
 from agent.validate import PlanContext, validate_plan
-from models import registry
+from models import catalogue
 from models.controller import context
 from models.explore import Explore
 
@@ -85,7 +85,7 @@ def test_same_seed_same_sequence() -> None:
 
 
 def test_registered_and_options_checked() -> None:
-    assert isinstance(registry.make("explore", seed=2), Explore)
+    assert isinstance(catalogue.construct("explore[seed=2]"), Explore)
     with pytest.raises(ValueError, match="dwell"):
         Explore(min_dwell=5, max_dwell=2)
     with pytest.raises(ValueError, match="probability"):

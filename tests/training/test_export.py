@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from models.card import CARD_FILE, FORMAT, ModelCard
 from models.features import ENCODER_VERSION
 from tests.training.tiny_runs import tiny_export, tiny_ppo_run, tiny_run  # noqa: F401
 from training.export import ExportError, export_run
@@ -16,20 +17,23 @@ from training.train import load_model
 
 
 def test_card_describes_the_policy(tiny_export):
-    card = json.loads((tiny_export / "model_card.json").read_text())
-    assert card["format"] == "rdtune-policy-card/1"
-    assert card["encoder_version"] == ENCODER_VERSION
-    assert card["features"]["max_groups"] == 8 and len(card["features"]["names"]) == 126
-    assert card["action_design"] == "multidiscrete-share-levels"
-    assert card["actions"]["share_levels"] == 4 and card["actions"]["mba_levels"] == 3
-    assert card["masked"] is True
-    assert card["observation_normalization"] is None
-    caps = card["capabilities"]
-    assert caps["ways_min"] <= caps["ways_max"] and caps["requires_cat"] is True
-    assert set(caps["mba_modes"]) <= {"percent", "mbps", "amd"}
-    assert card["training"]["algorithm"] == "MaskablePPO"
-    assert {r["name"] for r in card["evaluation"]["rows"]} == {"policy", "eq"}
-    assert card["parity"] == {"observations": 64, "matched": 64}
+    data = json.loads((tiny_export / CARD_FILE).read_text())
+    assert data["format"] == FORMAT
+    for section in ("model", "intended_use", "training_data", "evaluation", "limitations"):
+        assert data[section], section
+    card = ModelCard.read(tiny_export)
+    assert card.encoder_version == ENCODER_VERSION
+    assert card.features["max_groups"] == 8 and len(card.features["names"]) == 126
+    assert card.actions["kind"] == "multidiscrete-share-levels"
+    assert card.actions["share_levels"] == 4 and card.actions["mba_levels"] == 3
+    assert card.masked is True and card.normalization is None
+    on = card.trained_on
+    assert on.ways_min <= on.ways_max and on.requires_cat is True
+    assert set(on.mba_modes) <= {"percent", "mbps", "amd"}
+    assert card.training_config["algorithm"] == "MaskablePPO"
+    assert {r["name"] for r in card.evaluation["rows"]} == {"policy", "eq"}
+    assert card.parity == {"observations": 64, "matched": 64}
+    assert "8 resctrl groups" in card.intended_use and card.out_of_scope and card.limitations
 
 
 def _session(path):
@@ -61,7 +65,7 @@ def test_exported_actions_match_the_trained_policy(tiny_run, tiny_export):
 
 def test_unmasked_ppo_export_matches(tiny_ppo_run, tmp_path):
     card = export_run(tiny_ppo_run.run_dir, tmp_path, parity_observations=32)
-    assert card["masked"] is False and card["parity"]["matched"] == 32
+    assert card.masked is False and card.parity["matched"] == 32
     model = load_model(tiny_ppo_run.run_dir / "best_model.zip", "PPO")
     sess = _session(tmp_path)
     assert [i.name for i in sess.get_inputs()] == ["obs"]
@@ -111,9 +115,9 @@ def test_observation_normalisation_travels_in_the_card(tmp_path):
 
     run = train(tiny_config(tmp_path / "run", normalize_obs=True, total_timesteps=64))
     card = export_run(run.run_dir, tmp_path / "out", parity_observations=32)
-    norm = card["observation_normalization"]
+    norm = card.normalization
     assert norm is not None and len(norm["mean"]) == 126
-    assert card["parity"]["matched"] == 32
+    assert card.parity["matched"] == 32
     with (run.run_dir / "vecnormalize.pkl").open("rb") as f:
         stats = pickle.load(f)
     model = load_model(run.run_dir / "best_model.zip", "MaskablePPO")

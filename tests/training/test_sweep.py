@@ -48,13 +48,17 @@ def test_bad_sweep_values_fail_before_ray_starts(tmp_path):
     assert not ray.is_initialized()
 
 
-def test_ray_local_sweep_and_parallel_rollouts(tmp_path):
+def test_ray_local_sweep_and_parallel_rollouts(tmp_path, monkeypatch):
     import ray
 
+    from envs.cluster import start_ray
     from training.sweep import parallel_rollouts, run_sweep
 
     cfg = tiny_config(tmp_path / "tiny", total_timesteps=64)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # "local" starts a private Ray even where one is advertised (a stray cluster on a CI
+    # host: with no address ray.init would try to join it)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    start_ray("local", num_cpus=2)
     try:
         result = run_sweep(cfg, {"seed": [0, 1]})
         assert ray.is_initialized()  # a Ray the caller started is left running

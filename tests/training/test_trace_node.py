@@ -10,7 +10,7 @@ import pytest
 from agent.node import Clock, Node, as_clock
 from agent.sim import SimNode
 from agent.sim.catalog import default_catalog
-from models import registry
+from models import catalogue
 from models.controller import drive
 from tests.agent.contract import NodeContract, NodeHarness
 from training.trace_node import Replay, TraceNode
@@ -100,7 +100,7 @@ def test_controller_metrics_match_the_simulator(dynamics, replay, controller) ->
     tn = TraceNode(dynamics, replay, seed=5)
     runs = {}
     for name, node in (("sim", sim), ("trace", tn)):
-        recs = drive(registry.make(controller), node, node, 100, 0.1)
+        recs = drive(catalogue.construct(controller), node, node, 100, 0.1)
         ips = {g: np.mean([r.snapshot.groups[g].instructions / 0.1 for r in recs[20:]])
                for g in node.groups()}  # fmt: skip
         lat = np.nanmean([r.snapshot.groups["memcached"].latency.p95_ms for r in recs[20:]])

@@ -8,16 +8,16 @@ import logging
 import pytest
 
 from agent.sim import SimNode
-from models import registry
 from tuner.controllers import ControllerError, build, fallback
 from tuner.logs import JsonFormatter
 
-CAPS = SimNode("default").capabilities()
+NODE = SimNode("default")
 
 
-def test_registered_and_imported_controllers() -> None:
-    assert build("eq", CAPS).name == "eq"
-    assert build("import:tests.tuner.controllers:Quiet", CAPS).name == "quiet"
+def test_catalogue_and_imported_controllers() -> None:
+    assert build("eq", NODE).name == "eq"
+    assert build("ucp[period=5]", NODE).period == 5
+    assert build("import:tests.tuner.controllers:Quiet", NODE).name == "quiet"
 
 
 @pytest.mark.parametrize(
@@ -28,28 +28,26 @@ def test_registered_and_imported_controllers() -> None:
         ("import:tests.tuner.nothing:X", {}, "No module named"),
         ("import:tests.tuner.controllers:Nothing", {}, "has no attribute 'Nothing'"),
         ("import:json:JSONDecoder", {}, "is not a models.controller.Controller"),
-        ("eq", {"colour": "red"}, "bad options {'colour': 'red'}"),
+        ("eq", {"colour": "red"}, "bad options for controller 'eq'"),
         ("policy:", {}, "policy: needs a path"),
     ],
 )
 def test_bad_controller_specs_say_why(spec: str, options: dict, message: str) -> None:
     with pytest.raises(ControllerError) as err:
-        build(spec, CAPS, options)
+        build(spec, NODE, options)
     assert message in str(err.value)
 
 
 def test_fallback_defaults_and_choices() -> None:
     default = fallback()
-    # static needs its sweep's options, so the default is Ubik strict or eq when it is there
-    assert default.name in {"ubik", "eq"}
-    if "ubik" in registry.names():
-        assert default.name == "ubik"
+    # static needs its sweep's options, so the default is Ubik strict
+    assert default.name == "ubik" and default.slack == 0.0
     assert fallback("eq").name == "eq"
-    with pytest.raises(ControllerError, match="not a learned policy"):
-        fallback("policy:/some/export")
-    if "static" in registry.names():
-        static = fallback("static", {"lc_group": "memcached", "ways": 4})
-        assert static.name == "static"
+    for policy in ("policy:/some/export", "policy"):
+        with pytest.raises(ControllerError, match="not a learned policy"):
+            fallback(policy)
+    static = fallback("static", {"lc_group": "memcached", "ways": 4})
+    assert (static.name, static.ways) == ("static", 4)
 
 
 def test_json_log_lines_carry_the_event_fields() -> None:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from models import registry
+from models import catalogue
 from tests.tuner.conftest import (
     ROOT,
     assert_valid,
@@ -22,12 +22,14 @@ from tests.tuner.conftest import (
 )
 from tuner.status import read_metrics
 
-# Registered controllers this test does not run, and why.
-NOT_HERE = {"oracle": "searches the simulator's ground truth in-process; refuses a RemoteNode"}
+# Controllers a remote node cannot run, and what the refusal names.
+REFUSED = {"oracle": "needs ground truth"}
 if not (ROOT / "models" / "policies" / "default" / "model_card.json").is_file():
-    NOT_HERE["policy"] = "no shipped export (models/policies/default): tests/tuner/test_policy.py"
+    REFUSED["policy"] = "no model card"
 # Options a controller cannot do without on the default scenario (what an operator configures).
-OPTIONS = {"static": {"lc_group": "memcached", "ways": 4}}
+OPTIONS = {"static": {"lc_group": "memcached", "ways": 4}, "best_static": {"max_evals": 10}}
+# Controllers calibrated on the agent's node at start (--calibrate): it steps the clock.
+CALIBRATE = {"ubik", "static_lc", "best_static", "coco"}
 
 
 def time_sharing_config(node) -> dict:
@@ -50,16 +52,22 @@ def time_sharing_config(node) -> dict:
 CONFIGS = {"coco": time_sharing_config, "round_robin": time_sharing_config}
 
 
-@pytest.mark.parametrize("name", registry.names())
-def test_each_heuristic_drives_a_remote_sim_node(fresh, name: str) -> None:
-    if name in NOT_HERE:
-        pytest.skip(NOT_HERE[name])
+@pytest.mark.parametrize("name", catalogue.names())
+def test_each_controller_drives_a_remote_sim_node_or_is_refused(fresh, name: str) -> None:
+    """Every controller ``rdtune eval`` knows, through ``rdtune tune --controller NAME``."""
     if name in CONFIGS:
         with fresh.node() as node:
             config = CONFIGS[name](node)
     else:
         config = {"controller_options": OPTIONS.get(name, {})}
-    run = run_tune(fresh.address, name, "--interval", "0.1", "--intervals", "40", config=config)
+    args = ("--calibrate",) if name in CALIBRATE else ()
+    run = run_tune(
+        fresh.address, name, "--interval", "0.1", "--intervals", "40", *args, config=config
+    )
+    if name in REFUSED:
+        assert run.returncode == 2 and REFUSED[name] in run.stderr, run.stderr
+        assert f"controller {name!r} cannot run on this node" in run.stderr
+        return
     if run.returncode == 2 and "bad options" in run.stderr and name not in OPTIONS:
         pytest.fail(f"{name} needs options: add them to OPTIONS in this file ({run.stderr})")
     assert run.returncode == 0, run.stderr
@@ -68,7 +76,19 @@ def test_each_heuristic_drives_a_remote_sim_node(fresh, name: str) -> None:
     assert not run.of("dropped"), f"{name} decided invalid plans: {run.of('dropped')}"
     with fresh.node() as node:
         assert_valid(node)
-        assert node.now() == pytest.approx(4.0 + 0.0, abs=1e-6), "the tuner stepped the clock"
+        if name in CALIBRATE:
+            assert node.now() > 4.0, "calibration ran on the node"
+        else:
+            assert node.now() == pytest.approx(4.0 + 0.0, abs=1e-6), "the tuner stepped the clock"
+
+
+@pytest.mark.parametrize(("name", "skip"), [("static", "lc_group and ways"), ("ubik", "profiles")])
+def test_calibration_on_the_live_node_needs_consent(fresh, name: str, skip: str) -> None:
+    run = run_tune(fresh.address, name, "--intervals", "3")
+    assert run.returncode == 2
+    assert f"give {skip} in its options" in run.stderr and "--calibrate" in run.stderr
+    with fresh.node() as node:
+        assert node.now() == 0.0, "nothing ran on the node"
 
 
 def test_unknown_controller_is_refused_with_the_choices(fresh) -> None:
@@ -82,10 +102,10 @@ def test_load_spike_trips_the_guard_and_it_recovers(spike_file: str) -> None:
     agent = start_agent(spike_file)
     try:
         config = {"guard": {"violation_intervals": 3, "stable_intervals": 8}}
-        if "static" in registry.names():  # the operator's static allocation (from a sweep)
-            config["fallback"] = "static"
-            config["fallback_options"] = {"lc_group": "memcached", "ways": 6}
-        expected = "static" if "static" in registry.names() else None
+        # the operator's static allocation (from a sweep)
+        config["fallback"] = "static"
+        config["fallback_options"] = {"lc_group": "memcached", "ways": 6}
+        expected = "static"
         run = run_tune(
             agent.address, "eq", "--interval", "0.1", "--intervals", "140", config=config
         )
@@ -94,7 +114,7 @@ def test_load_spike_trips_the_guard_and_it_recovers(spike_file: str) -> None:
         assert [s["to_fallback"] for s in switches] == [True, False], switches
         assert switches[0]["groups"] == ["memcached"]
         trip, back = run.of("switch")
-        assert trip["to"] == run.summary["fallback"] == (expected or run.summary["fallback"])
+        assert trip["to"] == run.summary["fallback"] == expected
         assert trip["tripped_by"] == ["memcached"]
         assert back["to"] == "eq" and "no SLO violation for 8 intervals" in back["reason"]
         with agent.node() as node:

@@ -8,7 +8,7 @@ import threading
 import time
 
 from agent.sim import SimNode
-from models import registry
+from models import catalogue
 from tests.agent.server.conftest import serve
 from tests.tuner.conftest import free_port, wait_for
 from tuner.config import AgentConnection, TunerConfig
@@ -26,7 +26,7 @@ def make_tuner(address: str, **cfg) -> Tuner:
         realtime=True,  # paced by the wall clock: no spinning on a simulated clock
         **cfg,
     )
-    return Tuner(config.agent.connect, lambda caps, n: registry.make("eq"), config, fallback())
+    return Tuner(config.agent.connect, lambda node: catalogue.construct("eq"), config, fallback())
 
 
 class Running:

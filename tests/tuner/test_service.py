@@ -11,7 +11,7 @@ import pytest
 
 from agent.sim import SimNode
 from agent.types import SLO, AllocationPlan, GroupKind, GroupSpec, popcount
-from models import registry
+from models import catalogue
 from tests.agent.server.conftest import serve
 from tests.tuner.conftest import assert_valid
 from tests.tuner.controllers import Crashy, Swing
@@ -35,7 +35,7 @@ def make_tuner(server, controller, **cfg) -> Tuner:
         metrics_listen="",
         **cfg,
     )
-    return Tuner(config.agent.connect, lambda caps, n: controller, config, fallback())
+    return Tuner(config.agent.connect, lambda node: controller, config, fallback())
 
 
 def held(tuner: Tuner) -> dict[str, tuple[int, int]]:
@@ -76,7 +76,7 @@ def test_way_and_mb_steps_and_dwell_are_enforced_every_interval(server) -> None:
 
 def test_a_limited_plan_is_carried_on_until_reached(server) -> None:
     """eq decides once; with one way per interval the tuner keeps moving toward its plan."""
-    tuner = make_tuner(server, registry.make("eq"), guard=GuardConfig(max_way_step=1))
+    tuner = make_tuner(server, catalogue.construct("eq"), guard=GuardConfig(max_way_step=1))
     tuner.start()
     first = held(tuner)
     for _ in range(12):
@@ -84,7 +84,7 @@ def test_a_limited_plan_is_carried_on_until_reached(server) -> None:
     final = held(tuner)
     assert first != final
     assert tuner.target is None, "target reached"
-    eq = registry.make("eq")
+    eq = catalogue.construct("eq")
     from models.controller import context
 
     want = eq.start(context(tuner.node)).plan
@@ -104,7 +104,7 @@ def test_groups_from_the_config_are_created_or_adopted(server, tmp_path) -> None
         GroupConfig(GroupSpec("web", GroupKind.LC, SLO(99.0, 2.0)), cgroup=str(cgroup)),
         GroupConfig(GroupSpec("memcached"), pids=(pids[2], 999999)),  # exists; one unknown pid
     ]
-    tuner = make_tuner(server, registry.make("eq"), groups=groups, resync_intervals=2)
+    tuner = make_tuner(server, catalogue.construct("eq"), groups=groups, resync_intervals=2)
     tuner.start()
     assert tuner.groups["web"] == GroupSpec("web", GroupKind.LC, SLO(99.0, 2.0))
     assert tuner.groups["memcached"].kind is GroupKind.LC, "adopted as it is"
@@ -121,7 +121,7 @@ def test_groups_from_the_config_are_created_or_adopted(server, tmp_path) -> None
 
 
 def test_run_stops_on_the_event(server) -> None:
-    tuner = make_tuner(server, registry.make("eq"), realtime=True)
+    tuner = make_tuner(server, catalogue.construct("eq"), realtime=True)
     stop = threading.Event()
     timer = threading.Timer(0.5, stop.set)
     timer.start()
@@ -140,7 +140,7 @@ def test_run_stops_on_the_event(server) -> None:
 def test_an_allocation_changed_behind_the_tuners_back_is_put_back(server) -> None:
     """Between read-backs the tuner trusts its last apply; every resync_intervals it reads
     the node and re-asserts its allocation where the node holds something else."""
-    tuner = make_tuner(server, registry.make("eq"), resync_intervals=3)
+    tuner = make_tuner(server, catalogue.construct("eq"), resync_intervals=3)
     tuner.start()
     mine = tuner.node.allocation()
     from agent.client import RemoteNode
@@ -159,7 +159,7 @@ def test_an_allocation_changed_behind_the_tuners_back_is_put_back(server) -> Non
 def test_metrics_after_a_guard_trip_and_recovery(spike_file: str) -> None:
     with serve(SimNode(spike_file, seed=0)) as srv:
         guard = GuardConfig(violation_intervals=3, stable_intervals=8)
-        tuner = make_tuner(srv, registry.make("eq"), guard=guard)
+        tuner = make_tuner(srv, catalogue.construct("eq"), guard=guard)
         tuner.start()
         for _ in range(140):
             tuner.step()

@@ -1,5 +1,5 @@
 """Bad input and kernel refusals surface as clear errors with nothing half-applied;
-ownership, adoption, vanished groups and monitoring edge cases (RESCTRL.md)."""
+ownership, adoption, vanished groups and monitoring edge cases (docs/RESCTRL.md)."""
 
 from __future__ import annotations
 

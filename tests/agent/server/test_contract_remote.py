@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from agent.node import as_clock
+from agent.node import as_clock, ground_truth
 from tests.agent.contract import NodeContract, NodeHarness
 from tests.agent.server.conftest import remote, serve
 from tests.agent.server.refnode import RefNode
@@ -23,6 +23,7 @@ class TestRemoteRefNode(NodeContract):
 
     def test_real_node_has_no_clock(self, node) -> None:
         assert as_clock(node) is None
+        assert ground_truth(node) is None
 
 
 class TestRemoteSimNode(NodeContract):
@@ -34,6 +35,9 @@ class TestRemoteSimNode(NodeContract):
         with serve(node, unix=transport == "unix") as server, remote(server) as client:
             unknown = max(pids) + 100_000
             yield NodeHarness(client, pids=pids, unknown_pid=unknown, tick=client.advance)
+
+    def test_a_remote_simulated_node_offers_no_ground_truth(self, node) -> None:
+        assert node.capabilities().simulated and ground_truth(node) is None
 
     def test_simulated_node_has_a_clock(self, node) -> None:
         clock = as_clock(node)

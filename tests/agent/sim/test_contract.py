@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.node import Clock, Node, as_clock
+from agent.node import Clock, GroundTruth, Node, as_clock, ground_truth, twin
 from agent.sim import SimNode
 from agent.sim.catalog import default_catalog
 from agent.sim.scenario import Scenario, WorkloadInstance
@@ -37,3 +37,17 @@ def test_simnode_is_a_node_and_a_clock() -> None:
     assert isinstance(node, Node)
     assert isinstance(node, Clock)
     assert as_clock(node) is node
+
+
+def test_simnode_offers_ground_truth_and_its_twin_continues_as_it_would() -> None:
+    node = SimNode("default", seed=4)
+    assert isinstance(node, GroundTruth) and ground_truth(node) is node
+    node.advance(0.5)
+    copy = twin(node)
+    node.advance(0.3)
+    copy.advance(0.3)
+    a, b = node.observe(), copy.observe()
+    assert a.timestamp == b.timestamp
+    for g, s in a.groups.items():
+        assert (s.instructions, s.llc_misses) == (b.groups[g].instructions, b.groups[g].llc_misses)
+    copy.close()

@@ -252,7 +252,8 @@ def test_shared_ways_split_by_insertion_rate() -> None:
 
 def test_squeezed_neighbours_slow_a_class_given_more_cache() -> None:
     """Bandwidth contention: with a flat miss curve, more ways for a streaming class
-    while its cache-hungry neighbours get fewer makes it *slower* (SIMULATOR.md item 4)."""
+    while its cache-hungry neighbours get fewer makes it *slower* (docs/SIMULATOR.md,
+    "Equations", 5)."""
     scn = Scenario(
         "more-cache",
         "gold6130",
@@ -298,7 +299,7 @@ def test_mba_costs_cache_friendly_classes_a_little() -> None:
 
 
 def test_mba_coarse_steps_apply_as_90() -> None:
-    """Gold 6130 preset: 70 and 80 behave as 90 (SIMULATOR.md item 5)."""
+    """Gold 6130 preset: 70 and 80 behave as 90 (docs/RESCTRL.md, "Schemata")."""
     node = SimNode(Scenario("oc", "gold6130", (WorkloadInstance("oc", "ocean_cp"),)), noise=False)
     s = {
         mb: node.steady_state(AllocationPlan.uniform({"oc": GroupAllocation(mb=mb)}))["oc"].slowdown

@@ -1,0 +1,152 @@
+"""Writes of the emulated ``schemata`` and ``mode`` files: the kernel's parsing and
+validation of cache bit masks and MB values, staged and applied as one command.
+
+Mirrors ctrlmondata.c (rdtgroup_schemata_write, parse_line, cbm_validate, bw_validate) and
+rdtgroup.c (rdtgroup_mode_write, rdtgroup_cbm_overlaps). A part of
+:class:`~agent.emulator.model.Model`."""
+
+from __future__ import annotations
+
+import errno
+import threading
+
+from agent.emulator.presets import Preset
+from agent.emulator.state import Group, ResctrlError
+
+
+class SchemataFiles:
+    """Schemata and mode writes (a part of the Model)."""
+
+    # The model's state (agent/emulator/model.py sets it up).
+    p: Preset
+    lock: threading.RLock
+    status: str
+    root: Group
+    groups: dict[str, Group]
+    domains: list[int]
+    cbm_len: int
+
+    def _write_mode(self, g: Group, text: str) -> None:
+        if not text.endswith("\n"):
+            raise ResctrlError(errno.EINVAL)
+        self.status = "ok"
+        want = text[:-1].strip()
+        if want == g.mode:
+            return
+        if want == "shareable":
+            g.mode = "shareable"
+        elif want == "exclusive":
+            if g is self.root:
+                self.status = "Cannot change mode of the default group"
+                raise ResctrlError(errno.EINVAL)
+            for s in self.l3_schemas:
+                for d in self.domains:
+                    if self._overlaps(s, d, g.ctrl[s][d], g.closid, exclusive_only=False):
+                        self.status = "Schemata overlaps"
+                        raise ResctrlError(errno.EINVAL)
+            g.mode = "exclusive"
+        else:
+            self.status = "Unknown or unsupported mode"
+            raise ResctrlError(errno.EINVAL)
+
+    def _overlaps(self, schema: str, dom: int, cbm: int, closid: int, exclusive_only: bool) -> bool:
+        # rdtgroup_cbm_overlaps: against every other CLOSID's current mask, and with CDP
+        # against the peer (code vs data) masks too.
+        for g in self._ctrl_groups():
+            if g.closid == closid:
+                continue
+            if exclusive_only and g.mode != "exclusive":
+                continue
+            if any(g.ctrl[s][dom] & cbm for s in self.l3_schemas):
+                return True
+        return False
+
+    def _write_schemata(self, g: Group, text: str) -> None:
+        # rdtgroup_schemata_write: the trailing newline is checked before the status is
+        # reset; then the whole write is parsed and staged before anything is applied.
+        if not text or not text.endswith("\n"):
+            raise ResctrlError(errno.EINVAL)
+        self.status = "ok"
+        staged: dict[str, dict[int, int]] = {}
+        for line in text[:-1].split("\n"):
+            resname, sep, rest = line.partition(":")
+            resname = resname.strip()
+            if not sep:
+                self.status = "Missing ':'"
+                raise ResctrlError(errno.EINVAL)
+            if rest == "":
+                self.status = f"Missing '{resname}' value"
+                raise ResctrlError(errno.EINVAL)
+            if resname not in self.schemas:
+                self.status = f"Unknown or unsupported resource name '{resname}'"
+                raise ResctrlError(errno.EINVAL)
+            self._parse_line(g, resname, rest, staged.setdefault(resname, {}))
+        self._advance()
+        for schema, per_dom in staged.items():
+            g.ctrl[schema].update(per_dom)
+
+    def _parse_line(self, g: Group, schema: str, line: str, staged: dict[int, int]) -> None:
+        for item in line.split(";"):
+            if item == "":
+                break  # the kernel stops at an empty token (e.g. a trailing ';')
+            ident, sep, value = item.partition("=")
+            if not sep or not ident.isdigit():
+                self.status = "Missing '=' or non-numeric domain"
+                raise ResctrlError(errno.EINVAL)
+            dom = int(ident)
+            value = value.strip()
+            if dom not in self.domains:
+                raise ResctrlError(errno.EINVAL)  # the kernel says nothing: status stays "ok"
+            if dom in staged:
+                self.status = f"Duplicate domain {dom}"
+                raise ResctrlError(errno.EINVAL)
+            staged[dom] = (
+                self._parse_bw(value) if schema == "MB" else self._parse_cbm(g, schema, dom, value)
+            )
+
+    def _parse_bw(self, value: str) -> int:
+        mb = self.p.mb
+        assert mb is not None
+        try:
+            if not value.isdigit():
+                raise ValueError
+            bw = int(value, 10)
+            if bw > 0xFFFFFFFF:
+                raise ValueError
+        except ValueError:
+            self.status = f"Invalid MB value {value}"
+            raise ResctrlError(errno.EINVAL) from None
+        if self.p.mba_mbps:
+            return bw
+        if bw < mb.min_bandwidth or bw > mb.max_bandwidth:
+            self.status = f"MB value {bw} out of range [{mb.min_bandwidth},{mb.max_bandwidth}]"
+            raise ResctrlError(errno.EINVAL)
+        gran = mb.bandwidth_gran
+        return -(-bw // gran) * gran
+
+    def _parse_cbm(self, g: Group, schema: str, dom: int, value: str) -> int:
+        text = value[2:] if value[:2].lower() == "0x" else value
+        if not text or any(c not in "0123456789abcdefABCDEF" for c in text):
+            self.status = f"Non-hex character in the mask {value}"
+            raise ResctrlError(errno.EINVAL)
+        val = int(text, 16)
+        if (self.p.min_cbm_bits > 0 and val == 0) or val > self.p.cbm_mask:
+            self.status = "Mask out of range"
+            raise ResctrlError(errno.EINVAL)
+        first = (val & -val).bit_length() - 1 if val else self.cbm_len
+        zero = first
+        while zero < self.cbm_len and val >> zero & 1:
+            zero += 1
+        if not self.p.sparse_masks and val >> zero:
+            self.status = f"The mask {val:x} has non-consecutive 1-bits"
+            raise ResctrlError(errno.EINVAL)
+        if zero - first < self.p.min_cbm_bits:
+            self.status = f"Need at least {self.p.min_cbm_bits} bits in the mask"
+            raise ResctrlError(errno.EINVAL)
+        if self._overlaps(schema, dom, val, g.closid, exclusive_only=True):
+            self.status = "Overlaps with exclusive group"
+            raise ResctrlError(errno.EINVAL)
+        if g.mode == "exclusive" and self._overlaps(schema, dom, val, g.closid, False):
+            self.status = "Overlaps with other group"
+            raise ResctrlError(errno.EINVAL)
+        return val

@@ -1,0 +1,187 @@
+"""Tasks and CPUs of the emulated groups: which threads a group lists, moving threads
+(``tasks`` writes, one pid or a comma-separated list by kernel version) and CPUs
+(``cpus``/``cpus_list`` writes, mask or list format).
+
+Mirrors rdtgroup.c (show_rdt_tasks, rdtgroup_tasks_write, rdtgroup_move_task,
+rdtgroup_cpus_write). A part of :class:`~agent.emulator.model.Model`."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+from agent.emulator.bitmap import BitmapError, parse_list, parse_mask
+from agent.emulator.presets import Preset
+from agent.emulator.state import Group, ResctrlError
+from agent.emulator.topology import Topology
+
+
+class TaskFiles:
+    """Tasks and CPUs (a part of the Model)."""
+
+    # The model's state (agent/emulator/model.py sets it up).
+    p: Preset
+    lock: threading.RLock
+    status: str
+    root: Group
+    groups: dict[str, Group]
+    proc: str
+    topo: Topology
+    online: set[int]
+    task_group: dict[int, Group]
+    denied: set[int]
+
+    def _pid_alive(self, pid: int) -> bool:
+        # /proc/<tid> resolves for every thread, though only leaders are listed in /proc.
+        return pid > 0 and os.path.exists(f"{self.proc}/{pid}")
+
+    def _threads(self) -> set[int]:
+        """Every thread id of the system (the kernel's for_each_process_thread)."""
+        out: set[int] = set()
+        try:
+            leaders = [x for x in os.listdir(self.proc) if x.isdigit()]
+        except OSError:
+            return out
+        for pid in leaders:
+            try:
+                out.update(int(t) for t in os.listdir(f"{self.proc}/{pid}/task") if t.isdigit())
+            except OSError:
+                continue  # exited while we looked
+        return out
+
+    def _tasks_of(self, g: Group) -> set[int]:
+        # show_rdt_tasks: every thread whose CLOSID is a control group's (so a control
+        # group, the default one too, lists the tasks of its monitoring groups) or whose
+        # RMID is a monitoring group's.
+        gone = [t for t in self.task_group if not self._pid_alive(t)]
+        if gone:
+            self._advance()
+        for tid in gone:
+            del self.task_group[tid]  # exited tasks leave every group
+        if g is self.root:
+            return {
+                t
+                for t in self._threads()
+                if self.task_group.get(t, self.root).ctrl_group is self.root
+            }
+        if g.kind == "ctrl":
+            return {t for t, h in self.task_group.items() if h.ctrl_group is g}
+        return {t for t, h in self.task_group.items() if h is g}
+
+    def _write_tasks(self, g: Group, text: str) -> None:
+        # rdtgroup_tasks_write. Before 6.7: one pid, parsed before the status is cleared.
+        # From 6.7: comma-separated pids moved in turn; a failed move appends
+        # "Error while processing task N" to its reason, and earlier moves stay.
+        if not self.rules.multi_pid_tasks:
+            pid = _kstrtoint(text.strip(" \t\n\v\f\r"))
+            if pid is None or pid < 0:
+                raise ResctrlError(errno.EINVAL)
+            self.status = "ok"
+            self._move_task(g, pid)
+            return
+        self.status = "ok"
+        buf: str | None = text
+        while buf and buf[0] not in "\0\n":
+            pid_str, sep, rest = buf.partition(",")
+            buf = rest if sep else None
+            pid_str = pid_str.strip(" \t\n\v\f\r")
+            pid = _kstrtoint(pid_str)
+            if pid is None:
+                self.status = f"Task list parsing error pid {pid_str}"
+                raise ResctrlError(errno.EINVAL)
+            if pid < 0:
+                self.status = f"Invalid pid {pid}"
+                raise ResctrlError(errno.EINVAL)
+            try:
+                self._move_task(g, pid)
+            except ResctrlError:
+                self.status += f"\nError while processing task {pid}"
+                raise
+
+    def _move_task(self, g: Group, tid: int) -> None:
+        """rdtgroup_move_task for one thread id (writing a process's pid moves only its
+        main thread: find_task_by_vpid finds that one task)."""
+        if not self._pid_alive(tid):
+            self.status = f"No task {tid}"
+            raise ResctrlError(errno.ESRCH)
+        if tid in self.denied:
+            self.status = f"No permission to move task {tid}"
+            raise ResctrlError(errno.EPERM)
+        cur = self.task_group.get(tid, self.root)
+        if cur is g:
+            return  # already there: nothing to do, and no CLOSID check
+        if g.kind == "mon" and cur.ctrl_group is not g.parent:
+            self.status = "Can't move task to different control group"
+            raise ResctrlError(errno.EINVAL)
+        self._advance()
+        if g is self.root:
+            self.task_group.pop(tid, None)
+        else:
+            self.task_group[tid] = g
+
+    def _parse_cpus(self, text: str, as_list: bool) -> set[int]:
+        # rdtgroup_cpus_write: cpulist_parse / cpumask_parse; their errno passes through.
+        try:
+            if as_list:
+                return parse_list(text, self.topo.possible)
+            return parse_mask(text, self.topo.possible)
+        except BitmapError as exc:
+            self.status = "Bad CPU list/mask"
+            raise ResctrlError(exc.err) from None
+
+    def _write_cpus(self, g: Group, text: str, as_list: bool) -> None:
+        self.status = "ok"
+        new = self._parse_cpus(text, as_list)
+        if new - self.online:
+            self.status = "Can only assign online CPUs"
+            raise ResctrlError(errno.EINVAL)
+        self._advance()
+        if g.kind == "ctrl":
+            dropped = g.cpus - new
+            if dropped:
+                if g is self.root:
+                    self.status = "Can't drop CPUs from default group"
+                    raise ResctrlError(errno.EINVAL)
+                self.root.cpus |= dropped
+            added = new - g.cpus
+            for other in self._ctrl_groups():
+                if other is not g:
+                    other.cpus -= added
+                    for child in other.mon_children.values():
+                        child.cpus -= added
+            g.cpus = set(new)
+            for child in g.mon_children.values():
+                child.cpus.clear()
+        else:
+            parent = g.parent
+            assert parent is not None
+            if new - parent.cpus:
+                self.status = "Can only add CPUs to mongroup that belong to parent"
+                raise ResctrlError(errno.EINVAL)
+            added = new - g.cpus
+            for sib in parent.mon_children.values():
+                if sib is not g:
+                    sib.cpus -= added
+            g.cpus = set(new)
+
+
+def _kstrtoint(text: str) -> int | None:
+    """The kernel's kstrtoint(s, 0): optional sign, 0x hex / 0 octal / decimal, one
+    optional trailing newline, and a value that fits an int; None where it fails."""
+    body = text[:-1] if text.endswith("\n") else text
+    sign = 1
+    if body[:1] in "+-" and body:
+        sign = -1 if body[0] == "-" else 1
+        body = body[1:]
+    if body[:2].lower() == "0x" and len(body) > 2:
+        base, digits = 16, body[2:]
+    elif body[:1] == "0" and len(body) > 1:
+        base, digits = 8, body[1:]
+    else:
+        base, digits = 10, body
+    allowed = {8: "01234567", 10: "0123456789", 16: "0123456789abcdefABCDEF"}[base]
+    if not digits or any(c not in allowed for c in digits):
+        return None
+    value = sign * int(digits, base)
+    return value if -(2**31) <= value < 2**31 else None

@@ -1,0 +1,123 @@
+"""Observing a ResctrlNode: per own group, one interval of PMC counts (perf_event, per task or
+per cgroup), resctrl monitoring counters turned into per-interval values (occupancy, MBM
+bytes) and, for LC groups, the latency the service reported (docs/RESCTRL.md, "Layout" and
+"perf_event_open"). A part of :class:`~agent.resctrl.node.ResctrlNode`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from agent.resctrl import discovery, monitor
+from agent.resctrl.lock import ResctrlLock
+from agent.types import (
+    GroupKind,
+    GroupSample,
+    GroupSpec,
+    LatencyStats,
+    Snapshot,
+)
+
+log = logging.getLogger(__name__)
+
+
+class PmcSource(Protocol):
+    """What ResctrlNode needs of a PMC reader (agent.pmc.PmcReader fits)."""
+
+    supported: frozenset[str]
+    unsupported: Mapping[str, str]
+
+    def track(self, name: str, *, pids: Iterable[int]) -> None: ...
+    def untrack(self, name: str) -> None: ...
+    def read_deltas(self) -> Mapping[str, Mapping[str, float | None]]: ...
+    def close(self) -> None: ...
+
+
+class LatencySource(Protocol):
+    """Where LC latency comes from (agent.latency.LatencyRecorder fits)."""
+
+    def drain(self, group: str) -> LatencyStats | None: ...
+
+
+class Observation:
+    """One interval's snapshot (a part of ResctrlNode)."""
+
+    # The node's state (agent/resctrl/node.py sets it up).
+    root: str
+    prefix: str
+    _lock: ResctrlLock
+    _specs: dict[str, GroupSpec]
+    _vanished: dict[str, GroupSpec]
+    pmc: PmcSource | None
+    latency: LatencySource | None
+    _tracker: monitor.CounterTracker
+    _pmc_tasks: dict[str, frozenset[int]]
+    _last_observe: float
+
+    def _untrack(self, name: str) -> None:
+        if self.pmc is not None and name in self._pmc_tasks:
+            self._pmc_tasks.pop(name, None)
+            try:
+                self.pmc.untrack(name)
+            except Exception as exc:
+                log.debug("pmc untrack %s: %s", name, exc)
+
+    def _pmc_deltas(self, tasks: Mapping[str, frozenset[int]]) -> Mapping[str, Mapping[str, Any]]:
+        if self.pmc is None or not self.pmc.supported:
+            return {}
+        for name, pids in tasks.items():
+            if self._pmc_tasks.get(name) != pids:
+                try:
+                    self.pmc.track(name, pids=sorted(pids))
+                    self._pmc_tasks[name] = pids
+                except Exception as exc:  # a task that exited meanwhile: retry next time
+                    log.debug("pmc track %s: %s", name, exc)
+        try:
+            return self.pmc.read_deltas()
+        except Exception as exc:
+            log.warning("PMC read failed: %s", exc)
+            return {}
+
+    def observe(self) -> Snapshot:
+        features = self._caps.monitoring.features if self._caps.monitoring else frozenset()
+        mon_doms = self._caps.monitoring.domains if self._caps.monitoring else ()
+        with self._lock.shared():
+            self._check_vanished()
+            now = time.monotonic()
+            interval = max(now - self._last_observe, 1e-9)
+            self._last_observe = now
+            mon: dict[str, monitor.MonSample] = {}
+            tasks: dict[str, frozenset[int]] = {}
+            for name in list(self._specs):
+                d = self._dir(name)
+                mon[name] = monitor.sample_group(
+                    name, os.path.join(d, "mon_data"), features, self._tracker, mon_doms
+                )
+                if self.pmc is not None and self.pmc.supported:
+                    try:
+                        text = discovery.read_text(os.path.join(d, "tasks"))
+                        tasks[name] = frozenset(int(x) for x in text.split() if x.isdigit())
+                    except OSError:
+                        pass
+            pmc = self._pmc_deltas(tasks)
+        samples = {}
+        for name, m in mon.items():
+            counts = pmc.get(name, {})
+            latency = None
+            spec = self._specs.get(name)
+            if spec is not None and spec.kind is GroupKind.LC and self.latency is not None:
+                latency = self.latency.drain(name) or LatencyStats.empty()
+            samples[name] = GroupSample(
+                instructions=counts.get("instructions"),
+                cycles=counts.get("cycles"),
+                llc_references=counts.get("llc_references"),
+                llc_misses=counts.get("llc_misses"),
+                llc_occupancy_bytes=m.occupancy,
+                memory_bytes=m.total,
+                memory_local_bytes=m.local,
+                latency=latency,
+            )
+        return Snapshot(now, interval, samples, frozenset(self._vanished))

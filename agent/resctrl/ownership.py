@@ -1,0 +1,239 @@
+"""What a ResctrlNode owns and how it survives crashes: adopting the groups recorded in its
+state file at start (a directory with its prefix that it did not record is someone
+else's), rolling an interrupted apply, creation or deletion back or forward from the intent
+journal, cleaning its stale monitoring groups, and noticing own groups deleted by someone
+else (docs/RESCTRL.md, "Locking and ownership"). A part of
+:class:`~agent.resctrl.node.ResctrlNode`."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+
+from agent.resctrl import discovery, schemata, state
+from agent.resctrl.lock import ResctrlLock
+from agent.types import (
+    GroupSpec,
+    NodeCapabilities,
+    validate_group_name,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Ownership:
+    """Adoption, crash recovery and vanished groups (a part of ResctrlNode)."""
+
+    # The node's state (agent/resctrl/node.py sets it up).
+    root: str
+    prefix: str
+    _lock: ResctrlLock
+    _caps: NodeCapabilities
+    _specs: dict[str, GroupSpec]
+    state_path: str
+    check_markers: bool
+    _markers: dict[str, int | None]
+    _mon_groups: dict[str, int]
+    _vanished: dict[str, GroupSpec]
+    _journal: state.Journal
+
+    def _own_dirs(self) -> list[str]:
+        out = []
+        for entry in os.listdir(self.root):
+            if entry.startswith(self.prefix) and entry != self.prefix:
+                name = entry[len(self.prefix) :]
+                try:
+                    validate_group_name(name)
+                except ValueError:
+                    log.warning("ignoring %s: not a valid group name", entry)
+                    continue
+                out.append(name)
+        return out
+
+    def _adopt(self) -> None:
+        saved = state.load(self.state_path)
+        with self._lock.exclusive():
+            self._recover(saved)
+            self._mon_groups = dict(saved.mon_groups)
+            on_disk = set(self._own_dirs())
+            for name in sorted(on_disk):
+                spec = saved.groups.get(name)
+                if spec is None:
+                    log.warning(
+                        "%s%s was not created by this agent (not in %s): left alone",
+                        self.prefix,
+                        name,
+                        self.state_path,
+                    )
+                    self.not_ours.append(name)
+                    continue
+                try:
+                    marker = state.marker_of(self._dir(name))
+                except OSError:
+                    on_disk.discard(name)
+                    continue
+                if not self._same(saved.markers.get(name), marker):
+                    log.warning(
+                        "own group %r was deleted and re-created by someone else: left alone",
+                        name,
+                    )
+                    self.not_ours.append(name)
+                    on_disk.discard(name)
+                    continue
+                try:
+                    mode = discovery.read_text(self._path(name, "mode")).strip()
+                except OSError:
+                    mode = "shareable"
+                self._specs[name] = replace(spec, exclusive=mode == "exclusive")
+                self._markers[name] = marker
+            for name, spec in saved.groups.items():
+                if name not in on_disk:
+                    log.warning("own group %r is gone (deleted by someone else?)", name)
+                    self._vanished[name] = spec
+            self._clean_own_mon_groups()
+        if self._specs or saved.groups or saved.mon_groups != self._mon_groups:
+            self._save()
+
+    def _recover(self, saved: state.Saved) -> None:
+        """Finish what a crash cut short, from the intent journal (exclusive lock held)."""
+        intent = self._journal.read()
+        if intent is None:
+            return
+        op, name = intent.get("op"), intent.get("name")
+        try:
+            if op == "apply":
+                self.recovered = self._roll_back_apply(intent, saved)
+            elif op == "create" and isinstance(name, str):
+                self.recovered = self._roll_back_create(name, saved)
+            elif op == "delete" and isinstance(name, str):
+                self.recovered = self._roll_forward_delete(name, saved)
+            else:
+                log.warning("ignoring an intent record of unknown form: %r", intent)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.error("recovering from the intent record %r failed: %s", intent, exc)
+            self.recovered = f"failed: {exc}"
+        else:
+            if self.recovered:
+                log.warning("crash recovery: %s", self.recovered)
+        self._journal.clear()
+
+    def _roll_back_apply(self, intent: dict, saved: state.Saved) -> str:
+        """Every group of an interrupted apply gets its old values back, in the reverse of
+        the order they were written (so no two groups overlap on the way)."""
+        groups = intent["groups"]
+        restored = []
+        for group in reversed(intent["order"]):
+            if group not in saved.groups:
+                continue
+            old = {
+                res: {int(d): int(v) for d, v in per_dom.items()}
+                for res, per_dom in groups[group]["old"].items()
+            }
+            path = os.path.join(self.root, self.prefix + group, "schemata")
+            if not os.path.exists(path):
+                continue
+            try:
+                self._write(path, schemata.format_write(old, self._digits))
+                restored.append(group)
+            except OSError as exc:
+                log.error("could not roll back group %r: %s (%s)", group, exc, self._status())
+        return f"rolled back an interrupted apply of {', '.join(map(repr, restored)) or 'nothing'}"
+
+    def _roll_back_create(self, name: str, saved: state.Saved) -> str:
+        if name in saved.groups:
+            return ""  # recorded before the crash: the creation is complete
+        path = self._dir(name)
+        if not os.path.isdir(path):
+            return ""  # the crash came before mkdir
+        if discovery.read_text(os.path.join(path, "tasks")).split():
+            # Nobody was told the group exists, so nobody could have put tasks in it:
+            # this directory is someone else's after all.
+            return f"left {path} alone (it holds tasks)"
+        os.rmdir(path)
+        return f"removed group {name!r}, whose creation a crash cut short"
+
+    def _roll_forward_delete(self, name: str, saved: state.Saved) -> str:
+        path = self._dir(name)
+        marker = saved.markers.get(name)
+        done = ""
+        ours = name in saved.groups and os.path.isdir(path)
+        if ours and self._same(marker, state.marker_of(path)):
+            os.rmdir(path)
+            done = f"finished deleting group {name!r}"
+        saved.groups.pop(name, None)
+        saved.markers.pop(name, None)
+        return done or f"forgot group {name!r}, deleted before a crash"
+
+    def _same(self, recorded: int | None, found: int) -> bool:
+        """Whether a directory found with marker ``found`` is the one recorded."""
+        return recorded is None or not self.check_markers or recorded == found
+
+    def _clean_own_mon_groups(self) -> None:
+        """rmdir the monitoring groups this node recorded as its own (left by a crashed
+        run, they hold RMIDs); any other monitoring group is left alone."""
+        for rel, marker in sorted(self._mon_groups.items()):
+            path = os.path.join(self.root, rel)
+            try:
+                if self._same(marker, state.marker_of(path)):
+                    os.rmdir(path)
+                    self.cleaned_mon_groups.append(rel)
+                    log.info("removed own stale monitoring group %s", path)
+                else:
+                    log.warning("monitoring group %s is no longer ours: left alone", path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("could not remove own monitoring group %s: %s", path, exc)
+                continue
+            del self._mon_groups[rel]
+
+    def _intend(self, record: dict, what: str) -> None:
+        """Journal ``record`` durably before touching resctrl, or refuse to go on."""
+        try:
+            self._journal.write(record)
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"cannot {what}: recording the intent in {self._journal.path} failed "
+                f"({exc.strerror}); the group was not created"
+                if record["op"] == "create"
+                else f"cannot {what}: recording the intent in {self._journal.path} failed "
+                f"({exc.strerror}); nothing was changed",
+            ) from exc
+
+    def _save(self) -> None:
+        state.save(
+            self.state_path,
+            {**self._vanished, **self._specs},
+            self.root,
+            self.prefix,
+            self._markers,
+            self._mon_groups,
+        )
+
+    def _check_vanished(self) -> None:
+        present = set(os.listdir(self.root))
+        gone = [n for n in self._specs if self.prefix + n not in present]
+        for name in gone:
+            log.warning("own group %r vanished (deleted by someone else)", name)
+            self._vanished[name] = self._specs.pop(name)
+            self._tracker.forget(name)
+            self._untrack(name)
+        if gone:
+            self._save()
+
+    def vanished(self) -> frozenset[str]:
+        """Own groups deleted by someone else and not re-created or deleted since."""
+        with self._lock.shared():
+            self._check_vanished()
+        return frozenset(self._vanished)
+
+    def recreate_vanished(self) -> list[str]:
+        """Re-create every vanished group with its spec (fresh masks: all non-exclusive
+        ways, MB at maximum); returns the names re-created."""
+        done = []
+        for name, spec in sorted(self._vanished.items()):
+            self.create_group(spec)
+            done.append(name)
+        return done

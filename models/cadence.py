@@ -1,0 +1,78 @@
+"""Deciding at a slower cadence than the node is observed: :class:`Every` wraps any controller
+so it decides every ``k``-th interval from the merged snapshots of those intervals.
+
+A policy trained at one decision a second then runs at its own cadence on a node observed
+every 0.1 s (the catalogue's ``decide_s`` option, models/catalogue.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from agent.types import GroupSample, LatencyStats, Snapshot
+from models.controller import KEEP, ControlContext, Controller, Decision
+
+
+class Every(Controller):
+    """Runs ``inner`` at a slower cadence: it decides every ``k``-th interval from the
+    interval's snapshots merged into one (counters summed, occupancy the latest, latency
+    percentiles request-weighted means — an approximation; counts exact), and the
+    allocation is kept in between. So a policy trained at one decision a second runs at its
+    own cadence on a node observed every 0.1 s (spec option ``decide_s``)."""
+
+    def __init__(self, inner: Controller, k: int) -> None:
+        if k < 1:
+            raise ValueError("decide_s must be at least one interval")
+        self.inner, self.k = inner, int(k)
+        self.name = inner.name
+        self.needs_tasks = inner.needs_tasks
+        self._pending: list[Snapshot] = []
+
+    def start(self, ctx: ControlContext) -> Decision:
+        self._pending = []
+        return self.inner.start(ctx)
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        self._pending.append(snapshot)
+        if len(self._pending) < self.k:
+            return KEEP
+        merged, self._pending = merge_snapshots(self._pending), []
+        return self.inner.decide(merged, ctx)
+
+
+def _sum(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else float(sum(values))  # type: ignore[arg-type]
+
+
+def merge_snapshots(snaps: list[Snapshot]) -> Snapshot:
+    """Consecutive snapshots as one interval (see :class:`Every`)."""
+    groups: dict[str, GroupSample] = {}
+    for g in snaps[-1].groups:
+        samples = [s.groups[g] for s in snaps if g in s.groups]
+        lat = [x.latency for x in samples if x.latency is not None and x.latency.count]
+        latency = samples[-1].latency
+        if lat:
+            n = sum(x.count for x in lat)
+            latency = LatencyStats(
+                n,
+                *(
+                    sum(getattr(x, f) * x.count for x in lat) / n
+                    for f in ("p50_ms", "p95_ms", "p99_ms", "p999_ms")
+                ),
+            )
+        groups[g] = GroupSample(
+            instructions=_sum([x.instructions for x in samples]),
+            cycles=_sum([x.cycles for x in samples]),
+            llc_references=_sum([x.llc_references for x in samples]),
+            llc_misses=_sum([x.llc_misses for x in samples]),
+            llc_occupancy_bytes=samples[-1].llc_occupancy_bytes,
+            memory_bytes=_sum([x.memory_bytes for x in samples]),
+            memory_local_bytes=_sum([x.memory_local_bytes for x in samples]),
+            latency=latency,
+        )
+    return dataclasses.replace(
+        snaps[-1],
+        interval_s=sum(s.interval_s for s in snaps),
+        groups=groups,
+        vanished=frozenset().union(*(s.vanished for s in snaps)),
+    )

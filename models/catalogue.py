@@ -1,0 +1,363 @@
+"""The controller catalogue: every controller rdtune can build, registered once.
+
+An :class:`Entry` names a controller, its factory (whose keyword parameters are the
+controller's options), what it needs from the node beyond the Node contract (e.g. ground
+truth, agent/node.py), whether it makes its own groups, and its ``prepare`` hook, which
+calibrates it for the node it will drive (models/prepare.py). The tuner (``rdtune tune
+--controller``), evaluation (``rdtune eval``, ``rdtune demo``), training's held-out
+comparison and ``rdtune trace record`` all build controllers here, so they know the same
+names and set each controller up the same way; a node that lacks what a controller needs
+gets it refused with the reason (:class:`~models.setup.Unavailable`).
+
+A controller is named by a spec string: ``NAME`` or ``NAME[key=value,...]`` (values are YAML
+scalars, e.g. ``ubik[slack=0.01]``, ``static[ways=4]``), ``policy:PATH`` for an exported
+policy (``policy[path=PATH]``), or ``import:MODULE:CLASS`` for an operator's own
+:class:`~models.controller.Controller`. Any controller takes ``decide_s``: it then decides
+every ``decide_s`` seconds from the merged snapshots of those intervals
+(:class:`~models.cadence.Every`), e.g. ``policy[decide_s=1]`` at the one-second cadence the
+bundled policy was trained at.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from models import prepare
+from models.basic import EqualPartition, Unpartitioned
+from models.cadence import Every
+from models.coco import CoCo, RoundRobin
+from models.controller import Controller
+from models.copart import CoPart
+from models.copart.variants import CoPartCatOnly, CoPartMbaOnly
+from models.explore import Explore
+from models.oracle import Oracle
+from models.policy import PolicyController
+from models.setup import ControllerError, Need, Setup, Unavailable
+from models.static import BestStatic, StaticController
+from models.ubik import StaticLC, Ubik
+from models.ucp import UcpStyle
+
+Options = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One controller of the catalogue.
+
+    Attributes:
+        name: what specs and ``--controller`` call it.
+        factory: constructs it from its options (keyword arguments).
+        summary: one line for listings.
+        needs: what it needs from the node beyond the Node contract; a node without it
+            is refused.
+        prepare: ``(setup, options) -> options``: calibration for the node (may refuse).
+        filled: factory parameters ``prepare`` supplies from the node (not options).
+        calibrated: options ``prepare`` measures when they are not given.
+        own_groups: it makes its own groups: the node must start without per-workload ones.
+    """
+
+    name: str
+    factory: Callable[..., Controller]
+    summary: str
+    needs: frozenset[Need] = frozenset()
+    prepare: Callable[[Setup, Options], Options] | None = None
+    filled: tuple[str, ...] = ()
+    calibrated: tuple[str, ...] = ()
+    own_groups: bool = False
+
+    def options(self) -> dict[str, Any]:
+        """Option name -> default (``inspect.Parameter.empty`` when required)."""
+        params = inspect.signature(self.factory).parameters.values()
+        return {
+            p.name: p.default
+            for p in params
+            if p.name not in self.filled and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        }
+
+
+def _entries(*entries: Entry) -> dict[str, Entry]:
+    return {e.name: e for e in entries}
+
+
+CATALOGUE: Mapping[str, Entry] = _entries(
+    Entry("unpartitioned", Unpartitioned, "every group may use every way at full bandwidth"),
+    Entry("eq", EqualPartition, "ways and memory bandwidth split equally (CoPart's EQ)"),
+    Entry("explore", Explore, "random valid allocations held a few intervals (trace recording)"),
+    Entry(
+        "static",
+        StaticController,
+        "catbench: the first LC group at the knee of an offline way sweep, the rest share",
+        prepare=prepare.prepare_static,
+        calibrated=("lc_group", "ways"),
+    ),
+    Entry(
+        "best_static",
+        BestStatic,
+        "CoPart's ST: the best single allocation by exhaustive search (a reference)",
+        prepare=prepare.prepare_best_static,
+        calibrated=("result",),
+    ),
+    Entry(
+        "oracle",
+        Oracle,
+        "the safe oracle: the best allocation keeping every SLO, on the simulator's truth",
+        needs=frozenset({Need.GROUND_TRUTH}),
+        prepare=prepare.prepare_oracle,
+        filled=("node",),
+    ),
+    Entry(
+        "copart",
+        CoPart,
+        "CoPart: LLC ways and memory bandwidth traded for fairness among batch jobs",
+        prepare=prepare.prepare_copart,
+        calibrated=("stream",),
+    ),
+    Entry(
+        "copart_cat",
+        CoPartCatOnly,
+        "CoPart's CAT-only variant: LLC ways only, bandwidth at full",
+        prepare=prepare.prepare_copart,
+        calibrated=("stream",),
+    ),
+    Entry(
+        "copart_mba",
+        CoPartMbaOnly,
+        "CoPart's MBA-only variant: memory bandwidth only, ways at the equal split",
+        prepare=prepare.prepare_copart,
+        calibrated=("stream",),
+    ),
+    Entry(
+        "ubik",
+        Ubik,
+        "Ubik: LC groups sized by a slack controller around profiled targets, batch by UCP",
+        prepare=prepare.prepare_ubik,
+        calibrated=("profiles",),
+    ),
+    Entry(
+        "static_lc",
+        StaticLC,
+        "Ubik's StaticLC: each LC group always at its profiled target, batch by UCP",
+        prepare=prepare.prepare_ubik,
+        calibrated=("profiles",),
+    ),
+    Entry("ucp", UcpStyle, "UCP: every group sized by Lookahead on its online miss curve"),
+    Entry(
+        "coco",
+        CoCo,
+        "CoCo: LC services time-share tiers of ways, sized by a sensitivity profile",
+        prepare=prepare.prepare_coco,
+        calibrated=("services", "groups", "background_pids", "profile"),
+        own_groups=True,
+    ),
+    Entry(
+        "round_robin",
+        RoundRobin,
+        "LC services take turns in CoCo's tiers (no profile)",
+        prepare=prepare.prepare_round_robin,
+        calibrated=("services", "groups", "background_pids"),
+        own_groups=True,
+    ),
+    Entry(
+        "policy",
+        PolicyController,
+        "a learned policy exported by 'rdtune export' (default: the bundled one)",
+        prepare=prepare.prepare_policy,
+    ),
+)
+
+
+def names() -> list[str]:
+    return list(CATALOGUE)
+
+
+def get(name: str) -> Entry:
+    try:
+        return CATALOGUE[name]
+    except KeyError:
+        raise ControllerError(
+            f"unknown controller {name!r}; choose from {', '.join(CATALOGUE)}, "
+            f"policy:PATH or import:MODULE:CLASS"
+        ) from None
+
+
+def _imported(target: str) -> Entry:
+    module, _, attr = target.removeprefix("import:").partition(":")
+    if not module or not attr:
+        raise ControllerError(f"{target!r}: use import:MODULE:CLASS")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ControllerError(f"{target!r}: {exc}") from exc
+    return Entry(target, factory, "an operator's own controller")
+
+
+# ----------------------------------------------------------------------------- specs
+
+
+@dataclass(frozen=True)
+class ControllerSpec:
+    """A controller name with options; ``label`` is how tables name it."""
+
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    label: str = ""
+    text: str = ""  # the spec string (parses back to this spec)
+
+    def __post_init__(self) -> None:
+        if not self.text:
+            opts = ",".join(f"{k}={v}" for k, v in self.options.items())
+            object.__setattr__(self, "text", f"{self.name}[{opts}]" if opts else self.name)
+        if not self.label:
+            object.__setattr__(self, "label", self.text)
+
+    @property
+    def entry(self) -> Entry:
+        return _imported(self.name) if self.name.startswith("import:") else get(self.name)
+
+    @classmethod
+    def parse(cls, text: str) -> ControllerSpec:
+        text = text.strip()
+        if text.startswith("policy:"):
+            path = text.removeprefix("policy:")
+            if not path:
+                raise ControllerError("policy: needs a path (policy:/path/to/export)")
+            return cls("policy", {"path": path}, text, text)
+        name, _, rest = text.partition("[")
+        name = name.strip()
+        if not name or (rest and not rest.endswith("]")):
+            raise ControllerError(
+                f"bad controller spec {text!r}; expected NAME or NAME[key=value,...]"
+            )
+        options: dict[str, Any] = {}
+        for item in filter(None, (p.strip() for p in rest[:-1].split(","))):
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip():
+                raise ControllerError(f"bad option {item!r} in controller spec {text!r}")
+            options[key.strip()] = yaml.safe_load(value.strip())
+        if not name.startswith("import:"):
+            get(name)
+        return cls(name, options, text, text)
+
+    def with_options(self, options: Mapping[str, Any]) -> ControllerSpec:
+        """This spec with ``options`` added (the spec's own win: they are more specific)."""
+        if not options:
+            return self
+        return ControllerSpec(self.name, {**options, **self.options}, self.label, self.text)
+
+
+def split_specs(text: str) -> list[ControllerSpec]:
+    """``"eq,ubik[slack=0.01],copart"`` -> specs (commas inside brackets stay)."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return [ControllerSpec.parse(s) for s in out if s.strip()]
+
+
+def _spec(spec: ControllerSpec | str) -> ControllerSpec:
+    return ControllerSpec.parse(spec) if isinstance(spec, str) else spec
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def build(spec: ControllerSpec | str, setup: Setup) -> Controller:
+    """The controller ``spec`` names, prepared for ``setup``'s node as it is now.
+
+    Raises :class:`~models.setup.Unavailable` naming what the node lacks, or
+    :class:`~models.setup.ControllerError` for an unknown name or bad options."""
+    spec = _spec(spec)
+    entry = spec.entry
+    options = dict(spec.options)
+    decide_s = options.pop("decide_s", None)
+    try:
+        for need in sorted(entry.needs, key=lambda n: n.name):
+            if not need.offered_by(setup.node):
+                raise Unavailable(
+                    f"it needs {need.value}, which this {type(setup.node).__name__} does not offer"
+                )
+        if entry.prepare is not None:
+            options = entry.prepare(setup, options)
+    except Unavailable as exc:
+        raise Unavailable(f"controller {spec.label!r} cannot run on this node: {exc}") from None
+    except ControllerError as exc:
+        raise ControllerError(f"controller {spec.label!r}: {exc}") from None
+    return _cadence(_construct(entry, options, spec.label), decide_s, setup.interval_s)
+
+
+def construct(spec: ControllerSpec | str, interval_s: float = 0.1) -> Controller:
+    """The controller ``spec`` names from its options alone, without a node: nothing is
+    calibrated (the SLO guard's fallback is built before the tuner connects)."""
+    spec = _spec(spec)
+    options = dict(spec.options)
+    decide_s = options.pop("decide_s", None)
+    entry = spec.entry
+    if entry.needs:
+        raise Unavailable(f"controller {spec.label!r} needs a node to be built for")
+    return _cadence(_construct(entry, options, spec.label), decide_s, interval_s)
+
+
+def _construct(entry: Entry, options: Options, label: str) -> Controller:
+    try:
+        inspect.signature(entry.factory).bind(**options)
+    except TypeError as exc:
+        raise ControllerError(f"bad options for controller {label!r}: {exc}") from None
+    except ValueError:  # a builtin without a signature: let the call say
+        pass
+    try:
+        controller = entry.factory(**options)
+    except (TypeError, ValueError) as exc:  # options out of range, a corrupt export, ...
+        raise ControllerError(f"controller {label!r}: {exc}") from exc
+    if not isinstance(controller, Controller):
+        raise ControllerError(f"{label} is not a models.controller.Controller")
+    return controller
+
+
+def _cadence(controller: Controller, decide_s: Any, interval_s: float) -> Controller:
+    if decide_s is None:
+        return controller
+    k = round(float(decide_s) / interval_s)
+    if k < 1 or abs(k * interval_s - float(decide_s)) > 1e-6:
+        raise ControllerError(
+            f"decide_s={decide_s} must be a whole number of {interval_s:g} s intervals"
+        )
+    return Every(controller, k) if k > 1 else controller
+
+
+# ----------------------------------------------------------------------------- listing
+
+
+def describe() -> str:
+    """Every controller: name, summary, options (defaults) and needs; what ``rdtune tune
+    --list-controllers`` and ``rdtune eval --list-controllers`` print."""
+    indent = " " * 15
+    lines = []
+    for entry in CATALOGUE.values():
+        lines.append(f"{entry.name:14s} {entry.summary}")
+        opts = ", ".join(
+            k if v is inspect.Parameter.empty else f"{k}={v!r}" for k, v in entry.options().items()
+        )
+        notes = [f"options: {opts or '-'}"]
+        if entry.calibrated:
+            notes.append(f"calibrated for the node when not given: {', '.join(entry.calibrated)}")
+        notes += [f"needs {n.value}" for n in sorted(entry.needs, key=lambda n: n.name)]
+        if entry.own_groups:
+            notes.append("makes its own groups")
+        for note in notes:
+            lines += textwrap.wrap(
+                note, 100, initial_indent=indent, subsequent_indent=indent + "  "
+            )
+    return "\n".join(lines)

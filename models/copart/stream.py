@@ -1,0 +1,69 @@
+"""STREAM's memory traffic per MBA level, which CoPart's bandwidth classifier compares an
+application's traffic with (EuroSys'19 section 3.3): measured on any node where a group runs
+STREAM (:func:`profile_stream`), on the simulator once on a node of the same preset
+(:func:`stream_profile_sim`), else estimated from peak bandwidth (:func:`stream_estimate`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from agent.node import Clock, Node, ground_truth
+from agent.sim import Scenario, SimNode, WorkloadInstance
+from agent.types import NodeCapabilities
+from models.allocation import plan_from
+from models.search import mb_grid
+
+
+def profile_stream(
+    node: Node,
+    clock: Clock | None,
+    group: str,
+    *,
+    warmup_s: float = 0.2,
+    measure_s: float = 0.5,
+) -> dict[int, float]:
+    """STREAM's LLC misses/s at each MB level of the grid, measured on ``node`` where
+    ``group`` runs STREAM (section 3.3): the group holds every way, MB swept."""
+    caps = node.capabilities()
+    if caps.mba is None:
+        return {}
+    out = {}
+    full = caps.l3.cbm_mask if caps.l3 else None
+    for level in mb_grid(caps):
+        node.apply(plan_from({group: full}, {group: level}, caps))
+        for s in (warmup_s, measure_s):
+            if clock is not None:
+                clock.advance(s)
+            else:
+                time.sleep(s)
+            snap = node.observe()
+        sample = snap.groups[group]
+        if sample.llc_misses is None:
+            raise ValueError("profiling STREAM needs LLC miss counters on the node")
+        out[int(level)] = sample.llc_misses / snap.interval_s
+    return out
+
+
+def stream_profile_sim(node: Node) -> dict[int, float]:
+    """Profile STREAM once on a fresh simulated node of ``node``'s machine preset."""
+    truth = ground_truth(node)
+    if truth is None:
+        raise TypeError(
+            "stream_profile_sim needs a simulated node's machine model (ground truth); "
+            "use profile_stream on real nodes"
+        )
+    scn = Scenario(
+        "stream-profile",
+        truth.scenario.machine,
+        (WorkloadInstance("stream", "stream"),),
+        catalog=truth.scenario.catalog,
+    )
+    sim = SimNode(scn, noise=False)
+    return profile_stream(sim, sim, "stream")
+
+
+def stream_estimate(caps: NodeCapabilities, level: int) -> float:
+    peak = caps.memory_bandwidth_bps or 0.0
+    frac = level / caps.mba.max_bandwidth if caps.mba else 1.0
+    return max(peak / (64.0 * 1.5) * frac, 1.0)

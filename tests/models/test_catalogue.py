@@ -1,0 +1,330 @@
+"""The controller catalogue: specs, construction for a node (calibration on a copy), what a
+node must offer; the CoPart variants and UCP-style keep to their single resource; every
+built controller emits plans the node accepts."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.node import Node
+from agent.sim import SimNode
+from agent.types import GroupKind
+from models import catalogue
+from models.cadence import merge_snapshots
+from models.catalogue import ControllerSpec, split_specs
+from models.controller import Controller, drive
+from models.setup import Need, Setup, Unavailable
+
+
+def build(spec, node, clock=None, interval_s: float = 0.1, **kw) -> Controller:
+    return catalogue.build(spec, Setup(node, clock, interval_s, **kw))
+
+
+def needs_bare_node(spec: ControllerSpec) -> bool:
+    return spec.entry.own_groups
+
+
+def test_spec_parsing() -> None:
+    s = ControllerSpec.parse("ubik[slack=0.01, period=5]")
+    assert (s.name, dict(s.options), s.label) == (
+        "ubik",
+        {"slack": 0.01, "period": 5},
+        "ubik[slack=0.01, period=5]",
+    )
+    assert [x.name for x in split_specs("eq, static[ways=3],ubik[slack=0,period=2]")] == [
+        "eq",
+        "static",
+        "ubik",
+    ]
+    assert ControllerSpec("static", {"ways": 4}).text == "static[ways=4]"
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("nope", "unknown controller 'nope'"),
+        ("ubik[slack]", "bad option"),
+        ("ubik[slack=1", "bad controller spec"),
+    ],
+)
+def test_bad_specs_are_clear_errors(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ControllerSpec.parse(text)
+
+
+def test_unknown_option_is_a_clear_error() -> None:
+    node = SimNode("default", 0)
+    with pytest.raises(ValueError, match="bad options for controller 'eq\\[foo=1\\]'"):
+        build("eq[foo=1]", node, node)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "unpartitioned",
+        "eq",
+        "copart",
+        "copart_cat",
+        "copart_mba",
+        "static",
+        "static[ways=3]",
+        "ubik[slack=0.01]",
+        "static_lc",
+        "ucp",
+    ],
+)
+def test_built_controllers_drive_a_node(text: str) -> None:
+    node = SimNode("default", 1)
+    before = node.now()
+    ctl = build(text, node, node)
+    assert node.now() == before  # calibration ran on a copy, not on the run's node
+    records = drive(ctl, node, node, 40, 0.1)
+    assert len(records) == 40
+    caps = node.capabilities()
+    for r in records:
+        for g in r.allocation:
+            a = r.allocation[g][0]
+            assert a.l3_mask and a.l3_mask & ~caps.l3.cbm_mask == 0
+
+
+def test_static_protects_the_lc_group_from_the_sweep() -> None:
+    node = SimNode("default", 1)
+    ctl = build("static", node, node)
+    lc = [g for g, s in node.groups().items() if s.kind is GroupKind.LC]
+    assert ctl.lc_group == lc[0] and 1 <= ctl.ways < node.capabilities().l3.num_ways
+
+
+def test_copart_cat_only_never_throttles_bandwidth() -> None:
+    node = SimNode("copart_h_bw", 0)
+    top = node.capabilities().mba.max_bandwidth
+    records = drive(build("copart_cat", node, node), node, node, 120, 0.1)
+    assert any(r.decision.plan is not None for r in records[1:])
+    assert {r.allocation[g][0].mb for r in records for g in r.allocation} == {top}
+
+
+def test_copart_mba_only_keeps_the_equal_way_split() -> None:
+    node = SimNode("copart_h_bw", 0)
+    records = drive(build("copart_mba", node, node), node, node, 160, 0.1)
+    late = records[80:]  # after profiling (4 apps x 3 runs x 6 intervals)
+    ways = {
+        tuple(sorted(bin(r.allocation[g][0].l3_mask).count("1") for g in r.allocation))
+        for r in late
+    }
+    assert len(ways) == 1
+    mbs = {r.allocation[g][0].mb for r in late for g in r.allocation}
+    assert len(mbs) > 1  # bandwidth was traded
+
+
+def test_ucp_moves_ways_by_utility() -> None:
+    node = SimNode("copart_h_llc", 0)
+    records = drive(build("ucp", node, node), node, node, 60, 0.1)
+    counts = [
+        sorted(bin(r.allocation[g][0].l3_mask).count("1") for g in r.allocation) for r in records
+    ]
+    assert counts[-1] != counts[0]  # Lookahead left the equal split
+    assert all(sum(c) == node.capabilities().l3.num_ways for c in counts)
+
+
+def test_time_sharing_needs_a_bare_node() -> None:
+    spec = ControllerSpec.parse("coco")
+    assert needs_bare_node(spec) and not needs_bare_node(ControllerSpec.parse("eq"))
+    node = SimNode("more_lc_than_closids_epyc", 0)
+    with pytest.raises(ValueError, match="without per-workload groups"):
+        build(spec, node, node)
+
+
+def test_merged_snapshots_sum_counters_and_weight_latency() -> None:
+    from agent.types import GroupSample, LatencyStats, Snapshot
+
+    a = Snapshot(
+        0.1,
+        0.1,
+        {
+            "g": GroupSample(
+                instructions=1e8,
+                cycles=2e8,
+                llc_misses=None,
+                latency=LatencyStats(100, 1.0, 2.0, 3.0, 4.0),
+            )
+        },
+    )
+    b = Snapshot(
+        0.2,
+        0.1,
+        {
+            "g": GroupSample(
+                instructions=3e8,
+                cycles=4e8,
+                llc_misses=5.0,
+                latency=LatencyStats(300, 2.0, 3.0, 4.0, 5.0),
+            )
+        },
+        vanished=frozenset({"x"}),
+    )
+    m = merge_snapshots([a, b])
+    g = m.groups["g"]
+    assert (m.timestamp, m.interval_s, m.vanished) == (0.2, pytest.approx(0.2), {"x"})
+    assert (g.instructions, g.cycles, g.llc_misses) == (4e8, 6e8, None)  # None: not measured
+    assert g.latency.count == 400 and g.latency.p95_ms == pytest.approx(2.75)
+
+
+def test_decide_s_slows_any_controller_down() -> None:
+    node = SimNode("default", 1)
+    records = drive(build("ucp[period=1,decide_s=1]", node, node, 0.1), node, node, 60, 0.1)
+    changed = [i for i, r in enumerate(records) if r.decision.plan is not None]
+    assert changed and all(i % 10 == 9 for i in changed)  # decisions only every 10th interval
+    with pytest.raises(ValueError, match="whole number"):
+        build("eq[decide_s=0.25]", node, node, 0.1)
+
+
+class Opaque:
+    """A node that offers exactly the Node contract (and a simulated clock): a real SimNode
+    seen as a remote client would see it, without ground truth and not copyable."""
+
+    def __init__(self, node: SimNode) -> None:
+        self._node = node
+
+    def __deepcopy__(self, memo):
+        raise TypeError("an opaque node cannot be copied")
+
+    def capabilities(self):
+        return self._node.capabilities()
+
+    def groups(self):
+        return self._node.groups()
+
+    def create_group(self, spec) -> None:
+        self._node.create_group(spec)
+
+    def delete_group(self, name: str) -> None:
+        self._node.delete_group(name)
+
+    def assign(self, group: str, *, pids=(), cpus=()) -> None:
+        self._node.assign(group, pids=pids, cpus=cpus)
+
+    def tasks(self, group: str):
+        return self._node.tasks(group)
+
+    def apply(self, plan, *, dry_run: bool = False):
+        return self._node.apply(plan, dry_run=dry_run)
+
+    def allocation(self):
+        return self._node.allocation()
+
+    def observe(self):
+        return self._node.observe()
+
+    def close(self) -> None:
+        self._node.close()
+
+    def now(self) -> float:
+        return self._node.now()
+
+    def reset(self, scenario=None, seed=None) -> None:
+        self._node.reset(scenario, seed)
+
+    def advance(self, dt: float) -> None:
+        self._node.advance(dt)
+
+
+# Bounds that keep the searches of a test short; the rest is each controller's default set-up.
+QUICK = {
+    "oracle": "oracle[max_evals=20,warm_evals=4]",
+    "best_static": "best_static[max_evals=20]",
+}
+BARE = "more_lc_than_closids_epyc"  # time-sharing controllers make their own groups
+
+
+@pytest.mark.parametrize("name", catalogue.names())
+def test_every_entry_builds_for_a_simulated_node_and_drives_it(name: str) -> None:
+    entry = catalogue.get(name)
+    if name == "policy":
+        from models.policy import policy_available
+
+        if not policy_available():
+            pytest.skip("no bundled policy in this checkout")
+    node = SimNode(BARE, 0, auto_groups=False) if entry.own_groups else SimNode("default", 1)
+    ctl = build(QUICK.get(name, name), node, node)
+    assert isinstance(ctl, Controller)
+    records = drive(ctl, node, node, 5, 0.1)
+    for r in records:
+        for g in r.allocation:
+            a = r.allocation[g][0]
+            assert a.l3_mask and a.l3_mask & ~node.capabilities().l3.cbm_mask == 0
+
+
+def test_a_node_without_ground_truth_is_refused_naming_what_it_lacks() -> None:
+    node = Opaque(SimNode("default", 1))
+    assert isinstance(node, Node) and not Need.GROUND_TRUTH.offered_by(node)
+    with pytest.raises(Unavailable, match=r"'oracle' cannot run .* needs ground truth.*Opaque"):
+        build("oracle", node)
+    with pytest.raises(Unavailable, match=r"give services=.* and groups="):
+        build("coco", Opaque(SimNode(BARE, 0, auto_groups=False)))
+
+
+@pytest.mark.parametrize(
+    ("spec", "skip"),
+    [
+        ("static", "lc_group and ways"),
+        ("ubik", "profiles"),
+        ("static_lc", "profiles"),
+        ("best_static[max_evals=5]", "result"),
+    ],
+)
+def test_calibration_runs_on_a_node_that_cannot_be_copied_only_when_allowed(
+    spec: str, skip: str
+) -> None:
+    node = Opaque(SimNode("default", 1))
+    with pytest.raises(Unavailable, match=f"give {skip} in its options"):
+        build(spec, node)
+    assert node.now() == 0.0  # refused before touching the node
+    setup = Setup(node, live_calibration=True)
+    assert isinstance(catalogue.build(spec, setup), Controller)
+    assert setup.disturbed and node.now() > 0.0
+
+
+def test_calibrated_options_given_skip_calibration() -> None:
+    node = Opaque(SimNode("default", 1))
+    ctl = build("static[lc_group=memcached,ways=3]", node)
+    assert (ctl.lc_group, ctl.ways, node.now()) == ("memcached", 3, 0.0)
+    ubik = catalogue.build(ControllerSpec("ubik", {"profiles": {"memcached": 4}}), Setup(node))
+    assert ubik.profiles["memcached"].target_ways == 4 and node.now() == 0.0
+
+
+def test_training_calibrates_like_evaluation() -> None:
+    """Training's held-out comparison builds through the catalogue too: static's sweep on a
+    copy of the episode's node (on this scenario and seed a differently seeded twin picks
+    another way count), Ubik with its profiled targets."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401
+    from training.evaluate import controller_factory
+
+    env = gym.make("rdtune/Partition-v0", scenarios=["lc_batch_20"], episode_steps=4)
+    env.reset(seed=2)
+    node = env.unwrapped.node
+    trained = controller_factory("static")(env)
+    evaluated = build("static", node, node)
+    assert (trained.lc_group, trained.ways) == (evaluated.lc_group, evaluated.ways)
+    ubik = controller_factory("ubik")(env)
+    assert set(ubik.profiles) == {g for g, s in node.groups().items() if s.kind is GroupKind.LC}
+    env.close()
+
+
+def test_listing_names_every_entry_with_its_options_and_needs() -> None:
+    text = catalogue.describe()
+    for name in catalogue.names():
+        assert any(line.startswith(f"{name} ") for line in text.splitlines()), name
+    assert "needs ground truth" in text and "calibrated for the node when not given" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "options"),
+    [
+        ("policy:/x/y", "policy", {"path": "/x/y"}),
+        ("import:tests.tuner.controllers:Quiet", "import:tests.tuner.controllers:Quiet", {}),
+    ],
+)
+def test_policy_and_import_specs(text: str, name: str, options: dict) -> None:
+    spec = ControllerSpec.parse(text)
+    assert (spec.name, dict(spec.options), spec.label) == (name, options, text)

@@ -1,0 +1,106 @@
+"""``rdtune train``: train a PPO / MaskablePPO policy on Partition-v0, one run here or a grid
+of runs as Ray Tune trials (``--sweep``).
+
+One run is :func:`training.train.train` (its module docstring walks through the steps);
+a sweep is :func:`training.sweep.run_sweep`, which runs that same function in every trial.
+Configs are YAML (training/config.py; training/configs/default.yaml trains the bundled
+policy); command-line options override the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", required=True, help="YAML training config (see training/config.py)"
+    )
+    parser.add_argument("--out", help="run directory (default: the config's output_dir)")
+    parser.add_argument("--seed", type=int, help="override the config's seed")
+    parser.add_argument("--total-timesteps", type=int, help="override total_timesteps")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"
+    )
+    parser.add_argument(
+        "--ray-address",
+        metavar="HOST:PORT",
+        help="run on Ray: 'local' (a private Ray instance on this machine) or the address of "
+        "a running cluster (ray start --head prints it). With --sweep the trials run there; "
+        "without, the training envs are split over --rollout-workers Ray actors there and "
+        "PPO learns in this process",
+    )
+    parser.add_argument(
+        "--rollout-workers",
+        type=int,
+        metavar="K",
+        help="Ray actors stepping the training envs (the config's rollout_workers; default 2 "
+        "with --ray-address). Without --ray-address: on a local Ray instance",
+    )
+    parser.add_argument(
+        "--sweep",
+        nargs="+",
+        metavar="KEY=V1,V2",
+        help="grid over config keys on Ray Tune, e.g. seeds=0,1,2 lr=3e-4,1e-3 "
+        "(short names: seeds, lr, ent, gamma, steps; or any dotted key like ppo.n_epochs)",
+    )
+    parser.add_argument(
+        "--max-concurrent", type=int, default=0, help="Ray Tune: trials at once (0: by CPUs)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: ``rdtune --help`` imports every command's module, and
+    # these pull in the environments (and through a sweep, Ray).
+    from training.config import ConfigError, load_config
+    from training.sweep import SweepError, parse_sweep, run_sweep
+    from training.train import train
+
+    try:
+        cfg = load_config(args.config)
+        overrides: dict[str, Any] = {}
+        if args.seed is not None:
+            overrides["seed"] = args.seed
+        if args.total_timesteps is not None:
+            overrides["total_timesteps"] = args.total_timesteps
+        if args.no_progress:
+            overrides["progress_bar"] = False
+        if args.out:
+            overrides["output_dir"] = args.out
+        workers = getattr(args, "rollout_workers", None)
+        if workers is not None:
+            overrides["rollout_workers"] = workers
+        elif args.ray_address and not args.sweep and not cfg.rollout_workers:
+            overrides["rollout_workers"] = 2
+        if overrides:
+            cfg = cfg.with_overrides(overrides)
+    except ConfigError as exc:
+        print(f"rdtune train: {exc}")
+        return 2
+    if args.sweep and workers:
+        print(
+            "rdtune train: --rollout-workers and --sweep do not combine (trials step their "
+            "envs in their own process)"
+        )
+        return 2
+    if args.sweep:
+        try:
+            grid = parse_sweep(args.sweep or [])
+            result = run_sweep(
+                cfg, grid, address=args.ray_address or "local", max_concurrent=args.max_concurrent
+            )
+        except (SweepError, ConfigError) as exc:
+            print(f"rdtune train: {exc}")
+            return 2
+        print(result.summary())
+        return 0
+    from training.rollouts import RolloutError
+
+    try:
+        result = train(cfg, ray_address=args.ray_address)
+    except (ConnectionError, RolloutError) as exc:
+        print(f"rdtune train: {exc}")
+        return 2
+    print(result.summary())
+    return 0

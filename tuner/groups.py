@@ -1,0 +1,108 @@
+"""The tuner's groups on the node: the configured ones created (or adopted when they exist),
+their tasks moved in at start and, for groups that follow a cgroup, whenever new tasks
+join it; and the node's groups read in a stable order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+
+from agent.errors import GroupExists, UnknownTask
+from agent.node import Node
+from agent.types import GroupSpec
+from tuner.config import ConfigError, GroupConfig
+
+log = logging.getLogger("rdtune.tuner")
+
+
+class GroupKeeper:
+    """The configured groups (``groups``) and the tasks moved into each so far."""
+
+    def __init__(self, groups: Sequence[GroupConfig]) -> None:
+        self.groups = list(groups)
+        self.moved: dict[str, set[int]] = {}  # pids moved into each configured group
+
+    def ensure(self, node: Node, strict: bool = True) -> None:
+        """Create (or adopt) the configured groups and move their tasks in. ``strict``: an
+        unreadable cgroup is a configuration error (at start); after an outage it is logged
+        and the group's tasks stay where they are."""
+        have = node.groups()
+        for g in self.groups:
+            spec = g.spec
+            if spec.name in have:
+                if have[spec.name] != spec:
+                    log.warning(
+                        "group %r exists as %s; adopting it as it is (configured: %s)",
+                        spec.name,
+                        have[spec.name],
+                        spec,
+                        extra={"event": "adopt_mismatch", "group": spec.name},
+                    )
+            else:
+                # GroupExists: created meanwhile (another tuner instance starting): adopt it.
+                with contextlib.suppress(GroupExists):
+                    node.create_group(spec)
+                log.info(
+                    "created group %r", spec.name, extra={"event": "create", "group": spec.name}
+                )
+            try:
+                pids = g.all_pids()
+            except ConfigError as exc:
+                if strict:
+                    raise
+                log.warning("%s", exc, extra={"event": "assign_failed", "group": spec.name})
+                pids = ()
+            self.move(node, spec.name, pids)
+            if g.cpus:
+                node.assign(spec.name, cpus=g.cpus)
+
+    def move(self, node: Node, group: str, pids) -> None:
+        """Move ``pids`` into ``group`` in one call; one at a time only when one has exited
+        since it was listed."""
+        pids = tuple(pids)
+        try:
+            if pids:
+                node.assign(group, pids=pids)
+        except UnknownTask:
+            for pid in pids:
+                try:
+                    node.assign(group, pids=[pid])
+                except UnknownTask as exc:
+                    log.warning("group %r: %s", group, exc, extra={"event": "assign_failed"})
+        self.moved[group] = set(pids)
+
+    def follow_cgroups(self, node: Node, groups: Mapping[str, GroupSpec]) -> None:
+        """Tasks that joined a configured cgroup since the last look (a restarted service,
+        a new worker) are moved into its group; children of moved tasks follow by
+        themselves (resctrl groups are inherited on fork)."""
+        for g in self.groups:
+            if not g.cgroup or g.spec.name not in groups:
+                continue
+            try:
+                pids = set(g.all_pids())
+            except ConfigError as exc:
+                log.warning("%s", exc, extra={"event": "assign_failed", "group": g.spec.name})
+                continue
+            new = pids - self.moved.get(g.spec.name, set())
+            if new:
+                self.move(node, g.spec.name, sorted(new))
+                log.info(
+                    "moved %d new task(s) of %s into %r",
+                    len(new),
+                    g.cgroup,
+                    g.spec.name,
+                    extra={"event": "tasks", "group": g.spec.name, "pids": sorted(new)},
+                )
+            self.moved[g.spec.name] = pids
+
+    @staticmethod
+    def read(node: Node, known: Mapping[str, GroupSpec]) -> dict[str, GroupSpec]:
+        """The node's groups in a stable order: known groups keep their place (a restarted
+        agent may list them differently, and order-sensitive controllers would re-plan),
+        new ones follow in the node's order."""
+        fresh = dict(node.groups())
+        ordered = {g: fresh[g] for g in known if g in fresh}
+        ordered.update(fresh)
+        return ordered

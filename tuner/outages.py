@@ -1,0 +1,207 @@
+"""How the tuner lives through outages and stops: the run loop, retrying an unreachable agent
+with backoff and reconciling when it is back (groups recreated, the last allocation put
+back), and the clean shutdown that optionally restores the baseline. A part of
+:class:`~tuner.service.Tuner` (tuner/service.py describes the failure handling).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+
+from agent.errors import GroupNotFound, NodeError, ResourceExhausted
+from agent.node import Node, as_clock
+from agent.types import Allocation, AllocationPlan, GroupSpec
+from tuner.config import TunerConfig
+from tuner.groups import GroupKeeper
+from tuner.guard import PlanGuard
+from tuner.metrics import TunerMetrics
+
+log = logging.getLogger("rdtune.tuner")
+
+# Status codes of a RemoteError meaning "the agent is not there (right now)".
+OUTAGE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})
+
+
+def is_outage(exc: BaseException) -> bool:
+    from agent.server.errors import RemoteError
+
+    return isinstance(exc, RemoteError) and exc.code in OUTAGE_CODES
+
+
+class Resilience:
+    """The run loop, outages and shutdown (a part of the Tuner)."""
+
+    # The tuner's state (tuner/service.py sets it up).
+    cfg: TunerConfig
+    node: Node | None
+    keeper: GroupKeeper
+    metrics: TunerMetrics
+    plan_guard: PlanGuard
+    groups: dict[str, GroupSpec]
+    baseline: Allocation | None
+    intended: Allocation | None
+    pending: AllocationPlan | None
+    started: bool
+    intervals: int
+
+    def reconcile(self) -> None:
+        """After an outage: groups back, and the node holding what the tuner last applied."""
+        self.caps = self.node.capabilities()
+        self.clock = as_clock(self.node)
+        self.keeper.ensure(self.node, strict=False)
+        self.groups = self.keeper.read(self.node, self.groups)
+        self._reassert(self.node.allocation())
+        self.node.observe()  # a fresh interval
+
+    def _reassert(self, current: Allocation) -> Allocation:
+        """Put back what the tuner last applied (and an apply cut short by an outage) where
+        the node holds something else: a restarted simulated agent starts over, an
+        operator's manual write, a lost apply. Returns what the node holds afterwards."""
+        want: dict[str, Mapping] = {}
+        if self.intended is not None:
+            want.update({g: a for g, a in self.intended.groups.items() if g in self.groups})
+        if self.pending is not None:
+            for g, per_domain in self.pending.groups.items():
+                if g in self.groups:
+                    want[g] = {**want.get(g, {}), **per_domain}
+        self.pending = None
+        plan = AllocationPlan(want)
+        screened = self.plan_guard.screen(plan, self.caps, self.groups, current, 0.0, limit=False)
+        self.intended = current
+        if screened.dropped is not None:
+            log.warning("cannot restore the last allocation: %s", screened.error)
+        elif screened.plan is not None:
+            self.intended = self.node.apply(screened.plan)
+            log.warning(
+                "the node does not hold the tuner's allocation (agent restarted?): re-applied",
+                extra={"event": "restored", "groups": sorted(screened.plan.groups)},
+            )
+        self.metrics.record_allocation(self.intended)
+        self._stale, self._since_read = False, 0
+        return self.intended
+
+    def _wait_for_agent(self, stop: threading.Event, first: BaseException) -> bool:
+        """Retry with backoff until the agent answers again; False when stopped meanwhile."""
+        self.metrics.agent_up.set(0)
+        delay = self.cfg.retry_initial_s
+        error: BaseException = first
+        attempt = 0
+        while not stop.is_set():
+            attempt += 1
+            log.warning(
+                "agent unreachable (%s); retry %d in %.2g s",
+                error,
+                attempt,
+                delay,
+                extra={"event": "agent_down", "attempt": attempt},
+            )
+            if stop.wait(delay):
+                return False
+            delay = min(delay * 2, self.cfg.retry_max_s)
+            try:
+                if not self.started:
+                    self.start()
+                else:
+                    self.reconcile()
+            except NodeError as exc:
+                if not is_outage(exc):
+                    raise
+                self.metrics.agent_errors.labels(type(exc).__name__).inc()
+                error = exc
+                continue
+            self.metrics.agent_up.set(1)
+            self.metrics.reconnects.inc()
+            log.warning("agent reachable again", extra={"event": "agent_up"})
+            return True
+        return False
+
+    def run(self, stop: threading.Event, max_intervals: int | None = None) -> int:
+        """Run until ``stop`` is set (or ``max_intervals`` intervals); returns an exit code."""
+        try:
+            self.start()
+        except NodeError as exc:
+            if not is_outage(exc):
+                raise
+            if not self._wait_for_agent(stop, exc):
+                return 0
+        realtime = self.cfg.realtime if self.cfg.realtime is not None else self.clock is None
+        self._next_tick = time.monotonic()
+        while not stop.is_set() and (max_intervals is None or self.intervals < max_intervals):
+            if realtime and not self._sleep(stop):
+                break
+            try:
+                self.step()
+            except (ResourceExhausted, GroupNotFound) as exc:
+                self.metrics.agent_errors.labels(type(exc).__name__).inc()
+                log.warning("interval abandoned: %s", exc)
+                self._groups_changed()
+            except NodeError as exc:
+                self.metrics.agent_errors.labels(type(exc).__name__).inc()
+                if not is_outage(exc):
+                    raise
+                if not self._wait_for_agent(stop, exc):
+                    break
+                self._next_tick = time.monotonic()
+        return 0
+
+    def _sleep(self, stop: threading.Event) -> bool:
+        self._next_tick += self.cfg.interval_s
+        delay = self._next_tick - time.monotonic()
+        if delay < -self.cfg.interval_s:  # fell behind (an outage, a slow agent): re-anchor
+            self._next_tick = time.monotonic()
+            delay = 0.0
+        return not stop.wait(max(0.0, delay))
+
+    def shutdown(self) -> None:
+        """Clean exit: optionally restore the baseline allocation, then disconnect.
+
+        An agent that is down (restarting) is retried with the usual backoff until
+        ``cfg.restore_deadline_s`` has passed: leaving the tuned allocation behind would
+        keep the node split for workloads the tuner no longer watches."""
+        if self.node is None:
+            return
+        try:
+            if self.cfg.restore_baseline and self.baseline is not None and self.started:
+                self._restore_baseline()
+        finally:
+            self.node.close()
+
+    def _restore_baseline(self) -> None:
+        deadline = time.monotonic() + self.cfg.restore_deadline_s
+        delay = self.cfg.retry_initial_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                groups = set(self.node.groups())
+                plan = AllocationPlan(
+                    {g: a for g, a in self.baseline.groups.items() if g in groups}
+                )
+                if plan.groups:
+                    self.node.apply(plan)
+                log.info(
+                    "restored the baseline allocation",
+                    extra={"event": "restore", "attempts": attempt},
+                )
+                return
+            except NodeError as exc:
+                left = deadline - time.monotonic()
+                if not is_outage(exc) or left <= 0:
+                    log.error(
+                        "could not restore the baseline allocation: %s",
+                        exc,
+                        extra={"event": "restore_failed", "attempts": attempt},
+                    )
+                    return
+                log.warning(
+                    "restoring the baseline: agent unreachable (%s); retry %d in %.2g s",
+                    exc,
+                    attempt,
+                    min(delay, left),
+                    extra={"event": "restore_retry", "attempt": attempt},
+                )
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, self.cfg.retry_max_s)
