@@ -33,6 +33,21 @@ if [ ${#need[@]} -gt 0 ]; then
     fi
 fi
 
+# Tools the tests check the product with (tests/tools.py): promtool (Prometheus' metric
+# and rule checker, from the prometheus package).
+need=()
+command -v promtool >/dev/null || need+=(prometheus)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: installing ${need[*]} (tools the tests check the product with)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${need[@]}" >/dev/null
+    else
+        echo "setup: ${need[*]} missing and cannot install; those checks will skip" >&2
+    fi
+fi
+
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 if [ ! -x .venv/bin/python ]; then

@@ -392,7 +392,7 @@ class Tuner:
         self.pending = None
         self.plan_guard.committed(screened.plan, current, now)
         self.intended = held
-        self.metrics.record_allocation(held)
+        self.metrics.record_allocation(held, self.caps.mba)
         self.metrics.decisions.labels(name, "applied").inc()
         return ("limited" if screened.limits else "applied"), None
 
@@ -450,7 +450,7 @@ class Tuner:
                 "the node does not hold the tuner's allocation (agent restarted?): re-applied",
                 extra={"event": "restored", "groups": sorted(screened.plan.groups)},
             )
-        self.metrics.record_allocation(self.intended)
+        self.metrics.record_allocation(self.intended, self.caps.mba)
         self._stale, self._since_read = False, 0
         return self.intended
 

@@ -81,7 +81,8 @@ class AgentServer:
     def __init__(self, node: Node, cfg: AgentConfig, *, own_node: bool = True) -> None:
         cfg.validate()
         self.cfg, self.node, self.own_node = cfg, node, own_node
-        self.metrics = AgentMetrics()
+        mba = node.capabilities().mba
+        self.metrics = AgentMetrics(mba_mode=mba.mode) if mba else AgentMetrics()
         self.recorder = LatencyRecorder()
         scrapers = [
             HistogramScraper(group, target, self.recorder)

@@ -4,6 +4,8 @@ loaders and their command lines parse with the real ``rdtune`` parser."""
 from __future__ import annotations
 
 import configparser
+import json
+import re
 import shlex
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import yaml
 
 from agent.server.config import load_yaml as load_agent_yaml
 from tests.certs import make_certs
+from tests.tools import promtool
 from tests.tuner.conftest import ROOT
 from tuner.cli import build_parser
 from tuner.config import load_yaml as load_tuner_yaml
@@ -78,3 +81,74 @@ def test_systemd_units_run_valid_commands(unit: str) -> None:
     argv = [a.replace("${RDTUNE_CONTROLLER}", env.get("RDTUNE_CONTROLLER", "")) for a in argv]
     args = build_parser().parse_args(argv[1:])
     assert args.command in ("agent", "tune")
+
+
+# ---------------------------------------------------------------- monitoring (deploy/)
+
+RULES = DEPLOY / "prometheus" / "rdtune-alerts.yaml"
+DASHBOARD = DEPLOY / "grafana" / "rdtune-dashboard.json"
+
+
+def exported_names() -> set[str]:
+    """Every sample name the agent and the tuner can export (each MBA mode's metric)."""
+    from agent.server.metrics import AgentMetrics
+    from agent.types import MbaMode
+    from tuner.metrics import TunerMetrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    names = set()
+    registries = [AgentMetrics(mba_mode=mode).registry for mode in MbaMode]
+    for reg in (*registries, TunerMetrics().registry):
+        for family in reg.collect():
+            names.update(family.name + s for s in suffixes.get(family.type, ("",)))
+    return names
+
+
+def dashboard_queries() -> list[str]:
+    dash = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+
+
+def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
+    check = promtool("check", "rules", str(RULES))
+    assert check.returncode == 0, check.stdout + check.stderr
+    tested = promtool("test", "rules", str(RULES.with_suffix(".test.yaml")))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_the_dashboards_queries_parse(tmp_path) -> None:
+    # promtool parses PromQL in rule files: each query as a recording rule.
+    rules = [
+        {"record": f"rdtune:panel_{i}", "expr": q.replace("$instance", ".*")}
+        for i, q in enumerate(dashboard_queries())
+    ]
+    path = tmp_path / "dashboard-queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    check = promtool("check", "rules", str(path))
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_dashboard_is_well_formed() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids are unique"
+    for panel in dash["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["targets"] and panel["datasource"]["uid"] == "${datasource}", panel
+        assert all(t["expr"] for t in panel["targets"]), panel["title"]
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    assert {"datasource", "instance"} <= variables
+
+
+def test_rules_and_dashboard_name_only_metrics_rdtune_exports() -> None:
+    exported = exported_names()
+    rules = yaml.safe_load(RULES.read_text())
+    queries = [r["expr"] for g in rules["groups"] for r in g["rules"]] + dashboard_queries()
+    named = {n for q in queries for n in re.findall(r"\b(?:rdtune|process)_[a-z0-9_]+", q)}
+    assert named, "the queries name rdtune metrics"
+    assert named <= exported, f"not exported: {sorted(named - exported)}"
+    # SLO violations, guard fallbacks, agent unreachable, apply errors: each has an alert.
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    assert {"RdtuneSLOViolations", "RdtuneGuardFallback", "RdtuneAgentUnreachable",
+            "RdtuneApplyErrors"} <= alerts  # fmt: skip

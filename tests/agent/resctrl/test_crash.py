@@ -4,9 +4,9 @@ kind and SLO, no half-made group, and nothing foreign touched (docs/AGENT.md, "C
 consistency").
 
 The trials run in a zygote process (tests/agent/resctrl/crash.py) that forks a worker per
-trial; the kill instant is uniform over the shortest of three unkilled runs, measured first. ``RDTUNE_CRASH_
-TRIALS`` sets the number of trials (100 in CI; the benchmark in docs/BENCHMARKS.md runs
-more).
+trial; the kill instant is uniform over the shortest of three unkilled runs, measured
+first. ``RDTUNE_CRASH_TRIALS`` sets the number of trials (100 in CI; the benchmark in
+docs/BENCHMARKS.md runs more).
 """
 
 from __future__ import annotations

@@ -101,14 +101,14 @@ def test_metrics_endpoint_exposes_the_named_metrics() -> None:
         'rdtune_agent_apply_errors_total{cause="contiguous"} 1.0',
         'rdtune_agent_group_l3_ways{domain="0",group="web"} 4.0',
         'rdtune_agent_group_l3_ways{domain="1",group="batch"} 11.0',
-        'rdtune_agent_group_mba_value{domain="0",group="web"} 60.0',
+        'rdtune_agent_group_mba_ratio{domain="0",group="web"} 0.6',
         'rdtune_agent_group_llc_occupancy_bytes{group="batch"} 1.048576e+06',
         'rdtune_agent_group_memory_bandwidth_bytes_per_second{group="web"} 1e+08',
         'rdtune_agent_group_instructions_per_cycle{group="web"} 0.5',
-        'rdtune_agent_group_latency_seconds{group="web",quantile="0.5"} 0.003',
+        'rdtune_agent_group_latency_seconds{group="web",percentile="50"} 0.003',
         'rdtune_agent_group_requests{group="web"} 5.0',
         'rdtune_agent_group_slo_attainment_ratio{group="web"} 0.0',  # p99 ~9.8 ms > 5 ms
-        'rdtune_agent_group_slo_intervals_total{group="web",result="missed"} 1.0',
+        'rdtune_agent_group_slo_intervals_total{group="web",result="violated"} 1.0',
         'rdtune_agent_latency_reports_total{group="web"} 1.0',
     ):
         assert needle in text, needle
