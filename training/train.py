@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.argtypes import positive_int
+
 log = logging.getLogger(__name__)
 
 FINAL_SEED_OFFSET = 100_000  # final-table episodes never overlap checkpoint-selection ones
@@ -47,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", help="run directory (default: the config's output_dir)")
     parser.add_argument("--seed", type=int, help="override the config's seed")
-    parser.add_argument("--total-timesteps", type=int, help="override total_timesteps")
+    parser.add_argument("--total-timesteps", type=positive_int, help="override total_timesteps")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"
     )

@@ -49,14 +49,12 @@ from pathlib import Path
 
 import yaml
 
+from agent.connection import AgentConnection
 from agent.server.metrics_http import MetricsEndpoint
-from agent.server.security import ConfigError as AgentConfigError
-from agent.server.security import read_token
+from agent.server.security import ConfigError
 from agent.types import SLO, GroupKind, GroupSpec
 
-
-class ConfigError(ValueError):
-    """A configuration the tuner refuses to run with (the message says what is wrong)."""
+__all__ = ["AgentConnection", "ConfigError", "GroupConfig", "GuardConfig", "TunerConfig"]
 
 
 @dataclass
@@ -101,40 +99,6 @@ class GuardConfig:
                 raise ConfigError(f"guard.{key} must be a whole number >= 1 (or null)")
         if not (math.isfinite(self.min_dwell_s) and self.min_dwell_s >= 0):
             raise ConfigError("guard.min_dwell_s must be >= 0")
-
-
-@dataclass
-class AgentConnection:
-    address: str = "127.0.0.1:50051"
-    token_file: str | None = None
-    token: str | None = field(default=None, repr=False)
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_server_name: str | None = None
-    tls: bool = False
-    timeout_s: float = 5.0
-
-    def resolve_token(self) -> None:
-        """Fill ``token`` from ``token_file`` or the environment (see ``read_token``)."""
-        self.token = read_token(self.token, self.token_file, ConfigError)
-
-    def connect(self):
-        """A :class:`agent.client.RemoteNode` for this connection."""
-        from agent.client import RemoteNode, TlsConfig
-
-        tls: TlsConfig | bool | None = None
-        if self.tls or self.tls_ca or self.tls_cert:
-            try:
-                tls = TlsConfig.from_files(
-                    self.tls_ca, self.tls_cert, self.tls_key, self.tls_server_name
-                )
-            except OSError as exc:
-                raise ConfigError(f"cannot read a TLS file: {exc}") from exc
-        # A few quick retries per call; the tuner's own loop backs off for longer outages.
-        return RemoteNode(
-            self.address, token=self.token, tls=tls, timeout=self.timeout_s, retries=2
-        )
 
 
 @dataclass
@@ -185,10 +149,7 @@ class TunerConfig:
                     f"metrics_listen must be host:port (or '' to disable), "
                     f"got {self.metrics_listen!r}"
                 )
-            try:
-                self.metrics_endpoint().check()
-            except AgentConfigError as exc:
-                raise ConfigError(str(exc)) from None
+            self.metrics_endpoint().check()
 
     def metrics_endpoint(self) -> MetricsEndpoint | None:
         """The metrics endpoint's settings (None: disabled)."""

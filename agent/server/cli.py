@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 
+from agent.argtypes import non_negative_float
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -79,7 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="on shutdown give every own group all ways and full bandwidth again",
     )
-    life.add_argument("--grace", dest="grace_s", type=float, metavar="S", help="shutdown grace")
+    life.add_argument(
+        "--grace", dest="grace_s", type=non_negative_float, metavar="S", help="shutdown grace"
+    )
     parser.add_argument(
         "--list-scenarios", action="store_true", help="print the sim backend's scenarios and exit"
     )

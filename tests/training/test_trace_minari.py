@@ -45,4 +45,4 @@ def test_export_of_a_bad_file_is_a_clear_error(tmp_path, capsys) -> None:
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"nope")
     assert main(["trace", "export-minari", str(bad), "--dataset-id", "x/y-v0"]) == 1
-    assert f"trace {bad}" in capsys.readouterr().out
+    assert f"trace {bad}" in capsys.readouterr().err
