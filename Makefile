@@ -1,5 +1,5 @@
-# The two commands of README.md.
-.PHONY: demo test lint
+# The two commands of README.md (and the one that regenerates docs/RESULTS.md).
+.PHONY: demo test lint results
 
 # Set up (if needed) and run the main job on the built-in default.
 demo:
@@ -13,3 +13,8 @@ test:
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+
+# Run every evaluation suite (with the safe oracle) and regenerate docs/RESULTS.md.
+results:
+	@scripts/setup.sh
+	.venv/bin/python -m eval.results

@@ -303,7 +303,8 @@ class PartitionEnv(_PartitionEnv):
 
     Args (all keyword, through ``gymnasium.make``):
         scenarios: ``"random"`` (generator), ``"named"`` (the library) or a list of names.
-        split: ``train`` (default), ``test`` or ``all`` (see :mod:`envs.scenarios`).
+        split: ``train`` (default), ``validation``, ``test`` or ``all`` (see
+            :mod:`envs.scenarios`).
         preset: machine preset for every scenario (None: each scenario's own).
         max_groups, share_levels, mba_levels: observation and action sizes.
         interval_s: simulated seconds per step; sim_step_s: the simulator's step.

@@ -1,12 +1,20 @@
-"""Scenario families for Partition-v0: which mixes an episode may draw, split train/test.
+"""Scenario families for Partition-v0: which mixes an episode may draw, split three ways.
 
 A family is a named set (the simulator's scenario library, or a list of names/scenarios)
-or the seeded generator (:func:`agent.sim.random_scenario`). Train and test families are
-disjoint *by construction*: a scenario belongs to ``test`` when the SHA-256 of its
-canonical spec (machine, and per workload instance: workload, threads, group, load
-profile, arrival/departure, SLO; not its name) falls in the first ``test_fraction`` of the
-hash space, else to ``train``. The same mix under two names lands in the same split, and
-the generator rejects draws of the other split, so no test mix is ever trained on.
+or the seeded generator (:func:`agent.sim.random_scenario`). The splits — **this module is
+the one place they are defined** — are disjoint *by construction*: the SHA-256 of a
+scenario's canonical spec (machine, and per workload instance: workload, threads, group,
+load profile, arrival/departure, SLO; not its name) places it in the hash space, and
+
+- ``test`` is its first :data:`TEST_FRACTION` (20%): held-out mixes for final tables and
+  ``rdtune eval``'s ``learned`` and ``heldout`` suites — nothing trains or selects on them;
+- ``validation`` the next :data:`VALIDATION_FRACTION` (10%): checkpoint selection during
+  training (training/train.py);
+- ``train`` the rest (70%).
+
+The same mix under two names lands in the same split, and the generator rejects draws of
+the other splits, so no test or validation mix is ever trained on. Generator families can
+also be narrowed (``min_lc``, ``max_workloads``): draws outside are rejected too.
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ import numpy as np
 from agent.sim.catalog import Catalog, default_catalog
 from agent.sim.scenario import Scenario, get_scenario, random_scenario, scenario_names
 
-SPLITS = ("train", "test", "all")
+SPLITS = ("train", "validation", "test", "all")
+TEST_FRACTION = 0.2
+VALIDATION_FRACTION = 0.1
 KINDS = ("random", "named")
 _MAX_DRAWS = 200
 
@@ -35,10 +45,17 @@ def spec_key(scenario: Scenario) -> str:
     return "\n".join(parts)
 
 
-def split_of(scenario: Scenario, test_fraction: float = 0.2) -> str:
-    """``train`` or ``test``, from the hash of :func:`spec_key`."""
+def split_of(
+    scenario: Scenario,
+    test_fraction: float = TEST_FRACTION,
+    validation_fraction: float = VALIDATION_FRACTION,
+) -> str:
+    """``train``, ``validation`` or ``test``, from the hash of :func:`spec_key`."""
     digest = hashlib.sha256(spec_key(scenario).encode()).digest()
-    return "test" if int.from_bytes(digest[:8], "big") / 2**64 < test_fraction else "train"
+    x = int.from_bytes(digest[:8], "big") / 2**64
+    if x < test_fraction:
+        return "test"
+    return "validation" if x < test_fraction + validation_fraction else "train"
 
 
 def group_count(scenario: Scenario) -> int:
@@ -56,29 +73,42 @@ class ScenarioFamily:
     Args:
         source: ``"random"`` (the seeded generator), ``"named"`` (the whole library), or a
             sequence of scenario names / :class:`Scenario` objects.
-        split: ``train``, ``test`` or ``all``.
+        split: ``train``, ``validation``, ``test`` or ``all``.
         preset: run every scenario on this machine preset (None: the scenario's own; the
             generator then picks a preset per draw).
         max_groups: library scenarios with more groups are left out (explicit lists keep
             them: the encoder then sees the first max_groups).
-        test_fraction: share of the hash space that is ``test``.
+        test_fraction, validation_fraction: shares of the hash space that are ``test``
+            and ``validation`` (defaults: :data:`TEST_FRACTION`, :data:`VALIDATION_FRACTION`).
         max_lc, max_batch: the generator's mix sizes.
+        min_lc: generator draws with fewer LC services are rejected.
+        max_workloads: generator draws with more workload instances are rejected.
     """
 
     source: str | Sequence[str | Scenario] = "random"
     split: str = "train"
     preset: str | None = None
     max_groups: int = 8
-    test_fraction: float = 0.2
+    test_fraction: float = TEST_FRACTION
     max_lc: int = 2
     max_batch: int = 4
     catalog: Catalog | None = None
+    validation_fraction: float = VALIDATION_FRACTION
+    min_lc: int = 0
+    max_workloads: int | None = None
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if not (
+            self.test_fraction > 0.0
+            and self.validation_fraction >= 0.0
+            and self.test_fraction + self.validation_fraction < 1.0
+        ):
+            raise ValueError(
+                "need 0 < test_fraction, 0 <= validation_fraction and their sum < 1; got "
+                f"{self.test_fraction}, {self.validation_fraction}"
+            )
         self.catalog = self.catalog or default_catalog()
         if self.preset is not None:
             self.catalog.machine(self.preset)  # raises CatalogError naming the presets
@@ -116,7 +146,19 @@ class ScenarioFamily:
     def _split(self, pool: list[Scenario]) -> list[Scenario]:
         if self.split == "all":
             return pool
-        return [s for s in pool if split_of(s, self.test_fraction) == self.split]
+        return [s for s in pool if self.split_of(s) == self.split]
+
+    def split_of(self, scenario: Scenario) -> str:
+        """The split of ``scenario`` with this family's fractions."""
+        return split_of(scenario, self.test_fraction, self.validation_fraction)
+
+    def _wanted(self, scn: Scenario) -> bool:
+        n_lc = sum(1 for w in scn.workloads if w.load is not None)
+        if n_lc < self.min_lc:
+            return False
+        if self.max_workloads is not None and len(scn.workloads) > self.max_workloads:
+            return False
+        return self.split == "all" or self.split_of(scn) == self.split
 
     def draw(self, rng: np.random.Generator) -> Scenario:
         """One scenario, chosen with ``rng`` (reproducible for a seeded generator)."""
@@ -131,6 +173,6 @@ class ScenarioFamily:
                 max_lc=self.max_lc,
                 max_batch=self.max_batch,
             )
-            if self.split == "all" or split_of(scn, self.test_fraction) == self.split:
+            if self._wanted(scn):
                 return scn
         raise RuntimeError(f"no {self.split} scenario in {_MAX_DRAWS} generator draws")

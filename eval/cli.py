@@ -3,8 +3,12 @@
 Runs on simulated nodes in-process (or against a node agent with --agent), in parallel on
 Ray when there is more than one run (a local Ray instance by default; --ray-address none
 runs serially), and writes a Markdown report with tables (means with 95% Student-t
-confidence intervals over seeds) and PNG plots. Suites are defined in
-eval/data/suites.yaml (see --list).
+confidence intervals) and PNG plots. Besides the per-controller table it prints a *paired*
+table: one controller (--paired-with; default the learned policy) against each other one
+over the same (scenario, seed) runs — mean difference of SLO violations (feasible runs),
+weighted speedup and unfairness with 95% CIs, and win rates. Runs where no allocation
+meets every SLO are labelled infeasible and their SLO violations reported apart. Suites
+are defined in eval/data/suites.yaml (see --list).
 """
 
 from __future__ import annotations
@@ -56,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ADDR|local|none",
         help="Ray cluster to run on: an address, 'local' (start one here; the default when "
         "there is more than one run) or 'none' (serial)",
+    )
+    parser.add_argument(
+        "--paired-with",
+        metavar="LABEL",
+        help="controller the paired table compares with every other one, as the tables name "
+        "it (default: the suite's paired_with, else the learned policy when it runs, else the "
+        "first controller)",
     )
     parser.add_argument("--out", metavar="DIR", help="report directory (default: runs/eval/SUITE)")
     parser.add_argument(
@@ -143,15 +154,23 @@ def run(args: argparse.Namespace) -> int:
     )
     if not command:
         command = f"rdtune eval --suite {suite.name}"
-    report = write_report(
-        results,
-        out,
-        title=f"rdtune eval: suite {suite.name}",
-        description=suite.description,
-        command=command,
-        machine=machine(),
-    )
+    labels = {r.controller for r in results if not r.error}
+    reference = args.paired_with or (suite.paired_with if suite.paired_with in labels else None)
+    try:
+        report = write_report(
+            results,
+            out,
+            title=f"rdtune eval: suite {suite.name}",
+            description=suite.description,
+            command=command,
+            machine=machine(),
+            reference=reference,
+        )
+    except ValueError as exc:  # an unknown --paired-with
+        print(f"rdtune eval: {exc}", file=sys.stderr)
+        return 2
     print_summary(console, results)
+    print_paired(console, results, reference)
     console.print(f"report: {report.markdown}")
     for p in report.plots:
         console.print(f"  plot: {p}")
@@ -166,16 +185,57 @@ def print_summary(console, results, title: str = "all scenarios") -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from eval.report import COLUMNS, estimates
+    from eval.report import columns, estimates, infeasible_runs
 
-    table = Table(title=f"{title} (mean ± 95% CI over runs)")
+    ok = [r for r in results if not r.error]
+    runs = {(r.scenario, r.seed) for r in ok}
+    scenarios = {s for s, _ in runs}
+    seeds = {seed for _, seed in runs}
+    bad = infeasible_runs(ok)
+    table = Table(
+        title=f"{title}: {len(scenarios)} scenarios x {len(seeds)} seeds "
+        f"({len(bad)} of {len(runs)} (scenario, seed) runs infeasible; mean ± 95% CI over runs)"
+    )
     table.add_column("controller", no_wrap=True)
     table.add_column("runs", justify="right")
-    for _, t, _ in COLUMNS:
+    cols = columns(results)
+    for _, t, _ in cols:
         table.add_column(t, justify="right")
     for label, row in estimates(results).items():
         n = max(e.n for e in row.values())
-        table.add_row(escape(label), str(n), *(f(row[k]) for k, _, f in COLUMNS))
+        table.add_row(escape(label), str(n), *(f(row[k]) for k, _, f in cols))
+    console.print(table)
+
+
+def print_paired(console, results, reference: str | None = None) -> None:
+    """The paired table (eval.report.paired_comparisons) as a rich table."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from eval.report import paired_cell, paired_comparisons, paired_metrics, paired_title
+
+    if len({r.controller for r in results if not r.error}) < 2:
+        return
+    comp = paired_comparisons(results, reference)
+    ref = comp["reference"]
+    table = Table(
+        title=f"paired: {ref} minus each controller over the same (scenario, seed) runs "
+        f"({comp['scenarios']} scenarios x {comp['seeds']} seeds; mean ± 95% CI, * = CI "
+        f"excludes 0; wins = share of runs {ref} did better)"
+    )
+    table.add_column(f"{escape(ref)} vs", no_wrap=True)
+    table.add_column("pairs", justify="right")
+    metrics = paired_metrics(comp)
+    for key, title, higher, _, _ in metrics:
+        title = paired_title(comp, key, title)
+        table.add_column(f"Δ {title} ({'higher' if higher else 'lower'} better)", justify="right")
+        table.add_column("wins", justify="right")
+    for row in comp["rows"]:
+        cells = []
+        for key, _, _, scale, unit in metrics:
+            p = row["metrics"][key]
+            cells += [paired_cell(p, scale, unit), f"{p.win_rate:.0%}" if p.n else "-"]
+        table.add_row(escape(row["controller"]), str(row["pairs"]), *cells)
     console.print(table)
 
 
@@ -195,6 +255,9 @@ def _rerender(console, out: Path) -> int:
     suite = results[0].suite
     known = load_suites()
     desc = known[suite].description if suite in known else ""
+    labels = {r.controller for r in results if not r.error}
+    ref = known[suite].paired_with if suite in known else None
+    ref = ref if ref in labels else None
     report = write_report(
         results,
         out,
@@ -202,7 +265,9 @@ def _rerender(console, out: Path) -> int:
         description=desc,
         command=f"rdtune eval --suite {suite}",
         machine=machine(),
+        reference=ref,
     )
     print_summary(console, results)
+    print_paired(console, results, ref)
     console.print(f"report: {report.markdown}")
     return 0

@@ -1,8 +1,16 @@
 """What a controller achieved over a run: the figures every comparison reports.
 
 Definitions (shared by the demo, ``rdtune eval`` and the RL evaluation):
-- SLO violation rate: fraction of intervals (with requests) in which an LC group's latency
-  at its SLO percentile exceeded the target.
+- SLO violation rate: fraction of intervals (with requests) that fall in an *SLO window*
+  where the LC group's latency at its SLO percentile exceeded the target. A window pools
+  consecutive intervals until it spans :data:`models.objectives.SLO_WINDOW_S` (1 s) and
+  holds :func:`models.objectives.window_requests` (50 requests beyond the percentile:
+  1,000 for p95, 5,000 for p99), so a percentile is judged on enough requests and time to
+  mean something — a p95 over the 20 requests a slow service answers in 0.1 s, or over one
+  short burst of a busy one, is mostly sampling noise. With 1 s control intervals a busy
+  service's window is one interval. The window's percentile is the request-weighted mean
+  of its intervals' percentiles (as :func:`eval.controllers.merge_snapshots` merges
+  intervals).
 - Tail latency: mean over intervals of the latency at the SLO percentile (ms).
 - Slowdown of a batch group: reference IPS / mean IPS over the run, the reference being its
   IPS with full resources alone (CoPart, EuroSys'19 section 2).
@@ -21,8 +29,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.types import GroupKind, GroupSpec
+from agent.types import GroupKind, GroupSpec, LatencyStats
 from models.controller import StepRecord
+from models.objectives import SLO_WINDOW_S, window_requests
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,74 @@ class RunMetrics:
     batch_ips: float
     changes_per_minute: float
     decide_us_median: float
+    slo_window_s: float = math.nan  # mean length of the SLO windows judged
+
+
+def pooled_percentile(stats: Sequence[LatencyStats], percentile: float) -> float:
+    """The latency at ``percentile`` over several intervals: the request-weighted mean of
+    their percentiles (NaN when one is unknown: requests without answers)."""
+    n = sum(s.count for s in stats)
+    if not n:
+        return math.nan
+    return sum(s.count * s.percentile(percentile) for s in stats) / n
+
+
+@dataclass(frozen=True)
+class SloWindow:
+    """Consecutive intervals ``first..last`` (indices into the run) judged together."""
+
+    first: int
+    last: int
+    intervals: int  # intervals with requests in it
+    requests: int
+    seconds: float
+    violated: bool
+
+
+def slo_windows(
+    latencies: Sequence[LatencyStats | None],
+    percentile: float,
+    target_ms: float,
+    interval_s: float | Sequence[float],
+    window_s: float = SLO_WINDOW_S,
+) -> list[SloWindow]:
+    """One LC group's run cut into SLO windows (see the module docstring): intervals pooled
+    in order until a window spans ``window_s`` seconds (``interval_s``: each interval's
+    length, or one for all) and holds :func:`~models.objectives.window_requests`; a last
+    window short of either joins the one before (or stands alone when it is the only one).
+    Intervals without requests are not judged. A window is violated when its
+    :func:`pooled_percentile` exceeds ``target_ms`` or is unknown."""
+    need = window_requests(percentile)
+    lengths = (
+        [float(interval_s)] * len(latencies)
+        if isinstance(interval_s, int | float)
+        else list(interval_s)
+    )
+    spans: list[list[int]] = []
+    cur: list[int] = []
+    count, span = 0, 0.0
+    for i, lat in enumerate(latencies):
+        span += lengths[i]
+        if lat is None or not lat.count:
+            continue
+        cur.append(i)
+        count += lat.count
+        if count >= need and span >= window_s - 1e-9:
+            spans.append(cur)
+            cur, count, span = [], 0, 0.0
+    if cur:
+        if spans:
+            spans[-1].extend(cur)
+        else:
+            spans.append(cur)
+    out = []
+    for idx in spans:
+        stats = [latencies[i] for i in idx]
+        n = sum(s.count for s in stats)
+        tail = pooled_percentile(stats, percentile)
+        secs = sum(lengths[i] for i in range(idx[0], idx[-1] + 1))
+        out.append(SloWindow(idx[0], idx[-1], len(idx), n, secs, not tail <= target_ms))
+    return out
 
 
 def unfairness(slowdowns: Sequence[float]) -> float:
@@ -55,19 +132,30 @@ def summarize(
     violations = judged = 0
     tails: list[float] = []
     ips: dict[str, list[float]] = {}
-    for rec in records:
+    lat: dict[str, list[LatencyStats | None]] = {}
+    for k, rec in enumerate(records):
         snap = rec.snapshot
         for name, sample in snap.groups.items():
             spec = groups.get(name)
             if spec is None:
                 continue
-            if spec.kind is GroupKind.LC and sample.latency and sample.latency.count:
-                tail = sample.latency.percentile(spec.slo.percentile)
-                tails.append(tail)
-                judged += 1
-                violations += tail > spec.slo.target_ms
+            if spec.kind is GroupKind.LC and spec.slo is not None:
+                series = lat.setdefault(name, [None] * k)
+                series.append(sample.latency)
+                if sample.latency and sample.latency.count:
+                    tails.append(sample.latency.percentile(spec.slo.percentile))
             elif spec.kind is GroupKind.BATCH and sample.instructions is not None:
                 ips.setdefault(name, []).append(sample.instructions / snap.interval_s)
+        for series in lat.values():
+            series.extend([None] * (k + 1 - len(series)))
+    lengths = [r.snapshot.interval_s for r in records]
+    window_s: list[float] = []
+    for name, series in lat.items():
+        slo = groups[name].slo
+        for w in slo_windows(series, slo.percentile, slo.target_ms, lengths):
+            judged += w.intervals
+            violations += w.intervals if w.violated else 0
+            window_s.append(w.seconds)
     mean_ips = {g: statistics.fmean(v) for g, v in ips.items() if g in reference_ips}
     slowdowns = [reference_ips[g] / v if v > 0 else math.inf for g, v in mean_ips.items()]
     speedup = sum(v / reference_ips[g] for g, v in mean_ips.items())
@@ -81,6 +169,7 @@ def summarize(
         batch_ips=sum(mean_ips.values()),
         changes_per_minute=changes / duration_min if duration_min else 0.0,
         decide_us_median=statistics.median(r.decide_s for r in records) * 1e6,
+        slo_window_s=statistics.fmean(window_s) if window_s else math.nan,
     )
 
 

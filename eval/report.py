@@ -1,7 +1,15 @@
 """Reports of an evaluation: a Markdown file with tables and PNG plots (matplotlib, Agg).
 
 Tables give, per scenario and controller, means with 95% Student-t confidence intervals
-over seeds (:mod:`eval.stats`) of the metrics defined in :mod:`eval.metrics`. Plots:
+over seeds (:mod:`eval.stats`) of the metrics defined in :mod:`eval.metrics`. SLO
+violations are reported apart for feasible and infeasible runs (eval/feasibility.py: on an
+infeasible run no allocation keeps every SLO, so its violations say nothing about a
+controller), and the infeasible runs are listed with the reason.
+
+The paired table (:func:`paired_comparisons`) compares one controller (the *reference*,
+by default the learned policy) with each other one over the same (scenario, seed) runs:
+the mean difference reference - other of SLO violations (feasible runs only), weighted
+speedup and unfairness, each with its 95% CI, and the reference's win rate. Plots:
 
 - ``tail_vs_ways.png``: LC tail latency (and contender throughput) against the ways of a
   static allocation, when the suite sweeps them (catbench's figure);
@@ -10,7 +18,8 @@ over seeds (:mod:`eval.stats`) of the metrics defined in :mod:`eval.metrics`. Pl
   speedup, one point per controller and scenario — down and right is better;
 - ``timeline_<scenario>.png``: ways held by each group over time, one panel per controller.
 
-``results.json`` keeps every run (metrics, references, timelines) for other tools.
+``results.json`` keeps every run (metrics, references, timelines, feasibility) and the
+paired comparison, for other tools.
 """
 
 from __future__ import annotations
@@ -18,16 +27,22 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from eval.runner import JobResult
-from eval.stats import Estimate, mean_ci
+from eval.runner import JobResult, _clean
+from eval.stats import Estimate, Paired, mean_ci, paired
 
-# (metric key, column title, formatter)
+# SLO violation rate by feasibility label (eval/feasibility.py): derived metric keys
+SLO_BY_LABEL = {"slo_feasible": "feasible", "slo_infeasible": "infeasible", "slo_unlabelled": ""}
+
+# (metric key, column title, formatter); columns no run has a value for are left out
 COLUMNS: tuple[tuple[str, str, Callable[[Estimate], str]], ...] = (
-    ("slo_violation_rate", "SLO violations", lambda e: e.fmt(".1f", percent=True)),
+    ("slo_feasible", "SLO viol. (feasible)", lambda e: e.fmt(".1f", percent=True)),
+    ("slo_infeasible", "SLO viol. (infeasible)", lambda e: e.fmt(".1f", percent=True)),
+    ("slo_unlabelled", "SLO violations", lambda e: e.fmt(".1f", percent=True)),
     ("tail_latency_ms", "LC tail (ms)", lambda e: e.fmt(".3g")),
     ("tail_normalized", "tail / alone", lambda e: e.fmt(".2f")),
     ("unfairness", "unfairness", lambda e: e.fmt(".3f")),
@@ -66,6 +81,10 @@ def estimates(
 
 
 def _metric(r: JobResult, key: str) -> float:
+    if key in SLO_BY_LABEL:
+        if r.feasibility != SLO_BY_LABEL[key]:
+            return math.nan
+        key = "slo_violation_rate"
     v = r.metrics.get(key)
     v = math.nan if v is None else float(v)
     if key == "slo_violation_rate" and not math.isfinite(_metric(r, "tail_latency_ms")):
@@ -73,9 +92,17 @@ def _metric(r: JobResult, key: str) -> float:
     return v
 
 
+def columns(results: Sequence[JobResult]) -> list[tuple[str, str, Callable[[Estimate], str]]]:
+    """The :data:`COLUMNS` some run of ``results`` has a value for."""
+    ok = [r for r in results if not r.error]
+    keep = [c for c in COLUMNS if any(math.isfinite(_metric(r, c[0])) for r in ok)]
+    return keep or list(COLUMNS[3:])
+
+
 def load_results(path: str | Path) -> list[JobResult]:
     """Runs from a ``results.json`` written by :func:`write_report` (nulls become NaN)."""
-    rows = json.loads(Path(path).read_text())
+    data = json.loads(Path(path).read_text())
+    rows = data["runs"] if isinstance(data, dict) else data  # older files: a list of runs
     out = []
     for d in rows:
         d["metrics"] = {k: math.nan if v is None else v for k, v in d["metrics"].items()}
@@ -86,19 +113,20 @@ def load_results(path: str | Path) -> list[JobResult]:
 def table(results: Sequence[JobResult], scenario: str | None = None) -> str:
     """A Markdown table: one row per controller, mean ± 95% CI per metric."""
     est = estimates(results, scenario)
-    head = "| controller | runs | " + " | ".join(t for _, t, _ in COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
+    cols = columns([r for r in results if scenario is None or r.scenario == scenario])
+    head = "| controller | runs | " + " | ".join(t for _, t, _ in cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 2)]
     for label, row in est.items():
         n = max(e.n for e in row.values())
-        cells = [f(row[k]) for k, _, f in COLUMNS]
+        cells = [f(row[k]) for k, _, f in cols]
         lines.append(f"| {label} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def pivot(results: Sequence[JobResult], key: str) -> str | None:
+def pivot(results: Sequence[JobResult], key: str, infeasible: Collection[str] = ()) -> str | None:
     """A Markdown table of one metric: scenarios as rows, controllers as columns (mean ± CI);
-    None when no run has the metric."""
-    fmt = next(f for k, _, f in COLUMNS if k == key)
+    None when no run has the metric. Scenarios in ``infeasible`` are marked so."""
+    fmt = next((f for k, _, f in COLUMNS if k == key), COLUMNS[0][2])  # SLO: a percentage
     ok = [r for r in results if not r.error]
     scenarios = _order([r.scenario for r in ok])
     labels = _order([r.controller for r in ok])
@@ -111,8 +139,135 @@ def pivot(results: Sequence[JobResult], key: str) -> str | None:
         return None
     lines = ["| scenario | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
     for s in scenarios:
-        lines.append(f"| {s} | " + " | ".join(fmt(cells[s, c]) for c in labels) + " |")
+        name = f"{s} (infeasible)" if s in infeasible else s
+        lines.append(f"| {name} | " + " | ".join(fmt(cells[s, c]) for c in labels) + " |")
     return "\n".join(lines)
+
+
+# (metric key, title, higher is better, scale for display, unit)
+PAIRED_METRICS: tuple[tuple[str, str, bool, float, str], ...] = (
+    ("slo_violation_rate", "SLO violations (feasible runs)", False, 100.0, " pp"),
+    ("weighted_speedup", "weighted speedup", True, 1.0, ""),
+    ("unfairness", "unfairness", False, 1.0, ""),
+)
+
+
+def default_reference(results: Sequence[JobResult]) -> str | None:
+    """The controller the paired table compares with the others: the learned policy when
+    it ran, else the first controller."""
+    labels = _order([r.controller for r in results if not r.error])
+    for r in results:
+        if not r.error and r.controller_name == "policy":
+            return r.controller
+    return labels[0] if labels else None
+
+
+def paired_comparisons(
+    results: Sequence[JobResult], reference: str | None = None
+) -> dict[str, Any]:
+    """The reference controller against each other one over the (scenario, seed) runs both
+    completed: per metric of :data:`PAIRED_METRICS` the mean difference reference - other
+    with its 95% CI, and the reference's wins. SLO violations are paired on feasible runs
+    only (the same (scenario, seed) has the same label for every controller)."""
+    ok = [r for r in results if not r.error]
+    reference = reference or default_reference(ok)
+    labels = _order([r.controller for r in ok])
+    if reference not in labels:
+        raise ValueError(f"no runs of {reference!r} to compare; have {', '.join(labels)}")
+    runs = {c: {(r.scenario, r.seed): r for r in ok if r.controller == c} for c in labels}
+    ref = runs[reference]
+    rows = []
+    for other in labels:
+        if other == reference:
+            continue
+        keys = sorted(set(ref) & set(runs[other]), key=lambda k: (k[0], k[1]))
+        metrics: dict[str, Paired] = {}
+        for key, _, higher, _, _ in PAIRED_METRICS:
+            use = [
+                k for k in keys if key != "slo_violation_rate" or ref[k].feasibility == "feasible"
+            ]
+            metrics[key] = paired(
+                [_metric(ref[k], key) for k in use],
+                [_metric(runs[other][k], key) for k in use],
+                higher_is_better=higher,
+            )
+        rows.append({"controller": other, "pairs": len(keys), "metrics": metrics})
+    pairs = set().union(*(set(v) for v in runs.values())) if runs else set()
+    return {
+        "reference": reference,
+        "scenarios": len({s for s, _ in pairs}),
+        "seeds": len({seed for _, seed in pairs}),
+        "rows": rows,
+    }
+
+
+def _paired_json(comp: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in comp.items() if k != "rows"}
+    out["rows"] = [
+        {
+            "controller": row["controller"],
+            "pairs": row["pairs"],
+            "metrics": {k: p.as_dict() for k, p in row["metrics"].items()},
+        }
+        for row in comp["rows"]
+    ]
+    return out
+
+
+def paired_cell(p: Paired, scale: float, unit: str) -> str:
+    """``mean ± half-width`` of the difference (``*`` when the CI excludes 0)."""
+    if not p.n:
+        return "-"
+    text = f"{p.diff.mean * scale:+.3g}"
+    if p.n > 1 and math.isfinite(p.diff.half_width):
+        text += f" ± {p.diff.half_width * scale:.2g}"
+    return text + unit + (" *" if p.significant else "")
+
+
+def paired_title(comp: dict[str, Any], key: str, title: str) -> str:
+    """A paired column's title, with its number of pairs when some runs are left out of
+    it (SLO violations: infeasible runs)."""
+    counts = {row["metrics"][key].n for row in comp["rows"]}
+    pairs = {row["pairs"] for row in comp["rows"]}
+    if counts and counts != pairs:
+        n = max(counts)
+        return f"{title[:-1]}, {n} pairs)" if title.endswith(")") else f"{title} ({n} pairs)"
+    return title
+
+
+def paired_metrics(comp: dict[str, Any]) -> list[tuple[str, str, bool, float, str]]:
+    """The :data:`PAIRED_METRICS` some pair has a value of (no SLO column for a suite of
+    batch-only mixes)."""
+    return [m for m in PAIRED_METRICS if any(row["metrics"][m[0]].n for row in comp["rows"])]
+
+
+def paired_table(comp: dict[str, Any]) -> str:
+    """The paired comparison as a Markdown table."""
+    ref = comp["reference"]
+    head = f"| {ref} vs | pairs |"
+    rule = "|---|---|"
+    metrics = paired_metrics(comp)
+    for key, title, higher, _, _ in metrics:
+        better = "higher" if higher else "lower"
+        head += f" Δ {paired_title(comp, key, title)} ({better} is better) | wins |"
+        rule += "---|---|"
+    lines = [head, rule]
+    for row in comp["rows"]:
+        cells = []
+        for key, _, _, scale, unit in metrics:
+            p = row["metrics"][key]
+            cells += [paired_cell(p, scale, unit), f"{p.win_rate:.0%}" if p.n else "-"]
+        lines.append(f"| {row['controller']} | {row['pairs']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def infeasible_runs(results: Sequence[JobResult]) -> list[tuple[str, int, str]]:
+    """(scenario, seed, why) of every infeasible run, once per (scenario, seed)."""
+    seen: dict[tuple[str, int], str] = {}
+    for r in results:
+        if r.feasibility == "infeasible":
+            seen.setdefault((r.scenario, r.seed), r.feasibility_note)
+    return [(s, seed, note) for (s, seed), note in seen.items()]
 
 
 def _slug(text: str) -> str:
@@ -380,8 +535,10 @@ def write_report(
     command: str = "",
     machine: str = "",
     timelines: int = 2,
+    reference: str | None = None,
 ) -> Report:
-    """Write ``report.md``, the PNGs and ``results.json`` into ``out_dir``."""
+    """Write ``report.md``, the PNGs and ``results.json`` into ``out_dir``; ``reference``:
+    the controller of the paired table (default: :func:`default_reference`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots: list[Path] = []
@@ -406,24 +563,57 @@ def write_report(
     if machine:
         lines += [f"Machine: {machine}", ""]
     seeds = sorted({r.seed for r in results})
+    runs = {(r.scenario, r.seed): r.feasibility for r in results}
+    n_feasible = sum(1 for v in runs.values() if v == "feasible")
+    bad = infeasible_runs(results)
     lines += [
-        f"Runs: {len(results)} ({len(seeds)} seed(s) per controller and scenario). "
-        "Cells are means over seeds ± the half-width of the 95% Student-t confidence interval. "
-        "SLO violations: share of intervals with an LC group over its SLO; tail / alone: the LC "
-        "tail latency over the same service's alone on the machine; unfairness: CoPart's "
-        "stddev/mean of batch slowdowns; weighted speedup: sum of batch IPS / IPS alone.",
+        f"Runs: {len(results)} ({len(scenarios)} scenario(s) x {len(seeds)} seed(s) per "
+        "controller). Cells are means over runs ± the half-width of the 95% Student-t "
+        "confidence interval. SLO violations: share of intervals in an SLO window (enough "
+        "requests to judge a percentile, eval/metrics.py) over the SLO, reported apart for "
+        f"feasible and infeasible (scenario, seed) runs ({n_feasible} feasible, {len(bad)} "
+        "infeasible: no allocation meets every SLO there, eval/feasibility.py); tail / alone: "
+        "the LC tail latency over the same service's alone on the machine; unfairness: "
+        "CoPart's stddev/mean of batch slowdowns; weighted speedup: sum of batch IPS / IPS "
+        "alone.",
         "",
     ]
+    comp = None
+    if len(_order([r.controller for r in results if not r.error])) > 1:
+        comp = paired_comparisons(results, reference)
+        lines += [
+            f"## Paired comparison: {comp['reference']} vs each controller",
+            "",
+            f"Over the same (scenario, seed) runs ({comp['scenarios']} scenarios x "
+            f"{comp['seeds']} seeds): mean of {comp['reference']} minus the other ± the "
+            "half-width of its 95% Student-t CI (* when the CI excludes 0: a significant "
+            f"difference), and the share of runs {comp['reference']} did better in (ties "
+            "half). SLO violations in percentage points, on feasible runs only.",
+            "",
+            paired_table(comp),
+            "",
+        ]
     if len(scenarios) > 1:
         lines += ["## All scenarios", "", table(results), ""]
+        marked = {s for s, _, _ in bad}
         for key, title in (
             ("slo_violation_rate", "SLO violations"),
             ("unfairness", "Unfairness"),
             ("tail_normalized", "LC tail / alone"),
         ):
-            text = pivot(results, key)
+            text = pivot(results, key, infeasible=marked if key == "slo_violation_rate" else ())
             if text and len(_order([r.controller for r in results])) <= 10:
                 lines += [f"### {title} per scenario", "", text, ""]
+    if bad:
+        lines += [
+            "## Infeasible runs",
+            "",
+            "No allocation keeps every SLO of these (scenario, seed) runs at some load they "
+            "see (eval/feasibility.py); their SLO violations are reported apart.",
+            "",
+        ]
+        lines += [f"- {s}, seed {seed}: {note}" for s, seed, note in bad]
+        lines.append("")
     for scn in scenarios:
         lines += [f"## {scn}", "", table(results, scn), ""]
     errors = [r for r in results if r.error]
@@ -438,7 +628,10 @@ def write_report(
     md = out / "report.md"
     md.write_text("\n".join(lines))
     rj = out / "results.json"
-    rj.write_text(
-        json.dumps([r.as_dict() for r in results], indent=1, allow_nan=False, default=str)
-    )
+    data = {
+        "runs": [r.as_dict() for r in results],
+        "paired": _paired_json(comp) if comp else None,
+        "infeasible": [{"scenario": s, "seed": seed, "why": n} for s, seed, n in bad],
+    }
+    rj.write_text(json.dumps(_clean(data), indent=1, allow_nan=False, default=str))
     return Report(md, plots, rj)

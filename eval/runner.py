@@ -8,6 +8,11 @@ the scenario when ``agent`` is set), builds the controller for it
 :mod:`eval.metrics`, the LC tail normalised to the service alone, and the allocation
 timeline (ways per group per interval) for the report's plots.
 
+Every run carries its (scenario, seed)'s feasibility label (eval/feasibility.py): whether
+any allocation keeps every SLO at every load the run sees, so reports can set SLO
+violations of infeasible runs apart. A controller's own figures (``stats()``, e.g. the
+oracle's searches and cost) join the run's metrics.
+
 Reference figures (batch IPS with full resources alone, LC tail alone) come from the
 simulator's ground truth; for an agent they come from a local simulated twin when the agent
 is simulated and the scenario is in the local catalog, else they are NaN (a real machine
@@ -74,6 +79,10 @@ class JobResult:
     build_s: float = 0.0
     run_s: float = 0.0
     error: str = ""
+    # eval.feasibility: "feasible" / "infeasible" (every SLO attainable at every load of
+    # this scenario and seed, or not), "" when there is no SLO or no simulated twin
+    feasibility: str = ""
+    feasibility_note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return _clean(asdict(self))
@@ -196,10 +205,12 @@ def run_job(job: Job) -> JobResult:
         probe = _ServiceProbe(node) if needs_bare_node(spec) and not job.agent else None
         records = drive(controller, probe or node, clock, intervals, job.interval_s)
         res.run_s = time.perf_counter() - t0
+        stats = getattr(getattr(controller, "inner", controller), "stats", None)
+        extra = stats() if callable(stats) else {}
         groups = node.groups()
         refs = sim_reference_ips(twin) if twin is not None else {}
         m = summarize(records, groups, refs)
-        res.metrics = asdict(m)
+        res.metrics = {**asdict(m), **extra}
         if not any(s.kind is GroupKind.LC for s in groups.values()):
             res.metrics["slo_violation_rate"] = math.nan  # nothing to judge
         if not refs:
@@ -217,6 +228,11 @@ def run_job(job: Job) -> JobResult:
             tails = {n: statistics.fmean(v) for n, v in probe.tails.items() if v}
             res.metrics["tail_latency_ms"] = statistics.fmean(tails.values()) if tails else math.nan
             res.lc_tails_ms = tails
+        if twin is not None:
+            from eval.feasibility import check_run
+
+            verdict = check_run(job.scenario, job.seed, job.seconds, job.interval_s)
+            res.feasibility, res.feasibility_note = verdict.label, verdict.note
         alone = {}
         if twin is not None and not bare:
             alone = sim_alone_tails(twin, interval_s=job.interval_s)
@@ -265,7 +281,10 @@ def init_ray(address: str) -> None:
 
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if address == "local":
+        # "local" always starts a private instance: with no address Ray would join any
+        # cluster it finds (RAY_ADDRESS, /tmp/ray/ray_current_cluster) and refuse num_cpus.
         ray.init(
+            address="local",
             num_cpus=os.cpu_count(),
             include_dashboard=False,
             runtime_env={"env_vars": env},

@@ -1,4 +1,11 @@
-"""Means with Student-t confidence intervals over seeds (what every eval table reports).
+"""Means with Student-t confidence intervals (what every eval table reports), and paired
+comparisons of two controllers over the same (scenario, seed) runs.
+
+:func:`paired` is the basis of every "A beats B" claim: the mean of the per-pair
+differences A - B with the 95% Student-t interval of that mean (the pairs share the
+scenario and the simulator's seed, so the scenario-to-scenario spread — most of the
+variance — cancels), and the win rate: the share of pairs where A did better (ties count
+half). A difference is *significant* when its interval excludes 0.
 
 No SciPy here: two-sided 95% quantiles of Student's t for 1..30 degrees of freedom are
 tabulated (standard tables, 3 decimals), and above 30 the Cornish-Fisher expansion around
@@ -62,3 +69,86 @@ def mean_ci(values: Sequence[float]) -> Estimate:
         return Estimate(mean, math.nan, 1)
     sem = statistics.stdev(xs) / math.sqrt(len(xs))
     return Estimate(mean, t975(len(xs) - 1) * sem, len(xs))
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A paired comparison of A against B on one metric.
+
+    Attributes:
+        diff: mean of A - B over the pairs where both are finite, with its 95% CI.
+        wins, losses, ties: pairs where A did better, worse, the same (within ``tie``).
+        higher_is_better: the metric's direction (it decides what a win is).
+    """
+
+    diff: Estimate
+    wins: int
+    losses: int
+    ties: int
+    higher_is_better: bool
+
+    @property
+    def n(self) -> int:
+        return self.diff.n
+
+    @property
+    def win_rate(self) -> float:
+        """Share of pairs A won (a tie counts half); NaN without pairs."""
+        return (self.wins + 0.5 * self.ties) / self.n if self.n else math.nan
+
+    @property
+    def significant(self) -> bool:
+        """True when the 95% CI of the mean difference excludes 0."""
+        d = self.diff
+        return d.n > 1 and math.isfinite(d.half_width) and abs(d.mean) > d.half_width
+
+    @property
+    def better(self) -> bool | None:
+        """True/False when A is significantly better/worse than B; None when undecided."""
+        if not self.significant:
+            return None
+        return (self.diff.mean > 0) == self.higher_is_better
+
+    def as_dict(self) -> dict:
+        d = self.diff
+        return {
+            "n": d.n,
+            "mean_diff": d.mean if math.isfinite(d.mean) else None,
+            "ci95_half_width": d.half_width if math.isfinite(d.half_width) else None,
+            "ci95": [d.mean - d.half_width, d.mean + d.half_width]
+            if d.n > 1 and math.isfinite(d.half_width)
+            else None,
+            "wins": self.wins,
+            "losses": self.losses,
+            "ties": self.ties,
+            "win_rate": self.win_rate if self.n else None,
+            "higher_is_better": self.higher_is_better,
+            "significant": self.significant,
+        }
+
+
+def paired(
+    a: Sequence[float | None],
+    b: Sequence[float | None],
+    *,
+    higher_is_better: bool,
+    tie: float = 1e-9,
+) -> Paired:
+    """Compare ``a[i]`` with ``b[i]`` (the same pair of runs); pairs where either is missing
+    or not finite are left out. ``tie``: absolute differences up to it are ties."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples need equal lengths, got {len(a)} and {len(b)}")
+    diffs = []
+    wins = losses = ties = 0
+    for x, y in zip(a, b, strict=True):
+        if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)):
+            continue
+        d = float(x) - float(y)
+        diffs.append(d)
+        if abs(d) <= tie:
+            ties += 1
+        elif (d > 0) == higher_is_better:
+            wins += 1
+        else:
+            losses += 1
+    return Paired(mean_ci(diffs), wins, losses, ties, higher_is_better)

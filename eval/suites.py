@@ -5,7 +5,10 @@ can be given instead (``rdtune eval --suites FILE``). Each suite reproduces one 
 comparison on the simulator: CoPart's seven mix families (EuroSys'19 section 6.1), Ubik's
 LC + batch mixes at low and high load (ASPLOS'14 section 7), catbench's static ways sweep
 (CMU 2017), CoCo's more-LC-than-CLOSIDs setting, and the learned policy on held-out mixes
-(issue 7's test split). ``smoke`` is the small suite the tests run.
+of the generator's test split (envs/scenarios.py): ``learned`` (6 mixes) and ``heldout``
+(32 mixes x 3 seeds, 8 per machine preset, built for paired comparisons). A suite may name
+the controller its paired table compares with the others (``paired_with``). ``smoke`` is
+the small suite the tests run.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ _SUITE_KEYS = {
     "seconds",
     "interval_s",
     "seed_base",
+    "paired_with",
 }
 
 
@@ -50,6 +54,7 @@ class Suite:
     seed_base: int = 0
     description: str = ""
     sweep: Mapping[str, Any] = field(default_factory=dict)
+    paired_with: str | None = None  # the paired table's reference (a controller label)
 
     def jobs(
         self,
@@ -97,19 +102,32 @@ def _scenarios(entries: Any, where: str) -> list[str | Scenario]:
             p = EVAL_DIR / e
             out.append(str(p) if e.endswith((".yaml", ".yml")) and p.is_file() else e)
         elif isinstance(e, Mapping) and "family" in e:
-            out.extend(held_out(str(e["family"]), int(e.get("count", 4)), int(e.get("seed", 0))))
+            unknown = set(e) - {"family", "count", "seed", "preset", *_FAMILY_OPTIONS}
+            if unknown:
+                raise SuiteError(f"{where}: unknown family option(s) {sorted(unknown)}")
+            options: dict[str, Any] = {k: int(e[k]) for k in _FAMILY_OPTIONS if k in e}
+            if "preset" in e:
+                options["preset"] = str(e["preset"])
+            out.extend(
+                held_out(str(e["family"]), int(e.get("count", 4)), int(e.get("seed", 0)), **options)
+            )
         else:
             raise SuiteError(f"{where}: bad scenario entry {e!r}")
     return out
 
 
-def held_out(split: str, count: int, seed: int) -> list[Scenario]:
-    """``count`` distinct seeded draws of the training generator's ``split`` (envs)."""
+_FAMILY_OPTIONS = ("min_lc", "max_lc", "max_batch", "max_workloads")
+
+
+def held_out(split: str, count: int, seed: int, **options: Any) -> list[Scenario]:
+    """``count`` distinct seeded draws of the training generator's ``split`` (envs), the
+    generator narrowed by ``options`` (``preset``, ``min_lc``, ``max_lc``, ``max_batch``,
+    ``max_workloads``: see :class:`envs.scenarios.ScenarioFamily`)."""
     import numpy as np
 
     from envs.scenarios import ScenarioFamily
 
-    family = ScenarioFamily(source="random", split=split)
+    family = ScenarioFamily(source="random", split=split, **options)
     rng = np.random.default_rng(seed)
     out: dict[str, Scenario] = {}
     for _ in range(count * 20):
@@ -182,6 +200,7 @@ def _raw(name: str, e: Any, p: Path) -> Suite:
         seed_base=int(e.get("seed_base", 0)),
         description=str(e.get("description", "")),
         sweep=e.get("sweep") or {},
+        paired_with=str(e["paired_with"]) if e.get("paired_with") else None,
     )
 
 

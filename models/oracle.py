@@ -1,29 +1,108 @@
-"""The oracle: best static allocation found on the simulator's ground truth (BASELINES.md,
-"Oracle") — the upper bound every controller is compared to.
+"""The safe oracle: the best allocation on the simulator's ground truth that keeps every SLO
+(BASELINES.md, "Oracle") — the ceiling every controller is compared to.
 
-Simulated nodes only: it scores candidate allocations with
+Simulated nodes only: candidate allocations are scored with
 :meth:`agent.sim.SimNode.steady_state` (noise-free steady state, without disturbing the
-node) and refuses any other node with a clear error. The search is :func:`models.search.search`
-(exhaustive when it fits the budget, else every way split plus local search); the objective
-is any of :data:`models.objectives.OBJECTIVES` (default: CoPart's fairness for batch-only
-mixes, SLO-first with LC services present).
+node); any other node is refused with a clear error.
 
-Per scenario or per interval: the oracle searches at start and again whenever the ground
-truth's conditions change — an LC service's offered load moves by more than ``reload``
-(relative), a workload starts or stops, or the groups change — so under a load step it is
-the best static allocation of each load level.
+**Safe.** At every interval it holds the allocation with the best objective *subject to*
+every LC service meeting its SLO with a margin, at the highest load the service will see
+over the coming interval and a look-ahead window (the load schedule realised at reset,
+bursts included: ``SimNode.load_rps(name, at_s)``). "With a margin" means the *guarded*
+latency — the steady-state latency at the SLO percentile plus :data:`NOISE_Z` standard
+errors of its measurement over one SLO window (:func:`models.objectives.window_noise`:
+wider for heavy tails, busy queues and slow services, the windows eval/metrics.py judges
+runs on) — is at most ``(1 - margin)`` x the target (:data:`SAFETY_MARGIN` for model error,
+cache refills and queues after a change). A margin that is the same for every service
+either lets a heavy-tailed service's measured percentile cross the target now and then or
+makes most services look hopeless; this one is sized to each service's noise.
+
+**Affordable.** A *condition* is the planned loads, rounded *up* to a grid of
+``load_quantum`` x each service's capacity (planning stays conservative), and the set of
+workloads running. A condition is searched once per run: the first one from scratch
+(:func:`models.search.search`: exhaustive when it fits ``max_evals``, else every way split
+plus local search), later ones warm-started from the allocation held (local search, one MB
+level at a time, ``warm_evals``). While the loads stay within ``reoptimise_quantum`` of the
+last search's, the allocation held is kept as long as it still meets every margined SLO
+(one steady state to check). Candidates are screened on a cheap steady state (exact batch
+figures and utilisations, rough latencies); whether a service meets its margined target
+comes from :class:`LatencyBounds` (latency rises with utilisation at a fixed load), and
+only when they cannot tell is an accurate latency estimate computed. Identical searches
+(same scenario, time, condition and settings: the seeds of one scenario with the same
+loads) are computed once per process (``_MEMO``).
+
+**Infeasible conditions.** Before optimising, each LC group's own best case is tried
+(:func:`models.search.best_case_states`): if it misses its margined target even there, no
+allocation of the search space can keep it; else the most protective states are walked
+(:func:`models.search.protective_states`) until one meets every margined SLO. A condition
+where none does is *infeasible* (e.g. a service above its SLO even with every way and full
+bandwidth): the oracle then holds the state closest to the SLOs and records it in
+:attr:`Oracle.infeasible`. :func:`feasibility` checks a whole run's conditions that way
+without driving a node: ``rdtune eval`` labels each (scenario, seed) with it
+(eval/feasibility.py) and reports SLO violations of infeasible runs apart.
+
+Objective: any of :data:`models.objectives.OBJECTIVES` under the constraint (default:
+CoPart's fairness for batch-only mixes, ``fair_throughput`` — unfairness, then mean
+slowdown — with LC services).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from agent.node import Node
 from agent.types import AllocationPlan, GroupKind, GroupSpec, Snapshot
 from models.controller import KEEP, ControlContext, Controller, Decision
-from models.objectives import Objective, Outcome, get_objective
-from models.search import SearchResult, State, search
+from models.objectives import (
+    INFEASIBLE,
+    Objective,
+    Outcome,
+    SloConstrained,
+    fair_throughput_objective,
+    get_objective,
+    slo_violation,
+    window_noise,
+)
+from models.search import (
+    SearchResult,
+    State,
+    best_case_states,
+    group_order,
+    protective_states,
+    search,
+    state_plan,
+)
+
+# The oracle's defaults (eval/feasibility.py labels runs with the same ones).
+SAFETY_MARGIN = 0.05  # guarded latency at most 95% of the SLO target (model error)
+NOISE_Z = 4.0  # standard errors of an SLO window's measured percentile kept clear
+LOOKAHEAD_S = 2.0  # plan for the highest load this far beyond the coming interval
+LOAD_QUANTUM = 0.02  # planned loads rounded up to 2% of the service's capacity
+REOPTIMISE_QUANTUM = 0.1  # a new search when a load leaves its 10%-of-capacity band
+
+# Searches by everything their answer depends on (Oracle._memo_key): the seeds of one
+# scenario share them when their loads coincide (constant, step and diurnal ones always).
+_MEMO: dict[tuple, SafePlan] = {}
+_MEMO_SIZE = 4096
+LATENCY_REQUESTS = 20_000  # requests per steady-state latency estimate (fixed seed)
+SCREEN_REQUESTS = 200  # requests per rough estimate (batch and utilisation figures are exact)
+FEASIBILITY_EVALS = 200  # protective states tried before a condition is called infeasible
+
+
+def guarded_latency(truth, percentile: float, z: float = NOISE_Z) -> float:
+    """A service's steady-state latency at ``percentile`` plus ``z`` standard errors of an
+    SLO window's measurement of it (:func:`models.objectives.window_noise`); what the
+    oracle keeps under (1 - margin) x the SLO target. ``truth``: a WorkloadTruth."""
+    x = truth.latency_ms.get(percentile, math.nan)
+    if truth.load_rps <= 0:
+        return x  # no queue: every request takes the service time
+    noise = window_noise(truth.latency_ms, percentile, truth.load_rps, truth.utilization)
+    return x * (1.0 + z * noise)
 
 
 def truth_outcome(truths: Mapping, groups: Mapping[str, GroupSpec]) -> Outcome:
@@ -54,13 +133,16 @@ def _require_sim(node: object):
 
 
 def truth_score(
-    node: Node, objective: Objective, load_overrides: Mapping[str, float] | None = None
+    node: Node,
+    objective: Objective,
+    load_overrides: Mapping[str, float] | None = None,
+    latency_requests: int = LATENCY_REQUESTS,
 ):
     """A scorer ``plan -> objective value`` on a SimNode's ground truth."""
     sim = _require_sim(node)
 
     def score(plan: AllocationPlan) -> float:
-        truths = sim.steady_state(plan, load_overrides, latency_requests=20_000)
+        truths = sim.steady_state(plan, load_overrides, latency_requests=latency_requests)
         return objective(truth_outcome(truths, sim.groups()))
 
     return score
@@ -74,7 +156,7 @@ def evaluate_truth(
     sim = _require_sim(node)
     groups = sim.groups()
     obj = get_objective(objective, any(g.kind is GroupKind.LC for g in groups.values()))
-    truths = sim.steady_state(plan_or_allocation, latency_requests=20_000)
+    truths = sim.steady_state(plan_or_allocation, latency_requests=LATENCY_REQUESTS)
     outcome = truth_outcome(truths, groups)
     return obj(outcome), outcome
 
@@ -86,7 +168,8 @@ def oracle_search(
     max_evals: int = 600,
     seeds: tuple[State, ...] = (),
 ) -> SearchResult:
-    """The best static allocation for the node's current conditions, by ground truth."""
+    """The best static allocation for the node's current conditions by ground truth, on
+    ``objective`` as given (no SLO constraint added; see :func:`safe_search`)."""
     sim = _require_sim(node)
     groups = sim.groups()
     obj = get_objective(objective, any(g.kind is GroupKind.LC for g in groups.values()))
@@ -95,14 +178,356 @@ def oracle_search(
     )
 
 
+def base_objective(objective: str | Objective | None, has_lc: bool) -> Objective:
+    """What the oracle optimises under the SLO constraint: ``objective``, or by default
+    CoPart's fairness (batch only) / unfairness then mean slowdown (with LC services)."""
+    if objective is None and has_lc:
+        return fair_throughput_objective
+    return get_objective(objective, has_lc)
+
+
+# ------------------------------------------------------------------------- conditions
+
+
+@dataclass(frozen=True)
+class Condition:
+    """What a search is for: each LC service's planned load (req/s, on the quantum grid)
+    and which workload instances run."""
+
+    loads: tuple[tuple[str, float], ...]
+    active: tuple[bool, ...]
+
+    def overrides(self) -> dict[str, float]:
+        return dict(self.loads)
+
+
+def planned_load(
+    sim, name: str, capacity: float, start_s: float, horizon_s: float, quantum: float
+) -> float:
+    """The highest load of LC instance ``name`` over ``[start_s, start_s + horizon_s]``
+    (the schedule read every 50 ms and at both ends), rounded up to ``quantum`` x
+    ``capacity``."""
+    steps = max(1, math.ceil(horizon_s / 0.05))
+    peak = max(sim.load_rps(name, start_s + horizon_s * k / steps) for k in range(steps + 1))
+    if peak <= 0.0:
+        return 0.0
+    q = quantum * capacity
+    if not q > 0:
+        return peak
+    # a hair below a grid point stays on it (schedules in utilisation units hit it exactly)
+    return math.ceil(peak / q - 1e-9) * q
+
+
+def condition_at(sim, start_s: float, horizon_s: float, quantum: float = LOAD_QUANTUM) -> Condition:
+    """The :class:`Condition` to plan for at ``start_s`` over ``horizon_s`` seconds."""
+    loads, active = [], []
+    for w in sim.workloads():
+        active.append(w.active)
+        if w.kind == "lc":
+            cap = w.lc_capacity_rps or 0.0
+            loads.append((w.name, planned_load(sim, w.name, cap, start_s, horizon_s, quantum)))
+    return Condition(tuple(loads), tuple(active))
+
+
+# ------------------------------------------------------------------------- the search
+
+
+@dataclass(frozen=True)
+class SafePlan:
+    """The oracle's answer for one condition.
+
+    Attributes:
+        result: the search's best state, plan and score (on the constrained objective).
+        feasible: whether that state meets every SLO with the margin.
+        excess: :func:`models.objectives.slo_excess` of that state with the margin.
+        latency_ratio: per LC group, its steady-state latency / SLO target there.
+        evaluations: states scored for this condition (feasibility pass + search).
+        accurate: of which needed an accurate latency estimate (:class:`LatencyBounds`).
+        seconds: wall time spent on it.
+    """
+
+    condition: Condition
+    result: SearchResult
+    feasible: bool
+    excess: float
+    latency_ratio: Mapping[str, float] = field(default_factory=dict)
+    evaluations: int = 0
+    accurate: int = 0
+    seconds: float = 0.0
+
+
+class LatencyBounds:
+    """What accurate latency estimates have shown so far, per (LC instance, load, SLO
+    percentile, latency limit): the highest utilisation known to meet the limit and the
+    lowest known to miss it. At a fixed load a service's latency rises with its service
+    time, that is with its utilisation, so a candidate at or below the first meets the
+    limit and one at or above the second misses it without a latency estimate of its own;
+    only candidates in between need one (and narrow the gap)."""
+
+    def __init__(self) -> None:
+        self.ok: dict[tuple, float] = {}
+        self.bad: dict[tuple, float] = {}
+
+    def verdict(self, key: tuple, utilization: float) -> bool | None:
+        if utilization >= 1.0 or utilization >= self.bad.get(key, math.inf):
+            return False
+        if utilization <= self.ok.get(key, -math.inf):
+            return True
+        return None
+
+    def learn(self, key: tuple, utilization: float, meets: bool) -> None:
+        if meets:
+            self.ok[key] = max(self.ok.get(key, -math.inf), utilization)
+        else:
+            self.bad[key] = min(self.bad.get(key, math.inf), utilization)
+
+
+class _Scorer:
+    """Scores of plans at one condition on the constrained objective, each computed once.
+
+    A plan's steady state is first computed with ``screen_requests`` latency samples (the
+    batch slowdowns and LC utilisations are exact; latencies are rough); whether each LC
+    service meets its margined target comes from :class:`LatencyBounds`, and only when
+    they cannot tell is the plan's steady state computed again with ``latency_requests``
+    (the accurate estimate, which also teaches the bounds)."""
+
+    def __init__(
+        self,
+        sim,
+        loads: Mapping[str, float],
+        base: Objective,
+        margin: float,
+        bounds: LatencyBounds,
+        latency_requests: int,
+        screen_requests: int,
+    ) -> None:
+        self.sim, self.loads = sim, dict(loads)
+        self.base, self.margin, self.bounds = base, margin, bounds
+        self.requests, self.screen = latency_requests, screen_requests
+        self.groups = sim.groups()
+        self.scores: dict[tuple, float] = {}
+        self.missed: dict[tuple, frozenset[str]] = {}
+        self.accurate = 0
+
+    @staticmethod
+    def _key(plan: AllocationPlan) -> tuple:
+        return tuple(sorted((g, tuple(sorted(d.items()))) for g, d in plan.groups.items()))
+
+    def _services(self, truths):
+        """(group, limit ms, percentile, instance, truth) per LC service judged."""
+        for g, spec in self.groups.items():
+            t = truths.get(g)
+            if t is None or spec.kind is not GroupKind.LC or spec.slo is None:
+                continue
+            limit = (1.0 - self.margin) * spec.slo.target_ms
+            for name, wt in t.workloads.items():
+                if wt.latency_ms:
+                    yield g, limit, spec.slo.percentile, name, wt
+
+    def __call__(self, plan: AllocationPlan) -> float:
+        key = self._key(plan)
+        if key in self.scores:
+            return self.scores[key]
+        truths = self.sim.steady_state(plan, self.loads, latency_requests=self.screen)
+        services = list(self._services(truths))
+        verdicts = []
+        for _, limit, pct, name, wt in services:
+            bkey = (name, round(wt.load_rps, 6), pct, limit)
+            exact = wt.load_rps <= 0  # no queue: the latency is the service time itself
+            verdicts.append(
+                wt.latency_ms[pct] <= limit if exact else self.bounds.verdict(bkey, wt.utilization)
+            )
+        latencies = [guarded_latency(wt, pct) for _, _, pct, _, wt in services]
+        if any(v is None for v in verdicts):
+            self.accurate += 1
+            truths = self.sim.steady_state(plan, self.loads, latency_requests=self.requests)
+            services = list(self._services(truths))
+            verdicts, latencies = [], []
+            for _, limit, pct, name, wt in services:
+                lat = guarded_latency(wt, pct)
+                meets = lat <= limit
+                if wt.load_rps > 0:
+                    bkey = (name, round(wt.load_rps, 6), pct, limit)
+                    self.bounds.learn(bkey, wt.utilization, meets)
+                verdicts.append(meets)
+                latencies.append(lat)
+        outcome = truth_outcome(truths, self.groups)
+        if all(verdicts):
+            value = self.base(Outcome(outcome.batch_slowdowns))
+        else:
+            excess = 0.0
+            for (_, limit, _, _, _), lat, ok in zip(services, latencies, verdicts, strict=True):
+                if not ok:  # rough latencies may sit under the limit: count a miss anyway
+                    excess += max(lat / limit - 1.0, 1e-6) if math.isfinite(lat) else math.inf
+            value = INFEASIBLE * (1.0 + excess)
+        self.scores[key] = value
+        self.missed[key] = frozenset(
+            g for (g, *_), ok in zip(services, verdicts, strict=True) if not ok
+        )
+        return value
+
+    def missed_by(self, plan: AllocationPlan) -> frozenset[str]:
+        """The LC groups a scored plan left over their margined target."""
+        self(plan)
+        return self.missed[self._key(plan)]
+
+    def verify(self, plan: AllocationPlan) -> tuple[float, float, dict[str, float]]:
+        """(constrained score, SLO excess, guard-percentile latency / target per LC group)
+        of ``plan`` from the accurate steady state."""
+        truths = self.sim.steady_state(plan, self.loads, latency_requests=self.requests)
+        outcome = truth_outcome(truths, self.groups)
+        ratios, excess = {}, 0.0
+        for g, limit, pct, _, wt in self._services(truths):
+            lat = guarded_latency(wt, pct)
+            target = limit / (1.0 - self.margin)
+            ratios[g] = max(ratios.get(g, 0.0), lat / target)
+            excess += slo_violation(lat, limit)
+        if excess > 0:
+            return INFEASIBLE * (1.0 + excess), excess, ratios
+        return self.base(Outcome(outcome.batch_slowdowns)), 0.0, ratios
+
+
+def _feasibility_pass(
+    score: _Scorer, groups, caps, cache: dict, budget: int
+) -> tuple[State | None, bool]:
+    """(state, certain). Without LC groups: (None, False). Else first each LC group's own
+    best case (:func:`models.search.best_case_states`): when a group misses its margined
+    target in all of them, the condition is infeasible for sure — no state does better for
+    it — and the closest state tried comes back. Else the first of
+    :func:`models.search.protective_states` (at most ``budget``) meeting every margined
+    SLO, or the closest one tried."""
+    order = group_order(groups)
+    best: State | None = None
+
+    def evaluate(state: State) -> float:
+        nonlocal best
+        if state not in cache:
+            value = score(state_plan(state, order, caps))
+            cache[state] = value if not math.isnan(value) else math.inf
+        if best is None or cache[state] < cache[best]:
+            best = state
+        return cache[state]
+
+    lc = [g for g in order if groups[g].kind is GroupKind.LC and groups[g].slo is not None]
+    if not lc:
+        return None, False
+    for g in lc:
+        cases = list(best_case_states(groups, caps, g))
+        for state in cases:
+            evaluate(state)
+        if all(g in score.missed_by(state_plan(st, order, caps)) for st in cases):
+            return best, True
+    for k, state in enumerate(protective_states(groups, caps)):
+        if k >= budget:
+            break
+        if SloConstrained.feasible(evaluate(state)):
+            return state, True
+    for state in cache:
+        if SloConstrained.feasible(cache[state]):  # a best case may have met every SLO
+            return state, True
+    return best, False
+
+
+def safe_search(
+    node: Node,
+    condition: Condition,
+    objective: str | Objective | None = None,
+    *,
+    margin: float = SAFETY_MARGIN,
+    max_evals: int = 600,
+    seeds: Iterable[State] = (),
+    explore: bool = True,
+    feasibility_only: bool = False,
+    feasibility_evals: int = FEASIBILITY_EVALS,
+    latency_requests: int = LATENCY_REQUESTS,
+    screen_requests: int = SCREEN_REQUESTS,
+    bounds: LatencyBounds | None = None,
+    mb_radius: int | None = None,
+    warm_evals: int = 60,
+) -> SafePlan:
+    """The best state for ``condition`` subject to every SLO with ``margin``.
+
+    First the feasibility pass (:func:`models.search.protective_states`, at most
+    ``feasibility_evals`` states, stopping at the first that meets every margined SLO);
+    then, unless ``feasibility_only``, the search on the constrained objective from that
+    state and ``seeds`` (from scratch with ``explore``, else local search only). Without a
+    feasible state the search refines the closest one (it minimises the SLO excess first).
+    """
+    t0 = time.perf_counter()
+    sim = _require_sim(node)
+    groups = sim.groups()
+    caps = sim.capabilities()
+    order = group_order(groups)
+    has_lc = any(s.kind is GroupKind.LC and s.slo is not None for s in groups.values())
+    base = base_objective(objective, has_lc)
+    bounds = LatencyBounds() if bounds is None else bounds
+    score = _Scorer(
+        sim, condition.overrides(), base, margin, bounds, latency_requests, screen_requests
+    )
+    cache: dict[State, float] = {}
+    start, _ = _feasibility_pass(score, groups, caps, cache, feasibility_evals)
+    feasible = start is None or SloConstrained.feasible(cache[start])
+    if feasibility_only and start is not None:
+        plan = state_plan(start, order, caps)
+        result = SearchResult(plan, start, cache[start], len(cache), False)
+    else:
+        starts = [] if start is None else [start]
+        starts += [s for s in seeds if s not in starts]
+        # no allocation keeps the SLOs: refine the closest state locally (no exploration)
+        result = search(
+            score,
+            groups,
+            caps,
+            max_evals=max_evals if feasible else min(max_evals, warm_evals),
+            seeds=starts,
+            cache=cache,
+            explore=(explore or not starts) and feasible,
+            mb_radius=mb_radius,
+        )
+    # The answer is checked on the accurate steady state; should the bounds ever have
+    # misjudged a state (they assume latency rises with utilisation), the next best is taken.
+    ranked = sorted(cache, key=lambda st: cache[st])
+    for state in ranked[:5]:
+        plan = state_plan(state, order, caps)
+        value, excess, ratios = score.verify(plan)
+        if SloConstrained.feasible(value) == SloConstrained.feasible(cache[state]):
+            break
+        cache[state] = value
+    result = SearchResult(plan, state, cache[state], len(cache), result.exhaustive)
+    return SafePlan(
+        condition=condition,
+        result=result,
+        feasible=SloConstrained.feasible(cache[state]),
+        excess=excess,
+        latency_ratio=ratios,
+        evaluations=len(score.scores),
+        accurate=score.accurate,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+# ------------------------------------------------------------------------- the controller
+
+
 class Oracle(Controller):
-    """Best allocation by search on the simulator's ground truth (simulated nodes only).
+    """The safe oracle (simulated nodes only; see the module docstring).
 
     Args:
-        node: the SimNode it controls (ground truth is read from it).
-        objective: an objective name or function (see models.objectives).
-        max_evals: steady-state evaluations per search.
-        reload: relative change of an LC service's offered load that triggers a new search.
+        node: the SimNode it controls (ground truth and future loads are read from it).
+        objective: an objective name or function (see models.objectives), optimised
+            subject to every SLO with ``margin``.
+        margin: SLO safety margin (steady-state latency at most (1 - margin) x target).
+        lookahead_s: plan for the highest load over the coming interval and this long after.
+        load_quantum: planned loads are rounded up to this fraction of a service's capacity.
+        max_evals: steady states for the first search (from scratch).
+        warm_evals: steady states for each later search (warm-started).
+        reoptimise_quantum: while every planned load stays in the same band of this
+            fraction of its service's capacity as at the last search, the allocation held
+            is kept as long as it still meets every margined SLO at the planned loads (one
+            steady state to check); a search runs when it does not, or a load leaves the
+            band. The SLOs are checked on the fine grid (``load_quantum``), the objective
+            optimised on this coarser one: a diurnal load crosses dozens of fine levels.
+        latency_requests: requests per steady-state latency estimate.
     """
 
     name = "oracle"
@@ -112,55 +537,272 @@ class Oracle(Controller):
         node: Node,
         objective: str | Objective | None = None,
         *,
-        max_evals: int = 600,
-        reload: float = 0.1,
+        margin: float = SAFETY_MARGIN,
+        lookahead_s: float = LOOKAHEAD_S,
+        load_quantum: float = LOAD_QUANTUM,
+        max_evals: int = 300,
+        warm_evals: int = 40,
+        reoptimise_quantum: float = REOPTIMISE_QUANTUM,
+        latency_requests: int = LATENCY_REQUESTS,
     ) -> None:
         self.sim = _require_sim(node)
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {margin}")
+        if lookahead_s < 0 or not 0 < load_quantum <= 1:
+            raise ValueError("lookahead_s must be >= 0 and load_quantum in (0, 1]")
         self.objective = objective
+        self.margin = margin
+        self.lookahead_s = float(lookahead_s)
+        self.load_quantum = float(load_quantum)
         self.max_evals = max_evals
-        self.reload = reload
+        self.warm_evals = warm_evals
+        self.reoptimise_quantum = float(reoptimise_quantum)
+        self.latency_requests = latency_requests
+        self.checks: dict[tuple[Condition, State], bool] = {}
+        self.reused = 0  # searches answered by another run's identical search
+        self._band: tuple | None = None
+        self._feasible = True
+        self._scenario_key: str | None = None
+        self.plans: dict[Condition, SafePlan] = {}
+        self.bounds = LatencyBounds()
+        self.infeasible: list[tuple[float, SafePlan]] = []  # (time, plan) when first met
         self.result: SearchResult | None = None
-        self._conditions: tuple = ()
         self._groups: tuple[str, ...] = ()
-        self.searches = 0
+        self._condition: Condition | None = None
 
-    def _read_conditions(self) -> tuple:
-        loads, active = {}, []
-        for w in self.sim.workloads():
-            active.append(w.active)
-            if w.kind == "lc":
-                loads[w.name] = self.sim.load_rps(w.name)
-        return (loads, tuple(active))
+    @property
+    def searches(self) -> int:
+        return len(self.plans)
 
-    def _changed(self, new: tuple) -> bool:
-        old_loads, old_active = self._conditions
-        loads, active = new
-        if active != old_active:
-            return True
-        for name, rate in loads.items():
-            before = old_loads.get(name, 0.0)
-            if abs(rate - before) > self.reload * max(before, 1e-9):
-                return True
-        return False
+    @property
+    def evaluations(self) -> int:
+        return sum(p.evaluations for p in self.plans.values())
+
+    @property
+    def search_s(self) -> float:
+        return sum(p.seconds for p in self.plans.values())
+
+    def stats(self) -> dict[str, float]:
+        """What the oracle spent and found (evaluation reports it per run)."""
+        return {
+            "oracle_searches": float(self.searches),
+            "oracle_evaluations": float(self.evaluations),
+            "oracle_accurate": float(sum(p.accurate for p in self.plans.values())),
+            "oracle_search_s": self.search_s,
+            "oracle_infeasible_levels": float(len(self.infeasible)),
+            "oracle_checks": float(len(self.checks)),
+            "oracle_reused": float(self.reused),
+        }
+
+    def _plan(self, condition: Condition) -> SafePlan:
+        plan = self.plans.get(condition)
+        if plan is None:
+            warm = self.result is not None
+            kwargs = dict(
+                margin=self.margin,
+                max_evals=self.warm_evals if warm else self.max_evals,
+                seeds=(self.result.state,) if warm else (),
+                explore=not warm,
+                latency_requests=self.latency_requests,
+                mb_radius=1 if warm else None,
+                warm_evals=self.warm_evals,
+            )
+            key = self._memo_key(condition, kwargs)
+            plan = _MEMO.get(key) if key is not None else None
+            if plan is not None:
+                plan = dataclasses.replace(plan, evaluations=0, accurate=0, seconds=0.0)
+                self.reused += 1
+            else:
+                plan = safe_search(self.sim, condition, self.objective, **kwargs)
+                if key is not None:
+                    if len(_MEMO) >= _MEMO_SIZE:
+                        _MEMO.pop(next(iter(_MEMO)))
+                    _MEMO[key] = plan
+            self.plans[condition] = plan
+            if not plan.feasible:
+                self.infeasible.append((self.sim.now(), plan))
+        return plan
+
+    def _memo_key(self, condition: Condition, kwargs: dict) -> tuple | None:
+        """What a search's answer depends on: the scenario, the node's time (batch phases,
+        arrivals), its groups, the condition and the search's settings. A search starts
+        with no latency bounds of its own, so equal keys give equal answers, whichever run
+        computed it first (another seed of the same scenario with the same loads)."""
+        if not (self.objective is None or isinstance(self.objective, str)):
+            return None
+        if self._scenario_key is None:
+            scn = self.sim.scenario  # its catalog by identity: repr leaves it out
+            text = f"{id(scn.catalog)}|{scn!r}|{sorted(self.sim.groups().items())!r}"
+            self._scenario_key = hashlib.sha256(text.encode()).hexdigest()
+        return (
+            self._scenario_key,
+            round(self.sim.now(), 9),
+            condition,
+            self.objective,
+            tuple(sorted(kwargs.items())),
+        )
+
+    def _band_of(self, condition: Condition) -> tuple:
+        cap = {w.name: w.lc_capacity_rps or 0.0 for w in self.sim.workloads() if w.kind == "lc"}
+        q = self.reoptimise_quantum
+        return condition.active, tuple(
+            math.ceil(load / (q * cap[name]) - 1e-9) if cap.get(name) else load
+            for name, load in condition.loads
+        )
+
+    def _holds(self, condition: Condition) -> bool:
+        """Whether the state held meets every margined SLO at ``condition``."""
+        assert self.result is not None
+        key = (condition, self.result.state)
+        if key not in self.checks:
+            groups = self.sim.groups()
+            has_lc = any(s.kind is GroupKind.LC and s.slo is not None for s in groups.values())
+            scorer = _Scorer(
+                self.sim,
+                condition.overrides(),
+                base_objective(self.objective, has_lc),
+                self.margin,
+                self.bounds,
+                self.latency_requests,
+                SCREEN_REQUESTS,
+            )
+            self.checks[key] = SloConstrained.feasible(scorer(self.result.plan))
+        return self.checks[key]
+
+    def _decide(self, horizon_s: float, first: bool) -> Decision:
+        condition = condition_at(self.sim, self.sim.now(), horizon_s, self.load_quantum)
+        if not first and condition == self._condition:
+            return KEEP
+        self._condition = condition
+        band = self._band_of(condition)
+        if (
+            not first
+            and self.result is not None
+            and condition not in self.plans
+            and band == self._band
+            and (self._holds(condition) or not self._feasible)
+        ):
+            # still safe, and the loads near the last search's; or nothing was safe there
+            # and the state held is the closest to the SLOs found near these loads
+            return KEEP
+        plan = self._plan(condition)
+        self._band = band
+        self._feasible = plan.feasible
+        if not first and self.result is not None and plan.result.state == self.result.state:
+            return KEEP
+        self.result = plan.result
+        ok = "meets every SLO" if plan.feasible else "INFEASIBLE: closest to the SLOs"
+        return Decision(
+            plan.result.plan,
+            note=f"oracle: {ok} (margin {self.margin:g}) at loads {dict(condition.loads)}",
+        )
 
     def start(self, ctx: ControlContext) -> Decision:
         self._groups = tuple(ctx.groups)
+        self.plans.clear()
+        self.checks.clear()
+        self._scenario_key = None
+        self.result = None
+        self._band = None
         if not self._groups:
             return KEEP
-        self._conditions = self._read_conditions()
-        self.result = oracle_search(self.sim, self.objective, max_evals=self.max_evals)
-        self.searches += 1
-        return Decision(
-            self.result.plan,
-            note=f"oracle: best of {self.result.evaluations} states, score {self.result.score:.4g}",
-        )
+        return self._decide(self.lookahead_s, first=True)
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         if tuple(ctx.groups) != self._groups:
             return self.start(ctx)
         if not self._groups:
             return KEEP
-        now = self._read_conditions()
-        if self._changed(now):
-            return self.start(ctx)
-        return KEEP
+        return self._decide(snapshot.interval_s + self.lookahead_s, first=False)
+
+
+# ------------------------------------------------------------------------- feasibility
+
+
+@dataclass(frozen=True)
+class Feasibility:
+    """Whether every SLO can be met (with ``margin``) at every load a run sees.
+
+    Attributes:
+        feasible: True when every condition has a state meeting every margined SLO.
+        conditions: distinct conditions checked.
+        infeasible: (time, condition's closest plan) for each infeasible condition, first
+            time met.
+        margin: the SLO margin the check used.
+    """
+
+    feasible: bool
+    conditions: int
+    infeasible: tuple[tuple[float, SafePlan], ...] = ()
+    margin: float = SAFETY_MARGIN
+
+    def describe(self) -> str:
+        """One line: why the run is infeasible (empty when feasible)."""
+        if self.feasible:
+            return ""
+        t, plan = self.infeasible[0]
+        worst = max(plan.latency_ratio.items(), key=lambda kv: kv[1], default=("?", math.nan))
+        return (
+            f"{len(self.infeasible)} of {self.conditions} load levels infeasible; first at "
+            f"{t:g} s: {worst[0]} at best {worst[1]:.2f} x its SLO target "
+            f"(loads {', '.join(f'{n} {r:.0f}/s' for n, r in plan.condition.loads)})"
+        )
+
+
+def feasibility(
+    node: Node,
+    seconds: float,
+    interval_s: float,
+    *,
+    margin: float = SAFETY_MARGIN,
+    load_quantum: float = LOAD_QUANTUM,
+    evals: int = FEASIBILITY_EVALS,
+) -> Feasibility:
+    """Check every interval of a ``seconds``-long run from the node's current time: the
+    condition of the coming interval (no look-ahead: the loads the run will see), then the
+    feasibility pass of :func:`safe_search` once per distinct condition (none for a
+    condition at most as loaded as a feasible one or at least as loaded as an infeasible
+    one). The node is read, not driven (its clock stays where it is)."""
+    sim = _require_sim(node)
+    t0 = sim.now()
+    seen: dict[Condition, bool] = {}
+    bad: list[tuple[float, SafePlan]] = []
+    feasible: list[Condition] = []
+    infeasible: list[tuple[Condition, SafePlan]] = []
+    bounds = LatencyBounds()
+    if any(s.kind is GroupKind.LC and s.slo is not None for s in sim.groups().values()):
+        for k in range(max(1, round(seconds / interval_s))):
+            t = t0 + k * interval_s
+            cond = condition_at(sim, t, interval_s, load_quantum)
+            if cond in seen:
+                continue
+            # Latency rises with load: a level at or below a feasible one is feasible, one
+            # at or above an infeasible one is infeasible (same workloads running).
+            if any(_at_most(cond, ok) for ok in feasible):
+                seen[cond] = True
+                continue
+            worse = next((p for c, p in infeasible if _at_most(c, cond)), None)
+            if worse is None:
+                worse = safe_search(
+                    sim,
+                    cond,
+                    margin=margin,
+                    feasibility_only=True,
+                    feasibility_evals=evals,
+                    bounds=bounds,
+                )
+                if worse.feasible:
+                    feasible.append(cond)
+                    seen[cond] = True
+                    continue
+                infeasible.append((cond, worse))
+            seen[cond] = False
+            bad.append((t, worse))
+    return Feasibility(not bad, len(seen), tuple(bad), margin)
+
+
+def _at_most(a: Condition, b: Condition) -> bool:
+    """Every planned load of ``a`` at most ``b``'s, with the same workloads running."""
+    return a.active == b.active and all(
+        x <= y for (_, x), (_, y) in zip(a.loads, b.loads, strict=True)
+    )

@@ -9,16 +9,26 @@ order, LC groups first) and an MB level from a grid (the node's levels at 10%, 2
 (every group every way, full bandwidth) is always evaluated too.
 
 Search: exhaustive when the state space fits ``max_evals``; otherwise every way split with
-each group at full bandwidth and at the equal bandwidth share, then best-improvement local
+each group at full bandwidth and at the equal bandwidth share (an evenly spread subset of
+them when they are more than half the budget), then best-improvement local
 search (move one way between two groups; set one group's MB to any grid level) from the
-best few starts until no neighbour improves or the budget is spent. Evaluations are cached.
+best few starts until no neighbour improves or the budget is spent. Evaluations are cached
+(a caller may pass its cache in, to search the same scorer again from other starts); with
+``explore=False`` only the seeds are refined (a warm start), and ``stop_below`` ends the
+search at the first state scoring below it (a feasibility check).
+
+:func:`protective_states` lists the states that favour latency-critical groups most
+(their ways as many as the others' minimum leaves, full bandwidth for them, the lowest
+for the rest) first: where an SLO can be met at all, one of the first of them meets it.
+:func:`best_case_states` are the states most favourable to one group: if it misses its
+target there, it misses it everywhere in the search space.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.types import AllocationPlan, GroupKind, GroupSpec, NodeCapabilities
@@ -77,6 +87,10 @@ def state_plan(state: State, order: Sequence[str], caps: NodeCapabilities) -> Al
     return plan_from(masks, dict(zip(order, mbs, strict=True)), caps)
 
 
+class _Found(Exception):
+    """A state scored below ``stop_below``: the search ends there."""
+
+
 def search(
     score: Callable[[AllocationPlan], float],
     groups: Mapping[str, GroupSpec],
@@ -86,10 +100,19 @@ def search(
     starts: int = 3,
     mb_steps: int = 10,
     seeds: Sequence[State] = (),
+    cache: dict[State, float] | None = None,
+    explore: bool = True,
+    stop_below: float | None = None,
+    mb_radius: int | None = None,
 ) -> SearchResult:
     """Minimise ``score(plan)`` over static states (see the module docstring).
 
     ``seeds`` are extra states to evaluate first and to start local search from.
+    ``cache`` holds earlier scores of the same ``score`` (updated in place; ``max_evals``
+    counts new evaluations only). ``explore=False``: no exhaustive pass or stage one, only
+    local search from the seeds. ``stop_below``: stop at the first state scoring below it.
+    ``mb_radius``: local search moves a group's MB at most this many grid levels (None: to
+    any level; 1 makes a warm start's neighbourhoods several times smaller).
     """
     if caps.l3 is None:
         raise ValueError("node has no L3 allocation; nothing to search")
@@ -101,43 +124,95 @@ def search(
     splits = way_splits(caps.l3.num_ways, n, least)
     grid = mb_grid(caps, mb_steps)
     top = grid[-1]
-    cache: dict[State, float] = {}
+    cache = {} if cache is None else cache
+    known = len(cache)
+
+    def spent() -> bool:
+        return len(cache) - known >= max_evals
 
     def evaluate(state: State) -> float:
         if state not in cache:
             value = score(state_plan(state, order, caps))
             cache[state] = value if not math.isnan(value) else math.inf
+            if stop_below is not None and cache[state] < stop_below:
+                raise _Found
         return cache[state]
 
-    evaluate((UNPARTITIONED_WAYS, (top,) * n))
-    for s in seeds:
-        evaluate(s)
-    space = len(splits) * len(grid) ** n
-    exhaustive = space + len(cache) <= max_evals
-    if exhaustive:
-        for ways in splits:
-            for mbs in itertools.product(grid, repeat=n):
-                evaluate((ways, tuple(mbs)))
-    else:
-        equal_mb = max((v for v in grid if v is None or v <= top / n + 1e-9), default=grid[0])
-        stage_one = [(w, (top,) * n) for w in splits]
-        if equal_mb != top:
-            stage_one += [(w, (equal_mb,) * n) for w in splits]
-        for s in stage_one[: max(0, max_evals // 2 - len(cache))]:
+    exhaustive = False
+    try:
+        if explore or not seeds:
+            evaluate((UNPARTITIONED_WAYS, (top,) * n))
+        for s in seeds:
             evaluate(s)
-        ranked = sorted((s for s in cache if s[0] != UNPARTITIONED_WAYS), key=lambda s: cache[s])
-        for start in [*seeds, *ranked[:starts]]:
-            if start[0] == UNPARTITIONED_WAYS:
-                continue
-            _local_search(start, evaluate, grid, least, lambda: len(cache) >= max_evals)
+        space = len(splits) * len(grid) ** n
+        exhaustive = explore and space + len(cache) - known <= max_evals
+        if exhaustive:
+            for ways in splits:
+                for mbs in itertools.product(grid, repeat=n):
+                    evaluate((ways, tuple(mbs)))
+        else:
+            if explore:
+                equal_mb = max(
+                    (v for v in grid if v is None or v <= top / n + 1e-9), default=grid[0]
+                )
+                stage_one = [(w, (top,) * n) for w in splits]
+                if equal_mb != top:
+                    stage_one += [(w, (equal_mb,) * n) for w in splits]
+                budget = max(0, max_evals // 2 - (len(cache) - known))
+                if len(stage_one) > budget:  # evenly spread, not the first splits only
+                    stage_one = [stage_one[i * len(stage_one) // budget] for i in range(budget)]
+                for s in stage_one:
+                    evaluate(s)
+            ranked = sorted(
+                (s for s in cache if s[0] != UNPARTITIONED_WAYS), key=lambda s: cache[s]
+            )
+            for start in dict.fromkeys([*seeds, *ranked[:starts]]):
+                if start[0] == UNPARTITIONED_WAYS:
+                    continue
+                _local_search(start, evaluate, grid, least, spent, mb_radius)
+    except _Found:
+        pass
     best = min(cache, key=lambda s: cache[s])
     return SearchResult(
         plan=state_plan(best, order, caps),
         state=best,
         score=cache[best],
-        evaluations=len(cache),
+        evaluations=len(cache) - known,
         exhaustive=exhaustive,
     )
+
+
+def protective_states(
+    groups: Mapping[str, GroupSpec], caps: NodeCapabilities, mb_steps: int = 10
+) -> Iterator[State]:
+    """States in :func:`group_order`, most protective of the LC groups first: the LC groups
+    share ``T`` ways (every split of them) at full bandwidth, the other groups split the rest
+    as evenly as they can at the lowest bandwidth level, for ``T`` from the most the others'
+    minimum leaves down to the LC groups' own minimum; then the unpartitioned cache with the
+    same bandwidths. Nothing when there is no LC group."""
+    if caps.l3 is None:
+        raise ValueError("node has no L3 allocation; nothing to search")
+    order = group_order(groups)
+    n_lc = sum(1 for g in order if groups[g].kind is GroupKind.LC)
+    if n_lc == 0:
+        return
+    n_other = len(order) - n_lc
+    least = max(1, caps.l3.min_cbm_bits)
+    total = caps.l3.num_ways
+    grid = mb_grid(caps, mb_steps)
+    mbs = (grid[-1],) * n_lc + (grid[0],) * n_other
+    for lc_total in range(total - n_other * least, n_lc * least - 1, -1):
+        rest = total - lc_total
+        if n_other:
+            base, extra = divmod(rest, n_other)
+            others = tuple(base + (1 if i < extra else 0) for i in range(n_other))
+        elif rest:
+            continue  # LC groups only: they hold every way
+        else:
+            others = ()
+        for lc in way_splits(lc_total, n_lc, least):
+            yield (lc + others, mbs)
+    yield (UNPARTITIONED_WAYS, mbs)
 
 
 def _local_search(
@@ -146,11 +221,12 @@ def _local_search(
     grid: Sequence[int | None],
     least: int,
     spent: Callable[[], bool],
+    mb_radius: int | None = None,
 ) -> State:
     current, value = state, evaluate(state)
     while not spent():
         best, best_value = current, value
-        for nb in _neighbours(current, grid, least):
+        for nb in _neighbours(current, grid, least, mb_radius):
             v = evaluate(nb)
             if v < best_value:
                 best, best_value = nb, v
@@ -162,9 +238,10 @@ def _local_search(
     return current
 
 
-def _neighbours(state: State, grid: Sequence[int | None], least: int):
+def _neighbours(state: State, grid: Sequence[int | None], least: int, mb_radius=None):
     ways, mbs = state
     n = len(ways)
+    index = {v: k for k, v in enumerate(grid)}
     for i in range(n):
         for j in range(n):
             if i != j and ways[i] > least:
@@ -173,8 +250,30 @@ def _neighbours(state: State, grid: Sequence[int | None], least: int):
                 w[j] += 1
                 yield (tuple(w), mbs)
     for i in range(n):
-        for level in grid:
+        here = index.get(mbs[i])
+        for k, level in enumerate(grid):
+            if mb_radius is not None and here is not None and abs(k - here) > mb_radius:
+                continue
             if level != mbs[i]:
                 m = list(mbs)
                 m[i] = level
                 yield (ways, tuple(m))
+
+
+def best_case_states(
+    groups: Mapping[str, GroupSpec], caps: NodeCapabilities, group: str, mb_steps: int = 10
+) -> Iterator[State]:
+    """The states most favourable to ``group`` alone, in :func:`group_order`: it holds every
+    way the other groups' minimum leaves, at full bandwidth, the others at the lowest
+    level; then the unpartitioned cache with the same bandwidths. When ``group`` misses a
+    latency target in both, no state of the search space meets it."""
+    if caps.l3 is None:
+        raise ValueError("node has no L3 allocation; nothing to search")
+    order = group_order(groups)
+    least = max(1, caps.l3.min_cbm_bits)
+    grid = mb_grid(caps, mb_steps)
+    mbs = tuple(grid[-1] if g == group else grid[0] for g in order)
+    own = caps.l3.num_ways - (len(order) - 1) * least
+    if own >= least:
+        yield (tuple(own if g == group else least for g in order), mbs)
+    yield (UNPARTITIONED_WAYS, mbs)

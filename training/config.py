@@ -1,7 +1,10 @@
 """Training configuration: the YAML file ``rdtune train --config FILE`` reads (issue 7, "Trainer").
 
 One :class:`TrainConfig` holds everything that defines a run, so the same file and seed give
-the same policy (the config is saved next to every checkpoint and in the model card).
+the same learning curve and policy on one machine (the config is saved next to every
+checkpoint and in the model card). Checkpoints are selected on the *validation* split and
+the final table is played on the *test* split (envs/scenarios.py names the splits); a
+config that would select checkpoints on the test split is rejected.
 Unknown keys, wrong types and out-of-range values are rejected with the key's dotted path::
 
     name: default
@@ -19,10 +22,12 @@ Unknown keys, wrong types and out-of-range values are rejected with the key's do
       kwargs: {scenarios: random, split: train, episode_steps: 32, max_groups: 8}
       reward_weights: {slo: 4.0, fairness: 1.0, throughput: 1.0, change: 0.5}
     eval:
-      kwargs: {split: test}         # merged over env.kwargs: the held-out family
+      kwargs: {split: validation}   # merged over env.kwargs: checkpoint selection's family
       freq: 20000                   # timesteps between evaluations (0: only at the end)
-      episodes: 8
+      episodes: 64                  # episodes per checkpoint evaluation
       seed: 1000
+      final_kwargs: {split: test}   # merged over eval.kwargs: the final table's family
+      final_episodes: 32
       controllers: [eq, static, copart, ubik]
     policy:
       extractor: {hidden: 64, slot_hidden: 32, pool: [mean, max]}   # or null: flat MLP
@@ -139,24 +144,34 @@ class EnvConfig:
 
 @dataclass
 class EvalConfig:
-    kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
+    kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "validation"})
     freq: int = 20000
-    episodes: int = 8
+    episodes: int = 64
     seed: int = 1000
     controllers: list[str] = field(default_factory=lambda: ["eq", "static", "copart", "ubik"])
     heuristics_at_start: bool = True  # also evaluate them before training (TensorBoard lines)
+    final_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
+    final_episodes: int = 32
 
     @classmethod
     def parse(cls, data: dict, where: str = "eval") -> EvalConfig:
         _check_keys(where, data, {f.name for f in fields(cls)})
         out = cls()
-        if "kwargs" in data:
-            _check_keys(f"{where}.kwargs", data["kwargs"] or {}, set(data["kwargs"] or {}))
-            out.kwargs = dict(data["kwargs"] or {})
+        for key in ("kwargs", "final_kwargs"):
+            if key in data:
+                _check_keys(f"{where}.{key}", data[key] or {}, set(data[key] or {}))
+                setattr(out, key, dict(data[key] or {}))
+        if out.kwargs.get("split") == "test":
+            raise ConfigError(
+                f"{where}.kwargs: checkpoint selection must not see the test split (the "
+                "final table is played there); use split: validation"
+            )
         if "freq" in data:
             out.freq = _int(f"{where}.freq", data["freq"])
         if "episodes" in data:
             out.episodes = _int(f"{where}.episodes", data["episodes"], 1)
+        if "final_episodes" in data:
+            out.final_episodes = _int(f"{where}.final_episodes", data["final_episodes"], 1)
         if "seed" in data:
             out.seed = _int(f"{where}.seed", data["seed"])
         if "heuristics_at_start" in data:
@@ -330,6 +345,7 @@ class TrainConfig:
         for where, kwargs in (
             ("env.kwargs", self.env_kwargs()),
             ("eval.kwargs", self.eval_kwargs()),
+            ("eval.final_kwargs", self.final_kwargs()),
         ):
             try:
                 env = gym.make(self.env.id, **kwargs)
@@ -347,8 +363,12 @@ class TrainConfig:
         return kw
 
     def eval_kwargs(self) -> dict[str, Any]:
-        """The held-out env: ``env.kwargs`` overridden by ``eval.kwargs``."""
+        """Checkpoint selection's env: ``env.kwargs`` overridden by ``eval.kwargs``."""
         return {**self.env_kwargs(), **self.eval.kwargs}
+
+    def final_kwargs(self) -> dict[str, Any]:
+        """The final table's env: ``eval_kwargs()`` overridden by ``eval.final_kwargs``."""
+        return {**self.eval_kwargs(), **self.eval.final_kwargs}
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(asdict(self))

@@ -155,7 +155,10 @@ def _init_ray(address: str, num_cpus: int | None) -> None:
 
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     if address == "local":
+        # "local" always starts a private instance: with no address Ray would join any
+        # cluster it finds (RAY_ADDRESS, /tmp/ray/ray_current_cluster) and refuse num_cpus.
         ray.init(
+            address="local",
             num_cpus=num_cpus or os.cpu_count(),
             include_dashboard=False,
             runtime_env={"env_vars": env},

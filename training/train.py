@@ -2,19 +2,23 @@
 
 Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered steps):
 
-1. seed everything and pin torch to ``torch_threads`` (reproducible: same config and seed,
-   same policy);
+1. seed everything (Python, numpy, torch; the simulator and environments through their
+   seeds), put torch in deterministic mode on ``torch_threads`` threads and give worker
+   processes a fixed hash seed (reproducible: same config and seed, same learning curve
+   and policy on one machine; tests/training/test_train.py runs a tiny training twice);
 2. build the training VecEnv (``n_envs`` copies, seeds ``seed + i``) and, if asked,
    VecNormalize for observations;
 3. build the model: PPO or MaskablePPO with the group-set feature extractor
    (:mod:`training.policies`) and the configured actor/critic sizes;
-4. evaluate the heuristics once on the held-out family (:mod:`training.evaluate`), then let
-   :class:`EvalCallback` evaluate the policy every ``eval.freq`` steps on the same episodes,
-   log to TensorBoard and keep the best checkpoint (``best_model.zip``);
+4. evaluate the heuristics once on the validation family (:mod:`training.evaluate`), then
+   let :class:`EvalCallback` evaluate the policy every ``eval.freq`` steps on the same
+   ``eval.episodes`` validation episodes (64 by default: with 8, the standard error of the
+   mean return was a third of the spread between checkpoints), log to TensorBoard and keep
+   the best checkpoint (``best_model.zip``);
 5. learn (with SB3's progress bar), save ``model.zip``;
-6. final evaluation of the best checkpoint and the heuristics on *fresh* held-out episodes
-   (other seeds than the ones used to choose the checkpoint, so the table is not biased by
-   the choice), written to ``eval.json`` and printed as a table.
+6. final evaluation of the best checkpoint and the heuristics on the *test* split
+   (``eval.final_kwargs``; mixes neither training nor selection saw), written to
+   ``eval.json`` and printed as a table.
 
 The run directory holds ``config.yaml`` (the validated config), ``run.json`` (layouts and
 versions the exporter needs), checkpoints, ``vecnormalize.pkl`` when used, ``tb/`` and
@@ -40,7 +44,7 @@ from agent.argtypes import positive_int
 
 log = logging.getLogger(__name__)
 
-FINAL_SEED_OFFSET = 100_000  # final-table episodes never overlap checkpoint-selection ones
+FINAL_SEED_OFFSET = 100_000  # final-table episodes: other seeds (and the test split)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,6 +139,11 @@ class TrainResult:
 
 
 def seed_everything(seed: int, threads: int) -> None:
+    """Seed Python's, numpy's and torch's generators, make torch deterministic on
+    ``threads`` threads, and fix the hash seed of worker processes started from now on
+    (SubprocVecEnv, Ray: string hashing then orders sets alike in every run)."""
+    import os
+
     import numpy as np
     import torch
 
@@ -142,6 +151,8 @@ def seed_everything(seed: int, threads: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    os.environ["PYTHONHASHSEED"] = str(seed)
 
 
 def build_vec_env(cfg, n_envs: int | None = None, seed: int | None = None):
@@ -355,6 +366,7 @@ def train(cfg, *, on_eval: Callable | None = None, final_eval: bool = True) -> T
                 "env_id": cfg.env.id,
                 "env_kwargs": cfg.env_kwargs(),
                 "eval_kwargs": cfg.eval_kwargs(),
+                "final_kwargs": cfg.final_kwargs(),
                 "encoder_version": ENCODER_VERSION,
                 "features": encoder.layout(),
                 "actions": decoder.layout(),
@@ -368,7 +380,7 @@ def train(cfg, *, on_eval: Callable | None = None, final_eval: bool = True) -> T
     # 3. Model.
     model = build_model(cfg, venv, str(run_dir / "tb"))
 
-    # 4. Heuristics on the held-out family (once: they do not learn), policy evaluator.
+    # 4. Heuristics on the validation family (once: they do not learn), policy evaluator.
     eval_env = make_eval_env(cfg.env.id, cfg.eval_kwargs())
     heuristics, missing = [], []
     if cfg.eval.heuristics_at_start:
@@ -404,8 +416,9 @@ def train(cfg, *, on_eval: Callable | None = None, final_eval: bool = True) -> T
 def final_evaluation(
     cfg, run_dir: Path, *, best_step: int | None = None, episodes: int | None = None
 ) -> dict[str, Any]:
-    """The best checkpoint and the heuristics on held-out episodes that checkpoint
-    selection never saw; written to ``run_dir/eval.json`` and returned."""
+    """The best checkpoint and the heuristics on test-split episodes (``eval.final_kwargs``)
+    that neither training nor checkpoint selection saw; written to ``run_dir/eval.json``
+    and returned."""
     from training.evaluate import evaluate_heuristics, evaluate_policy, make_eval_env
 
     best = load_model(run_dir / "best_model.zip", cfg.algorithm)
@@ -418,8 +431,8 @@ def final_evaluation(
         stats.training = False
         norm = stats.normalize_obs
     seed = cfg.eval.seed + FINAL_SEED_OFFSET
-    episodes = episodes or 2 * cfg.eval.episodes
-    eval_env = make_eval_env(cfg.env.id, cfg.eval_kwargs())
+    episodes = episodes or cfg.eval.final_episodes
+    eval_env = make_eval_env(cfg.env.id, cfg.final_kwargs())
     try:
         final = [evaluate_policy(act_fn(best, norm), eval_env, episodes, seed)]
         heuristics, missing = evaluate_heuristics(cfg.eval.controllers, eval_env, episodes, seed)
@@ -431,7 +444,9 @@ def final_evaluation(
         best_step = json.loads((run_dir / "eval.json").read_text()).get("best_step")
     table = {
         "env_id": cfg.env.id,
-        "eval_kwargs": cfg.eval_kwargs(),
+        "eval_kwargs": cfg.final_kwargs(),
+        "selection_kwargs": cfg.eval_kwargs(),
+        "selection_episodes": cfg.eval.episodes,
         "episodes": episodes,
         "seed": seed,
         "best_step": best_step,

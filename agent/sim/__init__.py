@@ -41,7 +41,8 @@ Simulated-only tools (controllers must not need them):
   ``agent.sim.node.solo_reference(preset, spec, threads)`` gives the full-resources-alone
   (IPS, CPI) the slowdowns are relative to.
 * ``workloads()`` (which instance is in which group, its pids, LC capacity and workers),
-  ``scenario``, ``preset``, ``load_rps(name)``, ``memory_latency_ns()``, ``occupancy()``.
+  ``scenario``, ``preset``, ``load_rps(name, at_s=None)`` (now, or at a future time of
+  the realised load schedule), ``memory_latency_ns()``, ``occupancy()``.
 * A node pickles and deep-copies with its RNG state (Ray workers; look-ahead copies for
   an oracle continue exactly as the original would). Calls are serialised by a lock.
 

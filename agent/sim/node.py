@@ -313,13 +313,13 @@ class SimNode:
             for i, (w, s) in enumerate(zip(self._instances, self._specs, strict=True))
         )
 
-    def load_rps(self, name: str, at: float | None = None) -> float:
-        """The offered load (req/s) of LC instance ``name`` now (or at time ``at``: the
-        scenario's load trajectory is known in advance, bursts included)."""
+    def load_rps(self, name: str, at_s: float | None = None) -> float:
+        """The offered load (req/s) of LC instance ``name`` now, or at time ``at_s`` (s)
+        of the load schedule realised at reset, bursts included (an oracle's look-ahead)."""
         i = self._index(name)
         if i not in self._lc:
             raise ValueError(f"{name!r} is not an LC service")
-        return self._engine.load(0, i, self._t if at is None else float(at))
+        return self._engine.load(0, i, self._t if at_s is None else float(at_s))
 
     def memory_latency_ns(self) -> float:
         return float(self._engine.model.latency(self._engine.dyn.u)[0])

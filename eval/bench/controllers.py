@@ -178,6 +178,33 @@ def _search(kind: str) -> Case:
     return case
 
 
+def _safe_run(scenario: str, seconds: float, interval_s: float) -> Case:
+    """One whole run of the safe oracle (every search, check and decision of it; the
+    simulator's integration between decisions excluded as far as the wall clock allows:
+    it is timed around ``drive``), three times, the cross-run search cache cleared."""
+
+    def case(intervals: int) -> list[float]:
+        import time
+
+        from agent.sim import SimNode
+        from eval.suites import get_suite
+        from models import oracle
+
+        named = {s.name: s for s in get_suite("heldout").scenarios if not isinstance(s, str)}
+        scn = named.get(scenario, scenario)
+        out = []
+        for _ in range(3):
+            oracle._MEMO.clear()
+            node = SimNode(scn, seed=0, interval_s=min(interval_s, 0.1), noise=False)
+            ctl = oracle.Oracle(node)
+            t0 = time.perf_counter()
+            drive(ctl, node, node, round(seconds / interval_s))
+            out.append(time.perf_counter() - t0)
+        return out
+
+    return case
+
+
 def drive(ctrl, node, clock, intervals: int):
     from models.controller import drive as _d
 
@@ -187,6 +214,20 @@ def drive(ctrl, node, clock, intervals: int):
 SEARCHES: dict[str, Case] = {
     "oracle search (600 steady states), copart_h_bw": _search("copart_h_bw"),
     "oracle search (600 steady states), copart_memcached": _search("copart_memcached"),
+}
+
+# The safe oracle over whole runs (seconds per run): a load step, a diurnal load over six
+# groups on 20 ways (the heldout suite's dearest mix) and three LC services.
+RUNS: dict[str, Case] = {
+    "safe oracle, 30 s run at 0.1 s, copart_memcached (1 LC + 2 batch)": _safe_run(
+        "copart_memcached", 30.0, 0.1
+    ),
+    "safe oracle, 120 s run at 1 s, heldout random-63125817 (6 groups, diurnal)": _safe_run(
+        "random-63125817", 120.0, 1.0
+    ),
+    "safe oracle, 120 s run at 1 s, heldout random-1009146652 (3 LC)": _safe_run(
+        "random-1009146652", 120.0, 1.0
+    ),
 }
 
 
@@ -206,7 +247,11 @@ CASES: dict[str, Case] = {
 
 def run(quick: bool) -> list[Result]:
     intervals = 100 if quick else 600
-    return [
-        latency_result(f"decide: {name}", case(intervals), unit="us")
-        for name, case in CASES.items()
-    ] + [latency_result(name, case(intervals), unit="ms") for name, case in SEARCHES.items()]
+    return (
+        [
+            latency_result(f"decide: {name}", case(intervals), unit="us")
+            for name, case in CASES.items()
+        ]
+        + [latency_result(name, case(intervals), unit="ms") for name, case in SEARCHES.items()]
+        + [latency_result(name, case(intervals), unit="s") for name, case in RUNS.items()]
+    )

@@ -14,7 +14,14 @@ import envs
 from agent.sim import random_scenario
 from agent.validate import PlanContext, validate_plan
 from envs.partition import NodePartitionEnv, PartitionEnv
-from envs.scenarios import ScenarioFamily, spec_key, split_of
+from envs.scenarios import (
+    SPLITS,
+    TEST_FRACTION,
+    VALIDATION_FRACTION,
+    ScenarioFamily,
+    spec_key,
+    split_of,
+)
 
 
 def test_ids_are_registered_on_import() -> None:
@@ -134,7 +141,7 @@ def test_reset_options_pick_scenario_and_baseline(make_env) -> None:
     "kwargs, match",
     [
         ({"scenarios": "everything"}, "scenarios must be one of"),
-        ({"split": "validation"}, "split must be one of"),
+        ({"split": "holdout"}, "split must be one of"),
         ({"preset": "no_such_cpu"}, "no_such_cpu"),
         ({"reference": "oracle"}, "reference must be one of"),
         ({"baseline": "random"}, "baseline must be one of"),
@@ -164,23 +171,46 @@ def test_remote_env_needs_exactly_one_of_address_and_node() -> None:
 # ------------------------------------------------------------------ scenario families
 
 
-def test_named_train_and_test_families_are_disjoint_and_cover_the_library() -> None:
-    train = ScenarioFamily("named", "train").pool
-    test = ScenarioFamily("named", "test").pool
+def test_named_splits_are_disjoint_and_cover_the_library() -> None:
+    pools = {split: ScenarioFamily("named", split).pool for split in ("train", "test")}
+    try:
+        pools["validation"] = ScenarioFamily("named", "validation").pool
+    except ValueError:  # no library scenario may hash into the (small) validation band
+        pools["validation"] = []
     every = ScenarioFamily("named", "all").pool
-    assert train and test
-    keys_train, keys_test = {spec_key(s) for s in train}, {spec_key(s) for s in test}
-    assert not keys_train & keys_test
-    assert len(train) + len(test) == len(every)
+    assert pools["train"] and pools["test"]
+    keys = {split: {spec_key(s) for s in pool} for split, pool in pools.items()}
+    assert not keys["train"] & keys["test"]
+    assert not keys["validation"] & (keys["train"] | keys["test"])
+    assert sum(len(p) for p in pools.values()) == len(every)
     assert all(len({w.group_name for w in s.workloads}) <= 8 for s in every)
 
 
 def test_generator_families_are_disjoint_by_spec_hash() -> None:
     rng = np.random.default_rng(0)
-    fam_test = ScenarioFamily("random", "test")
-    fam_train = ScenarioFamily("random", "train")
-    assert all(split_of(fam_test.draw(rng)) == "test" for _ in range(15))
-    assert all(split_of(fam_train.draw(rng)) == "train" for _ in range(15))
+    for split in ("test", "validation", "train"):
+        fam = ScenarioFamily("random", split)
+        assert all(split_of(fam.draw(rng)) == split for _ in range(15))
+
+
+def test_split_bands_of_the_hash_space() -> None:
+    """test is the first 20% of the hash space, validation the next 10%, train the rest."""
+    rng = np.random.default_rng(3)
+    draws = [random_scenario(int(rng.integers(2**31 - 1))) for _ in range(400)]
+    share = {s: sum(split_of(d) == s for d in draws) / len(draws) for s in SPLITS[:3]}
+    assert share["test"] == pytest.approx(TEST_FRACTION, abs=0.06)
+    assert share["validation"] == pytest.approx(VALIDATION_FRACTION, abs=0.05)
+    assert split_of(draws[0], 0.0001, 0.0) == "train"
+    assert split_of(draws[0], 0.0001, 0.9998) == "validation"
+
+
+def test_generator_families_can_be_narrowed() -> None:
+    rng = np.random.default_rng(2)
+    fam = ScenarioFamily("random", "test", max_lc=3, min_lc=1, max_workloads=4)
+    for _ in range(10):
+        scn = fam.draw(rng)
+        assert 1 <= sum(w.load is not None for w in scn.workloads) <= 3
+        assert len(scn.workloads) <= 4
 
 
 def test_split_ignores_the_name() -> None:

@@ -14,7 +14,8 @@ from tuner.cli import main
 
 
 def _report(out: Path) -> tuple[str, list[dict]]:
-    return (out / "report.md").read_text(), json.loads((out / "results.json").read_text())
+    data = json.loads((out / "results.json").read_text())
+    return (out / "report.md").read_text(), data["runs"]
 
 
 def test_smoke_suite_serial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -27,6 +28,11 @@ def test_smoke_suite_serial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         (c, s) for c in ("unpartitioned", "eq") for s in (0, 1)
     }
     assert "| eq | 2 |" in md and (tmp_path / "tradeoff.png").is_file()
+    # the paired table: the first controller (no policy here) against the other
+    assert "paired: unpartitioned minus each controller" in out and "1 scenarios x 2 seeds" in out
+    assert "## Paired comparison: unpartitioned vs each controller" in md
+    paired = json.loads((tmp_path / "results.json").read_text())["paired"]
+    assert paired["reference"] == "unpartitioned" and paired["rows"][0]["pairs"] == 2
     (tmp_path / "report.md").unlink()
     assert main(["eval", "--rerender", str(tmp_path)]) == 0  # from results.json, no runs
     assert (tmp_path / "report.md").read_text() == md

@@ -7,7 +7,12 @@ import math
 import pytest
 
 from agent.types import SLO, Allocation, GroupKind, GroupSample, GroupSpec, LatencyStats, Snapshot
-from eval.metrics import summarize, unfairness
+from eval.metrics import (
+    pooled_percentile,
+    slo_windows,
+    summarize,
+    unfairness,
+)
 from models.controller import KEEP, Decision, StepRecord
 
 
@@ -28,11 +33,12 @@ def test_summarize_counts_violations_and_slowdowns() -> None:
     def rec(tail: float, decision: Decision = KEEP) -> StepRecord:
         snap = Snapshot(
             0.0,
-            0.5,
+            1.0,
             {
-                "lc": GroupSample(latency=LatencyStats(100, 0.1, 0.2, tail, tail)),
-                "a": GroupSample(instructions=1e9),
-                "b": GroupSample(instructions=0.5e9),
+                # 1 s and enough requests per interval: each is an SLO window of its own
+                "lc": GroupSample(latency=LatencyStats(5000, 0.1, 0.2, tail, tail)),
+                "a": GroupSample(instructions=2e9),
+                "b": GroupSample(instructions=1e9),
             },
         )
         return StepRecord(snap, decision, Allocation({}), 1e-5)
@@ -44,5 +50,54 @@ def test_summarize_counts_violations_and_slowdowns() -> None:
     # slowdowns 1 and 2 -> stddev 0.5 / mean 1.5
     assert m.unfairness == pytest.approx(0.5 / 1.5)
     assert m.weighted_speedup == pytest.approx(1.0 + 0.5)  # IPS 2e9 and 1e9 vs 2e9
-    assert m.changes_per_minute == pytest.approx(1 / (1.5 / 60))
+    assert m.changes_per_minute == pytest.approx(1 / (3 / 60))
     assert math.isclose(m.decide_us_median, 10.0)
+
+
+def test_window_requests_hold_fifty_beyond_the_percentile() -> None:
+    from models.objectives import window_requests
+
+    assert [window_requests(p) for p in (50.0, 95.0, 99.0, 99.9)] == [100, 1000, 5000, 50000]
+    with pytest.raises(ValueError):
+        window_requests(100.0)
+
+
+def test_pooled_percentile_is_the_request_weighted_mean() -> None:
+    a, b = LatencyStats(100, 0.5, 1.0, 2.0, 3.0), LatencyStats(300, 0.5, 2.0, 3.0, 4.0)
+    assert pooled_percentile([a, b], 95.0) == pytest.approx((100 * 1.0 + 300 * 2.0) / 400)
+    assert pooled_percentile([a], 99.0) == 2.0
+    assert math.isnan(pooled_percentile([a, LatencyStats(3, *[math.nan] * 4)], 95.0))
+    assert math.isnan(pooled_percentile([], 95.0))
+
+
+GOOD = LatencyStats(100, 0.5, 0.9, 1.1, 2.0)  # p95 0.9: within a 1.0 target
+BAD = LatencyStats(100, 0.5, 1.2, 1.5, 2.0)  # p95 1.2: over it
+
+
+def test_slow_services_are_judged_on_pooled_windows() -> None:
+    """100 requests per interval, p95 SLO: windows of 10 intervals (1,000 requests). Ten
+    good intervals pass; ten alternating good/bad ones pool to a p95 of 1.05: violated."""
+    series = [GOOD] * 10 + [GOOD, BAD] * 5
+    windows = slo_windows(series, 95.0, 1.0, [0.1] * 20)
+    assert [(w.first, w.last, w.requests, w.violated) for w in windows] == [
+        (0, 9, 1000, False),
+        (10, 19, 1000, True),
+    ]
+    assert windows[0].seconds == pytest.approx(1.0)
+    # on its own, each bad interval would have counted: 5 of 20, not 10 of 20
+    assert sum(w.intervals for w in windows if w.violated) == 10
+
+
+def test_busy_services_are_judged_per_second_and_short_tails_join_the_last_window() -> None:
+    busy = [LatencyStats(2000, 0.5, x, 2.0, 3.0) for x in (0.9, 1.2, 0.9)]
+    # 1 s intervals: each one a window of its own
+    assert [w.violated for w in slo_windows(busy, 95.0, 1.0, 1.0)] == [False, True, False]
+    # 0.1 s intervals: pooled until a window spans 1 s, the last one joining it
+    windows = slo_windows(busy * 7, 95.0, 1.0, 0.1)
+    assert [(w.first, w.last, w.intervals) for w in windows] == [(0, 9, 10), (10, 20, 11)]
+    assert windows[0].seconds == pytest.approx(1.0)
+    # intervals without requests count for time, not for requests
+    tail = [*busy, None, LatencyStats(0, *[math.nan] * 4), BAD]
+    windows = slo_windows(tail, 95.0, 1.0, 1.0)
+    assert [(w.first, w.last, w.intervals) for w in windows] == [(0, 0, 1), (1, 1, 1), (2, 5, 2)]
+    assert slo_windows([BAD, BAD], 95.0, 1.0, 1.0)[0].intervals == 2  # one short window alone

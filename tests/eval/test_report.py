@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from eval.report import table, write_report
 from eval.runner import JobResult
 
@@ -80,7 +82,7 @@ def test_report_writes_markdown_plots_and_json(tmp_path: Path) -> None:
     for p in rep.plots:
         assert p.read_bytes()[:8] == PNG and p.stat().st_size > 5000
         assert f"]({p.name})" in md
-    data = json.loads(rep.results_json.read_text())
+    data = json.loads(rep.results_json.read_text())["runs"]
     assert len(data) == len(results) and data[0]["metrics"]["tail_latency_ms"] == 0.5
 
 
@@ -88,7 +90,7 @@ def test_non_finite_metrics_become_null_in_json(tmp_path: Path) -> None:
     r = _result("eq", "s", 0, 1.0, 0.1)
     r.metrics["unfairness"] = math.nan
     rep = write_report([r], tmp_path, title="T")
-    assert json.loads(rep.results_json.read_text())[0]["metrics"]["unfairness"] is None
+    assert json.loads(rep.results_json.read_text())["runs"][0]["metrics"]["unfairness"] is None
 
 
 def test_pivot_lays_one_metric_out_by_scenario_and_controller() -> None:
@@ -101,3 +103,72 @@ def test_pivot_lays_one_metric_out_by_scenario_and_controller() -> None:
     text = pivot(rows, "unfairness").splitlines()
     assert text[0] == "| scenario | eq | copart |"
     assert text[2] == "| a | 0.100 | 0.200 |" and text[3] == "| b | 0.300 | - |"
+
+
+def _labelled(label: str, scenario: str, seed: int, viol: float, ws: float, feas: str):
+    r = _result(label, scenario, seed, tail=1.0, unf=0.1)
+    r.controller_name = "policy" if label == "policy" else label
+    r.metrics.update(slo_violation_rate=viol, weighted_speedup=ws, unfairness=0.1 * ws)
+    r.feasibility = feas
+    r.feasibility_note = "x at best 1.3 x its SLO target" if feas == "infeasible" else ""
+    return r
+
+
+def _paired_runs() -> list[JobResult]:
+    """policy vs eq on 3 scenarios x 2 seeds; 'hard' is infeasible. On feasible runs the
+    policy has 0.1 fewer violations every time; its speedup is 0.2 higher, +-0.1."""
+    out = []
+    for scn, feas in (("a", "feasible"), ("b", "feasible"), ("hard", "infeasible")):
+        for seed in (0, 1):
+            base = 0.3 if feas == "feasible" else 0.9
+            bump = 0.1 if seed else 0.3
+            out.append(_labelled("policy", scn, seed, base - 0.1, 2.0 + bump, feas))
+            out.append(_labelled("eq", scn, seed, base, 2.0, feas))
+    return out
+
+
+def test_paired_comparison_on_constructed_runs() -> None:
+    from eval.report import paired_comparisons
+
+    comp = paired_comparisons(_paired_runs())
+    assert comp["reference"] == "policy" and (comp["scenarios"], comp["seeds"]) == (3, 2)
+    (row,) = comp["rows"]
+    assert row["controller"] == "eq" and row["pairs"] == 6
+    slo = row["metrics"]["slo_violation_rate"]
+    assert slo.n == 4  # feasible pairs only
+    assert slo.diff.mean == pytest.approx(-0.1) and slo.diff.half_width == pytest.approx(0.0)
+    assert slo.win_rate == 1.0
+    ws = row["metrics"]["weighted_speedup"]
+    # differences 0.3, 0.1 three times each: mean 0.2, sd sqrt(0.012), df 5
+    assert ws.n == 6 and ws.diff.mean == pytest.approx(0.2)
+    assert ws.diff.half_width == pytest.approx(2.571 * math.sqrt(0.012) / math.sqrt(6), rel=1e-3)
+    assert ws.better is True
+    unf = row["metrics"]["unfairness"]
+    assert unf.better is False and unf.win_rate == 0.0  # 0.1 x speedup: higher is worse
+    with pytest.raises(ValueError, match="no runs of 'ubik'"):
+        paired_comparisons(_paired_runs(), "ubik")
+    other = paired_comparisons(_paired_runs(), "eq")
+    assert other["rows"][0]["metrics"]["slo_violation_rate"].diff.mean == pytest.approx(0.1)
+
+
+def test_report_separates_infeasible_runs_and_writes_the_paired_table(tmp_path: Path) -> None:
+    from eval.report import load_results
+
+    rep = write_report(_paired_runs(), tmp_path, title="T")
+    md = rep.markdown.read_text()
+    assert "## Paired comparison: policy vs each controller" in md
+    assert "| eq | 6 | -10 ± 0 pp * | 100% |" in md
+    assert "(3 scenarios x 2 seeds)" in md
+    assert "## Infeasible runs" in md and "- hard, seed 0: x at best 1.3" in md
+    head = next(x for x in md.splitlines() if x.startswith("| controller | runs |"))
+    assert "SLO viol. (feasible) | SLO viol. (infeasible)" in head
+    assert "| eq | 6 | 30.0 ± 0.0% | 90.0 ± 0.0% |" in md  # per-controller table
+    assert "| hard (infeasible) |" in md  # SLO violations per scenario
+    data = json.loads(rep.results_json.read_text())
+    assert data["paired"]["rows"][0]["metrics"]["weighted_speedup"]["significant"] is True
+    assert {(x["scenario"], x["seed"]) for x in data["infeasible"]} == {("hard", 0), ("hard", 1)}
+    back = load_results(rep.results_json)
+    assert [r.feasibility for r in back] == [r.feasibility for r in _paired_runs()]
+    old = tmp_path / "old.json"  # results.json before the paired table: a list of runs
+    old.write_text(json.dumps(data["runs"]))
+    assert len(load_results(old)) == 12

@@ -11,7 +11,9 @@ from eval.suites import SuiteError, get_suite, load_suites
 
 def test_bundled_suites_load_and_expand() -> None:
     suites = load_suites()
-    assert {"smoke", "copart", "ubik", "catbench", "coco", "learned", "demo"} <= set(suites)
+    assert {"smoke", "copart", "ubik", "catbench", "coco", "learned", "demo", "heldout"} <= set(
+        suites
+    )
     copart = get_suite("copart")
     assert len(copart.scenarios) == 7
     assert [c.label for c in copart.controllers] == ["EQ", "CAT-only", "MBA-only", "ST", "CoPart"]
@@ -23,6 +25,11 @@ def test_bundled_suites_load_and_expand() -> None:
         0.05,
         0.1,
     }
+    for suite in suites.values():  # a suite's paired reference is one of its controllers
+        assert suite.paired_with is None or suite.paired_with in {
+            c.label for c in suite.controllers
+        }
+    assert copart.paired_with == "CoPart"
     cat = get_suite("catbench")
     swept = [c for c in cat.controllers if "ways" in c.options]
     assert len(swept) >= 10 and all(c.name == "static" for c in swept)
@@ -44,6 +51,36 @@ def test_held_out_family_draws_test_split_scenarios() -> None:
     assert learned.scenarios and all(split_of(s) == "test" for s in learned.scenarios)
     again = get_suite("learned")
     assert [s.name for s in again.scenarios] == [s.name for s in learned.scenarios]
+
+
+def test_heldout_suite_is_large_varied_and_never_trained_on() -> None:
+    """At least 30 mixes x 3 seeds from the test split: 2-6 workloads, 1-3 LC services,
+    time-varying loads, batch jobs of several kinds, more than one machine preset; the
+    learned policy, heuristics and the oracle in the same runs (paired)."""
+    from collections import Counter
+
+    from envs.scenarios import split_of
+
+    suite = get_suite("heldout")
+    scns = suite.scenarios
+    assert len(scns) >= 30 and len({s.name for s in scns}) == len(scns) and suite.seeds >= 3
+    assert all(split_of(s) == "test" for s in scns)
+    assert all(2 <= len(s.workloads) <= 6 for s in scns)
+    n_lc = Counter(sum(w.load is not None for w in s.workloads) for s in scns)
+    assert set(n_lc) <= {1, 2, 3} and len(n_lc) >= 2
+    kinds = Counter(w.load.kind for s in scns for w in s.workloads if w.load is not None)
+    assert {"constant", "step", "diurnal", "bursty"} <= set(kinds)
+    assert len({w.workload for s in scns for w in s.workloads if w.load is None}) >= 8
+    assert len({s.machine for s in scns}) >= 2
+    names = {c.name for c in suite.controllers}
+    assert {"policy", "oracle", "eq", "copart", "ubik"} <= names
+
+
+def test_family_entries_reject_unknown_options(tmp_path: Path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text("x: {scenarios: [{family: test, count: 2, colour: red}], controllers: [eq]}")
+    with pytest.raises(SuiteError, match="unknown family option"):
+        get_suite("x", p)
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,14 @@
-"""Encoder regression: FeatureEncoder output pinned bit for bit on fixed inputs.
+"""Encoder regression: FeatureEncoder output pinned on fixed inputs, at a stated tolerance.
 
 Exported policies were trained on ENCODER_VERSION's features, so any change to what
 :meth:`models.features.FeatureEncoder.encode` returns for the same inputs must bump the
 version. The inputs are built here by hand (capabilities included, not read from the
 simulator's catalog, which may change) from a seeded ``random.Random``; the expected
-float32 vectors are stored in ``data/encoder_v<ENCODER_VERSION>.json``.
+float32 vectors are stored in ``data/encoder_v<ENCODER_VERSION>.json`` and compared with a
+relative tolerance of :data:`RTOL` (about 16 float32 ulps) and an absolute one of
+:data:`ATOL`: the encoder calls libm's log1p/log2, whose last bits may differ between
+x86-64 hosts (glibc picks FMA or plain variants at run time), while any change of what a
+feature means moves it by far more.
 
 Regenerate only together with an ENCODER_VERSION bump:
 ``.venv/bin/python -m tests.models.test_features_pinned --write``.
@@ -40,6 +44,8 @@ from models.features import ENCODER_VERSION, FeatureEncoder
 
 DATA = Path(__file__).parent / "data" / f"encoder_v{ENCODER_VERSION}.json"
 CASES = 60
+RTOL = 2e-6
+ATOL = 1e-7
 
 
 def _capabilities() -> list[NodeCapabilities]:
@@ -168,8 +174,8 @@ def test_encoder_output_is_pinned() -> None:
     for i, (obs, want) in enumerate(zip(got, expected["observations"], strict=True)):
         want = np.asarray(want, dtype=np.float32)
         assert obs.dtype == np.float32 and obs.shape == want.shape, f"case {i}"
-        # Bit for bit (same float32 bytes), not approximately.
-        assert obs.tobytes() == want.tobytes(), f"case {i}: {obs} != {want}"
+        # Same layout exactly; values to a few float32 ulps (portable across hosts).
+        np.testing.assert_allclose(obs, want, rtol=RTOL, atol=ATOL, err_msg=f"case {i}")
 
 
 @pytest.mark.parametrize("i", [0, 17, 42])

@@ -1,17 +1,137 @@
-"""The oracle: simulated nodes only, and at least as good as every other controller on
-its own objective (ground truth of each controller's final allocation)."""
+"""The safe oracle: simulated nodes only; on a feasible run it keeps every SLO (as the
+harness measures it) while a naive controller does not; it looks ahead over the load
+schedule; infeasible load levels are recognised; among SLO-safe allocations it is at
+least as good as every other controller on its own objective."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from agent.sim import SimNode
+from agent.sim import LoadProfile, Scenario, SimNode, WorkloadInstance
+from agent.types import GroupKind
 from models.basic import EqualPartition, Unpartitioned
 from models.controller import drive
 from models.copart import CoPart, stream_profile_sim
-from models.oracle import Oracle, evaluate_truth
+from models.objectives import SloConstrained
+from models.oracle import (
+    _MEMO,
+    SAFETY_MARGIN,
+    LatencyBounds,
+    Oracle,
+    condition_at,
+    evaluate_truth,
+    feasibility,
+    guarded_latency,
+    planned_load,
+)
 from models.static import BestStatic, StaticController, calibrate
 from models.ubik import StaticLC, Ubik
+
+BATCH = ("ocean_cp", "CG", "water_nsquared")
+
+
+def step_scenario(high: float, at: float = 3.0) -> Scenario:
+    """memcached stepping from 45% load to ``high`` at ``at`` s beside three cache- and
+    bandwidth-hungry batch jobs (the demo's mix)."""
+    load = LoadProfile("step", 0.45, "utilization", steps=((at, high),))
+    return Scenario(
+        "step",
+        "gold6130",
+        (WorkloadInstance("kv", "memcached", load=load), *(WorkloadInstance(b, b) for b in BATCH)),
+    )
+
+
+def test_safe_on_a_feasible_load_step_where_equal_shares_are_not() -> None:
+    """As the harness measures it (eval/runner.py, SLO windows): the oracle keeps the SLO
+    through the step in every seed; EQ's quarter of the cache does not."""
+    from eval.runner import Job, run_job
+
+    scn = step_scenario(0.75)
+    for seed in (0, 1):
+        oracle = run_job(Job("t", scn, "oracle", seed, 8.0))
+        assert not oracle.error and oracle.feasibility == "feasible"
+        assert oracle.metrics["slo_violation_rate"] == 0.0
+        assert oracle.metrics["oracle_infeasible_levels"] == 0.0
+    eq = run_job(Job("t", scn, "eq", 0, 8.0))
+    assert eq.feasibility == "feasible" and eq.metrics["slo_violation_rate"] > 0.3
+
+
+def test_an_unattainable_load_is_labelled_infeasible() -> None:
+    """Past 97% of its capacity memcached misses its SLO whatever it gets: the run is
+    infeasible (from the step on), the oracle says so and holds the closest allocation."""
+    scn = step_scenario(0.97)
+    node = SimNode(scn, seed=0)
+    verdict = feasibility(node, 8.0, 0.1)
+    assert not verdict.feasible and verdict.conditions >= 2
+    first_t, plan = verdict.infeasible[0]
+    assert 2.85 <= first_t <= 3.0 and "kv" in verdict.describe()  # the interval before the step
+    assert plan.latency_ratio["kv"] > 1.0 - SAFETY_MARGIN
+    early = feasibility(SimNode(scn, seed=0), 2.0, 0.1)  # before the step: feasible
+    assert early.feasible and early.describe() == ""
+    oracle = Oracle(node)
+    drive(oracle, node, node, 60)
+    assert len(oracle.infeasible) == 1 and oracle.infeasible[0][0] < 1.0  # seen 2 s ahead
+
+
+def test_looks_ahead_over_the_load_schedule() -> None:
+    """With a 2 s look-ahead the allocation for the higher load is in place 2 s before the
+    step (the planned load is the highest in the window, on the load grid)."""
+    scn = step_scenario(0.75, at=3.0)
+    node = SimNode(scn, seed=0)
+    cap = next(w.lc_capacity_rps for w in node.workloads() if w.name == "kv")
+    assert planned_load(node, "kv", cap, 0.0, 2.9, 0.02) == pytest.approx(0.46 * cap)
+    assert planned_load(node, "kv", cap, 0.0, 3.0, 0.02) == pytest.approx(0.76 * cap)
+    oracle = Oracle(node, lookahead_s=2.0)
+    drive(oracle, node, node, 9)  # up to t = 0.9 s: the window (0.1 s + 2 s) ends at 3.0
+    assert dict(oracle._condition.loads)["kv"] == pytest.approx(0.76 * cap)
+    late = Oracle(SimNode(scn, seed=0), lookahead_s=0.0)
+    drive(late, late.sim, late.sim, 9)
+    assert dict(late._condition.loads)["kv"] == pytest.approx(0.46 * cap)
+
+
+def test_each_load_level_is_searched_once_and_identical_searches_are_shared() -> None:
+    scn = step_scenario(0.75)
+    _MEMO.clear()
+    first = Oracle(SimNode(scn, seed=3))
+    records = drive(first, first.sim, first.sim, 80)
+    assert first.searches == 2 and first.reused == 0  # 45% load, then 75%
+    assert sum(1 for r in records if r.decision.plan is not None) == 1
+    again = Oracle(SimNode(scn, seed=4))  # another seed, the same loads: nothing to search
+    drive(again, again.sim, again.sim, 80)
+    assert again.reused == 2 and again.evaluations == 0
+    assert [p.result.state for p in again.plans.values()] == [
+        p.result.state for p in first.plans.values()
+    ]
+    stats = first.stats()
+    assert stats["oracle_searches"] == 2 and stats["oracle_evaluations"] > 0
+
+
+def test_the_allocation_held_meets_every_margined_slo_on_the_accurate_steady_state() -> None:
+    node = SimNode(step_scenario(0.75), seed=0)
+    oracle = Oracle(node)
+    drive(oracle, node, node, 40)
+    for plan in oracle.plans.values():
+        assert plan.feasible
+        truths = node.steady_state(
+            plan.result.plan, plan.condition.overrides(), latency_requests=20_000
+        )
+        kv = truths["kv"].workloads["kv"]
+        limit = (1.0 - SAFETY_MARGIN) * node.groups()["kv"].slo.target_ms
+        assert guarded_latency(kv, 95.0) <= limit
+        assert kv.latency_ms[95.0] < guarded_latency(kv, 95.0)  # the noise margin is real
+
+
+def test_latency_bounds_judge_by_utilisation_once_taught() -> None:
+    b = LatencyBounds()
+    key = ("kv", 1000.0, 95.0, 0.95)
+    assert b.verdict(key, 0.5) is None
+    b.learn(key, 0.5, True)
+    b.learn(key, 0.7, False)
+    assert b.verdict(key, 0.4) is True and b.verdict(key, 0.8) is False
+    assert b.verdict(key, 0.6) is None and b.verdict(key, 1.0) is False
+    assert b.verdict(("kv", 2000.0, 95.0, 0.95), 0.4) is None  # another load: unknown
 
 
 def _controllers(scenario: str, node: SimNode) -> list:
@@ -28,36 +148,61 @@ def _controllers(scenario: str, node: SimNode) -> list:
     return out
 
 
+def _meets(node: SimNode, allocation) -> bool:
+    """Every LC service within its margined target (guarded latency), as the oracle asks."""
+    truths = node.steady_state(allocation, latency_requests=20_000)
+    for g, spec in node.groups().items():
+        if spec.slo is None or g not in truths:
+            continue
+        for wt in truths[g].workloads.values():
+            if guarded_latency(wt, spec.slo.percentile) > (1 - SAFETY_MARGIN) * spec.slo.target_ms:
+                return False
+    return True
+
+
 @pytest.mark.parametrize(
     ("scenario", "objective"),
     [
         ("copart_h_bw", "fairness"),
-        ("copart_memcached", None),  # SLO-first with memcached present
+        ("copart_memcached", None),  # memcached's SLO, then unfairness and mean slowdown
         ("catbench_kv_big_tensorflow", None),
     ],
 )
-def test_oracle_is_at_least_as_good_as_every_controller(scenario, objective):
+def test_oracle_is_at_least_as_good_as_every_safe_controller(scenario, objective):
+    """On the oracle's own objective (its base objective among allocations that keep every
+    SLO with its margin): no controller that keeps the SLOs so does better."""
+    from models.oracle import base_objective
+
     node = SimNode(scenario, noise=False)
     oracle = Oracle(node, objective, max_evals=300)
     drive(oracle, node, node, 1)
-    best = evaluate_truth(node, node.allocation(), objective)[0]
-    assert best == pytest.approx(oracle.result.score)
+    assert SloConstrained.feasible(oracle.result.score)
+    has_lc = any(s.kind is GroupKind.LC for s in node.groups().values())
+    base = base_objective(objective, has_lc)
+    best = base(evaluate_truth(node, node.allocation(), "fairness")[1])
+    # (the search ran at the planned loads, a hair above the loads now)
+    assert best == pytest.approx(oracle.result.score, rel=1e-3)
     for ctl in _controllers(scenario, SimNode(scenario, noise=False)):
         sim = SimNode(scenario, noise=False)
         if isinstance(ctl, BestStatic):
             ctl.objective = objective
             ctl.fit(sim)
         drive(ctl, sim, sim, 150)
-        theirs = evaluate_truth(sim, sim.allocation(), objective)[0]
+        if not _meets(sim, sim.allocation()):
+            continue  # not safe: outside the oracle's comparison
+        theirs = base(evaluate_truth(sim, sim.allocation(), "fairness")[1])
         assert best <= theirs + 1e-9, f"{ctl.name} scored {theirs:.5g} < oracle {best:.5g}"
 
 
-def test_oracle_searches_again_when_the_load_steps():
-    node = SimNode("copart_memcached", noise=False, interval_s=0.5)
-    oracle = Oracle(node, max_evals=60)
-    node.advance(95.0)
-    drive(oracle, node, node, 12, 0.5)  # crosses the 75k -> 150k step at 99.4 s
-    assert oracle.searches == 2
+def test_condition_rounds_planned_loads_up_onto_the_grid() -> None:
+    node = SimNode(step_scenario(0.75), seed=0)
+    cond = condition_at(node, 0.0, 1.0, 0.05)
+    cap = next(w.lc_capacity_rps for w in node.workloads() if w.name == "kv")
+    ((name, load),) = cond.loads
+    assert name == "kv" and load == pytest.approx(0.45 * cap)  # on the grid already
+    assert condition_at(node, 0.0, 1.0, 0.04).loads[0][1] == pytest.approx(0.48 * cap)
+    assert len(cond.active) == 4 and all(cond.active)
+    assert math.isfinite(load)
 
 
 def test_oracle_refuses_a_real_node():

@@ -15,8 +15,18 @@ CONFIGS = sorted((Path(__file__).parents[2] / "training" / "configs").glob("*.ya
 def test_shipped_configs_parse(path):
     cfg = load_config(path)
     assert cfg.algorithm in ("PPO", "MaskablePPO")
-    assert cfg.eval_kwargs()["split"] == "test"
+    # train on train, select checkpoints on validation, the final table on test
     assert cfg.env_kwargs().get("split", "train") == "train"
+    assert cfg.eval_kwargs()["split"] == "validation"
+    assert cfg.final_kwargs()["split"] == "test"
+    assert cfg.eval.episodes >= 64
+
+
+def test_checkpoint_selection_on_the_test_split_is_refused():
+    with pytest.raises(ConfigError, match="must not see the test split"):
+        TrainConfig.parse({"eval": {"kwargs": {"split": "test"}}})
+    cfg = TrainConfig.parse({})
+    assert (cfg.eval_kwargs()["split"], cfg.final_kwargs()["split"]) == ("validation", "test")
 
 
 def test_defaults_and_round_trip():
@@ -54,6 +64,8 @@ def test_overrides_apply_and_revalidate():
         ({"env": {"reward_weights": {"speed": 1}}}, "env.reward_weights: unknown reward"),
         ({"eval": {"kwargs": {"split": "nope"}}}, "eval.kwargs: split must be one of"),
         ({"eval": {"episodes": 0}}, "eval.episodes"),
+        ({"eval": {"final_episodes": 0}}, "eval.final_episodes"),
+        ({"eval": {"final_kwargs": {"split": "nope"}}}, "eval.final_kwargs: split must be one"),
         ({"eval": {"controllers": "eq"}}, "eval.controllers: expected a list"),
         ({"policy": {"activation": "gelu"}}, "policy.activation"),
         ({"policy": {"extractor": {"pool": ["sum"]}}}, "policy.extractor.pool"),

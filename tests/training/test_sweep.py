@@ -54,7 +54,7 @@ def test_ray_local_sweep_and_parallel_rollouts(tmp_path):
     from training.sweep import parallel_rollouts, run_sweep
 
     cfg = tiny_config(tmp_path / "tiny", total_timesteps=64)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         result = run_sweep(cfg, {"seed": [0, 1]})
         assert ray.is_initialized()  # a Ray the caller started is left running

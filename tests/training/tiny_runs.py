@@ -26,7 +26,13 @@ TINY: dict = {
             "mba_levels": 3,
         }
     },
-    "eval": {"freq": 64, "episodes": 1, "controllers": ["eq"], "kwargs": {"split": "test"}},
+    "eval": {
+        "freq": 64,
+        "episodes": 1,
+        "final_episodes": 2,
+        "controllers": ["eq"],
+        "kwargs": {"split": "validation"},
+    },
     "policy": {"extractor": {"hidden": 16, "slot_hidden": 8}, "net_arch": {"pi": [16], "vf": [16]}},
     "ppo": {"n_steps": 32, "batch_size": 32, "n_epochs": 2},
 }

@@ -130,6 +130,21 @@ def test_load_step_shows_in_the_latency() -> None:
     assert after.p95_ms > 2 * before.p95_ms
 
 
+def test_future_load_is_the_load_the_node_will_have() -> None:
+    """load_rps(name, at_s) reads the schedule realised at reset (bursts included)."""
+    burst = LoadProfile("bursty", 0.3, "utilization", burst_factor=2.0, burst_s=0.5, gap_s=1.0)
+    scn = Scenario("future", "gold6130", (WorkloadInstance("kv", "memcached", load=burst),))
+    node = SimNode(scn, seed=4)
+    times = [0.1 * k for k in range(1, 80)]
+    ahead = [node.load_rps("kv", t) for t in times]
+    seen = []
+    for t in times:
+        node.advance(t - node.now())
+        seen.append(node.load_rps("kv"))
+    assert ahead == seen
+    assert len(set(seen)) == 2  # bursts happened in the window
+
+
 def _inertia_node(machine: str = "gold6130") -> SimNode:
     """'fit' (cache-fitting, 1 thread) in way 0, a streaming group in every other way."""
     scn = Scenario(

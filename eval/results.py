@@ -1,0 +1,369 @@
+"""Regenerate docs/RESULTS.md from the harness: ``python -m eval.results`` (``make results``).
+
+Runs every bundled suite of eval/data/suites.yaml (eval/suites.py) as ``rdtune eval``
+would, adds the safe oracle (models/oracle.py) to every suite with an SLO to keep, writes
+each suite's full report (tables, plots, ``results.json``) under ``--runs`` and then the
+one document: per suite the per-controller table (SLO violations of feasible and
+infeasible runs apart), the paired table (the learned policy, else the suite's first
+controller, against each other one over the same (scenario, seed) runs, eval/report.py),
+the infeasible runs with the reason (eval/feasibility.py), and the oracle's safety record
+(violations on feasible runs, which must be 0) and cost. The learned policy's own
+training table comes from its model card (models/policies/default/model_card.json).
+
+Everything is generated: rerun it after a change to the simulator and commit the result.
+``--rerender`` rebuilds the document from the saved ``results.json`` files without runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from eval.runner import JobResult
+
+SUITES = ("demo", "copart", "ubik", "catbench", "coco", "learned", "heldout")
+ROOT = Path(__file__).resolve().parents[1]
+ORACLE = "oracle"
+
+
+def _jobs(name: str):
+    from eval.controllers import ControllerSpec
+    from eval.suites import get_suite
+
+    suite = get_suite(name)
+    jobs = suite.jobs()
+    if not any(c.name == ORACLE for c in suite.controllers):
+        # the oracle on every scenario with an SLO to keep (batch-only mixes have none)
+        lc = [s for s in suite.scenarios if _has_slo(s)]
+        if lc:
+            jobs += suite.jobs(controllers=[ControllerSpec.parse(ORACLE)], scenarios=lc)
+    return suite, jobs
+
+
+def _has_slo(scenario) -> bool:
+    from agent.sim import get_scenario
+
+    scn = get_scenario(scenario)
+    return any(scn.catalog.workload(w.workload).kind == "lc" for w in scn.workloads)
+
+
+def run_suites(names: Sequence[str], runs: Path, ray_address: str) -> dict[str, float]:
+    """Run the suites, writing each report to ``runs/<suite>``; wall seconds per suite."""
+    from eval.bench.harness import machine
+    from eval.report import write_report
+    from eval.runner import run_jobs
+
+    walls = {}
+    for name in names:
+        suite, jobs = _jobs(name)
+        print(f"eval.results: suite {name}: {len(jobs)} runs", flush=True)
+        t0 = time.perf_counter()
+        results = run_jobs(jobs, ray_address if len(jobs) > 1 else "none")
+        walls[name] = time.perf_counter() - t0
+        write_report(
+            results,
+            runs / name,
+            title=f"rdtune eval: suite {name}",
+            description=suite.description,
+            command=f"python -m eval.results --suites {name}",
+            machine=machine(),
+        )
+        meta = runs / name / "wall.json"
+        meta.write_text(json.dumps({"wall_s": walls[name], "runs": len(jobs)}))
+        print(f"eval.results: suite {name}: {walls[name] / 60:.1f} min", flush=True)
+    return walls
+
+
+# ------------------------------------------------------------------------- rendering
+
+
+def _oracle_rows(results: Sequence[JobResult]) -> dict[str, float]:
+    runs = [r for r in results if r.controller_name == ORACLE and not r.error]
+    feasible = [r for r in runs if r.feasibility == "feasible"]
+    infeasible = [r for r in runs if r.feasibility == "infeasible"]
+
+    def viol(rs):
+        vals = [r.metrics.get("slo_violation_rate") for r in rs]
+        vals = [v for v in vals if v is not None and math.isfinite(v)]
+        return statistics.fmean(vals) if vals else math.nan
+
+    cost = [r.build_s + r.run_s for r in runs]
+    return {
+        "runs": len(runs),
+        "feasible": len(feasible),
+        "violating_feasible": sum(
+            1 for r in feasible if (r.metrics.get("slo_violation_rate") or 0.0) > 0
+        ),
+        "viol_feasible": viol(feasible),
+        "infeasible": len(infeasible),
+        "viol_infeasible": viol(infeasible),
+        "cost_median_s": statistics.median(cost) if cost else math.nan,
+        "cost_max_s": max(cost) if cost else math.nan,
+        "cost_total_s": sum(cost),
+        "searches": statistics.fmean([r.metrics.get("oracle_searches", 0.0) for r in runs])
+        if runs
+        else math.nan,
+        "evaluations": statistics.fmean([r.metrics.get("oracle_evaluations", 0.0) for r in runs])
+        if runs
+        else math.nan,
+    }
+
+
+def _pct(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def _suite_section(
+    name: str, results: Sequence[JobResult], wall: dict, description: str, reference=None
+):
+    from eval.report import infeasible_runs, paired_comparisons, paired_table, table
+
+    ok = [r for r in results if not r.error]
+    scenarios = sorted({r.scenario for r in ok})
+    seeds = sorted({r.seed for r in ok})
+    pairs = {(r.scenario, r.seed): r.feasibility for r in ok}
+    bad = infeasible_runs(ok)
+    lines = [
+        f"## Suite `{name}`",
+        "",
+        description,
+        "",
+        f"    python -m eval.results --suites {name}      # or: rdtune eval --suite {name}",
+        "",
+        f"{len(scenarios)} scenario(s) x {len(seeds)} seed(s), {len(results)} runs "
+        f"({sum(1 for r in results if r.error)} failed); "
+        f"{sum(1 for v in pairs.values() if v == 'feasible')} feasible and {len(bad)} "
+        "infeasible (scenario, seed) runs"
+        + (f"; {wall['wall_s'] / 60:.1f} min wall on this machine" if wall else "")
+        + ".",
+        "",
+        table(results),
+        "",
+    ]
+    labels = {r.controller for r in ok}
+    if len(labels) > 1:
+        comp = paired_comparisons(ok, reference if reference in labels else None)
+        lines += [
+            f"Paired: {comp['reference']} minus each controller over the same (scenario, "
+            f"seed) runs ({comp['scenarios']} scenarios x {comp['seeds']} seeds), mean ± "
+            "95% CI; * marks a CI that excludes 0; wins: share of runs "
+            f"{comp['reference']} did better (ties half); SLO violations on feasible runs "
+            "only, in percentage points.",
+            "",
+            paired_table(comp),
+            "",
+        ]
+        verdicts = []
+        for row in comp["rows"]:
+            by = {True: [], False: []}
+            for key, word in (
+                ("slo_violation_rate", "SLO violations"),
+                ("weighted_speedup", "weighted speedup"),
+                ("unfairness", "unfairness"),
+            ):
+                p = row["metrics"][key]
+                if p.better is not None:
+                    by[p.better].append(word)
+            parts = [
+                f"{'better' if good else 'worse'} on {', '.join(words)}"
+                for good, words in ((True, by[True]), (False, by[False]))
+                if words
+            ]
+            if parts:
+                verdicts.append(f"vs {row['controller']}: {' and '.join(parts)}")
+        lines += [
+            f"Significant differences of {comp['reference']} (95% CI of the paired mean "
+            "excluding 0): " + ("; ".join(verdicts) if verdicts else "none") + ".",
+            "",
+        ]
+    if bad:
+        lines += [
+            "Infeasible runs: no allocation keeps every SLO at some load they see. The reason "
+            "given is the first such load level and the service's lowest *guarded* latency "
+            "there (steady state plus an SLO window's measurement noise) as a multiple of its "
+            "SLO target; the margin asks for at most 0.95.",
+            "",
+        ]
+        grouped: dict[tuple[str, str], list[int]] = {}
+        for s, seed, note in sorted(bad):
+            grouped.setdefault((s, note), []).append(seed)
+        for (s, note), seeds_ in grouped.items():
+            which = (
+                f"seed {seeds_[0]}" if len(seeds_) == 1 else f"seeds {', '.join(map(str, seeds_))}"
+            )
+            lines.append(f"- {s}, {which}: {note}")
+        lines.append("")
+    return lines
+
+
+def _card_table(rows: Sequence[dict]) -> str:
+    """The model card's evaluation rows as the trainer prints them (training/evaluate.py)."""
+
+    def f(v, fmt=".3f"):
+        return "-" if v is None else format(v, fmt)
+
+    lines = [
+        "| controller | return (mean ± std) | reward/step | SLO violation rate | unfairness | "
+        "batch progress | churn |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {f(r['mean_return'], '.2f')} ± {f(r['std_return'], '.2f')} | "
+            f"{f(r['mean_reward'])} | {f(r['violation_rate'])} ({r['violations']}) | "
+            f"{f(r['unfairness'])} | {f(r['progress'])} | {f(r['churn'])} |"
+        )
+    return "\n".join(lines)
+
+
+def _training_section() -> list[str]:
+    card = ROOT / "models" / "policies" / "default" / "model_card.json"
+    if not card.is_file():
+        return []
+    data = json.loads(card.read_text())
+    ev = data.get("evaluation") or {}
+    kw = ev.get("eval_kwargs") or {}
+    return [
+        "## The bundled policy's training table (model card)",
+        "",
+        f"`models/policies/default` ({data.get('algorithm')}, exported {data.get('created')}): "
+        f"its best checkpoint (step {ev.get('best_step')} of {ev.get('total_timesteps')}) "
+        f"and the heuristics on {ev.get('episodes')} episodes of the `{kw.get('split')}` "
+        f"split (seeds from {ev.get('seed')}), scored with the env's reward "
+        "(training/evaluate.py). It was trained before checkpoint selection moved to the "
+        "validation split (training/configs/default.yaml now selects on 64 validation "
+        "episodes); `rdtune train --config training/configs/default.yaml` retrains it.",
+        "",
+        _card_table(ev.get("rows") or []),
+        "",
+    ]
+
+
+def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -> Path:
+    """Write the document from ``runs/<suite>/results.json``."""
+    from eval.bench.harness import machine
+    from eval.report import load_results
+    from eval.suites import load_suites
+
+    known = load_suites()
+    per_suite = {}
+    for name in names:
+        path = runs / name / "results.json"
+        if path.is_file():
+            per_suite[name] = load_results(path)
+    oracle = {n: _oracle_rows(rs) for n, rs in per_suite.items()}
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Results: controllers head to head",
+        "",
+        "Generated by `python -m eval.results` (`make results`; eval/results.py) from the "
+        "evaluation harness (eval/): every bundled suite (eval/data/suites.yaml) on the "
+        "simulated node (agent/sim, docs/SIMULATOR.md), the same scenario, seed and "
+        "simulated time for every controller. Do not edit by hand: rerun it.",
+        "",
+        f"Machine: {machine()}; {stamp}"
+        + (f"; {total_s / 60:.1f} min wall for the suites together." if total_s else "."),
+        "",
+        "How to read the tables (eval/metrics.py, eval/report.py, eval/feasibility.py):",
+        "",
+        "- **SLO violations**: share of intervals in an *SLO window* (consecutive intervals "
+        "pooled until they span 1 s and hold 50 requests beyond the SLO percentile) whose "
+        "latency at the SLO percentile exceeded the target.",
+        "- **Feasible / infeasible**: a (scenario, seed) run is infeasible when at some load "
+        "it sees no allocation keeps every LC service's guarded latency (steady state plus "
+        "the measurement noise of an SLO window) under 95% of its target; SLO violations of "
+        "feasible and infeasible runs are reported apart, so rates compare like with like.",
+        "- **Paired**: differences over the same (scenario, seed) runs with 95% Student-t "
+        "confidence intervals (eval/stats.py); a claim that A beats B needs the interval to "
+        "exclude 0.",
+        "- **tail / alone**: LC tail over the same service alone on the machine; "
+        "**unfairness**: CoPart's stddev/mean of batch slowdowns; **weighted speedup**: "
+        "sum of batch IPS / IPS alone; **decide**: median wall time of a decision.",
+        "",
+        "## The oracle is safe",
+        "",
+        "The oracle (models/oracle.py: best allocation on the simulator's ground truth, "
+        "subject to every SLO with a margin, looking ahead over the load schedule; not "
+        "deployable) on every scenario of every suite with an SLO to keep. It must have no "
+        "SLO violation on a feasible run; on infeasible runs no allocation can keep the "
+        "SLOs. Cost: wall seconds per run (searches included) on this machine.",
+        "",
+        "| suite | oracle runs | feasible | feasible runs with a violation | SLO violations "
+        "(feasible) | infeasible | SLO violations (infeasible) | searches per run | "
+        "steady states per run | seconds per run (median / max) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, o in oracle.items():
+        if not o["runs"]:
+            continue
+        lines.append(
+            f"| {name} | {o['runs']} | {o['feasible']} | **{o['violating_feasible']}** | "
+            f"{_pct(o['viol_feasible'])} | {o['infeasible']} | {_pct(o['viol_infeasible'])} | "
+            f"{o['searches']:.1f} | {o['evaluations']:.0f} | "
+            f"{o['cost_median_s']:.1f} / {o['cost_max_s']:.1f} |"
+        )
+    unsafe = sum(o["violating_feasible"] for o in oracle.values())
+    lines += [
+        "",
+        "No feasible run has an oracle SLO violation."
+        if not unsafe
+        else f"**{unsafe} feasible run(s) have an oracle SLO violation: the oracle is not safe "
+        "here.**",
+        "",
+    ]
+    for name, results in per_suite.items():
+        wall_path = runs / name / "wall.json"
+        wall = json.loads(wall_path.read_text()) if wall_path.is_file() else {}
+        desc = known[name].description if name in known else ""
+        ref = known[name].paired_with if name in known else None
+        lines += _suite_section(name, results, wall, desc, ref)
+    lines += _training_section()
+    out.write_text("\n".join(lines))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.results",
+        description="Run every bundled evaluation suite (plus the safe oracle where an SLO "
+        "is at stake) and regenerate docs/RESULTS.md from the results.",
+    )
+    parser.add_argument(
+        "--suites", default=",".join(SUITES), help=f"comma-separated (default: {','.join(SUITES)})"
+    )
+    parser.add_argument("--out", default=str(ROOT / "docs" / "RESULTS.md"), help="document")
+    parser.add_argument(
+        "--runs", default="runs/results", help="where each suite's full report is written"
+    )
+    parser.add_argument(
+        "--ray-address", default="local", help="Ray: local (default), an address, or none"
+    )
+    parser.add_argument(
+        "--rerender", action="store_true", help="rebuild the document from saved results only"
+    )
+    args = parser.parse_args(argv)
+    names = [s.strip() for s in args.suites.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        print(f"eval.results: unknown suite(s) {unknown}; choose from {SUITES}", file=sys.stderr)
+        return 2
+    runs = Path(args.runs)
+    if not args.rerender:
+        run_suites(names, runs, args.ray_address)
+    every = [n for n in SUITES if (runs / n / "results.json").is_file()]
+    walls = [runs / n / "wall.json" for n in every]
+    total = sum(json.loads(w.read_text())["wall_s"] for w in walls if w.is_file()) or None
+    path = render(runs, every, Path(args.out), total)
+    print(f"eval.results: wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

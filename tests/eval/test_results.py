@@ -1,0 +1,75 @@
+"""docs/RESULTS.md is generated: the oracle's safety record, each suite's tables, paired
+comparisons and infeasible runs, from saved results (python -m eval.results --rerender)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eval.report import write_report
+from eval.results import main
+from eval.runner import JobResult
+
+
+def _run(ctl: str, scn: str, seed: int, viol: float, feas: str) -> JobResult:
+    return JobResult(
+        "x",
+        scn,
+        ctl,
+        ctl,
+        {},
+        seed,
+        metrics={
+            "slo_violation_rate": viol,
+            "tail_latency_ms": 1.0,
+            "weighted_speedup": 2.0 + 0.1 * (ctl == "policy") + 0.01 * seed,
+            "unfairness": 0.1,
+            "oracle_searches": 2.0 if ctl == "oracle" else 0.0,
+            "oracle_evaluations": 300.0 if ctl == "oracle" else 0.0,
+        },
+        feasibility=feas,
+        feasibility_note="kv at best 1.30 x its SLO target" if feas == "infeasible" else "",
+        run_s=2.0,
+    )
+
+
+def _suite(runs: Path, name: str, oracle_viol: float) -> None:
+    results = []
+    for scn, feas in (("a", "feasible"), ("b", "infeasible")):
+        for seed in range(3):
+            bad = 0.5 if feas == "infeasible" else 0.0
+            results += [
+                _run("policy", scn, seed, 0.1 + bad, feas),
+                _run("eq", scn, seed, 0.3 + bad, feas),
+                _run("oracle", scn, seed, (oracle_viol if feas == "feasible" else bad), feas),
+            ]
+    write_report(results, runs / name, title=name)
+    (runs / name / "wall.json").write_text(json.dumps({"wall_s": 90.0, "runs": len(results)}))
+
+
+def test_results_document_from_saved_suites(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _suite(runs, "ubik", 0.0)
+    _suite(runs, "heldout", 0.0)
+    out = tmp_path / "RESULTS.md"
+    argv = ["--rerender", "--runs", str(runs), "--out", str(out), "--suites", "ubik,heldout"]
+    assert main(argv) == 0
+    md = out.read_text()
+    assert "## The oracle is safe" in md and "No feasible run has an oracle SLO violation" in md
+    assert "| ubik | 6 | 3 | **0** | 0.0% | 3 | 50.0% | 2.0 | 300 | 2.0 / 2.0 |" in md
+    for name in ("ubik", "heldout"):
+        assert f"## Suite `{name}`" in md
+    assert "2 scenario(s) x 3 seed(s), 18 runs (0 failed); 3 feasible and 3 infeasible" in md
+    assert "| eq | 6 | -20 ± 0 pp * | 100% |" in md  # paired on the feasible runs
+    assert "excluding 0): vs eq: better on SLO violations, weighted speedup" in md
+    assert "- b, seeds 0, 1, 2: kv at best 1.30 x its SLO target" in md
+    assert "3.0 min wall for the suites together" in md
+
+
+def test_an_unsafe_oracle_is_called_out(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _suite(runs, "heldout", 0.02)
+    out = tmp_path / "R.md"
+    assert main(["--rerender", "--runs", str(runs), "--out", str(out)]) == 0
+    assert "**3 feasible run(s) have an oracle SLO violation" in out.read_text()
+    assert main(["--suites", "nope", "--rerender"]) == 2
