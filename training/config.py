@@ -401,7 +401,11 @@ def load_config(path: str | Path) -> TrainConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if data is not None and not isinstance(data, dict):
+    if not data:
+        # An empty file would silently train the defaults for 100k steps: a file with no
+        # settings is a mistake (a wrong path, a truncated copy), not a request for defaults.
+        raise ConfigError(f"{path}: the config is empty; start from training/configs/default.yaml")
+    if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     try:
         return TrainConfig.parse(data)

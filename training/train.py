@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         if overrides:
             cfg = cfg.with_overrides(overrides)
     except ConfigError as exc:
-        print(f"rdtune train: {exc}")
+        print(f"rdtune train: {exc}", file=sys.stderr)
         return 2
     if args.sweep or args.ray_address:
         from training.sweep import SweepError, parse_sweep, run_sweep
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                 cfg, grid, address=args.ray_address or "local", max_concurrent=args.max_concurrent
             )
         except (SweepError, ConfigError) as exc:
-            print(f"rdtune train: {exc}")
+            print(f"rdtune train: {exc}", file=sys.stderr)
             return 2
         print(result.summary())
         return 0

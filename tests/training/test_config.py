@@ -88,6 +88,9 @@ def test_bad_config_names_the_key(data, message):
         ("algorithm: [unclosed", "not valid YAML"),
         ("- 1\n- 2\n", "expected a mapping at the top level"),
         ("algorithm: A2C\n", "algorithm: expected one of"),
+        ("", "the config is empty"),
+        ("# nothing set\n", "the config is empty"),
+        ("{}\n", "the config is empty"),
     ],
 )
 def test_load_config_errors_name_the_file(tmp_path, text, message):
@@ -109,4 +112,4 @@ def test_cli_reports_config_errors(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text("algorithm: A2C\n")
     assert main(["train", "--config", str(path)]) == 2
-    assert "algorithm: expected one of" in capsys.readouterr().out
+    assert "algorithm: expected one of" in capsys.readouterr().err
