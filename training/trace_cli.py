@@ -91,6 +91,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--root", default=None, help="Minari datasets folder (default: $MINARI_DATASETS_PATH)"
     )
     exp.add_argument("--max-groups", type=positive_int, default=8, help="group slots (default: 8)")
+    exp.add_argument("--author", default=None, help="dataset author (default: the login name)")
+    exp.add_argument(
+        "--author-email", default=None, help="author's contact (default: login@hostname)"
+    )
+    exp.add_argument(
+        "--code-permalink",
+        default=None,
+        help="link to the code that made the data (default: this rdtune's version and module)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,7 +181,15 @@ def _export(args: argparse.Namespace) -> int:
 
     try:
         traces = [load_trace(f) for f in args.files]
-        ds = export_minari(traces, args.dataset_id, root=args.root, max_groups=args.max_groups)
+        ds = export_minari(
+            traces,
+            args.dataset_id,
+            root=args.root,
+            max_groups=args.max_groups,
+            author=args.author,
+            author_email=args.author_email,
+            code_permalink=args.code_permalink,
+        )
     except (TraceError, ImportError, ValueError) as e:
         print(f"rdtune trace export-minari: {e}", file=sys.stderr)
         return 1
