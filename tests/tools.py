@@ -15,13 +15,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Tools set-up installs from the npm registry (buf), outside the Python environment.
+TOOLS_BIN = ROOT / ".tools" / "node_modules" / ".bin"
 
 
 def require_tool(name: str) -> str:
     """The path of executable ``name`` (also looked up next to the interpreter, where pip
     puts console scripts), or skip / fail the test."""
-    beside = Path(sys.executable).parent / name
-    path = str(beside) if beside.is_file() else shutil.which(name)
+    for place in (Path(sys.executable).parent, TOOLS_BIN):
+        if (place / name).is_file():
+            return str(place / name)
+    path = shutil.which(name)
     if path:
         return path
     reason = f"{name} not installed (scripts/setup.sh installs it)"

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from agent.latency import LatencyRecorder
 from agent.node import Node
+from agent.server import reflection
 from agent.server.config import AgentConfig
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
@@ -123,9 +123,7 @@ class AgentServer:
         rpc.add_SimulationServicer_to_server(SimulationServicer(self.host), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        reflection.enable((*SERVICE_NAMES, health.SERVICE_NAME), self.server)
 
     @property
     def address(self) -> str:

@@ -12,8 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from agent.client import RemoteNode
 from agent.errors import GroupNotFound, Unsupported
@@ -38,23 +39,50 @@ def test_health_and_reflection_answer(transport) -> None:
         for service in ("", "rdtune.v1.NodeAgent", "rdtune.v1.Simulation"):
             resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
-        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
-        answers = list(
-            refl.ServerReflectionInfo(
-                iter(
-                    [
-                        reflection_pb2.ServerReflectionRequest(list_services=""),
-                        reflection_pb2.ServerReflectionRequest(
-                            file_containing_symbol="rdtune.v1.NodeAgent"
-                        ),
-                    ]
-                ),
-                timeout=5,
+        answers = {version: _reflect(channel, version) for version in ("v1", "v1alpha")}
+    for version, (listed, described, itself) in answers.items():
+        names = {s.name for s in listed.list_services_response.service}
+        assert {
+            "rdtune.v1.NodeAgent",
+            "rdtune.v1.Simulation",
+            "grpc.health.v1.Health",
+            f"grpc.reflection.{version}.ServerReflection",
+        } <= names, version
+        files = [
+            descriptor_pb2.FileDescriptorProto.FromString(raw)
+            for raw in described.file_descriptor_response.file_descriptor_proto
+        ]
+        # the file, named as buf and other languages' generators name it
+        assert "rdtune/v1/agent.proto" in {f.name for f in files}, version
+        (own,) = [
+            f.package
+            for f in map(
+                descriptor_pb2.FileDescriptorProto.FromString,
+                itself.file_descriptor_response.file_descriptor_proto,
             )
-        )
-    names = {s.name for s in answers[0].list_services_response.service}
-    assert {"rdtune.v1.NodeAgent", "rdtune.v1.Simulation", "grpc.health.v1.Health"} <= names
-    assert answers[1].file_descriptor_response.file_descriptor_proto
+            if f.service
+        ]
+        assert own == f"grpc.reflection.{version}"
+
+
+def _reflect(channel: grpc.Channel, version: str) -> list:
+    """Ask reflection ``version`` for its services, the agent's file and its own file; the
+    protocols differ only in the package, so v1alpha's messages encode both."""
+    call = channel.stream_stream(
+        f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )
+    requests = [
+        reflection_pb2.ServerReflectionRequest(list_services=""),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol="rdtune.v1.NodeAgent"),
+        reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol=f"grpc.reflection.{version}.ServerReflection"
+        ),
+    ]
+    answers = list(call(iter(requests), timeout=5))
+    assert not any(a.HasField("error_response") for a in answers), answers
+    return answers
 
 
 def test_unix_socket_is_private(tmp_path) -> None:
