@@ -64,9 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace):
-    from tuner.config import TunerConfig, load_yaml
+    from tuner.config import load_yaml
 
-    cfg = load_yaml(args.config) if args.config else TunerConfig()
+    cfg = load_yaml(args.config)  # None: the defaults, with RDTUNE_TUNER__* overrides
     for name in ("interval_s", "fallback", "metrics_listen", "log_json", "restore_baseline"):
         value = getattr(args, name, None)
         if value is not None:

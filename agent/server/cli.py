@@ -115,9 +115,9 @@ _OVERRIDES = (
 
 
 def build_config(args: argparse.Namespace):
-    from agent.server.config import AgentConfig, load_yaml
+    from agent.server.config import load_yaml
 
-    cfg = load_yaml(args.config) if args.config else AgentConfig()
+    cfg = load_yaml(args.config)  # None: the defaults, with RDTUNE_AGENT__* overrides
     for name in _OVERRIDES:
         value = getattr(args, name, None)
         if value is not None:

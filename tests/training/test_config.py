@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -49,14 +50,16 @@ def test_overrides_apply_and_revalidate():
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"bogus": 1}, r"unknown key\(s\) \['bogus'\]"),
-        ({"algorithm": "DQN"}, "algorithm: expected one of"),
-        ({"seed": "x"}, "seed: expected an integer"),
-        ({"n_envs": 0}, "n_envs: expected an integer >= 1"),
-        ({"subproc": "yes"}, "subproc: expected true or false"),
-        ({"ppo": {"lr": 1}}, r"ppo: unknown key\(s\) \['lr'\]"),
-        ({"ppo": {"learning_rate": -1}}, "ppo.learning_rate: expected a finite number >= 0"),
-        ({"ppo": {"n_steps": 1.5}}, "ppo.n_steps: expected an integer"),
+        ({"bogus": 1}, "bogus: unknown key; allowed: algorithm, env"),
+        ({"algorithm": "DQN"}, "algorithm: must be 'PPO' or 'MaskablePPO', got 'DQN'"),
+        ({"seed": "x"}, "seed: must be a valid integer, got 'x'"),
+        ({"n_envs": 0}, "n_envs: must be greater than or equal to 1, got 0"),
+        ({"subproc": "yes"}, "subproc: must be a valid boolean, got 'yes'"),
+        ({"normalize_obs": "false"}, "normalize_obs: must be a valid boolean, got 'false'"),
+        ({"eval": {"heuristics_at_start": "false"}}, "eval.heuristics_at_start: must be a valid"),
+        ({"ppo": {"lr": 1}}, "ppo.lr: unknown key; allowed: batch_size"),
+        ({"ppo": {"learning_rate": -1}}, "ppo.learning_rate: must be greater than or equal to 0"),
+        ({"ppo": {"n_steps": 1.5}}, "ppo.n_steps: must be a valid integer, got 1.5"),
         ({"env": {"kwargs": {"split": "nope"}}}, "env.kwargs: split must be one of"),
         ({"env": {"kwargs": {"bogus": 1}}}, "env.kwargs: .*bogus"),
         ({"env": {"id": "nope/Nothing-v0"}}, "env.id"),
@@ -66,20 +69,21 @@ def test_overrides_apply_and_revalidate():
         ({"eval": {"episodes": 0}}, "eval.episodes"),
         ({"eval": {"final_episodes": 0}}, "eval.final_episodes"),
         ({"eval": {"final_kwargs": {"split": "nope"}}}, "eval.final_kwargs: split must be one"),
-        ({"eval": {"controllers": "eq"}}, "eval.controllers: expected a list"),
+        ({"eval": {"controllers": "eq"}}, "eval.controllers: must be a valid list"),
         ({"policy": {"activation": "gelu"}}, "policy.activation"),
         ({"policy": {"extractor": {"pool": ["sum"]}}}, "policy.extractor.pool"),
         ({"policy": {"net_arch": {"pi": [0]}}}, "policy.net_arch.pi"),
-        ({"policy": {"net_arch": {"qf": [8]}}}, r"policy.net_arch: unknown key"),
+        ({"policy": {"net_arch": {"qf": [8]}}}, "policy.net_arch.qf: unknown key; allowed: pi, vf"),
         ({"env": [1, 2]}, "env: expected a mapping"),
-        ({"policy": {"head": "wide"}}, "policy.head: expected one of"),
+        ({"policy": {"head": "wide"}}, "policy.head: must be 'dense' or 'slots', got 'wide'"),
         ({"policy": {"head": "slots"}}, r"policy.net_arch.pi: must be \[\]"),
         ({"policy": {"head": "slots", "extractor": None}}, "needs the group-set extractor"),
     ],
 )
 def test_bad_config_names_the_key(data, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError) as err:
         TrainConfig.parse(data)
+    assert message in str(err.value) or re.search(message, str(err.value)), err.value
 
 
 @pytest.mark.parametrize(
@@ -87,7 +91,7 @@ def test_bad_config_names_the_key(data, message):
     [
         ("algorithm: [unclosed", "not valid YAML"),
         ("- 1\n- 2\n", "expected a mapping at the top level"),
-        ("algorithm: A2C\n", "algorithm: expected one of"),
+        ("algorithm: A2C\n", "algorithm: must be 'PPO' or 'MaskablePPO'"),
         ("", "the config is empty"),
         ("# nothing set\n", "the config is empty"),
         ("{}\n", "the config is empty"),
@@ -112,4 +116,4 @@ def test_cli_reports_config_errors(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text("algorithm: A2C\n")
     assert main(["train", "--config", str(path)]) == 2
-    assert "algorithm: expected one of" in capsys.readouterr().err
+    assert "bad.yaml: algorithm: must be 'PPO'" in capsys.readouterr().err
