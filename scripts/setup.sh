@@ -78,7 +78,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
     echo "setup: installing rdtune and its dependencies into .venv"
     # torch first, from the CPU wheel on disk; the constraint keeps every later resolve on it.
     .venv/bin/pip install -q -c constraints.txt torch==2.13.0
-    .venv/bin/pip install -q -c constraints.txt -e ".[dev,minari]"
+    # the checkout's own layout (top-level agent, envs, ...), as the code and tests import it
+    RDTUNE_SOURCE_LAYOUT=1 .venv/bin/pip install -q -c constraints.txt -e ".[dev]"
     touch "$stamp"
 fi
 # The gRPC stubs are build products of proto/rdtune/v1/*.proto (never edited by hand).
