@@ -76,6 +76,24 @@ def build_config(args: argparse.Namespace):
     return cfg
 
 
+def _check_policy_files(spec: str) -> None:
+    """At start, not once the agent answers: an exported policy's files must be there (a
+    missing policy ConfigMap would otherwise show only after the first connection)."""
+    from pathlib import Path
+
+    from tuner.controllers import ControllerError
+
+    if not spec.startswith("policy:") or not spec.removeprefix("policy:"):
+        return
+    path = Path(spec.removeprefix("policy:"))
+    missing = [f for f in ("model_card.json", "policy.onnx") if not (path / f).is_file()]
+    if missing:
+        raise ControllerError(
+            f"{spec}: no exported policy there ({', '.join(missing)} missing; an "
+            "'rdtune export' directory, e.g. the rdtune-policy ConfigMap mounted)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     import json
     import logging
@@ -98,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = build_config(args)
         backup = fallback(cfg.fallback, cfg.fallback_options)
+        _check_policy_files(args.controller)
     except (ConfigError, ControllerError) as exc:
         print(f"rdtune tune: {exc}", file=sys.stderr)
         return 2

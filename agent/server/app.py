@@ -103,6 +103,8 @@ class AgentServer:
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._metrics_http = None
+        self.health_port: int | None = None
+        self._health_server: grpc.Server | None = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self.restored: bool | None = None  # after stop: whether restore-on-exit succeeded
@@ -162,6 +164,8 @@ class AgentServer:
                 self.server.stop(None)
                 raise ConfigError(f"cannot serve metrics on {metrics.listen}: {exc}") from exc
             self.metrics_port = self._metrics_http.server_port
+        if self.cfg.health_listen:
+            self._serve_health()
         self.server.start()
         if self.listen.unix_path is not None:
             os.chmod(self.listen.unix_path, 0o600)  # only the agent's user may connect
@@ -171,6 +175,22 @@ class AgentServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("agent serving %s on %s", self.cfg.backend, self.address)
         return self
+
+    def _serve_health(self) -> None:
+        """The health service alone on a plain TCP port: what kubelet's native gRPC probes
+        dial (the pod's IP, no TLS, no token) while the node API stays on its Unix socket.
+        It shares the main server's statuses, so it turns NOT_SERVING at shutdown too."""
+        self._health_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
+            options=[("grpc.so_reuseport", 0)],
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+        port = self._health_server.add_insecure_port(self.cfg.health_listen)
+        if port == 0:
+            self.server.stop(None)
+            raise ConfigError(f"cannot listen on {self.cfg.health_listen} (address in use?)")
+        self.health_port = port
+        self._health_server.start()
 
     def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown within ``grace`` + 2 s; safe to call twice and from a signal
@@ -198,6 +218,8 @@ class AgentServer:
                 except Exception as exc:
                     self.restored = False
                     log.error("restoring default allocations failed: %s", exc)
+            if self._health_server is not None:
+                self._health_server.stop(None)
             if self._metrics_http is not None:
                 self._metrics_http.shutdown()
                 self._metrics_http.server_close()

@@ -48,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "non-loopback address needs --metrics-tls-cert/--metrics-tls-key and "
         "--metrics-token-file (HTTPS with a bearer token)",
     )
+    net.add_argument(
+        "--health-listen",
+        metavar="ADDR",
+        help="serve only the gRPC health service on this host:port, plain TCP (kubelet's "
+        "gRPC probes; the node API stays on --listen); default: off",
+    )
     net.add_argument("--metrics-tls-cert", metavar="FILE", help="metrics certificate (PEM)")
     net.add_argument("--metrics-tls-key", metavar="FILE", help="metrics private key (PEM)")
     net.add_argument(
@@ -98,6 +104,7 @@ _OVERRIDES = (
     "state_dir",
     "listen",
     "metrics_listen",
+    "health_listen",
     "metrics_tls_cert",
     "metrics_tls_key",
     "metrics_tls_client_ca",

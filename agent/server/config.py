@@ -11,6 +11,7 @@ Example ``agent.yaml``::
     root: /sys/fs/resctrl     # resctrl: the mount to manage (an emulated one works too)
     state_dir: /var/lib/rdtune  # resctrl: records of the agent's own groups (adopted on restart)
     listen: 127.0.0.1:50051   # or unix:/run/rdtune/agent.sock
+    health_listen: ""         # e.g. 0.0.0.0:50052: gRPC health only, plain TCP (kubelet probes)
     metrics_listen: 127.0.0.1:9464   # "" disables it; on a non-loopback address only with:
     metrics_tls: {cert: metrics.pem, key: metrics.key, client_ca: null}   # HTTPS, and
     metrics_token_file: /etc/rdtune/metrics-token                         # a bearer token
@@ -54,6 +55,8 @@ class AgentConfig:
     state_dir: str | None = None  # resctrl: where own-group records live (its default if None)
     listen: str = "127.0.0.1:50051"
     metrics_listen: str = "127.0.0.1:9464"
+    # The gRPC health service alone, plain TCP (kubelet's gRPC probes); "" disables it.
+    health_listen: str = ""
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
@@ -115,6 +118,12 @@ class AgentConfig:
         for group in self.latency_scrape:
             validate_group_name(group, error=ConfigError)
         check_exposure(parse_listen(self.listen), self.tls, self.token)
+        if self.health_listen:
+            host, sep, port = self.health_listen.rpartition(":")
+            if not sep or not host or not port.isdigit() or host.startswith("unix"):
+                raise ConfigError(
+                    f"health_listen must be host:port (TCP), got {self.health_listen!r}"
+                )
         metrics = self.metrics_endpoint()
         if metrics is not None:
             metrics.check()
@@ -162,6 +171,7 @@ class AgentFile(Strict):
     state_dir: str | None = None
     listen: str = _D.listen
     metrics_listen: str = _D.metrics_listen
+    health_listen: str = _D.health_listen
     metrics_tls: TlsFiles | None = None
     metrics_token_file: str | None = None
     tls: TlsFiles | None = None

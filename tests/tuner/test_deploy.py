@@ -7,6 +7,8 @@ import configparser
 import json
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import yaml
 
 from agent.server.config import load_yaml as load_agent_yaml
 from tests.certs import make_certs
-from tests.tools import promtool
+from tests.tools import promtool, require_tool
 from tests.tuner.conftest import ROOT
 from tuner.cli import build_parser
 from tuner.config import load_yaml as load_tuner_yaml
@@ -60,10 +62,118 @@ def test_daemonset_configs_load_and_agree(tmp_path) -> None:
         assert endpoint.tls is not None and endpoint.token() == "t0ken"
         mounts = {m["mountPath"] for m in containers[container]["volumeMounts"]}
         assert {f"{SECRETS}/metrics-tls", f"{SECRETS}/metrics-token"} <= mounts
-    assert containers["agent"]["securityContext"]["privileged"] is True
     for name in ("agent", "tuner"):
         args = build_parser().parse_args(containers[name]["args"])
         assert args.command == name.replace("tuner", "tune")
+
+
+# ------------------------------------------------------------------------ Kubernetes
+
+MANIFEST = DEPLOY / "kubernetes" / "daemonset.yaml"
+
+
+def _manifest() -> tuple[dict, dict, dict]:
+    docs = {d["kind"]: d for d in yaml.safe_load_all(MANIFEST.read_text())}
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    return docs, pod, {c["name"]: c for c in pod["containers"]}
+
+
+def test_the_manifests_validate_against_the_api_schemas() -> None:
+    done = subprocess.run(
+        [require_tool("kubernetes-validate"), "--strict", "--quiet", "-k", "1.32.0",
+         str(MANIFEST)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_pod_security_and_least_privilege() -> None:
+    docs, _, containers = _manifest()
+    labels = docs["Namespace"]["metadata"]["labels"]
+    # hostPID and hostPath volumes need the privileged level; audit and warn at baseline
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/warn"] == "baseline"
+    agent, tuner = containers["agent"]["securityContext"], containers["tuner"]["securityContext"]
+    assert agent["privileged"] is False and agent["allowPrivilegeEscalation"] is False
+    assert agent["capabilities"] == {"drop": ["ALL"], "add": ["PERFMON", "SYS_PTRACE"]}
+    assert tuner["capabilities"] == {"drop": ["ALL"]} and "add" not in tuner["capabilities"]
+    for ctx in (agent, tuner):
+        assert ctx["readOnlyRootFilesystem"] and ctx["seccompProfile"]["type"] == "RuntimeDefault"
+    # each added capability is explained where it is granted and in the docs
+    text, guide = MANIFEST.read_text(), (ROOT / "docs" / "DEPLOY.md").read_text()
+    for cap in agent["capabilities"]["add"]:
+        assert re.search(rf"#\s+{cap}\s+\S", text) and f"`{cap}`" in guide
+
+
+def test_the_agent_has_native_grpc_probes_on_its_health_port() -> None:
+    docs, _, containers = _manifest()
+    agent_yaml = yaml.safe_load(docs["ConfigMap"]["data"]["agent.yaml"])
+    port = int(agent_yaml["health_listen"].rpartition(":")[2])
+    agent = containers["agent"]
+    assert port in {p["containerPort"] for p in agent["ports"]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert agent[probe]["grpc"]["port"] == port
+    assert agent["readinessProbe"]["grpc"]["service"] == "rdtune.v1.NodeAgent"
+
+
+def test_the_images_are_the_ones_make_images_builds() -> None:
+    _, _, containers = _manifest()
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    make = subprocess.run(
+        ["make", "-n", "images"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    ).stdout
+    built = dict(re.findall(r"--target (\w+) -t (\S+) \.", make))
+    assert built == {"agent": f"rdtune-agent:{version}", "tuner": f"rdtune-tuner:{version}"}
+    for name in ("agent", "tuner"):
+        assert containers[name]["image"] == built[name]
+    dockerfile = (DEPLOY / "docker" / "Dockerfile").read_text()
+    stages = dict(re.findall(r"^FROM \S+ AS (\w+)\n(.*?)(?=^FROM |\Z)", dockerfile, re.M | re.S))
+    assert set(stages) == {"wheel", "agent", "tuner"}
+    # the agent's image: the wheel alone (no torch); the tuner's: with onnxruntime
+    assert re.search(r"pip install .*-c /tmp/constraints.txt /dist/rdtune-\*\.whl", stages["agent"])
+    assert '"${whl}[policy]"' in stages["tuner"] and "-c /tmp/constraints.txt" in stages["tuner"]
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".git", "**/*_pb2*.py"} <= set(ignored)
+
+
+def test_config_maps_and_secrets_are_optional_so_a_missing_one_fails_clearly() -> None:
+    _, pod, _ = _manifest()
+    for volume in pod["volumes"]:
+        source = volume.get("configMap") or volume.get("secret")
+        if source is not None:
+            assert source.get("optional") is True, volume["name"]
+
+
+def _rdtune(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_what_a_pod_without_its_config_map_or_secrets_says(tmp_path) -> None:
+    """The containers' own command lines, as in the DaemonSet, with what is missing."""
+    docs, _, containers = _manifest()
+    args = {name: list(c["args"]) for name, c in containers.items()}
+    missing = tmp_path / "etc-rdtune" / "agent.yaml"
+    cases = [
+        # no rdtune-config ConfigMap: the config file is not there
+        ([a.replace("/etc/rdtune", str(missing.parent)) for a in args["agent"]], str(missing)),
+        ([a.replace("/etc/rdtune", str(missing.parent)) for a in args["tuner"]],
+         str(missing.parent / "tuner.yaml")),
+    ]  # fmt: skip
+    # the ConfigMap but no metrics Secrets: the agent names the certificate it lacks
+    config = tmp_path / "agent.yaml"
+    config.write_text(docs["ConfigMap"]["data"]["agent.yaml"].replace(SECRETS, str(tmp_path)))
+    cases.append((["agent", "--config", str(config)], f"{tmp_path}/metrics-tls/tls.crt"))
+    # no rdtune-policy ConfigMap: nothing at the policy's path
+    tuner_args = [a.replace("/policies", str(tmp_path / "policies")) for a in args["tuner"]]
+    tuner_args[tuner_args.index("--config") + 1] = str(DEPLOY / "tuner.yaml")
+    cases.append((tuner_args, "model_card.json, policy.onnx missing"))
+    for argv, needle in cases:
+        done = _rdtune(*argv)
+        err = done.stderr.strip()
+        assert done.returncode != 0 and len(err.splitlines()) == 1, (argv, err)
+        assert needle in err and "Traceback" not in err, (argv, err)
 
 
 @pytest.mark.parametrize("unit", ["rdtune-agent.service", "rdtune-tuner.service"])

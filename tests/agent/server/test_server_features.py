@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
 from agent.client import RemoteNode
+from agent.configfile import ConfigError
 from agent.errors import GroupNotFound, Unsupported
 from agent.latency import LatencyRecorder
 from agent.server.errors import RemoteError
@@ -411,3 +412,28 @@ def test_client_rides_out_an_agent_restart(tmp_path) -> None:
         done.set()
         t.join()
         client.close()
+
+
+def test_health_alone_on_a_tcp_port_for_kubelet_probes() -> None:
+    """health_listen: what a Kubernetes gRPC probe dials (plain TCP, no token), while the
+    node API stays on the Unix socket and is not served there."""
+    with serve(RefNode(), unix=True, health_listen="127.0.0.1:0", token="s3cret") as server:
+        assert server.health_port
+        target = f"127.0.0.1:{server.health_port}"
+        with grpc.insecure_channel(target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "rdtune.v1.NodeAgent"):
+                resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                assert resp.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as err:
+                rpc.NodeAgentStub(channel).ListGroups(api.ListGroupsRequest(), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with grpc.insecure_channel(target) as channel, pytest.raises(grpc.RpcError):
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+
+
+def test_health_listen_must_be_tcp() -> None:
+    from agent.server.config import AgentConfig
+
+    with pytest.raises(ConfigError, match="health_listen must be host:port"):
+        AgentConfig(health_listen="unix:/run/x.sock").validate()
