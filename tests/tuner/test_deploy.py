@@ -95,7 +95,7 @@ def test_pod_security_and_least_privilege() -> None:
     assert labels["pod-security.kubernetes.io/warn"] == "baseline"
     agent, tuner = containers["agent"]["securityContext"], containers["tuner"]["securityContext"]
     assert agent["privileged"] is False and agent["allowPrivilegeEscalation"] is False
-    assert agent["capabilities"] == {"drop": ["ALL"], "add": ["PERFMON", "SYS_PTRACE"]}
+    assert agent["capabilities"] == {"drop": ["ALL"], "add": ["PERFMON"]}
     assert tuner["capabilities"] == {"drop": ["ALL"]} and "add" not in tuner["capabilities"]
     for ctx in (agent, tuner):
         assert ctx["readOnlyRootFilesystem"] and ctx["seccompProfile"]["type"] == "RuntimeDefault"
