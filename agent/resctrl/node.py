@@ -37,6 +37,7 @@ from agent.errors import (
     NodeError,
     ResourceExhausted,
     UnknownTask,
+    Unsupported,
 )
 from agent.resctrl import discovery, monitor, schemata, state
 from agent.resctrl.lock import ResctrlLock
@@ -113,6 +114,10 @@ class ResctrlNode:
         lock_timeout_s: how long to wait for the flock on the root.
         cache_size_path / cpuinfo: sysfs/procfs files for cache size and vendor.
         proc: procfs, used to check pids exist before moving them.
+        runtime_classes: groups the container runtime creates and fills (containerd's and
+            CRI-O's RDT classes, by pod annotation): directories of these names at the root,
+            without the prefix, which ``create_group`` adopts (it never makes or removes
+            them) so that the tuner can set their allocations; ``delete_group`` forgets one.
         check_markers: refuse to adopt (or remove) a recorded directory whose marker
             changed. Default: on a real resctrl mount, whose inode numbers are kernfs ids;
             off elsewhere (the FUSE emulator's inode numbers are libfuse node ids, which
@@ -132,10 +137,19 @@ class ResctrlNode:
         cpuinfo: str = discovery.CPUINFO,
         proc: str = "/proc",
         check_markers: bool | None = None,
+        runtime_classes: Iterable[str] = (),
     ) -> None:
         validate_group_name(prefix, error=InvalidName)
         self.root = os.path.abspath(root)
         self.prefix = prefix
+        self.runtime_classes = frozenset(runtime_classes)
+        for name in self.runtime_classes:
+            validate_group_name(name, error=InvalidName)
+            if name.startswith(prefix):
+                raise InvalidName(
+                    f"runtime class {name!r} starts with the agent's prefix {prefix!r}: "
+                    "it would read as a group of the agent's own"
+                )
         self.proc = proc
         self.latency = latency
         safe_prefix = prefix.strip("-_.") or "rdtune"
@@ -188,10 +202,14 @@ class ResctrlNode:
 
     # ------------------------------------------------------------------ paths
 
+    def _dirname(self, name: str) -> str:
+        """The directory name of group ``name``: a runtime class's own, else prefixed."""
+        return name if name in self.runtime_classes else self.prefix + name
+
     def _dir(self, name: str) -> str:
         """The directory of own group ``name``; nothing a caller passes leaves the root."""
         validate_group_name(name, error=InvalidName)
-        path = os.path.join(self.root, self.prefix + name)
+        path = os.path.join(self.root, self._dirname(name))
         if os.path.dirname(os.path.normpath(path)) != self.root:
             raise InvalidName(f"group name {name!r} does not name a directory under the root")
         return path
@@ -234,6 +252,10 @@ class ResctrlNode:
             self._recover(saved)
             self._mon_groups = dict(saved.mon_groups)
             on_disk = set(self._own_dirs())
+            # runtime classes this node adopted before, still there (the runtime's own)
+            on_disk |= {
+                n for n in self.runtime_classes if n in saved.groups and os.path.isdir(self._dir(n))
+            }
             for name in sorted(on_disk):
                 spec = saved.groups.get(name)
                 if spec is None:
@@ -307,7 +329,7 @@ class ResctrlNode:
                 res: {int(d): int(v) for d, v in per_dom.items()}
                 for res, per_dom in groups[group]["old"].items()
             }
-            path = os.path.join(self.root, self.prefix + group, "schemata")
+            path = os.path.join(self.root, self._dirname(group), "schemata")
             if not os.path.exists(path):
                 continue
             try:
@@ -335,7 +357,7 @@ class ResctrlNode:
         marker = saved.markers.get(name)
         done = ""
         ours = name in saved.groups and os.path.isdir(path)
-        if ours and self._same(marker, state.marker_of(path)):
+        if ours and name not in self.runtime_classes and self._same(marker, state.marker_of(path)):
             os.rmdir(path)
             done = f"finished deleting group {name!r}"
         saved.groups.pop(name, None)
@@ -393,7 +415,7 @@ class ResctrlNode:
 
     def _check_vanished(self) -> None:
         present = set(os.listdir(self.root))
-        gone = [n for n in self._specs if self.prefix + n not in present]
+        gone = [n for n in self._specs if self._dirname(n) not in present]
         for name in gone:
             log.warning("own group %r vanished (deleted by someone else)", name)
             self._vanished[name] = self._specs.pop(name)
@@ -438,6 +460,9 @@ class ResctrlNode:
         if not isinstance(spec, GroupSpec):
             raise TypeError(f"expected a GroupSpec, got {type(spec).__name__}")
         path = self._dir(spec.name)
+        if spec.name in self.runtime_classes:
+            self._adopt_runtime_class(spec, path)
+            return
         with self._lock.exclusive():
             if spec.name in self._specs or os.path.lexists(path):
                 raise GroupExists(spec.name)
@@ -453,6 +478,35 @@ class ResctrlNode:
             finally:
                 self._creating, self._made = None, False
             self._journal.clear()
+
+    def _adopt_runtime_class(self, spec: GroupSpec, path: str) -> None:
+        """Take on a class the container runtime made: record it, change nothing on disk."""
+        with self._lock.exclusive():
+            if spec.name in self._specs:
+                raise GroupExists(spec.name)
+            if not os.path.isfile(os.path.join(path, "schemata")):
+                raise Unsupported(
+                    f"runtime class {spec.name!r} does not exist as {path}: the container "
+                    "runtime creates it from its RDT configuration (docs/DEPLOY.md)"
+                )
+            if spec.exclusive:
+                raise Unsupported(
+                    f"runtime class {spec.name!r}: exclusive mode is the runtime's to set"
+                )
+            self._specs[spec.name] = spec
+            self._markers[spec.name] = state.marker_of(path)
+            vanished = self._vanished.pop(spec.name, None)
+            try:
+                self._save()
+            except OSError as exc:
+                del self._specs[spec.name]
+                del self._markers[spec.name]
+                if vanished is not None:
+                    self._vanished[spec.name] = vanished
+                raise OSError(
+                    exc.errno,
+                    f"cannot record group {spec.name!r} in {self.state_path}: {exc.strerror}",
+                ) from exc
 
     def _create(self, spec: GroupSpec, path: str) -> None:
         try:
@@ -557,6 +611,13 @@ class ResctrlNode:
                 self._save()
                 return
             self._require(name)
+            if name in self.runtime_classes:  # the runtime's directory: only forget it
+                del self._specs[name]
+                self._markers.pop(name, None)
+                self._tracker.forget(name)
+                self._untrack(name)
+                self._save()
+                return
             self._intend({"op": "delete", "name": name}, f"delete group {name!r}")
             try:
                 os.rmdir(path)
@@ -732,9 +793,9 @@ class ResctrlNode:
 
     def _foreign_dirs(self) -> list[str]:
         """Control groups that are not own: other tools' (whatever their names)."""
-        own = {self.prefix + n for n in self._specs}
+        own = {self._dirname(n) for n in self._specs}
         if self._creating is not None:
-            own.add(self.prefix + self._creating)
+            own.add(self._dirname(self._creating))
         return [
             e
             for e in os.listdir(self.root)

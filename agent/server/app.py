@@ -61,7 +61,7 @@ def make_node(cfg: AgentConfig, latency: LatencyRecorder | None = None) -> Node:
         from agent.resctrl import ResctrlNode
 
         kwargs = {} if cfg.state_dir is None else {"state_dir": cfg.state_dir}
-        return ResctrlNode(root=cfg.root, **kwargs)
+        return ResctrlNode(root=cfg.root, runtime_classes=cfg.runtime_classes, **kwargs)
     raise ConfigError(f"unknown backend {cfg.backend!r}")
 
 

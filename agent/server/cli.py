@@ -37,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     be.add_argument(
         "--state-dir", metavar="DIR", help="resctrl: where the agent records its own groups"
     )
+    be.add_argument(
+        "--runtime-class",
+        metavar="NAME",
+        action="append",
+        dest="runtime_classes",
+        help="resctrl: an RDT class the container runtime creates and puts annotated pods "
+        "into; clients adopt it by name (repeatable; docs/DEPLOY.md)",
+    )
     net = parser.add_argument_group("network and security")
     net.add_argument(
         "--listen", metavar="ADDR", help="host:port or unix:/path (default 127.0.0.1:50051)"
@@ -102,6 +110,7 @@ _OVERRIDES = (
     "auto_groups",
     "root",
     "state_dir",
+    "runtime_classes",
     "listen",
     "metrics_listen",
     "health_listen",

@@ -10,6 +10,7 @@ Example ``agent.yaml``::
     seed: 0
     root: /sys/fs/resctrl     # resctrl: the mount to manage (an emulated one works too)
     state_dir: /var/lib/rdtune  # resctrl: records of the agent's own groups (adopted on restart)
+    runtime_classes: []       # resctrl: RDT classes the container runtime creates (DEPLOY.md)
     listen: 127.0.0.1:50051   # or unix:/run/rdtune/agent.sock
     health_listen: ""         # e.g. 0.0.0.0:50052: gRPC health only, plain TCP (kubelet probes)
     metrics_listen: 127.0.0.1:9464   # "" disables it; on a non-loopback address only with:
@@ -53,6 +54,8 @@ class AgentConfig:
     auto_groups: bool = True  # sim: create the scenario's groups at start
     root: str = "/sys/fs/resctrl"
     state_dir: str | None = None  # resctrl: where own-group records live (its default if None)
+    # resctrl: classes the container runtime creates (pod annotations), adopted by name
+    runtime_classes: list[str] = field(default_factory=list)
     listen: str = "127.0.0.1:50051"
     metrics_listen: str = "127.0.0.1:9464"
     # The gRPC health service alone, plain TCP (kubelet's gRPC probes); "" disables it.
@@ -94,6 +97,10 @@ class AgentConfig:
     def validate(self) -> None:
         if self.backend not in ("sim", "resctrl"):
             raise ConfigError(f"backend must be 'sim' or 'resctrl', got {self.backend!r}")
+        if self.runtime_classes and self.backend != "resctrl":
+            raise ConfigError("runtime_classes: only the resctrl backend has runtime classes")
+        for name in self.runtime_classes:
+            validate_group_name(name, error=ConfigError)
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both a certificate and a key")
         if self.tls_client_ca and not self.tls:
@@ -169,6 +176,7 @@ class AgentFile(Strict):
     auto_groups: bool = _D.auto_groups
     root: str = _D.root
     state_dir: str | None = None
+    runtime_classes: list[str] = []
     listen: str = _D.listen
     metrics_listen: str = _D.metrics_listen
     health_listen: str = _D.health_listen
