@@ -29,7 +29,8 @@ def recipe() -> tuple[dict, dict, list[str], str]:
     rdt = yaml.safe_load((K8S / "rdt-config.yaml").read_text())
     classes = list(rdt["partitions"]["default"]["classes"])
     pod_class = docs["Deployment"]["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
-    return yaml.safe_load(data["agent.yaml"]), yaml.safe_load(data["tuner.yaml"]), classes, pod_class
+    agent, tuner = yaml.safe_load(data["agent.yaml"]), yaml.safe_load(data["tuner.yaml"])
+    return agent, tuner, classes, pod_class
 
 
 def test_the_recipe_names_the_same_classes_everywhere() -> None:
