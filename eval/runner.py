@@ -133,7 +133,7 @@ class _ServiceProbe:
     def observe(self):
         snap = self._node.observe()
         self.placement.append({w.name: w.group for w in self._node.workloads() if w.kind == "lc"})
-        for truth in self._node.steady_state(latency_requests=20_000).values():
+        for truth in self._node.steady_state().values():
             for name, wt in truth.workloads.items():
                 if name not in self._slo or not wt.latency_ms:
                     continue

@@ -24,10 +24,8 @@ workloads running. A condition is searched once per run: the first one from scra
 plus local search), later ones warm-started from the allocation held (local search, one MB
 level at a time, ``warm_evals``). While the loads stay within ``reoptimise_quantum`` of the
 last search's, the allocation held is kept as long as it still meets every margined SLO
-(one steady state to check). Candidates are screened on a cheap steady state (exact batch
-figures and utilisations, rough latencies); whether a service meets its margined target
-comes from :class:`LatencyBounds` (latency rises with utilisation at a fixed load), and
-only when they cannot tell is an accurate latency estimate computed. Identical searches
+(one steady state to check); a steady state is deterministic (latencies come from the
+simulator's latency tables), so each candidate is scored once. Identical searches
 (same scenario, time, condition and settings: the seeds of one scenario with the same
 loads) are computed once per process (``_MEMO``).
 
@@ -89,8 +87,6 @@ REOPTIMISE_QUANTUM = 0.1  # a new search when a load leaves its 10%-of-capacity 
 # scenario share them when their loads coincide (constant, step and diurnal ones always).
 _MEMO: dict[tuple, SafePlan] = {}
 _MEMO_SIZE = 4096
-LATENCY_REQUESTS = 20_000  # requests per steady-state latency estimate (fixed seed)
-SCREEN_REQUESTS = 200  # requests per rough estimate (batch and utilisation figures are exact)
 FEASIBILITY_EVALS = 200  # protective states tried before a condition is called infeasible
 
 
@@ -136,13 +132,12 @@ def truth_score(
     node: Node,
     objective: Objective,
     load_overrides: Mapping[str, float] | None = None,
-    latency_requests: int = LATENCY_REQUESTS,
 ):
     """A scorer ``plan -> objective value`` on a SimNode's ground truth."""
     sim = _require_sim(node)
 
     def score(plan: AllocationPlan) -> float:
-        truths = sim.steady_state(plan, load_overrides, latency_requests=latency_requests)
+        truths = sim.steady_state(plan, load_overrides)
         return objective(truth_outcome(truths, sim.groups()))
 
     return score
@@ -156,7 +151,7 @@ def evaluate_truth(
     sim = _require_sim(node)
     groups = sim.groups()
     obj = get_objective(objective, any(g.kind is GroupKind.LC for g in groups.values()))
-    truths = sim.steady_state(plan_or_allocation, latency_requests=LATENCY_REQUESTS)
+    truths = sim.steady_state(plan_or_allocation)
     outcome = truth_outcome(truths, groups)
     return obj(outcome), outcome
 
@@ -242,7 +237,6 @@ class SafePlan:
         excess: :func:`models.objectives.slo_excess` of that state with the margin.
         latency_ratio: per LC group, its steady-state latency / SLO target there.
         evaluations: states scored for this condition (feasibility pass + search).
-        accurate: of which needed an accurate latency estimate (:class:`LatencyBounds`).
         seconds: wall time spent on it.
     """
 
@@ -252,62 +246,19 @@ class SafePlan:
     excess: float
     latency_ratio: Mapping[str, float] = field(default_factory=dict)
     evaluations: int = 0
-    accurate: int = 0
     seconds: float = 0.0
 
 
-class LatencyBounds:
-    """What accurate latency estimates have shown so far, per (LC instance, load, SLO
-    percentile, latency limit): the highest utilisation known to meet the limit and the
-    lowest known to miss it. At a fixed load a service's latency rises with its service
-    time, that is with its utilisation, so a candidate at or below the first meets the
-    limit and one at or above the second misses it without a latency estimate of its own;
-    only candidates in between need one (and narrow the gap)."""
-
-    def __init__(self) -> None:
-        self.ok: dict[tuple, float] = {}
-        self.bad: dict[tuple, float] = {}
-
-    def verdict(self, key: tuple, utilization: float) -> bool | None:
-        if utilization >= 1.0 or utilization >= self.bad.get(key, math.inf):
-            return False
-        if utilization <= self.ok.get(key, -math.inf):
-            return True
-        return None
-
-    def learn(self, key: tuple, utilization: float, meets: bool) -> None:
-        if meets:
-            self.ok[key] = max(self.ok.get(key, -math.inf), utilization)
-        else:
-            self.bad[key] = min(self.bad.get(key, math.inf), utilization)
-
-
 class _Scorer:
-    """Scores of plans at one condition on the constrained objective, each computed once.
+    """Scores of plans at one condition on the constrained objective, each computed once
+    (a steady state is deterministic)."""
 
-    A plan's steady state is first computed with ``screen_requests`` latency samples (the
-    batch slowdowns and LC utilisations are exact; latencies are rough); whether each LC
-    service meets its margined target comes from :class:`LatencyBounds`, and only when
-    they cannot tell is the plan's steady state computed again with ``latency_requests``
-    (the accurate estimate, which also teaches the bounds)."""
-
-    def __init__(
-        self,
-        sim,
-        loads: Mapping[str, float],
-        base: Objective,
-        margin: float,
-        bounds: LatencyBounds,
-        latency_requests: int,
-        screen_requests: int,
-    ) -> None:
+    def __init__(self, sim, loads: Mapping[str, float], base: Objective, margin: float) -> None:
         self.sim, self.loads = sim, dict(loads)
-        self.base, self.margin, self.bounds = base, margin, bounds
-        self.requests, self.screen = latency_requests, screen_requests
+        self.base, self.margin = base, margin
         self.groups = sim.groups()
         self.scores: dict[tuple, float] = {}
         self.missed: dict[tuple, frozenset[str]] = {}
-        self.accurate = 0
 
     @staticmethod
     def _key(plan: AllocationPlan) -> tuple:
@@ -326,45 +277,30 @@ class _Scorer:
 
     def __call__(self, plan: AllocationPlan) -> float:
         key = self._key(plan)
-        if key in self.scores:
-            return self.scores[key]
-        truths = self.sim.steady_state(plan, self.loads, latency_requests=self.screen)
-        services = list(self._services(truths))
-        verdicts = []
-        for _, limit, pct, name, wt in services:
-            bkey = (name, round(wt.load_rps, 6), pct, limit)
-            exact = wt.load_rps <= 0  # no queue: the latency is the service time itself
-            verdicts.append(
-                wt.latency_ms[pct] <= limit if exact else self.bounds.verdict(bkey, wt.utilization)
-            )
-        latencies = [guarded_latency(wt, pct) for _, _, pct, _, wt in services]
-        if any(v is None for v in verdicts):
-            self.accurate += 1
-            truths = self.sim.steady_state(plan, self.loads, latency_requests=self.requests)
-            services = list(self._services(truths))
-            verdicts, latencies = [], []
-            for _, limit, pct, name, wt in services:
-                lat = guarded_latency(wt, pct)
-                meets = lat <= limit
-                if wt.load_rps > 0:
-                    bkey = (name, round(wt.load_rps, 6), pct, limit)
-                    self.bounds.learn(bkey, wt.utilization, meets)
-                verdicts.append(meets)
-                latencies.append(lat)
+        if key not in self.scores:
+            value, _, _, missed = self._judge(plan)
+            self.scores[key], self.missed[key] = value, missed
+        return self.scores[key]
+
+    def _judge(self, plan: AllocationPlan):
+        """(constrained score, SLO excess, guarded latency / target per LC group, groups
+        over their margined target) of ``plan``."""
+        truths = self.sim.steady_state(plan, self.loads)
         outcome = truth_outcome(truths, self.groups)
-        if all(verdicts):
-            value = self.base(Outcome(outcome.batch_slowdowns))
+        ratios: dict[str, float] = {}
+        missed: set[str] = set()
+        excess = 0.0
+        for g, limit, pct, _, wt in self._services(truths):
+            lat = guarded_latency(wt, pct)
+            ratios[g] = max(ratios.get(g, 0.0), lat / (limit / (1.0 - self.margin)))
+            if not lat <= limit:
+                missed.add(g)
+                excess += slo_violation(lat, limit)
+        if missed:
+            value = INFEASIBLE * (1.0 + max(excess, 1e-6))
         else:
-            excess = 0.0
-            for (_, limit, _, _, _), lat, ok in zip(services, latencies, verdicts, strict=True):
-                if not ok:  # rough latencies may sit under the limit: count a miss anyway
-                    excess += max(lat / limit - 1.0, 1e-6) if math.isfinite(lat) else math.inf
-            value = INFEASIBLE * (1.0 + excess)
-        self.scores[key] = value
-        self.missed[key] = frozenset(
-            g for (g, *_), ok in zip(services, verdicts, strict=True) if not ok
-        )
-        return value
+            value = self.base(Outcome(outcome.batch_slowdowns))
+        return value, excess, ratios, frozenset(missed)
 
     def missed_by(self, plan: AllocationPlan) -> frozenset[str]:
         """The LC groups a scored plan left over their margined target."""
@@ -373,18 +309,9 @@ class _Scorer:
 
     def verify(self, plan: AllocationPlan) -> tuple[float, float, dict[str, float]]:
         """(constrained score, SLO excess, guard-percentile latency / target per LC group)
-        of ``plan`` from the accurate steady state."""
-        truths = self.sim.steady_state(plan, self.loads, latency_requests=self.requests)
-        outcome = truth_outcome(truths, self.groups)
-        ratios, excess = {}, 0.0
-        for g, limit, pct, _, wt in self._services(truths):
-            lat = guarded_latency(wt, pct)
-            target = limit / (1.0 - self.margin)
-            ratios[g] = max(ratios.get(g, 0.0), lat / target)
-            excess += slo_violation(lat, limit)
-        if excess > 0:
-            return INFEASIBLE * (1.0 + excess), excess, ratios
-        return self.base(Outcome(outcome.batch_slowdowns)), 0.0, ratios
+        of ``plan``."""
+        value, excess, ratios, _ = self._judge(plan)
+        return value, excess, ratios
 
 
 def _feasibility_pass(
@@ -439,9 +366,6 @@ def safe_search(
     explore: bool = True,
     feasibility_only: bool = False,
     feasibility_evals: int = FEASIBILITY_EVALS,
-    latency_requests: int = LATENCY_REQUESTS,
-    screen_requests: int = SCREEN_REQUESTS,
-    bounds: LatencyBounds | None = None,
     mb_radius: int | None = None,
     warm_evals: int = 60,
 ) -> SafePlan:
@@ -460,10 +384,7 @@ def safe_search(
     order = group_order(groups)
     has_lc = any(s.kind is GroupKind.LC and s.slo is not None for s in groups.values())
     base = base_objective(objective, has_lc)
-    bounds = LatencyBounds() if bounds is None else bounds
-    score = _Scorer(
-        sim, condition.overrides(), base, margin, bounds, latency_requests, screen_requests
-    )
+    score = _Scorer(sim, condition.overrides(), base, margin)
     cache: dict[State, float] = {}
     start, _ = _feasibility_pass(score, groups, caps, cache, feasibility_evals)
     feasible = start is None or SloConstrained.feasible(cache[start])
@@ -483,16 +404,13 @@ def safe_search(
             cache=cache,
             explore=(explore or not starts) and feasible,
             mb_radius=mb_radius,
+            # a search from scratch spends its whole budget escaping local optima; a warm
+            # start refines the seeds only
+            starts=None if explore else 3,
         )
-    # The answer is checked on the accurate steady state; should the bounds ever have
-    # misjudged a state (they assume latency rises with utilisation), the next best is taken.
-    ranked = sorted(cache, key=lambda st: cache[st])
-    for state in ranked[:5]:
-        plan = state_plan(state, order, caps)
-        value, excess, ratios = score.verify(plan)
-        if SloConstrained.feasible(value) == SloConstrained.feasible(cache[state]):
-            break
-        cache[state] = value
+    state = min(cache, key=lambda st: cache[st])
+    plan = state_plan(state, order, caps)
+    _, excess, ratios = score.verify(plan)
     result = SearchResult(plan, state, cache[state], len(cache), result.exhaustive)
     return SafePlan(
         condition=condition,
@@ -501,7 +419,6 @@ def safe_search(
         excess=excess,
         latency_ratio=ratios,
         evaluations=len(score.scores),
-        accurate=score.accurate,
         seconds=time.perf_counter() - t0,
     )
 
@@ -527,7 +444,6 @@ class Oracle(Controller):
             steady state to check); a search runs when it does not, or a load leaves the
             band. The SLOs are checked on the fine grid (``load_quantum``), the objective
             optimised on this coarser one: a diurnal load crosses dozens of fine levels.
-        latency_requests: requests per steady-state latency estimate.
     """
 
     name = "oracle"
@@ -543,7 +459,6 @@ class Oracle(Controller):
         max_evals: int = 300,
         warm_evals: int = 40,
         reoptimise_quantum: float = REOPTIMISE_QUANTUM,
-        latency_requests: int = LATENCY_REQUESTS,
     ) -> None:
         self.sim = _require_sim(node)
         if not 0.0 <= margin < 1.0:
@@ -557,14 +472,12 @@ class Oracle(Controller):
         self.max_evals = max_evals
         self.warm_evals = warm_evals
         self.reoptimise_quantum = float(reoptimise_quantum)
-        self.latency_requests = latency_requests
         self.checks: dict[tuple[Condition, State], bool] = {}
         self.reused = 0  # searches answered by another run's identical search
         self._band: tuple | None = None
         self._feasible = True
         self._scenario_key: str | None = None
         self.plans: dict[Condition, SafePlan] = {}
-        self.bounds = LatencyBounds()
         self.infeasible: list[tuple[float, SafePlan]] = []  # (time, plan) when first met
         self.result: SearchResult | None = None
         self._groups: tuple[str, ...] = ()
@@ -587,7 +500,6 @@ class Oracle(Controller):
         return {
             "oracle_searches": float(self.searches),
             "oracle_evaluations": float(self.evaluations),
-            "oracle_accurate": float(sum(p.accurate for p in self.plans.values())),
             "oracle_search_s": self.search_s,
             "oracle_infeasible_levels": float(len(self.infeasible)),
             "oracle_checks": float(len(self.checks)),
@@ -603,14 +515,13 @@ class Oracle(Controller):
                 max_evals=self.warm_evals if warm else self.max_evals,
                 seeds=(self.result.state,) if warm else (),
                 explore=not warm,
-                latency_requests=self.latency_requests,
                 mb_radius=1 if warm else None,
                 warm_evals=self.warm_evals,
             )
             key = self._memo_key(condition, kwargs)
             plan = _MEMO.get(key) if key is not None else None
             if plan is not None:
-                plan = dataclasses.replace(plan, evaluations=0, accurate=0, seconds=0.0)
+                plan = dataclasses.replace(plan, evaluations=0, seconds=0.0)
                 self.reused += 1
             else:
                 plan = safe_search(self.sim, condition, self.objective, **kwargs)
@@ -626,7 +537,7 @@ class Oracle(Controller):
     def _memo_key(self, condition: Condition, kwargs: dict) -> tuple | None:
         """What a search's answer depends on: the scenario, the node's time (batch phases,
         arrivals), its groups, the condition and the search's settings. A search starts
-        with no latency bounds of its own, so equal keys give equal answers, whichever run
+        from nothing of its own, so equal keys give equal answers, whichever run
         computed it first (another seed of the same scenario with the same loads)."""
         if not (self.objective is None or isinstance(self.objective, str)):
             return None
@@ -662,9 +573,6 @@ class Oracle(Controller):
                 condition.overrides(),
                 base_objective(self.objective, has_lc),
                 self.margin,
-                self.bounds,
-                self.latency_requests,
-                SCREEN_REQUESTS,
             )
             self.checks[key] = SloConstrained.feasible(scorer(self.result.plan))
         return self.checks[key]
@@ -769,7 +677,6 @@ def feasibility(
     bad: list[tuple[float, SafePlan]] = []
     feasible: list[Condition] = []
     infeasible: list[tuple[Condition, SafePlan]] = []
-    bounds = LatencyBounds()
     if any(s.kind is GroupKind.LC and s.slo is not None for s in sim.groups().values()):
         for k in range(max(1, round(seconds / interval_s))):
             t = t0 + k * interval_s
@@ -789,7 +696,6 @@ def feasibility(
                     margin=margin,
                     feasibility_only=True,
                     feasibility_evals=evals,
-                    bounds=bounds,
                 )
                 if worse.feasible:
                     feasible.append(cond)

@@ -12,7 +12,8 @@ Search: exhaustive when the state space fits ``max_evals``; otherwise every way 
 each group at full bandwidth and at the equal bandwidth share (an evenly spread subset of
 them when they are more than half the budget), then best-improvement local
 search (move one way between two groups; set one group's MB to any grid level) from the
-best few starts until no neighbour improves or the budget is spent. Evaluations are cached
+best few starts (or from every start in rank order, while the budget lasts) until no
+neighbour improves or the budget is spent. Evaluations are cached
 (a caller may pass its cache in, to search the same scorer again from other starts); with
 ``explore=False`` only the seeds are refined (a warm start), and ``stop_below`` ends the
 search at the first state scoring below it (a feasibility check).
@@ -97,7 +98,7 @@ def search(
     caps: NodeCapabilities,
     *,
     max_evals: int = 600,
-    starts: int = 3,
+    starts: int | None = 3,
     mb_steps: int = 10,
     seeds: Sequence[State] = (),
     cache: dict[State, float] | None = None,
@@ -113,6 +114,9 @@ def search(
     local search from the seeds. ``stop_below``: stop at the first state scoring below it.
     ``mb_radius``: local search moves a group's MB at most this many grid levels (None: to
     any level; 1 makes a warm start's neighbourhoods several times smaller).
+    ``starts``: local search runs from the seeds and this many of the best states found
+    so far; None: from every evaluated state in rank order until the budget is spent
+    (local optima are common: an oracle should spend its budget escaping them).
     """
     if caps.l3 is None:
         raise ValueError("node has no L3 allocation; nothing to search")
@@ -167,6 +171,8 @@ def search(
                 (s for s in cache if s[0] != UNPARTITIONED_WAYS), key=lambda s: cache[s]
             )
             for start in dict.fromkeys([*seeds, *ranked[:starts]]):
+                if spent():
+                    break
                 if start[0] == UNPARTITIONED_WAYS:
                     continue
                 _local_search(start, evaluate, grid, least, spent, mb_radius)

@@ -32,7 +32,7 @@ noise=True, max_requests=1000, catalog=None)``
 
 Simulated-only tools (controllers must not need them):
 
-* ``steady_state(plan_or_allocation=None, load_overrides=None, *, latency_requests=100_000)
+* ``steady_state(plan_or_allocation=None, load_overrides=None)
   -> {group: GroupTruth}``: noise-free steady state (IPS, IPC, miss ratio, MPKI,
   bandwidth, occupancy, slowdown vs. full resources alone, LC latency percentiles at the
   load now or ``load_overrides`` {instance: req/s}, and Ubik's tail metric, the mean

@@ -334,16 +334,13 @@ class SimNode:
         self,
         plan_or_allocation: AllocationPlan | Allocation | None = None,
         load_overrides: Mapping[str, float] | None = None,
-        *,
-        latency_requests: int | None = None,
     ) -> dict[str, GroupTruth]:
         """Noise-free steady state under ``plan_or_allocation`` (over the current
         allocation; None keeps it) with LC loads at ``load_overrides`` (req/s by instance
         name; others at their load now). Leaves the node's state untouched.
 
         Keys are own group names, plus ``""`` for the default group when it holds workloads.
-        ``latency_requests`` is accepted and ignored (LC latency comes from the latency
-        tables, exact for the steady state; callers passing it are being moved off it).
+        LC latency percentiles come from the latency tables (deterministic).
         """
         alloc = dict(self._table.alloc)
         if plan_or_allocation is not None:

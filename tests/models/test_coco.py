@@ -57,7 +57,7 @@ def _violations(ctrl, node, services, intervals=60):
     for _ in range(intervals):
         node.advance(0.1)
         snap = node.observe()
-        for truth in node.steady_state(latency_requests=20_000).values():
+        for truth in node.steady_state().values():
             for name, w in truth.workloads.items():
                 if name in slo:
                     bad += not slo_met(w.latency_ms[slo[name].percentile], slo[name].target_ms)

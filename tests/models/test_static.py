@@ -44,9 +44,7 @@ def test_sweep_picks_the_knee_of_the_latency_curve():
     groups = list(node.groups())
     caps = node.capabilities()
     truth = {
-        k: node.steady_state(mite_plan("kv", k, groups, caps), latency_requests=50_000)[
-            "kv"
-        ].latency_ms[99.9]
+        k: node.steady_state(mite_plan("kv", k, groups, caps))["kv"].latency_ms[99.9]
         for k in range(1, caps.l3.num_ways)
     }
     true_knee = knee(truth)

@@ -23,7 +23,7 @@ def _held_out(dynamics, n: int = 40):
     loads = {w.group: node.load_rps(w.name) for w in node.workloads() if w.kind == "lc"}
     for _ in range(n):
         plan = ctl.start(context(node)).plan
-        truth = node.steady_state(plan, latency_requests=20_000)
+        truth = node.steady_state(plan)
         alloc = {g: plan.get(g, 0) for g in plan}
         eff = effective_ways({g: a.l3_mask for g, a in alloc.items()}, caps)
         pred = dynamics.predict(eff, {g: a.mb for g, a in alloc.items()}, loads)

@@ -95,14 +95,16 @@ def test_group_read_ids_map_to_the_right_events(order):
     with GroupCounters.for_task(order) as c:
         (group,) = c._groups
         assert sorted(group.ids.values()) == sorted(order) and len(set(group.ids)) == 3
-        touch_pages(300)
+        touch_pages(5000)
         nap(3)
         burn(0.02)
         v = c.read()
-    # each name got a figure of its own kind: ns of CPU, faults, a few switches
-    assert 1.5e7 < v["task_clock"] < 1e9
-    assert 300 <= v["page_faults"] < 5000
-    assert 3 <= v["context_switches"] < 300
+    # each name got a figure of its own kind, in ranges far apart: ns of CPU (>= 1.5e7),
+    # faults (one per page touched), a few switches (the naps, plus preemptions on a busy
+    # host: hundreds were seen under load, never thousands)
+    assert 1.5e7 < v["task_clock"] < 1e10
+    assert 5000 <= v["page_faults"] < 50_000
+    assert 3 <= v["context_switches"] < 4000
 
 
 def test_read_delta_splits_the_work_into_intervals():

@@ -93,7 +93,7 @@ def record(scenario: str, steps: int = STEPS) -> golden.Recorder:
     # A pickled copy (Ray workers, SubprocVecEnv) must carry on exactly where it was.
     node = pickle.loads(pickle.dumps(node))
     _drive(node, rng, steps - steps // 2, out)
-    out.add(node.steady_state(latency_requests=2000))
+    out.add(node.steady_state())
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -342,18 +343,25 @@ def test_batch_phases_change_throughput() -> None:
 
 
 def test_batch_arrivals_and_departures() -> None:
-    node = SimNode("lc_diurnal", noise=False)
+    """lc_diurnal's batch job CG arrives at 60 s and leaves at 300 s; the same times scaled
+    down here (the physics does not depend on them)."""
+    base = get_scenario("lc_diurnal")
+    ws = tuple(
+        dataclasses.replace(w, start_s=2.0, end_s=4.0) if w.name == "CG" else w
+        for w in base.workloads
+    )
+    node = SimNode(dataclasses.replace(base, workloads=ws), noise=False)
     node.advance(1.0)
     node.observe()
-    node.advance(1.0)
+    node.advance(0.5)
     assert node.observe().groups["CG"].instructions == 0.0
-    node.advance(60.0)
-    node.observe()
     node.advance(1.0)
+    node.observe()
+    node.advance(0.5)
     assert node.observe().groups["CG"].instructions > 0.0
-    node.advance(300.0)
+    node.advance(1.5)
     node.observe()
-    node.advance(1.0)
+    node.advance(0.5)
     assert node.observe().groups["CG"].instructions == 0.0
 
 
