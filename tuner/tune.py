@@ -86,11 +86,12 @@ def _check_policy_files(spec: str) -> None:
     if not spec.startswith("policy:") or not spec.removeprefix("policy:"):
         return
     path = Path(spec.removeprefix("policy:"))
-    missing = [f for f in ("model_card.json", "policy.onnx") if not (path / f).is_file()]
-    if missing:
+    # An optional ConfigMap that does not exist is mounted as an empty directory. What is
+    # there is checked later by the policy loader, against the node.
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         raise ControllerError(
-            f"{spec}: no exported policy there ({', '.join(missing)} missing; an "
-            "'rdtune export' directory, e.g. the rdtune-policy ConfigMap mounted)"
+            f"{spec}: no exported policy there (nothing at that path; an 'rdtune export' "
+            "directory, e.g. the rdtune-policy ConfigMap mounted)"
         )
 
 

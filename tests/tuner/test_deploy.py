@@ -168,7 +168,11 @@ def test_what_a_pod_without_its_config_map_or_secrets_says(tmp_path) -> None:
     # no rdtune-policy ConfigMap: nothing at the policy's path
     tuner_args = [a.replace("/policies", str(tmp_path / "policies")) for a in args["tuner"]]
     tuner_args[tuner_args.index("--config") + 1] = str(DEPLOY / "tuner.yaml")
-    cases.append((tuner_args, "model_card.json, policy.onnx missing"))
+    cases.append((tuner_args, "no exported policy there (nothing at that path"))
+    # ... mounted from an optional ConfigMap that does not exist: an empty directory
+    (tmp_path / "empty").mkdir()
+    empty = [a.replace(str(tmp_path / "policies"), str(tmp_path / "empty")) for a in tuner_args]
+    cases.append((empty, "no exported policy there"))
     for argv, needle in cases:
         done = _rdtune(*argv)
         err = done.stderr.strip()
