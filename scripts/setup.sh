@@ -78,8 +78,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
     echo "setup: installing rdtune and its dependencies into .venv"
     # torch first, from the CPU wheel on disk; the constraint keeps every later resolve on it.
     .venv/bin/pip install -q -c constraints.txt torch==2.13.0
-    # the checkout's own layout (top-level agent, envs, ...), as the code and tests import it
-    RDTUNE_SOURCE_LAYOUT=1 .venv/bin/pip install -q -c constraints.txt -e ".[dev]"
+    # the checkout's own layout (top-level agent, envs, ...), as the code and tests import it;
+    # PIP_CONSTRAINT also pins the isolated build's grpcio-tools, which makes the stubs (a
+    # newer one would generate code the locked protobuf runtime refuses)
+    PIP_CONSTRAINT="$PWD/constraints.txt" RDTUNE_SOURCE_LAYOUT=1 \
+        .venv/bin/pip install -q -c constraints.txt -e ".[dev]"
     touch "$stamp"
 fi
 # The gRPC stubs are build products of proto/rdtune/v1/*.proto (never edited by hand).
