@@ -1,5 +1,5 @@
 # The two commands of README.md (and the one that regenerates docs/RESULTS.md).
-.PHONY: demo test lint results
+.PHONY: demo test lint results images
 
 # Set up (if needed) and run the main job on the built-in default.
 demo:
@@ -18,3 +18,9 @@ lint:
 results:
 	@scripts/setup.sh
 	.venv/bin/python -m eval.results
+
+# The agent and tuner container images (deploy/docker/Dockerfile; deploy/kubernetes uses them).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+images:
+	docker build -f deploy/docker/Dockerfile --target agent -t rdtune-agent:$(VERSION) .
+	docker build -f deploy/docker/Dockerfile --target tuner -t rdtune-tuner:$(VERSION) .

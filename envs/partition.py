@@ -17,8 +17,9 @@ One step is one control interval, as in the tuner: decode the action into a plan
   max of observed IPS (all a real node offers).
 
 Both start each episode from a baseline allocation (``equal``: CoPart's EQ, or ``full``:
-unpartitioned) and render ``ansi`` text: per group its ways as a bar, MB value, IPC, tail
-latency / SLO and slowdown.
+unpartitioned) and render ``ansi`` text (per group its ways as a bar, MB value, IPC, tail
+latency / SLO and slowdown) or an ``rgb_array`` picture of the same allocation (what SB3's
+``make_vec_env`` and video recorders ask for).
 """
 
 from __future__ import annotations
@@ -58,10 +59,18 @@ def _positive(name: str, value: float) -> float:
     return float(value)
 
 
+# Group colours of render_rgb (distinct on a dark background).
+_PALETTE = (
+    (66, 135, 245), (245, 166, 35), (80, 200, 120), (200, 90, 220),
+    (240, 220, 70), (60, 200, 210), (250, 120, 150), (160, 160, 255),
+)  # fmt: skip
+
+
 class _PartitionEnv(gym.Env):
     """The shared step/reset/render logic over ``self.node`` (subclasses provide it)."""
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    # rgb_array: SB3's make_vec_env asks for it by default (its video recorder too).
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
     _reference_learns = True  # _reference(ips) uses ips (else it ignores them)
 
     def __init__(
@@ -206,10 +215,41 @@ class _PartitionEnv(gym.Env):
             return np.ones(int(self.decoder.nvec.sum()), dtype=bool)
         return self.decoder.action_mask(len(self._slots), self._caps)
 
-    def render(self) -> str | None:
-        if self.render_mode != "ansi":
-            return None
-        return self.render_text()
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode == "ansi":
+            return self.render_text()
+        if self.render_mode == "rgb_array":
+            return self.render_rgb()
+        return None
+
+    def render_rgb(self, cell: int = 8) -> np.ndarray:
+        """The allocation as a picture (H x W x 3, uint8): one band per group slot, its
+        cache ways on the left (the group's colour where its mask has the way), its memory
+        bandwidth share as a bar on the right; an LC group over its SLO has a red edge."""
+        bands, ways, mba_w = self.encoder.max_groups, 20, 10 * cell
+        if self._caps is not None and self._caps.l3 is not None:
+            ways = self._caps.l3.num_ways
+        img = np.full((bands * cell, (ways + 1) * cell + mba_w, 3), 24, dtype=np.uint8)
+        if self._caps is None or self._snap is None:
+            return img
+        caps, snap, alloc = self._caps, self._snap, self._alloc
+        domain = caps.domains[0]
+        top = caps.mba.max_bandwidth if caps.mba is not None else 0
+        for row, name in enumerate(self._slots[:bands]):
+            y = slice(row * cell + 1, (row + 1) * cell - 1)
+            colour = _PALETTE[row % len(_PALETTE)]
+            a = alloc.get(name, domain) if alloc is not None else None
+            mask = (a.l3_mask or 0) if a is not None else 0
+            for way in range(ways):
+                x = slice(way * cell + 1, (way + 1) * cell - 1)
+                img[y, x] = colour if mask >> way & 1 else (64, 64, 64)
+            if a is not None and a.mb is not None and top > 0:
+                x0 = (ways + 1) * cell
+                img[y, x0 : x0 + max(1, round(mba_w * min(a.mb, top) / top))] = colour
+            spec = self._groups[name]
+            if spec.kind is GroupKind.LC and (tail_ratio(spec, snap.groups.get(name)) or 0) > 1:
+                img[row * cell, :] = img[(row + 1) * cell - 1, :] = (230, 40, 40)
+        return img
 
     def render_text(self) -> str:
         """Per group: ways bar (bit 0 left), MB, IPC, tail latency / SLO, slowdown."""

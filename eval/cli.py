@@ -18,6 +18,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from agent import connection
+from agent.argtypes import positive_float, positive_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -42,15 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scenarios", help="comma-separated subset of scenario names (default: the suite's)"
     )
     parser.add_argument(
-        "--seeds", type=int, help="seeds per controller and scenario (default: the suite's)"
+        "--seeds",
+        type=positive_int,
+        help="seeds per controller and scenario (default: the suite's)",
     )
     parser.add_argument(
-        "--seconds", type=float, help="simulated seconds per run (default: the suite's)"
+        "--seconds", type=positive_float, help="simulated seconds per run (default: the suite's)"
     )
-    parser.add_argument(
-        "--agent",
-        metavar="ADDR",
-        help="run against a node agent at ADDR (host:port) instead of in-process simulated nodes",
+    connection.add_arguments(
+        parser,
+        address_default=None,
+        address_help="run against a node agent at ADDR (host:port or unix:/path) instead of "
+        "in-process simulated nodes",
+        timeout_default=30.0,
     )
     parser.add_argument(
         "--ray-address",
@@ -109,16 +116,20 @@ def run(args: argparse.Namespace) -> int:
             scenarios = [names.get(s, s) for s in want]
         if args.agent and any(not isinstance(s, str) for s in (scenarios or suite.scenarios)):
             raise SuiteError("an agent run needs named scenarios (not generated ones)")
+        agent = connection.from_args(args) if args.agent else None
         jobs = suite.jobs(
             controllers=controllers,
             seeds=args.seeds,
             seconds=args.seconds,
-            agent=args.agent,
+            agent=agent,
             scenarios=scenarios,
         )
     except (SuiteError, ValueError) as exc:
         print(f"rdtune eval: {exc}", file=sys.stderr)
         return 2
+    if agent is not None:  # fail now, in one line, rather than once per run
+        with agent.connect() as node:
+            node.capabilities()
     ray_address = args.ray_address
     if ray_address is None:
         ray_address = "local" if len(jobs) > 1 and not args.agent else "none"

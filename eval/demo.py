@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from agent.argtypes import positive_float
+
 HEURISTICS = "unpartitioned,eq,static,copart,ubik,ucp"
 
 
@@ -29,13 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seconds",
-        type=float,
+        type=positive_float,
         default=30.0,
         help="simulated seconds per controller (default: %(default)s)",
     )
     parser.add_argument(
         "--interval",
-        type=float,
+        type=positive_float,
         default=0.1,
         help="control interval in seconds (default: %(default)s)",
     )

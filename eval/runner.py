@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import eval as eval_package
+from agent.connection import AgentConnection
 from agent.sim import Scenario
 from agent.slo import slo_met
 from agent.types import GroupKind
@@ -52,7 +53,7 @@ class Job:
     seed: int
     seconds: float
     interval_s: float = 0.1
-    agent: str | None = None
+    agent: AgentConnection | None = None  # how to reach the node agent (None: in-process)
     timeline_every: int = 1  # keep every n-th interval of the allocation timeline
     label: str = ""  # how tables name the controller (default: the spec string)
 
@@ -184,11 +185,9 @@ def run_job(job: Job) -> JobResult:
     node = clock = twin = None
     try:
         if job.agent:
-            from agent.client import RemoteNode
-
             if not isinstance(job.scenario, str):
                 raise ValueError("an agent run needs a scenario name from the agent's catalog")
-            node = RemoteNode(job.agent, timeout=30.0)
+            node = job.agent.connect()
             simulated = node.capabilities().simulated
             clock = node if simulated else None
             if simulated:

@@ -16,31 +16,78 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
+from pydantic import Discriminator, Field, Tag
 
+from agent import configfile
+from agent.configfile import ConfigError, Finite, Strict
 from agent.sim import Scenario
 from eval.runner import Job
 from models.catalogue import ControllerSpec, split_specs
 
 EVAL_DIR = Path(__file__).parent
 SUITES_FILE = EVAL_DIR / "data" / "suites.yaml"
-_SUITE_KEYS = {
-    "description",
-    "scenarios",
-    "controllers",
-    "sweep",
-    "seeds",
-    "seconds",
-    "interval_s",
-    "seed_base",
-    "paired_with",
-}
+
+# A suite file or a suite request that is malformed: the one configuration error.
+SuiteError = ConfigError
+
+Count = Annotated[int, Field(ge=0)]
+Positive = Annotated[Finite, Field(gt=0)]
 
 
-class SuiteError(ValueError):
-    """A suite file or a suite request is malformed."""
+class FamilyEntry(Strict):
+    """Seeded draws of the training generator's split (envs/scenarios.py)."""
+
+    family: str
+    count: Annotated[int, Field(ge=1)] = 4
+    seed: Count = 0
+    preset: str | None = None
+    min_lc: Count | None = None
+    max_lc: Count | None = None
+    max_batch: Count | None = None
+    max_workloads: Count | None = None
+
+
+class ControllerEntry(Strict):
+    spec: str
+    label: str | None = None
+
+
+class SweepEntry(Strict):
+    controller: str
+    option: str
+    values: Annotated[list[Any], Field(min_length=1)]
+
+
+def _kind(value: Any) -> str:
+    return "<name>" if isinstance(value, str) else "<mapping>"
+
+
+# A string entry or a mapping entry; the tags name the branch in error locations
+# (agent.configfile.dotted leaves them out).
+ScenarioEntry = Annotated[
+    Annotated[str, Tag("<name>")] | Annotated[FamilyEntry, Tag("<mapping>")],
+    Discriminator(_kind),
+]
+ControllerItem = Annotated[
+    Annotated[str, Tag("<name>")] | Annotated[ControllerEntry, Tag("<mapping>")],
+    Discriminator(_kind),
+]
+
+
+class SuiteFile(Strict):
+    """One suite of a suites file (eval/data/suites.yaml describes the keys)."""
+
+    description: str = ""
+    scenarios: Annotated[list[ScenarioEntry], Field(min_length=1)]
+    controllers: list[ControllerItem] = []
+    sweep: SweepEntry | None = None
+    seeds: Annotated[int, Field(ge=1)] = 3
+    seconds: Positive = 30.0
+    interval_s: Positive = 0.1
+    seed_base: Count = 0
+    paired_with: str | None = None
 
 
 @dataclass
@@ -93,30 +140,16 @@ class Suite:
         ]
 
 
-def _scenarios(entries: Any, where: str) -> list[str | Scenario]:
-    if not isinstance(entries, list) or not entries:
-        raise SuiteError(f"{where}: 'scenarios' must be a non-empty list")
+def _scenarios(entries: Sequence[str | FamilyEntry]) -> list[str | Scenario]:
     out: list[str | Scenario] = []
     for e in entries:
         if isinstance(e, str):
             p = EVAL_DIR / e
             out.append(str(p) if e.endswith((".yaml", ".yml")) and p.is_file() else e)
-        elif isinstance(e, Mapping) and "family" in e:
-            unknown = set(e) - {"family", "count", "seed", "preset", *_FAMILY_OPTIONS}
-            if unknown:
-                raise SuiteError(f"{where}: unknown family option(s) {sorted(unknown)}")
-            options: dict[str, Any] = {k: int(e[k]) for k in _FAMILY_OPTIONS if k in e}
-            if "preset" in e:
-                options["preset"] = str(e["preset"])
-            out.extend(
-                held_out(str(e["family"]), int(e.get("count", 4)), int(e.get("seed", 0)), **options)
-            )
         else:
-            raise SuiteError(f"{where}: bad scenario entry {e!r}")
+            options = e.model_dump(exclude={"family", "count", "seed"}, exclude_none=True)
+            out.extend(held_out(e.family, e.count, e.seed, **options))
     return out
-
-
-_FAMILY_OPTIONS = ("min_lc", "max_lc", "max_batch", "max_workloads")
 
 
 def held_out(split: str, count: int, seed: int, **options: Any) -> list[Scenario]:
@@ -138,69 +171,54 @@ def held_out(split: str, count: int, seed: int, **options: Any) -> list[Scenario
     return list(out.values())
 
 
-def _controllers(entries: Any, sweep: Mapping[str, Any], where: str) -> list[ControllerSpec]:
-    if not isinstance(entries, list):
-        raise SuiteError(f"{where}: 'controllers' must be a list")
+def _controllers(
+    entries: Sequence[str | ControllerEntry], sweep: SweepEntry | None, where: str
+) -> list[ControllerSpec]:
     out = []
-    for e in entries:
-        try:
+    try:
+        for e in entries:
             if isinstance(e, str):
                 out.append(ControllerSpec.parse(e))
-            elif isinstance(e, Mapping) and "spec" in e:
-                spec = ControllerSpec.parse(str(e["spec"]))
-                label = str(e.get("label") or spec.label)
-                out.append(ControllerSpec(spec.name, spec.options, label, spec.text))
             else:
-                raise SuiteError(f"{where}: bad controller entry {e!r}")
-        except SuiteError:
-            raise
-        except ValueError as exc:
-            raise SuiteError(f"{where}: {exc}") from None
-    if sweep:
-        try:
-            name, option, values = sweep["controller"], sweep["option"], list(sweep["values"])
-        except (KeyError, TypeError):
-            raise SuiteError(f"{where}: sweep needs controller, option and values") from None
-        for v in values:
-            out.append(ControllerSpec.parse(f"{name}[{option}={v}]"))
+                spec = ControllerSpec.parse(e.spec)
+                out.append(
+                    ControllerSpec(spec.name, spec.options, e.label or spec.label, spec.text)
+                )
+        if sweep is not None:
+            for v in sweep.values:
+                out.append(ControllerSpec.parse(f"{sweep.controller}[{sweep.option}={v}]"))
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise SuiteError(f"{where}: controllers: {exc}") from None
     if not out:
-        raise SuiteError(f"{where}: no controllers")
+        raise SuiteError(f"{where}: controllers: none given")
     return out
 
 
 def load_suites(path: str | Path | None = None) -> dict[str, Suite]:
     """Every suite in ``path`` (default: eval/data/suites.yaml)."""
     p = Path(path) if path else SUITES_FILE
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise SuiteError(f"cannot read suites from {p}: {exc}") from None
+    data = configfile.read_yaml(p) or {}
     if not isinstance(data, Mapping):
         raise SuiteError(f"{p}: expected a mapping of suite name -> suite")
-    return {name: _raw(name, entry, p) for name, entry in data.items()}
+    return {str(name): _suite(str(name), entry, p) for name, entry in data.items()}
 
 
-def _raw(name: str, e: Any, p: Path) -> Suite:
+def _suite(name: str, entry: Any, p: Path) -> Suite:
     where = f"{p}: suite {name!r}"
-    if not isinstance(e, Mapping):
-        raise SuiteError(f"{where}: expected a mapping")
-    unknown = set(e) - _SUITE_KEYS
-    if unknown:
-        raise SuiteError(
-            f"{where}: unknown field(s) {sorted(unknown)}; allowed {sorted(_SUITE_KEYS)}"
-        )
-    # scenarios of a held-out family are drawn lazily (it imports envs): keep the raw entry
+    e = configfile.validate(SuiteFile, entry, where)
     return Suite(
         name=name,
-        scenarios=e.get("scenarios"),  # resolved by get_suite
-        controllers=_controllers(e.get("controllers"), e.get("sweep") or {}, where),
-        seeds=int(e.get("seeds", 3)),
-        seconds=float(e.get("seconds", 30.0)),
-        interval_s=float(e.get("interval_s", 0.1)),
-        seed_base=int(e.get("seed_base", 0)),
-        description=str(e.get("description", "")),
-        sweep=e.get("sweep") or {},
-        paired_with=str(e["paired_with"]) if e.get("paired_with") else None,
+        scenarios=list(e.scenarios),  # family draws resolved by get_suite (imports envs)
+        controllers=_controllers(e.controllers, e.sweep, where),
+        seeds=e.seeds,
+        seconds=e.seconds,
+        interval_s=e.interval_s,
+        seed_base=e.seed_base,
+        description=e.description,
+        sweep=e.sweep.model_dump() if e.sweep else {},
+        paired_with=e.paired_with,
     )
 
 
@@ -209,7 +227,7 @@ def get_suite(name: str, path: str | Path | None = None) -> Suite:
     if name not in suites:
         raise SuiteError(f"unknown suite {name!r}; choose from {', '.join(suites)}")
     suite = suites[name]
-    suite.scenarios = _scenarios(suite.scenarios, f"suite {name!r}")
+    suite.scenarios = _scenarios(suite.scenarios)
     return suite
 
 

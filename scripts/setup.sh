@@ -33,6 +33,41 @@ if [ ${#need[@]} -gt 0 ]; then
     fi
 fi
 
+# Tools the tests check the product with (tests/tools.py): promtool (Prometheus' metric
+# and rule checker, from the prometheus package); protoc, Go and Debian's grpc-go,
+# protobuf-go and genproto, which build the Go client example against the .proto files.
+need=()
+command -v promtool >/dev/null || need+=(prometheus)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
+command -v go >/dev/null || need+=(golang-go)
+command -v protoc-gen-go >/dev/null || need+=(protoc-gen-go)
+command -v protoc-gen-go-grpc >/dev/null || need+=(protoc-gen-go-grpc)
+for pkg in golang-google-grpc-dev golang-google-genproto-dev golang-google-protobuf-dev; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: installing ${need[*]} (tools the tests check the product with)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${need[@]}" >/dev/null
+    else
+        echo "setup: ${need[*]} missing and cannot install; those checks will skip" >&2
+    fi
+fi
+
+# buf (the protobuf linter) from the npm registry, into .tools/ (tests/tools.py looks there).
+BUF_VERSION=1.75.0
+if [ ! -x .tools/node_modules/.bin/buf ]; then
+    if command -v npm >/dev/null; then
+        echo "setup: installing buf $BUF_VERSION (npm) into .tools/"
+        npm install --prefix .tools --no-audit --no-fund --loglevel=error \
+            "@bufbuild/buf@$BUF_VERSION" >/dev/null
+    else
+        echo "setup: npm missing; cannot install buf, the buf lint check will skip" >&2
+    fi
+fi
+
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 if [ ! -x .venv/bin/python ]; then
@@ -43,7 +78,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
     echo "setup: installing rdtune and its dependencies into .venv"
     # torch first, from the CPU wheel on disk; the constraint keeps every later resolve on it.
     .venv/bin/pip install -q -c constraints.txt torch==2.13.0
-    .venv/bin/pip install -q -c constraints.txt -e ".[dev,minari]"
+    # the checkout's own layout (top-level agent, envs, ...), as the code and tests import it;
+    # PIP_CONSTRAINT also pins the isolated build's grpcio-tools, which makes the stubs (a
+    # newer one would generate code the locked protobuf runtime refuses)
+    PIP_CONSTRAINT="$PWD/constraints.txt" RDTUNE_SOURCE_LAYOUT=1 \
+        .venv/bin/pip install -q -c constraints.txt -e ".[dev]"
     touch "$stamp"
 fi
 # The gRPC stubs are build products of proto/rdtune/v1/*.proto (never edited by hand).

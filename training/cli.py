@@ -10,7 +10,10 @@ policy); command-line options override the file.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
+
+from agent.argtypes import positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", help="run directory (default: the config's output_dir)")
     parser.add_argument("--seed", type=int, help="override the config's seed")
-    parser.add_argument("--total-timesteps", type=int, help="override total_timesteps")
+    parser.add_argument("--total-timesteps", type=positive_int, help="override total_timesteps")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"
     )
@@ -76,12 +79,13 @@ def run(args: argparse.Namespace) -> int:
         if overrides:
             cfg = cfg.with_overrides(overrides)
     except ConfigError as exc:
-        print(f"rdtune train: {exc}")
+        print(f"rdtune train: {exc}", file=sys.stderr)
         return 2
     if args.sweep and workers:
         print(
             "rdtune train: --rollout-workers and --sweep do not combine (trials step their "
-            "envs in their own process)"
+            "envs in their own process)",
+            file=sys.stderr,
         )
         return 2
     if args.sweep:
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                 cfg, grid, address=args.ray_address or "local", max_concurrent=args.max_concurrent
             )
         except (SweepError, ConfigError) as exc:
-            print(f"rdtune train: {exc}")
+            print(f"rdtune train: {exc}", file=sys.stderr)
             return 2
         print(result.summary())
         return 0
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = train(cfg, ray_address=args.ray_address)
     except (ConnectionError, RolloutError) as exc:
-        print(f"rdtune train: {exc}")
+        print(f"rdtune train: {exc}", file=sys.stderr)
         return 2
     print(result.summary())
     return 0

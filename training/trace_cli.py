@@ -13,6 +13,10 @@ dynamics model can be learned from (random allocations held for random dwell tim
 from __future__ import annotations
 
 import argparse
+import sys
+
+from agent import connection
+from agent.argtypes import positive_float, positive_int
 
 
 def _options(pairs: list[str]) -> dict:
@@ -36,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="Drive a controller on an agent's node and write every interval "
         "(snapshot, allocation held, allocation applied) to a Parquet trace.",
     )
-    rec.add_argument("--agent", required=True, help="agent address: HOST:PORT or unix:/PATH")
+    connection.add_arguments(rec, address_required=True)
     rec.add_argument(
         "--controller",
         default="explore",
@@ -51,9 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="controller option (YAML value), e.g. -o seed=3 -o max_dwell=20; repeatable",
     )
-    rec.add_argument("--duration", type=float, required=True, help="seconds of node time to record")
     rec.add_argument(
-        "--interval", type=float, default=0.1, help="control interval, s (default: %(default)s)"
+        "--duration", type=positive_float, required=True, help="seconds of node time to record"
+    )
+    rec.add_argument(
+        "--interval",
+        type=positive_float,
+        default=0.1,
+        help="control interval, s (default: %(default)s)",
     )
     rec.add_argument("--out", required=True, help="trace file to write (.parquet)")
     rec.add_argument(
@@ -65,10 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec.add_argument(
         "--seed", type=int, default=None, help="simulated agents only: seed for --scenario"
     )
-    rec.add_argument("--token", default=None, help="bearer token, if the agent requires one")
-    rec.add_argument("--tls-ca", default=None, help="CA certificate to verify the agent (TLS)")
-    rec.add_argument("--tls-cert", default=None, help="client certificate (mTLS)")
-    rec.add_argument("--tls-key", default=None, help="client key (mTLS)")
     rec.add_argument("--quiet", action="store_true", help="no progress bar")
 
     info = sub.add_parser("info", help="summarise a trace file (and check it reads)")
@@ -86,7 +91,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     exp.add_argument(
         "--root", default=None, help="Minari datasets folder (default: $MINARI_DATASETS_PATH)"
     )
-    exp.add_argument("--max-groups", type=int, default=8, help="group slots (default: 8)")
+    exp.add_argument("--max-groups", type=positive_int, default=8, help="group slots (default: 8)")
+    exp.add_argument("--author", default=None, help="dataset author (default: the login name)")
+    exp.add_argument(
+        "--author-email", default=None, help="author's contact (default: login@hostname)"
+    )
+    exp.add_argument(
+        "--code-permalink",
+        default=None,
+        help="link to the code that made the data (default: this rdtune's version and module)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,28 +111,28 @@ def run(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from agent.client import RemoteNode, TlsConfig
     from agent.node import as_clock
     from models import catalogue
     from models.catalogue import ControllerSpec
     from models.setup import ControllerError, Setup
     from training.trace_record import record
 
-    tls = None
-    if args.tls_ca or args.tls_cert:
-        tls = TlsConfig.from_files(args.tls_ca, args.tls_cert, args.tls_key)
     try:
         spec = ControllerSpec.parse(args.controller).with_options(_options(args.option))
     except ControllerError as exc:
-        print(f"error: {exc}")
+        print(f"rdtune trace record: {exc}", file=sys.stderr)
         return 2
-    node = RemoteNode(args.agent, token=args.token, tls=tls)
+    node = connection.from_args(args).connect()
     try:
         clock = as_clock(node)
         scenario = None
         if args.scenario is not None:
             if clock is None:
-                print(f"error: --scenario needs a simulated agent; {args.agent} is a real node")
+                print(
+                    f"rdtune trace record: --scenario needs a simulated agent; {args.agent} is a "
+                    "real node",
+                    file=sys.stderr,
+                )
                 return 2
             clock.reset(args.scenario, args.seed)
             scenario = {"name": args.scenario}
@@ -128,7 +142,7 @@ def _record(args: argparse.Namespace) -> int:
             setup = Setup(node, clock, args.interval, live_calibration=clock is not None)
             controller = catalogue.build(spec, setup)
         except ControllerError as exc:
-            print(f"error: {exc}")
+            print(f"rdtune trace record: {exc}", file=sys.stderr)
             return 2
         bar = tqdm(
             total=max(1, round(args.duration / args.interval)),
@@ -161,7 +175,7 @@ def _info(args: argparse.Namespace) -> int:
     try:
         trace = load_trace(args.file)
     except TraceError as e:
-        print(f"error: {e}")
+        print(f"rdtune trace info: {e}", file=sys.stderr)
         return 1
     caps = trace.capabilities
     print(f"{trace.path}: rdtune trace v{trace.version} (written by rdtune {trace.rdtune_version})")
@@ -180,9 +194,17 @@ def _export(args: argparse.Namespace) -> int:
 
     try:
         traces = [load_trace(f) for f in args.files]
-        ds = export_minari(traces, args.dataset_id, root=args.root, max_groups=args.max_groups)
+        ds = export_minari(
+            traces,
+            args.dataset_id,
+            root=args.root,
+            max_groups=args.max_groups,
+            author=args.author,
+            author_email=args.author_email,
+            code_permalink=args.code_permalink,
+        )
     except (TraceError, ImportError, ValueError) as e:
-        print(f"error: {e}")
+        print(f"rdtune trace export-minari: {e}", file=sys.stderr)
         return 1
     print(
         f"wrote Minari dataset {args.dataset_id}: {ds.total_episodes} episodes, "

@@ -8,12 +8,18 @@ controller held after deciding on it; the reward is envs' reward
 no ground truth) of interval ``k + 1``, which that allocation produced. The last interval
 is the final observation; the episode is truncated there. Written with Minari's ``arrow``
 back end (pyarrow, no h5py) under ``root`` (or ``$MINARI_DATASETS_PATH``); d3rlpy and
-``minari.load_dataset`` read it.
+``minari.load_dataset`` read it. The dataset names ``rdtune/Partition-v0`` with the same
+slots and levels as its environment (``recover_environment()`` makes it: same observation
+and action spaces) and says who wrote it and with which rdtune, as Minari asks.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import getpass
+import importlib.metadata
 import os
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +30,13 @@ from models.actions import ActionDecoder
 from models.features import FeatureEncoder
 from training.bc import allocation_action
 from training.traces import Trace
+
+
+def _rdtune_version() -> str | None:
+    try:
+        return importlib.metadata.version("rdtune")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return None
 
 
 def episode_arrays(
@@ -73,14 +86,23 @@ def export_minari(
     max_groups: int = 8,
     share_levels: int = 8,
     mba_levels: int = 10,
+    author: str | None = None,
+    author_email: str | None = None,
+    code_permalink: str | None = None,
 ):
-    """Write ``traces`` as the Minari dataset ``dataset_id``; returns the MinariDataset."""
+    """Write ``traces`` as the Minari dataset ``dataset_id``; returns the MinariDataset.
+
+    ``author`` and ``author_email`` default to the local account (``user`` and
+    ``user@host``), ``code_permalink`` to this rdtune's version and module."""
     try:
         import minari
         from minari.data_collector import EpisodeBuffer
     except ImportError as e:  # an optional extra: pip install 'rdtune[minari]'
         raise ImportError(f"Minari export needs the minari package ({e})") from None
+    import gymnasium as gym
     from gymnasium import spaces
+
+    from envs import PARTITION_ID
 
     if root is not None:
         os.environ["MINARI_DATASETS_PATH"] = str(root)
@@ -92,11 +114,22 @@ def export_minari(
         buffers.append(
             EpisodeBuffer(id=i, seed=trace.seed, **{k: list(v) for k, v in arrays.items()})
         )
+    levels = {"max_groups": max_groups, "share_levels": share_levels, "mba_levels": mba_levels}
+    base = gym.spec(PARTITION_ID)
+    env_spec = dataclasses.replace(base, kwargs={**base.kwargs, **levels})
+    user = author or getpass.getuser()
+    version = _rdtune_version()
     return minari.create_dataset_from_buffers(
         dataset_id,
         buffers,
+        env=env_spec,
+        eval_env=env_spec,
         observation_space=spaces.Box(encoder.low, encoder.high, dtype=np.float32),
         action_space=spaces.MultiDiscrete(decoder.nvec),
+        author=user,
+        author_email=author_email or f"{getpass.getuser()}@{socket.gethostname()}",
+        code_permalink=code_permalink or f"rdtune {version or '(source tree)'}: {__name__}",
+        requirements=[f"rdtune=={version}"] if version else None,
         algorithm_name=",".join(sorted({t.controller for t in traces})),
         description=(
             f"rdtune traces exported from {len(traces)} file(s); features v{encoder.version} "

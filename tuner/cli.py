@@ -3,6 +3,11 @@
 Each subcommand lives next to the code it drives, in a module exposing
 ``add_arguments(parser)`` and ``run(args) -> int``; this file only lists them. Those
 modules keep heavy imports (torch, ray, grpc) inside ``run`` so ``rdtune --help`` is fast.
+
+Bad input never ends in a traceback: a wrong option is one line naming it (status 2), a
+refused setting, a file that cannot be read or an agent that cannot be reached or refuses
+is one line saying so (status 1; ``-vv`` logs the traceback too), and a reader that stops
+early (``rdtune ... | head``) ends the command quietly.
 """
 
 from __future__ import annotations
@@ -10,8 +15,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
+
+log = logging.getLogger("rdtune.cli")
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: what is wrong and where to look."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
 
 # name -> (module, one-line help). Order is the order shown by --help.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,7 +46,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="rdtune",
         description=(
             "rdtune splits a server's last-level cache ways (Intel CAT / AMD L3 QoS) and "
@@ -51,14 +67,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(args: argparse.Namespace) -> str:
+    sub = getattr(args, "trace_command", None)
+    return f"rdtune {args.command}" + (f" {sub}" if sub else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (| head): stop quietly, and keep Python's final flush of
+        # stdout from failing again at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # what a shell reports for a command killed by SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from agent.errors import NodeError
+
     try:
         return int(args._module.run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except NodeError as exc:  # the agent is unreachable or refused the request
+        log.debug("traceback", exc_info=True)
+        where = f"agent {args.agent}: " if getattr(args, "agent", None) else ""
+        print(f"{_command(args)}: {where}{exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        raise
+    except (ValueError, OSError) as exc:  # a refused setting or an unreadable file
+        log.debug("traceback", exc_info=True)
+        print(f"{_command(args)}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -37,26 +37,29 @@ Example ``tuner.yaml`` (every key optional; see docs/DEPLOY.md)::
     restore_deadline_s: 10.0      # ... retrying an unreachable agent for this long
     realtime: null                # simulated node: also sleep each interval (default: no)
 
-Unknown keys are an error: a typo in a safety limit must not pass silently.
+Unknown keys and wrong types are errors naming the file and the key (agent/configfile.py):
+a typo in a safety limit, or ``restore_baseline: "false"``, must not pass silently. Every
+setting can also come from a ``RDTUNE_TUNER__KEY[__SUBKEY]`` variable (YAML value).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
-import yaml
+from pydantic import Field, field_validator
 
+from agent import configfile
+from agent.configfile import ConfigError, Finite, Strict
+from agent.connection import AgentConnection
 from agent.server.metrics_http import MetricsEndpoint
-from agent.server.security import ConfigError as AgentConfigError
-from agent.server.security import read_token
 from agent.types import SLO, GroupKind, GroupSpec
 
-
-class ConfigError(ValueError):
-    """A configuration the tuner refuses to run with (the message says what is wrong)."""
+__all__ = ["AgentConnection", "ConfigError", "GroupConfig", "GuardConfig", "TunerConfig"]
 
 
 @dataclass
@@ -101,40 +104,6 @@ class GuardConfig:
                 raise ConfigError(f"guard.{key} must be a whole number >= 1 (or null)")
         if not (math.isfinite(self.min_dwell_s) and self.min_dwell_s >= 0):
             raise ConfigError("guard.min_dwell_s must be >= 0")
-
-
-@dataclass
-class AgentConnection:
-    address: str = "127.0.0.1:50051"
-    token_file: str | None = None
-    token: str | None = field(default=None, repr=False)
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_server_name: str | None = None
-    tls: bool = False
-    timeout_s: float = 5.0
-
-    def resolve_token(self) -> None:
-        """Fill ``token`` from ``token_file`` or the environment (see ``read_token``)."""
-        self.token = read_token(self.token, self.token_file, ConfigError)
-
-    def connect(self):
-        """A :class:`agent.client.RemoteNode` for this connection."""
-        from agent.client import RemoteNode, TlsConfig
-
-        tls: TlsConfig | bool | None = None
-        if self.tls or self.tls_ca or self.tls_cert:
-            try:
-                tls = TlsConfig.from_files(
-                    self.tls_ca, self.tls_cert, self.tls_key, self.tls_server_name
-                )
-            except OSError as exc:
-                raise ConfigError(f"cannot read a TLS file: {exc}") from exc
-        # A few quick retries per call; the tuner's own loop backs off for longer outages.
-        return RemoteNode(
-            self.address, token=self.token, tls=tls, timeout=self.timeout_s, retries=2
-        )
 
 
 @dataclass
@@ -185,141 +154,172 @@ class TunerConfig:
                     f"metrics_listen must be host:port (or '' to disable), "
                     f"got {self.metrics_listen!r}"
                 )
-            try:
-                self.metrics_endpoint().check()
-            except AgentConfigError as exc:
-                raise ConfigError(str(exc)) from None
+            self.metrics_endpoint().check()
 
     def metrics_endpoint(self) -> MetricsEndpoint | None:
         """The metrics endpoint's settings (None: disabled)."""
         return MetricsEndpoint.of(self)
 
 
-def _ints(raw: object, what: str) -> tuple[int, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or not all(
-        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in raw
-    ):
-        raise ConfigError(f"{what} must be a list of whole numbers >= 0")
-    return tuple(raw)
+# ------------------------------------------------------------------------ the file
+
+ENV_PREFIX = "RDTUNE_TUNER"  # RDTUNE_TUNER__INTERVAL_S=0.5, RDTUNE_TUNER__GUARD__MAX_WAY_STEP=2
+_G = GuardConfig()
+PositiveS = Annotated[Finite, Field(gt=0)]
+NonNegativeS = Annotated[Finite, Field(ge=0)]
+AtLeastOne = Annotated[int, Field(ge=1)]
+Id = Annotated[int, Field(ge=0)]
 
 
-def parse_group(raw: object, index: int) -> GroupConfig:
+class SloFile(Strict):
+    percentile: float
+    target_ms: float
+
+
+class GroupFile(Strict):
     """One ``groups:`` entry."""
-    if not isinstance(raw, dict) or "name" not in raw:
-        raise ConfigError(f"groups[{index}] must be a mapping with a name")
-    raw = dict(raw)
-    unknown = set(raw) - {"name", "kind", "slo", "exclusive", "pids", "cgroup", "cpus"}
-    if unknown:
-        raise ConfigError(f"groups[{index}]: unknown key(s) {', '.join(sorted(unknown))}")
-    where = f"group {raw['name']!r}"
-    try:
-        slo = raw.get("slo")
-        if slo is not None:
-            if not isinstance(slo, dict) or set(slo) != {"percentile", "target_ms"}:
-                raise ConfigError(f"{where}: slo needs exactly percentile and target_ms")
-            slo = SLO(float(slo["percentile"]), float(slo["target_ms"]))
-        spec = GroupSpec(
-            str(raw["name"]),
-            GroupKind(str(raw.get("kind", "batch"))),
-            slo,
-            bool(raw.get("exclusive", False)),
+
+    name: str
+    kind: Literal["lc", "batch", "system"] = "batch"
+    slo: SloFile | None = None
+    exclusive: bool = False
+    pids: list[Id] = []
+    cgroup: str | None = None
+    cpus: list[Id] = []
+
+    @field_validator("cgroup")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isabs(value):
+            raise ValueError("cgroup must be an absolute path")
+        return value
+
+    def to_config(self) -> GroupConfig:
+        slo = None if self.slo is None else SLO(self.slo.percentile, self.slo.target_ms)
+        spec = GroupSpec(self.name, GroupKind(self.kind), slo, self.exclusive)
+        return GroupConfig(spec, tuple(self.pids), self.cgroup, tuple(self.cpus))
+
+
+class GuardFile(Strict):
+    violation_intervals: AtLeastOne = _G.violation_intervals
+    stable_intervals: AtLeastOne = _G.stable_intervals
+    max_way_step: AtLeastOne | None = _G.max_way_step
+    max_mb_step: AtLeastOne | None = _G.max_mb_step
+    min_dwell_s: NonNegativeS = _G.min_dwell_s
+    limit_fallback: bool = _G.limit_fallback
+
+
+class AgentTlsFile(Strict):
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+
+
+class AgentFile(Strict):
+    address: str = "127.0.0.1:50051"
+    token_file: str | None = None
+    tls: AgentTlsFile | None = None
+    timeout_s: PositiveS = 5.0
+
+
+class RetryFile(Strict):
+    initial_s: PositiveS = 0.2
+    max_s: PositiveS = 10.0
+
+
+class MetricsTlsFile(Strict):
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None
+
+
+class TunerFile(Strict):
+    """``tuner.yaml`` as written (the module docstring has an example)."""
+
+    interval_s: PositiveS = 1.0
+    resync_intervals: AtLeastOne = 10
+    controller_options: dict[str, Any] = {}
+    fallback: str | None = None
+    fallback_options: dict[str, Any] = {}
+    groups: list[GroupFile] = []
+    guard: GuardFile = GuardFile()
+    agent: AgentFile = AgentFile()
+    retry: RetryFile = RetryFile()
+    metrics_listen: str | None = "127.0.0.1:9465"  # "" or null: no endpoint
+    metrics_tls: MetricsTlsFile | None = None
+    metrics_token_file: str | None = None
+    log_json: bool = False
+    restore_baseline: bool = False
+    restore_deadline_s: NonNegativeS = 10.0
+    realtime: bool | None = None
+
+    def to_config(self) -> TunerConfig:
+        tls, mtls = self.agent.tls, self.metrics_tls or MetricsTlsFile()
+        return TunerConfig(
+            interval_s=self.interval_s,
+            resync_intervals=self.resync_intervals,
+            controller_options=dict(self.controller_options),
+            fallback=self.fallback,
+            fallback_options=dict(self.fallback_options),
+            groups=[g.to_config() for g in self.groups],
+            guard=GuardConfig(**self.guard.model_dump()),
+            agent=AgentConnection(
+                address=self.agent.address,
+                token_file=self.agent.token_file,
+                tls_ca=tls.ca if tls else None,
+                tls_cert=tls.cert if tls else None,
+                tls_key=tls.key if tls else None,
+                tls_server_name=tls.server_name if tls else None,
+                tls=tls is not None,
+                timeout_s=self.agent.timeout_s,
+            ),
+            retry_initial_s=self.retry.initial_s,
+            retry_max_s=self.retry.max_s,
+            metrics_listen=self.metrics_listen or "",
+            metrics_tls_cert=mtls.cert,
+            metrics_tls_key=mtls.key,
+            metrics_tls_client_ca=mtls.client_ca,
+            metrics_token_file=self.metrics_token_file,
+            log_json=self.log_json,
+            restore_baseline=self.restore_baseline,
+            restore_deadline_s=self.restore_deadline_s,
+            realtime=self.realtime,
         )
+
+
+_REFUSED = {"agent.token": "put the agent token in token_file or $RDTUNE_AGENT_TOKEN, not here"}
+
+
+def _build(model: TunerFile, where: str) -> TunerConfig:
+    try:
+        cfg = model.to_config()
     except ConfigError:
         raise
-    except (ValueError, TypeError) as exc:  # InvalidName is a ValueError too
-        raise ConfigError(f"{where}: {exc}") from exc
-    cgroup = raw.get("cgroup")
-    if cgroup is not None and (not isinstance(cgroup, str) or not os.path.isabs(cgroup)):
-        raise ConfigError(f"{where}: cgroup must be an absolute path")
-    return GroupConfig(
-        spec=spec,
-        pids=_ints(raw.get("pids"), f"{where}: pids"),
-        cgroup=cgroup,
-        cpus=_ints(raw.get("cpus"), f"{where}: cpus"),
-    )
-
-
-def _section(raw: dict, key: str, allowed: set[str]) -> dict:
-    value = raw.pop(key, None) or {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key} must be a mapping")
-    unknown = set(value) - allowed
-    if unknown:
-        raise ConfigError(f"unknown key(s) in {key}: {', '.join(sorted(unknown))}")
-    return value
-
-
-def parse_config(raw: object, where: str = "config") -> TunerConfig:
-    """A :class:`TunerConfig` from parsed YAML (validated)."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a mapping")
-    raw = dict(raw)
-    guard_fields = {f.name for f in fields(GuardConfig)}
-    guard = _section(raw, "guard", guard_fields)
-    agent = _section(raw, "agent", {"address", "token_file", "tls", "timeout_s", "token"})
-    if "token" in agent:
-        raise ConfigError("put the agent token in token_file or $RDTUNE_AGENT_TOKEN, not here")
-    tls = agent.pop("tls", None) or {}
-    if not isinstance(tls, dict) or set(tls) - {"ca", "cert", "key", "server_name"}:
-        raise ConfigError("agent.tls takes ca, cert, key and server_name")
-    retry = _section(raw, "retry", {"initial_s", "max_s"})
-    metrics_tls = _section(raw, "metrics_tls", {"cert", "key", "client_ca"})
-    groups = raw.pop("groups", None) or []
-    if not isinstance(groups, list):
-        raise ConfigError("groups must be a list")
-    known = {"interval_s", "resync_intervals", "controller_options", "fallback"}
-    known |= {"fallback_options"}
-    known |= {"metrics_listen", "metrics_tls", "metrics_token_file", "log_json"}
-    known |= {"restore_baseline", "restore_deadline_s", "realtime"}
-    unknown = set(raw) - known
-    if unknown:
-        raise ConfigError(f"unknown config key(s) in {where}: {', '.join(sorted(unknown))}")
+    except ValueError as exc:  # the group rules of agent.types (names, SLOs)
+        raise ConfigError(f"{where}: {exc}") from None
     try:
-        cfg = TunerConfig(
-            interval_s=float(raw.get("interval_s", 1.0)),
-            resync_intervals=raw.get("resync_intervals", 10),
-            controller_options=raw.get("controller_options") or {},
-            fallback=raw.get("fallback"),
-            fallback_options=raw.get("fallback_options") or {},
-            groups=[parse_group(g, i) for i, g in enumerate(groups)],
-            guard=GuardConfig(**guard),
-            agent=AgentConnection(
-                address=str(agent.get("address", "127.0.0.1:50051")),
-                token_file=agent.get("token_file"),
-                tls_ca=tls.get("ca"),
-                tls_cert=tls.get("cert"),
-                tls_key=tls.get("key"),
-                tls_server_name=tls.get("server_name"),
-                tls=bool(tls),
-                timeout_s=float(agent.get("timeout_s", 5.0)),
-            ),
-            retry_initial_s=float(retry.get("initial_s", 0.2)),
-            retry_max_s=float(retry.get("max_s", 10.0)),
-            metrics_listen=str(raw.get("metrics_listen", "127.0.0.1:9465") or ""),
-            metrics_tls_cert=metrics_tls.get("cert"),
-            metrics_tls_key=metrics_tls.get("key"),
-            metrics_tls_client_ca=metrics_tls.get("client_ca"),
-            metrics_token_file=raw.get("metrics_token_file"),
-            log_json=bool(raw.get("log_json", False)),
-            restore_baseline=bool(raw.get("restore_baseline", False)),
-            restore_deadline_s=float(raw.get("restore_deadline_s", 10.0)),
-            realtime=raw.get("realtime"),
-        )
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"{where}: {exc}") from exc
-    cfg.validate()
+        cfg.validate()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     return cfg
 
 
-def load_yaml(path: str | Path) -> TunerConfig:
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read config {path}: {exc}") from exc
-    return parse_config(raw, str(path))
+def parse_config(raw: object, where: str = "config") -> TunerConfig:
+    """A :class:`TunerConfig` from parsed YAML (validated; no environment overrides)."""
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    token = (raw or {}).get("agent")
+    if isinstance(token, dict) and token.get("token") is not None:
+        raise ConfigError(f"{where}: agent.token: {_REFUSED['agent.token']}")
+    return _build(configfile.validate(TunerFile, raw, where), where)
+
+
+def load_yaml(path: str | Path | None, environ: Mapping[str, str] | None = None) -> TunerConfig:
+    """The tuner's configuration from ``path`` (None: defaults) and ``RDTUNE_TUNER__*``
+    variables."""
+    where = str(path) if path is not None else "configuration"
+    model = configfile.load(
+        TunerFile, path, env_prefix=ENV_PREFIX, environ=environ, refused=_REFUSED
+    )
+    return _build(model, where)

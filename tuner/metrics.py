@@ -1,8 +1,12 @@
 """The tuner's Prometheus metrics, on its own registry.
 
-Names follow Prometheus conventions: counters end in ``_total``, durations are histograms
-in ``_seconds``. Served by ``rdtune tune`` on ``metrics_listen`` (127.0.0.1:9465 by default)
-and read back by ``rdtune status --tuner-metrics URL``.
+Names follow Prometheus conventions (``promtool check metrics`` is clean, a test runs it):
+counters end in ``_total``, values are in base units (durations and latencies in seconds,
+bandwidth in bytes per second, fractions as ``_ratio``), and the labels are the agent's
+(agent/server/metrics.py): ``group``, ``domain``, ``result`` (``met`` or ``violated``).
+Allocations are exported for every cache and MBA domain. Served by ``rdtune tune`` on
+``metrics_listen`` (127.0.0.1:9465 by default) with the process's own metrics, and read
+back by ``rdtune status --tuner-metrics URL``.
 
 Reward terms: the tuner does not import ``envs`` (docs/ARCHITECTURE.md), so it exports the
 measured signals every reward in envs/ is built from -- per-group SLO attainment and tail
@@ -12,6 +16,14 @@ latency, and batch instructions/s -- rather than a reward value.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from agent.server.metrics import (
+    SLO_MET,
+    SLO_VIOLATED,
+    mba_in_base_units,
+    register_process_metrics,
+)
+from agent.types import Allocation, MbaCapabilities
 
 # Sub-millisecond to a second: decisions are ~10-100 us, a loop over gRPC a few ms.
 _LATENCY_BUCKETS = (
@@ -25,6 +37,7 @@ class TunerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        register_process_metrics(r)
         self.decisions = Counter(
             "rdtune_tuner_decisions_total",
             "Decisions by controller and outcome (applied, kept, dropped; error: decide raised)",
@@ -104,7 +117,7 @@ class TunerMetrics:
             registry=r,
         )
         self.tail_latency = Gauge(
-            "rdtune_tuner_tail_latency_milliseconds",
+            "rdtune_tuner_tail_latency_seconds",
             "Last interval's latency at the SLO percentile, per LC group",
             ["group"],
             registry=r,
@@ -116,17 +129,27 @@ class TunerMetrics:
             registry=r,
         )
         self.ways = Gauge(
-            "rdtune_tuner_group_ways",
-            "L3 ways each group holds (first domain)",
-            ["group"],
+            "rdtune_tuner_group_l3_ways",
+            "L3 ways each group holds, per cache domain",
+            ["group", "domain"],
             registry=r,
         )
-        self.mb = Gauge(
-            "rdtune_tuner_group_mb",
-            "MB value each group holds (first domain)",
-            ["group"],
-            registry=r,
-        )
+        # One of the two, as the node's MBA mode has it (agent/server/metrics.py).
+        self.mb = {
+            "ratio": Gauge(
+                "rdtune_tuner_group_mba_ratio",
+                "Memory bandwidth each group may use, as a fraction of the peak (percent "
+                "mode), per MBA domain",
+                ["group", "domain"],
+                registry=r,
+            ),
+            "bytes_per_second": Gauge(
+                "rdtune_tuner_group_mba_bytes_per_second",
+                "Memory bandwidth limit of each group (MiB/s and AMD modes), per MBA domain",
+                ["group", "domain"],
+                registry=r,
+            ),
+        }
         self.intervals = Counter(
             "rdtune_tuner_intervals_total", "Control intervals completed", registry=r
         )
@@ -138,18 +161,20 @@ class TunerMetrics:
         self.fallback_active.set(int(active == "fallback"))
 
     def record_slo(self, group: str, violated: bool, tail_ms: float) -> None:
-        self.slo_intervals.labels(group, "violated" if violated else "met").inc()
+        self.slo_intervals.labels(group, SLO_VIOLATED if violated else SLO_MET).inc()
         counts = self._met.setdefault(group, [0, 0])
         counts[0] += not violated
         counts[1] += 1
         self.slo_attainment.labels(group).set(counts[0] / counts[1])
-        self.tail_latency.labels(group).set(tail_ms)
+        self.tail_latency.labels(group).set(tail_ms / 1e3)
 
-    def record_allocation(self, allocation) -> None:
+    def record_allocation(self, allocation: Allocation, mba: MbaCapabilities | None) -> None:
+        """Ways and MB of every group in every domain (``mba``: the node's MBA, whose mode
+        gives the MB values' unit)."""
         for group, per_domain in allocation.groups.items():
-            if not per_domain:
-                continue
-            first = per_domain[min(per_domain)]
-            self.ways.labels(group).set(first.ways)
-            if first.mb is not None:
-                self.mb.labels(group).set(first.mb)
+            for domain, a in per_domain.items():
+                if a.l3_mask is not None:
+                    self.ways.labels(group, str(domain)).set(a.ways)
+                if a.mb is not None and mba is not None:
+                    unit, value = mba_in_base_units(mba.mode, a.mb)
+                    self.mb[unit].labels(group, str(domain)).set(value)

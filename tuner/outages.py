@@ -79,7 +79,7 @@ class Resilience:
                 "the node does not hold the tuner's allocation (agent restarted?): re-applied",
                 extra={"event": "restored", "groups": sorted(screened.plan.groups)},
             )
-        self.metrics.record_allocation(self.intended)
+        self.metrics.record_allocation(self.intended, self.caps.mba)
         self._stale, self._since_read = False, 0
         return self.intended
 

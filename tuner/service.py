@@ -300,7 +300,7 @@ class Tuner(Resilience):
         self.pending = None
         self.plan_guard.committed(screened.plan, current, now)
         self.intended = held
-        self.metrics.record_allocation(held)
+        self.metrics.record_allocation(held, self.caps.mba)
         self.metrics.decisions.labels(name, "applied").inc()
         return ("limited" if screened.limits else "applied"), None
 

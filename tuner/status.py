@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 
+from agent import connection
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--agent", metavar="ADDR", default="127.0.0.1:50051", help="agent (default %(default)s)"
-    )
+    connection.add_arguments(parser)
     parser.add_argument(
         "--tuner-metrics",
         metavar="URL",
@@ -28,11 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tuner-metrics-ca", metavar="FILE", help="CA of the metrics endpoint's certificate"
     )
-    parser.add_argument(
-        "--token-file", metavar="FILE", help="bearer token (or $RDTUNE_AGENT_TOKEN)"
-    )
-    parser.add_argument("--tls-ca", metavar="FILE", help="CA of the agent's certificate (PEM)")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per call")
 
 
 def ways_bar(mask: int | None, cbm_mask: int) -> str:
@@ -94,21 +89,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from agent.configfile import ConfigError
+    from agent.connection import read_token
     from agent.errors import NodeError
-    from agent.server.security import read_token
-    from tuner.config import AgentConnection, ConfigError
 
-    conn = AgentConnection(
-        address=args.agent,
-        token_file=args.token_file,
-        tls_ca=args.tls_ca,
-        tls=bool(args.tls_ca),
-        timeout_s=args.timeout,
-    )
     console = Console(width=max(100, Console().width))  # group names and bars unwrapped
     try:
-        conn.resolve_token()
-        node = conn.connect()
+        node = connection.from_args(args).connect()
         caps = node.capabilities()
         groups = node.groups()
         alloc = node.allocation()
@@ -126,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             if args.tuner_metrics_token_file:
                 token = read_token(None, args.tuner_metrics_token_file, ConfigError)
             metrics = read_metrics(
-                args.tuner_metrics, args.timeout, token=token, ca=args.tuner_metrics_ca
+                args.tuner_metrics, args.agent_timeout_s, token=token, ca=args.tuner_metrics_ca
             )
         except (OSError, ValueError) as exc:
             print(f"rdtune status: cannot read {args.tuner_metrics}: {exc}", file=sys.stderr)

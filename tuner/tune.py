@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 
+from agent import connection
+from agent.argtypes import positive_float, positive_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("\n\n", 1)[1]
-    parser.add_argument("--agent", metavar="ADDR", help="agent address: host:port or unix:/path")
     parser.add_argument(
         "--controller",
         metavar="SPEC",
@@ -35,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "sweep this node at start instead of requiring its calibrated options",
     )
     parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
-    parser.add_argument("--interval", dest="interval_s", type=float, metavar="S", help="seconds")
+    parser.add_argument(
+        "--interval", dest="interval_s", type=positive_float, metavar="S", help="seconds"
+    )
     parser.add_argument("--fallback", metavar="NAME", help="SLO guard fallback controller")
     parser.add_argument(
         "--metrics-listen", metavar="ADDR", help="Prometheus host:port (default 127.0.0.1:9465)"
@@ -48,14 +52,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on clean shutdown put back the allocation found at start",
     )
     parser.add_argument(
-        "--intervals", type=int, metavar="N", help="stop after N intervals (default: run on)"
+        "--intervals",
+        type=positive_int,
+        metavar="N",
+        help="stop after N intervals (default: run on)",
     )
-    sec = parser.add_argument_group("agent security")
-    sec.add_argument("--token-file", metavar="FILE", help="bearer token (or $RDTUNE_AGENT_TOKEN)")
-    sec.add_argument("--tls-ca", metavar="FILE", help="CA of the agent's certificate (PEM)")
-    sec.add_argument("--tls-cert", metavar="FILE", help="client certificate for mTLS (PEM)")
-    sec.add_argument("--tls-key", metavar="FILE", help="client key for mTLS (PEM)")
-    sec.add_argument("--tls-server-name", metavar="NAME", help="name to check in the agent cert")
+    connection.add_arguments(
+        parser,
+        address_default=None,
+        address_help="agent address: host:port or unix:/path (default: the config's, else "
+        "127.0.0.1:50051)",
+        timeout_default=None,
+    )
     parser.add_argument(
         "--list-controllers",
         action="store_true",
@@ -64,30 +72,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace):
-    from tuner.config import TunerConfig, load_yaml
+    from tuner.config import load_yaml
 
-    cfg = load_yaml(args.config) if args.config else TunerConfig()
+    cfg = load_yaml(args.config)  # None: the defaults, with RDTUNE_TUNER__* overrides
     for name in ("interval_s", "fallback", "metrics_listen", "log_json", "restore_baseline"):
         value = getattr(args, name, None)
         if value is not None:
             setattr(cfg, name, value)
-    a = cfg.agent
-    if args.agent:
-        a.address = args.agent
-    for flag, attr in (
-        ("token_file", "token_file"),
-        ("tls_ca", "tls_ca"),
-        ("tls_cert", "tls_cert"),
-        ("tls_key", "tls_key"),
-        ("tls_server_name", "tls_server_name"),
-    ):
-        value = getattr(args, flag, None)
-        if value is not None:
-            setattr(a, attr, value)
-    a.tls = a.tls or bool(a.tls_ca or a.tls_cert)
-    a.resolve_token()
+    cfg.agent = connection.from_args(args, cfg.agent)
     cfg.validate()
     return cfg
+
+
+def _check_policy_files(spec: str) -> None:
+    """At start, not once the agent answers: an exported policy's files must be there (a
+    missing policy ConfigMap would otherwise show only after the first connection)."""
+    from pathlib import Path
+
+    from tuner.controllers import ControllerError
+
+    if not spec.startswith("policy:") or not spec.removeprefix("policy:"):
+        return
+    path = Path(spec.removeprefix("policy:"))
+    # An optional ConfigMap that does not exist is mounted as an empty directory. What is
+    # there is checked later by the policy loader, against the node.
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        raise ControllerError(
+            f"{spec}: no exported policy there (nothing at that path; an 'rdtune export' "
+            "directory, e.g. the rdtune-policy ConfigMap mounted)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = build_config(args)
         backup = fallback(cfg.fallback, cfg.fallback_options)
+        _check_policy_files(args.controller)
     except (ConfigError, ControllerError) as exc:
         print(f"rdtune tune: {exc}", file=sys.stderr)
         return 2

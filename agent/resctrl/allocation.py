@@ -34,6 +34,7 @@ class Allocations:
     # The node's state (agent/resctrl/node.py sets it up).
     root: str
     prefix: str
+    runtime_classes: frozenset[str]
     _lock: ResctrlLock
     _caps: NodeCapabilities
     _specs: dict[str, GroupSpec]
@@ -63,9 +64,9 @@ class Allocations:
 
     def _foreign_dirs(self) -> list[str]:
         """Control groups that are not own: other tools' (whatever their names)."""
-        own = {self.prefix + n for n in self._specs}
+        own = {self._dirname(n) for n in self._specs}
         if self._creating is not None:
-            own.add(self.prefix + self._creating)
+            own.add(self._dirname(self._creating))
         return [
             e
             for e in os.listdir(self.root)

@@ -29,7 +29,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from agent.errors import (
     GroupExists,
@@ -92,6 +92,10 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation):
         lock_timeout_s: how long to wait for the flock on the root.
         cache_size_path / cpuinfo: sysfs/procfs files for cache size and vendor.
         proc: procfs, used to check pids exist before moving them.
+        runtime_classes: groups the container runtime creates and fills (containerd's and
+            CRI-O's RDT classes, by pod annotation): directories of these names at the root,
+            without the prefix, which ``create_group`` adopts (it never makes or removes
+            them) so that the tuner can set their allocations; ``delete_group`` forgets one.
         check_markers: refuse to adopt (or remove) a recorded directory whose marker
             changed. Default: on a real resctrl mount, whose inode numbers are kernfs ids;
             off elsewhere (the FUSE emulator's inode numbers are libfuse node ids, which
@@ -111,10 +115,12 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation):
         cpuinfo: str = discovery.CPUINFO,
         proc: str = "/proc",
         check_markers: bool | None = None,
+        runtime_classes: Iterable[str] = (),
     ) -> None:
         validate_group_name(prefix, error=InvalidName)
         self.root = os.path.abspath(root)
         self.prefix = prefix
+        self.runtime_classes = _runtime_classes(runtime_classes, prefix)
         self.proc = proc
         self.latency = latency
         safe_prefix = prefix.strip("-_.") or "rdtune"
@@ -156,10 +162,14 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation):
         self.cleaned_mon_groups: list[str] = []
         self._adopt()
 
+    def _dirname(self, name: str) -> str:
+        """The directory name of group ``name``: a runtime class's own, else prefixed."""
+        return name if name in self.runtime_classes else self.prefix + name
+
     def _dir(self, name: str) -> str:
         """The directory of own group ``name``; nothing a caller passes leaves the root."""
         validate_group_name(name, error=InvalidName)
-        path = os.path.join(self.root, self.prefix + name)
+        path = os.path.join(self.root, self._dirname(name))
         if os.path.dirname(os.path.normpath(path)) != self.root:
             raise InvalidName(f"group name {name!r} does not name a directory under the root")
         return path
@@ -200,6 +210,9 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation):
         if not isinstance(spec, GroupSpec):
             raise TypeError(f"expected a GroupSpec, got {type(spec).__name__}")
         path = self._dir(spec.name)
+        if spec.name in self.runtime_classes:
+            self._adopt_runtime_class(spec, path)
+            return
         with self._lock.exclusive():
             if spec.name in self._specs or os.path.lexists(path):
                 raise GroupExists(spec.name)
@@ -319,6 +332,13 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation):
                 self._save()
                 return
             self._require(name)
+            if name in self.runtime_classes:  # the runtime's directory: only forget it
+                del self._specs[name]
+                self._markers.pop(name, None)
+                self._tracker.forget(name)
+                self._untrack(name)
+                self._save()
+                return
             self._intend({"op": "delete", "name": name}, f"delete group {name!r}")
             try:
                 os.rmdir(path)
@@ -366,3 +386,16 @@ def _pmc_events(pmc: PmcSource | None) -> tuple[frozenset[str], dict[str, str]]:
         e: pmc.unsupported.get(e, "not supported") for e in HARDWARE_EVENTS if e not in events
     }
     return events, missing
+
+
+def _runtime_classes(names: Iterable[str], prefix: str) -> frozenset[str]:
+    """Validated runtime class names: group names that do not read as own groups."""
+    out = frozenset(names)
+    for name in out:
+        validate_group_name(name, error=InvalidName)
+        if name.startswith(prefix):
+            raise InvalidName(
+                f"runtime class {name!r} starts with the agent's prefix {prefix!r}: "
+                "it would read as a group of the agent's own"
+            )
+    return out

@@ -11,6 +11,7 @@ import logging
 import os
 from dataclasses import replace
 
+from agent.errors import GroupExists, Unsupported
 from agent.resctrl import discovery, schemata, state
 from agent.resctrl.lock import ResctrlLock
 from agent.types import (
@@ -28,6 +29,7 @@ class Ownership:
     # The node's state (agent/resctrl/node.py sets it up).
     root: str
     prefix: str
+    runtime_classes: frozenset[str]
     _lock: ResctrlLock
     _caps: NodeCapabilities
     _specs: dict[str, GroupSpec]
@@ -37,6 +39,35 @@ class Ownership:
     _mon_groups: dict[str, int]
     _vanished: dict[str, GroupSpec]
     _journal: state.Journal
+
+    def _adopt_runtime_class(self, spec: GroupSpec, path: str) -> None:
+        """Take on a class the container runtime made: record it, change nothing on disk."""
+        with self._lock.exclusive():
+            if spec.name in self._specs:
+                raise GroupExists(spec.name)
+            if not os.path.isfile(os.path.join(path, "schemata")):
+                raise Unsupported(
+                    f"runtime class {spec.name!r} does not exist as {path}: the container "
+                    "runtime creates it from its RDT configuration (docs/DEPLOY.md)"
+                )
+            if spec.exclusive:
+                raise Unsupported(
+                    f"runtime class {spec.name!r}: exclusive mode is the runtime's to set"
+                )
+            self._specs[spec.name] = spec
+            self._markers[spec.name] = state.marker_of(path)
+            vanished = self._vanished.pop(spec.name, None)
+            try:
+                self._save()
+            except OSError as exc:
+                del self._specs[spec.name]
+                del self._markers[spec.name]
+                if vanished is not None:
+                    self._vanished[spec.name] = vanished
+                raise OSError(
+                    exc.errno,
+                    f"cannot record group {spec.name!r} in {self.state_path}: {exc.strerror}",
+                ) from exc
 
     def _own_dirs(self) -> list[str]:
         out = []
@@ -57,6 +88,10 @@ class Ownership:
             self._recover(saved)
             self._mon_groups = dict(saved.mon_groups)
             on_disk = set(self._own_dirs())
+            # runtime classes this node adopted before, still there (the runtime's own)
+            on_disk |= {
+                n for n in self.runtime_classes if n in saved.groups and os.path.isdir(self._dir(n))
+            }
             for name in sorted(on_disk):
                 spec = saved.groups.get(name)
                 if spec is None:
@@ -130,7 +165,7 @@ class Ownership:
                 res: {int(d): int(v) for d, v in per_dom.items()}
                 for res, per_dom in groups[group]["old"].items()
             }
-            path = os.path.join(self.root, self.prefix + group, "schemata")
+            path = os.path.join(self.root, self._dirname(group), "schemata")
             if not os.path.exists(path):
                 continue
             try:
@@ -158,7 +193,7 @@ class Ownership:
         marker = saved.markers.get(name)
         done = ""
         ours = name in saved.groups and os.path.isdir(path)
-        if ours and self._same(marker, state.marker_of(path)):
+        if ours and name not in self.runtime_classes and self._same(marker, state.marker_of(path)):
             os.rmdir(path)
             done = f"finished deleting group {name!r}"
         saved.groups.pop(name, None)
@@ -214,7 +249,7 @@ class Ownership:
 
     def _check_vanished(self) -> None:
         present = set(os.listdir(self.root))
-        gone = [n for n in self._specs if self.prefix + n not in present]
+        gone = [n for n in self._specs if self._dirname(n) not in present]
         for name in gone:
             log.warning("own group %r vanished (deleted by someone else)", name)
             self._vanished[name] = self._specs.pop(name)

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from agent.latency import LatencyRecorder
 from agent.node import Node
+from agent.server import reflection
 from agent.server.config import AgentConfig
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
@@ -61,7 +61,7 @@ def make_node(cfg: AgentConfig, latency: LatencyRecorder | None = None) -> Node:
         from agent.resctrl import ResctrlNode
 
         kwargs = {} if cfg.state_dir is None else {"state_dir": cfg.state_dir}
-        return ResctrlNode(root=cfg.root, **kwargs)
+        return ResctrlNode(root=cfg.root, runtime_classes=cfg.runtime_classes, **kwargs)
     raise ConfigError(f"unknown backend {cfg.backend!r}")
 
 
@@ -81,7 +81,8 @@ class AgentServer:
     def __init__(self, node: Node, cfg: AgentConfig, *, own_node: bool = True) -> None:
         cfg.validate()
         self.cfg, self.node, self.own_node = cfg, node, own_node
-        self.metrics = AgentMetrics()
+        mba = node.capabilities().mba
+        self.metrics = AgentMetrics(mba_mode=mba.mode) if mba else AgentMetrics()
         self.recorder = LatencyRecorder()
         scrapers = [
             HistogramScraper(group, target, self.recorder)
@@ -102,6 +103,8 @@ class AgentServer:
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._metrics_http = None
+        self.health_port: int | None = None
+        self._health_server: grpc.Server | None = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self.restored: bool | None = None  # after stop: whether restore-on-exit succeeded
@@ -122,9 +125,7 @@ class AgentServer:
         rpc.add_SimulationServicer_to_server(SimulationServicer(self.host), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        reflection.enable((*SERVICE_NAMES, health.SERVICE_NAME), self.server)
 
     @property
     def address(self) -> str:
@@ -163,6 +164,8 @@ class AgentServer:
                 self.server.stop(None)
                 raise ConfigError(f"cannot serve metrics on {metrics.listen}: {exc}") from exc
             self.metrics_port = self._metrics_http.server_port
+        if self.cfg.health_listen:
+            self._serve_health()
         self.server.start()
         if self.listen.unix_path is not None:
             os.chmod(self.listen.unix_path, 0o600)  # only the agent's user may connect
@@ -172,6 +175,22 @@ class AgentServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("agent serving %s on %s", self.cfg.backend, self.address)
         return self
+
+    def _serve_health(self) -> None:
+        """The health service alone on a plain TCP port: what kubelet's native gRPC probes
+        dial (the pod's IP, no TLS, no token) while the node API stays on its Unix socket.
+        It shares the main server's statuses, so it turns NOT_SERVING at shutdown too."""
+        self._health_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
+            options=[("grpc.so_reuseport", 0)],
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+        port = self._health_server.add_insecure_port(self.cfg.health_listen)
+        if port == 0:
+            self.server.stop(None)
+            raise ConfigError(f"cannot listen on {self.cfg.health_listen} (address in use?)")
+        self.health_port = port
+        self._health_server.start()
 
     def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown within ``grace`` + 2 s; safe to call twice and from a signal
@@ -199,6 +218,8 @@ class AgentServer:
                 except Exception as exc:
                     self.restored = False
                     log.error("restoring default allocations failed: %s", exc)
+            if self._health_server is not None:
+                self._health_server.stop(None)
             if self._metrics_http is not None:
                 self._metrics_http.shutdown()
                 self._metrics_http.server_close()

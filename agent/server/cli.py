@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 
+from agent.argtypes import non_negative_float
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -35,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     be.add_argument(
         "--state-dir", metavar="DIR", help="resctrl: where the agent records its own groups"
     )
+    be.add_argument(
+        "--runtime-class",
+        metavar="NAME",
+        action="append",
+        dest="runtime_classes",
+        help="resctrl: an RDT class the container runtime creates and puts annotated pods "
+        "into; clients adopt it by name (repeatable; docs/DEPLOY.md)",
+    )
     net = parser.add_argument_group("network and security")
     net.add_argument(
         "--listen", metavar="ADDR", help="host:port or unix:/path (default 127.0.0.1:50051)"
@@ -45,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Prometheus endpoint host:port (default 127.0.0.1:9464; '' disables); a "
         "non-loopback address needs --metrics-tls-cert/--metrics-tls-key and "
         "--metrics-token-file (HTTPS with a bearer token)",
+    )
+    net.add_argument(
+        "--health-listen",
+        metavar="ADDR",
+        help="serve only the gRPC health service on this host:port, plain TCP (kubelet's "
+        "gRPC probes; the node API stays on --listen); default: off",
     )
     net.add_argument("--metrics-tls-cert", metavar="FILE", help="metrics certificate (PEM)")
     net.add_argument("--metrics-tls-key", metavar="FILE", help="metrics private key (PEM)")
@@ -79,7 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="on shutdown give every own group all ways and full bandwidth again",
     )
-    life.add_argument("--grace", dest="grace_s", type=float, metavar="S", help="shutdown grace")
+    life.add_argument(
+        "--grace", dest="grace_s", type=non_negative_float, metavar="S", help="shutdown grace"
+    )
     parser.add_argument(
         "--list-scenarios", action="store_true", help="print the sim backend's scenarios and exit"
     )
@@ -92,8 +110,10 @@ _OVERRIDES = (
     "auto_groups",
     "root",
     "state_dir",
+    "runtime_classes",
     "listen",
     "metrics_listen",
+    "health_listen",
     "metrics_tls_cert",
     "metrics_tls_key",
     "metrics_tls_client_ca",
@@ -111,9 +131,9 @@ _OVERRIDES = (
 
 
 def build_config(args: argparse.Namespace):
-    from agent.server.config import AgentConfig, load_yaml
+    from agent.server.config import load_yaml
 
-    cfg = load_yaml(args.config) if args.config else AgentConfig()
+    cfg = load_yaml(args.config)  # None: the defaults, with RDTUNE_AGENT__* overrides
     for name in _OVERRIDES:
         value = getattr(args, name, None)
         if value is not None:

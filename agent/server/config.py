@@ -1,4 +1,7 @@
-"""The agent's configuration: CLI flags and/or a YAML file (flags win).
+"""The agent's configuration: a YAML file, ``RDTUNE_AGENT__KEY`` environment variables over
+it, and CLI flags over both. The file is read strictly (agent/configfile.py): unknown keys
+and values of the wrong type (``restore_on_exit: "false"``, ``grace_s: abc``) are refused
+with the file, the key and the reason.
 
 Example ``agent.yaml``::
 
@@ -7,7 +10,9 @@ Example ``agent.yaml``::
     seed: 0
     root: /sys/fs/resctrl     # resctrl: the mount to manage (an emulated one works too)
     state_dir: /var/lib/rdtune  # resctrl: records of the agent's own groups (adopted on restart)
+    runtime_classes: []       # resctrl: RDT classes the container runtime creates (DEPLOY.md)
     listen: 127.0.0.1:50051   # or unix:/run/rdtune/agent.sock
+    health_listen: ""         # e.g. 0.0.0.0:50052: gRPC health only, plain TCP (kubelet probes)
     metrics_listen: 127.0.0.1:9464   # "" disables it; on a non-loopback address only with:
     metrics_tls: {cert: metrics.pem, key: metrics.key, client_ca: null}   # HTTPS, and
     metrics_token_file: /etc/rdtune/metrics-token                         # a bearer token
@@ -26,11 +31,15 @@ Example ``agent.yaml``::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
-import yaml
+from pydantic import Field
 
+from agent import configfile
+from agent.configfile import Finite, Strict
 from agent.server.metrics_http import MetricsEndpoint
 from agent.server.scrape import ScrapeTarget
 from agent.server.security import ConfigError, check_exposure, parse_listen, read_token
@@ -45,8 +54,12 @@ class AgentConfig:
     auto_groups: bool = True  # sim: create the scenario's groups at start
     root: str = "/sys/fs/resctrl"
     state_dir: str | None = None  # resctrl: where own-group records live (its default if None)
+    # resctrl: classes the container runtime creates (pod annotations), adopted by name
+    runtime_classes: list[str] = field(default_factory=list)
     listen: str = "127.0.0.1:50051"
     metrics_listen: str = "127.0.0.1:9464"
+    # The gRPC health service alone, plain TCP (kubelet's gRPC probes); "" disables it.
+    health_listen: str = ""
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
@@ -84,6 +97,10 @@ class AgentConfig:
     def validate(self) -> None:
         if self.backend not in ("sim", "resctrl"):
             raise ConfigError(f"backend must be 'sim' or 'resctrl', got {self.backend!r}")
+        if self.runtime_classes and self.backend != "resctrl":
+            raise ConfigError("runtime_classes: only the resctrl backend has runtime classes")
+        for name in self.runtime_classes:
+            validate_group_name(name, error=ConfigError)
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both a certificate and a key")
         if self.tls_client_ca and not self.tls:
@@ -108,62 +125,102 @@ class AgentConfig:
         for group in self.latency_scrape:
             validate_group_name(group, error=ConfigError)
         check_exposure(parse_listen(self.listen), self.tls, self.token)
+        if self.health_listen:
+            host, sep, port = self.health_listen.rpartition(":")
+            if not sep or not host or not port.isdigit() or host.startswith("unix"):
+                raise ConfigError(
+                    f"health_listen must be host:port (TCP), got {self.health_listen!r}"
+                )
         metrics = self.metrics_endpoint()
         if metrics is not None:
             metrics.check()
 
 
-def _scrape_targets(raw: object) -> dict[str, ScrapeTarget]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ConfigError("latency_scrape must map group names to {url, metric}")
-    out = {}
-    for group, target in raw.items():
-        if not isinstance(target, dict) or not {"url", "metric"} <= set(target):
-            raise ConfigError(f"latency_scrape.{group} needs url and metric")
-        try:
-            out[str(group)] = ScrapeTarget(
-                url=str(target["url"]),
-                metric=str(target["metric"]),
-                scale_to_ms=target.get("scale_to_ms"),
-            )
-        except ValueError as exc:
-            raise ConfigError(f"latency_scrape.{group}: {exc}") from exc
-    return out
+# ------------------------------------------------------------------------ the file
+
+_D = AgentConfig()  # the defaults, once: the file's fields default to the same values
+ENV_PREFIX = "RDTUNE_AGENT"  # RDTUNE_AGENT__LISTEN=..., RDTUNE_AGENT__RATE_LIMIT__RATE=...
+NonNegative = Annotated[Finite, Field(ge=0)]
+Positive = Annotated[Finite, Field(gt=0)]
 
 
-def load_yaml(path: str | Path) -> AgentConfig:
-    """Read a config file; unknown keys are an error (a typo must not pass silently)."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read config {path}: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config {path} must be a mapping")
-    raw = dict(raw)
-    tls = raw.pop("tls", None) or {}
-    metrics_tls = raw.pop("metrics_tls", None) or {}
-    for section, value in (("tls", tls), ("metrics_tls", metrics_tls)):
-        if not isinstance(value, dict) or set(value) - {"cert", "key", "client_ca"}:
-            raise ConfigError(f"{section} takes cert, key and client_ca")
-    rate = raw.pop("rate_limit", "default")
-    if "token" in raw:
-        raise ConfigError("put the token in token_file or $RDTUNE_AGENT_TOKEN, not the config")
-    scrape = _scrape_targets(raw.pop("latency_scrape", None))
-    known = {f.name for f in fields(AgentConfig)} - {"token", "latency_scrape"}
-    known -= {"metrics_tls_cert", "metrics_tls_key", "metrics_tls_client_ca"}
-    unknown = set(raw) - known
-    if unknown:
-        raise ConfigError(f"unknown config key(s) in {path}: {', '.join(sorted(unknown))}")
-    cfg = AgentConfig(**raw, latency_scrape=scrape)
-    cfg.tls_cert, cfg.tls_key = tls.get("cert"), tls.get("key")
-    cfg.tls_client_ca = tls.get("client_ca")
-    cfg.metrics_tls_cert, cfg.metrics_tls_key = metrics_tls.get("cert"), metrics_tls.get("key")
-    cfg.metrics_tls_client_ca = metrics_tls.get("client_ca")
-    if rate is None:
-        cfg.rate_limit = None
-    elif isinstance(rate, dict):
-        cfg.rate_limit = float(rate.get("rate", cfg.rate_limit))
-        cfg.rate_burst = float(rate.get("burst", cfg.rate_burst))
-    return cfg
+class TlsFiles(Strict):
+    """A certificate and key (PEM files) and, for mutual TLS, the clients' CA."""
+
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None
+
+
+class RateLimitFile(Strict):
+    """Requests per second per client host, and the burst allowed above it."""
+
+    rate: Positive = _D.rate_limit or 20000.0
+    burst: Annotated[Finite, Field(ge=1)] = _D.rate_burst
+
+
+class ScrapeFile(Strict):
+    """An LC group's latency histogram on a Prometheus endpoint (agent/server/scrape.py)."""
+
+    url: str
+    metric: Annotated[str, Field(min_length=1)]
+    scale_to_ms: Positive | None = None
+
+
+class AgentFile(Strict):
+    """``agent.yaml`` as written (the module docstring has an example)."""
+
+    backend: Literal["sim", "resctrl"] = "sim"
+    scenario: str | None = None
+    seed: Annotated[int, Field(ge=0)] | None = None
+    auto_groups: bool = _D.auto_groups
+    root: str = _D.root
+    state_dir: str | None = None
+    runtime_classes: list[str] = []
+    listen: str = _D.listen
+    metrics_listen: str = _D.metrics_listen
+    health_listen: str = _D.health_listen
+    metrics_tls: TlsFiles | None = None
+    metrics_token_file: str | None = None
+    tls: TlsFiles | None = None
+    token_file: str | None = None
+    max_message_bytes: Annotated[int, Field(ge=1024)] = _D.max_message_bytes
+    max_workers: Annotated[int, Field(ge=1)] = _D.max_workers
+    max_streams: Annotated[int, Field(ge=1)] = _D.max_streams
+    max_sessions: Annotated[int, Field(ge=0)] = _D.max_sessions
+    max_concurrent_rpcs: Annotated[int, Field(ge=1)] = _D.max_concurrent_rpcs
+    rate_limit: RateLimitFile | None = RateLimitFile()  # null: no limit
+    restore_on_exit: bool = _D.restore_on_exit
+    grace_s: NonNegative = _D.grace_s
+    latency_scrape: dict[str, ScrapeFile] = {}
+
+    def to_config(self, where: str) -> AgentConfig:
+        flat = self.model_dump(exclude={"tls", "metrics_tls", "rate_limit", "latency_scrape"})
+        cfg = AgentConfig(**flat)
+        tls, metrics_tls = self.tls or TlsFiles(), self.metrics_tls or TlsFiles()
+        cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca = tls.cert, tls.key, tls.client_ca
+        cfg.metrics_tls_cert, cfg.metrics_tls_key = metrics_tls.cert, metrics_tls.key
+        cfg.metrics_tls_client_ca = metrics_tls.client_ca
+        if self.rate_limit is None:
+            cfg.rate_limit = None
+        else:
+            cfg.rate_limit, cfg.rate_burst = self.rate_limit.rate, self.rate_limit.burst
+        for group, target in self.latency_scrape.items():
+            try:
+                cfg.latency_scrape[group] = ScrapeTarget(**target.model_dump())
+            except ValueError as exc:
+                raise ConfigError(f"{where}: latency_scrape.{group}: {exc}") from None
+        return cfg
+
+
+_REFUSED = {"token": "put the token in token_file or $RDTUNE_AGENT_TOKEN, not the config"}
+
+
+def load_yaml(path: str | Path | None, environ: Mapping[str, str] | None = None) -> AgentConfig:
+    """The agent's configuration from ``path`` (None: defaults) and ``RDTUNE_AGENT__*``
+    variables; unknown keys and wrong types are refused (a typo must not pass silently)."""
+    where = str(path) if path is not None else "configuration"
+    model = configfile.load(
+        AgentFile, path, env_prefix=ENV_PREFIX, environ=environ, refused=_REFUSED
+    )
+    return model.to_config(where)

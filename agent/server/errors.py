@@ -1,22 +1,29 @@
 """Errors across the wire: agent.errors <-> gRPC status codes with structured details.
 
-The server aborts an RPC with the error's gRPC code (``NodeError.code``), its message, and
-an ``rdtune.v1.ErrorDetail`` (class name, message, details such as the broken rule) in the
-binary trailing metadata ``rdtune-error-bin``. The client rebuilds the same exception class
-with the same attributes, so a consumer sees ``GroupNotFound`` or ``InvalidAllocation``
-(with ``.rule``) exactly as it would from a local node.
+The server ends a failed RPC with the error's gRPC code (``NodeError.code``) and message
+and, in gRPC's standard ``grpc-status-details-bin`` trailer, a ``google.rpc.Status`` whose
+details hold a ``google.rpc.ErrorInfo`` (reason: the class name in upper snake case,
+domain ``rdtune.v1``, metadata: the facts) for any gRPC client's tooling, and an
+``rdtune.v1.ErrorDetail`` (class name, message, facts such as the broken rule). The client
+rebuilds the same exception class with the same attributes, so a consumer sees
+``GroupNotFound`` or ``InvalidAllocation`` (with ``.rule``) exactly as it would from a
+local node.
 """
 
 from __future__ import annotations
 
 import errno as _errno
+import re
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from agent import errors as E
 from agent.server.convert import pb
 
-DETAIL_KEY = "rdtune-error-bin"
+DETAILS_KEY = rpc_status.GRPC_DETAILS_METADATA_KEY  # "grpc-status-details-bin"
+DOMAIN = "rdtune.v1"
 
 # Classes the client may rebuild; anything else comes back as RemoteError.
 _CLASSES: dict[str, type[Exception]] = {
@@ -80,33 +87,65 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str, pb.ErrorDetail]
     return code, message, pb.ErrorDetail(error=name, message=message, details=details)
 
 
+def reason_of(error: str) -> str:
+    """ErrorInfo's reason for an error class: ``GroupNotFound`` -> ``GROUP_NOT_FOUND``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", error).upper()
+
+
+def rich_status(code: grpc.StatusCode, message: str, detail: pb.ErrorDetail) -> status_pb2.Status:
+    """The google.rpc.Status a failed call carries."""
+    info = error_details_pb2.ErrorInfo(
+        reason=reason_of(detail.error), domain=DOMAIN, metadata=dict(detail.details)
+    )
+    status = status_pb2.Status(code=code.value[0], message=message)
+    status.details.add().Pack(info)
+    status.details.add().Pack(detail)
+    return status
+
+
+def _abort(context: grpc.ServicerContext, code, message: str, detail: pb.ErrorDetail) -> None:
+    context.abort_with_status(rpc_status.to_status(rich_status(code, message, detail)))
+
+
 def abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     """End the RPC with the status ``exc`` maps onto (raises, as context.abort does)."""
-    code, message, detail = status_of(exc)
-    context.set_trailing_metadata(((DETAIL_KEY, detail.SerializeToString()),))
-    context.abort(code, message)
+    _abort(context, *status_of(exc))
 
 
 def abort_with(
     context: grpc.ServicerContext, code: grpc.StatusCode, message: str, **details: str
 ) -> None:
     """Abort with a code and message that are not an exception of a node (limits, auth)."""
-    detail = pb.ErrorDetail(error="RemoteError", message=message, details=details)
-    context.set_trailing_metadata(((DETAIL_KEY, detail.SerializeToString()),))
-    context.abort(code, message)
+    _abort(
+        context,
+        code,
+        message,
+        pb.ErrorDetail(error="RemoteError", message=message, details=details),
+    )
 
 
 # --------------------------------------------------------------------------- client side
 
 
-def _detail(err: grpc.RpcError) -> pb.ErrorDetail | None:
+def status_details(err: grpc.RpcError) -> status_pb2.Status | None:
+    """The google.rpc.Status of a failed call, when the server sent one."""
     trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
     for key, value in trailing or ():
-        if key == DETAIL_KEY:
+        if key == DETAILS_KEY:
             try:
-                return pb.ErrorDetail.FromString(value)
-            except Exception:  # a corrupt detail must not hide the status itself
+                return status_pb2.Status.FromString(value)
+            except Exception:  # a corrupt status must not hide the code itself
                 return None
+    return None
+
+
+def _detail(err: grpc.RpcError) -> pb.ErrorDetail | None:
+    status = status_details(err)
+    for any_detail in status.details if status is not None else ():
+        if any_detail.Is(pb.ErrorDetail.DESCRIPTOR):
+            detail = pb.ErrorDetail()
+            any_detail.Unpack(detail)
+            return detail
     return None
 
 

@@ -1,10 +1,18 @@
 """The agent's Prometheus metrics.
 
-Naming follows Prometheus conventions: ``rdtune_agent_`` prefix, base units (seconds,
-bytes), ``_total`` for counters. RPC counts and latencies come from the server interceptor;
+Naming follows Prometheus conventions (``promtool check metrics`` is clean, a test runs
+it): ``rdtune_agent_`` prefix, base units (seconds, bytes, bytes per second, ratios),
+``_total`` for counters, and one label vocabulary shared with the tuner's metrics
+(tuner/metrics.py): ``group``, ``domain`` (the cache or MBA domain id), ``result`` (``met`` or
+``violated``) and ``percentile``. RPC counts and latencies come from the server interceptor;
 per-group gauges (allocation, occupancy, bandwidth, IPC, latency percentiles, SLO
 attainment) are read from the last observation and allocation the agent served, by a
-custom collector, so a deleted group disappears from the next scrape.
+custom collector, so a deleted group disappears from the next scrape. The process's own
+metrics (CPU, memory, file descriptors; ``process_*``, ``python_*``) are exported too.
+
+An MB value is exported in base units, in the metric its mode calls for: the fraction of
+the peak (``..._mba_ratio``) in Intel's percent mode, the limit in bytes per second
+(``..._mba_bytes_per_second``) in ``mba_MBps`` mode (MiB/s) and on AMD (1/8 GB/s units).
 """
 
 from __future__ import annotations
@@ -13,21 +21,57 @@ import math
 import threading
 from collections import defaultdict
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from agent.slo import slo_verdict
-from agent.types import Allocation, GroupKind, GroupSpec, Snapshot
+from agent.types import Allocation, GroupKind, GroupSpec, MbaMode, Snapshot
 
 # RPCs are sub-millisecond on loopback; buckets from 50 us to 10 s.
 _RPC_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1, 1.0, 10.0)
 
 
-class AgentMetrics:
-    """Every metric of one agent, in its own registry (several agents may share a process)."""
+# Bytes per second of one MB unit in the absolute modes: MiB/s (mba_MBps), 1/8 GB/s (AMD).
+_MB_UNIT_BPS = {MbaMode.MBPS: float(1 << 20), MbaMode.AMD: 0.125e9}
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+# The ``result`` label of the SLO interval counters, in the agent and in the tuner.
+SLO_MET, SLO_VIOLATED = "met", "violated"
+
+
+def mba_in_base_units(mode: MbaMode, value: float) -> tuple[str, float]:
+    """An MB value as (metric suffix, value in base units): ``("ratio", fraction of the
+    peak)`` in percent mode, ``("bytes_per_second", limit)`` in the absolute modes."""
+    if mode is MbaMode.PERCENT:
+        return "ratio", value / 100.0
+    return "bytes_per_second", value * _MB_UNIT_BPS[mode]
+
+
+def register_process_metrics(registry: CollectorRegistry) -> None:
+    """The process's CPU, memory, file descriptors and Python version on ``registry``."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+
+
+class AgentMetrics:
+    """Every metric of one agent, in its own registry (several agents may share a process).
+
+    Args:
+        registry: where to register (a fresh one by default).
+        mba_mode: how the node expresses MB values (selects the base unit they are
+            exported in).
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, mba_mode: MbaMode = MbaMode.PERCENT
+    ) -> None:
         self.registry = registry or CollectorRegistry()
+        register_process_metrics(self.registry)
         self.rpcs = Counter(
             "rdtune_agent_rpcs_total",
             "RPCs handled, by method and gRPC status code.",
@@ -59,7 +103,7 @@ class AgentMetrics:
             ("group",),
             registry=self.registry,
         )
-        self._state = _GroupState()
+        self._state = _GroupState(mba_mode)
         self.registry.register(self._state)
         # Labelled children per (method, code): ``labels()`` takes a lock and builds a key
         # on every call, and this runs after every RPC. Bounded: methods and codes are
@@ -88,7 +132,8 @@ class AgentMetrics:
 class _GroupState:
     """Custom collector: per-group gauges from the last allocation and snapshot."""
 
-    def __init__(self) -> None:
+    def __init__(self, mba_mode: MbaMode) -> None:
+        self._mba_mode = mba_mode
         self._lock = threading.Lock()
         self._allocation: Allocation | None = None
         self._snapshot: Snapshot | None = None
@@ -131,9 +176,15 @@ class _GroupState:
             "LLC ways in the group's capacity bitmask, per cache domain.",
             labels=("group", "domain"),
         )
+        unit = mba_in_base_units(self._mba_mode, 0)[0]
         mb = GaugeMetricFamily(
-            "rdtune_agent_group_mba_value",
-            "The group's memory-bandwidth allocation value (percent, MiB/s or AMD units).",
+            f"rdtune_agent_group_mba_{unit}",
+            "The group's memory-bandwidth allocation, per MBA domain: "
+            + (
+                "the fraction of the peak bandwidth (MB percent / 100)."
+                if unit == "ratio"
+                else "its bandwidth limit."
+            ),
             labels=("group", "domain"),
         )
         if allocation is not None:
@@ -142,7 +193,8 @@ class _GroupState:
                     if a.l3_mask is not None:
                         ways.add_metric((group, str(domain)), a.ways)
                     if a.mb is not None:
-                        mb.add_metric((group, str(domain)), a.mb)
+                        value = mba_in_base_units(self._mba_mode, a.mb)[1]
+                        mb.add_metric((group, str(domain)), value)
         yield ways
         yield mb
 
@@ -164,7 +216,7 @@ class _GroupState:
         latency = GaugeMetricFamily(
             "rdtune_agent_group_latency_seconds",
             "Request latency percentiles of an LC group over the last interval.",
-            labels=("group", "quantile"),
+            labels=("group", "percentile"),
         )
         requests = GaugeMetricFamily(
             "rdtune_agent_group_requests",
@@ -185,7 +237,7 @@ class _GroupState:
                     for p in s.latency.PERCENTILES:
                         value = s.latency.percentile(p)
                         if not math.isnan(value):
-                            latency.add_metric((group, f"{p / 100:g}"), value / 1e3)
+                            latency.add_metric((group, f"{p:g}"), value / 1e3)
         yield from (occupancy, bandwidth, ipc, latency, requests)
 
         attained = GaugeMetricFamily(
@@ -195,7 +247,7 @@ class _GroupState:
         )
         intervals = CounterMetricFamily(
             "rdtune_agent_group_slo_intervals",
-            "Observed intervals with requests, by whether the SLO was met.",
+            "Observed intervals with requests, by result (met, violated).",
             labels=("group", "result"),
         )
         target = GaugeMetricFamily(
@@ -206,8 +258,8 @@ class _GroupState:
         for group, (met, judged) in slo.items():
             if judged:
                 attained.add_metric((group,), met / judged)
-            intervals.add_metric((group, "met"), met)
-            intervals.add_metric((group, "missed"), judged - met)
+            intervals.add_metric((group, SLO_MET), met)
+            intervals.add_metric((group, SLO_VIOLATED), judged - met)
             if group in targets:
                 target.add_metric((group,), targets[group])
         yield from (attained, intervals, target)

@@ -13,43 +13,19 @@ import hmac
 import ipaddress
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
+from agent.configfile import ConfigError
+from agent.connection import TOKEN_ENV, read_token  # noqa: F401  (the agent's modules use them)
 from agent.server.errors import RateLimited, abort, abort_with
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 _log = logging.getLogger("agent.server")
-
-
-TOKEN_ENV = "RDTUNE_AGENT_TOKEN"
-
-
-def read_token(
-    token: str | None, token_file: str | None, error: type[Exception] = ValueError
-) -> str | None:
-    """The bearer token: ``token`` if given, else the contents of ``token_file``, else
-    ``$RDTUNE_AGENT_TOKEN``. Never a command-line flag: argv is visible to every user."""
-    if token is None and token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise error(f"cannot read token file {token_file!r}: {exc}") from exc
-        if not token:
-            raise error(f"token file {token_file!r} is empty")
-    if token is None and os.environ.get(TOKEN_ENV):
-        token = os.environ[TOKEN_ENV].strip()
-    return token
-
-
-class ConfigError(ValueError):
-    """A configuration the agent refuses to start with, and why."""
 
 
 @dataclass(frozen=True)

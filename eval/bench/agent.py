@@ -42,8 +42,6 @@ _BARE_SERVER = """
 import sys, time
 from concurrent import futures
 import grpc
-from proto.build import ensure_built
-ensure_built()
 from proto.rdtune.v1 import agent_pb2_grpc as rpc, types_pb2 as pb
 from proto.rdtune.v1 import agent_pb2 as api
 class S(rpc.NodeAgentServicer):

@@ -10,7 +10,7 @@ import pytest
 from agent.server.metrics import _GroupState
 from agent.sim import SimNode
 from agent.slo import judged, slo_met, slo_verdict
-from agent.types import SLO, GroupKind, GroupSample, GroupSpec, LatencyStats, Snapshot
+from agent.types import SLO, GroupKind, GroupSample, GroupSpec, LatencyStats, MbaMode, Snapshot
 from envs.reward import RewardWeights, StepReward
 from eval.metrics import slo_windows
 from models.objectives import slo_violation
@@ -48,7 +48,7 @@ def _verdicts(latency: LatencyStats) -> dict[str, bool | None]:
     out: dict[str, bool | None] = {}
     missed = slo_verdicts(snap, {"kv": spec})["kv"]
     out["guard"] = None if missed is None else not missed
-    state = _GroupState()
+    state = _GroupState(MbaMode.PERCENT)
     state.set_snapshot(snap, {"kv": spec})
     ratios = [
         s.value

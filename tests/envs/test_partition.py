@@ -127,6 +127,42 @@ def test_ansi_render_shows_allocation_and_metrics(make_env) -> None:
     assert gym.make(envs.PARTITION_ID).unwrapped.render_text() == "(not reset)\n"
 
 
+def test_rgb_render_draws_each_groups_ways_and_bandwidth(make_env) -> None:
+    env = make_env(scenarios=["default"], split="all", render_mode="rgb_array")
+    check_env(env.unwrapped, skip_render_check=False)
+    env.reset(seed=0)
+    base = env.unwrapped
+    first = env.render()
+    assert first.dtype == np.uint8 and first.ndim == 3 and first.shape[2] == 3
+    cell, ways = 8, base.capabilities.l3.num_ways
+    domain = base.capabilities.domains[0]
+    for row, name in enumerate(base.slots):
+        held = base.held_allocation.get(name, domain)
+        # the pixel in the middle of each way's cell is lit exactly where the mask has it
+        centre = first[row * cell + cell // 2, [w * cell + cell // 2 for w in range(ways)]]
+        lit = (centre != 64).any(axis=1)
+        assert lit.tolist() == [bool(held.l3_mask >> w & 1) for w in range(ways)], name
+    action = np.zeros_like(env.action_space.nvec)  # the smallest share for every slot
+    env.step(action)
+    assert not np.array_equal(env.render(), first)
+
+
+def test_sb3_make_vec_env_makes_the_registered_id() -> None:
+    """SB3's make_vec_env asks gym.make for render_mode="rgb_array" unless told otherwise."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    venv = make_vec_env(envs.PARTITION_ID, n_envs=2, seed=0, env_kwargs={"episode_steps": 3})
+    try:
+        obs = venv.reset()
+        assert obs.shape == (2, *venv.observation_space.shape)
+        _, rewards, _, _ = venv.step(np.stack([venv.action_space.sample()] * 2))
+        assert rewards.shape == (2,) and np.isfinite(rewards).all()
+        frames = venv.get_images()
+        assert len(frames) == 2 and all(f.ndim == 3 for f in frames)
+    finally:
+        venv.close()
+
+
 def test_reset_options_pick_scenario_and_baseline(make_env) -> None:
     env = make_env()
     _, info = env.reset(seed=0, options={"scenario": "copart_h_llc", "baseline": "full"})

@@ -79,17 +79,21 @@ def test_heldout_suite_is_large_varied_and_never_trained_on() -> None:
 def test_family_entries_reject_unknown_options(tmp_path: Path) -> None:
     p = tmp_path / "s.yaml"
     p.write_text("x: {scenarios: [{family: test, count: 2, colour: red}], controllers: [eq]}")
-    with pytest.raises(SuiteError, match="unknown family option"):
+    with pytest.raises(SuiteError, match=r"scenarios\[0\]\.colour: unknown key; allowed: count"):
         get_suite("x", p)
 
 
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("x: {scenarios: [default], controllers: [eq], colour: red}", "unknown field"),
+        ("x: {scenarios: [default], controllers: [eq], colour: red}", "'x': colour: unknown key"),
+        ("x: {scenarios: [default], controllers: [eq], seeds: '3'}", "seeds: must be a valid int"),
+        ("x: {scenarios: [default], controllers: [eq], seconds: 0}", "seconds: must be greater"),
+        ("x: {scenarios: [], controllers: [eq]}", "scenarios: list should have at least 1"),
+        ("x: {scenarios: [[1]], controllers: [eq]}", r"scenarios\[0\]: expected a mapping"),
         ("x: {scenarios: [default], controllers: [nope]}", "unknown controller"),
-        ("x: {scenarios: [default], controllers: []}", "no controllers"),
-        ("x: {scenarios: [default], controllers: [eq], sweep: {controller: static}}", "sweep"),
+        ("x: {scenarios: [default], controllers: []}", "controllers: none given"),
+        ("x: {scenarios: [default], controllers: [eq], sweep: {controller: a}}", "sweep.option"),
         ("- 1", "mapping"),
     ],
 )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 from models.actions import ActionDecoder
 from models.features import FeatureEncoder
-from training.trace_minari import episode_arrays
+from training.trace_minari import episode_arrays, export_minari
 from tuner.cli import main
 
 minari = pytest.importorskip("minari")
@@ -32,17 +34,40 @@ def test_episode_arrays_line_up(explore_trace) -> None:
 
 def test_cli_exports_a_loadable_dataset(explore_trace, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
-    rc = main(["trace", "export-minari", explore_trace.path, explore_trace.path,
-               "--dataset-id", "rdtune/explore-v0", "--root", str(tmp_path)])  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Minari warns about every missing piece of metadata
+        rc = main(["trace", "export-minari", explore_trace.path, explore_trace.path,
+                   "--dataset-id", "rdtune/explore-v0", "--root", str(tmp_path),
+                   "--author", "Ops", "--author-email", "ops@example.org"])  # fmt: skip
     assert rc == 0, capsys.readouterr().out
     ds = minari.load_dataset("rdtune/explore-v0")
     assert ds.total_episodes == 2 and ds.total_steps == 2 * (len(explore_trace) - 1)
     ep = next(ds.iterate_episodes())
     assert ep.observations.shape[0] == len(explore_trace)
+    assert ds.storage.metadata["author"] == {"Ops"}
+    assert ds.storage.metadata["author_email"] == {"ops@example.org"}
+
+
+def test_the_dataset_recovers_its_environment(explore_trace, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        export_minari([explore_trace], "rdtune/recover-v0", max_groups=6)
+        ds = minari.load_dataset("rdtune/recover-v0")
+        for eval_env in (False, True):
+            env = ds.recover_environment(eval_env=eval_env, episode_steps=2)
+            assert env.spec.id == "rdtune/Partition-v0"
+            assert env.observation_space == ds.observation_space
+            assert env.action_space == ds.action_space
+            obs, _ = env.reset(seed=0)
+            assert ds.observation_space.contains(obs)
+            ep = next(ds.iterate_episodes())
+            env.step(ep.actions[0])  # a recorded action is an action of the environment
+            env.close()
 
 
 def test_export_of_a_bad_file_is_a_clear_error(tmp_path, capsys) -> None:
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"nope")
     assert main(["trace", "export-minari", str(bad), "--dataset-id", "x/y-v0"]) == 1
-    assert f"trace {bad}" in capsys.readouterr().out
+    assert f"trace {bad}" in capsys.readouterr().err

@@ -53,6 +53,6 @@ def test_bad_agent_and_bad_file_errors(tmp_path, capsys) -> None:
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1garbage")
     assert main(["trace", "info", str(bad)]) == 1
-    assert f"trace {bad}" in capsys.readouterr().out
+    assert f"trace {bad}" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["trace", "record", "--agent", "x:1", "--duration", "1", "--out", "o", "-o", "k"])

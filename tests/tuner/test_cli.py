@@ -1,7 +1,9 @@
-"""The rdtune command line: --help explains every subcommand."""
+"""The rdtune command line: --help explains every subcommand; bad input is one line and a
+non-zero status, never a traceback; a reader that stops early ends a command quietly."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -40,3 +42,67 @@ def test_tune_and_eval_list_the_same_controllers(capsys: pytest.CaptureFixture[s
     listed = [line.split()[0] for line in tune.splitlines() if not line.startswith(" ")]
     assert listed == catalogue.names()
     assert {"oracle", "ucp", "best_static", "copart_cat", "copart_mba"} <= set(listed)
+
+
+# ----------------------------------------------------------------- bad input: one line
+
+
+def rdtune(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=120,
+        **kw,
+    )  # fmt: skip
+
+
+def assert_one_line(done: subprocess.CompletedProcess, *needles: str) -> None:
+    assert done.returncode != 0, done.stdout
+    err = done.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("demo", "--controllers", "foo"), ("rdtune demo", "unknown controller 'foo'")),
+        (("demo", "--seconds", "-3"), ("--seconds", "must be > 0, got -3")),
+        (("demo", "--interval", "nan"), ("--interval", "not a finite number")),
+        (("eval", "--suite", "smoke", "--seeds", "0"), ("--seeds", "must be >= 1")),
+        (
+            ("trace", "record", "--agent", "127.0.0.1:1", "--duration", "1", "--out", "x"),
+            ("rdtune trace record: agent 127.0.0.1:1", "failed to connect"),
+        ),
+        (("trace", "record", "--agent", "x:1", "--duration", "-1", "--out", "x"), ("--duration",)),
+        (("trace", "info", "/nonexistent.parquet"), ("/nonexistent.parquet",)),
+        (("tune", "--interval", "0"), ("--interval", "must be > 0")),
+        (("status", "--agent", "127.0.0.1:1", "--timeout", "0.5"), ("cannot read the agent",)),
+        (("agent", "--config", "/nonexistent.yaml"), ("/nonexistent.yaml",)),
+        (("train", "--config", os.devnull), ("rdtune train", "the config is empty")),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v[0], str) and v[0][0] != "r" else None,
+)
+def test_bad_input_is_one_line_and_a_non_zero_status(args, needles) -> None:
+    assert_one_line(rdtune(*args), *needles)
+
+
+@pytest.mark.parametrize(
+    "args", [("tune", "--list-controllers"), ("eval", "--list"), ("--help",), ("demo", "--help")]
+)
+def test_a_reader_that_stops_early_ends_the_command_quietly(args) -> None:
+    """``rdtune ... | head``: the pipe is closed before the command writes."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write: EPIPE on it
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tuner.cli", *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    # 141 as for SIGPIPE; argparse's help ignores the closed pipe and exits 0
+    assert proc.stderr == "" and proc.returncode in (0, 141)

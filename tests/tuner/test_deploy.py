@@ -4,7 +4,11 @@ loaders and their command lines parse with the real ``rdtune`` parser."""
 from __future__ import annotations
 
 import configparser
+import json
+import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ import yaml
 
 from agent.server.config import load_yaml as load_agent_yaml
 from tests.certs import make_certs
+from tests.tools import promtool, require_tool
 from tests.tuner.conftest import ROOT
 from tuner.cli import build_parser
 from tuner.config import load_yaml as load_tuner_yaml
@@ -57,10 +62,122 @@ def test_daemonset_configs_load_and_agree(tmp_path) -> None:
         assert endpoint.tls is not None and endpoint.token() == "t0ken"
         mounts = {m["mountPath"] for m in containers[container]["volumeMounts"]}
         assert {f"{SECRETS}/metrics-tls", f"{SECRETS}/metrics-token"} <= mounts
-    assert containers["agent"]["securityContext"]["privileged"] is True
     for name in ("agent", "tuner"):
         args = build_parser().parse_args(containers[name]["args"])
         assert args.command == name.replace("tuner", "tune")
+
+
+# ------------------------------------------------------------------------ Kubernetes
+
+MANIFEST = DEPLOY / "kubernetes" / "daemonset.yaml"
+
+
+def _manifest() -> tuple[dict, dict, dict]:
+    docs = {d["kind"]: d for d in yaml.safe_load_all(MANIFEST.read_text())}
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    return docs, pod, {c["name"]: c for c in pod["containers"]}
+
+
+def test_the_manifests_validate_against_the_api_schemas() -> None:
+    done = subprocess.run(
+        [require_tool("kubernetes-validate"), "--strict", "--quiet", "-k", "1.32.0",
+         str(MANIFEST), str(MANIFEST.with_name("runtime-classes.yaml"))],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_pod_security_and_least_privilege() -> None:
+    docs, _, containers = _manifest()
+    labels = docs["Namespace"]["metadata"]["labels"]
+    # hostPID and hostPath volumes need the privileged level; audit and warn at baseline
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/warn"] == "baseline"
+    agent, tuner = containers["agent"]["securityContext"], containers["tuner"]["securityContext"]
+    assert agent["privileged"] is False and agent["allowPrivilegeEscalation"] is False
+    assert agent["capabilities"] == {"drop": ["ALL"], "add": ["PERFMON"]}
+    assert tuner["capabilities"] == {"drop": ["ALL"]} and "add" not in tuner["capabilities"]
+    for ctx in (agent, tuner):
+        assert ctx["readOnlyRootFilesystem"] and ctx["seccompProfile"]["type"] == "RuntimeDefault"
+    # each added capability is explained where it is granted and in the docs
+    text, guide = MANIFEST.read_text(), (ROOT / "docs" / "DEPLOY.md").read_text()
+    for cap in agent["capabilities"]["add"]:
+        assert re.search(rf"#\s+{cap}\s+\S", text) and f"`{cap}`" in guide
+
+
+def test_the_agent_has_native_grpc_probes_on_its_health_port() -> None:
+    docs, _, containers = _manifest()
+    agent_yaml = yaml.safe_load(docs["ConfigMap"]["data"]["agent.yaml"])
+    port = int(agent_yaml["health_listen"].rpartition(":")[2])
+    agent = containers["agent"]
+    assert port in {p["containerPort"] for p in agent["ports"]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert agent[probe]["grpc"]["port"] == port
+    assert agent["readinessProbe"]["grpc"]["service"] == "rdtune.v1.NodeAgent"
+
+
+def test_the_images_are_the_ones_make_images_builds() -> None:
+    _, _, containers = _manifest()
+    version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    make = subprocess.run(
+        ["make", "-n", "images"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    ).stdout
+    built = dict(re.findall(r"--target (\w+) -t (\S+) \.", make))
+    assert built == {"agent": f"rdtune-agent:{version}", "tuner": f"rdtune-tuner:{version}"}
+    for name in ("agent", "tuner"):
+        assert containers[name]["image"] == built[name]
+    dockerfile = (DEPLOY / "docker" / "Dockerfile").read_text()
+    stages = dict(re.findall(r"^FROM \S+ AS (\w+)\n(.*?)(?=^FROM |\Z)", dockerfile, re.M | re.S))
+    assert set(stages) == {"wheel", "agent", "tuner"}
+    # the agent's image: the wheel alone (no torch); the tuner's: with onnxruntime
+    assert re.search(r"pip install .*-c /tmp/constraints.txt /dist/rdtune-\*\.whl", stages["agent"])
+    assert '"${whl}[policy]"' in stages["tuner"] and "-c /tmp/constraints.txt" in stages["tuner"]
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".git", "**/*_pb2*.py"} <= set(ignored)
+
+
+def test_config_maps_and_secrets_are_optional_so_a_missing_one_fails_clearly() -> None:
+    _, pod, _ = _manifest()
+    for volume in pod["volumes"]:
+        source = volume.get("configMap") or volume.get("secret")
+        if source is not None:
+            assert source.get("optional") is True, volume["name"]
+
+
+def _rdtune(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_what_a_pod_without_its_config_map_or_secrets_says(tmp_path) -> None:
+    """The containers' own command lines, as in the DaemonSet, with what is missing."""
+    docs, _, containers = _manifest()
+    args = {name: list(c["args"]) for name, c in containers.items()}
+    missing = tmp_path / "etc-rdtune" / "agent.yaml"
+    cases = [
+        # no rdtune-config ConfigMap: the config file is not there
+        ([a.replace("/etc/rdtune", str(missing.parent)) for a in args["agent"]], str(missing)),
+        ([a.replace("/etc/rdtune", str(missing.parent)) for a in args["tuner"]],
+         str(missing.parent / "tuner.yaml")),
+    ]  # fmt: skip
+    # the ConfigMap but no metrics Secrets: the agent names the certificate it lacks
+    config = tmp_path / "agent.yaml"
+    config.write_text(docs["ConfigMap"]["data"]["agent.yaml"].replace(SECRETS, str(tmp_path)))
+    cases.append((["agent", "--config", str(config)], f"{tmp_path}/metrics-tls/tls.crt"))
+    # no rdtune-policy ConfigMap: nothing at the policy's path
+    tuner_args = [a.replace("/policies", str(tmp_path / "policies")) for a in args["tuner"]]
+    tuner_args[tuner_args.index("--config") + 1] = str(DEPLOY / "tuner.yaml")
+    cases.append((tuner_args, "no exported policy there (nothing at that path"))
+    # ... mounted from an optional ConfigMap that does not exist: an empty directory
+    (tmp_path / "empty").mkdir()
+    empty = [a.replace(str(tmp_path / "policies"), str(tmp_path / "empty")) for a in tuner_args]
+    cases.append((empty, "no exported policy there"))
+    for argv, needle in cases:
+        done = _rdtune(*argv)
+        err = done.stderr.strip()
+        assert done.returncode != 0 and len(err.splitlines()) == 1, (argv, err)
+        assert needle in err and "Traceback" not in err, (argv, err)
 
 
 @pytest.mark.parametrize("unit", ["rdtune-agent.service", "rdtune-tuner.service"])
@@ -78,3 +195,74 @@ def test_systemd_units_run_valid_commands(unit: str) -> None:
     argv = [a.replace("${RDTUNE_CONTROLLER}", env.get("RDTUNE_CONTROLLER", "")) for a in argv]
     args = build_parser().parse_args(argv[1:])
     assert args.command in ("agent", "tune")
+
+
+# ---------------------------------------------------------------- monitoring (deploy/)
+
+RULES = DEPLOY / "prometheus" / "rdtune-alerts.yaml"
+DASHBOARD = DEPLOY / "grafana" / "rdtune-dashboard.json"
+
+
+def exported_names() -> set[str]:
+    """Every sample name the agent and the tuner can export (each MBA mode's metric)."""
+    from agent.server.metrics import AgentMetrics
+    from agent.types import MbaMode
+    from tuner.metrics import TunerMetrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    names = set()
+    registries = [AgentMetrics(mba_mode=mode).registry for mode in MbaMode]
+    for reg in (*registries, TunerMetrics().registry):
+        for family in reg.collect():
+            names.update(family.name + s for s in suffixes.get(family.type, ("",)))
+    return names
+
+
+def dashboard_queries() -> list[str]:
+    dash = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+
+
+def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
+    check = promtool("check", "rules", str(RULES))
+    assert check.returncode == 0, check.stdout + check.stderr
+    tested = promtool("test", "rules", str(RULES.with_suffix(".test.yaml")))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_the_dashboards_queries_parse(tmp_path) -> None:
+    # promtool parses PromQL in rule files: each query as a recording rule.
+    rules = [
+        {"record": f"rdtune:panel_{i}", "expr": q.replace("$instance", ".*")}
+        for i, q in enumerate(dashboard_queries())
+    ]
+    path = tmp_path / "dashboard-queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    check = promtool("check", "rules", str(path))
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_dashboard_is_well_formed() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids are unique"
+    for panel in dash["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["targets"] and panel["datasource"]["uid"] == "${datasource}", panel
+        assert all(t["expr"] for t in panel["targets"]), panel["title"]
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    assert {"datasource", "instance"} <= variables
+
+
+def test_rules_and_dashboard_name_only_metrics_rdtune_exports() -> None:
+    exported = exported_names()
+    rules = yaml.safe_load(RULES.read_text())
+    queries = [r["expr"] for g in rules["groups"] for r in g["rules"]] + dashboard_queries()
+    named = {n for q in queries for n in re.findall(r"\b(?:rdtune|process)_[a-z0-9_]+", q)}
+    assert named, "the queries name rdtune metrics"
+    assert named <= exported, f"not exported: {sorted(named - exported)}"
+    # SLO violations, guard fallbacks, agent unreachable, apply errors: each has an alert.
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    assert {"RdtuneSLOViolations", "RdtuneGuardFallback", "RdtuneAgentUnreachable",
+            "RdtuneApplyErrors"} <= alerts  # fmt: skip

@@ -185,9 +185,15 @@ def test_metrics_after_a_guard_trip_and_recovery(spike_file: str) -> None:
     assert met > 0 and missed >= 3
     ratio = get("rdtune_tuner_slo_attainment_ratio", group="memcached")
     assert ratio == pytest.approx(met / (met + missed))
-    assert get("rdtune_tuner_tail_latency_milliseconds", group="memcached") > 0
+    assert 0 < get("rdtune_tuner_tail_latency_seconds", group="memcached") < 1
     assert get("rdtune_tuner_batch_instructions_per_second", group="ocean_cp") > 0
-    assert get("rdtune_tuner_group_ways", group="memcached") >= 1
+    held = tuner.intended.groups["memcached"]
+    assert len(held) == len(tuner.caps.l3.domains)  # every cache domain, not the first
+    for domain, a in held.items():
+        assert get("rdtune_tuner_group_l3_ways", group="memcached", domain=str(domain)) == a.ways
+        assert get("rdtune_tuner_group_mba_ratio", group="memcached", domain=str(domain)) == (
+            a.mb / 100
+        )
 
 
 def test_a_failing_controller_keeps_the_allocation_and_is_counted(server) -> None:

@@ -7,10 +7,12 @@ import os
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from agent.errors import GroupNotFound, InvalidAllocation, InvalidName, ResourceExhausted
 from agent.server.convert import pb
-from agent.server.errors import DETAIL_KEY, RemoteError
+from agent.server.errors import RemoteError, reason_of
 from agent.types import AllocationPlan, GroupAllocation, GroupSpec
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
@@ -30,10 +32,15 @@ def served():
 
 
 def _detail(err: grpc.RpcError) -> pb.ErrorDetail:
-    for key, value in err.trailing_metadata() or ():
-        if key == DETAIL_KEY:
-            return pb.ErrorDetail.FromString(value)
-    raise AssertionError("no error detail in the trailers")
+    """The ErrorDetail in the call's google.rpc.Status, read as any gRPC client would
+    (grpcio-status; it also checks the status's code and message match the call's)."""
+    status = rpc_status.from_call(err)
+    assert status is not None, "no google.rpc.Status in grpc-status-details-bin"
+    detail, info = pb.ErrorDetail(), error_details_pb2.ErrorInfo()
+    assert [status.details[0].Unpack(info), status.details[1].Unpack(detail)] == [True, True]
+    assert info.domain == "rdtune.v1" and info.reason == reason_of(detail.error)
+    assert dict(info.metadata) == dict(detail.details)
+    return detail
 
 
 def _plan(**groups) -> api.ApplyRequest:

@@ -12,10 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from agent.client import RemoteNode
+from agent.configfile import ConfigError
 from agent.errors import GroupNotFound, Unsupported
 from agent.latency import LatencyRecorder
 from agent.server.errors import RemoteError
@@ -38,23 +40,50 @@ def test_health_and_reflection_answer(transport) -> None:
         for service in ("", "rdtune.v1.NodeAgent", "rdtune.v1.Simulation"):
             resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
-        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
-        answers = list(
-            refl.ServerReflectionInfo(
-                iter(
-                    [
-                        reflection_pb2.ServerReflectionRequest(list_services=""),
-                        reflection_pb2.ServerReflectionRequest(
-                            file_containing_symbol="rdtune.v1.NodeAgent"
-                        ),
-                    ]
-                ),
-                timeout=5,
+        answers = {version: _reflect(channel, version) for version in ("v1", "v1alpha")}
+    for version, (listed, described, itself) in answers.items():
+        names = {s.name for s in listed.list_services_response.service}
+        assert {
+            "rdtune.v1.NodeAgent",
+            "rdtune.v1.Simulation",
+            "grpc.health.v1.Health",
+            f"grpc.reflection.{version}.ServerReflection",
+        } <= names, version
+        files = [
+            descriptor_pb2.FileDescriptorProto.FromString(raw)
+            for raw in described.file_descriptor_response.file_descriptor_proto
+        ]
+        # the file, named as buf and other languages' generators name it
+        assert "rdtune/v1/agent.proto" in {f.name for f in files}, version
+        (own,) = [
+            f.package
+            for f in map(
+                descriptor_pb2.FileDescriptorProto.FromString,
+                itself.file_descriptor_response.file_descriptor_proto,
             )
-        )
-    names = {s.name for s in answers[0].list_services_response.service}
-    assert {"rdtune.v1.NodeAgent", "rdtune.v1.Simulation", "grpc.health.v1.Health"} <= names
-    assert answers[1].file_descriptor_response.file_descriptor_proto
+            if f.service
+        ]
+        assert own == f"grpc.reflection.{version}"
+
+
+def _reflect(channel: grpc.Channel, version: str) -> list:
+    """Ask reflection ``version`` for its services, the agent's file and its own file; the
+    protocols differ only in the package, so v1alpha's messages encode both."""
+    call = channel.stream_stream(
+        f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )
+    requests = [
+        reflection_pb2.ServerReflectionRequest(list_services=""),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol="rdtune.v1.NodeAgent"),
+        reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol=f"grpc.reflection.{version}.ServerReflection"
+        ),
+    ]
+    answers = list(call(iter(requests), timeout=5))
+    assert not any(a.HasField("error_response") for a in answers), answers
+    return answers
 
 
 def test_unix_socket_is_private(tmp_path) -> None:
@@ -101,14 +130,14 @@ def test_metrics_endpoint_exposes_the_named_metrics() -> None:
         'rdtune_agent_apply_errors_total{cause="contiguous"} 1.0',
         'rdtune_agent_group_l3_ways{domain="0",group="web"} 4.0',
         'rdtune_agent_group_l3_ways{domain="1",group="batch"} 11.0',
-        'rdtune_agent_group_mba_value{domain="0",group="web"} 60.0',
+        'rdtune_agent_group_mba_ratio{domain="0",group="web"} 0.6',
         'rdtune_agent_group_llc_occupancy_bytes{group="batch"} 1.048576e+06',
         'rdtune_agent_group_memory_bandwidth_bytes_per_second{group="web"} 1e+08',
         'rdtune_agent_group_instructions_per_cycle{group="web"} 0.5',
-        'rdtune_agent_group_latency_seconds{group="web",quantile="0.5"} 0.003',
+        'rdtune_agent_group_latency_seconds{group="web",percentile="50"} 0.003',
         'rdtune_agent_group_requests{group="web"} 5.0',
         'rdtune_agent_group_slo_attainment_ratio{group="web"} 0.0',  # p99 ~9.8 ms > 5 ms
-        'rdtune_agent_group_slo_intervals_total{group="web",result="missed"} 1.0',
+        'rdtune_agent_group_slo_intervals_total{group="web",result="violated"} 1.0',
         'rdtune_agent_latency_reports_total{group="web"} 1.0',
     ):
         assert needle in text, needle
@@ -383,3 +412,28 @@ def test_client_rides_out_an_agent_restart(tmp_path) -> None:
         done.set()
         t.join()
         client.close()
+
+
+def test_health_alone_on_a_tcp_port_for_kubelet_probes() -> None:
+    """health_listen: what a Kubernetes gRPC probe dials (plain TCP, no token), while the
+    node API stays on the Unix socket and is not served there."""
+    with serve(RefNode(), unix=True, health_listen="127.0.0.1:0", token="s3cret") as server:
+        assert server.health_port
+        target = f"127.0.0.1:{server.health_port}"
+        with grpc.insecure_channel(target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "rdtune.v1.NodeAgent"):
+                resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                assert resp.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as err:
+                rpc.NodeAgentStub(channel).ListGroups(api.ListGroupsRequest(), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with grpc.insecure_channel(target) as channel, pytest.raises(grpc.RpcError):
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+
+
+def test_health_listen_must_be_tcp() -> None:
+    from agent.server.config import AgentConfig
+
+    with pytest.raises(ConfigError, match="health_listen must be host:port"):
+        AgentConfig(health_listen="unix:/run/x.sock").validate()

@@ -194,7 +194,12 @@ def test_yaml_config(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("listne: 127.0.0.1:1\n", "unknown config key"),
+        ("listne: 127.0.0.1:1\n", "listne: unknown key; allowed: auto_groups, backend"),
+        ("restore_on_exit: 'false'\n", "restore_on_exit: must be a valid boolean, got 'false'"),
+        ("grace_s: abc\n", "grace_s: must be a valid number, got 'abc'"),
+        ("max_workers: 0\n", "max_workers: must be greater than or equal to 1, got 0"),
+        ("rate_limit: {rate: -1}\n", "rate_limit.rate: must be greater than 0"),
+        ("backend: kvm\n", "backend: must be 'sim' or 'resctrl', got 'kvm'"),
         ("token: abc\n", "token_file"),
         ("latency_scrape: {web: {url: 'file:///etc/passwd', metric: m}}\n", "http"),
         ("latency_scrape: {'../x': {url: 'http://h/m', metric: m}}\n", "group name"),
@@ -365,5 +370,5 @@ def test_the_metrics_settings_load_from_yaml(tmp_path, certs, metrics_token) -> 
     assert endpoint.tls == (certs["server.pem"], certs["server.key"])
     assert endpoint.token() == "m3trics-token" and endpoint.scheme == "https"
     path.write_text("metrics_tls: {cert: a.pem, ca: b.pem}\n")
-    with pytest.raises(ConfigError, match="metrics_tls takes cert, key and client_ca"):
+    with pytest.raises(ConfigError, match=r"metrics_tls\.ca: unknown key; allowed: cert, client"):
         load_yaml(path)

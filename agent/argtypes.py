@@ -1,0 +1,42 @@
+"""Value types for the ``rdtune`` command line: numbers that must be positive or not
+negative, refused by argparse with a message naming the option (``--seconds -3``)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(kind: type, text: str) -> float | int:
+    try:
+        value = kind(text)
+    except ValueError:
+        noun = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (seconds, intervals, durations)."""
+    value = _number(float, text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    value = _number(float, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1 (counts: seeds, intervals, steps)."""
+    value = _number(int, text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value

@@ -1,0 +1,214 @@
+"""What every rdtune configuration file shares: strict models, one loader and one error.
+
+The agent's, the tuner's, the training and the suite files are described by pydantic models
+(:class:`Strict`) that refuse unknown keys (a typo in a safety limit must not pass) and
+values of the wrong type: strict, so a string ``"false"`` is not a boolean (``bool("false")``
+is true) and ``"5"`` is not a number. A refused setting raises :class:`ConfigError` naming
+the file, the key and the reason, in one line (docs/DEPLOY.md, "Configuration").
+
+Services an operator configures through the environment (the agent, the tuner) take
+overrides from variables ``PREFIX__KEY[__SUBKEY...]`` whose values are read as YAML scalars
+(``RDTUNE_TUNER__GUARD__MAX_WAY_STEP=2``, ``RDTUNE_AGENT__RESTORE_ON_EXIT=true``); a
+variable naming no setting is refused like an unknown key.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+
+
+class ConfigError(ValueError):
+    """A configuration rdtune refuses to run with; the message says what is wrong."""
+
+
+class Strict(BaseModel):
+    """A section of a configuration file: unknown keys and loose types are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+# A float that must be finite (YAML's .inf and .nan are floats).
+Finite = Annotated[float, AfterValidator(_finite)]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The parsed YAML document at ``path`` (None for an empty file)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+
+
+def validate(model: type[M], data: Any, where: str, env: Mapping[tuple, str] | None = None) -> M:
+    """``data`` as ``model``, or a ConfigError ``where: key: reason`` (the key's
+    environment variable instead of ``where`` when ``env`` set it)."""
+    try:
+        return model.model_validate({} if data is None else data)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, model, where, env or {})) from None
+
+
+def describe(exc: ValidationError, model: type[BaseModel], where: str, env: Mapping) -> str:
+    """One line for the first problem pydantic found (the others follow once it is fixed)."""
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(err["loc"])
+    key = dotted(loc)
+    origin = next((var for path, var in env.items() if loc[: len(path)] == path), None)
+    place = f"${origin}" if origin else where
+    kind, value = err["type"], err.get("input")
+    if kind == "extra_forbidden":
+        allowed = _fields_at(model, loc[:-1])
+        hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
+        return f"{place}: {key}: unknown key{hint}"
+    if kind == "missing":
+        return f"{place}: {key}: required"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"{place}: {key or 'top level'}: expected a mapping, got {type(value).__name__}"
+    reason = err["msg"].replace("Input should be", "must be")
+    reason = reason.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    reason = reason[:1].lower() + reason[1:]
+    if not isinstance(value, dict | list):
+        reason += f", got {value!r}"
+        if kind.endswith("_type"):
+            reason += f" ({type(value).__name__})"
+            if kind == "bool_type" and isinstance(value, str):
+                reason += "; write true or false without quotes"
+    return f"{place}: {key}: {reason}" if key else f"{place}: {reason}"
+
+
+def dotted(loc: tuple) -> str:
+    """``("groups", 0, "kind")`` -> ``groups[0].kind``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-", "tagged-union", "union[", "<")):
+            continue  # pydantic's names for validator and union steps; our union tags
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys allowed at ``loc`` inside ``model`` (empty when it cannot be told)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or str(part).startswith("<"):
+            continue
+        fields = getattr(current, "model_fields", None)
+        if fields is None:
+            # a dict of models: the part is a user's key, the value type follows
+            current = _model_in(current)
+            fields = getattr(current, "model_fields", None)
+            if fields is None or part in fields:
+                return []
+            continue
+        if part not in fields:
+            return []
+        current = _model_in(fields[part].annotation)
+    return sorted(getattr(current, "model_fields", {}))
+
+
+def _model_in(annotation: Any) -> Any:
+    """The BaseModel inside ``X | None``, ``list[X]`` or ``dict[str, X]`` (else as is)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if isinstance(found, type) and issubclass(found, BaseModel):
+            return found
+    return annotation
+
+
+def env_overrides(
+    data: Any, model: type[BaseModel], prefix: str, environ: Mapping[str, str] | None = None
+) -> tuple[Any, dict[tuple, str]]:
+    """``data`` with the settings of ``PREFIX__KEY[__SUB]`` variables put in, and where each
+    came from (for error messages). A variable naming no field of ``model`` is refused."""
+    environ = os.environ if environ is None else environ
+    start = prefix + "__"
+    found = sorted((k, v) for k, v in environ.items() if k.startswith(start))
+    if not found:
+        return data, {}
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        return data, {}  # validation reports the top level
+    data = _deep_copy(data)
+    origins: dict[tuple, str] = {}
+    for var, text in found:
+        path = tuple(p.lower() for p in var[len(start) :].split("__"))
+        if not all(path) or not _is_field_path(model, path):
+            raise ConfigError(f"${var}: names no setting (after {start}: KEY or KEY__SUBKEY)")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        node = data
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value
+        origins[path] = var
+    return data, origins
+
+
+def _deep_copy(data: dict) -> dict:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in data.items()}
+
+
+def _is_field_path(model: Any, path: tuple[str, ...]) -> bool:
+    current = model
+    for part in path:
+        fields = getattr(current, "model_fields", None)
+        if fields is None or part not in fields:
+            return False
+        current = _model_in(fields[part].annotation)
+    return True
+
+
+def load(
+    model: type[M],
+    path: str | Path | None,
+    *,
+    env_prefix: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    refused: Mapping[str, str] | None = None,
+) -> M:
+    """Read ``path`` (None: no file, only defaults and the environment) as ``model``.
+    ``refused`` maps dotted keys that must not be in the file (secrets) to the reason."""
+    where = str(path) if path is not None else "configuration"
+    data = read_yaml(path) if path is not None else None
+    for key, reason in (refused or {}).items():
+        node = data
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            raise ConfigError(f"{where}: {key}: {reason}")
+    origins: dict[tuple, str] = {}
+    if env_prefix:
+        data, origins = env_overrides(data, model, env_prefix, environ)
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    return validate(model, data, where, origins)

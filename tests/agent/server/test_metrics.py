@@ -1,0 +1,88 @@
+"""The agent's Prometheus endpoint as an operator's tools see it: ``promtool check metrics``
+clean with every family populated, base units for every MBA mode, process metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.server.metrics import SLO_MET, SLO_VIOLATED
+from agent.types import SLO, AllocationPlan, GroupAllocation, GroupKind, GroupSpec, MbaMode
+from tests.agent.server.conftest import remote, serve
+from tests.agent.server.refnode import CAPS, RefNode
+from tests.tools import check_metrics
+
+LC = GroupSpec("web", GroupKind.LC, SLO(99.0, 5.0))
+
+# (MBA capabilities, MB value applied, exported metric, value in base units)
+MODES = {
+    MbaMode.PERCENT: (CAPS.mba, 60, "rdtune_agent_group_mba_ratio", 0.6),
+    MbaMode.MBPS: (
+        dataclasses.replace(
+            CAPS.mba, min_bandwidth=1, bandwidth_gran=1, max_bandwidth=2**32 - 1, mode=MbaMode.MBPS
+        ),
+        60,
+        "rdtune_agent_group_mba_bytes_per_second",
+        60 * 2**20,
+    ),
+    MbaMode.AMD: (
+        dataclasses.replace(
+            CAPS.mba, min_bandwidth=0, bandwidth_gran=1, max_bandwidth=2048, mode=MbaMode.AMD
+        ),
+        60,
+        "rdtune_agent_group_mba_bytes_per_second",
+        60 * 0.125e9,
+    ),
+}
+
+
+def scrape(server) -> str:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def busy_agent_metrics(node: RefNode, mb: int) -> str:
+    """The exposition of an agent after groups, applies (one refused), latency reports with
+    an SLO miss and a met interval, observations: every family has samples."""
+    with serve(node, metrics_listen="127.0.0.1:0") as server, remote(server) as client:
+        client.create_group(LC)
+        client.create_group(GroupSpec("batch"))
+        client.apply(AllocationPlan.uniform({"web": GroupAllocation(l3_mask=0b1111, mb=mb)}, (0,)))
+        with pytest.raises(Exception):  # noqa: B017  a refused apply: rdtune_agent_apply_errors
+            client.apply(AllocationPlan({"web": {0: GroupAllocation(l3_mask=0b101)}}))
+        for samples in ([1.0, 2.0, 30.0], [1.0, 1.5, 2.0]):  # p99 over 5 ms, then under
+            with client.reporter() as rep:
+                rep.record_many("web", samples)
+            node.tick(1.0)
+            client.observe()
+        return scrape(server)
+
+
+@pytest.mark.parametrize("mode", list(MODES), ids=str)
+def test_promtool_finds_nothing_and_mb_is_in_base_units(mode: MbaMode) -> None:
+    mba, mb, name, value = MODES[mode]
+    text = busy_agent_metrics(RefNode(dataclasses.replace(CAPS, mba=mba)), mb)
+    check_metrics(text)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[(name, (("domain", "0"), ("group", "web")))] == pytest.approx(value)
+    other = {"rdtune_agent_group_mba_ratio", "rdtune_agent_group_mba_bytes_per_second"} - {name}
+    assert not any(n in other for n, _ in samples), "one MB metric, in the mode's unit"
+
+
+def test_labels_and_process_metrics() -> None:
+    text = busy_agent_metrics(RefNode(), 60)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    results = {s.labels["result"] for s in families["rdtune_agent_group_slo_intervals"].samples}
+    assert results == {SLO_MET, SLO_VIOLATED}  # the tuner's vocabulary (tuner/metrics.py)
+    latency = families["rdtune_agent_group_latency_seconds"].samples
+    assert {s.labels["percentile"] for s in latency} == {"50", "95", "99", "99.9"}
+    for process in ("process_cpu_seconds", "process_resident_memory_bytes", "python_info"):
+        assert process in families, process

@@ -1,0 +1,162 @@
+"""The one strict configuration layer (agent/configfile.py) under every rdtune file: the
+agent's, the tuner's, the training and the suite files refuse unknown keys and loose types
+with the file, the key and the reason in one line, and services take ``PREFIX__KEY``
+environment overrides."""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from agent.configfile import ConfigError
+from agent.server.config import AgentFile
+from agent.server.config import load_yaml as load_agent
+from eval.suites import SuiteError, load_suites
+from training.config import TrainConfig, load_config
+from tuner.config import TunerFile
+from tuner.config import load_yaml as load_tuner
+
+# Every entry of a list of sections needs these keys to be valid otherwise.
+LIST_ITEMS = {"groups": {"name": "g"}}
+
+
+def _bool_paths(model: type[BaseModel], prefix: tuple = ()) -> Iterator[tuple]:
+    """Every boolean setting of ``model``, as a path of keys (0 for a list's first entry)."""
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        args = typing.get_args(ann)
+        if ann is bool or (bool in args and type(None) in args):
+            yield (*prefix, name)
+            continue
+        for candidate in (ann, *args, *(a for arg in args for a in typing.get_args(arg))):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                index = (0,) if typing.get_origin(ann) is list else ()
+                yield from _bool_paths(candidate, (*prefix, name, *index))
+                break
+
+
+def _data_with(path: tuple, value: Any) -> dict:
+    data: dict = {}
+    node: Any = data
+    for i, key in enumerate(path[:-1]):
+        if isinstance(key, int):
+            continue
+        if isinstance(path[i + 1], int):
+            node[key] = [dict(LIST_ITEMS.get(key, {}))]
+            node = node[key][0]
+        else:
+            node = node.setdefault(key, {})
+    node[path[-1]] = value
+    return data
+
+
+def _dotted(path: tuple) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in
+                   enumerate(path))  # fmt: skip
+
+
+FILES: dict[str, tuple[type[BaseModel], Callable[[Path], Any]]] = {
+    "agent": (AgentFile, load_agent),
+    "tuner": (TunerFile, load_tuner),
+    "training": (TrainConfig, load_config),
+}
+CASES = [(kind, path) for kind, (model, _) in FILES.items() for path in _bool_paths(model)]
+
+
+def test_every_file_kind_has_its_booleans_found() -> None:
+    found = {kind: {_dotted(p) for k, p in CASES if k == kind} for kind in FILES}
+    assert {"restore_on_exit", "auto_groups"} <= found["agent"]
+    assert {"restore_baseline", "log_json", "groups[0].exclusive", "guard.limit_fallback",
+            "realtime"} <= found["tuner"]  # fmt: skip
+    assert {"subproc", "eval.heuristics_at_start", "progress_bar"} <= found["training"]
+
+
+@pytest.mark.parametrize(("kind", "path"), CASES, ids=[f"{k}:{_dotted(p)}" for k, p in CASES])
+@pytest.mark.parametrize("text", ["false", "no", "0"])
+def test_a_quoted_boolean_is_refused_naming_file_and_key(tmp_path, kind, path, text) -> None:
+    """``bool("false")`` is True: a quoted value must never flip a safety setting."""
+    _, load = FILES[kind]
+    file = tmp_path / f"{kind}.yaml"
+    file.write_text(yaml.safe_dump(_data_with(path, text)))
+    with pytest.raises(ConfigError) as err:
+        load(file)
+    message = str(err.value)
+    assert message.startswith(f"{file}: {_dotted(path)}: must be a valid boolean"), message
+    assert f"got {text!r}" in message and "\n" not in message
+    # the same file with a real boolean loads
+    file.write_text(yaml.safe_dump(_data_with(path, False)))
+    load(file)
+
+
+def test_one_error_type() -> None:
+    from training.config import ConfigError as TrainingError
+    from tuner.config import ConfigError as TunerError
+
+    assert TrainingError is TunerError is SuiteError is ConfigError
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("listen: [1\n", "not valid YAML"),
+        ("max_workers: 8\nmax_wrokers: 9\n", "max_wrokers: unknown key; allowed: auto_groups"),
+        ("tls: {cert: a, keyy: b}\n", "tls.keyy: unknown key; allowed: cert, client_ca, key"),
+        ("latency_scrape: {web: {url: 'http://h/m'}}\n", "latency_scrape.web.metric: required"),
+        ("grace_s: .nan\n", "grace_s: must be a finite number"),
+        ("seed: '3'\n", "seed: must be a valid integer, got '3' (str)"),
+    ],
+)
+def test_messages_say_file_key_and_reason(tmp_path, text, message) -> None:
+    file = tmp_path / "agent.yaml"
+    file.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_agent(file)
+    assert str(err.value).startswith(f"{file}: ") and message in str(err.value), err.value
+
+
+def test_environment_overrides(tmp_path) -> None:
+    file = tmp_path / "tuner.yaml"
+    file.write_text("interval_s: 0.5\nguard: {max_way_step: 4}\nlog_json: false\n")
+    env = {
+        "RDTUNE_TUNER__GUARD__MAX_WAY_STEP": "2",
+        "RDTUNE_TUNER__LOG_JSON": "true",
+        "RDTUNE_TUNER__AGENT__ADDRESS": "unix:/run/rdtune/agent.sock",
+        "RDTUNE_AGENT_TOKEN": "not a setting of either file",
+    }
+    cfg = load_tuner(file, environ=env)
+    assert cfg.interval_s == 0.5 and cfg.guard.max_way_step == 2 and cfg.log_json is True
+    assert cfg.agent.address == "unix:/run/rdtune/agent.sock"
+    # without a file: the defaults and the environment
+    agent = load_agent(None, environ={"RDTUNE_AGENT__RESTORE_ON_EXIT": "true",
+                                      "RDTUNE_AGENT__RATE_LIMIT__RATE": "50"})  # fmt: skip
+    assert agent.restore_on_exit is True and agent.rate_limit == 50.0
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RDTUNE_TUNER__GAURD__MAX_WAY_STEP": "2"}, "$RDTUNE_TUNER__GAURD__MAX_WAY_STEP: names"),
+        ({"RDTUNE_TUNER__GUARD__MAX_WAY_STEP": "two"}, "$RDTUNE_TUNER__GUARD__MAX_WAY_STEP: guard"),
+        ({"RDTUNE_TUNER__RESTORE_BASELINE": "maybe"}, "$RDTUNE_TUNER__RESTORE_BASELINE: restore"),
+    ],
+)
+def test_a_bad_override_names_its_variable(env, message) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_tuner(None, environ=env)
+    assert str(err.value).startswith(message), err.value
+
+
+def test_a_bad_suite_names_file_suite_and_key(tmp_path) -> None:
+    file = tmp_path / "suites.yaml"
+    file.write_text("mine: {scenarios: [default], controllers: [eq], seconds: '30'}\n")
+    with pytest.raises(ConfigError) as err:
+        load_suites(file)
+    assert str(err.value) == (
+        f"{file}: suite 'mine': seconds: must be a valid number, got '30' (str)"
+    )

@@ -1,0 +1,82 @@
+"""The tuner's Prometheus endpoint as an operator's tools see it: ``promtool check metrics``
+clean after a guard trip, every domain of an allocation, base units, the
+agent's label vocabulary, process metrics."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.server.metrics import SLO_MET, SLO_VIOLATED
+from agent.server.metrics_http import MetricsEndpoint
+from agent.sim import SimNode
+from agent.types import Allocation, GroupAllocation, MbaCapabilities, MbaMode
+from models import registry
+from tests.agent.server.conftest import serve
+from tests.tools import check_metrics
+from tests.tuner.test_service import make_tuner
+from tuner.config import GuardConfig
+from tuner.metrics import TunerMetrics
+
+
+def samples(registry_) -> dict[tuple[str, tuple], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in registry_.collect()
+        for s in family.samples
+    }
+
+
+@pytest.mark.parametrize(
+    ("mode", "name", "scale"),
+    [
+        (MbaMode.PERCENT, "rdtune_tuner_group_mba_ratio", 0.01),
+        (MbaMode.MBPS, "rdtune_tuner_group_mba_bytes_per_second", 2**20),
+        (MbaMode.AMD, "rdtune_tuner_group_mba_bytes_per_second", 0.125e9),
+    ],
+    ids=str,
+)
+def test_an_allocation_is_exported_for_every_domain_in_base_units(mode, name, scale) -> None:
+    metrics = TunerMetrics()
+    mba = MbaCapabilities(min_bandwidth=10, bandwidth_gran=10, max_bandwidth=100,
+                          num_closids=8, mode=mode, domains=(0, 1))  # fmt: skip
+    allocation = Allocation(
+        {
+            "web": {0: GroupAllocation(0b1111, 30), 1: GroupAllocation(0b11, 70)},
+            "batch": {0: GroupAllocation(0b110000, 100), 1: GroupAllocation(0b111100, 20)},
+        }
+    )
+    metrics.record_allocation(allocation, mba)
+    got = samples(metrics.registry)
+    for group, per_domain in allocation.groups.items():
+        for domain, a in per_domain.items():
+            labels = (("domain", str(domain)), ("group", group))
+            assert got[("rdtune_tuner_group_l3_ways", labels)] == a.ways
+            assert got[(name, labels)] == pytest.approx(a.mb * scale)
+
+
+def test_the_endpoint_passes_promtool_after_a_guard_trip(spike_file: str) -> None:
+    with serve(SimNode(spike_file, seed=0)) as srv:
+        guard = GuardConfig(violation_intervals=3, stable_intervals=8)
+        tuner = make_tuner(srv, registry.make("eq"), guard=guard)
+        tuner.start()
+        for _ in range(50):
+            tuner.step()
+        tuner.shutdown()
+    assert tuner.switches and tuner.switches[0].to_fallback
+    http = MetricsEndpoint("127.0.0.1:0").serve(tuner.metrics.registry)
+    try:
+        url = f"http://127.0.0.1:{http.server_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+    finally:
+        http.shutdown()
+        http.server_close()
+    check_metrics(text)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    results = {s.labels["result"] for s in families["rdtune_tuner_slo_intervals"].samples}
+    assert results == {SLO_MET, SLO_VIOLATED}  # the agent's vocabulary (agent/server/metrics.py)
+    for process in ("process_cpu_seconds", "process_resident_memory_bytes", "python_info"):
+        assert process in families, process
