@@ -13,7 +13,7 @@ from agent.server.metrics import SLO_MET, SLO_VIOLATED
 from agent.server.metrics_http import MetricsEndpoint
 from agent.sim import SimNode
 from agent.types import Allocation, GroupAllocation, MbaCapabilities, MbaMode
-from models import registry
+from models import catalogue
 from tests.agent.server.conftest import serve
 from tests.tools import check_metrics
 from tests.tuner.test_service import make_tuner
@@ -60,7 +60,7 @@ def test_an_allocation_is_exported_for_every_domain_in_base_units(mode, name, sc
 def test_the_endpoint_passes_promtool_after_a_guard_trip(spike_file: str) -> None:
     with serve(SimNode(spike_file, seed=0)) as srv:
         guard = GuardConfig(violation_intervals=3, stable_intervals=8)
-        tuner = make_tuner(srv, registry.make("eq"), guard=guard)
+        tuner = make_tuner(srv, catalogue.construct("eq"), guard=guard)
         tuner.start()
         for _ in range(50):
             tuner.step()
