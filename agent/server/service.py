@@ -161,14 +161,12 @@ class NodeHost:
                     self.metrics.scrape_errors.labels(scraper.group).inc()
         with self.lock:
             snap = self.node.observe()
-            specs = dict(self.node.groups())
-        groups, changed = dict(snap.groups), False
-        for name, sample in snap.groups.items():
-            stats = self.recorder.drain(name)
-            if stats is not None:
-                groups[name] = dataclasses.replace(sample, latency=stats)
-                changed = True
-        if changed:
+            specs = self.node.groups()  # a copy already (Node.groups)
+        pushed = self.recorder.drain_many(snap.groups)
+        if pushed:
+            groups = dict(snap.groups)
+            for name, stats in pushed.items():
+                groups[name] = dataclasses.replace(groups[name], latency=stats)
             snap = dataclasses.replace(snap, groups=groups)
         self.metrics.record_snapshot(snap, specs)
         return snap
