@@ -404,6 +404,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         cores = self._cores
         read, write = context.read, context.write
         limiter, peer = self.host.limiter, context.peer()
+        client = client_key(peer)
         record = self.host.metrics.observe_rpc
         while True:
             request = await read()
@@ -428,7 +429,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                         raise ValueError(
                             "a session request needs one of observe, apply, get_allocation"
                         )
-                    if limiter is not None and not limiter.allow(client_key(peer)):
+                    if limiter is not None and not limiter.allow(client):
                         raise RateLimited(limiter.rate)
                     out = getattr(answer, kind)
                     out.SetInParent()
