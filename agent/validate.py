@@ -45,12 +45,10 @@ class PlanContext:
     current: Allocation
     exclusive: frozenset[str] = frozenset()
     others: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
-    # Entries already found valid against ``caps``, (domain, entry) -> normalised entry,
-    # filled by validate_plan when given: every plan repeats the same few values. Its
-    # owner keeps one per capabilities (a node's lifetime).
-    valid: dict[tuple[int, GroupAllocation], GroupAllocation] | None = field(
-        default=None, compare=False, repr=False
-    )
+    # Entries already found valid against ``caps``, (domain, mask, MB, code mask) ->
+    # normalised entry, filled by validate_plan when given: every plan repeats the same
+    # few values. Its owner keeps one per capabilities (a node's lifetime).
+    valid: dict[tuple, GroupAllocation] | None = field(default=None, compare=False, repr=False)
 
 
 VALID_MEMO_MAX = 4096
@@ -140,15 +138,18 @@ def validate_plan(plan: AllocationPlan, ctx: PlanContext) -> AllocationPlan:
         out: dict[int, GroupAllocation] = {}
         for domain, alloc in per_domain.items():
             # Looked up only for exact ints: 3.0 == 3 and True == 1 hash alike but must
-            # still be refused.
+            # still be refused. Keyed by the values (a tuple hashes in C; the dataclass's
+            # __hash__ and __eq__ are Python code).
+            if memo is None or type(alloc) is not GroupAllocation:
+                out[domain] = _validate_one(group, domain, alloc, caps)
+                continue
+            mask, mb, code = alloc.l3_mask, alloc.mb, alloc.l3_code_mask
             if (
-                memo is not None
-                and type(alloc) is GroupAllocation
-                and (alloc.l3_mask is None or type(alloc.l3_mask) is int)
-                and (alloc.mb is None or type(alloc.mb) is int)
-                and (alloc.l3_code_mask is None or type(alloc.l3_code_mask) is int)
+                (mask is None or type(mask) is int)
+                and (mb is None or type(mb) is int)
+                and (code is None or type(code) is int)
             ):
-                key = (domain, alloc)
+                key = (domain, mask, mb, code)
                 checked = memo.get(key)
                 if checked is None:
                     checked = _validate_one(group, domain, alloc, caps)
