@@ -254,8 +254,8 @@ def _load_worker(address: str, threads: int, seconds: float, kind: str, out) -> 
 
     def work(i: int) -> None:
         node = RemoteNode(address, timeout=10, session=kind != "unary")
-        try:
-            node.capabilities()  # connect before the clock starts
+        try:  # connect (and open the session) before the clock starts
+            node.capabilities() if kind == "caps" else node.allocation()
         except Exception:
             errors[i] += 1
         start.wait(timeout=120)
@@ -279,9 +279,10 @@ def _load_worker(address: str, threads: int, seconds: float, kind: str, out) -> 
     for t in pool:
         t.start()
     start.wait(timeout=120)
+    cpu = time.process_time()
     for t in pool:
         t.join()
-    out.put((sum(counts), sum(errors)))
+    out.put((sum(counts), sum(errors), time.process_time() - cpu))
 
 
 def _sustained(address: str, procs: int, threads: int, seconds: float, kind: str):
@@ -299,7 +300,8 @@ def _sustained(address: str, procs: int, threads: int, seconds: float, kind: str
         w.join()
     done = sum(r[0] for r in results)
     errors = sum(r[1] for r in results)
-    return done / seconds, errors
+    client_cpu = sum(r[2] for r in results) / max(1, done)
+    return done / seconds, errors, client_cpu
 
 
 def _round_trips(node, plans, repeats: int) -> list[float]:
@@ -455,20 +457,23 @@ def run(quick: bool) -> list[Result]:
             ("unary", "observe/apply, unary RPCs,", "reference"),
             ("caps", "GetCapabilities", "reference"),
         ):
-            rates, errs, cpu = [], 0, []
+            rates, errs, cpu, client = [], 0, [], []
             for _ in range(runs):
                 c0 = _cpu_seconds(proc.pid)
-                rate, e = _sustained(address, procs=2, threads=4, seconds=seconds, kind=kind)
+                rate, e, c = _sustained(address, procs=2, threads=4, seconds=seconds, kind=kind)
                 # Agent CPU includes the workers' set-up calls: a slight over-estimate.
                 cpu.append((_cpu_seconds(proc.pid) - c0) / max(1.0, rate * seconds))
+                client.append(c)
                 rates.append(rate)
                 errs += e
             rates.sort()
             cpu.sort()
+            client.sort()
             results.append(
                 Result(
                     f"sustained {label} RPC/s, 2 procs x 4 clients ({errs} errors, "
-                    f"agent CPU {cpu[len(cpu) // 2] * 1e3:.2f} ms/RPC)",
+                    f"agent CPU {cpu[len(cpu) // 2] * 1e3:.2f} ms/RPC, "
+                    f"clients' CPU {client[len(client) // 2] * 1e3:.2f} ms/RPC)",
                     rates[len(rates) // 2],
                     "RPC/s",
                     runs,
