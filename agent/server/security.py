@@ -259,68 +259,69 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
                 self._bad(context, method, request)
             yield request
 
+    def _check(self, request, context, method: str, authorised: bool, streaming: bool):
+        """The request as the handler gets it, or Aborted (token, rate, undecodable)."""
+        if not authorised:
+            abort_with(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong bearer token (send 'authorization: Bearer <token>')",
+            )
+        limiter = self._limiter
+        if limiter is not None and not limiter.allow(client_key(context.peer())):
+            abort(context, RateLimited(limiter.rate))
+        if streaming:  # Session answers BadFrames in its own stream
+            return request if method in IN_STREAM_ERRORS else self._frames(request, context, method)
+        if type(request) is BadFrame:
+            self._bad(context, method, request)
+        return request
+
+    def _finish(self, method: str, context, started: float, code) -> None:
+        if self._observe is None:
+            return
+        if code is None:
+            code = context.code() or grpc.StatusCode.OK
+        name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+        self._observe(method, name, time.perf_counter() - started)
+
     def _guard(self, fn, method: str, authorised: bool, handler):
         """``fn`` wrapped: as a coroutine function, or as an async generator function when
-        it is one (grpc.aio calls each kind its own way)."""
-        limiter = self._limiter
-        observe = self._observe
-        in_stream = method in IN_STREAM_ERRORS  # its servicer answers BadFrames itself
-        request_streaming = handler.request_streaming
+        it is one (grpc.aio calls each kind its own way). An Aborted is counted before its
+        status is sent: a client that sees the answer finds it in the metrics (grpc.aio
+        sends the status inside context.abort)."""
+        streams_in = handler.request_streaming
+        check, finish = self._check, self._finish
 
-        def check(request, context):
-            """The request as the handler gets it, or Aborted."""
-            if not authorised:
-                abort_with(
-                    context,
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    "missing or wrong bearer token (send 'authorization: Bearer <token>')",
-                )
-            if limiter is not None and not limiter.allow(client_key(context.peer())):
-                abort(context, RateLimited(limiter.rate))
-            if request_streaming:
-                return request if in_stream else self._frames(request, context, method)
-            if type(request) is BadFrame:
-                self._bad(context, method, request)
-            return request
-
-        def finish(context, started: float, code: grpc.StatusCode | None) -> None:
-            if observe is None:
-                return
-            if code is None:
-                code = context.code() or grpc.StatusCode.OK
-            name = code.name if isinstance(code, grpc.StatusCode) else str(code)
-            observe(method, name, time.perf_counter() - started)
-
-        # An Aborted is counted before its status is sent: a client that sees the answer
-        # finds it in the metrics (grpc.aio sends the status inside context.abort).
         if inspect.isasyncgenfunction(fn):
 
             async def streaming(request, context):
                 started = time.perf_counter()
                 try:
-                    async for response in fn(check(request, context), context):
+                    request = check(request, context, method, authorised, streams_in)
+                    async for response in fn(request, context):
                         yield response
                 except Aborted as stop:
-                    finish(context, started, stop.code)
+                    finish(method, context, started, stop.code)
                     await context.abort(stop.code, stop.message)
                 except BaseException:
-                    finish(context, started, context.code() or grpc.StatusCode.UNKNOWN)
+                    finish(method, context, started, context.code() or grpc.StatusCode.UNKNOWN)
                     raise
-                finish(context, started, None)
+                finish(method, context, started, None)
 
             return streaming
 
         async def call(request, context):
             started = time.perf_counter()
             try:
-                response = await fn(check(request, context), context)
+                request = check(request, context, method, authorised, streams_in)
+                response = await fn(request, context)
             except Aborted as stop:
-                finish(context, started, stop.code)
+                finish(method, context, started, stop.code)
                 await context.abort(stop.code, stop.message)
             except BaseException:
-                finish(context, started, context.code() or grpc.StatusCode.UNKNOWN)
+                finish(method, context, started, context.code() or grpc.StatusCode.UNKNOWN)
                 raise
-            finish(context, started, None)
+            finish(method, context, started, None)
             return response
 
         return call

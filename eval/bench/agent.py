@@ -139,14 +139,27 @@ class _CallDetails:
     invocation_metadata: tuple
 
 
+async def _guarded(guard, name: str, fn, request, response):
+    """The handler of method ``name`` as the guard interceptor hands it to grpc.aio."""
+    import grpc
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        fn, request_deserializer=request.FromString, response_serializer=response.SerializeToString
+    )
+
+    async def continuation(_):
+        return handler
+
+    details = _CallDetails(f"/rdtune.v1.NodeAgent/{name}", ())
+    return await guard.intercept_service(continuation, details)
+
+
 def _handlers(repeats: int) -> list[Result]:
     """The agent's server-side work for one Observe and one Apply without the transport:
     the real servicer behind the real guard interceptor (metrics on), with request
     decoding and response encoding, on a SimNode, run on an event loop as the agent runs
     them (each round timed inside the loop)."""
     import asyncio
-
-    import grpc
 
     from agent.server import convert as C
     from agent.server.metrics import AgentMetrics
@@ -163,24 +176,11 @@ def _handlers(repeats: int) -> list[Result]:
     plans = _plans(node.capabilities(), sorted(node.groups()))
     wires = [api.ApplyRequest(plan=C.to_plan(p)).SerializeToString() for p in plans]
 
-    async def guarded(name: str, fn, request, response):
-        handler = grpc.unary_unary_rpc_method_handler(
-            fn,
-            request_deserializer=request.FromString,
-            response_serializer=response.SerializeToString,
-        )
-        details = _CallDetails(f"/rdtune.v1.NodeAgent/{name}", ())
-
-        async def continuation(_):
-            return handler
-
-        return await guard.intercept_service(continuation, details)
-
     async def measure() -> list[float]:
-        observe = await guarded(
-            "Observe", servicer.Observe, api.ObserveRequest, api.ObserveResponse
+        observe = await _guarded(
+            guard, "Observe", servicer.Observe, api.ObserveRequest, api.ObserveResponse
         )
-        apply = await guarded("Apply", servicer.Apply, api.ApplyRequest, api.ApplyResponse)
+        apply = await _guarded(guard, "Apply", servicer.Apply, api.ApplyRequest, api.ApplyResponse)
         ctx, out = _Context(), []
         for k in range(repeats + 50):
             started = time.perf_counter()
@@ -329,9 +329,15 @@ def _ratio_result(name: str, ratios: list[float], target: str) -> Result:
 
 def _interleaved(address: str, rounds: int, per_round: int) -> list[Result]:
     """The round trips and their floors, measured in ``rounds`` interleaved rounds."""
+    size = _payloads(address)
+    series, groups = _rounds(address, size, rounds, per_round)
+    return _round_results(series, size, groups)
+
+
+def _rounds(address: str, size: dict[str, int], rounds: int, per_round: int):
+    """Each series' seconds, round by round (the module docstring lists them)."""
     from eval.bench.bare_grpc import BareClient, BareServer, request
 
-    size = _payloads(address)
     unary_msg = request(size["observe"] + size["apply"], size["observed"] + size["applied"])
     observe_msg = request(size["observe"], size["observed"])
     apply_msg = request(size["apply"], size["applied"])
@@ -373,23 +379,56 @@ def _interleaved(address: str, rounds: int, per_round: int) -> list[Result]:
         for s in servers:
             s.close()
 
+    return series, len(names)
+
+
+def _round_results(
+    series: dict[str, list[list[float]]], size: dict[str, int], groups: int
+) -> list[Result]:
     def pooled(kind: str) -> list[float]:
         return [x for r in series[kind] for x in r]
 
     payload = f"{size['observe'] + size['apply']} B in, {size['observed'] + size['applied']} B out"
+    messages = f"{size['observe']} -> {size['observed']} B, {size['apply']} -> {size['applied']} B"
+    rows = [
+        (
+            f"observe+apply round trip over a Session, {groups} own groups + default, sim",
+            "session",
+            "reference (ratio below)",
+        ),
+        ("observe+apply round trip, unary RPCs (session=False)", "unary", "reference"),
+        (f"bare grpcio unary round trip, sync server ({payload}, no agent code)", "sync", ""),
+        (f"bare grpcio unary round trip, asyncio server ({payload}, no agent code)", "aio", ""),
+        (
+            "floor of observe+apply: two bare stream message round trips, sync server "
+            f"({messages})",
+            "floor_sync",
+            "",
+        ),
+        (
+            "floor of observe+apply: two bare stream message round trips, asyncio server "
+            f"({messages})",
+            "floor_aio",
+            "",
+        ),
+    ]
     return [
-        latency_result(
-            f"observe+apply round trip over a Session, {len(names)} own groups + default, sim",
-            pooled("session"),
-            unit="ms",
-            target="reference (ratio below)",
+        *(
+            latency_result(name, pooled(kind), unit="ms", target=target or "reference")
+            for name, kind, target in rows
         ),
-        latency_result(
-            "observe+apply round trip, unary RPCs (session=False)",
-            pooled("unary"),
-            unit="ms",
-            target="reference",
-        ),
+        *_ratio_rows(series),
+    ]
+
+
+def _ratio_rows(series: dict[str, list[list[float]]]) -> list[Result]:
+    def medians(kind: str) -> list[float]:
+        return [
+            statistics.median(t) / statistics.median(b)
+            for t, b in zip(series[kind], series["bare"], strict=True)
+        ]
+
+    return [
         _ratio_result(
             "observe+apply over a Session: p99 / bare unary median, per round",
             _ratios(series["session"], series["bare"]),
@@ -397,34 +436,8 @@ def _interleaved(address: str, rounds: int, per_round: int) -> list[Result]:
         ),
         _ratio_result(
             "observe+apply over a Session: median / bare unary median, per round",
-            [
-                statistics.median(t) / statistics.median(b)
-                for t, b in zip(series["session"], series["bare"], strict=True)
-            ],
+            medians("session"),
             "reference",
-        ),
-        latency_result(
-            f"bare grpcio unary round trip, sync server ({payload}, no agent code)",
-            pooled("sync"),
-            unit="ms",
-            target="reference",
-        ),
-        latency_result(
-            f"bare grpcio unary round trip, asyncio server ({payload}, no agent code)",
-            pooled("aio"),
-            unit="ms",
-            target="reference",
-        ),
-        *(
-            latency_result(
-                f"floor of observe+apply: two bare stream message round trips, {name} server "
-                f"({size['observe']} -> {size['observed']} B, "
-                f"{size['apply']} -> {size['applied']} B)",
-                pooled(f"floor_{kind}"),
-                unit="ms",
-                target="reference",
-            )
-            for kind, name in (("sync", "sync"), ("aio", "asyncio"))
         ),
         _ratio_result(
             "floor of observe+apply (no agent code): p99 / bare unary median, per round",
@@ -433,10 +446,7 @@ def _interleaved(address: str, rounds: int, per_round: int) -> list[Result]:
         ),
         _ratio_result(
             "floor of observe+apply (no agent code): median / bare unary median, per round",
-            [
-                statistics.median(t) / statistics.median(b)
-                for t, b in zip(series["floor"], series["bare"], strict=True)
-            ],
+            medians("floor"),
             "reference",
         ),
     ]
