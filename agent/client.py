@@ -7,16 +7,19 @@ exponential backoff; server errors come back as the same ``agent.errors`` classe
 same attributes (``GroupNotFound``, ``InvalidAllocation.rule``, ...).
 
 The per-interval hot path (observe, apply, allocation) travels as messages on one
-long-lived ``Session`` stream: on loopback a message round trip costs less than half a
-unary call (docs/BENCHMARKS.md). A thread that finds the session busy, an agent without
-sessions or out of session slots, get the unary RPCs instead, with the same results and
-errors. The Clock methods work
+long-lived ``Session`` stream: on loopback a message round trip costs less than a unary
+call (docs/BENCHMARKS.md). The stream is grpc.aio's, on a private event loop that the
+calling thread runs itself for each message: grpc's synchronous stream API would hand every
+message between three Python threads. A thread that finds the session busy or is inside
+an asyncio event loop of its own, an agent without sessions or out of session slots, get
+the unary RPCs instead, with the same results and errors. The Clock methods work
 when the served node is simulated (``capabilities().simulated``); on a real node they raise
 ``Unsupported``, and :func:`agent.node.as_clock` returns None for it, as for a local one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import random
 import threading
@@ -114,12 +117,15 @@ class RemoteNode:
         else:
             # Call credentials need a secure channel; on plaintext loopback send the token
             # as metadata ourselves.
+            creds = None
             if token:
                 self._metadata = (("authorization", f"Bearer {token}"),)
             self._channel = grpc.insecure_channel(address, options=options)
         self._agent = rpc.NodeAgentStub(self._channel)
         self._sim = rpc.SimulationStub(self._channel)
         self._closed = False
+        self._link_args = (address, creds, options)
+        self._link: _AioLink | None = None  # the session's loop and channel, when opened
         self._session: _Session | None = None
         self._session_lock = threading.Lock()
         # monotonic time before which no session is opened (inf: the agent has none)
@@ -145,6 +151,8 @@ class RemoteNode:
         ``kind`` body by the ``unary`` RPC when no session can be had; the answer's body."""
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
+            if asyncio._get_running_loop() is not None:
+                break  # inside the caller's own event loop: ours cannot run here
             if not self._session_lock.acquire(blocking=False):
                 break  # another thread's request is on the session
             try:
@@ -178,7 +186,11 @@ class RemoteNode:
 
     def _open_session(self) -> _Session | None:
         if self._session is None and not self._closed and time.monotonic() >= self._session_after:
-            self._session = _Session(self._agent.Session, self._metadata)
+            if self._link is None:
+                self._link = _AioLink(*self._link_args)
+                # A client dropped without close() still ends its stream and channel.
+                self._link_finalizer = weakref.finalize(self, self._link.close)
+            self._session = _Session(self._link, self._metadata)
         return self._session
 
     def _drop_session(self) -> None:
@@ -242,8 +254,12 @@ class RemoteNode:
         if not self._closed:
             self._closed = True
             self._channel.close()  # first: it cancels a call another thread is waiting on
+            if self._link is not None:
+                self._link.interrupt()  # and so for a session message
             with self._session_lock:
                 self._drop_session()
+                if self._link is not None:
+                    self._link_finalizer()
 
     def __enter__(self) -> RemoteNode:
         return self
@@ -291,46 +307,121 @@ class _NoSession(Exception):
         self.retry_after = retry_after
 
 
+class _Unsent(Exception):
+    """The session's stream ended before a request could be sent."""
+
+
 _CLOSE = object()
 _SESSION_SLOT_WAIT_S = 5.0  # before asking a full agent for a session again
 
 
+class _AioLink:
+    """A private event loop and a grpc.aio channel to the agent for the session. The
+    loop runs only inside calls, on the thread holding RemoteNode's session lock (any
+    thread, one at a time); grpc.aio objects are created on it, as grpc.aio requires."""
+
+    def __init__(self, address: str, creds, options: list) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.calls: set = set()  # open stream calls, for interrupt()
+        self.channel, self.stub = self.loop.run_until_complete(self._open(address, creds, options))
+
+    @staticmethod
+    async def _open(address: str, creds, options: list):
+        if creds is None:
+            channel = grpc.aio.insecure_channel(address, options=options)
+        else:
+            channel = grpc.aio.secure_channel(address, creds, options=options)
+        return channel, rpc.NodeAgentStub(channel)
+
+    def run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    def interrupt(self) -> None:
+        """Cancel every open call, from any thread (one may be waiting on the loop)."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._cancel_all)
+
+    def _cancel_all(self) -> None:
+        for call in list(self.calls):
+            call.cancel()
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self._cancel_all()
+        try:
+            self.loop.run_until_complete(self.channel.close())
+            # grpc.aio's own tasks of the cancelled calls finish on the loop's next turns.
+            pending = asyncio.all_tasks(self.loop)
+            if pending:
+                self.loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+            self.loop.close()
+        except RuntimeError:  # finalised inside another running loop: leave it to grpc
+            pass
+
+
 class _Session:
     """One Session stream: one request at a time (the caller holds RemoteNode's session
-    lock), its answer read by the calling thread itself."""
+    lock), its answer read by the calling thread running the link's loop."""
 
-    def __init__(self, method, metadata) -> None:
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._call = method(iter(self._requests.get, _CLOSE), metadata=metadata)
-        # gRPC's thread feeding the stream waits on the queue: end it even when nobody
-        # calls close() (a RemoteNode dropped without it).
-        self._end_requests = weakref.finalize(self, self._requests.put, _CLOSE)
+    def __init__(self, link: _AioLink, metadata) -> None:
+        self._link = link
+        self._call = link.run(self._start(link, metadata))
+        link.calls.add(self._call)
         self._last_id = 0
-        # The watchdog's check and the clearing of the deadline are one step under this
-        # lock, so an answer that arrives as the deadline passes is never misread.
-        self._lock = threading.Lock()
-        self._deadline: float | None = None  # when the outstanding answer is overdue
-        self.expired = False  # cancelled by the watchdog: the session is finished
-        _WATCHDOG.watch(self)
+        self._answered = False
+        self._waiting = False  # a request is outstanding: its deadline applies
+        self.expired = False  # cancelled as its deadline passed: the session is finished
+
+    @staticmethod
+    async def _start(link: _AioLink, metadata):
+        return link.stub.Session(metadata=metadata or None)
+
+    async def _exchange(self, request: api.SessionRequest):
+        try:
+            await self._call.write(request)
+        except asyncio.InvalidStateError:
+            pass  # the stream has ended already: read() raises its status
+        except grpc.aio.AioRpcError as err:
+            if err.code() is not grpc.StatusCode.INTERNAL:
+                raise  # the stream's own status (UNAVAILABLE: no agent at the address)
+            # The agent ended the stream while the request was being sent: grpc.aio then
+            # reports INTERNAL in place of the agent's status, so why is unknown; the
+            # request did not reach the agent.
+            raise _Unsent() from None
+        return await self._call.read()
 
     def ask(self, request: api.SessionRequest, kind: str, timeout: float) -> api.SessionResponse:
         """Send ``request`` (its ``kind`` call filled in); its answer (a result or the
         node's error), or raise when the session itself failed."""
         self._last_id += 1
         request.id = self._last_id
-        with self._lock:
-            self._deadline = time.monotonic() + timeout
-        self._requests.put(request)
+        loop = self._link.loop
+        self._waiting = True
+        deadline = loop.call_later(timeout, self.expire)
         try:
-            answer = next(self._call)
-        except StopIteration:
-            raise _SessionLost("the agent ended the session") from None
-        except grpc.RpcError as err:
+            answer = loop.run_until_complete(self._exchange(request))
+        except grpc.aio.AioRpcError as err:
             raise self._failure(err, kind, timeout) from None
+        except _Unsent:
+            if self._answered:  # a stream that worked and ended: a new one is tried
+                raise _SessionLost("the stream ended") from None
+            # Refused at once (no slot, an agent without sessions, a wrong token): the
+            # unary call says which, and sessions wait.
+            raise _NoSession(retry_after=_SESSION_SLOT_WAIT_S) from None
+        except asyncio.CancelledError:
+            if self.expired:
+                raise RemoteError(
+                    "DEADLINE_EXCEEDED", f"no answer to {kind} within {timeout:g} s"
+                ) from None
+            raise _SessionLost("the session was closed") from None
         finally:
-            with self._lock:
-                self._deadline = None
-        # An answer read just as the watchdog cancelled the stream is still the answer
+            self._waiting = False
+            deadline.cancel()
+        if answer is grpc.aio.EOF:
+            raise _SessionLost("the agent ended the session")
+        self._answered = True
+        # An answer read just as the deadline cancelled the stream is still the answer
         # (the caller drops the session, which ``expired`` marks finished).
         result = answer.WhichOneof("result")
         if answer.id != request.id or result not in (kind, "error"):
@@ -341,7 +432,13 @@ class _Session:
             )
         return answer
 
-    def _failure(self, err: grpc.RpcError, kind: str, timeout: float) -> Exception:
+    def expire(self) -> None:
+        """The deadline timer (on the loop): cancel the stream if an answer is overdue."""
+        if self._waiting:
+            self.expired = True
+            self._call.cancel()
+
+    def _failure(self, err: grpc.aio.AioRpcError, kind: str, timeout: float) -> Exception:
         code = err.code()
         if self.expired:
             return RemoteError("DEADLINE_EXCEEDED", f"no answer to {kind} within {timeout:g} s")
@@ -357,53 +454,9 @@ class _Session:
         return exc
 
     def close(self) -> None:
-        with self._lock:
-            self._deadline = None
-        self._end_requests()
+        self._waiting = False
+        self._link.calls.discard(self._call)
         self._call.cancel()
-
-    def cancel_overdue(self, now: float) -> None:
-        with self._lock:
-            if self._deadline is not None and now > self._deadline:
-                self.expired = True
-                self._call.cancel()
-
-
-class _Watchdog:
-    """Cancels sessions whose answer is overdue: a synchronous stream read has no
-    deadline of its own. One thread for every session of the process, ticking only while
-    sessions exist."""
-
-    TICK_S = 0.05
-
-    def __init__(self) -> None:
-        self._sessions: weakref.WeakSet[_Session] = weakref.WeakSet()
-        self._lock = threading.Lock()
-        self._running = False
-
-    def watch(self, session: _Session) -> None:
-        with self._lock:
-            self._sessions.add(session)
-            if not self._running:
-                self._running = True
-                threading.Thread(
-                    target=self._run, name="rdtune-session-watchdog", daemon=True
-                ).start()
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(self.TICK_S)
-            with self._lock:
-                sessions = list(self._sessions)
-                if not sessions:
-                    self._running = False
-                    return
-            now = time.monotonic()
-            for session in sessions:
-                session.cancel_overdue(now)
-
-
-_WATCHDOG = _Watchdog()
 
 
 class _SnapshotStream:

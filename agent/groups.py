@@ -77,6 +77,8 @@ class GroupTable:
         # The read-back, built once per change: callers compare it by identity to learn
         # that nothing moved (envs' SimPartitionEnv skips re-applying a held plan).
         self._held: Allocation | None = None
+        self._context: PlanContext | None = None  # for _held and the current specs
+        self._valid: dict = {}  # plan entries found valid against caps (validate_plan)
 
     # ------------------------------------------------------------------ reading
 
@@ -108,11 +110,16 @@ class GroupTable:
 
     def as_allocation(self, alloc: Mapping[str, GroupAllocation]) -> Allocation:
         doms = self.caps.domains
-        return Allocation({g: dict.fromkeys(doms, a) for g, a in alloc.items()})
+        return Allocation.adopt({g: dict.fromkeys(doms, a) for g, a in alloc.items()})
 
     def plan_context(self) -> PlanContext:
-        excl = frozenset(n for n, g in self.specs.items() if g.exclusive)
-        return PlanContext(caps=self.caps, current=self.allocation(), exclusive=excl)
+        held = self.allocation()
+        ctx = self._context
+        if ctx is None or ctx.current is not held:
+            excl = frozenset(n for n, g in self.specs.items() if g.exclusive)
+            ctx = PlanContext(caps=self.caps, current=held, exclusive=excl, valid=self._valid)
+            self._context = ctx
+        return ctx
 
     def would_hold(self, plan: AllocationPlan) -> dict[str, GroupAllocation]:
         """Per group, what ``plan`` applied over the current allocation gives; validated

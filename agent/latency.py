@@ -19,7 +19,7 @@ import itertools
 import math
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -143,6 +143,21 @@ class LatencyRecorder:
                 return None
             self._feeds[group] = _GroupFeed()
         return _stats(feed)
+
+    def drain_many(self, groups: Iterable[str]) -> dict[str, LatencyStats]:
+        """:meth:`drain` for each of ``groups`` that ever reported, under one lock (every
+        Observe drains every group; most nodes have no reports at all)."""
+        with self._lock:
+            feeds = self._feeds
+            if not feeds:
+                return {}
+            taken = {}
+            for group in groups:
+                feed = feeds.get(group)
+                if feed is not None:
+                    taken[group] = feed
+                    feeds[group] = _GroupFeed()
+        return {group: _stats(feed) for group, feed in taken.items()}
 
     def forget(self, group: str) -> None:
         with self._lock:

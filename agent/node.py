@@ -101,6 +101,14 @@ class Clock(Protocol):
         ...
 
 
+def never_blocks(node: Node) -> bool:
+    """Whether every call of ``node`` is computation only: no I/O, no waiting on another
+    thread or process. A node says so with a class attribute ``NEVER_BLOCKS = True`` (the
+    simulator); the agent then serves its calls on its event loop, and every other node's
+    in worker threads (a kernel write must not stall the agent's other RPCs)."""
+    return getattr(node, "NEVER_BLOCKS", False) is True
+
+
 def as_clock(node: Node) -> Clock | None:
     """The node's clock when its time is simulated, else None (wall-clock node)."""
     if node.capabilities().simulated and isinstance(node, Clock):

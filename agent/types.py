@@ -329,6 +329,16 @@ class GroupAllocation:
     def overlay(self, change: GroupAllocation) -> GroupAllocation:
         """This allocation with the resources ``change`` sets (its None fields keep ours):
         what a group holds after a plan entry is applied over it."""
+        # Either side itself when it is the result (the common case on every apply): no
+        # new object, and equal allocations stay identical.
+        if (
+            (change.l3_mask is not None or self.l3_mask is None)
+            and (change.mb is not None or self.mb is None)
+            and (change.l3_code_mask is not None or self.l3_code_mask is None)
+        ):
+            return change
+        if change.l3_mask is None and change.mb is None and change.l3_code_mask is None:
+            return self
         return GroupAllocation(
             l3_mask=self.l3_mask if change.l3_mask is None else change.l3_mask,
             mb=self.mb if change.mb is None else change.mb,
@@ -353,6 +363,17 @@ class _PerGroupDomain:
             for name, per_domain in self.groups.items()
         }
         object.__setattr__(self, "groups", adopt(frozen))
+
+    @classmethod
+    def adopt(cls, groups: dict[str, dict[int, GroupAllocation]]):
+        """An instance over ``groups`` without copying or converting it: for fresh dicts
+        nobody else holds, keyed by ``str`` names and ``int`` domains already (decoders and
+        nodes build them so). The constructor's checks and copies cost more than the rest
+        of a 16-group read-back (docs/BENCHMARKS.md, gRPC agent)."""
+        new = object.__new__(cls)
+        wrap = FrozenMap._adopt
+        object.__setattr__(new, "groups", wrap({n: wrap(d) for n, d in groups.items()}))
+        return new
 
     def __getitem__(self, group: str) -> Mapping[int, GroupAllocation]:
         return self.groups[group]

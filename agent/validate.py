@@ -45,6 +45,13 @@ class PlanContext:
     current: Allocation
     exclusive: frozenset[str] = frozenset()
     others: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    # Entries already found valid against ``caps``, (domain, mask, MB, code mask) ->
+    # normalised entry, filled by validate_plan when given: every plan repeats the same
+    # few values. Its owner keeps one per capabilities (a node's lifetime).
+    valid: dict[tuple, GroupAllocation] | None = field(default=None, compare=False, repr=False)
+
+
+VALID_MEMO_MAX = 4096
 
 
 def check_cbm(
@@ -124,14 +131,36 @@ def validate_plan(plan: AllocationPlan, ctx: PlanContext) -> AllocationPlan:
             f"expected an AllocationPlan, got {type(plan).__name__}", rule="plan_type"
         )
     normalized: dict[str, dict[int, GroupAllocation]] = {}
+    memo = ctx.valid
     for group, per_domain in plan.groups.items():
         if group not in ctx.current:
             raise GroupNotFound(group, "the plan names a group this node does not own")
         out: dict[int, GroupAllocation] = {}
         for domain, alloc in per_domain.items():
-            out[domain] = _validate_one(group, domain, alloc, caps)
+            # Looked up only for exact ints: 3.0 == 3 and True == 1 hash alike but must
+            # still be refused. Keyed by the values (a tuple hashes in C; the dataclass's
+            # __hash__ and __eq__ are Python code).
+            if memo is None or type(alloc) is not GroupAllocation:
+                out[domain] = _validate_one(group, domain, alloc, caps)
+                continue
+            mask, mb, code = alloc.l3_mask, alloc.mb, alloc.l3_code_mask
+            if (
+                (mask is None or type(mask) is int)
+                and (mb is None or type(mb) is int)
+                and (code is None or type(code) is int)
+            ):
+                key = (domain, mask, mb, code)
+                checked = memo.get(key)
+                if checked is None:
+                    checked = _validate_one(group, domain, alloc, caps)
+                    if len(memo) < VALID_MEMO_MAX:
+                        memo[key] = checked
+                out[domain] = checked
+            else:
+                out[domain] = _validate_one(group, domain, alloc, caps)
         normalized[group] = out
-    result = AllocationPlan(normalized)
+    # Keys are str and int already: the plan's own (frozen) maps.
+    result = AllocationPlan.adopt(normalized)
     _check_overlaps(result, ctx)
     return result
 
@@ -196,7 +225,9 @@ def _validate_one(
                 domain=domain,
             )
         mb = normalize_mb(mb, caps.mba, group, domain)
-    return GroupAllocation(l3_mask=mask, mb=mb, l3_code_mask=code)
+        if mb != alloc.mb:  # rounded up to the granularity
+            return GroupAllocation(l3_mask=mask, mb=mb, l3_code_mask=code)
+    return alloc if type(alloc) is GroupAllocation else GroupAllocation(mask, mb, code)
 
 
 def final_masks(plan: AllocationPlan, current: Allocation) -> dict[str, dict[int, int]]:

@@ -122,7 +122,6 @@ LONG = {
     # -- functions: command lines and documents read as one script, top to bottom
     "eval/cli.py:run": "a command's script",
     "eval/demo.py:run": "a command's script",
-    "eval/bench/agent.py:run": "a benchmark's script: setup, the measured loops, results",
     "tuner/tune.py:run": "a command's script",
     "tuner/status.py:run": "a command's script",
     "agent/server/cli.py:add_arguments": "the agent's options, one declaration each",

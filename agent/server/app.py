@@ -2,21 +2,27 @@
 metrics endpoint, lifecycle.
 
 :class:`AgentServer` is what ``rdtune agent`` runs and what the integration tests start on
-loopback. Shutdown is graceful: health turns NOT_SERVING, new RPCs are refused, server
-streams end, in-flight RPCs (applies included: they hold the node lock) get ``grace_s`` to
-finish; then optionally every own group gets its full allocation back, and the node is
-closed. Groups stay (the resctrl backend adopts them again on restart).
+loopback. The gRPC server is grpc.aio's, on an event loop in a thread of its own: every
+RPC's protocol work runs on that one thread, without the thread-pool hand-offs of grpc's
+synchronous server (docs/BENCHMARKS.md, "gRPC agent"); node calls that may block go to
+worker threads (agent/server/service.py). The methods here are called from any thread.
+
+Shutdown is graceful: health turns NOT_SERVING, new RPCs are refused, server streams end,
+in-flight RPCs (applies included: they hold the node lock) get ``grace_s`` to finish; then
+optionally every own group gets its full allocation back, and the node is closed. Groups
+stay (the resctrl backend adopts them again on restart).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import os
 import ssl
 import stat
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -98,34 +104,84 @@ class AgentServer:
             limits=Limits(max_streams=cfg.max_streams, max_sessions=cfg.max_sessions),
             limiter=limiter,
             bad_frames=self.bad_frames,
+            workers=cfg.max_workers,
         )
         self.listen = parse_listen(cfg.listen)
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._metrics_http = None
         self.health_port: int | None = None
-        self._health_server: grpc.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self.restored: bool | None = None  # after stop: whether restore-on-exit succeeded
 
-        guard = GuardInterceptor(cfg.token, limiter, self.metrics.observe_rpc, self.bad_frames)
+        self._guard = GuardInterceptor(
+            cfg.token, limiter, self.metrics.observe_rpc, self.bad_frames
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.server: grpc.aio.Server | None = None
+        self.health: health.aio.HealthServicer | None = None
+
+    # ------------------------------------------------------------------ the event loop
+
+    def _submit(self, coro) -> concurrent.futures.Future:
+        """Run ``coro`` on the server's loop (from any other thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _start_loop(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="rdtune-agent-loop", daemon=True
+        )
+        self._thread.start()
+
+    def _end_loop(self, timeout: float = 2.0) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)
+        if not thread.is_alive():
+            loop.close()
+
+    async def _build(self) -> None:
+        """The grpc.aio server and its services (on the loop: grpc.aio binds to it)."""
+        cfg = self.cfg
         options = [
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.max_send_message_length", cfg.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=cfg.max_workers, thread_name_prefix="agent"),
-            interceptors=[guard],
+        self.server = grpc.aio.server(
+            interceptors=[self._guard],
             options=options,
             maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
         )
         rpc.add_NodeAgentServicer_to_server(NodeAgentServicer(self.host), self.server)
         rpc.add_SimulationServicer_to_server(SimulationServicer(self.host), self.server)
-        self.health = health.HealthServicer()
+        self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable((*SERVICE_NAMES, health.SERVICE_NAME), self.server)
+        self._bind()
+        if self.cfg.health_listen:
+            self._build_health()
+
+    async def _serve(self) -> None:
+        await self.server.start()
+        if self._health_server is not None:
+            await self._health_server.start()
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def _stop_serving(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        self.host.stop_streams()
+        await self.server.stop(grace)
+
+    async def _stop_health(self) -> None:
+        await self._health_server.stop(None)
 
     @property
     def address(self) -> str:
@@ -155,60 +211,63 @@ class AgentServer:
         self.port = port if self.listen.unix_path is None else None
 
     def start(self) -> AgentServer:
-        self._bind()
-        metrics = self.cfg.metrics_endpoint()
-        if metrics is not None:
-            try:  # off loopback, validate() made sure both TLS and a token are configured
-                self._metrics_http = metrics.serve(self.metrics.registry)
-            except (OSError, ssl.SSLError, ConfigError) as exc:
-                self.server.stop(None)
-                raise ConfigError(f"cannot serve metrics on {metrics.listen}: {exc}") from exc
-            self.metrics_port = self._metrics_http.server_port
-        if self.cfg.health_listen:
-            self._serve_health()
-        self.server.start()
+        self._start_loop()
+        try:
+            self._submit(self._build()).result()
+            metrics = self.cfg.metrics_endpoint()
+            if metrics is not None:
+                try:  # off loopback, validate() made sure both TLS and a token are configured
+                    self._metrics_http = metrics.serve(self.metrics.registry)
+                except (OSError, ssl.SSLError, ConfigError) as exc:
+                    raise ConfigError(f"cannot serve metrics on {metrics.listen}: {exc}") from exc
+                self.metrics_port = self._metrics_http.server_port
+            with self.host.lock:
+                self.metrics.record_allocation(self.node.allocation())
+            self._submit(self._serve()).result()
+        except BaseException:
+            for server in (self.server, self._health_server):
+                if server is not None:
+                    self._submit(server.stop(None)).result(5)
+            if self._metrics_http is not None:
+                self._metrics_http.shutdown()
+                self._metrics_http.server_close()
+            self._end_loop()
+            self.host.close()
+            raise
         if self.listen.unix_path is not None:
             os.chmod(self.listen.unix_path, 0o600)  # only the agent's user may connect
-        with self.host.lock:
-            self.metrics.record_allocation(self.node.allocation())
-        for name in ("", *SERVICE_NAMES):
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("agent serving %s on %s", self.cfg.backend, self.address)
         return self
 
-    def _serve_health(self) -> None:
+    def _build_health(self) -> None:
         """The health service alone on a plain TCP port: what kubelet's native gRPC probes
         dial (the pod's IP, no TLS, no token) while the node API stays on its Unix socket.
-        It shares the main server's statuses, so it turns NOT_SERVING at shutdown too."""
-        self._health_server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
-            options=[("grpc.so_reuseport", 0)],
-        )
+        It shares the main server's statuses, so it turns NOT_SERVING at shutdown too
+        (a second grpc.aio server on the same loop)."""
+        self._health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         port = self._health_server.add_insecure_port(self.cfg.health_listen)
         if port == 0:
-            self.server.stop(None)
             raise ConfigError(f"cannot listen on {self.cfg.health_listen} (address in use?)")
         self.health_port = port
-        self._health_server.start()
 
     def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown within ``grace`` + 2 s; safe to call twice and from a signal
         handler's thread.
 
         Streams end at once (idle sessions and latency pushes are cancelled), in-flight
-        calls get ``grace`` seconds, then grpcio cancels the rest. Waiting for that is
+        calls get ``grace`` seconds, then grpc cancels the rest. Waiting for that is
         bounded too (a peer that broke its stream must not hold the agent), and restore-on-
         exit runs in any case, after the node lock is free or the time is up.
         """
         with self._stop_lock:
-            if self._stopped.is_set():
+            if self._stopped.is_set() or self._loop is None:
                 return
             grace = self.cfg.grace_s if grace is None else grace
             deadline = time.monotonic() + grace + STOP_SLACK_S
-            self.health.enter_graceful_shutdown()
-            self.host.stop_streams()
-            if not self.server.stop(grace).wait(grace + STOP_SLACK_S / 2):
+            try:
+                self._submit(self._stop_serving(grace)).result(grace + STOP_SLACK_S / 2)
+            except concurrent.futures.TimeoutError:
                 log.warning("RPCs still running %.3g s after shutdown began", grace + 1)
             if self.cfg.restore_on_exit:
                 try:
@@ -219,10 +278,15 @@ class AgentServer:
                     self.restored = False
                     log.error("restoring default allocations failed: %s", exc)
             if self._health_server is not None:
-                self._health_server.stop(None)
+                try:
+                    self._submit(self._stop_health()).result(1.0)
+                except concurrent.futures.TimeoutError:
+                    log.warning("the health port did not stop within 1 s")
             if self._metrics_http is not None:
                 self._metrics_http.shutdown()
                 self._metrics_http.server_close()
+            self._end_loop(timeout=max(0.1, deadline - time.monotonic()))
+            self.host.close()
             if self.own_node and self.host.lock.acquire(
                 timeout=max(0.0, deadline - time.monotonic())
             ):

@@ -19,9 +19,9 @@ Example ``agent.yaml``::
     tls: {cert: server.pem, key: server.key, client_ca: clients.pem}   # client_ca: mTLS
     token_file: /etc/rdtune/token    # or the RDTUNE_AGENT_TOKEN environment variable
     max_message_bytes: 4194304
-    max_workers: 64           # RPC worker threads
+    max_workers: 64           # threads for node calls that may block (resctrl) and scrapes
     max_streams: 16           # open observation/latency streams at once
-    max_sessions: 32          # open control sessions at once (streams + sessions < max_workers)
+    max_sessions: 32          # open control sessions at once
     rate_limit: {rate: 20000, burst: 40000}   # requests/s per client host; null disables
     restore_on_exit: false
     grace_s: 5
@@ -74,9 +74,9 @@ class AgentConfig:
     max_message_bytes: int = 4 << 20
     rate_limit: float | None = 20000.0
     rate_burst: float = 40000.0
-    max_workers: int = 64
-    max_streams: int = 16  # open observation/latency streams at once (each holds a worker)
-    max_sessions: int = 32  # open control sessions at once (each holds a worker)
+    max_workers: int = 64  # threads for node calls that may block, and latency scrapes
+    max_streams: int = 16  # open observation/latency streams at once
+    max_sessions: int = 32  # open control sessions at once
     max_concurrent_rpcs: int = 256
     restore_on_exit: bool = False
     grace_s: float = 5.0
@@ -114,12 +114,8 @@ class AgentConfig:
             raise ConfigError("rate limit needs rate > 0 and burst >= 1")
         if self.max_streams < 1 or self.max_sessions < 0:
             raise ConfigError("max_streams must be >= 1 and max_sessions >= 0")
-        if self.max_streams + self.max_sessions >= self.max_workers:
-            raise ConfigError(
-                f"max_streams + max_sessions ({self.max_streams} + {self.max_sessions}) must be "
-                f"below max_workers ({self.max_workers}): each open stream or session holds a "
-                "worker thread, and unary calls need workers too"
-            )
+        if self.max_workers < 1:
+            raise ConfigError("max_workers must be >= 1")
         if self.grace_s < 0:
             raise ConfigError("grace_s must be >= 0")
         for group in self.latency_scrape:

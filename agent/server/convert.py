@@ -252,10 +252,19 @@ def _fill_groups(target, groups) -> None:
                 _set_int(ga, "l3_code_mask", code, name, domain)
 
 
+# Decoded allocations, interned: a node's read-back and a controller's plans use few
+# distinct (mask, MB) values, and building a frozen dataclass costs more than the lookup.
+# Interned objects also make the node's "did anything change" comparisons identity checks.
+# Bounded, so arbitrary values from a client cannot grow it without end.
+_ALLOCATIONS: dict[tuple, GroupAllocation] = {}
+_ALLOCATIONS_MAX = 4096
+
+
 def _read_groups(msg_groups, validate_names: bool) -> dict:
     # The hot path of every Apply and GetAllocation: kept free of helper calls. Maps are
     # walked by key: upb maps have no fast items(), the generic ItemsView is slower.
     out = {}
+    interned = _ALLOCATIONS
     for name in msg_groups:
         if validate_names:
             group_name(name)
@@ -264,11 +273,17 @@ def _read_groups(msg_groups, validate_names: bool) -> dict:
         for d in domains:
             ga = domains[d]
             has = ga.HasField
-            per_domain[d] = GroupAllocation(
+            key = (
                 ga.l3_mask if has("l3_mask") else None,
                 ga.mb if has("mb") else None,
                 ga.l3_code_mask if has("l3_code_mask") else None,
             )
+            a = interned.get(key)
+            if a is None:
+                a = GroupAllocation(*key)
+                if len(interned) < _ALLOCATIONS_MAX:
+                    interned[key] = a
+            per_domain[d] = a
         out[name] = per_domain
     return out
 
@@ -289,7 +304,7 @@ def to_plan(plan: AllocationPlan, msg: pb.AllocationPlan | None = None) -> pb.Al
 
 def from_plan(msg: pb.AllocationPlan) -> AllocationPlan:
     """Decode a plan from the wire; every group name is validated."""
-    return AllocationPlan(_read_groups(msg.groups, validate_names=True))
+    return AllocationPlan.adopt(_read_groups(msg.groups, validate_names=True))
 
 
 def to_allocation(alloc: Allocation, msg: pb.Allocation | None = None) -> pb.Allocation:
@@ -297,7 +312,7 @@ def to_allocation(alloc: Allocation, msg: pb.Allocation | None = None) -> pb.All
 
 
 def from_allocation(msg: pb.Allocation) -> Allocation:
-    return Allocation(_read_groups(msg.groups, validate_names=False))
+    return Allocation.adopt(_read_groups(msg.groups, validate_names=False))
 
 
 # --------------------------------------------------------------------------- observations
@@ -350,18 +365,31 @@ def to_sample(sample: GroupSample) -> pb.GroupSample:
     return msg
 
 
+# GroupSample's slot setters: filling a new instance through them skips the frozen
+# dataclass __init__ (object.__setattr__ per field), a third of decoding a snapshot.
+_new = object.__new__
+_set_instructions = GroupSample.instructions.__set__
+_set_cycles = GroupSample.cycles.__set__
+_set_llc_references = GroupSample.llc_references.__set__
+_set_llc_misses = GroupSample.llc_misses.__set__
+_set_llc_occupancy_bytes = GroupSample.llc_occupancy_bytes.__set__
+_set_memory_bytes = GroupSample.memory_bytes.__set__
+_set_memory_local_bytes = GroupSample.memory_local_bytes.__set__
+_set_latency = GroupSample.latency.__set__
+
+
 def from_sample(msg: pb.GroupSample) -> GroupSample:
     has = msg.HasField  # hot path of every Observe: no helper calls per field
-    return GroupSample(
-        msg.instructions if has("instructions") else None,
-        msg.cycles if has("cycles") else None,
-        msg.llc_references if has("llc_references") else None,
-        msg.llc_misses if has("llc_misses") else None,
-        msg.llc_occupancy_bytes if has("llc_occupancy_bytes") else None,
-        msg.memory_bytes if has("memory_bytes") else None,
-        msg.memory_local_bytes if has("memory_local_bytes") else None,
-        from_latency(msg.latency) if has("latency") else None,
-    )
+    s = _new(GroupSample)
+    _set_instructions(s, msg.instructions if has("instructions") else None)
+    _set_cycles(s, msg.cycles if has("cycles") else None)
+    _set_llc_references(s, msg.llc_references if has("llc_references") else None)
+    _set_llc_misses(s, msg.llc_misses if has("llc_misses") else None)
+    _set_llc_occupancy_bytes(s, msg.llc_occupancy_bytes if has("llc_occupancy_bytes") else None)
+    _set_memory_bytes(s, msg.memory_bytes if has("memory_bytes") else None)
+    _set_memory_local_bytes(s, msg.memory_local_bytes if has("memory_local_bytes") else None)
+    _set_latency(s, from_latency(msg.latency) if has("latency") else None)
+    return s
 
 
 def to_snapshot(snap: Snapshot, msg: pb.Snapshot | None = None) -> pb.Snapshot:

@@ -103,17 +103,29 @@ def rich_status(code: grpc.StatusCode, message: str, detail: pb.ErrorDetail) -> 
     return status
 
 
-def _abort(context: grpc.ServicerContext, code, message: str, detail: pb.ErrorDetail) -> None:
-    context.abort_with_status(rpc_status.to_status(rich_status(code, message, detail)))
+class Aborted(Exception):
+    """An RPC ended with a status (raised by :func:`abort`): the server's guard
+    (agent/server/security.py) counts it and sends the status, so the count is in the
+    metrics before the client can see the answer."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
 
 
-def abort(context: grpc.ServicerContext, exc: BaseException) -> None:
-    """End the RPC with the status ``exc`` maps onto (raises, as context.abort does)."""
+def _abort(context: grpc.aio.ServicerContext, code, message: str, detail: pb.ErrorDetail) -> None:
+    status = rpc_status.to_status(rich_status(code, message, detail))
+    context.set_trailing_metadata(status.trailing_metadata)
+    raise Aborted(status.code, status.details)
+
+
+def abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """End the RPC with the status ``exc`` maps onto (raises :class:`Aborted`)."""
     _abort(context, *status_of(exc))
 
 
 def abort_with(
-    context: grpc.ServicerContext, code: grpc.StatusCode, message: str, **details: str
+    context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, **details: str
 ) -> None:
     """Abort with a code and message that are not an exception of a node (limits, auth)."""
     _abort(

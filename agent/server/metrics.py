@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -125,7 +126,7 @@ class AgentMetrics:
     def record_allocation(self, allocation: Allocation) -> None:
         self._state.set_allocation(allocation)
 
-    def record_snapshot(self, snapshot: Snapshot, specs: dict[str, GroupSpec]) -> None:
+    def record_snapshot(self, snapshot: Snapshot, specs: Mapping[str, GroupSpec]) -> None:
         self._state.set_snapshot(snapshot, specs)
 
 
@@ -144,7 +145,7 @@ class _GroupState:
         with self._lock:
             self._allocation = allocation
 
-    def set_snapshot(self, snapshot: Snapshot, specs: dict[str, GroupSpec]) -> None:
+    def set_snapshot(self, snapshot: Snapshot, specs: Mapping[str, GroupSpec]) -> None:
         with self._lock:
             self._snapshot = snapshot
             for name in list(self._slo):

@@ -4,13 +4,15 @@ Postman, current gRPC tooling) and the older ``grpc.reflection.v1alpha``.
 grpcio-reflection serves only v1alpha. The v1 protocol is the same messages under another
 package, so the same servicer answers it: the v1 service is registered with v1alpha's
 (byte-identical) message codecs, and v1's file descriptor, built from v1alpha's with the
-package renamed, joins the default pool so that v1 can describe itself too.
+package renamed, joins the default pool so that v1 can describe itself too. On a grpc.aio
+server (the agent's) both are grpcio-reflection's asyncio servicer.
 """
 
 from __future__ import annotations
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
+from grpc_reflection.v1alpha import _async as reflection_aio
 from grpc_reflection.v1alpha import reflection
 from grpc_reflection.v1alpha import reflection_pb2 as v1alpha
 
@@ -42,11 +44,14 @@ def _add_v1_descriptor() -> None:
     pool.Add(fdp)
 
 
-def enable(service_names: tuple[str, ...], server: grpc.Server) -> None:
+def enable(service_names: tuple[str, ...], server: grpc.Server | grpc.aio.Server) -> None:
     """Serve reflection v1 and v1alpha for ``service_names`` (and themselves) on ``server``."""
     _add_v1_descriptor()
     names = (*service_names, V1_SERVICE, V1ALPHA_SERVICE)
-    servicer = reflection.ReflectionServicer(names)
+    if isinstance(server, grpc.aio.Server):
+        servicer = reflection_aio.ReflectionServicer(names)
+    else:
+        servicer = reflection.ReflectionServicer(names)
     reflection.enable_server_reflection(names, server)  # v1alpha
     v1 = grpc.method_handlers_generic_handler(
         V1_SERVICE,

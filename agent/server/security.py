@@ -10,6 +10,7 @@ without its port), answered with RESOURCE_EXHAUSTED.
 from __future__ import annotations
 
 import hmac
+import inspect
 import ipaddress
 import logging
 import math
@@ -22,7 +23,7 @@ import grpc
 
 from agent.configfile import ConfigError
 from agent.connection import TOKEN_ENV, read_token  # noqa: F401  (the agent's modules use them)
-from agent.server.errors import RateLimited, abort, abort_with
+from agent.server.errors import Aborted, RateLimited, abort, abort_with
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 _log = logging.getLogger("agent.server")
@@ -193,8 +194,8 @@ class BadFrameLog:
         _log.warning("bad frame from %s: %s%s", key, text, more)
 
 
-class GuardInterceptor(grpc.ServerInterceptor):
-    """Authentication, rate limiting and per-RPC metrics for every method.
+class GuardInterceptor(grpc.aio.ServerInterceptor):
+    """Authentication, rate limiting and per-RPC metrics for every method (grpc.aio).
 
     Args:
         token: the bearer token clients must send (``authorization: Bearer <token>``), or
@@ -230,8 +231,8 @@ class GuardInterceptor(grpc.ServerInterceptor):
                 return hmac.compare_digest(given, self._expected)
         return False
 
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
@@ -242,10 +243,7 @@ class GuardInterceptor(grpc.ServerInterceptor):
         cached = self._guarded.get(key)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        guarded = _wrap(
-            handler,
-            lambda fn: self._guard(fn, method, authorised, handler.request_streaming),
-        )
+        guarded = _wrap(handler, lambda fn: self._guard(fn, method, authorised, handler))
         self._guarded[key] = (handler, guarded)
         return guarded
 
@@ -254,83 +252,94 @@ class GuardInterceptor(grpc.ServerInterceptor):
         self.bad_frames.note(context.peer(), text)
         abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, text)
 
-    def _frames(self, requests, context, method: str):
+    async def _frames(self, requests, context, method: str):
         """A request stream whose undecodable frames end the call with INVALID_ARGUMENT."""
-        for request in requests:
+        async for request in requests:
             if type(request) is BadFrame:
                 self._bad(context, method, request)
             yield request
 
-    def _guard(self, fn, method: str, authorised: bool, request_streaming: bool):
-        def check(context) -> None:
-            if not authorised:
-                abort_with(
-                    context,
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    "missing or wrong bearer token (send 'authorization: Bearer <token>')",
-                )
-            if self._limiter is not None and not self._limiter.allow(client_key(context.peer())):
-                abort(context, RateLimited(self._limiter.rate))
+    def _check(self, request, context, method: str, authorised: bool, streaming: bool):
+        """The request as the handler gets it, or Aborted (token, rate, undecodable)."""
+        if not authorised:
+            abort_with(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong bearer token (send 'authorization: Bearer <token>')",
+            )
+        limiter = self._limiter
+        if limiter is not None and not limiter.allow(client_key(context.peer())):
+            abort(context, RateLimited(limiter.rate))
+        if streaming:  # Session answers BadFrames in its own stream
+            return request if method in IN_STREAM_ERRORS else self._frames(request, context, method)
+        if type(request) is BadFrame:
+            self._bad(context, method, request)
+        return request
 
-        def finish(context, started: float, failed: BaseException | None) -> None:
-            if self._observe is None:
-                return
-            code = context.code() if hasattr(context, "code") else None
-            if code is None:
-                code = grpc.StatusCode.UNKNOWN if failed is not None else grpc.StatusCode.OK
-            name = code.name if isinstance(code, grpc.StatusCode) else str(code)
-            self._observe(method, name, time.perf_counter() - started)
+    def _finish(self, method: str, context, started: float, code) -> None:
+        if self._observe is None:
+            return
+        if code is None:
+            code = context.code() or grpc.StatusCode.OK
+        name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+        self._observe(method, name, time.perf_counter() - started)
 
-        in_stream = method in IN_STREAM_ERRORS  # its servicer answers BadFrames itself
+    def _guard(self, fn, method: str, authorised: bool, handler):
+        """``fn`` wrapped: as a coroutine function, or as an async generator function when
+        it is one (grpc.aio calls each kind its own way). An Aborted is counted before its
+        status is sent: a client that sees the answer finds it in the metrics (grpc.aio
+        sends the status inside context.abort)."""
+        streams_in = handler.request_streaming
+        check, finish = self._check, self._finish
 
-        def prepare(request, context):
-            if request_streaming:
-                return request if in_stream else self._frames(request, context, method)
-            if type(request) is BadFrame:
-                self._bad(context, method, request)
-            return request
+        if inspect.isasyncgenfunction(fn):
 
-        def unary(request, context):
+            async def streaming(request, context):
+                started = time.perf_counter()
+                try:
+                    request = check(request, context, method, authorised, streams_in)
+                    async for response in fn(request, context):
+                        yield response
+                except Aborted as stop:
+                    finish(method, context, started, stop.code)
+                    await context.abort(stop.code, stop.message)
+                except BaseException:
+                    finish(method, context, started, context.code() or grpc.StatusCode.UNKNOWN)
+                    raise
+                finish(method, context, started, None)
+
+            return streaming
+
+        async def call(request, context):
             started = time.perf_counter()
-            failed = None
             try:
-                check(context)
-                return fn(prepare(request, context), context)
-            except BaseException as exc:
-                failed = exc
+                request = check(request, context, method, authorised, streams_in)
+                response = await fn(request, context)
+            except Aborted as stop:
+                finish(method, context, started, stop.code)
+                await context.abort(stop.code, stop.message)
+            except BaseException:
+                finish(method, context, started, context.code() or grpc.StatusCode.UNKNOWN)
                 raise
-            finally:
-                finish(context, started, failed)
+            finish(method, context, started, None)
+            return response
 
-        def streaming(request, context):
-            started = time.perf_counter()
-            failed = None
-            try:
-                check(context)
-                yield from fn(prepare(request, context), context)
-            except BaseException as exc:
-                failed = exc
-                raise
-            finally:
-                finish(context, started, failed)
-
-        return unary, streaming
+        return call
 
 
 def _wrap(handler: grpc.RpcMethodHandler, guard) -> grpc.RpcMethodHandler:
     """The same handler with its behaviour run through ``guard``."""
     kinds = (
-        ("unary_unary", grpc.unary_unary_rpc_method_handler, False),
-        ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
-        ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
-        ("stream_stream", grpc.stream_stream_rpc_method_handler, True),
+        ("unary_unary", grpc.unary_unary_rpc_method_handler),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler),
     )
-    for attr, factory, streams_out in kinds:
+    for attr, factory in kinds:
         fn = getattr(handler, attr)
         if fn is not None:
-            unary, streaming = guard(fn)
             return factory(
-                streaming if streams_out else unary,
+                guard(fn),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )

@@ -1,11 +1,17 @@
 """The NodeAgent and Simulation servicers: a ``Node`` behind gRPC.
 
-Every node call runs under one lock: backends are not required to be thread-safe, and the
-lock serialises concurrent applies so each is all-or-nothing against the state the previous
-one left. Requests are decoded (and their names validated) before the lock is taken; node
-errors leave through :func:`agent.server.errors.abort` with their status code and details.
-Pushed or scraped LC latencies are drained into each Observe, replacing the backend's own
-figure for a group that reports (a real node has none; a simulated one models it).
+The servicers run on the agent's asyncio event loop (``grpc.aio``, agent/server/app.py):
+one thread does every RPC's protocol work, so a message costs no hand-off between
+threads. Node calls run under one lock -- backends are not required to be thread-safe,
+and the lock serialises concurrent applies so each is all-or-nothing against the state the
+previous one left. A node that never blocks (``agent.node.never_blocks``: the simulator) is
+called on the loop itself while the lock is free; any other node (resctrl's kernel writes),
+a busy lock, and the simulator's long Advance and Reset go to worker threads, so the loop
+keeps serving meanwhile. Requests are decoded (and their names validated) before the lock
+is taken; node errors leave through :func:`agent.server.errors.abort` with their status
+code and details. Pushed or scraped LC latencies are drained into each Observe, replacing
+the backend's own figure for a group that reports (a real node has none; a simulated one
+models it).
 
 Observe, Apply and GetAllocation are also served as messages on a ``Session`` stream (the
 per-interval hot path without a call's set-up each time, docs/AGENT.md): the same cores,
@@ -14,19 +20,21 @@ with errors answered in the stream rather than ending it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from agent.errors import GroupNotFound, NodeError, Unsupported
 from agent.latency import LatencyRecorder
-from agent.node import Node, as_clock
+from agent.node import Node, as_clock, never_blocks
 from agent.server import convert as C
 from agent.server.errors import RateLimited, abort, abort_with, status_of
 from agent.server.metrics import AgentMetrics
@@ -39,6 +47,7 @@ from proto.rdtune.v1 import agent_pb2_grpc as rpc
 log = logging.getLogger(__name__)
 
 _SCENARIO_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_EOF = grpc.aio.EOF
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,14 +60,18 @@ class Limits:
     min_stream_interval_s: float = 0.01
     max_stream_interval_s: float = 3600.0
     max_advance_s: float = 86400.0
-    # Open streams (observation and latency) and control sessions each hold a worker
-    # thread; this many at most, so they can never take every worker away from unary calls.
+    # Open streams (observation and latency) and control sessions: each costs the agent a
+    # little memory and work per message; bounded against a client that opens without end.
     max_streams: int = 16
     max_sessions: int = 32
 
 
 class NodeHost:
-    """A node, its lock, its latency feeds and metrics: what both servicers share."""
+    """A node, its lock, its latency feeds and metrics: what both servicers share.
+
+    Args:
+        workers: threads for node calls that may block (and latency scrapes).
+    """
 
     def __init__(
         self,
@@ -70,6 +83,7 @@ class NodeHost:
         limits: Limits = Limits(),
         limiter: RateLimiter | None = None,
         bad_frames: BadFrameLog | None = None,
+        workers: int = 8,
     ) -> None:
         self.node = node
         self.limiter = limiter  # per-message rate limits inside sessions
@@ -79,16 +93,80 @@ class NodeHost:
         self.scrapers = list(scrapers)
         self.limits = limits
         self.lock = threading.RLock()
+        self.inline = never_blocks(node)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="agent")
         self.stopping = threading.Event()
-        self._streams: set[threading.Event] = set()
-        self._streams_lock = threading.Lock()
+        # The rest is touched on the event loop only (sets are read by tests elsewhere).
+        self._streams: set[asyncio.Event] = set()
         self._scrape_lock = threading.Lock()
         self._stream_slots = threading.BoundedSemaphore(limits.max_streams)
         self._session_slots = threading.BoundedSemaphore(max(limits.max_sessions, 1))
         self._sessions: set[_SessionState] = set()
-        self._pushes: set[grpc.ServicerContext] = set()  # open ReportLatencies streams
+        self._pushes: set[asyncio.Task] = set()  # open ReportLatencies streams
 
-    def open_stream(self, context: grpc.ServicerContext) -> None:
+    # ------------------------------------------------------------------ node calls
+
+    def _locked(self, fn: Callable, args: tuple, kwargs: dict):
+        with self.lock:
+            return fn(*args, **kwargs)
+
+    async def run(self, fn: Callable, *args, offload: bool = False, **kwargs):
+        """``fn(*args, **kwargs)`` under the node lock: on the loop when the node never
+        blocks and the lock is free (no thread hand-off), else in a worker thread.
+        ``offload``: always in a thread (long computations: the loop keeps serving)."""
+        if self.inline and not offload and self.lock.acquire(blocking=False):
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.lock.release()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._locked, fn, args, kwargs)
+
+    async def call(self, context, fn: Callable, *args, **kwargs):
+        """:meth:`run`, with node errors ending the RPC with their gRPC status."""
+        try:
+            return await self.run(fn, *args, **kwargs)
+        except (NodeError, ValueError, TypeError) as exc:
+            abort(context, exc)
+        except Exception as exc:
+            log.exception("node call %s failed", getattr(fn, "__name__", fn))
+            abort(context, exc)
+
+    def _observe_node(self):
+        # Scrapes hold their own lock, not the node's: a slow exporter must not block
+        # applies, but two observers must not compute deltas from the same baseline.
+        if self.scrapers:
+            with self._scrape_lock:
+                for scraper in self.scrapers:
+                    try:
+                        scraper.scrape_once()
+                    except Exception as exc:  # a service being down must not stop it
+                        log.warning("latency scrape of group %s failed: %s", scraper.group, exc)
+                        self.metrics.scrape_errors.labels(scraper.group).inc()
+        with self.lock:
+            return self.node.observe(), self.node.groups()  # groups(): a copy already
+
+    async def observe(self) -> Snapshot:
+        if self.inline and not self.scrapers and self.lock.acquire(blocking=False):
+            try:
+                snap, specs = self.node.observe(), self.node.groups()
+            finally:
+                self.lock.release()
+        else:  # scrapes are HTTP requests: never on the loop
+            loop = asyncio.get_running_loop()
+            snap, specs = await loop.run_in_executor(self._pool, self._observe_node)
+        pushed = self.recorder.drain_many(snap.groups)
+        if pushed:
+            groups = dict(snap.groups)
+            for name, stats in pushed.items():
+                groups[name] = dataclasses.replace(groups[name], latency=stats)
+            snap = dataclasses.replace(snap, groups=groups)
+        self.metrics.record_snapshot(snap, specs)
+        return snap
+
+    # ------------------------------------------------------------------ streams
+
+    def open_stream(self, context) -> None:
         """Take a stream slot or abort with RESOURCE_EXHAUSTED; release with close_stream."""
         if not self._stream_slots.acquire(blocking=False):
             abort_with(
@@ -101,20 +179,17 @@ class NodeHost:
     def close_stream(self) -> None:
         self._stream_slots.release()
 
-    def open_push(self, context: grpc.ServicerContext) -> None:
+    def open_push(self, task: asyncio.Task) -> None:
         """Register a client stream (ReportLatencies) so shutdown can cancel it: one idle
         between reports would otherwise hold the server for the whole grace period."""
-        with self._streams_lock:
-            self._pushes.add(context)
-            stopping = self.stopping.is_set()
-        if stopping:
-            context.cancel()
+        self._pushes.add(task)
+        if self.stopping.is_set():
+            task.cancel()
 
-    def close_push(self, context: grpc.ServicerContext) -> None:
-        with self._streams_lock:
-            self._pushes.discard(context)
+    def close_push(self, task: asyncio.Task) -> None:
+        self._pushes.discard(task)
 
-    def open_session(self, context: grpc.ServicerContext) -> _SessionState:
+    def open_session(self, context) -> _SessionState:
         """Take a session slot or abort with RESOURCE_EXHAUSTED (the client then falls
         back to unary calls); release with close_session."""
         if self.stopping.is_set():
@@ -126,76 +201,34 @@ class NodeHost:
                 f"too many open sessions (at most {self.limits.max_sessions}); use unary calls",
                 resource="sessions",
             )
-        state = _SessionState(context)
-        with self._streams_lock:
-            self._sessions.add(state)
-            if self.stopping.is_set():
-                state.end()
+        state = _SessionState(asyncio.current_task())
+        self._sessions.add(state)
         return state
 
     def close_session(self, state: _SessionState) -> None:
-        with self._streams_lock:
-            self._sessions.discard(state)
+        self._sessions.discard(state)
         self._session_slots.release()
 
-    def call(self, context: grpc.ServicerContext, fn: Callable, *args, **kwargs):
-        """Run a node method under the lock; node errors become their gRPC status."""
-        try:
-            with self.lock:
-                return fn(*args, **kwargs)
-        except (NodeError, ValueError, TypeError) as exc:
-            abort(context, exc)
-        except Exception as exc:
-            log.exception("node call %s failed", getattr(fn, "__name__", fn))
-            abort(context, exc)
-
-    def observe(self) -> Snapshot:
-        # Scrapes hold their own lock, not the node's: a slow exporter must not block
-        # applies, but two observers must not compute deltas from the same baseline.
-        with self._scrape_lock:
-            for scraper in self.scrapers:
-                try:
-                    scraper.scrape_once()
-                except Exception as exc:  # a service being down must not stop observation
-                    log.warning("latency scrape of group %s failed: %s", scraper.group, exc)
-                    self.metrics.scrape_errors.labels(scraper.group).inc()
-        with self.lock:
-            snap = self.node.observe()
-            specs = dict(self.node.groups())
-        groups, changed = dict(snap.groups), False
-        for name, sample in snap.groups.items():
-            stats = self.recorder.drain(name)
-            if stats is not None:
-                groups[name] = dataclasses.replace(sample, latency=stats)
-                changed = True
-        if changed:
-            snap = dataclasses.replace(snap, groups=groups)
-        self.metrics.record_snapshot(snap, specs)
-        return snap
-
-    def stream_stopper(self) -> threading.Event:
-        event = threading.Event()
-        with self._streams_lock:
-            self._streams.add(event)
-            if self.stopping.is_set():
-                event.set()
+    def stream_stopper(self) -> asyncio.Event:
+        event = asyncio.Event()
+        self._streams.add(event)
+        if self.stopping.is_set():
+            event.set()
         return event
 
-    def stream_done(self, event: threading.Event) -> None:
-        with self._streams_lock:
-            self._streams.discard(event)
+    def stream_done(self, event: asyncio.Event) -> None:
+        self._streams.discard(event)
 
     def stop_streams(self) -> None:
-        """End every server stream (shutdown): clients see a normal end of stream."""
+        """End every server stream (shutdown; on the loop): clients see a normal end of
+        stream; idle sessions and latency pushes are cancelled."""
         self.stopping.set()
-        with self._streams_lock:
-            for event in self._streams:
-                event.set()
-            for session in self._sessions:
-                session.end()
-            pushes = list(self._pushes)
-        for context in pushes:
-            context.cancel()
+        for event in self._streams:
+            event.set()
+        for session in list(self._sessions):
+            session.end()
+        for task in list(self._pushes):
+            task.cancel()
 
     def restore_defaults(self, timeout: float = -1) -> None:
         """Give every own group every way and full bandwidth again (``--restore-on-exit``);
@@ -214,36 +247,37 @@ class NodeHost:
         finally:
             self.lock.release()
 
+    def close(self) -> None:
+        """Let the worker threads go (after the server has stopped)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
 
 class _SessionState:
     """One open session, so shutdown can end it without losing an answer: a session idle
-    between requests is cancelled at once; one working on a request answers it first."""
+    between requests is cancelled at once; one working on a request answers it first.
+    Touched on the event loop only."""
 
-    def __init__(self, context: grpc.ServicerContext) -> None:
-        self.context = context
-        self._lock = threading.Lock()
+    def __init__(self, task: asyncio.Task | None) -> None:
+        self.task = task
         self._busy = False
         self.ending = False
 
     def begin(self) -> bool:
         """Mark a request taken; False when the session is ending (do not start it)."""
-        with self._lock:
-            if self.ending:
-                return False
-            self._busy = True
-            return True
+        if self.ending:
+            return False
+        self._busy = True
+        return True
 
     def done(self) -> bool:
         """Mark the request answered; True when the session should end after sending."""
-        with self._lock:
-            self._busy = False
-            return self.ending
+        self._busy = False
+        return self.ending
 
     def end(self) -> None:
-        with self._lock:
-            self.ending = True
-            if not self._busy:
-                self.context.cancel()  # unblocks the handler waiting for the next request
+        self.ending = True
+        if not self._busy and self.task is not None:
+            self.task.cancel()  # wakes the handler waiting for the next request
 
 
 _OBSERVE = "/rdtune.v1.NodeAgent/Observe"
@@ -255,6 +289,11 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     def __init__(self, host: NodeHost) -> None:
         self.host = host
         self._caps: tuple | None = None  # (NodeCapabilities, its message)
+        self._cores = {
+            "observe": (self._observe, _OBSERVE),
+            "apply": (self._apply, _APPLY),
+            "get_allocation": (self._get_allocation, _GET_ALLOCATION),
+        }
 
     def _decode(self, context, fn: Callable, *args):
         try:
@@ -262,8 +301,8 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         except (NodeError, ValueError, TypeError) as exc:
             abort(context, exc)
 
-    def GetCapabilities(self, request, context):
-        caps = self.host.call(context, self.host.node.capabilities)
+    async def GetCapabilities(self, request, context):
+        caps = await self.host.call(context, self.host.node.capabilities)
         # Capabilities rarely change (a simulated Reset may): reuse the message built for
         # equal ones. Messages are only read after this (serialised), never mutated.
         cached = self._caps
@@ -273,46 +312,45 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         self._caps = (caps, msg)
         return msg
 
-    def ListGroups(self, request, context):
-        groups = self.host.call(context, self.host.node.groups)
+    async def ListGroups(self, request, context):
+        groups = await self.host.call(context, self.host.node.groups)
         return api.ListGroupsResponse(groups=[C.to_group_spec(s) for s in groups.values()])
 
-    def CreateGroup(self, request, context):
+    async def CreateGroup(self, request, context):
         if not request.HasField("spec"):
             abort(context, ValueError("CreateGroup needs a spec"))
         spec = self._decode(context, C.from_group_spec, request.spec)
-        self.host.call(context, self.host.node.create_group, spec)
+        await self.host.call(context, self.host.node.create_group, spec)
         return api.CreateGroupResponse()
 
-    def DeleteGroup(self, request, context):
+    async def DeleteGroup(self, request, context):
         name = self._decode(context, C.group_name, request.name)
-        self.host.call(context, self.host.node.delete_group, name)
+        await self.host.call(context, self.host.node.delete_group, name)
         self.host.recorder.forget(name)
         return api.DeleteGroupResponse()
 
-    def Assign(self, request, context):
+    async def Assign(self, request, context):
         name = self._decode(context, C.group_name, request.group)
         limit = self.host.limits.max_ids
         if len(request.pids) > limit or len(request.cpus) > limit:
             abort(context, ValueError(f"at most {limit} pids and {limit} CPUs per Assign"))
-        self.host.call(
+        await self.host.call(
             context, self.host.node.assign, name, pids=list(request.pids), cpus=list(request.cpus)
         )
         return api.AssignResponse()
 
-    def ListTasks(self, request, context):
+    async def ListTasks(self, request, context):
         name = self._decode(context, C.group_name, request.group)
-        pids = self.host.call(context, self.host.node.tasks, name)
+        pids = await self.host.call(context, self.host.node.tasks, name)
         return api.ListTasksResponse(pids=sorted(pids))
 
     # The hot path (Observe, Apply, GetAllocation) has raising cores shared by the unary
     # RPCs, which abort with the error's status, and Session, which answers with it.
 
-    def _apply(self, request: api.ApplyRequest, out: api.ApplyResponse) -> None:
+    async def _apply(self, request: api.ApplyRequest, out: api.ApplyResponse) -> None:
         plan = C.from_plan(request.plan)
         try:
-            with self.host.lock:
-                held = self.host.node.apply(plan, dry_run=request.dry_run)
+            held = await self.host.run(self.host.node.apply, plan, dry_run=request.dry_run)
         except Exception as exc:
             self.host.metrics.apply_failed(getattr(exc, "rule", None) or type(exc).__name__)
             raise
@@ -320,96 +358,97 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             self.host.metrics.record_allocation(held)
         C.to_allocation(held, out.allocation)
 
-    def _get_allocation(self, request: api.GetAllocationRequest, out) -> None:
-        with self.host.lock:
-            held = self.host.node.allocation()
+    async def _get_allocation(self, request: api.GetAllocationRequest, out) -> None:
+        held = await self.host.run(self.host.node.allocation)
         self.host.metrics.record_allocation(held)
         C.to_allocation(held, out.allocation)
 
-    def _observe(self, request: api.ObserveRequest, out: api.ObserveResponse) -> None:
-        C.to_snapshot(self.host.observe(), out.snapshot)
+    async def _observe(self, request: api.ObserveRequest, out: api.ObserveResponse) -> None:
+        C.to_snapshot(await self.host.observe(), out.snapshot)
 
-    def _unary(self, core: Callable, request, response, context):
+    async def _unary(self, core: Callable, request, response, context):
         try:
-            core(request, response)
+            await core(request, response)
         except Exception as exc:
             if not isinstance(exc, (NodeError, ValueError, TypeError)):
                 log.exception("%s failed", core.__name__.strip("_"))
             abort(context, exc)
         return response
 
-    def Apply(self, request, context):
-        return self._unary(self._apply, request, api.ApplyResponse(), context)
+    async def Apply(self, request, context):
+        return await self._unary(self._apply, request, api.ApplyResponse(), context)
 
-    def GetAllocation(self, request, context):
-        return self._unary(self._get_allocation, request, api.GetAllocationResponse(), context)
+    async def GetAllocation(self, request, context):
+        return await self._unary(
+            self._get_allocation, request, api.GetAllocationResponse(), context
+        )
 
-    def Observe(self, request, context):
-        return self._unary(self._observe, request, api.ObserveResponse(), context)
+    async def Observe(self, request, context):
+        return await self._unary(self._observe, request, api.ObserveResponse(), context)
 
-    def Session(self, request_iterator, context) -> Iterator[api.SessionResponse]:
+    async def Session(self, request_iterator, context) -> None:
+        # Reader-writer style (context.read / write), not an async generator: no generator
+        # frame between grpc and the handler on every message.
         session = self.host.open_session(context)
         try:
-            yield from self._session(request_iterator, session)
-        except grpc.RpcError:
-            return  # cancelled: by the client, or by shutdown while idle
+            await self._session(context, session)
+        except asyncio.CancelledError:
+            if not session.ending:
+                raise  # the client went away
+            asyncio.current_task().uncancel()  # ended by shutdown while idle
+            abort_with(context, grpc.StatusCode.CANCELLED, "the agent is shutting down")
         finally:
             self.host.close_session(session)
 
-    def _session(self, requests, session: _SessionState) -> Iterator[api.SessionResponse]:
-        cores = {
-            "observe": (self._observe, _OBSERVE),
-            "apply": (self._apply, _APPLY),
-            "get_allocation": (self._get_allocation, _GET_ALLOCATION),
-        }
-        limiter, peer = self.host.limiter, session.context.peer()
+    async def _session(self, context, session: _SessionState) -> None:
+        cores = self._cores
+        read, write = context.read, context.write
+        limiter, peer = self.host.limiter, context.peer()
+        client = client_key(peer)
         record = self.host.metrics.observe_rpc
-        for request in requests:
-            if not session.begin():
+        while True:
+            request = await read()
+            if request is _EOF or not session.begin():
                 return
             if type(request) is BadFrame:  # answered in the stream, which stays usable
                 text = request.message("Session")
                 self.host.bad_frames.note(peer, text)
-                ending = session.done()
-                yield api.SessionResponse(
+                answer = api.SessionResponse(
                     error=api.SessionError(
                         code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
                         detail=C.pb.ErrorDetail(error="ValueError", message=text),
                     )
                 )
-                if ending:
-                    return
-                continue
-            started = time.perf_counter()
-            answer = api.SessionResponse(id=request.id)
-            kind = request.WhichOneof("call")
-            method = cores[kind][1] if kind in cores else None
-            try:
-                if kind not in cores:
-                    raise ValueError(
-                        "a session request needs one of observe, apply, get_allocation"
+            else:
+                started = time.perf_counter()
+                answer = api.SessionResponse(id=request.id)
+                kind = request.WhichOneof("call")
+                core = cores.get(kind)
+                try:
+                    if core is None:
+                        raise ValueError(
+                            "a session request needs one of observe, apply, get_allocation"
+                        )
+                    if limiter is not None and not limiter.allow(client):
+                        raise RateLimited(limiter.rate)
+                    out = getattr(answer, kind)
+                    out.SetInParent()
+                    await core[0](getattr(request, kind), out)
+                    code = grpc.StatusCode.OK
+                except Exception as exc:
+                    if not isinstance(exc, (NodeError, ValueError, TypeError)):
+                        log.exception("%s in a session failed", kind)
+                    code, _, detail = status_of(exc)
+                    answer = api.SessionResponse(
+                        id=request.id, error=api.SessionError(code=code.value[0], detail=detail)
                     )
-                if limiter is not None and not limiter.allow(client_key(peer)):
-                    raise RateLimited(limiter.rate)
-                out = getattr(answer, kind)
-                out.SetInParent()
-                cores[kind][0](getattr(request, kind), out)
-                code = grpc.StatusCode.OK
-            except Exception as exc:
-                if not isinstance(exc, (NodeError, ValueError, TypeError)):
-                    log.exception("%s in a session failed", kind)
-                code, _, detail = status_of(exc)
-                answer = api.SessionResponse(
-                    id=request.id, error=api.SessionError(code=code.value[0], detail=detail)
-                )
-            if method is not None:  # a malformed message is no RPC of any method
-                record(method, code.name, time.perf_counter() - started)
-            ending = session.done()
-            yield answer
-            if ending:
+                if core is not None:  # a malformed message is no RPC of any method
+                    record(core[1], code.name, time.perf_counter() - started)
+            await write(answer)
+            if session.done():  # an answer being written is still answered at shutdown
                 return
 
-    def StreamObservations(self, request, context) -> Iterator[api.ObserveResponse]:
+    async def StreamObservations(self, request, context) -> AsyncIterator[api.ObserveResponse]:
         lim = self.host.limits
         interval = 1.0
         if request.HasField("interval"):
@@ -424,36 +463,43 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             )
         self.host.open_stream(context)
         stop = self.host.stream_stopper()
-        context.add_callback(stop.set)  # the client went away or cancelled
         try:
             sent = 0
             while not (request.max_count and sent >= request.max_count):
-                if stop.wait(interval) or not context.is_active():
-                    return
-                snap = self.host.call(context, self.host.observe)
-                yield api.ObserveResponse(snapshot=C.to_snapshot(snap))
+                try:
+                    await asyncio.wait_for(stop.wait(), interval)
+                    return  # shutdown
+                except TimeoutError:
+                    pass
+                yield await self._unary(self._observe, None, api.ObserveResponse(), context)
                 sent += 1
         finally:
             self.host.stream_done(stop)
             self.host.close_stream()
 
-    def ReportLatencies(self, request_iterator, context):
+    async def ReportLatencies(self, request_iterator, context):
         self.host.open_stream(context)
-        self.host.open_push(context)
+        task = asyncio.current_task()
+        self.host.open_push(task)
         try:
-            return self._report_latencies(request_iterator, context)
+            return await self._report_latencies(request_iterator, context)
+        except asyncio.CancelledError:
+            if not self.host.stopping.is_set():
+                raise  # the client went away
+            task.uncancel()
+            abort_with(context, grpc.StatusCode.CANCELLED, "the agent is shutting down")
         finally:
-            self.host.close_push(context)
+            self.host.close_push(task)
             self.host.close_stream()
 
-    def _report_latencies(self, request_iterator, context):
+    async def _report_latencies(self, request_iterator, context):
         lim = self.host.limits
         known: set[str] = set()
         reports = samples = 0
-        for report in request_iterator:
+        async for report in request_iterator:
             name = self._decode(context, C.group_name, report.group)
             if name not in known:
-                if name not in self.host.call(context, self.host.node.groups):
+                if name not in await self.host.call(context, self.host.node.groups):
                     abort(context, GroupNotFound(name, "latency reported for an unknown group"))
                 known.add(name)
             kind = report.WhichOneof("payload")
@@ -487,8 +533,8 @@ class SimulationServicer(rpc.SimulationServicer):
     def __init__(self, host: NodeHost) -> None:
         self.host = host
 
-    def _clock(self, context):
-        clock = self.host.call(context, as_clock, self.host.node)
+    async def _clock(self, context):
+        clock = await self.host.call(context, as_clock, self.host.node)
         if clock is None:
             abort(
                 context,
@@ -496,8 +542,11 @@ class SimulationServicer(rpc.SimulationServicer):
             )
         return clock
 
-    def Reset(self, request, context):
-        clock = self._clock(context)
+    # Reset and Advance simulate: long computations, run in a worker thread so the loop
+    # keeps answering (health checks, other clients' capabilities) meanwhile.
+
+    async def Reset(self, request, context):
+        clock = await self._clock(context)
         scenario = request.scenario or None
         if scenario is not None and not _SCENARIO_NAME.fullmatch(scenario):
             # A name from the node's catalog only: the simulator also loads YAML *paths*,
@@ -511,18 +560,17 @@ class SimulationServicer(rpc.SimulationServicer):
             )
         seed = request.seed if request.HasField("seed") else None
         try:
-            with self.host.lock:
-                clock.reset(scenario, seed)
+            await self.host.run(clock.reset, scenario, seed, offload=True)
         except KeyError as exc:  # an unknown scenario name
             abort(context, ValueError(f"unknown scenario {scenario!r}: {exc}"))
         except Exception as exc:
             abort(context, exc)
-        for name in list(self.host.call(context, self.host.node.groups)):
+        for name in list(await self.host.call(context, self.host.node.groups)):
             self.host.recorder.forget(name)
         return api.ResetResponse()
 
-    def Advance(self, request, context):
-        clock = self._clock(context)
+    async def Advance(self, request, context):
+        clock = await self._clock(context)
         dt = request.duration.ToNanoseconds() / 1e9
         if not (dt >= 0 and math.isfinite(dt)) or dt > self.host.limits.max_advance_s:
             abort(
@@ -532,9 +580,11 @@ class SimulationServicer(rpc.SimulationServicer):
                     f"got {dt:g} s"
                 ),
             )
-        now = self.host.call(context, lambda: (clock.advance(dt), clock.now())[1])
+        now = await self.host.call(
+            context, lambda: (clock.advance(dt), clock.now())[1], offload=True
+        )
         return api.AdvanceResponse(now=now)
 
-    def Now(self, request, context):
-        clock = self._clock(context)
-        return api.NowResponse(now=self.host.call(context, clock.now))
+    async def Now(self, request, context):
+        clock = await self._clock(context)
+        return api.NowResponse(now=await self.host.call(context, clock.now))

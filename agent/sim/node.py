@@ -87,6 +87,8 @@ class SimNode:
         catalog: presets, workloads and scenarios (default: the shipped catalog).
     """
 
+    NEVER_BLOCKS = True  # computation only: the agent serves it on its event loop
+
     def __init__(
         self,
         scenario: str | Scenario = DEFAULT_SCENARIO,

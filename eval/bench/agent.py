@@ -6,16 +6,20 @@ groups, one per workload, plus the default group). Through :class:`agent.client.
 it measures
 
 * the observe + apply round trip of one client (what a controller does each interval):
-  p50 and p99, over RemoteNode's Session stream (its default) and,
-  for reference, over one unary RPC per call (``session=False``);
+  p50 and p99, over RemoteNode's Session stream (its default) and, for reference, over one
+  unary RPC per call (``session=False``);
+* in the same run, interleaved with those round trips in ``REPEATS`` rounds (so a shared
+  machine's changing load falls on all of them alike), the floors under them from bare
+  grpcio servers with no agent code (eval/bench/bare_grpc.py), synchronous and asyncio: a
+  unary call carrying the round trip's payload (its requests' and answers' bytes), and
+  two stream message round trips of an observe's and an apply's sizes -- observe + apply
+  with no agent code at all;
+* the target ratio per round, the Session round trip's p99 over the bare unary call's
+  median (the faster of the two servers: the stricter baseline), reported as the median
+  over the rounds (target: at most 2x), and the same ratio for the no-agent-code floor;
 * sustained RPC/s of client processes x threads alternating observe and apply (target
   >= 2,000 RPC/s), the same with unary RPCs, and the cheapest RPC (GetCapabilities) for
   reference;
-* the floors under both: a no-op unary RPC, and a no-op message round trip on a
-  bidirectional stream, to a bare grpcio server with no agent code, measured in the same
-  run (half before and half after the round trips, so drift in a shared machine's load
-  falls on both), and the ratio of the Session round trip's p99 to the bare unary call's
-  median (target: at most 2x);
 * the machine's 1-minute load average at the start and the end (figures from a loaded
   machine are not comparable with a quiet one's).
 
@@ -38,59 +42,36 @@ SCENARIO = "sixteen_groups"  # 16 CLOSIDs in use: 15 own groups + the default gr
 LISTEN = "127.0.0.1:0"
 
 
-_BARE_SERVER = """
-import sys, time
-from concurrent import futures
-import grpc
-from proto.rdtune.v1 import agent_pb2_grpc as rpc, types_pb2 as pb
-from proto.rdtune.v1 import agent_pb2 as api
-class S(rpc.NodeAgentServicer):
-    def GetCapabilities(self, request, context):
-        return pb.NodeCapabilities(vendor=pb.VENDOR_SIMULATED, num_cpus=1)
-    def Session(self, requests, context):
-        for request in requests:
-            yield api.SessionResponse(id=request.id)
-server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
-rpc.add_NodeAgentServicer_to_server(S(), server)
-port = server.add_insecure_port("127.0.0.1:0")
-server.start()
-print(port, flush=True)
-time.sleep(3600)
-"""
+REPEATS = 5  # interleaved rounds of every round trip and floor (3 with --quick)
 
 
-def _bare_floors(repeats: int) -> tuple[list[float], list[float]]:
-    """Round trips to a bare grpcio server (no agent code at all) of a no-op unary RPC and
-    of a no-op message on a bidirectional stream: the floors under every agent RPC and
-    every Session message on this machine."""
-    import queue
-
-    import grpc
-
+def _payloads(address: str) -> dict[str, int]:
+    """Bytes on the wire of the Session messages of one observe + apply round trip."""
+    from agent.client import RemoteNode
+    from agent.server import convert as C
     from proto.rdtune.v1 import agent_pb2 as api
-    from proto.rdtune.v1 import agent_pb2_grpc as rpc
 
-    proc = subprocess.Popen([sys.executable, "-c", _BARE_SERVER], stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(proc.stdout.readline())
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = rpc.NodeAgentStub(channel)
-            req = api.GetCapabilitiesRequest()
-            unary = latencies(lambda: stub.GetCapabilities(req, timeout=10), repeats, warmup=50)
-            requests: queue.SimpleQueue = queue.SimpleQueue()
-            call = stub.Session(iter(requests.get, None))
-
-            def message() -> None:
-                requests.put(api.SessionRequest(id=1))
-                next(call)
-
-            stream = latencies(message, repeats, warmup=50)
-            requests.put(None)
-            call.cancel()
-            return unary, stream
-    finally:
-        proc.kill()
-        proc.wait()
+    with RemoteNode(address, timeout=10) as node:
+        caps = node.capabilities()
+        plan = _plans(caps, sorted(node.groups()))[0]
+        snap, held = node.observe(), node.apply(plan)
+    observe = api.SessionRequest(id=1)
+    observe.observe.SetInParent()
+    apply = api.SessionRequest(id=1)
+    C.to_plan(plan, apply.apply.plan)
+    observed = api.SessionResponse(id=1)
+    C.to_snapshot(snap, observed.observe.snapshot)
+    applied = api.SessionResponse(id=1)
+    C.to_allocation(held, applied.apply.allocation)
+    return {
+        name: msg.ByteSize()
+        for name, msg in (
+            ("observe", observe),
+            ("observed", observed),
+            ("apply", apply),
+            ("applied", applied),
+        )
+    }
 
 
 def _in_process(repeats: int) -> list[Result]:
@@ -137,7 +118,7 @@ def _in_process(repeats: int) -> list[Result]:
 
 
 class _Context:
-    """The little of grpc.ServicerContext the handlers touch on success."""
+    """The little of grpc.aio.ServicerContext the handlers touch on success."""
 
     def peer(self) -> str:
         return "ipv4:127.0.0.1:1"
@@ -145,7 +126,10 @@ class _Context:
     def code(self):
         return None
 
-    def abort(self, code, details):
+    def set_trailing_metadata(self, metadata) -> None:
+        pass
+
+    async def abort(self, code, details):
         raise RuntimeError(f"{code}: {details}")
 
 
@@ -155,11 +139,27 @@ class _CallDetails:
     invocation_metadata: tuple
 
 
+async def _guarded(guard, name: str, fn, request, response):
+    """The handler of method ``name`` as the guard interceptor hands it to grpc.aio."""
+    import grpc
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        fn, request_deserializer=request.FromString, response_serializer=response.SerializeToString
+    )
+
+    async def continuation(_):
+        return handler
+
+    details = _CallDetails(f"/rdtune.v1.NodeAgent/{name}", ())
+    return await guard.intercept_service(continuation, details)
+
+
 def _handlers(repeats: int) -> list[Result]:
     """The agent's server-side work for one Observe and one Apply without the transport:
     the real servicer behind the real guard interceptor (metrics on), with request
-    decoding and response encoding, on a SimNode."""
-    import grpc
+    decoding and response encoding, on a SimNode, run on an event loop as the agent runs
+    them (each round timed inside the loop)."""
+    import asyncio
 
     from agent.server import convert as C
     from agent.server.metrics import AgentMetrics
@@ -170,33 +170,33 @@ def _handlers(repeats: int) -> list[Result]:
 
     node = SimNode(SCENARIO)
     metrics = AgentMetrics()
-    servicer = NodeAgentServicer(NodeHost(node, metrics=metrics))
+    host = NodeHost(node, metrics=metrics)
+    servicer = NodeAgentServicer(host)
     guard = GuardInterceptor(None, None, metrics.observe_rpc)
     plans = _plans(node.capabilities(), sorted(node.groups()))
     wires = [api.ApplyRequest(plan=C.to_plan(p)).SerializeToString() for p in plans]
 
-    def guarded(name: str, fn, request, response):
-        handler = grpc.unary_unary_rpc_method_handler(
-            fn,
-            request_deserializer=request.FromString,
-            response_serializer=response.SerializeToString,
+    async def measure() -> list[float]:
+        observe = await _guarded(
+            guard, "Observe", servicer.Observe, api.ObserveRequest, api.ObserveResponse
         )
-        details = _CallDetails(f"/rdtune.v1.NodeAgent/{name}", ())
-        return guard.intercept_service(lambda _: handler, details)
+        apply = await _guarded(guard, "Apply", servicer.Apply, api.ApplyRequest, api.ApplyResponse)
+        ctx, out = _Context(), []
+        for k in range(repeats + 50):
+            started = time.perf_counter()
+            for h, wire in ((observe, b""), (apply, wires[k % 2])):
+                h.response_serializer(await h.unary_unary(h.request_deserializer(wire), ctx))
+            out.append(time.perf_counter() - started)
+        return out[50:]
 
-    observe = guarded("Observe", servicer.Observe, api.ObserveRequest, api.ObserveResponse)
-    apply = guarded("Apply", servicer.Apply, api.ApplyRequest, api.ApplyResponse)
-    ctx, k = _Context(), [0]
-
-    def both() -> None:
-        for h, wire in ((observe, b""), (apply, wires[k[0] % 2])):
-            h.response_serializer(h.unary_unary(h.request_deserializer(wire), ctx))
-        k[0] += 1
-
+    try:
+        seconds = asyncio.run(measure())
+    finally:
+        host.close()
     return [
         latency_result(
             "in-process server handlers Observe+Apply (interceptor, SimNode, no transport)",
-            latencies(both, repeats),
+            seconds,
             unit="ms",
             target="reference",
         )
@@ -254,8 +254,8 @@ def _load_worker(address: str, threads: int, seconds: float, kind: str, out) -> 
 
     def work(i: int) -> None:
         node = RemoteNode(address, timeout=10, session=kind != "unary")
-        try:
-            node.capabilities()  # connect before the clock starts
+        try:  # connect (and open the session) before the clock starts
+            node.capabilities() if kind == "caps" else node.allocation()
         except Exception:
             errors[i] += 1
         start.wait(timeout=120)
@@ -279,9 +279,10 @@ def _load_worker(address: str, threads: int, seconds: float, kind: str, out) -> 
     for t in pool:
         t.start()
     start.wait(timeout=120)
+    cpu = time.process_time()
     for t in pool:
         t.join()
-    out.put((sum(counts), sum(errors)))
+    out.put((sum(counts), sum(errors), time.process_time() - cpu))
 
 
 def _sustained(address: str, procs: int, threads: int, seconds: float, kind: str):
@@ -299,77 +300,166 @@ def _sustained(address: str, procs: int, threads: int, seconds: float, kind: str
         w.join()
     done = sum(r[0] for r in results)
     errors = sum(r[1] for r in results)
-    return done / seconds, errors
+    client_cpu = sum(r[2] for r in results) / max(1, done)
+    return done / seconds, errors, client_cpu
+
+
+def _round_trips(node, plans, repeats: int) -> list[float]:
+    k = [0]
+
+    def round_trip() -> None:
+        node.observe()
+        node.apply(plans[k[0] % 2])
+        k[0] += 1
+
+    return latencies(round_trip, repeats=repeats, warmup=20)
+
+
+def _ratios(trips: list[list[float]], bare: list[list[float]]) -> list[float]:
+    """Per round: p99 of ``trips`` over the bare unary call's median (same round)."""
+    return [percentile(t, 99) / statistics.median(b) for t, b in zip(trips, bare, strict=True)]
+
+
+def _ratio_result(name: str, ratios: list[float], target: str) -> Result:
+    spread = " / ".join(f"{r:.2f}" for r in ratios)
+    return Result(
+        f"{name} (rounds: {spread})", statistics.median(ratios), "x", len(ratios), target=target
+    )
+
+
+def _interleaved(address: str, rounds: int, per_round: int) -> list[Result]:
+    """The round trips and their floors, measured in ``rounds`` interleaved rounds."""
+    size = _payloads(address)
+    series, groups = _rounds(address, size, rounds, per_round)
+    return _round_results(series, size, groups)
+
+
+def _rounds(address: str, size: dict[str, int], rounds: int, per_round: int):
+    """Each series' seconds, round by round (the module docstring lists them)."""
+    from eval.bench.bare_grpc import BareClient, BareServer, request
+
+    unary_msg = request(size["observe"] + size["apply"], size["observed"] + size["applied"])
+    observe_msg = request(size["observe"], size["observed"])
+    apply_msg = request(size["apply"], size["applied"])
+    servers = [BareServer("sync"), BareServer("aio")]
+    clients = [BareClient(s.address) for s in servers]
+
+    def two_messages(client: BareClient) -> None:
+        client.ask(observe_msg)
+        client.ask(apply_msg)
+
+    session, _, names = _setup(address, session=True)
+    unary, _, _ = _setup(address, session=False)
+    plans = _plans(session.capabilities(), names)
+    series: dict[str, list[list[float]]] = {
+        k: []
+        for k in ("session", "unary", "sync", "aio", "floor_sync", "floor_aio", "bare", "floor")
+    }
+    try:
+        for _ in range(rounds):
+            series["session"].append(_round_trips(session, plans, per_round))
+            for kind, client in zip(("sync", "aio"), clients, strict=True):
+                series[kind].append(
+                    latencies(lambda c=client: c.unary(unary_msg, timeout=10), per_round, 20)
+                )
+                series[f"floor_{kind}"].append(
+                    latencies(lambda c=client: two_messages(c), per_round, 20)
+                )
+            series["unary"].append(_round_trips(unary, plans, per_round))
+            # The stricter baseline of the round: the faster bare server's calls; the floor
+            # from the server kind that gave the lower one.
+            series["bare"].append(min(series["sync"][-1], series["aio"][-1], key=statistics.median))
+            floors = (series["floor_sync"][-1], series["floor_aio"][-1])
+            series["floor"].append(min(floors, key=statistics.median))
+    finally:
+        session.close()
+        unary.close()
+        for c in clients:
+            c.close()
+        for s in servers:
+            s.close()
+
+    return series, len(names)
+
+
+def _round_results(
+    series: dict[str, list[list[float]]], size: dict[str, int], groups: int
+) -> list[Result]:
+    def pooled(kind: str) -> list[float]:
+        return [x for r in series[kind] for x in r]
+
+    payload = f"{size['observe'] + size['apply']} B in, {size['observed'] + size['applied']} B out"
+    messages = f"{size['observe']} -> {size['observed']} B, {size['apply']} -> {size['applied']} B"
+    rows = [
+        (
+            f"observe+apply round trip over a Session, {groups} own groups + default, sim",
+            "session",
+            "reference (ratio below)",
+        ),
+        ("observe+apply round trip, unary RPCs (session=False)", "unary", "reference"),
+        (f"bare grpcio unary round trip, sync server ({payload}, no agent code)", "sync", ""),
+        (f"bare grpcio unary round trip, asyncio server ({payload}, no agent code)", "aio", ""),
+        (
+            "floor of observe+apply: two bare stream message round trips, sync server "
+            f"({messages})",
+            "floor_sync",
+            "",
+        ),
+        (
+            "floor of observe+apply: two bare stream message round trips, asyncio server "
+            f"({messages})",
+            "floor_aio",
+            "",
+        ),
+    ]
+    return [
+        *(
+            latency_result(name, pooled(kind), unit="ms", target=target or "reference")
+            for name, kind, target in rows
+        ),
+        *_ratio_rows(series),
+    ]
+
+
+def _ratio_rows(series: dict[str, list[list[float]]]) -> list[Result]:
+    def medians(kind: str) -> list[float]:
+        return [
+            statistics.median(t) / statistics.median(b)
+            for t, b in zip(series[kind], series["bare"], strict=True)
+        ]
+
+    return [
+        _ratio_result(
+            "observe+apply over a Session: p99 / bare unary median, per round",
+            _ratios(series["session"], series["bare"]),
+            "<= 2x",
+        ),
+        _ratio_result(
+            "observe+apply over a Session: median / bare unary median, per round",
+            medians("session"),
+            "reference",
+        ),
+        _ratio_result(
+            "floor of observe+apply (no agent code): p99 / bare unary median, per round",
+            _ratios(series["floor"], series["bare"]),
+            "the best any agent could do",
+        ),
+        _ratio_result(
+            "floor of observe+apply (no agent code): median / bare unary median, per round",
+            medians("floor"),
+            "reference",
+        ),
+    ]
 
 
 def run(quick: bool) -> list[Result]:
     load_start = os.getloadavg()[0]
     proc, address = start_sim_agent(SCENARIO, LISTEN)
     try:
-        repeats = 300 if quick else 3000
-        results = []
-        unary, stream = _bare_floors(repeats // 2)
-        session_trips: list[float] = []
-        for session, label, target in (
-            (True, "over a Session", "reference (ratio below)"),
-            (False, "unary RPCs (session=False)", "reference"),
-        ):
-            node, caps, names = _setup(address, session)
-            plans = _plans(caps, names)
-            k = [0]
-
-            def round_trip(node=node, plans=plans, k=k) -> None:
-                node.observe()
-                node.apply(plans[k[0] % 2])
-                k[0] += 1
-
-            trips = latencies(round_trip, repeats=repeats, warmup=50)
-            if session:
-                session_trips = trips
-            results.append(
-                latency_result(
-                    f"observe+apply round trip {label}, {len(names)} own groups + default, sim",
-                    trips,
-                    unit="ms",
-                    target=target,
-                )
-            )
-            node.close()
-        results += _in_process(repeats)
-        more_unary, more_stream = _bare_floors(repeats - repeats // 2)
-        unary += more_unary
-        stream += more_stream
-        bare_p50 = statistics.median(unary)
-        results += [
-            Result(
-                "observe+apply over a Session: p99 / bare unary median (same run)",
-                percentile(session_trips, 99) / bare_p50,
-                "x",
-                len(session_trips),
-                target="<= 2x",
-            ),
-            Result(
-                "observe+apply over a Session: median / bare unary median (same run)",
-                statistics.median(session_trips) / bare_p50,
-                "x",
-                len(session_trips),
-                target="reference",
-            ),
-        ]
-        results += [
-            latency_result(
-                "bare grpcio unary round trip (floor of an RPC, no agent code)",
-                unary,
-                unit="ms",
-                target="reference",
-            ),
-            latency_result(
-                "bare grpcio stream message round trip (floor of a Session message)",
-                stream,
-                unit="ms",
-                target="reference",
-            ),
-        ]
+        rounds = 3 if quick else REPEATS
+        per_round = 100 if quick else 600
+        results = _interleaved(address, rounds, per_round)
+        results += _in_process(rounds * per_round)
         seconds = 2.0 if quick else 5.0
         runs = 1 if quick else 3
         for kind, label, target in (
@@ -377,20 +467,23 @@ def run(quick: bool) -> list[Result]:
             ("unary", "observe/apply, unary RPCs,", "reference"),
             ("caps", "GetCapabilities", "reference"),
         ):
-            rates, errs, cpu = [], 0, []
+            rates, errs, cpu, client = [], 0, [], []
             for _ in range(runs):
                 c0 = _cpu_seconds(proc.pid)
-                rate, e = _sustained(address, procs=2, threads=4, seconds=seconds, kind=kind)
+                rate, e, c = _sustained(address, procs=2, threads=4, seconds=seconds, kind=kind)
                 # Agent CPU includes the workers' set-up calls: a slight over-estimate.
                 cpu.append((_cpu_seconds(proc.pid) - c0) / max(1.0, rate * seconds))
+                client.append(c)
                 rates.append(rate)
                 errs += e
             rates.sort()
             cpu.sort()
+            client.sort()
             results.append(
                 Result(
                     f"sustained {label} RPC/s, 2 procs x 4 clients ({errs} errors, "
-                    f"agent CPU {cpu[len(cpu) // 2] * 1e3:.2f} ms/RPC)",
+                    f"agent CPU {cpu[len(cpu) // 2] * 1e3:.2f} ms/RPC, "
+                    f"clients' CPU {client[len(client) // 2] * 1e3:.2f} ms/RPC)",
                     rates[len(rates) // 2],
                     "RPC/s",
                     runs,

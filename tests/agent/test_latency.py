@@ -30,6 +30,23 @@ def test_drain_resets_the_interval() -> None:
     assert empty.count == 0 and math.isnan(empty.p99_ms)
 
 
+def test_drain_many_is_drain_of_each_group() -> None:
+    feeds = {"a": [1.0, 2.0, 3.0], "b": [], "c": [5.0]}
+    one, many = LatencyRecorder(), LatencyRecorder()
+    assert many.drain_many(["a", "b"]) == {}  # nothing ever reported
+    for rec in (one, many):
+        for group, values in feeds.items():
+            rec.add_samples(group, values)
+    asked = ["a", "b", "never"]
+    expected = {g: s for g in asked if (s := one.drain(g)) is not None}
+    got = many.drain_many(asked)
+    assert got.keys() == expected.keys() == {"a", "b"}
+    for group in got:  # NaN percentiles of the empty interval compare by repr
+        assert repr(got[group]) == repr(expected[group])
+    assert many.drain("c").count == 1  # not asked: left for later
+    assert many.drain("a").count == 0  # drained: a new interval
+
+
 @pytest.mark.parametrize(
     ("q", "expected"),
     [(0.5, 1.5), (0.25, 1.0), (0.95, 3.6), (1.0, 4.0)],

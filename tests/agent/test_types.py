@@ -9,6 +9,8 @@ import pytest
 from agent.errors import InvalidName
 from agent.types import (
     SLO,
+    Allocation,
+    AllocationPlan,
     GroupAllocation,
     GroupKind,
     GroupSample,
@@ -104,3 +106,33 @@ def test_core_types_pickle_and_stay_read_only() -> None:
 )
 def test_overlay_keeps_what_the_change_leaves_unset(change, held) -> None:
     assert GroupAllocation(0x3, 50, 0xC).overlay(change) == held
+
+
+@pytest.mark.parametrize(
+    ("held", "change", "result"),
+    [
+        (GroupAllocation(0x3, 50), GroupAllocation(0xF, 20), "change"),
+        (GroupAllocation(0x3, 50), GroupAllocation(), "held"),
+        (GroupAllocation(None, None, 0x1), GroupAllocation(0xF, 20, 0x2), "change"),
+        (GroupAllocation(None, 50), GroupAllocation(0xF, 20), "change"),
+        (GroupAllocation(0x3, 50), GroupAllocation(0xF), "new"),
+    ],
+)
+def test_overlay_reuses_a_side_that_is_the_result(held, change, result: str) -> None:
+    """Equal read-backs stay the same objects, so a node's change check is cheap."""
+    got = held.overlay(change)
+    assert got == GroupAllocation(
+        change.l3_mask if change.l3_mask is not None else held.l3_mask,
+        change.mb if change.mb is not None else held.mb,
+        change.l3_code_mask if change.l3_code_mask is not None else held.l3_code_mask,
+    )
+    assert (got is change, got is held) == (result == "change", result == "held")
+
+
+@pytest.mark.parametrize("cls", [Allocation, AllocationPlan])
+def test_adopted_allocations_equal_constructed_ones(cls) -> None:
+    groups = {"a": {0: GroupAllocation(0x3, 50), 1: GroupAllocation(0xC)}, "b": {0: None}}
+    adopted = cls.adopt({g: dict(d) for g, d in groups.items()})
+    assert adopted == cls(groups) and type(adopted) is cls
+    with pytest.raises(TypeError):
+        adopted.groups["a"][0] = GroupAllocation()  # type: ignore[index]

@@ -135,6 +135,61 @@ def test_exclusive_group_may_not_overlap_foreign_groups() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("valid", "lookalike", "rule"),
+    [
+        (GroupAllocation(l3_mask=0x3), GroupAllocation(l3_mask=3.0), "mask_type"),  # type: ignore[arg-type]
+        (GroupAllocation(mb=10), GroupAllocation(mb=10.0), "mb_type"),  # type: ignore[arg-type]
+    ],
+)
+def test_remembered_entries_do_not_admit_equal_values_of_another_type(
+    valid: GroupAllocation, lookalike: GroupAllocation, rule: str
+) -> None:
+    """A node's memo of valid entries is keyed by value, and 3.0 == 3, True == 1: the
+    lookalike must still be refused: an MB value or a mask is an integer."""
+    memo: dict = {}
+    for _ in range(2):  # the second time from the memo
+        assert validate_plan(plan_for(valid), ctx(valid=memo)).get("a", 0) == valid
+    with pytest.raises(InvalidAllocation) as err:
+        validate_plan(plan_for(lookalike), ctx(valid=memo))
+    assert err.value.rule == rule
+
+
+@pytest.mark.parametrize(
+    "alloc",
+    [
+        GroupAllocation(l3_mask=0x3, mb=15),
+        GroupAllocation(l3_mask=0xF7),
+        GroupAllocation(mb=101),
+        GroupAllocation(l3_code_mask=0x3),
+    ],
+)
+def test_remembered_entries_give_the_same_answers(alloc: GroupAllocation) -> None:
+    memo: dict = {}
+
+    def answer(context: PlanContext):
+        try:
+            return validate_plan(plan_for(alloc), context)
+        except InvalidAllocation as exc:
+            return exc.rule
+
+    fresh = answer(ctx())
+    assert answer(ctx(valid=memo)) == fresh
+    assert answer(ctx(valid=memo)) == fresh  # from the memo when it was valid
+    assert len(memo) == (0 if isinstance(fresh, str) else 1)
+
+
+def test_the_memo_of_valid_entries_is_bounded(monkeypatch) -> None:
+    import agent.validate as V
+
+    monkeypatch.setattr(V, "VALID_MEMO_MAX", 3)
+    memo: dict = {}
+    for ways in range(2, 10):
+        plan = plan_for(GroupAllocation(l3_mask=(1 << ways) - 1))
+        assert validate_plan(plan, ctx(valid=memo)) == plan
+    assert len(memo) == 3
+
+
 def test_plans_and_allocations_are_immutable() -> None:
     plan = plan_for(GroupAllocation(l3_mask=0x3))
     with pytest.raises(TypeError):

@@ -199,3 +199,17 @@ def test_mask_beyond_64_bits_is_refused_before_sending() -> None:
     with pytest.raises(InvalidAllocation) as err:
         C.to_plan(plan)
     assert err.value.rule == "mask_range"
+
+
+def test_decoded_allocations_are_shared_and_bounded(monkeypatch) -> None:
+    """Equal entries decode to one object (cheap change checks on the node), and a
+    client sending ever new values cannot grow the table without end."""
+    monkeypatch.setattr(C, "_ALLOCATIONS", {})
+    monkeypatch.setattr(C, "_ALLOCATIONS_MAX", 4)
+    plan = AllocationPlan({g: {0: GroupAllocation(0x3, 50)} for g in ("a", "b")})
+    got = C.from_plan(_wire(C.to_plan(plan)))
+    assert got == plan and got["a"][0] is got["b"][0]
+    for ways in range(2, 12):
+        one = AllocationPlan({"a": {0: GroupAllocation((1 << ways) - 1)}})
+        assert C.from_plan(_wire(C.to_plan(one))) == one
+    assert len(C._ALLOCATIONS) == 4

@@ -13,7 +13,7 @@ from agent.server.app import AgentServer
 from agent.server.config import AgentConfig, load_yaml
 from agent.server.errors import RemoteError
 from agent.server.security import ConfigError, RateLimiter, client_key, parse_listen
-from agent.types import GroupSpec
+from agent.types import AllocationPlan, GroupAllocation, GroupSpec
 from tests.agent.server.conftest import remote, serve
 from tests.agent.server.refnode import RefNode
 from tests.certs import make_certs
@@ -121,6 +121,16 @@ def test_tls_with_token(certs) -> None:
         with RemoteNode(server.address, token=TOKEN, tls=tls, timeout=5) as client:
             client.create_group(GroupSpec("a"))
             assert set(client.groups()) == {"a"}
+            # The hot calls over a Session: its own (asyncio) channel, the same TLS and token.
+            assert set(client.observe().groups) == {"a"}
+            plan = AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0b11)}, (0, 1))
+            assert client.apply(plan).get("a", 0).l3_mask == 0b11
+            assert client._session is not None and len(server.host._sessions) == 1
+        with RemoteNode(server.address, token="wrong", tls=tls, timeout=5, retries=0) as client:
+            for _ in range(2):
+                with pytest.raises(RemoteError) as err:
+                    client.observe()
+                assert err.value.code == "UNAUTHENTICATED"
         # Plaintext to a TLS port fails; it is not served in the clear.
         with remote(server, token=TOKEN, retries=0, timeout=2) as plain:
             with pytest.raises(RemoteError) as err:
@@ -139,6 +149,8 @@ def test_mtls_requires_a_client_certificate(certs) -> None:
         good = TlsConfig.from_files(certs["ca.pem"], certs["client.pem"], certs["client.key"])
         with RemoteNode(server.address, token=TOKEN, tls=good, timeout=5) as client:
             assert client.groups() == {}
+            client.observe()
+            assert client._session is not None and len(server.host._sessions) == 1
         anon = TlsConfig.from_files(ca=certs["ca.pem"])
         with RemoteNode(server.address, token=TOKEN, tls=anon, timeout=2, retries=0) as client:
             with pytest.raises(RemoteError) as err:

@@ -187,7 +187,7 @@ def test_stop_after_bad_frames_on_many_sessions_finishes_and_restores() -> None:
             c.close()
     finally:
         if not stopped:
-            server.server.stop(None)
+            server._submit(server.server.stop(None)).result(5)
 
 
 def test_an_idle_latency_stream_does_not_hold_up_shutdown() -> None:
