@@ -267,18 +267,11 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation):
                 except OSError as exc:
                     log.error("could not remove %s after a failed create: %s", path, exc)
                 raise
-        self._specs[spec.name] = spec
-        self._markers[spec.name] = state.marker_of(path)
-        vanished = self._vanished.pop(spec.name, None)
         try:
-            self._save()
+            self._record(spec, path)
         except OSError as exc:
             # Without a record the group would not be adopted after a restart: undo
             # rather than keep a group whose kind would be lost.
-            del self._specs[spec.name]
-            del self._markers[spec.name]
-            if vanished is not None:
-                self._vanished[spec.name] = vanished
             try:
                 os.rmdir(path)
             except OSError as undo:

@@ -54,20 +54,29 @@ class Ownership:
                 raise Unsupported(
                     f"runtime class {spec.name!r}: exclusive mode is the runtime's to set"
                 )
-            self._specs[spec.name] = spec
-            self._markers[spec.name] = state.marker_of(path)
-            vanished = self._vanished.pop(spec.name, None)
             try:
-                self._save()
+                self._record(spec, path)
             except OSError as exc:
-                del self._specs[spec.name]
-                del self._markers[spec.name]
-                if vanished is not None:
-                    self._vanished[spec.name] = vanished
                 raise OSError(
                     exc.errno,
                     f"cannot record group {spec.name!r} in {self.state_path}: {exc.strerror}",
                 ) from exc
+
+    def _record(self, spec: GroupSpec, path: str) -> None:
+        """Record ``spec`` as an own group at ``path`` in the state file; if the file cannot
+        be written, forget it again (a group without a record would lose its kind at the
+        next start) and raise the OSError."""
+        self._specs[spec.name] = spec
+        self._markers[spec.name] = state.marker_of(path)
+        vanished = self._vanished.pop(spec.name, None)
+        try:
+            self._save()
+        except OSError:
+            del self._specs[spec.name]
+            del self._markers[spec.name]
+            if vanished is not None:
+                self._vanished[spec.name] = vanished
+            raise
 
     def _own_dirs(self) -> list[str]:
         out = []
