@@ -107,7 +107,8 @@ class SimNode:
         self._catalog = catalog or default_catalog()
         self._seed = int(seed)
         self._closed = False
-        # One caller at a time (the gRPC agent serves a node from a thread pool).
+        # One caller at a time: in-process users may share a node between threads (the
+        # agent calls it on its event loop, but Advance and scrapes run in worker threads).
         self._lock = threading.RLock()
         self.reset(scenario, seed)
 
