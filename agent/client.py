@@ -6,7 +6,7 @@ has a deadline; UNAVAILABLE (the agent restarting, a dropped connection) is retr
 exponential backoff; server errors come back as the same ``agent.errors`` classes with the
 same attributes (``GroupNotFound``, ``InvalidAllocation.rule``, ...).
 
-The per-interval hot path (observe, apply, allocation) travels as messages on one
+The per-interval hot path (observe, apply, step, allocation) travels as messages on one
 long-lived ``Session`` stream: on loopback a message round trip costs less than a unary
 call (docs/BENCHMARKS.md). The stream is grpc.aio's, on a private event loop that the
 calling thread runs itself for each message: grpc's synchronous stream API would hand every
@@ -20,6 +20,7 @@ when the served node is simulated (``capabilities().simulated``); on a real node
 from __future__ import annotations
 
 import asyncio
+import math
 import queue
 import random
 import threading
@@ -31,9 +32,17 @@ from dataclasses import dataclass
 import grpc
 
 from agent.errors import NodeError
+from agent.node import step_by_parts
 from agent.server import convert as C
 from agent.server.errors import RemoteError, from_rpc_error, from_status_number
-from agent.types import Allocation, AllocationPlan, GroupSpec, NodeCapabilities, Snapshot
+from agent.types import (
+    Allocation,
+    AllocationPlan,
+    GroupSpec,
+    NodeCapabilities,
+    Snapshot,
+    StepOutcome,
+)
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 
@@ -130,6 +139,7 @@ class RemoteNode:
         self._session_lock = threading.Lock()
         # monotonic time before which no session is opened (inf: the agent has none)
         self._session_after = 0.0 if session else float("inf")
+        self._no_step = False  # the agent predates Step: steps are made of its other calls
 
     # ------------------------------------------------------------------ plumbing
 
@@ -146,9 +156,11 @@ class RemoteNode:
                 raise from_rpc_error(err) from None
         raise AssertionError("unreachable")
 
-    def _hot(self, kind: str, request: api.SessionRequest, unary):
+    def _hot(self, kind: str, request: api.SessionRequest, unary, timeout: float | None = None):
         """``request`` (its ``kind`` call filled in) answered over the session, or its
-        ``kind`` body by the ``unary`` RPC when no session can be had; the answer's body."""
+        ``kind`` body by the ``unary`` RPC when no session can be had; the answer's body.
+        ``timeout``: this call's deadline (default: the node's)."""
+        timeout = timeout or self.timeout
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
             if asyncio._get_running_loop() is not None:
@@ -160,7 +172,7 @@ class RemoteNode:
                 if session is None:
                     break
                 try:
-                    answer = session.ask(request, kind, self.timeout)
+                    answer = session.ask(request, kind, timeout)
                 except _SessionLost as lost:
                     self._drop_session()
                     if self._closed or attempt == self.retries:
@@ -182,7 +194,7 @@ class RemoteNode:
                 self._session_lock.release()
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 2.0)
-        return self._call(unary, getattr(request, kind))
+        return self._call(unary, getattr(request, kind), timeout)
 
     def _open_session(self) -> _Session | None:
         if self._session is None and not self._closed and time.monotonic() >= self._session_after:
@@ -239,6 +251,34 @@ class RemoteNode:
         req.observe.SetInParent()
         return C.from_snapshot(self._hot("observe", req, self._agent.Observe).snapshot)
 
+    def step(self, plan: AllocationPlan | None = None, *, interval_s: float = 0.0) -> StepOutcome:
+        """apply ``plan`` (when given), let ``interval_s`` pass at the node, observe: one
+        message on the session (one round trip) instead of one per call. The deadline
+        grows by the interval."""
+        if not (interval_s >= 0 and math.isfinite(interval_s)):
+            raise ValueError(f"a step's interval must be a finite number >= 0, got {interval_s}")
+        if self._no_step:
+            return step_by_parts(self, plan, interval_s)
+        req = api.SessionRequest()
+        body = req.step
+        body.SetInParent()
+        if plan is not None:
+            C.to_plan(plan, body.plan)
+        if interval_s > 0:
+            body.interval.FromNanoseconds(round(interval_s * 1e9))
+        try:
+            resp = self._hot("step", req, self._agent.Step, self.timeout + interval_s)
+        except (RemoteError, ValueError) as exc:
+            if not _step_unknown(exc):
+                raise
+            # An agent from before Step refused the whole request (nothing was applied):
+            # its calls one by one, from now on.
+            self._no_step = True
+            return step_by_parts(self, plan, interval_s)
+        held = C.from_allocation(resp.allocation) if resp.HasField("allocation") else None
+        waited = resp.waited.ToNanoseconds() / 1e9 if resp.HasField("waited") else 0.0
+        return StepOutcome(held, C.from_snapshot(resp.snapshot), waited)
+
     def stream_observations(self, interval_s: float, max_count: int = 0):
         """Snapshots every ``interval_s`` (an iterator; call ``.cancel()`` on it to stop).
 
@@ -291,6 +331,15 @@ class RemoteNode:
     def reporter(self, **kwargs) -> LatencyReporter:
         """A :class:`LatencyReporter` over this node's connection."""
         return LatencyReporter(self, **kwargs)
+
+
+def _step_unknown(exc: Exception) -> bool:
+    """Whether ``exc`` is how an agent from before Step refuses one: the unary RPC is
+    UNIMPLEMENTED, and its sessions answer a call they do not know as a ValueError."""
+    if isinstance(exc, RemoteError):
+        return exc.code == "UNIMPLEMENTED"
+    text = str(exc)
+    return text.startswith("a session request needs one of") and "step" not in text
 
 
 class _SessionLost(Exception):

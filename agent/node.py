@@ -15,10 +15,19 @@ where); code that needs it asks ``ground_truth(node)`` and refuses a node that a
 from __future__ import annotations
 
 import copy
+import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from agent.types import Allocation, AllocationPlan, GroupSpec, NodeCapabilities, Snapshot
+from agent.types import (
+    Allocation,
+    AllocationPlan,
+    GroupSpec,
+    NodeCapabilities,
+    Snapshot,
+    StepOutcome,
+)
 
 
 @runtime_checkable
@@ -78,9 +87,44 @@ class Node(Protocol):
         """Counters and SLO metrics of every own group since the previous ``observe``."""
         ...
 
+    def step(self, plan: AllocationPlan | None = None, *, interval_s: float = 0.0) -> StepOutcome:
+        """One control interval: ``apply(plan)`` (when given), let ``interval_s`` pass
+        (simulated time on a simulated node, wall-clock time on a real one), ``observe()``.
+
+        The same results and errors as those calls: a refused plan raises as ``apply``
+        does, and then nothing was applied and nothing observed. A remote node carries the
+        whole step in one message (:class:`StepByParts` is the local nodes' version).
+        """
+        ...
+
     def close(self) -> None:
         """Release resources (file descriptors, locks, connections). Groups stay."""
         ...
+
+
+class StepByParts:
+    """``Node.step`` made of the node's own ``apply``, clock and ``observe``: the step of a
+    node whose calls cost no round trip (mixed into the local nodes)."""
+
+    def step(self, plan: AllocationPlan | None = None, *, interval_s: float = 0.0) -> StepOutcome:
+        return step_by_parts(self, plan, interval_s)
+
+
+def step_by_parts(node: Node, plan: AllocationPlan | None, interval_s: float) -> StepOutcome:
+    """apply, let the interval pass, observe: :meth:`Node.step` from the node's other calls."""
+    if not (interval_s >= 0 and math.isfinite(interval_s)):
+        raise ValueError(f"a step's interval must be a finite number >= 0, got {interval_s}")
+    held = node.apply(plan) if plan is not None else None
+    waited = 0.0
+    if interval_s > 0:
+        started = time.perf_counter()
+        clock = as_clock(node)
+        if clock is not None:
+            clock.advance(interval_s)
+        else:
+            time.sleep(interval_s)
+        waited = time.perf_counter() - started
+    return StepOutcome(held, node.observe(), waited)
 
 
 @runtime_checkable

@@ -528,3 +528,20 @@ class Snapshot:
 
     def bandwidth_bps(self, group: str) -> float | None:
         return self.rate(group, "memory_bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What one control step (:meth:`agent.node.Node.step`) did.
+
+    Attributes:
+        allocation: what the node holds after the step's plan (read back), None when the
+            step had no plan.
+        snapshot: the observation taken after the plan and the interval.
+        waited_s: how long the interval took at the node (a wall-clock wait, or the
+            simulator's computation of simulated time): the caller's latency is the rest.
+    """
+
+    allocation: Allocation | None
+    snapshot: Snapshot
+    waited_s: float = 0.0

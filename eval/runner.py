@@ -33,6 +33,7 @@ from typing import Any
 
 import eval as eval_package
 from agent.connection import AgentConnection
+from agent.node import StepByParts
 from agent.sim import Scenario
 from agent.slo import slo_met
 from agent.types import GroupKind
@@ -112,7 +113,7 @@ def _ways(alloc) -> dict[str, int]:
     return out
 
 
-class _ServiceProbe:
+class _ServiceProbe(StepByParts):
     """A SimNode whose every ``observe`` also records each LC service's noise-free tail
     (``steady_state``) at the placement of the moment. Time-sharing controllers move
     services between tier groups, so group latency mixes services with different SLOs;

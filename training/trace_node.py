@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from agent.groups import GroupTable
+from agent.node import StepByParts
 from agent.types import (
     Allocation,
     AllocationPlan,
@@ -82,7 +83,7 @@ class Replay:
         )
 
 
-class TraceNode:
+class TraceNode(StepByParts):
     """A Node + Clock replaying a trace through fitted dynamics (see the module docstring).
 
     Args:

@@ -38,6 +38,7 @@ from agent.errors import (
     KernelError,
     ResourceExhausted,
 )
+from agent.node import StepByParts
 from agent.resctrl import discovery, monitor, schemata, state
 from agent.resctrl.allocation import Allocations
 from agent.resctrl.lock import ResctrlLock
@@ -79,7 +80,7 @@ def _default_pmc() -> PmcSource | None:
         return None
 
 
-class ResctrlNode(Ownership, Tasks, Allocations, Observation):
+class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
     """A Node over the resctrl filesystem at ``root``.
 
     Args:

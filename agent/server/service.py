@@ -13,7 +13,8 @@ code and details. Pushed or scraped LC latencies are drained into each Observe, 
 the backend's own figure for a group that reports (a real node has none; a simulated one
 models it).
 
-Observe, Apply and GetAllocation are also served as messages on a ``Session`` stream (the
+Observe, Apply, Step (apply, let an interval pass, observe: one control interval in one
+call) and GetAllocation are also served as messages on a ``Session`` stream (the
 per-interval hot path without a call's set-up each time, docs/AGENT.md): the same cores,
 with errors answered in the stream rather than ending it.
 """
@@ -60,6 +61,8 @@ class Limits:
     min_stream_interval_s: float = 0.01
     max_stream_interval_s: float = 3600.0
     max_advance_s: float = 86400.0
+    # A Step's interval on a wall-clock node: the agent waits that long inside the call.
+    max_step_wait_s: float = 3600.0
     # Open streams (observation and latency) and control sessions: each costs the agent a
     # little memory and work per message; bounded against a client that opens without end.
     max_streams: int = 16
@@ -283,16 +286,19 @@ class _SessionState:
 _OBSERVE = "/rdtune.v1.NodeAgent/Observe"
 _APPLY = "/rdtune.v1.NodeAgent/Apply"
 _GET_ALLOCATION = "/rdtune.v1.NodeAgent/GetAllocation"
+_STEP = "/rdtune.v1.NodeAgent/Step"
 
 
 class NodeAgentServicer(rpc.NodeAgentServicer):
     def __init__(self, host: NodeHost) -> None:
         self.host = host
         self._caps: tuple | None = None  # (NodeCapabilities, its message)
+        self._clock: tuple | None = None  # (the node's Clock or None,), once asked
         self._cores = {
             "observe": (self._observe, _OBSERVE),
             "apply": (self._apply, _APPLY),
             "get_allocation": (self._get_allocation, _GET_ALLOCATION),
+            "step": (self._step, _STEP),
         }
 
     def _decode(self, context, fn: Callable, *args):
@@ -347,16 +353,65 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     # The hot path (Observe, Apply, GetAllocation) has raising cores shared by the unary
     # RPCs, which abort with the error's status, and Session, which answers with it.
 
-    async def _apply(self, request: api.ApplyRequest, out: api.ApplyResponse) -> None:
-        plan = C.from_plan(request.plan)
+    async def _apply_plan(self, plan: AllocationPlan, dry_run: bool = False):
         try:
-            held = await self.host.run(self.host.node.apply, plan, dry_run=request.dry_run)
+            held = await self.host.run(self.host.node.apply, plan, dry_run=dry_run)
         except Exception as exc:
             self.host.metrics.apply_failed(getattr(exc, "rule", None) or type(exc).__name__)
             raise
-        if not request.dry_run:
+        if not dry_run:
             self.host.metrics.record_allocation(held)
+        return held
+
+    async def _apply(self, request: api.ApplyRequest, out: api.ApplyResponse) -> None:
+        held = await self._apply_plan(C.from_plan(request.plan), request.dry_run)
         C.to_allocation(held, out.allocation)
+
+    async def _step(self, request: api.StepRequest, out: api.StepResponse) -> None:
+        # Everything is decoded and checked before the plan is applied: a bad interval must
+        # not leave a plan applied with an error answered.
+        interval = 0.0
+        if request.HasField("interval"):
+            interval = self._step_interval(request.interval)
+        plan = C.from_plan(request.plan) if request.HasField("plan") else None
+        if plan is not None:
+            C.to_allocation(await self._apply_plan(plan), out.allocation)
+        if interval > 0:
+            out.waited.FromNanoseconds(round(await self._wait(interval) * 1e9))
+        C.to_snapshot(await self.host.observe(), out.snapshot)
+
+    def _node_clock(self):
+        # Whether the node's clock is simulated does not change over its life (a Reset
+        # changes the scenario, not the backend); asked once.
+        if self._clock is None:
+            self._clock = (as_clock(self.host.node),)
+        return self._clock[0]
+
+    def _step_interval(self, duration) -> float:
+        interval = duration.ToNanoseconds() / 1e9
+        lim = self.host.limits
+        clock = self._node_clock() if interval else None
+        most = lim.max_advance_s if clock is not None else lim.max_step_wait_s
+        if not 0 <= interval <= most:
+            raise ValueError(f"a step's interval must be in [0, {most:g}] s, got {interval:g} s")
+        return interval
+
+    async def _wait(self, interval: float) -> float:
+        """Let ``interval`` pass: simulated time (in a worker thread: the loop keeps
+        serving), else the wall clock's, cut short by shutdown. The seconds it took."""
+        started = time.perf_counter()
+        clock = self._node_clock()
+        if clock is not None:
+            await self.host.run(clock.advance, interval, offload=True)
+        else:
+            stop = self.host.stream_stopper()
+            try:
+                await asyncio.wait_for(stop.wait(), interval)
+            except TimeoutError:
+                pass
+            finally:
+                self.host.stream_done(stop)
+        return time.perf_counter() - started
 
     async def _get_allocation(self, request: api.GetAllocationRequest, out) -> None:
         held = await self.host.run(self.host.node.allocation)
@@ -385,6 +440,9 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
 
     async def Observe(self, request, context):
         return await self._unary(self._observe, request, api.ObserveResponse(), context)
+
+    async def Step(self, request, context):
+        return await self._unary(self._step, request, api.StepResponse(), context)
 
     async def Session(self, request_iterator, context) -> None:
         # Reader-writer style (context.read / write), not an async generator: no generator
@@ -426,9 +484,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                 core = cores.get(kind)
                 try:
                     if core is None:
-                        raise ValueError(
-                            "a session request needs one of observe, apply, get_allocation"
-                        )
+                        raise ValueError(f"a session request needs one of {', '.join(cores)}")
                     if limiter is not None and not limiter.allow(client):
                         raise RateLimited(limiter.rate)
                     out = getattr(answer, kind)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.groups import GroupTable
+from agent.node import StepByParts
 from agent.sim.batch import (
     MbaRule,
     group_counters,
@@ -73,7 +74,7 @@ def _locked(method):
     return wrapper
 
 
-class SimNode:
+class SimNode(StepByParts):
     """A simulated server (Node + Clock). See the agent.sim package docstring for the API.
 
     Args:

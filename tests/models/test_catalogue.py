@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.node import Node
+from agent.node import Node, StepByParts
 from agent.sim import SimNode
 from agent.types import GroupKind
 from models import catalogue
@@ -177,7 +177,7 @@ def test_decide_s_slows_any_controller_down() -> None:
         build("eq[decide_s=0.25]", node, node, 0.1)
 
 
-class Opaque:
+class Opaque(StepByParts):
     """A node that offers exactly the Node contract (and a simulated clock): a real SimNode
     seen as a remote client would see it, without ground truth and not copyable."""
 

@@ -19,6 +19,7 @@ from agent.errors import (
     ResourceExhausted,
     UnknownTask,
 )
+from agent.node import StepByParts
 from agent.types import (
     Allocation,
     AllocationPlan,
@@ -50,7 +51,7 @@ CAPS = NodeCapabilities(
 )
 
 
-class RefNode:
+class RefNode(StepByParts):
     """Groups, tasks and allocations in memory; time is whatever ``tick`` says."""
 
     def __init__(self, caps: NodeCapabilities = CAPS) -> None:

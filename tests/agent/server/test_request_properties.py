@@ -18,6 +18,7 @@ from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 from tests.agent.server.conftest import serve
 from tests.agent.server.refnode import RefNode
+from tests.agent.server.test_session import _RawSession
 
 CLIENT_ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -192,4 +193,49 @@ def test_any_session_frames_get_one_answer_each(agent, frames) -> None:
         if answer.WhichOneof("result") == "error":
             code = next(c for c in grpc.StatusCode if c.value[0] == answer.error.code)
             assert code in CLIENT_ERRORS, code
+    _still_serving(node, stub)
+
+
+@st.composite
+def step_requests(draw) -> api.StepRequest:
+    req = api.StepRequest()
+    if draw(st.booleans()):
+        req.plan.CopyFrom(draw(apply_requests()).plan)
+    if draw(st.booleans()):
+        # Negative, zero, a few ms (a wall-clock wait: kept short) or beyond any limit.
+        req.interval.seconds = draw(st.sampled_from([-(2**40), -1, 0, 7200, 2**40]))
+        req.interval.nanos = draw(st.sampled_from([0, 1, 3_000_000, -5, 999_999_999]))
+    return req
+
+
+@SETTINGS
+@given(steps=st.lists(step_requests(), min_size=1, max_size=3), unary=st.booleans())
+def test_any_step_is_answered_once_and_all_or_nothing(agent, steps, unary) -> None:
+    """Unary or on one Session: every step gets one answer; a refused one leaves the node
+    as it was, an accepted one carries an observation (and its allocation when planned)."""
+    node, stub, channel = agent
+    session = None if unary else _RawSession(channel)
+    try:
+        for i, req in enumerate(steps):
+            before = node.allocation()
+            if session is None:
+                try:
+                    code, out = grpc.StatusCode.OK, stub.Step(req, timeout=10)
+                except grpc.RpcError as err:
+                    code, out = err.code(), None
+            else:
+                answer = session.ask(api.SessionRequest(id=i + 1, step=req))
+                assert answer.id == i + 1
+                code, out = grpc.StatusCode.OK, answer.step
+                if answer.WhichOneof("result") == "error":
+                    code = next(c for c in grpc.StatusCode if c.value[0] == answer.error.code)
+            assert code is grpc.StatusCode.OK or code in CLIENT_ERRORS, code
+            if code is grpc.StatusCode.OK:
+                assert out.HasField("snapshot")
+                assert out.HasField("allocation") == req.HasField("plan")
+            else:
+                assert node.allocation() == before, "a refused step changed the node"
+    finally:
+        if session is not None:
+            session.end()
     _still_serving(node, stub)

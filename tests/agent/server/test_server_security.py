@@ -125,12 +125,18 @@ def test_tls_with_token(certs) -> None:
             assert set(client.observe().groups) == {"a"}
             plan = AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0b11)}, (0, 1))
             assert client.apply(plan).get("a", 0).l3_mask == 0b11
+            stepped = client.step(
+                AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0b111)}, (0, 1))
+            )
+            assert stepped.allocation.get("a", 0).l3_mask == 0b111
+            assert set(stepped.snapshot.groups) == {"a"}
             assert client._session is not None and len(server.host._sessions) == 1
         with RemoteNode(server.address, token="wrong", tls=tls, timeout=5, retries=0) as client:
-            for _ in range(2):
+            for call in (client.observe, lambda: client.step(plan)):
                 with pytest.raises(RemoteError) as err:
-                    client.observe()
+                    call()
                 assert err.value.code == "UNAUTHENTICATED"
+            assert server.host.node.allocation().get("a", 0).l3_mask == 0b111, "not applied"
         # Plaintext to a TLS port fails; it is not served in the clear.
         with remote(server, token=TOKEN, retries=0, timeout=2) as plain:
             with pytest.raises(RemoteError) as err:
@@ -150,6 +156,7 @@ def test_mtls_requires_a_client_certificate(certs) -> None:
         with RemoteNode(server.address, token=TOKEN, tls=good, timeout=5) as client:
             assert client.groups() == {}
             client.observe()
+            assert client.step().allocation is None
             assert client._session is not None and len(server.host._sessions) == 1
         anon = TlsConfig.from_files(ca=certs["ca.pem"])
         with RemoteNode(server.address, token=TOKEN, tls=anon, timeout=2, retries=0) as client:

@@ -130,6 +130,7 @@ HOT_CALLS = {
     "observe": lambda node: node.observe(),
     "apply": lambda node: node.apply(_plan()),
     "allocation": lambda node: node.allocation(),
+    "step": lambda node: node.step(_plan()),
 }
 
 
@@ -142,7 +143,7 @@ def test_a_hot_call_in_progress_is_carried_by_a_session(kind, session) -> None:
     with serve(node) as server:
         with remote(server, **_mode(session)) as client:
             client.create_group(GroupSpec("a"))
-            node.gated.add(kind)
+            node.gated.add("apply" if kind == "step" else kind)  # a step applies first
             try:
                 thread, out = _in_thread(lambda: HOT_CALLS[kind](client))
                 assert node.entered.wait(5), f"{kind} never reached the node"
@@ -155,7 +156,12 @@ def test_a_hot_call_in_progress_is_carried_by_a_session(kind, session) -> None:
             local = RefNode()
             local.create_group(GroupSpec("a"))
             assert out["result"] == HOT_CALLS[kind](local)
-            method = {"observe": "Observe", "apply": "Apply", "allocation": "GetAllocation"}
+            method = {
+                "observe": "Observe",
+                "apply": "Apply",
+                "allocation": "GetAllocation",
+                "step": "Step",
+            }
             assert _rpcs(server, method[kind]) == 1, "counted per message as a unary call is"
             assert _rpcs(server, "Session") == 0, "the stream is still open"
         assert _wait_for(lambda: _rpcs(server, "Session") == (1 if session else 0))
@@ -539,7 +545,13 @@ def test_per_message_rate_limit_inside_a_session() -> None:
 def test_bad_or_missing_token_is_unauthenticated(token, session) -> None:
     with serve(RefNode(), token=TOKEN) as server:
         with remote(server, token=token, retries=0, **_mode(session)) as client:
-            for call in (client.observe, client.allocation, lambda: client.apply(_plan())):
+            calls = (
+                client.observe,
+                client.allocation,
+                lambda: client.apply(_plan()),
+                lambda: client.step(_plan()),
+            )
+            for call in calls:
                 with pytest.raises(RemoteError) as err:
                     call()
                 assert err.value.code == "UNAUTHENTICATED"
