@@ -45,6 +45,9 @@ class Resilience:
     intended: Allocation | None
     pending: AllocationPlan | None
     started: bool
+    _next: object | None
+    _realtime: bool
+    _final: bool
     intervals: int
 
     def reconcile(self) -> None:
@@ -54,6 +57,7 @@ class Resilience:
         self.keeper.ensure(self.node, strict=False)
         self.groups = self.keeper.read(self.node, self.groups)
         self._reassert(self.node.allocation())
+        self._next = None
         self.node.observe()  # a fresh interval
 
     def _reassert(self, current: Allocation) -> Allocation:
@@ -127,11 +131,13 @@ class Resilience:
                 raise
             if not self._wait_for_agent(stop, exc):
                 return 0
-        realtime = self.cfg.realtime if self.cfg.realtime is not None else self.clock is None
         self._next_tick = time.monotonic()
         while not stop.is_set() and (max_intervals is None or self.intervals < max_intervals):
-            if realtime and not self._sleep(stop):
+            # An interval whose start the last step observed has waited at the node already.
+            if self._realtime and self._next is None and not self._sleep(stop):
                 break
+            # The last of ``max_intervals`` lets no further interval pass.
+            self._final = max_intervals is not None and self.intervals + 1 >= max_intervals
             try:
                 self.step()
             except (ResourceExhausted, GroupNotFound) as exc:

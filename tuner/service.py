@@ -5,6 +5,16 @@ the policy controller encodes features itself with models/features.py). On a sim
 the tuner steps the node's clock by the interval (optionally also sleeping, ``realtime``);
 on a real node it sleeps to a fixed-rate schedule.
 
+The apply of one interval and the observation that starts the next travel as one
+``Node.step`` (one message to a remote agent): the plan, then the interval's passing --
+the simulated clock's advance, or on a real node the wait until the next tick, kept by
+the agent -- then the observation. So each interval costs one round trip, the plan takes
+effect as soon as it is decided (as before), and the observation covers exactly the
+interval since the previous one. A plan the node refuses brings no observation: the next
+interval then waits and observes by itself. When a simulated node is also paced by the
+wall clock (``realtime``), or ``step()`` is driven by hand on a wall-clock node, the
+interval passes outside the node and apply and observe stay separate calls.
+
 The tuner is composed of this module (start, one interval, controller switches), its groups
 (tuner/groups.py) and its run loop with the outage handling and shutdown (tuner/outages.py).
 
@@ -108,6 +118,13 @@ class Tuner(Resilience):
         self.switches: list[Switch] = []
         self._last_now = -math.inf
         self._next_tick: float | None = None
+        self._realtime = False  # paced by the wall clock (run() sleeps, or the step waits)
+        # The observation that starts the next interval, taken by this interval's step
+        # (None: the next interval observes by itself), and the time that step spent
+        # letting the interval pass (not the tuner's latency).
+        self._next: Snapshot | None = None
+        self._waited = 0.0
+        self._final = False  # this interval is the run's last: observe no next one
         self.started = False  # start() has finished once: later outages reconcile
 
     @property
@@ -123,6 +140,8 @@ class Tuner(Resilience):
             self.node = self._connect()
         self.caps = self.node.capabilities()
         self.clock = as_clock(self.node)
+        realtime = self.cfg.realtime
+        self._realtime = realtime if realtime is not None else self.clock is None
         self.keeper.ensure(self.node)
         self.groups = self.keeper.read(self.node, self.groups)
         baseline = self.node.allocation()  # before a controller's calibration changes it
@@ -145,8 +164,12 @@ class Tuner(Resilience):
             extra={"event": "start", "controller": self.primary.name, "groups": list(self.groups)},
         )
         self._stale, self._since_read = False, 0  # ``intended`` is what the node holds
-        self._carry_out(self.active.start(self._context(self.intended)), self.intended, 0.0)
-        self.node.observe()  # the first interval starts now
+        # The start's plan and the observation that starts the first interval: one step.
+        self._next = None
+        self._carry_out(self.active.start(self._context(self.intended)), self.intended, 0.0, 0.0)
+        if self._next is None:  # the plan was refused: nothing was observed
+            self.node.observe()
+        self._next = None  # the first interval starts now; its end is observed next
         self.started = True
 
     def _context(self, allocation: Allocation, now: float = 0.0) -> ControlContext:
@@ -176,12 +199,40 @@ class Tuner(Resilience):
             return self._reassert(self.node.allocation())
         return self.intended
 
-    def step(self) -> StepResult:
-        """Advance one interval: observe, judge SLOs, decide, guard, apply."""
+    def _then(self) -> float | None:
+        """The interval the step carrying this interval's apply lets pass before observing
+        the next one's start (simulated seconds, or wall-clock seconds to the next tick);
+        None when the interval passes outside the node (module docstring), or when no
+        interval follows (the run's last)."""
+        if self._final:
+            return None
         if self.clock is not None:
-            self.clock.advance(self.cfg.interval_s)
+            return None if self._realtime else self.cfg.interval_s
+        if self._realtime and self._next_tick is not None:
+            return max(0.0, self._next_tick + self.cfg.interval_s - time.monotonic())
+        return None
+
+    def _stepped(self, snapshot: Snapshot, waited_s: float) -> None:
+        """Keep the observation a step took for the next interval (and its tick)."""
+        self._next, self._waited = snapshot, waited_s
+        if self.clock is None and self._next_tick is not None:
+            self._next_tick += self.cfg.interval_s
+            now = time.monotonic()
+            if self._next_tick < now - self.cfg.interval_s:  # fell behind: re-anchor
+                self._next_tick = now
+
+    def step(self) -> StepResult:
+        """Advance one interval: observe (or take the observation the last interval's step
+        brought), judge SLOs, decide, guard, apply -- and with the apply, when the
+        interval passes at the node, let it pass and observe the next one's start."""
+        snap, self._next = self._next, None
+        self._waited = 0.0
         t0 = time.perf_counter()
-        snap = self.node.observe()
+        if snap is None:
+            if self.clock is not None:
+                self.clock.advance(self.cfg.interval_s)
+            t0 = time.perf_counter()
+            snap = self.node.observe()
         if set(snap.groups) != set(self.groups) or snap.vanished:
             self._groups_changed()
         current = self._current()
@@ -226,12 +277,16 @@ class Tuner(Resilience):
             )
         decide_s = time.perf_counter() - t1
         self.metrics.decision_latency.labels(name).observe(decide_s)
+        then = self._then()
         if decision is None:
             self.metrics.decisions.labels(name, "error").inc()
             outcome, rule = "error", None
+            self._observe_next(then)
         else:
-            outcome, rule = self._carry_out(decision, current, now)
-        loop_s = time.perf_counter() - t0
+            outcome, rule = self._carry_out(decision, current, now, then)
+        # Observe, decide and apply, whether they took one round trip or more; not the
+        # interval a step let pass between its apply and its observation.
+        loop_s = time.perf_counter() - t0 - self._waited
         self.metrics.loop_latency.observe(loop_s)
         self.metrics.intervals.inc()
         self.intervals += 1
@@ -262,9 +317,19 @@ class Tuner(Resilience):
             },
         )
 
+    def _observe_next(self, then: float | None) -> None:
+        """No plan this interval: when the interval passes at the node, a step without a
+        plan lets it pass and observes."""
+        if then is not None:
+            out = self.node.step(None, interval_s=then)
+            self._stepped(out.snapshot, out.waited_s)
+
     def _carry_out(
-        self, decision: Decision, current: Allocation, now: float
+        self, decision: Decision, current: Allocation, now: float, then: float | None = None
     ) -> tuple[str, str | None]:
+        """Carry out a decision: its task moves, then its plan through the guard. With
+        ``then`` (seconds), the apply is a step that lets that interval pass and observes
+        (kept in ``_next``); a decision without a plan still observes so."""
         name = self.active.name
         for group, pids in decision.moves.items():
             if pids:
@@ -279,6 +344,7 @@ class Tuner(Resilience):
             plan = self.target
         if plan is None:
             self.metrics.decisions.labels(name, "kept").inc()
+            self._observe_next(then)
             return "kept", None
         limit = not self.slo_guard.in_fallback or self.cfg.guard.limit_fallback
         screened = self.plan_guard.screen(plan, self.caps, self.groups, current, now, limit=limit)
@@ -286,13 +352,20 @@ class Tuner(Resilience):
             self.metrics.limited_plans.labels(what).inc()
         self.target = plan if screened.limits and screened.dropped is None else None
         if screened.dropped is not None:
+            self._observe_next(then)
             return self._dropped(name, screened.dropped, screened.error)
         if screened.plan is None:
             self.metrics.decisions.labels(name, "kept").inc()
+            self._observe_next(then)
             return ("limited" if screened.limits else "kept"), None
         self.pending = screened.plan
         try:
-            held = self.node.apply(screened.plan)
+            if then is None:
+                held = self.node.apply(screened.plan)
+            else:
+                out = self.node.step(screened.plan, interval_s=then)
+                held = out.allocation
+                self._stepped(out.snapshot, out.waited_s)
         except (InvalidAllocation, GroupNotFound) as exc:  # the node saw more than we did
             self.pending = None
             self._stale = True
@@ -317,6 +390,7 @@ class Tuner(Resilience):
 
     def _groups_changed(self) -> None:
         """Groups appeared or vanished: controllers start over on the new set."""
+        self._next = None  # an observation of the old set of groups
         self.groups = self.keeper.read(self.node, self.groups)
         self.target = None
         self._stale = True

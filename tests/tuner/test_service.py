@@ -5,7 +5,9 @@ created and adopted from the config, metrics."""
 from __future__ import annotations
 
 import itertools
+import statistics
 import threading
+import time
 
 import pytest
 
@@ -13,6 +15,7 @@ from agent.sim import SimNode
 from agent.types import SLO, AllocationPlan, GroupKind, GroupSpec, popcount
 from models import catalogue
 from tests.agent.server.conftest import serve
+from tests.agent.server.refnode import RefNode
 from tests.tuner.conftest import assert_valid
 from tests.tuner.controllers import Crashy, Swing
 from tuner.config import AgentConnection, GroupConfig, GuardConfig, TunerConfig
@@ -29,11 +32,10 @@ def server():
 def make_tuner(server, controller, **cfg) -> Tuner:
     guard = cfg.pop("guard", GuardConfig())
     config = TunerConfig(
-        interval_s=0.1,
         guard=guard,
         agent=AgentConnection(address=server.address, timeout_s=10),
         metrics_listen="",
-        **cfg,
+        **{"interval_s": 0.1, **cfg},
     )
     return Tuner(config.agent.connect, lambda node: controller, config, fallback())
 
@@ -209,3 +211,64 @@ def test_a_failing_controller_keeps_the_allocation_and_is_counted(server) -> Non
     ]  # fmt: skip
     assert errors[0].value == 2
     tuner.shutdown()
+
+
+def _rpcs(server, method: str) -> float:
+    return sum(
+        s.value
+        for family in server.metrics.registry.collect()
+        for s in family.samples
+        if s.name == "rdtune_agent_rpcs_total" and s.labels["method"] == method
+    )
+
+
+def test_each_interval_is_one_step_message_on_a_simulated_node(server) -> None:
+    """The apply of an interval and the observation starting the next are one Step (the
+    clock's advance included), not Apply + Advance + Observe."""
+    tuner = make_tuner(server, Swing(), guard=GuardConfig(violation_intervals=10**6))
+    assert tuner.run(threading.Event(), max_intervals=12) == 0
+    outcomes = tuner.metrics.registry.get_sample_value(
+        "rdtune_tuner_decisions_total", {"controller": "swing", "outcome": "applied"}
+    )
+    assert outcomes and outcomes >= 10, "the controller applied a plan every interval"
+    # The first interval observes by itself (the start's step only starts it) and the last
+    # applies alone (no interval follows); every one between is a single Step.
+    assert _rpcs(server, "Step") >= 11
+    assert _rpcs(server, "Observe") <= 1 and _rpcs(server, "Advance") <= 1
+    assert _rpcs(server, "Apply") <= 1
+    assert tuner.node.now() == pytest.approx(12 * 0.1), "one interval of simulated time each"
+    tuner.shutdown()
+
+
+class WallNode(RefNode):
+    """A RefNode on the wall clock: each observation spans the real time since the last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._t0 = time.monotonic()
+        self.intervals: list[float] = []
+
+    def observe(self):
+        self.tick(time.monotonic() - self._t0 - self._t)
+        snap = super().observe()
+        self.intervals.append(snap.interval_s)
+        return snap
+
+
+def test_each_interval_is_one_step_message_on_a_wall_clock_node() -> None:
+    """On a real node the step waits at the agent until the next tick: the tuner keeps its
+    fixed rate with one message per interval."""
+    node = WallNode()
+    for name in ("a", "b"):
+        node.create_group(GroupSpec(name))
+    with serve(node) as srv:
+        tuner = make_tuner(srv, Swing(), interval_s=0.05)
+        started = time.monotonic()
+        assert tuner.run(threading.Event(), max_intervals=16) == 0
+        took = time.monotonic() - started
+        assert _rpcs(srv, "Step") >= 15
+        assert _rpcs(srv, "Observe") <= 1 and _rpcs(srv, "Apply") <= 1
+        tuner.shutdown()
+    assert took >= 15 * 0.05, "paced by the wall clock, not spinning"
+    # The observations come at the tuner's rate (the start's and the first are shorter).
+    assert statistics.median(node.intervals[2:]) == pytest.approx(0.05, abs=0.02)
