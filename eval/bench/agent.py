@@ -5,21 +5,24 @@ separate process on 127.0.0.1: a 16-CLOSID machine whose every CLOSID is in use 
 groups, one per workload, plus the default group). Through :class:`agent.client.RemoteNode`
 it measures
 
-* the observe + apply round trip of one client (what a controller does each interval):
-  p50 and p99, over RemoteNode's Session stream (its default) and, for reference, over one
-  unary RPC per call (``session=False``);
+* the control step of one client: ``step(plan)``, an apply and the observation after it
+  in one Session message (what a controller does each interval; the tuner adds the
+  interval itself, which the step lets pass at the agent), p50 and p99; for reference the
+  same pair as two messages (observe, then apply) over the Session and as unary RPCs
+  (``session=False``);
 * in the same run, interleaved with those round trips in ``REPEATS`` rounds (so a shared
   machine's changing load falls on all of them alike), the floors under them from bare
   grpcio servers with no agent code (eval/bench/bare_grpc.py), synchronous and asyncio: a
-  unary call carrying the round trip's payload (its requests' and answers' bytes), and
-  two stream message round trips of an observe's and an apply's sizes -- observe + apply
-  with no agent code at all;
-* the target ratio per round, the Session round trip's p99 over the bare unary call's
-  median (the faster of the two servers: the stricter baseline), reported as the median
-  over the rounds (target: at most 2x), and the same ratio for the no-agent-code floor;
-* sustained RPC/s of client processes x threads alternating observe and apply (target
-  >= 2,000 RPC/s), the same with unary RPCs, and the cheapest RPC (GetCapabilities) for
-  reference;
+  unary call carrying the round trip's payload (its requests' and answers' bytes), one
+  stream message round trip of a step's sizes (a step with no agent code), and two of an
+  observe's and an apply's sizes (the two-message pair with no agent code);
+* the target ratio per round, the step's p99 over the bare unary call's median (the
+  faster of the two servers: the stricter baseline), reported as the median over the
+  rounds (target: at most 2x), and the same ratios for the two-message pair and the
+  no-agent-code floors;
+* sustained steps/s of client processes x threads (target >= 2,000/s; each step is one
+  RPC carrying an apply and an observe), observe/apply alternated as two messages and as
+  unary RPCs, and the cheapest RPC (GetCapabilities), for reference;
 * the machine's 1-minute load average at the start and the end (figures from a loaded
   machine are not comparable with a quiet one's).
 
@@ -55,6 +58,11 @@ def _payloads(address: str) -> dict[str, int]:
         caps = node.capabilities()
         plan = _plans(caps, sorted(node.groups()))[0]
         snap, held = node.observe(), node.apply(plan)
+    step = api.SessionRequest(id=1)
+    C.to_plan(plan, step.step.plan)
+    stepped = api.SessionResponse(id=1)
+    C.to_allocation(held, stepped.step.allocation)
+    C.to_snapshot(snap, stepped.step.snapshot)
     observe = api.SessionRequest(id=1)
     observe.observe.SetInParent()
     apply = api.SessionRequest(id=1)
@@ -70,6 +78,8 @@ def _payloads(address: str) -> dict[str, int]:
             ("observed", observed),
             ("apply", apply),
             ("applied", applied),
+            ("step", step),
+            ("stepped", stepped),
         )
     }
 
@@ -175,31 +185,44 @@ def _handlers(repeats: int) -> list[Result]:
     guard = GuardInterceptor(None, None, metrics.observe_rpc)
     plans = _plans(node.capabilities(), sorted(node.groups()))
     wires = [api.ApplyRequest(plan=C.to_plan(p)).SerializeToString() for p in plans]
+    steps = [api.StepRequest(plan=C.to_plan(p)).SerializeToString() for p in plans]
 
-    async def measure() -> list[float]:
+    async def measure() -> tuple[list[float], list[float]]:
         observe = await _guarded(
             guard, "Observe", servicer.Observe, api.ObserveRequest, api.ObserveResponse
         )
         apply = await _guarded(guard, "Apply", servicer.Apply, api.ApplyRequest, api.ApplyResponse)
-        ctx, out = _Context(), []
+        step = await _guarded(guard, "Step", servicer.Step, api.StepRequest, api.StepResponse)
+        ctx, pairs, stepped = _Context(), [], []
         for k in range(repeats + 50):
             started = time.perf_counter()
             for h, wire in ((observe, b""), (apply, wires[k % 2])):
                 h.response_serializer(await h.unary_unary(h.request_deserializer(wire), ctx))
-            out.append(time.perf_counter() - started)
-        return out[50:]
+            pairs.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            step.response_serializer(
+                await step.unary_unary(step.request_deserializer(steps[k % 2]), ctx)
+            )
+            stepped.append(time.perf_counter() - started)
+        return pairs[50:], stepped[50:]
 
     try:
-        seconds = asyncio.run(measure())
+        pairs, stepped = asyncio.run(measure())
     finally:
         host.close()
     return [
         latency_result(
-            "in-process server handlers Observe+Apply (interceptor, SimNode, no transport)",
-            seconds,
+            "in-process server handler Step (interceptor, SimNode, no transport)",
+            stepped,
             unit="ms",
             target="reference",
-        )
+        ),
+        latency_result(
+            "in-process server handlers Observe+Apply (interceptor, SimNode, no transport)",
+            pairs,
+            unit="ms",
+            target="reference",
+        ),
     ]
 
 
@@ -265,6 +288,8 @@ def _load_worker(address: str, threads: int, seconds: float, kind: str, out) -> 
             try:
                 if kind == "caps":
                     node.capabilities()
+                elif kind == "step":
+                    node.step(plans[k % 2])
                 elif k % 2:
                     node.observe()
                 else:
@@ -305,6 +330,7 @@ def _sustained(address: str, procs: int, threads: int, seconds: float, kind: str
 
 
 def _round_trips(node, plans, repeats: int) -> list[float]:
+    """observe, then apply: two messages (or two unary calls)."""
     k = [0]
 
     def round_trip() -> None:
@@ -313,6 +339,17 @@ def _round_trips(node, plans, repeats: int) -> list[float]:
         k[0] += 1
 
     return latencies(round_trip, repeats=repeats, warmup=20)
+
+
+def _steps(node, plans, repeats: int) -> list[float]:
+    """step(plan): the apply and the observation after it, one message."""
+    k = [0]
+
+    def step() -> None:
+        node.step(plans[k[0] % 2])
+        k[0] += 1
+
+    return latencies(step, repeats=repeats, warmup=20)
 
 
 def _ratios(trips: list[list[float]], bare: list[list[float]]) -> list[float]:
@@ -341,6 +378,7 @@ def _rounds(address: str, size: dict[str, int], rounds: int, per_round: int):
     unary_msg = request(size["observe"] + size["apply"], size["observed"] + size["applied"])
     observe_msg = request(size["observe"], size["observed"])
     apply_msg = request(size["apply"], size["applied"])
+    step_msg = request(size["step"], size["stepped"])
     servers = [BareServer("sync"), BareServer("aio")]
     clients = [BareClient(s.address) for s in servers]
 
@@ -353,24 +391,42 @@ def _rounds(address: str, size: dict[str, int], rounds: int, per_round: int):
     plans = _plans(session.capabilities(), names)
     series: dict[str, list[list[float]]] = {
         k: []
-        for k in ("session", "unary", "sync", "aio", "floor_sync", "floor_aio", "bare", "floor")
+        for k in (
+            "step",
+            "session",
+            "unary",
+            "sync",
+            "aio",
+            "step_floor_sync",
+            "step_floor_aio",
+            "floor_sync",
+            "floor_aio",
+            "bare",
+            "step_floor",
+            "floor",
+        )
     }
     try:
         for _ in range(rounds):
-            series["session"].append(_round_trips(session, plans, per_round))
+            series["step"].append(_steps(session, plans, per_round))
             for kind, client in zip(("sync", "aio"), clients, strict=True):
                 series[kind].append(
                     latencies(lambda c=client: c.unary(unary_msg, timeout=10), per_round, 20)
                 )
+                series[f"step_floor_{kind}"].append(
+                    latencies(lambda c=client: c.ask(step_msg), per_round, 20)
+                )
                 series[f"floor_{kind}"].append(
                     latencies(lambda c=client: two_messages(c), per_round, 20)
                 )
+            series["session"].append(_round_trips(session, plans, per_round))
             series["unary"].append(_round_trips(unary, plans, per_round))
             # The stricter baseline of the round: the faster bare server's calls; the floor
             # from the server kind that gave the lower one.
             series["bare"].append(min(series["sync"][-1], series["aio"][-1], key=statistics.median))
-            floors = (series["floor_sync"][-1], series["floor_aio"][-1])
-            series["floor"].append(min(floors, key=statistics.median))
+            for floor in ("floor", "step_floor"):
+                floors = (series[f"{floor}_sync"][-1], series[f"{floor}_aio"][-1])
+                series[floor].append(min(floors, key=statistics.median))
     finally:
         session.close()
         unary.close()
@@ -390,15 +446,31 @@ def _round_results(
 
     payload = f"{size['observe'] + size['apply']} B in, {size['observed'] + size['applied']} B out"
     messages = f"{size['observe']} -> {size['observed']} B, {size['apply']} -> {size['applied']} B"
+    step = f"{size['step']} -> {size['stepped']} B"
     rows = [
         (
-            f"observe+apply round trip over a Session, {groups} own groups + default, sim",
-            "session",
+            f"step (apply + observe, one Session message), {groups} own groups + default, sim",
+            "step",
             "reference (ratio below)",
+        ),
+        (
+            "observe+apply as two Session messages (the pair a step replaces)",
+            "session",
+            "reference",
         ),
         ("observe+apply round trip, unary RPCs (session=False)", "unary", "reference"),
         (f"bare grpcio unary round trip, sync server ({payload}, no agent code)", "sync", ""),
         (f"bare grpcio unary round trip, asyncio server ({payload}, no agent code)", "aio", ""),
+        (
+            f"floor of a step: one bare stream message round trip, sync server ({step})",
+            "step_floor_sync",
+            "",
+        ),
+        (
+            f"floor of a step: one bare stream message round trip, asyncio server ({step})",
+            "step_floor_aio",
+            "",
+        ),
         (
             "floor of observe+apply: two bare stream message round trips, sync server "
             f"({messages})",
@@ -430,19 +502,34 @@ def _ratio_rows(series: dict[str, list[list[float]]]) -> list[Result]:
 
     return [
         _ratio_result(
-            "observe+apply over a Session: p99 / bare unary median, per round",
-            _ratios(series["session"], series["bare"]),
+            "step (apply + observe, one message): p99 / bare unary median, per round",
+            _ratios(series["step"], series["bare"]),
             "<= 2x",
         ),
         _ratio_result(
-            "observe+apply over a Session: median / bare unary median, per round",
+            "step (apply + observe, one message): median / bare unary median, per round",
+            medians("step"),
+            "reference",
+        ),
+        _ratio_result(
+            "floor of a step (no agent code): p99 / bare unary median, per round",
+            _ratios(series["step_floor"], series["bare"]),
+            "the best any agent could do",
+        ),
+        _ratio_result(
+            "observe+apply as two Session messages: p99 / bare unary median, per round",
+            _ratios(series["session"], series["bare"]),
+            "reference (the old hot path)",
+        ),
+        _ratio_result(
+            "observe+apply as two Session messages: median / bare unary median, per round",
             medians("session"),
             "reference",
         ),
         _ratio_result(
             "floor of observe+apply (no agent code): p99 / bare unary median, per round",
             _ratios(series["floor"], series["bare"]),
-            "the best any agent could do",
+            "reference",
         ),
         _ratio_result(
             "floor of observe+apply (no agent code): median / bare unary median, per round",
@@ -463,7 +550,8 @@ def run(quick: bool) -> list[Result]:
         seconds = 2.0 if quick else 5.0
         runs = 1 if quick else 3
         for kind, label, target in (
-            ("mixed", "observe/apply", ">= 2000 RPC/s"),
+            ("step", "steps (apply + observe, one message)", ">= 2000 RPC/s"),
+            ("mixed", "observe/apply as two messages,", "reference"),
             ("unary", "observe/apply, unary RPCs,", "reference"),
             ("caps", "GetCapabilities", "reference"),
         ):
