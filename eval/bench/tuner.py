@@ -4,9 +4,11 @@
 Starts the real agent (``rdtune agent --backend sim --scenario default``: an LC service and
 three batch jobs on the Gold 6130 model) as a separate process on 127.0.0.1 and runs the
 real :class:`tuner.service.Tuner` against it, one controller at a time. Each interval's
-*loop* time runs from the observe call to the apply's answer: observe, allocation read,
-SLO judgement, decide, guard (validation and change limits), apply. The simulated clock's
-advance before it is the simulator's cost, not the tuner's, and is left out. *decide* is
+*loop* time (``StepResult.loop_s``) is observe, allocation read, SLO judgement, decide,
+guard (validation and change limits), apply: the tuner sends the apply with the next
+interval's clock advance and observation as one Step message, so the loop runs from the
+interval's start (its observation in hand) to that step's answer, less the advance, which
+is the simulator's cost, not the tuner's (the agent reports it in the answer). *decide* is
 the controller alone (for the policy: features, normalisation, ONNX inference, decoding).
 
 Every controller of the catalogue that runs against a remote node without an operator's
