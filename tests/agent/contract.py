@@ -30,6 +30,7 @@ from agent.types import (
     GroupKind,
     GroupSpec,
     MbaMode,
+    StepOutcome,
     contiguous_mask,
 )
 
@@ -273,3 +274,33 @@ class NodeContract:
         harness.tick(0.02)
         second = node.observe()
         assert second.timestamp > first.timestamp
+
+    # ------------------------------------------------------------------ step
+
+    def test_step_applies_then_observes(self, harness: NodeHarness, node: Node) -> None:
+        _make(node, "a", "b")
+        plan = self._valid_plan(node)
+        node.observe()
+        harness.tick(0.02)
+        out = node.step(plan)
+        assert isinstance(out, StepOutcome)
+        assert out.allocation == node.allocation() == node.apply(plan)
+        assert set(out.snapshot.groups) == {"a", "b"} and out.snapshot.interval_s > 0
+        harness.tick(0.02)
+        alone = node.step()  # no plan: an observation only
+        assert alone.allocation is None
+        assert alone.snapshot.timestamp > out.snapshot.timestamp
+
+    def test_step_with_a_refused_plan_changes_and_observes_nothing(
+        self, harness: NodeHarness, node: Node
+    ) -> None:
+        _make(node, "a", "b")
+        before = node.allocation()
+        node.observe()
+        harness.tick(0.02)
+        with pytest.raises(GroupNotFound):
+            node.step(AllocationPlan({**self._valid_plan(node).groups, "ghost": {}}))
+        assert node.allocation() == before
+        harness.tick(0.02)
+        # The refused step took no observation: the next one spans both ticks.
+        assert node.observe().interval_s >= 0.04 - 1e-9
