@@ -213,8 +213,11 @@ class Tuner(Resilience):
         return None
 
     def _stepped(self, snapshot: Snapshot, waited_s: float) -> None:
-        """Keep the observation a step took for the next interval (and its tick)."""
+        """Keep the observation a step took for the next interval."""
         self._next, self._waited = snapshot, waited_s
+
+    def _ticked(self) -> None:
+        """A step waited at the node until the next tick: the schedule moves on by one."""
         if self.clock is None and self._next_tick is not None:
             self._next_tick += self.cfg.interval_s
             now = time.monotonic()
@@ -284,6 +287,8 @@ class Tuner(Resilience):
             self._observe_next(then)
         else:
             outcome, rule = self._carry_out(decision, current, now, then)
+        if then is not None and self._next is not None:
+            self._ticked()
         # Observe, decide and apply, whether they took one round trip or more; not the
         # interval a step let pass between its apply and its observation.
         loop_s = time.perf_counter() - t0 - self._waited
