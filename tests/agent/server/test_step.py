@@ -20,11 +20,13 @@ from tests.agent.server.refnode import RefNode
 from tests.agent.server.test_session import (
     LC,
     MODES,
+    _in_thread,
     _mode,
     _plain,
     _plan,
     _RawSession,
     _rpcs,
+    _wait_for,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -210,3 +212,26 @@ def test_an_agent_without_steps_is_stepped_by_parts(monkeypatch, session) -> Non
             local.tick(1.0)
             assert _plain(client.step(_plan())) == _plain(local.step(_plan()))
         assert _rpcs(server, "Apply", "OK") == _rpcs(server, "Observe", "OK") == 2
+
+
+@pytest.mark.parametrize("session", MODES)
+def test_shutdown_cuts_a_waiting_step_short_and_answers_it(session) -> None:
+    """A step waiting out a long wall-clock interval at the agent does not hold its stop:
+    the wait ends, the step observes and answers, within the grace period."""
+    node = RefNode()
+    node.create_group(GroupSpec("a"))
+    with serve(node, grace_s=1.0) as server:
+        client = RemoteNode(server.address, timeout=10, **_mode(session))
+        try:
+            thread, out = _in_thread(lambda: client.step(_plan(), interval_s=600.0))
+            assert _wait_for(lambda: node.allocation().get("a", 0).l3_mask == 0b111)
+            started = time.monotonic()
+            server.stop()
+            took = time.monotonic() - started
+            thread.join(10)
+        finally:
+            client.close()
+    assert took < 1.0 + 2.0
+    assert "error" not in out, out.get("error")
+    assert out["result"].allocation.get("a", 0).l3_mask == 0b111
+    assert out["result"].waited_s < 10
