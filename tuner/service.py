@@ -5,18 +5,10 @@ the policy controller encodes features itself with models/features.py). On a sim
 the tuner steps the node's clock by the interval (optionally also sleeping, ``realtime``);
 on a real node it sleeps to a fixed-rate schedule.
 
-The apply of one interval and the observation that starts the next travel as one
-``Node.step`` (one message to a remote agent): the plan, then the interval's passing --
-the simulated clock's advance, or on a real node the wait until the next tick, kept by
-the agent -- then the observation. So each interval costs one round trip, the plan takes
-effect as soon as it is decided (as before), and the observation covers exactly the
-interval since the previous one. A plan the node refuses brings no observation: the next
-interval then waits and observes by itself. When a simulated node is also paced by the
-wall clock (``realtime``), or ``step()`` is driven by hand on a wall-clock node, the
-interval passes outside the node and apply and observe stay separate calls.
-
 The tuner is composed of this module (start, one interval, controller switches), its groups
-(tuner/groups.py) and its run loop with the outage handling and shutdown (tuner/outages.py).
+(tuner/groups.py), its run loop with the outage handling and shutdown (tuner/outages.py)
+and its pacing (tuner/pacing.py: each interval's apply and the observation starting the
+next are one ``Node.step``, one round trip).
 
 Failure handling (docs/DEPLOY.md, "What the safety guard guarantees"):
 
@@ -56,6 +48,7 @@ from tuner.groups import GroupKeeper
 from tuner.guard import PlanGuard, SloGuard, Switch, slo_verdicts
 from tuner.metrics import TunerMetrics
 from tuner.outages import Resilience
+from tuner.pacing import Pacing
 
 log = logging.getLogger("rdtune.tuner")
 
@@ -73,7 +66,7 @@ class StepResult:
     rule: str | None = None
 
 
-class Tuner(Resilience):
+class Tuner(Resilience, Pacing):
     """Controller x Node with the safety guard.
 
     Args:
@@ -118,13 +111,7 @@ class Tuner(Resilience):
         self.switches: list[Switch] = []
         self._last_now = -math.inf
         self._next_tick: float | None = None
-        self._realtime = False  # paced by the wall clock (run() sleeps, or the step waits)
-        # The observation that starts the next interval, taken by this interval's step
-        # (None: the next interval observes by itself), and the time that step spent
-        # letting the interval pass (not the tuner's latency).
-        self._next: Snapshot | None = None
-        self._waited = 0.0
-        self._final = False  # this interval is the run's last: observe no next one
+        self._init_pacing()
         self.started = False  # start() has finished once: later outages reconcile
 
     @property
@@ -199,43 +186,11 @@ class Tuner(Resilience):
             return self._reassert(self.node.allocation())
         return self.intended
 
-    def _then(self) -> float | None:
-        """The interval the step carrying this interval's apply lets pass before observing
-        the next one's start (simulated seconds, or wall-clock seconds to the next tick);
-        None when the interval passes outside the node (module docstring), or when no
-        interval follows (the run's last)."""
-        if self._final:
-            return None
-        if self.clock is not None:
-            return None if self._realtime else self.cfg.interval_s
-        if self._realtime and self._next_tick is not None:
-            return max(0.0, self._next_tick + self.cfg.interval_s - time.monotonic())
-        return None
-
-    def _stepped(self, snapshot: Snapshot, waited_s: float) -> None:
-        """Keep the observation a step took for the next interval."""
-        self._next, self._waited = snapshot, waited_s
-
-    def _ticked(self) -> None:
-        """A step waited at the node until the next tick: the schedule moves on by one."""
-        if self.clock is None and self._next_tick is not None:
-            self._next_tick += self.cfg.interval_s
-            now = time.monotonic()
-            if self._next_tick < now - self.cfg.interval_s:  # fell behind: re-anchor
-                self._next_tick = now
-
     def step(self) -> StepResult:
         """Advance one interval: observe (or take the observation the last interval's step
         brought), judge SLOs, decide, guard, apply -- and with the apply, when the
         interval passes at the node, let it pass and observe the next one's start."""
-        snap, self._next = self._next, None
-        self._waited = 0.0
-        t0 = time.perf_counter()
-        if snap is None:
-            if self.clock is not None:
-                self.clock.advance(self.cfg.interval_s)
-            t0 = time.perf_counter()
-            snap = self.node.observe()
+        snap, t0 = self._observed()
         if set(snap.groups) != set(self.groups) or snap.vanished:
             self._groups_changed()
         current = self._current()
@@ -243,18 +198,7 @@ class Tuner(Resilience):
         if now < self._last_now:  # the node's clock started over (a restarted sim agent)
             self.plan_guard.forget()
         self._last_now = now
-        verdicts = slo_verdicts(snap, self.groups)
-        for group, violated in verdicts.items():
-            if violated is not None:
-                spec = self.groups[group]
-                tail = snap.groups[group].latency.percentile(spec.slo.percentile)
-                self.metrics.record_slo(group, violated, tail)
-        for group, spec in self.groups.items():
-            sample = snap.groups.get(group)
-            batch = spec.kind is GroupKind.BATCH and sample is not None
-            if batch and sample.instructions and snap.interval_s > 0:
-                self.metrics.batch_ips.labels(group).set(sample.instructions / snap.interval_s)
-        switch = self.slo_guard.update(verdicts)
+        switch = self.slo_guard.update(self._judged(snap))
         ctx = self._context(current, now)
         if switch is not None:
             self._switched(switch)
@@ -287,8 +231,7 @@ class Tuner(Resilience):
             self._observe_next(then)
         else:
             outcome, rule = self._carry_out(decision, current, now, then)
-        if then is not None and self._next is not None:
-            self._ticked()
+        self._passed(then)
         # Observe, decide and apply, whether they took one round trip or more; not the
         # interval a step let pass between its apply and its observation.
         loop_s = time.perf_counter() - t0 - self._waited
@@ -296,6 +239,21 @@ class Tuner(Resilience):
         self.metrics.intervals.inc()
         self.intervals += 1
         return StepResult(snap, name, outcome, decide_s, loop_s, switch, rule)
+
+    def _judged(self, snap: Snapshot) -> dict[str, bool | None]:
+        """Each LC group's SLO verdict on ``snap``, recorded with the batch groups' IPS."""
+        verdicts = slo_verdicts(snap, self.groups)
+        for group, violated in verdicts.items():
+            if violated is not None:
+                spec = self.groups[group]
+                tail = snap.groups[group].latency.percentile(spec.slo.percentile)
+                self.metrics.record_slo(group, violated, tail)
+        for group, spec in self.groups.items():
+            sample = snap.groups.get(group)
+            batch = spec.kind is GroupKind.BATCH and sample is not None
+            if batch and sample.instructions and snap.interval_s > 0:
+                self.metrics.batch_ips.labels(group).set(sample.instructions / snap.interval_s)
+        return verdicts
 
     def _switched(self, switch: Switch) -> None:
         old, new = (
@@ -321,13 +279,6 @@ class Tuner(Resilience):
                 "tripped_by": list(switch.groups),
             },
         )
-
-    def _observe_next(self, then: float | None) -> None:
-        """No plan this interval: when the interval passes at the node, a step without a
-        plan lets it pass and observes."""
-        if then is not None:
-            out = self.node.step(None, interval_s=then)
-            self._stepped(out.snapshot, out.waited_s)
 
     def _carry_out(
         self, decision: Decision, current: Allocation, now: float, then: float | None = None

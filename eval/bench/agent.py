@@ -46,6 +46,24 @@ LISTEN = "127.0.0.1:0"
 
 
 REPEATS = 5  # interleaved rounds of every round trip and floor (3 with --quick)
+# What each round measures (the module docstring lists them): the step, observe + apply
+# as two Session messages and as unary RPCs, the bare unary calls of each server kind, the
+# floors (one bare message of a step's sizes, two of the pair's) of each kind, and of each
+# the faster kind of the round.
+SERIES = (
+    "step",
+    "session",
+    "unary",
+    "sync",
+    "aio",
+    "step_floor_sync",
+    "step_floor_aio",
+    "floor_sync",
+    "floor_aio",
+    "bare",
+    "step_floor",
+    "floor",
+)
 
 
 def _payloads(address: str) -> dict[str, int]:
@@ -389,23 +407,7 @@ def _rounds(address: str, size: dict[str, int], rounds: int, per_round: int):
     session, _, names = _setup(address, session=True)
     unary, _, _ = _setup(address, session=False)
     plans = _plans(session.capabilities(), names)
-    series: dict[str, list[list[float]]] = {
-        k: []
-        for k in (
-            "step",
-            "session",
-            "unary",
-            "sync",
-            "aio",
-            "step_floor_sync",
-            "step_floor_aio",
-            "floor_sync",
-            "floor_aio",
-            "bare",
-            "step_floor",
-            "floor",
-        )
-    }
+    series: dict[str, list[list[float]]] = {k: [] for k in SERIES}
     try:
         for _ in range(rounds):
             series["step"].append(_steps(session, plans, per_round))
