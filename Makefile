@@ -6,10 +6,11 @@ demo:
 	@scripts/setup.sh
 	.venv/bin/rdtune demo
 
-# Set up (if needed) and run the whole test suite.
+# Set up (if needed) and run the whole test suite, on every core (pytest-xdist; tests that
+# must share one process, like the Ray ones, carry an xdist_group mark: --dist loadgroup).
 test:
 	@scripts/setup.sh
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n auto --dist loadgroup
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

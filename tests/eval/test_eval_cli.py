@@ -39,10 +39,16 @@ def test_smoke_suite_serial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["eval", "--rerender", str(tmp_path / "nowhere")]) == 2
 
 
+@pytest.mark.xdist_group("ray")  # beside the Ray tests sharing one Ray (tests/conftest.py)
 def test_smoke_suite_on_ray_local_matches_serial() -> None:
+    import ray
+
+    if ray.is_initialized():  # the shared Ray of an earlier test in this process
+        ray.shutdown()
     jobs = get_suite("smoke").jobs(seconds=1.0)
     serial = run_jobs(jobs, "none")
     on_ray = run_jobs(jobs, "local")
+    assert not ray.is_initialized()  # run_jobs stops the Ray it started
     assert [r.controller for r in on_ray] == ["unpartitioned"] * 2 + ["eq"] * 2  # job order
     for a, b in zip(serial, on_ray, strict=True):
         assert not a.error and not b.error
@@ -130,13 +136,23 @@ def test_time_sharing_is_judged_per_service() -> None:
 def test_bench_failure_is_reported_and_the_rest_run(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from eval import bench
+    import sys
+    import types
 
-    # a benchmark module that does not exist stands in for one that breaks
+    from eval import bench
+    from eval.bench.harness import Result
+
+    # a benchmark module that does not exist stands in for one that breaks; the one after
+    # it is a stand-in too (a real one takes ~20 s; test_bench_quick runs the sim's)
     monkeypatch.setitem(bench.BENCHMARKS, "broken", "no_such_module")
-    assert main(["bench", "--quick", "broken", "sim"]) == 1
+    fine = types.ModuleType("eval.bench.fine_for_test")
+    fine.run = lambda quick: [Result(f"fine, quick={quick}", 42.0, "steps/s", 3)]
+    monkeypatch.setitem(sys.modules, fine.__name__, fine)
+    monkeypatch.setitem(bench.BENCHMARKS, "fine", "fine_for_test")
+    assert main(["bench", "--quick", "broken", "fine"]) == 1
     out = capsys.readouterr()
-    assert "| broken: failed (ModuleNotFoundError" in out.out and "steps/s" in out.out
+    assert "| broken: failed (ModuleNotFoundError" in out.out
+    assert "| fine, quick=True | 42 steps/s | - | 3 |" in out.out  # the rest still ran
     assert "failed: broken" in out.err
 
 

@@ -69,7 +69,8 @@ def _same(a: list, b: list) -> None:
 
 
 @pytest.mark.slow
-def test_ray_workers_match_the_in_process_vector_env_and_train(tmp_path):
+@pytest.mark.xdist_group("ray")
+def test_ray_workers_match_the_in_process_vector_env_and_train(tmp_path, ray_local):
     import ray
 
     from tests.training.tiny_runs import TINY
@@ -78,22 +79,19 @@ def test_ray_workers_match_the_in_process_vector_env_and_train(tmp_path):
     n = 3
     reference = _trajectory(make_batched_vec_env(n, **FAST))
     assert any(d.any() for d in reference[4::6])  # episodes ended and were reset
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        _same(_trajectory(ray_vec_env(n, 2, **FAST)), reference)
-        # rdtune train on Ray rollout workers (the Ray started here is used and left up)
-        config = dict(TINY, total_timesteps=64)
-        path = tmp_path / "tiny.yaml"
-        path.write_text(yaml.safe_dump(config))
-        out = tmp_path / "run"
-        argv = ["train", "--config", str(path), "--out", str(out), "--no-progress"]
-        assert main([*argv, "--rollout-workers", "1"]) == 0
-        assert ray.is_initialized()
-        # more workers than the cluster has CPUs: a clear error, not actors waiting forever
-        with pytest.raises(RolloutError, match="3 rollout workers need 3 CPUs"):
-            ray_vec_env(n, 3, **FAST)
-    finally:
-        ray.shutdown()
+    # the shared local Ray (conftest: 2 CPUs)
+    _same(_trajectory(ray_vec_env(n, 2, **FAST)), reference)
+    # rdtune train on Ray rollout workers (the Ray running here is used and left up)
+    config = dict(TINY, total_timesteps=64)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(path), "--out", str(out), "--no-progress"]
+    assert main([*argv, "--rollout-workers", "1"]) == 0
+    assert ray.is_initialized()
+    # more workers than the cluster has CPUs: a clear error, not actors waiting forever
+    with pytest.raises(RolloutError, match="3 rollout workers need 3 CPUs"):
+        ray_vec_env(n, 3, **FAST)
     assert yaml.safe_load((out / "config.yaml").read_text())["rollout_workers"] == 1
     cycles = [json.loads(line) for line in (out / "throughput.jsonl").read_text().splitlines()]
     assert sum(c["env_steps"] for c in cycles) == 64

@@ -42,29 +42,24 @@ def test_bad_sweep_values_fail_before_ray_starts(tmp_path):
 
     from training.sweep import run_sweep
 
+    if ray.is_initialized():  # the shared Ray of an earlier test in this process (conftest)
+        ray.shutdown()
     cfg = tiny_config(tmp_path / "run")
     with pytest.raises(SweepError, match=r"ppo\.learning_rate"):
         run_sweep(cfg, {"ppo.learning_rate": ["fast"]})
     assert not ray.is_initialized()
 
 
-def test_ray_local_sweep_and_parallel_rollouts(tmp_path, monkeypatch):
+@pytest.mark.xdist_group("ray")
+def test_ray_local_sweep_and_parallel_rollouts(tmp_path, ray_local):
     import ray
 
-    from envs.cluster import start_ray
     from training.sweep import parallel_rollouts, run_sweep
 
     cfg = tiny_config(tmp_path / "tiny", total_timesteps=64)
-    # "local" starts a private Ray even where one is advertised (a stray cluster on a CI
-    # host: with no address ray.init would try to join it)
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
-    start_ray("local", num_cpus=2)
-    try:
-        result = run_sweep(cfg, {"seed": [0, 1]})
-        assert ray.is_initialized()  # a Ray the caller started is left running
-        rollouts = parallel_rollouts(cfg.eval_kwargs(), ["eq", "unpartitioned"], episodes=2, seed=5)
-    finally:
-        ray.shutdown()
+    result = run_sweep(cfg, {"seed": [0, 1]})
+    assert ray.is_initialized()  # a Ray the caller started is left running
+    rollouts = parallel_rollouts(cfg.eval_kwargs(), ["eq", "unpartitioned"], episodes=2, seed=5)
     # one experiment folder, one run directory per trial, a summary
     assert result.experiment_dir == (tmp_path / "tiny-sweep")
     assert [t["trial"] for t in result.trials] == ["seed=0", "seed=1"]

@@ -15,6 +15,7 @@ def _params(run_dir, algorithm="MaskablePPO", name="model.zip"):
     return load_model(run_dir / name, algorithm).policy.state_dict()
 
 
+@pytest.mark.xdist_group("tiny_runs")  # the fixture by name: beside its other users (conftest)
 @pytest.mark.parametrize("fixture", ["tiny_run", "tiny_ppo_run"])
 def test_tiny_run_writes_a_complete_run_directory(request, fixture):
     result = request.getfixturevalue(fixture)

@@ -1,0 +1,90 @@
+"""Suite-wide set-up for running in parallel: one local Ray shared by the tests that need a
+running Ray, and the tests of one costly shared fixture kept in one process.
+
+``make test`` runs the suite on every core with pytest-xdist (``--dist loadgroup``): each
+worker process takes tests one at a time, except those of an ``xdist_group``, which go to
+one worker together. Starting Ray costs ~10 s of wall time and more of CPU, so the tests
+that only *use* a Ray (training sweeps, rollout workers) share one per process and are
+marked ``xdist_group("ray")``. Session-scoped fixtures that train or record something
+(SHARED_FIXTURES) are built once per process; their tests are grouped here so that only
+one worker builds each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+# fixture -> the xdist group of every test that uses it (fixtures built on one another share
+# a group). Tests already in a group keep theirs.
+SHARED_FIXTURES = {
+    "explore_trace": "explore_trace",  # tests/training/conftest.py: a 90 s recorded trace
+    "dynamics": "explore_trace",  # ... and the dynamics fitted to it
+    "tiny_run": "tiny_runs",  # tests/training/tiny_runs.py: trained tiny policies
+    "tiny_ppo_run": "tiny_runs",
+    "tiny_export": "tiny_runs",
+    "wheel": "wheel",  # tests/test_packaging.py: the wheel built from a clean checkout
+}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
+    """Group the tests of SHARED_FIXTURES before xdist reads the groups, then make sure
+    each grouped test's nodeid names its group.
+
+    xdist (3.8) tells its scheduler a test's group by appending ``@GROUP`` to the test's
+    ``_nodeid``; pytest 9.2 derives ``nodeid`` from the structured ``_id``, so the suffix is
+    lost and grouped tests would spread over the workers. Append it to ``_id`` instead
+    (nothing to do once xdist does so itself).
+    """
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        used = getattr(item, "fixturenames", ())
+        group = next((g for f, g in SHARED_FIXTURES.items() if f in used), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    result = yield  # every other plugin's hook, xdist's included
+    if config.getoption("loadgroup", default=False):  # set in xdist workers of loadgroup
+        from _pytest.nodeid import NodeId
+
+        for item in items:
+            marks = item.iter_markers("xdist_group")
+            names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                            for m in marks})  # fmt: skip
+            if names and "@" not in item.nodeid and isinstance(getattr(item, "_id", None), NodeId):
+                item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
+    return result
+
+
+# Ray's own pool on a 2-core machine: rollout workers and sweep trials need 2 CPUs.
+RAY_CPUS = 2
+
+
+@pytest.fixture(scope="session")
+def _ray_down_at_exit() -> Iterator[None]:
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_local(_ray_down_at_exit: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A private local Ray (``envs.cluster.start_ray("local")``, RAY_CPUS CPUs), started by
+    the first test that asks for it and left running for the next ones; shut down when the
+    session ends. A test that needs *no* Ray running shuts it down itself: the next user
+    starts it again."""
+    import ray
+
+    from envs.cluster import start_ray
+
+    if not ray.is_initialized():
+        # "local" must start a private Ray even where one is advertised (a stray cluster on
+        # a CI host: with no address ray.init would try to join it)
+        with monkeypatch.context() as env:
+            env.setenv("RAY_ADDRESS", "127.0.0.1:1")
+            start_ray("local", num_cpus=RAY_CPUS)
+    assert ray.is_initialized()
