@@ -158,6 +158,12 @@ def policy_kwargs(cfg, max_groups: int) -> dict[str, Any]:
 
 
 def build_model(cfg, venv, tensorboard_log: str | None):
+    import torch
+
+    # torch checks every distribution's arguments by default (``__debug__``): a simplex
+    # check per action dimension and minibatch, a tenth of PPO's time here
+    # (docs/BENCHMARKS.md, "PPO end to end"); the logits come from our own network.
+    torch.distributions.Distribution.set_default_validate_args(False)
     decoder = venv.get_attr("decoder")[0]
     kwargs = policy_kwargs(cfg, decoder.max_groups)
     policy: Any = "MlpPolicy"
