@@ -152,6 +152,11 @@ def _ways(x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
     return (x * y).sum(axis=-1)
 
 
+def _out_rows(out: tuple | None, idx: np.ndarray) -> tuple | None:
+    """Rows ``idx`` of :meth:`Model._outside`'s result."""
+    return None if out is None else tuple(None if x is None else x[idx] for x in out)
+
+
 def _rows(x, idx):
     return None if x is None else x[idx]
 
@@ -438,23 +443,22 @@ class Model:
         miss_rate: np.ndarray,
         dt: float | np.ndarray,
         hit_rate: np.ndarray | None = None,
+        held_out: tuple | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`step_occupancy`, and the bytes each workload holds after it (the solver
         needs them; this runs several times per step). Sums over workloads are einsum's
         (faster than ``sum`` over a middle axis, and bit for bit the same: both add in
         order); sums over ways stay ``sum``'s pairwise order, since a last-bit change there
-        moves the golden trajectories by up to 1e-4 through the solver's iterations."""
+        moves the golden trajectories by up to 1e-4 through the solver's iterations.
+        ``held_out``: :meth:`_outside` of ``occ``, when the caller steps the same start
+        occupancy several times."""
         wb = self.way_bytes[:, :, None]  # (B, 1, 1)
         dt_w = dt if np.ndim(dt) == 0 else dt[..., None]  # against (B, ., W) arrays
         if inp.hold_cap is None:
             inp.hold_cap = self.hold_cap(inp.nways, inp.ws_s)
         if hit_rate is not None and self.non_inclusive.any():
-            if inp.unmask is None:
-                inp.unmask = (1.0 - inp.masks) * self.non_inclusive[:, None, None]
-            outside = occ * inp.unmask
-            most = outside.max(axis=(1, 2))
+            outside, most, lines = self._outside(occ, inp) if held_out is None else held_out
             if most.max(initial=0.0) > LINE:
-                lines = np.maximum(_ways(occ), LINE) / LINE
                 share = 1.0 - np.exp(-(hit_rate / lines) * dt)
                 if most.min() <= LINE:  # per node: as the node would alone
                     share = share * (most > LINE)[:, None]
@@ -504,6 +508,19 @@ class Model:
         eta = _ways(occ, others) / np.maximum(tot, 1e-30)
         return occ, eta, tot
 
+    def _outside(self, occ: np.ndarray, inp: Inputs) -> tuple:
+        """(lines held outside the mask (B, n, W), their most per node, lines held (B, n)
+        or None when no node holds more than a line outside its mask): what a
+        non-inclusive LLC's migration reads of the start occupancy."""
+        if inp.unmask is None:
+            inp.unmask = (1.0 - inp.masks) * self.non_inclusive[:, None, None]
+        outside = occ * inp.unmask
+        most = outside.max(axis=(1, 2))
+        lines = None
+        if most.max(initial=0.0) > LINE:
+            lines = np.maximum(_ways(occ), LINE) / LINE
+        return outside, most, lines
+
     def advance(
         self,
         occ: np.ndarray,
@@ -531,10 +548,13 @@ class Model:
         ni = self.non_inclusive.any()
         lat = sol.latency_ns
         model = self
+        # The start occupancy is the same in every evaluation: what migrates from outside
+        # the masks is read from it once.
+        out = self._outside(occ, inp) if ni else None
 
         def step(m: np.ndarray, access: np.ndarray):
             new, eta, held = model._step_occupancy(
-                occ, inp, access * m, dt, access * (1.0 - m) if ni else None
+                occ, inp, access * m, dt, access * (1.0 - m) if ni else None, out
             )
             end = model.miss_ratio(held, inp.ws_s)
             if model.is_lc.any():  # idle-gap evictions at the end's eviction rates, too
@@ -562,6 +582,7 @@ class Model:
             keep = np.flatnonzero(live)
             model, inp, dyn = model.take(keep), inp.take(keep), dyn.take(keep)
             occ, lat, a, ra, end = occ[keep], lat[keep], a[keep], ra[keep], end[keep]
+            out = _out_rows(out, keep)
             dt = dt[keep] if np.ndim(dt) else dt
             rows, live = rows[keep], live[keep]
         b = end
@@ -580,7 +601,7 @@ class Model:
             if _worth_dropping(live):
                 keep = np.flatnonzero(live)
                 model, inp, dyn = model.take(keep), inp.take(keep), dyn.take(keep)
-                occ, lat = occ[keep], lat[keep]
+                occ, lat, out = occ[keep], lat[keep], _out_rows(out, keep)
                 lo, rlo, hi, rhi, side = lo[keep], rlo[keep], hi[keep], rhi[keep], side[keep]
                 dt = dt[keep] if np.ndim(dt) else dt
                 rows, live = rows[keep], live[keep]
