@@ -3,7 +3,9 @@
 Benchmarks are the modules listed in ``eval.bench.BENCHMARKS`` (SimNode steps/s, env
 steps/s, agent RPC round trip, controller decision time, policy inference, tuner loop
 latency, resctrl and PMC operations); each prints rows of median, p99, repeats and its
-target. --quick runs fewer repeats (a smoke run, not a measurement).
+target. --quick runs fewer repeats (a smoke run, not a measurement). The training benchmark
+takes another config (--config PATH) or overrides of it (--set KEY=VALUE), e.g. to find the
+PPO settings that reach a throughput (docs/BENCHMARKS.md, "Speed session").
 """
 
 from __future__ import annotations
