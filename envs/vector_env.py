@@ -38,7 +38,7 @@ from gymnasium.vector.utils import batch_space
 
 from agent.sim.batch import SimBatch
 from agent.sim.truth import solo_reference
-from agent.types import Allocation, GroupKind
+from agent.types import Allocation, AllocationPlan, GroupKind
 from envs.partition import BASELINES, REFERENCES, _positive
 from envs.reward import RewardWeights, mb_scale, reward_arrays
 from envs.scenarios import ScenarioFamily
@@ -288,12 +288,16 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             self._allocate()
         else:
             self.batch.reset(rows, scenarios, seeds)
-        layouts, decodes = [], []
+        layouts, decodes, planned, plans = [], [], [], []
         for i, scn in zip(rows.tolist(), scenarios, strict=True):
             self.scenario_names[i] = scn.name
-            lay, dl = self._episode(i, baseline)
+            lay, dl, plan = self._episode(i, baseline)
             layouts.append(lay)
             decodes.append(dl)
+            if plan is not None:
+                planned.append(i)
+                plans.append(plan)
+        self.batch.apply_many(planned, plans)  # the baselines, pushed to the nodes at once
         self._layout.put(rows, SlotLayout.stack(layouts))
         self._dl.put(rows, DecodeLayout.stack(decodes))
         self._applied_ok[rows] = False
@@ -319,8 +323,11 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._applied = (np.zeros((N, S), dtype=np.int64), np.full((N, S), np.nan))
         self._applied_ok = np.zeros(N, dtype=bool)
 
-    def _episode(self, i: int, baseline: str) -> tuple[SlotLayout, DecodeLayout]:
-        """Env ``i``'s groups and constants for the new episode, its baseline applied."""
+    def _episode(
+        self, i: int, baseline: str
+    ) -> tuple[SlotLayout, DecodeLayout, AllocationPlan | None]:
+        """Env ``i``'s groups and constants for the new episode, and its baseline's plan
+        (None: nothing to apply)."""
         batch = self.batch
         caps = batch.caps[i]
         specs = batch.group_specs[i]
@@ -359,11 +366,11 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
         ctx = ControlContext(caps, groups, Allocation({}))
         decision = ctrl.start(ctx)
-        if decision.plan is not None and decision.plan.groups:
-            batch.apply(i, decision.plan)
+        plan = decision.plan if decision.plan is not None and decision.plan.groups else None
         return (
             layout_of(self.encoder.max_groups, groups, caps, [groups[g] for g in slots]),
             self.decoder.decode_layout(len(slots), caps),
+            plan,
         )
 
     def _first(self, rows: np.ndarray, ips: np.ndarray, obs: np.ndarray) -> None:

@@ -176,7 +176,7 @@ LONG = {
     "training/train.py:make_throughput_callback": "the throughput log's SB3 hooks (rollout "
     "start and end, update) sharing their timers",
     "agent/sim/model.py:advance": "the simulator's hot path, inlined",
-    "agent/sim/model.py:step_occupancy": "the simulator's hot path, inlined",
+    "agent/sim/model.py:_step_occupancy": "the simulator's hot path, inlined",
     "agent/sim/truth.py:truths": "the steady-state solve, one pass",
 }
 

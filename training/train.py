@@ -158,6 +158,13 @@ def policy_kwargs(cfg, max_groups: int) -> dict[str, Any]:
 
 
 def build_model(cfg, venv, tensorboard_log: str | None):
+    import torch
+
+    # torch checks every distribution's arguments by default (``__debug__``): a simplex
+    # check per action dimension and minibatch, a tenth of PPO's time here
+    # (docs/BENCHMARKS.md, "PPO end to end"). One check of the action logits (below) keeps
+    # what it caught: logits that are not finite.
+    torch.distributions.Distribution.set_default_validate_args(False)
     decoder = venv.get_attr("decoder")[0]
     kwargs = policy_kwargs(cfg, decoder.max_groups)
     policy: Any = "MlpPolicy"
@@ -188,10 +195,25 @@ def build_model(cfg, venv, tensorboard_log: str | None):
     if cfg.algorithm == "MaskablePPO":
         from sb3_contrib import MaskablePPO
 
-        return MaskablePPO(policy, **common)
-    from stable_baselines3 import PPO
+        model = MaskablePPO(policy, **common)
+    else:
+        from stable_baselines3 import PPO
 
-    return PPO(policy, **common)
+        model = PPO(policy, **common)
+    model.policy.action_net.register_forward_hook(_finite_logits)
+    return model
+
+
+def _finite_logits(module, inputs, logits) -> None:
+    """Forward hook of the action head: NaN or infinite logits stop training with a clear
+    error (torch's distribution checks, which would have caught them, are off)."""
+    import torch
+
+    if not bool(torch.isfinite(logits).all()):
+        raise ValueError(
+            "the policy's action logits are not finite (NaN or inf): the observations "
+            "hold a non-finite value or training diverged"
+        )
 
 
 def load_model(path: str | Path, algorithm: str):

@@ -457,6 +457,27 @@ class SimBatch:
         node's capabilities, all-or-nothing; fields a plan leaves None are kept). The slow
         path, for a baseline or a controller's plan; a policy's arrays go through
         :meth:`set_allocation`."""
+        self.apply_many([b], [plan])
+
+    def apply_many(self, rows: Sequence[int], plans: Sequence[AllocationPlan]) -> None:
+        """:meth:`apply` ``plans[k]`` to node ``rows[k]`` for every k, the workloads'
+        allocations recomputed once for all of them (episodes starting together). Each plan
+        is all-or-nothing on its node; an invalid one raises after the plans before it
+        took effect, as the same :meth:`apply` calls in turn would leave them."""
+        done: list[int] = []
+        moved: list[bool] = []
+        try:
+            for b, plan in zip(rows, plans, strict=True):
+                moved.append(self._apply_table(int(b), plan))
+                done.append(int(b))
+        finally:
+            if done:
+                at = np.array(done)
+                self.set_allocation(at, self.gmask[at], self.gmb[at], np.array(moved))
+
+    def _apply_table(self, b: int, plan: AllocationPlan) -> bool:
+        """Validate and apply ``plan`` on node ``b``'s group table and write the groups'
+        masks and MB values into the arrays; whether any changed."""
         table = self.tables[b]
         names = list(table.specs)
         for j, g in enumerate(names):  # what the arrays hold now
@@ -475,7 +496,8 @@ class SimBatch:
             np.array_equal(gmask, self.gmask[b])
             and np.array_equal(gmb, self.gmb[b], equal_nan=True)
         )
-        self.set_allocation(np.array([b]), gmask[None], gmb[None], np.array([moved]))
+        self.gmask[b], self.gmb[b] = gmask, gmb
+        return moved
 
     def _push(self, rows: np.ndarray, moved) -> None:
         masks, nways, delay, cap = workload_allocation(

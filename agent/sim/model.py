@@ -116,8 +116,8 @@ class _Cpu:
     b: np.ndarray
     k_cpu: np.ndarray  # cycles/s of the cores (LC: of its workers)
     demand: np.ndarray  # LC: instructions/s its requests ask for (inf for batch)
-    throttle: np.ndarray | None  # (CPI that draws the cap)^4 where capped
-    capped: np.ndarray | None
+    throttle: np.ndarray | None  # (CPI that draws the cap)^4 of the capped entries
+    capped: np.ndarray | None  # (nodes, workloads) which are capped
     io_cpi: np.ndarray | None  # I/O time per instruction, in cycles
     bpi: np.ndarray
     apki: np.ndarray
@@ -125,8 +125,8 @@ class _Cpu:
     def rates(self, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(instructions/s, CPI) at memory latency ``lat`` (ns, one per node)."""
         cpi = self.a + self.b * lat[:, None]
-        if self.throttle is not None:
-            cpi = np.where(self.capped, (cpi**4 + self.throttle) ** 0.25, cpi)
+        if self.throttle is not None:  # general powers are slow: only where capped
+            cpi[self.capped] = (cpi[self.capped] ** 4 + self.throttle) ** 0.25
         spent = cpi if self.io_cpi is None else cpi + self.io_cpi
         return np.minimum(self.k_cpu / spent, self.demand), cpi
 
@@ -143,6 +143,18 @@ _INPUT_ARRAYS = (
     "lam",
     "cores",
 )
+
+
+def _ways(x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    """Sum over the last (ways) axis of (B, n, W) arrays: of ``x``, or of ``x * y``."""
+    if y is None:
+        return x.sum(axis=-1)
+    return (x * y).sum(axis=-1)
+
+
+def _out_rows(out: tuple | None, idx: np.ndarray) -> tuple | None:
+    """Rows ``idx`` of :meth:`Model._outside`'s result."""
+    return None if out is None else tuple(None if x is None else x[idx] for x in out)
 
 
 def _rows(x, idx):
@@ -296,7 +308,7 @@ class Model:
         """m(c): ``held`` bytes of a footprint scaled by ``ws_s`` (floor at the footprint)."""
         x = np.minimum(held / (self.fp * ws_s), 1.0)[..., None]  # held >= 0
         g = (1.0 / (1.0 + (x / self.kr) ** self.ks) - self.kend) / (1.0 - self.kend)
-        return self.floor + self.span * (self.kw * g).sum(axis=-1)
+        return self.floor + self.span * _ways(self.kw, g)
 
     def hold_cap(self, nways: np.ndarray, ws_s: np.ndarray) -> np.ndarray:
         """Bytes of its footprint a workload can hold in ``nways`` ways of a set-associative
@@ -359,7 +371,7 @@ class Model:
             # While running, a workload on k cores draws k * hz / cpi * bpi bytes/s; a cap
             # enforced over short windows makes the CPI at least the one that draws the cap.
             running = np.where(self.is_lc, np.maximum(1.0, dyn.rho * self.workers), inp.cores)
-            throttle = np.where(capped, running * self.hz * miss_bpi / cap, 0.0) ** 4
+            throttle = (running * self.hz * miss_bpi / cap)[capped] ** 4
         return _Cpu(
             # cpi = a + b * L   (L in ns); hits pay a share of the MBA delay too.
             a=base + fm * (m * inp.delay_ns + hit_delay * (1.0 - m)),
@@ -376,7 +388,7 @@ class Model:
     def solve(self, inp: Inputs, occ: np.ndarray, dyn: Dynamics, tol: float = 1e-6) -> Solution:
         """Rates at the fixed point of CPI <-> bandwidth <-> memory latency, for the
         occupancy ``occ`` held now (``dyn.u`` is the warm start)."""
-        held = occ.sum(axis=-1)
+        held = _ways(occ)
         m = self.miss_ratio(held, inp.ws_s)
         m = m + self.cold_misses(m, inp, dyn)
         cpu = self._cpu(inp, m, dyn)
@@ -421,60 +433,93 @@ class Model:
         mask moves to its L2 and re-enters the LLC on L2 eviction through the current
         mask: out-of-mask lines migrate into the mask at their hit rate.
         """
+        occ, eta, _ = self._step_occupancy(occ, inp, miss_rate, dt, hit_rate)
+        return occ, eta
+
+    def _step_occupancy(
+        self,
+        occ: np.ndarray,
+        inp: Inputs,
+        miss_rate: np.ndarray,
+        dt: float | np.ndarray,
+        hit_rate: np.ndarray | None = None,
+        held_out: tuple | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`step_occupancy`, and the bytes each workload holds after it (the solver
+        needs them; this runs several times per step). Sums over workloads are einsum's
+        (faster than ``sum`` over a middle axis, and bit for bit the same: both add in
+        order); sums over ways stay ``sum``'s pairwise order, since a last-bit change there
+        moves the golden trajectories by up to 1e-4 through the solver's iterations.
+        ``held_out``: :meth:`_outside` of ``occ``, when the caller steps the same start
+        occupancy several times."""
         wb = self.way_bytes[:, :, None]  # (B, 1, 1)
         dt_w = dt if np.ndim(dt) == 0 else dt[..., None]  # against (B, ., W) arrays
         if inp.hold_cap is None:
             inp.hold_cap = self.hold_cap(inp.nways, inp.ws_s)
         if hit_rate is not None and self.non_inclusive.any():
-            if inp.unmask is None:
-                inp.unmask = (1.0 - inp.masks) * self.non_inclusive[:, None, None]
-            outside = occ * inp.unmask
-            most = outside.max(axis=(1, 2))
+            outside, most, lines = self._outside(occ, inp) if held_out is None else held_out
             if most.max(initial=0.0) > LINE:
-                lines = np.maximum(occ.sum(axis=-1), LINE) / LINE
-                moved = outside * (1.0 - np.exp(-(hit_rate / lines) * dt))[..., None]
+                share = 1.0 - np.exp(-(hit_rate / lines) * dt)
                 if most.min() <= LINE:  # per node: as the node would alone
-                    moved = moved * (most > LINE)[:, None, None]
+                    share = share * (most > LINE)[:, None]
+                moved = outside * share[..., None]
                 occ = occ - moved
-                miss_rate = miss_rate + moved.sum(axis=-1) / (LINE * dt)
+                miss_rate = miss_rate + _ways(moved) / (LINE * dt)
         if inp.ins_per_miss is None:
             inp.ins_per_miss = inp.masks * (LINE / inp.nways)[..., None]
         ins = inp.ins_per_miss * miss_rate[..., None]  # bytes/s per (w, way)
-        rate = ins.sum(axis=1, keepdims=True)  # (B, 1, W)
+        rate = np.einsum("bnw->bw", ins)[:, None, :]  # (B, 1, W)
         inv = 1.0 / np.maximum(rate, 1e-30)
-        free = np.maximum(wb - occ.sum(axis=1, keepdims=True), 0.0)
+        free = np.maximum(wb - np.einsum("bnw->bw", occ)[:, None, :], 0.0)
         t1 = np.minimum(free * inv, dt_w)  # time to fill the free space
         ss = ins * (wb * inv)  # split by insertion rate (0 where nobody inserts)
         decay = np.exp(rate * (t1 - dt_w) / wb)  # 1 where the way never filled
-        occ = (occ + ins * t1 - ss) * decay + ss
+        new = ins * t1  # (occ + ins * t1 - ss) * decay + ss, in place
+        new += occ
+        new -= ss
+        new *= decay
+        new += ss
+        occ = new
         # Its mask keeps at most ``hold_cap`` of its footprint (set conflicts); lines it
         # still holds outside the mask (a mask that shrank) are not limited by the mask.
-        inside = occ * inp.masks
-        held_in = inside.sum(axis=-1)
+        held_in = _ways(occ, inp.masks)
         over_in = held_in > inp.hold_cap
         if over_in.any():
             keep = np.where(over_in, inp.hold_cap / np.maximum(held_in, 1e-30), 1.0)
-            occ = occ - inside * (1.0 - keep)[..., None]
+            occ = occ - occ * inp.masks * (1.0 - keep)[..., None]
         # A workload holds at most its footprint: its inserts replace its own lines in the
         # ways it inserts into first (LRU within the mask), then elsewhere.
         fp = self.fp * inp.ws_s
-        tot = occ.sum(axis=-1)
+        tot = _ways(occ)
         excess = tot - fp
         if (excess > 0).any():
             inside = occ * inp.masks
-            held_in = inside.sum(axis=-1)
+            held_in = _ways(inside)
             take = np.clip(np.minimum(excess, held_in), 0.0, None)
             scale_in = np.where(held_in > 0, take / np.maximum(held_in, 1e-30), 0.0)
             occ = occ - inside * scale_in[..., None]
             rest = np.maximum(excess - take, 0.0)
-            now = occ.sum(axis=-1)
+            now = _ways(occ)
             shrink = np.where(rest > 0, (now - rest) / np.maximum(now, 1e-30), 1.0)
             occ = occ * shrink[..., None]
+            tot = _ways(occ)
         # A line of w in way j is evicted by the others' inserts at (R_j - I_wj) / way bytes.
-        held = occ.sum(axis=-1)
         others = (rate - ins) / wb
-        eta = (occ * others).sum(axis=-1) / np.maximum(held, 1e-30)
-        return occ, eta
+        eta = _ways(occ, others) / np.maximum(tot, 1e-30)
+        return occ, eta, tot
+
+    def _outside(self, occ: np.ndarray, inp: Inputs) -> tuple:
+        """(lines held outside the mask (B, n, W), their most per node, lines held (B, n)
+        or None when no node holds more than a line outside its mask): what a
+        non-inclusive LLC's migration reads of the start occupancy."""
+        if inp.unmask is None:
+            inp.unmask = (1.0 - inp.masks) * self.non_inclusive[:, None, None]
+        outside = occ * inp.unmask
+        most = outside.max(axis=(1, 2))
+        lines = None
+        if most.max(initial=0.0) > LINE:
+            lines = np.maximum(_ways(occ), LINE) / LINE
+        return outside, most, lines
 
     def advance(
         self,
@@ -503,12 +548,15 @@ class Model:
         ni = self.non_inclusive.any()
         lat = sol.latency_ns
         model = self
+        # The start occupancy is the same in every evaluation: what migrates from outside
+        # the masks is read from it once.
+        out = self._outside(occ, inp) if ni else None
 
         def step(m: np.ndarray, access: np.ndarray):
-            new, eta = model.step_occupancy(
-                occ, inp, access * m, dt, access * (1.0 - m) if ni else None
+            new, eta, held = model._step_occupancy(
+                occ, inp, access * m, dt, access * (1.0 - m) if ni else None, out
             )
-            end = model.miss_ratio(new.sum(axis=-1), inp.ws_s)
+            end = model.miss_ratio(held, inp.ws_s)
             if model.is_lc.any():  # idle-gap evictions at the end's eviction rates, too
                 end = end + model.cold_misses(end, inp, Dynamics(dyn.u, dyn.rho, eta))
             return new, eta, end
@@ -534,6 +582,7 @@ class Model:
             keep = np.flatnonzero(live)
             model, inp, dyn = model.take(keep), inp.take(keep), dyn.take(keep)
             occ, lat, a, ra, end = occ[keep], lat[keep], a[keep], ra[keep], end[keep]
+            out = _out_rows(out, keep)
             dt = dt[keep] if np.ndim(dt) else dt
             rows, live = rows[keep], live[keep]
         b = end
@@ -552,7 +601,7 @@ class Model:
             if _worth_dropping(live):
                 keep = np.flatnonzero(live)
                 model, inp, dyn = model.take(keep), inp.take(keep), dyn.take(keep)
-                occ, lat = occ[keep], lat[keep]
+                occ, lat, out = occ[keep], lat[keep], _out_rows(out, keep)
                 lo, rlo, hi, rhi, side = lo[keep], rlo[keep], hi[keep], rhi[keep], side[keep]
                 dt = dt[keep] if np.ndim(dt) else dt
                 rows, live = rows[keep], live[keep]

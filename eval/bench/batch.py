@@ -23,7 +23,10 @@ vectorization_mode="vector_entry_point")``), masked random actions every step (a
 allocation for nearly every env), random mixes of the train split: env-steps/s with one
 simulator step per env step (``interval_s = sim_step_s = 0.1``), with the training
 config's 1 s interval in 0.2 s steps, and with Partition-v0's defaults (1 s in 0.1 s steps).
-Target: >= 100,000 env-steps/s.
+Target: >= 100,000 env-steps/s. Also the cost of starting episodes: one step in which all 256
+envs autoreset (training config, 2-step episodes): new scenarios, group tables, the warm
+steady state of each new node and the baseline allocation. Training pays it once per
+episode of every env (all envs truncate in the same step).
 """
 
 from __future__ import annotations
@@ -128,6 +131,32 @@ def _env_rate(n: int, kwargs: dict, steps: int, runs: int) -> tuple[list, list]:
     return wall, cpu
 
 
+def _reset_cost(n: int, runs: int) -> tuple[list, list]:
+    """Seconds (wall, CPU) of env steps in which all ``n`` envs autoreset."""
+    import gymnasium as gym
+
+    import envs
+
+    kwargs = {"episode_steps": 2, "share_levels": 5, "mba_levels": 4, "sim_step_s": 0.2}
+    env = gym.make_vec(
+        envs.PARTITION_ID, num_envs=n, vectorization_mode="vector_entry_point", **kwargs
+    )
+    env.reset(seed=0)
+    u = env.unwrapped
+    rng = np.random.default_rng(0)
+    for _ in range(4):  # two resets: the solo references of the common workloads cached
+        env.step(_masked_random(u, rng))
+    wall, cpu = [], []
+    for _ in range(runs):
+        env.step(_masked_random(u, rng))
+        t0, c0 = time.perf_counter(), time.process_time()
+        env.step(_masked_random(u, rng))  # the episodes end here and restart
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    env.close()
+    return wall, cpu
+
+
 def run(quick: bool) -> list[Result]:
     runs = 1 if quick else 3
     out = []
@@ -170,4 +199,8 @@ def run(quick: bool) -> list[Result]:
             )
         )
         out.append(Result(name + " [CPU time]", statistics.median(cpu), "env-steps/s", runs))
+    wall, cpu = _reset_cost(256, 3 if quick else 5)
+    name = "vector env, N=256: one step with every env's autoreset (training config)"
+    out.append(Result(name, statistics.median(wall), "s", len(wall)))
+    out.append(Result(name + " [CPU time]", statistics.median(cpu), "s", len(cpu)))
     return out

@@ -3,7 +3,9 @@
 Benchmarks are the modules listed in ``eval.bench.BENCHMARKS`` (SimNode steps/s, env
 steps/s, agent RPC round trip, controller decision time, policy inference, tuner loop
 latency, resctrl and PMC operations); each prints rows of median, p99, repeats and its
-target. --quick runs fewer repeats (a smoke run, not a measurement).
+target. --quick runs fewer repeats (a smoke run, not a measurement). The training benchmark
+takes another config (--config PATH) or overrides of it (--set KEY=VALUE), e.g. to find the
+PPO settings that reach a throughput (docs/BENCHMARKS.md, "Speed session").
 """
 
 from __future__ import annotations
@@ -22,6 +24,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS) or '(none yet)'}",
     )
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help="training benchmark only: this training config instead of the default one",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="training benchmark only: override a config key (dotted, YAML value; "
+        "repeatable), e.g. --set ppo.n_epochs=4 --set n_envs=256",
+    )
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``KEY=VALUE`` strings -> {key: YAML-parsed value}."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--set wants KEY=VALUE, got {item!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,13 +60,22 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         raise SystemExit(f"unknown benchmark(s) {unknown}; have {list(BENCHMARKS)}")
+    overrides = parse_overrides(args.overrides)
+    tuned = args.config is not None or bool(overrides)
+    if tuned and "training" not in names:
+        raise SystemExit("--config and --set apply to the training benchmark: name it")
     print(f"machine: {machine()}\n")
     print("| benchmark | median | p99 | runs | target |\n|---|---|---|---|---|")
     failed = []
     for name in names:
         try:
             module = importlib.import_module(f"eval.bench.{BENCHMARKS[name]}")
-            for result in module.run(quick=args.quick):
+            extra = (
+                {"config": args.config, "overrides": overrides}
+                if tuned and name == "training"
+                else {}
+            )
+            for result in module.run(quick=args.quick, **extra):
                 print(result.row(), flush=True)
         except Exception as exc:  # one benchmark must not lose the others
             failed.append(name)

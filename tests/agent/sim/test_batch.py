@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agent.errors import NodeError
 from agent.sim import SimNode
 from agent.sim.batch import OCC_UNIT, SimBatch
 from agent.sim.scenario import get_scenario, random_scenario
@@ -149,3 +150,42 @@ def test_too_large_a_scenario_for_the_padding_is_refused() -> None:
     batch = SimBatch([random_scenario(1)], [1])
     with pytest.raises(ValueError, match="padding"):
         batch.reset([0], [get_scenario("sixteen_groups")], [1])
+
+
+def test_plans_applied_together_match_single_nodes_applying_them() -> None:
+    """``apply_many`` (the vector env's episode baselines) is ``SimNode.apply`` per node."""
+    scns = _scenarios()[:7]
+    seeds = list(range(300, 300 + len(scns)))
+    nodes = [SimNode(s, seed) for s, seed in zip(scns, seeds, strict=True)]
+    batch = SimBatch(scns, seeds, max_workloads=16)
+    rng = np.random.default_rng(3)
+    for node in nodes:
+        node.observe()
+    batch.observe()
+    for _ in range(4):
+        plans = [_random_plan(node, rng) for node in nodes]
+        rows = [b for b, plan in enumerate(plans) if plan.groups]
+        for b in rows:
+            nodes[b].apply(plans[b])
+        batch.apply_many(rows, [plans[b] for b in rows])
+        for node in nodes:
+            node.advance(1.0)
+        batch.advance(1.0)
+        obs = batch.observe()
+        for b, node in enumerate(nodes):
+            _compare(node.observe(), batch, b, obs)
+
+
+def test_an_invalid_plan_among_many_leaves_the_ones_before_it_applied() -> None:
+    scns = [get_scenario("default")] * 3
+    batch = SimBatch(scns, [1, 2, 3])
+    name = batch.group_specs[0][0].name
+    good = AllocationPlan.uniform({name: GroupAllocation(l3_mask=0b11)})
+    bad = AllocationPlan.uniform({name: GroupAllocation(l3_mask=0)})  # no way at all
+    before = batch.gmask.copy()
+    with pytest.raises(NodeError):
+        batch.apply_many([0, 1, 2], [good, bad, good])
+    assert batch.gmask[0, 0] == 0b11
+    np.testing.assert_array_equal(batch.gmask[1:], before[1:])
+    masks = batch.engine.masks
+    assert masks[0, 0, :2].all() and not masks[0, 0, 2:].any()  # pushed to the workloads
