@@ -92,7 +92,9 @@ def test_cloned_weights_load_into_ppo(demos) -> None:
         observation_space = policy.observation_space
         action_space = policy.action_space
 
-    model = PPO("MlpPolicy", Spaces(), policy_kwargs={"net_arch": [64, 64]}, n_steps=8)
+    model = PPO(
+        "MlpPolicy", Spaces(), policy_kwargs={"net_arch": [64, 64]}, n_steps=8, batch_size=8
+    )
     model.policy.load_state_dict(policy.state_dict())
     a, _ = model.predict(data.obs[:5], deterministic=True)
     b, _ = policy.predict(data.obs[:5], deterministic=True)
