@@ -48,6 +48,7 @@ from models.actions import ActionDecoder, DecodedAction
 from models.basic import EqualPartition, Unpartitioned
 from models.controller import context
 from models.features import ENCODER_VERSION, FeatureEncoder, tail_ratio
+from models.shield import NodeShield, ShieldConfig
 
 BASELINES = ("equal", "full")
 REFERENCES = ("truth", "running_max")
@@ -83,6 +84,7 @@ class _PartitionEnv(gym.Env):
         episode_steps: int = 64,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         baseline: str = "equal",
+        shield: bool | Mapping[str, Any] = False,
         seed: int | None = None,
         render_mode: str | None = None,
     ) -> None:
@@ -100,6 +102,10 @@ class _PartitionEnv(gym.Env):
         self.episode_steps = episode_steps
         self.weights = RewardWeights.of(reward_weights)
         self.baseline = baseline
+        self.shield_config = ShieldConfig.of(shield)
+        self._shield = (
+            NodeShield(max_groups, self.shield_config) if self.shield_config is not None else None
+        )
         self._init_seed = seed
         self.observation_space = spaces.Box(self.encoder.low, self.encoder.high, dtype=np.float32)
         self.action_space = spaces.MultiDiscrete(self.decoder.nvec)
@@ -161,9 +167,12 @@ class _PartitionEnv(gym.Env):
         self._alloc = node.apply(decision.plan) if decision.plan is not None else None
         if self._alloc is None:
             self._alloc = node.allocation()
+        if self._shield is not None:
+            self._shield.start(self._slots, self._groups, self._caps, self._dl, self._alloc)
         self._observe()  # start the first interval
         self._wait()
         self._snap = self._observe()
+        self._shield_observe()
         self._reference(observed_ips(self._snap))
         self._steps = 0
         self._terms = None
@@ -181,7 +190,7 @@ class _PartitionEnv(gym.Env):
         if self.node is None or self._alloc is None:
             raise RuntimeError("call reset() before step()")
         self._refresh_groups()
-        decoded = self._decode(action)
+        decoded = self._decode(action, self._shield.floors() if self._shield else None)
         before = after = self._alloc
         plan = decoded.plan
         if plan.groups and not self._holds(decoded):
@@ -194,6 +203,7 @@ class _PartitionEnv(gym.Env):
         ips = observed_ips(snap) if self._reference_learns else None
         terms = self._reward(snap, self._reference(ips), before, after, ips)
         self._alloc, self._snap, self._terms, self._decoded = after, snap, terms, decoded
+        self._shield_observe()
         self._steps += 1
         obs = self._encode()
         info = {
@@ -329,13 +339,19 @@ class _PartitionEnv(gym.Env):
         # only its per-interval work (no checks that groups and capabilities are the same).
         self._groups = groups
         self._slots = self.encoder.slots(groups)
-        self._decode = self.decoder.prepare(self._slots, self._caps).decode
+        prepared = self.decoder.prepare(self._slots, self._caps)
+        self._decode, self._dl = prepared.decode, prepared.layout
         self._encoder = self.encoder.prepare(groups, self._caps, self._slots)
         self._reward = StepReward(groups, self._caps, self.weights)
         self._applied = None  # masks and MB values are compared for the same slots only
 
     def _encode(self) -> np.ndarray:
         return self._encoder.encode(self._snap, self._alloc)
+
+    def _shield_observe(self) -> None:
+        """The shield's feedback on the interval just observed (under ``self._alloc``)."""
+        if self._shield is not None:
+            self._shield.observe(self._encoder.tail_ratios(self._snap), self._alloc)
 
 
 class PartitionEnv(_PartitionEnv):
@@ -352,6 +368,8 @@ class PartitionEnv(_PartitionEnv):
         reward_weights: :class:`envs.reward.RewardWeights` or a mapping of its fields.
         reference: ``truth`` (simulator solo IPS) or ``running_max`` (observed).
         baseline: ``equal`` or ``full`` allocation at reset.
+        shield: the SLO shield (models/shield.py) under the actions: True, a mapping of
+            :class:`models.shield.ShieldConfig` fields, or False (none).
         noise: the simulator's counter noise.
         seed: seed of the first reset when ``reset`` gets none.
     """
@@ -371,6 +389,7 @@ class PartitionEnv(_PartitionEnv):
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         reference: str = "truth",
         baseline: str = "equal",
+        shield: bool | Mapping[str, Any] = False,
         noise: bool = True,
         seed: int | None = None,
         render_mode: str | None = None,
@@ -383,6 +402,7 @@ class PartitionEnv(_PartitionEnv):
             episode_steps=episode_steps,
             reward_weights=reward_weights,
             baseline=baseline,
+            shield=shield,
             seed=seed,
             render_mode=render_mode,
         )
@@ -474,6 +494,7 @@ class NodePartitionEnv(_PartitionEnv):
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         reference: str = "running_max",
         baseline: str = "equal",
+        shield: bool | Mapping[str, Any] = False,
         seed: int | None = None,
         render_mode: str | None = None,
     ) -> None:
@@ -485,6 +506,7 @@ class NodePartitionEnv(_PartitionEnv):
             episode_steps=episode_steps,
             reward_weights=reward_weights,
             baseline=baseline,
+            shield=shield,
             seed=seed,
             render_mode=render_mode,
         )
@@ -532,6 +554,8 @@ class NodePartitionEnv(_PartitionEnv):
         groups = dict(self.node.groups())
         if groups != self._groups:
             self._set_groups(groups)
+            if self._shield is not None:
+                self._shield.start(self._slots, self._groups, self._caps, self._dl, self._alloc)
 
     def _reference(self, ips: Mapping[str, float]) -> Mapping[str, float]:
         return self._running.update(ips)

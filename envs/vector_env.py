@@ -53,7 +53,9 @@ from models.features import (
     encode_arrays,
     held_fractions,
     layout_of,
+    tail_ratios,
 )
+from models.shield import Shield, ShieldConfig, held_levels
 
 MODES = (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)
 
@@ -108,6 +110,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         reference: str = "truth",
         baseline: str = "equal",
+        shield: bool | Mapping[str, Any] = False,
         noise: bool = True,
         seed: int | None = None,
         render_mode: str | None = None,
@@ -139,6 +142,12 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self.weights = RewardWeights.of(reward_weights)
         self.reference = reference
         self.baseline = baseline
+        self.shield_config = ShieldConfig.of(shield)
+        self.shield = (
+            Shield(num_envs, max_groups, self.shield_config)
+            if self.shield_config is not None
+            else None
+        )
         self.noise = bool(noise)
         self.family = ScenarioFamily(scenarios, split, preset, max_groups)
         self.single_observation_space = spaces.Box(
@@ -186,6 +195,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._start(rows, baseline)
         self.batch.advance(self.interval_s)
         readings = self.batch.observe()
+        self._shield_observe(readings, rows)
         self._first(rows, self._ips(readings), self._encode(readings))
         self._autoreset[:] = False
         return self._obs.copy(), {"scenario": np.array(self.scenario_names, dtype=object)}
@@ -225,6 +235,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             )
             rewards = np.where(stepping, terms.total, 0.0)
         self._steps[stepping] += 1
+        self._shield_observe(readings, np.arange(N))  # restarted envs: their first interval
         obs = self._encode(readings)
         self._obs[stepping] = obs[stepping]
         if resetting.any():
@@ -245,6 +256,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
                 self._start(done, self.baseline)
                 self.batch.advance(self.interval_s, done)
                 fresh = self.batch.observe(done)
+                self._shield_observe(fresh, done, fresh_rows=True)
                 self._first(done, self._ips(fresh), self._encode(fresh, done))
             else:
                 self._autoreset = truncated
@@ -296,6 +308,11 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             decodes.append(dl)
         self._layout.put(rows, SlotLayout.stack(layouts))
         self._dl.put(rows, DecodeLayout.stack(decodes))
+        if self.shield is not None:
+            ways, mb = self._held_slots(rows)
+            self.shield.reset(
+                rows, self._layout.is_lc[rows] > 0, _dl_rows(self._dl, rows), ways, mb
+            )
         self._applied_ok[rows] = False
         self._steps[rows] = 0
         self.batch.observe(rows)  # opens the first interval (and draws its noise)
@@ -381,7 +398,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
     def _act(self, levels: np.ndarray, stepping: np.ndarray) -> None:
         """Apply what the actions decode to, where it differs from what was applied last
         (a plan the node already holds is not applied again, as in Partition-v0)."""
-        dec = decode_arrays(self.decoder, self._dl, levels)
+        floors = self.shield.floors() if self.shield is not None else ()
+        dec = decode_arrays(self.decoder, self._dl, levels, *floors)
         present = np.arange(self.encoder.max_groups) < self._dl.n_present[:, None]
         l3, mba = self._has_l3[:, None], self._has_mba[:, None]
         masks0, mb0 = self._applied
@@ -414,6 +432,39 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._applied[0][rows] = dec.masks[rows]
         self._applied[1][rows] = dec.mb[rows]
         self._applied_ok[rows] = True
+
+    def _held_slots(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ways, MB values) (R, S) each slot of ``rows`` holds (every way without CAT)."""
+        col = np.maximum(self._slot_col[rows], 0)
+        masks = np.take_along_axis(self.batch.gmask[rows], col, 1).astype(np.uint64)
+        ways = np.bitwise_count(masks).astype(np.int64)
+        ways = np.where(self._has_l3[rows][:, None], ways, self._ways[rows][:, None])
+        mb = np.take_along_axis(self.batch.gmb[rows], col, 1)
+        present = self._layout.present[rows]
+        return np.where(present, ways, 0), np.where(present, mb, np.nan)
+
+    def _shield_observe(self, readings, rows: np.ndarray, fresh_rows: bool = False) -> None:
+        """The shield's feedback on the interval just observed on ``rows`` (``readings``
+        of every env, or of ``rows`` only when ``fresh_rows``)."""
+        if self.shield is None or not len(rows):
+            return
+        sel = slice(None) if fresh_rows else rows
+        c = readings.counters
+        m = Measurements(
+            readings.interval_s[sel],
+            self._held[rows],
+            c[sel, :, 0],
+            c[sel, :, 1],
+            c[sel, :, 2],
+            c[sel, :, 3],
+            readings.occupancy[sel],
+            c[sel, :, 4],
+            readings.latency_count[sel],
+            readings.latency_ms[sel],
+        )
+        ratio = tail_ratios(_rows(self._layout, rows), m, self._slot_col[rows])
+        ways, mb = self._held_slots(rows)
+        self.shield.update(rows, ratio, ways, held_levels(mb, self._dl.mb_table[rows]))
 
     def _churn_masks(self) -> np.ndarray:
         """Capacity masks as the reward's churn reads an Allocation (0 without CAT)."""
@@ -460,6 +511,10 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
 
 def _rows(layout: SlotLayout, rows: np.ndarray) -> SlotLayout:
     return SlotLayout(*(getattr(layout, f)[rows] for f in SlotLayout.__dataclass_fields__))
+
+
+def _dl_rows(layout: DecodeLayout, rows: np.ndarray) -> DecodeLayout:
+    return DecodeLayout(*(getattr(layout, f)[rows] for f in DecodeLayout.__dataclass_fields__))
 
 
 def make_vector_env(num_envs: int = 1, **kwargs: Any) -> PartitionVectorEnv:

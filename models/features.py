@@ -374,6 +374,26 @@ def held_fractions(
     return ways, np.where(ok, _clip(frac), 1.0)
 
 
+def tail_ratios(layout: SlotLayout, m: Measurements, slot_col: np.ndarray) -> np.ndarray:
+    """(N, S) each slot's tail latency at its SLO's percentile over the SLO target in the
+    interval of ``m``; NaN where not measured (no SLO, no sample, no completed request, a
+    tail that is not finite). What the ``latency_ratio`` feature encodes and the SLO
+    shield (models/shield.py) feeds back on."""
+    N, S = layout.present.shape
+    col = np.maximum(slot_col, 0)
+    sampled = (slot_col >= 0) & layout.present
+    pct = np.maximum(layout.slo_pct, 0)
+    if m.latency_ms.shape[1]:
+        lat = np.take_along_axis(m.latency_ms, col[..., None], axis=1)
+        value = np.take_along_axis(lat, pct[..., None], axis=2)[..., 0]
+        count = np.take_along_axis(m.latency_count, col, axis=1)
+    else:
+        value = count = np.full((N, S), np.nan)
+    with np.errstate(invalid="ignore"):
+        ok = sampled & (layout.slo_pct >= 0) & ~np.isnan(count) & np.isfinite(value) & (count > 0)
+        return np.where(ok, value / layout.slo_target, np.nan)
+
+
 def encode_arrays(
     layout: SlotLayout,
     m: Measurements,
@@ -436,14 +456,8 @@ def encode_arrays(
         out[..., 9] = ok
         out[..., 10] = np.where(layout.present, ways, 0.0)
         out[..., 11] = np.where(layout.present, mb, 0.0)
-        pct = np.maximum(layout.slo_pct, 0)
-        if m.latency_ms.shape[1]:
-            lat = np.take_along_axis(m.latency_ms, col[..., None], axis=1)
-            value = np.take_along_axis(lat, pct[..., None], axis=2)[..., 0]
-        else:
-            value = np.full((N, S), np.nan)
-        ok = sampled & (layout.slo_pct >= 0) & ~np.isnan(count) & np.isfinite(value) & (count > 0)
-        ratio = value / layout.slo_target
+        ratio = tail_ratios(layout, m, slot_col)
+        ok = ~np.isnan(ratio)
         lg = np.where(ratio > 0, np.log2(ratio), -LATENCY_LOG2_CLIP)
         lg = np.minimum(np.maximum(lg, -LATENCY_LOG2_CLIP), LATENCY_LOG2_CLIP)
         out[..., 12] = np.where(ok, lg / LATENCY_LOG2_CLIP, 0.0)
@@ -497,6 +511,15 @@ class PreparedEncoder:
             slot_col[0, i] = cols.get(name, -1)
         ways, mb = self.held_arrays(allocation)
         return encode_arrays(self.layout, m, slot_col, ways, mb)[0]
+
+    def tail_ratios(self, snapshot: Snapshot) -> np.ndarray:
+        """(1, S) :func:`tail_ratios` of one interval (the SLO shield's input)."""
+        m, cols = Measurements.from_snapshot(snapshot)
+        S = self.layout.present.shape[1]
+        slot_col = np.full((1, S), -1, dtype=np.int64)
+        for i, name in enumerate(self.slots):
+            slot_col[0, i] = cols.get(name, -1)
+        return tail_ratios(self.layout, m, slot_col)
 
     def held(self, allocation: Allocation) -> list[tuple[float, float]]:
         """(ways_fraction, mba_fraction) per slot."""
