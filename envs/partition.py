@@ -16,10 +16,12 @@ One step is one control interval, as in the tuner: decode the action into a plan
   reset re-applies the baseline allocation instead of rewinding. Slowdowns use the running
   max of observed IPS (all a real node offers).
 
-Both start each episode from a baseline allocation (``equal``: CoPart's EQ, or ``full``:
-unpartitioned) and render ``ansi`` text (per group its ways as a bar, MB value, IPC, tail
-latency / SLO and slowdown) or an ``rgb_array`` picture of the same allocation (what SB3's
-``make_vec_env`` and video recorders ask for).
+Both start each episode from the node's current allocation (``baseline="current"``, the
+default: what the online tuner finds, unpartitioned on a fresh node), or apply a baseline
+first (``equal``: CoPart's EQ, or ``full``: unpartitioned), and render ``ansi`` text (per
+group its ways as a bar, MB value, IPC, tail latency / SLO and slowdown) or an
+``rgb_array`` picture of the same allocation (what SB3's ``make_vec_env`` and video
+recorders ask for).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from models.controller import context
 from models.features import ENCODER_VERSION, FeatureEncoder, tail_ratio
 from models.shield import NodeShield, ShieldConfig
 
-BASELINES = ("equal", "full")
+BASELINES = ("current", "equal", "full")
 REFERENCES = ("truth", "running_max")
 
 
@@ -83,7 +85,7 @@ class _PartitionEnv(gym.Env):
         interval_s: float = 1.0,
         episode_steps: int = 64,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
-        baseline: str = "equal",
+        baseline: str = "current",
         shield: bool | Mapping[str, Any] = False,
         seed: int | None = None,
         render_mode: str | None = None,
@@ -162,9 +164,11 @@ class _PartitionEnv(gym.Env):
         self._caps = node.capabilities()
         self._set_groups(dict(node.groups()))
         self._applied = None
-        ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
-        decision = ctrl.start(context(node))
-        self._alloc = node.apply(decision.plan) if decision.plan is not None else None
+        self._alloc = None
+        if baseline != "current":
+            ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
+            decision = ctrl.start(context(node))
+            self._alloc = node.apply(decision.plan) if decision.plan is not None else None
         if self._alloc is None:
             self._alloc = node.allocation()
         if self._shield is not None:
@@ -367,7 +371,8 @@ class PartitionEnv(_PartitionEnv):
         episode_steps: steps per episode (truncation).
         reward_weights: :class:`envs.reward.RewardWeights` or a mapping of its fields.
         reference: ``truth`` (simulator solo IPS) or ``running_max`` (observed).
-        baseline: ``equal`` or ``full`` allocation at reset.
+        baseline: the allocation an episode starts from: ``current`` (what the node holds:
+            a fresh simulated node is unpartitioned), ``equal`` or ``full`` (applied).
         shield: the SLO shield (models/shield.py) under the actions: True, a mapping of
             :class:`models.shield.ShieldConfig` fields, or False (none).
         noise: the simulator's counter noise.
@@ -388,7 +393,7 @@ class PartitionEnv(_PartitionEnv):
         episode_steps: int = 64,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         reference: str = "truth",
-        baseline: str = "equal",
+        baseline: str = "current",
         shield: bool | Mapping[str, Any] = False,
         noise: bool = True,
         seed: int | None = None,
@@ -493,7 +498,7 @@ class NodePartitionEnv(_PartitionEnv):
         episode_steps: int = 64,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         reference: str = "running_max",
-        baseline: str = "equal",
+        baseline: str = "current",
         shield: bool | Mapping[str, Any] = False,
         seed: int | None = None,
         render_mode: str | None = None,

@@ -109,7 +109,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         episode_steps: int = 64,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         reference: str = "truth",
-        baseline: str = "equal",
+        baseline: str = "current",
         shield: bool | Mapping[str, Any] = False,
         noise: bool = True,
         seed: int | None = None,
@@ -373,11 +373,11 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
                         0.0 if np.isnan(self._truth[i, g]) else self._truth[i, g]
                     ) + ips
         self._ref[i] = self._truth[i]
-        ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
-        ctx = ControlContext(caps, groups, Allocation({}))
-        decision = ctrl.start(ctx)
-        if decision.plan is not None and decision.plan.groups:
-            batch.apply(i, decision.plan)
+        if baseline != "current":  # else the reset node's own: unpartitioned
+            ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
+            decision = ctrl.start(ControlContext(caps, groups, Allocation({})))
+            if decision.plan is not None and decision.plan.groups:
+                batch.apply(i, decision.plan)
         return (
             layout_of(self.encoder.max_groups, groups, caps, [groups[g] for g in slots]),
             self.decoder.decode_layout(len(slots), caps),

@@ -454,7 +454,9 @@ def train(
                     "algorithm": cfg.algorithm,
                     "seed": cfg.seed,
                     "env_id": cfg.env.id,
-                    "env_kwargs": cfg.env_kwargs(),
+                    # the start state stated even when the config leaves it to the env's
+                    # default: the exported policy starts as its episodes did
+                    "env_kwargs": {"baseline": "current", **cfg.env_kwargs()},
                     "eval_kwargs": cfg.eval_kwargs(),
                     "final_kwargs": cfg.final_kwargs(),
                     "encoder_version": ENCODER_VERSION,

@@ -38,8 +38,19 @@ DATA = Path(__file__).parent / "data" / "trajectories.npz"
 STEPS = 40
 
 CONFIGS: dict[str, dict] = {
-    "default-0.1s": {"scenarios": ["default"], "interval_s": 0.1, "episode_steps": 12},
-    "copart-1s": {"scenarios": ["copart_h_both"], "interval_s": 1.0, "episode_steps": 16},
+    # recorded when episodes started from the equal split by default: pinned with it
+    "default-0.1s": {
+        "scenarios": ["default"],
+        "baseline": "equal",
+        "interval_s": 0.1,
+        "episode_steps": 12,
+    },
+    "copart-1s": {
+        "scenarios": ["copart_h_both"],
+        "baseline": "equal",
+        "interval_s": 1.0,
+        "episode_steps": 16,
+    },
     "amd-running-max-full": {
         "scenarios": "named",
         "preset": "epyc7302p",
@@ -52,6 +63,7 @@ CONFIGS: dict[str, dict] = {
         "scenarios": "named",
         "preset": "e5v3_4clos",
         "max_groups": 3,
+        "baseline": "equal",
         "interval_s": 0.2,
         "episode_steps": 10,
     },
@@ -59,6 +71,7 @@ CONFIGS: dict[str, dict] = {
         "scenarios": "random",
         "split": "train",
         "preset": "e5_2683v4",
+        "baseline": "equal",
         "interval_s": 0.3,
         "episode_steps": 9,
     },
