@@ -87,6 +87,7 @@ class _PartitionEnv(gym.Env):
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         baseline: str = "current",
         shield: bool | Mapping[str, Any] = False,
+        encoder_version: int = ENCODER_VERSION,
         seed: int | None = None,
         render_mode: str | None = None,
     ) -> None:
@@ -98,7 +99,7 @@ class _PartitionEnv(gym.Env):
         if not isinstance(episode_steps, int) or episode_steps < 1:
             raise ValueError(f"episode_steps must be a positive integer, got {episode_steps!r}")
         self.render_mode = render_mode
-        self.encoder = FeatureEncoder(max_groups)
+        self.encoder = FeatureEncoder(max_groups, encoder_version)
         self.decoder = ActionDecoder(max_groups, share_levels, mba_levels)
         self.interval_s = _positive("interval_s", interval_s)
         self.episode_steps = episode_steps
@@ -173,6 +174,7 @@ class _PartitionEnv(gym.Env):
             self._alloc = node.allocation()
         if self._shield is not None:
             self._shield.start(self._slots, self._groups, self._caps, self._dl, self._alloc)
+        self._encoder.reset_history()
         self._observe()  # start the first interval
         self._wait()
         self._snap = self._observe()
@@ -185,7 +187,7 @@ class _PartitionEnv(gym.Env):
         info = {
             "scenario": self._scenario_name,
             "slots": list(self._slots),
-            "encoder_version": ENCODER_VERSION,
+            "encoder_version": self.encoder.version,
             "action_mask": self.action_masks(),
         }
         return obs, info
@@ -350,7 +352,8 @@ class _PartitionEnv(gym.Env):
         self._applied = None  # masks and MB values are compared for the same slots only
 
     def _encode(self) -> np.ndarray:
-        return self._encoder.encode(self._snap, self._alloc)
+        floor = self._shield.floors()[0] if self._shield is not None else None
+        return self._encoder.encode(self._snap, self._alloc, floor)
 
     def _shield_observe(self) -> None:
         """The shield's feedback on the interval just observed (under ``self._alloc``)."""
@@ -375,6 +378,7 @@ class PartitionEnv(_PartitionEnv):
             a fresh simulated node is unpartitioned), ``equal`` or ``full`` (applied).
         shield: the SLO shield (models/shield.py) under the actions: True, a mapping of
             :class:`models.shield.ShieldConfig` fields, or False (none).
+        encoder_version: the observation's feature encoder version (models/features.py).
         noise: the simulator's counter noise.
         seed: seed of the first reset when ``reset`` gets none.
     """
@@ -395,6 +399,7 @@ class PartitionEnv(_PartitionEnv):
         reference: str = "truth",
         baseline: str = "current",
         shield: bool | Mapping[str, Any] = False,
+        encoder_version: int = ENCODER_VERSION,
         noise: bool = True,
         seed: int | None = None,
         render_mode: str | None = None,
@@ -408,6 +413,7 @@ class PartitionEnv(_PartitionEnv):
             reward_weights=reward_weights,
             baseline=baseline,
             shield=shield,
+            encoder_version=encoder_version,
             seed=seed,
             render_mode=render_mode,
         )
@@ -500,6 +506,7 @@ class NodePartitionEnv(_PartitionEnv):
         reference: str = "running_max",
         baseline: str = "current",
         shield: bool | Mapping[str, Any] = False,
+        encoder_version: int = ENCODER_VERSION,
         seed: int | None = None,
         render_mode: str | None = None,
     ) -> None:
@@ -512,6 +519,7 @@ class NodePartitionEnv(_PartitionEnv):
             reward_weights=reward_weights,
             baseline=baseline,
             shield=shield,
+            encoder_version=encoder_version,
             seed=seed,
             render_mode=render_mode,
         )

@@ -47,7 +47,9 @@ from models.basic import EqualPartition, Unpartitioned
 from models.controller import ControlContext
 from models.features import (
     _PCT_INDEX,
+    ENCODER_VERSION,
     FeatureEncoder,
+    History,
     Measurements,
     SlotLayout,
     encode_arrays,
@@ -111,6 +113,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         reference: str = "truth",
         baseline: str = "current",
         shield: bool | Mapping[str, Any] = False,
+        encoder_version: int = ENCODER_VERSION,
         noise: bool = True,
         seed: int | None = None,
         render_mode: str | None = None,
@@ -134,7 +137,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self.autoreset_mode = mode
         self.metadata = {**self.metadata, "autoreset_mode": mode}
         self.render_mode = None
-        self.encoder = FeatureEncoder(max_groups)
+        self.encoder = FeatureEncoder(max_groups, encoder_version)
+        self.history = History.zeros(num_envs, max_groups) if self.encoder.stateful else None
         self.decoder = ActionDecoder(max_groups, share_levels, mba_levels)
         self.interval_s = _positive("interval_s", interval_s)
         self.sim_step_s = _positive("sim_step_s", sim_step_s)
@@ -315,6 +319,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             )
         self._applied_ok[rows] = False
         self._steps[rows] = 0
+        if self.history is not None:
+            self.history.reset(rows)
         self.batch.observe(rows)  # opens the first interval (and draws its noise)
 
     def _allocate(self) -> None:
@@ -506,7 +512,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         mb = np.take_along_axis(b.gmb[sel], col, 1)
         has = present & self._has_l3[sel][:, None]
         ways, mbf = held_fractions(layout, masks, has, mb)
-        return encode_arrays(layout, m, self._slot_col[sel], ways, mbf)
+        floor = self.shield.floors(sel)[0] if self.shield is not None else None
+        return encode_arrays(layout, m, self._slot_col[sel], ways, mbf, self.history, sel, floor)
 
 
 def _rows(layout: SlotLayout, rows: np.ndarray) -> SlotLayout:

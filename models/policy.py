@@ -134,10 +134,10 @@ class ActingController(Controller):
             plan, what = EqualPartition().start(ctx).plan, "equal split"
         elif self.baseline == "full":
             plan, what = Unpartitioned().start(ctx).plan, "unpartitioned"
+        held = ctx.allocation if plan is None else _planned(ctx.allocation, plan)
+        _, _, enc, dec = self._prepare(ctx)
+        enc.reset_history()
         if self._shield is not None:
-            held = ctx.allocation if plan is None else _planned(ctx.allocation, plan)
-            self._prepare(ctx)
-            _, dec = self._prepared[2], self._prepared[3]
             self._shield.start(self._slots, ctx.groups, ctx.capabilities, dec.layout, held)
         return Decision(plan, note=f"{self._label()}: {what} to start")
 
@@ -153,8 +153,10 @@ class ActingController(Controller):
             self.encoder.prepare(groups, caps, self._slots),
             self.decoder.prepare(self._slots, caps),
         )
-        if self._shield is not None and self._prepared is not None:
-            self._shield.start(self._slots, groups, caps, p[3].layout, ctx.allocation)
+        if self._prepared is not None:  # the groups changed under a running controller
+            p[2].reset_history()
+            if self._shield is not None:
+                self._shield.start(self._slots, groups, caps, p[3].layout, ctx.allocation)
         self._prepared = p
         return p
 
@@ -167,11 +169,11 @@ class ActingController(Controller):
             return Decision(note=f"{self.name}: no own groups")
         _, _, enc, dec = self._prepare(ctx)
         slots = self._slots
-        obs = enc.encode(snapshot, ctx.allocation)
         floors = None
         if self._shield is not None:
             self._shield.observe(enc.tail_ratios(snapshot), ctx.allocation)
             floors = self._shield.floors()
+        obs = enc.encode(snapshot, ctx.allocation, None if floors is None else floors[0])
         mask = self.decoder.action_mask(len(slots), caps) if self.masked else None
         decoded = dec.decode(self.act(obs, mask), floors)
         note = f"{self.name}: " + ", ".join(f"{g}={decoded.ways.get(g, '-')}w" for g in slots)
@@ -222,7 +224,7 @@ class RandomController(ActingController):
         mba_levels: int = 4,
     ) -> None:
         super().__init__(
-            FeatureEncoder(max_groups),
+            FeatureEncoder(max_groups, 1),  # random actions read no feature: the cheapest
             ActionDecoder(max_groups, share_levels, mba_levels),
             shield=shield,
             baseline=baseline,
@@ -256,7 +258,7 @@ class PolicyController(ActingController):
         kwargs = (card.env or {}).get("kwargs") or {}
         try:
             super().__init__(
-                FeatureEncoder(int(features["max_groups"])),
+                FeatureEncoder(int(features["max_groups"]), int(card.encoder_version)),
                 ActionDecoder(
                     int(actions["max_groups"]),
                     int(actions["share_levels"]),

@@ -42,12 +42,14 @@ CONFIGS: dict[str, dict] = {
     "default-0.1s": {
         "scenarios": ["default"],
         "baseline": "equal",
+        "encoder_version": 1,
         "interval_s": 0.1,
         "episode_steps": 12,
     },
     "copart-1s": {
         "scenarios": ["copart_h_both"],
         "baseline": "equal",
+        "encoder_version": 1,
         "interval_s": 1.0,
         "episode_steps": 16,
     },
@@ -56,6 +58,7 @@ CONFIGS: dict[str, dict] = {
         "preset": "epyc7302p",
         "reference": "running_max",
         "baseline": "full",
+        "encoder_version": 1,
         "interval_s": 0.2,
         "episode_steps": 10,
     },
@@ -64,6 +67,7 @@ CONFIGS: dict[str, dict] = {
         "preset": "e5v3_4clos",
         "max_groups": 3,
         "baseline": "equal",
+        "encoder_version": 1,
         "interval_s": 0.2,
         "episode_steps": 10,
     },
@@ -72,6 +76,7 @@ CONFIGS: dict[str, dict] = {
         "split": "train",
         "preset": "e5_2683v4",
         "baseline": "equal",
+        "encoder_version": 1,
         "interval_s": 0.3,
         "episode_steps": 9,
     },
@@ -96,7 +101,7 @@ class _Composition(PartitionEnv):
         )
         self._alloc, self._snap, self._terms, self._decoded = after, snap, terms, decoded
         self._steps += 1
-        obs = FeatureEncoder(self.encoder.max_groups).encode(
+        obs = FeatureEncoder(self.encoder.max_groups, self.encoder.version).encode(
             snap, after, self._groups, self._caps, self._slots
         )
         info = {
