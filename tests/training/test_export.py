@@ -23,7 +23,8 @@ def test_card_describes_the_policy(tiny_export):
         assert data[section], section
     card = ModelCard.read(tiny_export)
     assert card.encoder_version == ENCODER_VERSION
-    assert card.features["max_groups"] == 8 and len(card.features["names"]) == FeatureEncoder(8).size == 202
+    assert card.features["max_groups"] == 8
+    assert len(card.features["names"]) == FeatureEncoder(8).size == 202
     assert card.actions["kind"] == "multidiscrete-share-levels"
     assert card.actions["share_levels"] == 4 and card.actions["mba_levels"] == 3
     assert card.masked is True and card.normalization is None
