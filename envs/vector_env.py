@@ -57,7 +57,7 @@ from models.features import (
     layout_of,
     tail_ratios,
 )
-from models.shield import Shield, ShieldConfig, held_levels
+from models.shield import Shield, ShieldConfig, held_levels, start_ways
 
 MODES = (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)
 
@@ -442,8 +442,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
     def _held_slots(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ways, MB values) (R, S) each slot of ``rows`` holds (every way without CAT)."""
         col = np.maximum(self._slot_col[rows], 0)
-        masks = np.take_along_axis(self.batch.gmask[rows], col, 1).astype(np.uint64)
-        ways = np.bitwise_count(masks).astype(np.int64)
+        masks = np.take_along_axis(self.batch.gmask[rows], col, 1)
+        ways = start_ways(masks, self._layout.present[rows])  # shared ways as a share
         ways = np.where(self._has_l3[rows][:, None], ways, self._ways[rows][:, None])
         mb = np.take_along_axis(self.batch.gmb[rows], col, 1)
         present = self._layout.present[rows]

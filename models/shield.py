@@ -22,10 +22,11 @@ on whole ways and the interval's tail at the SLO's percentile over the SLO targe
 
 So an LC group shrinks only one way per interval of ample slack, and grows as soon as its
 tail nears the target. At the start of an episode (or tuner run) the floor is what the
-group holds then: the node's current allocation (unpartitioned on first sight: every way),
-fitted to the cache. Floors always fit: the LC floors of a node together leave the minimum
-slice to every other present group (the largest floor gives way first); with more groups
-than minimum slices the decoder's sharing repair applies and floors are not used.
+group holds then, counted as its share of the ways it shares (:func:`start_ways`: on a
+fresh, unpartitioned node the equal share; every interval's "held" is counted so too),
+fitted to the cache. Floors always fit: the LC floors of a node together leave the
+minimum slice to every other present group (the largest floor gives way first); with more
+groups than minimum slices the decoder's sharing repair applies and floors are not used.
 
 Readings where the paper is silent (thresholds, one way per interval) are ours. One
 definition on arrays over N nodes and S slots: the single environment, the vector
@@ -198,6 +199,18 @@ class Shield:
         self.floor[rows] = f
 
 
+def start_ways(masks: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """(R, S) the ways each slot holds at a run's start, counted as its share of every way
+    it shares: ``popcount(mask) // slots whose masks overlap it`` (itself included). On a
+    partitioned node that is its mask; unpartitioned on first sight (every group holds
+    every way) it is the equal share, not the whole cache."""
+    m = masks.astype(np.int64)
+    ways = np.bitwise_count(m.astype(np.uint64)).astype(np.int64)
+    both = present[:, :, None] & present[:, None, :]
+    count = (((m[:, :, None] & m[:, None, :]) != 0) & both).sum(axis=2)
+    return np.where(present, ways // np.maximum(count, 1), 0)
+
+
 def held_of(
     allocation: Allocation, slots: Sequence[str], caps: NodeCapabilities, size: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -243,18 +256,30 @@ class NodeShield:
         is_lc = np.zeros((1, size), dtype=bool)
         for i, name in enumerate(slots[:size]):
             is_lc[0, i] = groups[name].kind is GroupKind.LC and groups[name].slo is not None
-        ways, mb = held_of(allocation, self._slots, caps, size)
-        self.shield.reset(np.array([0]), is_lc, layout, ways, mb)
+        _, mb = held_of(allocation, self._slots, caps, size)
+        self.shield.reset(np.array([0]), is_lc, layout, self._shares(allocation), mb)
+
+    def _shares(self, allocation: Allocation) -> np.ndarray:
+        """:func:`start_ways` of what each slot holds in ``allocation``."""
+        size, caps = self.shield.floor.shape[1], self._caps
+        masks = np.zeros((1, size), dtype=np.int64)
+        domain = caps.domains[0]
+        full = caps.l3.cbm_mask if caps.l3 is not None else 0
+        for i, name in enumerate(self._slots[:size]):
+            a = allocation.get(name, domain)
+            masks[0, i] = full if a is None or a.l3_mask is None else a.l3_mask
+        present = np.arange(size) < len(self._slots)
+        return start_ways(masks, present[None, :])
 
     def observe(self, ratio: np.ndarray, allocation: Allocation) -> None:
         """One interval: ``ratio`` (1, S) tail / target per slot (NaN: not measured),
         under ``allocation`` (what the node held during it)."""
-        ways, mb = held_of(allocation, self._slots, self._caps, self.shield.floor.shape[1])
+        _, mb = held_of(allocation, self._slots, self._caps, self.shield.floor.shape[1])
         lv = held_levels(mb, self._layout.mb_table)
-        self.shield.update(np.array([0]), ratio, ways, lv)
+        self.shield.update(np.array([0]), ratio, self._shares(allocation), lv)
 
     def floors(self) -> tuple[np.ndarray, np.ndarray]:
         return self.shield.floors()
 
 
-__all__ = ["NodeShield", "Shield", "ShieldConfig", "held_levels", "held_of"]
+__all__ = ["NodeShield", "Shield", "ShieldConfig", "held_levels", "held_of", "start_ways"]

@@ -14,7 +14,7 @@ from agent.sim import SimNode
 from models.actions import ActionDecoder, check_levels, decode_arrays
 from models.controller import context
 from models.policy import RandomController
-from models.shield import Shield, ShieldConfig, held_levels
+from models.shield import Shield, ShieldConfig, held_levels, start_ways
 
 DEC = ActionDecoder(max_groups=4, share_levels=5, mba_levels=4)
 
@@ -158,3 +158,13 @@ def test_random_actions_behind_the_shield_keep_slos_like_the_best_heuristic() ->
     shielded, bare, ubik = (float(np.mean(v)) for v in rates.values())
     assert shielded <= ubik + 0.02, rates  # near the best heuristic (within 2 points)
     assert bare >= shielded + 0.05, rates  # without the shield the same actions miss SLOs
+
+
+def test_start_ways_count_shared_ways_as_a_share() -> None:
+    present = np.array([[True, True, True, False]])
+    unpartitioned = np.array([[0x7FF, 0x7FF, 0x7FF, 0]])
+    assert start_ways(unpartitioned, present).tolist() == [[3, 3, 3, 0]]
+    partitioned = np.array([[0b111, 0b11111000, 0x700, 0]])
+    assert start_ways(partitioned, present).tolist() == [[3, 5, 3, 0]]
+    overlapping = np.array([[0b1111, 0b1100, 0x7F0, 0]])  # 0 and 1 share two ways
+    assert start_ways(overlapping, present).tolist() == [[2, 1, 7, 0]]
