@@ -16,10 +16,12 @@ One step is one control interval, as in the tuner: decode the action into a plan
   reset re-applies the baseline allocation instead of rewinding. Slowdowns use the running
   max of observed IPS (all a real node offers).
 
-Both start each episode from a baseline allocation (``equal``: CoPart's EQ, or ``full``:
-unpartitioned) and render ``ansi`` text (per group its ways as a bar, MB value, IPC, tail
-latency / SLO and slowdown) or an ``rgb_array`` picture of the same allocation (what SB3's
-``make_vec_env`` and video recorders ask for).
+Both start each episode from the node's current allocation (``baseline="current"``, the
+default: what the online tuner finds, unpartitioned on a fresh node), or apply a baseline
+first (``equal``: CoPart's EQ, or ``full``: unpartitioned), and render ``ansi`` text (per
+group its ways as a bar, MB value, IPC, tail latency / SLO and slowdown) or an
+``rgb_array`` picture of the same allocation (what SB3's ``make_vec_env`` and video
+recorders ask for).
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ from models.actions import ActionDecoder, DecodedAction
 from models.basic import EqualPartition, Unpartitioned
 from models.controller import context
 from models.features import ENCODER_VERSION, FeatureEncoder, tail_ratio
+from models.shield import NodeShield, ShieldConfig
 
-BASELINES = ("equal", "full")
+BASELINES = ("current", "equal", "full")
 REFERENCES = ("truth", "running_max")
 
 
@@ -82,7 +85,9 @@ class _PartitionEnv(gym.Env):
         interval_s: float = 1.0,
         episode_steps: int = 64,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
-        baseline: str = "equal",
+        baseline: str = "current",
+        shield: bool | Mapping[str, Any] = False,
+        encoder_version: int = ENCODER_VERSION,
         seed: int | None = None,
         render_mode: str | None = None,
     ) -> None:
@@ -94,12 +99,16 @@ class _PartitionEnv(gym.Env):
         if not isinstance(episode_steps, int) or episode_steps < 1:
             raise ValueError(f"episode_steps must be a positive integer, got {episode_steps!r}")
         self.render_mode = render_mode
-        self.encoder = FeatureEncoder(max_groups)
+        self.encoder = FeatureEncoder(max_groups, encoder_version)
         self.decoder = ActionDecoder(max_groups, share_levels, mba_levels)
         self.interval_s = _positive("interval_s", interval_s)
         self.episode_steps = episode_steps
         self.weights = RewardWeights.of(reward_weights)
         self.baseline = baseline
+        self.shield_config = ShieldConfig.of(shield)
+        self._shield = (
+            NodeShield(max_groups, self.shield_config) if self.shield_config is not None else None
+        )
         self._init_seed = seed
         self.observation_space = spaces.Box(self.encoder.low, self.encoder.high, dtype=np.float32)
         self.action_space = spaces.MultiDiscrete(self.decoder.nvec)
@@ -156,14 +165,20 @@ class _PartitionEnv(gym.Env):
         self._caps = node.capabilities()
         self._set_groups(dict(node.groups()))
         self._applied = None
-        ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
-        decision = ctrl.start(context(node))
-        self._alloc = node.apply(decision.plan) if decision.plan is not None else None
+        self._alloc = None
+        if baseline != "current":
+            ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
+            decision = ctrl.start(context(node))
+            self._alloc = node.apply(decision.plan) if decision.plan is not None else None
         if self._alloc is None:
             self._alloc = node.allocation()
+        if self._shield is not None:
+            self._shield.start(self._slots, self._groups, self._caps, self._dl, self._alloc)
+        self._encoder.reset_history()
         self._observe()  # start the first interval
         self._wait()
         self._snap = self._observe()
+        self._shield_observe()
         self._reference(observed_ips(self._snap))
         self._steps = 0
         self._terms = None
@@ -172,7 +187,7 @@ class _PartitionEnv(gym.Env):
         info = {
             "scenario": self._scenario_name,
             "slots": list(self._slots),
-            "encoder_version": ENCODER_VERSION,
+            "encoder_version": self.encoder.version,
             "action_mask": self.action_masks(),
         }
         return obs, info
@@ -181,7 +196,7 @@ class _PartitionEnv(gym.Env):
         if self.node is None or self._alloc is None:
             raise RuntimeError("call reset() before step()")
         self._refresh_groups()
-        decoded = self._decode(action)
+        decoded = self._decode(action, self._shield.floors() if self._shield else None)
         before = after = self._alloc
         plan = decoded.plan
         if plan.groups and not self._holds(decoded):
@@ -194,6 +209,7 @@ class _PartitionEnv(gym.Env):
         ips = observed_ips(snap) if self._reference_learns else None
         terms = self._reward(snap, self._reference(ips), before, after, ips)
         self._alloc, self._snap, self._terms, self._decoded = after, snap, terms, decoded
+        self._shield_observe()
         self._steps += 1
         obs = self._encode()
         info = {
@@ -329,13 +345,20 @@ class _PartitionEnv(gym.Env):
         # only its per-interval work (no checks that groups and capabilities are the same).
         self._groups = groups
         self._slots = self.encoder.slots(groups)
-        self._decode = self.decoder.prepare(self._slots, self._caps).decode
+        prepared = self.decoder.prepare(self._slots, self._caps)
+        self._decode, self._dl = prepared.decode, prepared.layout
         self._encoder = self.encoder.prepare(groups, self._caps, self._slots)
         self._reward = StepReward(groups, self._caps, self.weights)
         self._applied = None  # masks and MB values are compared for the same slots only
 
     def _encode(self) -> np.ndarray:
-        return self._encoder.encode(self._snap, self._alloc)
+        floor = self._shield.floors()[0] if self._shield is not None else None
+        return self._encoder.encode(self._snap, self._alloc, floor)
+
+    def _shield_observe(self) -> None:
+        """The shield's feedback on the interval just observed (under ``self._alloc``)."""
+        if self._shield is not None:
+            self._shield.observe(self._encoder.tail_ratios(self._snap), self._alloc)
 
 
 class PartitionEnv(_PartitionEnv):
@@ -351,7 +374,11 @@ class PartitionEnv(_PartitionEnv):
         episode_steps: steps per episode (truncation).
         reward_weights: :class:`envs.reward.RewardWeights` or a mapping of its fields.
         reference: ``truth`` (simulator solo IPS) or ``running_max`` (observed).
-        baseline: ``equal`` or ``full`` allocation at reset.
+        baseline: the allocation an episode starts from: ``current`` (what the node holds:
+            a fresh simulated node is unpartitioned), ``equal`` or ``full`` (applied).
+        shield: the SLO shield (models/shield.py) under the actions: True, a mapping of
+            :class:`models.shield.ShieldConfig` fields, or False (none).
+        encoder_version: the observation's feature encoder version (models/features.py).
         noise: the simulator's counter noise.
         seed: seed of the first reset when ``reset`` gets none.
     """
@@ -370,7 +397,9 @@ class PartitionEnv(_PartitionEnv):
         episode_steps: int = 64,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         reference: str = "truth",
-        baseline: str = "equal",
+        baseline: str = "current",
+        shield: bool | Mapping[str, Any] = False,
+        encoder_version: int = ENCODER_VERSION,
         noise: bool = True,
         seed: int | None = None,
         render_mode: str | None = None,
@@ -383,6 +412,8 @@ class PartitionEnv(_PartitionEnv):
             episode_steps=episode_steps,
             reward_weights=reward_weights,
             baseline=baseline,
+            shield=shield,
+            encoder_version=encoder_version,
             seed=seed,
             render_mode=render_mode,
         )
@@ -473,7 +504,9 @@ class NodePartitionEnv(_PartitionEnv):
         episode_steps: int = 64,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         reference: str = "running_max",
-        baseline: str = "equal",
+        baseline: str = "current",
+        shield: bool | Mapping[str, Any] = False,
+        encoder_version: int = ENCODER_VERSION,
         seed: int | None = None,
         render_mode: str | None = None,
     ) -> None:
@@ -485,6 +518,8 @@ class NodePartitionEnv(_PartitionEnv):
             episode_steps=episode_steps,
             reward_weights=reward_weights,
             baseline=baseline,
+            shield=shield,
+            encoder_version=encoder_version,
             seed=seed,
             render_mode=render_mode,
         )
@@ -532,6 +567,8 @@ class NodePartitionEnv(_PartitionEnv):
         groups = dict(self.node.groups())
         if groups != self._groups:
             self._set_groups(groups)
+            if self._shield is not None:
+                self._shield.start(self._slots, self._groups, self._caps, self._dl, self._alloc)
 
     def _reference(self, ips: Mapping[str, float]) -> Mapping[str, float]:
         return self._running.update(ips)

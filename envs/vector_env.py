@@ -47,13 +47,17 @@ from models.basic import EqualPartition, Unpartitioned
 from models.controller import ControlContext
 from models.features import (
     _PCT_INDEX,
+    ENCODER_VERSION,
     FeatureEncoder,
+    History,
     Measurements,
     SlotLayout,
     encode_arrays,
     held_fractions,
     layout_of,
+    tail_ratios,
 )
+from models.shield import Shield, ShieldConfig, held_levels, start_ways
 
 MODES = (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)
 
@@ -107,7 +111,9 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         episode_steps: int = 64,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
         reference: str = "truth",
-        baseline: str = "equal",
+        baseline: str = "current",
+        shield: bool | Mapping[str, Any] = False,
+        encoder_version: int = ENCODER_VERSION,
         noise: bool = True,
         seed: int | None = None,
         render_mode: str | None = None,
@@ -131,7 +137,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self.autoreset_mode = mode
         self.metadata = {**self.metadata, "autoreset_mode": mode}
         self.render_mode = None
-        self.encoder = FeatureEncoder(max_groups)
+        self.encoder = FeatureEncoder(max_groups, encoder_version)
+        self.history = History.zeros(num_envs, max_groups) if self.encoder.stateful else None
         self.decoder = ActionDecoder(max_groups, share_levels, mba_levels)
         self.interval_s = _positive("interval_s", interval_s)
         self.sim_step_s = _positive("sim_step_s", sim_step_s)
@@ -139,6 +146,12 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self.weights = RewardWeights.of(reward_weights)
         self.reference = reference
         self.baseline = baseline
+        self.shield_config = ShieldConfig.of(shield)
+        self.shield = (
+            Shield(num_envs, max_groups, self.shield_config)
+            if self.shield_config is not None
+            else None
+        )
         self.noise = bool(noise)
         self.family = ScenarioFamily(scenarios, split, preset, max_groups)
         self.single_observation_space = spaces.Box(
@@ -186,6 +199,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._start(rows, baseline)
         self.batch.advance(self.interval_s)
         readings = self.batch.observe()
+        self._shield_observe(readings, rows)
         self._first(rows, self._ips(readings), self._encode(readings))
         self._autoreset[:] = False
         return self._obs.copy(), {"scenario": np.array(self.scenario_names, dtype=object)}
@@ -225,6 +239,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             )
             rewards = np.where(stepping, terms.total, 0.0)
         self._steps[stepping] += 1
+        self._shield_observe(readings, np.arange(N))  # restarted envs: their first interval
         obs = self._encode(readings)
         self._obs[stepping] = obs[stepping]
         if resetting.any():
@@ -245,6 +260,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
                 self._start(done, self.baseline)
                 self.batch.advance(self.interval_s, done)
                 fresh = self.batch.observe(done)
+                self._shield_observe(fresh, done, fresh_rows=True)
                 self._first(done, self._ips(fresh), self._encode(fresh, done))
             else:
                 self._autoreset = truncated
@@ -300,8 +316,15 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self.batch.apply_many(planned, plans)  # the baselines, pushed to the nodes at once
         self._layout.put(rows, SlotLayout.stack(layouts))
         self._dl.put(rows, DecodeLayout.stack(decodes))
+        if self.shield is not None:
+            ways, mb = self._held_slots(rows)
+            self.shield.reset(
+                rows, self._layout.is_lc[rows] > 0, _dl_rows(self._dl, rows), ways, mb
+            )
         self._applied_ok[rows] = False
         self._steps[rows] = 0
+        if self.history is not None:
+            self.history.reset(rows)
         self.batch.observe(rows)  # opens the first interval (and draws its noise)
 
     def _allocate(self) -> None:
@@ -363,10 +386,12 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
                         0.0 if np.isnan(self._truth[i, g]) else self._truth[i, g]
                     ) + ips
         self._ref[i] = self._truth[i]
-        ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
-        ctx = ControlContext(caps, groups, Allocation({}))
-        decision = ctrl.start(ctx)
-        plan = decision.plan if decision.plan is not None and decision.plan.groups else None
+        plan = None
+        if baseline != "current":  # else the reset node's own: unpartitioned
+            ctrl = EqualPartition() if baseline == "equal" else Unpartitioned()
+            decision = ctrl.start(ControlContext(caps, groups, Allocation({})))
+            if decision.plan is not None and decision.plan.groups:
+                plan = decision.plan
         return (
             layout_of(self.encoder.max_groups, groups, caps, [groups[g] for g in slots]),
             self.decoder.decode_layout(len(slots), caps),
@@ -388,7 +413,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
     def _act(self, levels: np.ndarray, stepping: np.ndarray) -> None:
         """Apply what the actions decode to, where it differs from what was applied last
         (a plan the node already holds is not applied again, as in Partition-v0)."""
-        dec = decode_arrays(self.decoder, self._dl, levels)
+        floors = self.shield.floors() if self.shield is not None else ()
+        dec = decode_arrays(self.decoder, self._dl, levels, *floors)
         present = np.arange(self.encoder.max_groups) < self._dl.n_present[:, None]
         l3, mba = self._has_l3[:, None], self._has_mba[:, None]
         masks0, mb0 = self._applied
@@ -421,6 +447,39 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._applied[0][rows] = dec.masks[rows]
         self._applied[1][rows] = dec.mb[rows]
         self._applied_ok[rows] = True
+
+    def _held_slots(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ways, MB values) (R, S) each slot of ``rows`` holds (every way without CAT)."""
+        col = np.maximum(self._slot_col[rows], 0)
+        masks = np.take_along_axis(self.batch.gmask[rows], col, 1)
+        ways = start_ways(masks, self._layout.present[rows])  # shared ways as a share
+        ways = np.where(self._has_l3[rows][:, None], ways, self._ways[rows][:, None])
+        mb = np.take_along_axis(self.batch.gmb[rows], col, 1)
+        present = self._layout.present[rows]
+        return np.where(present, ways, 0), np.where(present, mb, np.nan)
+
+    def _shield_observe(self, readings, rows: np.ndarray, fresh_rows: bool = False) -> None:
+        """The shield's feedback on the interval just observed on ``rows`` (``readings``
+        of every env, or of ``rows`` only when ``fresh_rows``)."""
+        if self.shield is None or not len(rows):
+            return
+        sel = slice(None) if fresh_rows else rows
+        c = readings.counters
+        m = Measurements(
+            readings.interval_s[sel],
+            self._held[rows],
+            c[sel, :, 0],
+            c[sel, :, 1],
+            c[sel, :, 2],
+            c[sel, :, 3],
+            readings.occupancy[sel],
+            c[sel, :, 4],
+            readings.latency_count[sel],
+            readings.latency_ms[sel],
+        )
+        ratio = tail_ratios(_rows(self._layout, rows), m, self._slot_col[rows])
+        ways, mb = self._held_slots(rows)
+        self.shield.update(rows, ratio, ways, held_levels(mb, self._dl.mb_table[rows]))
 
     def _churn_masks(self) -> np.ndarray:
         """Capacity masks as the reward's churn reads an Allocation (0 without CAT)."""
@@ -462,11 +521,16 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         mb = np.take_along_axis(b.gmb[sel], col, 1)
         has = present & self._has_l3[sel][:, None]
         ways, mbf = held_fractions(layout, masks, has, mb)
-        return encode_arrays(layout, m, self._slot_col[sel], ways, mbf)
+        floor = self.shield.floors(sel)[0] if self.shield is not None else None
+        return encode_arrays(layout, m, self._slot_col[sel], ways, mbf, self.history, sel, floor)
 
 
 def _rows(layout: SlotLayout, rows: np.ndarray) -> SlotLayout:
     return SlotLayout(*(getattr(layout, f)[rows] for f in SlotLayout.__dataclass_fields__))
+
+
+def _dl_rows(layout: DecodeLayout, rows: np.ndarray) -> DecodeLayout:
+    return DecodeLayout(*(getattr(layout, f)[rows] for f in DecodeLayout.__dataclass_fields__))
 
 
 def make_vector_env(num_envs: int = 1, **kwargs: Any) -> PartitionVectorEnv:

@@ -316,17 +316,32 @@ def check_levels(decoder: ActionDecoder, actions) -> np.ndarray:
     return a
 
 
-def decode_arrays(decoder: ActionDecoder, layout: DecodeLayout, levels: np.ndarray) -> Decoded:
+def decode_arrays(
+    decoder: ActionDecoder,
+    layout: DecodeLayout,
+    levels: np.ndarray,
+    floor: np.ndarray | None = None,
+    mb_floor: np.ndarray | None = None,
+) -> Decoded:
     """What checked ``levels`` (N, 2 * max_groups) mean on N nodes (module docstring):
     ways by largest-remainder apportionment over the present slots, packed into
-    contiguous masks in slot order; MB values from each node's level table."""
+    contiguous masks in slot order; MB values from each node's level table.
+
+    ``floor`` / ``mb_floor`` (N, max_groups), the SLO shield's (models/shield.py): the
+    fewest ways and the lowest MBA level each slot gets whatever its levels say (0: the
+    minimum slice, the lowest level); only the ways above the floors are apportioned by
+    the share levels. Floors must fit the cache (the shield fits them); they are not used
+    where groups have to share slices."""
     N, S = levels.shape[0], decoder.max_groups
     n = layout.n_present
     present = np.arange(S) < n[:, None]
     share = np.where(present, levels[:, :S], 0)
     total = np.where(layout.has_l3, layout.total, 0)
     shared = layout.has_l3 & (n * layout.least > total)
-    pool = np.maximum(total - n * layout.least, 0)
+    least = np.broadcast_to(layout.least[:, None], (N, S))
+    if floor is not None:
+        least = np.where(present & ~shared[:, None], np.maximum(least, floor), least)
+    pool = np.maximum(total - np.where(present, least, 0).sum(axis=1), 0)
     s = share.sum(axis=1)
     w = np.where((s == 0)[:, None], present.astype(np.int64), share)  # all 0: equal split
     s = np.maximum(w.sum(axis=1), 1)
@@ -337,7 +352,7 @@ def decode_arrays(decoder: ActionDecoder, layout: DecodeLayout, levels: np.ndarr
     order = np.argsort(-rem, axis=1, kind="stable")
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.broadcast_to(np.arange(S), (N, S)), axis=1)
-    ways = np.where(present, layout.least[:, None] + base + (rank < left[:, None]), 0)
+    ways = np.where(present, least + base + (rank < left[:, None]), 0)
     ways = np.where(layout.has_l3[:, None], ways, 0)
     start = layout.offset[:, None] + np.cumsum(ways, axis=1) - ways
     masks = np.where(ways > 0, ((np.int64(1) << ways) - 1) << start, 0).astype(np.int64)
@@ -347,7 +362,8 @@ def decode_arrays(decoder: ActionDecoder, layout: DecodeLayout, levels: np.ndarr
         got = decoder._shared_masks_of(slots, share[b, :k].tolist(), layout, b)
         masks[b, :k] = [got[g] for g in slots]
         ways[b, :k] = [m.bit_count() for m in masks[b, :k].tolist()]
-    lv = np.clip(levels[:, S:], 0, layout.mb_table.shape[1] - 1)
+    lv = levels[:, S:] if mb_floor is None else np.maximum(levels[:, S:], mb_floor)
+    lv = np.clip(lv, 0, layout.mb_table.shape[1] - 1)
     mb = np.take_along_axis(layout.mb_table, lv, axis=1)
     mb = np.where(present, mb, np.nan)
     return Decoded(ways, masks, mb, shared)
@@ -384,20 +400,27 @@ class PreparedDecoder:
         # often sends the same action again, and then only fresh copies are needed.
         self._last: tuple[list[int], tuple] | None = None
 
-    def decode(self, action: Sequence[int] | np.ndarray) -> DecodedAction:
-        """:meth:`ActionDecoder.decode` for this context's slots and capabilities."""
+    def decode(
+        self,
+        action: Sequence[int] | np.ndarray,
+        floors: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> DecodedAction:
+        """:meth:`ActionDecoder.decode` for this context's slots and capabilities;
+        ``floors``: the SLO shield's (ways, MBA level) floors per slot, (1, max_groups)
+        each (:func:`decode_arrays`)."""
         levels = self.decoder.levels(action)
+        key = levels if floors is None else (levels, floors[0].tolist(), floors[1].tolist())
         last = self._last
-        if last is not None and last[0] == levels:
+        if last is not None and last[0] == key:
             parts = last[1]
         else:
-            parts = self._parts(levels)
-            self._last = (levels, parts)
+            parts = self._parts(levels, floors)
+            self._last = (key, parts)
         plan, ways, masks, mb, shared, repairs = parts
         # the caller's dicts are copies: callers may keep or change them, not the memo's
         return DecodedAction(plan, dict(ways), dict(masks), dict(mb), shared, repairs)
 
-    def _parts(self, levels: list[int]) -> tuple:
+    def _parts(self, levels: list[int], floors: tuple | None = None) -> tuple:
         """(plan, ways, masks, mb, shared, repairs): the fields of the DecodedAction."""
         g_max, slots, n = self.decoder.max_groups, self.slots, self.n
         share, mba_lv = levels[:n], levels[g_max : g_max + n]
@@ -407,7 +430,9 @@ class PreparedDecoder:
         ways: dict[str, int] = {}
         masks: dict[str, int] = {}
         shared = False
-        d = decode_arrays(self.decoder, self.layout, np.array([levels], dtype=np.int64))
+        d = decode_arrays(
+            self.decoder, self.layout, np.array([levels], dtype=np.int64), *(floors or ())
+        )
         if self.l3 and n:
             ways, masks, shared, note = self._split(d)
             if note:

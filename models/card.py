@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.types import NodeCapabilities
-from models.features import ENCODER_VERSION, FeatureEncoder
+from models.features import ENCODER_VERSIONS, FeatureEncoder
 from models.setup import ControllerError, Unavailable
 
 CARD_FILE = "model_card.json"
@@ -214,15 +214,16 @@ class ModelCard:
     def code_problems(self) -> list[str]:
         """Every reason this code cannot serve the policy (encoder, layout, actions)."""
         out = []
-        if self.encoder_version != ENCODER_VERSION:
+        v = self.encoder_version
+        if v not in ENCODER_VERSIONS:
             out.append(
-                f"feature encoder version {self.encoder_version} (this build encodes version "
-                f"{ENCODER_VERSION}; retrain or use a matching rdtune)"
+                f"feature encoder version {v} (this build encodes versions "
+                f"{', '.join(map(str, ENCODER_VERSIONS))}; retrain or use a matching rdtune)"
             )
         else:
-            want = FeatureEncoder(int(self.features["max_groups"])).layout()
+            want = FeatureEncoder(int(self.features["max_groups"]), v).layout()
             if self.features.get("names") != want["names"]:
-                out.append(f"the card's feature layout differs from encoder v{ENCODER_VERSION}'s")
+                out.append(f"the card's feature layout differs from encoder v{v}'s")
         kind = self.actions.get("kind")
         if kind != ACTION_DESIGN:
             out.append(f"action design {kind!r}; this code decodes {ACTION_DESIGN!r}")

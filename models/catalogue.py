@@ -38,7 +38,7 @@ from models.copart import CoPart
 from models.copart.variants import CoPartCatOnly, CoPartMbaOnly
 from models.explore import Explore
 from models.oracle import Oracle
-from models.policy import PolicyController
+from models.policy import PolicyController, RandomController
 from models.setup import ControllerError, Need, Setup, Unavailable
 from models.static import BestStatic, StaticController
 from models.ubik import StaticLC, Ubik
@@ -163,6 +163,11 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         prepare=prepare.prepare_round_robin,
         calibrated=("services", "groups", "background_pids"),
         own_groups=True,
+    ),
+    Entry(
+        "random",
+        RandomController,
+        "random share and MBA levels each interval, behind the SLO shield (shield=false: bare)",
     ),
     Entry(
         "policy",

@@ -39,6 +39,26 @@ Node features: ``bandwidth_utilisation`` (sum of group bandwidth / peak) and its
 ``group_fraction`` (own groups / max_groups, capped at 1), ``truncated`` (1 when groups
 were left out), ``has_cat``, ``has_mba``.
 
+Version 2 (:data:`ENCODER_VERSION`; version 1 is the layout above and still encodes, for
+policies trained on it) appends to every slot :data:`GROUP_FEATURES_V2` and to the node
+:data:`NODE_FEATURES_V2`, all from what a real node measures (no ground truth):
+
+- a short history: the previous interval's ``latency_ratio``, ``ipc``, ``mpki`` and
+  ``ways_fraction`` (``*_prev``; at a run's first interval, the current ones);
+- ``load_relative``: completed requests/s over the most the group completed in the run so
+  far (linear: 50k and 75k requests/s against a 100k peak are 0.5 and 0.75); ``busy``:
+  cycles/s over the run's most (a utilisation signal: the node reports no queue length);
+- sensitivity, from the response to the last change of the group's ways:
+  ``mpki_sensitivity`` = -(change of the mpki feature) / (change of ways_fraction) / 4,
+  and ``ipc_sensitivity`` = (change of the ipc feature) / (change of ways_fraction), each
+  clipped to [-1, 1] and held until the ways change again (0 before any change);
+- ``floor_fraction``: the SLO shield's floor (models/shield.py) / total ways (0 without);
+- machine descriptors: ways / 32, cache size / 64 MiB, MBA granularity and smallest value
+  as fractions of the largest (0 without MBA).
+
+So version 2 is stateful: the caller keeps a :class:`History` per node (the environments
+and :class:`PreparedEncoder`, reset at every new episode or run).
+
 One definition, on arrays: :func:`encode_arrays` computes every feature for N nodes at
 once from :class:`Measurements` (a snapshot's group samples as arrays over (nodes, groups))
 and a :class:`SlotLayout` (what the groups and capabilities fix). The tuner and the single
@@ -69,7 +89,8 @@ from agent.types import (
     Snapshot,
 )
 
-ENCODER_VERSION = 1
+ENCODER_VERSION = 2
+ENCODER_VERSIONS = (1, 2)  # what this code encodes: policies of either version still run
 
 GROUP_FEATURES: tuple[str, ...] = (
     "present",
@@ -97,6 +118,44 @@ NODE_FEATURES: tuple[str, ...] = (
     "has_mba",
 )
 
+# Version 2 appends these per slot and per node (module docstring, "Version 2").
+GROUP_FEATURES_V2: tuple[str, ...] = (
+    "latency_ratio_prev",
+    "ipc_prev",
+    "mpki_prev",
+    "ways_fraction_prev",
+    "load_relative",
+    "busy",
+    "mpki_sensitivity",
+    "ipc_sensitivity",
+    "floor_fraction",
+)
+NODE_FEATURES_V2: tuple[str, ...] = ("ways_total", "cache_size", "mba_granularity", "mba_min")
+_SIGNED_V2 = ("latency_ratio_prev", "mpki_sensitivity", "ipc_sensitivity")
+
+
+def group_features(version: int = ENCODER_VERSION) -> tuple[str, ...]:
+    """The per-slot feature names of an encoder version."""
+    _check_version(version)
+    return GROUP_FEATURES if version == 1 else GROUP_FEATURES + GROUP_FEATURES_V2
+
+
+def node_features(version: int = ENCODER_VERSION) -> tuple[str, ...]:
+    """The node feature names of an encoder version."""
+    _check_version(version)
+    return NODE_FEATURES if version == 1 else NODE_FEATURES + NODE_FEATURES_V2
+
+
+def _check_version(version: int) -> None:
+    if version not in ENCODER_VERSIONS:
+        raise ValueError(
+            f"feature encoder version {version!r}; this code encodes {ENCODER_VERSIONS}"
+        )
+
+
+WAYS_SCALE = 32.0  # ways_total: the most ways of a CAT cache in the presets is 20
+CACHE_SCALE = 64.0 * 2**20  # cache_size: bytes
+SENSITIVITY_SCALE = 4.0  # mpki_sensitivity: log-MPKI feature change per cache fraction / 4
 IPC_SCALE = 4.0
 MPKI_SCALE = math.log1p(100.0)
 LOAD_SCALE = math.log1p(1e7)
@@ -134,35 +193,49 @@ class FeatureEncoder:
     """
 
     max_groups: int = 8
+    version: int = ENCODER_VERSION
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_groups, int) or self.max_groups < 1:
             raise ValueError(f"max_groups must be a positive integer, got {self.max_groups!r}")
+        _check_version(self.version)
 
     # ------------------------------------------------------------------ layout
 
     @property
-    def version(self) -> int:
-        return ENCODER_VERSION
+    def stateful(self) -> bool:
+        """Version 2 carries a :class:`History` from interval to interval."""
+        return self.version >= 2
+
+    @property
+    def group_features(self) -> tuple[str, ...]:
+        return group_features(self.version)
+
+    @property
+    def node_features(self) -> tuple[str, ...]:
+        return node_features(self.version)
 
     @property
     def group_size(self) -> int:
-        return len(GROUP_FEATURES)
+        return len(self.group_features)
 
     @property
     def size(self) -> int:
-        return self.max_groups * len(GROUP_FEATURES) + len(NODE_FEATURES)
+        return self.max_groups * self.group_size + len(self.node_features)
 
     @property
     def names(self) -> tuple[str, ...]:
-        """Feature names in order: ``g0.present``, ..., ``node.has_mba``."""
-        per_group = [f"g{i}.{f}" for i in range(self.max_groups) for f in GROUP_FEATURES]
-        return (*per_group, *(f"node.{f}" for f in NODE_FEATURES))
+        """Feature names in order: ``g0.present``, ..., ``node.has_mba``, ..."""
+        per_group = [f"g{i}.{f}" for i in range(self.max_groups) for f in self.group_features]
+        return (*per_group, *(f"node.{f}" for f in self.node_features))
 
     @property
     def low(self) -> np.ndarray:
         low = np.zeros(self.size, dtype=np.float32)
-        low[_LAT : self.max_groups * self.group_size : self.group_size] = -1.0
+        end, g = self.max_groups * self.group_size, self.group_size
+        for name in ("latency_ratio", *_SIGNED_V2):
+            if name in self.group_features:
+                low[self.group_features.index(name) : end : g] = -1.0
         return low
 
     @property
@@ -172,10 +245,10 @@ class FeatureEncoder:
     def layout(self) -> dict:
         """What a model card records so a policy is only fed the features it learned on."""
         return {
-            "encoder_version": ENCODER_VERSION,
+            "encoder_version": self.version,
             "max_groups": self.max_groups,
-            "group_features": list(GROUP_FEATURES),
-            "node_features": list(NODE_FEATURES),
+            "group_features": list(self.group_features),
+            "node_features": list(self.node_features),
             "size": self.size,
             "names": list(self.names),
             "group_order": "LC, then batch, then system; by name within a kind",
@@ -237,7 +310,9 @@ class FeatureEncoder:
             st = replace(cached, key=key, caps=caps)
             object.__setattr__(self, "_static_cache", st)
             return st
-        st = PreparedEncoder.build(self.max_groups, groups, caps, list(slots), specs, key)
+        st = PreparedEncoder.build(
+            self.max_groups, groups, caps, list(slots), specs, key, self.version
+        )
         object.__setattr__(self, "_static_cache", st)  # a cache, not state: frozen otherwise
         return st
 
@@ -340,6 +415,7 @@ class SlotLayout:
     mba_max: np.ndarray  # (N,) MB maximum (NaN without MBA)
     mbps: np.ndarray  # (N,) bool, mba_MBps mode
     node_tail: np.ndarray  # (N, 4) group_fraction, truncated, has_cat, has_mba
+    machine: np.ndarray  # (N, 4) version 2's NODE_FEATURES_V2
 
     @classmethod
     def stack(cls, layouts: Sequence[SlotLayout]) -> SlotLayout:
@@ -374,21 +450,136 @@ def held_fractions(
     return ways, np.where(ok, _clip(frac), 1.0)
 
 
+def tail_ratios(layout: SlotLayout, m: Measurements, slot_col: np.ndarray) -> np.ndarray:
+    """(N, S) each slot's tail latency at its SLO's percentile over the SLO target in the
+    interval of ``m``; NaN where not measured (no SLO, no sample, no completed request, a
+    tail that is not finite). What the ``latency_ratio`` feature encodes and the SLO
+    shield (models/shield.py) feeds back on."""
+    N, S = layout.present.shape
+    col = np.maximum(slot_col, 0)
+    sampled = (slot_col >= 0) & layout.present
+    pct = np.maximum(layout.slo_pct, 0)
+    if m.latency_ms.shape[1]:
+        lat = np.take_along_axis(m.latency_ms, col[..., None], axis=1)
+        value = np.take_along_axis(lat, pct[..., None], axis=2)[..., 0]
+        count = np.take_along_axis(m.latency_count, col, axis=1)
+    else:
+        value = count = np.full((N, S), np.nan)
+    with np.errstate(invalid="ignore"):
+        ok = sampled & (layout.slo_pct >= 0) & ~np.isnan(count) & np.isfinite(value) & (count > 0)
+        return np.where(ok, value / layout.slo_target, np.nan)
+
+
+@dataclass
+class History:
+    """What version 2 carries between intervals, per node and slot (N, S): the previous
+    interval's key features, the largest request and cycle rates seen (the references of
+    ``load_relative`` and ``busy``), and the last sensitivity estimates."""
+
+    prev: np.ndarray  # (N, S, 4) latency_ratio, ipc, mpki, ways_fraction features
+    avail: np.ndarray  # (N, S, 3) latency, ipc, mpki measured in the previous interval
+    max_rps: np.ndarray  # (N, S)
+    max_cps: np.ndarray  # (N, S) cycles/s
+    sens: np.ndarray  # (N, S, 2) mpki and ipc sensitivity
+    fresh: np.ndarray  # (N,) the next interval is a run's first
+
+    @classmethod
+    def zeros(cls, n: int, slots: int) -> History:
+        return cls(
+            np.zeros((n, slots, 4)),
+            np.zeros((n, slots, 3), dtype=bool),
+            np.zeros((n, slots)),
+            np.zeros((n, slots)),
+            np.zeros((n, slots, 2)),
+            np.ones(n, dtype=bool),
+        )
+
+    def reset(self, rows: np.ndarray | slice = slice(None)) -> None:
+        """A new run (episode, set of groups) on ``rows``: nothing carried over."""
+        self.prev[rows] = 0.0
+        self.avail[rows] = False
+        self.max_rps[rows] = 0.0
+        self.max_cps[rows] = 0.0
+        self.sens[rows] = 0.0
+        self.fresh[rows] = True
+
+
+def _v2_columns(
+    out: np.ndarray,
+    rps: np.ndarray,
+    cps: np.ndarray,
+    floor: np.ndarray | None,
+    layout: SlotLayout,
+    h: History,
+    rows: np.ndarray | slice,
+) -> np.ndarray:
+    """Version 2's per-slot columns (N, S, 9) from the interval's version-1 columns
+    ``out``, and the history of ``rows`` (updated in place)."""
+    N, S = out.shape[:2]
+    cur = out[..., [12, 2, 4, 10]]
+    avail = out[..., [13, 3, 5]] > 0
+    fresh = h.fresh[rows][:, None]
+    prev = np.where(fresh[..., None], cur, h.prev[rows])
+    prev_ok = np.where(fresh[..., None], avail, h.avail[rows])
+    prev = np.where(np.concatenate([prev_ok, np.ones((N, S, 1), bool)], axis=2), prev, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        max_rps = np.fmax(h.max_rps[rows], np.where(np.isnan(rps), 0.0, rps))
+        max_cps = np.fmax(h.max_cps[rows], np.where(np.isnan(cps), 0.0, cps))
+        load = np.where(max_rps > 0, _clip(np.nan_to_num(rps) / max_rps), 0.0)
+        busy = np.where(max_cps > 0, _clip(np.nan_to_num(cps) / max_cps), 0.0)
+        dw = cur[..., 3] - prev[..., 3]
+        moved = (np.abs(dw) > 1e-9) & ~fresh
+        ok_m = moved & avail[..., 2] & prev_ok[..., 2]
+        ok_i = moved & avail[..., 1] & prev_ok[..., 1]
+        s_m = np.clip(-(cur[..., 2] - prev[..., 2]) / dw / SENSITIVITY_SCALE, -1.0, 1.0)
+        s_i = np.clip((cur[..., 1] - prev[..., 1]) / dw, -1.0, 1.0)
+    sens = h.sens[rows].copy()
+    sens[..., 0] = np.where(ok_m, s_m, sens[..., 0])
+    sens[..., 1] = np.where(ok_i, s_i, sens[..., 1])
+    nw = layout.num_ways[:, None]
+    if floor is None:
+        ff = np.zeros((N, S))
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ff = np.where(nw > 0, _clip(floor / nw), 0.0)
+    present = layout.present
+    cols = np.stack(
+        [prev[..., 0], prev[..., 1], prev[..., 2], prev[..., 3], load, busy,
+         sens[..., 0], sens[..., 1], ff],
+        axis=2,
+    )  # fmt: skip
+    h.prev[rows] = cur
+    h.avail[rows] = avail
+    h.max_rps[rows] = max_rps
+    h.max_cps[rows] = max_cps
+    h.sens[rows] = sens
+    h.fresh[rows] = False
+    return np.where(present[..., None], cols, 0.0)
+
+
 def encode_arrays(
     layout: SlotLayout,
     m: Measurements,
     slot_col: np.ndarray,
     ways: np.ndarray,
     mb: np.ndarray,
+    history: History | None = None,
+    rows: np.ndarray | slice = slice(None),
+    floor: np.ndarray | None = None,
 ) -> np.ndarray:
     """The observations (N, size) float32 of N nodes: every feature of the module
-    docstring, in :data:`GROUP_FEATURES` order per slot, then :data:`NODE_FEATURES`.
+    docstring, in :data:`GROUP_FEATURES` order per slot, then :data:`NODE_FEATURES`
+    (version 1); with a ``history``, version 2's columns follow each group's and the
+    node's (:data:`GROUP_FEATURES_V2`, :data:`NODE_FEATURES_V2`).
 
     Args:
         layout: the slots' groups and the nodes' capabilities.
         m: the interval's samples (columns in the node's order).
         slot_col: (N, S) column of each slot's sample in ``m`` (-1: no sample).
         ways, mb: (N, S) :func:`held_fractions` of the held allocation.
+        history: version 2's :class:`History`; its ``rows`` are these N nodes' and are
+            updated with this interval.
+        floor: (N, S) the SLO shield's way floors (models/shield.py), or None.
     """
     N, S = layout.present.shape
     dt = m.interval_s
@@ -436,14 +627,8 @@ def encode_arrays(
         out[..., 9] = ok
         out[..., 10] = np.where(layout.present, ways, 0.0)
         out[..., 11] = np.where(layout.present, mb, 0.0)
-        pct = np.maximum(layout.slo_pct, 0)
-        if m.latency_ms.shape[1]:
-            lat = np.take_along_axis(m.latency_ms, col[..., None], axis=1)
-            value = np.take_along_axis(lat, pct[..., None], axis=2)[..., 0]
-        else:
-            value = np.full((N, S), np.nan)
-        ok = sampled & (layout.slo_pct >= 0) & ~np.isnan(count) & np.isfinite(value) & (count > 0)
-        ratio = value / layout.slo_target
+        ratio = tail_ratios(layout, m, slot_col)
+        ok = ~np.isnan(ratio)
         lg = np.where(ratio > 0, np.log2(ratio), -LATENCY_LOG2_CLIP)
         lg = np.minimum(np.maximum(lg, -LATENCY_LOG2_CLIP), LATENCY_LOG2_CLIP)
         out[..., 12] = np.where(ok, lg / LATENCY_LOG2_CLIP, 0.0)
@@ -455,6 +640,13 @@ def encode_arrays(
         node[:, 0] = np.where(ok, _clip(bw_total / layout.peak), 0.0)
         node[:, 1] = ok
         node[:, 2:] = layout.node_tail
+        if history is not None:
+            dtc = dt[:, None]
+            rps = np.where(sampled & ~np.isnan(count) & has_dt[:, None], count / dtc, np.nan)
+            cps = np.where(sampled & ~np.isnan(cyc) & has_dt[:, None], cyc / dtc, np.nan)
+            extra = _v2_columns(out, rps, cps, floor, layout, history, rows)
+            out = np.concatenate([out, extra], axis=2)
+            node = np.concatenate([node, layout.machine], axis=1)
     return np.concatenate([out.reshape(N, -1), node], axis=1).astype(np.float32)
 
 
@@ -467,6 +659,8 @@ class PreparedEncoder:
     caps: NodeCapabilities
     slots: tuple[str, ...]
     layout: SlotLayout  # N = 1
+    version: int = 1
+    history: History | None = field(default=None, compare=False)
     # (allocation, held fractions): the last allocation's features (an Allocation is
     # immutable and an env holds the same one until it applies a new plan)
     _held_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
@@ -480,23 +674,45 @@ class PreparedEncoder:
         slots: list[str],
         specs: tuple[GroupSpec, ...],
         key: tuple,
+        version: int = 1,
     ) -> PreparedEncoder:
         return cls(
             key=key,
             caps=caps,
             slots=tuple(slots),
             layout=layout_of(max_groups, groups, caps, specs),
+            version=version,
+            history=History.zeros(1, max_groups) if version >= 2 else None,
         )
 
-    def encode(self, snapshot: Snapshot, allocation: Allocation) -> np.ndarray:
-        """The observation of one interval (see :meth:`FeatureEncoder.encode`)."""
+    def reset_history(self) -> None:
+        """A new run: version 2's history starts afresh (no-op for version 1)."""
+        if self.history is not None:
+            self.history.reset()
+
+    def encode(
+        self, snapshot: Snapshot, allocation: Allocation, floor: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The observation of one interval (see :meth:`FeatureEncoder.encode`); version 2
+        also moves its history on by this interval (``floor``: the shield's (1, S))."""
         m, cols = Measurements.from_snapshot(snapshot)
         S = self.layout.present.shape[1]
         slot_col = np.full((1, S), -1, dtype=np.int64)
         for i, name in enumerate(self.slots):
             slot_col[0, i] = cols.get(name, -1)
         ways, mb = self.held_arrays(allocation)
-        return encode_arrays(self.layout, m, slot_col, ways, mb)[0]
+        return encode_arrays(self.layout, m, slot_col, ways, mb, self.history, slice(None), floor)[
+            0
+        ]
+
+    def tail_ratios(self, snapshot: Snapshot) -> np.ndarray:
+        """(1, S) :func:`tail_ratios` of one interval (the SLO shield's input)."""
+        m, cols = Measurements.from_snapshot(snapshot)
+        S = self.layout.present.shape[1]
+        slot_col = np.full((1, S), -1, dtype=np.int64)
+        for i, name in enumerate(self.slots):
+            slot_col[0, i] = cols.get(name, -1)
+        return tail_ratios(self.layout, m, slot_col)
 
     def held(self, allocation: Allocation) -> list[tuple[float, float]]:
         """(ways_fraction, mba_fraction) per slot."""
@@ -575,4 +791,21 @@ def layout_of(
                 ]
             ]
         ),
+        machine=np.array([machine_descriptors(caps)]),
     )
+
+
+def machine_descriptors(caps: NodeCapabilities) -> list[float]:
+    """Version 2's node descriptors: ways / 32, cache bytes / 64 MiB, MBA granularity and
+    smallest value as fractions of the largest (0 where the node lacks the feature)."""
+    l3, mba = caps.l3, caps.mba
+    ways = _clip01(l3.num_ways / WAYS_SCALE) if l3 is not None else 0.0
+    size = _clip01(l3.size_bytes / CACHE_SCALE) if l3 is not None and l3.size_bytes else 0.0
+    gran = lo = 0.0
+    if mba is not None and mba.max_bandwidth > 0:
+        top = mba.max_bandwidth
+        if mba.mode is MbaMode.MBPS and caps.memory_bandwidth_bps:
+            top = caps.memory_bandwidth_bps / 2**20  # MiB/s: the peak, not 2**32 - 1
+        gran = _clip01(mba.bandwidth_gran / top)
+        lo = _clip01(mba.min_bandwidth / top)
+    return [ways, size, gran, lo]

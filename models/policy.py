@@ -14,8 +14,11 @@ decision's note says.
 Each decision: encode the snapshot (the same encoder as training), apply the card's
 observation normalisation, run the actor (ONNX Runtime, 1 intra-op thread, batch 1;
 docs/BENCHMARKS.md has its latency), and decode the action into a plan that is valid by
-construction. Episodes in training start from CoPart's equal split, so
-:meth:`PolicyController.start` applies it too. No torch here: the runtime needs numpy and
+construction, above the SLO shield's floors when the policy was trained behind the shield
+(models/shield.py; the card's env options say so). It starts as its training episodes
+started (the card's ``baseline``: the node's current allocation, or CoPart's equal split
+for a policy trained before the start state was an option). :class:`RandomController`
+is the same loop with random actions. No torch here: the runtime needs numpy and
 onnxruntime only.
 """
 
@@ -28,22 +31,31 @@ from typing import Any
 
 import numpy as np
 
-from agent.types import NodeCapabilities, Snapshot
+from agent.types import Allocation, AllocationPlan, NodeCapabilities, Snapshot
 from models.actions import ActionDecoder
-from models.basic import EqualPartition
+from models.basic import EqualPartition, Unpartitioned
 from models.card import CARD_FILE, ModelCard, PolicyCompatibilityError, PolicyError
 from models.controller import ControlContext, Controller, Decision
 from models.features import FeatureEncoder
+from models.shield import NodeShield, ShieldConfig
 
 log = logging.getLogger("rdtune.policy")
 
 DEFAULT_POLICY = Path(__file__).parent / "policies" / "default"
 
+# How a controller starts: ``keep`` the node's allocation, or apply an equal split or
+# unpartitioned; the environments' ``baseline`` option names the same start states.
+START_STATES = ("keep", "equal", "full")
+_START_OF_BASELINE = {"current": "keep", "equal": "equal", "full": "full"}
+
 __all__ = [
     "DEFAULT_POLICY",
+    "START_STATES",
+    "ActingController",
     "PolicyCompatibilityError",
     "PolicyController",
     "PolicyError",
+    "RandomController",
     "check_export",
     "policy_available",
 ]
@@ -72,7 +84,158 @@ def policy_available() -> bool:
     return (DEFAULT_POLICY / CARD_FILE).is_file()
 
 
-class PolicyController(Controller):
+class ActingController(Controller):
+    """What a learned policy does every interval, whatever computes its action: encode the
+    snapshot (models/features.py), let :meth:`act` choose share and MBA levels, and decode
+    them (models/actions.py) above the SLO shield's floors (models/shield.py) when it has
+    one. It starts from ``baseline`` (``keep``: the node's current allocation, as training
+    episodes start; ``equal``: CoPart's equal split; ``full``: unpartitioned), and the
+    shield's floors start from what the groups hold then.
+    """
+
+    name = "acting"
+    masked = True
+
+    def __init__(
+        self,
+        encoder: FeatureEncoder,
+        decoder: ActionDecoder,
+        *,
+        shield: ShieldConfig | bool | dict | None = None,
+        baseline: str = "keep",
+    ) -> None:
+        if baseline not in START_STATES:
+            raise ValueError(f"baseline must be one of {START_STATES}, got {baseline!r}")
+        self.encoder, self.decoder = encoder, decoder
+        self.shield_config = ShieldConfig.of(shield)
+        self._shield = (
+            NodeShield(encoder.max_groups, self.shield_config) if self.shield_config else None
+        )
+        self.baseline = baseline
+        self._caps: NodeCapabilities | None = None
+        self._slots: list[str] = []
+        self._prepared = None  # (groups, caps, prepared encoder, prepared decoder)
+
+    def act(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        raise NotImplementedError
+
+    def check_capabilities(self, caps: NodeCapabilities) -> None:
+        """Raise when the node is not one this controller can act on (default: any)."""
+
+    def _label(self) -> str:
+        return self.name
+
+    def start(self, ctx: ControlContext) -> Decision:
+        self.check_capabilities(ctx.capabilities)
+        self._caps = ctx.capabilities
+        self._prepared = None
+        plan, what = None, "the allocation held"
+        if self.baseline == "equal":
+            plan, what = EqualPartition().start(ctx).plan, "equal split"
+        elif self.baseline == "full":
+            plan, what = Unpartitioned().start(ctx).plan, "unpartitioned"
+        held = ctx.allocation if plan is None else _planned(ctx.allocation, plan)
+        _, _, enc, dec = self._prepare(ctx)
+        enc.reset_history()
+        if self._shield is not None:
+            self._shield.start(self._slots, ctx.groups, ctx.capabilities, dec.layout, held)
+        return Decision(plan, note=f"{self._label()}: {what} to start")
+
+    def _prepare(self, ctx: ControlContext):
+        groups, caps = ctx.groups, ctx.capabilities
+        p = self._prepared
+        if p is not None and p[0] == groups and p[1] == caps:
+            return p
+        self._slots = self.encoder.slots(groups)
+        p = (
+            dict(groups),
+            caps,
+            self.encoder.prepare(groups, caps, self._slots),
+            self.decoder.prepare(self._slots, caps),
+        )
+        if self._prepared is not None:  # the groups changed under a running controller
+            p[2].reset_history()
+            if self._shield is not None:
+                self._shield.start(self._slots, groups, caps, p[3].layout, ctx.allocation)
+        self._prepared = p
+        return p
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        caps = ctx.capabilities
+        if caps is not self._caps and caps != self._caps:
+            self.check_capabilities(caps)
+            self._caps = caps
+        if not self.encoder.slots(ctx.groups):
+            return Decision(note=f"{self.name}: no own groups")
+        _, _, enc, dec = self._prepare(ctx)
+        slots = self._slots
+        floors = None
+        if self._shield is not None:
+            self._shield.observe(enc.tail_ratios(snapshot), ctx.allocation)
+            floors = self._shield.floors()
+        obs = enc.encode(snapshot, ctx.allocation, None if floors is None else floors[0])
+        mask = self.decoder.action_mask(len(slots), caps) if self.masked else None
+        decoded = dec.decode(self.act(obs, mask), floors)
+        note = f"{self.name}: " + ", ".join(f"{g}={decoded.ways.get(g, '-')}w" for g in slots)
+        if floors is not None and floors[0].any():
+            note += (
+                " (shield floors "
+                + ", ".join(
+                    f"{g}>={int(floors[0][0, i])}w" for i, g in enumerate(slots) if floors[0][0, i]
+                )
+                + ")"
+            )
+        if decoded.repairs:
+            note += " (" + "; ".join(decoded.repairs) + ")"
+        if len(ctx.groups) > len(slots):
+            note += f"; {len(ctx.groups) - len(slots)} groups beyond the policy's slots untouched"
+        return Decision(decoded.plan, note=note)
+
+
+def _planned(held: Allocation, plan: AllocationPlan) -> Allocation:
+    """What the node holds once ``plan`` is applied over ``held`` (groups it names replaced)."""
+    groups = {g: dict(v) for g, v in held.groups.items()}
+    for g, per in plan.groups.items():
+        groups[g] = dict(per)
+    return Allocation(groups)
+
+
+class RandomController(ActingController):
+    """Uniformly random share and MBA levels each interval (behind the shield when it has
+    one): the floor any learned policy must beat, and the test of the shield alone.
+
+    Args:
+        shield: the SLO shield (True, a mapping of options, or False).
+        baseline: start state (``keep``, ``equal``, ``full``).
+        seed: the random stream's seed.
+        max_groups, share_levels, mba_levels: the action design (training's defaults).
+    """
+
+    name = "random"
+
+    def __init__(
+        self,
+        *,
+        shield: bool | dict = True,
+        baseline: str = "keep",
+        seed: int = 0,
+        max_groups: int = 8,
+        share_levels: int = 5,
+        mba_levels: int = 4,
+    ) -> None:
+        super().__init__(
+            FeatureEncoder(max_groups, 1),  # random actions read no feature: the cheapest
+            ActionDecoder(max_groups, share_levels, mba_levels),
+            shield=shield,
+            baseline=baseline,
+        )
+        self._rng = np.random.default_rng(seed)
+
+    def act(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        return self._rng.integers(0, self.decoder.nvec)
+
+
+class PolicyController(ActingController):
     """A trained policy as a controller.
 
     Args:
@@ -92,10 +255,22 @@ class PolicyController(Controller):
         if problems:
             raise PolicyCompatibilityError(f"{self.path}: " + "; ".join(problems))
         features, actions = card.features, card.actions
-        self.encoder = FeatureEncoder(int(features["max_groups"]))
-        self.decoder = ActionDecoder(
-            int(actions["max_groups"]), int(actions["share_levels"]), int(actions["mba_levels"])
-        )
+        kwargs = (card.env or {}).get("kwargs") or {}
+        try:
+            super().__init__(
+                FeatureEncoder(int(features["max_groups"]), int(card.encoder_version)),
+                ActionDecoder(
+                    int(actions["max_groups"]),
+                    int(actions["share_levels"]),
+                    int(actions["mba_levels"]),
+                ),
+                # as trained: the shield it learned behind, the start state of its episodes
+                # (an export from before the shield and the start state: equal split)
+                shield=kwargs.get("shield", False),
+                baseline=_START_OF_BASELINE.get(kwargs.get("baseline", "equal"), "equal"),
+            )
+        except ValueError as exc:
+            raise PolicyError(f"{self.path}: {exc}") from None
         self.masked = card.masked
         norm = card.normalization
         self._norm = None
@@ -108,8 +283,9 @@ class PolicyController(Controller):
                 )
             self._norm = (mean, std.astype(np.float32), float(norm["clip"]))
         self._session = self._open(self.path / card.onnx["file"], card.onnx.get("sha256"), threads)
-        self._caps: NodeCapabilities | None = None
-        self._baseline = EqualPartition()
+
+    def _label(self) -> str:
+        return f"policy {self.card.name}"
 
     @classmethod
     def load(cls, path: str | Path, **kwargs: Any) -> PolicyController:
@@ -155,27 +331,3 @@ class PolicyController(Controller):
                 mask = np.ones(int(self.decoder.nvec.sum()), dtype=bool)
             feeds["action_mask"] = mask[None, :]
         return self._session.run(None, feeds)[0][0]
-
-    def start(self, ctx: ControlContext) -> Decision:
-        self.check_capabilities(ctx.capabilities)
-        self._caps = ctx.capabilities
-        start = self._baseline.start(ctx)
-        return Decision(start.plan, note=f"policy {self.card.name}: equal split to start")
-
-    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
-        caps = ctx.capabilities
-        if caps is not self._caps and caps != self._caps:
-            self.check_capabilities(caps)
-            self._caps = caps
-        slots = self.encoder.slots(ctx.groups)
-        if not slots:
-            return Decision(note="policy: no own groups")
-        obs = self.encoder.encode(snapshot, ctx.allocation, ctx.groups, caps, slots)
-        mask = self.decoder.action_mask(len(slots), caps) if self.masked else None
-        decoded = self.decoder.decode(self.act(obs, mask), slots, caps)
-        note = "policy: " + ", ".join(f"{g}={decoded.ways.get(g, '-')}w" for g in slots)
-        if decoded.repairs:
-            note += " (" + "; ".join(decoded.repairs) + ")"
-        if len(ctx.groups) > len(slots):
-            note += f"; {len(ctx.groups) - len(slots)} groups beyond the policy's slots untouched"
-        return Decision(decoded.plan, note=note)

@@ -240,13 +240,13 @@ def export_run(
             raise ExportError(f"{run_dir}: no {name} (is this a run directory of 'rdtune train'?)")
     meta = json.loads((run_dir / "run.json").read_text())
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    from models.features import ENCODER_VERSION
+    from models.features import ENCODER_VERSIONS
     from training.train import load_model
 
-    if meta["encoder_version"] != ENCODER_VERSION:
+    if meta["encoder_version"] not in ENCODER_VERSIONS:
         raise ExportError(
             f"{run_dir}: trained with feature encoder v{meta['encoder_version']}, this code "
-            f"has v{ENCODER_VERSION}: the policy's inputs no longer mean the same; retrain"
+            f"encodes {ENCODER_VERSIONS}: the policy's inputs no longer mean the same; retrain"
         )
     model = load_model(run_dir / checkpoint, meta["algorithm"])
     nvec = [int(n) for n in meta["actions"]["nvec"]]

@@ -24,7 +24,7 @@ import torch
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
-from models.features import GROUP_FEATURES, NODE_FEATURES
+from models.features import ENCODER_VERSIONS, GROUP_FEATURES, group_features, node_features
 
 _PRESENT = GROUP_FEATURES.index("present")
 
@@ -49,13 +49,18 @@ class GroupSetExtractor(BaseFeaturesExtractor):
         slot_hidden: int = 32,
         pool: tuple[str, ...] | list[str] = ("mean", "max"),
     ) -> None:
-        group_size, node_size = len(GROUP_FEATURES), len(NODE_FEATURES)
         size = int(observation_space.shape[0])
-        if size != max_groups * group_size + node_size:
+        # the encoder version whose layout has this size (versions differ in both sizes)
+        sizes = {
+            max_groups * len(group_features(v)) + len(node_features(v)): v for v in ENCODER_VERSIONS
+        }
+        if size not in sizes:
             raise ValueError(
-                f"observation has {size} values; expected {max_groups} slots x {group_size} "
-                f"+ {node_size} node features (encoder layout)"
+                f"observation has {size} values; expected one of {sorted(sizes)} for "
+                f"{max_groups} slots (encoder layouts of versions {ENCODER_VERSIONS})"
             )
+        version = sizes[size]
+        group_size, node_size = len(group_features(version)), len(node_features(version))
         pool = tuple(pool)
         if not pool or any(p not in ("mean", "max") for p in pool):
             raise ValueError(f"pool must be a non-empty subset of ('mean', 'max'), got {pool}")

@@ -452,7 +452,6 @@ def train(
     a private local instance by default, or on the Ray already initialised in this process."""
     import yaml
 
-    from models.features import ENCODER_VERSION
     from training.evaluate import evaluate_heuristics, make_eval_env
 
     t0 = time.monotonic()
@@ -476,10 +475,12 @@ def train(
                     "algorithm": cfg.algorithm,
                     "seed": cfg.seed,
                     "env_id": cfg.env.id,
-                    "env_kwargs": cfg.env_kwargs(),
+                    # the start state stated even when the config leaves it to the env's
+                    # default: the exported policy starts as its episodes did
+                    "env_kwargs": {"baseline": "current", **cfg.env_kwargs()},
                     "eval_kwargs": cfg.eval_kwargs(),
                     "final_kwargs": cfg.final_kwargs(),
-                    "encoder_version": ENCODER_VERSION,
+                    "encoder_version": encoder.version,
                     "features": encoder.layout(),
                     "actions": decoder.layout(),
                     "normalize_obs": cfg.normalize_obs,

@@ -42,7 +42,7 @@ def _counting_apply(env: PartitionEnv) -> list:
 
 
 def test_an_unchanged_plan_is_not_applied_again() -> None:
-    env = PartitionEnv(scenarios=["default"], split="all", **FAST)
+    env = PartitionEnv(scenarios=["default"], split="all", baseline="equal", **FAST)
     env.reset(seed=1)
     calls = _counting_apply(env)
     a = env.action_space.sample()

@@ -308,3 +308,29 @@ def test_groups_beyond_max_groups_are_left_untouched(make_env) -> None:
     _, _, _, _, info = env.step(env.action_space.sample())
     assert set(info["masks"]) == set(base.slots)
     assert {g: base.node.allocation().get(g, 0) for g in left_out} == before
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_episodes_start_from_the_nodes_allocation_by_default(vector: bool) -> None:
+    """What the online tuner finds: a fresh node is unpartitioned, and nothing is applied
+    before the first action (no equal split)."""
+    import gymnasium as gym
+
+    import envs
+
+    if vector:
+        env = gym.make_vec(
+            envs.PARTITION_ID, num_envs=2, vectorization_mode="vector_entry_point", episode_steps=2
+        )
+        obs, _ = env.reset(seed=3)
+    else:
+        env = gym.make(envs.PARTITION_ID, episode_steps=2)
+        obs, _ = env.reset(seed=3)
+        obs = obs[None]
+    enc = env.unwrapped.encoder
+    ways = enc.names.index("g0.ways_fraction")
+    for row in obs:
+        present = row[0 : enc.max_groups * enc.group_size : enc.group_size] > 0
+        fractions = row[ways : enc.max_groups * enc.group_size : enc.group_size]
+        assert present.sum() >= 2 and (fractions[present] == 1.0).all()
+    env.close()

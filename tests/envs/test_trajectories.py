@@ -38,13 +38,27 @@ DATA = Path(__file__).parent / "data" / "trajectories.npz"
 STEPS = 40
 
 CONFIGS: dict[str, dict] = {
-    "default-0.1s": {"scenarios": ["default"], "interval_s": 0.1, "episode_steps": 12},
-    "copart-1s": {"scenarios": ["copart_h_both"], "interval_s": 1.0, "episode_steps": 16},
+    # recorded when episodes started from the equal split by default: pinned with it
+    "default-0.1s": {
+        "scenarios": ["default"],
+        "baseline": "equal",
+        "encoder_version": 1,
+        "interval_s": 0.1,
+        "episode_steps": 12,
+    },
+    "copart-1s": {
+        "scenarios": ["copart_h_both"],
+        "baseline": "equal",
+        "encoder_version": 1,
+        "interval_s": 1.0,
+        "episode_steps": 16,
+    },
     "amd-running-max-full": {
         "scenarios": "named",
         "preset": "epyc7302p",
         "reference": "running_max",
         "baseline": "full",
+        "encoder_version": 1,
         "interval_s": 0.2,
         "episode_steps": 10,
     },
@@ -52,6 +66,8 @@ CONFIGS: dict[str, dict] = {
         "scenarios": "named",
         "preset": "e5v3_4clos",
         "max_groups": 3,
+        "baseline": "equal",
+        "encoder_version": 1,
         "interval_s": 0.2,
         "episode_steps": 10,
     },
@@ -59,6 +75,8 @@ CONFIGS: dict[str, dict] = {
         "scenarios": "random",
         "split": "train",
         "preset": "e5_2683v4",
+        "baseline": "equal",
+        "encoder_version": 1,
         "interval_s": 0.3,
         "episode_steps": 9,
     },
@@ -83,7 +101,7 @@ class _Composition(PartitionEnv):
         )
         self._alloc, self._snap, self._terms, self._decoded = after, snap, terms, decoded
         self._steps += 1
-        obs = FeatureEncoder(self.encoder.max_groups).encode(
+        obs = FeatureEncoder(self.encoder.max_groups, self.encoder.version).encode(
             snap, after, self._groups, self._caps, self._slots
         )
         info = {

@@ -63,6 +63,8 @@ def _ref_masks(ref) -> np.ndarray:
         ("SameStep", {"reference": "running_max", "baseline": "full"}),
         ("SameStep", {"scenarios": "named", "split": "all", "noise": False}),
         ("NextStep", {"sim_step_s": 0.2}),
+        ("SameStep", {"shield": True, "baseline": "full", "split": "validation"}),
+        ("NextStep", {"shield": {"high": 0.6, "low": 0.3}}),
     ],
 )
 def test_matches_single_envs_step_by_step(mode: str, kwargs: dict) -> None:

@@ -22,6 +22,7 @@ from models.features import (
     ENCODER_VERSION,
     GROUP_FEATURES,
     NODE_FEATURES,
+    NODE_FEATURES_V2,
     FeatureEncoder,
     slot_order,
 )
@@ -52,11 +53,11 @@ def test_slot_order_is_lc_then_batch_then_system_by_name() -> None:
 
 
 def test_layout_names_and_bounds() -> None:
-    enc = FeatureEncoder(max_groups=3)
+    enc = FeatureEncoder(max_groups=3, version=1)
     assert enc.size == 3 * len(GROUP_FEATURES) + len(NODE_FEATURES) == len(enc.names)
     assert enc.names[0] == "g0.present" and enc.names[-1] == "node.has_mba"
     lay = enc.layout()
-    assert lay["encoder_version"] == ENCODER_VERSION and lay["names"] == list(enc.names)
+    assert lay["encoder_version"] == 1 and lay["names"] == list(enc.names)
     lat = [i for i, n in enumerate(enc.names) if n.endswith(".latency_ratio")]
     assert list(enc.low[lat]) == [-1.0] * 3
     assert np.count_nonzero(enc.low) == 3 and np.all(enc.high == 1.0)
@@ -97,7 +98,7 @@ def test_encoding_values_by_hand() -> None:
             "alpha": {0: GroupAllocation(l3_mask=0b11111111000, mb=100)},
         }
     )
-    enc = FeatureEncoder(max_groups=3)
+    enc = FeatureEncoder(max_groups=3, version=1)
     obs = enc.encode(_snapshot(), alloc, specs, caps)
     assert obs.dtype == np.float32 and obs.shape == (enc.size,)
     g = obs[: 3 * len(GROUP_FEATURES)].reshape(3, -1)
@@ -129,7 +130,7 @@ def test_latency_ratio_is_clipped_and_nan_is_unavailable() -> None:
     caps = _node_caps()
     spec = {"kv": GroupSpec("kv", GroupKind.LC, SLO(99.0, 1.0))}
     alloc = Allocation({"kv": {0: GroupAllocation(l3_mask=1, mb=100)}})
-    enc = FeatureEncoder(max_groups=1)
+    enc = FeatureEncoder(max_groups=1, version=1)
 
     def feature(p99, count=10):
         lat = LatencyStats(count, 0.1, 0.1, p99, p99)
@@ -145,7 +146,7 @@ def test_latency_ratio_is_clipped_and_nan_is_unavailable() -> None:
 def test_more_groups_than_slots_sets_truncated() -> None:
     caps = _node_caps()
     specs = _specs()
-    enc = FeatureEncoder(max_groups=2)
+    enc = FeatureEncoder(max_groups=2, version=1)
     obs = enc.encode(Snapshot(1.0, 1.0, {}), Allocation({}), specs, caps)
     node = obs[2 * len(GROUP_FEATURES) :]
     assert node[N["truncated"]] == 1 and node[N["group_fraction"]] == 1
@@ -155,7 +156,7 @@ def test_more_groups_than_slots_sets_truncated() -> None:
 def test_real_snapshots_stay_in_bounds(preset: str) -> None:
     node = SimNode("default", 1)
     node.reset(node.scenario.with_machine(preset), seed=1)
-    enc = FeatureEncoder(max_groups=4)
+    enc = FeatureEncoder(max_groups=4, version=1)
     node.observe()
     for _ in range(3):
         node.advance(0.5)
@@ -164,3 +165,99 @@ def test_real_snapshots_stay_in_bounds(preset: str) -> None:
         assert obs[F["present"]] == 1 and obs[F["ipc_available"]] == 1
     has_mba = obs[-1]
     assert has_mba == (node.capabilities().mba is not None)
+
+
+# ---------------------------------------------------------------- version 2
+
+
+def test_version_2_layout_appends_history_sensitivity_and_machine() -> None:
+    enc = FeatureEncoder(max_groups=3)
+    assert enc.version == ENCODER_VERSION == 2 and enc.stateful
+    v1 = FeatureEncoder(max_groups=3, version=1)
+    assert enc.size == 3 * (15 + 9) + 6 + 4 == len(enc.names)
+    assert enc.names[:15] == v1.names[:15] and enc.names[15] == "g0.latency_ratio_prev"
+    assert enc.names[-4:] == tuple(f"node.{f}" for f in NODE_FEATURES_V2)
+    signed = [n for n, lo in zip(enc.names, enc.low, strict=True) if lo < 0]
+    assert len(signed) == 3 * 4  # latency_ratio(_prev) and the two sensitivities per slot
+    with pytest.raises(ValueError, match="encoder version"):
+        FeatureEncoder(3, version=3)
+
+
+def _v2(obs: np.ndarray, enc: FeatureEncoder, slot: int, name: str) -> float:
+    return float(obs[enc.names.index(f"g{slot}.{name}")])
+
+
+def _scaled(snap: Snapshot, rps: float, cycles: float) -> Snapshot:
+    """``snap`` with kv's requests and cycles per second set."""
+    kv = snap.groups["kv"]
+    lat = kv.latency
+    lat = LatencyStats(int(rps * snap.interval_s), lat.p50_ms, lat.p95_ms, lat.p99_ms, lat.p999_ms)
+    groups = dict(snap.groups)
+    groups["kv"] = GroupSample(
+        instructions=kv.instructions,
+        cycles=cycles * snap.interval_s,
+        llc_references=kv.llc_references,
+        llc_misses=kv.llc_misses,
+        llc_occupancy_bytes=kv.llc_occupancy_bytes,
+        memory_bytes=kv.memory_bytes,
+        latency=lat,
+    )
+    return Snapshot(timestamp=snap.timestamp, interval_s=snap.interval_s, groups=groups)
+
+
+def test_version_2_history_load_and_sensitivity_by_hand() -> None:
+    caps = _node_caps()  # 11 ways
+    specs = {"kv": _specs()["kv"], "alpha": _specs()["alpha"]}
+
+    def alloc(kv_ways: int) -> Allocation:
+        kv = (1 << kv_ways) - 1
+        return Allocation(
+            {
+                "kv": {0: GroupAllocation(l3_mask=kv, mb=100)},
+                "alpha": {0: GroupAllocation(l3_mask=0x7FF & ~kv, mb=100)},
+            }
+        )
+
+    enc = FeatureEncoder(max_groups=3)
+    prep = enc.prepare(specs, caps)
+    prep.reset_history()
+    o1 = prep.encode(_scaled(_snapshot(), 1000, 2e9), alloc(3))
+    # first interval: the previous features are the current ones, no sensitivity yet
+    assert _v2(o1, enc, 0, "latency_ratio_prev") == _v2(o1, enc, 0, "latency_ratio")
+    assert _v2(o1, enc, 0, "ways_fraction_prev") == pytest.approx(3 / 11)
+    assert _v2(o1, enc, 0, "load_relative") == 1.0 and _v2(o1, enc, 0, "busy") == 1.0
+    assert _v2(o1, enc, 0, "mpki_sensitivity") == 0.0
+    # half the load, a quarter of the cycles; 3 -> 6 ways and half the misses
+    snap = _scaled(_snapshot(), 500, 5e8)
+    kv = snap.groups["kv"]
+    groups = dict(snap.groups)
+    groups["kv"] = GroupSample(
+        instructions=kv.instructions,
+        cycles=kv.cycles,
+        llc_references=kv.llc_references,
+        llc_misses=kv.llc_misses / 2,
+        llc_occupancy_bytes=kv.llc_occupancy_bytes,
+        memory_bytes=kv.memory_bytes,
+        latency=kv.latency,
+    )
+    snap = Snapshot(timestamp=11.0, interval_s=snap.interval_s, groups=groups)
+    floor = np.array([[4, 0, 0]])
+    o2 = prep.encode(snap, alloc(6), floor)
+    assert _v2(o2, enc, 0, "load_relative") == pytest.approx(0.5)
+    assert _v2(o2, enc, 0, "busy") == pytest.approx(0.25)
+    assert _v2(o2, enc, 0, "ways_fraction_prev") == pytest.approx(3 / 11)
+    assert _v2(o2, enc, 0, "mpki_prev") == pytest.approx(_v2(o1, enc, 0, "mpki"))
+    dm = _v2(o2, enc, 0, "mpki") - _v2(o1, enc, 0, "mpki")
+    assert dm < 0
+    want = -dm / (3 / 11) / 4
+    assert _v2(o2, enc, 0, "mpki_sensitivity") == pytest.approx(want, rel=1e-5)
+    assert _v2(o2, enc, 0, "floor_fraction") == pytest.approx(4 / 11)
+    assert _v2(o2, enc, 1, "mpki_sensitivity") == 0.0  # alpha: no PMU, nothing to estimate
+    assert _v2(o2, enc, 2, "load_relative") == 0.0  # the empty slot stays all zeros
+    assert float(o2[enc.names.index("node.ways_total")]) == pytest.approx(11 / 32)
+    # a new run forgets: the first interval again
+    prep.reset_history()
+    o3 = prep.encode(snap, alloc(6))
+    assert _v2(o3, enc, 0, "ways_fraction_prev") == pytest.approx(6 / 11)
+    assert _v2(o3, enc, 0, "load_relative") == 1.0
+    assert np.all(o3 >= enc.low) and np.all(o3 <= enc.high)

@@ -40,7 +40,11 @@ from agent.types import (
     Snapshot,
     Vendor,
 )
-from models.features import ENCODER_VERSION, FeatureEncoder
+from models.features import FeatureEncoder
+
+# Version 1: the shipped policy's inputs (version 2's history is checked by hand in
+# test_features.py)
+ENCODER_VERSION = 1
 
 DATA = Path(__file__).parent / "data" / f"encoder_v{ENCODER_VERSION}.json"
 CASES = 60
@@ -151,7 +155,7 @@ def cases() -> list[tuple[FeatureEncoder, Snapshot, Allocation, dict, NodeCapabi
             if a is not None:
                 per_group[g] = dict.fromkeys(caps.domains, a)
         snap = Snapshot(10.0 + i, interval, samples)
-        out.append((FeatureEncoder(max_groups), snap, Allocation(per_group), specs, caps))
+        out.append((FeatureEncoder(max_groups, 1), snap, Allocation(per_group), specs, caps))
     return out
 
 

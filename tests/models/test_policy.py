@@ -175,3 +175,34 @@ def test_runtime_does_not_import_torch():
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_starts_and_acts_as_trained_shield_and_start_state(tmp_path):
+    """A card whose env ran behind the shield from the node's allocation: the runtime keeps
+    what the node holds at start and decodes above the shield's floors; the shipped card
+    (trained before either) starts from the equal split without a shield."""
+    shipped = PolicyController()
+    assert shipped.baseline == "equal" and shipped.shield_config is None
+    kwargs = json.loads((DEFAULT_POLICY / "model_card.json").read_text())["training_data"]
+    kwargs = {**kwargs["env"]["kwargs"], "baseline": "current", "shield": True}
+    path = _copy(DEFAULT_POLICY, tmp_path / "p", **{"training_data.env.kwargs": kwargs})
+    ctrl = PolicyController(path)
+    assert ctrl.baseline == "keep" and ctrl.shield_config is not None
+    node = SimNode("default", seed=2)
+    assert ctrl.start(context(node)).plan is None
+    node.observe()
+    for _ in range(5):
+        node.advance(1.0)
+        decision = ctrl.decide(node.observe(), context(node))
+        floors = ctrl._shield.floors()[0][0]
+        carry_out(node, decision)
+        held = node.allocation()
+        assert all(
+            held.get(g, 0).l3_mask.bit_count() >= floors[i] for i, g in enumerate(ctrl._slots)
+        )
+        assert floors.any()  # memcached's floor
+    bad = _copy(
+        DEFAULT_POLICY, tmp_path / "q", **{"training_data.env.kwargs": {**kwargs, "shield": 3}}
+    )
+    with pytest.raises(PolicyError, match="shield must be"):
+        PolicyController(bad)

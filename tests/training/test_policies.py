@@ -7,10 +7,11 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from models.features import GROUP_FEATURES, NODE_FEATURES, FeatureEncoder
+from models.features import FeatureEncoder
 from training.policies import GroupSetExtractor, SlotHead
 
-G, F, N = 6, len(GROUP_FEATURES), len(NODE_FEATURES)
+G = 6
+F, N = FeatureEncoder(G).group_size, len(FeatureEncoder(G).node_features)
 H, S = 16, 8
 
 
@@ -97,7 +98,7 @@ def test_empty_node_gives_zero_pools():
 
 def test_wrong_observation_size_is_refused():
     space = spaces.Box(0, 1, shape=(G * F,), dtype=np.float32)
-    with pytest.raises(ValueError, match="expected 6 slots"):
+    with pytest.raises(ValueError, match="for 6 slots"):
         GroupSetExtractor(space, G)
     enc = FeatureEncoder(G)
     with pytest.raises(ValueError, match="pool"):

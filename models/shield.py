@@ -1,0 +1,285 @@
+"""The SLO shield: LC groups sized by tail-slack feedback, below which no action can take.
+
+Safety apart from optimisation: a learned policy explores, and an SLO penalty paid for a
+bad exploratory split drowns the signal it learns from. The shield keeps, per LC group
+slot, a *floor* (ways, and an MBA level where the node has MBA) that the action decoder
+gives the group whatever the action says (:func:`models.actions.decode_arrays`'s
+``floor`` / ``mb_floor``); the policy decides how the rest is shared — among batch groups,
+and whether an LC group gets more than its floor.
+
+The floor follows Ubik's feedback on measured tail slack (Kasture & Sanchez, ASPLOS'14,
+section 5.2: size LC partitions from the slack between the measured tail and its deadline),
+on whole ways and the interval's tail at the SLO's percentile over the SLO target
+(``ratio``, the rule of agent/slo.py: at most 1 meets the SLO):
+
+- **pressure** (``ratio > high``): the floor becomes what the group holds plus
+  ``1 + floor((ratio - high) / step)`` ways (capped at ``max_grow``), and the MBA floor
+  the top level (unthrottled);
+- **ample slack** (``ratio < low``): the group may lose one way (and one MBA level) below
+  what it holds: the floor becomes ``held - release`` (never below the minimum slice);
+- **in between**, or an interval without requests: the floor is what the group holds, so
+  the policy cannot shrink it, only grow it.
+
+So an LC group shrinks only one way per interval of ample slack, and grows as soon as its
+tail nears the target. At the start of an episode (or tuner run) the floor is what the
+group holds then, counted as its share of the ways it shares (:func:`start_ways`: on a
+fresh, unpartitioned node the equal share; every interval's "held" is counted so too),
+fitted to the cache. Floors always fit: the LC floors of a node together leave the
+minimum slice to every other present group (the largest floor gives way first); with more
+groups than minimum slices the decoder's sharing repair applies and floors are not used.
+
+Readings where the paper is silent (thresholds, one way per interval) are ours. One
+definition on arrays over N nodes and S slots: the single environment, the vector
+environment and the policy controller (the online tuner's) all step :class:`Shield`, so
+training and deployment agree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.types import Allocation, GroupKind, GroupSpec, NodeCapabilities
+from models.actions import DecodeLayout
+
+
+@dataclass(frozen=True)
+class ShieldConfig:
+    """Thresholds of the slack feedback (module docstring).
+
+    Attributes:
+        high: tail / target above which the floor grows.
+        low: tail / target below which slack is ample and the group may lose a way.
+        step: each ``step`` of ratio above ``high`` grows the floor one way more.
+        max_grow: most ways the floor grows by in one interval.
+        release: ways an LC group may lose in one interval of ample slack.
+    """
+
+    high: float = 0.8
+    low: float = 0.5
+    step: float = 0.1
+    max_grow: int = 4
+    release: int = 1
+
+    def __post_init__(self) -> None:
+        if not (0 < self.low < self.high and math.isfinite(self.high)):
+            raise ValueError(f"need 0 < low < high, got low={self.low!r} high={self.high!r}")
+        if not self.step > 0:
+            raise ValueError(f"step must be positive, got {self.step!r}")
+        for name in ("max_grow", "release"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+    @classmethod
+    def of(cls, value: ShieldConfig | bool | dict | None) -> ShieldConfig | None:
+        """A config from an env or card option: True (defaults), a mapping of fields, a
+        config, or False/None (no shield)."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = set(value) - set(cls.__dataclass_fields__)
+            if unknown:
+                raise ValueError(f"unknown shield options {sorted(unknown)}")
+            return cls(**value)
+        raise ValueError(f"shield must be true, false or a mapping of options, got {value!r}")
+
+    def as_dict(self) -> dict:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+def held_levels(mb: np.ndarray, mb_table: np.ndarray) -> np.ndarray:
+    """The MBA level (index into each node's ``mb_table`` row) an MB value ``mb`` (N, S)
+    holds: the highest level at or below it; the top level for NaN (no MB value: full)."""
+    top = mb_table.shape[1] - 1
+    with np.errstate(invalid="ignore"):
+        below = (mb_table[:, None, :] <= mb[..., None]).sum(axis=2) - 1
+    return np.where(np.isnan(mb), top, np.clip(below, 0, top)).astype(np.int64)
+
+
+class Shield:
+    """Floors of N nodes' LC slots (S slots each), stepped on arrays (module docstring)."""
+
+    def __init__(self, n: int, slots: int, config: ShieldConfig | None = None) -> None:
+        self.config = config or ShieldConfig()
+        self.floor = np.zeros((n, slots), dtype=np.int64)
+        self.mb_floor = np.zeros((n, slots), dtype=np.int64)
+        self.is_lc = np.zeros((n, slots), dtype=bool)
+        self._least = np.ones(n, dtype=np.int64)
+        self._total = np.zeros(n, dtype=np.int64)
+        self._present = np.zeros((n, slots), dtype=bool)
+        self._mb_top = np.zeros(n, dtype=np.int64)
+        self._usable = np.zeros(n, dtype=bool)
+
+    def reset(
+        self,
+        rows: np.ndarray,
+        is_lc: np.ndarray,
+        layout: DecodeLayout,
+        held_ways: np.ndarray,
+        held_mb: np.ndarray,
+    ) -> None:
+        """New episodes (or a new set of groups) on ``rows``: the slots' kinds
+        (``is_lc`` (R, S)), the nodes' decode layouts (R nodes), and what each slot holds
+        now (ways (R, S); MB values (R, S), NaN: none) become the floors."""
+        S = self.floor.shape[1]
+        present = np.arange(S) < layout.n_present[:, None]
+        self.is_lc[rows] = is_lc & present
+        self._present[rows] = present
+        self._least[rows] = layout.least
+        self._total[rows] = np.where(layout.has_l3, layout.total, 0)
+        has_mba = ~np.isnan(layout.mb_table[:, 0])
+        self._mb_top[rows] = np.where(has_mba, layout.mb_table.shape[1] - 1, 0)
+        self._usable[rows] = layout.has_l3 & (layout.n_present * layout.least <= layout.total)
+        self.floor[rows] = np.where(self.is_lc[rows], held_ways, 0)
+        lv = held_levels(held_mb, layout.mb_table)
+        self.mb_floor[rows] = np.where(self.is_lc[rows] & has_mba[:, None], lv, 0)
+        self._fit(rows)
+
+    def update(
+        self,
+        rows: np.ndarray,
+        ratio: np.ndarray,
+        held_ways: np.ndarray,
+        held_mb_level: np.ndarray,
+    ) -> None:
+        """One interval's feedback on ``rows``: ``ratio`` (R, S) tail / SLO target per
+        slot (NaN: not measured), what each slot held during it (ways, MBA levels)."""
+        c = self.config
+        lc = self.is_lc[rows]
+        with np.errstate(invalid="ignore"):
+            pressure = lc & (ratio > c.high)
+            ample = lc & (ratio < c.low)
+        grow = np.minimum(1 + np.floor((np.nan_to_num(ratio) - c.high) / c.step), c.max_grow)
+        least = self._least[rows][:, None]
+        floor = np.where(lc, held_ways, 0)
+        floor = np.where(pressure, held_ways + grow.astype(np.int64), floor)
+        floor = np.where(ample, np.maximum(held_ways - c.release, least), floor)
+        self.floor[rows] = floor
+        top = self._mb_top[rows][:, None]
+        mb = np.where(lc, held_mb_level, 0)
+        mb = np.where(pressure, top, mb)
+        mb = np.where(ample, np.maximum(held_mb_level - 1, 0), mb)
+        self.mb_floor[rows] = np.where(lc, np.minimum(mb, top), 0)
+        self._fit(rows)
+
+    def floors(self, rows: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """(ways floor, MBA level floor) per slot (R, S) for the decoder: 0 where none."""
+        usable = self._usable[rows][:, None]
+        return np.where(usable, self.floor[rows], 0), self.mb_floor[rows]
+
+    def _fit(self, rows: np.ndarray) -> None:
+        """Shrink the LC floors of ``rows`` until every other present slot keeps its
+        minimum slice (largest floor first, ties to the later slot)."""
+        rows = np.atleast_1d(np.arange(self.floor.shape[0])[rows])
+        least = self._least[rows]
+        n_other = (self._present[rows] & ~self.is_lc[rows]).sum(axis=1)
+        cap = self._total[rows] - n_other * least
+        f = self.floor[rows]
+        f = np.where(self.is_lc[rows], np.maximum(f, least[:, None]), 0)
+        over = self._usable[rows] & (f.sum(axis=1) > cap)
+        for k in np.flatnonzero(over):
+            row = f[k]
+            lc = np.flatnonzero(self.is_lc[rows[k]])
+            excess = int(row.sum() - cap[k])
+            floor_min = int(least[k])
+            while excess > 0:
+                j = lc[::-1][np.argmax(row[lc[::-1]])]
+                if row[j] <= floor_min:
+                    break  # every LC floor at the minimum: the usable check keeps this fitting
+                row[j] -= 1
+                excess -= 1
+        self.floor[rows] = f
+
+
+def start_ways(masks: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """(R, S) the ways each slot holds at a run's start, counted as its share of every way
+    it shares: ``popcount(mask) // slots whose masks overlap it`` (itself included). On a
+    partitioned node that is its mask; unpartitioned on first sight (every group holds
+    every way) it is the equal share, not the whole cache."""
+    m = masks.astype(np.int64)
+    ways = np.bitwise_count(m.astype(np.uint64)).astype(np.int64)
+    both = present[:, :, None] & present[:, None, :]
+    count = (((m[:, :, None] & m[:, None, :]) != 0) & both).sum(axis=2)
+    return np.where(present, ways // np.maximum(count, 1), 0)
+
+
+def held_of(
+    allocation: Allocation, slots: Sequence[str], caps: NodeCapabilities, size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ways, MB values) (1, size) each slot's group holds in ``allocation`` (first
+    domain): ways of its mask (code mask ORed in; every way without a mask), MB NaN
+    without a value."""
+    ways = np.zeros((1, size), dtype=np.int64)
+    mb = np.full((1, size), np.nan)
+    total = caps.l3.num_ways if caps.l3 is not None else 0
+    domain = caps.domains[0]
+    for i, name in enumerate(slots[:size]):
+        a = allocation.get(name, domain)
+        if a is None or a.l3_mask is None:
+            ways[0, i] = total
+        else:
+            ways[0, i] = (a.l3_mask | (a.l3_code_mask or 0)).bit_count()
+        if a is not None and a.mb is not None:
+            mb[0, i] = a.mb
+    return ways, mb
+
+
+class NodeShield:
+    """The shield of one node (N = 1) over a Snapshot-level interface: what the single
+    environment and the policy controller step."""
+
+    def __init__(self, slots: int, config: ShieldConfig | None = None) -> None:
+        self.shield = Shield(1, slots, config)
+        self._slots: tuple[str, ...] = ()
+        self._caps: NodeCapabilities | None = None
+        self._layout: DecodeLayout | None = None
+
+    def start(
+        self,
+        slots: Sequence[str],
+        groups: Mapping[str, GroupSpec],
+        caps: NodeCapabilities,
+        layout: DecodeLayout,
+        allocation: Allocation,
+    ) -> None:
+        """Floors from what each slot's group holds now (a new run or set of groups)."""
+        size = self.shield.floor.shape[1]
+        self._slots, self._caps, self._layout = tuple(slots), caps, layout
+        is_lc = np.zeros((1, size), dtype=bool)
+        for i, name in enumerate(slots[:size]):
+            is_lc[0, i] = groups[name].kind is GroupKind.LC and groups[name].slo is not None
+        _, mb = held_of(allocation, self._slots, caps, size)
+        self.shield.reset(np.array([0]), is_lc, layout, self._shares(allocation), mb)
+
+    def _shares(self, allocation: Allocation) -> np.ndarray:
+        """:func:`start_ways` of what each slot holds in ``allocation``."""
+        size, caps = self.shield.floor.shape[1], self._caps
+        masks = np.zeros((1, size), dtype=np.int64)
+        domain = caps.domains[0]
+        full = caps.l3.cbm_mask if caps.l3 is not None else 0
+        for i, name in enumerate(self._slots[:size]):
+            a = allocation.get(name, domain)
+            masks[0, i] = full if a is None or a.l3_mask is None else a.l3_mask
+        present = np.arange(size) < len(self._slots)
+        return start_ways(masks, present[None, :])
+
+    def observe(self, ratio: np.ndarray, allocation: Allocation) -> None:
+        """One interval: ``ratio`` (1, S) tail / target per slot (NaN: not measured),
+        under ``allocation`` (what the node held during it)."""
+        _, mb = held_of(allocation, self._slots, self._caps, self.shield.floor.shape[1])
+        lv = held_levels(mb, self._layout.mb_table)
+        self.shield.update(np.array([0]), ratio, self._shares(allocation), lv)
+
+    def floors(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.shield.floors()
+
+
+__all__ = ["NodeShield", "Shield", "ShieldConfig", "held_levels", "held_of", "start_ways"]

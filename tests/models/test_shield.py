@@ -1,0 +1,170 @@
+"""The SLO shield (models/shield.py): its slack feedback on arrays, the decoder honouring
+its floors whatever the action, and its purpose: random actions behind it keep SLOs about
+as well as the best heuristic on feasible validation-split mixes, where the same random
+actions without it do not."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from agent.sim import SimNode
+from models.actions import ActionDecoder, check_levels, decode_arrays
+from models.controller import context
+from models.policy import RandomController
+from models.shield import Shield, ShieldConfig, held_levels, start_ways
+
+DEC = ActionDecoder(max_groups=4, share_levels=5, mba_levels=4)
+
+
+def _layout(ways: int = 11, present: int = 4, mba: bool = True):
+    caps = SimNode("default", 0).capabilities()
+    lay = DEC.decode_layout(present, caps)
+    lay.total[:] = ways
+    if not mba:
+        lay.mb_table[:] = np.nan
+    return lay
+
+
+def _shield(is_lc, held, ways=11, config=None):
+    lay = _layout(ways, len(is_lc))
+    sh = Shield(1, DEC.max_groups, config)
+    lc = np.zeros((1, DEC.max_groups), dtype=bool)
+    lc[0, : len(is_lc)] = is_lc
+    h = np.zeros((1, DEC.max_groups), dtype=np.int64)
+    h[0, : len(held)] = held
+    sh.reset(np.array([0]), lc, lay, h, np.full((1, DEC.max_groups), np.nan))
+    return sh, lay
+
+
+def _update(sh, ratio, held, mb_level=3):
+    r = np.full((1, DEC.max_groups), np.nan)
+    r[0, : len(ratio)] = ratio
+    h = np.zeros((1, DEC.max_groups), dtype=np.int64)
+    h[0, : len(held)] = held
+    sh.update(np.array([0]), r, h, np.full((1, DEC.max_groups), mb_level))
+
+
+def test_starts_from_what_lc_groups_hold_fitted_to_the_cache() -> None:
+    # unpartitioned on first sight: each LC group holds all 11 ways; two batch groups
+    # must keep a way each, so the two LC floors share 9 (the larger, later one gives first)
+    sh, _ = _shield([True, True, False, False], [11, 11, 11, 11])
+    ways, mb = sh.floors()
+    assert ways[0, :4].tolist() == [5, 4, 0, 0]
+    assert mb[0, :2].tolist() == [3, 3]  # no MB value held: unthrottled, the top level
+
+
+@pytest.mark.parametrize(
+    ("ratio", "held", "floor"),
+    [
+        (0.95, 4, 6),  # pressure: what it holds plus 1 + floor((0.95 - 0.8) / 0.1)
+        (0.81, 4, 5),
+        (3.0, 4, 8),  # grows at most max_grow (4) ways at once
+        (0.7, 4, 4),  # between low and high: holds what it has
+        (math.nan, 4, 4),  # not measured (idle): holds
+        (0.3, 4, 3),  # ample slack: may lose one way
+        (0.3, 1, 1),  # never below the minimum slice
+    ],
+)
+def test_feedback_on_tail_slack(ratio: float, held: int, floor: int) -> None:
+    sh, _ = _shield([True, False], [2, 9])
+    _update(sh, [ratio, math.nan], [held, 11 - held], mb_level=1)
+    ways, mb = sh.floors()
+    assert ways[0, :2].tolist() == [floor, 0]
+    expect_mb = 3 if ratio > 0.8 else 0 if ratio < 0.5 else 1
+    assert mb[0, 0] == expect_mb
+
+
+def test_decoded_lc_ways_never_fall_below_the_floor() -> None:
+    sh, lay = _shield([True, True, False, False], [3, 3, 3, 2])
+    _update(sh, [1.2, 0.9, math.nan, math.nan], [3, 3, 3, 2])
+    floor, mb_floor = sh.floors()
+    assert floor[0, :2].sum() == 9  # 7 and 5 asked for, fitted: two batch ways stay
+    rng = np.random.default_rng(0)
+    levels = check_levels(DEC, rng.integers(0, DEC.nvec, size=(500, len(DEC.nvec))))
+    n = len(levels)
+    stack = type(lay).stack([lay] * n)
+    d = decode_arrays(DEC, stack, levels, np.repeat(floor, n, 0), np.repeat(mb_floor, n, 0))
+    assert (d.ways[:, :2] >= floor[0, :2]).all()
+    assert (d.ways[:, :4] >= 1).all() and (d.ways[:, :4].sum(axis=1) == 11).all()
+    masks = d.masks[:, :4]
+    for row in masks:  # disjoint and contiguous, as without floors
+        assert sum(int(m).bit_count() for m in row) == int(np.bitwise_or.reduce(row)).bit_count()
+    lv = held_levels(d.mb[:, :2], stack.mb_table)
+    assert (lv >= mb_floor[0, :2]).all()
+    bare = decode_arrays(DEC, stack, levels)
+    assert (bare.ways[:, 0] < floor[0, 0]).any()  # the floors are what keeps them up
+
+
+def test_no_floors_where_groups_must_share_slices() -> None:
+    sh, _ = _shield([True, False, False, False], [11, 11, 11, 11], ways=3)
+    assert sh.floors()[0].sum() == 0
+
+
+def test_config_checks() -> None:
+    assert ShieldConfig.of(False) is None and ShieldConfig.of(None) is None
+    assert ShieldConfig.of(True) == ShieldConfig()
+    assert ShieldConfig.of({"high": 0.9}).high == 0.9
+    with pytest.raises(ValueError, match="unknown shield options"):
+        ShieldConfig.of({"hgih": 0.9})
+    with pytest.raises(ValueError, match="low < high"):
+        ShieldConfig(low=0.9, high=0.8)
+
+
+def test_random_controller_behind_the_shield_keeps_lc_at_its_floor() -> None:
+    node = SimNode("default", 3, interval_s=0.1)
+    ctrl = RandomController(seed=1, share_levels=5, mba_levels=4)
+    start = ctrl.start(context(node))
+    assert start.plan is None  # keeps what the node holds (unpartitioned on first sight)
+    node.observe()
+    for _ in range(20):
+        node.advance(1.0)
+        snap = node.observe()
+        floors = ctrl._shield.floors()[0][0]  # before this interval's feedback
+        decision = ctrl.decide(snap, context(node))
+        node.apply(decision.plan)
+        held = ctrl._shield.floors()[0][0]
+        alloc = node.allocation()
+        for i, g in enumerate(ctrl._slots):
+            ways = alloc.get(g, 0).l3_mask.bit_count()
+            assert ways >= held[i], (g, ways, held[i], floors[i])
+
+
+# Feasible validation-split mixes (eval/feasibility.py) where random actions without the
+# shield miss SLO windows: seeded draws of the generator (eval/suites.py's held_out).
+_MIXES = [
+    ("gold6130", 4001, "random-293840537"),
+    ("epyc7302p", 4002, "random-984615921"),
+    ("epyc7302p", 4002, "random-306064963"),
+]
+
+
+def test_random_actions_behind_the_shield_keep_slos_like_the_best_heuristic() -> None:
+    from eval.feasibility import check_run
+    from eval.runner import Job, run_job
+    from eval.suites import held_out
+
+    rates: dict[str, list[float]] = {"random": [], "random[shield=false]": [], "ubik": []}
+    for preset, seed, name in _MIXES:
+        drawn = held_out("validation", 6, seed, preset=preset, min_lc=1, max_lc=2, max_workloads=5)
+        scn = next(s for s in drawn if s.name == name)
+        assert check_run(scn, 0, 30, 1.0).label == "feasible"
+        for spec, out in rates.items():
+            res = run_job(Job("shield", scn, spec, 0, 30, 1.0))
+            assert not res.error, res.error
+            out.append(res.metrics["slo_violation_rate"])
+    shielded, bare, ubik = (float(np.mean(v)) for v in rates.values())
+    assert shielded <= ubik + 0.02, rates  # near the best heuristic (within 2 points)
+    assert bare >= shielded + 0.05, rates  # without the shield the same actions miss SLOs
+
+
+def test_start_ways_count_shared_ways_as_a_share() -> None:
+    present = np.array([[True, True, True, False]])
+    unpartitioned = np.array([[0x7FF, 0x7FF, 0x7FF, 0]])
+    assert start_ways(unpartitioned, present).tolist() == [[3, 3, 3, 0]]
+    partitioned = np.array([[0b111, 0b11111000, 0x700, 0]])
+    assert start_ways(partitioned, present).tolist() == [[3, 5, 3, 0]]
+    overlapping = np.array([[0b1111, 0b1100, 0x7F0, 0]])  # 0 and 1 share two ways
+    assert start_ways(overlapping, present).tolist() == [[2, 1, 7, 0]]
