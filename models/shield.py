@@ -211,25 +211,21 @@ def start_ways(masks: np.ndarray, present: np.ndarray) -> np.ndarray:
     return np.where(present, ways // np.maximum(count, 1), 0)
 
 
-def held_of(
+def held_masks(
     allocation: Allocation, slots: Sequence[str], caps: NodeCapabilities, size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(ways, MB values) (1, size) each slot's group holds in ``allocation`` (first
-    domain): ways of its mask (code mask ORed in; every way without a mask), MB NaN
-    without a value."""
-    ways = np.zeros((1, size), dtype=np.int64)
+    """(capacity masks, MB values) (1, size) each slot's group holds in ``allocation``
+    (first domain): the full mask without one (every way), MB NaN without a value."""
+    masks = np.zeros((1, size), dtype=np.int64)
     mb = np.full((1, size), np.nan)
-    total = caps.l3.num_ways if caps.l3 is not None else 0
+    full = caps.l3.cbm_mask if caps.l3 is not None else 0
     domain = caps.domains[0]
     for i, name in enumerate(slots[:size]):
         a = allocation.get(name, domain)
-        if a is None or a.l3_mask is None:
-            ways[0, i] = total
-        else:
-            ways[0, i] = (a.l3_mask | (a.l3_code_mask or 0)).bit_count()
+        masks[0, i] = full if a is None or a.l3_mask is None else a.l3_mask
         if a is not None and a.mb is not None:
             mb[0, i] = a.mb
-    return ways, mb
+    return masks, mb
 
 
 class NodeShield:
@@ -256,30 +252,24 @@ class NodeShield:
         is_lc = np.zeros((1, size), dtype=bool)
         for i, name in enumerate(slots[:size]):
             is_lc[0, i] = groups[name].kind is GroupKind.LC and groups[name].slo is not None
-        _, mb = held_of(allocation, self._slots, caps, size)
-        self.shield.reset(np.array([0]), is_lc, layout, self._shares(allocation), mb)
+        ways, mb = self._held(allocation)
+        self.shield.reset(np.array([0]), is_lc, layout, ways, mb)
 
-    def _shares(self, allocation: Allocation) -> np.ndarray:
-        """:func:`start_ways` of what each slot holds in ``allocation``."""
-        size, caps = self.shield.floor.shape[1], self._caps
-        masks = np.zeros((1, size), dtype=np.int64)
-        domain = caps.domains[0]
-        full = caps.l3.cbm_mask if caps.l3 is not None else 0
-        for i, name in enumerate(self._slots[:size]):
-            a = allocation.get(name, domain)
-            masks[0, i] = full if a is None or a.l3_mask is None else a.l3_mask
+    def _held(self, allocation: Allocation) -> tuple[np.ndarray, np.ndarray]:
+        """(:func:`start_ways`, MB values) (1, S) of what each slot holds in ``allocation``."""
+        size = self.shield.floor.shape[1]
+        masks, mb = held_masks(allocation, self._slots, self._caps, size)
         present = np.arange(size) < len(self._slots)
-        return start_ways(masks, present[None, :])
+        return start_ways(masks, present[None, :]), mb
 
     def observe(self, ratio: np.ndarray, allocation: Allocation) -> None:
         """One interval: ``ratio`` (1, S) tail / target per slot (NaN: not measured),
         under ``allocation`` (what the node held during it)."""
-        _, mb = held_of(allocation, self._slots, self._caps, self.shield.floor.shape[1])
-        lv = held_levels(mb, self._layout.mb_table)
-        self.shield.update(np.array([0]), ratio, self._shares(allocation), lv)
+        ways, mb = self._held(allocation)
+        self.shield.update(np.array([0]), ratio, ways, held_levels(mb, self._layout.mb_table))
 
     def floors(self) -> tuple[np.ndarray, np.ndarray]:
         return self.shield.floors()
 
 
-__all__ = ["NodeShield", "Shield", "ShieldConfig", "held_levels", "held_of", "start_ways"]
+__all__ = ["NodeShield", "Shield", "ShieldConfig", "held_levels", "held_masks", "start_ways"]
