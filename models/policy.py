@@ -193,10 +193,13 @@ class ActingController(Controller):
 
 
 def _planned(held: Allocation, plan: AllocationPlan) -> Allocation:
-    """What the node holds once ``plan`` is applied over ``held`` (groups it names replaced)."""
+    """What the node holds once ``plan`` is applied over ``held``: each entry overlaid on
+    the group's held one (a resource the plan leaves None stays as held)."""
     groups = {g: dict(v) for g, v in held.groups.items()}
     for g, per in plan.groups.items():
-        groups[g] = dict(per)
+        mine = groups.setdefault(g, {})
+        for d, change in per.items():
+            mine[d] = mine[d].overlay(change) if d in mine else change
     return Allocation(groups)
 
 
