@@ -90,6 +90,26 @@ def rate_result(
     return Result(name, statistics.median(rates), unit, runs, target=target)
 
 
+def wall_and_cpu_rates(
+    name: str, fn: Callable[[], int], runs: int = 5, unit: str = "steps/s", target: str = ""
+) -> tuple[Result, Result]:
+    """Median throughput of ``runs`` runs of ``fn``, by wall clock and by this process's CPU
+    time (``name [CPU time]``), both from the same runs.
+
+    The CPU-time figure stays meaningful when other work shares the machine's cores."""
+    wall, cpu = [], []
+    for _ in range(runs):
+        w0, c0 = time.perf_counter(), time.process_time()
+        n = fn()
+        c1, w1 = time.process_time(), time.perf_counter()
+        wall.append(n / (w1 - w0))
+        cpu.append(n / max(c1 - c0, 1e-9))
+    return (
+        Result(name, statistics.median(wall), unit, runs, target=target),
+        Result(name + " [CPU time]", statistics.median(cpu), unit, runs, target=target),
+    )
+
+
 def start_sim_agent(scenario: str, listen: str = "127.0.0.1:0"):
     """Start ``rdtune agent --backend sim`` as a process; return (process, address).
 

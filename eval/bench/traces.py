@@ -12,28 +12,18 @@ meaningful when other work shares the cores.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from agent.sim import SimNode
-from eval.bench.harness import Result, latency_result, rate_result
+from eval.bench.harness import Result, latency_result, rate_result, wall_and_cpu_rates
 from models.controller import context
 from models.explore import Explore
 from training.dynamics import fit_dynamics
 from training.trace_node import Replay, TraceNode
 from training.trace_record import record
 from training.traces import load_trace
-
-
-def _cpu_rate(name: str, fn, runs: int) -> Result:
-    rates = []
-    for _ in range(runs):
-        t0 = time.process_time()
-        n = fn()
-        rates.append(n / (time.process_time() - t0))
-    return Result(name, statistics.median(rates), "steps/s", runs)
 
 
 def run(quick: bool) -> list[Result]:
@@ -74,6 +64,5 @@ def run(quick: bool) -> list[Result]:
                     node.observe()
                 return steps
 
-            out.append(rate_result(label + " (advance 0.1 s + observe)", work, runs))
-            out.append(_cpu_rate(label + " [CPU time]", work, runs))
+            out.extend(wall_and_cpu_rates(label + " (advance 0.1 s + observe)", work, runs))
     return out
