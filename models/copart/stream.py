@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 from agent.node import Clock, Node, ground_truth
-from agent.sim import Scenario, SimNode, WorkloadInstance
 from agent.types import NodeCapabilities
 from models.allocation import plan_from
 from models.search import mb_grid
@@ -53,6 +52,9 @@ def stream_profile_sim(node: Node) -> dict[int, float]:
             "stream_profile_sim needs a simulated node's machine model (ground truth); "
             "use profile_stream on real nodes"
         )
+    # imported here: a tuner driving a real node never needs the simulator (~0.4 s to import)
+    from agent.sim import Scenario, SimNode, WorkloadInstance
+
     scn = Scenario(
         "stream-profile",
         truth.scenario.machine,
