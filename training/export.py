@@ -58,6 +58,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the parity check of ONNX actions against the trained policy",
     )
+    parser.add_argument(
+        "--parity-observations",
+        type=_positive,
+        default=512,
+        metavar="N",
+        help="observations the parity check compares ONNX and trained actions on (default: 512)",
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +86,13 @@ def run(args: argparse.Namespace) -> int:
             run_dir = Path(args.model)
             cfg = TrainConfig.parse(yaml.safe_load((run_dir / "config.yaml").read_text()))
             print(table(final_evaluation(cfg, run_dir, episodes=args.evaluate)["rows"]))
-        card = export_run(args.model, args.out, checkpoint=args.checkpoint, check=not args.no_check)
+        card = export_run(
+            args.model,
+            args.out,
+            checkpoint=args.checkpoint,
+            check=not args.no_check,
+            parity_observations=args.parity_observations,
+        )
     except ExportError as exc:
         print(f"rdtune export: {exc}")
         return 2

@@ -96,9 +96,10 @@ def test_export_refuses_another_encoder_version(tiny_run, tmp_path):
 def test_export_cli(tiny_run, tmp_path, capsys):
     from tuner.cli import main
 
-    assert main(["export", "--model", str(tiny_run.run_dir), "--out", str(tmp_path / "e")]) == 0
+    argv = ["export", "--model", str(tiny_run.run_dir), "--out", str(tmp_path / "e")]
+    assert main([*argv, "--parity-observations", "48"]) == 0
     assert (tmp_path / "e" / "policy.onnx").is_file()
-    assert "actions match" in capsys.readouterr().out
+    assert "parity: 48/48 actions match" in capsys.readouterr().out
     assert main(["export", "--model", str(tmp_path / "nothing"), "--out", str(tmp_path)]) == 2
 
 
