@@ -5,6 +5,7 @@ Every import counts, those inside functions too: they are dependencies all the s
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,13 +56,17 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-GRAPH = {name: _imports(path) - {name} for name, path in MODULES.items()}
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports; built when a test first asks (not at import,
+    which every test process would pay for while collecting)."""
+    return {name: _imports(path) - {name} for name, path in MODULES.items()}
 
 
 def test_dependencies_point_down() -> None:
     wrong = [
         f"{m} imports {t}"
-        for m, targets in GRAPH.items()
+        for m, targets in graph().items()
         for t in targets
         if (a := m.split(".")[0]) != (b := t.split(".")[0]) and b not in ALLOWED[a]
     ]
@@ -80,7 +85,7 @@ def test_no_import_cycles() -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH[v]:
+        for w in graph()[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -97,7 +102,7 @@ def test_no_import_cycles() -> None:
             if len(component) > 1:
                 cycles.append(sorted(component))
 
-    for v in GRAPH:
+    for v in graph():
         if v not in index:
             visit(v)
     assert not cycles, cycles

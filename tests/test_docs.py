@@ -48,7 +48,11 @@ def _prose(path: Path) -> str:
     return "\n".join(parts)
 
 
-PROSE = {path.relative_to(ROOT): _prose(path) for path in _tracked()}
+@pytest.fixture(scope="module")
+def prose() -> dict[Path, str]:
+    """Every tracked file's prose, read by the worker that runs these tests (not at import,
+    which every test process would pay for while collecting)."""
+    return {path.relative_to(ROOT): _prose(path) for path in _tracked()}
 
 
 def test_the_docs_the_guide_names_are_here() -> None:
@@ -57,9 +61,9 @@ def test_the_docs_the_guide_names_are_here() -> None:
 
 
 @pytest.mark.parametrize("kind", ["paths", "outside"])
-def test_citations(kind: str) -> None:
+def test_citations(prose: dict[Path, str], kind: str) -> None:
     bad = []
-    for where, text in PROSE.items():
+    for where, text in prose.items():
         if kind == "outside":
             bad += [f"{where}: {m.group(0)!r}" for m in OUTSIDE.finditer(text)]
             continue

@@ -16,7 +16,7 @@ from tests.agent.server.conftest import remote, serve
 from tests.agent.server.refnode import RefNode
 
 CLIENTS = 32
-OPS = 25  # per client and round
+OPS = 16  # per client and round
 TIME_LIMIT_S = 60.0
 
 
@@ -102,6 +102,6 @@ def test_32_clients_mixing_observe_and_apply() -> None:
     assert not errors, errors[:3]
     assert total == 3 * CLIENTS * OPS
     growth = sum(s.size_diff for s in after.compare_to(before, "filename"))
-    # 3 x 800 RPCs: a leak of 55 bytes per RPC or more fails this.
-    assert growth < 128 * 1024, after.compare_to(before, "lineno")[:5]
+    # 3 x 512 RPCs: a leak of 64 bytes per RPC or more fails this (measured: 9-15 KiB in all).
+    assert growth < 96 * 1024, after.compare_to(before, "lineno")[:5]
     assert rss_after - rss_before < 16 * 1024 * 1024
