@@ -298,13 +298,43 @@ def _groups_message(kind, groups, msg):
     return msg
 
 
+# Decoded plans and read-backs by their wire bytes: a controller holding its plan, or
+# moving among a few, sends the same bytes again (and reads the same allocation back).
+# Serialising the decoded message and looking it up costs a tenth of decoding 16 groups
+# field by field (docs/BENCHMARKS.md, "gRPC agent"). Equal bytes decode to equal values,
+# and the values are frozen, so handing out one object twice is safe; a plan is cached
+# only once decoded (names validated). Bounded: a table is emptied when full.
+_DECODED_MAX = 256
+_PLANS: dict[bytes, AllocationPlan] = {}
+_READ_BACKS: dict[bytes, Allocation] = {}
+
+
+def _decoded(table: dict, msg, decode):
+    wire = msg.SerializeToString()
+    value = table.get(wire)
+    if value is None:
+        value = decode(msg)
+        if len(table) >= _DECODED_MAX:
+            table.clear()
+        table[wire] = value
+    return value
+
+
+def _decode_plan(msg: pb.AllocationPlan) -> AllocationPlan:
+    return AllocationPlan.adopt(_read_groups(msg.groups, validate_names=True))
+
+
+def _decode_allocation(msg: pb.Allocation) -> Allocation:
+    return Allocation.adopt(_read_groups(msg.groups, validate_names=False))
+
+
 def to_plan(plan: AllocationPlan, msg: pb.AllocationPlan | None = None) -> pb.AllocationPlan:
     return _groups_message(pb.AllocationPlan, plan.groups, msg)
 
 
 def from_plan(msg: pb.AllocationPlan) -> AllocationPlan:
     """Decode a plan from the wire; every group name is validated."""
-    return AllocationPlan.adopt(_read_groups(msg.groups, validate_names=True))
+    return _decoded(_PLANS, msg, _decode_plan)
 
 
 def to_allocation(alloc: Allocation, msg: pb.Allocation | None = None) -> pb.Allocation:
@@ -312,7 +342,7 @@ def to_allocation(alloc: Allocation, msg: pb.Allocation | None = None) -> pb.All
 
 
 def from_allocation(msg: pb.Allocation) -> Allocation:
-    return Allocation.adopt(_read_groups(msg.groups, validate_names=False))
+    return _decoded(_READ_BACKS, msg, _decode_allocation)
 
 
 # --------------------------------------------------------------------------- observations
