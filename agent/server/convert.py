@@ -27,6 +27,7 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
     Vendor,
+    new_sample,
     validate_group_name,
 )
 from proto.rdtune.v1 import types_pb2 as pb
@@ -395,31 +396,18 @@ def to_sample(sample: GroupSample) -> pb.GroupSample:
     return msg
 
 
-# GroupSample's slot setters: filling a new instance through them skips the frozen
-# dataclass __init__ (object.__setattr__ per field), a third of decoding a snapshot.
-_new = object.__new__
-_set_instructions = GroupSample.instructions.__set__
-_set_cycles = GroupSample.cycles.__set__
-_set_llc_references = GroupSample.llc_references.__set__
-_set_llc_misses = GroupSample.llc_misses.__set__
-_set_llc_occupancy_bytes = GroupSample.llc_occupancy_bytes.__set__
-_set_memory_bytes = GroupSample.memory_bytes.__set__
-_set_memory_local_bytes = GroupSample.memory_local_bytes.__set__
-_set_latency = GroupSample.latency.__set__
-
-
 def from_sample(msg: pb.GroupSample) -> GroupSample:
     has = msg.HasField  # hot path of every Observe: no helper calls per field
-    s = _new(GroupSample)
-    _set_instructions(s, msg.instructions if has("instructions") else None)
-    _set_cycles(s, msg.cycles if has("cycles") else None)
-    _set_llc_references(s, msg.llc_references if has("llc_references") else None)
-    _set_llc_misses(s, msg.llc_misses if has("llc_misses") else None)
-    _set_llc_occupancy_bytes(s, msg.llc_occupancy_bytes if has("llc_occupancy_bytes") else None)
-    _set_memory_bytes(s, msg.memory_bytes if has("memory_bytes") else None)
-    _set_memory_local_bytes(s, msg.memory_local_bytes if has("memory_local_bytes") else None)
-    _set_latency(s, from_latency(msg.latency) if has("latency") else None)
-    return s
+    return new_sample(
+        msg.instructions if has("instructions") else None,
+        msg.cycles if has("cycles") else None,
+        msg.llc_references if has("llc_references") else None,
+        msg.llc_misses if has("llc_misses") else None,
+        msg.llc_occupancy_bytes if has("llc_occupancy_bytes") else None,
+        msg.memory_bytes if has("memory_bytes") else None,
+        msg.memory_local_bytes if has("memory_local_bytes") else None,
+        from_latency(msg.latency) if has("latency") else None,
+    )
 
 
 def to_snapshot(snap: Snapshot, msg: pb.Snapshot | None = None) -> pb.Snapshot:
