@@ -124,6 +124,7 @@ class SimNode(StepByParts):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_lat", None)  # a node pickled before the view was kept
         self._lock = threading.RLock()
 
     # ================================================================== Clock
