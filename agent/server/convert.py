@@ -304,8 +304,11 @@ def _groups_message(kind, groups, msg):
 # Serialising the decoded message and looking it up costs a tenth of decoding 16 groups
 # field by field (docs/BENCHMARKS.md, "gRPC agent"). Equal bytes decode to equal values,
 # and the values are frozen, so handing out one object twice is safe; a plan is cached
-# only once decoded (names validated). Bounded: a table is emptied when full.
+# only once decoded (names validated). Bounded in entries (a table is emptied when full)
+# and in size: larger messages are decoded every time, so a client sending big plans
+# cannot make the agent hold more than _DECODED_MAX x _DECODED_MAX_BYTES.
 _DECODED_MAX = 256
+_DECODED_MAX_BYTES = 64 << 10  # a 16-group plan is ~330 bytes
 _PLANS: dict[bytes, AllocationPlan] = {}
 _READ_BACKS: dict[bytes, Allocation] = {}
 
@@ -315,9 +318,10 @@ def _decoded(table: dict, msg, decode):
     value = table.get(wire)
     if value is None:
         value = decode(msg)
-        if len(table) >= _DECODED_MAX:
-            table.clear()
-        table[wire] = value
+        if len(wire) <= _DECODED_MAX_BYTES:
+            if len(table) >= _DECODED_MAX:
+                table.clear()
+            table[wire] = value
     return value
 
 

@@ -110,3 +110,13 @@ def test_decoded_tables_are_bounded(monkeypatch) -> None:
     for ways in range(1, 11):
         assert C.from_plan(_plan_message({"a": (1 << ways) - 1})).groups["a"][0].ways == ways
         assert len(C._PLANS) <= 3
+
+
+def test_large_plans_are_decoded_but_not_kept(monkeypatch) -> None:
+    monkeypatch.setattr(C, "_PLANS", {})
+    small = _plan_message({"a": 0x3})
+    monkeypatch.setattr(C, "_DECODED_MAX_BYTES", small.ByteSize())
+    C.from_plan(small)
+    big = _plan_message({"a": 0x3, "b": 0xC})
+    assert C.from_plan(big).groups["b"][0].l3_mask == 0xC
+    assert list(C._PLANS) == [small.SerializeToString()]
