@@ -27,6 +27,7 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
     Vendor,
+    new_sample,
     validate_group_name,
 )
 from proto.rdtune.v1 import types_pb2 as pb
@@ -298,13 +299,47 @@ def _groups_message(kind, groups, msg):
     return msg
 
 
+# Decoded plans and read-backs by their wire bytes: a controller holding its plan, or
+# moving among a few, sends the same bytes again (and reads the same allocation back).
+# Serialising the decoded message and looking it up costs a tenth of decoding 16 groups
+# field by field (docs/BENCHMARKS.md, "gRPC agent"). Equal bytes decode to equal values,
+# and the values are frozen, so handing out one object twice is safe; a plan is cached
+# only once decoded (names validated). Bounded in entries (a table is emptied when full)
+# and in size: larger messages are decoded every time, so a client sending big plans
+# cannot make the agent hold more than _DECODED_MAX x _DECODED_MAX_BYTES.
+_DECODED_MAX = 256
+_DECODED_MAX_BYTES = 64 << 10  # a 16-group plan is ~330 bytes
+_PLANS: dict[bytes, AllocationPlan] = {}
+_READ_BACKS: dict[bytes, Allocation] = {}
+
+
+def _decoded(table: dict, msg, decode):
+    wire = msg.SerializeToString()
+    value = table.get(wire)
+    if value is None:
+        value = decode(msg)
+        if len(wire) <= _DECODED_MAX_BYTES:
+            if len(table) >= _DECODED_MAX:
+                table.clear()
+            table[wire] = value
+    return value
+
+
+def _decode_plan(msg: pb.AllocationPlan) -> AllocationPlan:
+    return AllocationPlan.adopt(_read_groups(msg.groups, validate_names=True))
+
+
+def _decode_allocation(msg: pb.Allocation) -> Allocation:
+    return Allocation.adopt(_read_groups(msg.groups, validate_names=False))
+
+
 def to_plan(plan: AllocationPlan, msg: pb.AllocationPlan | None = None) -> pb.AllocationPlan:
     return _groups_message(pb.AllocationPlan, plan.groups, msg)
 
 
 def from_plan(msg: pb.AllocationPlan) -> AllocationPlan:
     """Decode a plan from the wire; every group name is validated."""
-    return AllocationPlan.adopt(_read_groups(msg.groups, validate_names=True))
+    return _decoded(_PLANS, msg, _decode_plan)
 
 
 def to_allocation(alloc: Allocation, msg: pb.Allocation | None = None) -> pb.Allocation:
@@ -312,7 +347,7 @@ def to_allocation(alloc: Allocation, msg: pb.Allocation | None = None) -> pb.All
 
 
 def from_allocation(msg: pb.Allocation) -> Allocation:
-    return Allocation.adopt(_read_groups(msg.groups, validate_names=False))
+    return _decoded(_READ_BACKS, msg, _decode_allocation)
 
 
 # --------------------------------------------------------------------------- observations
@@ -365,31 +400,18 @@ def to_sample(sample: GroupSample) -> pb.GroupSample:
     return msg
 
 
-# GroupSample's slot setters: filling a new instance through them skips the frozen
-# dataclass __init__ (object.__setattr__ per field), a third of decoding a snapshot.
-_new = object.__new__
-_set_instructions = GroupSample.instructions.__set__
-_set_cycles = GroupSample.cycles.__set__
-_set_llc_references = GroupSample.llc_references.__set__
-_set_llc_misses = GroupSample.llc_misses.__set__
-_set_llc_occupancy_bytes = GroupSample.llc_occupancy_bytes.__set__
-_set_memory_bytes = GroupSample.memory_bytes.__set__
-_set_memory_local_bytes = GroupSample.memory_local_bytes.__set__
-_set_latency = GroupSample.latency.__set__
-
-
 def from_sample(msg: pb.GroupSample) -> GroupSample:
     has = msg.HasField  # hot path of every Observe: no helper calls per field
-    s = _new(GroupSample)
-    _set_instructions(s, msg.instructions if has("instructions") else None)
-    _set_cycles(s, msg.cycles if has("cycles") else None)
-    _set_llc_references(s, msg.llc_references if has("llc_references") else None)
-    _set_llc_misses(s, msg.llc_misses if has("llc_misses") else None)
-    _set_llc_occupancy_bytes(s, msg.llc_occupancy_bytes if has("llc_occupancy_bytes") else None)
-    _set_memory_bytes(s, msg.memory_bytes if has("memory_bytes") else None)
-    _set_memory_local_bytes(s, msg.memory_local_bytes if has("memory_local_bytes") else None)
-    _set_latency(s, from_latency(msg.latency) if has("latency") else None)
-    return s
+    return new_sample(
+        msg.instructions if has("instructions") else None,
+        msg.cycles if has("cycles") else None,
+        msg.llc_references if has("llc_references") else None,
+        msg.llc_misses if has("llc_misses") else None,
+        msg.llc_occupancy_bytes if has("llc_occupancy_bytes") else None,
+        msg.memory_bytes if has("memory_bytes") else None,
+        msg.memory_local_bytes if has("memory_local_bytes") else None,
+        from_latency(msg.latency) if has("latency") else None,
+    )
 
 
 def to_snapshot(snap: Snapshot, msg: pb.Snapshot | None = None) -> pb.Snapshot:

@@ -30,7 +30,7 @@ from agent.sim.batch import (
     workload_allocation,
 )
 from agent.sim.catalog import Catalog, MachinePreset, WorkloadSpec, default_catalog
-from agent.sim.engine import COUNTERS, Engine, _Single
+from agent.sim.engine import COUNTERS, Engine, LatencyGroups, _Single
 from agent.sim.scenario import Scenario, WorkloadInstance, get_scenario
 from agent.sim.truth import GroupTruth, solo_reference, truths
 from agent.types import (
@@ -43,6 +43,7 @@ from agent.types import (
     LatencyStats,
     NodeCapabilities,
     Snapshot,
+    new_sample,
 )
 
 DEFAULT_SCENARIO = "default"
@@ -118,10 +119,12 @@ class SimNode(StepByParts):
         # is recreated, everything else (RNG state included) is copied.
         state = self.__dict__.copy()
         del state["_lock"]
+        state["_lat"] = None  # rebuilt from the copy's own engine on its first observe
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_lat", None)  # a node pickled before the view was kept
         self._lock = threading.RLock()
 
     # ================================================================== Clock
@@ -164,6 +167,7 @@ class SimNode(StepByParts):
         self._acc_g = np.zeros((0, COUNTERS))  # per own group, in the group table's order
         self._mba_rule = MbaRule.of(self._preset, self._caps)
         self._topo = None
+        self._lat = None  # (topology, latency-reporting groups, their monitored services)
         self._topo_version = 0  # counts task/group changes (what _sync_allocation keys on)
         self._alloc_key: tuple | None = None
         if self.auto_groups:
@@ -229,7 +233,7 @@ class SimNode(StepByParts):
         self._last_obs = self._t
         specs = self._table.specs
         names = list(specs)
-        major, frac = self._topology()
+        frac = self._topology()[1]
         out: dict[str, GroupSample] = {}
         if names:
             acc = self._acc_g.copy()  # (G, 5)
@@ -237,26 +241,15 @@ class SimNode(StepByParts):
             occ = group_counters(frac[None], self._engine.occ[:1, : self._n].sum(axis=-1))[0]
             z = self._rng.standard_normal((len(names), 6)) if self.noise else None
             acc, occ = measured(acc, occ, z)
-            lc_groups: dict[str, list[int]] = {}
-            for i in self._lc:
-                lc_groups.setdefault(major[i], []).append(i)
-            # Groups holding an LC service or of kind LC report latency (all read at once).
-            lat_names = [g for g in names if lc_groups.get(g) or specs[g].kind is GroupKind.LC]
-            counts, pct = self._engine.latency([(0, lc_groups.get(g, [])) for g in lat_names])
+            lat_names, monitored = self._latency_view()
+            counts, pct = self._engine.latency_of(*monitored)
             latency = dict(zip(lat_names, _latency_stats(counts, pct), strict=True))
             rows = acc.tolist()
             occs = occ.tolist()
             for gi, name in enumerate(names):
                 r = rows[gi]
-                out[name] = GroupSample(
-                    instructions=r[0],
-                    cycles=r[1],
-                    llc_references=r[2],
-                    llc_misses=r[3],
-                    llc_occupancy_bytes=occs[gi],
-                    memory_bytes=r[4],
-                    memory_local_bytes=r[4],
-                    latency=latency.get(name),
+                out[name] = new_sample(
+                    r[0], r[1], r[2], r[3], occs[gi], r[4], r[4], latency.get(name)
                 )
         self._engine.clear_latency(0)
         return Snapshot(timestamp=self._t, interval_s=interval, groups=out)
@@ -396,6 +389,22 @@ class SimNode(StepByParts):
             major = [self._table.majority_group(pids) for pids in self._pids]
             self._topo = (major, frac)
         return self._topo
+
+    def _latency_view(self) -> tuple[list[str], LatencyGroups]:
+        """(the groups that report latency: those holding an LC service or of kind LC,
+        their member services as the engine monitors them). Fixed until tasks move or
+        groups change (a new topology), so built once per topology, not per observe."""
+        topo = self._topology()
+        view = self._lat
+        if view is None or view[0] is not topo:
+            major, specs = topo[0], self._table.specs
+            lc_groups: dict[str, list[int]] = {}
+            for i in self._lc:
+                lc_groups.setdefault(major[i], []).append(i)
+            names = [g for g in specs if lc_groups.get(g) or specs[g].kind is GroupKind.LC]
+            monitored = self._engine.monitored([(0, lc_groups.get(g, [])) for g in names])
+            view = self._lat = (topo, names, monitored)
+        return view[1], view[2]
 
     def _flush(self) -> None:
         """Move per-workload counters into the groups holding the tasks now."""

@@ -78,3 +78,45 @@ def test_group_created_through_the_cached_paths_round_trips() -> None:
             assert set(client.groups()) == {"a"}
             client.delete_group("a")
             assert client.groups() == {}
+
+
+def _plan_message(groups: dict[str, int]) -> C.pb.AllocationPlan:
+    from agent.types import AllocationPlan, GroupAllocation
+
+    plan = AllocationPlan.uniform({g: GroupAllocation(l3_mask=m, mb=50) for g, m in groups.items()})
+    return C.pb.AllocationPlan.FromString(C.to_plan(plan).SerializeToString())
+
+
+def test_decoded_plans_are_cached_by_their_bytes_and_equal_a_fresh_decode() -> None:
+    msg = _plan_message({"a": 0x3, "b": 0xC})
+    first, again = C.from_plan(msg), C.from_plan(_plan_message({"a": 0x3, "b": 0xC}))
+    assert again is first  # the same bytes: served from the table
+    assert first == C._decode_plan(msg)
+    other = C.from_plan(_plan_message({"a": 0x3, "b": 0x30}))
+    assert other != first and other.groups["b"][0].l3_mask == 0x30
+
+
+def test_a_plan_with_a_bad_name_is_refused_every_time() -> None:
+    bad = _plan_message({"a": 0x3, "no/slash": 0xC})
+    for _ in range(2):
+        with pytest.raises(InvalidName):
+            C.from_plan(bad)
+    assert bad.SerializeToString() not in C._PLANS
+
+
+def test_decoded_tables_are_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(C, "_PLANS", {})
+    monkeypatch.setattr(C, "_DECODED_MAX", 3)
+    for ways in range(1, 11):
+        assert C.from_plan(_plan_message({"a": (1 << ways) - 1})).groups["a"][0].ways == ways
+        assert len(C._PLANS) <= 3
+
+
+def test_large_plans_are_decoded_but_not_kept(monkeypatch) -> None:
+    monkeypatch.setattr(C, "_PLANS", {})
+    small = _plan_message({"a": 0x3})
+    monkeypatch.setattr(C, "_DECODED_MAX_BYTES", small.ByteSize())
+    C.from_plan(small)
+    big = _plan_message({"a": 0x3, "b": 0xC})
+    assert C.from_plan(big).groups["b"][0].l3_mask == 0xC
+    assert list(C._PLANS) == [small.SerializeToString()]

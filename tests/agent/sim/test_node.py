@@ -22,7 +22,14 @@ from agent.sim.scenario import (
     read_trace,
     scenario_names,
 )
-from agent.types import AllocationPlan, GroupAllocation, GroupKind, GroupSpec, contiguous_mask
+from agent.types import (
+    SLO,
+    AllocationPlan,
+    GroupAllocation,
+    GroupKind,
+    GroupSpec,
+    contiguous_mask,
+)
 
 
 def trajectory(node: SimNode, steps: int = 20) -> list[tuple]:
@@ -442,6 +449,22 @@ def test_latency_reported_for_lc_groups_only() -> None:
     assert snap.groups["memcached"].latency.count > 0
     assert snap.groups["memcached"].latency.p999_ms >= snap.groups["memcached"].latency.p50_ms
     assert snap.groups["ocean_cp"].latency is None
+
+
+def test_latency_follows_an_lc_service_into_another_group() -> None:
+    # Which groups report latency is kept per topology: moving the service's tasks (a new
+    # topology) moves its latency, and a new LC group with no service reports an idle one.
+    node = SimNode(seed=2)
+    node.advance(0.2)
+    assert node.observe().groups["memcached"].latency.count > 0
+    node.create_group(GroupSpec("moved", kind=GroupKind.LC, slo=SLO(99.0, 5.0)))
+    node.advance(0.2)
+    assert node.observe().groups["moved"].latency.count == 0
+    node.assign("moved", pids=node.tasks("memcached"))
+    node.advance(0.2)
+    snap = node.observe()
+    assert snap.groups["moved"].latency.count > 0
+    assert snap.groups["memcached"].latency.count == 0  # an LC group: idle, not absent
 
 
 def test_request_counts_follow_the_offered_load() -> None:
