@@ -285,11 +285,8 @@ def with_stalls(
         return parts, weights, shifts, scales, qfuncs
     k = np.flatnonzero(stalled)
     q = np.minimum(share[k], 1.0)
-    # The mean of the unit-mean-service latency X from its quantile function (trapezoid
-    # over P_GRID, the last point's value beyond it).
-    qf = qfuncs[k]
-    mean = ((qf[:, 1:] + qf[:, :-1]) * 0.5 * _DP).sum(axis=1) + qf[:, 0] * P_GRID[0]
-    mean += qf[:, -1] * (1.0 - P_GRID[-1])
+    # The mean of the unit-mean-service latency X from its quantile function.
+    mean = qfuncs[k] @ _MEAN_W
     w = weights.copy()
     w[k] = weights[k] * (1.0 - q)
     # The stall component of component c sits right after it (same mixture).
@@ -374,6 +371,13 @@ def _mixture(
 
 
 _DP = np.diff(P_GRID)
+# The mean of a distribution from its quantiles on P_GRID: trapezoids between the points,
+# the first point's value below it and the last's beyond it (with_stalls).
+_MEAN_W = np.zeros(len(P_GRID))
+_MEAN_W[:-1] += 0.5 * _DP
+_MEAN_W[1:] += 0.5 * _DP
+_MEAN_W[0] += P_GRID[0]
+_MEAN_W[-1] += 1.0 - P_GRID[-1]
 
 
 def _interp_rows(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
