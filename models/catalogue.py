@@ -122,7 +122,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
     Entry(
         "copart_cat",
         CoPartCatOnly,
-        "CoPart's CAT-only variant: LLC ways only, bandwidth at full",
+        "CoPart's CAT-only variant: LLC ways traded, bandwidth at the equal split",
         prepare=prepare.prepare_copart,
         calibrated=("stream",),
     ),

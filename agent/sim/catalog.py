@@ -225,6 +225,10 @@ class LcSpec:
         io_bytes: memory traffic per request that does not pass through the core's caches
             as misses (the NIC's or disk's DMA of the request and response): it loads the
             memory bus without stalling the core.
+        stall_ms, stalls_per_request: worker stalls outside the request's own work (the
+            kernel's deferred network processing or a blocking write taking the worker's
+            core): a stall every ``1 / stalls_per_request`` requests, during which arriving
+            requests wait out its rest; the share of requests delayed grows with the load.
     """
 
     instructions_per_request: float
@@ -237,6 +241,8 @@ class LcSpec:
     base_latency_ms: float = 0.0
     io_ms: float = 0.0
     io_bytes: float = 0.0
+    stall_ms: float = 0.0
+    stalls_per_request: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -372,14 +378,18 @@ def _workload(name: str, e: Mapping) -> WorkloadSpec:
             base_latency_ms=float(le.get("base_latency_ms", 0.0)),
             io_ms=float(le.get("io_ms", 0.0)),
             io_bytes=float(le.get("io_bytes", 0.0)),
+            stall_ms=float((le.get("stall") or {}).get("ms", 0.0)),
+            stalls_per_request=float((le.get("stall") or {}).get("per_request", 0.0)),
         )
         if (
             lc.burst < 1.0
             or not 0 <= lc.reuse <= 1
-            or min(lc.base_latency_ms, lc.io_ms, lc.io_bytes) < 0
+            or min(lc.base_latency_ms, lc.io_ms, lc.io_bytes, lc.stall_ms) < 0
+            or not 0 <= lc.stalls_per_request < 1
         ):
             raise CatalogError(
-                f"{where}: need lc burst >= 1, 0 <= reuse <= 1, base latency and io >= 0"
+                f"{where}: need lc burst >= 1, 0 <= reuse <= 1, base latency, io and stall "
+                "length >= 0, 0 <= stalls per request < 1"
             )
     footprint = _need(e, "footprint_mb", where) * MB
     phases = tuple(

@@ -38,7 +38,13 @@ from typing import NamedTuple
 import numpy as np
 
 from agent.sim.catalog import MachinePreset, Phase, WorkloadSpec
-from agent.sim.latency import LatencyTable, fluid_backlog, observed_many, table_for
+from agent.sim.latency import (
+    LatencyTable,
+    fluid_backlog,
+    observed_many,
+    table_for,
+    with_stalls,
+)
 from agent.sim.model import Dynamics, Inputs, Model, Solution
 from agent.sim.scenario import LoadSchedule, Scenario, diurnal
 
@@ -157,6 +163,8 @@ class Engine:
         self._table_no = np.zeros((B, n), dtype=np.int64)
         self._tables: list[LatencyTable] = []
         self._base = np.zeros((B, n))
+        # Worker stalls of an LC service: [stall length (s), stalls per request].
+        self._stall = np.zeros((B, n, 2))
         self.rng: list[np.random.Generator] = [None] * B  # type: ignore[list-item]
         self.lc: list[list[LcService]] = [[] for _ in range(B)]
         self._phased: list[list[int]] = [[] for _ in range(B)]
@@ -209,6 +217,7 @@ class Engine:
             (self.mult, 1.0),
             (self._phase_no, 0),
             (self._base, 0.0),
+            (self._stall, 0.0),
         ):
             arr[idx] = value
         self.masks[idx] = m.way_valid[idx][:, None, :]
@@ -256,6 +265,7 @@ class Engine:
             services.append(service)
             self._scale[b, i] = scale
             self._base[b, i] = service.base_s
+            self._stall[b, i] = (lc.stall_ms * 1e-3, lc.stalls_per_request)
             self._table_no[b, i] = self._table_index(service.table)
             p = inst.load
             if not service.schedule.piecewise:
@@ -583,8 +593,15 @@ class Engine:
             for t in np.unique(tno):
                 at = tno == t
                 qf[at] = self._tables[t].quantiles(rec[at, 3])
+        comp = (parts, rec[:, 0], base + rec[:, 1], rec[:, 2], qf)
+        if total:
+            stall = self._stall[pb, pi]
+            if stall[:, 0].any():
+                # Stall share: the worker's request rate (rho / S) x stalls per request x length.
+                lam_w = rec[:, 3] / np.maximum(rec[:, 2], 1e-30)
+                comp = with_stalls(*comp, lam_w * stall[:, 1] * stall[:, 0], stall[:, 0])
         draw = rngs if noisy else [None] * G
-        p = observed_many(draw, counts, parts, rec[:, 0], base + rec[:, 1], rec[:, 2], qf)
+        p = observed_many(draw, counts, *comp)
         return counts, p
 
     def clear_latency(self, rows) -> None:

@@ -264,6 +264,43 @@ def pooled_quantiles_many(
     return out
 
 
+def with_stalls(
+    parts: np.ndarray,
+    weights: np.ndarray,
+    shifts: np.ndarray,
+    scales: np.ndarray,
+    qfuncs: np.ndarray,
+    share: np.ndarray,
+    stall_s: np.ndarray,
+) -> tuple[np.ndarray, ...]:
+    """Components (listed as :func:`pooled_quantiles_many` takes them) with worker stalls:
+    a share ``share[c]`` of component ``c``'s requests arrives while its worker is stalled
+    for ``stall_s[c]`` and waits out the rest of the stall (uniform on [0, stall]) on top
+    of its queueing, approximated by the queue's mean (a stall lasts milliseconds, a
+    queue's spread microseconds). Such components split in two: the stall-free requests
+    and a uniform component after them, so ``parts`` grows by one per stalled component
+    (docs/SIMULATOR.md, "LC services")."""
+    stalled = (share > 0) & (stall_s > 0)
+    if not stalled.any():
+        return parts, weights, shifts, scales, qfuncs
+    k = np.flatnonzero(stalled)
+    q = np.minimum(share[k], 1.0)
+    # The mean of the unit-mean-service latency X from its quantile function.
+    mean = qfuncs[k] @ _MEAN_W
+    w = weights.copy()
+    w[k] = weights[k] * (1.0 - q)
+    # The stall component of component c sits right after it (same mixture).
+    at = np.concatenate([np.arange(len(weights)), k + 0.5]).argsort(kind="stable")
+    uniform = np.broadcast_to(P_GRID, (len(k), len(P_GRID)))
+    w = np.concatenate([w, weights[k] * q])[at]
+    sh = np.concatenate([shifts, shifts[k] + scales[k] * mean])[at]
+    sc = np.concatenate([scales, stall_s[k]])[at]
+    qfs = np.concatenate([qfuncs, uniform])[at]
+    first = np.concatenate([[0], np.cumsum(parts)])
+    extra = np.diff(np.searchsorted(k, first, side="left"))
+    return parts + extra, w, sh, sc, qfs
+
+
 def _interp_shared(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
     """``np.interp(x, xp, fp[r])`` for every row ``r`` of ``fp`` (the same formula)."""
     j = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, len(xp) - 2)
@@ -334,6 +371,13 @@ def _mixture(
 
 
 _DP = np.diff(P_GRID)
+# The mean of a distribution from its quantiles on P_GRID: trapezoids between the points,
+# the first point's value below it and the last's beyond it (with_stalls).
+_MEAN_W = np.zeros(len(P_GRID))
+_MEAN_W[:-1] += 0.5 * _DP
+_MEAN_W[1:] += 0.5 * _DP
+_MEAN_W[0] += P_GRID[0]
+_MEAN_W[-1] += 1.0 - P_GRID[-1]
 
 
 def _interp_rows(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:

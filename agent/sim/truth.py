@@ -17,7 +17,7 @@ from types import MappingProxyType
 import numpy as np
 
 from agent.sim.catalog import MachinePreset, WorkloadSpec
-from agent.sim.latency import STANDARD, table_for
+from agent.sim.latency import STANDARD, pooled_quantiles_many, table_for, with_stalls
 from agent.sim.model import Inputs, Model, Solution
 
 
@@ -103,10 +103,29 @@ def lc_latency(
     base = spec.lc.base_latency_ms
     if rho >= 1.0:
         return dict.fromkeys(STANDARD, math.inf), math.inf
-    q = table.standard(rho if rate > 0 else 0.0)
-    tail = float(table.tail_mean(rho if rate > 0 else 0.0))
+    r = rho if rate > 0 else 0.0
     ms = service_s * 1e3
+    lc = spec.lc
+    if lc.stall_ms > 0 and rate > 0 and service_s > 0:
+        # Worker stalls (docs/SIMULATOR.md, "LC services"): the mixture's quantiles, and
+        # the tail mean from its quantiles beyond the 95th percentile.
+        share = rho / service_s * lc.stalls_per_request * lc.stall_ms * 1e-3
+        one = np.ones(1)
+        comp = with_stalls(
+            one.astype(np.int64), one, np.zeros(1), np.array([ms]),
+            table.quantiles(np.array([r])), np.array([share]), np.array([lc.stall_ms]),
+        )  # fmt: skip
+        probs = np.concatenate([np.array(STANDARD) / 100.0, _TAIL_P])
+        x = base + pooled_quantiles_many(*comp, probs)[0]
+        return dict(zip(STANDARD, x[:4].tolist(), strict=True)), float(x[4:].mean())
+    q = table.standard(r)
+    tail = float(table.tail_mean(r))
     return {p: base + ms * float(v) for p, v in zip(STANDARD, q, strict=True)}, base + ms * tail
+
+
+# Probabilities beyond the 95th percentile, evenly spaced: their quantiles' mean is the
+# mean beyond it.
+_TAIL_P = 0.95 + 0.05 * (np.arange(500) + 0.5) / 500
 
 
 def truths(

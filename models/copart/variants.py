@@ -1,27 +1,35 @@
 """CoPart's single-resource variants from its evaluation (EuroSys'19 section 6.1, "CAT-only"
-and "MBA-only"): :class:`CoPartCatOnly` is CoPart with MBA hidden (every group at full
-bandwidth, only the LLC classifier runs); :class:`CoPartMbaOnly` ignores the LLC
-classifier (ways stay at the equal split, only memory bandwidth is traded).
+and "MBA-only"): :class:`CoPartCatOnly` employs "dynamic LLC partitioning and equal memory
+bandwidth partitioning" (the MBA classifier's verdicts are ignored, so memory bandwidth stays
+at the equal split, only ways are traded); :class:`CoPartMbaOnly` ignores the LLC classifier
+(ways stay at the equal split, only memory bandwidth is traded). On a node without MBA the
+CAT-only variant is CoPart itself.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-from models.controller import ControlContext, Decision
 from models.copart.apps import ANY, LLC, MBA
 from models.copart.controller import CoPart
 
 
 class CoPartCatOnly(CoPart):
-    """CoPart's CAT-only variant: it is shown a node without MBA, so only the LLC
-    classifier runs and every group keeps full bandwidth."""
+    """CoPart's CAT-only variant: the MBA classifier's verdicts are ignored, so memory
+    bandwidth stays at CoPart's equal split (as the paper's CAT-only holds it) and only
+    ways are traded."""
 
     name = "copart_cat"
 
-    def start(self, ctx: ControlContext) -> Decision:
-        caps = dataclasses.replace(ctx.capabilities, mba=None)
-        return super().start(dataclasses.replace(ctx, capabilities=caps))
+    def _producer_type(self, app):
+        kind = super()._producer_type(app)
+        return LLC if kind in (ANY, LLC) else None
+
+    def _consumer_type(self, app):
+        kind = super()._consumer_type(app)
+        return LLC if kind in (ANY, LLC) else None
+
+    def _can_give(self, app, rtype: str) -> bool:
+        # no MBA step moves at all: not by matching, random neighbours or undoing
+        return rtype != MBA and super()._can_give(app, rtype)
 
 
 class CoPartMbaOnly(CoPart):

@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from agent.sim import LoadProfile, SimNode, get_scenario
+from agent.sim.catalog import default_catalog
 from agent.types import SLO
 from models.coco import (
     CoCo,
@@ -73,9 +74,12 @@ def profile():
 
 def test_profile_shows_sensitivity(profile):
     assert set(profile) == {"memcached_coco", "nginx", "mongodb", "specjbb", "shore_mt"}
-    for p in profile.values():
+    for name, p in profile.items():
         assert p.slowdown(1) > p.slowdown(2) >= 1.0  # the shared tier is the slow one
-        if p.slowdown(1) > 1.1:  # MongoDB is I/O-bound (PARTIES): its tail is all I/O
+        # MongoDB's tail is its I/O (PARTIES), nginx's its workers' stalls
+        # (docs/SIMULATOR.md): neither follows the CPU slowdown beyond measurement noise.
+        lc = default_catalog().workload(name).lc
+        if p.slowdown(1) > 1.1 and not (lc.io_ms or lc.stall_ms):
             assert p.tails[1] > p.tails[2]
         assert p.miss_rate > 0
     assert sum(p.slowdown(1) > 1.1 for p in profile.values()) >= 3

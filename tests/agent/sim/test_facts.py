@@ -20,15 +20,9 @@ VALIDATION = [f for f in FACTS if f.set == "validation"]
 
 # Validation facts the model misses, and why (docs/SIMULATOR.md, "Validation").
 KNOWN_MISSES = {
-    # nginx's p99 more than doubles from 25% to 50% of max RPS; here it is dominated by a
-    # constant network latency and its microsecond requests barely queue until saturation.
-    "iiswc-nginx-p99-50": "load-dependent network-stack latency not modelled",
-    "iiswc-nginx-p99-75": "load-dependent network-stack latency not modelled",
-    # PARTIES' memcached cannot meet its QoS at any load next to 50 GB/s of memory traffic;
-    # here its 0.55 MPKI keeps it near a third of its load.
-    "parties-mem-thrash-memcached_coco": "kernel network path's memory sensitivity not modelled",
-    # PARTIES' MongoDB is I/O-bound yet loses 30% of its load to memory thrashers (its disk
-    # and page-cache traffic share the memory bus); here its I/O time is fixed.
+    # PARTIES' MongoDB is I/O-bound yet loses 30% of its load to memory thrashers; here a
+    # request's CPU part is about 1% of its 23 ms and its I/O time is fixed, and no
+    # published characterisation says how much of that I/O waits on memory.
     "parties-mem-thrash-mongodb": "I/O through memory (page cache, DMA) not modelled",
 }
 

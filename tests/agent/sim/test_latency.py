@@ -13,7 +13,9 @@ from agent.sim.latency import (
     fluid_backlog,
     observed,
     pooled_quantiles,
+    pooled_quantiles_many,
     table_for,
+    with_stalls,
 )
 from agent.sim.queueing import steady_samples
 
@@ -75,6 +77,43 @@ def test_pooled_tail_is_dominated_by_the_slow_part() -> None:
     slow_p98 = 10.0 * np.interp(0.98, P_GRID, q)
     assert pooled == pytest.approx(slow_p98, rel=0.05)
     assert pooled > 0.5 * (np.interp(0.99, P_GRID, q) * 11.0) * 1.2
+
+
+@pytest.mark.parametrize("share", [0.005, 0.03, 0.2])
+def test_stalls_match_sampled_requests(share: float) -> None:
+    """A share of requests waits out the rest of a worker stall (uniform over a stall 500
+    service times long) on top of its queueing: the mixture's quantiles match a sample of
+    such requests, and a share below 1% leaves the p99 at the queue's."""
+    dist, rho, stall = ServiceDist("lognormal", 0.5), 0.5, 500.0
+    x = steady_samples(rho, dist, 1.0, requests=200_000)
+    rng = np.random.default_rng(7)
+    hit = rng.random(len(x)) < share
+    sample = x + hit * rng.random(len(x)) * stall
+    q = table_for(dist, 1.0).quantiles(rho)[None]
+    one = np.ones(1)
+    parts, *comp = with_stalls(
+        np.array([1]), one, np.zeros(1), one, q, np.array([share]), np.array([stall])
+    )
+    assert parts[0] == 2
+    probs = np.array([0.5, 0.99, 0.999])
+    got = pooled_quantiles_many(parts, *comp, probs)[0]
+    want = np.quantile(sample, probs)
+    np.testing.assert_allclose(got, want, rtol=0.08, atol=0.1)
+    if share < 0.01:
+        assert got[1] < 0.05 * stall
+    else:
+        assert got[1] > 0.3 * stall
+
+
+def test_stalls_leave_components_without_them_alone() -> None:
+    q = table_for(ServiceDist("lognormal", 0.5), 1.0).quantiles(np.array([0.3, 0.6]))
+    parts = np.array([1, 1])
+    comp = (parts, np.ones(2), np.zeros(2), np.ones(2), q)
+    out = with_stalls(*comp, np.array([0.0, 0.1]), np.array([0.0, 50.0]))
+    assert out[0].tolist() == [1, 2]
+    np.testing.assert_array_equal(out[4][0], q[0])  # the first mixture untouched
+    np.testing.assert_array_equal(out[4][1], q[1])
+    assert out[1].tolist() == pytest.approx([1.0, 0.9, 0.1])
 
 
 @pytest.mark.parametrize("count", [100, 10_000])

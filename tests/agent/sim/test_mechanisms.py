@@ -230,3 +230,36 @@ def test_bandwidth_slowdown_remains_with_cat() -> None:
     plan = split("bzip2", "co", 10, node.preset.ways)
     slowdown = node.steady_state(plan)["bzip2"].workloads["bzip2"].slowdown
     assert 1.03 <= slowdown < 1.5
+
+
+# ------------------------------------------------------------------ worker stalls
+
+
+def _p99_ms(node: SimNode, name: str, fraction: float) -> float:
+    view = next(w for w in node.workloads() if w.name == name)
+    rate = fraction * view.lc_capacity_rps
+    return node.steady_state(None, {name: rate})[name].workloads[name].latency_ms[99.0]
+
+
+def test_worker_stalls_make_the_tail_jump_then_flatten_with_load() -> None:
+    """nginx's worker stalls delay a share of requests that grows with the load: its p99
+    more than doubles from 25% to 50% of max RPS and then grows by far less (IISWC'17's
+    shape), while a service without stalls barely queues at these loads."""
+    node = solo_node("nginx", "e5_2699v4", 8, load=0.5)
+    p = [_p99_ms(node, "nginx", x) for x in (0.25, 0.5, 0.75)]
+    assert p[1] > 2.0 * p[0]
+    assert 0 < p[2] - p[1] < 0.5 * (p[1] - p[0])
+    plain = solo_node("memcached_coco", "e5_2699v4", 8, load=0.5)
+    q = [_p99_ms(plain, "memcached_coco", x) for x in (0.25, 0.5)]
+    assert q[1] < 1.0  # well inside its 0.6 ms budget's order: no millisecond stalls
+
+
+def test_a_monitor_sees_the_stalls_the_steady_state_has() -> None:
+    """The step path (what ``observe`` reports) and the steady state agree on the stalls."""
+    node = solo_node("nginx", "e5_2699v4", 8, load=0.5)
+    want = node.steady_state()["nginx"].workloads["nginx"].latency_ms[99.0]
+    node.advance(2.0)
+    node.observe()
+    node.advance(1.0)
+    got = node.observe().groups["nginx"].latency.p99_ms
+    assert got == pytest.approx(want, rel=0.05)

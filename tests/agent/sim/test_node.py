@@ -581,6 +581,12 @@ def test_user_catalog_adds_workloads(tmp_path) -> None:
             "    footprint_mb: 1\n    mrc: {floor: 0.5, ceil: 0.2}\n",
             "floor <= ceil",
         ),
+        (
+            "  bad:\n    source: x\n    threads: 1\n    cpi_base: 1\n    apki: 1\n    mlp: 1\n"
+            "    footprint_mb: 1\n    mrc: {floor: 0.1, ceil: 0.2}\n    kind: lc\n"
+            "    lc: {instructions_per_request: 100, workers: 1, stall: {ms: 5, per_request: 2}}\n",
+            "stalls per request < 1",
+        ),
     ],
 )
 def test_bad_workload_entries_are_rejected(tmp_path, entry: str, match: str) -> None:
