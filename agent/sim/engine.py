@@ -589,10 +589,14 @@ class Engine:
             rec = self.parts[pb, pi, j]
             base = self._base[pb, pi]
             tno = self._table_no[pb, pi]
-            qf = np.empty((total, self._tables[0].q.shape[1]))
-            for t in np.unique(tno):
-                at = tno == t
-                qf[at] = self._tables[t].quantiles(rec[at, 3])
+            used = np.unique(tno) if total > 64 else sorted(set(tno.tolist()))
+            if len(used) == 1:  # one service shape: no gather
+                qf = self._tables[int(used[0])].quantiles(rec[:, 3])
+            else:
+                qf = np.empty((total, self._tables[0].q.shape[1]))
+                for t in used:
+                    at = tno == t
+                    qf[at] = self._tables[t].quantiles(rec[at, 3])
         comp = (parts, rec[:, 0], base + rec[:, 1], rec[:, 2], qf)
         if total:
             stall = self._stall[pb, pi]
