@@ -146,10 +146,9 @@ _INPUT_ARRAYS = (
 
 
 def _ways(x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
-    """Sum over the last (ways) axis of (B, n, W) arrays: of ``x``, or of ``x * y``."""
-    if y is None:
-        return x.sum(axis=-1)
-    return (x * y).sum(axis=-1)
+    """Sum over the last (ways) axis of (B, n, W) arrays: of ``x``, or of ``x * y``
+    (``add.reduce`` is what ``sum`` calls, without its Python wrapper)."""
+    return np.add.reduce(x if y is None else x * y, axis=-1)
 
 
 def _workloads(x: np.ndarray) -> np.ndarray:
@@ -399,9 +398,7 @@ class Model:
         m = self.miss_ratio(held, inp.ws_s)
         m = m + self.cold_misses(m, inp, dyn)
         cpu = self._cpu(inp, m, dyn)
-        u = self._utilization(cpu, dyn.u, tol)
-        lat = self.latency(u)
-        ips, cpi = cpu.rates(lat)
+        u, lat, ips, cpi = self._utilization(cpu, dyn.u, tol)
         access = ips * cpu.apki / 1000.0
         lc = self.is_lc
         service = np.where(lc, self.ipr * cpi / self.hz + self.io_s, 0.0)
@@ -411,16 +408,24 @@ class Model:
             ips, cpi, m, access, access * m, ips * cpu.bpi, held, service, busy, rho, lat, u
         )
 
-    def _utilization(self, cpu: _Cpu, guess: np.ndarray, tol: float = 1e-6) -> np.ndarray:
+    def _utilization(self, cpu: _Cpu, guess: np.ndarray, tol: float = 1e-6) -> tuple:
         """The memory utilisation at which the workloads' demand, at the latency it causes,
-        equals it (per node)."""
+        equals it (per node), and the memory latency, instructions/s and CPI there."""
         L_of, peak, bpi = self.latency, self.peak, cpu.bpi
+        seen: dict[bytes, tuple] = {}  # u -> (latency, ips, cpi): the root is one of them
 
         def h(u: np.ndarray):
-            ips, _ = cpu.rates(L_of(u))
+            lat = L_of(u)
+            ips, cpi = cpu.rates(lat)
+            seen[u.tobytes()] = (lat, ips, cpi)
             return ((ips * bpi).sum(axis=-1) / peak - u,)
 
-        return _fixed_point(h, guess, tol)
+        u = _fixed_point(h, guess, tol)
+        got = seen.get(u.tobytes())
+        if got is None:  # a root assembled from several evaluations (nodes apart)
+            lat = L_of(u)
+            return (u, lat, *cpu.rates(lat))
+        return (u, *got)
 
     # ------------------------------------------------------------------ occupancy
 
