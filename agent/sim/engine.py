@@ -422,9 +422,13 @@ class Engine:
         """Model inputs of nodes ``rows`` (None: all) as set by the latest refresh, with the
         allocation-dependent parts (recomputed where the allocation or a phase moved)."""
         stale = self._stale if rows is None else self._stale[rows]
-        if stale.any():
+        if np.count_nonzero(stale):
             at = np.flatnonzero(self._stale) if rows is None else rows[stale]
-            m = self.model.take(at)
+            if len(at) == self.B:  # every node (a single node's apply): no gathers
+                at = slice(None)
+                m = self.model
+            else:
+                m = self.model.take(at)
             ws = self.mult[at, :, 1]
             self._hold_cap[at] = m.hold_cap(self.nways[at], ws)
             self._unmask[at] = (1.0 - self.masks[at]) * m.non_inclusive[:, None, None]
@@ -602,13 +606,17 @@ class Engine:
         k = self.nparts[mb, mi]
         parts = np.bincount(owner, weights=k, minlength=G).astype(np.int64)
         total = int(k.sum())
-        rec = np.zeros((0, 4))
-        qf = np.zeros((0, len(self._tables[0].q[0]) if self._tables else 0))
-        base = np.zeros(0)
-        if total:
-            svc = np.repeat(np.arange(len(mb)), k)
-            j = np.arange(total) - np.repeat(np.cumsum(k) - k, k)
-            pb, pi = mb[svc], mi[svc]
+        if not total:
+            rec = np.zeros((0, 4))
+            qf = np.zeros((0, len(self._tables[0].q[0]) if self._tables else 0))
+            base = np.zeros(0)
+        else:
+            if total == len(mb) and np.count_nonzero(k) == total:  # one record each
+                pb, pi, j = mb, mi, 0
+            else:
+                svc = np.repeat(np.arange(len(mb)), k)
+                j = np.arange(total) - np.repeat(np.cumsum(k) - k, k)
+                pb, pi = mb[svc], mi[svc]
             rec = self.parts[pb, pi, j]
             base = self._base[pb, pi]
             tno = self._table_no[pb, pi]

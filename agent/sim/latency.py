@@ -496,29 +496,29 @@ def observed_many(
         both[:, :4] = pooled_quantiles_many(parts[rows], weights, shifts, scales, qfuncs, _PROBS)
     else:
         both[:] = pooled_quantiles_many(parts[rows], weights, shifts, scales, qfuncs, _ALL)
-    x = both[:, :4]
     if n_plain == len(rows):
-        res = x.copy()
+        res = both[:, :4].copy()
+    elif not n_plain:  # every group noisy: no gathers
+        res = _sampled(both, counts[rows], rngs, rows)
     else:
         k = ~plain
-        every = not n_plain  # every group noisy: no gathers
-        nb = both if every else both[k]
-        slope = (nb[:, 8:] - nb[:, 4:8]) / _DPROB  # dx/dp = 1 / density
-        nrows = rows if every else rows[k]
-        sd = np.sqrt(_PVAR / counts[nrows][:, None]) * slope
-        # One sample gives all four: their errors are correlated.
-        z = np.array([rngs[g].standard_normal(5) for g in nrows.tolist()])
-        z = 0.8 * z[:, :1] + 0.6 * z[:, 1:]
-        noisy_x = np.sort(np.maximum(nb[:, :4] + sd * z, 0.0), axis=1)
-        if every:
-            res = noisy_x
-        else:
-            res = x.copy()
-            res[k] = noisy_x
+        res = both[:, :4].copy()
+        res[k] = _sampled(both[k], counts[rows[k]], rngs, rows[k])
     if n_some == len(parts):
         return res
     out[rows] = res
     return out
+
+
+def _sampled(both: np.ndarray, counts: np.ndarray, rngs: list, rows: np.ndarray) -> np.ndarray:
+    """The percentiles ``both[:, :4]`` of groups ``rows`` plus the sampling error of their
+    ``counts`` requests (``both[:, 4:]``: the quantiles either side, for the density)."""
+    slope = (both[:, 8:] - both[:, 4:8]) / _DPROB  # dx/dp = 1 / density
+    sd = np.sqrt(_PVAR / counts[:, None]) * slope
+    # One sample gives all four: their errors are correlated.
+    z = np.array([rngs[g].standard_normal(5) for g in rows.tolist()])
+    z = 0.8 * z[:, :1] + 0.6 * z[:, 1:]
+    return np.sort(np.maximum(both[:, :4] + sd * z, 0.0), axis=1)
 
 
 if __name__ == "__main__" and "--write" in sys.argv:

@@ -628,9 +628,8 @@ class Model:
                 dt = dt[keep] if np.ndim(dt) else dt
                 rows, live = rows[keep], live[keep]
             denom = rlo - rhi
-            m = np.where(
-                denom > 1e-15, (lo * -rhi + hi * rlo) / np.where(denom > 0, denom, 1.0), lo
-            )
+            # The secant point where the bracket's residuals differ (lo elsewhere).
+            m = np.divide(lo * -rhi + hi * rlo, denom, out=lo.copy(), where=denom > 1e-15)
             m = np.minimum(np.maximum(m, np.minimum(lo, hi)), np.maximum(lo, hi))
             new, eta, end = step(m, access_at(m))
             if n_live == self.B:
