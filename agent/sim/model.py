@@ -153,9 +153,12 @@ def _ways(x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
 
 def _workloads(x: np.ndarray) -> np.ndarray:
     """Sum over the workloads axis of a (B, n, W) array -> (B, 1, W). A reduction over a
-    middle axis adds the rows in order, as einsum's "bnw->bw" does (bit for bit), without
-    einsum's parsing, which costs more than the sum at a few nodes."""
-    return np.add.reduce(x, axis=1, keepdims=True)
+    middle axis adds the rows in order, as einsum's "bnw->bw" does (bit for bit): at a few
+    nodes without einsum's parsing, which costs more than the sum; on a batch by einsum,
+    whose loop is 2-4x faster than the reduction's at 256 nodes and more."""
+    if x.size <= 1024:
+        return np.add.reduce(x, axis=1, keepdims=True)
+    return np.einsum("bnw->bw", x)[:, None, :]
 
 
 def _out_rows(out: tuple | None, idx: np.ndarray) -> tuple | None:
