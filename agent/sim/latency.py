@@ -472,11 +472,10 @@ def observed_many(
     sampling error from ``rngs[g]`` (two normal draws of one sample, in group order)."""
     counts = np.asarray(counts)
     parts = np.asarray(parts)
-    out = np.full((len(parts), 4), np.nan)
     some = parts > 0
     n_some = np.count_nonzero(some)
     if not n_some:
-        return out
+        return np.full((len(parts), 4), np.nan)
     noisy = np.array([r is not None for r in rngs]) & (counts > 0) & some
     rows = np.flatnonzero(some)
     both = np.empty((len(rows), 12))
@@ -495,7 +494,7 @@ def observed_many(
     elif n_plain:
         both[:, :4] = pooled_quantiles_many(parts[rows], weights, shifts, scales, qfuncs, _PROBS)
     else:
-        both[:] = pooled_quantiles_many(parts[rows], weights, shifts, scales, qfuncs, _ALL)
+        both = pooled_quantiles_many(parts[rows], weights, shifts, scales, qfuncs, _ALL)
     if n_plain == len(rows):
         res = both[:, :4].copy()
     elif not n_plain:  # every group noisy: no gathers
@@ -506,6 +505,7 @@ def observed_many(
         res[k] = _sampled(both[k], counts[rows[k]], rngs, rows[k])
     if n_some == len(parts):
         return res
+    out = np.full((len(parts), 4), np.nan)
     out[rows] = res
     return out
 
