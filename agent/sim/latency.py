@@ -317,17 +317,16 @@ def _interp_shared(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
     return out if below is None else np.where(below, fp[:, :1], out)
 
 
-_POINTS: dict[tuple[int, int], tuple] = {}
+_POINTS: dict[int, tuple] = {}  # id(x) -> (x, its points) for the module's probabilities
 
 
 def _shared_points(x: np.ndarray, xp: np.ndarray) -> tuple:
     """What :func:`_interp_shared` needs of ``x`` and ``xp`` alone: the interval of each
     point, its width and offset, and which points sit on a knot or beyond the ends (None
-    where none does). Kept for the few fixed probability arrays it is called with."""
-    key = (id(x), id(xp))
-    got = _POINTS.get(key)
-    if got is not None and got[0] is x and got[1] is xp:
-        return got[2]
+    where none does). Kept for the observation's fixed probability arrays on P_GRID."""
+    got = _POINTS.get(id(x)) if xp is P_GRID else None
+    if got is not None and got[0] is x:
+        return got[1]
     j = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, len(xp) - 2)
     at, above, below = x == xp[j], x >= xp[-1], x < xp[0]
     parts = (
@@ -337,8 +336,8 @@ def _shared_points(x: np.ndarray, xp: np.ndarray) -> tuple:
         x - xp[j],
         *(m if m.any() else None for m in (at, above, below)),
     )
-    if len(_POINTS) < 64:
-        _POINTS[key] = (x, xp, parts)
+    if xp is P_GRID and any(x is c for c in _KEPT):
+        _POINTS[id(x)] = (x, parts)
     return parts
 
 
@@ -439,6 +438,7 @@ _HI = np.minimum(_PROBS + _DELTA, P_GRID[-1])
 _ALL = np.concatenate([_PROBS, _LO, _HI])
 _DPROB = _HI - _LO
 _PVAR = _PROBS * (1.0 - _PROBS)
+_KEPT = (_PROBS, _ALL)  # probability arrays whose interpolation points are kept
 
 
 def observed(
