@@ -154,17 +154,18 @@ def workload_allocation(
     N, G = gmask.shape
     own = group_of >= 0
     col = np.where(own, group_of, 0)
-    mask = np.where(own, np.take_along_axis(gmask, col, 1), cbm[:, None])
+    node = np.arange(N)[:, None]  # gathers by (node, column): take_along_axis's values
+    mask = np.where(own, gmask[node, col], cbm[:, None])
     bits = ((mask[..., None] >> np.arange(W)) & 1).astype(float)
     nways = np.maximum(1.0, bits.sum(axis=-1))
     max_bw = np.array([r.max_bw for r in rules])
-    mb = np.where(own, np.take_along_axis(gmb, col, 1), np.nan)
+    mb = np.where(own, gmb[node, col], np.nan)
     mb = np.where(np.isnan(mb), max_bw[:, None], mb)
     # workloads sharing each group (the default group in column G): a cap is per group
     slot = np.where(own, group_of, np.where(group_of == -1, G, G + 1))  # G + 1: padding
-    members = np.zeros((N, G + 2))
-    np.add.at(members, (np.repeat(np.arange(N), slot.shape[1]), slot.ravel()), 1.0)
-    share = np.take_along_axis(members, slot, 1)
+    flat = (node * (G + 2) + slot).ravel()
+    members = np.bincount(flat, minlength=N * (G + 2)).astype(float).reshape(N, G + 2)
+    share = members[node, slot]
     delay = np.zeros(group_of.shape)
     cap = np.full(group_of.shape, np.inf)
     modes = np.array([r.mode for r in rules])

@@ -277,6 +277,7 @@ class Engine:
         self._period[b] = {i: sum(p.duration_s for p in specs[i].phases) for i in phased}
         self._phased_mask[b, phased] = True
         self._lc_index = None  # the flat list of services is rebuilt on next use
+        self._lookups = None  # and which entries have schedules to look up
 
     def _table_index(self, table: LatencyTable) -> int:
         for k, t in enumerate(self._tables):
@@ -362,56 +363,72 @@ class Engine:
         sel = slice(None) if rows is None else rows
         tt = t[sel][:, None]
         act = ((self._start[sel] <= tt) & (tt < self._end[sel])).astype(float)
+        if self._lookups is None:  # (piecewise loads, phased workloads, any of each)
+            piecewise = (self._scale > 0) & ~self._diurnal
+            self._lookups = (
+                piecewise,
+                bool(np.count_nonzero(piecewise)),
+                bool(np.count_nonzero(self._diurnal)),
+                bool(np.count_nonzero(self._phased_mask)),
+            )
+        piecewise, any_piecewise, any_diurnal, any_phased = self._lookups
         # Piecewise loads and phases: look up only where the current interval ran out.
-        out = (tt < self._lo[sel]) | (tt >= self._hi[sel])
-        out &= self._scale[sel] > 0
-        out &= ~self._diurnal[sel]
-        for r, i in zip(*np.nonzero(out), strict=True):
-            b = r if rows is None else rows[r]
-            sched = next(s.schedule for s in self.lc[b] if s.index == i)
-            self._level[b, i], self._lo[b, i], self._hi[b, i] = sched.segment(float(t[b]))
+        if any_piecewise:
+            out = (tt < self._lo[sel]) | (tt >= self._hi[sel])
+            out &= piecewise[sel]
+            for r, i in zip(*np.nonzero(out), strict=True):
+                b = r if rows is None else rows[r]
+                sched = next(s.schedule for s in self.lc[b] if s.index == i)
+                self._level[b, i], self._lo[b, i], self._hi[b, i] = sched.segment(float(t[b]))
         level = self._level[sel]
-        dn = self._diurnal[sel]
-        if dn.any():
+        if any_diurnal:
+            dn = self._diurnal[sel]
             d = self._dparams[:, sel]
             level = np.where(dn, diurnal(d[0], d[1], d[2], d[3], tt), level)
         lam = level * self._scale[sel]
-        ph = self._phased_mask[sel] & ((tt < self._ph_lo[sel]) | (tt >= self._ph_hi[sel]))
-        phase_changed = np.zeros(len(act), dtype=bool)
-        for r, i in zip(*np.nonzero(ph), strict=True):
-            b = r if rows is None else rows[r]
-            p, k, lo, hi = self._phase_at(b, i, float(t[b]))
-            self._ph_lo[b, i], self._ph_hi[b, i] = lo, hi
-            if k != self._phase_no[b, i] or self._stale[b]:
-                self._phase_no[b, i] = k
-                self.mult[b, i] = (p.apki, p.ws, p.cpi)
-                phase_changed[r] = True
-        changed = (
-            (act != self.act[sel]).any(axis=1)
-            | (lam != self.lam[sel]).any(axis=1)
-            | phase_changed
-            | self._moved[sel]
-        )
+        phase_changed = None
+        if any_phased:
+            ph = self._phased_mask[sel] & ((tt < self._ph_lo[sel]) | (tt >= self._ph_hi[sel]))
+            phase_changed = np.zeros(len(act), dtype=bool)
+            for r, i in zip(*np.nonzero(ph), strict=True):
+                b = r if rows is None else rows[r]
+                p, k, lo, hi = self._phase_at(b, i, float(t[b]))
+                self._ph_lo[b, i], self._ph_hi[b, i] = lo, hi
+                if k != self._phase_no[b, i] or self._stale[b]:
+                    self._phase_no[b, i] = k
+                    self.mult[b, i] = (p.apki, p.ws, p.cpi)
+                    phase_changed[r] = True
+        moved = self._moved[sel]
+        act_changed = (act != self.act[sel]).any(axis=1)
+        changed = act_changed | (lam != self.lam[sel]).any(axis=1) | moved
+        if phase_changed is not None:
+            changed |= phase_changed
+            if rows is None:
+                self._stale |= phase_changed
+            else:
+                self._stale[rows[phase_changed]] = True
         self.act[sel] = act
         self.lam[sel] = lam
-        if rows is None:
-            self._stale |= phase_changed
-        else:
-            self._stale[rows[phase_changed]] = True
-        # Oversubscribed cores are shared: every thread gets cores / threads of one.
-        threads = self.model.threads[sel]
-        total = (threads * act).sum(axis=1, keepdims=True)
-        share = np.minimum(1.0, self._cores_total[sel] / np.maximum(total, 1e-9))
-        self.cores[sel] = threads * share
+        # Oversubscribed cores are shared: every thread gets cores / threads of one. They
+        # follow activity and threads (which change only at a reset, which moves the node).
+        if np.count_nonzero(act_changed) or np.count_nonzero(moved):
+            threads = self.model.threads[sel]
+            total = (threads * act).sum(axis=1, keepdims=True)
+            share = np.minimum(1.0, self._cores_total[sel] / np.maximum(total, 1e-9))
+            self.cores[sel] = threads * share
         return changed
 
     def _inputs(self, rows: np.ndarray | None) -> Inputs:
         """Model inputs of nodes ``rows`` (None: all) as set by the latest refresh, with the
         allocation-dependent parts (recomputed where the allocation or a phase moved)."""
         stale = self._stale if rows is None else self._stale[rows]
-        if stale.any():
+        if np.count_nonzero(stale):
             at = np.flatnonzero(self._stale) if rows is None else rows[stale]
-            m = self.model.take(at)
+            if len(at) == self.B:  # every node (a single node's apply): no gathers
+                at = slice(None)
+                m = self.model
+            else:
+                m = self.model.take(at)
             ws = self.mult[at, :, 1]
             self._hold_cap[at] = m.hold_cap(self.nways[at], ws)
             self._unmask[at] = (1.0 - self.masks[at]) * m.non_inclusive[:, None, None]
@@ -475,9 +492,12 @@ class Engine:
             # Settled when no way moved by a hundred-thousandth of its cache: below that,
             # the step-to-step changes are the solver's tolerance, not the workloads.
             settled = np.abs(new - occ).max(axis=(1, 2)) < self._settle_bytes[mv]
-            rates = np.stack(
-                [sol.ips, sol.busy * model.hz, sol.access_rate, sol.miss_rate, sol.mem_bw], axis=-1
-            )
+            rates = np.empty((*sol.ips.shape, COUNTERS))
+            rates[..., 0] = sol.ips
+            rates[..., 1] = sol.busy * model.hz
+            rates[..., 2] = sol.access_rate
+            rates[..., 3] = sol.miss_rate
+            rates[..., 4] = sol.mem_bw
             if every:
                 self.occ = new
                 self.dyn = Dynamics(sol.utilization, sol.rho, eta)
@@ -513,17 +533,24 @@ class Engine:
         )
         self.count[sb, si] += req
         got = req > 0
-        if not got.any():
+        n_got = np.count_nonzero(got)
+        if not n_got:
             return
-        sb, si, req = sb[got], si[got], req[got]
-        rec = np.stack([req.astype(float), mean[got], self._service[sb, si], rho[got]], axis=-1)
+        if n_got < len(got):
+            sb, si, req, mean, rho = sb[got], si[got], req[got], mean[got], rho[got]
+        rec = np.empty((len(req), 4))
+        rec[:, 0] = req
+        rec[:, 1] = mean
+        rec[:, 2] = self._service[sb, si]
+        rec[:, 3] = rho
         k = self.nparts[sb, si]
         last = self.parts[sb, si, np.maximum(k - 1, 0)]
         same = (k > 0) & (last[:, 1:] == rec[:, 1:]).all(axis=1)
-        if same.any():
+        n_same = np.count_nonzero(same)
+        if n_same:
             self.parts[sb[same], si[same], k[same] - 1, 0] += rec[same, 0]
         new = ~same
-        if new.any():
+        if n_same < len(same):
             if k[new].max() >= self.parts.shape[2]:
                 grown = np.zeros((*self.parts.shape[:2], 2 * self.parts.shape[2], 4))
                 grown[:, :, : self.parts.shape[2]] = self.parts
@@ -579,20 +606,28 @@ class Engine:
         k = self.nparts[mb, mi]
         parts = np.bincount(owner, weights=k, minlength=G).astype(np.int64)
         total = int(k.sum())
-        rec = np.zeros((0, 4))
-        qf = np.zeros((0, len(self._tables[0].q[0]) if self._tables else 0))
-        base = np.zeros(0)
-        if total:
-            svc = np.repeat(np.arange(len(mb)), k)
-            j = np.arange(total) - np.repeat(np.cumsum(k) - k, k)
-            pb, pi = mb[svc], mi[svc]
+        if not total:
+            rec = np.zeros((0, 4))
+            qf = np.zeros((0, len(self._tables[0].q[0]) if self._tables else 0))
+            base = np.zeros(0)
+        else:
+            if total == len(mb) and np.count_nonzero(k) == total:  # one record each
+                pb, pi, j = mb, mi, 0
+            else:
+                svc = np.repeat(np.arange(len(mb)), k)
+                j = np.arange(total) - np.repeat(np.cumsum(k) - k, k)
+                pb, pi = mb[svc], mi[svc]
             rec = self.parts[pb, pi, j]
             base = self._base[pb, pi]
             tno = self._table_no[pb, pi]
-            qf = np.empty((total, self._tables[0].q.shape[1]))
-            for t in np.unique(tno):
-                at = tno == t
-                qf[at] = self._tables[t].quantiles(rec[at, 3])
+            used = np.unique(tno) if total > 64 else sorted(set(tno.tolist()))
+            if len(used) == 1:  # one service shape: no gather
+                qf = self._tables[int(used[0])].quantiles(rec[:, 3])
+            else:
+                qf = np.empty((total, self._tables[0].q.shape[1]))
+                for t in used:
+                    at = tno == t
+                    qf[at] = self._tables[t].quantiles(rec[at, 3])
         comp = (parts, rec[:, 0], base + rec[:, 1], rec[:, 2], qf)
         if total:
             stall = self._stall[pb, pi]

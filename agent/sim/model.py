@@ -146,10 +146,19 @@ _INPUT_ARRAYS = (
 
 
 def _ways(x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
-    """Sum over the last (ways) axis of (B, n, W) arrays: of ``x``, or of ``x * y``."""
-    if y is None:
-        return x.sum(axis=-1)
-    return (x * y).sum(axis=-1)
+    """Sum over the last (ways) axis of (B, n, W) arrays: of ``x``, or of ``x * y``
+    (``add.reduce`` is what ``sum`` calls, without its Python wrapper)."""
+    return np.add.reduce(x if y is None else x * y, axis=-1)
+
+
+def _workloads(x: np.ndarray) -> np.ndarray:
+    """Sum over the workloads axis of a (B, n, W) array -> (B, 1, W). A reduction over a
+    middle axis adds the rows in order, as einsum's "bnw->bw" does (bit for bit): at a few
+    nodes without einsum's parsing, which costs more than the sum; on a batch by einsum,
+    whose loop is 2-4x faster than the reduction's at 256 nodes and more."""
+    if x.size <= 1024:
+        return np.add.reduce(x, axis=1, keepdims=True)
+    return np.einsum("bnw->bw", x)[:, None, :]
 
 
 def _out_rows(out: tuple | None, idx: np.ndarray) -> tuple | None:
@@ -392,9 +401,7 @@ class Model:
         m = self.miss_ratio(held, inp.ws_s)
         m = m + self.cold_misses(m, inp, dyn)
         cpu = self._cpu(inp, m, dyn)
-        u = self._utilization(cpu, dyn.u, tol)
-        lat = self.latency(u)
-        ips, cpi = cpu.rates(lat)
+        u, lat, ips, cpi = self._utilization(cpu, dyn.u, tol)
         access = ips * cpu.apki / 1000.0
         lc = self.is_lc
         service = np.where(lc, self.ipr * cpi / self.hz + self.io_s, 0.0)
@@ -404,16 +411,24 @@ class Model:
             ips, cpi, m, access, access * m, ips * cpu.bpi, held, service, busy, rho, lat, u
         )
 
-    def _utilization(self, cpu: _Cpu, guess: np.ndarray, tol: float = 1e-6) -> np.ndarray:
+    def _utilization(self, cpu: _Cpu, guess: np.ndarray, tol: float = 1e-6) -> tuple:
         """The memory utilisation at which the workloads' demand, at the latency it causes,
-        equals it (per node)."""
+        equals it (per node), and the memory latency, instructions/s and CPI there."""
         L_of, peak, bpi = self.latency, self.peak, cpu.bpi
+        seen: dict[bytes, tuple] = {}  # u -> (latency, ips, cpi): the root is one of them
 
         def h(u: np.ndarray):
-            ips, _ = cpu.rates(L_of(u))
+            lat = L_of(u)
+            ips, cpi = cpu.rates(lat)
+            seen[u.tobytes()] = (lat, ips, cpi)
             return ((ips * bpi).sum(axis=-1) / peak - u,)
 
-        return _fixed_point(h, guess, tol)
+        u = _fixed_point(h, guess, tol)
+        got = seen.get(u.tobytes())
+        if got is None:  # a root assembled from several evaluations (nodes apart)
+            lat = L_of(u)
+            return (u, lat, *cpu.rates(lat))
+        return (u, *got)
 
     # ------------------------------------------------------------------ occupancy
 
@@ -446,31 +461,31 @@ class Model:
         held_out: tuple | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`step_occupancy`, and the bytes each workload holds after it (the solver
-        needs them; this runs several times per step). Sums over workloads are einsum's
-        (faster than ``sum`` over a middle axis, and bit for bit the same: both add in
-        order); sums over ways stay ``sum``'s pairwise order, since a last-bit change there
-        moves the golden trajectories by up to 1e-4 through the solver's iterations.
+        needs them; this runs several times per step). Sums over workloads add the rows in
+        order (:func:`_workloads`); sums over ways stay ``sum``'s pairwise order, since a
+        last-bit change there moves the golden trajectories by up to 1e-4 through the
+        solver's iterations.
         ``held_out``: :meth:`_outside` of ``occ``, when the caller steps the same start
         occupancy several times."""
         wb = self.way_bytes[:, :, None]  # (B, 1, 1)
-        dt_w = dt if np.ndim(dt) == 0 else dt[..., None]  # against (B, ., W) arrays
+        dt_w = dt[..., None] if isinstance(dt, np.ndarray) and dt.ndim else dt  # vs (B, ., W)
         if inp.hold_cap is None:
             inp.hold_cap = self.hold_cap(inp.nways, inp.ws_s)
-        if hit_rate is not None and self.non_inclusive.any():
-            outside, most, lines = self._outside(occ, inp) if held_out is None else held_out
-            if most.max(initial=0.0) > LINE:
+        if hit_rate is not None and (held_out is not None or self.non_inclusive.any()):
+            outside, migrates, lines = self._outside(occ, inp) if held_out is None else held_out
+            if lines is not None:
                 share = 1.0 - np.exp(-(hit_rate / lines) * dt)
-                if most.min() <= LINE:  # per node: as the node would alone
-                    share = share * (most > LINE)[:, None]
+                if migrates is not None:  # per node: as the node would alone
+                    share = share * migrates
                 moved = outside * share[..., None]
                 occ = occ - moved
                 miss_rate = miss_rate + _ways(moved) / (LINE * dt)
         if inp.ins_per_miss is None:
             inp.ins_per_miss = inp.masks * (LINE / inp.nways)[..., None]
         ins = inp.ins_per_miss * miss_rate[..., None]  # bytes/s per (w, way)
-        rate = np.einsum("bnw->bw", ins)[:, None, :]  # (B, 1, W)
+        rate = _workloads(ins)  # (B, 1, W)
         inv = 1.0 / np.maximum(rate, 1e-30)
-        free = np.maximum(wb - np.einsum("bnw->bw", occ)[:, None, :], 0.0)
+        free = np.maximum(wb - _workloads(occ), 0.0)
         t1 = np.minimum(free * inv, dt_w)  # time to fill the free space
         ss = ins * (wb * inv)  # split by insertion rate (0 where nobody inserts)
         decay = np.exp(rate * (t1 - dt_w) / wb)  # 1 where the way never filled
@@ -484,7 +499,7 @@ class Model:
         # still holds outside the mask (a mask that shrank) are not limited by the mask.
         held_in = _ways(occ, inp.masks)
         over_in = held_in > inp.hold_cap
-        if over_in.any():
+        if np.count_nonzero(over_in):
             keep = np.where(over_in, inp.hold_cap / np.maximum(held_in, 1e-30), 1.0)
             occ = occ - occ * inp.masks * (1.0 - keep)[..., None]
         # A workload holds at most its footprint: its inserts replace its own lines in the
@@ -492,7 +507,7 @@ class Model:
         fp = self.fp * inp.ws_s
         tot = _ways(occ)
         excess = tot - fp
-        if (excess > 0).any():
+        if np.count_nonzero(excess > 0):
             inside = occ * inp.masks
             held_in = _ways(inside)
             take = np.clip(np.minimum(excess, held_in), 0.0, None)
@@ -509,17 +524,20 @@ class Model:
         return occ, eta, tot
 
     def _outside(self, occ: np.ndarray, inp: Inputs) -> tuple:
-        """(lines held outside the mask (B, n, W), their most per node, lines held (B, n)
-        or None when no node holds more than a line outside its mask): what a
-        non-inclusive LLC's migration reads of the start occupancy."""
+        """(lines held outside the mask (B, n, W), which nodes migrate any ((B, 1) bool, or
+        None when all do), lines held (B, n) or None when no node holds more than a line
+        outside its mask): what a non-inclusive LLC's migration reads of the start
+        occupancy."""
         if inp.unmask is None:
             inp.unmask = (1.0 - inp.masks) * self.non_inclusive[:, None, None]
         outside = occ * inp.unmask
         most = outside.max(axis=(1, 2))
-        lines = None
+        lines = migrates = None
         if most.max(initial=0.0) > LINE:
             lines = np.maximum(_ways(occ), LINE) / LINE
-        return outside, most, lines
+            if most.min() <= LINE:
+                migrates = (most > LINE)[:, None]
+        return outside, migrates, lines
 
     def advance(
         self,
@@ -545,7 +563,7 @@ class Model:
         their result and leave the batch once they are the majority), so a node's step is
         the same whichever nodes share its batch; ``dt`` is one step for every node or
         (nodes, 1)."""
-        ni = self.non_inclusive.any()
+        ni = bool(np.count_nonzero(self.non_inclusive))
         lat = sol.latency_ns
         model = self
         # The start occupancy is the same in every evaluation: what migrates from outside
@@ -557,7 +575,7 @@ class Model:
                 occ, inp, access * m, dt, access * (1.0 - m) if ni else None, out
             )
             end = model.miss_ratio(held, inp.ws_s)
-            if model.is_lc.any():  # idle-gap evictions at the end's eviction rates, too
+            if np.count_nonzero(model.is_lc):  # idle-gap evictions at the end's rates, too
                 end = end + model.cold_misses(end, inp, Dynamics(dyn.u, dyn.rho, eta))
             return new, eta, end
 
@@ -575,7 +593,8 @@ class Model:
         out_new, out_eta = new, eta
         ra = end - a
         live = ~(np.abs(ra).max(axis=-1) < tol)  # per node: still iterating
-        if not live.any():
+        n_live = np.count_nonzero(live)
+        if not n_live:
             return new, eta
         rows = np.arange(self.B)  # each current row's node
         if _worth_dropping(live):
@@ -587,7 +606,12 @@ class Model:
             rows, live = rows[keep], live[keep]
         b = end
         new, eta, end = step(b, access_at(b))
-        out_new[rows[live]], out_eta[rows[live]] = new[live], eta[live]
+        # Every node still iterating takes the result (the first step's rows are replaced
+        # by reference when every node is: no gather, the same numbers).
+        if n_live == self.B:
+            out_new, out_eta = new, eta
+        else:
+            out_new[rows[live]], out_eta[rows[live]] = new[live], eta[live]
         rb = end - b
         # lo: r > 0 (too few misses), hi: r < 0 (too many); the last two points bracket.
         up = ra > 0
@@ -596,7 +620,8 @@ class Model:
         side = np.zeros_like(a)
         for _ in range(iters):
             live &= ~(np.abs(end - b).max(axis=-1) < tol)
-            if not live.any():
+            n_live = np.count_nonzero(live)
+            if not n_live:
                 break
             if _worth_dropping(live):
                 keep = np.flatnonzero(live)
@@ -606,19 +631,25 @@ class Model:
                 dt = dt[keep] if np.ndim(dt) else dt
                 rows, live = rows[keep], live[keep]
             denom = rlo - rhi
-            m = np.where(
-                denom > 1e-15, (lo * -rhi + hi * rlo) / np.where(denom > 0, denom, 1.0), lo
-            )
+            # The secant point where the bracket's residuals differ (lo elsewhere).
+            m = np.divide(lo * -rhi + hi * rlo, denom, out=lo.copy(), where=denom > 1e-15)
             m = np.minimum(np.maximum(m, np.minimum(lo, hi)), np.maximum(lo, hi))
             new, eta, end = step(m, access_at(m))
-            out_new[rows[live]], out_eta[rows[live]] = new[live], eta[live]
+            if n_live == self.B:
+                out_new, out_eta = new, eta
+            else:
+                out_new[rows[live]], out_eta[rows[live]] = new[live], eta[live]
             r = end - m
             pos = r > 0
-            # Illinois: an end kept twice in a row has its residual halved.
-            rhi = np.where(pos & (side == 1), 0.5 * rhi, rhi)
-            rlo = np.where(~pos & (side == -1), 0.5 * rlo, rlo)
-            lo, rlo = np.where(pos, m, lo), np.where(pos, r, rlo)
-            hi, rhi = np.where(pos, hi, m), np.where(pos, rhi, r)
+            neg = ~pos
+            # Illinois: an end kept twice in a row has its residual halved (in place: the
+            # bracket's arrays are this loop's own).
+            np.multiply(rhi, 0.5, out=rhi, where=pos & (side == 1))
+            np.multiply(rlo, 0.5, out=rlo, where=neg & (side == -1))
+            np.copyto(lo, m, where=pos)
+            np.copyto(rlo, r, where=pos)
+            np.copyto(hi, m, where=neg)
+            np.copyto(rhi, r, where=neg)
             side = np.where(pos, 1.0, -1.0)
             b = m
         return out_new, out_eta

@@ -139,3 +139,24 @@ def test_fluid_backlog_grows_when_overloaded_and_drains_after() -> None:
     assert end == pytest.approx(0.3) and mean == pytest.approx(0.15)
     end, mean = fluid_backlog(0.3, 0.5, 1.0)  # drains at 0.5 s/s: empty after 0.6 s
     assert end == 0.0 and mean == pytest.approx(0.5 * 0.3 * 0.6)
+
+
+def test_one_component_groups_read_as_np_interp() -> None:
+    """Groups of one component each (an interval of one step) take a shortcut, with the
+    interpolation points of the probability arrays kept between calls: each row is still
+    ``shift + scale * np.interp(probs, P_GRID, q)``, for the observation's own probability
+    array and for fresh arrays of the same length with other values (whose points must
+    not be taken for the kept ones)."""
+    from agent.sim.latency import _ALL, pooled_quantiles_many
+
+    t = table_for(ServiceDist("lognormal", 0.5), 1.0)
+    q = t.quantiles(np.array([0.1, 0.5, 0.93]))
+    shifts, scales = np.array([0.0, 1e-4, 2e-3]), np.array([1e-5, 2e-5, 1e-3])
+    ones = np.ones(3, dtype=np.int64)
+    rng = np.random.default_rng(1)
+    for probs in (_ALL, np.sort(rng.random(len(_ALL))), _ALL, np.sort(rng.random(len(_ALL)))):
+        got = pooled_quantiles_many(ones, np.ones(3), shifts, scales, q, probs)
+        want = [
+            s + a * np.interp(probs, P_GRID, r) for s, a, r in zip(shifts, scales, q, strict=True)
+        ]
+        np.testing.assert_allclose(got, np.array(want), rtol=1e-14, atol=0.0)
