@@ -143,6 +143,8 @@ def test_the_go_client_talks_to_a_real_agent(go_client: Path, tmp_path: Path) ->
         half = (1 << (caps.l3.num_ways // 2)) - 1
         assert lines["apply"] == f"go-example l3_mask={half:#x}"
         assert "has_go-example=true" in lines["observe"]
+        assert lines["step"] == f"go-example l3_mask={half:#x} interval=0.100"
+        assert lines["session"] == "id=7 has_go-example=true"
         # the refused plan: the standard status with rdtune's facts, and nothing applied
         assert lines["error"] == (
             "code=InvalidArgument reason=INVALID_ALLOCATION domain=rdtune.v1 "

@@ -1,9 +1,11 @@
 // rdtune-client: a Go client of the rdtune node agent, built only from the .proto files.
 //
 // It reads the node's capabilities, creates a group, gives it half of the cache ways with
-// an all-or-nothing Apply, reads one observation, and shows how an error arrives: the
-// standard google.rpc.Status in the grpc-status-details-bin trailer, with an ErrorInfo and
-// rdtune's ErrorDetail in its details. Each step prints one line "step: facts".
+// an all-or-nothing Apply, reads one observation, takes one Step (apply, interval and
+// observe in one call) and one Step as a message on a Session stream, and shows how an
+// error arrives: the standard google.rpc.Status in the grpc-status-details-bin trailer,
+// with an ErrorInfo and rdtune's ErrorDetail in its details. Each part prints one line
+// "part: facts".
 //
 // Build (docs/AGENT.md, "Clients in other languages"):
 //
@@ -30,6 +32,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	rdtunev1 "rdtune/gen/go/rdtune/v1"
 )
@@ -136,6 +139,36 @@ func main() {
 	snap := obs.GetSnapshot()
 	_, seen := snap.GetGroups()[*group]
 	fmt.Printf("observe: t=%.3f groups=%d has_%s=%t\n", snap.GetTimestamp(), len(snap.GetGroups()), *group, seen)
+
+	// What a controller does every interval, in one round trip: Step applies the plan, lets
+	// the interval pass (the node's own time on a simulated node) and observes.
+	stepped, err := agent.Step(ctx, &rdtunev1.StepRequest{
+		Plan: plan, Interval: durationpb.New(100 * time.Millisecond),
+	})
+	if err != nil {
+		fail("step", err)
+	}
+	held = stepped.GetAllocation().GetGroups()[*group].GetDomains()[l3.GetDomains()[0]]
+	fmt.Printf("step: %s l3_mask=%#x interval=%.3f\n",
+		*group, held.GetL3Mask(), stepped.GetSnapshot().GetIntervalS())
+
+	// The same calls as messages on one long-lived Session stream: one answer per request,
+	// in order, echoing the request's id.
+	session, err := agent.Session(ctx)
+	if err != nil {
+		fail("session", err)
+	}
+	call := &rdtunev1.SessionRequest_Step{Step: &rdtunev1.StepRequest{}}
+	if err := session.Send(&rdtunev1.SessionRequest{Id: 7, Call: call}); err != nil {
+		fail("session", err)
+	}
+	answer, err := session.Recv()
+	if err != nil {
+		fail("session", err)
+	}
+	_ = session.CloseSend()
+	_, seen = answer.GetStep().GetSnapshot().GetGroups()[*group]
+	fmt.Printf("session: id=%d has_%s=%t\n", answer.GetId(), *group, seen)
 
 	// A non-contiguous mask breaks a kernel rule: the whole plan is refused.
 	perDomain[l3.GetDomains()[0]] = &rdtunev1.GroupAllocation{L3Mask: proto.Int64(0b101)}
