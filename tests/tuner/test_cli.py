@@ -21,6 +21,20 @@ def test_help_lists_every_subcommand() -> None:
         assert name in out
 
 
+def test_a_command_imports_only_its_own_module() -> None:
+    """``rdtune agent`` parses its arguments without importing the evaluation harness, the
+    trainer or the other commands' modules (a fresh process: this one imported them all)."""
+    probe = (
+        "import sys; from tuner import cli; "
+        "cli.build_parser(cli._chosen(['agent', '--listen', 'x'])).parse_args(['agent']); "
+        "print(' '.join(sorted(m for m, _ in cli.COMMANDS.values() if m in sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["agent.server.cli"]
+
+
 @pytest.mark.parametrize("name", sorted(COMMANDS) or ["(none)"])
 def test_each_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     if name == "(none)":
