@@ -432,25 +432,6 @@ class Model:
 
     # ------------------------------------------------------------------ occupancy
 
-    def step_occupancy(
-        self,
-        occ: np.ndarray,
-        inp: Inputs,
-        miss_rate: np.ndarray,
-        dt: float | np.ndarray,
-        hit_rate: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(occupancy after ``dt`` s with constant insertion, each line's eviction rate by
-        others). Free space fills first, then each inserted line evicts a line of the way
-        chosen in proportion to occupancy. ``dt`` is one step for every node or (nodes, 1).
-
-        On a non-inclusive LLC (``hit_rate`` given), a line hit outside the workload's
-        mask moves to its L2 and re-enters the LLC on L2 eviction through the current
-        mask: out-of-mask lines migrate into the mask at their hit rate.
-        """
-        occ, eta, _ = self._step_occupancy(occ, inp, miss_rate, dt, hit_rate)
-        return occ, eta
-
     def _step_occupancy(
         self,
         occ: np.ndarray,
@@ -460,13 +441,21 @@ class Model:
         hit_rate: np.ndarray | None = None,
         held_out: tuple | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`step_occupancy`, and the bytes each workload holds after it (the solver
-        needs them; this runs several times per step). Sums over workloads add the rows in
-        order (:func:`_workloads`); sums over ways stay ``sum``'s pairwise order, since a
-        last-bit change there moves the golden trajectories by up to 1e-4 through the
-        solver's iterations.
-        ``held_out``: :meth:`_outside` of ``occ``, when the caller steps the same start
-        occupancy several times."""
+        """(occupancy after ``dt`` s with constant insertion, each line's eviction rate by
+        others, the bytes each workload holds after it: the solver needs them, and this runs
+        several times per step). Free space fills first, then each inserted line evicts a
+        line of the way chosen in proportion to occupancy. ``dt`` is one step for every node
+        or (nodes, 1).
+
+        On a non-inclusive LLC (``hit_rate`` given), a line hit outside the workload's
+        mask moves to its L2 and re-enters the LLC on L2 eviction through the current
+        mask: out-of-mask lines migrate into the mask at their hit rate.
+
+        Sums over workloads add the rows in order (:func:`_workloads`); sums over ways stay
+        ``sum``'s pairwise order, since a last-bit change there moves the golden
+        trajectories by up to 1e-4 through the solver's iterations. ``held_out``:
+        :meth:`_outside` of ``occ``, when the caller steps the same start occupancy several
+        times."""
         wb = self.way_bytes[:, :, None]  # (B, 1, 1)
         dt_w = dt[..., None] if isinstance(dt, np.ndarray) and dt.ndim else dt  # vs (B, ., W)
         if inp.hold_cap is None:
