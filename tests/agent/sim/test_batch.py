@@ -64,6 +64,18 @@ def _compare(snap: Snapshot, batch: SimBatch, b: int, obs) -> None:
         np.testing.assert_allclose(obs.latency_ms[b, j], want, rtol=RTOL, equal_nan=True)
 
 
+def _observed(scns: list, first_seed: int) -> tuple[list[SimNode], SimBatch]:
+    """One SimNode per scenario and a SimBatch of the same (seeds from ``first_seed``), each
+    observed once so that the next observation covers the same interval on both."""
+    seeds = list(range(first_seed, first_seed + len(scns)))
+    nodes = [SimNode(s, seed) for s, seed in zip(scns, seeds, strict=True)]
+    batch = SimBatch(scns, seeds, max_workloads=16)
+    for node in nodes:
+        node.observe()
+    batch.observe()
+    return nodes, batch
+
+
 def _apply(batch: SimBatch, b: int, node: SimNode) -> bool:
     """Hand node ``b`` of the batch what the SimNode holds now; True when it changed."""
     alloc = node.allocation()
@@ -83,14 +95,8 @@ def _apply(batch: SimBatch, b: int, node: SimNode) -> bool:
 
 @pytest.mark.parametrize("interval", [0.1, 1.0])
 def test_batched_nodes_match_single_nodes_step_by_step(interval: float) -> None:
-    scns = _scenarios()
-    seeds = list(range(100, 100 + len(scns)))
-    nodes = [SimNode(s, seed) for s, seed in zip(scns, seeds, strict=True)]
-    batch = SimBatch(scns, seeds, max_workloads=16)
+    nodes, batch = _observed(_scenarios(), first_seed=100)
     rng = np.random.default_rng(7)
-    for node in nodes:
-        node.observe()
-    batch.observe()
     for step in range(12):
         if step % 3 == 1:
             for b, node in enumerate(nodes):
@@ -154,14 +160,8 @@ def test_too_large_a_scenario_for_the_padding_is_refused() -> None:
 
 def test_plans_applied_together_match_single_nodes_applying_them() -> None:
     """``apply_many`` (the vector env's episode baselines) is ``SimNode.apply`` per node."""
-    scns = _scenarios()[:7]
-    seeds = list(range(300, 300 + len(scns)))
-    nodes = [SimNode(s, seed) for s, seed in zip(scns, seeds, strict=True)]
-    batch = SimBatch(scns, seeds, max_workloads=16)
+    nodes, batch = _observed(_scenarios()[:7], first_seed=300)
     rng = np.random.default_rng(3)
-    for node in nodes:
-        node.observe()
-    batch.observe()
     for _ in range(4):
         plans = [_random_plan(node, rng) for node in nodes]
         rows = [b for b, plan in enumerate(plans) if plan.groups]
