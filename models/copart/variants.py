@@ -12,40 +12,37 @@ from models.copart.apps import ANY, LLC, MBA
 from models.copart.controller import CoPart
 
 
-class CoPartCatOnly(CoPart):
+class _OneResource(CoPart):
+    """CoPart trading one resource only: the other classifier's verdicts are ignored and no
+    step of the other resource moves at all (not by matching, random neighbours or
+    undoing), so it stays at CoPart's equal split."""
+
+    traded: str  # LLC or MBA
+
+    def _producer_type(self, app):
+        kind = super()._producer_type(app)
+        return self.traded if kind in (ANY, self.traded) else None
+
+    def _consumer_type(self, app):
+        kind = super()._consumer_type(app)
+        return self.traded if kind in (ANY, self.traded) else None
+
+    def _can_give(self, app, rtype: str) -> bool:
+        return rtype == self.traded and super()._can_give(app, rtype)
+
+
+class CoPartCatOnly(_OneResource):
     """CoPart's CAT-only variant: the MBA classifier's verdicts are ignored, so memory
     bandwidth stays at CoPart's equal split (as the paper's CAT-only holds it) and only
     ways are traded."""
 
     name = "copart_cat"
-
-    def _producer_type(self, app):
-        kind = super()._producer_type(app)
-        return LLC if kind in (ANY, LLC) else None
-
-    def _consumer_type(self, app):
-        kind = super()._consumer_type(app)
-        return LLC if kind in (ANY, LLC) else None
-
-    def _can_give(self, app, rtype: str) -> bool:
-        # no MBA step moves at all: not by matching, random neighbours or undoing
-        return rtype != MBA and super()._can_give(app, rtype)
+    traded = LLC
 
 
-class CoPartMbaOnly(CoPart):
+class CoPartMbaOnly(_OneResource):
     """CoPart's MBA-only variant: the LLC classifier's verdicts are ignored, so ways stay
     at the equal split and only memory bandwidth is traded."""
 
     name = "copart_mba"
-
-    def _producer_type(self, app):
-        kind = super()._producer_type(app)
-        return MBA if kind in (ANY, MBA) else None
-
-    def _consumer_type(self, app):
-        kind = super()._consumer_type(app)
-        return MBA if kind in (ANY, MBA) else None
-
-    def _can_give(self, app, rtype: str) -> bool:
-        # no way moves at all: not by matching, random neighbours or undoing
-        return rtype != LLC and super()._can_give(app, rtype)
+    traded = MBA
