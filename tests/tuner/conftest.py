@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -101,16 +102,17 @@ def start_agent_with(*args: str) -> Agent:
 class TuneRun:
     """A finished (or running) ``rdtune tune``: exit code, summary and JSON log events."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None  # None: run in this process (``tune_here``)
     stdout: str = ""
     stderr: str = ""
     events: list[dict] = field(default_factory=list)
     summary: dict | None = None
     metrics_url: str | None = None
+    code: int | None = None  # the exit status of a run in this process
 
     @property
     def returncode(self) -> int | None:
-        return self.proc.returncode
+        return self.code if self.proc is None else self.proc.returncode
 
     def finish(self, timeout: float = 60) -> TuneRun:
         try:
@@ -119,6 +121,10 @@ class TuneRun:
             self.proc.kill()  # never leave a tuner behind
             out, err = self.proc.communicate()
             pytest.fail(f"rdtune tune did not finish in {timeout} s: {err[-2000:]}")
+        return self.read(out, err)
+
+    def read(self, out: str, err: str) -> TuneRun:
+        """Take in the run's output: its JSON log events and its closing summary."""
         self.stdout += out
         self.stderr += err
         for line in self.stderr.splitlines():
@@ -138,13 +144,18 @@ class TuneRun:
         return [e for e in self.events if e.get("event") == event]
 
 
-def start_tune(address: str, controller: str, *args: str, config: dict | None = None) -> TuneRun:
-    cmd = [sys.executable, "-m", "tuner.cli", "tune", "--agent", address]
-    cmd += ["--controller", controller, "--log-json", *args]
+def tune_argv(address: str, controller: str, *args: str, config: dict | None = None) -> list:
+    """``rdtune tune``'s arguments: JSON logs, no metrics endpoint unless ``args`` ask."""
+    argv = ["tune", "--agent", address, "--controller", controller, "--log-json", *args]
     if config is not None:
-        cmd += ["--config", write_yaml(config)]
+        argv += ["--config", write_yaml(config)]
     if "--metrics-listen" not in args:
-        cmd += ["--metrics-listen", ""]
+        argv += ["--metrics-listen", ""]
+    return argv
+
+
+def start_tune(address: str, controller: str, *args: str, config: dict | None = None) -> TuneRun:
+    cmd = [sys.executable, "-m", "tuner.cli", *tune_argv(address, controller, *args, config=config)]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -159,6 +170,33 @@ def start_tune(address: str, controller: str, *args: str, config: dict | None = 
 
 def run_tune(address: str, controller: str, *args: str, config: dict | None = None) -> TuneRun:
     return start_tune(address, controller, *args, config=config).finish()
+
+
+@pytest.fixture
+def tune_here(capfd: pytest.CaptureFixture[str]):
+    """``run_tune`` with the tuner in this process: ``rdtune tune``'s ``main`` runs here and
+    drives the agent process over loopback gRPC, as the command does, without a new
+    interpreter's ~1 s of start-up and imports. Whatever the command sets for its process
+    (the SIGTERM/SIGINT handlers, the root logger's handlers and level) is put back after.
+    Tests of the process itself (signals, a kill, start-up) use ``start_tune``."""
+    from tuner.cli import main
+
+    def run(address: str, controller: str, *args: str, config: dict | None = None) -> TuneRun:
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        handlers_of = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        root.handlers = []  # as in a new process: the command adds its own stderr handler
+        capfd.readouterr()
+        try:
+            code = main(tune_argv(address, controller, *args, config=config))
+        finally:
+            for signum, handler in handlers_of.items():
+                signal.signal(signum, handler)
+            root.handlers = handlers
+            root.setLevel(level)
+        return TuneRun(None, code=code).read(*capfd.readouterr())
+
+    return run
 
 
 def assert_valid(node: RemoteNode, allocation: Allocation | None = None) -> Allocation:

@@ -1,6 +1,9 @@
-"""End to end: ``rdtune agent`` (sim backend) and ``rdtune tune`` as separate processes over
-loopback gRPC -- every registered heuristic, the SLO guard tripping on a load spike and
-recovering, the agent killed and restarted mid-run, the tuner killed or stopped cleanly."""
+"""End to end: ``rdtune agent`` (sim backend) as a process and ``rdtune tune`` over loopback
+gRPC -- every registered heuristic, the SLO guard tripping on a load spike and recovering,
+the agent killed and restarted mid-run, the tuner killed or stopped cleanly. The tuner runs
+as its own process where the process matters (signals, kills, outages, the load spike);
+elsewhere its command runs in this process (``tune_here``), talking to the agent the same
+way."""
 
 from __future__ import annotations
 
@@ -53,7 +56,9 @@ CONFIGS = {"coco": time_sharing_config, "round_robin": time_sharing_config}
 
 
 @pytest.mark.parametrize("name", catalogue.names())
-def test_each_controller_drives_a_remote_sim_node_or_is_refused(fresh, name: str) -> None:
+def test_each_controller_drives_a_remote_sim_node_or_is_refused(
+    fresh, tune_here, name: str
+) -> None:
     """Every controller ``rdtune eval`` knows, through ``rdtune tune --controller NAME``."""
     if name in CONFIGS:
         with fresh.node() as node:
@@ -61,7 +66,7 @@ def test_each_controller_drives_a_remote_sim_node_or_is_refused(fresh, name: str
     else:
         config = {"controller_options": OPTIONS.get(name, {})}
     args = ("--calibrate",) if name in CALIBRATE else ()
-    run = run_tune(
+    run = tune_here(
         fresh.address, name, "--interval", "0.1", "--intervals", "40", *args, config=config
     )
     if name in REFUSED:
@@ -83,16 +88,16 @@ def test_each_controller_drives_a_remote_sim_node_or_is_refused(fresh, name: str
 
 
 @pytest.mark.parametrize(("name", "skip"), [("static", "lc_group and ways"), ("ubik", "profiles")])
-def test_calibration_on_the_live_node_needs_consent(fresh, name: str, skip: str) -> None:
-    run = run_tune(fresh.address, name, "--intervals", "3")
+def test_calibration_on_the_live_node_needs_consent(fresh, tune_here, name, skip) -> None:
+    run = tune_here(fresh.address, name, "--intervals", "3")
     assert run.returncode == 2
     assert f"give {skip} in its options" in run.stderr and "--calibrate" in run.stderr
     with fresh.node() as node:
         assert node.now() == 0.0, "nothing ran on the node"
 
 
-def test_unknown_controller_is_refused_with_the_choices(fresh) -> None:
-    run = run_tune(fresh.address, "no-such-heuristic", "--intervals", "1")
+def test_unknown_controller_is_refused_with_the_choices(fresh, tune_here) -> None:
+    run = tune_here(fresh.address, "no-such-heuristic", "--intervals", "1")
     assert run.returncode == 2
     assert "unknown controller 'no-such-heuristic'" in run.stderr
     assert "eq" in run.stderr
@@ -165,8 +170,8 @@ def test_agent_killed_and_restarted_mid_run(spike_file: str) -> None:
     assert tune.summary["intervals"] > before, "interval count carried on across the outage"
 
 
-def test_invalid_plans_are_dropped_and_counted(fresh) -> None:
-    run = run_tune(
+def test_invalid_plans_are_dropped_and_counted(fresh, tune_here) -> None:
+    run = tune_here(
         fresh.address, "import:tests.tuner.controllers:Broken", "--interval", "0.1",
         "--intervals", "10",
     )  # fmt: skip
@@ -181,11 +186,11 @@ def test_invalid_plans_are_dropped_and_counted(fresh) -> None:
 
 
 @pytest.mark.parametrize("restore", [True, False])
-def test_clean_shutdown_restores_the_baseline_when_asked(fresh, restore: bool) -> None:
+def test_clean_shutdown_restores_the_baseline_when_asked(fresh, tune_here, restore) -> None:
     with fresh.node() as node:
         baseline = node.allocation()
     args = ["--interval", "0.1", "--intervals", "5"] + (["--restore-baseline"] if restore else [])
-    run = run_tune(fresh.address, "eq", *args)
+    run = tune_here(fresh.address, "eq", *args)
     assert run.returncode == 0, run.stderr
     with fresh.node() as node:
         after = assert_valid(node)

@@ -16,7 +16,7 @@ from agent.sim import SimNode
 from models.card import ModelCard, PolicyError, TrainedOn, find_card
 from models.features import ENCODER_VERSION
 from models.policy import DEFAULT_POLICY
-from tests.tuner.conftest import ROOT, run_tune
+from tests.tuner.conftest import ROOT
 
 BUNDLED = ModelCard.read(DEFAULT_POLICY) if (DEFAULT_POLICY / "model_card.json").is_file() else None
 pytestmark = pytest.mark.skipif(BUNDLED is None, reason="no bundled policy to derive cards from")
@@ -103,17 +103,17 @@ def test_card_is_found_beside_the_onnx_file(tmp_path) -> None:
         (None, "no model card"),
     ],
 )
-def test_tune_refuses_a_mismatched_policy(fresh, tmp_path, data, message: str) -> None:
+def test_tune_refuses_a_mismatched_policy(fresh, tune_here, tmp_path, data, message) -> None:
     path = export(tmp_path, data)
-    run = run_tune(fresh.address, f"policy:{path}", "--intervals", "3")
+    run = tune_here(fresh.address, f"policy:{path}", "--intervals", "3")
     assert run.returncode == 2, run.stdout
     assert message in run.stderr
     assert run.summary["intervals"] == 0, "no interval ran with a refused policy"
 
 
-def test_tune_refuses_a_matching_card_whose_model_cannot_load(fresh, tmp_path) -> None:
+def test_tune_refuses_a_matching_card_whose_model_cannot_load(fresh, tune_here, tmp_path):
     path = export(tmp_path, card())  # the card fits; policy.onnx is garbage
-    run = run_tune(fresh.address, f"policy:{path}", "--intervals", "3")
+    run = tune_here(fresh.address, f"policy:{path}", "--intervals", "3")
     assert run.returncode == 2
     assert f"controller 'policy:{path}': {path}" in run.stderr
     assert run.summary["intervals"] == 0
@@ -132,8 +132,8 @@ EXPORT = os.environ.get("RDTUNE_TEST_POLICY") or (
     reason="needs an exported policy: models/policies/default, or RDTUNE_TEST_POLICY set to an "
     "'rdtune export' directory",
 )
-def test_tune_runs_an_exported_policy(fresh) -> None:
-    run = run_tune(fresh.address, f"policy:{EXPORT}", "--interval", "0.1", "--intervals", "30")
+def test_tune_runs_an_exported_policy(fresh, tune_here) -> None:
+    run = tune_here(fresh.address, f"policy:{EXPORT}", "--interval", "0.1", "--intervals", "30")
     assert run.returncode == 0, run.stderr
     assert run.summary["intervals"] == 30
     assert not run.of("dropped")

@@ -8,7 +8,7 @@ import sys
 
 from prometheus_client import start_http_server
 
-from tests.tuner.conftest import ROOT, run_tune
+from tests.tuner.conftest import ROOT
 from tuner.metrics import TunerMetrics
 from tuner.status import ways_bar
 
@@ -30,8 +30,8 @@ def status(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_status_prints_the_live_allocation_and_tuner_metrics(fresh) -> None:
-    run = run_tune(fresh.address, "eq", "--interval", "0.1", "--intervals", "5")
+def test_status_prints_the_live_allocation_and_tuner_metrics(fresh, tune_here) -> None:
+    run = tune_here(fresh.address, "eq", "--interval", "0.1", "--intervals", "5")
     assert run.returncode == 0, run.stderr
     metrics = TunerMetrics()
     metrics.intervals.inc(7)
