@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from agent.sim.catalog import DATA_DIR, Catalog, default_catalog
+from agent.sim.catalog import DATA_DIR, Catalog, SafeLoader, default_catalog
 from agent.sim.node import SimNode
 from agent.sim.scenario import LoadProfile, Scenario, WorkloadInstance
 from agent.types import AllocationPlan, GroupAllocation, contiguous_mask
@@ -91,7 +91,7 @@ class Fact:
 
 
 def load_facts(path: Path = FACTS_FILE) -> list[Fact]:
-    data = yaml.safe_load(path.read_text())
+    data = yaml.load(path.read_text(), Loader=SafeLoader)
     out = []
     for fid, e in data.items():
         if e.get("set") not in ("calibration", "validation"):
