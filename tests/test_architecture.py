@@ -8,6 +8,11 @@ import ast
 import functools
 from pathlib import Path
 
+import pytest
+
+# One worker parses the project once for all three tests (see _tree).
+pytestmark = pytest.mark.xdist_group("architecture")
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("proto", "agent", "models", "envs", "eval", "training", "tuner")
 # What each package may import from the others (the layers below it; the top layer's
@@ -43,9 +48,14 @@ def _resolve(name: str) -> str | None:
     return name or None
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path) -> set[str]:
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             found.update(filter(None, (_resolve(a.name) for a in node.names)))
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -190,7 +200,7 @@ def _long() -> dict[str, int]:
     out = {}
     for path in MODULES.values():
         rel = path.relative_to(ROOT).as_posix()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ClassDef):
                 limit = MAX_CLASS
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
