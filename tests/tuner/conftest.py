@@ -199,6 +199,20 @@ def tune_here(capfd: pytest.CaptureFixture[str]):
     return run
 
 
+def rdtune_here(capfd: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
+    """``rdtune ARGS`` by its ``main`` in this process, without a new interpreter's start-up:
+    the exit status (argparse's too) and what the command wrote to stdout and stderr."""
+    from tuner.cli import main
+
+    capfd.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse refusing an argument
+        code = exc.code
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["rdtune", *args], code, out, err)
+
+
 def assert_valid(node: RemoteNode, allocation: Allocation | None = None) -> Allocation:
     """The node's allocation passes the kernel's rules (as a plan over itself)."""
     allocation = allocation or node.allocation()

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.tuner.conftest import rdtune_here
 from tuner.cli import COMMANDS, build_parser
 
 
@@ -66,20 +67,6 @@ def rdtune(*args: str, **kw) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=120,
         **kw,
     )  # fmt: skip
-
-
-def rdtune_here(capfd: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
-    """``rdtune ARGS`` by its ``main`` in this process, without a new interpreter's start-up:
-    the exit status (argparse's too) and what the command wrote to stdout and stderr."""
-    from tuner.cli import main
-
-    capfd.readouterr()
-    try:
-        code = main(list(args))
-    except SystemExit as exc:  # argparse refusing an argument
-        code = exc.code
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(["rdtune", *args], code, out, err)
 
 
 def assert_one_line(done: subprocess.CompletedProcess, *needles: str) -> None:

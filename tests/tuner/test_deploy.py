@@ -17,7 +17,7 @@ import yaml
 from agent.server.config import load_yaml as load_agent_yaml
 from tests.certs import make_certs
 from tests.tools import promtool, require_tool
-from tests.tuner.conftest import ROOT
+from tests.tuner.conftest import ROOT, rdtune_here
 from tuner.cli import build_parser
 from tuner.config import load_yaml as load_tuner_yaml
 
@@ -150,7 +150,7 @@ def _rdtune(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_what_a_pod_without_its_config_map_or_secrets_says(tmp_path) -> None:
+def test_what_a_pod_without_its_config_map_or_secrets_says(tmp_path, capfd) -> None:
     """The containers' own command lines, as in the DaemonSet, with what is missing."""
     docs, _, containers = _manifest()
     args = {name: list(c["args"]) for name, c in containers.items()}
@@ -174,7 +174,9 @@ def test_what_a_pod_without_its_config_map_or_secrets_says(tmp_path) -> None:
     empty = [a.replace(str(tmp_path / "policies"), str(tmp_path / "empty")) for a in tuner_args]
     cases.append((empty, "no exported policy there"))
     for argv, needle in cases:
-        done = _rdtune(*argv)
+        # the tuner's command in this process; the agent's as its own (a config that let
+        # it start would serve forever)
+        done = _rdtune(*argv) if argv[0] == "agent" else rdtune_here(capfd, *argv)
         err = done.stderr.strip()
         assert done.returncode != 0 and len(err.splitlines()) == 1, (argv, err)
         assert needle in err and "Traceback" not in err, (argv, err)
