@@ -26,6 +26,9 @@ from tests.agent.emulator.pqos import Pqos, finish, host_vendor, pqos_command
 from tests.emulated_resctrl import Emulated, emulated_resctrl
 
 NO_PERF = ("--disable-mon-ipc", "--disable-mon-llc_miss")
+# A monitoring run: a read every 0.5 s (-i 5) for 1 s (-t 1), so two or three reads; the
+# tests look at the groups while it runs and at the reads it printed, not at how long it ran.
+MONITOR_FOR = ("-i", "5", "-t", "1")
 
 
 @pytest.fixture
@@ -161,7 +164,7 @@ def test_core_monitoring(pqos: Pqos) -> None:
     emu = pqos.emu
     pqos.run("-d")
     pqos.run("-a", "llc:1=0-1")
-    proc = pqos.start("-m", "llc:[0-1];mbl:6", *NO_PERF, "-i", "5", "-t", "2")
+    proc = pqos.start("-m", "llc:[0-1];mbl:6", *NO_PERF, *MONITOR_FOR)
     try:
 
         def grouped() -> bool:
@@ -190,7 +193,7 @@ def test_pid_monitoring_of_every_thread(pqos: Pqos, threaded: int) -> None:
     pqos.run("-d")
     pqos.run("-a", f"pid:2={threaded}")  # the main thread only: the others stay in COS0
     assert tasks(emu, "COS2") == {threaded} and others <= tasks(emu, "")
-    proc = pqos.start("-p", f"llc:{threaded}", *NO_PERF, "-i", "5", "-t", "2")
+    proc = pqos.start("-p", f"llc:{threaded}", *NO_PERF, *MONITOR_FOR)
     try:
 
         def monitored() -> bool:
