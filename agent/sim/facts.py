@@ -179,10 +179,22 @@ def max_load(
 # --------------------------------------------------------------------------- probes
 
 
+# Probes are deterministic (noise-free steady states), and several facts read the same
+# measurement (references and misses of one run; IPC, MPKI, bandwidth and retained load at
+# one max load; worst slowdown and CoV over the same co-runners): each is made once.
+
+
+@functools.cache
+def _solo_rates(workload: str, machine: str) -> tuple[float, float]:
+    """LLC (references, misses) per second of ``workload`` alone at full resources."""
+    node = solo_node(workload, machine)
+    truth = node.steady_state()[workload].workloads[workload]
+    return truth.llc_references_per_s, truth.llc_misses_per_s
+
+
 def _rate(p) -> float:
-    node = solo_node(p["workload"], p.get("machine", "gold6130"))
-    truth = node.steady_state()[p["workload"]].workloads[p["workload"]]
-    return truth.llc_references_per_s if p["quantity"] == "references" else truth.llc_misses_per_s
+    refs, misses = _solo_rates(p["workload"], p.get("machine", "gold6130"))
+    return refs if p["quantity"] == "references" else misses
 
 
 @functools.cache
@@ -266,10 +278,16 @@ def _tail_growth(p) -> float:
     return p["slowdown"] * slow / base
 
 
+@functools.cache
+def _solo_max_load(name: str, machine: str, threads: int | None) -> float:
+    """:func:`max_load` of LC service ``name`` alone (its SLO target)."""
+    return max_load(solo_node(name, machine, threads, load=0.5), name)
+
+
 def _at_max_load(p) -> float:
     name = p["workload"]
     node = solo_node(name, p["machine"], p.get("threads"), load=0.5)
-    rate = max_load(node, name)
+    rate = _solo_max_load(name, p["machine"], p.get("threads"))
     if p["quantity"] == "max_load":
         return rate
     w = node.steady_state(None, {name: rate})[name].workloads[name]
@@ -296,7 +314,7 @@ def _retained_load(p) -> float:
     cat = default_catalog()
     lc, machine = p["workload"], p["machine"]
     alone = solo_node(lc, machine, p.get("threads"), load=0.5)
-    base = max_load(alone, lc)
+    base = _solo_max_load(lc, machine, p.get("threads"))
     intf = p["interferer"]
     scn = Scenario(
         f"{lc}-with-{intf['workload']}",
@@ -323,9 +341,17 @@ def _retained_load(p) -> float:
 
 
 def _corunner_runs(p, reserved: bool) -> dict[str, float]:
+    return dict(_corunner_slowdowns(p["workload"], p["machine"], p["corunner_threads"], reserved))
+
+
+@functools.cache
+def _corunner_slowdowns(
+    victim: str, machine: str, copies: int, reserved: bool
+) -> tuple[tuple[str, float], ...]:
+    """(co-runner, slowdown of ``victim`` next to ``copies`` of it) for every other batch
+    workload, sharing the LLC or with half the ways reserved for each side."""
     cat = default_catalog()
     out = {}
-    victim, machine, copies = p["workload"], p["machine"], p["corunner_threads"]
     for name, spec in cat.workloads.items():
         if spec.kind != "batch" or name == victim:
             continue
@@ -348,7 +374,7 @@ def _corunner_runs(p, reserved: bool) -> dict[str, float]:
                 }
             )
         out[name] = node.steady_state(plan)[victim].workloads[victim].slowdown
-    return out
+    return tuple(out.items())
 
 
 def _corunner_slowdown(p) -> float:
