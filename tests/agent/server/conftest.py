@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,20 @@ def remote(server: AgentServer, **kwargs) -> Iterator[RemoteNode]:
         yield client
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def earlier_objects_frozen() -> Iterator[None]:
+    """Collect garbage once, then keep every object alive now out of the ``gc.collect()``
+    calls inside the block (``gc.freeze``): those collect what the block made, as before,
+    without scanning what earlier tests left in the worker (torch, Ray, ...: 0.2-0.5 s a
+    full collection there)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @pytest.fixture(params=["tcp", "unix"])

@@ -23,7 +23,7 @@ from agent.server.service import NodeAgentServicer
 from agent.types import SLO, AllocationPlan, GroupAllocation, GroupKind, GroupSpec
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
-from tests.agent.server.conftest import remote, serve
+from tests.agent.server.conftest import earlier_objects_frozen, remote, serve
 from tests.agent.server.refnode import RefNode
 
 pytestmark = pytest.mark.timeout(60)
@@ -425,18 +425,18 @@ def test_a_late_deadline_after_the_answer_changes_nothing() -> None:
 def test_a_client_dropped_without_close_leaves_nothing_behind() -> None:
     with serve(RefNode()) as server:
         RemoteNode(server.address, timeout=5.0).observe()  # grpc.aio's own thread started
-        gc.collect()
-        threads = threading.active_count()
-        loops = []
-        for _ in range(3):
-            client = RemoteNode(server.address, timeout=5.0)
-            client.observe()
-            loops.append(client._link.loop)
-            del client
-            gc.collect()
-        assert all(loop.is_closed() for loop in loops), "each session's loop was closed"
-        assert _wait_for(lambda: not server.host._sessions)
-        assert _wait_for(lambda: threading.active_count() <= threads)
+        with earlier_objects_frozen():  # collected garbage, then only this test's is scanned
+            threads = threading.active_count()
+            loops = []
+            for _ in range(3):
+                client = RemoteNode(server.address, timeout=5.0)
+                client.observe()
+                loops.append(client._link.loop)
+                del client
+                gc.collect()
+            assert all(loop.is_closed() for loop in loops), "each session's loop was closed"
+            assert _wait_for(lambda: not server.host._sessions)
+            assert _wait_for(lambda: threading.active_count() <= threads)
 
 
 # --------------------------------------------------------------------------- shutdown
