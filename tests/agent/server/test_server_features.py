@@ -337,7 +337,8 @@ def test_scraper_deltas_and_counter_reset() -> None:
 def test_scraped_histogram_feeds_observe() -> None:
     _Exporter.body = _exposition({"0.001": 0, "0.005": 0, "+Inf": 0})
     http = ThreadingHTTPServer(("127.0.0.1", 0), _Exporter)
-    threading.Thread(target=http.serve_forever, daemon=True).start()
+    # polled every 20 ms: shutdown() below returns at once instead of within 0.5 s
+    threading.Thread(target=http.serve_forever, args=(0.02,), daemon=True).start()
     node = RefNode()
     target = ScrapeTarget(f"http://127.0.0.1:{http.server_port}/metrics", "req_seconds")
     try:
