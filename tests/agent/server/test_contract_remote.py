@@ -59,13 +59,27 @@ def emulated(request):
         yield emu, transport
 
 
+@pytest.fixture(scope="module")
+def tasks():
+    """Two real tasks for the ResctrlNode tests to move, shared by the module: each test
+    moves them only within its own freshly mounted emulator and never ends them."""
+    import subprocess
+
+    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 class TestRemoteResctrlNode(NodeContract):
     """ResctrlNode on the FUSE resctrl emulator, built the way ``rdtune agent --backend
     resctrl --root PATH`` builds it."""
 
     @pytest.fixture
-    def harness(self, emulated):
-        import subprocess
+    def harness(self, emulated, tasks):
         import time
 
         from agent.server.app import make_node
@@ -74,14 +88,8 @@ class TestRemoteResctrlNode(NodeContract):
 
         emu, transport = emulated
         node = make_node(AgentConfig(backend="resctrl", root=emu.root, state_dir=emu.state_dir))
-        procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
-        try:
-            with serve(node, unix=transport == "unix") as server, remote(server) as client:
-                yield NodeHarness(client, [p.pid for p in procs], unknown_pid(), time.sleep)
-        finally:
-            for p in procs:
-                p.kill()
-                p.wait()
+        with serve(node, unix=transport == "unix") as server, remote(server) as client:
+            yield NodeHarness(client, tasks, unknown_pid(), time.sleep)
 
     def test_simulation_is_failed_precondition(self, node) -> None:
         from agent.errors import Unsupported
