@@ -75,6 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", metavar="DIR", help="report directory (default: runs/eval/SUITE)")
     parser.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="write the report's tables and results.json without its PNG plots (quicker)",
+    )
+    parser.add_argument(
         "--rerender",
         metavar="DIR",
         help="rewrite the report in DIR from its results.json (no runs)",
@@ -175,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
             command=command,
             machine=machine(),
             reference=reference,
+            plots=not args.no_plots,
         )
     except ValueError as exc:  # an unknown --paired-with
         print(f"rdtune eval: {exc}", file=sys.stderr)

@@ -536,25 +536,28 @@ def write_report(
     machine: str = "",
     timelines: int = 2,
     reference: str | None = None,
+    plots: bool = True,
 ) -> Report:
-    """Write ``report.md``, the PNGs and ``results.json`` into ``out_dir``; ``reference``:
-    the controller of the paired table (default: :func:`default_reference`)."""
+    """Write ``report.md``, the PNGs (unless not ``plots``) and ``results.json`` into
+    ``out_dir``; ``reference``: the controller of the paired table (default:
+    :func:`default_reference`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots: list[Path] = []
-    for fn, name in (
-        (plot_tail_vs_ways, "tail_vs_ways.png"),
-        (plot_unfairness, "unfairness.png"),
-        (plot_tradeoff, "tradeoff.png"),
-    ):
+    scenarios = _order([r.scenario for r in results])
+    figures = (
+        [(plot_tail_vs_ways, "tail_vs_ways.png"), (plot_unfairness, "unfairness.png"),
+         (plot_tradeoff, "tradeoff.png")]
+        if plots else []
+    )  # fmt: skip
+    made: list[Path] = []
+    for fn, name in figures:
         p = fn(results, out / name)
         if p is not None:
-            plots.append(p)
-    scenarios = _order([r.scenario for r in results])
-    for scn in scenarios[:timelines]:
+            made.append(p)
+    for scn in scenarios[:timelines] if plots else []:
         p = plot_timeline(results, scn, out / f"timeline_{_slug(scn)}.png")
         if p is not None:
-            plots.append(p)
+            made.append(p)
     lines = [f"# {title}", ""]
     if description:
         lines += [description, ""]
@@ -621,9 +624,9 @@ def write_report(
         lines += ["## Failed runs", ""]
         lines += [f"- {r.controller} on {r.scenario}, seed {r.seed}: {r.error}" for r in errors]
         lines.append("")
-    if plots:
+    if made:
         lines += ["## Plots", ""]
-        lines += [f"![{p.stem}]({p.name})" for p in plots]
+        lines += [f"![{p.stem}]({p.name})" for p in made]
         lines.append("")
     md = out / "report.md"
     md.write_text("\n".join(lines))
@@ -634,4 +637,4 @@ def write_report(
         "infeasible": [{"scenario": s, "seed": seed, "why": n} for s, seed, n in bad],
     }
     rj.write_text(json.dumps(_clean(data), indent=1, allow_nan=False, default=str))
-    return Report(md, plots, rj)
+    return Report(md, made, rj)

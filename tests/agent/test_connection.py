@@ -72,7 +72,8 @@ def run_client(command: str, server, certs, tmp: Path) -> list[str]:
         "trace record": ["trace", "record", "--duration", "0.3", "--quiet", "--out",
                          str(tmp / "t.parquet")],
         "eval": ["eval", "--suite", "smoke", "--controllers", "eq", "--seeds", "1",
-                 "--seconds", "0.5", "--out", str(tmp / "eval"), "--ray-address", "none"],
+                 "--seconds", "0.5", "--out", str(tmp / "eval"), "--ray-address", "none",
+                 "--no-plots"],
     }[command]  # fmt: skip
 
 

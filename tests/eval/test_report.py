@@ -84,6 +84,14 @@ def test_report_writes_markdown_plots_and_json(tmp_path: Path) -> None:
         assert f"]({p.name})" in md
     data = json.loads(rep.results_json.read_text())["runs"]
     assert len(data) == len(results) and data[0]["metrics"]["tail_latency_ms"] == 0.5
+    # without plots (eval --no-plots): the same report less its plot section, no PNG
+    bare = write_report(
+        results, tmp_path / "bare", title="T", command="rdtune eval --suite t", machine="m",
+        plots=False,
+    )  # fmt: skip
+    assert bare.plots == [] and not list((tmp_path / "bare").glob("*.png"))
+    assert bare.markdown.read_text().rstrip() == md.partition("## Plots")[0].rstrip()
+    assert bare.results_json.read_text() == rep.results_json.read_text()
 
 
 def test_non_finite_metrics_become_null_in_json(tmp_path: Path) -> None:
