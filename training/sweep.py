@@ -11,7 +11,8 @@ register on import) and builds envs from the id and kwargs.
 
 All trials land in one experiment folder, ``<output_dir>-sweep/`` (Ray's own files and a
 folder per trial holding a normal run directory: checkpoints, TensorBoard, eval.json),
-with ``sweep.json`` summarising every trial. Ray limits each worker's threads
+with ``sweep.json`` summarising every trial. A trial that starts when another has ended
+runs in that trial's worker (Tune's ``reuse_actors``). Ray limits each worker's threads
 (``OMP_NUM_THREADS``); trials also pin torch to ``torch_threads``.
 
 :func:`parallel_rollouts` evaluates controllers on the held-out family as Ray tasks, one
@@ -126,7 +127,10 @@ def _trainable(config: dict[str, Any]) -> None:
     from ray import tune  # an optional dependency: only sweeps need it
 
     overrides = dict(config["overrides"])
-    overrides["output_dir"] = str(Path(tune.get_context().get_trial_dir()) / "run")
+    # the trial's folder (trial_dirname_creator), named here rather than asked of
+    # tune.get_context(): in a reused worker Ray 2.60 answers with its scratch directory
+    trial_dir = Path(config["experiment_dir"]) / trial_name(config["overrides"])
+    overrides["output_dir"] = str(trial_dir / "run")
     overrides["progress_bar"] = False
     cfg = TrainConfig.parse(config["base"]).with_overrides(overrides)
 
@@ -186,10 +190,16 @@ def run_sweep(
             tune.with_resources(_trainable, {"cpu": cpus_per_trial}),
             param_space={
                 "base": cfg.to_dict(),
+                "experiment_dir": str(experiment / name),
                 "overrides": tune.grid_search(trials),
             },
             tune_config=tune.TuneConfig(
                 max_concurrent_trials=max_concurrent or None,
+                # a trial that finds its worker free takes it over instead of a fresh one:
+                # a new worker imports torch, SB3 and rdtune again (~6 s of CPU) before
+                # training; train() seeds and builds everything per trial, so nothing of the
+                # previous trial carries over
+                reuse_actors=True,
                 trial_dirname_creator=lambda t: trial_name(t.config["overrides"]),
             ),
             run_config=tune.RunConfig(name=name, storage_path=str(experiment), verbose=0),

@@ -57,7 +57,9 @@ def test_ray_local_sweep_and_parallel_rollouts(tmp_path, ray_local):
     from training.sweep import parallel_rollouts, run_sweep
 
     cfg = tiny_config(tmp_path / "tiny", total_timesteps=64)
-    result = run_sweep(cfg, {"seed": [0, 1]})
+    # one trial at a time: the second runs in the first one's worker (reuse_actors), which
+    # spares a worker start (Ray, torch, SB3: ~10 s of CPU); both are still Tune trials
+    result = run_sweep(cfg, {"seed": [0, 1]}, max_concurrent=1)
     assert ray.is_initialized()  # a Ray the caller started is left running
     rollouts = parallel_rollouts(cfg.eval_kwargs(), ["eq", "unpartitioned"], episodes=2, seed=5)
     # one experiment folder, one run directory per trial, a summary
