@@ -1,14 +1,28 @@
 """Tiny training runs shared by the trainer, export, sweep and policy-runtime tests.
 
 Import the fixtures into a test module (``from tests.training.tiny_runs import tiny_run``);
-session-scoped, so each tiny run trains once per test session.
+session-scoped, so each tiny run trains once per test session. Once per process, that is:
+pytest keeps one cache per module a fixture is imported into (tests/models/test_policy.py,
+test_export.py and test_train.py each import ``tiny_run``), so the runs are kept here
+(``_once``) and every module's copy of a fixture returns the same run.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+
+_BUILT: dict[str, Any] = {}  # fixture name -> what it built, in this process
+
+
+def _once(name: str, build: Callable[[], Any]) -> Any:
+    if name not in _BUILT:
+        _BUILT[name] = build()
+    return _BUILT[name]
+
 
 # A run of a few seconds: 8-step episodes at a coarse simulator step, a small network.
 TINY: dict = {
@@ -58,7 +72,7 @@ def _train(tmp_path_factory, name: str, **overrides):
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A tiny MaskablePPO run (TrainResult)."""
-    return _train(tmp_path_factory, "maskable")
+    return _once("tiny_run", lambda: _train(tmp_path_factory, "maskable"))
 
 
 SLOT_POLICY = {
@@ -72,7 +86,10 @@ SLOT_POLICY = {
 @pytest.fixture(scope="session")
 def tiny_ppo_run(tmp_path_factory):
     """A tiny plain-PPO run with the shared per-slot head (TrainResult)."""
-    return _train(tmp_path_factory, "ppo", algorithm="PPO", policy=SLOT_POLICY)
+    return _once(
+        "tiny_ppo_run",
+        lambda: _train(tmp_path_factory, "ppo", algorithm="PPO", policy=SLOT_POLICY),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +97,9 @@ def tiny_export(tiny_run, tmp_path_factory):
     """The tiny MaskablePPO run exported (directory with policy.onnx + model_card.json)."""
     from training.export import export_run
 
-    out = tmp_path_factory.mktemp("export")
-    export_run(tiny_run.run_dir, out, parity_observations=64)
-    return out
+    def build():
+        out = tmp_path_factory.mktemp("export")
+        export_run(tiny_run.run_dir, out, parity_observations=64)
+        return out
+
+    return _once("tiny_export", build)
