@@ -75,9 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", metavar="DIR", help="report directory (default: runs/eval/SUITE)")
     parser.add_argument(
-        "--no-plots",
-        action="store_true",
-        help="write the report's tables and results.json without its PNG plots (quicker)",
+        "--no-plots", action="store_true", help="write the report without its PNG plots (quicker)"
     )
     parser.add_argument(
         "--rerender",
