@@ -78,6 +78,7 @@ def test_agent_run_on_loopback(agent_address: str, tmp_path: Path) -> None:
         agent_address,
         "--out",
         str(tmp_path),
+        "--no-plots",  # the report's plots: test_smoke_suite_serial
     ]
     assert main(args) == 0
     _, runs = _report(tmp_path)
