@@ -127,3 +127,15 @@ def emulated_resctrl(preset: str = "intel-20way", **overrides) -> Iterator[Emula
         thread.join(10)
         if not os.path.ismount(mountpoint):
             shutil.rmtree(base, ignore_errors=True)
+
+
+@contextmanager
+def sleeping_tasks(n: int) -> Iterator[list[int]]:
+    """``n`` real tasks (``sleep``) for a test to move between groups; killed on exit."""
+    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(n)]
+    try:
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -5,7 +5,6 @@ in resctrl, the restarted agent adopts its groups, the tuner reconnects and noth
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 import time
 
@@ -26,13 +25,10 @@ def emu():
 
 @pytest.fixture
 def tasks():
-    procs = [subprocess.Popen(["sleep", "120"]) for _ in range(3)]
-    try:
-        yield [p.pid for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    from tests.emulated_resctrl import sleeping_tasks
+
+    with sleeping_tasks(3) as pids:
+        yield pids
 
 
 def test_resctrl_agent_killed_and_restarted_loses_nothing(emu, tasks) -> None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from agent.resctrl import ResctrlNode
-from tests.emulated_resctrl import PRESET_NAMES, Emulated, emulated_resctrl
+from tests.emulated_resctrl import PRESET_NAMES, Emulated, emulated_resctrl, sleeping_tasks
 
 
 def unknown_pid() -> int:
@@ -30,13 +29,8 @@ def children() -> Iterator[list[int]]:
     tests: a test moves them only within its own emulated mount (each test mounts a fresh
     one) and never ends them, so one test leaves nothing for the next; starting three per
     test cost ~5 ms each of the ~190 contract tests."""
-    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]
-    try:
-        yield [p.pid for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    with sleeping_tasks(3) as pids:
+        yield pids
 
 
 @pytest.fixture(params=PRESET_NAMES)

@@ -63,15 +63,10 @@ def emulated(request):
 def tasks():
     """Two real tasks for the ResctrlNode tests to move, shared by the module: each test
     moves them only within its own freshly mounted emulator and never ends them."""
-    import subprocess
+    from tests.emulated_resctrl import sleeping_tasks
 
-    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
-    try:
-        yield [p.pid for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    with sleeping_tasks(2) as pids:
+        yield pids
 
 
 class TestRemoteResctrlNode(NodeContract):
