@@ -1,5 +1,7 @@
 """Real processes for the tuner's end-to-end tests: ``rdtune agent`` (sim backend) and
-``rdtune tune`` started as separate processes talking gRPC over loopback."""
+``rdtune tune`` started as separate processes talking gRPC over loopback, or the command's
+``main`` run in the test process against the agent's (``tune_here``, ``rdtune_here``)
+where the tuner's process itself is not what a test checks."""
 
 from __future__ import annotations
 
