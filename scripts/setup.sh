@@ -97,6 +97,17 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
         .venv/bin/pip install -q -c constraints.txt -e ".[dev]"
     touch "$stamp"
 fi
+# The agent's dependencies as wheels, for tests/test_packaging.py's install of the built
+# wheel into a fresh venv: from here pip resolves them without reading the package index's
+# pages (~10 s of CPU in its resolver). Best effort: without it the test uses the index.
+wheelhouse=.venv/wheelhouse
+if [ ! -d "$wheelhouse" ] || [ pyproject.toml -nt "$wheelhouse" ] || [ constraints.txt -nt "$wheelhouse" ]; then
+    rm -rf "$wheelhouse"
+    .venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" >.venv/agent-requirements.txt
+    .venv/bin/pip download -q -c constraints.txt --only-binary :all: -d "$wheelhouse" \
+        -r .venv/agent-requirements.txt proto-plus 2>/dev/null ||
+        { rm -rf "$wheelhouse"; echo "setup: no wheelhouse for the packaging test (it will use the index)" >&2; }
+fi
 # The gRPC stubs are build products of proto/rdtune/v1/*.proto (never edited by hand).
 .venv/bin/python -m proto.build
 # Byte-compile the checkout as pip does an installed package: where PYTHONDONTWRITEBYTECODE
