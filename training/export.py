@@ -29,6 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from agent.argtypes import positive_int
 from models.card import ModelCard, TrainedOn, standard_sections
 
 log = logging.getLogger(__name__)
@@ -60,18 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--parity-observations",
-        type=_positive,
+        type=positive_int,
         default=512,
         metavar="N",
         help="observations the parity check compares ONNX and trained actions on (default: 512)",
     )
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
