@@ -16,6 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# Fixtures any test may use, registered once (one cache per session, not per module).
+pytest_plugins = ("tests.training.tiny_runs",)
+
 # fixture -> the xdist group of every test that uses it (fixtures built on one another share
 # a group). Tests already in a group keep theirs.
 SHARED_FIXTURES = {

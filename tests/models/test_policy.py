@@ -1,7 +1,6 @@
 """The learned-policy runtime: loads an export, decides like the trained policy, refuses
 what it does not fit."""
 
-# ruff: noqa: F811  (pytest fixtures imported from tests.training.tiny_runs)
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +24,6 @@ from models.policy import (
     PolicyController,
     PolicyError,
 )
-from tests.training.tiny_runs import tiny_export, tiny_run  # noqa: F401
 
 PRESETS = sorted(default_catalog().machines)
 ON = "training_data.trained_on."

@@ -1,6 +1,5 @@
 """Export: ONNX actions equal the trained policy's deterministic actions; a readable card."""
 
-# ruff: noqa: F811  (pytest fixtures imported from tests.training.tiny_runs)
 from __future__ import annotations
 
 import json
@@ -11,7 +10,6 @@ import pytest
 
 from models.card import CARD_FILE, FORMAT, ModelCard
 from models.features import ENCODER_VERSION, FeatureEncoder
-from tests.training.tiny_runs import tiny_export, tiny_ppo_run, tiny_run  # noqa: F401
 from training.export import TIE_TOLERANCE, ExportError, _tied, export_run
 from training.train import load_model
 

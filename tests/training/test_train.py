@@ -7,12 +7,7 @@ import json
 import pytest
 import torch
 
-from tests.training.tiny_runs import (  # noqa: F401
-    SLOT_POLICY,
-    tiny_config,
-    tiny_ppo_run,
-    tiny_run,
-)
+from tests.training.tiny_runs import SLOT_POLICY, tiny_config
 from training.train import load_model, train
 
 
@@ -94,7 +89,7 @@ def test_rdtune_train_twice_gives_the_same_curve_and_exported_policy(tmp_path):
     policy."""
     import yaml
 
-    from tests.training.tiny_runs import SLOT_POLICY, TINY
+    from tests.training.tiny_runs import TINY
     from training.export import export_run
     from tuner.cli import main
 

@@ -1,28 +1,16 @@
 """Tiny training runs shared by the trainer, export, sweep and policy-runtime tests.
 
-Import the fixtures into a test module (``from tests.training.tiny_runs import tiny_run``);
-session-scoped, so each tiny run trains once per test session. Once per process, that is:
-pytest keeps one cache per module a fixture is imported into (tests/models/test_policy.py,
-test_export.py and test_train.py each import ``tiny_run``), so the runs are kept here
-(``_once``) and every module's copy of a fixture returns the same run.
+The fixtures are registered once for the whole suite (``pytest_plugins`` in
+tests/conftest.py), so any test can ask for them and each tiny run trains once per test
+process. (Imported into test modules instead, a session fixture gets one cache per module:
+the same run trained again for each.)
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Any
 
 import pytest
-
-_BUILT: dict[str, Any] = {}  # fixture name -> what it built, in this process
-
-
-def _once(name: str, build: Callable[[], Any]) -> Any:
-    if name not in _BUILT:
-        _BUILT[name] = build()
-    return _BUILT[name]
-
 
 # A run of a few seconds: 8-step episodes at a coarse simulator step, a small network.
 TINY: dict = {
@@ -72,7 +60,7 @@ def _train(tmp_path_factory, name: str, **overrides):
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A tiny MaskablePPO run (TrainResult)."""
-    return _once("tiny_run", lambda: _train(tmp_path_factory, "maskable"))
+    return _train(tmp_path_factory, "maskable")
 
 
 SLOT_POLICY = {
@@ -86,10 +74,7 @@ SLOT_POLICY = {
 @pytest.fixture(scope="session")
 def tiny_ppo_run(tmp_path_factory):
     """A tiny plain-PPO run with the shared per-slot head (TrainResult)."""
-    return _once(
-        "tiny_ppo_run",
-        lambda: _train(tmp_path_factory, "ppo", algorithm="PPO", policy=SLOT_POLICY),
-    )
+    return _train(tmp_path_factory, "ppo", algorithm="PPO", policy=SLOT_POLICY)
 
 
 @pytest.fixture(scope="session")
@@ -97,9 +82,6 @@ def tiny_export(tiny_run, tmp_path_factory):
     """The tiny MaskablePPO run exported (directory with policy.onnx + model_card.json)."""
     from training.export import export_run
 
-    def build():
-        out = tmp_path_factory.mktemp("export")
-        export_run(tiny_run.run_dir, out, parity_observations=64)
-        return out
-
-    return _once("tiny_export", build)
+    out = tmp_path_factory.mktemp("export")
+    export_run(tiny_run.run_dir, out, parity_observations=64)
+    return out
