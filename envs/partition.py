@@ -46,7 +46,7 @@ from envs.reward import (
     solo_reference_ips,
 )
 from envs.scenarios import ScenarioFamily
-from models.actions import ActionDecoder, DecodedAction
+from models.actions import ActionDecoder, DecodedAction, DecodeLayout
 from models.basic import EqualPartition, Unpartitioned
 from models.controller import context
 from models.features import ENCODER_VERSION, FeatureEncoder, tail_ratio
@@ -122,6 +122,7 @@ class _PartitionEnv(gym.Env):
         self._decoded: DecodedAction | None = None
         self._reward: StepReward | None = None
         self._decode = None  # the prepared decoder's decode, encoder (see _set_groups)
+        self._dl: DecodeLayout | None = None
         self._encoder = None
         self._applied = None  # (masks, MB values) of the plan the node last took (_holds)
         self._steps = 0
@@ -332,6 +333,15 @@ class _PartitionEnv(gym.Env):
     @property
     def slots(self) -> list[str]:
         return list(self._slots)
+
+    @property
+    def decode_layout(self) -> DecodeLayout | None:
+        """This node's slots and capabilities as :func:`models.actions.decode_arrays` reads them."""
+        return self._dl
+
+    def shield_floors(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The SLO shield's (ways, MBA level) floors per slot, (1, max_groups) each, or None."""
+        return self._shield.floors() if self._shield is not None else None
 
     # ------------------------------------------------------------------ helpers
 

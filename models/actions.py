@@ -369,6 +369,107 @@ def decode_arrays(
     return Decoded(ways, masks, mb, shared)
 
 
+def nearest_levels(
+    decoder: ActionDecoder,
+    layout: DecodeLayout,
+    ways: Sequence[int],
+    mb: Sequence[float] | None = None,
+    floors: tuple[np.ndarray, np.ndarray] | None = None,
+    passes: int = 8,
+) -> np.ndarray:
+    """The decoder's inverse: levels (2 * max_groups,) whose decoding on one node
+    (``layout``, one row) under the shield's ``floors`` is closest to ``ways`` and ``mb``
+    per present slot (what a teacher's allocation becomes as a label for the policy).
+
+    Ways come first. With few slots every share vector is tried in one array pass
+    (:data:`EXHAUSTIVE_LEVELS`); else, from shares proportional to each slot's ways above
+    its minimum, the best single-slot change is taken (every slot, every level, one array
+    pass), or the best two-slot change when no single one helps, until none lowers the
+    total way error. Ties go to the levels tried first. Each MBA level is chosen alone:
+    the one whose MB value is nearest the target (NaN or no target: the top level).
+    Absent slots stay 0, as the action mask asks."""
+    S = decoder.max_groups
+    n = int(layout.n_present[0])
+    levels = np.zeros(2 * S, dtype=np.int64)
+    if n == 0:
+        return levels
+    table = layout.mb_table[0]
+    if mb is not None and np.isfinite(table).any():
+        want = np.asarray(mb, dtype=float)[:n]
+        gap = np.abs(table[None, :] - np.where(np.isfinite(want), want, np.inf)[:, None])
+        levels[S : S + n] = np.where(np.isfinite(want), np.nanargmin(gap, axis=1), len(table) - 1)
+    if not layout.has_l3[0]:
+        return levels
+    want_ways = np.asarray(ways, dtype=np.int64)[:n]
+    least = np.full(n, layout.least[0])
+    if floors is not None:
+        least = np.maximum(least, floors[0][0, :n])
+    extra = np.maximum(want_ways - least, 0)
+    top = decoder.share_levels - 1
+    if extra.max() > 0:
+        levels[:n] = np.round(extra / extra.max() * top).astype(np.int64)
+    if (top + 1) ** n <= EXHAUSTIVE_LEVELS:  # few slots: try every share vector at once
+        every = np.stack(np.meshgrid(*[np.arange(top + 1)] * n, indexing="ij"), -1)
+        moves = np.concatenate([levels[None, :n], every.reshape(-1, n)])
+        err = _way_error(decoder, layout, levels, want_ways, floors, moves, whole=True)
+        levels[:n] = moves[int(np.argmin(err))]
+        return levels
+    singles, pairs = _level_moves(n, top + 1)
+    for _ in range(passes):
+        err = _way_error(decoder, layout, levels, want_ways, floors, singles)
+        if err[0] > 0 and err.min() >= err[0]:  # stuck: move two slots' levels at once
+            err = _way_error(decoder, layout, levels, want_ways, floors, pairs)
+            moves = pairs
+        else:
+            moves = singles
+        best = int(np.argmin(err))  # the first minimum: row 0 (no move) when none is better
+        if err[best] >= err[0]:
+            break
+        levels = _moved(levels, moves[best])
+    return levels
+
+
+def _level_moves(n: int, values: int) -> tuple[np.ndarray, np.ndarray]:
+    """Moves of :func:`nearest_levels` as (slot a, value a, slot b, value b) rows (b = -1:
+    one slot), row 0 no move: every single-slot change, and every change of two slots."""
+    v = np.arange(values)
+    single = np.array([(i, x, -1, 0) for i in range(n) for x in v], dtype=np.int64)
+    pair = np.array(
+        [(i, x, j, y) for i in range(n) for j in range(i + 1, n) for x in v for y in v],
+        dtype=np.int64,
+    ).reshape(-1, 4)
+    none = np.array([[-1, 0, -1, 0]], dtype=np.int64)
+    return np.concatenate([none, single]), np.concatenate([none, pair])
+
+
+def _moved(levels: np.ndarray, move: np.ndarray) -> np.ndarray:
+    out = levels.copy()
+    for slot, value in ((move[0], move[1]), (move[2], move[3])):
+        if slot >= 0:
+            out[slot] = value
+    return out
+
+
+def _way_error(decoder, layout, levels, want_ways, floors, moves, whole=False) -> np.ndarray:
+    """Total |ways - wanted| over the present slots after each move (one array pass);
+    ``whole``: each move is the present slots' share levels entire."""
+    k, n = len(moves), len(want_ways)
+    cand = np.repeat(levels[None, :], k, axis=0)
+    if whole:
+        cand[:, :n] = moves
+    else:
+        for a, b in ((0, 1), (2, 3)):
+            rows = np.flatnonzero(moves[:, a] >= 0)
+            cand[rows, moves[rows, a]] = moves[rows, b]
+    fl = None if floors is None else tuple(np.repeat(f, k, axis=0) for f in floors)
+    got = decode_arrays(decoder, DecodeLayout.stack([layout] * k), cand, *(fl or ()))
+    return np.abs(got.ways[:, :n] - want_ways).sum(axis=1)
+
+
+# nearest_levels searches every share vector up to this many (5 levels: 5 slots), else
+# descends by one- and two-slot moves.
+EXHAUSTIVE_LEVELS = 4096
+
 # Memoised per-domain allocations per context (cleared when full). Its keys are the node's
 # (contiguous mask, MB value) pairs, not actions: 66 masks x 10 levels on 11 ways, 2,100 on
 # 20 ways, so the memo stops growing early in training whatever the policy sends. At 256

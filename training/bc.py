@@ -10,8 +10,8 @@ trainer's too — can be cloned into and then loaded into PPO/MaskablePPO
 (``model.policy.load_state_dict(policy.state_dict())``).
 
 The inverse of the decoder (allocation -> levels) is not unique; :func:`allocation_action`
-picks levels proportional to each group's ways above the minimum, then improves them
-greedily until the decoded ways match (exactly in practice).
+takes the levels :func:`models.actions.nearest_levels` finds (the decoded ways match
+exactly in practice).
 
 Deterministic: the same demonstrations and seeds give the same weights, bit for bit, on one
 machine. :func:`make_policy` draws its initial weights from its own ``seed`` and
@@ -24,13 +24,14 @@ optimum on Ubik's traces.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from agent.types import Allocation, GroupSpec, MbaMode, NodeCapabilities
-from models.actions import ActionDecoder
+from agent.types import Allocation, GroupSpec, NodeCapabilities
+from models.actions import ActionDecoder, nearest_levels
 from models.features import FeatureEncoder
 from training.traces import Trace
 
@@ -57,61 +58,25 @@ class Demonstrations:
         )
 
 
-def _decoded_ways(decoder, levels, slots, caps) -> list[int]:
-    d = decoder.decode(levels, slots, caps)
-    return [d.ways.get(g, 0) for g in slots]
-
-
 def allocation_action(
     decoder: ActionDecoder,
     allocation: Allocation,
     slots: Sequence[str],
     caps: NodeCapabilities,
+    floors: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Share/MBA levels whose decoding is closest to ``allocation`` (ways and MB)."""
+    """Share/MBA levels whose decoding (under the SLO shield's ``floors``, if any) is
+    closest to ``allocation``'s ways and MB (:func:`models.actions.nearest_levels`)."""
     dom = caps.domains[0]
     slots = list(slots)[: decoder.max_groups]
-    n = len(slots)
-    levels = np.zeros(2 * decoder.max_groups, dtype=np.int64)
-    if caps.l3 is not None and n:
-        least = max(1, caps.l3.min_cbm_bits)
-        want = []
-        for g in slots:
-            a = allocation.get(g, dom)
-            want.append(a.ways if a is not None and a.l3_mask is not None else caps.l3.num_ways)
-        extra = np.maximum(np.array(want) - least, 0)
-        top = decoder.share_levels - 1
-        if extra.max() > 0:
-            levels[:n] = np.round(extra / extra.max() * top).astype(np.int64)
-
-        def err(lv: np.ndarray) -> int:
-            got = _decoded_ways(decoder, lv, slots, caps)
-            return sum(abs(a - b) for a, b in zip(got, want, strict=True))
-
-        best = err(levels)
-        improved = True
-        while improved and best > 0:  # greedy +-1 moves; a few passes at most
-            improved = False
-            for i in range(n):
-                for step in (-1, 1):
-                    cand = levels.copy()
-                    cand[i] = min(top, max(0, cand[i] + step))
-                    e = err(cand)
-                    if e < best:
-                        levels, best, improved = cand, e, True
-    if caps.mba is not None and n:
-        mba = caps.mba
-        for i, g in enumerate(slots):
-            a = allocation.get(g, dom)
-            mb = a.mb if a is not None and a.mb is not None else mba.max_bandwidth
-            if mba.mode is MbaMode.MBPS:
-                peak = (caps.memory_bandwidth_bps or 0) / 2**20
-                frac = min(1.0, mb / peak) if peak else 1.0
-            else:
-                frac = mb / mba.max_bandwidth
-            lv = round(frac * decoder.mba_levels) - 1
-            levels[decoder.max_groups + i] = min(decoder.mba_levels - 1, max(0, lv))
-    return levels
+    layout = decoder.prepare(slots, caps).layout
+    ways, mb = [], []
+    for g in slots:
+        a = allocation.get(g, dom)
+        held = a is not None and a.l3_mask is not None
+        ways.append(a.ways if held else (caps.l3.num_ways if caps.l3 is not None else 0))
+        mb.append(a.mb if a is not None and a.mb is not None else math.nan)
+    return nearest_levels(decoder, layout, ways, mb, floors)
 
 
 def demonstrations(

@@ -40,6 +40,11 @@ file is refused rather than read as "all defaults"::
       head_hidden: 64
     ppo: {learning_rate: 3.0e-4, n_steps: 256, batch_size: 128, n_epochs: 10, gamma: 0.9,
           gae_lambda: 0.95, ent_coef: 0.01, clip_range: 0.2, vf_coef: 0.5, max_grad_norm: 0.5}
+    dagger:                         # optional: DAgger from the safe oracle before PPO
+      iterations: 4                 # (training/dagger.py); total_timesteps: 0 stops there
+      episodes: 16
+      beta: 0.5
+      objective: null               # the oracle's (null: its default, fair_throughput)
 """
 
 from __future__ import annotations
@@ -174,13 +179,26 @@ class PpoConfig(Strict):
         return getattr(self, key)
 
 
+class DaggerConfig(Strict):
+    """DAgger from the safe oracle before PPO (training/dagger.py): the warm start."""
+
+    iterations: PositiveInt = 4  # rollout + refit rounds; the first is behaviour cloning
+    episodes: PositiveInt = 16  # episodes rolled out per round
+    beta: Annotated[Finite, Field(ge=0, le=1)] = 0.5  # the teacher drives with beta**round
+    epochs: PositiveInt = 10  # passes over the aggregated data per refit
+    batch_size: PositiveInt = 256
+    learning_rate: Annotated[Finite, Field(gt=0)] = 1e-3
+    objective: Literal["fairness", "throughput", "fair_throughput"] | None = None  # oracle's
+    seed: Count = 0  # first episode seed and refit seed
+
+
 class TrainConfig(Strict):
     """A whole training run (see the module docstring for the YAML form)."""
 
     name: Name = "run"
     algorithm: Literal["PPO", "MaskablePPO"] = "MaskablePPO"
     seed: Count = 0
-    total_timesteps: PositiveInt = 100_000
+    total_timesteps: Count = 100_000  # PPO's env steps (0: the DAgger warm start alone)
     n_envs: PositiveInt = 2
     subproc: bool = False
     vec_env: Literal["auto", "batched", "dummy", "subproc"] = "auto"
@@ -194,11 +212,14 @@ class TrainConfig(Strict):
     eval: EvalConfig = EvalConfig()
     policy: PolicyConfig = PolicyConfig()
     ppo: PpoConfig = PpoConfig()
+    dagger: DaggerConfig | None = None  # a DAgger warm start from the oracle before PPO
 
     @model_validator(mode="after")
     def _complete(self) -> TrainConfig:
         if self.output_dir is None:
             object.__setattr__(self, "output_dir", f"runs/{self.name}")
+        if self.total_timesteps == 0 and self.dagger is None:
+            raise ConfigError("total_timesteps: 0 trains nothing without a dagger section")
         self._check_env()
         self._check_vec_env()
         return self

@@ -10,7 +10,9 @@ Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered step
    vector env over the batched simulator (``vec_env``; on ``rollout_workers`` Ray actors
    when asked, :mod:`training.rollouts`), and, if asked, VecNormalize;
 3. build the model: PPO or MaskablePPO with the group-set feature extractor
-   (:mod:`training.policies`) and the configured actor/critic sizes;
+   (:mod:`training.policies`) and the configured actor/critic sizes; with a ``dagger``
+   section, warm-start its actor by DAgger from the safe oracle (:mod:`training.dagger`)
+   and evaluate that as the step-0 checkpoint;
 4. evaluate the heuristics once on the validation family (:mod:`training.evaluate`), then
    let :class:`EvalCallback` evaluate the policy every ``eval.freq`` steps on the same
    ``eval.episodes`` validation episodes (64 by default: with 8, the standard error of the
@@ -502,6 +504,8 @@ def train(
             )
         callback = make_eval_callback(cfg, venv, run_dir, heuristics, on_eval)
         speed = make_throughput_callback(run_dir, callback)
+        if cfg.dagger is not None:
+            warm_start(cfg, model, run_dir, callback)
 
         # 5. Learn.
         model.learn(
@@ -510,11 +514,12 @@ def train(
             progress_bar=cfg.progress_bar,
             tb_log_name="ppo",
         )
-        log.info(
-            "%d env steps at %.0f env steps/s (rollouts and updates, evaluations left out)",
-            speed.total.steps,
-            speed.total.env_steps_per_s,
-        )
+        if speed.total.steps:
+            log.info(
+                "%d env steps at %.0f env steps/s (rollouts and updates, evaluations left out)",
+                speed.total.steps,
+                speed.total.env_steps_per_s,
+            )
         model.save(run_dir / "model.zip")
         if cfg.normalize_obs:
             venv.save(str(run_dir / "vecnormalize_final.pkl"))
@@ -536,6 +541,38 @@ def train(
         time.monotonic() - t0,
         speed.total,
     )
+
+
+def warm_start(cfg, model, run_dir: Path, callback) -> None:
+    """DAgger from the safe oracle (training/dagger.py) into ``model.policy``'s actor, then
+    one checkpoint evaluation at step 0: PPO's checkpoints must beat the warm start to
+    replace it as ``best_model.zip``. The rounds go to ``dagger.jsonl``."""
+    import gymnasium as gym
+    from stable_baselines3.common.utils import configure_logger
+
+    from training.dagger import dagger
+
+    history = run_dir / "dagger.jsonl"
+    history.unlink(missing_ok=True)
+
+    def record(r) -> None:
+        log.info(
+            "DAgger round %d (beta %.3g): %d states, policy agreed with the oracle on %.1f%%, "
+            "loss %.3f",
+            r.iteration,
+            r.beta,
+            r.states,
+            100 * r.agreement,
+            r.loss,
+        )
+        with history.open("a") as f:
+            f.write(json.dumps(r.as_dict()) + "\n")
+
+    dagger(model.policy, lambda: gym.make(cfg.env.id, **cfg.env_kwargs()), cfg.dagger, log=record)
+    # the TensorBoard logger learn() would make, made now so step 0 is on the same curve
+    model.set_logger(configure_logger(model.verbose, model.tensorboard_log, "ppo", True))
+    callback.init_callback(model)
+    callback.evaluate()
 
 
 def final_evaluation(

@@ -19,7 +19,7 @@ from agent.types import (
     is_contiguous,
 )
 from agent.validate import PlanContext, validate_plan
-from models.actions import ActionDecoder, apportion
+from models.actions import ActionDecoder, apportion, decode_arrays, nearest_levels
 from models.features import slot_order
 
 PRESETS = ["gold6130", "e5_2683v4", "e5v3_4clos", "epyc7302p"]
@@ -221,3 +221,36 @@ def test_bad_actions_are_rejected_with_a_reason(action, match) -> None:
 def test_bad_decoder_sizes_are_rejected() -> None:
     with pytest.raises(ValueError, match="share_levels"):
         ActionDecoder(4, 0, 3)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    preset=st.sampled_from(PRESETS),
+    seed=st.integers(0, 10_000),
+    floored=st.booleans(),
+)
+def test_nearest_levels_inverts_the_decoder_behind_floors(preset, seed, floored) -> None:
+    # A teacher's allocation becomes a label by nearest_levels (training/dagger.py): any
+    # allocation an action decodes to, under the shield's floors, must come back exactly.
+    node = _node(preset, seed)
+    caps = node.capabilities()
+    dec = ActionDecoder(MAX_GROUPS, share_levels=5, mba_levels=4)
+    slots = slot_order(node.groups(), MAX_GROUPS)
+    layout = dec.prepare(slots, caps).layout
+    rng = np.random.default_rng(seed)
+    n, total, least = len(slots), int(layout.total[0]), int(layout.least[0])
+    floors = None
+    if floored and n * least <= total:
+        spare = (total - n * least) // max(n, 1)
+        ways = np.zeros((1, MAX_GROUPS), dtype=np.int64)
+        ways[0, :n] = rng.integers(0, least + spare + 1, n)
+        floors = (ways, np.zeros((1, MAX_GROUPS), dtype=np.int64))
+    action = rng.integers(0, dec.nvec)
+    action[n:MAX_GROUPS] = 0
+    action[MAX_GROUPS + n :] = 0
+    want = decode_arrays(dec, layout, action[None], *(floors or ()))
+    got_levels = nearest_levels(dec, layout, want.ways[0, :n], want.mb[0, :n], floors)
+    got = decode_arrays(dec, layout, got_levels[None], *(floors or ()))
+    assert got.ways[0, :n].tolist() == want.ways[0, :n].tolist()
+    np.testing.assert_array_equal(got.mb[0, :n], want.mb[0, :n])
+    assert not got_levels[n:MAX_GROUPS].any() and not got_levels[MAX_GROUPS + n :].any()

@@ -66,7 +66,7 @@ def test_overrides_apply_and_revalidate():
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"bogus": 1}, "bogus: unknown key; allowed: algorithm, env"),
+        ({"bogus": 1}, "bogus: unknown key; allowed: algorithm, dagger, env"),
         ({"algorithm": "DQN"}, "algorithm: must be 'PPO' or 'MaskablePPO', got 'DQN'"),
         ({"seed": "x"}, "seed: must be a valid integer, got 'x'"),
         ({"n_envs": 0}, "n_envs: must be greater than or equal to 1, got 0"),
