@@ -236,12 +236,12 @@ def _training_section() -> list[str]:
         "## The bundled policy's training table (model card)",
         "",
         f"`models/policies/default` ({card.algorithm}, exported {card.created}): "
-        f"its best checkpoint (step {ev.get('best_step')} of {ev.get('total_timesteps')}) "
-        f"and the heuristics on {ev.get('episodes')} episodes of the `{kw.get('split')}` "
-        f"split (seeds from {ev.get('seed')}), scored with the env's reward "
-        "(training/evaluate.py). It was trained before checkpoint selection moved to the "
-        "validation split (training/configs/default.yaml now selects on 64 validation "
-        "episodes); `rdtune train --config training/configs/default.yaml` retrains it.",
+        f"its best checkpoint (step {ev.get('best_step')} of {ev.get('total_timesteps')}, "
+        f"selected on {ev.get('selection_episodes')} validation episodes) and the heuristics "
+        f"on {ev.get('episodes')} episodes of the `{kw.get('split')}` split (seeds from "
+        f"{ev.get('seed')}), scored with the env's reward (training/evaluate.py). "
+        f"Trained by `{card.command or 'rdtune train --config training/configs/default.yaml'}`"
+        " (docs/TRAINING.md).",
         "",
         _card_table(ev.get("rows") or []),
         "",

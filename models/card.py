@@ -8,7 +8,8 @@ usual model-card sections (Mitchell et al., "Model Cards for Model Reporting", F
 - ``model``: name, export time, algorithm, checkpoint;
 - ``intended_use``: what the policy is for, and what is out of scope;
 - ``training_data``: the environment and its settings, the machines trained on
-  (:class:`TrainedOn`, what a runtime checks a node against), the training configuration;
+  (:class:`TrainedOn`, what a runtime checks a node against), the training configuration
+  and the command that trained it;
 - ``evaluation``: held-out episodes, the policy against the heuristics, and the ONNX parity
   check;
 - ``limitations``;
@@ -206,6 +207,7 @@ class ModelCard:
     masked: bool
     normalization: Mapping[str, Any] | None = None
     parity: Mapping[str, Any] | None = None
+    command: str | None = None  # the command line that trained it
     format: str = FORMAT
     root: Path | None = field(default=None, compare=False)
 
@@ -252,6 +254,7 @@ class ModelCard:
                 "env": dict(self.env),
                 "trained_on": self.trained_on.as_dict(),
                 "config": dict(self.training_config),
+                "command": self.command,
             },
             "evaluation": evaluation,
             "limitations": list(self.limitations),
@@ -314,6 +317,7 @@ class ModelCard:
                 masked=bool(runtime["masked"]),
                 normalization=runtime.get("observation_normalization"),
                 parity=parity,
+                command=train.get("command"),
                 root=root,
             )
         except KeyError as exc:

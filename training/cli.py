@@ -53,6 +53,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def reproduce_command(args: argparse.Namespace) -> str:
+    """The command that trains the same policy again (output and progress options left
+    out: they do not change it); the run and its model card record it."""
+    import shlex
+
+    words = ["rdtune", "train", "--config", str(args.config)]
+    if args.seed is not None:
+        words += ["--seed", str(args.seed)]
+    if args.total_timesteps is not None:
+        words += ["--total-timesteps", str(args.total_timesteps)]
+    return shlex.join(words)
+
+
 def run(args: argparse.Namespace) -> int:
     # Imported here, not at the top: ``rdtune --help`` imports every command's module, and
     # these pull in the environments (and through a sweep, Ray).
@@ -102,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from training.rollouts import RolloutError
 
     try:
-        result = train(cfg, ray_address=args.ray_address)
+        result = train(cfg, ray_address=args.ray_address, command=reproduce_command(args))
     except (ConnectionError, RolloutError) as exc:
         print(f"rdtune train: {exc}", file=sys.stderr)
         return 2

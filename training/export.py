@@ -287,6 +287,7 @@ def export_run(
         env=env,
         trained_on=trained_on,
         training_config=config,
+        command=meta.get("command"),
         evaluation=evaluation,
         limitations=limitations,
         onnx={

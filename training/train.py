@@ -448,10 +448,13 @@ def train(
     on_eval: Callable | None = None,
     final_eval: bool = True,
     ray_address: str | None = None,
+    command: str | None = None,
 ) -> TrainResult:
     """Train ``cfg`` (a :class:`training.config.TrainConfig`) and return the result. With
     ``rollout_workers``, the envs step on Ray actors: on the cluster at ``ray_address``, on
-    a private local instance by default, or on the Ray already initialised in this process."""
+    a private local instance by default, or on the Ray already initialised in this process.
+    ``command``: the command line that reproduces the run (recorded in ``run.json``, and
+    from there in the exported policy's model card)."""
     import yaml
 
     from training.evaluate import evaluate_heuristics, make_eval_env
@@ -474,6 +477,7 @@ def train(
             json.dumps(
                 {
                     "name": cfg.name,
+                    "command": command,
                     "algorithm": cfg.algorithm,
                     "seed": cfg.seed,
                     "env_id": cfg.env.id,

@@ -52,6 +52,8 @@ def test_the_bundled_card_is_current_and_matches_its_onnx_file() -> None:
     assert hashlib.sha256(onnx).hexdigest() == card.onnx["sha256"]
     assert card.code_problems() == []
     assert card.problems(SimNode("default").capabilities()) == []
+    # the shipped policy says how to train it again
+    assert card.command == "rdtune train --config training/configs/default.yaml"
 
 
 @pytest.mark.parametrize(

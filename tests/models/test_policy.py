@@ -176,15 +176,20 @@ def test_runtime_does_not_import_torch():
 
 
 def test_starts_and_acts_as_trained_shield_and_start_state(tmp_path):
-    """A card whose env ran behind the shield from the node's allocation: the runtime keeps
-    what the node holds at start and decodes above the shield's floors; the shipped card
-    (trained before either) starts from the equal split without a shield."""
-    shipped = PolicyController()
-    assert shipped.baseline == "equal" and shipped.shield_config is None
+    """A card whose env ran behind the shield from the node's allocation (the shipped one):
+    the runtime keeps what the node holds at start and decodes above the shield's floors;
+    a card trained from the equal split without a shield starts there, unshielded."""
     kwargs = json.loads((DEFAULT_POLICY / "model_card.json").read_text())["training_data"]
-    kwargs = {**kwargs["env"]["kwargs"], "baseline": "current", "shield": True}
-    path = _copy(DEFAULT_POLICY, tmp_path / "p", **{"training_data.env.kwargs": kwargs})
-    ctrl = PolicyController(path)
+    kwargs = kwargs["env"]["kwargs"]
+    assert kwargs["baseline"] == "current" and kwargs["shield"] is True
+    plain = _copy(
+        DEFAULT_POLICY,
+        tmp_path / "e",
+        **{"training_data.env.kwargs": {**kwargs, "baseline": "equal", "shield": False}},
+    )
+    unshielded = PolicyController(plain)
+    assert unshielded.baseline == "equal" and unshielded.shield_config is None
+    ctrl = PolicyController()
     assert ctrl.baseline == "keep" and ctrl.shield_config is not None
     node = SimNode("default", seed=2)
     assert ctrl.start(context(node)).plan is None

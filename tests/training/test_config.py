@@ -138,3 +138,12 @@ def test_cli_reports_config_errors(tmp_path, capsys):
     path.write_text("algorithm: A2C\n")
     assert main(["train", "--config", str(path)]) == 2
     assert "bad.yaml: algorithm: must be 'PPO'" in capsys.readouterr().err
+
+
+def test_the_run_records_the_command_that_reproduces_it() -> None:
+    import argparse
+
+    from training.cli import reproduce_command
+
+    args = argparse.Namespace(config="my cfg.yaml", seed=4, total_timesteps=None, out="elsewhere")
+    assert reproduce_command(args) == "rdtune train --config 'my cfg.yaml' --seed 4"
