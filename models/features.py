@@ -460,9 +460,11 @@ def tail_ratios(layout: SlotLayout, m: Measurements, slot_col: np.ndarray) -> np
     sampled = (slot_col >= 0) & layout.present
     pct = np.maximum(layout.slo_pct, 0)
     if m.latency_ms.shape[1]:
-        lat = np.take_along_axis(m.latency_ms, col[..., None], axis=1)
-        value = np.take_along_axis(lat, pct[..., None], axis=2)[..., 0]
-        count = np.take_along_axis(m.latency_count, col, axis=1)
+        # fancy indexing: take_along_axis's, without its per-call checks (a decision's
+        # cost at N = 1 is mostly numpy's per-call overhead)
+        node = np.arange(N)[:, None]
+        value = m.latency_ms[node, col, pct]
+        count = m.latency_count[node, col]
     else:
         value = count = np.full((N, S), np.nan)
     with np.errstate(invalid="ignore"):
@@ -566,6 +568,7 @@ def encode_arrays(
     history: History | None = None,
     rows: np.ndarray | slice = slice(None),
     floor: np.ndarray | None = None,
+    ratio: np.ndarray | None = None,
 ) -> np.ndarray:
     """The observations (N, size) float32 of N nodes: every feature of the module
     docstring, in :data:`GROUP_FEATURES` order per slot, then :data:`NODE_FEATURES`
@@ -580,6 +583,7 @@ def encode_arrays(
         history: version 2's :class:`History`; its ``rows`` are these N nodes' and are
             updated with this interval.
         floor: (N, S) the SLO shield's way floors (models/shield.py), or None.
+        ratio: (N, S) :func:`tail_ratios` of ``m`` when the caller has them already.
     """
     N, S = layout.present.shape
     dt = m.interval_s
@@ -603,8 +607,10 @@ def encode_arrays(
         col = np.maximum(slot_col, 0)
         sampled = (slot_col >= 0) & layout.present
 
+        node_of = np.arange(N)[:, None]
+
         def at(a: np.ndarray) -> np.ndarray:
-            return np.take_along_axis(a, col, axis=1) if a.shape[1] else np.full((N, S), np.nan)
+            return a[node_of, col] if a.shape[1] else np.full((N, S), np.nan)
 
         ins, cyc, mis = at(m.instructions), at(m.cycles), at(m.llc_misses)
         occ_s, mem = at(m.llc_occupancy_bytes), at(m.memory_bytes)
@@ -627,7 +633,8 @@ def encode_arrays(
         out[..., 9] = ok
         out[..., 10] = np.where(layout.present, ways, 0.0)
         out[..., 11] = np.where(layout.present, mb, 0.0)
-        ratio = tail_ratios(layout, m, slot_col)
+        if ratio is None:
+            ratio = tail_ratios(layout, m, slot_col)
         ok = ~np.isnan(ratio)
         lg = np.where(ratio > 0, np.log2(ratio), -LATENCY_LOG2_CLIP)
         lg = np.minimum(np.maximum(lg, -LATENCY_LOG2_CLIP), LATENCY_LOG2_CLIP)
@@ -664,6 +671,9 @@ class PreparedEncoder:
     # (allocation, held fractions): the last allocation's features (an Allocation is
     # immutable and an env holds the same one until it applies a new plan)
     _held_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    # (snapshot, measurements, slot columns, tail ratios): the last snapshot read, which
+    # the SLO shield and the encoder both read in one step (a Snapshot is immutable)
+    _snap_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -695,24 +705,31 @@ class PreparedEncoder:
     ) -> np.ndarray:
         """The observation of one interval (see :meth:`FeatureEncoder.encode`); version 2
         also moves its history on by this interval (``floor``: the shield's (1, S))."""
-        m, cols = Measurements.from_snapshot(snapshot)
-        S = self.layout.present.shape[1]
-        slot_col = np.full((1, S), -1, dtype=np.int64)
-        for i, name in enumerate(self.slots):
-            slot_col[0, i] = cols.get(name, -1)
+        m, slot_col, ratio = self._read(snapshot)
         ways, mb = self.held_arrays(allocation)
-        return encode_arrays(self.layout, m, slot_col, ways, mb, self.history, slice(None), floor)[
-            0
-        ]
+        return encode_arrays(
+            self.layout, m, slot_col, ways, mb, self.history, slice(None), floor, ratio
+        )[0]
 
     def tail_ratios(self, snapshot: Snapshot) -> np.ndarray:
         """(1, S) :func:`tail_ratios` of one interval (the SLO shield's input)."""
+        return self._read(snapshot)[2]
+
+    def _read(self, snapshot: Snapshot) -> tuple[Measurements, np.ndarray, np.ndarray]:
+        """The snapshot's measurements, each slot's column in them and the tail ratios;
+        kept for as long as the same snapshot object is read."""
+        cached = self._snap_cache
+        if cached is not None and cached[0] is snapshot:
+            return cached[1:]
         m, cols = Measurements.from_snapshot(snapshot)
         S = self.layout.present.shape[1]
         slot_col = np.full((1, S), -1, dtype=np.int64)
         for i, name in enumerate(self.slots):
             slot_col[0, i] = cols.get(name, -1)
-        return tail_ratios(self.layout, m, slot_col)
+        ratio = tail_ratios(self.layout, m, slot_col)
+        ratio.flags.writeable = False  # shared by the shield and the encoder
+        object.__setattr__(self, "_snap_cache", (snapshot, m, slot_col, ratio))  # a cache
+        return m, slot_col, ratio
 
     def held(self, allocation: Allocation) -> list[tuple[float, float]]:
         """(ways_fraction, mba_fraction) per slot."""
