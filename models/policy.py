@@ -135,7 +135,7 @@ class ActingController(Controller):
         elif self.baseline == "full":
             plan, what = Unpartitioned().start(ctx).plan, "unpartitioned"
         held = ctx.allocation if plan is None else _planned(ctx.allocation, plan)
-        _, _, enc, dec = self._prepare(ctx)
+        _, _, enc, dec, _ = self._prepare(ctx)
         enc.reset_history()
         if self._shield is not None:
             self._shield.start(self._slots, ctx.groups, ctx.capabilities, dec.layout, held)
@@ -147,11 +147,13 @@ class ActingController(Controller):
         if p is not None and p[0] == groups and p[1] == caps:
             return p
         self._slots = self.encoder.slots(groups)
+        dec = self.decoder.prepare(self._slots, caps)
         p = (
             dict(groups),
             caps,
             self.encoder.prepare(groups, caps, self._slots),
-            self.decoder.prepare(self._slots, caps),
+            dec,
+            self.decoder.action_masks(dec.layout)[0],  # fixed while the groups are
         )
         if self._prepared is not None:  # the groups changed under a running controller
             p[2].reset_history()
@@ -167,15 +169,14 @@ class ActingController(Controller):
             self._caps = caps
         if not self.encoder.slots(ctx.groups):
             return Decision(note=f"{self.name}: no own groups")
-        _, _, enc, dec = self._prepare(ctx)
+        _, _, enc, dec, mask = self._prepare(ctx)
         slots = self._slots
         floors = None
         if self._shield is not None:
             self._shield.observe(enc.tail_ratios(snapshot), ctx.allocation)
             floors = self._shield.floors()
         obs = enc.encode(snapshot, ctx.allocation, None if floors is None else floors[0])
-        mask = self.decoder.action_mask(len(slots), caps) if self.masked else None
-        decoded = dec.decode(self.act(obs, mask), floors)
+        decoded = dec.decode(self.act(obs, mask if self.masked else None), floors)
         note = f"{self.name}: " + ", ".join(f"{g}={decoded.ways.get(g, '-')}w" for g in slots)
         if floors is not None and floors[0].any():
             note += (
