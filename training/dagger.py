@@ -41,8 +41,9 @@ from training.config import DaggerConfig
 
 @dataclass
 class DaggerIteration:
-    """One round: states added, how often the policy's own action (before this round's
-    refit) decoded to the teacher's allocation on the states visited, the fit's loss."""
+    """One round: the aggregated data's size after it, how often the policy's own action
+    (before this round's refit) decoded to the teacher's allocation on the states the
+    round visited, and the refit's last-epoch loss."""
 
     iteration: int
     beta: float
