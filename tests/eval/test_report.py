@@ -151,6 +151,9 @@ def test_paired_comparison_on_constructed_runs() -> None:
     assert ws.n == 6 and ws.diff.mean == pytest.approx(0.2)
     assert ws.diff.half_width == pytest.approx(2.571 * math.sqrt(0.012) / math.sqrt(6), rel=1e-3)
     assert ws.better is True
+    # the feasible runs' speedup alone: scenarios a and b, differences 0.3, 0.1 twice each
+    feasible_ws = row["metrics"]["weighted_speedup_feasible"]
+    assert feasible_ws.n == 4 and feasible_ws.diff.mean == pytest.approx(0.2)
     unf = row["metrics"]["unfairness"]
     assert unf.better is False and unf.win_rate == 0.0  # 0.1 x speedup: higher is worse
     with pytest.raises(ValueError, match="no runs of 'ubik'"):
@@ -180,3 +183,15 @@ def test_report_separates_infeasible_runs_and_writes_the_paired_table(tmp_path: 
     old = tmp_path / "old.json"  # results.json before the paired table: a list of runs
     old.write_text(json.dumps(data["runs"]))
     assert len(load_results(old)) == 12
+
+
+def test_the_feasible_runs_speedup_is_shown_only_when_some_run_is_infeasible() -> None:
+    from eval.report import paired_comparisons, paired_metrics
+
+    mixed = [m[0] for m in paired_metrics(paired_comparisons(_paired_runs()))]
+    assert mixed == ["slo_violation_rate", "weighted_speedup", "weighted_speedup_feasible",
+                     "unfairness"]  # fmt: skip
+    feasible = [r for r in _paired_runs() if r.feasibility == "feasible"]
+    assert "weighted_speedup_feasible" not in [
+        m[0] for m in paired_metrics(paired_comparisons(feasible))
+    ]
