@@ -254,7 +254,11 @@ def _training_section() -> list[str]:
         f"on {ev.get('episodes')} episodes of the `{kw.get('split')}` split (seeds from "
         f"{ev.get('seed')}), scored with the env's reward (training/evaluate.py). "
         f"Trained by `{card.command or 'rdtune train --config training/configs/default.yaml'}`"
-        " (docs/TRAINING.md).",
+        "; its learning curves, and the levers behind it measured on the validation and "
+        "held-out suites (the ablation table), are in docs/TRAINING.md.",
+        "",
+        "![The shipped run's learning curves: DAgger rounds and checkpoint evaluations]"
+        "(img/learning_curves.png)",
         "",
         _card_table(ev.get("rows") or []),
         "",
@@ -269,12 +273,16 @@ def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -
 
     known = load_suites()
     per_suite = {}
+    newest = 0.0
     for name in names:
         path = runs / name / "results.json"
         if path.is_file():
             per_suite[name] = load_results(path)
+            newest = max(newest, path.stat().st_mtime)
     oracle = {n: _oracle_rows(rs) for n, rs in per_suite.items()}
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    # when the runs ended (the newest results), not when the document was re-rendered
+    when = datetime.fromtimestamp(newest, UTC) if newest else datetime.now(UTC)
+    stamp = when.strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Results: controllers head to head",
         "",

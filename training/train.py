@@ -25,12 +25,13 @@ Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered step
    ``eval.json`` and printed as a table.
 
 The run directory holds ``config.yaml`` (the validated config), ``run.json`` (layouts and
-versions the exporter needs), checkpoints, ``vecnormalize.pkl`` when used, ``tb/`` and
-``evaluations.jsonl``. ``rdtune export --model RUN_DIR`` turns it into an ONNX policy.
-With ``--ray-address`` and ``--sweep`` the same function runs inside Ray Tune trials
-(:mod:`training.sweep`, which depends on this module, not the other way round); with
-``--ray-address`` alone the envs step on Ray actors of that cluster while PPO learns here
-(docs/TRAINING.md). The command line is training/cli.py.
+versions the exporter needs), checkpoints, ``vecnormalize.pkl`` when used, ``tb/``,
+``evaluations.jsonl`` (``dagger.jsonl`` after a warm start) and their plot,
+``learning_curves.png`` (training/curves.py). ``rdtune export --model RUN_DIR`` turns it
+into an ONNX policy. With ``--ray-address`` and ``--sweep`` the same function runs inside
+Ray Tune trials (:mod:`training.sweep`, which depends on this module, not the other way
+round); with ``--ray-address`` alone the envs step on Ray actors of that cluster while PPO
+learns here (docs/TRAINING.md). The command line is training/cli.py.
 """
 
 from __future__ import annotations
@@ -457,6 +458,7 @@ def train(
     from there in the exported policy's model card)."""
     import yaml
 
+    from training.curves import plot_learning_curves
     from training.evaluate import evaluate_heuristics, make_eval_env
 
     t0 = time.monotonic()
@@ -525,6 +527,7 @@ def train(
                 speed.total.env_steps_per_s,
             )
         model.save(run_dir / "model.zip")
+        plot_learning_curves([run_dir], run_dir / "learning_curves.png")
         if cfg.normalize_obs:
             venv.save(str(run_dir / "vecnormalize_final.pkl"))
 

@@ -95,6 +95,21 @@ def test_train_with_a_dagger_warm_start_alone(tmp_path) -> None:
     evals = [json.loads(x) for x in (d / "evaluations.jsonl").read_text().splitlines()]
     assert [e["timesteps"] for e in evals] == [0]  # the warm start is the checkpoint
     assert (d / "best_model.zip").is_file() and result.best_step == 0
+    assert (d / "learning_curves.png").stat().st_size > 0  # training/curves.py
+
+
+def test_the_curves_command_plots_runs_and_refuses_nothing_to_plot(tmp_path, capsys) -> None:
+    from training.curves import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main([str(run), "--out", str(tmp_path / "none.png")]) == 1
+    (run / "dagger.jsonl").write_text(
+        json.dumps({"iteration": 0, "beta": 1.0, "states": 8, "agreement": 0.0, "loss": 3.0}) + "\n"
+    )
+    (run / "evaluations.jsonl").write_text(json.dumps({"timesteps": 0, "mean_return": -1.0}))
+    assert main([str(run), "--out", str(tmp_path / "c.png"), "--labels", "a"]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 0 and "wrote" in capsys.readouterr().out
 
 
 def test_nothing_to_train_is_a_config_error(tmp_path) -> None:
