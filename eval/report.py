@@ -35,8 +35,13 @@ from typing import Any
 from eval.runner import JobResult, _clean
 from eval.stats import Estimate, Paired, mean_ci, paired
 
-# SLO violation rate by feasibility label (eval/feasibility.py): derived metric keys
-SLO_BY_LABEL = {"slo_feasible": "feasible", "slo_infeasible": "infeasible", "slo_unlabelled": ""}
+# Derived metric keys: a metric on the runs of one feasibility label only (eval/feasibility.py)
+BY_LABEL = {
+    "slo_feasible": ("slo_violation_rate", "feasible"),
+    "slo_infeasible": ("slo_violation_rate", "infeasible"),
+    "slo_unlabelled": ("slo_violation_rate", ""),
+    "weighted_speedup_feasible": ("weighted_speedup", "feasible"),
+}
 
 # (metric key, column title, formatter); columns no run has a value for are left out
 COLUMNS: tuple[tuple[str, str, Callable[[Estimate], str]], ...] = (
@@ -81,12 +86,10 @@ def estimates(
 
 
 def _metric(r: JobResult, key: str) -> float:
-    if key == "weighted_speedup_feasible":
-        return _metric(r, "weighted_speedup") if r.feasibility == "feasible" else math.nan
-    if key in SLO_BY_LABEL:
-        if r.feasibility != SLO_BY_LABEL[key]:
+    if key in BY_LABEL:
+        key, label = BY_LABEL[key]
+        if r.feasibility != label:
             return math.nan
-        key = "slo_violation_rate"
     v = r.metrics.get(key)
     v = math.nan if v is None else float(v)
     if key == "slo_violation_rate" and not math.isfinite(_metric(r, "tail_latency_ms")):
