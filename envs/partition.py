@@ -82,6 +82,7 @@ class _PartitionEnv(gym.Env):
         max_groups: int = 8,
         share_levels: int = 8,
         mba_levels: int = 10,
+        share_all: bool = False,
         interval_s: float = 1.0,
         episode_steps: int = 64,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
@@ -100,7 +101,7 @@ class _PartitionEnv(gym.Env):
             raise ValueError(f"episode_steps must be a positive integer, got {episode_steps!r}")
         self.render_mode = render_mode
         self.encoder = FeatureEncoder(max_groups, encoder_version)
-        self.decoder = ActionDecoder(max_groups, share_levels, mba_levels)
+        self.decoder = ActionDecoder(max_groups, share_levels, mba_levels, share_all)
         self.interval_s = _positive("interval_s", interval_s)
         self.episode_steps = episode_steps
         self.weights = RewardWeights.of(reward_weights)
@@ -380,6 +381,8 @@ class PartitionEnv(_PartitionEnv):
             :mod:`envs.scenarios`).
         preset: machine preset for every scenario (None: each scenario's own).
         max_groups, share_levels, mba_levels: observation and action sizes.
+        share_all: all-zero share levels mean the unpartitioned cache
+            (:class:`models.actions.ActionDecoder`).
         interval_s: simulated seconds per step; sim_step_s: the simulator's step.
         episode_steps: steps per episode (truncation).
         reward_weights: :class:`envs.reward.RewardWeights` or a mapping of its fields.
@@ -402,6 +405,7 @@ class PartitionEnv(_PartitionEnv):
         max_groups: int = 8,
         share_levels: int = 8,
         mba_levels: int = 10,
+        share_all: bool = False,
         interval_s: float = 1.0,
         sim_step_s: float = 0.1,
         episode_steps: int = 64,
@@ -418,6 +422,7 @@ class PartitionEnv(_PartitionEnv):
             max_groups=max_groups,
             share_levels=share_levels,
             mba_levels=mba_levels,
+            share_all=share_all,
             interval_s=interval_s,
             episode_steps=episode_steps,
             reward_weights=reward_weights,
@@ -510,6 +515,7 @@ class NodePartitionEnv(_PartitionEnv):
         max_groups: int = 8,
         share_levels: int = 8,
         mba_levels: int = 10,
+        share_all: bool = False,
         interval_s: float = 1.0,
         episode_steps: int = 64,
         reward_weights: RewardWeights | Mapping[str, float] | None = None,
@@ -524,6 +530,7 @@ class NodePartitionEnv(_PartitionEnv):
             max_groups=max_groups,
             share_levels=share_levels,
             mba_levels=mba_levels,
+            share_all=share_all,
             interval_s=interval_s,
             episode_steps=episode_steps,
             reward_weights=reward_weights,

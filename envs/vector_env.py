@@ -106,6 +106,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         max_groups: int = 8,
         share_levels: int = 8,
         mba_levels: int = 10,
+        share_all: bool = False,
         interval_s: float = 1.0,
         sim_step_s: float = 0.1,
         episode_steps: int = 64,
@@ -139,7 +140,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self.render_mode = None
         self.encoder = FeatureEncoder(max_groups, encoder_version)
         self.history = History.zeros(num_envs, max_groups) if self.encoder.stateful else None
-        self.decoder = ActionDecoder(max_groups, share_levels, mba_levels)
+        self.decoder = ActionDecoder(max_groups, share_levels, mba_levels, share_all)
         self.interval_s = _positive("interval_s", interval_s)
         self.sim_step_s = _positive("sim_step_s", sim_step_s)
         self.episode_steps = episode_steps

@@ -19,6 +19,13 @@ Design (docs/RL.md, "Action design": a priority vector decoded into a valid allo
   slot, so LC groups first), the ``slices - 1`` highest-ranked groups get a minimum-size
   slice alone and the rest share the last slice (which also takes the leftover ways).
   This is the one *repair*, reported in :attr:`DecodedAction.repairs`.
+- ``share_all`` (a design option, off by default): the share vector of all zeros means
+  the *unpartitioned* cache instead: every present group on every way (the state the safe
+  oracle and the unpartitioned baseline hold, which disjoint masks cannot say), while the
+  MBA levels apply as usual. The equal split stays reachable (all levels equal and
+  non-zero). Behind the SLO shield it is honoured only when no LC floor asks for more than
+  the group's share of a shared cache (``ways // groups``, how the shield counts shared
+  ways); otherwise all zeros decode to the equal split above the floors, as without it.
 - MBA: level ``j`` is the fraction ``(j + 1) / mba_levels`` of full bandwidth, mapped to
   the highest value the kernel accepts at or below it by :func:`models.allocation.mb_level`
   (so granularity and range hold, including AMD and mba_MBps modes). Without MBA the MBA
@@ -107,12 +114,15 @@ class ActionDecoder:
     max_groups: int = 8
     share_levels: int = 8
     mba_levels: int = 10
+    share_all: bool = False  # all-zero share levels: the unpartitioned cache (docstring)
 
     def __post_init__(self) -> None:
         for name in ("max_groups", "share_levels", "mba_levels"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.share_all, bool):
+            raise ValueError(f"share_all must be true or false, got {self.share_all!r}")
         bounds = (self.share_levels,) * self.max_groups + (self.mba_levels,) * self.max_groups
         object.__setattr__(self, "_bounds", bounds)
 
@@ -127,6 +137,8 @@ class ActionDecoder:
             "share_levels": self.share_levels,
             "mba_levels": self.mba_levels,
             "nvec": self.nvec.tolist(),
+            # only when on: a layout without the key (every export before it) means off
+            **({"share_all": True} if self.share_all else {}),
         }
 
     def action_mask(self, n_present: int, caps: NodeCapabilities) -> np.ndarray:
@@ -331,13 +343,15 @@ def decode_arrays(
     fewest ways and the lowest MBA level each slot gets whatever its levels say (0: the
     minimum slice, the lowest level); only the ways above the floors are apportioned by
     the share levels. Floors must fit the cache (the shield fits them); they are not used
-    where groups have to share slices."""
+    where groups have to share slices. With ``decoder.share_all``, all-zero share levels
+    give every present slot the whole cache where ``floor`` allows it (module docstring)."""
     N, S = levels.shape[0], decoder.max_groups
     n = layout.n_present
     present = np.arange(S) < n[:, None]
     share = np.where(present, levels[:, :S], 0)
     total = np.where(layout.has_l3, layout.total, 0)
-    shared = layout.has_l3 & (n * layout.least > total)
+    whole = _unpartitioned(decoder, layout, share, present, floor)
+    shared = layout.has_l3 & (n * layout.least > total) & ~whole
     least = np.broadcast_to(layout.least[:, None], (N, S))
     if floor is not None:
         least = np.where(present & ~shared[:, None], np.maximum(least, floor), least)
@@ -356,6 +370,11 @@ def decode_arrays(
     ways = np.where(layout.has_l3[:, None], ways, 0)
     start = layout.offset[:, None] + np.cumsum(ways, axis=1) - ways
     masks = np.where(ways > 0, ((np.int64(1) << ways) - 1) << start, 0).astype(np.int64)
+    if whole.any():
+        every = whole[:, None] & present
+        ways = np.where(every, total[:, None], ways)
+        full = ((np.int64(1) << total) - 1) << layout.offset
+        masks = np.where(every, full[:, None], masks)
     for b in np.flatnonzero(shared):  # more groups than slices: they share (rare)
         k = int(n[b])
         slots = [str(i) for i in range(k)]
@@ -369,6 +388,18 @@ def decode_arrays(
     return Decoded(ways, masks, mb, shared)
 
 
+def _unpartitioned(decoder, layout, share, present, floor) -> np.ndarray:
+    """(N,) rows whose all-zero share levels mean the unpartitioned cache: ``share_all``
+    on, a cache to share, and no LC floor above the group's share of it."""
+    if not decoder.share_all:
+        return np.zeros(len(share), dtype=bool)
+    whole = layout.has_l3 & (layout.n_present > 0) & ~share.any(axis=1)
+    if floor is not None:
+        part = np.where(layout.has_l3, layout.total, 0) // np.maximum(layout.n_present, 1)
+        whole &= ~(present & (floor > part[:, None])).any(axis=1)
+    return whole
+
+
 def nearest_levels(
     decoder: ActionDecoder,
     layout: DecodeLayout,
@@ -380,6 +411,9 @@ def nearest_levels(
     """The decoder's inverse: levels (2 * max_groups,) whose decoding on one node
     (``layout``, one row) under the shield's ``floors`` is closest to ``ways`` and ``mb``
     per present slot (what a teacher's allocation becomes as a label for the policy).
+    A target of every way for every slot is the unpartitioned cache: with ``share_all``
+    all-zero share levels where the floors allow it, else each slot's share of the cache
+    (``ways // slots``, as the shield counts shared ways).
 
     Ways come first. With few slots every share vector is tried in one array pass
     (:data:`EXHAUSTIVE_LEVELS`); else, from shares proportional to each slot's ways above
@@ -401,6 +435,13 @@ def nearest_levels(
     if not layout.has_l3[0]:
         return levels
     want_ways = np.asarray(ways, dtype=np.int64)[:n]
+    total = int(layout.total[0])
+    if n > 1 and (want_ways >= total).all():  # every slot on every way: unpartitioned
+        share = np.zeros((1, S), dtype=np.int64)
+        fl = None if floors is None else floors[0]
+        if _unpartitioned(decoder, layout, share, np.arange(S) < n, fl)[0]:
+            return levels  # share levels all 0
+        want_ways = np.full(n, total // n)
     least = np.full(n, layout.least[0])
     if floors is not None:
         least = np.maximum(least, floors[0][0, :n])

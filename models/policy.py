@@ -212,7 +212,8 @@ class RandomController(ActingController):
         shield: the SLO shield (True, a mapping of options, or False).
         baseline: start state (``keep``, ``equal``, ``full``).
         seed: the random stream's seed.
-        max_groups, share_levels, mba_levels: the action design (training's defaults).
+        max_groups, share_levels, mba_levels, share_all: the action design (training's
+            defaults; :class:`models.actions.ActionDecoder`).
     """
 
     name = "random"
@@ -226,10 +227,11 @@ class RandomController(ActingController):
         max_groups: int = 8,
         share_levels: int = 5,
         mba_levels: int = 4,
+        share_all: bool = False,
     ) -> None:
         super().__init__(
             FeatureEncoder(max_groups, 1),  # random actions read no feature: the cheapest
-            ActionDecoder(max_groups, share_levels, mba_levels),
+            ActionDecoder(max_groups, share_levels, mba_levels, share_all),
             shield=shield,
             baseline=baseline,
         )
@@ -267,6 +269,7 @@ class PolicyController(ActingController):
                     int(actions["max_groups"]),
                     int(actions["share_levels"]),
                     int(actions["mba_levels"]),
+                    bool(actions.get("share_all", False)),
                 ),
                 # as trained: the shield it learned behind, the start state of its episodes
                 # (an export from before the shield and the start state: equal split)

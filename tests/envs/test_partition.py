@@ -334,3 +334,33 @@ def test_episodes_start_from_the_nodes_allocation_by_default(vector: bool) -> No
         fractions = row[ways : enc.max_groups * enc.group_size : enc.group_size]
         assert present.sum() >= 2 and (fractions[present] == 1.0).all()
     env.close()
+
+
+@pytest.mark.parametrize("share_all", [False, True])
+def test_share_all_lets_an_action_leave_the_cache_unpartitioned(share_all: bool) -> None:
+    """All-zero share levels: with ``share_all`` every group stays on every way (what the
+    oracle and the unpartitioned baseline hold; the MBA levels still apply); without it
+    they are the equal split into disjoint masks."""
+    env = gym.make(
+        envs.PARTITION_ID,
+        scenarios=["copart_h_llc"],
+        split="all",
+        episode_steps=3,
+        shield=True,
+        share_all=share_all,
+    )
+    env.reset(seed=1)
+    base = env.unwrapped
+    action = np.zeros(base.action_space.shape, dtype=np.int64)
+    action[base.decoder.max_groups] = base.decoder.mba_levels - 1  # the first: full bandwidth
+    for _ in range(2):
+        env.step(action)
+    held = base.node.allocation()
+    masks = [held.get(g, 0).l3_mask for g in base.slots]
+    full = base.capabilities.l3.cbm_mask
+    assert len(masks) >= 2
+    assert (masks == [full] * len(masks)) is share_all
+    if not share_all:
+        assert sum(m.bit_count() for m in masks) == full.bit_count()  # disjoint
+    assert held.get(base.slots[0], 0).mb > held.get(base.slots[1], 0).mb
+    env.close()

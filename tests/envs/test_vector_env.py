@@ -65,6 +65,8 @@ def _ref_masks(ref) -> np.ndarray:
         ("NextStep", {"sim_step_s": 0.2}),
         ("SameStep", {"shield": True, "baseline": "full", "split": "validation"}),
         ("NextStep", {"shield": {"high": 0.6, "low": 0.3}}),
+        # two share levels: all-zero actions (the unpartitioned cache) come often
+        ("SameStep", {"shield": True, "share_all": True, "share_levels": 2}),
     ],
 )
 def test_matches_single_envs_step_by_step(mode: str, kwargs: dict) -> None:

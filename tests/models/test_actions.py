@@ -228,13 +228,14 @@ def test_bad_decoder_sizes_are_rejected() -> None:
     preset=st.sampled_from(PRESETS),
     seed=st.integers(0, 10_000),
     floored=st.booleans(),
+    share_all=st.booleans(),
 )
-def test_nearest_levels_inverts_the_decoder_behind_floors(preset, seed, floored) -> None:
+def test_nearest_levels_inverts_the_decoder_behind_floors(preset, seed, floored, share_all):
     # A teacher's allocation becomes a label by nearest_levels (training/dagger.py): any
     # allocation an action decodes to, under the shield's floors, must come back exactly.
     node = _node(preset, seed)
     caps = node.capabilities()
-    dec = ActionDecoder(MAX_GROUPS, share_levels=5, mba_levels=4)
+    dec = ActionDecoder(MAX_GROUPS, share_levels=5, mba_levels=4, share_all=share_all)
     slots = slot_order(node.groups(), MAX_GROUPS)
     layout = dec.prepare(slots, caps).layout
     rng = np.random.default_rng(seed)
@@ -254,3 +255,83 @@ def test_nearest_levels_inverts_the_decoder_behind_floors(preset, seed, floored)
     assert got.ways[0, :n].tolist() == want.ways[0, :n].tolist()
     np.testing.assert_array_equal(got.mb[0, :n], want.mb[0, :n])
     assert not got_levels[n:MAX_GROUPS].any() and not got_levels[MAX_GROUPS + n :].any()
+
+
+def _floors(*ways: int, size: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    f = np.zeros((1, size), dtype=np.int64)
+    f[0, : len(ways)] = ways
+    return f, np.zeros((1, size), dtype=np.int64)
+
+
+@pytest.mark.parametrize("kind", ["shared-min2", "mbps", "amd"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_share_all_zero_levels_mean_the_unpartitioned_cache(kind: str, n: int) -> None:
+    # The state the oracle and the unpartitioned baseline hold: every group on every way,
+    # the MBA levels as said; without share_all the same action is the equal split.
+    caps = SYNTHETIC[kind]
+    slots = ["a", "b", "c"][:n]
+    action = [0, 0, 0, 0, *[3, 1, 2][:n], *[0] * (4 - n)]
+    on = ActionDecoder(4, share_levels=5, mba_levels=4, share_all=True).decode(action, slots, caps)
+    off = ActionDecoder(4, share_levels=5, mba_levels=4).decode(action, slots, caps)
+    assert set(on.masks.values()) == {caps.l3.cbm_mask}
+    assert on.ways == dict.fromkeys(slots, caps.l3.cbm_mask.bit_count())
+    assert on.mb == off.mb and not on.shared and on.repairs == ()
+    assert len(set(off.masks.values())) == n or off.shared
+    held = GroupAllocation(l3_mask=caps.l3.cbm_mask, mb=caps.mba.max_bandwidth)
+    current = Allocation({g: {0: held} for g in slots})
+    validate_plan(on.plan, PlanContext(caps=caps, current=current))
+    # any non-zero level, or all levels equal and non-zero, is a split as before
+    for levels in ([1, 1, 1], [0, 2, 0]):
+        act = [*levels[:n], *[0] * (4 - n), *action[4:]]
+        assert (
+            ActionDecoder(4, 5, 4, True).decode(act, slots, caps).masks
+            == ActionDecoder(4, 5, 4).decode(act, slots, caps).masks
+        )
+
+
+def test_share_all_behind_the_shield() -> None:
+    # Honoured while no LC floor exceeds its group's share of the shared cache (11 // 3 =
+    # 3 ways, as the shield counts shared ways); a floor above it (the shield under
+    # pressure) decodes all zeros to the equal split above the floors, as without it.
+    caps = _caps(11, 1, SYNTHETIC["shared-min2"].mba)
+    slots = ["lc", "b", "c"]
+    on = ActionDecoder(4, 5, 4, share_all=True).prepare(slots, caps)
+    off = ActionDecoder(4, 5, 4).prepare(slots, caps)
+    action = [0] * 8
+    assert on.decode(action, _floors(3)).ways == dict.fromkeys(slots, 11)
+    assert on.decode(action, _floors(4)).ways == off.decode(action, _floors(4)).ways
+    assert on.decode(action, _floors(4)).ways == {"lc": 6, "b": 3, "c": 2}
+    levels = on.decoder.levels(action)
+    d = decode_arrays(on.decoder, on.layout, np.array([levels]), *_floors(3))
+    assert d.masks[0, :3].tolist() == [caps.l3.cbm_mask] * 3
+
+
+@pytest.mark.parametrize(
+    "floor, share_all, want",
+    [
+        (0, True, None),  # the unpartitioned cache, said directly
+        (3, True, None),  # at its share: still allowed
+        (5, True, [5, 3, 3]),  # the shield wants 5 ways: the nearest split, a share each
+        (0, False, [4, 4, 3]),  # the decoder cannot say it: the equal split
+    ],
+)
+def test_nearest_levels_of_the_unpartitioned_cache(floor, share_all, want) -> None:
+    caps = _caps(11, 1, SYNTHETIC["shared-min2"].mba)
+    dec = ActionDecoder(4, 5, 4, share_all=share_all)
+    layout = dec.prepare(["lc", "b", "c"], caps).layout
+    floors = _floors(floor)
+    got = nearest_levels(dec, layout, [11, 11, 11], [100, 100, 100], floors)
+    d = decode_arrays(dec, layout, got[None], *floors)
+    assert got[4:7].tolist() == [3, 3, 3]  # MBA as asked
+    if want is None:
+        assert got[:3].tolist() == [0, 0, 0]
+        assert d.masks[0, :3].tolist() == [caps.l3.cbm_mask] * 3
+    else:
+        assert d.ways[0, :3].tolist() == want
+
+
+def test_share_all_is_in_the_layout_only_when_on() -> None:
+    assert "share_all" not in ActionDecoder(4, 5, 4).layout()
+    assert ActionDecoder(4, 5, 4, share_all=True).layout()["share_all"] is True
+    with pytest.raises(ValueError, match="share_all"):
+        ActionDecoder(4, 5, 4, share_all="yes")

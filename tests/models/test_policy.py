@@ -209,3 +209,17 @@ def test_starts_and_acts_as_trained_shield_and_start_state(tmp_path):
     )
     with pytest.raises(PolicyError, match="shield must be"):
         PolicyController(bad)
+
+
+def test_decodes_with_the_action_design_of_its_card(tmp_path):
+    """``share_all`` in the card's actions (an export trained with it): all-zero share
+    levels mean the unpartitioned cache at run time too; a card without the key (every
+    export before it) decodes them as the equal split."""
+    assert not PolicyController().decoder.share_all
+    on = _copy(DEFAULT_POLICY, tmp_path / "s", **{"runtime.actions.share_all": True})
+    ctrl = PolicyController(on)
+    assert ctrl.decoder.share_all
+    node = SimNode("copart_h_llc", seed=1)
+    slots = ctrl.encoder.slots(node.groups())
+    decoded = ctrl.decoder.decode([0] * 16, slots, node.capabilities())
+    assert set(decoded.masks.values()) == {node.capabilities().l3.cbm_mask}

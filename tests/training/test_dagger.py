@@ -50,6 +50,26 @@ def test_teacher_labels_put_the_oracles_allocation_on_the_node(shield) -> None:
     env.close()
 
 
+@pytest.mark.parametrize("share_all", [False, True])
+def test_teacher_labels_the_unpartitioned_cache_when_the_decoder_can_say_it(share_all) -> None:
+    # CoPart's H-LLC mix: the oracle keeps the cache unpartitioned (every group on every
+    # way). With share_all the label says so; without, it is the nearest disjoint split.
+    env = _make(scenarios=["copart_h_llc"], split="all", shield=True, share_all=share_all)()
+    u = env.unwrapped
+    teacher = OracleTeacher()
+    env.reset(seed=0)
+    teacher.start(env)
+    for _ in range(3):
+        label = teacher.label(env)
+        env.step(label)
+    full = u.capabilities.l3.cbm_mask
+    assert teacher.target(env)[0] == [full.bit_count()] * len(u.slots)
+    masks = [u.held_allocation.get(g, 0).l3_mask for g in u.slots]
+    assert (masks == [full] * len(masks)) is share_all
+    assert (label[: len(u.slots)] == 0).all() or not share_all
+    env.close()
+
+
 def test_decoded_same_compares_meanings_not_levels() -> None:
     env = _make()()
     env.reset(seed=0)
