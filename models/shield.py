@@ -28,6 +28,16 @@ fitted to the cache. Floors always fit: the LC floors of a node together leave t
 minimum slice to every other present group (the largest floor gives way first); with more
 groups than minimum slices the decoder's sharing repair applies and floors are not used.
 
+**Cliffs are remembered** (``remember``). Slack does not warn of a cliff: a service whose
+footprint fits two ways can show a tail at 0.4x its target there and 7x at one way, so the
+rule above alone lets a policy walk it down the slope, over the edge, back up and down
+again, one violated interval in every few (docs/TRAINING.md, "The shield's cliff
+memory"). When an interval under pressure follows a shrink, the size before the shrink
+becomes a lower bound on that group's floor until the episode (or run, or set of groups)
+ends: the shield does not release below a size that has already failed. Ubik sizes LC
+partitions from their miss curves (section 5.2); without a curve, the edge that was hit
+is the one point of it the shield knows.
+
 Readings where the paper is silent (thresholds, one way per interval) are ours. One
 definition on arrays over N nodes and S slots: the single environment, the vector
 environment and the policy controller (the online tuner's) all step :class:`Shield`, so
@@ -56,6 +66,8 @@ class ShieldConfig:
         step: each ``step`` of ratio above ``high`` grows the floor one way more.
         max_grow: most ways the floor grows by in one interval.
         release: ways an LC group may lose in one interval of ample slack.
+        remember: keep the size before a shrink that met pressure as the group's lowest
+            floor (the module docstring's cliffs).
     """
 
     high: float = 0.8
@@ -63,6 +75,7 @@ class ShieldConfig:
     step: float = 0.1
     max_grow: int = 4
     release: int = 1
+    remember: bool = True
 
     def __post_init__(self) -> None:
         if not (0 < self.low < self.high and math.isfinite(self.high)):
@@ -73,6 +86,8 @@ class ShieldConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.remember, bool):
+            raise ValueError(f"remember must be true or false, got {self.remember!r}")
 
     @classmethod
     def of(cls, value: ShieldConfig | bool | dict | None) -> ShieldConfig | None:
@@ -112,6 +127,10 @@ class Shield:
         self.floor = np.zeros((n, slots), dtype=np.int64)
         self.mb_floor = np.zeros((n, slots), dtype=np.int64)
         self.is_lc = np.zeros((n, slots), dtype=bool)
+        # the lowest floor a slot may have (a size that met pressure after a shrink, and
+        # what it held at the last update: to see the shrink)
+        self.guard = np.zeros((n, slots), dtype=np.int64)
+        self._last_held = np.zeros((n, slots), dtype=np.int64)
         self._least = np.ones(n, dtype=np.int64)
         self._total = np.zeros(n, dtype=np.int64)
         self._present = np.zeros((n, slots), dtype=bool)
@@ -139,6 +158,8 @@ class Shield:
         self._mb_top[rows] = np.where(has_mba, layout.mb_table.shape[1] - 1, 0)
         self._usable[rows] = layout.has_l3 & (layout.n_present * layout.least <= layout.total)
         self.floor[rows] = np.where(self.is_lc[rows], held_ways, 0)
+        self.guard[rows] = 0
+        self._last_held[rows] = held_ways
         lv = held_levels(held_mb, layout.mb_table)
         self.mb_floor[rows] = np.where(self.is_lc[rows] & has_mba[:, None], lv, 0)
         self._fit(rows)
@@ -162,6 +183,13 @@ class Shield:
         floor = np.where(lc, held_ways, 0)
         floor = np.where(pressure, held_ways + grow.astype(np.int64), floor)
         floor = np.where(ample, np.maximum(held_ways - c.release, least), floor)
+        if c.remember:
+            before = self._last_held[rows]
+            fell = pressure & (held_ways < before)  # the shrink went over an edge
+            guard = np.where(fell, np.maximum(self.guard[rows], before), self.guard[rows])
+            self.guard[rows] = guard
+            floor = np.maximum(floor, guard)
+        self._last_held[rows] = held_ways
         self.floor[rows] = floor
         top = self._mb_top[rows][:, None]
         mb = np.where(lc, held_mb_level, 0)

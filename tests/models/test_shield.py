@@ -77,6 +77,32 @@ def test_feedback_on_tail_slack(ratio: float, held: int, floor: int) -> None:
     assert mb[0, 0] == expect_mb
 
 
+@pytest.mark.parametrize("remember", [True, False])
+def test_a_shrink_that_meets_pressure_is_not_repeated(remember: bool) -> None:
+    # Walked down one way per interval of ample slack, the group falls over an edge at 2
+    # ways (pressure right after the shrink from 3): 3 becomes its lowest floor for the
+    # rest of the episode, however ample the slack later; without the memory it is walked
+    # down again.
+    sh, lay = _shield([True, False], [4, 7], config=ShieldConfig(remember=remember))
+    floors = []
+    for ratio, held in [(0.3, 4), (0.3, 3), (2.0, 2), (0.3, 6), (0.3, 5), (0.3, 4), (0.3, 3)]:
+        _update(sh, [ratio, math.nan], [held, 11 - held])
+        floors.append(int(sh.floors()[0][0, 0]))
+    assert floors[:6] == [3, 2, 6, 5, 4, 3]
+    assert floors[6] == (3 if remember else 2)
+    sh.reset(np.array([0]), sh.is_lc[:1], lay, np.array([[3, 8, 0, 0]]), np.full((1, 4), np.nan))
+    _update(sh, [0.3, math.nan], [3, 8])
+    assert sh.floors()[0][0, 0] == 2  # a new episode forgets
+
+
+def test_pressure_without_a_shrink_leaves_no_memory() -> None:
+    # the load rose while the group kept its ways: no edge was found, the floor comes back down
+    sh, _ = _shield([True, False], [3, 8])
+    for ratio, held, want in [(2.0, 3, 7), (0.3, 7, 6), (0.3, 6, 5), (0.3, 3, 2)]:
+        _update(sh, [ratio, math.nan], [held, 11 - held])
+        assert sh.floors()[0][0, 0] == want
+
+
 def test_decoded_lc_ways_never_fall_below_the_floor() -> None:
     sh, lay = _shield([True, True, False, False], [3, 3, 3, 2])
     _update(sh, [1.2, 0.9, math.nan, math.nan], [3, 3, 3, 2])
@@ -111,6 +137,8 @@ def test_config_checks() -> None:
         ShieldConfig.of({"hgih": 0.9})
     with pytest.raises(ValueError, match="low < high"):
         ShieldConfig(low=0.9, high=0.8)
+    with pytest.raises(ValueError, match="remember"):
+        ShieldConfig(remember=1)
 
 
 def test_random_controller_behind_the_shield_keeps_lc_at_its_floor() -> None:
