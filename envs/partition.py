@@ -106,10 +106,8 @@ class _PartitionEnv(gym.Env):
         self.episode_steps = episode_steps
         self.weights = RewardWeights.of(reward_weights)
         self.baseline = baseline
-        self.shield_config = ShieldConfig.of(shield)
-        self._shield = (
-            NodeShield(max_groups, self.shield_config) if self.shield_config is not None else None
-        )
+        cfg = self.shield_config = ShieldConfig.of(shield)
+        self._shield = NodeShield(max_groups, cfg) if cfg is not None else None
         self._init_seed = seed
         self.observation_space = spaces.Box(self.encoder.low, self.encoder.high, dtype=np.float32)
         self.action_space = spaces.MultiDiscrete(self.decoder.nvec)

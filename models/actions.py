@@ -427,21 +427,13 @@ def nearest_levels(
     levels = np.zeros(2 * S, dtype=np.int64)
     if n == 0:
         return levels
-    table = layout.mb_table[0]
-    if mb is not None and np.isfinite(table).any():
-        want = np.asarray(mb, dtype=float)[:n]
-        gap = np.abs(table[None, :] - np.where(np.isfinite(want), want, np.inf)[:, None])
-        levels[S : S + n] = np.where(np.isfinite(want), np.nanargmin(gap, axis=1), len(table) - 1)
+    if mb is not None and np.isfinite(layout.mb_table[0]).any():
+        levels[S : S + n] = _nearest_mb_levels(layout.mb_table[0], np.asarray(mb, float)[:n])
     if not layout.has_l3[0]:
         return levels
-    want_ways = np.asarray(ways, dtype=np.int64)[:n]
-    total = int(layout.total[0])
-    if n > 1 and (want_ways >= total).all():  # every slot on every way: unpartitioned
-        share = np.zeros((1, S), dtype=np.int64)
-        fl = None if floors is None else floors[0]
-        if _unpartitioned(decoder, layout, share, np.arange(S) < n, fl)[0]:
-            return levels  # share levels all 0
-        want_ways = np.full(n, total // n)
+    want_ways = _way_target(decoder, layout, np.asarray(ways, dtype=np.int64)[:n], floors)
+    if want_ways is None:
+        return levels  # share levels all 0: the unpartitioned cache
     least = np.full(n, layout.least[0])
     if floors is not None:
         least = np.maximum(least, floors[0][0, :n])
@@ -468,6 +460,28 @@ def nearest_levels(
             break
         levels = _moved(levels, moves[best])
     return levels
+
+
+def _nearest_mb_levels(table: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Per slot, the MBA level whose MB value in ``table`` is nearest ``want`` (NaN: the
+    top level)."""
+    gap = np.abs(table[None, :] - np.where(np.isfinite(want), want, np.inf)[:, None])
+    return np.where(np.isfinite(want), np.nanargmin(gap, axis=1), len(table) - 1)
+
+
+def _way_target(decoder, layout, want_ways, floors) -> np.ndarray | None:
+    """The ways :func:`nearest_levels` aims at: ``want_ways`` itself, unless it is every
+    way for every slot (the unpartitioned cache): then None where all-zero share levels
+    say that (``share_all``, the floors allowing), else each slot's share of the cache."""
+    n, total = len(want_ways), int(layout.total[0])
+    if n < 2 or (want_ways < total).any():
+        return want_ways
+    S = decoder.max_groups
+    share = np.zeros((1, S), dtype=np.int64)
+    fl = None if floors is None else floors[0]
+    if _unpartitioned(decoder, layout, share, np.arange(S) < n, fl)[0]:
+        return None
+    return np.full(n, total // n)
 
 
 def _level_moves(n: int, values: int) -> tuple[np.ndarray, np.ndarray]:
