@@ -18,7 +18,12 @@ class Every(Controller):
     interval's snapshots merged into one (counters summed, occupancy the latest, latency
     percentiles request-weighted means — an approximation; counts exact), and the
     allocation is kept in between. So a policy trained at one decision a second runs at its
-    own cadence on a node observed every 0.1 s (spec option ``decide_s``)."""
+    own cadence on a node observed every 0.1 s (spec option ``decide_s``).
+
+    The first decision after :meth:`start` comes after one interval, not ``k``: the node
+    as found (unpartitioned on first sight) may already miss an SLO, and waiting a whole
+    period would let that miss fill the first SLO window (measured: docs/TRAINING.md,
+    "The shield's cliff memory", the demo)."""
 
     def __init__(self, inner: Controller, k: int) -> None:
         if k < 1:
@@ -27,15 +32,18 @@ class Every(Controller):
         self.name = inner.name
         self.needs_tasks = inner.needs_tasks
         self._pending: list[Snapshot] = []
+        self._first = True  # the first decision after start: after one interval
 
     def start(self, ctx: ControlContext) -> Decision:
         self._pending = []
+        self._first = True
         return self.inner.start(ctx)
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         self._pending.append(snapshot)
-        if len(self._pending) < self.k:
+        if len(self._pending) < self.k and not self._first:
             return KEEP
+        self._first = False
         merged, self._pending = merge_snapshots(self._pending), []
         return self.inner.decide(merged, ctx)
 

@@ -10,9 +10,9 @@ from agent.node import Node, StepByParts
 from agent.sim import SimNode
 from agent.types import GroupKind
 from models import catalogue
-from models.cadence import merge_snapshots
+from models.cadence import Every, merge_snapshots
 from models.catalogue import ControllerSpec, split_specs
-from models.controller import Controller, drive
+from models.controller import KEEP, Controller, drive
 from models.setup import Need, Setup, Unavailable
 
 
@@ -179,7 +179,21 @@ def test_decide_s_slows_any_controller_down() -> None:
     node = SimNode("default", 1)
     records = drive(build("ucp[period=1,decide_s=1]", node, node, 0.1), node, node, 60, 0.1)
     changed = [i for i, r in enumerate(records) if r.decision.plan is not None]
-    assert changed and all(i % 10 == 9 for i in changed)  # decisions only every 10th interval
+    assert len(changed) > 1 and all(i % 10 == 0 for i in changed)  # every 10th interval
+
+    class Counting(Controller):
+        name = "counting"
+        seen: list[float] = []
+
+        def decide(self, snapshot, ctx):
+            self.seen.append(snapshot.interval_s)
+            return KEEP
+
+    inner = Counting()
+    drive(Every(inner, 10), node, node, 25, 0.1)
+    # the first decision after one interval (the node as found may miss an SLO already),
+    # then one per 10 intervals, each from the 10 merged
+    assert inner.seen == pytest.approx([0.1, 1.0, 1.0])
     with pytest.raises(ValueError, match="whole number"):
         build("eq[decide_s=0.25]", node, node, 0.1)
 
