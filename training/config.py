@@ -104,6 +104,9 @@ class EvalConfig(Strict):
     heuristics_at_start: bool = True  # also evaluate them before training (TensorBoard lines)
     final_kwargs: dict[str, Any] = {"split": "test"}  # merged over kwargs
     final_episodes: PositiveInt = 32
+    # which checkpoint the run keeps as best_model.zip: the best mean validation return
+    # ("return"), or the last one evaluated ("last": the evaluations only log)
+    select: Literal["return", "last"] = "return"
 
     @field_validator("kwargs")
     @classmethod

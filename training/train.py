@@ -17,7 +17,8 @@ Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered step
    let :class:`EvalCallback` evaluate the policy every ``eval.freq`` steps on the same
    ``eval.episodes`` validation episodes (64 by default: with 8, the standard error of the
    mean return was a third of the spread between checkpoints), log to TensorBoard and keep
-   the best checkpoint (``best_model.zip``);
+   the selected checkpoint as ``best_model.zip`` (``eval.select``: the best validation
+   return, or the last one: with ``eval.freq: 0`` the model after the final update);
 5. learn (with SB3's progress bar), save ``model.zip``; every rollout + update cycle's env
    steps/s go to TensorBoard (``time/env_steps_per_s``) and ``throughput.jsonl``;
 6. final evaluation of the best checkpoint and the heuristics on the *test* split
@@ -68,8 +69,8 @@ class TrainResult:
         from training.evaluate import table
 
         lines = [
-            f"run: {self.run_dir}  ({self.seconds / 60:.1f} min; best checkpoint at step "
-            f"{self.best_step}, selection return {self.best_return:.2f})",
+            f"run: {self.run_dir}  ({self.seconds / 60:.1f} min; checkpoint kept: step "
+            f"{self.best_step}, validation return {self.best_return:.2f})",
         ]
         if self.throughput is not None and self.throughput.steps:
             t = self.throughput
@@ -255,8 +256,9 @@ def _obs_norm(venv):
 
 
 def make_eval_callback(cfg, venv, run_dir: Path, heuristics: list, on_eval: Callable | None):
-    """SB3 callback: every ``eval.freq`` steps, evaluate on the held-out family, log,
-    keep the best checkpoint (and tell ``on_eval``, e.g. Ray Tune's reporter)."""
+    """SB3 callback: every ``eval.freq`` steps and at the end, evaluate on the held-out
+    family, log, keep the selected checkpoint (``eval.select``: the best validation return,
+    or the last one evaluated) and tell ``on_eval`` (e.g. Ray Tune's reporter)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     from training.evaluate import evaluate_policy, make_eval_env
@@ -297,7 +299,7 @@ def make_eval_callback(cfg, venv, run_dir: Path, heuristics: list, on_eval: Call
             for h in heuristics:
                 self.logger.record(f"eval/{h.name}_return", h.mean_return)
             self.logger.dump(self.num_timesteps)
-            improved = row.mean_return > self.best
+            improved = cfg.eval.select == "last" or row.mean_return > self.best
             if improved:
                 self.best, self.best_step = row.mean_return, self.num_timesteps
                 self.model.save(run_dir / "best_model.zip")

@@ -91,6 +91,7 @@ def test_overrides_apply_and_revalidate():
         ({"eval": {"final_episodes": 0}}, "eval.final_episodes"),
         ({"eval": {"final_kwargs": {"split": "nope"}}}, "eval.final_kwargs: split must be one"),
         ({"eval": {"controllers": "eq"}}, "eval.controllers: must be a valid list"),
+        ({"eval": {"select": "best"}}, "eval.select"),
         ({"policy": {"activation": "gelu"}}, "policy.activation"),
         ({"policy": {"extractor": {"pool": ["sum"]}}}, "policy.extractor.pool"),
         ({"policy": {"net_arch": {"pi": [0]}}}, "policy.net_arch.pi"),

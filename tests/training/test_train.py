@@ -138,3 +138,21 @@ def test_non_finite_action_logits_stop_training_with_a_clear_error(tmp_path, hea
             model.policy(obs)
     finally:
         venv.close()
+
+
+@pytest.mark.xdist_group("tiny_runs")
+def test_select_last_keeps_the_model_after_the_final_update(tmp_path) -> None:
+    # eval.select: last with eval.freq: 0 - one evaluation, at the end, of the model every
+    # update made; it is what best_model.zip holds (and what export takes by default)
+    from tests.training.tiny_runs import TINY
+
+    cfg = tiny_config(tmp_path / "run", eval={**TINY["eval"], "freq": 0, "select": "last"})
+    result = train(cfg, final_eval=False)
+    d = result.run_dir
+    evals = [json.loads(x) for x in (d / "evaluations.jsonl").read_text().splitlines()]
+    assert [(e["timesteps"], e["best"]) for e in evals] == [(128, True)]
+    assert result.best_step == 128
+    kept = load_model(d / "best_model.zip", "MaskablePPO").policy.state_dict()
+    last = load_model(d / "model.zip", "MaskablePPO").policy.state_dict()
+    assert kept.keys() == last.keys()
+    assert all(torch.equal(kept[k], last[k]) for k in kept)
