@@ -245,20 +245,26 @@ def _training_section() -> list[str]:
     card = ModelCard.read(DEFAULT_POLICY)
     ev = card.evaluation or {}
     kw = ev.get("eval_kwargs") or {}
+    select = (card.training_config.get("eval") or {}).get("select", "return")
+    kept = (
+        "the model after PPO's last update"
+        if select == "last"
+        else f"the best mean return on {ev.get('selection_episodes')} validation episodes"
+    )
     return [
         "## The bundled policy's training table (model card)",
         "",
         f"`models/policies/default` ({card.algorithm}, exported {card.created}): "
-        f"its best checkpoint (step {ev.get('best_step')} of {ev.get('total_timesteps')}, "
-        f"selected on {ev.get('selection_episodes')} validation episodes) and the heuristics "
+        f"the checkpoint its run kept (step {ev.get('best_step')} of "
+        f"{ev.get('total_timesteps')}: {kept}) and the heuristics "
         f"on {ev.get('episodes')} episodes of the `{kw.get('split')}` split (seeds from "
         f"{ev.get('seed')}), scored with the env's reward (training/evaluate.py). "
         f"Trained by `{card.command or 'rdtune train --config training/configs/default.yaml'}`"
         "; its learning curves, and the levers behind it measured on the validation and "
         "held-out suites (the ablation table), are in docs/TRAINING.md.",
         "",
-        "![The shipped run's learning curves: DAgger rounds and checkpoint evaluations]"
-        "(img/learning_curves.png)",
+        "![The shipped run's learning curves beside the run shipped before it: DAgger "
+        "rounds and checkpoint evaluations](img/learning_curves_shipped.png)",
         "",
         _card_table(ev.get("rows") or []),
         "",

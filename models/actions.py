@@ -350,8 +350,10 @@ def decode_arrays(
     present = np.arange(S) < n[:, None]
     share = np.where(present, levels[:, :S], 0)
     total = np.where(layout.has_l3, layout.total, 0)
-    whole = _unpartitioned(decoder, layout, share, present, floor)
-    shared = layout.has_l3 & (n * layout.least > total) & ~whole
+    shared = layout.has_l3 & (n * layout.least > total)
+    whole = _unpartitioned(decoder, layout, share, present, floor) if decoder.share_all else None
+    if whole is not None:
+        shared &= ~whole
     least = np.broadcast_to(layout.least[:, None], (N, S))
     if floor is not None:
         least = np.where(present & ~shared[:, None], np.maximum(least, floor), least)
@@ -370,7 +372,7 @@ def decode_arrays(
     ways = np.where(layout.has_l3[:, None], ways, 0)
     start = layout.offset[:, None] + np.cumsum(ways, axis=1) - ways
     masks = np.where(ways > 0, ((np.int64(1) << ways) - 1) << start, 0).astype(np.int64)
-    if whole.any():
+    if whole is not None and whole.any():
         every = whole[:, None] & present
         ways = np.where(every, total[:, None], ways)
         full = ((np.int64(1) << total) - 1) << layout.offset

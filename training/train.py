@@ -554,8 +554,9 @@ def train(
 
 def warm_start(cfg, model, run_dir: Path, callback) -> None:
     """DAgger from the safe oracle (training/dagger.py) into ``model.policy``'s actor, then
-    one checkpoint evaluation at step 0: PPO's checkpoints must beat the warm start to
-    replace it as ``best_model.zip``. The rounds go to ``dagger.jsonl``."""
+    one checkpoint evaluation at step 0 (under ``eval.select: return`` PPO's checkpoints
+    must beat the warm start to replace it as ``best_model.zip``). The rounds go to
+    ``dagger.jsonl``."""
     import gymnasium as gym
     from stable_baselines3.common.utils import configure_logger
 
