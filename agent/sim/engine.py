@@ -40,8 +40,12 @@ import numpy as np
 from agent.sim.catalog import MachinePreset, Phase, WorkloadSpec
 from agent.sim.latency import (
     LatencyTable,
+    Pooled,
     fluid_backlog,
+    noisy_groups,
     observed_many,
+    observed_pooled,
+    pooled_for_observation,
     table_for,
     with_stalls,
 )
@@ -51,6 +55,10 @@ from agent.sim.scenario import LoadSchedule, Scenario, diurnal
 BACKLOG_CAP_S = 30.0  # clients time out: a queue never holds more than this much work
 COUNTERS = 5  # instructions, cycles, LLC references, LLC misses, memory bytes
 _PARTS = 16  # initial per-service room for step records between two reads (grows)
+# Observations of at most this many services keep their pooled quantiles by operating
+# point (a bigger batch's key costs more than its hits save), and so many of them.
+_POOLED_MEMO_SERVICES = 16
+_POOLED_MEMO_SIZE = 64
 
 
 @dataclass
@@ -171,7 +179,18 @@ class Engine:
         self._period: list[dict[int, float]] = [{} for _ in range(B)]
         self._cores_total = np.ones((B, 1))
         self._settle_bytes = np.zeros(B)
+        # Pooled latency quantiles by operating point (latency_of): a settled service
+        # asks for the same ones every interval.
+        self._pooled_memo: dict[tuple, Pooled | None] = {}
+        self._pooled_ids: tuple | None = None  # the services of the last key, its bytes
+        self._stalls = False  # some service has worker stalls
         self.reset_nodes(range(B), self.scenarios, seeds)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if "_pooled_memo" not in state:  # pickled before the pooled quantiles were kept
+            self._pooled_memo, self._pooled_ids = {}, None
+            self._stalls = bool(np.count_nonzero(self._stall[..., 0]))
 
     # ------------------------------------------------------------------ reset
 
@@ -277,6 +296,8 @@ class Engine:
         self._period[b] = {i: sum(p.duration_s for p in specs[i].phases) for i in phased}
         self._phased_mask[b, phased] = True
         self._lc_index = None  # the flat list of services is rebuilt on next use
+        self._pooled_memo.clear()  # services changed: their operating points too
+        self._stalls = bool(np.count_nonzero(self._stall[..., 0]))
         self._lookups = None  # and which entries have schedules to look up
 
     def _table_index(self, table: LatencyTable) -> int:
@@ -525,8 +546,12 @@ class Engine:
             return
         rate = self.lam[sb, si] * self.act[sb, si] * dt
         rho = self._rho[sb, si]
-        end, mean = fluid_backlog(self.backlog[sb, si], rho, dt)
-        self.backlog[sb, si] = np.minimum(end, BACKLOG_CAP_S)
+        backlog = self.backlog[sb, si]
+        if not np.count_nonzero(backlog) and rho.max() <= 1.0:
+            mean = np.zeros(len(rho))  # no queue, and none builds up (fluid_backlog's zeros)
+        else:
+            end, mean = fluid_backlog(backlog, rho, dt)
+            self.backlog[sb, si] = np.minimum(end, BACKLOG_CAP_S)
         req = np.array(
             [d(x) if x > 0 else 0 for d, x in zip(draws, rate.tolist(), strict=True)],
             dtype=np.int64,
@@ -547,6 +572,9 @@ class Engine:
         last = self.parts[sb, si, np.maximum(k - 1, 0)]
         same = (k > 0) & (last[:, 1:] == rec[:, 1:]).all(axis=1)
         n_same = np.count_nonzero(same)
+        if n_same == len(same):  # a steady operating point: every record grows
+            self.parts[sb, si, k - 1, 0] += rec[:, 0]
+            return
         if n_same:
             self.parts[sb[same], si[same], k[same] - 1, 0] += rec[same, 0]
         new = ~same
@@ -606,38 +634,66 @@ class Engine:
         k = self.nparts[mb, mi]
         parts = np.bincount(owner, weights=k, minlength=G).astype(np.int64)
         total = int(k.sum())
+        draw = rngs if noisy else [None] * G
         if not total:
             rec = np.zeros((0, 4))
             qf = np.zeros((0, len(self._tables[0].q[0]) if self._tables else 0))
-            base = np.zeros(0)
+            comp = (parts, rec[:, 0], rec[:, 1], rec[:, 2], qf)
+            return counts, observed_many(draw, counts, *comp)
+        key = None
+        if total == len(mb) and np.count_nonzero(k) == total:  # one record each
+            pb, pi, j = mb, mi, 0
+            if total <= _POOLED_MEMO_SERVICES:
+                key = self._pooled_key(pb, pi, owner, parts, draw, counts)
+                pooled = self._pooled_memo.get(key)
+                if pooled is not None:
+                    return counts, observed_pooled(pooled, draw, counts)
         else:
-            if total == len(mb) and np.count_nonzero(k) == total:  # one record each
-                pb, pi, j = mb, mi, 0
-            else:
-                svc = np.repeat(np.arange(len(mb)), k)
-                j = np.arange(total) - np.repeat(np.cumsum(k) - k, k)
-                pb, pi = mb[svc], mi[svc]
-            rec = self.parts[pb, pi, j]
-            base = self._base[pb, pi]
-            tno = self._table_no[pb, pi]
-            used = np.unique(tno) if total > 64 else sorted(set(tno.tolist()))
-            if len(used) == 1:  # one service shape: no gather
-                qf = self._tables[int(used[0])].quantiles(rec[:, 3])
-            else:
-                qf = np.empty((total, self._tables[0].q.shape[1]))
-                for t in used:
-                    at = tno == t
-                    qf[at] = self._tables[t].quantiles(rec[at, 3])
+            svc = np.repeat(np.arange(len(mb)), k)
+            j = np.arange(total) - np.repeat(np.cumsum(k) - k, k)
+            pb, pi = mb[svc], mi[svc]
+        rec = self.parts[pb, pi, j]
+        base = self._base[pb, pi]
+        tno = self._table_no[pb, pi]
+        used = np.unique(tno) if total > 64 else sorted(set(tno.tolist()))
+        if len(used) == 1:  # one service shape: no gather
+            qf = self._tables[int(used[0])].quantiles(rec[:, 3])
+        else:
+            qf = np.empty((total, self._tables[0].q.shape[1]))
+            for t in used:
+                at = tno == t
+                qf[at] = self._tables[t].quantiles(rec[at, 3])
         comp = (parts, rec[:, 0], base + rec[:, 1], rec[:, 2], qf)
-        if total:
-            stall = self._stall[pb, pi]
-            if stall[:, 0].any():
-                # Stall share: the worker's request rate (rho / S) x stalls per request x length.
-                lam_w = rec[:, 3] / np.maximum(rec[:, 2], 1e-30)
-                comp = with_stalls(*comp, lam_w * stall[:, 1] * stall[:, 0], stall[:, 0])
-        draw = rngs if noisy else [None] * G
-        p = observed_many(draw, counts, *comp)
-        return counts, p
+        stall = self._stall[pb, pi]
+        if stall[:, 0].any():
+            # Stall share: the worker's request rate (rho / S) x stalls per request x length.
+            lam_w = rec[:, 3] / np.maximum(rec[:, 2], 1e-30)
+            comp = with_stalls(*comp, lam_w * stall[:, 1] * stall[:, 0], stall[:, 0])
+        pooled = pooled_for_observation(draw, counts, *comp)
+        if key is not None:
+            if len(self._pooled_memo) >= _POOLED_MEMO_SIZE:
+                self._pooled_memo.clear()
+            self._pooled_memo[key] = pooled
+        return counts, observed_pooled(pooled, draw, counts)
+
+    def _pooled_key(self, pb, pi, owner, parts, draw, counts) -> tuple:
+        """What the pooled quantiles of services with one step record each depend on
+        besides the services themselves (their base latency, shape and stalls, fixed until
+        a reset clears the memo): the grouping, the records' operating point (mean backlog,
+        service time, utilisation), the request counts too where they weigh components
+        against each other (a group of several services, or a stall's share), and which
+        groups are noisy."""
+        ids = self._pooled_ids
+        if ids is None or ids[0] is not pb or ids[1] is not pi or ids[2] is not owner:
+            ids = (pb, pi, owner, pb.tobytes() + pi.tobytes() + owner.tobytes())
+            self._pooled_ids = ids
+        rec = self.parts[pb, pi, 0]
+        weighted = self._stalls or parts.max() > 1
+        return (
+            ids[3],
+            (rec if weighted else rec[:, 1:]).tobytes(),
+            noisy_groups(draw, counts, parts).tobytes(),
+        )
 
     def clear_latency(self, rows) -> None:
         """Forget the requests of nodes ``rows`` (a node or an index array) since the last

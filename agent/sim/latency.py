@@ -471,12 +471,45 @@ def observed_many(
     :func:`pooled_quantiles_many`; a group without components reads NaN) and draws its
     sampling error from ``rngs[g]`` (two normal draws of one sample, in group order)."""
     counts = np.asarray(counts)
+    pooled = pooled_for_observation(rngs, counts, parts, weights, shifts, scales, qfuncs)
+    return observed_pooled(pooled, rngs, counts)
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """What :func:`observed_many` computes before drawing sampling errors: the groups with
+    components (``rows``), which of them are noise-free (``plain``), and their pooled
+    quantiles (``both``: p50/p95/p99/p99.9, then for noisy groups the quantiles either
+    side). A function of the components and of which groups are noisy only, so a caller
+    whose services sit at the same operating point may keep it (agent/sim/engine.py)."""
+
+    groups: int
+    rows: np.ndarray
+    plain: np.ndarray
+    both: np.ndarray
+
+
+def noisy_groups(rngs: list, counts: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """Which groups get a sampling error: a stream, requests and components."""
+    return np.array([r is not None for r in rngs]) & (counts > 0) & (parts > 0)
+
+
+def pooled_for_observation(
+    rngs: list[np.random.Generator | None],
+    counts: np.ndarray,
+    parts: np.ndarray,
+    weights: np.ndarray,
+    shifts: np.ndarray,
+    scales: np.ndarray,
+    qfuncs: np.ndarray,
+) -> Pooled | None:
+    """The :class:`Pooled` quantiles of :func:`observed_many`'s groups (None: no group
+    has a component)."""
     parts = np.asarray(parts)
     some = parts > 0
-    n_some = np.count_nonzero(some)
-    if not n_some:
-        return np.full((len(parts), 4), np.nan)
-    noisy = np.array([r is not None for r in rngs]) & (counts > 0) & some
+    if not np.count_nonzero(some):
+        return None
+    noisy = noisy_groups(rngs, np.asarray(counts), parts)
     rows = np.flatnonzero(some)
     both = np.empty((len(rows), 12))
     plain = ~noisy[rows]
@@ -495,6 +528,16 @@ def observed_many(
         both[:, :4] = pooled_quantiles_many(parts[rows], weights, shifts, scales, qfuncs, _PROBS)
     else:
         both = pooled_quantiles_many(parts[rows], weights, shifts, scales, qfuncs, _ALL)
+    return Pooled(len(parts), rows, plain, both)
+
+
+def observed_pooled(pooled: Pooled | None, rngs: list, counts: np.ndarray) -> np.ndarray:
+    """:func:`observed_many` from its :class:`Pooled` quantiles: the sampling errors drawn
+    (``rngs`` and ``counts`` as given there)."""
+    if pooled is None:
+        return np.full((len(counts), 4), np.nan)
+    rows, plain, both = pooled.rows, pooled.plain, pooled.both
+    n_plain = np.count_nonzero(plain)
     if n_plain == len(rows):
         res = both[:, :4].copy()
     elif not n_plain:  # every group noisy: no gathers
@@ -503,9 +546,9 @@ def observed_many(
         k = ~plain
         res = both[:, :4].copy()
         res[k] = _sampled(both[k], counts[rows[k]], rngs, rows[k])
-    if n_some == len(parts):
+    if len(rows) == pooled.groups:
         return res
-    out = np.full((len(parts), 4), np.nan)
+    out = np.full((pooled.groups, 4), np.nan)
     out[rows] = res
     return out
 

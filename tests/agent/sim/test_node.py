@@ -88,6 +88,32 @@ def test_a_copy_continues_the_same_trajectory() -> None:
     assert trajectory(other, 5) == expected
 
 
+@pytest.mark.parametrize("scenario", ["default", "more_lc_than_closids_e5v3", "lc_bursty"])
+def test_kept_pooled_latency_changes_no_observation(scenario: str, monkeypatch) -> None:
+    """The engine keeps pooled latency quantiles by operating point; its key must hold
+    everything they depend on (grouped services weigh by their requests, stalls by their
+    share), so observations are the same bits with and without it."""
+    from agent.sim import engine
+
+    def run() -> tuple[list[str], int]:
+        node = SimNode(scenario, seed=4)
+        names = sorted(node.groups())
+        out = []
+        for i in range(120):
+            if i == 60:  # a new operating point halfway
+                node.apply(AllocationPlan.uniform({names[0]: GroupAllocation(l3_mask=0b11)}))
+            node.advance(node.interval_s * (1 + i % 3))  # one step record or several
+            out.append(repr(node.observe()))
+        return out, len(node._engine._pooled_memo)
+
+    kept, entries = run()
+    assert entries > 0  # the memo was used
+    monkeypatch.setattr(engine, "_POOLED_MEMO_SERVICES", 0)
+    fresh, none = run()
+    assert none == 0
+    assert kept == fresh
+
+
 def test_noise_free_observation_matches_the_steady_state() -> None:
     node = SimNode(noise=False)
     node.advance(2.0)
