@@ -202,7 +202,7 @@ def measured(
     if z is not None:
         acc = acc * np.exp(z[..., :5] * NOISE_SIGMA)
         occ = np.maximum(occ * (1.0 + z[..., 5] * NOISE["occ"]), 0.0)
-    return acc, np.round(occ / OCC_UNIT) * OCC_UNIT
+    return acc, np.rint(occ / OCC_UNIT) * OCC_UNIT  # np.round's value, without its wrapper
 
 
 # ---------------------------------------------------------------------------- the batch

@@ -183,11 +183,13 @@ class Engine:
         # asks for the same ones every interval.
         self._pooled_memo: dict[tuple, Pooled | None] = {}
         self._pooled_ids: tuple | None = None  # the services of the last key, its bytes
+        self._calm: tuple[np.ndarray, ...] | None = None  # _refresh's quiet window
         self._stalls = False  # some service has worker stalls
         self.reset_nodes(range(B), self.scenarios, seeds)
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_calm", None)
         if "_pooled_memo" not in state:  # pickled before the pooled quantiles were kept
             self._pooled_memo, self._pooled_ids = {}, None
             self._stalls = bool(np.count_nonzero(self._stall[..., 0]))
@@ -299,6 +301,7 @@ class Engine:
         self._pooled_memo.clear()  # services changed: their operating points too
         self._stalls = bool(np.count_nonzero(self._stall[..., 0]))
         self._lookups = None  # and which entries have schedules to look up
+        self._calm = None  # and when they next change
 
     def _table_index(self, table: LatencyTable) -> int:
         for k, t in enumerate(self._tables):
@@ -381,6 +384,10 @@ class Engine:
     def _refresh(self, t: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
         """Set the inputs of nodes ``rows`` (None: all) at their times ``t`` (one per
         node); return which of them changed since their last step."""
+        if rows is None and self._quiet(t):
+            # No activity, load segment or phase can have changed since the last refresh:
+            # what it set holds (a settled node's steps skip the lookups).
+            return np.zeros(self.B, dtype=bool)
         sel = slice(None) if rows is None else rows
         tt = t[sel][:, None]
         act = ((self._start[sel] <= tt) & (tt < self._end[sel])).astype(float)
@@ -407,18 +414,7 @@ class Engine:
             d = self._dparams[:, sel]
             level = np.where(dn, diurnal(d[0], d[1], d[2], d[3], tt), level)
         lam = level * self._scale[sel]
-        phase_changed = None
-        if any_phased:
-            ph = self._phased_mask[sel] & ((tt < self._ph_lo[sel]) | (tt >= self._ph_hi[sel]))
-            phase_changed = np.zeros(len(act), dtype=bool)
-            for r, i in zip(*np.nonzero(ph), strict=True):
-                b = r if rows is None else rows[r]
-                p, k, lo, hi = self._phase_at(b, i, float(t[b]))
-                self._ph_lo[b, i], self._ph_hi[b, i] = lo, hi
-                if k != self._phase_no[b, i] or self._stale[b]:
-                    self._phase_no[b, i] = k
-                    self.mult[b, i] = (p.apki, p.ws, p.cpi)
-                    phase_changed[r] = True
+        phase_changed = self._look_up_phases(t, tt, rows) if any_phased else None
         moved = self._moved[sel]
         act_changed = (act != self.act[sel]).any(axis=1)
         changed = act_changed | (lam != self.lam[sel]).any(axis=1) | moved
@@ -437,7 +433,56 @@ class Engine:
             total = (threads * act).sum(axis=1, keepdims=True)
             share = np.minimum(1.0, self._cores_total[sel] / np.maximum(total, 1e-9))
             self.cores[sel] = threads * share
+        self._calm = None if rows is not None or any_diurnal else self._calm_window(tt, piecewise)
         return changed
+
+    def _quiet(self, t: np.ndarray) -> bool:
+        """Every node's time ``t`` within the quiet window of the last refresh, and no
+        node moved since (:meth:`_calm_window`)."""
+        calm = self._calm
+        return (
+            calm is not None
+            and not np.count_nonzero(self._moved)
+            and bool((calm[0] <= t).all())
+            and bool((t < calm[1]).all())
+        )
+
+    def _look_up_phases(self, t: np.ndarray, tt: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        """Phases of nodes ``rows`` (None: all) at times ``tt`` (rows, 1), looked up where
+        the current one ran out; which of the nodes changed phase."""
+        sel = slice(None) if rows is None else rows
+        ph = self._phased_mask[sel] & ((tt < self._ph_lo[sel]) | (tt >= self._ph_hi[sel]))
+        phase_changed = np.zeros(len(tt), dtype=bool)
+        for r, i in zip(*np.nonzero(ph), strict=True):
+            b = r if rows is None else rows[r]
+            p, k, lo, hi = self._phase_at(b, i, float(t[b]))
+            self._ph_lo[b, i], self._ph_hi[b, i] = lo, hi
+            if k != self._phase_no[b, i] or self._stale[b]:
+                self._phase_no[b, i] = k
+                self.mult[b, i] = (p.apki, p.ws, p.cpi)
+                phase_changed[r] = True
+        return phase_changed
+
+    def _calm_window(self, tt: np.ndarray, piecewise: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per node, the times [from, until) over which nothing :meth:`_refresh` looks up can
+        change after a refresh of every node at times ``tt`` (B, 1): no workload starts or
+        ends, and every load segment and phase looked up holds (diurnal loads move always)."""
+        inf = np.inf
+        lo = np.maximum(
+            np.where(piecewise, self._lo, -inf).max(axis=1),
+            np.where(self._phased_mask, self._ph_lo, -inf).max(axis=1),
+        )
+        hi = np.minimum(
+            np.minimum(
+                np.where(self._start > tt, self._start, inf).min(axis=1),
+                np.where(self._end > tt, self._end, inf).min(axis=1),
+            ),
+            np.minimum(
+                np.where(piecewise, self._hi, inf).min(axis=1),
+                np.where(self._phased_mask, self._ph_hi, inf).min(axis=1),
+            ),
+        )
+        return np.maximum(lo, tt[:, 0]), hi
 
     def _inputs(self, rows: np.ndarray | None) -> Inputs:
         """Model inputs of nodes ``rows`` (None: all) as set by the latest refresh, with the
@@ -569,6 +614,10 @@ class Engine:
         rec[:, 2] = self._service[sb, si]
         rec[:, 3] = rho
         k = self.nparts[sb, si]
+        if not np.count_nonzero(k):  # the first records since the last read
+            self.parts[sb, si, 0] = rec
+            self.nparts[sb, si] = 1
+            return
         last = self.parts[sb, si, np.maximum(k - 1, 0)]
         same = (k > 0) & (last[:, 1:] == rec[:, 1:]).all(axis=1)
         n_same = np.count_nonzero(same)
@@ -685,15 +734,22 @@ class Engine:
         groups are noisy."""
         ids = self._pooled_ids
         if ids is None or ids[0] is not pb or ids[1] is not pi or ids[2] is not owner:
-            ids = (pb, pi, owner, pb.tobytes() + pi.tobytes() + owner.tobytes())
+            # Fixed for these services (one record each): their bytes, whether a group
+            # pools several of them, and which groups have a stream and services.
+            ids = (
+                pb,
+                pi,
+                owner,
+                pb.tobytes() + pi.tobytes() + owner.tobytes(),
+                bool(parts.max() > 1),
+                draw,
+                np.array([r is not None for r in draw]) & (parts > 0),
+            )
             self._pooled_ids = ids
         rec = self.parts[pb, pi, 0]
-        weighted = self._stalls or parts.max() > 1
-        return (
-            ids[3],
-            (rec if weighted else rec[:, 1:]).tobytes(),
-            noisy_groups(draw, counts, parts).tobytes(),
-        )
+        weighted = self._stalls or ids[4]
+        noisy = ids[6] & (counts > 0) if ids[5] is draw else noisy_groups(draw, counts, parts)
+        return (ids[3], (rec if weighted else rec[:, 1:]).tobytes(), noisy.tobytes())
 
     def clear_latency(self, rows) -> None:
         """Forget the requests of nodes ``rows`` (a node or an index array) since the last

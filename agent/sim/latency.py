@@ -487,6 +487,7 @@ class Pooled:
     rows: np.ndarray
     plain: np.ndarray
     both: np.ndarray
+    slope: np.ndarray | None = None  # dx/dp at the four percentiles, noisy groups' rows
 
 
 def noisy_groups(rngs: list, counts: np.ndarray, parts: np.ndarray) -> np.ndarray:
@@ -528,7 +529,11 @@ def pooled_for_observation(
         both[:, :4] = pooled_quantiles_many(parts[rows], weights, shifts, scales, qfuncs, _PROBS)
     else:
         both = pooled_quantiles_many(parts[rows], weights, shifts, scales, qfuncs, _ALL)
-    return Pooled(len(parts), rows, plain, both)
+    slope = None  # of the noisy groups' rows, in order
+    if n_plain < len(rows):
+        noisy_rows = both[~plain] if n_plain else both
+        slope = (noisy_rows[:, 8:] - noisy_rows[:, 4:8]) / _DPROB
+    return Pooled(len(parts), rows, plain, both, slope)
 
 
 def observed_pooled(pooled: Pooled | None, rngs: list, counts: np.ndarray) -> np.ndarray:
@@ -536,16 +541,16 @@ def observed_pooled(pooled: Pooled | None, rngs: list, counts: np.ndarray) -> np
     (``rngs`` and ``counts`` as given there)."""
     if pooled is None:
         return np.full((len(counts), 4), np.nan)
-    rows, plain, both = pooled.rows, pooled.plain, pooled.both
+    rows, plain, both, slope = pooled.rows, pooled.plain, pooled.both, pooled.slope
     n_plain = np.count_nonzero(plain)
     if n_plain == len(rows):
         res = both[:, :4].copy()
     elif not n_plain:  # every group noisy: no gathers
-        res = _sampled(both, counts[rows], rngs, rows)
+        res = _sampled(both, slope, counts[rows], rngs, rows)
     else:
         k = ~plain
         res = both[:, :4].copy()
-        res[k] = _sampled(both[k], counts[rows[k]], rngs, rows[k])
+        res[k] = _sampled(both[k], slope, counts[rows[k]], rngs, rows[k])
     if len(rows) == pooled.groups:
         return res
     out = np.full((pooled.groups, 4), np.nan)
@@ -553,10 +558,12 @@ def observed_pooled(pooled: Pooled | None, rngs: list, counts: np.ndarray) -> np
     return out
 
 
-def _sampled(both: np.ndarray, counts: np.ndarray, rngs: list, rows: np.ndarray) -> np.ndarray:
+def _sampled(
+    both: np.ndarray, slope: np.ndarray, counts: np.ndarray, rngs: list, rows: np.ndarray
+) -> np.ndarray:
     """The percentiles ``both[:, :4]`` of groups ``rows`` plus the sampling error of their
-    ``counts`` requests (``both[:, 4:]``: the quantiles either side, for the density)."""
-    slope = (both[:, 8:] - both[:, 4:8]) / _DPROB  # dx/dp = 1 / density
+    ``counts`` requests (``slope``: dx/dp = 1 / density there, from ``both[:, 4:]``, the
+    quantiles either side)."""
     sd = np.sqrt(_PVAR / counts[:, None]) * slope
     # One sample gives all four: their errors are correlated.
     z = np.array([rngs[g].standard_normal(5) for g in rows.tolist()])

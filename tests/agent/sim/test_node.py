@@ -114,6 +114,42 @@ def test_kept_pooled_latency_changes_no_observation(scenario: str, monkeypatch) 
     assert kept == fresh
 
 
+def _with_arrivals() -> Scenario:
+    """The default mix with a batch job arriving at 3 s and leaving at 7 s."""
+    scn = get_scenario("default")
+    last = dataclasses.replace(scn.workloads[-1], start_s=3.0, end_s=7.0)
+    return dataclasses.replace(scn, workloads=(*scn.workloads[:-1], last))
+
+
+@pytest.mark.parametrize(
+    ("scenario", "seconds"),
+    [("copart_memcached", 101.0), ("lc_bursty", 30.0), (_with_arrivals(), 10.0)],
+    ids=["load_step_and_phases", "bursts", "arrivals"],
+)
+def test_quiet_refresh_window_changes_no_observation(scenario, seconds, monkeypatch) -> None:
+    """A settled node skips the load, phase and activity lookups until the next time one
+    of them can change; load steps, bursts, phases, arrivals and departures must still
+    come at the same step, so observations are the same bits without the window."""
+    from agent.sim.engine import Engine
+
+    def run() -> tuple[list[str], bool]:
+        node = SimNode(scenario, seed=2)
+        out, quiet = [], False
+        for i in range(round(seconds / 0.1)):
+            node.advance(0.1)
+            quiet |= node._engine._calm is not None
+            if i % 5 == 4:
+                out.append(repr(node.observe()))
+        return out, quiet
+
+    kept, used = run()
+    assert used
+    monkeypatch.setattr(Engine, "_calm_window", lambda self, tt, piecewise: None)
+    fresh, unused = run()
+    assert not unused
+    assert kept == fresh
+
+
 def test_noise_free_observation_matches_the_steady_state() -> None:
     node = SimNode(noise=False)
     node.advance(2.0)
