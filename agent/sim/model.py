@@ -608,7 +608,11 @@ class Model:
         hi, rhi = np.where(up, b, a), np.where(up, rb, ra)
         side = np.zeros_like(a)
         for _ in range(iters):
-            live &= ~(np.abs(end - b).max(axis=-1) < tol)
+            # A node is done when each workload is within tolerance or its bracket has
+            # closed: when the root lies beyond the start's and the end's miss ratio (both
+            # residuals of one sign), the secant point is clipped to the bracket's end and
+            # nothing can move that workload; iterating on for it refined only the others.
+            live &= ~((np.abs(end - b) < tol) | (lo == hi)).all(axis=-1)
             n_live = np.count_nonzero(live)
             if not n_live:
                 break
