@@ -263,8 +263,8 @@ def _training_section() -> list[str]:
         "; its learning curves, and the levers behind it measured on the validation and "
         "held-out suites (the ablation table), are in docs/TRAINING.md.",
         "",
-        "![The shipped run's learning curves beside the run shipped before it: DAgger "
-        "rounds and checkpoint evaluations](img/learning_curves_shipped.png)",
+        "![The shipped run's learning curves: DAgger rounds and checkpoint "
+        "evaluations](img/learning_curves_shipped.png)",
         "",
         _card_table(ev.get("rows") or []),
         "",
