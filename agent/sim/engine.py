@@ -734,21 +734,13 @@ class Engine:
         groups are noisy."""
         ids = self._pooled_ids
         if ids is None or ids[0] is not pb or ids[1] is not pi or ids[2] is not owner:
-            # Fixed for these services (one record each): their bytes, whether a group
-            # pools several of them, and which groups have a stream and services.
-            ids = (
-                pb,
-                pi,
-                owner,
-                pb.tobytes() + pi.tobytes() + owner.tobytes(),
-                bool(parts.max() > 1),
-                draw,
-                np.array([r is not None for r in draw]) & (parts > 0),
-            )
+            # Fixed for these services (one record each): their bytes, and whether a group
+            # pools several of them.
+            ids = (pb, pi, owner, pb.tobytes() + pi.tobytes() + owner.tobytes(), parts.max() > 1)
             self._pooled_ids = ids
         rec = self.parts[pb, pi, 0]
         weighted = self._stalls or ids[4]
-        noisy = ids[6] & (counts > 0) if ids[5] is draw else noisy_groups(draw, counts, parts)
+        noisy = noisy_groups(draw, counts, parts)
         return (ids[3], (rec if weighted else rec[:, 1:]).tobytes(), noisy.tobytes())
 
     def clear_latency(self, rows) -> None:
