@@ -1,0 +1,66 @@
+"""The partitioning-margin probes (eval/partition_margin.py) on the simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.sim import SimNode
+from agent.types import AllocationPlan, GroupAllocation, GroupKind, contiguous_mask
+from eval import partition_margin as P
+
+SCENARIO = "more_lc_than_closids_e5v3"  # five LC services and spec_s on a 4-CLOSID part
+
+
+@pytest.fixture
+def tiers() -> tuple[SimNode, tuple[str, ...]]:
+    node = SimNode(SCENARIO, noise=False)
+    return node, P.two_tiers(node)
+
+
+def _plan(lc_mask: int, batch_mask: int) -> AllocationPlan:
+    return AllocationPlan.uniform(
+        {
+            P.LC_TIER: GroupAllocation(l3_mask=lc_mask),
+            P.BATCH_TIER: GroupAllocation(l3_mask=batch_mask),
+        }
+    )
+
+
+def test_two_tiers_puts_every_lc_service_in_one_group(tiers) -> None:
+    node, services = tiers
+    assert set(node.groups()) == {P.LC_TIER, P.BATCH_TIER}
+    assert node.groups()[P.LC_TIER].kind is GroupKind.LC
+    placed = {w.name: w.group for w in node.workloads()}
+    assert len(services) == 5
+    assert {placed[s] for s in services} == {P.LC_TIER}
+    assert placed["spec_s"] == P.BATCH_TIER
+
+
+def test_sustained_scale_is_where_the_tightest_slo_breaks(tiers) -> None:
+    node, services = tiers
+    full = contiguous_mask(node.preset.ways)
+    scale = P.sustained_scale(node, _plan(full, full))
+    assert 0 < scale < 64
+    base = {s: node.load_rps(s) for s in services}
+
+    def worst(factor: float) -> float:
+        truth = node.steady_state(_plan(full, full), {s: r * factor for s, r in base.items()})
+        views = {w.name: w for w in node.workloads()}
+        return max(
+            truth[P.LC_TIER].workloads[s].latency_ms[views[s].spec.lc.slo_percentile]
+            / views[s].spec.lc.slo_ms
+            for s in services
+        )
+
+    assert worst(scale) <= 1.0 < worst(scale * 1.01)
+
+
+def test_confining_the_batch_tier_sustains_more_load(tiers) -> None:
+    # CoCo's setting: the streaming batch job's misses load memory for every LC service;
+    # two ways for it leave the LC tier the cache and the bandwidth it had lost.
+    node, _ = tiers
+    ways = node.preset.ways
+    full = contiguous_mask(ways)
+    unpartitioned = P.sustained_scale(node, _plan(full, full))
+    tiered = P.sustained_scale(node, _plan(contiguous_mask(ways - 2), contiguous_mask(2, ways - 2)))
+    assert tiered > 1.3 * unpartitioned
