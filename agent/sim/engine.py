@@ -146,6 +146,9 @@ class Engine:
         self._stale = np.ones(B, dtype=bool)  # the three above need recomputing
         self._moved = np.ones(B, dtype=bool)  # allocation changed since the last step
         self._settled = np.zeros(B, dtype=bool)
+        # Per workload, how far the occupancy solver's root lay from the start's miss
+        # ratio at the node's last step (Model.advance's first guess for the next one).
+        self._correction = np.zeros((B, n))
         self._rates = np.zeros((B, n, COUNTERS))
         self._service = np.zeros((B, n))
         self._rho = np.zeros((B, n))
@@ -190,6 +193,8 @@ class Engine:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_calm", None)
+        if "_correction" not in state:  # pickled before the solver carried its correction
+            self._correction = np.zeros(self.lam.shape)
         if "_pooled_memo" not in state:  # pickled before the pooled quantiles were kept
             self._pooled_memo, self._pooled_ids = {}, None
             self._stalls = bool(np.count_nonzero(self._stall[..., 0]))
@@ -226,6 +231,7 @@ class Engine:
             (self._rates, 0.0),
             (self._service, 0.0),
             (self._rho, 0.0),
+            (self._correction, 0.0),
             (self._start, np.inf),
             (self._end, np.inf),
             (self._scale, 0.0),
@@ -554,7 +560,11 @@ class Engine:
             occ = self.occ if every else self.occ[mv]
             dyn = self.dyn if every else self.dyn.take(mv)
             sol = model.solve(inp, occ, dyn)
-            new, eta = model.advance(occ, inp, sol, dyn, dt)
+            # A node whose allocation just changed starts from its miss ratio; one whose
+            # inputs drift starts where the last step's root lay relative to it.
+            guess = np.where(self._moved[mv][:, None], 0.0, self._correction[mv])
+            new, eta, m_end = model.advance(occ, inp, sol, dyn, dt, guess=guess)
+            self._correction[mv] = m_end - sol.miss_ratio
             # Settled when no way moved by a hundred-thousandth of its cache: below that,
             # the step-to-step changes are the solver's tolerance, not the workloads.
             settled = np.abs(new - occ).max(axis=(1, 2)) < self._settle_bytes[mv]

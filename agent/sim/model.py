@@ -537,7 +537,8 @@ class Model:
         dt: float | np.ndarray,
         iters: int = 5,
         tol: float = 2e-5,
-    ) -> tuple[np.ndarray, np.ndarray]:
+        guess: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Occupancy (and eviction rates) after ``dt`` s, with insertion at the miss ratio
         *and access rate* of the step's end (backward Euler, solved per workload within a
         bracket, at the step's memory latency). Fills take milliseconds, far less than a
@@ -551,7 +552,14 @@ class Model:
         Each node iterates until its own workloads have converged (converged nodes keep
         their result and leave the batch once they are the majority), so a node's step is
         the same whichever nodes share its batch; ``dt`` is one step for every node or
-        (nodes, 1)."""
+        (nodes, 1).
+
+        The first point is the step's start miss ratio, plus ``guess`` (B, n) where given:
+        the correction the previous step needed (the caller's, for a node whose inputs
+        drift: a load that rises keeps its occupancy moving the same way step after step,
+        so the root keeps about the same distance from the start's miss ratio). Returns
+        the occupancy, the eviction rates and the miss ratio each workload converged to
+        (the point of its node's last evaluation)."""
         ni = bool(np.count_nonzero(self.non_inclusive))
         lat = sol.latency_ns
         model = self
@@ -578,13 +586,17 @@ class Model:
         # (Fills can be a switch: a workload that misses a little more fills its ways within
         # the step, a little less and it barely moves, so a plain iteration would jump.)
         a = sol.miss_ratio
-        new, eta, end = step(a, sol.access_rate)
-        out_new, out_eta = new, eta
+        if guess is None or not np.count_nonzero(guess):
+            new, eta, end = step(a, sol.access_rate)
+        else:
+            a = np.minimum(np.maximum(a + guess, 0.0), 1.0)
+            new, eta, end = step(a, access_at(a))
+        out_new, out_eta, out_m = new, eta, a
         ra = end - a
         live = ~(np.abs(ra).max(axis=-1) < tol)  # per node: still iterating
         n_live = np.count_nonzero(live)
         if not n_live:
-            return new, eta
+            return new, eta, out_m
         rows = np.arange(self.B)  # each current row's node
         if _worth_dropping(live):
             keep = np.flatnonzero(live)
@@ -598,9 +610,14 @@ class Model:
         # Every node still iterating takes the result (the first step's rows are replaced
         # by reference when every node is: no gather, the same numbers).
         if n_live == self.B:
-            out_new, out_eta = new, eta
+            out_new, out_eta, out_m = new, eta, b
         else:
-            out_new[rows[live]], out_eta[rows[live]] = new[live], eta[live]
+            out_m = out_m.copy()
+            out_new[rows[live]], out_eta[rows[live]], out_m[rows[live]] = (
+                new[live],
+                eta[live],
+                b[live],
+            )
         rb = end - b
         # lo: r > 0 (too few misses), hi: r < 0 (too many); the last two points bracket.
         up = ra > 0
@@ -629,9 +646,13 @@ class Model:
             m = np.minimum(np.maximum(m, np.minimum(lo, hi)), np.maximum(lo, hi))
             new, eta, end = step(m, access_at(m))
             if n_live == self.B:
-                out_new, out_eta = new, eta
+                out_new, out_eta, out_m = new, eta, m
             else:
-                out_new[rows[live]], out_eta[rows[live]] = new[live], eta[live]
+                out_new[rows[live]], out_eta[rows[live]], out_m[rows[live]] = (
+                    new[live],
+                    eta[live],
+                    m[live],
+                )
             r = end - m
             pos = r > 0
             neg = ~pos
@@ -645,7 +666,7 @@ class Model:
             np.copyto(rhi, r, where=neg)
             side = np.where(pos, 1.0, -1.0)
             b = m
-        return out_new, out_eta
+        return out_new, out_eta, out_m
 
     def start(self, u: float = 0.0) -> Dynamics:
         z = np.zeros((self.B, self.n))
@@ -674,7 +695,7 @@ class Model:
         model, rows = self, np.arange(self.B)
         for _ in range(iters):
             dyn = Dynamics(sol.utilization, sol.rho, dyn.eta)
-            new, eta = model.advance(occ, inp, sol, dyn, dt)
+            new, eta, _ = model.advance(occ, inp, sol, dyn, dt)
             moved = np.abs(new - occ).max(axis=(1, 2))
             # Long steps jump to each step's equilibrium; halving the jump damps the
             # feedback through the rates (it changes the path, not the fixed point).
