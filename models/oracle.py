@@ -35,9 +35,12 @@ allocation of the search space can keep it; else the most protective states are 
 (:func:`models.search.protective_states`) until one meets every margined SLO. A condition
 where none does is *infeasible* (e.g. a service above its SLO even with every way and full
 bandwidth): the oracle then holds the state closest to the SLOs and records it in
-:attr:`Oracle.infeasible`. :func:`feasibility` checks a whole run's conditions that way
-without driving a node: ``rdtune eval`` labels each (scenario, seed) with it
-(eval/feasibility.py) and reports SLO violations of infeasible runs apart.
+:attr:`Oracle.infeasible`. With ``excess_quantum`` ``q`` > 0, SLO excesses within the same
+multiple of ``q`` count as equally close and the objective chooses among them: the last
+sliver of a tail that misses its target anyway is not bought with batch throughput
+(docs/TRAINING.md, "The teacher on infeasible load levels"). :func:`feasibility` checks
+a whole run's conditions without driving a node: ``rdtune eval`` labels each (scenario,
+seed) with it (eval/feasibility.py) and reports SLO violations of infeasible runs apart.
 
 Objective: any of :data:`models.objectives.OBJECTIVES` under the constraint (default:
 CoPart's fairness for batch-only mixes, ``fair_throughput`` — unfairness, then mean
@@ -257,9 +260,17 @@ class _Scorer:
     """Scores of plans at one condition on the constrained objective, each computed once
     (a steady state is deterministic)."""
 
-    def __init__(self, sim, loads: Mapping[str, float], base: Objective, margin: float) -> None:
+    def __init__(
+        self,
+        sim,
+        loads: Mapping[str, float],
+        base: Objective,
+        margin: float,
+        excess_quantum: float = 0.0,
+    ) -> None:
         self.sim, self.loads = sim, dict(loads)
         self.base, self.margin = base, margin
+        self.excess_quantum = excess_quantum
         self.groups = sim.groups()
         self.scores: dict[tuple, float] = {}
         self.missed: dict[tuple, frozenset[str]] = {}
@@ -301,7 +312,13 @@ class _Scorer:
                 missed.add(g)
                 excess += slo_violation(lat, limit)
         if missed:
-            value = INFEASIBLE * (1.0 + max(excess, 1e-6))
+            e = max(excess, 1e-6)
+            q = self.excess_quantum
+            if q > 0 and math.isfinite(e):  # equally close within a quantum: batch decides
+                e = math.ceil(e / q) * q
+                value = INFEASIBLE * (1.0 + e) + self.base(Outcome(outcome.batch_slowdowns))
+            else:
+                value = INFEASIBLE * (1.0 + e)
         else:
             value = self.base(Outcome(outcome.batch_slowdowns))
         return value, excess, ratios, frozenset(missed)
@@ -372,6 +389,7 @@ def safe_search(
     feasibility_evals: int = FEASIBILITY_EVALS,
     mb_radius: int | None = None,
     warm_evals: int = 60,
+    excess_quantum: float = 0.0,
 ) -> SafePlan:
     """The best state for ``condition`` subject to every SLO with ``margin``.
 
@@ -388,7 +406,7 @@ def safe_search(
     order = group_order(groups)
     has_lc = any(s.kind is GroupKind.LC and s.slo is not None for s in groups.values())
     base = base_objective(objective, has_lc)
-    score = _Scorer(sim, condition.overrides(), base, margin)
+    score = _Scorer(sim, condition.overrides(), base, margin, excess_quantum)
     cache: dict[State, float] = {}
     start, _ = _feasibility_pass(score, groups, caps, cache, feasibility_evals)
     feasible = start is None or SloConstrained.feasible(cache[start])
@@ -448,6 +466,9 @@ class Oracle(Controller):
             steady state to check); a search runs when it does not, or a load leaves the
             band. The SLOs are checked on the fine grid (``load_quantum``), the objective
             optimised on this coarser one: a diurnal load crosses dozens of fine levels.
+        excess_quantum: on an infeasible condition, SLO excesses (summed relative misses
+            of the margined targets) within the same multiple of this count as equally
+            close to the SLOs, and the objective chooses among them; 0 holds the closest.
     """
 
     name = "oracle"
@@ -463,10 +484,14 @@ class Oracle(Controller):
         max_evals: int = 300,
         warm_evals: int = 40,
         reoptimise_quantum: float = REOPTIMISE_QUANTUM,
+        excess_quantum: float = 0.0,
     ) -> None:
         self.sim = _require_sim(node)
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"margin must be in [0, 1), got {margin}")
+        if not 0.0 <= excess_quantum < 1.0:
+            raise ValueError(f"excess_quantum must be in [0, 1), got {excess_quantum}")
+        self.excess_quantum = float(excess_quantum)
         if lookahead_s < 0 or not 0 < load_quantum <= 1:
             raise ValueError("lookahead_s must be >= 0 and load_quantum in (0, 1]")
         self.objective = objective
@@ -521,6 +546,7 @@ class Oracle(Controller):
                 explore=not warm,
                 mb_radius=1 if warm else None,
                 warm_evals=self.warm_evals,
+                excess_quantum=self.excess_quantum,
             )
             key = self._memo_key(condition, kwargs)
             plan = _MEMO.get(key) if key is not None else None

@@ -45,6 +45,7 @@ file is refused rather than read as "all defaults"::
       episodes: 16
       beta: 0.5
       objective: null               # the oracle's (null: its default, fair_throughput)
+      excess_quantum: 0.0           # the oracle's on infeasible load levels (models/oracle.py)
 """
 
 from __future__ import annotations
@@ -192,6 +193,8 @@ class DaggerConfig(Strict):
     batch_size: PositiveInt = 256
     learning_rate: Annotated[Finite, Field(gt=0)] = 1e-3
     objective: Literal["fairness", "throughput", "fair_throughput"] | None = None  # oracle's
+    # the oracle's excess_quantum on infeasible load levels (models/oracle.py; 0: the closest)
+    excess_quantum: Annotated[Finite, Field(ge=0, lt=1)] = 0.0
     seed: Count = 0  # first episode seed and refit seed
 
 

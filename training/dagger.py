@@ -178,7 +178,7 @@ def dagger(
     config's ``dagger`` section (training/config.py). Returns the aggregated data and one
     :class:`DaggerIteration` per round."""
     env = make_env()
-    teacher = teacher or OracleTeacher(settings.objective)
+    teacher = teacher or OracleTeacher(settings.objective, excess_quantum=settings.excess_quantum)
     rng = np.random.default_rng(settings.seed)
     act = policy_action(policy)
     obs_all: list[np.ndarray] = []
