@@ -15,7 +15,9 @@ usual model-card sections (Mitchell et al., "Model Cards for Model Reporting", F
 - ``limitations``;
 - ``runtime``: what a runtime must match before feeding the policy: the ONNX file and its
   checksum, the feature encoder's version and layout (models/features.py), the action
-  design and its sizes (models/actions.py), the observation normalisation.
+  design and its sizes (models/actions.py), the observation normalisation; and the SLO
+  shield it runs behind where that differs from the training environment's (``shield``,
+  models/shield.py).
 
 Versioned by ``format``: this code writes ``rdtune-policy-card/2`` and reads version 1 too
 (the flat layout of earlier exports; its missing sections are written from the same facts).
@@ -208,6 +210,8 @@ class ModelCard:
     normalization: Mapping[str, Any] | None = None
     parity: Mapping[str, Any] | None = None
     command: str | None = None  # the command line that trained it
+    # the SLO shield's options where the policy runs (None: the training env's shield)
+    shield: Mapping[str, Any] | None = None
     format: str = FORMAT
     root: Path | None = field(default=None, compare=False)
 
@@ -265,8 +269,15 @@ class ModelCard:
                 "actions": dict(self.actions),
                 "masked": self.masked,
                 "observation_normalization": self.normalization,
-            },
+            }
+            | ({"shield": dict(self.shield)} if self.shield is not None else {}),
         }
+
+    def runtime_shield(self) -> Any:
+        """The shield the policy runs behind: the runtime's, else the training env's."""
+        if self.shield is not None:
+            return dict(self.shield)
+        return ((self.env or {}).get("kwargs") or {}).get("shield", False)
 
     def write(self, directory: str | Path) -> Path:
         """Write ``directory/model_card.json``; its path."""
@@ -318,6 +329,7 @@ class ModelCard:
                 normalization=runtime.get("observation_normalization"),
                 parity=parity,
                 command=train.get("command"),
+                shield=dict(runtime["shield"]) if runtime.get("shield") is not None else None,
                 root=root,
             )
         except KeyError as exc:

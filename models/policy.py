@@ -15,11 +15,12 @@ Each decision: encode the snapshot (the same encoder as training), apply the car
 observation normalisation, run the actor (ONNX Runtime, 1 intra-op thread, batch 1;
 docs/BENCHMARKS.md has its latency), and decode the action into a plan that is valid by
 construction, above the SLO shield's floors when the policy was trained behind the shield
-(models/shield.py; the card's env options say so). It starts as its training episodes
-started (the card's ``baseline``: the node's current allocation, or CoPart's equal split
-for a policy trained before the start state was an option). :class:`RandomController`
-is the same loop with random actions. No torch here: the runtime needs numpy and
-onnxruntime only.
+(models/shield.py; the card's env options say so, and its runtime section may set the
+shield's options where the policy runs, e.g. the lapse of futile floors). It starts as its
+training episodes started (the card's ``baseline``: the node's current allocation, or
+CoPart's equal split for a policy trained before the start state was an option).
+:class:`RandomController` is the same loop with random actions. No torch here: the runtime
+needs numpy and onnxruntime only.
 """
 
 from __future__ import annotations
@@ -271,9 +272,9 @@ class PolicyController(ActingController):
                     int(actions["mba_levels"]),
                     bool(actions.get("share_all", False)),
                 ),
-                # as trained: the shield it learned behind, the start state of its episodes
-                # (an export from before the shield and the start state: equal split)
-                shield=kwargs.get("shield", False),
+                # the shield it learned behind, or the one its card runs it behind; the start
+                # state of its episodes (an export from before both: no shield, equal split)
+                shield=card.runtime_shield(),
                 baseline=_START_OF_BASELINE.get(kwargs.get("baseline", "equal"), "equal"),
             )
         except ValueError as exc:

@@ -38,6 +38,16 @@ ends: the shield does not release below a size that has already failed. Ubik siz
 partitions from their miss curves (section 5.2); without a curve, the edge that was hit
 is the one point of it the shield knows.
 
+**Futile pressure lapses** (``give_up``; off in training, on where the policy runs:
+docs/TRAINING.md, "The shield lets go of lost causes"). Some loads cannot be met at all,
+and a floor grown for a service whose tail stays over its target whatever it holds costs
+every batch job its ways while the target is missed anyway. Ubik never grows an LC
+partition past its target size (section 5: slack only moves it below), so it pays no such
+cost. Here, after ``give_up`` intervals in a row over its target, a slot's floor lapses to
+the minimum slice (and its MBA floor with it) for ``retry`` intervals, and the policy
+sizes that group as it does any other; then the feedback takes it up again from what it
+holds, so a load that became feasible is protected again.
+
 Readings where the paper is silent (thresholds, one way per interval) are ours. One
 definition on arrays over N nodes and S slots: the single environment, the vector
 environment and the policy controller (the online tuner's) all step :class:`Shield`, so
@@ -68,6 +78,9 @@ class ShieldConfig:
         release: ways an LC group may lose in one interval of ample slack.
         remember: keep the size before a shrink that met pressure as the group's lowest
             floor (the module docstring's cliffs).
+        give_up: intervals in a row over its SLO target after which a slot's floor lapses
+            (the module docstring's futile pressure); 0: never.
+        retry: intervals a lapsed floor stays at the minimum slice.
     """
 
     high: float = 0.8
@@ -76,16 +89,19 @@ class ShieldConfig:
     max_grow: int = 4
     release: int = 1
     remember: bool = True
+    give_up: int = 0
+    retry: int = 30
 
     def __post_init__(self) -> None:
         if not (0 < self.low < self.high and math.isfinite(self.high)):
             raise ValueError(f"need 0 < low < high, got low={self.low!r} high={self.high!r}")
         if not self.step > 0:
             raise ValueError(f"step must be positive, got {self.step!r}")
-        for name in ("max_grow", "release"):
+        for name, least in (("max_grow", 1), ("release", 1), ("give_up", 0), ("retry", 1)):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                what = "a positive integer" if least else "a non-negative integer"
+                raise ValueError(f"{name} must be {what}, got {v!r}")
         if not isinstance(self.remember, bool):
             raise ValueError(f"remember must be true or false, got {self.remember!r}")
 
@@ -131,6 +147,9 @@ class Shield:
         # what it held at the last update: to see the shrink)
         self.guard = np.zeros((n, slots), dtype=np.int64)
         self._last_held = np.zeros((n, slots), dtype=np.int64)
+        # futile pressure: intervals in a row of it, and intervals a lapsed floor has left
+        self._stuck = np.zeros((n, slots), dtype=np.int64)
+        self._lapsed = np.zeros((n, slots), dtype=np.int64)
         self._least = np.ones(n, dtype=np.int64)
         self._total = np.zeros(n, dtype=np.int64)
         self._present = np.zeros((n, slots), dtype=bool)
@@ -159,6 +178,8 @@ class Shield:
         self._usable[rows] = layout.has_l3 & (layout.n_present * layout.least <= layout.total)
         self.floor[rows] = np.where(self.is_lc[rows], held_ways, 0)
         self.guard[rows] = 0
+        self._stuck[rows] = 0
+        self._lapsed[rows] = 0
         self._last_held[rows] = held_ways
         lv = held_levels(held_mb, layout.mb_table)
         self.mb_floor[rows] = np.where(self.is_lc[rows] & has_mba[:, None], lv, 0)
@@ -197,6 +218,27 @@ class Shield:
         mb = np.where(ample, np.maximum(held_mb_level - 1, 0), mb)
         self.mb_floor[rows] = np.where(lc, np.minimum(mb, top), 0)
         self._fit(rows)
+        if c.give_up:
+            self._lapse(rows, ratio)
+
+    def _lapse(self, rows: np.ndarray, ratio: np.ndarray) -> None:
+        """Futile pressure (module docstring): count it, and lapse the floors of ``rows``'
+        slots that met it ``give_up`` intervals in a row, or are lapsed still."""
+        c = self.config
+        lapsed = np.maximum(self._lapsed[rows] - 1, 0)
+        with np.errstate(invalid="ignore"):
+            violated = self.is_lc[rows] & (ratio > 1.0)
+        stuck = np.where(violated & (lapsed == 0), self._stuck[rows] + 1, 0)
+        start = stuck >= c.give_up
+        lapsed = np.where(start, c.retry, lapsed)
+        self._stuck[rows] = np.where(start, 0, stuck)
+        self._lapsed[rows] = lapsed
+        off = lapsed > 0
+        if off.any():
+            least = self._least[rows][:, None]
+            self.floor[rows] = np.where(off, least, self.floor[rows])
+            self.mb_floor[rows] = np.where(off, 0, self.mb_floor[rows])
+            self.guard[rows] = np.where(off, 0, self.guard[rows])
 
     def floors(self, rows: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """(ways floor, MBA level floor) per slot (R, S) for the decoder: 0 where none."""

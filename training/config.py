@@ -46,6 +46,8 @@ file is refused rather than read as "all defaults"::
       beta: 0.5
       objective: null               # the oracle's (null: its default, fair_throughput)
       excess_quantum: 0.0           # the oracle's on infeasible load levels (models/oracle.py)
+    runtime:                        # where the exported policy runs (its model card)
+      shield: null                  # SLO shield options there (null: env.kwargs' shield)
 """
 
 from __future__ import annotations
@@ -94,6 +96,22 @@ class EnvConfig(Strict):
 
         RewardWeights.of(weights)  # its ValueError names the weight
         return weights
+
+
+class RuntimeConfig(Strict):
+    """Where the exported policy runs: written into its model card by ``rdtune export``."""
+
+    # the SLO shield's options there (models/shield.py); None: the training env's shield
+    shield: dict[str, Any] | None = None
+
+    @field_validator("shield")
+    @classmethod
+    def _shield(cls, shield: dict[str, Any] | None) -> dict[str, Any] | None:
+        from models.shield import ShieldConfig
+
+        if shield is not None:
+            ShieldConfig.of(shield)  # its ValueError names the option
+        return shield
 
 
 class EvalConfig(Strict):
@@ -219,6 +237,7 @@ class TrainConfig(Strict):
     policy: PolicyConfig = PolicyConfig()
     ppo: PpoConfig = PpoConfig()
     dagger: DaggerConfig | None = None  # a DAgger warm start from the oracle before PPO
+    runtime: RuntimeConfig = RuntimeConfig()
 
     @model_validator(mode="after")
     def _complete(self) -> TrainConfig:

@@ -303,6 +303,7 @@ def export_run(
         actions=meta["actions"],
         masked=masked,
         normalization=norm,
+        shield=(config.get("runtime") or {}).get("shield"),
         root=out_dir,
     )
     if check:

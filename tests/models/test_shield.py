@@ -103,6 +103,35 @@ def test_pressure_without_a_shrink_leaves_no_memory() -> None:
         assert sh.floors()[0][0, 0] == want
 
 
+@pytest.mark.parametrize("give_up", [0, 3])
+def test_futile_pressure_lapses_the_floor_then_retries(give_up: int) -> None:
+    # The LC group's tail stays at twice its target: after give_up intervals in a row its
+    # floor lapses to the minimum slice (its MBA floor with it) for `retry` intervals,
+    # then the feedback takes it up again; give_up 0 keeps the floor up however long the
+    # pressure lasts.
+    config = ShieldConfig(give_up=give_up, retry=4)
+    sh, _ = _shield([True, False], [6, 5], config=config)
+    floors = []
+    for _ in range(9):
+        _update(sh, [2.0, math.nan], [6, 5])
+        floors.append(int(sh.floors()[0][0, 0]))
+    if give_up:
+        assert floors == [10, 10, 1, 1, 1, 1, 10, 10, 1]
+        assert sh.floors()[1][0, 0] == 0
+    else:
+        assert floors == [10] * 9
+        assert sh.floors()[1][0, 0] == 3
+
+
+@pytest.mark.parametrize("between", [0.9, math.nan])
+def test_an_interval_within_target_restarts_the_count(between: float) -> None:
+    # over, over, within (or not measured), over, over: never three in a row
+    sh, _ = _shield([True, False], [6, 5], config=ShieldConfig(give_up=3))
+    for ratio in [2.0, 2.0, between, 2.0, 2.0]:
+        _update(sh, [ratio, math.nan], [6, 5])
+        assert sh.floors()[0][0, 0] >= 6
+
+
 def test_decoded_lc_ways_never_fall_below_the_floor() -> None:
     sh, lay = _shield([True, True, False, False], [3, 3, 3, 2])
     _update(sh, [1.2, 0.9, math.nan, math.nan], [3, 3, 3, 2])
@@ -139,6 +168,10 @@ def test_config_checks() -> None:
         ShieldConfig(low=0.9, high=0.8)
     with pytest.raises(ValueError, match="remember"):
         ShieldConfig(remember=1)
+    with pytest.raises(ValueError, match="give_up must be a non-negative integer"):
+        ShieldConfig(give_up=-1)
+    with pytest.raises(ValueError, match="retry must be a positive integer"):
+        ShieldConfig(retry=0)
 
 
 def test_random_controller_behind_the_shield_keeps_lc_at_its_floor() -> None:

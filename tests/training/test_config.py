@@ -100,6 +100,8 @@ def test_overrides_apply_and_revalidate():
         ({"policy": {"head": "wide"}}, "policy.head: must be 'dense' or 'slots', got 'wide'"),
         ({"policy": {"head": "slots"}}, r"policy.net_arch.pi: must be \[\]"),
         ({"policy": {"head": "slots", "extractor": None}}, "needs the group-set extractor"),
+        ({"runtime": {"shield": {"give_up": -1}}}, "runtime.shield: .*give_up must be"),
+        ({"runtime": {"shield": {"gve_up": 3}}}, r"runtime.shield: .*unknown shield options"),
     ],
 )
 def test_bad_config_names_the_key(data, message):

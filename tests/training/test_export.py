@@ -91,6 +91,31 @@ def test_export_refuses_another_encoder_version(tiny_run, tmp_path):
         export_run(run, tmp_path / "out")
 
 
+def test_the_runtime_shield_travels_in_the_card(tiny_run, tiny_export, tmp_path):
+    """The config's runtime.shield is what the exported policy runs behind; without it,
+    the training env's shield (none for the tiny run)."""
+    import shutil
+
+    import yaml
+
+    from models.policy import PolicyController
+    from models.shield import ShieldConfig
+
+    assert ModelCard.read(tiny_export).shield is None
+    assert PolicyController(tiny_export).shield_config is None
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run.run_dir, run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["runtime"] = {"shield": {"give_up": 3, "retry": 120}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    export_run(run, tmp_path / "out", parity_observations=16)
+    card = ModelCard.read(tmp_path / "out")
+    assert card.shield == {"give_up": 3, "retry": 120}
+    assert card.env["kwargs"].get("shield") in (None, False)  # the training record stays
+    shield = PolicyController(tmp_path / "out").shield_config
+    assert shield == ShieldConfig(give_up=3, retry=120)
+
+
 def test_export_cli(tiny_run, tmp_path, capsys):
     from tuner.cli import main
 
