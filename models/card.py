@@ -329,13 +329,21 @@ class ModelCard:
                 normalization=runtime.get("observation_normalization"),
                 parity=parity,
                 command=train.get("command"),
-                shield=dict(runtime["shield"]) if runtime.get("shield") is not None else None,
+                shield=_shield(runtime.get("shield"), where),
                 root=root,
             )
         except KeyError as exc:
             raise PolicyError(f"{where}: the model card has no {exc.args[0]!r}") from None
         except (TypeError, AttributeError) as exc:
             raise PolicyError(f"{where}: a malformed model card: {exc}") from None
+
+
+def _shield(value: Any, where: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise PolicyError(f"{where}: runtime.shield is not a mapping of shield options: {value!r}")
+    return dict(value)
 
 
 def _int(value: Any, key: str, where: str) -> int:

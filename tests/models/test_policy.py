@@ -177,20 +177,25 @@ def test_runtime_does_not_import_torch():
 
 def test_starts_and_acts_as_trained_shield_and_start_state(tmp_path):
     """A card whose env ran behind the shield from the node's allocation (the shipped one):
-    the runtime keeps what the node holds at start and decodes above the shield's floors;
-    a card trained from the equal split without a shield starts there, unshielded."""
+    the runtime keeps what the node holds at start and decodes above the shield's floors,
+    with the options of the card's runtime section (the lapse); a card trained from the
+    equal split without a shield, and without a runtime shield, starts there, unshielded."""
     kwargs = json.loads((DEFAULT_POLICY / "model_card.json").read_text())["training_data"]
     kwargs = kwargs["env"]["kwargs"]
     assert kwargs["baseline"] == "current" and kwargs["shield"] is True
     plain = _copy(
         DEFAULT_POLICY,
         tmp_path / "e",
-        **{"training_data.env.kwargs": {**kwargs, "baseline": "equal", "shield": False}},
+        **{
+            "training_data.env.kwargs": {**kwargs, "baseline": "equal", "shield": False},
+            "runtime.shield": None,
+        },
     )
     unshielded = PolicyController(plain)
     assert unshielded.baseline == "equal" and unshielded.shield_config is None
     ctrl = PolicyController()
     assert ctrl.baseline == "keep" and ctrl.shield_config is not None
+    assert ctrl.shield_config.give_up > 0  # the shipped card's runtime section
     node = SimNode("default", seed=2)
     assert ctrl.start(context(node)).plan is None
     node.observe()
@@ -204,11 +209,15 @@ def test_starts_and_acts_as_trained_shield_and_start_state(tmp_path):
             held.get(g, 0).l3_mask.bit_count() >= floors[i] for i, g in enumerate(ctrl._slots)
         )
         assert floors.any()  # memcached's floor
-    bad = _copy(
-        DEFAULT_POLICY, tmp_path / "q", **{"training_data.env.kwargs": {**kwargs, "shield": 3}}
-    )
-    with pytest.raises(PolicyError, match="shield must be"):
-        PolicyController(bad)
+    for i, (key, value, message) in enumerate([
+        ("training_data.env.kwargs", {**kwargs, "shield": 3}, "shield must be"),
+        ("runtime.shield", {"give_up": -1}, "give_up must be"),
+        ("runtime.shield", 3, "runtime.shield is not a mapping"),
+    ]):
+        changes = {key: value} if key == "runtime.shield" else {key: value, "runtime.shield": None}
+        bad = _copy(DEFAULT_POLICY, tmp_path / f"bad{i}", **changes)
+        with pytest.raises(PolicyError, match=message):
+            PolicyController(bad)
 
 
 def test_decodes_with_the_action_design_of_its_card(tmp_path):
