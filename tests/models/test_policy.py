@@ -209,11 +209,13 @@ def test_starts_and_acts_as_trained_shield_and_start_state(tmp_path):
             held.get(g, 0).l3_mask.bit_count() >= floors[i] for i, g in enumerate(ctrl._slots)
         )
         assert floors.any()  # memcached's floor
-    for i, (key, value, message) in enumerate([
-        ("training_data.env.kwargs", {**kwargs, "shield": 3}, "shield must be"),
-        ("runtime.shield", {"give_up": -1}, "give_up must be"),
-        ("runtime.shield", 3, "runtime.shield is not a mapping"),
-    ]):
+    for i, (key, value, message) in enumerate(
+        [
+            ("training_data.env.kwargs", {**kwargs, "shield": 3}, "shield must be"),
+            ("runtime.shield", {"give_up": -1}, "give_up must be"),
+            ("runtime.shield", 3, "runtime.shield is not a mapping"),
+        ]
+    ):
         changes = {key: value} if key == "runtime.shield" else {key: value, "runtime.shield": None}
         bad = _copy(DEFAULT_POLICY, tmp_path / f"bad{i}", **changes)
         with pytest.raises(PolicyError, match=message):
