@@ -97,8 +97,12 @@ def test_undecodable_bodies_are_invalid_argument_logged_once_per_peer(caplog) ->
             assert set(client.groups()) == {"a"}
     records = [r for r in caplog.records if "undecodable" in r.getMessage()]
     assert len(records) == 1, [r.getMessage() for r in records]
-    assert all(r.exc_info is None for r in caplog.records), "no tracebacks"
-    assert not [r for r in caplog.records if "Traceback" in r.getMessage()]
+    # The agent's own records: an earlier test's event loop, collected while this one runs,
+    # may log its destroyed tasks through the asyncio logger.
+    agent = [r for r in caplog.records if r.name.split(".")[0] == "agent"]
+    assert records[0] in agent
+    assert all(r.exc_info is None for r in agent), "no tracebacks"
+    assert not [r for r in agent if "Traceback" in r.getMessage()]
 
 
 def test_an_undecodable_latency_report_is_invalid_argument() -> None:
