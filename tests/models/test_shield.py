@@ -221,6 +221,57 @@ def test_random_actions_behind_the_shield_keep_slos_like_the_best_heuristic() ->
     assert bare >= shielded + 0.05, rates  # without the shield the same actions miss SLOs
 
 
+@pytest.mark.parametrize(
+    ("draw", "name", "label"),
+    [  # (count, seed, preset, max_lc, max_workloads) of the validation split's generator
+        ((8, 3103, "gold6130", 3, 6), "random-735425082", "infeasible"),  # xapian: 1.8x SLO
+        ((6, 4001, "gold6130", 2, 5), "random-293840537", "feasible"),
+    ],
+)
+def test_the_lapse_frees_a_lost_cause_and_nothing_else(
+    tmp_path, draw: tuple, name: str, label: str
+) -> None:
+    # The shipped policy with and without the lapse in its card's runtime section: on a
+    # mix no allocation can meet, the batch jobs get back what the floors held, with the
+    # same violations; on a feasible mix the lapse never fires and nothing changes.
+    import json
+    import shutil
+
+    from eval.feasibility import check_run
+    from eval.runner import Job, run_job
+    from eval.suites import held_out
+    from models.policy import DEFAULT_POLICY
+
+    count, seed, preset, max_lc, max_workloads = draw
+    drawn = held_out(
+        "validation",
+        count,
+        seed,
+        preset=preset,
+        min_lc=1,
+        max_lc=max_lc,
+        max_workloads=max_workloads,
+    )
+    scn = next(s for s in drawn if s.name == name)
+    assert check_run(scn, 0, 30, 1.0).label == label
+    metrics = {}
+    for shield in (None, {"give_up": 3, "retry": 120}):
+        export = tmp_path / f"lapse{shield is not None}"
+        shutil.copytree(DEFAULT_POLICY, export)
+        card = json.loads((export / "model_card.json").read_text())
+        card["runtime"]["shield"] = shield
+        (export / "model_card.json").write_text(json.dumps(card))
+        res = run_job(Job("lapse", scn, f"policy:{export}", 0, 30, 1.0))
+        assert not res.error, res.error
+        metrics[shield is not None] = res.metrics
+    plain, lapse = metrics[False], metrics[True]
+    assert lapse["slo_violation_rate"] == plain["slo_violation_rate"]
+    if label == "infeasible":
+        assert lapse["weighted_speedup"] > plain["weighted_speedup"] + 0.1, (plain, lapse)
+    else:
+        assert lapse["weighted_speedup"] == plain["weighted_speedup"]
+
+
 def test_start_ways_count_shared_ways_as_a_share() -> None:
     present = np.array([[True, True, True, False]])
     unpartitioned = np.array([[0x7FF, 0x7FF, 0x7FF, 0]])
