@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import subprocess
 import sys
 
@@ -24,23 +23,10 @@ from models.policy import (
     PolicyController,
     PolicyError,
 )
+from tests.models.exports import copy_export
 
 PRESETS = sorted(default_catalog().machines)
 ON = "training_data.trained_on."
-
-
-def _copy(src, dst, **card_changes):
-    """A copy of an export with keys of its card (dotted paths, format 2) changed."""
-    shutil.copytree(src, dst)
-    card = json.loads((dst / "model_card.json").read_text())
-    for key, value in card_changes.items():
-        node = card
-        *path, last = key.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = value
-    (dst / "model_card.json").write_text(json.dumps(card))
-    return dst
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -100,7 +86,7 @@ def test_loads_from_the_onnx_path_and_the_card(tiny_export):
     ],
 )
 def test_refuses_cards_this_code_cannot_serve(tiny_export, tmp_path, changes, message):
-    path = _copy(tiny_export, tmp_path / "p", **changes)
+    path = copy_export(tiny_export, tmp_path / "p", **changes)
     with pytest.raises(PolicyError, match=message):
         PolicyController.load(path)
 
@@ -122,7 +108,7 @@ def _caps(preset):
 def test_refuses_nodes_it_was_not_trained_for(
     tiny_export, tmp_path, changes, preset, edit, message
 ):
-    ctrl = PolicyController.load(_copy(tiny_export, tmp_path / "p", **changes))
+    ctrl = PolicyController.load(copy_export(tiny_export, tmp_path / "p", **changes))
     caps = _caps(preset)
     caps = edit(caps) if edit else caps
     with pytest.raises(PolicyCompatibilityError, match=message):
@@ -143,13 +129,13 @@ def test_accepts_every_trained_preset(tiny_export):
 def test_refuses_damaged_files(tiny_export, tmp_path):
     with pytest.raises(PolicyError, match="no model card"):
         PolicyController.load(tmp_path)
-    bad = _copy(tiny_export, tmp_path / "corrupt")
+    bad = copy_export(tiny_export, tmp_path / "corrupt")
     data = bytearray((bad / "policy.onnx").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (bad / "policy.onnx").write_bytes(bytes(data))
     with pytest.raises(PolicyError, match="sha256"):
         PolicyController.load(bad)
-    garbage = _copy(tiny_export, tmp_path / "garbage", **{"runtime.onnx.sha256": None})
+    garbage = copy_export(tiny_export, tmp_path / "garbage", **{"runtime.onnx.sha256": None})
     (garbage / "policy.onnx").write_bytes(b"not onnx")
     with pytest.raises(PolicyError, match="not a loadable ONNX model"):
         PolicyController.load(garbage)
@@ -183,7 +169,7 @@ def test_starts_and_acts_as_trained_shield_and_start_state(tmp_path):
     kwargs = json.loads((DEFAULT_POLICY / "model_card.json").read_text())["training_data"]
     kwargs = kwargs["env"]["kwargs"]
     assert kwargs["baseline"] == "current" and kwargs["shield"] is True
-    plain = _copy(
+    plain = copy_export(
         DEFAULT_POLICY,
         tmp_path / "e",
         **{
@@ -217,7 +203,7 @@ def test_starts_and_acts_as_trained_shield_and_start_state(tmp_path):
         ]
     ):
         changes = {key: value} if key == "runtime.shield" else {key: value, "runtime.shield": None}
-        bad = _copy(DEFAULT_POLICY, tmp_path / f"bad{i}", **changes)
+        bad = copy_export(DEFAULT_POLICY, tmp_path / f"bad{i}", **changes)
         with pytest.raises(PolicyError, match=message):
             PolicyController(bad)
 
@@ -227,7 +213,7 @@ def test_decodes_with_the_action_design_of_its_card(tmp_path):
     levels mean the unpartitioned cache at run time too; a card without the key (every
     export before it) decodes them as the equal split."""
     assert not PolicyController().decoder.share_all
-    on = _copy(DEFAULT_POLICY, tmp_path / "s", **{"runtime.actions.share_all": True})
+    on = copy_export(DEFAULT_POLICY, tmp_path / "s", **{"runtime.actions.share_all": True})
     ctrl = PolicyController(on)
     assert ctrl.decoder.share_all
     node = SimNode("copart_h_llc", seed=1)

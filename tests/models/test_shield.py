@@ -15,6 +15,7 @@ from models.actions import ActionDecoder, check_levels, decode_arrays
 from models.controller import context
 from models.policy import RandomController
 from models.shield import Shield, ShieldConfig, held_levels, start_ways
+from tests.models.exports import copy_export
 
 DEC = ActionDecoder(max_groups=4, share_levels=5, mba_levels=4)
 
@@ -231,17 +232,16 @@ def test_random_actions_behind_the_shield_keep_slos_like_the_best_heuristic() ->
 def test_the_lapse_frees_a_lost_cause_and_nothing_else(
     tmp_path, draw: tuple, name: str, label: str
 ) -> None:
-    # The shipped policy with and without the lapse in its card's runtime section: on a
-    # mix no allocation can meet, the batch jobs get back what the floors held, with the
-    # same violations; on a feasible mix the lapse never fires and nothing changes.
-    import json
-    import shutil
-
+    # The shipped policy, whose card runs it behind the lapse, against a copy without it:
+    # on a mix no allocation can meet, the batch jobs get back what the floors held, with
+    # the same violations; on a feasible mix the lapse never fires and nothing changes.
     from eval.feasibility import check_run
     from eval.runner import Job, run_job
     from eval.suites import held_out
+    from models.card import ModelCard
     from models.policy import DEFAULT_POLICY
 
+    assert ShieldConfig.of(ModelCard.read(DEFAULT_POLICY).runtime_shield()).give_up > 0
     count, seed, preset, max_lc, max_workloads = draw
     drawn = held_out(
         "validation",
@@ -254,17 +254,13 @@ def test_the_lapse_frees_a_lost_cause_and_nothing_else(
     )
     scn = next(s for s in drawn if s.name == name)
     assert check_run(scn, 0, 30, 1.0).label == label
-    metrics = {}
-    for shield in (None, {"give_up": 3, "retry": 120}):
-        export = tmp_path / f"lapse{shield is not None}"
-        shutil.copytree(DEFAULT_POLICY, export)
-        card = json.loads((export / "model_card.json").read_text())
-        card["runtime"]["shield"] = shield
-        (export / "model_card.json").write_text(json.dumps(card))
+    plain_export = copy_export(DEFAULT_POLICY, tmp_path / "plain", **{"runtime.shield": None})
+    metrics = []
+    for export in (plain_export, DEFAULT_POLICY):
         res = run_job(Job("lapse", scn, f"policy:{export}", 0, 30, 1.0))
         assert not res.error, res.error
-        metrics[shield is not None] = res.metrics
-    plain, lapse = metrics[False], metrics[True]
+        metrics.append(res.metrics)
+    plain, lapse = metrics
     assert lapse["slo_violation_rate"] == plain["slo_violation_rate"]
     if label == "infeasible":
         assert lapse["weighted_speedup"] > plain["weighted_speedup"] + 0.1, (plain, lapse)
