@@ -71,6 +71,16 @@ def test_decides_what_the_trained_policy_decides(tiny_run, tiny_export):
     env.close()
 
 
+def test_the_runtime_session_takes_one_observation_at_a_time(tiny_export):
+    """Its batch dimension is fixed at 1, so ONNX Runtime folds the graph's shape
+    arithmetic; the test above shows the actions are still the trained policy's."""
+    ctrl = PolicyController.load(tiny_export)
+    card = ctrl.card.onnx
+    want = {name: [1, *dims[1:]] for name, dims in card["inputs"].items()}
+    assert {i.name: i.shape for i in ctrl._session.get_inputs()} == want
+    assert ctrl._session.get_outputs()[0].shape == [1, *card["output"]["action"][1:]]
+
+
 def test_loads_from_the_onnx_path_and_the_card(tiny_export):
     for path in (tiny_export / "policy.onnx", tiny_export / "model_card.json"):
         assert PolicyController.load(path).card.encoder_version == ENCODER_VERSION
