@@ -430,7 +430,11 @@ _LAYOUT_FIELDS = tuple(SlotLayout.__dataclass_fields__)
 
 
 def _clip(x: np.ndarray) -> np.ndarray:
-    return np.minimum(np.maximum(x, 0.0), 1.0)
+    return np.minimum(np.maximum(x, 0.0), 1.0)  # np.clip's result, a few times faster
+
+
+def _clip_unit(x: np.ndarray) -> np.ndarray:
+    return np.minimum(np.maximum(x, -1.0), 1.0)
 
 
 def held_fractions(
@@ -527,14 +531,15 @@ def _v2_columns(
     with np.errstate(divide="ignore", invalid="ignore"):
         max_rps = np.fmax(h.max_rps[rows], np.where(np.isnan(rps), 0.0, rps))
         max_cps = np.fmax(h.max_cps[rows], np.where(np.isnan(cps), 0.0, cps))
-        load = np.where(max_rps > 0, _clip(np.nan_to_num(rps) / max_rps), 0.0)
-        busy = np.where(max_cps > 0, _clip(np.nan_to_num(cps) / max_cps), 0.0)
+        # rps and cps are finite or NaN: NaN as 0 (nan_to_num's, at a tenth of its cost)
+        load = np.where(max_rps > 0, _clip(np.where(np.isnan(rps), 0.0, rps) / max_rps), 0.0)
+        busy = np.where(max_cps > 0, _clip(np.where(np.isnan(cps), 0.0, cps) / max_cps), 0.0)
         dw = cur[..., 3] - prev[..., 3]
         moved = (np.abs(dw) > 1e-9) & ~fresh
         ok_m = moved & avail[..., 2] & prev_ok[..., 2]
         ok_i = moved & avail[..., 1] & prev_ok[..., 1]
-        s_m = np.clip(-(cur[..., 2] - prev[..., 2]) / dw / SENSITIVITY_SCALE, -1.0, 1.0)
-        s_i = np.clip((cur[..., 1] - prev[..., 1]) / dw, -1.0, 1.0)
+        s_m = _clip_unit(-(cur[..., 2] - prev[..., 2]) / dw / SENSITIVITY_SCALE)
+        s_i = _clip_unit((cur[..., 1] - prev[..., 1]) / dw)
     sens = h.sens[rows].copy()
     sens[..., 0] = np.where(ok_m, s_m, sens[..., 0])
     sens[..., 1] = np.where(ok_i, s_i, sens[..., 1])

@@ -132,7 +132,7 @@ def held_levels(mb: np.ndarray, mb_table: np.ndarray) -> np.ndarray:
     top = mb_table.shape[1] - 1
     with np.errstate(invalid="ignore"):
         below = (mb_table[:, None, :] <= mb[..., None]).sum(axis=2) - 1
-    return np.where(np.isnan(mb), top, np.clip(below, 0, top)).astype(np.int64)
+    return np.where(np.isnan(mb), top, np.minimum(np.maximum(below, 0), top)).astype(np.int64)
 
 
 class Shield:
@@ -199,7 +199,8 @@ class Shield:
         with np.errstate(invalid="ignore"):
             pressure = lc & (ratio > c.high)
             ample = lc & (ratio < c.low)
-        grow = np.minimum(1 + np.floor((np.nan_to_num(ratio) - c.high) / c.step), c.max_grow)
+        known = np.where(np.isnan(ratio), 0.0, ratio)  # nan_to_num's, without its overhead
+        grow = np.minimum(1 + np.floor((known - c.high) / c.step), c.max_grow)
         least = self._least[rows][:, None]
         floor = np.where(lc, held_ways, 0)
         floor = np.where(pressure, held_ways + grow.astype(np.int64), floor)
