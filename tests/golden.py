@@ -11,7 +11,11 @@ hash fails on some CPUs with no change of behaviour. Here the text is split in t
 
 A behaviour change moves the skeleton (a different mask, error or group) or a value by far
 more than the tolerance; a different CPU moves values by a few ulps (amplified at most to
-the simulator's solver tolerances, 1e-6 relative).
+the simulator's solver tolerances, 1e-6 relative; the simulator's goldens differ by at
+most 2e-9 between numpy's AVX-512, AVX2 and baseline paths, which a test run with
+``NPY_DISABLE_CPU_FEATURES`` shows). A computation that is discontinuous in its inputs
+breaks this: a mixture's quantiles once jumped 1-2% on a last-bit change, so the goldens
+failed on AVX-512 hosts (tests/agent/sim/test_latency.py now pins their continuity).
 
 Goldens are stored as ``.npz`` files (one entry per case: ``<case>.skeleton`` and
 ``<case>.values``). Each golden test module says how to regenerate its file on purpose.
