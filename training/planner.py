@@ -3,7 +3,7 @@
 The model-based alternative to the learned policy (docs/TRAINING.md, "Planning on fitted
 dynamics"). The response model of training/dynamics.py is fitted per group, to one
 recording, so for a mix never seen before the planner fits it online, as CoPart profiles
-its mix before it partitions (EuroSys'19 section 5):
+its mix before it partitions (EuroSys'19 section 5.4.1):
 
 1. **Explore** for ``explore`` intervals: random valid allocations held for a few
    intervals each (models/explore.py), the draws a response can be fitted from (a
