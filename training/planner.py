@@ -5,9 +5,9 @@ dynamics"). The response model of training/dynamics.py is fitted per group, to o
 recording, so for a mix never seen before the planner fits it online, as CoPart profiles
 its mix before it partitions (EuroSys'19 section 5.4.1):
 
-1. **Explore** for ``explore`` intervals: random valid allocations held for a few
-   intervals each (models/explore.py), the draws a response can be fitted from (a
-   heuristic's own choices would confound it: docs/RL.md, the CausalSim caveat).
+1. **Explore** for ``explore`` intervals: random disjoint allocations, the draws a
+   response can be fitted from (a heuristic's own choices would confound it: docs/RL.md,
+   the CausalSim caveat); models/explore.py's when the planner runs without the shield.
 2. **Fit** every group's response to its ways, MBA level, load and its neighbours'
    bandwidth (:func:`training.dynamics.fit_dynamics`) on every interval seen so far, and
    again every ``refit`` intervals.
@@ -20,6 +20,11 @@ its mix before it partitions (EuroSys'19 section 5.4.1):
    percentile within ``margin`` of its target first (else the smallest excess), then
    the batch groups' predicted weighted speedup (IPS over the IPS the model predicts for
    the group alone on the whole machine).
+
+Behind the SLO shield (``shield``; models/shield.py), as the learned policy runs: every
+interval the shield's floors (an LC group's fewest ways and lowest MBA level, grown by its
+measured tail slack, lapsed when its target is lost) bound the exploration's draws and the
+search, so exploring does not take an LC service's ways from under it.
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from agent.types import Allocation, GroupKind, GroupSpec, NodeCapabilities, Snapshot
+from models.actions import ActionDecoder
 from models.allocation import mb_level, pack_ways, plan_from
 from models.controller import KEEP, ControlContext, Controller, Decision
 from models.explore import Explore
+from models.features import FeatureEncoder
+from models.shield import NodeShield, ShieldConfig
 from training.dynamics import Dynamics, effective_ways, fit_dynamics
 from training.traces import Trace, TraceStep
 
@@ -49,6 +57,8 @@ class DynamicsPlanner(Controller):
         margin: an LC service's predicted tail must be at most ``margin`` x its target.
         climb: most hill-climbing moves per decision.
         seed: seeds the exploration's draws.
+        shield: the SLO shield's options (models/shield.py; True: the defaults, False: none);
+            default: the one the shipped policy runs behind (its lapse included).
     """
 
     name = "planner"
@@ -60,6 +70,7 @@ class DynamicsPlanner(Controller):
         margin: float = 0.8,
         climb: int = 8,
         seed: int = 0,
+        shield: ShieldConfig | bool | dict | None = None,
     ) -> None:
         if int(explore) < 1 or int(refit) < 0 or int(climb) < 0:
             raise ValueError("explore must be >= 1; refit and climb >= 0")
@@ -73,23 +84,86 @@ class DynamicsPlanner(Controller):
         self._since_fit = 0
         self._alone: dict[str, float] = {}
         self.fit_failures = 0
+        self.shield_config = ShieldConfig.of(
+            {"give_up": 3, "retry": 120} if shield is None else shield
+        )
+        self._encoder = FeatureEncoder()
+        self._decoder = ActionDecoder(self._encoder.max_groups, 5, len(MBA_FRACTIONS))
+        self._shield: NodeShield | None = None
+        self._slots: list[str] = []
+        self._prepared = None  # the encoder prepared for the groups: the shield's tail ratios
+        self._rng = np.random.default_rng(seed)
 
     # ------------------------------------------------------------------ the controller
 
     def start(self, ctx: ControlContext) -> Decision:
         self._steps.clear()
         self._dynamics, self._since_fit, self._alone = None, 0, {}
+        self._shield = None
+        if self.shield_config is not None and ctx.capabilities.l3 is not None:
+            slots = self._encoder.slots(ctx.groups)
+            self._slots = slots
+            self._prepared = self._encoder.prepare(ctx.groups, ctx.capabilities, slots)
+            layout = self._decoder.prepare(slots, ctx.capabilities).layout
+            self._shield = NodeShield(self._encoder.max_groups, self.shield_config)
+            self._shield.start(slots, ctx.groups, ctx.capabilities, layout, ctx.allocation)
+            return self._draw(ctx)
         return self._explorer.start(ctx)
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         self._steps.append(TraceStep(snapshot, ctx.allocation, None, self.name, 0.0))
+        if self._shield is not None:
+            self._shield.observe(self._prepared.tail_ratios(snapshot), ctx.allocation)
         self._since_fit += 1
         due = self._dynamics is None or (self.refit and self._since_fit >= self.refit)
         if len(self._steps) >= self.explore and due:
             self._fit(ctx)
         if self._dynamics is None:
-            return self._explorer.decide(snapshot, ctx)
+            if self._shield is None:
+                return self._explorer.decide(snapshot, ctx)
+            return self._draw(ctx)
         return self._plan(snapshot, ctx)
+
+    def _floors(self, names: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+        """(fewest ways, lowest MBA level index) per group: the shield's floors, else 0."""
+        ways = dict.fromkeys(names, 0)
+        levels = dict.fromkeys(names, 0)
+        if self._shield is not None:
+            floor, mb_floor = self._shield.floors()
+            for i, g in enumerate(self._slots):
+                if g in ways:
+                    ways[g], levels[g] = int(floor[0, i]), int(mb_floor[0, i])
+        return ways, levels
+
+    def _draw(self, ctx: ControlContext) -> Decision:
+        """A random disjoint split above the shield's floors, and random MBA levels above
+        its MBA floors: the exploration behind the shield, a new draw every interval."""
+        caps, names = ctx.capabilities, list(ctx.groups)
+        least = max(1, caps.l3.min_cbm_bits)
+        floor, mb_floor = self._floors(names)
+        counts = {g: max(least, floor[g]) for g in names}
+        spare = caps.l3.num_ways - sum(counts.values())
+        if spare < 0:
+            return KEEP  # more groups than slices: nothing disjoint to draw
+        for g, extra in zip(
+            names,
+            self._rng.multinomial(spare, self._rng.dirichlet(np.ones(len(names)))),
+            strict=True,
+        ):
+            counts[g] += int(extra)
+        top = len(MBA_FRACTIONS) - 1
+        levels = {g: int(self._rng.integers(min(mb_floor[g], top), top + 1)) for g in names}
+        if caps.mba is None:
+            levels = dict.fromkeys(names, top)
+        return self._decision(counts, levels, caps, "explore")
+
+    def _decision(
+        self, counts: dict[str, int], levels: dict[str, int], caps: NodeCapabilities, what: str
+    ) -> Decision:
+        masks = pack_ways(counts, caps)
+        mbs = {g: mb_level(caps, MBA_FRACTIONS[levels[g]]) for g in counts}
+        note = f"{self.name} ({what}): " + ", ".join(f"{g}={counts[g]}w" for g in counts)
+        return Decision(plan_from(masks, mbs, caps), note=note)
 
     # ------------------------------------------------------------------ fitting
 
@@ -141,18 +215,23 @@ class DynamicsPlanner(Controller):
             if s.latency is not None and snapshot.interval_s > 0
         }
         counts, levels = _held(ctx.allocation, names, caps)
+        least = max(1, caps.l3.min_cbm_bits)
+        floor, mb_floor = self._floors(names)
+        low = {g: max(least, floor[g]) for g in names}
+        if sum(low.values()) > caps.l3.num_ways:
+            return KEEP  # more groups than slices: no disjoint split to plan
+        counts, levels = _lift(counts, levels, low, mb_floor)
         score = self._scorer(ctx.groups, caps, dyn, loads)
         best = score(counts, levels)
-        least = max(1, caps.l3.min_cbm_bits)
         top = len(MBA_FRACTIONS) - 1 if caps.mba else 0
         for _ in range(self.climb):
             moves = []
             for a in names:
                 for b in names:
-                    if a != b and counts[a] > least:
+                    if a != b and counts[a] > low[a]:
                         moves.append(({**counts, a: counts[a] - 1, b: counts[b] + 1}, levels))
                 for d in (-1, 1) if caps.mba else ():
-                    if 0 <= levels[a] + d <= top:
+                    if mb_floor[a] <= levels[a] + d <= top:
                         moves.append((counts, {**levels, a: levels[a] + d}))
             scored = [(score(c, lv), c, lv) for c, lv in moves]
             if not scored:
@@ -161,10 +240,7 @@ class DynamicsPlanner(Controller):
             if value <= best:
                 break
             best, counts, levels = value, c, lv
-        masks = pack_ways(counts, caps)
-        mbs = {g: mb_level(caps, MBA_FRACTIONS[levels[g]]) for g in names}
-        plan = plan_from(masks, mbs, caps)
-        return Decision(plan, note=f"{self.name}: " + ", ".join(f"{g}={counts[g]}w" for g in names))
+        return self._decision(counts, levels, caps, "plan")
 
     def _scorer(
         self,
@@ -224,6 +300,23 @@ def _held(
     if shared or sum(counts.values()) > ways or min(counts.values()) < least:
         counts = dict(zip(names, _equal(ways, len(names)), strict=True))
     return counts, levels
+
+
+def _lift(
+    counts: dict[str, int], levels: dict[str, int], low: dict[str, int], mb_low: dict[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """``counts`` with every group at ``low`` ways or more (ways taken one at a time from
+    the group furthest above its own), and ``levels`` at ``mb_low`` or more. The shield fits
+    its floors to the cache, so the lows fit when the counts do."""
+    counts = dict(counts)
+    for g in counts:
+        while counts[g] < low[g]:
+            donor = max(counts, key=lambda h: counts[h] - low[h])
+            if counts[donor] <= low[donor]:
+                break
+            counts[donor] -= 1
+            counts[g] += 1
+    return counts, {g: max(levels[g], mb_low[g]) for g in levels}
 
 
 def _equal(ways: int, n: int) -> list[int]:
