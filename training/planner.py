@@ -5,9 +5,9 @@ dynamics"). The response model of training/dynamics.py is fitted per group, to o
 recording, so for a mix never seen before the planner fits it online, as CoPart profiles
 its mix before it partitions (EuroSys'19 section 5.4.1):
 
-1. **Explore** for ``explore`` intervals: random disjoint allocations, the draws a
-   response can be fitted from (a heuristic's own choices would confound it: docs/RL.md,
-   the CausalSim caveat); models/explore.py's when the planner runs without the shield.
+1. **Explore** for ``explore`` intervals: a random disjoint allocation every interval,
+   the draws a response can be fitted from (a heuristic's own choices would confound it:
+   docs/RL.md, the CausalSim caveat).
 2. **Fit** every group's response to its ways, MBA level, load and its neighbours'
    bandwidth (:func:`training.dynamics.fit_dynamics`) on every interval seen so far, and
    again every ``refit`` intervals.
@@ -37,9 +37,10 @@ import numpy as np
 from agent.types import Allocation, GroupKind, GroupSpec, NodeCapabilities, Snapshot
 from models.actions import ActionDecoder
 from models.allocation import mb_level, pack_ways, plan_from
+from models.card import ModelCard
 from models.controller import KEEP, ControlContext, Controller, Decision
-from models.explore import Explore
 from models.features import FeatureEncoder
+from models.policy import DEFAULT_POLICY
 from models.shield import NodeShield, ShieldConfig
 from training.dynamics import Dynamics, effective_ways, fit_dynamics
 from training.traces import Trace, TraceStep
@@ -58,7 +59,8 @@ class DynamicsPlanner(Controller):
         climb: most hill-climbing moves per decision.
         seed: seeds the exploration's draws.
         shield: the SLO shield's options (models/shield.py; True: the defaults, False: none);
-            default: the one the shipped policy runs behind (its lapse included).
+            default: the one the shipped policy runs behind (its model card's runtime
+            shield, the lapse included).
     """
 
     name = "planner"
@@ -78,15 +80,14 @@ class DynamicsPlanner(Controller):
             raise ValueError(f"margin must be in (0, 1], got {margin}")
         self.explore, self.refit, self.climb = int(explore), int(refit), int(climb)
         self.margin = float(margin)
-        self._explorer = Explore(seed=seed, min_dwell=2, max_dwell=4)
         self._steps: list[TraceStep] = []
         self._dynamics: Dynamics | None = None
         self._since_fit = 0
         self._alone: dict[str, float] = {}
         self.fit_failures = 0
-        self.shield_config = ShieldConfig.of(
-            {"give_up": 3, "retry": 120} if shield is None else shield
-        )
+        if shield is None:
+            shield = ModelCard.read(DEFAULT_POLICY).runtime_shield()
+        self.shield_config = ShieldConfig.of(shield)
         self._encoder = FeatureEncoder()
         self._decoder = ActionDecoder(self._encoder.max_groups, 5, len(MBA_FRACTIONS))
         self._shield: NodeShield | None = None
@@ -107,8 +108,7 @@ class DynamicsPlanner(Controller):
             layout = self._decoder.prepare(slots, ctx.capabilities).layout
             self._shield = NodeShield(self._encoder.max_groups, self.shield_config)
             self._shield.start(slots, ctx.groups, ctx.capabilities, layout, ctx.allocation)
-            return self._draw(ctx)
-        return self._explorer.start(ctx)
+        return self._draw(ctx)
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         self._steps.append(TraceStep(snapshot, ctx.allocation, None, self.name, 0.0))
@@ -119,8 +119,6 @@ class DynamicsPlanner(Controller):
         if len(self._steps) >= self.explore and due:
             self._fit(ctx)
         if self._dynamics is None:
-            if self._shield is None:
-                return self._explorer.decide(snapshot, ctx)
             return self._draw(ctx)
         return self._plan(snapshot, ctx)
 
@@ -137,8 +135,10 @@ class DynamicsPlanner(Controller):
 
     def _draw(self, ctx: ControlContext) -> Decision:
         """A random disjoint split above the shield's floors, and random MBA levels above
-        its MBA floors: the exploration behind the shield, a new draw every interval."""
+        its MBA floors (the minimum slice and the lowest level without the shield)."""
         caps, names = ctx.capabilities, list(ctx.groups)
+        if caps.l3 is None:
+            return KEEP
         least = max(1, caps.l3.min_cbm_bits)
         floor, mb_floor = self._floors(names)
         counts = {g: max(least, floor[g]) for g in names}
