@@ -141,9 +141,7 @@ class Engine:
         self._phase_no = np.zeros((B, n), dtype=np.int64)
         self.cores = np.ones((B, n))
         self._hold_cap = np.zeros((B, n))
-        self._unmask = np.zeros((B, n, W))
-        self._ins = np.zeros((B, n, W))
-        self._stale = np.ones(B, dtype=bool)  # the three above need recomputing
+        self._stale = np.ones(B, dtype=bool)  # the one above needs recomputing
         self._moved = np.ones(B, dtype=bool)  # allocation changed since the last step
         self._settled = np.zeros(B, dtype=bool)
         # Per workload, how far the occupancy solver's root lay from the start's miss
@@ -503,8 +501,6 @@ class Engine:
                 m = self.model.take(at)
             ws = self.mult[at, :, 1]
             self._hold_cap[at] = m.hold_cap(self.nways[at], ws)
-            self._unmask[at] = (1.0 - self.masks[at]) * m.non_inclusive[:, None, None]
-            self._ins[at] = self.masks[at] * (64.0 / self.nways[at])[..., None]
             self._stale[at] = False
         sel = slice(None) if rows is None else rows
         mult = self.mult[sel]
@@ -520,8 +516,6 @@ class Engine:
             self.lam[sel],
             self.cores[sel],
             hold_cap=self._hold_cap[sel],
-            unmask=self._unmask[sel],
-            ins_per_miss=self._ins[sel],
         )
 
     def inputs(self, t: np.ndarray | None = None, rows: np.ndarray | None = None) -> Inputs:

@@ -1,28 +1,14 @@
 """Model internals whose speed-ups must not move a bit, or only within the solver's
-tolerance (agent/sim/model.py)."""
+tolerance (agent/sim/model.py, agent/sim/kernel.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
-import pytest
 
-from agent.sim import SimNode
-from agent.sim.model import Model, _workloads
+from agent.sim import SimNode, kernel
 from agent.sim.scenario import LoadProfile, get_scenario
-
-
-@pytest.mark.parametrize("shape", [(1, 4, 11), (3, 6, 20), (256, 6, 20)])
-def test_sums_over_workloads_add_the_rows_in_order(shape: tuple[int, int, int]) -> None:
-    """Both of `_workloads`' paths (a reduction at a few nodes, einsum on batches) add each
-    way's rows in order: the same floats as the running sum, so a batch's node and a single
-    node get the same occupancy step."""
-    x = np.random.default_rng(0).random(shape) * 10.0 ** np.arange(shape[1])[:, None]
-    want = x[:, :1].copy()
-    for i in range(1, shape[1]):
-        want = want + x[:, i : i + 1]
-    np.testing.assert_array_equal(_workloads(x), want)
 
 
 def _drifting_node() -> SimNode:
@@ -64,13 +50,14 @@ def test_carried_correction_saves_occupancy_evaluations_on_a_drifting_load(monke
     next to the root (one evaluation most steps); from the start's miss ratio it needs
     three or four."""
     calls = [0]
-    step_occupancy = Model._step_occupancy
+    advance = kernel.advance
 
-    def counted(self, *args, **kwargs):
-        calls[0] += 1
-        return step_occupancy(self, *args, **kwargs)
+    def counted(*args):
+        *out, evaluations = advance(*args)
+        calls[0] += int(evaluations.sum())
+        return (*out, evaluations)
 
-    monkeypatch.setattr(Model, "_step_occupancy", counted)
+    monkeypatch.setattr(kernel, "advance", counted)
     per_step = {}
     for carried in (True, False):
         node = _drifting_node()
@@ -81,3 +68,26 @@ def test_carried_correction_saves_occupancy_evaluations_on_a_drifting_load(monke
             node.advance(node.interval_s)
         per_step[carried] = calls[0] / 50
     assert per_step[True] < 2.0 < 3.0 <= per_step[False], per_step
+
+
+def test_a_models_rows_solve_as_the_whole_model_does() -> None:
+    """Model.take's view reads its own rows of the packed parameters, also when the whole
+    model has packed them first: solving nodes 2 and 0 of a batch of three different mixes
+    gives those nodes' numbers of the whole batch, bit for bit."""
+    from agent.sim.batch import SimBatch
+
+    names = ("default", "copart_h_both", "more_lc_than_closids_epyc")
+    eng = SimBatch([get_scenario(name) for name in names], [0, 1, 2]).engine
+    inp = eng.inputs()
+    whole = eng.model.solve(inp, eng.occ, eng.dyn)
+    rows = np.array([2, 0])
+    part = eng.model.take(rows).solve(inp.take(rows), eng.occ[rows], eng.dyn.take(rows))
+    for name, value in vars(part).items():
+        np.testing.assert_array_equal(value, getattr(whole, name)[rows], err_msg=name)
+    new, eta, m = eng.model.advance(eng.occ, inp, whole, eng.dyn, 0.1)
+    new_p, eta_p, m_p = eng.model.take(rows).advance(
+        eng.occ[rows], inp.take(rows), part, eng.dyn.take(rows), 0.1
+    )
+    np.testing.assert_array_equal(new_p, new[rows])
+    np.testing.assert_array_equal(eta_p, eta[rows])
+    np.testing.assert_array_equal(m_p, m[rows])

@@ -1,0 +1,523 @@
+"""The operating point and the occupancy step of each simulated node, compiled.
+
+:class:`agent.sim.model.Model` owns the parameters and the API; this module owns the
+arithmetic of its two per-step solves (docs/SIMULATOR.md, "Equations"):
+
+* :func:`solve`: the rates at the fixed point of CPI <-> bandwidth <-> memory latency for
+  the occupancy held now (effects 1, 4, 5 and 7);
+* :func:`advance`: the occupancy after a step, with insertion at the miss ratio and access
+  rate of the step's end (backward Euler, effect 3; CAT semantics, effect 2).
+
+Each node is solved on its own, in a loop over nodes: a node's numbers never depend on
+which nodes share its batch, and a converged node costs nothing while others iterate.
+Compiled with numba (no fast-math: every operation rounds as IEEE arithmetic says), because
+the same equations as numpy array code cost a microsecond per operation on a node's few
+dozen numbers, and a moving step makes several hundred of them. The code is plain Python
+over numpy arrays and scalars: where numba is not installed (the node agent's base
+install, ``rdtune[sim]`` adds it) the same functions run uncompiled, slower but alike.
+
+Arrays are packed by :meth:`Model._packed` and :func:`pack_inputs` into a few
+(nodes, workloads, field) arrays; the field indices below name their columns.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+try:
+    import numba as nb
+except ImportError:  # pragma: no cover - the base install
+    nb = None
+    warnings.warn(
+        "numba is not installed: the simulator runs uncompiled, about 50x slower "
+        "(pip install 'rdtune[sim]')",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+LINE = 64.0
+U_MAX = 1.0 - 1e-7  # the queue term diverges there: demand can never exceed the peak
+
+# Machine fields, (nodes, field).
+WAY_BYTES, FREQ, HZ, L0, LAT_SLOPE, LAT_QUEUE, HIT_SHARE, PEAK, NON_INCLUSIVE = range(9)
+MACHINE_FIELDS = 9
+# Workload fields, (nodes, workloads, field).
+(
+    CPI_BASE,
+    APKI,
+    MLP,
+    WB,
+    FP,
+    FLOOR,
+    SPAN,
+    IS_LC,
+    IPR,
+    BURST,
+    REUSE,
+    IO_S,
+    DMA,
+    WORKERS,
+) = range(14)
+WORKLOAD_FIELDS = 14
+# Miss-curve knees, (nodes, workloads, knees, field).
+KW, KR, KS, KEND = range(4)
+# Inputs, (nodes, workloads, field).
+NWAYS, DELAY_NS, BW_CAP, ACTIVE, APKI_S, WS_S, CPI_S, LAM, CORES, HOLD_CAP = range(10)
+INPUT_FIELDS = 10
+# Solution fields, (field, nodes, workloads).
+IPS, CPI, MISS_RATIO, ACCESS_RATE, MISS_RATE, MEM_BW, CAPACITY, SERVICE_S, BUSY, RHO = range(10)
+SOLUTION_FIELDS = 10
+
+_OPTIONS = {"nogil": True, "error_model": "numpy"}  # x / 0 is inf or nan, as in numpy
+
+
+def _jit(fn):
+    """Compiled on first use, the machine code kept next to the source (or in
+    ``$NUMBA_CACHE_DIR``) for the next process; on a read-only install with nowhere to
+    keep it, compiled again in each process (about 10 s) rather than not at all. Without
+    numba, ``fn`` itself."""
+    if nb is None:
+        return fn
+    try:
+        return nb.njit(cache=True, **_OPTIONS)(fn)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return nb.njit(**_OPTIONS)(fn)
+
+
+def pack_inputs(inp) -> np.ndarray:
+    """The (nodes, workloads, INPUT_FIELDS) array of an :class:`agent.sim.model.Inputs`
+    (its ``hold_cap`` already set)."""
+    return np.stack(
+        (
+            inp.nways,
+            inp.delay_ns,
+            inp.bw_cap,
+            inp.active,
+            inp.apki_s,
+            inp.ws_s,
+            inp.cpi_s,
+            inp.lam,
+            inp.cores,
+            inp.hold_cap,
+        ),
+        axis=-1,
+    )
+
+
+# ---------------------------------------------------------------------- pieces
+
+
+@_jit
+def latency(mach, b, u):
+    """Loaded memory latency (ns) of node ``b`` at utilisation ``u`` of its peak."""
+    u = min(max(u, 0.0), U_MAX)
+    return mach[b, L0] * (1.0 + mach[b, LAT_SLOPE] * u + mach[b, LAT_QUEUE] * u / (1.0 - u))
+
+
+@_jit
+def _miss_ratio(wl, knees, b, i, held, ws_s):
+    """m(c) of workload ``i``: ``held`` bytes of its footprint scaled by ``ws_s``."""
+    x = min(held / (wl[b, i, FP] * ws_s), 1.0)
+    s = 0.0
+    for k in range(knees.shape[2]):
+        kend = knees[b, i, k, KEND]
+        g = (1.0 / (1.0 + (x / knees[b, i, k, KR]) ** knees[b, i, k, KS]) - kend) / (1.0 - kend)
+        s += knees[b, i, k, KW] * g
+    return wl[b, i, FLOOR] + wl[b, i, SPAN] * s
+
+
+@_jit
+def _cold_misses(wl, x, b, i, m, rho, eta):
+    """Extra miss ratio of an LC service from lines evicted while it idled (0 for batch)."""
+    lam = x[b, i, LAM] * x[b, i, ACTIVE]
+    if wl[b, i, IS_LC] == 0.0 or not lam > 0.0:
+        return 0.0
+    idle = max(1.0 - rho, 0.0) ** wl[b, i, WORKERS]
+    lost = idle * eta / (wl[b, i, BURST] * eta + lam + 1e-30)
+    return wl[b, i, REUSE] * (1.0 - m) * lost
+
+
+@_jit
+def _rates(mach, wl, x, b, i, m, rho, lat):
+    """(instructions/s, CPI, memory bytes per instruction) of workload ``i`` at miss ratio
+    ``m`` and memory latency ``lat`` (ns): CPI = a + b * L, hits paying a share of the MBA
+    delay; a bandwidth cap enforced over short windows makes the CPI at least the one that
+    draws the cap while the workload runs."""
+    apki = wl[b, i, APKI] * x[b, i, APKI_S]
+    freq, hz = mach[b, FREQ], mach[b, HZ]
+    fm = freq / wl[b, i, MLP] * apki / 1000.0
+    miss_bpi = apki / 1000.0 * LINE * (1.0 + wl[b, i, WB]) * m
+    delay = x[b, i, DELAY_NS]
+    hit_delay = mach[b, HIT_SHARE] * delay
+    cpi = (wl[b, i, CPI_BASE] * x[b, i, CPI_S] + fm * (m * delay + hit_delay * (1.0 - m))) + (
+        fm * m
+    ) * lat
+    lc = wl[b, i, IS_LC] != 0.0
+    cap = x[b, i, BW_CAP]
+    if math.isfinite(cap):
+        running = max(1.0, rho * wl[b, i, WORKERS]) if lc else x[b, i, CORES]
+        cpi = (cpi**4.0 + (running * hz * miss_bpi / cap) ** 4.0) ** 0.25
+    # A worker busy on I/O serves no instructions: k workers finish at most k / (cpu time
+    # + io) requests per second.
+    spent = cpi + wl[b, i, IO_S] * hz / max(wl[b, i, IPR], 1.0)
+    k_cpu = x[b, i, ACTIVE] * (wl[b, i, WORKERS] if lc else x[b, i, CORES]) * hz
+    ips = k_cpu / spent
+    if lc:
+        ips = min(ips, x[b, i, LAM] * wl[b, i, IPR] * x[b, i, ACTIVE])
+    return ips, cpi, miss_bpi + wl[b, i, DMA]
+
+
+@_jit
+def _excess_demand(mach, wl, x, b, m, rho, u):
+    """h(u): the node's memory demand at the latency of utilisation ``u``, over its peak,
+    minus ``u`` (decreasing in ``u``)."""
+    lat = latency(mach, b, u)
+    total = 0.0
+    for i in range(wl.shape[1]):
+        ips, _, bpi = _rates(mach, wl, x, b, i, m[i], rho[i], lat)
+        total += ips * bpi
+    return total / mach[b, PEAK] - u
+
+
+@_jit
+def _utilization(mach, wl, x, b, m, rho, u0, tol):
+    """The memory utilisation u in [0, U_MAX] at which the workloads' demand, at the latency
+    it causes, equals it: the root lies between a guess and its image, so bracket there and
+    refine with Illinois regula falsi (usually 1-3 evaluations from the last step's u)."""
+    u0 = min(max(u0, 0.0), U_MAX)
+    h0 = _excess_demand(mach, wl, x, b, m, rho, u0)
+    if abs(h0) <= tol:
+        return u0
+    u1 = min(max(u0 + h0, 0.0), U_MAX)
+    h1 = _excess_demand(mach, wl, x, b, m, rho, u1)
+    if h0 > 0:
+        lo, hlo, hi, hhi = u0, h0, u1, h1
+    else:
+        lo, hlo, hi, hhi = u1, h1, u0, h0
+    if hlo < 0 or hhi > 0:  # clipped at an end: the whole range
+        lo, hi = 0.0, U_MAX
+        hlo = _excess_demand(mach, wl, x, b, m, rho, lo)
+        hhi = _excess_demand(mach, wl, x, b, m, rho, hi)
+    u, side = u1, 0
+    for _ in range(60):
+        if hhi >= 0:  # an end that already solves it (demand at the bound is on the line)
+            return hi
+        if hlo <= 0:
+            return lo
+        u = (lo * hhi - hi * hlo) / (hhi - hlo)
+        hu = _excess_demand(mach, wl, x, b, m, rho, u)
+        if abs(hu) <= tol or hi - lo < 1e-9:
+            return u
+        if hu > 0:
+            lo, hlo = u, hu
+            if side == 1:
+                hhi *= 0.5
+            side = 1
+        else:
+            hi, hhi = u, hu
+            if side == -1:
+                hlo *= 0.5
+            side = -1
+    return u
+
+
+# ---------------------------------------------------------------------- the operating point
+
+
+@_jit
+def solve(mach, wl, knees, x, occ, dyn_u, dyn_rho, dyn_eta, tol):
+    """Rates at the fixed point of CPI <-> bandwidth <-> memory latency for the occupancy
+    ``occ`` held now, per node: (solution (SOLUTION_FIELDS, B, n), memory latency (B,),
+    utilisation (B,)). ``dyn_u`` is the warm start."""
+    B, n, W = occ.shape
+    out = np.zeros((SOLUTION_FIELDS, B, n))
+    lat_out = np.empty(B)
+    u_out = np.empty(B)
+    m = np.empty(n)
+    for b in range(B):
+        for i in range(n):
+            held = 0.0
+            for j in range(W):
+                held += occ[b, i, j]
+            mi = _miss_ratio(wl, knees, b, i, held, x[b, i, WS_S])
+            m[i] = mi + _cold_misses(wl, x, b, i, mi, dyn_rho[b, i], dyn_eta[b, i])
+            out[CAPACITY, b, i] = held
+        u = _utilization(mach, wl, x, b, m, dyn_rho[b], dyn_u[b], tol)
+        lat = latency(mach, b, u)
+        lat_out[b], u_out[b] = lat, u
+        hz = mach[b, HZ]
+        for i in range(n):
+            ips, cpi, bpi = _rates(mach, wl, x, b, i, m[i], dyn_rho[b, i], lat)
+            access = ips * (wl[b, i, APKI] * x[b, i, APKI_S]) / 1000.0
+            out[IPS, b, i], out[CPI, b, i], out[MISS_RATIO, b, i] = ips, cpi, m[i]
+            out[ACCESS_RATE, b, i], out[MISS_RATE, b, i] = access, access * m[i]
+            out[MEM_BW, b, i] = ips * bpi
+            if wl[b, i, IS_LC] != 0.0:
+                service = wl[b, i, IPR] * cpi / hz + wl[b, i, IO_S]
+                out[SERVICE_S, b, i] = service
+                out[BUSY, b, i] = ips * cpi / hz
+                out[RHO, b, i] = x[b, i, LAM] * x[b, i, ACTIVE] * service / wl[b, i, WORKERS]
+            else:
+                out[BUSY, b, i] = x[b, i, ACTIVE] * x[b, i, CORES]
+    return out, lat_out, u_out
+
+
+# ---------------------------------------------------------------------- occupancy
+
+
+@_jit
+def _step_occupancy(mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate, lines, new, eta):
+    """Occupancy ``new`` of node ``b`` after ``dt`` s with constant insertion from the start
+    occupancy ``occ`` (n, W), each line's eviction rate by others into ``eta``; returns the
+    bytes each workload holds after it.
+
+    Free space fills first, then each inserted line evicts a line of the way chosen in
+    proportion to occupancy. On a non-inclusive LLC (``migrate``), a line hit outside the
+    workload's mask moves to its L2 and re-enters the LLC through the current mask:
+    out-of-mask lines migrate into the mask at their hit rate. Its mask keeps at most
+    ``hold_cap`` of its footprint (set conflicts), and a workload holds at most its
+    footprint: its inserts replace its own lines in its mask first, then elsewhere."""
+    n, W = occ.shape
+    wb = mach[b, WAY_BYTES]
+    mr = miss_rate.copy()
+    for i in range(n):
+        for j in range(W):
+            new[i, j] = occ[i, j]
+    if migrate:
+        for i in range(n):
+            share = 1.0 - math.exp(-(hit_rate[i] / lines[i]) * dt)
+            moved = 0.0
+            for j in range(W):
+                if masks[b, i, j] == 0.0:
+                    mv = occ[i, j] * share
+                    new[i, j] = occ[i, j] - mv
+                    moved += mv
+            mr[i] += moved / (LINE * dt)
+    ins = np.empty((n, W))
+    for i in range(n):
+        per_miss = LINE / x[b, i, NWAYS]
+        for j in range(W):
+            ins[i, j] = masks[b, i, j] * per_miss * mr[i]
+    for j in range(W):
+        rate = 0.0
+        used = 0.0
+        for i in range(n):
+            rate += ins[i, j]
+            used += new[i, j]
+        inv = 1.0 / max(rate, 1e-30)
+        free = max(wb - used, 0.0)
+        t1 = min(free * inv, dt)  # time to fill the free space
+        decay = math.exp(rate * (t1 - dt) / wb)  # 1 where the way never filled
+        for i in range(n):
+            ss = ins[i, j] * (wb * inv)  # split by insertion rate
+            new[i, j] = (ins[i, j] * t1 + new[i, j] - ss) * decay + ss
+        for i in range(n):  # eviction by others' inserts, (R_j - I_wj) / way bytes
+            ins[i, j] = (rate - ins[i, j]) / wb
+    held = np.empty(n)
+    for i in range(n):
+        held_in = 0.0
+        for j in range(W):
+            held_in += new[i, j] * masks[b, i, j]
+        cap = x[b, i, HOLD_CAP]
+        if held_in > cap:
+            cut = 1.0 - cap / max(held_in, 1e-30)
+            for j in range(W):
+                new[i, j] -= new[i, j] * masks[b, i, j] * cut
+        tot = 0.0
+        for j in range(W):
+            tot += new[i, j]
+        excess = tot - wl[b, i, FP] * x[b, i, WS_S]
+        if excess > 0:
+            held_in = 0.0
+            for j in range(W):
+                held_in += new[i, j] * masks[b, i, j]
+            take = max(min(excess, held_in), 0.0)
+            scale_in = take / max(held_in, 1e-30) if held_in > 0 else 0.0
+            for j in range(W):
+                new[i, j] -= new[i, j] * masks[b, i, j] * scale_in
+            rest = max(excess - take, 0.0)
+            if rest > 0:
+                now = 0.0
+                for j in range(W):
+                    now += new[i, j]
+                shrink = (now - rest) / max(now, 1e-30)
+                for j in range(W):
+                    new[i, j] *= shrink
+            tot = 0.0
+            for j in range(W):
+                tot += new[i, j]
+        evict = 0.0
+        for j in range(W):
+            evict += new[i, j] * ins[i, j]
+        eta[i] = evict / max(tot, 1e-30)
+        held[i] = tot
+    return held
+
+
+@_jit
+def _end_miss_ratio(
+    mach, wl, knees, x, masks, b, occ, m, access, dt, migrate, lines, dyn_rho, new, eta, end
+):
+    """One evaluation of the backward-Euler step: insert at miss ratio ``m`` and access rate
+    ``access`` over ``dt``, and the miss ratio ``end`` the occupancy it leaves gives."""
+    n = occ.shape[0]
+    miss_rate = access * m
+    hit_rate = access * (1.0 - m)
+    held = _step_occupancy(
+        mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate, lines, new, eta
+    )
+    for i in range(n):
+        e = _miss_ratio(wl, knees, b, i, held[i], x[b, i, WS_S])
+        # Idle-gap evictions at the step end's rates, too.
+        end[i] = e + _cold_misses(wl, x, b, i, e, dyn_rho[i], eta[i])
+
+
+@_jit
+def _migrates(mach, masks, b, occ) -> bool:
+    """Whether lines held outside the masks migrate into them over node ``b``'s step: on a
+    non-inclusive LLC, when a workload holds more than a line outside its mask (read from
+    the start occupancy ``occ``, once per step)."""
+    if mach[b, NON_INCLUSIVE] == 0.0:
+        return False
+    n, W = occ.shape
+    for i in range(n):
+        for j in range(W):
+            if masks[b, i, j] == 0.0 and occ[i, j] > LINE:
+                return True
+    return False
+
+
+@_jit
+def _keep(b, new, eta, m, out_occ, out_eta, out_m):
+    """Node ``b``'s result so far: the occupancy, eviction rates and miss ratio of its
+    latest evaluation."""
+    n, W = new.shape
+    for i in range(n):
+        for j in range(W):
+            out_occ[b, i, j] = new[i, j]
+        out_eta[b, i] = eta[i]
+        out_m[b, i] = m[i]
+
+
+@_jit
+def _access_at(mach, wl, x, b, m, rho, lat, out):
+    """LLC accesses/s of each workload of node ``b`` at miss ratios ``m``, latency ``lat``."""
+    for i in range(m.shape[0]):
+        ips = _rates(mach, wl, x, b, i, m[i], rho[i], lat)[0]
+        out[i] = ips * (wl[b, i, APKI] * x[b, i, APKI_S]) / 1000.0
+
+
+@_jit
+def advance(
+    mach, wl, knees, x, masks, occ, sol_m, sol_access, sol_lat, dyn_rho, dt, guess, iters, tol
+):
+    """Occupancy (B, n, W), eviction rates (B, n), the miss ratio each workload converged
+    to (B, n) and the occupancy evaluations each node made (B,) after ``dt[b]`` s per
+    node, with insertion at the miss ratio *and access rate* of the step's end (backward
+    Euler), at the step's memory latency ``sol_lat``.
+
+    r(m) = m_end(m) - m falls as m rises (more misses fill more, and a fuller cache misses
+    less), so its root lies between the start's miss ratio and the end's that it gives:
+    bracket it there, per workload, and close in by Illinois regula falsi. A node is done
+    when each workload is within ``tol`` or its bracket has closed (the root beyond both
+    ends: the secant point is clipped to the bracket's end and cannot move). The first
+    point is the start's miss ratio plus ``guess`` (the correction the node's previous
+    step needed; zeros: none)."""
+    B, n, W = occ.shape
+    out_occ = np.empty((B, n, W))
+    out_eta = np.empty((B, n))
+    out_m = np.empty((B, n))
+    evaluations = np.zeros(B, dtype=np.int64)
+    new, eta, end = np.empty((n, W)), np.empty(n), np.empty(n)
+    a, last, m, ra = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
+    access = np.empty(n)
+    lines = np.empty(n)
+    lo, rlo, hi, rhi = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
+    side = np.empty(n)
+    for b in range(B):
+        o = occ[b]
+        rho = dyn_rho[b]
+        lat = sol_lat[b]
+        d = dt[b]
+        migrate = _migrates(mach, masks, b, o)
+        if migrate:
+            for i in range(n):
+                held = 0.0
+                for j in range(W):
+                    held += o[i, j]
+                lines[i] = max(held, LINE) / LINE
+        guessed = False
+        for i in range(n):
+            if guess[b, i] != 0.0:
+                guessed = True
+        if guessed:
+            for i in range(n):
+                a[i] = min(max(sol_m[b, i] + guess[b, i], 0.0), 1.0)
+            _access_at(mach, wl, x, b, a, rho, lat, access)
+        else:
+            for i in range(n):
+                a[i], access[i] = sol_m[b, i], sol_access[b, i]
+        evaluations[b] += 1
+        _end_miss_ratio(
+            mach, wl, knees, x, masks, b, o, a, access, d, migrate, lines, rho, new, eta, end
+        )
+        _keep(b, new, eta, a, out_occ, out_eta, out_m)
+        live = False
+        for i in range(n):
+            if not abs(end[i] - a[i]) < tol:
+                live = True
+        if not live:
+            continue
+        for i in range(n):
+            ra[i] = end[i] - a[i]
+            last[i] = end[i]
+        _access_at(mach, wl, x, b, last, rho, lat, access)
+        evaluations[b] += 1
+        _end_miss_ratio(
+            mach, wl, knees, x, masks, b, o, last, access, d, migrate, lines, rho, new, eta, end
+        )
+        _keep(b, new, eta, last, out_occ, out_eta, out_m)
+        for i in range(n):
+            rb = end[i] - last[i]
+            # lo: r > 0 (too few misses), hi: r < 0 (too many); the last two bracket.
+            if ra[i] > 0:
+                lo[i], rlo[i], hi[i], rhi[i] = a[i], ra[i], last[i], rb
+            else:
+                lo[i], rlo[i], hi[i], rhi[i] = last[i], rb, a[i], ra[i]
+            side[i] = 0.0
+        for _ in range(iters):
+            done = True
+            for i in range(n):
+                if not (abs(end[i] - last[i]) < tol or lo[i] == hi[i]):
+                    done = False
+            if done:
+                break
+            for i in range(n):
+                denom = rlo[i] - rhi[i]
+                # The secant point where the bracket's residuals differ (lo elsewhere).
+                mi = (lo[i] * -rhi[i] + hi[i] * rlo[i]) / denom if denom > 1e-15 else lo[i]
+                m[i] = min(max(mi, min(lo[i], hi[i])), max(lo[i], hi[i]))
+            _access_at(mach, wl, x, b, m, rho, lat, access)
+            evaluations[b] += 1
+            _end_miss_ratio(
+                mach, wl, knees, x, masks, b, o, m, access, d, migrate, lines, rho, new, eta, end
+            )
+            _keep(b, new, eta, m, out_occ, out_eta, out_m)
+            for i in range(n):
+                r = end[i] - m[i]
+                # Illinois: an end kept twice in a row has its residual halved.
+                if r > 0:
+                    if side[i] == 1.0:
+                        rhi[i] *= 0.5
+                    lo[i], rlo[i] = m[i], r
+                    side[i] = 1.0
+                else:
+                    if side[i] == -1.0:
+                        rlo[i] *= 0.5
+                    hi[i], rhi[i] = m[i], r
+                    side[i] = -1.0
+                last[i] = m[i]
+    return out_occ, out_eta, out_m, evaluations
