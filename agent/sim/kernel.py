@@ -32,8 +32,8 @@ try:
 except ImportError:  # pragma: no cover - the base install
     nb = None
     warnings.warn(
-        "numba is not installed: the simulator runs uncompiled, about 50x slower "
-        "(pip install 'rdtune[sim]')",
+        "numba is not installed: the simulator runs uncompiled, a node a few times "
+        "slower and a batch of nodes tens of times (pip install 'rdtune[sim]')",
         RuntimeWarning,
         stacklevel=2,
     )
