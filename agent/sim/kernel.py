@@ -411,6 +411,21 @@ def _access_at(mach, wl, x, b, m, rho, lat, out):
 
 
 @_jit
+def _evaluate(mach, wl, knees, x, masks, b, o, m, access, step, scratch, out):
+    """Node ``b``'s step evaluated at miss ratio ``m`` and access rates ``access``:
+    ``scratch`` (occupancy, eviction rates, end miss ratio) holds the result, which
+    becomes the node's in ``out`` (occupancy, eviction rates, miss ratio, evaluations)."""
+    dt, migrate, lines, rho = step
+    new, eta, end = scratch
+    out_occ, out_eta, out_m, evaluations = out
+    evaluations[b] += 1
+    _end_miss_ratio(
+        mach, wl, knees, x, masks, b, o, m, access, dt, migrate, lines, rho, new, eta, end
+    )
+    _keep(b, new, eta, m, out_occ, out_eta, out_m)
+
+
+@_jit
 def advance(
     mach, wl, knees, x, masks, occ, sol_m, sol_access, sol_lat, dyn_rho, dt, guess, iters, tol
 ):
@@ -431,7 +446,9 @@ def advance(
     out_eta = np.empty((B, n))
     out_m = np.empty((B, n))
     evaluations = np.zeros(B, dtype=np.int64)
+    out = (out_occ, out_eta, out_m, evaluations)
     new, eta, end = np.empty((n, W)), np.empty(n), np.empty(n)
+    scratch = (new, eta, end)
     a, last, m, ra = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
     access = np.empty(n)
     lines = np.empty(n)
@@ -441,7 +458,6 @@ def advance(
         o = occ[b]
         rho = dyn_rho[b]
         lat = sol_lat[b]
-        d = dt[b]
         migrate = _migrates(mach, masks, b, o)
         if migrate:
             for i in range(n):
@@ -449,6 +465,7 @@ def advance(
                 for j in range(W):
                     held += o[i, j]
                 lines[i] = max(held, LINE) / LINE
+        step = (dt[b], migrate, lines, rho)
         guessed = False
         for i in range(n):
             if guess[b, i] != 0.0:
@@ -460,11 +477,7 @@ def advance(
         else:
             for i in range(n):
                 a[i], access[i] = sol_m[b, i], sol_access[b, i]
-        evaluations[b] += 1
-        _end_miss_ratio(
-            mach, wl, knees, x, masks, b, o, a, access, d, migrate, lines, rho, new, eta, end
-        )
-        _keep(b, new, eta, a, out_occ, out_eta, out_m)
+        _evaluate(mach, wl, knees, x, masks, b, o, a, access, step, scratch, out)
         live = False
         for i in range(n):
             if not abs(end[i] - a[i]) < tol:
@@ -475,11 +488,7 @@ def advance(
             ra[i] = end[i] - a[i]
             last[i] = end[i]
         _access_at(mach, wl, x, b, last, rho, lat, access)
-        evaluations[b] += 1
-        _end_miss_ratio(
-            mach, wl, knees, x, masks, b, o, last, access, d, migrate, lines, rho, new, eta, end
-        )
-        _keep(b, new, eta, last, out_occ, out_eta, out_m)
+        _evaluate(mach, wl, knees, x, masks, b, o, last, access, step, scratch, out)
         for i in range(n):
             rb = end[i] - last[i]
             # lo: r > 0 (too few misses), hi: r < 0 (too many); the last two bracket.
@@ -501,11 +510,7 @@ def advance(
                 mi = (lo[i] * -rhi[i] + hi[i] * rlo[i]) / denom if denom > 1e-15 else lo[i]
                 m[i] = min(max(mi, min(lo[i], hi[i])), max(lo[i], hi[i]))
             _access_at(mach, wl, x, b, m, rho, lat, access)
-            evaluations[b] += 1
-            _end_miss_ratio(
-                mach, wl, knees, x, masks, b, o, m, access, d, migrate, lines, rho, new, eta, end
-            )
-            _keep(b, new, eta, m, out_occ, out_eta, out_m)
+            _evaluate(mach, wl, knees, x, masks, b, o, m, access, step, scratch, out)
             for i in range(n):
                 r = end[i] - m[i]
                 # Illinois: an end kept twice in a row has its residual halved.
