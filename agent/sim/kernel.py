@@ -131,7 +131,12 @@ def _miss_ratio(wl, knees, b, i, held, ws_s):
 
 @_jit
 def _cold_misses(wl, x, b, i, m, rho, eta):
-    """Extra miss ratio of an LC service from lines evicted while it idled (0 for batch)."""
+    """Extra miss ratio of an LC service from lines evicted while it idled (0 for batch).
+
+    Bursts of requests arrive at ``lam / burst``; a burst that finds every worker idle
+    (probability ``(1 - rho)^workers``) follows an idle gap ~ Exp(lam / burst), during
+    which a line it holds is evicted at rate ``eta`` (others' insertions into its ways).
+    Its first request re-misses the lost share of its cross-request reuse."""
     lam = x[b, i, LAM] * x[b, i, ACTIVE]
     if wl[b, i, IS_LC] == 0.0 or not lam > 0.0:
         return 0.0
@@ -318,6 +323,8 @@ def _step_occupancy(mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate
             ins[i, j] = (rate - ins[i, j]) / wb
     held = np.empty(n)
     for i in range(n):
+        # Its mask keeps at most ``hold_cap`` of its footprint (set conflicts); lines it
+        # still holds outside the mask (a mask that shrank) are not limited by the mask.
         held_in = 0.0
         for j in range(W):
             held_in += new[i, j] * masks[b, i, j]
@@ -329,6 +336,8 @@ def _step_occupancy(mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate
         tot = 0.0
         for j in range(W):
             tot += new[i, j]
+        # A workload holds at most its footprint: its inserts replace its own lines in the
+        # ways it inserts into first (LRU within the mask), then elsewhere.
         excess = tot - wl[b, i, FP] * x[b, i, WS_S]
         if excess > 0:
             held_in = 0.0

@@ -21,6 +21,8 @@ training) as cheaply as one; :class:`agent.sim.node.SimNode` is a batch of one.
 7. CPI -> instructions/s for batch jobs (with phases); LC services are demand-driven.
 
 No per-request work happens here (LC latency is read from tables: :mod:`agent.sim.latency`).
+The two per-step solves, the fixed point and the occupancy step, run compiled, node by node
+(:mod:`agent.sim.kernel`); this module holds the parameters and packs them for it.
 """
 
 from __future__ import annotations
