@@ -264,19 +264,16 @@ class Model:
         return np.array([kernel.latency(machine, b, float(x)) for b, x in enumerate(u)])
 
     def hold_cap(self, nways: np.ndarray, ws_s: np.ndarray) -> np.ndarray:
-        """Bytes of its footprint a workload can hold in ``nways`` ways of a set-associative
-        cache: its lines hash to sets like balls into bins (Poisson with mean
-        ``footprint / way size`` per set) and a set keeps at most ``nways`` of them, so
-        ``way_bytes * E[min(K, nways)]``. Near the footprint a few ways leave conflict
-        misses; a partition much larger than the footprint holds all of it."""
-        lam = np.maximum(self.fp * ws_s / self.way_bytes, 1e-12)
-        i = np.arange(self.W, dtype=float)
-        # log P(K = i), i = 0..W-1; then P(K > i) = 1 - cumulative sum.
-        logp = -lam[..., None] + i * np.log(lam)[..., None] - np.cumsum(np.log(np.maximum(i, 1.0)))
-        tail = 1.0 - np.cumsum(np.exp(logp), axis=-1)
-        within = i < nways[..., None]
-        expected = (np.clip(tail, 0.0, 1.0) * within).sum(axis=-1)
-        return np.minimum(self.way_bytes * expected, self.fp * ws_s)
+        """Bytes of its footprint each workload can hold in its mask's ``nways`` ways
+        (:func:`kernel.hold_cap`: set conflicts near the footprint)."""
+        machine, workloads, _ = self._packed()
+        return kernel.hold_cap(
+            machine,
+            workloads,
+            np.ascontiguousarray(nways, dtype=float),
+            np.ascontiguousarray(ws_s, dtype=float),
+            self.W,
+        )
 
     def _packed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The parameters as :mod:`agent.sim.kernel` reads them: (machine (B, fields),
