@@ -25,8 +25,10 @@ import numpy as np
 
 from agent.errors import ResourceExhausted
 from agent.groups import GroupTable
+from agent.sim import kernel
 from agent.sim.catalog import MachinePreset, WorkloadSpec
 from agent.sim.engine import COUNTERS, Engine, describe
+from agent.sim.kernel import MBA_AMD, MBA_MBPS, MBA_NONE, MBA_PERCENT
 from agent.sim.scenario import Scenario, WorkloadInstance
 from agent.sim.truth import solo_reference
 from agent.types import (
@@ -54,7 +56,6 @@ NOISE_SIGMA = np.array(
     [NOISE["instructions"], NOISE["cycles"], NOISE["refs"], NOISE["misses"], NOISE["mem"]]
 )
 OCC_UNIT = 64 * 1024
-MBA_NONE, MBA_PERCENT, MBA_AMD, MBA_MBPS = 0, 1, 2, 3
 _MODES = {MbaMode.PERCENT: MBA_PERCENT, MbaMode.AMD: MBA_AMD, MbaMode.MBPS: MBA_MBPS}
 
 
@@ -140,7 +141,8 @@ def workload_allocation(
     W: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each workload's (mask rows (N, n, W), ways, MBA delay ns, bandwidth cap bytes/s) on
-    N nodes: a workload runs with the allocation of the group holding most of its threads.
+    N nodes: a workload runs with the allocation of the group holding most of its threads
+    (:func:`kernel.workload_allocation`).
 
     Args:
         group_of: (N, n) that group's column, -1 for the default group (every way, MB
@@ -151,35 +153,20 @@ def workload_allocation(
         cbm: (N,) each node's full capacity bitmask.
         rules: each node's :class:`MbaRule`.
     """
-    N, G = gmask.shape
-    own = group_of >= 0
-    col = np.where(own, group_of, 0)
-    node = np.arange(N)[:, None]  # gathers by (node, column): take_along_axis's values
-    mask = np.where(own, gmask[node, col], cbm[:, None])
-    bits = ((mask[..., None] >> np.arange(W)) & 1).astype(float)
-    nways = np.maximum(1.0, bits.sum(axis=-1))
-    max_bw = np.array([r.max_bw for r in rules])
-    mb = np.where(own, gmb[node, col], np.nan)
-    mb = np.where(np.isnan(mb), max_bw[:, None], mb)
-    # workloads sharing each group (the default group in column G): a cap is per group
-    slot = np.where(own, group_of, np.where(group_of == -1, G, G + 1))  # G + 1: padding
-    flat = (node * (G + 2) + slot).ravel()
-    members = np.bincount(flat, minlength=N * (G + 2)).astype(float).reshape(N, G + 2)
-    share = members[node, slot]
-    delay = np.zeros(group_of.shape)
-    cap = np.full(group_of.shape, np.inf)
-    modes = np.array([r.mode for r in rules])
-    if (modes == MBA_PERCENT).any():
-        for b in np.flatnonzero(modes == MBA_PERCENT):
-            delay[b] = rules[b].delay[mb[b].astype(np.int64)]
-    amd = modes == MBA_AMD
-    if amd.any():
-        limited = amd[:, None] & (mb < max_bw[:, None])
-        cap = np.where(limited, np.maximum(mb, 0.2) * 0.125e9 / np.maximum(share, 1.0), cap)
-    mbps = modes == MBA_MBPS
-    if mbps.any():
-        cap = np.where(mbps[:, None], mb * float(1 << 20) / np.maximum(share, 1.0), cap)
-    return bits, nways, delay, cap
+    levels = max([len(r.delay) for r in rules] + [1])
+    delays = np.zeros((len(rules), levels))
+    for b, r in enumerate(rules):
+        delays[b, : len(r.delay)] = r.delay
+    return kernel.workload_allocation(
+        np.ascontiguousarray(group_of, dtype=np.int64),
+        np.ascontiguousarray(gmask, dtype=np.int64),
+        np.ascontiguousarray(gmb, dtype=float),
+        np.ascontiguousarray(cbm, dtype=np.int64),
+        np.array([r.mode for r in rules], dtype=np.int64),
+        np.array([r.max_bw for r in rules], dtype=float),
+        delays,
+        W,
+    )
 
 
 _PAD = -2  # group_of of padding workloads (no node has them): not counted anywhere

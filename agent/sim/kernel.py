@@ -71,6 +71,9 @@ INPUT_FIELDS = 10
 IPS, CPI, MISS_RATIO, ACCESS_RATE, MISS_RATE, MEM_BW, CAPACITY, SERVICE_S, BUSY, RHO = range(10)
 SOLUTION_FIELDS = 10
 
+# How a node's MB values become inputs (agent/sim/batch.py's MbaRule).
+MBA_NONE, MBA_PERCENT, MBA_AMD, MBA_MBPS = 0, 1, 2, 3
+
 _OPTIONS = {"nogil": True, "error_model": "numpy"}  # x / 0 is inf or nan, as in numpy
 
 
@@ -227,6 +230,51 @@ def _utilization(mach, wl, x, b, m, rho, u0, tol):
                 hlo *= 0.5
             side = -1
     return u
+
+
+@_jit
+def workload_allocation(group_of, gmask, gmb, cbm, modes, max_bw, delays, W):
+    """Each workload's (mask rows (N, n, W), ways, MBA delay ns, bandwidth cap bytes/s) on
+    N nodes: a workload runs with the allocation of the group holding most of its threads
+    (``group_of`` (N, n): that group's column of ``gmask`` and ``gmb`` (N, G); -1: the
+    default group, every way of ``cbm`` and MB at its maximum; -2: padding). An MB value
+    is a delay per L2->LLC request in percent mode (``delays`` (N, levels)); AMD's and
+    MBps' limits are per group, so workloads sharing one share its cap."""
+    N, n = group_of.shape
+    G = gmask.shape[1]
+    members = np.zeros((N, G + 2))  # the default group in column G, padding in G + 1
+    for b in range(N):
+        for i in range(n):
+            g = group_of[b, i]
+            members[b, g if g >= 0 else (G if g == -1 else G + 1)] += 1.0
+    bits = np.zeros((N, n, W))
+    nways = np.empty((N, n))
+    delay = np.zeros((N, n))
+    cap = np.full((N, n), np.inf)
+    for b in range(N):
+        mode = modes[b]
+        for i in range(n):
+            g = group_of[b, i]
+            own = g >= 0
+            mask = gmask[b, g] if own else cbm[b]
+            count = 0.0
+            for k in range(W):
+                if (mask >> k) & 1:
+                    bits[b, i, k] = 1.0
+                    count += 1.0
+            nways[b, i] = max(1.0, count)
+            mb = gmb[b, g] if own else np.nan
+            if np.isnan(mb):
+                mb = max_bw[b]
+            share = max(members[b, g if own else (G if g == -1 else G + 1)], 1.0)
+            if mode == MBA_PERCENT:
+                delay[b, i] = delays[b, int(mb)]
+            elif mode == MBA_AMD:
+                if mb < max_bw[b]:
+                    cap[b, i] = max(mb, 0.2) * 0.125e9 / share
+            elif mode == MBA_MBPS:
+                cap[b, i] = mb * float(1 << 20) / share
+    return bits, nways, delay, cap
 
 
 @_jit
