@@ -118,7 +118,7 @@ _INPUT_ARRAYS = (
 
 
 # What a model keeps of its own rows, besides its parameter arrays: never a view's.
-_PER_ROWS = ("_packed_arrays", "evaluations")
+_PER_ROWS = ("_packed_arrays",)
 
 
 def _rows(x, idx):
@@ -385,7 +385,7 @@ class Model:
         B = occ.shape[0]
         steps = np.empty(B)
         steps[:] = np.asarray(dt, dtype=float).reshape(-1)
-        new, eta, m, evaluations = kernel.advance(
+        new, eta, m, _ = kernel.advance(
             machine,
             workloads,
             knees,
@@ -401,7 +401,6 @@ class Model:
             int(iters),
             float(tol),
         )
-        self.evaluations = evaluations
         return new, eta, m
 
     def start(self, u: float = 0.0) -> Dynamics:
