@@ -36,7 +36,7 @@ import numpy as np
 
 from agent.types import Allocation, GroupKind, GroupSpec, NodeCapabilities, Snapshot
 from models.actions import ActionDecoder
-from models.allocation import mb_level, pack_ways, plan_from
+from models.allocation import equal_ways, mb_level, pack_ways, plan_from
 from models.card import ModelCard
 from models.controller import KEEP, ControlContext, Controller, Decision
 from models.features import FeatureEncoder
@@ -298,7 +298,7 @@ def _held(
     ways, least = caps.l3.num_ways, max(1, caps.l3.min_cbm_bits)
     shared = any(masks[a] & masks[b] for a in names for b in names if a < b)
     if shared or sum(counts.values()) > ways or min(counts.values()) < least:
-        counts = dict(zip(names, _equal(ways, len(names)), strict=True))
+        counts = equal_ways(names, caps)
     return counts, levels
 
 
@@ -317,10 +317,6 @@ def _lift(
             counts[donor] -= 1
             counts[g] += 1
     return counts, {g: max(levels[g], mb_low[g]) for g in levels}
-
-
-def _equal(ways: int, n: int) -> list[int]:
-    return [ways // n + (i < ways % n) for i in range(n)]
 
 
 __all__ = ["DynamicsPlanner"]
