@@ -132,12 +132,36 @@ class MbaRule:
 _RULES: dict[tuple, MbaRule] = {}
 
 
+@dataclass(frozen=True)
+class MbaRules:
+    """Nodes' :class:`MbaRule` as the arrays :func:`workload_allocation` reads: modes (N,),
+    maxima (N,) and percent-mode delays (N, levels), built once per set of rules."""
+
+    modes: np.ndarray
+    max_bw: np.ndarray
+    delays: np.ndarray
+
+    @classmethod
+    def of(cls, rules: Sequence[MbaRule]) -> MbaRules:
+        delays = np.zeros((len(rules), max([len(r.delay) for r in rules] + [1])))
+        for b, r in enumerate(rules):
+            delays[b, : len(r.delay)] = r.delay
+        return cls(
+            np.array([r.mode for r in rules], dtype=np.int64),
+            np.array([r.max_bw for r in rules], dtype=float),
+            delays,
+        )
+
+    def take(self, rows: np.ndarray) -> MbaRules:
+        return MbaRules(self.modes[rows], self.max_bw[rows], self.delays[rows])
+
+
 def workload_allocation(
     group_of: np.ndarray,
     gmask: np.ndarray,
     gmb: np.ndarray,
     cbm: np.ndarray,
-    rules: Sequence[MbaRule],
+    rules: MbaRules,
     W: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each workload's (mask rows (N, n, W), ways, MBA delay ns, bandwidth cap bytes/s) on
@@ -151,20 +175,16 @@ def workload_allocation(
             mask where the group has none).
         gmb: (N, G) each group's MB value (NaN: none, i.e. the maximum).
         cbm: (N,) each node's full capacity bitmask.
-        rules: each node's :class:`MbaRule`.
+        rules: the nodes' MBA rules.
     """
-    levels = max([len(r.delay) for r in rules] + [1])
-    delays = np.zeros((len(rules), levels))
-    for b, r in enumerate(rules):
-        delays[b, : len(r.delay)] = r.delay
     return kernel.workload_allocation(
         np.ascontiguousarray(group_of, dtype=np.int64),
         np.ascontiguousarray(gmask, dtype=np.int64),
         np.ascontiguousarray(gmb, dtype=float),
         np.ascontiguousarray(cbm, dtype=np.int64),
-        np.array([r.mode for r in rules], dtype=np.int64),
-        np.array([r.max_bw for r in rules], dtype=float),
-        delays,
+        rules.modes,
+        rules.max_bw,
+        rules.delays,
         W,
     )
 
@@ -285,6 +305,7 @@ class SimBatch:
         self.cbm = np.zeros(N, dtype=np.int64)
         self.ngroups = np.zeros(N, dtype=np.int64)
         self.rules: list[MbaRule] = [None] * N  # type: ignore[list-item]
+        self._rule_arrays: MbaRules | None = None  # the rules as arrays: after a reset, anew
         self.caps: list[NodeCapabilities] = [None] * N  # type: ignore[list-item]
         self.group_specs: list[list[GroupSpec]] = [[] for _ in range(N)]
         self.tables: list[GroupTable] = [None] * N  # type: ignore[list-item]
@@ -368,6 +389,7 @@ class SimBatch:
             self._lat_groups[b] = sorted(lat.items())
             self.caps[b] = caps
             self.rules[b] = MbaRule.of(preset, caps)
+            self._rule_arrays = None
             self.cbm[b] = caps.l3.cbm_mask if caps.l3 is not None else (1 << preset.ways) - 1
             self.group_specs[b] = [table.specs[g] for g in names]
             self.tables[b] = table
@@ -488,12 +510,14 @@ class SimBatch:
         return moved
 
     def _push(self, rows: np.ndarray, moved) -> None:
+        if self._rule_arrays is None:
+            self._rule_arrays = MbaRules.of(self.rules)
         masks, nways, delay, cap = workload_allocation(
             self.group_of[rows],
             self.gmask[rows],
             self.gmb[rows],
             self.cbm[rows],
-            [self.rules[b] for b in rows],
+            self._rule_arrays.take(rows),
             self.engine.model.W,
         )
         self.engine.set_allocation(rows, masks, nways, delay, cap, moved=moved)

@@ -23,6 +23,7 @@ from agent.groups import GroupTable
 from agent.node import StepByParts
 from agent.sim.batch import (
     MbaRule,
+    MbaRules,
     group_counters,
     measured,
     scenario_groups,
@@ -165,7 +166,7 @@ class SimNode(StepByParts):
         self._last_obs = 0.0
         self._dirty_acc = False
         self._acc_g = np.zeros((0, COUNTERS))  # per own group, in the group table's order
-        self._mba_rule = MbaRule.of(self._preset, self._caps)
+        self._mba_rules = MbaRules.of([MbaRule.of(self._preset, self._caps)])
         self._topo = None
         self._lat = None  # (topology, latency-reporting groups, their monitored services)
         self._topo_version = 0  # counts task/group changes (what _sync_allocation keys on)
@@ -437,7 +438,7 @@ class SimNode(StepByParts):
             gmb[0, j] = np.nan if a.mb is None else a.mb
         group_of = np.array([[col[g] if g and g in col else -1 for g in major]], dtype=np.int64)
         masks, nways, delay, cap = workload_allocation(
-            group_of, gmask, gmb, np.array([cbm]), [self._mba_rule], self._engine.model.W
+            group_of, gmask, gmb, np.array([cbm]), self._mba_rules, self._engine.model.W
         )
         return masks[0], nways[0], delay[0], cap[0]
 
