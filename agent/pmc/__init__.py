@@ -9,7 +9,8 @@ API for a Node (e.g. ResctrlNode)::
     supported, unsupported = probe_events()          # -> NodeCapabilities.pmc_events,
                                                      #    NodeCapabilities.pmc_unsupported
     reader = PmcReader(HARDWARE_EVENTS, supported=supported, unsupported=unsupported)
-    reader.track("lc-memcached", pids=[1234])        # or cgroup="/sys/fs/cgroup/x.slice"
+    reader.track("lc-memcached", pids=[1234])        # or tids=[...] (threads alone),
+                                                     # or cgroup="/sys/fs/cgroup/x.slice"
     reader.read_deltas()   # {"lc-memcached": {"instructions": 1.2e9, ..., "llc_misses": None}}
     reader.untrack("lc-memcached"); reader.close()   # or: with PmcReader(...) as reader:
 

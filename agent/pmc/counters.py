@@ -282,6 +282,35 @@ class GroupCounters:
         )
 
     @classmethod
+    def for_threads(
+        cls,
+        tids: Iterable[int],
+        events: Sequence[str],
+        *,
+        inherit: bool = True,
+        exclude_kernel: bool = False,
+        group_read: bool = True,
+    ) -> GroupCounters:
+        """The sum over threads ``tids``, each counted once (a resctrl ``tasks`` file lists
+        thread ids, and a process's other threads may sit in other groups). A thread that
+        exits before it is opened is skipped; with ``inherit`` the threads and children
+        they create afterwards are counted too."""
+        tids = sorted(set(tids))
+        if not tids:
+            raise ValueError("for_threads: no thread ids given")
+        for tid in tids:
+            if tid <= 0:
+                raise ValueError(f"for_threads: invalid thread id {tid}")
+        return cls(
+            events,
+            [_Target(t, -1, f"tid {t}", required=False) for t in tids],
+            inherit=inherit,
+            exclude_kernel=exclude_kernel,
+            group_read=group_read,
+            describe=f"threads {tids}",
+        )
+
+    @classmethod
     def for_cgroup(
         cls,
         path: str | os.PathLike[str],

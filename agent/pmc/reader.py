@@ -94,6 +94,15 @@ class PmcReader:
         )
         return TargetCounters(self.events, counters)
 
+    def for_threads(self, tids: Iterable[int], *, inherit: bool = True) -> TargetCounters:
+        tids = list(tids)
+        counters = (
+            GroupCounters.for_threads(tids, self.active, inherit=inherit)
+            if self.active and tids
+            else None
+        )
+        return TargetCounters(self.events, counters)
+
     # ---------------------------------------------------------------- tracked by name
 
     def track(
@@ -101,12 +110,20 @@ class PmcReader:
         name: str,
         *,
         pids: Iterable[int] | None = None,
+        tids: Iterable[int] | None = None,
         cgroup: str | os.PathLike[str] | None = None,
     ) -> None:
-        """(Re)open the counters of ``name`` on either ``pids`` or a ``cgroup`` directory."""
-        if (pids is None) == (cgroup is None):
-            raise ValueError("track: give exactly one of pids= or cgroup=")
-        target = self.for_cgroup(cgroup) if cgroup is not None else self.for_pids(pids or ())
+        """(Re)open the counters of ``name`` on exactly one of: processes ``pids`` (every
+        thread of each), threads ``tids`` (each alone: what a resctrl ``tasks`` file
+        lists), or a ``cgroup`` directory."""
+        if sum(x is not None for x in (pids, tids, cgroup)) != 1:
+            raise ValueError("track: give exactly one of pids=, tids= or cgroup=")
+        if cgroup is not None:
+            target = self.for_cgroup(cgroup)
+        elif tids is not None:
+            target = self.for_threads(tids)
+        else:
+            target = self.for_pids(pids or ())
         with self._lock:
             old = self._tracked.pop(name, None)
             self._tracked[name] = target

@@ -30,7 +30,7 @@ class PmcSource(Protocol):
     supported: frozenset[str]
     unsupported: Mapping[str, str]
 
-    def track(self, name: str, *, pids: Iterable[int]) -> None: ...
+    def track(self, name: str, *, tids: Iterable[int]) -> None: ...
     def untrack(self, name: str) -> None: ...
     def read_deltas(self) -> Mapping[str, Mapping[str, float | None]]: ...
     def close(self) -> None: ...
@@ -66,20 +66,29 @@ class Observation:
                 log.debug("pmc untrack %s: %s", name, exc)
 
     def _pmc_deltas(self, tasks: Mapping[str, frozenset[int]]) -> Mapping[str, Mapping[str, Any]]:
+        """The interval's counts of each group, then its counters re-opened on the threads
+        its ``tasks`` file lists now where they changed. In that order: counters opened now
+        start counting now, so re-tracking first would leave a group whose threads come and
+        go (thread pools) with the counts of the last microseconds instead of the interval.
+        """
         if self.pmc is None or not self.pmc.supported:
             return {}
-        for name, pids in tasks.items():
-            if self._pmc_tasks.get(name) != pids:
-                try:
-                    self.pmc.track(name, pids=sorted(pids))
-                    self._pmc_tasks[name] = pids
-                except Exception as exc:  # a task that exited meanwhile: retry next time
-                    log.debug("pmc track %s: %s", name, exc)
         try:
-            return self.pmc.read_deltas()
+            deltas = self.pmc.read_deltas()
         except Exception as exc:
             log.warning("PMC read failed: %s", exc)
-            return {}
+            deltas = {}
+        for name, tids in tasks.items():
+            if self._pmc_tasks.get(name) != tids:
+                try:
+                    # Thread ids, each counted alone: a process's other threads may be in
+                    # other groups, and counting each listed thread's whole process would
+                    # count a process of N threads N times over.
+                    self.pmc.track(name, tids=sorted(tids))
+                    self._pmc_tasks[name] = tids
+                except Exception as exc:  # every thread exited meanwhile: retry next time
+                    log.debug("pmc track %s: %s", name, exc)
+        return deltas
 
     def observe(self) -> Snapshot:
         features = self._caps.monitoring.features if self._caps.monitoring else frozenset()

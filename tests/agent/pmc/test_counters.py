@@ -16,6 +16,7 @@ from agent.pmc import GroupCounters, PmcError, PmcTaskGone, PmcTooManyFiles, Pmc
 from agent.pmc.counters import combine, delta, online_cpus, scale
 from tests.agent.pmc.conftest import move_to_cgroup, open_fds, perf_fds
 from tests.agent.pmc.workload import burn, nap, touch_pages
+from tests.agent.resctrl.conftest import unknown_pid
 
 TRIO = ["task_clock", "context_switches", "page_faults"]
 
@@ -186,6 +187,25 @@ def test_for_pids_counts_threads_that_already_exist(child_factory, threads):
         assert 0.06e9 * 0.9 <= v["task_clock"] < 2 * 0.06e9 * 0.9
 
 
+def test_for_threads_counts_each_listed_thread_once(child_factory):
+    child = child_factory(burn_s=0.06, mode="thread")
+    tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+    gone = unknown_pid()
+    # Both threads listed (as a resctrl tasks file lists them), one twice, plus a thread
+    # that exited before the counters opened: skipped, not an error.
+    with GroupCounters.for_threads([*tids, tids[0], gone], ["task_clock"]) as c:
+        assert c.fd_count == 2
+        child.go()
+        report, _ = child.finish()
+        v = c.read()
+    assert 0.9 * report["work_cpu"] * 1e9 <= v["task_clock"] <= 1.3 * report["work_cpu"] * 1e9
+
+
+def test_for_threads_with_every_thread_gone_is_an_error():
+    with pytest.raises(PmcError, match="nothing to count"):
+        GroupCounters.for_threads([unknown_pid()], ["task_clock"])
+
+
 @pytest.mark.parametrize("inherit", [True, False])
 def test_inherit_counts_processes_spawned_later(child_factory, inherit):
     child = child_factory(burn_s=0.08, mode="grandchild")  # the grandchild does the burning
@@ -290,10 +310,11 @@ def test_bad_event_lists(events, match):
         GroupCounters.for_task(events)
 
 
-@pytest.mark.parametrize("pids", [[], [0], [-5]])
-def test_bad_pid_lists(pids):
-    with pytest.raises(ValueError, match="for_pids"):
-        GroupCounters.for_pids(pids, TRIO)
+@pytest.mark.parametrize("ids", [[], [0], [-5]])
+@pytest.mark.parametrize("kind", ["for_pids", "for_threads"])
+def test_bad_pid_lists(ids, kind):
+    with pytest.raises(ValueError, match=kind):
+        getattr(GroupCounters, kind)(ids, TRIO)
 
 
 def _try_as_nobody(cgroup: str) -> dict[str, list[str] | None]:

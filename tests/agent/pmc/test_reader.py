@@ -71,6 +71,18 @@ def test_track_cgroup_and_retrack_closes_the_old_counters(cgroup_dir, child_fact
     assert perf_fds() == base and reader.tracked() == ()
 
 
+def test_track_threads_counts_each_once(child_factory):
+    child = child_factory(burn_s=0.05, mode="thread")
+    tids = sorted(int(t) for t in os.listdir(f"/proc/{child.pid}/task"))
+    with PmcReader(["task_clock"], supported={"task_clock"}) as reader:
+        reader.track("a", tids=tids)
+        assert reader.fd_count == 2  # pids=tids would open every thread of each: 4
+        child.go()
+        report, _ = child.finish()
+        counted = reader.read_deltas()["a"]["task_clock"]
+    assert 0.9 * report["work_cpu"] * 1e9 <= counted <= 1.3 * report["work_cpu"] * 1e9
+
+
 def test_for_pids_owned_by_the_caller():
     reader = PmcReader(["page_faults"], supported={"page_faults"})
     with reader.for_pids([os.getpid()]) as target:
@@ -79,7 +91,7 @@ def test_for_pids_owned_by_the_caller():
         assert target.read()["page_faults"] >= 100
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"pids": [1], "cgroup": "/x"}])
+@pytest.mark.parametrize("kwargs", [{}, {"pids": [1], "cgroup": "/x"}, {"pids": [1], "tids": [1]}])
 def test_track_needs_exactly_one_target(kwargs):
     with (
         PmcReader(["page_faults"], supported=()) as reader,

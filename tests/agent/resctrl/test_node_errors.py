@@ -21,6 +21,7 @@ from agent.errors import (
     ResourceExhausted,
     UnknownTask,
 )
+from agent.pmc import PmcReader
 from agent.resctrl import ResctrlNode, schemata
 from agent.types import (
     SLO,
@@ -30,6 +31,7 @@ from agent.types import (
     GroupSpec,
     LatencyStats,
 )
+from tests.agent.pmc.workload import Child
 from tests.agent.resctrl.conftest import make_node, unknown_pid
 from tests.emulated_resctrl import Emulated, emulated_resctrl
 
@@ -448,8 +450,8 @@ class RecordingPmc:
     def __init__(self) -> None:
         self.tracked: dict[str, list[int]] = {}
 
-    def track(self, name: str, *, pids) -> None:
-        self.tracked[name] = list(pids)
+    def track(self, name: str, *, tids) -> None:
+        self.tracked[name] = list(tids)
 
     def untrack(self, name: str) -> None:
         self.tracked.pop(name, None)
@@ -472,15 +474,55 @@ def test_pmc_counts_follow_the_group_tasks(intel: Emulated, children: list[int])
     assert set(caps.pmc_unsupported) == {"llc_references", "llc_misses"}
     _two_groups(node)
     node.assign("a", pids=children[:2])
-    sample = node.observe().groups["a"]
+    # Counted from the observation that finds them: the interval they joined in was not.
+    assert node.observe().groups["a"].instructions is None
     assert pmc.tracked["a"] == sorted(children[:2])
+    sample = node.observe().groups["a"]
     assert (sample.instructions, sample.cycles, sample.llc_misses) == (2000.0, 1000.0, None)
     assert sample.ipc == 2.0
     node.assign("b", pids=[children[0]])
-    node.observe()
+    # The interval's counts come from the counters it ran with, then "a" is re-tracked.
+    assert node.observe().groups["a"].instructions == 2000.0
     assert pmc.tracked["a"] == [children[1]], "re-tracked when the group's tasks change"
+    assert node.observe().groups["a"].instructions == 1000.0
     node.delete_group("a")
     assert "a" not in pmc.tracked
+
+
+class SeenPmc(PmcReader):
+    """The real reader (software events through perf_event_open), keeping what the node
+    last read of it: GroupSample carries hardware events only."""
+
+    last: dict = {}
+
+    def read_deltas(self):
+        self.last = super().read_deltas()
+        return self.last
+
+
+def test_real_pmc_counts_each_listed_thread_once(intel: Emulated) -> None:
+    child = Child(burn_s=0.15, mode="thread")  # two threads, each burns 0.15 s
+    pmc = SeenPmc(("task_clock", "page_faults"), supported={"task_clock", "page_faults"})
+    node = make_node(intel, pmc=pmc)
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{child.pid}/task"))
+        assert len(tids) == 2
+        node.create_group(GroupSpec("a"))
+        node.assign("a", pids=tids)  # resctrl's tasks file lists thread ids
+        node.observe()  # opens the counters on the threads it lists
+        # 2 events x 2 threads: counting each listed thread's whole process would open 8.
+        assert pmc.fd_count == 4
+        child.go()
+        report, _ = child.finish()
+        # The threads are gone: the interval is read from the counters it ran with,
+        # before the group (now empty) is re-tracked.
+        node.observe()
+        counted = pmc.last["a"]["task_clock"] / 1e9
+        assert 0.9 * report["work_cpu"] <= counted <= 1.3 * report["work_cpu"] + 0.05
+    finally:
+        node.close()
+        pmc.close()
+        child.kill()
 
 
 def test_unwritable_state_dir_creates_nothing(intel: Emulated, tmp_path) -> None:
