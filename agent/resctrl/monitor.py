@@ -3,9 +3,12 @@ turned into per-interval values (docs/RESCTRL.md, "Layout" and "Behaviour").
 
 Counter files read as a decimal byte count or as ``Unavailable``/``Error``/``Unassigned``;
 those reads succeed and mean "no value" (None). ``mbm_*`` are cumulative 64-bit counters
-since group creation: the per-interval value is the delta, and a drop means the counter
-was reset, so the interval counts from zero rather than going negative. ``llc_occupancy``
-is a gauge.
+since group creation: the per-interval value is the delta. A drop is no interval's bytes:
+a reset (an RMID or domain back from offline) and a monitoring group removed under the
+group (the kernel sums the control group's RMID and its monitoring groups') both lower the
+value, and the value after either is not what moved in the interval (after a removal it is
+the group's lifetime bytes), so such an interval reads None and the next counts from the
+new value. ``llc_occupancy`` is a gauge.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def mon_domains(mon_data: str) -> list[tuple[int, str]]:
 
 @dataclass
 class CounterTracker:
-    """Deltas of cumulative counters keyed by (group, event, domain), with reset detection."""
+    """Deltas of cumulative counters keyed by (group, event, domain); a drop gives None."""
 
     last: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
@@ -58,7 +61,7 @@ class CounterTracker:
         if before is None:
             return None  # first sight: no interval yet
         if value < before:
-            return value  # reset (or wrap handled by the kernel): count from zero
+            return None  # a reset or a removed monitoring group (module docstring)
         return value - before
 
     def forget(self, group: str) -> None:

@@ -369,19 +369,41 @@ def test_unavailable_and_error_counters_read_as_none(
     assert inode.observe().groups["a"].memory_bytes > 0
 
 
-def test_counter_reset_never_gives_a_negative(
+def test_counter_reset_reads_as_no_value_then_counts_again(
     intel: Emulated, inode: ResctrlNode, children: list[int]
 ) -> None:
     inode.create_group(GroupSpec("a"))
     inode.assign("a", pids=children)
     inode.observe()
     time.sleep(0.05)
-    grown = inode.observe().groups["a"].memory_bytes
-    assert grown > 0
+    assert inode.observe().groups["a"].memory_bytes > 0
     time.sleep(0.02)
     intel.model.reset_counters(f"{PREFIX}a")
-    after = inode.observe().groups["a"].memory_bytes
-    assert 0 <= after < grown
+    assert inode.observe().groups["a"].memory_bytes is None, "a drop is no interval's bytes"
+    time.sleep(0.02)
+    assert inode.observe().groups["a"].memory_bytes > 0
+
+
+def test_removed_monitoring_group_is_no_bandwidth_spike(
+    intel: Emulated, inode: ResctrlNode, children: list[int]
+) -> None:
+    # A control group's mon_data sums its own RMID and its monitoring groups' (monitor.c,
+    # mon_event_count): another tool removing its monitoring group under an own group
+    # drops the sum by that group's bytes, which is no reset to count from zero.
+    inode.create_group(GroupSpec("a"))
+    inode.assign("a", pids=children[:2])
+    mon = os.path.join(intel.root, f"{PREFIX}a", "mon_groups", "cadvisor")
+    os.mkdir(mon)
+    with open(os.path.join(mon, "tasks"), "w") as f:
+        f.write(f"{children[0]}\n")
+    inode.observe()
+    time.sleep(0.1)
+    interval = inode.observe().groups["a"].memory_bytes
+    assert interval > 0
+    os.rmdir(mon)  # its task goes back to the group's own RMID
+    assert inode.observe().groups["a"].memory_bytes is None  # was the group's lifetime bytes
+    time.sleep(0.02)
+    assert 0 < inode.observe().groups["a"].memory_bytes < interval
 
 
 def test_observe_gives_bandwidth_occupancy_and_lc_latency(
