@@ -80,11 +80,7 @@ class Allocations:
         out: dict[str, dict[int, int]] = {}
         for entry in ["", *self._foreign_dirs()]:
             held = schemata.parse(discovery.read_text(os.path.join(self.root, entry, "schemata")))
-            per_dom: dict[int, int] = {}
-            for res in schemata.L3_NAMES:
-                for d, v in held.resources.get(res, {}).items():
-                    per_dom[d] = per_dom.get(d, 0) | v
-            out["" if not entry else f"foreign:{entry}"] = per_dom
+            out["" if not entry else f"foreign:{entry}"] = l3_ways(held)
         return out
 
     def _exclusive_groups(self) -> frozenset[str]:
@@ -208,3 +204,12 @@ def _old_values(
     return {
         res: {str(d): held.resources[res][d] for d in per_dom} for res, per_dom in changes.items()
     }
+
+
+def l3_ways(held: schemata.Schemata) -> dict[int, int]:
+    """Per L3 domain, the ways a group's schemata uses (code and data OR-ed)."""
+    per_dom: dict[int, int] = {}
+    for res in schemata.L3_NAMES:
+        for d, v in held.resources.get(res, {}).items():
+            per_dom[d] = per_dom.get(d, 0) | v
+    return per_dom

@@ -40,7 +40,7 @@ from agent.errors import (
 )
 from agent.node import StepByParts
 from agent.resctrl import discovery, monitor, schemata, state
-from agent.resctrl.allocation import Allocations
+from agent.resctrl.allocation import Allocations, l3_ways
 from agent.resctrl.lock import ResctrlLock
 from agent.resctrl.observe import LatencySource, Observation, PmcSource
 from agent.resctrl.ownership import Ownership
@@ -285,10 +285,13 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
 
     def _make_exclusive(self, name: str) -> None:
         """Narrow a new group to the ways no other group uses, then set mode exclusive
-        (the kernel refuses exclusive mode while the mask overlaps any other group)."""
+        (the kernel refuses exclusive mode while the mask overlaps any other group: the
+        own ones too, rdtgroup_mode_test_exclusive)."""
         caps = self._caps
         if caps.l3 is not None:
             others = self._others_masks()
+            for own, held in self._read_all().items():
+                others[own] = l3_ways(held)
             want: dict[int, GroupAllocation] = {}
             for d in caps.l3.domains:
                 used = caps.l3.shareable_bits
@@ -299,7 +302,7 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
                     raise ResourceExhausted(
                         f"cannot make group {name!r} exclusive: no free ways in L3 domain {d} "
                         f"(other groups use {used:#x} of {caps.l3.cbm_mask:#x}); shrink the "
-                        "default group first",
+                        "default group or the other groups first",
                         resource="ways",
                     )
                 want[d] = GroupAllocation(l3_mask=free, l3_code_mask=free if self._cdp else None)

@@ -126,6 +126,21 @@ def test_exclusive_group_takes_only_free_ways(intel: Emulated) -> None:
     assert node.allocation().get("lc", 0).l3_mask == 0x3FF00  # hw-shareable c0000 avoided
 
 
+def test_exclusive_group_avoids_the_own_groups_ways(intel: Emulated) -> None:
+    node = make_node(intel)
+    intel.write("schemata", "L3:0=000ff;1=000ff\n")
+    node.create_group(GroupSpec("a"))  # a new group starts on every way: fffff
+    # The kernel counts own groups in its overlap check too: a clear refusal, not a
+    # narrowing onto "a"'s ways that the mode write then fails.
+    with pytest.raises(ResourceExhausted, match="no free ways"):
+        node.create_group(GroupSpec("lc", GroupKind.LC, SLO(99.0, 1.0), exclusive=True))
+    assert set(node.groups()) == {"a"}
+    node.apply(AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0x00F00)}, (0, 1)))
+    node.create_group(GroupSpec("lc", GroupKind.LC, SLO(99.0, 1.0), exclusive=True))
+    assert intel.read(f"{PREFIX}lc/mode") == "exclusive\n"
+    assert node.allocation().get("lc", 0).l3_mask == 0x3F000  # past a's 00f00, below c0000
+
+
 # ---------------------------------------------------------------------- groups
 
 
