@@ -2,10 +2,11 @@
 "Mount").
 
 Reads ``info/`` (L3 or L3CODE/L3DATA, MB, L3_MON), the root group's ``schemata`` (domain
-ids) and ``cpus_list`` (online CPUs), and the mount options. When the root is a real
-resctrl mount its options come from /proc/mounts (``cdp``, ``mba_MBps``); when it is not
-(the FUSE emulator, a copied tree) CDP is inferred from ``info/L3CODE`` and mba_MBps from the
-root group's MB default being above 100 on an Intel-style MB resource.
+ids), the control groups' ``cpus_list`` (together the online CPUs), and the mount options.
+When the root is a real resctrl mount its options come from /proc/mounts (``cdp``,
+``mba_MBps``); when it is not (the FUSE emulator, a copied tree) CDP is inferred from
+``info/L3CODE`` and mba_MBps from the root group's MB default being above 100 on an
+Intel-style MB resource.
 """
 
 from __future__ import annotations
@@ -82,6 +83,17 @@ def parse_cpu_list(text: str) -> set[int]:
     return cpus
 
 
+def online_cpus(root: str) -> set[int]:
+    """The online CPUs: every one belongs to exactly one control group, so the union of
+    their ``cpus_list`` files (the root's alone lacks the CPUs other groups took)."""
+    cpus: set[int] = set()
+    for entry in ["", *(e for e in os.listdir(root) if e != "info")]:
+        path = os.path.join(root, entry, "cpus_list")
+        if os.path.isfile(path):
+            cpus |= parse_cpu_list(read_text(path))
+    return cpus
+
+
 def parse_size(text: str) -> int | None:
     """``35840K`` -> bytes (sysfs cache size)."""
     text = text.strip().upper()
@@ -137,7 +149,7 @@ def discover(
         raise FileNotFoundError(f"{root} is not a resctrl filesystem (no info/ directory)")
     mount = mount_info(root, mounts)
     root_schemata = schemata.parse(read_text(os.path.join(root, "schemata")))
-    cpus = parse_cpu_list(read_text(os.path.join(root, "cpus_list")))
+    cpus = online_cpus(root)
 
     size = _size_from_root(root, root_schemata)
     if size is None and mount.is_resctrl and os.path.exists(cache_size_path):

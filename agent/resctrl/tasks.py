@@ -48,15 +48,6 @@ class Tasks:
                 raise GroupNotFound(group, "it vanished") from None
         return frozenset(int(x) for x in text.split() if x.isdigit())
 
-    def _online_cpus(self) -> set[int]:
-        """Every online CPU belongs to exactly one control group: the union of them all."""
-        cpus: set[int] = set()
-        for entry in [""] + [e for e in os.listdir(self.root) if e != "info"]:
-            path = os.path.join(self.root, entry, "cpus_list")
-            if os.path.exists(path):
-                cpus |= discovery.parse_cpu_list(discovery.read_text(path))
-        return cpus
-
     def _locate(self, pids: set[int]) -> dict[int, str]:
         """The group directory (relative to the root, "" for the default group) of each pid,
         read before a multi-pid move so a failure can put the moved ones back."""
@@ -101,7 +92,7 @@ class Tasks:
                 if not os.path.exists(os.path.join(self.proc, str(pid))):
                     raise UnknownTask(pid, f"no task with pid {pid} (not in {self.proc})")
             if cpus:
-                offline = set(cpus) - self._online_cpus()
+                offline = set(cpus) - discovery.online_cpus(self.root)
                 if offline:
                     raise InvalidCpus(
                         f"cannot assign CPUs {sorted(offline)} to group {group!r}: not online"

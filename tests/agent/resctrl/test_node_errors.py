@@ -141,6 +141,15 @@ def test_exclusive_group_avoids_the_own_groups_ways(intel: Emulated) -> None:
     assert node.allocation().get("lc", 0).l3_mask == 0x3F000  # past a's 00f00, below c0000
 
 
+def test_cpus_given_to_a_group_still_count_as_the_nodes(intel: Emulated) -> None:
+    node = make_node(intel)
+    cpus = node.capabilities().num_cpus
+    node.create_group(GroupSpec("a"))
+    node.assign("a", cpus=[0, 1])  # the kernel takes them out of the root's cpus_list
+    assert intel.read("cpus_list") != intel.read(f"{PREFIX}a/cpus_list")
+    assert make_node(intel).capabilities().num_cpus == cpus  # a restarted agent's view
+
+
 # ---------------------------------------------------------------------- groups
 
 
