@@ -83,6 +83,17 @@ def parse_cpu_list(text: str) -> set[int]:
     return cpus
 
 
+def format_cpu_list(cpus: set[int]) -> str:
+    """``{0, 1, 2, 5}`` -> ``0-2,5`` (the kernel's cpus_list form)."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def online_cpus(root: str) -> set[int]:
     """The online CPUs: every one belongs to exactly one control group, so the union of
     their ``cpus_list`` files (the root's alone lacks the CPUs other groups took)."""

@@ -132,15 +132,22 @@ class Tasks:
     def _move_back(self, moved: list[int], before: Mapping[int, str]) -> None:
         for pid in moved:
             rel = before.get(pid, "")
+            # A task enters a monitoring group only from its control group (the kernel
+            # refuses a move across control groups with EINVAL): that group's tasks first.
+            head, sep, _ = ("/" + rel).rpartition("/mon_groups/")
+            steps = [head.lstrip("/"), rel] if sep else [rel]
             try:
-                self._write(os.path.join(self.root, rel, "tasks"), f"{pid}\n")
+                for step in steps:
+                    self._write(os.path.join(self.root, step, "tasks"), f"{pid}\n")
             except OSError as exc:
                 log.error("could not return task %d to %r: %s", pid, rel or "/", exc)
 
     def _add_cpus(self, group: str, cpus: list[int]) -> None:
         path = self._path(group, "cpus_list")
         held = discovery.parse_cpu_list(discovery.read_text(path))
-        text = ",".join(str(c) for c in sorted(held | set(cpus)))
+        # As ranges: kernfs takes a write of at most a page (E2BIG beyond), which a list
+        # of every CPU of a large machine outgrows.
+        text = discovery.format_cpu_list(held | set(cpus))
         try:
             self._write(path, text + "\n")
         except OSError as exc:

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from agent.emulator.presets import get_preset
-from agent.resctrl.discovery import discover, mount_info, parse_size
+from agent.resctrl.discovery import (
+    discover,
+    format_cpu_list,
+    mount_info,
+    parse_cpu_list,
+    parse_size,
+)
 from agent.types import MbaMode, Vendor
 from tests.emulated_resctrl import Emulated
 
@@ -68,3 +74,19 @@ def test_not_resctrl_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="not a resctrl filesystem"):
         discover(str(tmp_path))
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "text"),
+    [
+        (set(), ""),
+        ({3}, "3"),
+        ({0, 1, 2, 5}, "0-2,5"),
+        ({0, 2}, "0,2"),
+        (set(range(1024)), "0-1023"),
+    ],
+)
+def test_cpu_lists_are_written_as_ranges(cpus: set[int], text: str) -> None:
+    # kernfs takes at most a page per write: 1024 CPUs one by one would be ~4.9 KB.
+    assert format_cpu_list(cpus) == text
+    assert parse_cpu_list(text) == cpus

@@ -332,18 +332,32 @@ def test_unknown_pid_in_a_batch_moves_nothing(inode: ResctrlNode, children: list
     assert children[0] in inode.tasks("b")
 
 
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [f"{PREFIX}b"],  # an own group
+        ["mon_groups/m"],  # a monitoring group of the default group
+        # a foreign group's monitoring group, entered through its control group (the
+        # kernel refuses a move into a monitoring group of another control group)
+        ["other", "other/mon_groups/m"],
+    ],
+)
 def test_kernel_refusal_mid_batch_puts_moved_tasks_back(
-    intel: Emulated, inode: ResctrlNode, children: list[int]
+    intel: Emulated, inode: ResctrlNode, children: list[int], steps: list[str]
 ) -> None:
     _two_groups(inode)
-    inode.assign("b", pids=[children[0]])
+    for rel in steps:
+        if not os.path.isdir(os.path.join(intel.root, rel)):
+            os.mkdir(os.path.join(intel.root, rel))
+        with open(os.path.join(intel.root, rel, "tasks"), "w") as f:
+            f.write(f"{children[0]}\n")
     intel.model.deny_task(children[1])
     with pytest.raises(KernelError) as err:
         inode.assign("a", pids=[children[0], children[1]])
     assert err.value.errno == errno.EPERM
     assert err.value.status == f"No permission to move task {children[1]}"
     assert inode.tasks("a") == frozenset()
-    assert children[0] in inode.tasks("b"), "the moved task went back where it was"
+    assert str(children[0]) in intel.read(f"{steps[-1]}/tasks").split(), "back where it was"
 
 
 def test_task_that_exits_before_the_write(intel: Emulated, inode: ResctrlNode) -> None:
