@@ -159,6 +159,7 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
         self.not_ours: list[str] = []  # prefix-named directories this node did not record
         self._tracker = monitor.CounterTracker()
         self._pmc_tasks: dict[str, frozenset[int]] = {}
+        self._pmc_warned: dict[str, str] = {}
         self._last_observe = time.monotonic()
         self.cleaned_mon_groups: list[str] = []
         self._adopt()

@@ -5,6 +5,7 @@ bytes) and, for LC groups, the latency the service reported (docs/RESCTRL.md, "L
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -55,6 +56,7 @@ class Observation:
     latency: LatencySource | None
     _tracker: monitor.CounterTracker
     _pmc_tasks: dict[str, frozenset[int]]
+    _pmc_warned: dict[str, str]
     _last_observe: float
 
     def _untrack(self, name: str) -> None:
@@ -86,9 +88,23 @@ class Observation:
                     # count a process of N threads N times over.
                     self.pmc.track(name, tids=sorted(tids))
                     self._pmc_tasks[name] = tids
-                except Exception as exc:  # every thread exited meanwhile: retry next time
-                    log.debug("pmc track %s: %s", name, exc)
+                except Exception as exc:
+                    self._track_failed(name, exc)
         return deltas
+
+    def _track_failed(self, name: str, exc: Exception) -> None:
+        """Every thread exiting meanwhile is retried quietly next time; too few file
+        descriptors (events x threads) or no privilege will not fix themselves, and the
+        group's counts stay None until an operator acts: said once per group and reason."""
+        lasting = isinstance(exc, PermissionError) or getattr(exc, "errno", None) in (
+            errno.EMFILE,
+            errno.ENFILE,
+        )
+        if not lasting:
+            log.debug("pmc track %s: %s", name, exc)
+        elif self._pmc_warned.get(name) != str(exc):
+            self._pmc_warned[name] = str(exc)
+            log.warning("no PMC counts for group %s: %s", name, exc)
 
     def observe(self) -> Snapshot:
         features = self._caps.monitoring.features if self._caps.monitoring else frozenset()

@@ -21,7 +21,7 @@ from agent.errors import (
     ResourceExhausted,
     UnknownTask,
 )
-from agent.pmc import PmcReader
+from agent.pmc import PmcReader, PmcTooManyFiles
 from agent.resctrl import ResctrlNode, schemata
 from agent.types import (
     SLO,
@@ -547,6 +547,28 @@ def test_pmc_counts_follow_the_group_tasks(intel: Emulated, children: list[int])
     assert node.observe().groups["a"].instructions == 1000.0
     node.delete_group("a")
     assert "a" not in pmc.tracked
+
+
+class FdStarvedPmc(RecordingPmc):
+    """A PMC source on a node whose RLIMIT_NOFILE is too low for a group's threads."""
+
+    def track(self, name: str, *, tids) -> None:
+        if len(tids) > 1:
+            raise PmcTooManyFiles("need 8 file descriptors", err=errno.EMFILE, needed=8)
+        super().track(name, tids=tids)
+
+
+def test_pmc_fd_exhaustion_is_said_once(
+    intel: Emulated, children: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    node = make_node(intel, pmc=FdStarvedPmc())
+    node.create_group(GroupSpec("a"))
+    node.assign("a", pids=children[:2])
+    for _ in range(3):
+        node.observe()
+    said = [r for r in caplog.records if "no PMC counts for group a" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING"
+    assert "8 file descriptors" in said[0].getMessage()
 
 
 class SeenPmc(PmcReader):
