@@ -56,6 +56,7 @@ from pydantic import Field, field_validator
 from agent import configfile
 from agent.configfile import ConfigError, Finite, Strict
 from agent.connection import AgentConnection
+from agent.pmc.counters import threads_of
 from agent.server.metrics_http import MetricsEndpoint
 from agent.types import SLO, GroupKind, GroupSpec
 
@@ -71,8 +72,10 @@ class GroupConfig:
     cgroup: str | None = None
     cpus: tuple[int, ...] = ()
 
-    def all_pids(self) -> tuple[int, ...]:
-        """Configured pids plus the cgroup's current members (read now)."""
+    def all_pids(self, threads: bool = False) -> tuple[int, ...]:
+        """Configured pids plus the cgroup's current members (read now); with ``threads``
+        every thread of each instead: a resctrl group holds threads, and writing a
+        process's pid to its ``tasks`` file moves the main thread alone."""
         pids = list(self.pids)
         if self.cgroup:
             path = Path(self.cgroup) / "cgroup.procs"
@@ -81,6 +84,8 @@ class GroupConfig:
             except OSError as exc:
                 raise ConfigError(f"group {self.spec.name!r}: cannot read {path}: {exc}") from exc
             pids.extend(int(x) for x in text.split())
+        if threads:
+            pids = [tid for pid in pids for tid in threads_of(pid)]
         return tuple(dict.fromkeys(pids))
 
 

@@ -29,6 +29,7 @@ class GroupKeeper:
         unreadable cgroup is a configuration error (at start); after an outage it is logged
         and the group's tasks stay where they are."""
         have = node.groups()
+        threads = _real_tasks(node)
         for g in self.groups:
             spec = g.spec
             if spec.name in have:
@@ -48,7 +49,7 @@ class GroupKeeper:
                     "created group %r", spec.name, extra={"event": "create", "group": spec.name}
                 )
             try:
-                pids = g.all_pids()
+                pids = g.all_pids(threads=threads)
             except ConfigError as exc:
                 if strict:
                     raise
@@ -77,11 +78,14 @@ class GroupKeeper:
         """Tasks that joined a configured cgroup since the last look (a restarted service,
         a new worker) are moved into its group; children of moved tasks follow by
         themselves (resctrl groups are inherited on fork)."""
+        threads = None
         for g in self.groups:
             if not g.cgroup or g.spec.name not in groups:
                 continue
+            if threads is None:
+                threads = _real_tasks(node)
             try:
-                pids = set(g.all_pids())
+                pids = set(g.all_pids(threads=threads))
             except ConfigError as exc:
                 log.warning("%s", exc, extra={"event": "assign_failed", "group": g.spec.name})
                 continue
@@ -106,3 +110,9 @@ class GroupKeeper:
         ordered = {g: fresh[g] for g in known if g in fresh}
         ordered.update(fresh)
         return ordered
+
+
+def _real_tasks(node: Node) -> bool:
+    """Whether the node's tasks are this host's (a resctrl node: move every thread of a
+    configured process) rather than a simulated node's own pids."""
+    return not node.capabilities().simulated

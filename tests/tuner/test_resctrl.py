@@ -78,3 +78,28 @@ def test_resctrl_agent_killed_and_restarted_loses_nothing(emu, tasks) -> None:
     assert tune.of("agent_down") and tune.of("agent_up")
     assert not tune.of("restored"), "the restarted agent held the allocation: nothing re-applied"
     assert not tune.of("dropped")
+
+
+@pytest.mark.parametrize("how", ["pids", "cgroup"])
+def test_configured_processes_move_with_every_thread(emu, tmp_path, how: str) -> None:
+    from agent.resctrl import ResctrlNode
+    from agent.types import GroupSpec
+    from tests.agent.pmc.workload import Child
+    from tuner.config import GroupConfig
+    from tuner.groups import GroupKeeper
+
+    child = Child(burn_s=0.0, mode="thread")  # a main thread and a worker, both running
+    try:
+        tids = frozenset(int(t) for t in os.listdir(f"/proc/{child.pid}/task"))
+        assert len(tids) == 2
+        if how == "cgroup":
+            (tmp_path / "cgroup.procs").write_text(f"{child.pid}\n")  # processes, not threads
+            config = GroupConfig(GroupSpec("svc"), cgroup=str(tmp_path))
+        else:
+            config = GroupConfig(GroupSpec("svc"), pids=(child.pid,))
+        node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+        GroupKeeper([config]).ensure(node)
+        # Writing the pid alone would move the main thread and leave the worker unprotected.
+        assert node.tasks("svc") == tids
+    finally:
+        child.kill()
