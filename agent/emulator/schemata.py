@@ -100,9 +100,15 @@ class SchemataFiles:
             if dom in staged:
                 self.status = f"Duplicate domain {dom}"
                 raise ResctrlError(errno.EINVAL)
-            staged[dom] = (
-                self._parse_bw(value) if schema == "MB" else self._parse_cbm(g, schema, dom, value)
-            )
+            if schema == "MB":
+                staged[dom] = self._parse_bw(value)
+                if self.p.mba_mbps:
+                    # parse_bw stores an mba_MBps value as it parses (d->mbps_val): a later
+                    # line refusing the write does not take it back.
+                    self._advance()
+                    g.ctrl[schema][dom] = staged[dom]
+            else:
+                staged[dom] = self._parse_cbm(g, schema, dom, value)
 
     def _parse_bw(self, value: str) -> int:
         mb = self.p.mb

@@ -81,10 +81,12 @@ def format_write(changes: Mapping[str, Mapping[int, int]], mask_digits: int = 0)
     """The text of one schemata write: only the given resources and domains, newline-ended.
 
     ``changes`` maps a resource name (L3, L3CODE, L3DATA, MB) to domain -> value. Masks
-    are written in hex (zero-padded to ``mask_digits``), MB in decimal.
+    are written in hex (zero-padded to ``mask_digits``), MB in decimal and last: with
+    mba_MBps the kernel stores an MB value as it parses the line, so a mask line after it
+    that the kernel refuses would leave the MB change applied, the rest not.
     """
     lines = []
-    for name, per_dom in changes.items():
+    for name, per_dom in sorted(changes.items(), key=lambda kv: kv[0] == "MB"):
         if not per_dom:
             continue
         if name in HEX_RESOURCES:

@@ -12,6 +12,7 @@ import pytest
 
 from agent.emulator.model import Model
 from agent.emulator.presets import PRESETS, get_preset
+from agent.resctrl.schemata import parse
 from tests.emulated_resctrl import Emulated, emulated_resctrl
 
 
@@ -100,6 +101,19 @@ def test_mbps_mode_takes_any_value_and_defaults_to_u32_max() -> None:
         assert "4294967295" in emu.read("g/schemata")
         emu.write("g/schemata", "MB:0=12345\n")
         assert "MB:0=12345;" in emu.read("g/schemata")
+
+
+@pytest.mark.parametrize(("preset", "kept"), [("intel-mbps", True), ("intel-20way", False)])
+def test_a_refused_write_keeps_an_mbps_value_parsed_before(preset: str, kept: bool) -> None:
+    # parse_bw stores an mba_MBps value while parsing; other values are staged and dropped.
+    with emulated_resctrl(preset) as emu:
+        os.mkdir(f"{emu.root}/g")
+        before = parse(emu.read("g/schemata"))
+        # An MB value then an empty mask (refused) in one write.
+        assert refused(emu, "g/schemata", "MB:0=50\nL3:1=0\n")[0] == errno.EINVAL
+        after = parse(emu.read("g/schemata"))
+        assert after.get("MB", 0) == (50 if kept else before.get("MB", 0))
+        assert after.resources["L3"] == before.resources["L3"]
 
 
 def test_exclusive_mode_and_overlap_rules(emu: Emulated) -> None:

@@ -63,3 +63,16 @@ def test_cdp_plain_mask_sets_code_and_data() -> None:
 def test_round_trip() -> None:
     changes = {"L3": {0: 0x3, 1: 0xF0}, "MB": {0: 20, 1: 100}}
     assert parse(format_write(changes)).resources == changes
+
+
+def test_mb_is_written_after_the_masks() -> None:
+    # With mba_MBps the kernel keeps an MB value parsed before a line it refuses
+    # (tests/agent/emulator/test_kernel_behaviour.py): masks first, so a refused mask
+    # leaves nothing applied.
+    changes = changes_for(
+        {0: GroupAllocation(mb=50), 1: GroupAllocation(l3_mask=0xFF)},
+        parse("L3:0=fffff;1=fffff\nMB:0=100;1=100\n"),
+        cdp=False,
+    )
+    assert list(changes) == ["MB", "L3"]
+    assert format_write(changes, 5) == "L3:1=000ff\nMB:0=50\n"
