@@ -7,6 +7,7 @@ import errno
 import fcntl
 import json
 import os
+import resource
 import time
 from collections.abc import Iterator
 
@@ -21,7 +22,7 @@ from agent.errors import (
     ResourceExhausted,
     UnknownTask,
 )
-from agent.pmc import PmcReader, PmcTooManyFiles
+from agent.pmc import PmcReader
 from agent.resctrl import ResctrlNode, schemata
 from agent.types import (
     SLO,
@@ -31,6 +32,7 @@ from agent.types import (
     GroupSpec,
     LatencyStats,
 )
+from tests.agent.pmc.conftest import open_fds
 from tests.agent.pmc.workload import Child
 from tests.agent.resctrl.conftest import make_node, unknown_pid
 from tests.emulated_resctrl import Emulated, emulated_resctrl
@@ -549,26 +551,33 @@ def test_pmc_counts_follow_the_group_tasks(intel: Emulated, children: list[int])
     assert "a" not in pmc.tracked
 
 
-class FdStarvedPmc(RecordingPmc):
-    """A PMC source on a node whose RLIMIT_NOFILE is too low for a group's threads."""
-
-    def track(self, name: str, *, tids) -> None:
-        if len(tids) > 1:
-            raise PmcTooManyFiles("need 8 file descriptors", err=errno.EMFILE, needed=8)
-        super().track(name, tids=tids)
-
-
-def test_pmc_fd_exhaustion_is_said_once(
-    intel: Emulated, children: list[int], caplog: pytest.LogCaptureFixture
-) -> None:
-    node = make_node(intel, pmc=FdStarvedPmc())
-    node.create_group(GroupSpec("a"))
-    node.assign("a", pids=children[:2])
-    for _ in range(3):
-        node.observe()
-    said = [r for r in caplog.records if "no PMC counts for group a" in r.getMessage()]
-    assert len(said) == 1 and said[0].levelname == "WARNING"
-    assert "8 file descriptors" in said[0].getMessage()
+def test_pmc_fd_exhaustion_is_said_once(intel: Emulated, caplog: pytest.LogCaptureFixture) -> None:
+    child = Child(burn_s=0.0, mode="thread")
+    pmc = PmcReader(("task_clock", "page_faults"), supported={"task_clock", "page_faults"})
+    node = make_node(intel, pmc=pmc)
+    try:
+        node.create_group(GroupSpec("a"))
+        node.assign("a", pids=[int(t) for t in os.listdir(f"/proc/{child.pid}/task")])
+        # Room for the files an observation reads, one at a time, but not for the group's
+        # 2 events x 2 threads: the real perf_event_open fails with EMFILE.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        used = set(open_fds())
+        limit = next(n for n in range(1, soft) if n - len({u for u in used if u < n}) == 3)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+        try:
+            for _ in range(3):
+                assert node.observe().groups["a"].instructions is None
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        said = [r for r in caplog.records if "no PMC counts for group a" in r.getMessage()]
+        assert len(said) == 1 and said[0].levelname == "WARNING"
+        assert f"RLIMIT_NOFILE is {limit}" in said[0].getMessage()
+        node.observe()  # the limit raised again: the counters open
+        assert pmc.fd_count == 4
+    finally:
+        node.close()
+        pmc.close()
+        child.kill()
 
 
 class SeenPmc(PmcReader):
