@@ -36,20 +36,11 @@ def _check_masked_predictions(model, vec) -> None:
     assert masks[np.arange(vec.num_envs)[:, None], offsets + action].all()
 
 
-def test_ppo_and_maskable_ppo_learn_briefly_on_a_dummy_vec_env() -> None:
-    vec = make_sb3_vec_env(2, seed=1, **SMALL)
-    try:
-        PPO("MlpPolicy", vec, n_steps=32, batch_size=32, n_epochs=1, seed=0).learn(64)
-        model = MaskablePPO("MlpPolicy", vec, n_steps=32, batch_size=32, n_epochs=1, seed=0)
-        model.learn(total_timesteps=64)
-        _check_masked_predictions(model, vec)
-    finally:
-        vec.close()
-
-
-def test_ppo_and_maskable_ppo_learn_briefly_on_a_subproc_vec_env() -> None:
-    """SubprocVecEnv: masks come from the env itself in the worker processes."""
-    vec = make_sb3_vec_env(2, seed=2, subproc=True, **SMALL)
+@pytest.mark.parametrize("subproc", [False, True])
+def test_ppo_and_maskable_ppo_learn_briefly_on_an_sb3_vec_env(subproc: bool) -> None:
+    """DummyVecEnv, and SubprocVecEnv where masks come from the env itself in the worker
+    processes."""
+    vec = make_sb3_vec_env(2, seed=2 if subproc else 1, subproc=subproc, **SMALL)
     try:
         PPO("MlpPolicy", vec, n_steps=32, batch_size=32, n_epochs=1, seed=0).learn(64)
         model = MaskablePPO("MlpPolicy", vec, n_steps=32, batch_size=32, n_epochs=1, seed=0)

@@ -270,5 +270,7 @@ def test_each_interval_is_one_step_message_on_a_wall_clock_node() -> None:
         assert _rpcs(srv, "Observe") <= 1 and _rpcs(srv, "Apply") <= 1
         tuner.shutdown()
     assert took >= 15 * 0.05, "paced by the wall clock, not spinning"
-    # The observations come at the tuner's rate (the start's and the first are shorter).
-    assert statistics.median(node.intervals[2:]) == pytest.approx(0.05, abs=0.02)
+    # The observations come at the tuner's rate (the start's and the first are shorter):
+    # each step waited at the node for its tick (not far below 0.05 s) and the tuner kept
+    # up (bounds wide enough for a loaded host's scheduling).
+    assert 0.03 <= statistics.median(node.intervals[2:]) <= 0.15

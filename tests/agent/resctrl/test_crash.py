@@ -124,6 +124,8 @@ def test_kill_9_at_random_instants_leaves_one_whole_plan(emu: Emulated) -> None:
             answer = zygote.trial(1000 + i, rng.uniform(0.0, span))
             assert answer == "killed" or answer.startswith("finished"), answer
             killed += answer == "killed"
+            if answer != "killed":  # a faster run than those measured: aim within it
+                span = min(span, float(answer.split()[1]))
             state, broken = _check(emu, a, b)
             if _foreign(emu) != foreign:
                 broken.append("foreign: another tool's group was changed or removed")

@@ -202,7 +202,7 @@ def test_an_idle_latency_stream_does_not_hold_up_shutdown() -> None:
         time.sleep(0.2)
         started = time.monotonic()
         cm.__exit__(None, None, None)
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 5.0, "the idle stream held the 10 s grace"
         idle.call.cancel()
 
 

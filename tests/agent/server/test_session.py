@@ -327,12 +327,13 @@ def test_an_agent_without_sessions_is_served_unary_and_not_asked_again(monkeypat
     node = RefNode()
     with serve(node) as server, RemoteNode(server.address, timeout=10) as client:
         client.create_group(GroupSpec("a"))
+        asked = time.monotonic()  # before the first session request
         assert set(client.observe().groups) == {"a"}
         assert client.apply(_plan()) == node.allocation() == client.allocation()
         assert client._session is None
         # Never asked again -- or, when grpc.aio reports the refusal as INTERNAL (the stream
         # ended while the first request was sent), not for the 5 s any refusal waits.
-        assert client._session_after > time.monotonic() + 3, "not asked again"
+        assert client._session_after >= asked + 5.0, "not asked again"
         assert _rpcs(server, "Session", "UNIMPLEMENTED") == 1
 
 
@@ -369,11 +370,13 @@ def test_threads_sharing_a_client_all_succeed() -> None:
         assert _rpcs(server, "Apply", "OK") == 2 * rounds
         assert client.allocation() == node.allocation()
         assert len(server.host._sessions) == 1, "the busy session was not replaced"
-        # A call that finds the session taken goes unary rather than waiting for it.
+        # A call that finds the session taken goes unary rather than waiting for it (a
+        # wait would not end: the session stays taken until the call is answered).
         with client._session_lock:
-            started = time.monotonic()
-            assert client.allocation() == node.allocation()
-            assert time.monotonic() - started < 1.0
+            caller, out = _in_thread(client.allocation)
+            caller.join(10)
+            assert not caller.is_alive(), "waited for the session"
+        assert out["result"] == node.allocation()
 
 
 # --------------------------------------------------------------------------- deadlines
@@ -398,7 +401,7 @@ def test_a_call_past_its_deadline_fails_and_the_client_recovers(session) -> None
             finally:
                 node.release.set()
             assert err.value.code == "DEADLINE_EXCEEDED"
-            assert 0.25 <= elapsed < 2.0, elapsed
+            assert 0.25 <= elapsed < 10.0, elapsed  # the gated call alone never returns
             assert client._session is None, "a session in an unknown state is dropped"
             # The abandoned request finishes on the agent and its session ends.
             assert _wait_for(lambda: not server.host._sessions)
@@ -444,15 +447,15 @@ def test_a_client_dropped_without_close_leaves_nothing_behind() -> None:
 
 @pytest.mark.parametrize("clients", [1, 2])
 def test_idle_sessions_do_not_hold_up_shutdown(clients) -> None:
-    with serve(RefNode(), grace_s=5.0) as server:
+    with serve(RefNode(), grace_s=30.0) as server:
         nodes = [RemoteNode(server.address, timeout=10) for _ in range(clients)]
         try:
             for client in nodes:
                 client.observe()
             assert len(server.host._sessions) == clients
             started = time.monotonic()
-            server.stop(5.0)
-            assert time.monotonic() - started < 2.0, "idle sessions ended at once"
+            server.stop(30.0)
+            assert time.monotonic() - started < 10.0, "idle sessions ended, not the grace"
             # (a cancelled handler may still be unwinding when the server reports stopped)
             assert _wait_for(lambda: not server.host._sessions)
         finally:
@@ -472,7 +475,7 @@ def test_shutdown_answers_an_apply_in_progress_on_a_session() -> None:
             worker, out = _in_thread(lambda: client.apply(_plan("a", 0b1111, 40)))
             assert node.entered.wait(5)
             started = time.monotonic()
-            stopper, _ = _in_thread(lambda: server.stop(5.0))
+            stopper, _ = _in_thread(lambda: server.stop(30.0))
             assert _wait_for(server.host.stopping.is_set)
             time.sleep(0.1)  # into the server's grace period
             assert stopper.is_alive(), "stop waits for the answer"
@@ -484,7 +487,7 @@ def test_shutdown_answers_an_apply_in_progress_on_a_session() -> None:
         assert "error" not in out, out.get("error")
         assert out["result"].get("a", 1) == GroupAllocation(l3_mask=0b1111, mb=40)
         assert node.allocation() == out["result"], "the plan was applied"
-        assert time.monotonic() - started < 3.0, "the session ended after its answer"
+        assert time.monotonic() - started < 10.0, "the session ended after its answer"
         assert _wait_for(lambda: not server.host._sessions)
 
 
@@ -665,9 +668,9 @@ def test_close_does_not_wait_for_a_call_in_progress() -> None:
         thread, out = _in_thread(client.observe)
         try:
             assert node.entered.wait(5)
-            started = time.monotonic()
-            client.close()
-            assert time.monotonic() - started < 2.0, "close waited for the call"
+            closer, _ = _in_thread(client.close)
+            closer.join(10)
+            assert not closer.is_alive(), "close waited for the call (still gated)"
             thread.join(5)
             assert not thread.is_alive() and "error" in out
         finally:

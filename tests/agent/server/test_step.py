@@ -220,8 +220,8 @@ def test_shutdown_cuts_a_waiting_step_short_and_answers_it(session) -> None:
     the wait ends, the step observes and answers, within the grace period."""
     node = RefNode()
     node.create_group(GroupSpec("a"))
-    with serve(node, grace_s=1.0) as server:
-        client = RemoteNode(server.address, timeout=10, **_mode(session))
+    with serve(node, grace_s=20.0) as server:
+        client = RemoteNode(server.address, timeout=30, **_mode(session))
         try:
             thread, out = _in_thread(lambda: client.step(_plan(), interval_s=600.0))
             assert _wait_for(lambda: node.allocation().get("a", 0).l3_mask == 0b111)
@@ -231,7 +231,7 @@ def test_shutdown_cuts_a_waiting_step_short_and_answers_it(session) -> None:
             thread.join(10)
         finally:
             client.close()
-    assert took < 1.0 + 2.0
+    assert took < 10.0, "the step's wait held the stop for the grace period"
     assert "error" not in out, out.get("error")
     assert out["result"].allocation.get("a", 0).l3_mask == 0b111
     assert out["result"].waited_s < 10
