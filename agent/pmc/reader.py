@@ -86,21 +86,16 @@ class PmcReader:
         return TargetCounters(self.events, counters)
 
     def for_pids(self, pids: Iterable[int], *, inherit: bool = True) -> TargetCounters:
-        pids = list(pids)
-        counters = (
-            GroupCounters.for_pids(pids, self.active, inherit=inherit)
-            if self.active and pids
-            else None
-        )
-        return TargetCounters(self.events, counters)
+        """Processes ``pids``: every thread of each (GroupCounters.for_pids)."""
+        return self._on_tasks(GroupCounters.for_pids, pids, inherit)
 
     def for_threads(self, tids: Iterable[int], *, inherit: bool = True) -> TargetCounters:
-        tids = list(tids)
-        counters = (
-            GroupCounters.for_threads(tids, self.active, inherit=inherit)
-            if self.active and tids
-            else None
-        )
+        """Threads ``tids``, each alone (GroupCounters.for_threads)."""
+        return self._on_tasks(GroupCounters.for_threads, tids, inherit)
+
+    def _on_tasks(self, open_on, ids: Iterable[int], inherit: bool) -> TargetCounters:
+        ids = list(ids)
+        counters = open_on(ids, self.active, inherit=inherit) if self.active and ids else None
         return TargetCounters(self.events, counters)
 
     # ---------------------------------------------------------------- tracked by name
