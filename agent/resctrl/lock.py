@@ -33,9 +33,13 @@ class ResctrlLock:
             depth = getattr(self._local, "depth", 0)
             if depth:
                 if exclusive and not self._local.exclusive:
-                    # Upgrade: flock converts the lock on the same open file.
-                    self._flock(self._local.fd, fcntl.LOCK_EX)
-                    self._local.exclusive = True
+                    # flock does not convert a lock atomically: Linux drops the shared lock
+                    # first, and a refused LOCK_NB attempt leaves none, so readers inside
+                    # the shared section would run unlocked. Take it exclusive from the start.
+                    raise RuntimeError(
+                        f"the resctrl lock on {self.root} is held shared by this thread; "
+                        "it cannot be upgraded to exclusive"
+                    )
                 self._local.depth = depth + 1
                 try:
                     yield

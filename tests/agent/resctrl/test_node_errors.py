@@ -24,6 +24,7 @@ from agent.errors import (
 )
 from agent.pmc import PmcReader
 from agent.resctrl import ResctrlNode, schemata
+from agent.resctrl.lock import ResctrlLock
 from agent.types import (
     SLO,
     AllocationPlan,
@@ -497,6 +498,26 @@ def test_lock_held_by_another_user_gives_a_clear_error(intel: Emulated) -> None:
     finally:
         os.close(fd)
     node.create_group(GroupSpec("b"))
+
+
+def test_the_lock_nests_but_never_upgrades(intel: Emulated) -> None:
+    lock = ResctrlLock(intel.root, timeout_s=0.1)
+    fd = os.open(intel.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        # Nested inside exclusive, a shared section is still exclusive.
+        with lock.exclusive(), lock.shared(), pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        # A shared section asking for exclusive would be dropped to no lock by a refused
+        # flock conversion: refused outright instead.
+        with (
+            lock.shared(),
+            pytest.raises(RuntimeError, match="cannot be upgraded"),
+            lock.exclusive(),
+        ):
+            pass
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # and released after
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------- PMC seam
