@@ -63,6 +63,11 @@ def parse(text: str, decimal: bool = False) -> Schemata:
             raise SchemataError(f"schemata line without a resource name: {raw!r}")
         base = 16 if name in HEX_RESOURCES and not decimal else 10
         per_dom: dict[int, int] = {}
+        if rest.strip() == "uninitialized":
+            # A group in pseudo-locksetup mode (another tool's) has no allocation yet:
+            # rdtgroup_schemata_show prints this instead of its values.
+            resources[name] = per_dom
+            continue
         for item in rest.split(";"):
             if not item.strip():
                 continue

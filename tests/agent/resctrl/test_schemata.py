@@ -76,3 +76,11 @@ def test_mb_is_written_after_the_masks() -> None:
     )
     assert list(changes) == ["MB", "L3"]
     assert format_write(changes, 5) == "L3:1=000ff\nMB:0=50\n"
+
+
+def test_a_pseudo_locksetup_group_reads_as_no_values() -> None:
+    # rdtgroup_schemata_show's text for a group in pseudo-locksetup mode (another tool's):
+    # no ways of its own to keep clear of, not a malformed file that would fail every apply.
+    held = parse("L3:uninitialized\nMB:uninitialized\n")
+    assert held.resources == {"L3": {}, "MB": {}}
+    assert held.allocation(0, cdp=False) == GroupAllocation()
