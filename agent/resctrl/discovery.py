@@ -105,6 +105,21 @@ def online_cpus(root: str) -> set[int]:
     return cpus
 
 
+def _largest_mb(root: str, root_schemata: schemata.Schemata) -> int:
+    """The largest MB value any control group holds. ``info/MB`` names no maximum (AMD's
+    is a CPUID field, mba_MBps's the kernel's), and a group starts at it: the root group's
+    alone would take an administrator's throttle of the default group for the maximum."""
+    values = list(root_schemata.resources.get("MB", {0: 100}).values())
+    for entry in os.listdir(root):
+        path = os.path.join(root, entry, "schemata")
+        if entry != "info" and os.path.isfile(path):
+            try:
+                values += schemata.parse(read_text(path)).resources.get("MB", {}).values()
+            except (OSError, schemata.SchemataError):
+                continue  # removed meanwhile, or not a group's schemata: the root's stand
+    return max(values)
+
+
 def parse_size(text: str) -> int | None:
     """``35840K`` -> bytes (sysfs cache size)."""
     text = text.strip().upper()
@@ -187,7 +202,7 @@ def discover(
     if os.path.isdir(mb_dir):
         min_bw = _read_int(os.path.join(mb_dir, "min_bandwidth"))
         gran = _read_int(os.path.join(mb_dir, "bandwidth_gran"))
-        mb_default = max(root_schemata.resources.get("MB", {0: 100}).values())
+        mb_default = _largest_mb(root, root_schemata)
         amd_style = min_bw == 0 and gran == 1  # AMD: absolute limit in 1/8 GB/s
         if amd_style:
             vendor = Vendor.AMD  # only AMD's L3 QoS expresses MB this way

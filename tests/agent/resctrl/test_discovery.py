@@ -17,7 +17,7 @@ from agent.resctrl.discovery import (
     parse_size,
 )
 from agent.types import MbaMode, Vendor
-from tests.emulated_resctrl import Emulated
+from tests.emulated_resctrl import Emulated, emulated_resctrl
 
 
 def test_capabilities_match_the_preset(emu: Emulated, preset: str) -> None:
@@ -90,3 +90,15 @@ def test_cpu_lists_are_written_as_ranges(cpus: set[int], text: str) -> None:
     # kernfs takes at most a page per write: 1024 CPUs one by one would be ~4.9 KB.
     assert format_cpu_list(cpus) == text
     assert parse_cpu_list(text) == cpus
+
+
+@pytest.mark.parametrize("preset", ["amd-epyc", "intel-mbps"])
+def test_a_throttled_default_group_is_not_the_mb_maximum(preset: str) -> None:
+    with emulated_resctrl(preset) as emu:
+        mba = discover(emu.root).mba
+        full = mba.max_bandwidth
+        os.mkdir(os.path.join(emu.root, "other"))  # another tool's group, at the maximum
+        # An administrator throttles the default group in every domain.
+        emu.write("schemata", "MB:" + ";".join(f"{d}=1024" for d in mba.domains) + "\n")
+        assert "1024" in emu.read("schemata")
+        assert discover(emu.root).mba.max_bandwidth == full
