@@ -94,30 +94,40 @@ def format_cpu_list(cpus: set[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
+def control_group_texts(root: str, name: str) -> list[str]:
+    """File ``name`` of every control group: the root's, then each group directory's
+    (monitoring directories have none); a group removed while listed is skipped."""
+    out = []
+    for entry in ["", *(e for e in os.listdir(root) if e != "info")]:
+        path = os.path.join(root, entry, name)
+        if os.path.isfile(path):
+            try:
+                out.append(read_text(path))
+            except OSError:
+                continue
+    return out
+
+
 def online_cpus(root: str) -> set[int]:
     """The online CPUs: every one belongs to exactly one control group, so the union of
     their ``cpus_list`` files (the root's alone lacks the CPUs other groups took)."""
     cpus: set[int] = set()
-    for entry in ["", *(e for e in os.listdir(root) if e != "info")]:
-        path = os.path.join(root, entry, "cpus_list")
-        if os.path.isfile(path):
-            cpus |= parse_cpu_list(read_text(path))
+    for text in control_group_texts(root, "cpus_list"):
+        cpus |= parse_cpu_list(text)
     return cpus
 
 
-def _largest_mb(root: str, root_schemata: schemata.Schemata) -> int:
+def _largest_mb(root: str) -> int:
     """The largest MB value any control group holds. ``info/MB`` names no maximum (AMD's
     is a CPUID field, mba_MBps's the kernel's), and a group starts at it: the root group's
     alone would take an administrator's throttle of the default group for the maximum."""
-    values = list(root_schemata.resources.get("MB", {0: 100}).values())
-    for entry in os.listdir(root):
-        path = os.path.join(root, entry, "schemata")
-        if entry != "info" and os.path.isfile(path):
-            try:
-                values += schemata.parse(read_text(path)).resources.get("MB", {}).values()
-            except (OSError, schemata.SchemataError):
-                continue  # removed meanwhile, or not a group's schemata: the root's stand
-    return max(values)
+    values: list[int] = []
+    for text in control_group_texts(root, "schemata"):
+        try:
+            values += schemata.parse(text).resources.get("MB", {}).values()
+        except schemata.SchemataError:
+            continue  # not a group's schemata: the others stand
+    return max(values, default=100)  # no MB line anywhere: percent mode's maximum
 
 
 def parse_size(text: str) -> int | None:
@@ -202,7 +212,7 @@ def discover(
     if os.path.isdir(mb_dir):
         min_bw = _read_int(os.path.join(mb_dir, "min_bandwidth"))
         gran = _read_int(os.path.join(mb_dir, "bandwidth_gran"))
-        mb_default = _largest_mb(root, root_schemata)
+        mb_default = _largest_mb(root)
         amd_style = min_bw == 0 and gran == 1  # AMD: absolute limit in 1/8 GB/s
         if amd_style:
             vendor = Vendor.AMD  # only AMD's L3 QoS expresses MB this way
