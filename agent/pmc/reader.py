@@ -110,9 +110,15 @@ class PmcReader:
     ) -> None:
         """(Re)open the counters of ``name`` on exactly one of: processes ``pids`` (every
         thread of each), threads ``tids`` (each alone: what a resctrl ``tasks`` file
-        lists), or a ``cgroup`` directory."""
+        lists), or a ``cgroup`` directory.
+
+        Counters already open for ``name`` are closed first (counts since the last
+        ``read_deltas`` are dropped with them), so a re-track needs the new counters' file
+        descriptors only, not the old ones' as well: a group near ``RLIMIT_NOFILE`` would
+        otherwise fail every re-track. When opening fails, ``name`` is left untracked."""
         if sum(x is not None for x in (pids, tids, cgroup)) != 1:
             raise ValueError("track: give exactly one of pids=, tids= or cgroup=")
+        self.untrack(name)
         if cgroup is not None:
             target = self.for_cgroup(cgroup)
         elif tids is not None:
@@ -120,7 +126,7 @@ class PmcReader:
         else:
             target = self.for_pids(pids or ())
         with self._lock:
-            old = self._tracked.pop(name, None)
+            old = self._tracked.pop(name, None)  # another thread's track meanwhile
             self._tracked[name] = target
         if old is not None:
             old.close()

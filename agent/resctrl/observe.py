@@ -89,6 +89,9 @@ class Observation:
                     self.pmc.track(name, tids=sorted(tids))
                     self._pmc_tasks[name] = tids
                 except Exception as exc:
+                    # The group is untracked now (a re-track closes the old counters
+                    # first): any thread set, the old one too, is opened again next time.
+                    self._pmc_tasks.pop(name, None)
                     self._track_failed(name, exc)
         return deltas
 

@@ -4,11 +4,12 @@ target (pids or a cgroup), and every fd closed at the end."""
 from __future__ import annotations
 
 import os
+import resource
 
 import pytest
 
 from agent.pmc import HARDWARE_EVENTS, PmcReader, online_cpus, probe_events
-from tests.agent.pmc.conftest import move_to_cgroup, perf_fds
+from tests.agent.pmc.conftest import move_to_cgroup, open_fds, perf_fds
 from tests.agent.pmc.workload import touch_pages
 
 HW_UNSUPPORTED = probe_events()[0] == frozenset()
@@ -77,6 +78,31 @@ def test_track_threads_counts_each_once(child_factory):
     with PmcReader(["task_clock"], supported={"task_clock"}) as reader:
         reader.track("a", tids=tids)
         assert reader.fd_count == 2  # pids=tids would open every thread of each: 4
+        child.go()
+        report, _ = child.finish()
+        counted = reader.read_deltas()["a"]["task_clock"]
+    assert 0.9 * report["work_cpu"] * 1e9 <= counted <= 1.3 * report["work_cpu"] * 1e9
+
+
+def test_retrack_needs_only_the_new_counters_fds(child_factory):
+    """A group is re-tracked while the process has no fd to spare: the old counters are
+    closed before the new ones open, so what fitted before fits again."""
+    child = child_factory(burn_s=0.05, mode="thread")
+    tids = sorted(int(t) for t in os.listdir(f"/proc/{child.pid}/task"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with PmcReader(["task_clock"], supported={"task_clock"}) as reader:
+        reader.track("a", tids=tids)
+        # Every fd number below the limit in use: only the fds a re-track closes are free.
+        holes = max(open_fds()) + 1 - len(open_fds())
+        fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(max(holes, 0))]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(open_fds()) + 1, hard))
+        try:
+            reader.track("a", tids=tids)  # before: PmcTooManyFiles (needed 2 more fds)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            for fd in fillers:
+                os.close(fd)
+        assert reader.tracked() == ("a",) and reader.fd_count == 2
         child.go()
         report, _ = child.finish()
         counted = reader.read_deltas()["a"]["task_clock"]

@@ -572,6 +572,38 @@ def test_pmc_counts_follow_the_group_tasks(intel: Emulated, children: list[int])
     assert "a" not in pmc.tracked
 
 
+class FailingOncePmc(RecordingPmc):
+    """A reader whose next track fails (as PmcReader's: the name is left untracked)."""
+
+    fail_next = False
+
+    def track(self, name: str, *, tids) -> None:
+        self.tracked.pop(name, None)
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError(errno.EMFILE, "Too many open files")
+        super().track(name, tids=tids)
+
+
+def test_pmc_failed_retrack_is_retried_on_the_old_threads(
+    intel: Emulated, children: list[int]
+) -> None:
+    pmc = FailingOncePmc()
+    node = make_node(intel, pmc=pmc)
+    _two_groups(node)
+    node.assign("a", pids=children[:2])
+    node.observe()
+    assert pmc.tracked["a"] == sorted(children[:2])
+    node.assign("b", pids=[children[1]])
+    pmc.fail_next = True
+    node.observe()  # the re-track on one thread fails: "a" is counted by nothing
+    assert "a" not in pmc.tracked
+    node.assign("a", pids=[children[1]])  # the thread comes back: the set "a" had before
+    node.observe()
+    assert pmc.tracked["a"] == sorted(children[:2]), "a failed track is retried"
+    assert node.observe().groups["a"].instructions == 2000.0
+
+
 def test_pmc_fd_exhaustion_is_said_once(intel: Emulated, caplog: pytest.LogCaptureFixture) -> None:
     child = Child(burn_s=0.0, mode="thread")
     pmc = PmcReader(("task_clock", "page_faults"), supported={"task_clock", "page_faults"})
