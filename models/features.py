@@ -88,6 +88,7 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
 )
+from models import features_kernel as fk
 
 ENCODER_VERSION = 2
 ENCODER_VERSIONS = (1, 2)  # what this code encodes: policies of either version still run
@@ -433,10 +434,6 @@ def _clip(x: np.ndarray) -> np.ndarray:
     return np.minimum(np.maximum(x, 0.0), 1.0)  # np.clip's result, a few times faster
 
 
-def _clip_unit(x: np.ndarray) -> np.ndarray:
-    return np.minimum(np.maximum(x, -1.0), 1.0)
-
-
 def held_fractions(
     layout: SlotLayout, masks: np.ndarray, has_mask: np.ndarray, mb: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -459,21 +456,21 @@ def tail_ratios(layout: SlotLayout, m: Measurements, slot_col: np.ndarray) -> np
     interval of ``m``; NaN where not measured (no SLO, no sample, no completed request, a
     tail that is not finite). What the ``latency_ratio`` feature encodes and the SLO
     shield (models/shield.py) feeds back on."""
-    N, S = layout.present.shape
-    col = np.maximum(slot_col, 0)
-    sampled = (slot_col >= 0) & layout.present
-    pct = np.maximum(layout.slo_pct, 0)
-    if m.latency_ms.shape[1]:
-        # fancy indexing: take_along_axis's, without its per-call checks (a decision's
-        # cost at N = 1 is mostly numpy's per-call overhead)
-        node = np.arange(N)[:, None]
-        value = m.latency_ms[node, col, pct]
-        count = m.latency_count[node, col]
-    else:
-        value = count = np.full((N, S), np.nan)
-    with np.errstate(invalid="ignore"):
-        ok = sampled & (layout.slo_pct >= 0) & ~np.isnan(count) & np.isfinite(value) & (count > 0)
-        return np.where(ok, value / layout.slo_target, np.nan)
+    out = np.empty(layout.present.shape)
+    fk.tail_ratios(
+        layout.present,
+        layout.slo_pct,
+        layout.slo_target,
+        _ints(slot_col),
+        m.latency_count,
+        m.latency_ms,
+        out,
+    )
+    return out
+
+
+def _ints(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == np.int64 else a.astype(np.int64)
 
 
 @dataclass
@@ -510,60 +507,6 @@ class History:
         self.fresh[rows] = True
 
 
-def _v2_columns(
-    out: np.ndarray,
-    rps: np.ndarray,
-    cps: np.ndarray,
-    floor: np.ndarray | None,
-    layout: SlotLayout,
-    h: History,
-    rows: np.ndarray | slice,
-) -> np.ndarray:
-    """Version 2's per-slot columns (N, S, 9) from the interval's version-1 columns
-    ``out``, and the history of ``rows`` (updated in place)."""
-    N, S = out.shape[:2]
-    cur = out[..., [12, 2, 4, 10]]
-    avail = out[..., [13, 3, 5]] > 0
-    fresh = h.fresh[rows][:, None]
-    prev = np.where(fresh[..., None], cur, h.prev[rows])
-    prev_ok = np.where(fresh[..., None], avail, h.avail[rows])
-    prev = np.where(np.concatenate([prev_ok, np.ones((N, S, 1), bool)], axis=2), prev, 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        max_rps = np.fmax(h.max_rps[rows], np.where(np.isnan(rps), 0.0, rps))
-        max_cps = np.fmax(h.max_cps[rows], np.where(np.isnan(cps), 0.0, cps))
-        # rps and cps are finite or NaN: NaN as 0 (nan_to_num's, at a tenth of its cost)
-        load = np.where(max_rps > 0, _clip(np.where(np.isnan(rps), 0.0, rps) / max_rps), 0.0)
-        busy = np.where(max_cps > 0, _clip(np.where(np.isnan(cps), 0.0, cps) / max_cps), 0.0)
-        dw = cur[..., 3] - prev[..., 3]
-        moved = (np.abs(dw) > 1e-9) & ~fresh
-        ok_m = moved & avail[..., 2] & prev_ok[..., 2]
-        ok_i = moved & avail[..., 1] & prev_ok[..., 1]
-        s_m = _clip_unit(-(cur[..., 2] - prev[..., 2]) / dw / SENSITIVITY_SCALE)
-        s_i = _clip_unit((cur[..., 1] - prev[..., 1]) / dw)
-    sens = h.sens[rows].copy()
-    sens[..., 0] = np.where(ok_m, s_m, sens[..., 0])
-    sens[..., 1] = np.where(ok_i, s_i, sens[..., 1])
-    nw = layout.num_ways[:, None]
-    if floor is None:
-        ff = np.zeros((N, S))
-    else:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ff = np.where(nw > 0, _clip(floor / nw), 0.0)
-    present = layout.present
-    cols = np.stack(
-        [prev[..., 0], prev[..., 1], prev[..., 2], prev[..., 3], load, busy,
-         sens[..., 0], sens[..., 1], ff],
-        axis=2,
-    )  # fmt: skip
-    h.prev[rows] = cur
-    h.avail[rows] = avail
-    h.max_rps[rows] = max_rps
-    h.max_cps[rows] = max_cps
-    h.sens[rows] = sens
-    h.fresh[rows] = False
-    return np.where(present[..., None], cols, 0.0)
-
-
 def encode_arrays(
     layout: SlotLayout,
     m: Measurements,
@@ -591,75 +534,34 @@ def encode_arrays(
         ratio: (N, S) :func:`tail_ratios` of ``m`` when the caller has them already.
     """
     N, S = layout.present.shape
-    dt = m.interval_s
-    has_dt = dt > 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # Node-wide totals over every sample (beyond the slots too), summed in the node's
-        # order (a running sum: the order of the additions is the snapshot's).
-        has_mem = ~np.isnan(m.memory_bytes) & has_dt[:, None]
-        if m.memory_bytes.shape[1]:
-            bw_total = np.cumsum(np.where(has_mem, m.memory_bytes / dt[:, None], 0.0), 1)[:, -1]
-            occ = m.llc_occupancy_bytes
-            occ_total = np.cumsum(np.where(np.isnan(occ), 0.0, occ), 1)[:, -1]
-        else:
-            bw_total = occ_total = np.zeros(N)
-        bw_known = has_mem.any(axis=1)
-        peak_ok = layout.peak > 0
-        bw_den = np.where(peak_ok, layout.peak, np.where(bw_total > 0, bw_total, np.nan))
-        cache_ok = layout.cache_bytes > 0
-        occ_den = np.where(cache_ok, layout.cache_bytes, np.where(occ_total > 0, occ_total, np.nan))
+    if ratio is None:
+        ratio = tail_ratios(layout, m, slot_col)
+    v2 = history is not None
+    width = len(GROUP_FEATURES) + (len(GROUP_FEATURES_V2) if v2 else 0)
+    out = np.empty(
+        (N, S * width + len(NODE_FEATURES) + (len(NODE_FEATURES_V2) if v2 else 0)),
+        dtype=np.float32,
+    )
+    m_args = (m.interval_s, m.instructions, m.cycles, m.llc_misses, m.llc_occupancy_bytes,
+              m.memory_bytes, m.latency_count)  # fmt: skip
+    l_args = (layout.present, layout.is_lc, layout.num_ways, layout.cache_bytes, layout.peak,
+              layout.node_tail, layout.machine)  # fmt: skip
+    if history is None:
+        history, rows = _NO_HISTORY, np.zeros(N, dtype=np.int64)
+    else:
+        rows = np.arange(len(history.fresh), dtype=np.int64)[rows]
+    h_args = (history.prev, history.avail, history.max_rps, history.max_cps, history.sens,
+              history.fresh, rows)  # fmt: skip
+    floor_args = (_NO_FLOOR, False) if floor is None else (np.asarray(floor, dtype=float), True)
+    held = (np.asarray(ways, dtype=float), np.asarray(mb, dtype=float))
+    fk.encode(*m_args, *l_args, _ints(slot_col), *held, ratio, *floor_args, v2, *h_args,
+              _SCALES, out)  # fmt: skip
+    return out
 
-        col = np.maximum(slot_col, 0)
-        sampled = (slot_col >= 0) & layout.present
 
-        node_of = np.arange(N)[:, None]
-
-        def at(a: np.ndarray) -> np.ndarray:
-            return a[node_of, col] if a.shape[1] else np.full((N, S), np.nan)
-
-        ins, cyc, mis = at(m.instructions), at(m.cycles), at(m.llc_misses)
-        occ_s, mem = at(m.llc_occupancy_bytes), at(m.memory_bytes)
-        count = at(m.latency_count)
-        out = np.zeros((N, S, len(GROUP_FEATURES)))
-        out[..., 0] = layout.present
-        out[..., 1] = layout.is_lc * layout.present
-        ok = sampled & ~np.isnan(ins) & ~np.isnan(cyc) & (cyc != 0)
-        out[..., 2] = np.where(ok, _clip(ins / cyc / IPC_SCALE), 0.0)
-        out[..., 3] = ok
-        ok = sampled & ~np.isnan(mis) & ~np.isnan(ins) & (ins != 0)
-        x = np.log1p(np.maximum(1000.0 * mis / ins, 0.0)) / MPKI_SCALE
-        out[..., 4] = np.where(ok, _clip(x), 0.0)
-        out[..., 5] = ok
-        ok = sampled & ~np.isnan(occ_s) & ~np.isnan(occ_den)[:, None]
-        out[..., 6] = np.where(ok, _clip(occ_s / occ_den[:, None]), 0.0)
-        out[..., 7] = ok
-        ok = sampled & ~np.isnan(mem) & has_dt[:, None] & ~np.isnan(bw_den)[:, None]
-        out[..., 8] = np.where(ok, _clip(mem / dt[:, None] / bw_den[:, None]), 0.0)
-        out[..., 9] = ok
-        out[..., 10] = np.where(layout.present, ways, 0.0)
-        out[..., 11] = np.where(layout.present, mb, 0.0)
-        if ratio is None:
-            ratio = tail_ratios(layout, m, slot_col)
-        ok = ~np.isnan(ratio)
-        lg = np.where(ratio > 0, np.log2(ratio), -LATENCY_LOG2_CLIP)
-        lg = np.minimum(np.maximum(lg, -LATENCY_LOG2_CLIP), LATENCY_LOG2_CLIP)
-        out[..., 12] = np.where(ok, lg / LATENCY_LOG2_CLIP, 0.0)
-        out[..., 13] = ok
-        ok = sampled & ~np.isnan(count) & has_dt[:, None]
-        out[..., 14] = np.where(ok, _clip(np.log1p(count / dt[:, None]) / LOAD_SCALE), 0.0)
-        node = np.zeros((N, len(NODE_FEATURES)))
-        ok = peak_ok & bw_known
-        node[:, 0] = np.where(ok, _clip(bw_total / layout.peak), 0.0)
-        node[:, 1] = ok
-        node[:, 2:] = layout.node_tail
-        if history is not None:
-            dtc = dt[:, None]
-            rps = np.where(sampled & ~np.isnan(count) & has_dt[:, None], count / dtc, np.nan)
-            cps = np.where(sampled & ~np.isnan(cyc) & has_dt[:, None], cyc / dtc, np.nan)
-            extra = _v2_columns(out, rps, cps, floor, layout, history, rows)
-            out = np.concatenate([out, extra], axis=2)
-            node = np.concatenate([node, layout.machine], axis=1)
-    return np.concatenate([out.reshape(N, -1), node], axis=1).astype(np.float32)
+_SCALES = (IPC_SCALE, MPKI_SCALE, LOAD_SCALE, LATENCY_LOG2_CLIP, SENSITIVITY_SCALE)
+_NO_FLOOR = np.zeros((1, 1))
+_NO_HISTORY = History.zeros(1, 1)  # the kernel's history arguments for version 1
 
 
 @dataclass(frozen=True)

@@ -175,8 +175,8 @@ LONG = {
     "agent/sim/model.py:__init__": "the model's parameter arrays, one per catalog field",
     "agent/sim/engine.py:__init__": "the batch's state arrays, one per quantity",
     "agent/sim/batch.py:_setup": "every node's scenario into the batch's arrays, in order",
-    "models/features.py:encode_arrays": "the encoder over N nodes, one feature block after "
-    "another in the layout's order",
+    "models/features_kernel.py:encode": "the encoder's hot path: every feature of a node, "
+    "one block after another in the layout's order, compiled as one loop",
     "envs/reward.py:reward_arrays": "the reward's terms over N intervals, in the module "
     "docstring's order",
     "envs/vector_env.py:__init__": "the vector env's spaces and batch, one declaration each",

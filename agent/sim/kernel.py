@@ -27,10 +27,10 @@ import warnings
 
 import numpy as np
 
-try:
-    import numba as nb
-except ImportError:  # pragma: no cover - the base install
-    nb = None
+from agent.compiled import AVAILABLE
+from agent.compiled import jit as _jit
+
+if not AVAILABLE:  # pragma: no cover - the base install
     warnings.warn(
         "numba is not installed: the simulator runs uncompiled, a node a few times "
         "slower and a batch of nodes tens of times (pip install 'rdtune[sim]')",
@@ -73,21 +73,6 @@ SOLUTION_FIELDS = 10
 
 # How a node's MB values become inputs (agent/sim/batch.py's MbaRule).
 MBA_NONE, MBA_PERCENT, MBA_AMD, MBA_MBPS = 0, 1, 2, 3
-
-_OPTIONS = {"nogil": True, "error_model": "numpy"}  # x / 0 is inf or nan, as in numpy
-
-
-def _jit(fn):
-    """Compiled on first use, the machine code kept next to the source (or in
-    ``$NUMBA_CACHE_DIR``) for the next process; on a read-only install with nowhere to
-    keep it, compiled again in each process (about 10 s) rather than not at all. Without
-    numba, ``fn`` itself."""
-    if nb is None:
-        return fn
-    try:
-        return nb.njit(cache=True, **_OPTIONS)(fn)
-    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return nb.njit(**_OPTIONS)(fn)
 
 
 def pack_inputs(inp) -> np.ndarray:

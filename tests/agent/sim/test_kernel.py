@@ -53,20 +53,3 @@ def test_the_kernel_runs_uncompiled_to_the_same_numbers() -> None:
     assert len(compiled) == 10 * 4 * 4 and np.isfinite(compiled).all()
     # The same operations in the same order; only libm's last bits may differ.
     np.testing.assert_allclose(plain, compiled, rtol=1e-9, atol=0)
-
-
-def test_without_a_place_for_its_cache_the_kernel_still_compiles(monkeypatch) -> None:
-    """A read-only install with no writable cache directory: numba refuses ``cache=True``
-    at decoration; the kernel's decorator compiles without the cache instead."""
-    from numba.core import caching
-
-    from agent.sim import kernel
-
-    monkeypatch.setattr(caching.CacheImpl, "_locator_classes", [])
-
-    def twice(x):
-        return 2.0 * x
-
-    compiled = kernel._jit(twice)
-    assert compiled(1.5) == 3.0
-    assert compiled.signatures  # compiled, not the Python function

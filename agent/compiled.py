@@ -1,0 +1,32 @@
+"""Hot numeric loops compiled with numba where it is installed (``rdtune[sim]``), plain
+Python where it is not: the simulator's per-node solves (agent/sim/kernel.py) and the
+feature encoder (models/features_kernel.py) are written once, as loops over numpy arrays
+and scalars, and :func:`jit` decides how they run.
+
+No fast-math: every operation rounds as IEEE arithmetic says, so compiled and plain runs of
+the same function give the same numbers (tests/agent/sim/test_kernel.py,
+tests/models/test_features_kernel.py)."""
+
+from __future__ import annotations
+
+try:
+    import numba as nb
+except ImportError:  # pragma: no cover - the base install
+    nb = None
+
+AVAILABLE = nb is not None
+
+_OPTIONS = {"nogil": True, "error_model": "numpy"}  # x / 0 is inf or nan, as in numpy
+
+
+def jit(fn):
+    """``fn`` compiled on first use, the machine code kept next to the source (or in
+    ``$NUMBA_CACHE_DIR``) for the next process; on a read-only install with nowhere to
+    keep it, compiled again in each process (seconds) rather than not at all. Without
+    numba, ``fn`` itself."""
+    if nb is None:
+        return fn
+    try:
+        return nb.njit(cache=True, **_OPTIONS)(fn)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return nb.njit(**_OPTIONS)(fn)
