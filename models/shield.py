@@ -63,6 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.types import Allocation, GroupKind, GroupSpec, NodeCapabilities
+from models import shield_kernel as sk
 from models.actions import DecodeLayout
 
 
@@ -129,10 +130,9 @@ class ShieldConfig:
 def held_levels(mb: np.ndarray, mb_table: np.ndarray) -> np.ndarray:
     """The MBA level (index into each node's ``mb_table`` row) an MB value ``mb`` (N, S)
     holds: the highest level at or below it; the top level for NaN (no MB value: full)."""
-    top = mb_table.shape[1] - 1
-    with np.errstate(invalid="ignore"):
-        below = (mb_table[:, None, :] <= mb[..., None]).sum(axis=2) - 1
-    return np.where(np.isnan(mb), top, np.minimum(np.maximum(below, 0), top)).astype(np.int64)
+    out = np.empty(mb.shape, dtype=np.int64)
+    sk.held_levels(np.asarray(mb, dtype=float), np.asarray(mb_table, dtype=float), out)
+    return out
 
 
 class Shield:
@@ -194,52 +194,14 @@ class Shield:
     ) -> None:
         """One interval's feedback on ``rows``: ``ratio`` (R, S) tail / SLO target per
         slot (NaN: not measured), what each slot held during it (ways, MBA levels)."""
-        c = self.config
-        lc = self.is_lc[rows]
-        with np.errstate(invalid="ignore"):
-            pressure = lc & (ratio > c.high)
-            ample = lc & (ratio < c.low)
-        known = np.where(np.isnan(ratio), 0.0, ratio)  # nan_to_num's, without its overhead
-        grow = np.minimum(1 + np.floor((known - c.high) / c.step), c.max_grow)
-        least = self._least[rows][:, None]
-        floor = np.where(lc, held_ways, 0)
-        floor = np.where(pressure, held_ways + grow.astype(np.int64), floor)
-        floor = np.where(ample, np.maximum(held_ways - c.release, least), floor)
-        if c.remember:
-            before = self._last_held[rows]
-            fell = pressure & (held_ways < before)  # the shrink went over an edge
-            guard = np.where(fell, np.maximum(self.guard[rows], before), self.guard[rows])
-            self.guard[rows] = guard
-            floor = np.maximum(floor, guard)
-        self._last_held[rows] = held_ways
-        self.floor[rows] = floor
-        top = self._mb_top[rows][:, None]
-        mb = np.where(lc, held_mb_level, 0)
-        mb = np.where(pressure, top, mb)
-        mb = np.where(ample, np.maximum(held_mb_level - 1, 0), mb)
-        self.mb_floor[rows] = np.where(lc, np.minimum(mb, top), 0)
-        self._fit(rows)
-        if c.give_up:
-            self._lapse(rows, ratio)
-
-    def _lapse(self, rows: np.ndarray, ratio: np.ndarray) -> None:
-        """Futile pressure (module docstring): count it, and lapse the floors of ``rows``'
-        slots that met it ``give_up`` intervals in a row, or are lapsed still."""
-        c = self.config
-        lapsed = np.maximum(self._lapsed[rows] - 1, 0)
-        with np.errstate(invalid="ignore"):
-            violated = self.is_lc[rows] & (ratio > 1.0)
-        stuck = np.where(violated & (lapsed == 0), self._stuck[rows] + 1, 0)
-        start = stuck >= c.give_up
-        lapsed = np.where(start, c.retry, lapsed)
-        self._stuck[rows] = np.where(start, 0, stuck)
-        self._lapsed[rows] = lapsed
-        off = lapsed > 0
-        if off.any():
-            least = self._least[rows][:, None]
-            self.floor[rows] = np.where(off, least, self.floor[rows])
-            self.mb_floor[rows] = np.where(off, 0, self.mb_floor[rows])
-            self.guard[rows] = np.where(off, 0, self.guard[rows])
+        sk.update(
+            np.atleast_1d(np.arange(self.floor.shape[0])[rows]),
+            np.asarray(ratio, dtype=float),
+            np.asarray(held_ways, dtype=np.int64),
+            np.asarray(held_mb_level, dtype=np.int64),
+            self._state(),
+            _kernel_config(self.config),
+        )
 
     def floors(self, rows: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """(ways floor, MBA level floor) per slot (R, S) for the decoder: 0 where none."""
@@ -249,25 +211,22 @@ class Shield:
     def _fit(self, rows: np.ndarray) -> None:
         """Shrink the LC floors of ``rows`` until every other present slot keeps its
         minimum slice (largest floor first, ties to the later slot)."""
-        rows = np.atleast_1d(np.arange(self.floor.shape[0])[rows])
-        least = self._least[rows]
-        n_other = (self._present[rows] & ~self.is_lc[rows]).sum(axis=1)
-        cap = self._total[rows] - n_other * least
-        f = self.floor[rows]
-        f = np.where(self.is_lc[rows], np.maximum(f, least[:, None]), 0)
-        over = self._usable[rows] & (f.sum(axis=1) > cap)
-        for k in np.flatnonzero(over):
-            row = f[k]
-            lc = np.flatnonzero(self.is_lc[rows[k]])
-            excess = int(row.sum() - cap[k])
-            floor_min = int(least[k])
-            while excess > 0:
-                j = lc[::-1][np.argmax(row[lc[::-1]])]
-                if row[j] <= floor_min:
-                    break  # every LC floor at the minimum: the usable check keeps this fitting
-                row[j] -= 1
-                excess -= 1
-        self.floor[rows] = f
+        for r in np.atleast_1d(np.arange(self.floor.shape[0])[rows]):
+            sk.fit(int(r), self.floor, self.is_lc, self._present, self._least, self._total,
+                   self._usable)  # fmt: skip
+
+    def _state(self) -> tuple:
+        """The arrays :func:`models.shield_kernel.update` reads and updates."""
+        return (self.floor, self.mb_floor, self.is_lc, self.guard, self._last_held,
+                self._stuck, self._lapsed, self._least, self._total, self._present,
+                self._mb_top, self._usable)  # fmt: skip
+
+
+def _kernel_config(c: ShieldConfig) -> tuple:
+    """The thresholds as :func:`models.shield_kernel.update` takes them (typed alike for
+    every config, so one compiled version serves them all)."""
+    return (float(c.high), float(c.low), float(c.step), int(c.max_grow), int(c.release),
+            bool(c.remember), int(c.give_up), int(c.retry))  # fmt: skip
 
 
 def start_ways(masks: np.ndarray, present: np.ndarray) -> np.ndarray:
@@ -275,11 +234,9 @@ def start_ways(masks: np.ndarray, present: np.ndarray) -> np.ndarray:
     it shares: ``popcount(mask) // slots whose masks overlap it`` (itself included). On a
     partitioned node that is its mask; unpartitioned on first sight (every group holds
     every way) it is the equal share, not the whole cache."""
-    m = masks.astype(np.int64)
-    ways = np.bitwise_count(m.astype(np.uint64)).astype(np.int64)
-    both = present[:, :, None] & present[:, None, :]
-    count = (((m[:, :, None] & m[:, None, :]) != 0) & both).sum(axis=2)
-    return np.where(present, ways // np.maximum(count, 1), 0)
+    out = np.empty(masks.shape, dtype=np.int64)
+    sk.start_ways(np.asarray(masks, dtype=np.int64), np.asarray(present, dtype=bool), out)
+    return out
 
 
 def held_masks(
