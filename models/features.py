@@ -61,7 +61,8 @@ and :class:`PreparedEncoder`, reset at every new episode or run).
 
 One definition, on arrays: :func:`encode_arrays` computes every feature for N nodes at
 once from :class:`Measurements` (a snapshot's group samples as arrays over (nodes, groups))
-and a :class:`SlotLayout` (what the groups and capabilities fix). The tuner and the single
+and a :class:`SlotLayout` (what the groups and capabilities fix), its arithmetic in the
+compiled loops of models/features_kernel.py. The tuner and the single
 environment encode a :class:`Snapshot` as its N=1 case (:meth:`PreparedEncoder.encode`);
 the vector environment hands over the batched simulator's arrays directly. A new feature is
 a column of :data:`GROUP_FEATURES` or :data:`NODE_FEATURES` computed in

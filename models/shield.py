@@ -51,7 +51,8 @@ holds, so a load that became feasible is protected again.
 Readings where the paper is silent (thresholds, one way per interval) are ours. One
 definition on arrays over N nodes and S slots: the single environment, the vector
 environment and the policy controller (the online tuner's) all step :class:`Shield`, so
-training and deployment agree.
+training and deployment agree; its arithmetic is the compiled loops of
+models/shield_kernel.py.
 """
 
 from __future__ import annotations
