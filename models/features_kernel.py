@@ -30,7 +30,8 @@ GROUP_COLUMNS = 15
 V2_COLUMNS = 9  # GROUP_FEATURES_V2
 NODE_COLUMNS = 6  # NODE_FEATURES
 MACHINE_COLUMNS = 4  # NODE_FEATURES_V2
-(LAT, LAT_OK, IPC, IPC_OK, MPKI, MPKI_OK, WAYS) = (12, 13, 2, 3, 4, 5, 10)
+(PRESENT, IS_LC, IPC, IPC_OK, MPKI, MPKI_OK, OCC, OCC_OK, BW, BW_OK, WAYS, MBA, LAT, LAT_OK,
+ LOAD) = range(GROUP_COLUMNS)  # fmt: skip
 
 
 @jit
@@ -163,8 +164,8 @@ def encode(
                 occ_s, mem = occupancy[n, col], memory_bytes[n, col]
                 count = latency_count[n, col]
             g[:] = 0.0
-            g[0] = 1.0 if here else 0.0
-            g[1] = is_lc[n, s] * (1.0 if here else 0.0)
+            g[PRESENT] = 1.0 if here else 0.0
+            g[IS_LC] = is_lc[n, s] * (1.0 if here else 0.0)
             if sampled and ins == ins and cyc == cyc and cyc != 0:
                 g[IPC] = _clip(ins / cyc / ipc_scale)
                 g[IPC_OK] = 1.0
@@ -172,14 +173,14 @@ def encode(
                 g[MPKI] = _clip(math.log1p(_max(1000.0 * mis / ins, 0.0)) / mpki_scale)
                 g[MPKI_OK] = 1.0
             if sampled and occ_s == occ_s and occ_den == occ_den:
-                g[6] = _clip(occ_s / occ_den)
-                g[7] = 1.0
+                g[OCC] = _clip(occ_s / occ_den)
+                g[OCC_OK] = 1.0
             if sampled and mem == mem and has_dt and bw_den == bw_den:
-                g[8] = _clip(mem / dt / bw_den)
-                g[9] = 1.0
+                g[BW] = _clip(mem / dt / bw_den)
+                g[BW_OK] = 1.0
             if here:
                 g[WAYS] = ways[n, s]
-                g[11] = mb[n, s]
+                g[MBA] = mb[n, s]
             x = ratio[n, s]
             if x == x:
                 lg = math.log2(x) if x > 0 else -lat_clip
@@ -187,7 +188,7 @@ def encode(
                 g[LAT_OK] = 1.0
             ok_count = sampled and count == count and has_dt
             if ok_count:
-                g[14] = _clip(math.log1p(count / dt) / load_scale)
+                g[LOAD] = _clip(math.log1p(count / dt) / load_scale)
             base = s * width
             for k in range(GROUP_COLUMNS):
                 out[n, base + k] = g[k]

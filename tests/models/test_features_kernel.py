@@ -22,15 +22,13 @@ def test_the_kernels_columns_are_the_feature_order() -> None:
     assert len(GROUP_FEATURES) == fk.GROUP_COLUMNS
     assert len(GROUP_FEATURES_V2) == fk.V2_COLUMNS
     assert (len(NODE_FEATURES), len(NODE_FEATURES_V2)) == (fk.NODE_COLUMNS, fk.MACHINE_COLUMNS)
-    named = {
-        fk.LAT: "latency_ratio",
-        fk.LAT_OK: "latency_available",
-        fk.IPC: "ipc",
-        fk.IPC_OK: "ipc_available",
-        fk.MPKI: "mpki",
-        fk.MPKI_OK: "mpki_available",
-        fk.WAYS: "ways_fraction",
-    }
+    columns = ("PRESENT", "IS_LC", "IPC", "IPC_OK", "MPKI", "MPKI_OK", "OCC", "OCC_OK", "BW",
+               "BW_OK", "WAYS", "MBA", "LAT", "LAT_OK", "LOAD")  # fmt: skip
+    features = ("present", "is_lc", "ipc", "ipc_available", "mpki", "mpki_available",
+                "occupancy_share", "occupancy_available", "bandwidth_share",
+                "bandwidth_available", "ways_fraction", "mba_fraction", "latency_ratio",
+                "latency_available", "load")  # fmt: skip
+    named = {getattr(fk, c): f for c, f in zip(columns, features, strict=True)}
     assert {i: GROUP_FEATURES[i] for i in named} == named
 
 
