@@ -4,18 +4,11 @@ give the compiled numbers, version 2's history included."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 
 from models import features_kernel as fk
 from models.features import GROUP_FEATURES, GROUP_FEATURES_V2, NODE_FEATURES, NODE_FEATURES_V2
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.uncompiled import run_json
 
 
 def test_the_kernels_columns_are_the_feature_order() -> None:
@@ -88,22 +81,9 @@ print(json.dumps(out))
 """
 
 
-def _encoded(**env: str) -> list:
-    done = subprocess.run(
-        [sys.executable, "-c", _ENCODE],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
 def test_the_kernel_runs_uncompiled_to_the_same_numbers() -> None:
-    compiled = _encoded()
-    plain = _encoded(NUMBA_DISABLE_JIT="1")
+    compiled = run_json(_ENCODE)
+    plain = run_json(_ENCODE, compiled=False)
     assert len(compiled) == 7
     for got, want in zip(plain, compiled, strict=True):
         got, want = np.array(got, dtype=float), np.array(want, dtype=float)

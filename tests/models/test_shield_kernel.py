@@ -4,12 +4,8 @@ install has no numba) to the same floors: tests/models/test_shield.py holds the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.uncompiled import run_json
 
 # Twelve intervals of three nodes under every rule (pressure with growth capped, ample
 # slack, remembered cliffs, futile pressure lapsing and retrying, floors fitted to the
@@ -46,23 +42,10 @@ print(json.dumps(out))
 """
 
 
-def _floors(**env: str) -> list:
-    done = subprocess.run(
-        [sys.executable, "-c", _SHIELD],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
 def test_the_kernel_runs_uncompiled_to_the_same_floors() -> None:
-    compiled = _floors()
+    compiled = run_json(_SHIELD)
     assert len(compiled) == 14
     states = compiled[2:]
     # the rules moved the floors: grown, released, lapsed (a test of nothing otherwise)
     assert len({json.dumps(s[0]) for s in states}) > 4 and any(any(map(any, s[5])) for s in states)
-    assert _floors(NUMBA_DISABLE_JIT="1") == compiled
+    assert run_json(_SHIELD, compiled=False) == compiled

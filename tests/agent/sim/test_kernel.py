@@ -3,15 +3,9 @@ as the node agent's base install runs them without numba, they give the same num
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.uncompiled import run_json
 
 # Ten steps of the default mix with a new plan before each (every solve moving) and a
 # diurnal-free observation: what each group ran and holds, as exact floats.
@@ -34,22 +28,9 @@ print(json.dumps(out))
 """
 
 
-def _trajectory(**env: str) -> np.ndarray:
-    done = subprocess.run(
-        [sys.executable, "-c", _TRAJECTORY],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return np.array(json.loads(done.stdout), dtype=float)
-
-
 def test_the_kernel_runs_uncompiled_to_the_same_numbers() -> None:
-    compiled = _trajectory()
-    plain = _trajectory(NUMBA_DISABLE_JIT="1")
+    compiled = np.array(run_json(_TRAJECTORY), dtype=float)
+    plain = np.array(run_json(_TRAJECTORY, compiled=False), dtype=float)
     assert len(compiled) == 10 * 4 * 4 and np.isfinite(compiled).all()
     # The same operations in the same order; only libm's last bits may differ.
     np.testing.assert_allclose(plain, compiled, rtol=1e-9, atol=0)
