@@ -13,6 +13,7 @@ from eval.metrics import (
     summarize,
     unfairness,
 )
+from models.cadence import WAIT
 from models.controller import KEEP, Decision, StepRecord
 
 
@@ -52,6 +53,21 @@ def test_summarize_counts_violations_and_slowdowns() -> None:
     assert m.weighted_speedup == pytest.approx(1.0 + 0.5)  # IPS 2e9 and 1e9 vs 2e9
     assert m.changes_per_minute == pytest.approx(1 / (3 / 60))
     assert math.isclose(m.decide_us_median, 10.0)
+
+
+def test_decision_time_leaves_out_the_intervals_a_slower_cadence_skips() -> None:
+    """A policy deciding once a second on a node observed every 0.1 s: its decision time
+    is its decisions' (1 ms here), not the median interval's (a skipped one: 1 us)."""
+    groups = {"a": GroupSpec("a")}
+
+    def rec(decision: Decision, seconds: float) -> StepRecord:
+        snap = Snapshot(0.0, 0.1, {"a": GroupSample(instructions=1e9)})
+        return StepRecord(snap, decision, Allocation({}), seconds)
+
+    second = [rec(KEEP, 1e-3)] + [rec(WAIT, 1e-6) for _ in range(9)]
+    assert summarize(second * 3, groups, {"a": 1e10}).decide_us_median == pytest.approx(1e3)
+    skipped = [rec(WAIT, 2e-6)] * 4  # nothing decided: the intervals are all there is
+    assert summarize(skipped, groups, {"a": 1e10}).decide_us_median == pytest.approx(2.0)
 
 
 def test_window_requests_hold_fifty_beyond_the_percentile() -> None:

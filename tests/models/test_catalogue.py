@@ -10,7 +10,7 @@ from agent.node import Node, StepByParts
 from agent.sim import SimNode
 from agent.types import GroupKind
 from models import catalogue
-from models.cadence import Every, merge_snapshots
+from models.cadence import WAIT, Every, merge_snapshots
 from models.catalogue import ControllerSpec, split_specs
 from models.controller import KEEP, Controller, drive
 from models.setup import Need, Setup, Unavailable
@@ -190,10 +190,12 @@ def test_decide_s_slows_any_controller_down() -> None:
             return KEEP
 
     inner = Counting()
-    drive(Every(inner, 10), node, node, 25, 0.1)
+    records = drive(Every(inner, 10), node, node, 25, 0.1)
     # the first decision after one interval (the node as found may miss an SLO already),
     # then one per 10 intervals, each from the 10 merged
     assert inner.seen == pytest.approx([0.1, 1.0, 1.0])
+    # in between, the wrapper's own answer: what eval/metrics.py leaves out of decide time
+    assert [i for i, r in enumerate(records) if r.decision is not WAIT] == [0, 10, 20]
     with pytest.raises(ValueError, match="whole number"):
         build("eq[decide_s=0.25]", node, node, 0.1)
 
