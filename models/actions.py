@@ -36,8 +36,8 @@ Design (docs/RL.md, "Action design": a priority vector decoded into a valid allo
   them); they are reported as ignored in ``repairs``.
 
 One definition, on arrays: :func:`decode_arrays` decodes the actions of N nodes at once
-(the vector environment); :meth:`PreparedDecoder.decode` is its N=1 case, wrapped into a
-plan for a Node.
+(the vector environment), its arithmetic in the compiled loops of models/actions_kernel.py;
+:meth:`PreparedDecoder.decode` is its N=1 case, wrapped into a plan for a Node.
 
 Why this design: MaskablePPO's masks are per dimension and cannot express "masks
 contiguous and disjoint, total <= ways" (docs/RL.md), whereas a share vector decodes to a valid
@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.types import AllocationPlan, GroupAllocation, NodeCapabilities, contiguous_mask
+from models import actions_kernel as ak
 from models.allocation import mb_level
 
 _MB_TABLES: dict[tuple, tuple[int, ...]] = {}
@@ -347,47 +348,43 @@ def decode_arrays(
     give every present slot the whole cache where ``floor`` allows it (module docstring)."""
     N, S = levels.shape[0], decoder.max_groups
     n = layout.n_present
-    present = np.arange(S) < n[:, None]
-    share = np.where(present, levels[:, :S], 0)
-    total = np.where(layout.has_l3, layout.total, 0)
-    shared = layout.has_l3 & (n * layout.least > total)
-    whole = _unpartitioned(decoder, layout, share, present, floor) if decoder.share_all else None
-    if whole is not None:
+    shared = layout.has_l3 & (n * layout.least > np.where(layout.has_l3, layout.total, 0))
+    whole = np.zeros(N, dtype=bool)
+    if decoder.share_all:
+        present = np.arange(S) < n[:, None]
+        whole = _unpartitioned(decoder, layout, np.where(present, levels[:, :S], 0), present, floor)
         shared &= ~whole
-    least = np.broadcast_to(layout.least[:, None], (N, S))
-    if floor is not None:
-        least = np.where(present & ~shared[:, None], np.maximum(least, floor), least)
-    pool = np.maximum(total - np.where(present, least, 0).sum(axis=1), 0)
-    s = share.sum(axis=1)
-    w = np.where((s == 0)[:, None], present.astype(np.int64), share)  # all 0: equal split
-    s = np.maximum(w.sum(axis=1), 1)
-    base = pool[:, None] * w // s[:, None]
-    left = pool - base.sum(axis=1)
-    rem = np.where(present, pool[:, None] * w % s[:, None], -1)
-    # The `left` largest remainders get one more way, ties to the earlier slot.
-    order = np.argsort(-rem, axis=1, kind="stable")
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.broadcast_to(np.arange(S), (N, S)), axis=1)
-    ways = np.where(present, least + base + (rank < left[:, None]), 0)
-    ways = np.where(layout.has_l3[:, None], ways, 0)
-    start = layout.offset[:, None] + np.cumsum(ways, axis=1) - ways
-    masks = np.where(ways > 0, ((np.int64(1) << ways) - 1) << start, 0).astype(np.int64)
-    if whole is not None and whole.any():
-        every = whole[:, None] & present
-        ways = np.where(every, total[:, None], ways)
-        full = ((np.int64(1) << total) - 1) << layout.offset
-        masks = np.where(every, full[:, None], masks)
+    ways = np.empty((N, S), dtype=np.int64)
+    masks = np.empty((N, S), dtype=np.int64)
+    mb = np.empty((N, S))
+    ak.decode(
+        np.asarray(levels, dtype=np.int64),
+        n,
+        layout.has_l3,
+        layout.least,
+        layout.total,
+        layout.offset,
+        layout.mb_table,
+        shared,
+        whole,
+        _NO_FLOOR if floor is None else np.asarray(floor, dtype=np.int64),
+        floor is not None,
+        _NO_FLOOR if mb_floor is None else np.asarray(mb_floor, dtype=np.int64),
+        mb_floor is not None,
+        ways,
+        masks,
+        mb,
+    )
     for b in np.flatnonzero(shared):  # more groups than slices: they share (rare)
         k = int(n[b])
         slots = [str(i) for i in range(k)]
-        got = decoder._shared_masks_of(slots, share[b, :k].tolist(), layout, b)
+        got = decoder._shared_masks_of(slots, levels[b, :k].tolist(), layout, b)
         masks[b, :k] = [got[g] for g in slots]
         ways[b, :k] = [m.bit_count() for m in masks[b, :k].tolist()]
-    lv = levels[:, S:] if mb_floor is None else np.maximum(levels[:, S:], mb_floor)
-    lv = np.clip(lv, 0, layout.mb_table.shape[1] - 1)
-    mb = np.take_along_axis(layout.mb_table, lv, axis=1)
-    mb = np.where(present, mb, np.nan)
     return Decoded(ways, masks, mb, shared)
+
+
+_NO_FLOOR = np.zeros((1, 1), dtype=np.int64)
 
 
 def _unpartitioned(decoder, layout, share, present, floor) -> np.ndarray:
