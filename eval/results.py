@@ -316,7 +316,8 @@ def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -
         "infeasible run holding the SLOs as nearly as possible costs batch throughput.",
         "- **tail / alone**: LC tail over the same service alone on the machine; "
         "**unfairness**: CoPart's stddev/mean of batch slowdowns; **weighted speedup**: "
-        "sum of batch IPS / IPS alone; **decide**: median wall time of a decision.",
+        "sum of batch IPS / IPS alone; **decide**: median wall time of a decision (the "
+        "intervals a slower cadence, `decide_s`, skips are not decisions).",
         "",
         "## The oracle is safe",
         "",
