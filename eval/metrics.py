@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from agent.slo import judged, slo_met
 from agent.types import GroupKind, GroupSpec, LatencyStats
-from models.cadence import WAIT
+from models.cadence import decided
 from models.controller import StepRecord
 from models.objectives import SLO_WINDOW_S, window_requests
 
@@ -177,8 +177,8 @@ def summarize(
 
 def _decide_times(records: Sequence[StepRecord]) -> list[float]:
     """The seconds each decision took: the intervals a slower cadence skipped
-    (models/cadence.py's WAIT) left out, unless it skipped every one."""
-    return [r.decide_s for r in records if r.decision is not WAIT] or [r.decide_s for r in records]
+    (models.cadence.decided) left out, unless it skipped every one."""
+    return [r.decide_s for r in records if decided(r.decision)] or [r.decide_s for r in records]
 
 
 def sim_reference_ips(node) -> dict[str, float]:

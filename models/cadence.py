@@ -13,9 +13,15 @@ from agent.types import GroupSample, LatencyStats, Snapshot
 from models.controller import ControlContext, Controller, Decision
 
 # What Every answers between its decisions: KEEP's meaning, as an object of its own, so a
-# run's decision time (eval/metrics.py) counts the decisions, not the intervals skipped
-# (nine of ten at one decision a second on a node observed every 0.1 s).
+# controller's decision time (eval/metrics.py, the tuner's histogram) counts its decisions,
+# not the intervals skipped (nine of ten at one decision a second, observed every 0.1 s).
 WAIT = Decision()
+
+
+def decided(decision: Decision | None) -> bool:
+    """Whether ``decision`` came from a controller's decide() (not a slower cadence's WAIT
+    between two of them): what a decision's time is measured over."""
+    return decision is not WAIT
 
 
 class Every(Controller):

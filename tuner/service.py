@@ -42,6 +42,7 @@ from agent.errors import (
 )
 from agent.node import Node, as_clock
 from agent.types import Allocation, AllocationPlan, GroupKind, GroupSpec, Snapshot
+from models.cadence import decided
 from models.controller import ControlContext, Controller, Decision
 from tuner.config import TunerConfig
 from tuner.groups import GroupKeeper
@@ -223,7 +224,8 @@ class Tuner(Resilience, Pacing):
                 extra={"event": "controller_error", "controller": name},
             )
         decide_s = time.perf_counter() - t1
-        self.metrics.decision_latency.labels(name).observe(decide_s)
+        if decided(decision):  # a slower cadence's wait is no decision to time
+            self.metrics.decision_latency.labels(name).observe(decide_s)
         then = self._then()
         if decision is None:
             self.metrics.decisions.labels(name, "error").inc()

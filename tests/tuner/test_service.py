@@ -139,6 +139,24 @@ def test_run_stops_on_the_event(server) -> None:
     tuner.shutdown()
 
 
+def test_decision_latency_times_decisions_not_a_cadences_waits(server) -> None:
+    """A controller deciding every 5th interval (catalogue option decide_s): the histogram
+    holds its decisions, not the intervals in between (each a microsecond of nothing)."""
+    from models.cadence import Every
+
+    tuner = make_tuner(server, Every(catalogue.construct("eq"), 5))
+    tuner.start()
+    for _ in range(11):
+        tuner.step()
+    hist = [
+        s for m in tuner.metrics.registry.collect() for s in m.samples
+        if s.name == "rdtune_tuner_decision_latency_seconds_count"
+    ]  # fmt: skip
+    # the first decision after one interval, then every 5th: intervals 1, 6 and 11
+    assert sum(s.value for s in hist) == 3
+    tuner.shutdown()
+
+
 def test_an_allocation_changed_behind_the_tuners_back_is_put_back(server) -> None:
     """Between read-backs the tuner trusts its last apply; every resync_intervals it reads
     the node and re-asserts its allocation where the node holds something else."""
