@@ -6,7 +6,7 @@ For a scenario with one LC service and batch contenders, the LC service's max lo
 its SLO (:func:`agent.sim.facts.max_load`) unpartitioned and under every static two-tier
 partition: the LC group holds ``k`` ways and the batch groups share the rest, at every MBA
 level on presets with MBA. ``python -m eval.partition_margin`` prints one row per scenario;
-it takes a few minutes on one core.
+it takes seconds on one core.
 
 For a CoCo-style scenario (more LC services than CLOSIDs, some of them in the default group
 with the batch jobs), :func:`tiered_margin` regroups the node into two tiers, every LC
@@ -29,6 +29,7 @@ from agent.types import SLO, AllocationPlan, GroupAllocation, GroupKind, GroupSp
 
 SCENARIOS = (
     "catbench_kv_big_tensorflow",
+    "catbench_kv_small_tensorflow",
     "catbench_kv_small_lepton",
     "catbench_echo_hadoop",
     "eval/scenarios/demo.yaml",
@@ -217,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for s in args.scenarios:
         m = margin(s)
-        where = f"{m.best_ways}, {m.best_mb}" if m.best_ways else "none better"
+        mb = "-" if m.best_mb is None else m.best_mb
+        where = f"{m.best_ways}, {mb}" if m.best_ways else "none better"
         print(
             f"| {s} | {m.service} | {m.unpartitioned_rps:.4g} | {m.best_rps:.4g} | {where} | "
             f"{m.ratio:.3f}x |",

@@ -64,3 +64,25 @@ def test_confining_the_batch_tier_sustains_more_load(tiers) -> None:
     unpartitioned = P.sustained_scale(node, _plan(full, full))
     tiered = P.sustained_scale(node, _plan(contiguous_mask(ways - 2), contiguous_mask(2, ways - 2)))
     assert tiered > 1.3 * unpartitioned
+
+
+@pytest.mark.parametrize(
+    ("scenario", "least", "most"),
+    [
+        # a few-MB store next to an all-core streaming contender: a partition that holds
+        # its footprint keeps its lines from being evicted (the classic case for CAT)
+        ("catbench_kv_small_tensorflow", 1.4, None),
+        # a 2.3 GiB Zipf store gains little from a partition, and the contender squeezed
+        # into the rest loads memory for both: a small margin, at an interior way count
+        ("catbench_kv_big_tensorflow", 1.0, 1.2),
+        # Lepton barely touches the cache: nothing to isolate the store from
+        ("catbench_kv_small_lepton", 1.0, 1.0),
+    ],
+)
+def test_catbench_margins_follow_footprint_and_contender(scenario, least, most) -> None:
+    m = P.margin(scenario)
+    assert m.ratio >= least
+    if most is not None:
+        assert m.ratio <= most
+    if m.ratio > 1.0:  # an interior way count: neither all ways nor a single one
+        assert 1 < m.best_ways < SimNode(scenario).preset.ways - 1
