@@ -57,7 +57,7 @@ from models.features import (
     layout_of,
     tail_ratios,
 )
-from models.shield import Shield, ShieldConfig, held_levels, start_ways
+from models.shield import Shield, ShieldConfig, held_levels, held_shares
 
 MODES = (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)
 
@@ -318,7 +318,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._layout.put(rows, SlotLayout.stack(layouts))
         self._dl.put(rows, DecodeLayout.stack(decodes))
         if self.shield is not None:
-            ways, mb = self._held_slots(rows)
+            ways, _, mb = self._held_slots(rows)
             self.shield.reset(
                 rows, self._layout.is_lc[rows] > 0, _dl_rows(self._dl, rows), ways, mb
             )
@@ -449,15 +449,18 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._applied[1][rows] = dec.mb[rows]
         self._applied_ok[rows] = True
 
-    def _held_slots(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ways, MB values) (R, S) each slot of ``rows`` holds (every way without CAT)."""
+    def _held_slots(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ways, shared, MB values) (R, S) each slot of ``rows`` holds (every way,
+        unshared as a partition, without CAT)."""
         col = np.maximum(self._slot_col[rows], 0)
         masks = np.take_along_axis(self.batch.gmask[rows], col, 1)
-        ways = start_ways(masks, self._layout.present[rows])  # shared ways as a share
-        ways = np.where(self._has_l3[rows][:, None], ways, self._ways[rows][:, None])
+        # shared ways counted as a share
+        ways, shared = held_shares(masks, self._layout.present[rows])
+        has_l3 = self._has_l3[rows][:, None]
+        ways = np.where(has_l3, ways, self._ways[rows][:, None])
         mb = np.take_along_axis(self.batch.gmb[rows], col, 1)
         present = self._layout.present[rows]
-        return np.where(present, ways, 0), np.where(present, mb, np.nan)
+        return np.where(present, ways, 0), shared & has_l3, np.where(present, mb, np.nan)
 
     def _shield_observe(self, readings, rows: np.ndarray, fresh_rows: bool = False) -> None:
         """The shield's feedback on the interval just observed on ``rows`` (``readings``
@@ -479,8 +482,9 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             readings.latency_ms[sel],
         )
         ratio = tail_ratios(_rows(self._layout, rows), m, self._slot_col[rows])
-        ways, mb = self._held_slots(rows)
-        self.shield.update(rows, ratio, ways, held_levels(mb, self._dl.mb_table[rows]))
+        ways, shared, mb = self._held_slots(rows)
+        levels = held_levels(mb, self._dl.mb_table[rows])
+        self.shield.update(rows, ratio, ways, levels, shared)
 
     def _churn_masks(self) -> np.ndarray:
         """Capacity masks as the reward's churn reads an Allocation (0 without CAT)."""

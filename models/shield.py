@@ -16,7 +16,11 @@ on whole ways and the interval's tail at the SLO's percentile over the SLO targe
   ``1 + floor((ratio - high) / step)`` ways (capped at ``max_grow``), and the MBA floor
   the top level (unthrottled);
 - **ample slack** (``ratio < low``): the group may lose one way (and one MBA level) below
-  what it holds: the floor becomes ``held - release`` (never below the minimum slice);
+  what it holds: the floor becomes ``held - release`` (never below the minimum slice).
+  Only from ways of its own: slack measured while the group shares its ways (an
+  unpartitioned node, the start of a run) was had on every way it shares, and says nothing
+  of a partition the size of its share, so there the floor stays what it holds (a small
+  store slack at 0.2 of its target on a shared cache missed it 7x on its share less one);
 - **in between**, or an interval without requests: the floor is what the group holds, so
   the policy cannot shrink it, only grow it.
 
@@ -192,14 +196,21 @@ class Shield:
         ratio: np.ndarray,
         held_ways: np.ndarray,
         held_mb_level: np.ndarray,
+        shared: np.ndarray | None = None,
     ) -> None:
         """One interval's feedback on ``rows``: ``ratio`` (R, S) tail / SLO target per
-        slot (NaN: not measured), what each slot held during it (ways, MBA levels)."""
+        slot (NaN: not measured), what each slot held during it (ways, MBA levels), and
+        whether it shared those ways with another slot (:func:`held_shares`; None: none
+        did)."""
+        ratio = np.asarray(ratio, dtype=float)
+        if shared is None:
+            shared = np.zeros(ratio.shape, dtype=bool)
         sk.update(
             np.atleast_1d(np.arange(self.floor.shape[0])[rows]),
-            np.asarray(ratio, dtype=float),
+            ratio,
             np.asarray(held_ways, dtype=np.int64),
             np.asarray(held_mb_level, dtype=np.int64),
+            np.asarray(shared, dtype=bool),
             self._state(),
             _kernel_config(self.config),
         )
@@ -230,14 +241,21 @@ def _kernel_config(c: ShieldConfig) -> tuple:
             bool(c.remember), int(c.give_up), int(c.retry))  # fmt: skip
 
 
-def start_ways(masks: np.ndarray, present: np.ndarray) -> np.ndarray:
-    """(R, S) the ways each slot holds at a run's start, counted as its share of every way
-    it shares: ``popcount(mask) // slots whose masks overlap it`` (itself included). On a
-    partitioned node that is its mask; unpartitioned on first sight (every group holds
-    every way) it is the equal share, not the whole cache."""
+def held_shares(masks: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """((R, S) ways, (R, S) shared): the ways each slot holds, counted as its share of
+    every way it shares (``popcount(mask) // slots whose masks overlap it``, itself
+    included), and whether another present slot's mask overlaps its own. On a partitioned
+    node that is its mask, unshared; unpartitioned on first sight (every group holds every
+    way) it is the equal share, not the whole cache, shared."""
     out = np.empty(masks.shape, dtype=np.int64)
-    sk.start_ways(np.asarray(masks, dtype=np.int64), np.asarray(present, dtype=bool), out)
-    return out
+    shared = np.empty(masks.shape, dtype=bool)
+    sk.start_ways(np.asarray(masks, dtype=np.int64), np.asarray(present, dtype=bool), out, shared)
+    return out, shared
+
+
+def start_ways(masks: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """(R, S) the ways each slot holds at a run's start: :func:`held_shares`' ways."""
+    return held_shares(masks, present)[0]
 
 
 def held_masks(
@@ -281,24 +299,35 @@ class NodeShield:
         is_lc = np.zeros((1, size), dtype=bool)
         for i, name in enumerate(slots[:size]):
             is_lc[0, i] = groups[name].kind is GroupKind.LC and groups[name].slo is not None
-        ways, mb = self._held(allocation)
+        ways, _, mb = self._held(allocation)
         self.shield.reset(np.array([0]), is_lc, layout, ways, mb)
 
-    def _held(self, allocation: Allocation) -> tuple[np.ndarray, np.ndarray]:
-        """(:func:`start_ways`, MB values) (1, S) of what each slot holds in ``allocation``."""
+    def _held(self, allocation: Allocation) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(:func:`held_shares`' ways and shared, MB values) (1, S) of what each slot
+        holds in ``allocation``."""
         size = self.shield.floor.shape[1]
         masks, mb = held_masks(allocation, self._slots, self._caps, size)
         present = np.arange(size) < len(self._slots)
-        return start_ways(masks, present[None, :]), mb
+        ways, shared = held_shares(masks, present[None, :])
+        return ways, shared, mb
 
     def observe(self, ratio: np.ndarray, allocation: Allocation) -> None:
         """One interval: ``ratio`` (1, S) tail / target per slot (NaN: not measured),
         under ``allocation`` (what the node held during it)."""
-        ways, mb = self._held(allocation)
-        self.shield.update(np.array([0]), ratio, ways, held_levels(mb, self._layout.mb_table))
+        ways, shared, mb = self._held(allocation)
+        levels = held_levels(mb, self._layout.mb_table)
+        self.shield.update(np.array([0]), ratio, ways, levels, shared)
 
     def floors(self) -> tuple[np.ndarray, np.ndarray]:
         return self.shield.floors()
 
 
-__all__ = ["NodeShield", "Shield", "ShieldConfig", "held_levels", "held_masks", "start_ways"]
+__all__ = [
+    "NodeShield",
+    "Shield",
+    "ShieldConfig",
+    "held_levels",
+    "held_masks",
+    "held_shares",
+    "start_ways",
+]

@@ -47,14 +47,16 @@ def _popcount(x):
 
 
 @jit
-def start_ways(masks, present, out):
+def start_ways(masks, present, out, shared):
     """Into ``out`` (N, S): the ways each slot holds counted as its share of every way it
-    shares, ``popcount(mask) // slots whose masks overlap it`` (itself included)."""
+    shares, ``popcount(mask) // slots whose masks overlap it`` (itself included); into
+    ``shared`` (N, S): whether another present slot's mask overlaps its own."""
     N, S = masks.shape
     for n in range(N):
         for s in range(S):
             if not present[n, s]:
                 out[n, s] = 0
+                shared[n, s] = False
                 continue
             m = masks[n, s]
             count = 0
@@ -62,6 +64,7 @@ def start_ways(masks, present, out):
                 if present[n, t] and (m & masks[n, t]) != 0:
                     count += 1
             out[n, s] = _popcount(m) // max(count, 1)
+            shared[n, s] = count > 1
 
 
 @jit
@@ -92,10 +95,11 @@ def fit(r, floor, is_lc, present, least, total, usable):
 
 
 @jit
-def update(rows, ratio, held_ways, held_mb, state, config):
+def update(rows, ratio, held_ways, held_mb, shared, state, config):
     """One interval's feedback (models/shield.py's rules) on ``rows``: ``ratio`` (R, S)
-    tail / SLO target (NaN: not measured), what each slot held (ways, MBA levels).
-    ``state``: the Shield's arrays, updated in place; ``config``: its thresholds."""
+    tail / SLO target (NaN: not measured), what each slot held (ways, MBA levels) and
+    whether it shared its ways with another slot. ``state``: the Shield's arrays, updated
+    in place; ``config``: its thresholds."""
     floor, mb_floor, is_lc, guard, last_held, stuck, lapsed_, least, total, present = state[:10]
     mb_top, usable = state[10:]
     high, low, step, max_grow, release, remember, give_up, retry = config
@@ -112,7 +116,7 @@ def update(rows, ratio, held_ways, held_mb, state, config):
             if pressure:
                 over = (x - high) / step  # > 0, and large when the tail is far over
                 f = held + (max_grow if over >= max_grow - 1 else 1 + math.floor(over))
-            elif ample:
+            elif ample and not shared[k, s]:
                 f = max(held - release, least[r])
             if remember:
                 before = last_held[r, s]

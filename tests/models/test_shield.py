@@ -40,12 +40,44 @@ def _shield(is_lc, held, ways=11, config=None):
     return sh, lay
 
 
-def _update(sh, ratio, held, mb_level=3):
+def _update(sh, ratio, held, mb_level=3, shared=()):
     r = np.full((1, DEC.max_groups), np.nan)
     r[0, : len(ratio)] = ratio
     h = np.zeros((1, DEC.max_groups), dtype=np.int64)
     h[0, : len(held)] = held
-    sh.update(np.array([0]), r, h, np.full((1, DEC.max_groups), mb_level))
+    sh_ = np.zeros((1, DEC.max_groups), dtype=bool)
+    sh_[0, : len(shared)] = shared
+    sh.update(np.array([0]), r, h, np.full((1, DEC.max_groups), mb_level), sh_)
+
+
+@pytest.mark.parametrize(("shared", "floor"), [(False, 3), (True, 4)])
+def test_ample_slack_releases_a_way_only_of_a_partition_of_its_own(shared, floor) -> None:
+    # A tail at 0.3 of its target measured while sharing every way (an unpartitioned node)
+    # says nothing of an exclusive partition of its share's size: the floor holds there.
+    sh, _ = _shield([True, False], [4, 7])
+    _update(sh, [0.3, math.nan], [4, 7], mb_level=1, shared=[shared, shared])
+    ways, mb = sh.floors()
+    assert ways[0, 0] == floor
+    assert mb[0, 0] == 0  # the MBA level is the group's own either way: it may lose one
+
+
+def test_a_run_started_unpartitioned_keeps_the_lc_share_through_its_first_slack() -> None:
+    # The policy controller's shield on a fresh node: every group shares all ways, so the
+    # LC group's first interval of ample slack leaves its floor at the equal share.
+    from models.shield import NodeShield
+
+    node = SimNode("default", seed=0)
+    ctx = context(node)
+    slots = sorted(ctx.groups)
+    shield = NodeShield(DEC.max_groups, ShieldConfig())
+    lay = DEC.decode_layout(len(slots), ctx.capabilities)
+    shield.start(slots, ctx.groups, ctx.capabilities, lay, ctx.allocation)
+    start = shield.floors()[0].copy()
+    ratio = np.full((1, DEC.max_groups), np.nan)
+    lc = [i for i, g in enumerate(slots) if ctx.groups[g].slo is not None]
+    ratio[0, lc] = 0.2
+    shield.observe(ratio, ctx.allocation)
+    assert start[0, lc].tolist() == shield.floors()[0][0, lc].tolist() != [0] * len(lc)
 
 
 def test_starts_from_what_lc_groups_hold_fitted_to_the_cache() -> None:

@@ -9,13 +9,13 @@ from tests.uncompiled import run_json
 
 # Twelve intervals of three nodes under every rule (pressure with growth capped, ample
 # slack, remembered cliffs, futile pressure lapsing and retrying, floors fitted to the
-# cache, MBA levels, unmeasured slots, a tail so far over that it is infinite): every
+# cache, MBA levels, unmeasured slots, shared ways, a tail so far over that it is infinite): every
 # state array after each, and the helpers' answers, as integers.
 _SHIELD = """
 import json
 import numpy as np
 from models.actions import DecodeLayout
-from models.shield import Shield, ShieldConfig, held_levels, start_ways
+from models.shield import Shield, ShieldConfig, held_levels, held_shares
 
 rng = np.random.default_rng(11)
 N, S = 3, 6
@@ -28,14 +28,15 @@ is_lc = rng.random((N, S)) < 0.6
 ways = rng.integers(1, 6, (N, S))
 mb = np.where(rng.random((N, S)) < 0.3, np.nan, rng.integers(5, 110, (N, S)).astype(float))
 out = [held_levels(mb, table).tolist(),
-       start_ways(rng.integers(0, 1 << 11, (N, S)), rng.random((N, S)) < 0.8).tolist()]
+       [a.tolist() for a in held_shares(rng.integers(0, 1 << 11, (N, S)),
+                                        rng.random((N, S)) < 0.8)]]
 shield.reset(rows, is_lc, layout, ways, mb)
 for t in range(12):
     ratio = rng.random((N, S)) * 2.5
     ratio[rng.random((N, S)) < 0.2] = np.nan
     ratio[0, 0] = np.inf if t == 5 else ratio[0, 0]
     ways = np.maximum(ways + rng.integers(-2, 3, (N, S)), 0)
-    shield.update(rows, ratio, ways, rng.integers(0, 4, (N, S)))
+    shield.update(rows, ratio, ways, rng.integers(0, 4, (N, S)), rng.random((N, S)) < 0.3)
     out.append([getattr(shield, f).tolist() for f in
                 ("floor", "mb_floor", "guard", "_last_held", "_stuck", "_lapsed")])
 print(json.dumps(out))
