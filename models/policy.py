@@ -177,7 +177,10 @@ class ActingController(Controller):
             self._shield.observe(enc.tail_ratios(snapshot), ctx.allocation)
             floors = self._shield.floors()
         obs = enc.encode(snapshot, ctx.allocation, None if floors is None else floors[0])
-        decoded = dec.decode(self.act(obs, mask if self.masked else None), floors)
+        levels = self.act(obs, mask if self.masked else None)
+        if self._shield is not None:
+            levels = self._shield.pinned(levels)
+        decoded = dec.decode(levels, floors)
         note = f"{self.name}: " + ", ".join(f"{g}={decoded.ways.get(g, '-')}w" for g in slots)
         if floors is not None and floors[0].any():
             note += (

@@ -50,7 +50,13 @@ partition past its target size (section 5: slack only moves it below), so it pay
 cost. Here, after ``give_up`` intervals in a row over its target, a slot's floor lapses to
 the minimum slice (and its MBA floor with it) for ``retry`` intervals, and the policy
 sizes that group as it does any other; then the feedback takes it up again from what it
-holds, so a load that became feasible is protected again.
+holds, so a load that became feasible is protected again. With ``pin`` the lapse also
+takes the group out of the policy's hands: its share level becomes 0, so it holds the
+minimum slice until the retry and its ways go to the batch groups (:meth:`Shield.pinned`).
+A policy trained on protected services keeps giving a lost one most of the cache (a lapsed
+specjbb held 17 of 20 ways, each batch job one); pinned, batch throughput gains and the
+service misses more of the windows it could have kept while its load fell (measured in
+docs/TRAINING.md, "Pinning lost causes"). Off by default: the operator chooses the trade.
 
 Readings where the paper is silent (thresholds, one way per interval) are ours. One
 definition on arrays over N nodes and S slots: the single environment, the vector
@@ -87,6 +93,8 @@ class ShieldConfig:
         give_up: intervals in a row over its SLO target after which a slot's floor lapses
             (the module docstring's futile pressure); 0: never.
         retry: intervals a lapsed floor stays at the minimum slice.
+        pin: a lapsed slot's share level is 0 whatever the policy chose (the module
+            docstring's futile pressure): it holds the minimum slice until the retry.
     """
 
     high: float = 0.8
@@ -97,6 +105,7 @@ class ShieldConfig:
     remember: bool = True
     give_up: int = 0
     retry: int = 30
+    pin: bool = False
 
     def __post_init__(self) -> None:
         if not (0 < self.low < self.high and math.isfinite(self.high)):
@@ -108,8 +117,9 @@ class ShieldConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < least:
                 what = "a positive integer" if least else "a non-negative integer"
                 raise ValueError(f"{name} must be {what}, got {v!r}")
-        if not isinstance(self.remember, bool):
-            raise ValueError(f"remember must be true or false, got {self.remember!r}")
+        for name in ("remember", "pin"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     @classmethod
     def of(cls, value: ShieldConfig | bool | dict | None) -> ShieldConfig | None:
@@ -214,6 +224,22 @@ class Shield:
             self._state(),
             _kernel_config(self.config),
         )
+
+    def pinned(self, levels: np.ndarray, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """``levels`` ((R, 2S) share then MBA levels, or (2S,) for one node) with the share
+        level of every lapsed slot of ``rows`` set to 0 when the config pins lapsed slots
+        (models/actions.py: level 0 gets the fewest ways above the floor, which a lapse
+        sets to the minimum slice); ``levels`` themselves otherwise."""
+        if not (self.config.pin and self.config.give_up):
+            return levels
+        lapsed = self._lapsed[rows] > 0
+        if not lapsed.any():
+            return levels
+        out = np.array(levels, copy=True)
+        flat = out.ndim == 1
+        two = out.reshape(1, -1) if flat else out
+        two[:, : lapsed.shape[1]][lapsed.reshape(two.shape[0], -1)] = 0
+        return out
 
     def floors(self, rows: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """(ways floor, MBA level floor) per slot (R, S) for the decoder: 0 where none."""
@@ -320,6 +346,9 @@ class NodeShield:
 
     def floors(self) -> tuple[np.ndarray, np.ndarray]:
         return self.shield.floors()
+
+    def pinned(self, levels: np.ndarray) -> np.ndarray:
+        return self.shield.pinned(levels)
 
 
 __all__ = [

@@ -65,6 +65,8 @@ def _ref_masks(ref) -> np.ndarray:
         ("NextStep", {"sim_step_s": 0.2}),
         ("SameStep", {"shield": True, "baseline": "full", "split": "validation"}),
         ("NextStep", {"shield": {"high": 0.6, "low": 0.3}}),
+        # lost causes lapse after one interval over target and are pinned to the minimum
+        ("SameStep", {"shield": {"give_up": 1, "retry": 3, "pin": True}, "split": "validation"}),
         # two share levels: all-zero actions (the unpartitioned cache) come often
         ("SameStep", {"shield": True, "share_all": True, "share_levels": 2}),
     ],
