@@ -196,9 +196,8 @@ class _PartitionEnv(gym.Env):
         if self.node is None or self._alloc is None:
             raise RuntimeError("call reset() before step()")
         self._refresh_groups()
-        if self._shield is not None:
-            action = self._shield.pinned(np.asarray(action))
-        decoded = self._decode(action, self._shield.floors() if self._shield else None)
+        floors = self._shield.floors() if self._shield else None
+        decoded = self._decode(self._shield.pinned(action) if self._shield else action, floors)
         before = after = self._alloc
         plan = decoded.plan
         if plan.groups and not self._holds(decoded):
