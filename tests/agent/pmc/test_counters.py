@@ -118,9 +118,14 @@ def test_read_delta_splits_the_work_into_intervals():
         total = c.read()
     assert first["page_faults"] >= 500 and 100 <= second["page_faults"] < 500
     assert third["page_faults"] < 50
+    # The counts since the last delta go on until the total is read. For this thread's CPU
+    # time that was once 1.1 of 2.8 ms in a loaded pytest-xdist worker (the Python work
+    # between the two reads, a garbage collection among it), so it gets a slack of 50 ms.
+    slack = {"task_clock": 5e7}
     for name in TRIO:
         got = first[name] + second[name] + third[name]
-        assert got <= total[name] and total[name] - got < max(10, 0.2 * total[name])
+        assert got <= total[name]
+        assert total[name] - got < max(10, 0.2 * total[name], slack.get(name, 0))
 
 
 def test_disable_enable_and_reset():
