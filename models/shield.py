@@ -20,7 +20,8 @@ on whole ways and the interval's tail at the SLO's percentile over the SLO targe
   Only from ways of its own: slack measured while the group shares its ways (an
   unpartitioned node, the start of a run) was had on every way it shares, and says nothing
   of a partition the size of its share, so there the floor stays what it holds (a small
-  store slack at 0.2 of its target on a shared cache missed it 7x on its share less one);
+  store with its tail at 0.2 of its target on a shared cache missed it 7x on a partition
+  of its share less one way);
 - **in between**, or an interval without requests: the floor is what the group holds, so
   the policy cannot shrink it, only grow it.
 
@@ -236,8 +237,7 @@ class Shield:
         if not lapsed.any():
             return levels
         out = np.array(levels, copy=True)
-        flat = out.ndim == 1
-        two = out.reshape(1, -1) if flat else out
+        two = out.reshape(1, -1) if out.ndim == 1 else out  # a view: one node's levels
         two[:, : lapsed.shape[1]][lapsed.reshape(two.shape[0], -1)] = 0
         return out
 
