@@ -27,7 +27,7 @@ on whole ways and the interval's tail at the SLO's percentile over the SLO targe
 
 So an LC group shrinks only one way per interval of ample slack, and grows as soon as its
 tail nears the target. At the start of an episode (or tuner run) the floor is what the
-group holds then, counted as its share of the ways it shares (:func:`start_ways`: on a
+group holds then, counted as its share of the ways it shares (:func:`held_shares`: on a
 fresh, unpartitioned node the equal share; every interval's "held" is counted so too),
 fitted to the cache. Floors always fit: the LC floors of a node together leave the
 minimum slice to every other present group (the largest floor gives way first); with more
@@ -275,13 +275,8 @@ def held_shares(masks: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.
     way) it is the equal share, not the whole cache, shared."""
     out = np.empty(masks.shape, dtype=np.int64)
     shared = np.empty(masks.shape, dtype=bool)
-    sk.start_ways(np.asarray(masks, dtype=np.int64), np.asarray(present, dtype=bool), out, shared)
+    sk.held_shares(np.asarray(masks, dtype=np.int64), np.asarray(present, dtype=bool), out, shared)
     return out, shared
-
-
-def start_ways(masks: np.ndarray, present: np.ndarray) -> np.ndarray:
-    """(R, S) the ways each slot holds at a run's start: :func:`held_shares`' ways."""
-    return held_shares(masks, present)[0]
 
 
 def held_masks(
@@ -358,5 +353,4 @@ __all__ = [
     "held_levels",
     "held_masks",
     "held_shares",
-    "start_ways",
 ]

@@ -47,7 +47,7 @@ def _popcount(x):
 
 
 @jit
-def start_ways(masks, present, out, shared):
+def held_shares(masks, present, out, shared):
     """Into ``out`` (N, S): the ways each slot holds counted as its share of every way it
     shares, ``popcount(mask) // slots whose masks overlap it`` (itself included); into
     ``shared`` (N, S): whether another present slot's mask overlaps its own."""

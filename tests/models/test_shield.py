@@ -14,7 +14,7 @@ from agent.sim import LoadProfile, Scenario, SimNode, WorkloadInstance
 from models.actions import ActionDecoder, check_levels, decode_arrays
 from models.controller import context
 from models.policy import RandomController
-from models.shield import Shield, ShieldConfig, held_levels, start_ways
+from models.shield import Shield, ShieldConfig, held_levels, held_shares
 from tests.models.exports import copy_export
 
 DEC = ActionDecoder(max_groups=4, share_levels=5, mba_levels=4)
@@ -352,11 +352,14 @@ def test_the_lapse_frees_a_lost_cause_and_nothing_else(
         assert lapse["weighted_speedup"] == plain["weighted_speedup"]
 
 
-def test_start_ways_count_shared_ways_as_a_share() -> None:
+def test_held_shares_count_shared_ways_as_a_share() -> None:
     present = np.array([[True, True, True, False]])
     unpartitioned = np.array([[0x7FF, 0x7FF, 0x7FF, 0]])
-    assert start_ways(unpartitioned, present).tolist() == [[3, 3, 3, 0]]
+    assert held_shares(unpartitioned, present)[0].tolist() == [[3, 3, 3, 0]]
+    assert held_shares(unpartitioned, present)[1].tolist() == [[True, True, True, False]]
     partitioned = np.array([[0b111, 0b11111000, 0x700, 0]])
-    assert start_ways(partitioned, present).tolist() == [[3, 5, 3, 0]]
+    assert held_shares(partitioned, present)[0].tolist() == [[3, 5, 3, 0]]
+    assert not held_shares(partitioned, present)[1].any()
     overlapping = np.array([[0b1111, 0b1100, 0x7F0, 0]])  # 0 and 1 share two ways
-    assert start_ways(overlapping, present).tolist() == [[2, 1, 7, 0]]
+    assert held_shares(overlapping, present)[0].tolist() == [[2, 1, 7, 0]]
+    assert held_shares(overlapping, present)[1].tolist() == [[True, True, False, False]]
