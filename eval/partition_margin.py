@@ -185,11 +185,8 @@ def _tiered_rows(scenarios: list[str]) -> None:
     print("|---|---|---|---|---|---|")
     for s in scenarios:
         m = tiered_margin(s)
-        where = (
-            f"{m.best_lc_ways}, {m.best_batch_ways}, {m.best_mb}"
-            if m.best_lc_ways
-            else "none better"
-        )
+        mb = "-" if m.best_mb is None else m.best_mb
+        where = f"{m.best_lc_ways}, {m.best_batch_ways}, {mb}" if m.best_lc_ways else "none better"
         print(
             f"| {s} | {', '.join(m.services)} | {m.unpartitioned_scale:.3g} | "
             f"{m.best_scale:.3g} | {where} | {m.ratio:.3f}x |",
