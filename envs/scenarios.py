@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.sim.catalog import Catalog, default_catalog
-from agent.sim.scenario import Scenario, get_scenario, random_scenario, scenario_names
+from agent.sim.mixes import random_scenario
+from agent.sim.scenario import Scenario, get_scenario, scenario_names
 
 SPLITS = ("train", "validation", "test", "all")
 TEST_FRACTION = 0.2

@@ -165,7 +165,7 @@ LONG = {
     "agent/resctrl/discovery.py:discover": "every resctrl info file in the kernel's order",
     "agent/validate.py:_validate_one": "one group's kernel rules in the kernel's order",
     "agent/sim/catalog.py:_workload": "one workload's YAML keys, each checked",
-    "agent/sim/scenario.py:random_scenario": "the scenario generator's draws in order (seeded: "
+    "agent/sim/mixes.py:random_scenario": "the scenario generator's draws in order (seeded: "
     "reordering would change every mix)",
     "training/dynamics.py:fit_dynamics": "one fit per target, in the model's order",
     "training/dynamics.py:_series": "the trace's columns as arrays, one after another",

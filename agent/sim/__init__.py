@@ -48,19 +48,20 @@ Simulated-only tools (controllers must not need them):
 
 Data: machine presets, workloads and scenarios are YAML in agent/sim/data/;
 :func:`agent.sim.catalog.load_catalog` adds user files; :func:`agent.sim.scenario.get_scenario`
-resolves names (or a YAML path); :func:`agent.sim.scenario.random_scenario` draws seeded
-training mixes. ``DEFAULT_SCENARIO`` is memcached (40% load) + three batch jobs on the
-Xeon Gold 6130.
+resolves names (or a YAML path); :func:`agent.sim.mixes.random_scenario` draws seeded
+training mixes, LC loads as shares of each service's max load alone
+(agent/sim/headroom.py). ``DEFAULT_SCENARIO`` is memcached (40% load) + three batch jobs
+on the Xeon Gold 6130.
 """
 
 from agent.sim.catalog import Catalog, CatalogError, MachinePreset, WorkloadSpec, load_catalog
+from agent.sim.mixes import random_scenario
 from agent.sim.node import DEFAULT_SCENARIO, SimNode, WorkloadView
 from agent.sim.scenario import (
     LoadProfile,
     Scenario,
     WorkloadInstance,
     get_scenario,
-    random_scenario,
     scenario_names,
 )
 from agent.sim.truth import GroupTruth, WorkloadTruth, solo_reference

@@ -41,7 +41,8 @@ from typing import Any
 
 import yaml
 
-from agent.sim.catalog import DATA_DIR, Catalog, SafeLoader, default_catalog
+from agent.sim.catalog import DATA_DIR, SafeLoader, default_catalog
+from agent.sim.headroom import max_load, solo_node
 from agent.sim.node import SimNode
 from agent.sim.scenario import LoadProfile, Scenario, WorkloadInstance
 from agent.types import AllocationPlan, GroupAllocation, contiguous_mask
@@ -120,18 +121,6 @@ def _inst(workload: str, threads: int | None = None, load: float | None = None, 
     return WorkloadInstance(name or workload, workload, threads=threads, load=lp)
 
 
-def solo_node(
-    workload: str,
-    machine: str,
-    threads: int | None = None,
-    load: float | None = None,
-    catalog: Catalog | None = None,
-) -> SimNode:
-    cat = catalog or default_catalog()
-    scn = Scenario(f"solo-{workload}", machine, (_inst(workload, threads, load),), catalog=cat)
-    return SimNode(scn, noise=False, catalog=cat)
-
-
 def _plan(group: str, ways: int | None = None, mb: int | None = None, low: int = 0):
     mask = None if ways is None else contiguous_mask(ways) << low
     return AllocationPlan.uniform({group: GroupAllocation(l3_mask=mask, mb=mb)})
@@ -145,35 +134,6 @@ def perf(node: SimNode, workload: str, ways: int, mb: int | None) -> float:
 
 def _lc(node: SimNode, name: str):
     return next(w for w in node.workloads() if w.name == name)
-
-
-def max_load(
-    node: SimNode, name: str, plan: AllocationPlan | None = None, target: float | None = None
-) -> float:
-    """Highest offered load (req/s) of LC instance ``name`` whose SLO percentile stays
-    within its target (bisection on the steady state)."""
-    view = _lc(node, name)
-    slo = view.spec.lc
-    target = slo.slo_ms if target is None else target
-    group = view.group
-
-    def ok(rate: float) -> bool:
-        truth = node.steady_state(plan, {name: rate})
-        lat = truth[group].workloads[name].latency_ms[slo.slo_percentile]
-        return lat <= target
-
-    lo, hi = 0.0, view.lc_capacity_rps * 2.0
-    if not ok(view.lc_capacity_rps * 1e-3):
-        return 0.0
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-4 * hi:
-            break
-    return lo
 
 
 # --------------------------------------------------------------------------- probes

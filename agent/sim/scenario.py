@@ -5,8 +5,8 @@ machine preset, workload instances from the catalog with their thread counts, gr
 names (used when the node creates groups itself), arrival/departure times, and for LC
 services a load profile: constant, step, diurnal, bursty or a recorded trace (CSV of
 ``time,rate``). Load is given in requests/s (``rps``) or as a fraction of the service's
-capacity at full resources alone (``utilization``). :func:`random_scenario` draws a seeded
-mix from the catalog for training. See docs/SIMULATOR.md.
+capacity at full resources alone (``utilization``). Seeded random mixes are drawn by
+:mod:`agent.sim.mixes`. See docs/SIMULATOR.md.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import csv
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -374,81 +374,3 @@ def get_scenario(name: str | Scenario, catalog: Catalog | None = None) -> Scenar
         data = yaml.safe_load(p.read_text()) or {}
         return parse_scenario(p.stem, data, catalog, base_dir=p.parent)
     raise CatalogError(f"unknown scenario {name!r}; have {sorted(catalog.scenarios)}")
-
-
-def random_scenario(
-    seed: int,
-    machine: str | None = None,
-    *,
-    catalog: Catalog | None = None,
-    max_lc: int = 2,
-    max_batch: int = 4,
-    exclude: Sequence[str] = ("stream",),
-) -> Scenario:
-    """A seeded random mix from the catalog: 0..max_lc LC services, 1..max_batch batch jobs.
-
-    Threads fit the machine's cores and the groups fit its CLOSIDs; LC load profiles and
-    levels (10-70% of capacity) are drawn too.
-    """
-    catalog = catalog or default_catalog()
-    rng = np.random.default_rng(seed)
-    if machine is None:
-        machine = str(rng.choice(sorted(catalog.machines)))
-    preset = catalog.machine(machine)
-    max_groups = min(preset.l3_closids, preset.mba_closids or preset.l3_closids) - 1
-    lcs = sorted(n for n, w in catalog.workloads.items() if w.kind == "lc" and n not in exclude)
-    batch = sorted(
-        n for n, w in catalog.workloads.items() if w.kind == "batch" and n not in exclude
-    )
-    n_lc = int(rng.integers(0, max_lc + 1))
-    n_batch = int(rng.integers(1, max_batch + 1))
-    while n_lc + n_batch > max_groups:
-        n_batch = max(1, n_batch - 1)
-        if n_lc + n_batch > max_groups:
-            n_lc -= 1
-    cores_left = preset.cores
-    instances: list[WorkloadInstance] = []
-    picks = [("lc", str(rng.choice(lcs))) for _ in range(n_lc)]
-    picks += [("batch", str(rng.choice(batch))) for _ in range(n_batch)]
-    for i, (kind, wl) in enumerate(picks):
-        spec = catalog.workload(wl)
-        remaining = len(picks) - i - 1
-        threads = max(1, min(spec.threads, cores_left - remaining))
-        if cores_left - threads < remaining:
-            break
-        cores_left -= threads
-        load = None
-        if kind == "lc":
-            util = float(rng.uniform(0.1, 0.7))
-            pk = str(rng.choice(["constant", "step", "diurnal", "bursty"]))
-            if pk == "step":
-                load = LoadProfile(
-                    "step",
-                    util,
-                    "utilization",
-                    steps=((float(rng.uniform(5, 60)), min(0.85, util * 2)),),
-                )
-            elif pk == "diurnal":
-                load = LoadProfile(
-                    "diurnal",
-                    util,
-                    "utilization",
-                    amplitude=0.5,
-                    period_s=float(rng.uniform(30, 300)),
-                )
-            elif pk == "bursty":
-                load = LoadProfile(
-                    "bursty", util, "utilization", burst_factor=1.6, burst_s=1.0, gap_s=8.0
-                )
-            else:
-                load = LoadProfile("constant", util, "utilization")
-        instances.append(
-            WorkloadInstance(name=f"{wl}_{i}", workload=wl, threads=threads, load=load)
-        )
-    return Scenario(
-        name=f"random-{seed}",
-        machine=machine,
-        workloads=tuple(instances),
-        description=f"random mix (seed {seed})",
-        catalog=catalog,
-    )

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from agent.sim import LoadProfile, Scenario, SimNode, WorkloadInstance
+from agent.sim.headroom import solo_max_utilization
 from models.actions import ActionDecoder, check_levels, decode_arrays
 from models.controller import context
 from models.policy import RandomController
@@ -281,8 +282,8 @@ def test_random_controller_behind_the_shield_keeps_lc_at_its_floor() -> None:
 # Feasible validation-split mixes (eval/feasibility.py) where random actions without the
 # shield miss SLO windows: seeded draws of the generator (eval/suites.py's held_out).
 _MIXES = [
-    ("gold6130", 4001, "random-293840537"),
-    ("epyc7302p", 4002, "random-984615921"),
+    ("gold6130", 4002, "random-195777916"),
+    ("gold6130", 4002, "random-2024528503"),
     ("epyc7302p", 4002, "random-306064963"),
 ]
 
@@ -306,37 +307,42 @@ def test_random_actions_behind_the_shield_keep_slos_like_the_best_heuristic() ->
     assert bare >= shielded + 0.05, rates  # without the shield the same actions miss SLOs
 
 
+def _lost_cause() -> Scenario:
+    """xapian at 1.3x the most it serves within its SLO alone, beside three cache-hungry
+    batch jobs on the Gold 6130: no allocation meets its SLO (the random mixes never ask
+    this much of a service, agent/sim/mixes.py)."""
+    top = solo_max_utilization("xapian", "gold6130")
+    load = LoadProfile("constant", 1.3 * top, "utilization")
+    batch = ("water_spatial", "raytrace", "water_nsquared")
+    return Scenario(
+        "lost-cause",
+        "gold6130",
+        (WorkloadInstance("xapian", "xapian", load=load), *(WorkloadInstance(b, b) for b in batch)),
+    )
+
+
+def _drawn(name: str) -> Scenario:
+    from eval.suites import held_out
+
+    drawn = held_out("validation", 6, 4002, preset="gold6130", min_lc=1, max_lc=2, max_workloads=5)
+    return next(s for s in drawn if s.name == name)
+
+
 @pytest.mark.parametrize(
-    ("draw", "name", "label"),
-    [  # (count, seed, preset, max_lc, max_workloads) of the validation split's generator
-        ((8, 3103, "gold6130", 3, 6), "random-735425082", "infeasible"),  # xapian: 1.8x SLO
-        ((6, 4001, "gold6130", 2, 5), "random-293840537", "feasible"),
-    ],
+    ("mix", "label"),
+    [("lost cause", "infeasible"), ("random-195777916", "feasible")],
 )
-def test_the_lapse_frees_a_lost_cause_and_nothing_else(
-    tmp_path, draw: tuple, name: str, label: str
-) -> None:
+def test_the_lapse_frees_a_lost_cause_and_nothing_else(tmp_path, mix: str, label: str) -> None:
     # The shipped policy, whose card runs it behind the lapse, against a copy without it:
     # on a mix no allocation can meet, the batch jobs get back what the floors held, with
     # the same violations; on a feasible mix the lapse never fires and nothing changes.
     from eval.feasibility import check_run
     from eval.runner import Job, run_job
-    from eval.suites import held_out
     from models.card import ModelCard
     from models.policy import DEFAULT_POLICY
 
     assert ShieldConfig.of(ModelCard.read(DEFAULT_POLICY).runtime_shield()).give_up > 0
-    count, seed, preset, max_lc, max_workloads = draw
-    drawn = held_out(
-        "validation",
-        count,
-        seed,
-        preset=preset,
-        min_lc=1,
-        max_lc=max_lc,
-        max_workloads=max_workloads,
-    )
-    scn = next(s for s in drawn if s.name == name)
+    scn = _lost_cause() if mix == "lost cause" else _drawn(mix)
     assert check_run(scn, 0, 30, 1.0).label == label
     plain_export = copy_export(DEFAULT_POLICY, tmp_path / "plain", **{"runtime.shield": None})
     metrics = []

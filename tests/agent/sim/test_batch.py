@@ -16,7 +16,8 @@ import pytest
 from agent.errors import NodeError
 from agent.sim import SimNode
 from agent.sim.batch import OCC_UNIT, SimBatch
-from agent.sim.scenario import get_scenario, random_scenario
+from agent.sim.mixes import random_scenario
+from agent.sim.scenario import get_scenario
 from agent.types import AllocationPlan, GroupAllocation, MbaMode, Snapshot
 
 RTOL = 1e-7

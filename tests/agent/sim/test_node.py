@@ -18,7 +18,6 @@ from agent.sim.scenario import (
     Scenario,
     WorkloadInstance,
     get_scenario,
-    random_scenario,
     read_trace,
     scenario_names,
 )
@@ -568,18 +567,6 @@ def test_copart_mix_families_exist() -> None:
     for fam in ("h_llc", "h_bw", "h_both", "m_llc", "m_bw", "m_both", "is"):
         assert f"copart_{fam}" in names
     assert {"lc_batch_20", "lc_batch_60", "copart_memcached", "default"} <= names
-
-
-def test_random_scenarios_are_seeded_and_fit_the_machine() -> None:
-    for seed in range(20):
-        a, b = random_scenario(seed), random_scenario(seed)
-        assert a == b
-        preset = a.catalog.machine(a.machine)
-        threads = sum(w.threads for w in a.workloads)
-        assert threads <= preset.cores
-        node = SimNode(a)
-        assert len(node.groups()) == len(a.workloads)
-    assert random_scenario(1) != random_scenario(2)
 
 
 def test_trace_load(tmp_path) -> None:
