@@ -75,32 +75,7 @@ def random_scenario(
             top = solo_max_utilization(wl, machine, threads, catalog)
             if not top > 0.0:
                 raise CatalogError(f"{wl} misses its SLO on {machine} alone at any load")
-            if pk == "step":
-                load = LoadProfile(
-                    "step",
-                    share * top,
-                    "utilization",
-                    steps=((float(rng.uniform(5, 60)), min(PEAK_SHARE, share * 2) * top),),
-                )
-            elif pk == "diurnal":
-                load = LoadProfile(
-                    "diurnal",
-                    min(share, PEAK_SHARE / 1.5) * top,
-                    "utilization",
-                    amplitude=0.5,
-                    period_s=float(rng.uniform(30, 300)),
-                )
-            elif pk == "bursty":
-                load = LoadProfile(
-                    "bursty",
-                    min(share, PEAK_SHARE / 1.6) * top,
-                    "utilization",
-                    burst_factor=1.6,
-                    burst_s=1.0,
-                    gap_s=8.0,
-                )
-            else:
-                load = LoadProfile("constant", share * top, "utilization")
+            load = _profile(rng, pk, share, top)
         instances.append(
             WorkloadInstance(name=f"{wl}_{i}", workload=wl, threads=threads, load=load)
         )
@@ -111,3 +86,21 @@ def random_scenario(
         description=f"random mix (seed {seed})",
         catalog=catalog,
     )
+
+
+def _profile(rng: np.random.Generator, kind: str, share: float, top: float) -> LoadProfile:
+    """A load profile of ``kind`` at ``share`` of the service's max load ``top`` (itself a
+    share of its capacity) whose peak asks at most :data:`PEAK_SHARE` of it."""
+    if kind == "step":
+        at = float(rng.uniform(5, 60))
+        later = min(PEAK_SHARE, share * 2)
+        return LoadProfile("step", share * top, "utilization", steps=((at, later * top),))
+    shape: dict = {}
+    peak = 1.0  # the profile's highest level over its base level
+    if kind == "diurnal":
+        shape = {"amplitude": 0.5, "period_s": float(rng.uniform(30, 300))}
+        peak = 1.5
+    elif kind == "bursty":
+        shape = {"burst_factor": 1.6, "burst_s": 1.0, "gap_s": 8.0}
+        peak = 1.6
+    return LoadProfile(kind, min(share, PEAK_SHARE / peak) * top, "utilization", **shape)
