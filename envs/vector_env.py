@@ -414,9 +414,9 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
     def _act(self, levels: np.ndarray, stepping: np.ndarray) -> None:
         """Apply what the actions decode to, where it differs from what was applied last
         (a plan the node already holds is not applied again, as in Partition-v0)."""
-        floors = self.shield.floors() if self.shield is not None else ()
+        floors = ()
         if self.shield is not None:
-            levels = self.shield.pinned(levels)
+            floors, levels = self.shield.floors(), self.shield.pinned(levels)
         dec = decode_arrays(self.decoder, self._dl, levels, *floors)
         present = np.arange(self.encoder.max_groups) < self._dl.n_present[:, None]
         l3, mba = self._has_l3[:, None], self._has_mba[:, None]

@@ -238,7 +238,7 @@ class Shield:
             return levels
         out = np.array(levels, copy=True)
         two = out.reshape(1, -1) if out.ndim == 1 else out  # a view: one node's levels
-        two[:, : lapsed.shape[1]][lapsed.reshape(two.shape[0], -1)] = 0
+        two[:, : lapsed.shape[1]][lapsed] = 0
         return out
 
     def floors(self, rows: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:

@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 from agent.sim.catalog import DATA_DIR, SafeLoader, default_catalog
-from agent.sim.headroom import max_load, solo_node
+from agent.sim.headroom import lc_view, max_load, solo_node
 from agent.sim.node import SimNode
 from agent.sim.scenario import LoadProfile, Scenario, WorkloadInstance
 from agent.types import AllocationPlan, GroupAllocation, contiguous_mask
@@ -132,10 +132,6 @@ def perf(node: SimNode, workload: str, ways: int, mb: int | None) -> float:
     return 1.0 / truth.slowdown
 
 
-def _lc(node: SimNode, name: str):
-    return next(w for w in node.workloads() if w.name == name)
-
-
 # --------------------------------------------------------------------------- probes
 
 
@@ -221,7 +217,7 @@ def _latency(truth, name: str, metric: str) -> float:
 def _lc_tail(p) -> float:
     name = p["workload"]
     node = solo_node(name, p.get("machine", "gold6130"), p.get("threads"), load=0.5)
-    rate = p["load"] * _lc(node, name).lc_capacity_rps
+    rate = p["load"] * lc_view(node, name).lc_capacity_rps
     return _latency(node.steady_state(None, {name: rate})[name], name, str(p["metric"]))
 
 
@@ -230,7 +226,7 @@ def _tail_growth(p) -> float:
     is ``slowdown`` times slower (Ubik Obs. 3)."""
     name = p["workload"]
     node = solo_node(name, p.get("machine", "gold6130"), load=0.5)
-    cap = _lc(node, name).lc_capacity_rps
+    cap = lc_view(node, name).lc_capacity_rps
     base = _latency(node.steady_state(None, {name: p["load"] * cap})[name], name, p["metric"])
     slow = _latency(
         node.steady_state(None, {name: p["load"] * p["slowdown"] * cap})[name], name, p["metric"]
@@ -261,7 +257,7 @@ def _latency_at(p) -> float:
     units of a request's service time at full resources alone."""
     name = p["workload"]
     node = solo_node(name, p["machine"], p.get("threads"), load=0.5)
-    view = _lc(node, name)
+    view = lc_view(node, name)
     rate = p["fraction"] * view.lc_capacity_rps
     w = node.steady_state(None, {name: rate})[name].workloads[name]
     ms = w.latency_ms[view.spec.lc.slo_percentile]
@@ -295,7 +291,7 @@ def _retained_load(p) -> float:
     target = (
         alone.steady_state(None, {lc: base})[lc]
         .workloads[lc]
-        .latency_ms[_lc(alone, lc).spec.lc.slo_percentile]
+        .latency_ms[lc_view(alone, lc).spec.lc.slo_percentile]
     )
     return max_load(node, lc, plan, target=target) / base
 

@@ -36,12 +36,17 @@ def solo_node(
     return SimNode(scn, noise=False, catalog=cat)
 
 
+def lc_view(node: SimNode, name: str):
+    """The :class:`agent.sim.node.WorkloadView` of instance ``name`` on ``node``."""
+    return next(w for w in node.workloads() if w.name == name)
+
+
 def max_load(
     node: SimNode, name: str, plan: AllocationPlan | None = None, target: float | None = None
 ) -> float:
     """Highest offered load (req/s) of LC instance ``name`` whose SLO percentile stays
     within its target (bisection on the steady state)."""
-    view = next(w for w in node.workloads() if w.name == name)
+    view = lc_view(node, name)
     slo = view.spec.lc
     target = slo.slo_ms if target is None else target
     group = view.group
