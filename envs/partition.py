@@ -368,7 +368,7 @@ class _PartitionEnv(gym.Env):
     def _shield_observe(self) -> None:
         """The shield's feedback on the interval just observed (under ``self._alloc``)."""
         if self._shield is not None:
-            self._shield.observe(self._encoder.tail_ratios(self._snap), self._alloc)
+            self._shield.observe_snapshot(self._encoder, self._snap, self._alloc)
 
 
 class PartitionEnv(_PartitionEnv):

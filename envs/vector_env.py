@@ -55,6 +55,7 @@ from models.features import (
     encode_arrays,
     held_fractions,
     layout_of,
+    request_misses,
     tail_ratios,
 )
 from models.shield import Shield, ShieldConfig, held_levels, held_shares
@@ -483,10 +484,15 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             readings.latency_count[sel],
             readings.latency_ms[sel],
         )
-        ratio = tail_ratios(_rows(self._layout, rows), m, self._slot_col[rows])
+        layout, slot_col = _rows(self._layout, rows), self._slot_col[rows]
+        ratio = tail_ratios(layout, m, slot_col)
+        requests = None
+        c = self.shield.config
+        if c.miss_share > 0 or (c.probe > 0 and c.probe_share > 0):
+            requests = request_misses(layout, m, slot_col)
         ways, shared, mb = self._held_slots(rows)
         levels = held_levels(mb, self._dl.mb_table[rows])
-        self.shield.update(rows, ratio, ways, levels, shared)
+        self.shield.update(rows, ratio, ways, levels, shared, requests)
 
     def _churn_masks(self) -> np.ndarray:
         """Capacity masks as the reward's churn reads an Allocation (0 without CAT)."""

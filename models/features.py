@@ -470,6 +470,27 @@ def tail_ratios(layout: SlotLayout, m: Measurements, slot_col: np.ndarray) -> np
     return out
 
 
+def request_misses(
+    layout: SlotLayout, m: Measurements, slot_col: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """((N, S) LLC misses per completed request, (N, S) median latency in ms) of each slot
+    with an SLO in the interval of ``m``; NaN where not measured. The SLO shield's bound on
+    what more cache can still give a service (models/shield.py, ``miss_share``)."""
+    misses = np.empty(layout.present.shape)
+    p50 = np.empty(layout.present.shape)
+    fk.request_misses(
+        layout.present,
+        layout.slo_pct,
+        _ints(slot_col),
+        m.llc_misses,
+        m.latency_count,
+        m.latency_ms,
+        misses,
+        p50,
+    )
+    return misses, p50
+
+
 def _ints(a: np.ndarray) -> np.ndarray:
     return a if a.dtype == np.int64 else a.astype(np.int64)
 
@@ -622,6 +643,11 @@ class PreparedEncoder:
     def tail_ratios(self, snapshot: Snapshot) -> np.ndarray:
         """(1, S) :func:`tail_ratios` of one interval (the SLO shield's input)."""
         return self._read(snapshot)[2]
+
+    def request_misses(self, snapshot: Snapshot) -> tuple[np.ndarray, np.ndarray]:
+        """(1, S) :func:`request_misses` of one interval (the SLO shield's other input)."""
+        m, slot_col, _ = self._read(snapshot)
+        return request_misses(self.layout, m, slot_col)
 
     def _read(self, snapshot: Snapshot) -> tuple[Measurements, np.ndarray, np.ndarray]:
         """The snapshot's measurements, each slot's column in them and the tail ratios;

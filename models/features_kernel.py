@@ -3,8 +3,8 @@
 models/features.py owns what the features are (its module docstring) and the arrays they
 come from (:class:`~models.features.Measurements`, :class:`~models.features.SlotLayout`,
 :class:`~models.features.History`); this module owns the arithmetic, node by node and slot
-by slot, as :func:`~models.features.encode_arrays` and
-:func:`~models.features.tail_ratios` hand it over. As numpy array code the encoder made
+by slot, as :func:`~models.features.encode_arrays`, :func:`~models.features.tail_ratios` and
+:func:`~models.features.request_misses` hand it over. As numpy array code the encoder made
 about a hundred calls on a node's few dozen numbers, each costing a microsecond whatever
 the size: most of a decision's time in the tuner (N = 1) and a tenth of a vector env's
 step (N = 256). As loops it costs what its arithmetic costs at either size.
@@ -84,6 +84,28 @@ def tail_ratios(present, slo_pct, slo_target, slot_col, latency_count, latency_m
             value = latency_ms[n, col, pct]
             if count == count and math.isfinite(value) and count > 0:
                 out[n, s] = value / slo_target[n, s]
+
+
+@jit
+def request_misses(present, slo_pct, slot_col, llc_misses, latency_count, latency_ms, misses,
+                   p50):  # fmt: skip
+    """Into ``misses`` and ``p50`` (N, S): each SLO slot's LLC misses per completed request
+    and its median latency (ms) in the interval; NaN where either is not measured."""
+    N, S = present.shape
+    C = latency_count.shape[1]
+    for n in range(N):
+        for s in range(S):
+            misses[n, s] = np.nan
+            p50[n, s] = np.nan
+            col = slot_col[n, s]
+            if C == 0 or col < 0 or not present[n, s] or slo_pct[n, s] < 0:
+                continue
+            count = latency_count[n, col]
+            x = llc_misses[n, col]
+            median = latency_ms[n, col, 0]
+            if count == count and count > 0 and x == x and math.isfinite(median) and median > 0:
+                misses[n, s] = x / count
+                p50[n, s] = median
 
 
 @jit

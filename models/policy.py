@@ -174,7 +174,7 @@ class ActingController(Controller):
         slots = self._slots
         floors = None
         if self._shield is not None:
-            self._shield.observe(enc.tail_ratios(snapshot), ctx.allocation)
+            self._shield.observe_snapshot(enc, snapshot, ctx.allocation)
             floors = self._shield.floors()
         obs = enc.encode(snapshot, ctx.allocation, None if floors is None else floors[0])
         levels = self.act(obs, mask if self.masked else None)

@@ -59,6 +59,29 @@ specjbb held 17 of 20 ways, each batch job one); pinned, batch throughput gains 
 service misses more of the windows it could have kept while its load fell (measured in
 docs/TRAINING.md, "Pinning lost causes"). Off by default: the operator chooses the trade.
 
+**Floors that protect nothing are let go** (``probe`` and ``miss_share``; off in
+training, on where the policy runs: docs/TRAINING.md, "Floors that protect nothing").
+Between ``low`` and ``high`` a floor stays what the group holds, so a floor the policy once
+grew stays grown while the tail sits in that band, whether or not the ways are why it
+does: a search service whose tail follows its load, not its cache, kept 4-8 of 11 ways
+while its neighbours ran on one each, where Ubik gave it one way for the same tail. Two
+rules release such a floor one way (and one MBA level) per interval, as ample slack does,
+and *pin* the slot for that interval (its share level 0: it holds its floor, and the way
+goes to the batch groups):
+
+- ``probe``: after ``probe`` intervals in a row in the band, the slot is probed one way
+  down. If that way mattered, pressure follows and the remembered cliff restores it. With
+  ``probe_share``, only a slot whose misses (as below) are under that share of its fastest
+  median is probed: a key-value store whose misses are most of a request's time is not
+  walked towards its cliff to find it (one missed window in the demo's 30 s);
+- ``miss_share``: a slot whose LLC misses per request, at ``miss_ns`` each (a DRAM
+  access, no overlap: an upper bound), are below ``miss_share`` of its fastest median
+  latency in the run is released at once: even a cache that removed every miss could not
+  cut its requests' time by that share. The fastest median is the service time's
+  estimate (a median under queueing is longer and would make the share look smaller);
+  an I/O-bound database (0.1% of its median in misses) or a search leaf whose index fits
+  its ways (under 1%) is released, a key-value store (30-180%) is not.
+
 Readings where the paper is silent (thresholds, one way per interval) are ours. One
 definition on arrays over N nodes and S slots: the single environment, the vector
 environment and the policy controller (the online tuner's) all step :class:`Shield`, so
@@ -71,10 +94,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from agent.types import Allocation, GroupKind, GroupSpec, NodeCapabilities
+from agent.types import Allocation, GroupKind, GroupSpec, NodeCapabilities, Snapshot
 from models import shield_kernel as sk
 from models.actions import DecodeLayout
 
@@ -96,6 +120,15 @@ class ShieldConfig:
         retry: intervals a lapsed floor stays at the minimum slice.
         pin: a lapsed slot's share level is 0 whatever the policy chose (the module
             docstring's futile pressure): it holds the minimum slice until the retry.
+        probe: intervals in a row between ``low`` and ``high`` after which an LC slot is
+            released one way and pinned for an interval (the module docstring's floors
+            that protect nothing); 0: never.
+        probe_share: probe only a slot whose LLC misses per request at ``miss_ns`` each
+            are below this share of its fastest median latency in the run; 0: any slot.
+        miss_share: release and pin an LC slot while its LLC misses per request at
+            ``miss_ns`` each are below this share of its fastest median latency in the
+            run (the module docstring's floors that protect nothing); 0: never.
+        miss_ns: what one LLC miss is taken to cost a request, ns.
     """
 
     high: float = 0.8
@@ -107,17 +140,31 @@ class ShieldConfig:
     give_up: int = 0
     retry: int = 30
     pin: bool = False
+    probe: int = 0
+    probe_share: float = 0.0
+    miss_share: float = 0.0
+    miss_ns: float = 100.0
 
     def __post_init__(self) -> None:
         if not (0 < self.low < self.high and math.isfinite(self.high)):
             raise ValueError(f"need 0 < low < high, got low={self.low!r} high={self.high!r}")
         if not self.step > 0:
             raise ValueError(f"step must be positive, got {self.step!r}")
-        for name, least in (("max_grow", 1), ("release", 1), ("give_up", 0), ("retry", 1)):
+        for name, least in (
+            ("max_grow", 1),
+            ("release", 1),
+            ("give_up", 0),
+            ("retry", 1),
+            ("probe", 0),
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < least:
                 what = "a positive integer" if least else "a non-negative integer"
                 raise ValueError(f"{name} must be {what}, got {v!r}")
+        for name in ("probe_share", "miss_share", "miss_ns"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
+                raise ValueError(f"{name} must be a non-negative number, got {v!r}")
         for name in ("remember", "pin"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -171,6 +218,11 @@ class Shield:
         self._present = np.zeros((n, slots), dtype=bool)
         self._mb_top = np.zeros(n, dtype=np.int64)
         self._usable = np.zeros(n, dtype=bool)
+        # floors that protect nothing: intervals in a row in the band, the fastest median
+        # latency (ms) of the run, and the slots released (so pinned) by the last update
+        self._between = np.zeros((n, slots), dtype=np.int64)
+        self._fastest = np.full((n, slots), np.inf)
+        self._released = np.zeros((n, slots), dtype=bool)
 
     def reset(
         self,
@@ -196,6 +248,9 @@ class Shield:
         self.guard[rows] = 0
         self._stuck[rows] = 0
         self._lapsed[rows] = 0
+        self._between[rows] = 0
+        self._fastest[rows] = np.inf
+        self._released[rows] = False
         self._last_held[rows] = held_ways
         lv = held_levels(held_mb, layout.mb_table)
         self.mb_floor[rows] = np.where(self.is_lc[rows] & has_mba[:, None], lv, 0)
@@ -208,37 +263,48 @@ class Shield:
         held_ways: np.ndarray,
         held_mb_level: np.ndarray,
         shared: np.ndarray | None = None,
+        requests: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """One interval's feedback on ``rows``: ``ratio`` (R, S) tail / SLO target per
-        slot (NaN: not measured), what each slot held during it (ways, MBA levels), and
+        slot (NaN: not measured), what each slot held during it (ways, MBA levels),
         whether it shared those ways with another slot (:func:`held_shares`; None: none
-        did)."""
+        did), and (LLC misses per request, median latency in ms) (R, S) each
+        (:func:`models.features.request_misses`; None: not measured, so ``miss_share``
+        releases nothing)."""
         ratio = np.asarray(ratio, dtype=float)
         if shared is None:
             shared = np.zeros(ratio.shape, dtype=bool)
+        if requests is None:
+            misses = p50 = np.full(ratio.shape, np.nan)
+        else:
+            misses, p50 = (np.asarray(a, dtype=float) for a in requests)
         sk.update(
             np.atleast_1d(np.arange(self.floor.shape[0])[rows]),
             ratio,
             np.asarray(held_ways, dtype=np.int64),
             np.asarray(held_mb_level, dtype=np.int64),
             np.asarray(shared, dtype=bool),
+            misses,
+            p50,
             self._state(),
             _kernel_config(self.config),
         )
 
     def pinned(self, levels: np.ndarray, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
         """``levels`` ((R, 2S) share then MBA levels, or (2S,) for one node) with the share
-        level of every lapsed slot of ``rows`` set to 0 when the config pins lapsed slots
-        (models/actions.py: level 0 gets the fewest ways above the floor, which a lapse
-        sets to the minimum slice); ``levels`` themselves otherwise."""
-        if not (self.config.pin and self.config.give_up):
-            return levels
-        lapsed = self._lapsed[rows] > 0
-        if not lapsed.any():
+        level set to 0 of every slot of ``rows`` the last update released (``probe``,
+        ``miss_share``) and, when the config pins lapsed slots, of every lapsed one
+        (models/actions.py: level 0 gets the fewest ways above the floor: the floor);
+        ``levels`` themselves where no slot is pinned."""
+        c = self.config
+        pin = self._released[rows]
+        if c.pin and c.give_up:
+            pin = pin | (self._lapsed[rows] > 0)
+        if not pin.any():
             return levels
         out = np.array(levels, copy=True)
         two = out.reshape(1, -1) if out.ndim == 1 else out  # a view: one node's levels
-        two[:, : lapsed.shape[1]][lapsed] = 0
+        two[:, : pin.shape[1]][pin] = 0
         return out
 
     def floors(self, rows: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
@@ -257,14 +323,16 @@ class Shield:
         """The arrays :func:`models.shield_kernel.update` reads and updates."""
         return (self.floor, self.mb_floor, self.is_lc, self.guard, self._last_held,
                 self._stuck, self._lapsed, self._least, self._total, self._present,
-                self._mb_top, self._usable)  # fmt: skip
+                self._mb_top, self._usable, self._between, self._fastest,
+                self._released)  # fmt: skip
 
 
 def _kernel_config(c: ShieldConfig) -> tuple:
     """The thresholds as :func:`models.shield_kernel.update` takes them (typed alike for
     every config, so one compiled version serves them all)."""
     return (float(c.high), float(c.low), float(c.step), int(c.max_grow), int(c.release),
-            bool(c.remember), int(c.give_up), int(c.retry))  # fmt: skip
+            bool(c.remember), int(c.give_up), int(c.retry), int(c.probe),
+            float(c.probe_share), float(c.miss_share), float(c.miss_ns))  # fmt: skip
 
 
 def held_shares(masks: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -332,12 +400,31 @@ class NodeShield:
         ways, shared = held_shares(masks, present[None, :])
         return ways, shared, mb
 
-    def observe(self, ratio: np.ndarray, allocation: Allocation) -> None:
+    @property
+    def needs_requests(self) -> bool:
+        """Whether :meth:`observe` reads ``requests`` (``miss_share`` or ``probe_share``)."""
+        c = self.shield.config
+        return c.miss_share > 0 or (c.probe > 0 and c.probe_share > 0)
+
+    def observe(
+        self,
+        ratio: np.ndarray,
+        allocation: Allocation,
+        requests: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         """One interval: ``ratio`` (1, S) tail / target per slot (NaN: not measured),
-        under ``allocation`` (what the node held during it)."""
+        under ``allocation`` (what the node held during it); ``requests``: (LLC misses per
+        request, median latency in ms) (1, S) each, as :meth:`Shield.update` takes them."""
         ways, shared, mb = self._held(allocation)
         levels = held_levels(mb, self._layout.mb_table)
-        self.shield.update(np.array([0]), ratio, ways, levels, shared)
+        self.shield.update(np.array([0]), ratio, ways, levels, shared, requests)
+
+    def observe_snapshot(self, encoder: Any, snapshot: Snapshot, allocation: Allocation) -> None:
+        """:meth:`observe` of one interval's ``snapshot`` as ``encoder`` (the slots'
+        :class:`models.features.PreparedEncoder`) reads it: its tail ratios, and its
+        misses per request where the config needs them."""
+        requests = encoder.request_misses(snapshot) if self.needs_requests else None
+        self.observe(encoder.tail_ratios(snapshot), allocation, requests)
 
     def floors(self) -> tuple[np.ndarray, np.ndarray]:
         return self.shield.floors()

@@ -95,22 +95,52 @@ def fit(r, floor, is_lc, present, least, total, usable):
 
 
 @jit
-def update(rows, ratio, held_ways, held_mb, shared, state, config):
+def _released(r, s, k, x, misses, p50, low, high, probe, probe_share, miss_share, miss_ns,
+              between, fastest):  # fmt: skip
+    """Whether LC slot ``s`` of row ``r`` is let go this interval (models/shield.py's floors
+    that protect nothing): its misses bound what more cache could give it below
+    ``miss_share`` of its fastest median, or ``probe`` intervals in a row in the band (of a
+    slot whose misses are below ``probe_share`` of it, where that is set)."""
+    median = p50[k, s]
+    if median == median:
+        fastest[r, s] = min(fastest[r, s], median)
+    cost = misses[k, s] * miss_ns * 1e-6  # ms of a request; NaN: not measured
+    if miss_share > 0 and cost < miss_share * fastest[r, s]:
+        between[r, s] = 0
+        return True
+    weak = probe_share == 0 or cost < probe_share * fastest[r, s]
+    if probe > 0 and weak and low <= x <= high:  # False for NaN
+        between[r, s] += 1
+        if between[r, s] >= probe:
+            between[r, s] = 0
+            return True
+        return False
+    between[r, s] = 0
+    return False
+
+
+@jit
+def update(rows, ratio, held_ways, held_mb, shared, misses, p50, state, config):
     """One interval's feedback (models/shield.py's rules) on ``rows``: ``ratio`` (R, S)
-    tail / SLO target (NaN: not measured), what each slot held (ways, MBA levels) and
-    whether it shared its ways with another slot. ``state``: the Shield's arrays, updated
-    in place; ``config``: its thresholds."""
+    tail / SLO target (NaN: not measured), what each slot held (ways, MBA levels),
+    whether it shared its ways with another slot, and its LLC misses per request and
+    median latency in ms (NaN: not measured). ``state``: the Shield's arrays, updated in
+    place; ``config``: its thresholds."""
     floor, mb_floor, is_lc, guard, last_held, stuck, lapsed_, least, total, present = state[:10]
-    mb_top, usable = state[10:]
-    high, low, step, max_grow, release, remember, give_up, retry = config
+    mb_top, usable, between, fastest, released = state[10:]
+    high, low, step, max_grow, release, remember, give_up, retry = config[:8]
+    probe, probe_share, miss_share, miss_ns = config[8:]
     S = floor.shape[1]
     for k in range(rows.shape[0]):
         r = rows[k]
         for s in range(S):
             lc = is_lc[r, s]
             x = ratio[k, s]
-            pressure = lc and x > high
-            ample = lc and x < low
+            let_go = lc and _released(r, s, k, x, misses, p50, low, high, probe, probe_share,
+                                      miss_share, miss_ns, between, fastest)  # fmt: skip
+            released[r, s] = let_go
+            pressure = lc and x > high and not let_go
+            ample = lc and (x < low or let_go)
             held = held_ways[k, s]
             f = held if lc else 0
             if pressure:
@@ -135,16 +165,18 @@ def update(rows, ratio, held_ways, held_mb, shared, state, config):
         fit(r, floor, is_lc, present, least, total, usable)
         if give_up:
             _lapse(r, ratio[k], floor, mb_floor, is_lc, guard, stuck, lapsed_, least[r],
-                   give_up, retry)  # fmt: skip
+                   give_up, retry, released)  # fmt: skip
 
 
 @jit
-def _lapse(r, ratio, floor, mb_floor, is_lc, guard, stuck, lapsed_, least, give_up, retry):
+def _lapse(r, ratio, floor, mb_floor, is_lc, guard, stuck, lapsed_, least, give_up, retry,
+           released):  # fmt: skip
     """Futile pressure on row ``r``: count it, and lapse the floors of the slots that met
-    it ``give_up`` intervals in a row, or are lapsed still."""
+    it ``give_up`` intervals in a row, or are lapsed still (a released slot's miss is not
+    counted: the release, not the floor, answers it)."""
     for s in range(floor.shape[1]):
         lapsed = max(lapsed_[r, s] - 1, 0)
-        violated = is_lc[r, s] and ratio[s] > 1.0
+        violated = is_lc[r, s] and ratio[s] > 1.0 and not released[r, s]
         n = stuck[r, s] + 1 if violated and lapsed == 0 else 0
         if n >= give_up:
             lapsed = retry

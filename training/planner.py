@@ -113,7 +113,7 @@ class DynamicsPlanner(Controller):
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         self._steps.append(TraceStep(snapshot, ctx.allocation, None, self.name, 0.0))
         if self._shield is not None:
-            self._shield.observe(self._prepared.tail_ratios(snapshot), ctx.allocation)
+            self._shield.observe_snapshot(self._prepared, snapshot, ctx.allocation)
         self._since_fit += 1
         due = self._dynamics is None or (self.refit and self._since_fit >= self.refit)
         if len(self._steps) >= self.explore and due:

@@ -67,6 +67,11 @@ def _ref_masks(ref) -> np.ndarray:
         ("NextStep", {"shield": {"high": 0.6, "low": 0.3}}),
         # lost causes lapse after one interval over target and are pinned to the minimum
         ("SameStep", {"shield": {"give_up": 1, "retry": 3, "pin": True}, "split": "validation"}),
+        # floors that protect nothing are probed down and let go
+        (
+            "SameStep",
+            {"shield": {"probe": 2, "probe_share": 0.1, "miss_share": 0.02}, "split": "validation"},
+        ),
         # two share levels: all-zero actions (the unpartitioned cache) come often
         ("SameStep", {"shield": True, "share_all": True, "share_levels": 2}),
     ],
