@@ -73,7 +73,10 @@ goes to the batch groups):
   down. If that way mattered, pressure follows and the remembered cliff restores it. With
   ``probe_share``, only a slot whose misses (as below) are under that share of its fastest
   median is probed: a key-value store whose misses are most of a request's time is not
-  walked towards its cliff to find it (one missed window in the demo's 30 s);
+  walked towards its cliff to find it (one missed window in the demo's 30 s). It also asks
+  the cliff memory for evidence: pressure after a shrink is remembered as an edge only
+  where the group's misses, measured at the smaller size, reach that share (or are not
+  measured). A search leaf's bursts after a probe are its load, not an edge;
 - ``miss_share``: a slot whose LLC misses per request, at ``miss_ns`` each (a DRAM
   access, no overlap: an upper bound), are below ``miss_share`` of its fastest median
   latency in the run is released at once: even a cache that removed every miss could not
@@ -126,7 +129,8 @@ class ShieldConfig:
             released one way and pinned for an interval (the module docstring's floors
             that protect nothing); 0: never.
         probe_share: probe only a slot whose LLC misses per request at ``miss_ns`` each
-            are below this share of its fastest median latency in the run; 0: any slot.
+            are below this share of its fastest median latency in the run, and remember
+            an edge only where they reach it; 0: any slot, every edge.
         miss_share: release and pin an LC slot while its LLC misses per request at
             ``miss_ns`` each are below this share of its fastest median latency in the
             run (the module docstring's floors that protect nothing); 0: never.

@@ -104,11 +104,10 @@ def _released(r, s, k, x, misses, p50, low, high, probe, probe_share, miss_share
     median = p50[k, s]
     if median == median:
         fastest[r, s] = min(fastest[r, s], median)
-    cost = misses[k, s] * miss_ns * 1e-6  # ms of a request; NaN: not measured
-    if miss_share > 0 and cost < miss_share * fastest[r, s]:
+    if miss_share > 0 and _weak(k, s, misses, fastest[r, s], miss_share, miss_ns):
         between[r, s] = 0
         return True
-    weak = probe_share == 0 or cost < probe_share * fastest[r, s]
+    weak = probe_share == 0 or _weak(k, s, misses, fastest[r, s], probe_share, miss_ns)
     if probe > 0 and weak and low <= x <= high:  # False for NaN
         between[r, s] += 1
         if between[r, s] >= probe:
@@ -117,6 +116,13 @@ def _released(r, s, k, x, misses, p50, low, high, probe, probe_share, miss_share
         return False
     between[r, s] = 0
     return False
+
+
+@jit
+def _weak(k, s, misses, fastest, share, miss_ns):
+    """Whether slot ``s``'s misses per request (row ``k`` of ``misses``) at ``miss_ns``
+    each cost under ``share`` of its ``fastest`` median (ms); False when not measured."""
+    return misses[k, s] * miss_ns * 1e-6 < share * fastest
 
 
 @jit
@@ -150,7 +156,14 @@ def update(rows, ratio, held_ways, held_mb, shared, misses, p50, state, config):
                 f = max(held - release, least[r])
             if remember:
                 before = last_held[r, s]
-                if pressure and held < before:  # the shrink went over an edge
+                # the shrink went over an edge, unless the misses show there was none
+                if (
+                    pressure
+                    and held < before
+                    and not (
+                        probe_share > 0 and _weak(k, s, misses, fastest[r, s], probe_share, miss_ns)
+                    )
+                ):
                     guard[r, s] = max(guard[r, s], before)
                 f = max(f, guard[r, s])
             last_held[r, s] = held

@@ -210,6 +210,19 @@ def test_probe_share_probes_only_slots_whose_misses_are_a_small_part(misses, pro
     assert int(sh.floors()[0][0, 0]) == (5 if probed else 6)
 
 
+@pytest.mark.parametrize(("misses", "guard"), [(100.0, 0), (5000.0, 4), (math.nan, 4)])
+def test_an_edge_is_remembered_only_where_the_misses_can_show_one(misses, guard) -> None:
+    # with probe_share 0.1: pressure right after a shrink arms the cliff memory unless
+    # the group's misses at the smaller size are still under a tenth of its fastest
+    # median (10 us against 1 ms: the pressure came with the load, not the shrink)
+    config = ShieldConfig(probe_share=0.1)
+    sh, _ = _shield([True, False], [4, 7], config=config)
+    for ratio, held in [(0.3, 4), (2.0, 3)]:
+        _update(sh, [ratio, math.nan], [held, 11 - held], misses=[misses, math.nan],
+                p50=[1.0, math.nan])  # fmt: skip
+    assert sh.guard[0, 0] == guard
+
+
 @pytest.mark.parametrize(
     ("misses", "p50", "released"),
     [
