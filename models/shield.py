@@ -130,7 +130,8 @@ class ShieldConfig:
             that protect nothing); 0: never.
         probe_share: probe only a slot whose LLC misses per request at ``miss_ns`` each
             are below this share of its fastest median latency in the run, and remember
-            an edge only where they reach it; 0: any slot, every edge.
+            an edge only where they reach it (a slot whose misses are not measured is
+            not probed, and its edges are remembered); 0: any slot, every edge.
         miss_share: release and pin an LC slot while its LLC misses per request at
             ``miss_ns`` each are below this share of its fastest median latency in the
             run (the module docstring's floors that protect nothing); 0: never.
