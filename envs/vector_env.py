@@ -487,8 +487,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         layout, slot_col = _rows(self._layout, rows), self._slot_col[rows]
         ratio = tail_ratios(layout, m, slot_col)
         requests = None
-        c = self.shield.config
-        if c.miss_share > 0 or (c.probe > 0 and c.probe_share > 0):
+        if self.shield.config.reads_misses:
             requests = request_misses(layout, m, slot_col)
         ways, shared, mb = self._held_slots(rows)
         levels = held_levels(mb, self._dl.mb_table[rows])

@@ -193,6 +193,12 @@ class ShieldConfig:
             return cls(**value)
         raise ValueError(f"shield must be true, false or a mapping of options, got {value!r}")
 
+    @property
+    def reads_misses(self) -> bool:
+        """Whether the rules read each slot's misses per request (``miss_share``, and
+        ``probe_share`` for the probe and the edge evidence)."""
+        return self.miss_share > 0 or self.probe_share > 0
+
     def as_dict(self) -> dict:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
@@ -407,12 +413,6 @@ class NodeShield:
         ways, shared = held_shares(masks, present[None, :])
         return ways, shared, mb
 
-    @property
-    def needs_requests(self) -> bool:
-        """Whether :meth:`observe` reads ``requests`` (``miss_share`` or ``probe_share``)."""
-        c = self.shield.config
-        return c.miss_share > 0 or (c.probe > 0 and c.probe_share > 0)
-
     def observe(
         self,
         ratio: np.ndarray,
@@ -430,7 +430,8 @@ class NodeShield:
         """:meth:`observe` of one interval's ``snapshot`` as ``encoder`` (the slots'
         :class:`models.features.PreparedEncoder`) reads it: its tail ratios, and its
         misses per request where the config needs them."""
-        requests = encoder.request_misses(snapshot) if self.needs_requests else None
+        reads = self.shield.config.reads_misses
+        requests = encoder.request_misses(snapshot) if reads else None
         self.observe(encoder.tail_ratios(snapshot), allocation, requests)
 
     def floors(self) -> tuple[np.ndarray, np.ndarray]:

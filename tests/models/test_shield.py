@@ -290,6 +290,8 @@ def test_config_checks() -> None:
         ShieldConfig(pin=1)
     with pytest.raises(ValueError, match="probe must be a non-negative integer"):
         ShieldConfig(probe=1.5)
+    assert not ShieldConfig(probe=2).reads_misses  # the probe alone reads tails only
+    assert ShieldConfig(probe_share=0.1).reads_misses and ShieldConfig(miss_share=0.01).reads_misses
     for bad in (-0.1, math.inf, math.nan, True):
         with pytest.raises(ValueError, match="miss_share must be a non-negative number"):
             ShieldConfig(miss_share=bad)
