@@ -95,20 +95,16 @@ def fit(r, floor, is_lc, present, least, total, usable):
 
 
 @jit
-def _released(r, s, k, x, misses, p50, low, high, probe, probe_share, miss_share, miss_ns,
-              between, fastest):  # fmt: skip
+def _released(r, s, x, cost, weak, low, high, probe, probe_share, miss_share, between,
+              fastest):  # fmt: skip
     """Whether LC slot ``s`` of row ``r`` is let go this interval (models/shield.py's floors
-    that protect nothing): its misses bound what more cache could give it below
-    ``miss_share`` of its fastest median, or ``probe`` intervals in a row in the band (of a
-    slot whose misses are below ``probe_share`` of it, where that is set)."""
-    median = p50[k, s]
-    if median == median:
-        fastest[r, s] = min(fastest[r, s], median)
-    if miss_share > 0 and _weak(k, s, misses, fastest[r, s], miss_share, miss_ns):
+    that protect nothing): ``cost``, its misses' ms per request (NaN: not measured), is
+    below ``miss_share`` of its fastest median, or ``probe`` intervals in a row in the band
+    (of a ``weak`` slot, under ``probe_share``, where that is set)."""
+    if miss_share > 0 and cost < miss_share * fastest[r, s]:
         between[r, s] = 0
         return True
-    weak = probe_share == 0 or _weak(k, s, misses, fastest[r, s], probe_share, miss_ns)
-    if probe > 0 and weak and low <= x <= high:  # False for NaN
+    if probe > 0 and (weak or probe_share == 0) and low <= x <= high:  # False for NaN
         between[r, s] += 1
         if between[r, s] >= probe:
             between[r, s] = 0
@@ -116,13 +112,6 @@ def _released(r, s, k, x, misses, p50, low, high, probe, probe_share, miss_share
         return False
     between[r, s] = 0
     return False
-
-
-@jit
-def _weak(k, s, misses, fastest, share, miss_ns):
-    """Whether slot ``s``'s misses per request (row ``k`` of ``misses``) at ``miss_ns``
-    each cost under ``share`` of its ``fastest`` median (ms); False when not measured."""
-    return misses[k, s] * miss_ns * 1e-6 < share * fastest
 
 
 @jit
@@ -142,8 +131,15 @@ def update(rows, ratio, held_ways, held_mb, shared, misses, p50, state, config):
         for s in range(S):
             lc = is_lc[r, s]
             x = ratio[k, s]
-            let_go = lc and _released(r, s, k, x, misses, p50, low, high, probe, probe_share,
-                                      miss_share, miss_ns, between, fastest)  # fmt: skip
+            median = p50[k, s]
+            if lc and median == median:
+                fastest[r, s] = min(fastest[r, s], median)
+            cost = misses[k, s] * miss_ns * 1e-6  # ms of a request; NaN: not measured
+            # misses under probe_share of a request: more cache can give it little (False
+            # when not measured)
+            weak = probe_share > 0 and cost < probe_share * fastest[r, s]
+            let_go = lc and _released(r, s, x, cost, weak, low, high, probe, probe_share,
+                                      miss_share, between, fastest)  # fmt: skip
             released[r, s] = let_go
             pressure = lc and x > high and not let_go
             ample = lc and (x < low or let_go)
@@ -157,13 +153,7 @@ def update(rows, ratio, held_ways, held_mb, shared, misses, p50, state, config):
             if remember:
                 before = last_held[r, s]
                 # the shrink went over an edge, unless the misses show there was none
-                if (
-                    pressure
-                    and held < before
-                    and not (
-                        probe_share > 0 and _weak(k, s, misses, fastest[r, s], probe_share, miss_ns)
-                    )
-                ):
+                if pressure and held < before and not weak:
                     guard[r, s] = max(guard[r, s], before)
                 f = max(f, guard[r, s])
             last_held[r, s] = held
