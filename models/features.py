@@ -367,26 +367,32 @@ class Measurements:
     def from_snapshot(cls, snapshot: Snapshot) -> tuple[Measurements, dict[str, int]]:
         """One snapshot (N = 1), and the column of each sampled group."""
         nan = math.nan
-        rows: list[tuple] = []
-        lat: list[tuple] = []
-        for s in snapshot.groups.values():
-            rows.append(
+        samples = snapshot.groups.values()
+        c = len(samples)
+        # numpy reads None as NaN in a float array: one conversion for every field
+        v = np.array(
+            [
                 (
-                    nan if s.instructions is None else s.instructions,
-                    nan if s.cycles is None else s.cycles,
-                    nan if s.llc_references is None else s.llc_references,
-                    nan if s.llc_misses is None else s.llc_misses,
-                    nan if s.llc_occupancy_bytes is None else s.llc_occupancy_bytes,
-                    nan if s.memory_bytes is None else s.memory_bytes,
+                    s.instructions,
+                    s.cycles,
+                    s.llc_references,
+                    s.llc_misses,
+                    s.llc_occupancy_bytes,
+                    s.memory_bytes,
                 )
-            )
-            x = s.latency
-            lat.append(
-                (nan,) * 5 if x is None else (x.count, x.p50_ms, x.p95_ms, x.p99_ms, x.p999_ms)
-            )
-        c = len(rows)
-        v = np.array(rows, dtype=float).reshape(1, c, 6)
-        la = np.array(lat, dtype=float).reshape(1, c, 5)
+                for s in samples
+            ],
+            dtype=float,
+        ).reshape(1, c, 6)
+        la = np.array(
+            [
+                (nan,) * 5
+                if (x := s.latency) is None
+                else (x.count, x.p50_ms, x.p95_ms, x.p99_ms, x.p999_ms)
+                for s in samples
+            ],
+            dtype=float,
+        ).reshape(1, c, 5)
         out = cls(
             np.array([snapshot.interval_s], dtype=float),
             np.ones((1, c), dtype=bool),
@@ -431,25 +437,26 @@ class SlotLayout:
 _LAYOUT_FIELDS = tuple(SlotLayout.__dataclass_fields__)
 
 
-def _clip(x: np.ndarray) -> np.ndarray:
-    return np.minimum(np.maximum(x, 0.0), 1.0)  # np.clip's result, a few times faster
-
-
 def held_fractions(
     layout: SlotLayout, masks: np.ndarray, has_mask: np.ndarray, mb: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """(ways_fraction, mba_fraction) per slot (N, S) of the allocation each slot's group
     holds: capacity ``masks`` (code mask ORed in; ``has_mask`` False: none) and MB values
     ``mb`` (NaN: none). 1.0 where the node lacks the feature or the group has no value."""
-    nw = layout.num_ways[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ways = _clip(np.bitwise_count(masks.astype(np.uint64)) / nw)
-        ways = np.where((nw > 0) & has_mask, ways, 1.0)
-        peak = layout.peak[:, None]
-        mbps = layout.mbps[:, None]
-        frac = np.where(mbps, mb * 2.0**20 / peak, mb / layout.mba_max[:, None])
-        ok = ~np.isnan(mb) & ~np.isnan(layout.mba_max)[:, None] & ~(mbps & ~(peak > 0))
-    return ways, np.where(ok, _clip(frac), 1.0)
+    ways = np.empty(masks.shape)
+    mba = np.empty(masks.shape)
+    fk.held_fractions(
+        layout.num_ways,
+        layout.peak,
+        layout.mbps,
+        layout.mba_max,
+        _ints(masks),
+        np.asarray(has_mask, dtype=bool),
+        np.asarray(mb, dtype=float),
+        ways,
+        mba,
+    )
+    return ways, mba
 
 
 def tail_ratios(layout: SlotLayout, m: Measurements, slot_col: np.ndarray) -> np.ndarray:

@@ -67,6 +67,38 @@ def _fmax(a, b):
 
 
 @jit
+def _popcount(x):
+    count = 0
+    while x:
+        x &= x - 1
+        count += 1
+    return count
+
+
+@jit
+def held_fractions(num_ways, peak, mbps, mba_max, masks, has_mask, mb, ways, mba):
+    """Into ``ways`` and ``mba`` (N, S): the fraction of the cache ways each slot holds
+    (capacity ``masks``; 1.0 without CAT or without a mask) and of the memory bandwidth
+    (MB values ``mb``, MBps or percent as the node's ``mbps`` says; 1.0 without MBA or
+    without a value, NaN)."""
+    N, S = masks.shape
+    for n in range(N):
+        nw = num_ways[n]
+        # a bandwidth in MBps needs the node's peak to be a fraction of it
+        mb_ok = mba_max[n] == mba_max[n] and not (mbps[n] and not peak[n] > 0)
+        for s in range(S):
+            if nw > 0 and has_mask[n, s]:
+                ways[n, s] = _clip(_popcount(masks[n, s]) / nw)
+            else:
+                ways[n, s] = 1.0
+            v = mb[n, s]
+            if mb_ok and v == v:
+                mba[n, s] = _clip(v * 2.0**20 / peak[n] if mbps[n] else v / mba_max[n])
+            else:
+                mba[n, s] = 1.0
+
+
+@jit
 def tail_ratios(present, slo_pct, slo_target, slot_col, latency_count, latency_ms, out):
     """Into ``out`` (N, S): each slot's tail latency at its SLO's percentile over the SLO
     target; NaN where not measured (no SLO, no sample, no completed request, a tail that

@@ -12,15 +12,16 @@ out and the decoder leaves their allocation untouched (models/features.py), whic
 decision's note says.
 
 Each decision: encode the snapshot (the same encoder as training), apply the card's
-observation normalisation, run the actor (ONNX Runtime, 1 intra-op thread, batch 1;
-docs/BENCHMARKS.md has its latency), and decode the action into a plan that is valid by
+observation normalisation, run the actor (compiled for the default design where it agrees
+with ONNX Runtime on probe observations at load, models/actor.py; otherwise ONNX Runtime,
+1 intra-op thread, batch 1; docs/BENCHMARKS.md has both latencies), and decode the action into a plan that is valid by
 construction, above the SLO shield's floors when the policy was trained behind the shield
 (models/shield.py; the card's env options say so, and its runtime section may set the
 shield's options where the policy runs, e.g. the lapse of futile floors). It starts as its
 training episodes started (the card's ``baseline``: the node's current allocation, or
 CoPart's equal split for a policy trained before the start state was an option).
 :class:`RandomController` is the same loop with random actions. No torch here: the runtime
-needs numpy and onnxruntime only.
+needs numpy and onnxruntime (and onnx and numba for the compiled forward pass).
 """
 
 from __future__ import annotations
@@ -34,15 +35,20 @@ import numpy as np
 
 from agent.types import Allocation, AllocationPlan, NodeCapabilities, Snapshot
 from models.actions import ActionDecoder
+from models.actor import CompiledActor, compile_actor, disagreements, probes
 from models.basic import EqualPartition, Unpartitioned
 from models.card import CARD_FILE, ModelCard, PolicyCompatibilityError, PolicyError
 from models.controller import ControlContext, Controller, Decision
-from models.features import FeatureEncoder
+from models.features import FeatureEncoder, group_features
 from models.shield import NodeShield, ShieldConfig
 
 log = logging.getLogger("rdtune.policy")
 
 DEFAULT_POLICY = Path(__file__).parent / "policies" / "default"
+
+# Probe observations the compiled forward pass must agree on with ONNX Runtime at load
+# (a few milliseconds).
+_PROBES = 64
 
 # How a controller starts: ``keep`` the node's allocation, or apply an equal split or
 # unpartitioned; the environments' ``baseline`` option names the same start states.
@@ -168,7 +174,7 @@ class ActingController(Controller):
         if caps is not self._caps and caps != self._caps:
             self.check_capabilities(caps)
             self._caps = caps
-        if not self.encoder.slots(ctx.groups):
+        if not ctx.groups:  # slots are every group up to max_groups (>= 1)
             return Decision(note=f"{self.name}: no own groups")
         _, _, enc, dec, mask = self._prepare(ctx)
         slots = self._slots
@@ -181,15 +187,11 @@ class ActingController(Controller):
         if self._shield is not None:
             levels = self._shield.pinned(levels)
         decoded = dec.decode(levels, floors)
-        note = f"{self.name}: " + ", ".join(f"{g}={decoded.ways.get(g, '-')}w" for g in slots)
+        ways = decoded.ways
+        note = f"{self.name}: " + ", ".join([f"{g}={ways.get(g, '-')}w" for g in slots])
         if floors is not None and floors[0].any():
-            note += (
-                " (shield floors "
-                + ", ".join(
-                    f"{g}>={int(floors[0][0, i])}w" for i, g in enumerate(slots) if floors[0][0, i]
-                )
-                + ")"
-            )
+            held = zip(slots, floors[0][0].tolist(), strict=False)  # slots <= the floors' S
+            note += " (shield floors " + ", ".join([f"{g}>={w}w" for g, w in held if w]) + ")"
         if decoded.repairs:
             note += " (" + "; ".join(decoded.repairs) + ")"
         if len(ctx.groups) > len(slots):
@@ -253,11 +255,16 @@ class PolicyController(ActingController):
             ``models/policies/default``.
         threads: ONNX Runtime intra-op threads (1: a decision is tiny; more only adds
             synchronisation).
+        compiled: run the forward pass compiled (models/actor.py) where the policy is of
+            the default design and the compiled pass agrees with ONNX Runtime on probe
+            observations; False: always ONNX Runtime.
     """
 
     name = "policy"
 
-    def __init__(self, path: str | Path | None = None, *, threads: int = 1) -> None:
+    def __init__(
+        self, path: str | Path | None = None, *, threads: int = 1, compiled: bool = True
+    ) -> None:
         card = ModelCard.read(path if path is not None else DEFAULT_POLICY)
         self.card = card
         self.path = card.root
@@ -302,9 +309,54 @@ class PolicyController(ActingController):
                 if dims and isinstance(dims[0], str)
             }
         )
-        self._session = self._open(
-            self.path / card.onnx["file"], card.onnx.get("sha256"), threads, tuple(batch)
+        data = self._read(self.path / card.onnx["file"], card.onnx.get("sha256"))
+        self._session = self._open(self.path / card.onnx["file"], data, threads, tuple(batch))
+        self._open_mask = np.ones(int(self.decoder.nvec.sum()), dtype=bool)
+        self._actor = self._compile(data) if compiled else None
+
+    @property
+    def runtime(self) -> str:
+        """What runs the forward pass: ``compiled`` or ``onnxruntime``."""
+        return "compiled" if self._actor is not None else "onnxruntime"
+
+    def _compile(self, data: bytes) -> CompiledActor | None:
+        """The compiled forward pass when it applies and agrees with ONNX Runtime on every
+        probe (models/actor.py); None otherwise (with a warning when they disagree)."""
+        enc, dec = self.encoder, self.decoder
+        groups = dec.max_groups
+        if groups != enc.max_groups:
+            return None
+        names = group_features(enc.version)
+        features, present_at = len(names), names.index("present")
+        actor = compile_actor(
+            data,
+            groups=groups,
+            features=features,
+            present_at=present_at,
+            share_levels=dec.share_levels,
+            mba_levels=dec.mba_levels,
         )
+        if actor is None:
+            return None
+        cases = probes(
+            enc.size, groups, features, present_at, int(dec.nvec.sum()), n=_PROBES, seed=0
+        )
+        open_mask = self._open_mask
+
+        def compiled(obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            return actor(obs, mask if self.masked else open_mask, self._norm)
+
+        bad = disagreements(compiled, self._act_onnx, cases)
+        if bad:
+            log.warning(
+                "%s: the compiled forward pass disagrees with ONNX Runtime on %d of %d "
+                "probe observations; running ONNX Runtime",
+                self.path,
+                bad,
+                len(cases),
+            )
+            return None
+        return actor
 
     def _label(self) -> str:
         return f"policy {self.card.name}"
@@ -324,15 +376,19 @@ class PolicyController(ActingController):
     # ------------------------------------------------------------------ runtime
 
     @staticmethod
-    def _open(path: Path, sha256: str | None, threads: int, batch_dims: tuple[str, ...] = ()):
-        import onnxruntime as ort
-
+    def _read(path: Path, sha256: str | None) -> bytes:
         try:
             data = path.read_bytes()
         except OSError as exc:
             raise PolicyError(f"{path}: cannot read the ONNX policy: {exc.strerror}") from None
         if sha256 and hashlib.sha256(data).hexdigest() != sha256:
             raise PolicyError(f"{path}: ONNX file does not match the card's sha256 (corrupt?)")
+        return data
+
+    @staticmethod
+    def _open(path: Path, data: bytes, threads: int, batch_dims: tuple[str, ...] = ()):
+        import onnxruntime as ort
+
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -345,6 +401,13 @@ class PolicyController(ActingController):
 
     def act(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """The policy's action for one encoded observation (normalised here)."""
+        if self._actor is not None:
+            if mask is None or not self.masked:
+                mask = self._open_mask
+            return self._actor(obs, mask, self._norm)
+        return self._act_onnx(obs, mask)
+
+    def _act_onnx(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         o = obs.astype(np.float32, copy=False)[None, :]
         if self._norm is not None:
             mean, std, clip = self._norm

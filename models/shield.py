@@ -236,6 +236,7 @@ class Shield:
         self._between = np.zeros((n, slots), dtype=np.int64)
         self._fastest = np.full((n, slots), np.inf)
         self._released = np.zeros((n, slots), dtype=bool)
+        self._kcfg: tuple | None = None
 
     def reset(
         self,
@@ -291,8 +292,10 @@ class Shield:
             misses = p50 = np.full(ratio.shape, np.nan)
         else:
             misses, p50 = (np.asarray(a, dtype=float) for a in requests)
+        if not (isinstance(rows, np.ndarray) and rows.dtype == np.int64 and rows.ndim == 1):
+            rows = np.atleast_1d(np.arange(self.floor.shape[0])[rows])
         sk.update(
-            np.atleast_1d(np.arange(self.floor.shape[0])[rows]),
+            rows,
             ratio,
             np.asarray(held_ways, dtype=np.int64),
             np.asarray(held_mb_level, dtype=np.int64),
@@ -300,7 +303,7 @@ class Shield:
             misses,
             p50,
             self._state(),
-            _kernel_config(self.config),
+            self._kernel_config(),
         )
 
     def pinned(self, levels: np.ndarray, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
@@ -331,6 +334,13 @@ class Shield:
         for r in np.atleast_1d(np.arange(self.floor.shape[0])[rows]):
             sk.fit(int(r), self.floor, self.is_lc, self._present, self._least, self._total,
                    self._usable)  # fmt: skip
+
+    def _kernel_config(self) -> tuple:
+        """:func:`_kernel_config` of the config, kept while the config is the same."""
+        cached = self._kcfg
+        if cached is None or cached[0] is not self.config:
+            cached = self._kcfg = (self.config, _kernel_config(self.config))
+        return cached[1]
 
     def _state(self) -> tuple:
         """The arrays :func:`models.shield_kernel.update` reads and updates."""
@@ -365,16 +375,18 @@ def held_masks(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(capacity masks, MB values) (1, size) each slot's group holds in ``allocation``
     (first domain): the full mask without one (every way), MB NaN without a value."""
-    masks = np.zeros((1, size), dtype=np.int64)
-    mb = np.full((1, size), np.nan)
     full = caps.l3.cbm_mask if caps.l3 is not None else 0
     domain = caps.domains[0]
+    masks, mb = [0] * size, [math.nan] * size
     for i, name in enumerate(slots[:size]):
         a = allocation.get(name, domain)
-        masks[0, i] = full if a is None or a.l3_mask is None else a.l3_mask
-        if a is not None and a.mb is not None:
-            mb[0, i] = a.mb
-    return masks, mb
+        if a is None:
+            masks[i] = full
+            continue
+        masks[i] = full if a.l3_mask is None else a.l3_mask
+        if a.mb is not None:
+            mb[i] = a.mb
+    return np.array([masks], dtype=np.int64), np.array([mb], dtype=float)
 
 
 class NodeShield:
@@ -386,6 +398,7 @@ class NodeShield:
         self._slots: tuple[str, ...] = ()
         self._caps: NodeCapabilities | None = None
         self._layout: DecodeLayout | None = None
+        self._present = np.zeros((1, slots), dtype=bool)
 
     def start(
         self,
@@ -398,6 +411,7 @@ class NodeShield:
         """Floors from what each slot's group holds now (a new run or set of groups)."""
         size = self.shield.floor.shape[1]
         self._slots, self._caps, self._layout = tuple(slots), caps, layout
+        self._present = (np.arange(size) < len(self._slots))[None, :]
         is_lc = np.zeros((1, size), dtype=bool)
         for i, name in enumerate(slots[:size]):
             is_lc[0, i] = groups[name].kind is GroupKind.LC and groups[name].slo is not None
@@ -409,8 +423,7 @@ class NodeShield:
         holds in ``allocation``."""
         size = self.shield.floor.shape[1]
         masks, mb = held_masks(allocation, self._slots, self._caps, size)
-        present = np.arange(size) < len(self._slots)
-        ways, shared = held_shares(masks, present[None, :])
+        ways, shared = held_shares(masks, self._present)
         return ways, shared, mb
 
     def observe(

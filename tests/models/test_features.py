@@ -24,6 +24,8 @@ from models.features import (
     NODE_FEATURES,
     NODE_FEATURES_V2,
     FeatureEncoder,
+    SlotLayout,
+    held_fractions,
     slot_order,
 )
 
@@ -45,6 +47,35 @@ def _specs():
         "kv": GroupSpec("kv", GroupKind.LC, SLO(95.0, 1.0)),
         "sys": GroupSpec("sys", GroupKind.SYSTEM),
     }
+
+
+def test_held_fractions_by_hand() -> None:
+    """Each node's ways and bandwidth fractions, and 1.0 wherever the node lacks the
+    feature or the group has no value."""
+    nodes = 4  # CAT 11 ways + MBA percent; no CAT, MBA in MBps; MBps without a peak; no MBA
+    layout = SlotLayout(
+        present=np.ones((nodes, 3), bool),
+        is_lc=np.zeros((nodes, 3)),
+        slo_pct=np.full((nodes, 3), -1),
+        slo_target=np.full((nodes, 3), np.nan),
+        num_ways=np.array([11, 0, 20, 20]),
+        cache_bytes=np.full(nodes, np.nan),
+        peak=np.array([2.0e10, 2.0**30 * 10, np.nan, 1e10]),
+        mba_max=np.array([100.0, 1e5, 1e5, np.nan]),
+        mbps=np.array([False, True, True, False]),
+        node_tail=np.zeros((nodes, 4)),
+        machine=np.zeros((nodes, 4)),
+    )
+    masks = np.array([[0x7, 0x7FF, 0x1], [0x3, 0, 0], [0xFF, 0, 0], [0xF, 0, 0]])
+    has = np.array([[True, True, False], [True, True, True], [True, True, True],
+                    [True, False, True]])  # fmt: skip
+    mb = np.array([[50.0, 130.0, np.nan], [5120.0, 2.0**14, 1.0], [100.0, 1, 1],
+                   [40.0, 1, 1]])  # fmt: skip
+    ways, mba = held_fractions(layout, masks, has, mb)
+    np.testing.assert_allclose(
+        ways, [[3 / 11, 1.0, 1.0], [1.0] * 3, [8 / 20, 0.0, 0.0], [4 / 20, 1.0, 0.0]]
+    )
+    np.testing.assert_allclose(mba, [[0.5, 1.0, 1.0], [0.5, 1.0, 1 / 10240], [1.0] * 3, [1.0] * 3])
 
 
 def test_slot_order_is_lc_then_batch_then_system_by_name() -> None:

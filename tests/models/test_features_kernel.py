@@ -31,7 +31,7 @@ def test_the_kernels_columns_are_the_feature_order() -> None:
 _ENCODE = """
 import json
 import numpy as np
-from models.features import History, Measurements, SlotLayout, encode_arrays
+from models.features import History, Measurements, SlotLayout, encode_arrays, held_fractions
 
 rng = np.random.default_rng(7)
 N, S, C = 3, 5, 6
@@ -77,6 +77,9 @@ for version2 in (False, True):
     if history is not None:
         fields = ("prev", "avail", "max_rps", "max_cps", "sens", "fresh")
         out.append(np.concatenate([getattr(history, f).ravel() for f in fields]).tolist())
+mb = np.where(rng.random((N, S)) < 0.3, np.nan, rng.random((N, S)) * 120)
+held = held_fractions(layout, rng.integers(0, 2**20, (N, S)), rng.random((N, S)) < 0.8, mb)
+out.append(np.concatenate(held).ravel().tolist())
 print(json.dumps(out))
 """
 
@@ -84,7 +87,7 @@ print(json.dumps(out))
 def test_the_kernel_runs_uncompiled_to_the_same_numbers() -> None:
     compiled = run_json(_ENCODE)
     plain = run_json(_ENCODE, compiled=False)
-    assert len(compiled) == 7
+    assert len(compiled) == 8
     for got, want in zip(plain, compiled, strict=True):
         got, want = np.array(got, dtype=float), np.array(want, dtype=float)
         assert np.isfinite(want).all() and want.any()

@@ -1,0 +1,123 @@
+"""The compiled forward pass of exported policies (models/actor.py): the runtime uses it
+for the default design, where it decides what ONNX Runtime and the trained torch policy
+decide, and keeps ONNX Runtime for any other network and for any graph it misreads."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from agent.sim import SimNode
+from models.actor import compile_actor, disagreements, probes
+from models.controller import drive
+from models.features import group_features
+from models.policy import DEFAULT_POLICY, PolicyController
+from tests.models.exports import copy_export
+
+pytest.importorskip("numba")
+
+
+def _probes(ctrl: PolicyController, n: int, seed: int):
+    names = group_features(ctrl.encoder.version)
+    size, groups = ctrl.encoder.size, ctrl.encoder.max_groups
+    masks = int(ctrl.decoder.nvec.sum())
+    return probes(size, groups, len(names), names.index("present"), masks, n=n, seed=seed)
+
+
+def test_the_shipped_policy_runs_compiled_as_onnx_runtime_decides() -> None:
+    fast = PolicyController(DEFAULT_POLICY)
+    reference = PolicyController(DEFAULT_POLICY, compiled=False)
+    assert (fast.runtime, reference.runtime) == ("compiled", "onnxruntime")
+    cases = _probes(fast, 500, seed=1)
+    # The two best open logits of each of these probes differ by 2e-3 or more (measured
+    # in float64), far beyond float32 rounding: the argmaxes must be equal on any CPU.
+    assert disagreements(fast.act, reference.act, cases) == 0
+    actions = {tuple(fast.act(o, m)) for o, m in cases[:100]}
+    assert len(actions) > 50  # the probes reach many decisions, not one
+
+
+def test_the_shipped_policy_drives_a_node_as_under_onnx_runtime() -> None:
+    plans = []
+    for compiled in (True, False):
+        node = SimNode("default", seed=4)
+        ctrl = PolicyController(DEFAULT_POLICY, compiled=compiled)
+        plans.append([r.allocation for r in drive(ctrl, node, node, 40, interval_s=1.0)])
+        node.close()
+    assert plans[0] == plans[1]
+    assert len({str(a) for a in plans[0]}) > 1  # the allocation moved during the run
+
+
+def test_a_slot_policy_trained_here_runs_compiled_as_sb3_decides(tiny_ppo_run, tmp_path):
+    import gymnasium as gym
+
+    import envs  # noqa: F401
+    from training.export import export_run
+    from training.train import load_model
+
+    export_run(tiny_ppo_run.run_dir, tmp_path, parity_observations=16)
+    ctrl = PolicyController(tmp_path)
+    assert ctrl.runtime == "compiled"
+    model = load_model(tiny_ppo_run.run_dir / "best_model.zip", "PPO")
+    env = gym.make(ctrl.card.env["id"], **ctrl.card.env["kwargs"])
+    obs, _ = env.reset(seed=5)
+    rng = np.random.default_rng(5)
+    seen = set()
+    for _ in range(40):
+        want, _ = model.predict(obs, deterministic=True)
+        got = ctrl.act(obs)
+        np.testing.assert_array_equal(got, want)
+        seen.add(tuple(got))
+        obs, _, _, trunc, _ = env.step(env.action_space.sample() if rng.random() < 0.5 else want)
+        if trunc:
+            obs, _ = env.reset(seed=int(rng.integers(1000)))
+    env.close()
+    assert len(seen) > 1
+
+
+def test_other_networks_keep_onnx_runtime(tiny_export) -> None:
+    """The tiny export has an actor MLP and a flat action head: not the design."""
+    ctrl = PolicyController(tiny_export)
+    assert ctrl.runtime == "onnxruntime"
+    names = group_features(ctrl.encoder.version)
+    data = (tiny_export / "policy.onnx").read_bytes()
+    dec = ctrl.decoder
+    assert (
+        compile_actor(
+            data,
+            groups=dec.max_groups,
+            features=len(names),
+            present_at=names.index("present"),
+            share_levels=dec.share_levels,
+            mba_levels=dec.mba_levels,
+        )
+        is None
+    )
+    assert compile_actor(b"not onnx", groups=8, features=24, present_at=0, share_levels=5,
+                         mba_levels=4) is None  # fmt: skip
+
+
+def test_a_graph_the_compiled_pass_misreads_keeps_onnx_runtime(tmp_path, caplog) -> None:
+    """Layers and shapes as the design's, but a slot counts as present above 1.5 (the
+    design: 0.5): the probes at load see it, and the runtime keeps ONNX Runtime."""
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(DEFAULT_POLICY / "policy.onnx"))
+    graph = model.graph
+    (greater,) = [n for n in graph.node if n.op_type == "Greater"]
+    (const,) = [n for n in graph.node if n.output[0] == greater.input[1]]
+    value = numpy_helper.to_array(const.attribute[0].t)
+    assert value == np.float32(0.5)
+    const.attribute[0].t.CopyFrom(numpy_helper.from_array(np.array(1.5, dtype=value.dtype)))
+    data = model.SerializeToString()
+    digest = hashlib.sha256(data).hexdigest()
+    path = copy_export(DEFAULT_POLICY, tmp_path / "p", **{"runtime.onnx.sha256": digest})
+    (path / "policy.onnx").write_bytes(data)
+    with caplog.at_level(logging.WARNING, logger="rdtune.policy"):
+        ctrl = PolicyController(path)
+    assert ctrl.runtime == "onnxruntime"
+    assert "disagrees with ONNX Runtime" in caplog.text
