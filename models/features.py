@@ -72,6 +72,7 @@ a column of :data:`GROUP_FEATURES` or :data:`NODE_FEATURES` computed in
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -395,7 +396,7 @@ class Measurements:
         ).reshape(1, c, 5)
         out = cls(
             np.array([snapshot.interval_s], dtype=float),
-            np.ones((1, c), dtype=bool),
+            _all_sampled(c),
             v[..., 0],
             v[..., 1],
             v[..., 2],
@@ -406,6 +407,14 @@ class Measurements:
             la[..., 1:],
         )
         return out, {name: j for j, name in enumerate(snapshot.groups)}
+
+
+@functools.cache
+def _all_sampled(columns: int) -> np.ndarray:
+    """(1, columns) True, read-only: every column of one snapshot holds a sample."""
+    out = np.ones((1, columns), dtype=bool)
+    out.flags.writeable = False
+    return out
 
 
 @dataclass

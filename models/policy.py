@@ -13,13 +13,14 @@ decision's note says.
 
 Each decision: encode the snapshot (the same encoder as training), apply the card's
 observation normalisation, run the actor (compiled for the default design where it agrees
-with ONNX Runtime on probe observations at load, models/actor.py; otherwise ONNX Runtime,
-1 intra-op thread, batch 1; docs/BENCHMARKS.md has both latencies), and decode the action into a plan that is valid by
-construction, above the SLO shield's floors when the policy was trained behind the shield
-(models/shield.py; the card's env options say so, and its runtime section may set the
-shield's options where the policy runs, e.g. the lapse of futile floors). It starts as its
-training episodes started (the card's ``baseline``: the node's current allocation, or
-CoPart's equal split for a policy trained before the start state was an option).
+with ONNX Runtime on probe observations at load, models/actor.py; otherwise ONNX Runtime, 1
+intra-op thread, batch 1; docs/BENCHMARKS.md has both latencies), and decode the action
+into a plan that is valid by construction, above the SLO shield's floors when the policy
+was trained behind the shield (models/shield.py; the card's env options say so, and its
+runtime section may set the shield's options where the policy runs, e.g. the lapse of
+futile floors). It starts as its training episodes started (the card's ``baseline``: the
+node's current allocation, or CoPart's equal split for a policy trained before the start
+state was an option).
 :class:`RandomController` is the same loop with random actions. No torch here: the runtime
 needs numpy and onnxruntime (and onnx and numba for the compiled forward pass).
 """

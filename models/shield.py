@@ -378,8 +378,10 @@ def held_masks(
     full = caps.l3.cbm_mask if caps.l3 is not None else 0
     domain = caps.domains[0]
     masks, mb = [0] * size, [math.nan] * size
+    groups = allocation.groups
     for i, name in enumerate(slots[:size]):
-        a = allocation.get(name, domain)
+        per_domain = groups.get(name)  # allocation.get(name, domain), inlined
+        a = None if per_domain is None else per_domain.get(domain)
         if a is None:
             masks[i] = full
             continue
@@ -399,6 +401,12 @@ class NodeShield:
         self._caps: NodeCapabilities | None = None
         self._layout: DecodeLayout | None = None
         self._present = np.zeros((1, slots), dtype=bool)
+        # observe()'s arguments that stay: the row, "not measured", the held arrays' room
+        self._row = np.zeros(1, dtype=np.int64)
+        self._unmeasured = np.full((1, slots), np.nan)
+        self._scratch = (np.empty((1, slots), dtype=np.int64), np.empty((1, slots), dtype=bool),
+                         np.empty((1, slots), dtype=np.int64))  # fmt: skip
+        self._mb_table = np.zeros((1, 1))
 
     def start(
         self,
@@ -412,6 +420,7 @@ class NodeShield:
         size = self.shield.floor.shape[1]
         self._slots, self._caps, self._layout = tuple(slots), caps, layout
         self._present = (np.arange(size) < len(self._slots))[None, :]
+        self._mb_table = np.asarray(layout.mb_table, dtype=float)
         is_lc = np.zeros((1, size), dtype=bool)
         for i, name in enumerate(slots[:size]):
             is_lc[0, i] = groups[name].kind is GroupKind.LC and groups[name].slo is not None
@@ -435,9 +444,15 @@ class NodeShield:
         """One interval: ``ratio`` (1, S) tail / target per slot (NaN: not measured),
         under ``allocation`` (what the node held during it); ``requests``: (LLC misses per
         request, median latency in ms) (1, S) each, as :meth:`Shield.update` takes them."""
-        ways, shared, mb = self._held(allocation)
-        levels = held_levels(mb, self._layout.mb_table)
-        self.shield.update(np.array([0]), ratio, ways, levels, shared, requests)
+        shield = self.shield
+        size = shield.floor.shape[1]
+        masks, mb = held_masks(allocation, self._slots, self._caps, size)
+        misses, p50 = requests if requests is not None else (self._unmeasured,) * 2
+        ways, shared, levels = self._scratch
+        sk.observe_node(masks, self._present, mb, self._mb_table, np.asarray(ratio, dtype=float),
+                        np.asarray(misses, dtype=float), np.asarray(p50, dtype=float),
+                        self._row, shield._state(), shield._kernel_config(), ways, shared,
+                        levels)  # fmt: skip
 
     def observe_snapshot(self, encoder: Any, snapshot: Snapshot, allocation: Allocation) -> None:
         """:meth:`observe` of one interval's ``snapshot`` as ``encoder`` (the slots'

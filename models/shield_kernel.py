@@ -190,3 +190,15 @@ def _lapse(r, ratio, floor, mb_floor, is_lc, guard, stuck, lapsed_, least, give_
             floor[r, s] = least
             mb_floor[r, s] = 0
             guard[r, s] = 0
+
+
+@jit
+def observe_node(masks, present, mb, mb_table, ratio, misses, p50, rows, state, config, ways,
+                 shared, levels):  # fmt: skip
+    """:func:`update` of one interval from what the slots held (capacity ``masks``, MB
+    values ``mb``), their :func:`held_shares` and :func:`held_levels` computed here into
+    ``ways``, ``shared`` and ``levels``: one call for a node's interval (the policy
+    controller's), where three cost a decision three calls' overhead."""
+    held_shares(masks, present, ways, shared)
+    held_levels(mb, mb_table, levels)
+    update(rows, ratio, ways, levels, shared, misses, p50, state, config)
