@@ -16,8 +16,6 @@ rounding; tests/models/test_actor.py compares the two.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from agent.compiled import jit
@@ -124,13 +122,32 @@ def _masked_argmax(logits, start, count, mask, base):
 
 
 @jit
+def _tanh(x):
+    """tanh as ONNX Runtime's MLAS computes it (and Eigen, whose coefficients these are):
+    a 13/6 rational function on [-9, 9], within a few float32 ulps of tanh; vectorisable,
+    where libm's tanh is a call per value (a third of the forward pass)."""
+    x = min(max(x, -9.0), 9.0)
+    x2 = x * x
+    p = x2 * -2.76076847742355e-16 + 2.00018790482477e-13
+    p = x2 * p + -8.60467152213735e-11
+    p = x2 * p + 5.12229709037114e-08
+    p = x2 * p + 1.48572235717979e-05
+    p = x2 * p + 6.37261928875436e-04
+    p = x2 * p + 4.89352455891786e-03
+    q = x2 * 1.19825839466702e-06 + 1.18534705686654e-04
+    q = x2 * q + 2.26843463243900e-03
+    q = x2 * q + 4.89352518554385e-03
+    return min(max(x * p / q, -1.0), 1.0)
+
+
+@jit
 def _head(context, shared_body, wb, wo, bo, logits):
     """Into ``logits``: the shared head on one slot's ``context`` block, the pools' and
     the node's part of its body (``shared_body``, the same for every slot) given."""
     body = shared_body.copy()
     _dense_from(context, wb, 0, body)
     for j in range(body.shape[0]):
-        body[j] = math.tanh(body[j])
+        body[j] = _tanh(body[j])
     _dense(body, wo, bo, logits)
 
 
