@@ -31,3 +31,13 @@ def jit(fn):
         return nb.njit(cache=True, **_OPTIONS)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
         return nb.njit(**_OPTIONS)(fn)
+
+
+@jit
+def popcount(x):
+    """The set bits of a non-negative integer (a capacity mask's ways), in a kernel."""
+    count = 0
+    while x:
+        x &= x - 1
+        count += 1
+    return count

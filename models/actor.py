@@ -4,7 +4,7 @@ policy's ONNX file and checked against ONNX Runtime before it is trusted.
 The ONNX file stays the artefact: its weights are read from it, and ONNX Runtime remains
 the reference that runs any graph. But for one observation at a time ONNX Runtime spends
 most of a call on per-node dispatch (some fifty nodes of a few dozen numbers each; docs/
-BENCHMARKS.md, "Policy inference"), while the network itself is a few thousand
+BENCHMARKS.md, "Policy inference"), while the network itself is under a hundred thousand
 multiply-adds. For the design training ships by default (training/policies.py: the group-set
 extractor with its per-slot context layer, no actor MLP, the shared per-slot head) the
 arithmetic is written once as a compiled loop (models/actor_kernel.py).

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from agent.compiled import jit
+from agent.compiled import jit, popcount
 
 # Feature columns of a slot, in models/features.py's GROUP_FEATURES order.
 GROUP_COLUMNS = 15
@@ -67,15 +67,6 @@ def _fmax(a, b):
 
 
 @jit
-def _popcount(x):
-    count = 0
-    while x:
-        x &= x - 1
-        count += 1
-    return count
-
-
-@jit
 def held_fractions(num_ways, peak, mbps, mba_max, masks, has_mask, mb, ways, mba):
     """Into ``ways`` and ``mba`` (N, S): the fraction of the cache ways each slot holds
     (capacity ``masks``; 1.0 without CAT or without a mask) and of the memory bandwidth
@@ -88,7 +79,7 @@ def held_fractions(num_ways, peak, mbps, mba_max, masks, has_mask, mb, ways, mba
         mb_ok = mba_max[n] == mba_max[n] and not (mbps[n] and not peak[n] > 0)
         for s in range(S):
             if nw > 0 and has_mask[n, s]:
-                ways[n, s] = _clip(_popcount(masks[n, s]) / nw)
+                ways[n, s] = _clip(popcount(masks[n, s]) / nw)
             else:
                 ways[n, s] = 1.0
             v = mb[n, s]

@@ -303,7 +303,7 @@ class Shield:
             misses,
             p50,
             self._state(),
-            self._kernel_config(),
+            self._thresholds(),
         )
 
     def pinned(self, levels: np.ndarray, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
@@ -335,7 +335,7 @@ class Shield:
             sk.fit(int(r), self.floor, self.is_lc, self._present, self._least, self._total,
                    self._usable)  # fmt: skip
 
-    def _kernel_config(self) -> tuple:
+    def _thresholds(self) -> tuple:
         """:func:`_kernel_config` of the config, kept while the config is the same."""
         cached = self._kcfg
         if cached is None or cached[0] is not self.config:
@@ -451,7 +451,7 @@ class NodeShield:
         ways, shared, levels = self._scratch
         sk.observe_node(masks, self._present, mb, self._mb_table, np.asarray(ratio, dtype=float),
                         np.asarray(misses, dtype=float), np.asarray(p50, dtype=float),
-                        self._row, shield._state(), shield._kernel_config(), ways, shared,
+                        self._row, shield._state(), shield._thresholds(), ways, shared,
                         levels)  # fmt: skip
 
     def observe_snapshot(self, encoder: Any, snapshot: Snapshot, allocation: Allocation) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from agent.compiled import jit
+from agent.compiled import jit, popcount
 
 
 @jit
@@ -38,15 +38,6 @@ def held_levels(mb, mb_table, out):
 
 
 @jit
-def _popcount(x):
-    count = 0
-    while x:
-        x &= x - 1
-        count += 1
-    return count
-
-
-@jit
 def held_shares(masks, present, out, shared):
     """Into ``out`` (N, S): the ways each slot holds counted as its share of every way it
     shares, ``popcount(mask) // slots whose masks overlap it`` (itself included); into
@@ -63,7 +54,7 @@ def held_shares(masks, present, out, shared):
             for t in range(S):
                 if present[n, t] and (m & masks[n, t]) != 0:
                     count += 1
-            out[n, s] = _popcount(m) // max(count, 1)
+            out[n, s] = popcount(m) // max(count, 1)
             shared[n, s] = count > 1
 
 
