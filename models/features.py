@@ -365,8 +365,8 @@ class Measurements:
     latency_ms: np.ndarray
 
     @classmethod
-    def from_snapshot(cls, snapshot: Snapshot) -> tuple[Measurements, dict[str, int]]:
-        """One snapshot (N = 1), and the column of each sampled group."""
+    def from_snapshot(cls, snapshot: Snapshot) -> tuple[Measurements, tuple[str, ...]]:
+        """One snapshot (N = 1), and its groups' names in column order."""
         nan = math.nan
         samples = snapshot.groups.values()
         c = len(samples)
@@ -406,7 +406,7 @@ class Measurements:
             la[..., 0],
             la[..., 1:],
         )
-        return out, {name: j for j, name in enumerate(snapshot.groups)}
+        return out, tuple(snapshot.groups)
 
 
 @functools.cache
@@ -619,6 +619,8 @@ class PreparedEncoder:
     # (snapshot, measurements, slot columns, tail ratios): the last snapshot read, which
     # the SLO shield and the encoder both read in one step (a Snapshot is immutable)
     _snap_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    # (group names, slot columns): each slot's column among a snapshot's groups
+    _cols_cache: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -671,15 +673,25 @@ class PreparedEncoder:
         cached = self._snap_cache
         if cached is not None and cached[0] is snapshot:
             return cached[1:]
-        m, cols = Measurements.from_snapshot(snapshot)
-        S = self.layout.present.shape[1]
-        slot_col = np.full((1, S), -1, dtype=np.int64)
-        for i, name in enumerate(self.slots):
-            slot_col[0, i] = cols.get(name, -1)
+        m, names = Measurements.from_snapshot(snapshot)
+        slot_col = self._columns(names)
         ratio = tail_ratios(self.layout, m, slot_col)
         ratio.flags.writeable = False  # shared by the shield and the encoder
         object.__setattr__(self, "_snap_cache", (snapshot, m, slot_col, ratio))  # a cache
         return m, slot_col, ratio
+
+    def _columns(self, names: tuple[str, ...]) -> np.ndarray:
+        """(1, S) each slot's column among a snapshot's groups ``names`` (-1: none); kept
+        while snapshots name the same groups in the same order (a node's usually do)."""
+        cached = self._cols_cache
+        if cached is not None and cached[0] == names:
+            return cached[1]
+        index = {name: j for j, name in enumerate(names)}
+        slot_col = np.full((1, self.layout.present.shape[1]), -1, dtype=np.int64)
+        for i, name in enumerate(self.slots):
+            slot_col[0, i] = index.get(name, -1)
+        object.__setattr__(self, "_cols_cache", (names, slot_col))  # a cache
+        return slot_col
 
     def held(self, allocation: Allocation) -> list[tuple[float, float]]:
         """(ways_fraction, mba_fraction) per slot."""
