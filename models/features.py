@@ -367,46 +367,37 @@ class Measurements:
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> tuple[Measurements, tuple[str, ...]]:
         """One snapshot (N = 1), and its groups' names in column order."""
-        nan = math.nan
         samples = snapshot.groups.values()
         c = len(samples)
-        # numpy reads None as NaN in a float array: one conversion for every field
-        v = np.array(
+        # one conversion for every field (numpy reads None as NaN in a float array): the
+        # six counters, then count, p50, p95, p99, p99.9 of the latency (NaN without one)
+        a = np.array(
             [
-                (
-                    s.instructions,
-                    s.cycles,
-                    s.llc_references,
-                    s.llc_misses,
-                    s.llc_occupancy_bytes,
-                    s.memory_bytes,
-                )
+                (s.instructions, s.cycles, s.llc_references, s.llc_misses,
+                 s.llc_occupancy_bytes, s.memory_bytes)
+                + (_NO_LATENCY if (x := s.latency) is None
+                   else (x.count, x.p50_ms, x.p95_ms, x.p99_ms, x.p999_ms))
                 for s in samples
             ],
             dtype=float,
-        ).reshape(1, c, 6)
-        la = np.array(
-            [
-                (nan,) * 5
-                if (x := s.latency) is None
-                else (x.count, x.p50_ms, x.p95_ms, x.p99_ms, x.p999_ms)
-                for s in samples
-            ],
-            dtype=float,
-        ).reshape(1, c, 5)
+        ).reshape(c, 11)  # fmt: skip
+        t = a.T[:, None, :]  # (11, 1, c) views, one per field
         out = cls(
             np.array([snapshot.interval_s], dtype=float),
             _all_sampled(c),
-            v[..., 0],
-            v[..., 1],
-            v[..., 2],
-            v[..., 3],
-            v[..., 4],
-            v[..., 5],
-            la[..., 0],
-            la[..., 1:],
+            t[0],
+            t[1],
+            t[2],
+            t[3],
+            t[4],
+            t[5],
+            t[6],
+            a[None, :, 7:],
         )
         return out, tuple(snapshot.groups)
+
+
+_NO_LATENCY = (math.nan,) * 5
 
 
 @functools.cache
