@@ -577,6 +577,8 @@ def encode_arrays(
               layout.node_tail, layout.machine)  # fmt: skip
     if history is None:
         history, rows = _NO_HISTORY, np.zeros(N, dtype=np.int64)
+    elif len(history.fresh) == 1 and isinstance(rows, slice) and rows == slice(None):
+        rows = _ROW_0  # one node's history (the policy runtime's)
     else:
         rows = np.arange(len(history.fresh), dtype=np.int64)[rows]
     h_args = (history.prev, history.avail, history.max_rps, history.max_cps, history.sens,
@@ -590,6 +592,7 @@ def encode_arrays(
 
 _SCALES = (IPC_SCALE, MPKI_SCALE, LOAD_SCALE, LATENCY_LOG2_CLIP, SENSITIVITY_SCALE)
 _NO_FLOOR = np.zeros((1, 1))
+_ROW_0 = np.zeros(1, dtype=np.int64)
 _NO_HISTORY = History.zeros(1, 1)  # the kernel's history arguments for version 1
 
 

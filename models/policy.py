@@ -190,8 +190,9 @@ class ActingController(Controller):
         decoded = dec.decode(levels, floors)
         ways = decoded.ways
         note = f"{self.name}: " + ", ".join([f"{g}={ways.get(g, '-')}w" for g in slots])
-        if floors is not None and floors[0].any():
-            held = zip(slots, floors[0][0].tolist(), strict=False)  # slots <= the floors' S
+        held = floors[0][0].tolist() if floors is not None else ()
+        if any(held):
+            held = zip(slots, held, strict=False)  # slots <= the floors' S
             note += " (shield floors " + ", ".join([f"{g}>={w}w" for g, w in held if w]) + ")"
         if decoded.repairs:
             note += " (" + "; ".join(decoded.repairs) + ")"

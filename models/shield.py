@@ -407,6 +407,7 @@ class NodeShield:
         self._scratch = (np.empty((1, slots), dtype=np.int64), np.empty((1, slots), dtype=bool),
                          np.empty((1, slots), dtype=np.int64))  # fmt: skip
         self._mb_table = np.zeros((1, 1))
+        self._masks_of: tuple | None = None  # (allocation, its held_masks)
 
     def start(
         self,
@@ -421,6 +422,7 @@ class NodeShield:
         self._slots, self._caps, self._layout = tuple(slots), caps, layout
         self._present = (np.arange(size) < len(self._slots))[None, :]
         self._mb_table = np.asarray(layout.mb_table, dtype=float)
+        self._masks_of = None  # the slots may have changed
         is_lc = np.zeros((1, size), dtype=bool)
         for i, name in enumerate(slots[:size]):
             is_lc[0, i] = groups[name].kind is GroupKind.LC and groups[name].slo is not None
@@ -445,14 +447,26 @@ class NodeShield:
         under ``allocation`` (what the node held during it); ``requests``: (LLC misses per
         request, median latency in ms) (1, S) each, as :meth:`Shield.update` takes them."""
         shield = self.shield
-        size = shield.floor.shape[1]
-        masks, mb = held_masks(allocation, self._slots, self._caps, size)
+        masks, mb = self._masks(allocation)
         misses, p50 = requests if requests is not None else (self._unmeasured,) * 2
         ways, shared, levels = self._scratch
         sk.observe_node(masks, self._present, mb, self._mb_table, np.asarray(ratio, dtype=float),
                         np.asarray(misses, dtype=float), np.asarray(p50, dtype=float),
                         self._row, shield._state(), shield._thresholds(), ways, shared,
                         levels)  # fmt: skip
+
+    def _masks(self, allocation: Allocation) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`held_masks` of ``allocation``, kept while the same (immutable) allocation
+        object is held: a node holding its plan returns the same one interval after
+        interval."""
+        cached = self._masks_of
+        if cached is None or cached[0] is not allocation:
+            size = self.shield.floor.shape[1]
+            cached = self._masks_of = (
+                allocation,
+                held_masks(allocation, self._slots, self._caps, size),
+            )
+        return cached[1]
 
     def observe_snapshot(self, encoder: Any, snapshot: Snapshot, allocation: Allocation) -> None:
         """:meth:`observe` of one interval's ``snapshot`` as ``encoder`` (the slots'
