@@ -9,9 +9,9 @@ argmax of each action dimension as training/export.py exports it. As ONNX Runtim
 a decision's forward pass is some fifty graph nodes at a microsecond or more each on a
 handful of numbers: the largest part of a decision in the tuner. Compiled with numba where
 it is installed (agent/compiled.py); models/actor.py does not use it without numba (as
-plain Python it is far slower than ONNX Runtime). Sums run in float64 over float32 inputs,
-so the result differs from ONNX Runtime's float32 only where two logits tie to within
-rounding; tests/models/test_actor.py compares the two.
+plain Python it is far slower than ONNX Runtime). Sums run in float32 as ONNX Runtime's
+do, in another order, so the two differ only where two logits tie to within rounding;
+tests/models/test_actor.py compares them.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ MASKED_LOGIT = -1e8
 @jit
 def _dense(x, w, b, out):
     """``out = x @ w + b`` for one row: ``w`` (I, O) row-major, so the inner loop runs
-    along a row of ``w`` and the output sums are independent (vectorisable without reordering
-    any sum)."""
+    along a row of ``w`` and its sums are independent (vectorisable, no sum reordered)."""
     width = w.shape[1]
     for j in range(width):
         out[j] = 0.0
