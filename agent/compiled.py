@@ -16,6 +16,8 @@ except ImportError:  # pragma: no cover - the base install
     nb = None
 
 AVAILABLE = nb is not None
+# whether @jit compiles (numba installed, and not turned off by NUMBA_DISABLE_JIT)
+COMPILING = AVAILABLE and not nb.config.DISABLE_JIT
 
 _OPTIONS = {"nogil": True, "error_model": "numpy"}  # x / 0 is inf or nan, as in numpy
 

@@ -11,7 +11,8 @@ arithmetic is written once as a compiled loop (models/actor_kernel.py).
 
 :func:`compile_actor` recognises that design in the graph (its five layers by name, their
 activations, shapes that fit the model card's layout) and returns None for anything else,
-and where numba or the onnx package is missing: the runtime then keeps ONNX Runtime.
+and where numba (or its compiling) or the onnx package is missing: the runtime then keeps
+ONNX Runtime.
 :func:`disagreements` runs both on probe observations; models/policy.py uses the compiled
 pass only when they agree on every probe.
 """
@@ -97,8 +98,8 @@ def compile_actor(
     with this layout (``groups`` slots of ``features`` values; ``share_levels`` +
     ``mba_levels`` logits per slot); None when it is another network, or numba or the onnx
     package is not installed."""
-    if not compiled.AVAILABLE:
-        return None
+    if not compiled.COMPILING:
+        return None  # as plain Python the loop is far slower than ONNX Runtime
     try:
         import onnx
     except ImportError:

@@ -121,3 +121,15 @@ def test_a_graph_the_compiled_pass_misreads_keeps_onnx_runtime(tmp_path, caplog)
         ctrl = PolicyController(path)
     assert ctrl.runtime == "onnxruntime"
     assert "disagrees with ONNX Runtime" in caplog.text
+
+
+def test_without_compiling_the_runtime_keeps_onnx_runtime() -> None:
+    """Under NUMBA_DISABLE_JIT the loop would run as Python, far slower than ONNX Runtime."""
+    from tests.uncompiled import run_json
+
+    script = (
+        "import json; from models.policy import DEFAULT_POLICY, PolicyController; "
+        "print(json.dumps(PolicyController(DEFAULT_POLICY).runtime))"
+    )
+    assert run_json(script, compiled=False) == "onnxruntime"
+    assert run_json(script) == "compiled"
