@@ -577,9 +577,7 @@ def encode_arrays(
               layout.node_tail, layout.machine)  # fmt: skip
     if history is None:
         history, rows = _NO_HISTORY, np.zeros(N, dtype=np.int64)
-    elif len(history.fresh) == 1 and isinstance(rows, slice) and rows == slice(None):
-        rows = _ROW_0  # one node's history (the policy runtime's)
-    else:
+    elif not (isinstance(rows, np.ndarray) and rows.dtype == np.int64 and rows.ndim == 1):
         rows = np.arange(len(history.fresh), dtype=np.int64)[rows]
     h_args = (history.prev, history.avail, history.max_rps, history.max_cps, history.sens,
               history.fresh, rows)  # fmt: skip
@@ -592,7 +590,7 @@ def encode_arrays(
 
 _SCALES = (IPC_SCALE, MPKI_SCALE, LOAD_SCALE, LATENCY_LOG2_CLIP, SENSITIVITY_SCALE)
 _NO_FLOOR = np.zeros((1, 1))
-_ROW_0 = np.zeros(1, dtype=np.int64)
+_ROW_0 = np.zeros(1, dtype=np.int64)  # one node's history row (PreparedEncoder's)
 _NO_HISTORY = History.zeros(1, 1)  # the kernel's history arguments for version 1
 
 
@@ -649,7 +647,7 @@ class PreparedEncoder:
         m, slot_col, ratio = self._read(snapshot)
         ways, mb = self.held_arrays(allocation)
         return encode_arrays(
-            self.layout, m, slot_col, ways, mb, self.history, slice(None), floor, ratio
+            self.layout, m, slot_col, ways, mb, self.history, _ROW_0, floor, ratio
         )[0]
 
     def tail_ratios(self, snapshot: Snapshot) -> np.ndarray:

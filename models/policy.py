@@ -343,12 +343,7 @@ class PolicyController(ActingController):
         cases = probes(
             enc.size, groups, features, present_at, int(dec.nvec.sum()), n=_PROBES, seed=0
         )
-        open_mask = self._open_mask
-
-        def compiled(obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
-            return actor(obs, mask if self.masked else open_mask, self._norm)
-
-        bad = disagreements(compiled, self._act_onnx, cases)
+        bad = disagreements(lambda o, m: self._act_compiled(actor, o, m), self._act_onnx, cases)
         if bad:
             log.warning(
                 "%s: the compiled forward pass disagrees with ONNX Runtime on %d of %d "
@@ -404,10 +399,14 @@ class PolicyController(ActingController):
     def act(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """The policy's action for one encoded observation (normalised here)."""
         if self._actor is not None:
-            if mask is None or not self.masked:
-                mask = self._open_mask
-            return self._actor(obs, mask, self._norm)
+            return self._act_compiled(self._actor, obs, mask)
         return self._act_onnx(obs, mask)
+
+    def _act_compiled(
+        self, actor: CompiledActor, obs: np.ndarray, mask: np.ndarray | None
+    ) -> np.ndarray:
+        # every level open where the policy takes no mask, as its ONNX graph has none
+        return actor(obs, mask if mask is not None and self.masked else self._open_mask, self._norm)
 
     def _act_onnx(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         o = obs.astype(np.float32, copy=False)[None, :]

@@ -432,8 +432,7 @@ class NodeShield:
     def _held(self, allocation: Allocation) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(:func:`held_shares`' ways and shared, MB values) (1, S) of what each slot
         holds in ``allocation``."""
-        size = self.shield.floor.shape[1]
-        masks, mb = held_masks(allocation, self._slots, self._caps, size)
+        masks, mb = self._masks(allocation)
         ways, shared = held_shares(masks, self._present)
         return ways, shared, mb
 
