@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agent import compiled
+from agent.sim import latency, latency_kernel
 from agent.sim.catalog import ServiceDist, default_catalog
 from agent.sim.latency import (
     P_GRID,
@@ -183,3 +185,35 @@ def test_one_component_groups_read_as_np_interp() -> None:
             s + a * np.interp(probs, P_GRID, r) for s, a, r in zip(shifts, scales, q, strict=True)
         ]
         np.testing.assert_allclose(got, np.array(want), rtol=1e-14, atol=0.0)
+
+
+def _mixtures(rng: np.random.Generator, rows: int, parts: int) -> tuple[np.ndarray, ...]:
+    """Random mixtures (weights, shifts, scales, quantile functions) as ``_mixture`` takes
+    them, with the cases its rounding rules are for: tied table entries (steps), a point
+    mass, weights and scales over orders of magnitude."""
+    K = len(P_GRID)
+    q = np.sort(rng.exponential(1.0, (rows, parts, K)), axis=2)
+    q[::3, :, 10:20] = q[::3, :, 10:11]
+    q[::5, 0, :] = q[::5, 0, :1]
+    w = rng.random((rows, parts)) * 10 ** rng.uniform(-2, 2, (rows, parts))
+    s = rng.random((rows, parts)) * 1e-3
+    a = rng.random((rows, parts)) * 1e-3 * 10 ** rng.uniform(-2, 1, (rows, parts))
+    return w, s, a, q
+
+
+@pytest.mark.parametrize("parts", [2, 7, 8, 13])  # numpy sums 8 terms and more pairwise
+@pytest.mark.parametrize("probs", [latency._PROBS, latency._ALL])
+def test_compiled_mixtures_are_the_array_codes_numbers(monkeypatch, parts, probs) -> None:
+    """agent/sim/latency_kernel.py's loops give ``_mixture_arrays``' numbers bit for bit,
+    also with the rows shared out over three threads and run uncompiled."""
+    monkeypatch.setattr(compiled, "MIN_ROWS_PER_THREAD", 1)
+    monkeypatch.setenv("RDTUNE_SIM_THREADS", "3")
+    w, s, a, q = _mixtures(np.random.default_rng(parts), 30, parts)
+    want = latency._mixture_arrays(w, s, a, q, probs)
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(latency._mixture(w, s, a, q, probs), want)
+    kernel = getattr(latency_kernel.mixture_rows, "py_func", latency_kernel.mixture_rows)
+    plain = np.empty((4, len(probs)))
+    grid = (latency._DP, float(P_GRID[0]), float(P_GRID[-1]))
+    kernel(w[:4], s[:4], a[:4], q[:4], probs, *grid, plain, 0, 1)
+    np.testing.assert_array_equal(plain, want[:4])

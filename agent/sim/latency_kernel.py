@@ -1,0 +1,174 @@
+"""The quantiles of pooled latency distributions, compiled: :func:`mixture_rows`.
+
+:mod:`agent.sim.latency` owns the model (docs/SIMULATOR.md, "LC services"): an interval
+observed by a controller pools several steps' latency distributions, each piecewise linear
+in its CDF between its quantile points, and the observation reads quantiles of their
+mixture. ``latency._mixture`` inverts R such mixtures at once as numpy array code; a
+training batch asks for hundreds every interval, and that code spends most of its time in
+numpy's per-call overhead on small arrays. :func:`mixture_rows` is the same arithmetic as
+loops over one mixture at a time, each operation in the order numpy performs it (its sums
+pairwise as numpy's are, its sort on the same keys), so the two give the same numbers bit
+for bit (tests/agent/sim/test_latency.py). Rows are independent, so a large batch's
+mixtures are shared out over the cores (agent/compiled.py's ``over_rows``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agent.compiled import jit
+
+
+@jit
+def _pairwise_sum(x, n):
+    """``x[:n].sum()`` as numpy adds a contiguous row (``n`` <= 128): in order below 8
+    terms, else eight running sums combined in pairs, then the rest in order."""
+    if n < 8:
+        total = 0.0
+        for i in range(n):
+            total += x[i]
+        return total
+    r = np.empty(8)
+    for k in range(8):
+        r[k] = x[k]
+    i = 8
+    while i < n - n % 8:
+        for k in range(8):
+            r[k] += x[i + k]
+        i += 8
+    total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    while i < n:
+        total += x[i]
+        i += 1
+    return total
+
+
+@jit
+def _bit_length(v):
+    n = 0
+    while v:
+        v >>= 1
+        n += 1
+    return n
+
+
+@jit
+def mixture_rows(w, s, a, q, probs, dp, p_first, p_last, out, start, stride):
+    """``latency._mixture`` of mixtures ``start, start + stride, ...`` into ``out`` (R,
+    len(probs)): weights ``w``, shifts ``s``, scales ``a`` (R, c) and quantile functions
+    ``q`` (R, c, K) on the probability grid whose steps are ``dp`` (K - 1) and whose ends
+    are ``p_first`` and ``p_last``."""
+    R, c, K = q.shape
+    n = c * K
+    rel, d_slope, step = np.empty(n), np.empty(n), np.empty(n)
+    keys, rkeys = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    pos, cdf = np.empty(n), np.empty(n)
+    for r in range(start, R, stride):
+        x0 = _points(w[r], s[r], a[r], q[r], dp, p_first, p_last, rel, d_slope, step)
+        _union_cdf(rel, d_slope, step, keys, pos, cdf)
+        _invert(probs, pos, cdf, rkeys, x0, out[r])
+
+
+@jit
+def _points(w, s, a, q, dp, p_first, p_last, rel, d_slope, step):
+    """One mixture's points (``rel``, from its lowest, which is returned) and at each, the
+    weighted change of slope (``d_slope``) and the weighted mass it adds at once
+    (``step``), for its components' CDFs: piecewise linear between their points, a piece
+    far narrower than its component a step (its slope would be rounding noise times a huge
+    number)."""
+    c, K = q.shape
+    x0 = np.inf
+    for j in range(c):
+        for k in range(K):
+            v = s[j] + a[j] * q[j, k]
+            rel[j * K + k] = v
+            x0 = min(x0, v)
+    for i in range(c * K):
+        rel[i] = rel[i] - x0
+    total = _pairwise_sum(w, c)
+    for j in range(c):
+        wk = w[j] / total
+        base = j * K
+        limit = 1e-9 * (rel[base + K - 1] - rel[base] + a[j])
+        before = 0.0  # the slope of the piece ending at point k
+        sloping = False  # and whether that piece has a slope (else: a step)
+        for k in range(K):
+            slope = 0.0
+            steep = False
+            if k < K - 1:
+                width = rel[base + k + 1] - rel[base + k]
+                steep = width > limit
+                if steep:
+                    slope = dp[k] / width
+            # the slope the point starts minus the one it ends (0 past the last)
+            d = slope
+            if k > 0:
+                d -= before
+            d_slope[base + k] = d * wk
+            # the mass the point adds at once: the grid's first probability at the first
+            # point, a piece's whole mass where that piece is a step, and at the last point
+            # what lies beyond it
+            if k == 0:
+                st = p_first
+            elif sloping:
+                st = 0.0
+            else:
+                st = dp[k - 1]
+            if k == K - 1:
+                st += 1.0 - p_last
+            step[base + k] = st * wk
+            before = slope
+            sloping = steep
+    return x0
+
+
+@jit
+def _union_cdf(rel, d_slope, step, keys, pos, cdf):
+    """The union of the points in order (``pos``) and the mixture's CDF just after each
+    (``cdf``): the slope a running sum of its changes, the CDF a running sum of slope x
+    gap plus the steps, kept non-decreasing. Sorted on the point's bits with its index in
+    the low bits (points are >= 0, so their bits order as they do)."""
+    n = rel.shape[0]
+    low = (1 << max(1, _bit_length(n - 1))) - 1
+    bits = rel.view(np.int64)
+    for i in range(n):
+        keys[i] = (bits[i] & ~low) | i
+    keys.sort()
+    slopes = lin = acc = 0.0
+    for i in range(n):
+        at = keys[i] & low
+        pos[i] = rel[at]
+        if i > 0:
+            gap = slopes * (pos[i] - pos[i - 1])
+            lin = gap if i == 1 else lin + gap
+        slopes = d_slope[at] if i == 0 else slopes + d_slope[at]
+        acc = step[at] if i == 0 else acc + step[at]
+        v = acc + lin
+        cdf[i] = v if i == 0 else max(v, cdf[i - 1])
+
+
+@jit
+def _invert(probs, pos, cdf, rkeys, x0, out):
+    """``np.interp(probs, cdf, pos) + x0`` as ``latency._interp_rows`` computes it: the
+    search on fixed-point keys of the CDF, the same ends and ties."""
+    n = pos.shape[0]
+    scale = float(1 << 40)
+    for i in range(n):
+        rkeys[i] = np.int64(np.rint(cdf[i] * scale))
+    for t in range(probs.shape[0]):
+        p = probs[t]
+        j = np.searchsorted(rkeys, np.int64(np.rint(min(max(p, -1.0), 2.0) * scale)), "right") - 1
+        jc = min(max(j, 0), n - 2)
+        c0, c1 = cdf[jc], cdf[jc + 1]
+        f0, f1 = pos[jc], pos[jc + 1]
+        slope = (f1 - f0) / (c1 - c0)
+        x = slope * (p - c0) + f0
+        if np.isnan(x):
+            x = slope * (p - c1) + f1
+        if p == c0:
+            x = f0
+        if j >= n - 1:
+            x = pos[n - 1]
+        if j < 0:
+            x = pos[0]
+        out[t] = x + x0
