@@ -17,7 +17,6 @@ visible there).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,9 +36,6 @@ class _Shard:
 
         import envs  # noqa: F401  (registers the ids in this worker)
 
-        # The actor holds one of the cluster's CPUs: its simulator keeps to one thread
-        # rather than sharing its nodes out over every core (docs/TRAINING.md).
-        os.environ.setdefault("RDTUNE_SIM_THREADS", "1")
         self.env = gym.make_vec(
             env_id, num_envs=n, vectorization_mode="vector_entry_point", **dict(env_kwargs)
         ).unwrapped

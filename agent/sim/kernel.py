@@ -9,10 +9,7 @@ arithmetic of its two per-step solves (docs/SIMULATOR.md, "Equations"):
   rate of the step's end (backward Euler, effect 3; CAT semantics, effect 2).
 
 Each node is solved on its own, in a loop over nodes: a node's numbers never depend on
-which nodes share its batch, and a converged node costs nothing while others iterate. So
-:func:`solve_rows` and :func:`advance_rows` take every ``stride``-th node from ``start``,
-and a large batch's nodes are shared out over the cores (agent/compiled.py's
-``over_rows``); :func:`solve` and :func:`advance` are the one-thread case.
+which nodes share its batch, and a converged node costs nothing while others iterate.
 Compiled with numba (no fast-math: every operation rounds as IEEE arithmetic says), because
 the same equations as numpy array code cost a microsecond per operation on a node's few
 dozen numbers, and a moving step makes several hundred of them. The code is plain Python
@@ -304,23 +301,12 @@ def solve(mach, wl, knees, x, occ, dyn_u, dyn_rho, dyn_eta, tol):
     """Rates at the fixed point of CPI <-> bandwidth <-> memory latency for the occupancy
     ``occ`` held now, per node: (solution (SOLUTION_FIELDS, B, n), memory latency (B,),
     utilisation (B,)). ``dyn_u`` is the warm start."""
-    B, n, _ = occ.shape
+    B, n, W = occ.shape
     out = np.zeros((SOLUTION_FIELDS, B, n))
     lat_out = np.empty(B)
     u_out = np.empty(B)
-    solve_rows(mach, wl, knees, x, occ, dyn_u, dyn_rho, dyn_eta, tol, out, lat_out, u_out, 0, 1)
-    return out, lat_out, u_out
-
-
-@_jit
-def solve_rows(
-    mach, wl, knees, x, occ, dyn_u, dyn_rho, dyn_eta, tol, out, lat_out, u_out, start, stride
-):
-    """:func:`solve` of nodes ``start, start + stride, ...`` into ``out`` (zeros where
-    fresh), ``lat_out`` and ``u_out`` (agent/compiled.py's ``over_rows``)."""
-    B, n, W = occ.shape
     m = np.empty(n)
-    for b in range(start, B, stride):
+    for b in range(B):
         for i in range(n):
             held = 0.0
             for j in range(W):
@@ -345,6 +331,7 @@ def solve_rows(
                 out[RHO, b, i] = x[b, i, LAM] * x[b, i, ACTIVE] * service / wl[b, i, WORKERS]
             else:
                 out[BUSY, b, i] = x[b, i, ACTIVE] * x[b, i, CORES]
+    return out, lat_out, u_out
 
 
 # ---------------------------------------------------------------------- occupancy
@@ -532,20 +519,6 @@ def advance(
     out_eta = np.empty((B, n))
     out_m = np.empty((B, n))
     evaluations = np.zeros(B, dtype=np.int64)
-    advance_rows(mach, wl, knees, x, masks, occ, sol_m, sol_access, sol_lat, dyn_rho, dt,
-                 guess, iters, tol, out_occ, out_eta, out_m, evaluations, 0, 1)  # fmt: skip
-    return out_occ, out_eta, out_m, evaluations
-
-
-@_jit
-def advance_rows(
-    mach, wl, knees, x, masks, occ, sol_m, sol_access, sol_lat, dyn_rho, dt, guess, iters, tol,
-    out_occ, out_eta, out_m, evaluations, start, stride
-):  # fmt: skip
-    """:func:`advance` of nodes ``start, start + stride, ...`` into ``out_occ``,
-    ``out_eta``, ``out_m`` and ``evaluations`` (zeros where fresh; agent/compiled.py's
-    ``over_rows``)."""
-    B, n, W = occ.shape
     out = (out_occ, out_eta, out_m, evaluations)
     new, eta, end = np.empty((n, W)), np.empty(n), np.empty(n)
     scratch = (new, eta, end)
@@ -554,7 +527,7 @@ def advance_rows(
     lines = np.empty(n)
     lo, rlo, hi, rhi = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
     side = np.empty(n)
-    for b in range(start, B, stride):
+    for b in range(B):
         o = occ[b]
         rho = dyn_rho[b]
         lat = sol_lat[b]
@@ -625,3 +598,4 @@ def advance_rows(
                     hi[i], rhi[i] = m[i], r
                     side[i] = -1.0
                 last[i] = m[i]
+    return out_occ, out_eta, out_m, evaluations

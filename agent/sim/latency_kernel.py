@@ -8,8 +8,7 @@ training batch asks for hundreds every interval, and that code spends most of it
 numpy's per-call overhead on small arrays. :func:`mixture_rows` is the same arithmetic as
 loops over one mixture at a time, each operation in the order numpy performs it (its sums
 pairwise as numpy's are, its sort on the same keys), so the two give the same numbers bit
-for bit (tests/agent/sim/test_latency.py). Rows are independent, so a large batch's
-mixtures are shared out over the cores (agent/compiled.py's ``over_rows``).
+for bit (tests/agent/sim/test_latency.py).
 """
 
 from __future__ import annotations
@@ -53,20 +52,22 @@ def _bit_length(v):
 
 
 @jit
-def mixture_rows(w, s, a, q, probs, dp, p_first, p_last, out, start, stride):
-    """``latency._mixture`` of mixtures ``start, start + stride, ...`` into ``out`` (R,
-    len(probs)): weights ``w``, shifts ``s``, scales ``a`` (R, c) and quantile functions
-    ``q`` (R, c, K) on the probability grid whose steps are ``dp`` (K - 1) and whose ends
-    are ``p_first`` and ``p_last``."""
+def mixture(w, s, a, q, probs, dp, p_first, p_last):
+    """``latency._mixture``: the quantiles ``probs`` (R, len(probs)) of R mixtures with
+    weights ``w``, shifts ``s``, scales ``a`` (R, c) and quantile functions ``q`` (R, c, K)
+    on the probability grid whose steps are ``dp`` (K - 1) and whose ends are ``p_first``
+    and ``p_last``."""
     R, c, K = q.shape
     n = c * K
+    out = np.empty((R, probs.shape[0]))
     rel, d_slope, step = np.empty(n), np.empty(n), np.empty(n)
     keys, rkeys = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     pos, cdf = np.empty(n), np.empty(n)
-    for r in range(start, R, stride):
+    for r in range(R):
         x0 = _points(w[r], s[r], a[r], q[r], dp, p_first, p_last, rel, d_slope, step)
         _union_cdf(rel, d_slope, step, keys, pos, cdf)
         _invert(probs, pos, cdf, rkeys, x0, out[r])
+    return out
 
 
 @jit

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.compiled import over_rows, threads_for
 from agent.sim import kernel
 from agent.sim.catalog import MachinePreset, WorkloadSpec
 from agent.sim.kernel import LINE
@@ -335,7 +334,7 @@ class Model:
         """Rates at the fixed point of CPI <-> bandwidth <-> memory latency, for the
         occupancy ``occ`` held now (``dyn.u`` is the warm start): :func:`kernel.solve`."""
         machine, workloads, knees = self._packed()
-        args = (
+        out, lat, u = kernel.solve(
             machine,
             workloads,
             knees,
@@ -346,12 +345,6 @@ class Model:
             np.ascontiguousarray(dyn.eta, dtype=float),
             float(tol),
         )
-        B, n = occ.shape[:2]
-        if threads_for(B) == 1:
-            out, lat, u = kernel.solve(*args)
-        else:
-            out, lat, u = np.zeros((kernel.SOLUTION_FIELDS, B, n)), np.empty(B), np.empty(B)
-            over_rows(kernel.solve_rows, B, *args, out, lat, u)
         return Solution(*out, lat, u)
 
     # ------------------------------------------------------------------ occupancy
@@ -392,7 +385,7 @@ class Model:
         B = occ.shape[0]
         steps = np.empty(B)
         steps[:] = np.asarray(dt, dtype=float).reshape(-1)
-        args = (
+        new, eta, m, _ = kernel.advance(
             machine,
             workloads,
             knees,
@@ -408,10 +401,6 @@ class Model:
             int(iters),
             float(tol),
         )
-        if threads_for(B) == 1:
-            return kernel.advance(*args)[:3]
-        new, eta, m = np.empty(occ.shape), np.empty((B, self.n)), np.empty((B, self.n))
-        over_rows(kernel.advance_rows, B, *args, new, eta, m, np.zeros(B, dtype=np.int64))
         return new, eta, m
 
     def start(self, u: float = 0.0) -> Dynamics:

@@ -10,14 +10,11 @@ service draws from its own stream on both sides).
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
-from agent import compiled
 from agent.errors import NodeError
-from agent.sim import SimNode, kernel
+from agent.sim import SimNode
 from agent.sim.batch import OCC_UNIT, SimBatch
 from agent.sim.mixes import random_scenario
 from agent.sim.scenario import get_scenario
@@ -115,44 +112,6 @@ def test_batched_nodes_match_single_nodes_step_by_step(interval: float) -> None:
         obs = batch.observe()
         for b, node in enumerate(nodes):
             _compare(node.observe(), batch, b, obs)
-
-
-@pytest.mark.skipif(not compiled.COMPILING, reason="kernels share out rows only compiled")
-def test_a_batch_shared_out_over_threads_steps_as_one_thread_does(monkeypatch) -> None:
-    """The solves of a batch's nodes run on several threads (agent/compiled.py's
-    ``over_rows``; here three, a thread per row from the first): every number equals the
-    one-thread run's, bit for bit, while allocations change under a diurnal load."""
-    monkeypatch.setattr(compiled, "MIN_ROWS_PER_THREAD", 1)
-    threads: set[int] = set()
-    for name in ("solve", "advance", "solve_rows", "advance_rows"):
-        compiled_kernel = getattr(kernel, name)
-
-        def recorded(*args, _kernel=compiled_kernel):
-            threads.add(threading.get_ident())
-            return _kernel(*args)
-
-        monkeypatch.setattr(kernel, name, recorded)
-    runs = []
-    for count in ("1", "3"):
-        monkeypatch.setenv("RDTUNE_SIM_THREADS", count)
-        threads.clear()
-        nodes, batch = _observed(_scenarios(), first_seed=500)
-        rng = np.random.default_rng(11)
-        seen = []
-        for step in range(8):
-            if step % 2 == 0:
-                for b, node in enumerate(nodes):
-                    plan = _random_plan(node, rng)
-                    if plan.groups:
-                        node.apply(plan)
-                    _apply(batch, b, node)
-            batch.advance(0.1 if step % 3 else 0.37)
-            obs = batch.observe()
-            seen += [obs.counters, obs.occupancy, obs.latency_ms, batch.engine.occ.copy()]
-        runs.append(seen)
-        assert len(threads) == int(count)
-    for serial, shared in zip(*runs, strict=True):
-        np.testing.assert_array_equal(shared, serial)
 
 
 def test_reset_nodes_mid_run_match_fresh_nodes() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent import compiled
 from agent.sim import latency, latency_kernel
 from agent.sim.catalog import ServiceDist, default_catalog
 from agent.sim.latency import (
@@ -203,17 +202,13 @@ def _mixtures(rng: np.random.Generator, rows: int, parts: int) -> tuple[np.ndarr
 
 @pytest.mark.parametrize("parts", [2, 7, 8, 13])  # numpy sums 8 terms and more pairwise
 @pytest.mark.parametrize("probs", [latency._PROBS, latency._ALL])
-def test_compiled_mixtures_are_the_array_codes_numbers(monkeypatch, parts, probs) -> None:
+def test_compiled_mixtures_are_the_array_codes_numbers(parts, probs) -> None:
     """agent/sim/latency_kernel.py's loops give ``_mixture_arrays``' numbers bit for bit,
-    also with the rows shared out over three threads and run uncompiled."""
-    monkeypatch.setattr(compiled, "MIN_ROWS_PER_THREAD", 1)
-    monkeypatch.setenv("RDTUNE_SIM_THREADS", "3")
+    compiled (where numba is) and run as plain Python."""
     w, s, a, q = _mixtures(np.random.default_rng(parts), 30, parts)
     want = latency._mixture_arrays(w, s, a, q, probs)
     assert np.isfinite(want).all()
     np.testing.assert_array_equal(latency._mixture(w, s, a, q, probs), want)
-    kernel = getattr(latency_kernel.mixture_rows, "py_func", latency_kernel.mixture_rows)
-    plain = np.empty((4, len(probs)))
+    kernel = getattr(latency_kernel.mixture, "py_func", latency_kernel.mixture)
     grid = (latency._DP, float(P_GRID[0]), float(P_GRID[-1]))
-    kernel(w[:4], s[:4], a[:4], q[:4], probs, *grid, plain, 0, 1)
-    np.testing.assert_array_equal(plain, want[:4])
+    np.testing.assert_array_equal(kernel(w[:4], s[:4], a[:4], q[:4], probs, *grid), want[:4])
