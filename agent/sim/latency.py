@@ -348,7 +348,7 @@ def _mixture(
 ) -> np.ndarray:
     """:func:`_mixture_arrays`, compiled where numba is (agent/sim/latency_kernel.py: the
     same numbers, a few times faster; without numba, the array code is the faster)."""
-    if not COMPILING:
+    if not COMPILING or q.shape[1] > latency_kernel.MAX_PARTS:
         return _mixture_arrays(w, s, a, q, probs)
     arrays = (np.ascontiguousarray(x, dtype=float) for x in (w, s, a, q, probs))
     return latency_kernel.mixture(*arrays, _DP, float(P_GRID[0]), float(P_GRID[-1]))

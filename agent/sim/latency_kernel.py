@@ -1,11 +1,11 @@
-"""The quantiles of pooled latency distributions, compiled: :func:`mixture_rows`.
+"""The quantiles of pooled latency distributions, compiled: :func:`mixture`.
 
 :mod:`agent.sim.latency` owns the model (docs/SIMULATOR.md, "LC services"): an interval
 observed by a controller pools several steps' latency distributions, each piecewise linear
 in its CDF between its quantile points, and the observation reads quantiles of their
 mixture. ``latency._mixture`` inverts R such mixtures at once as numpy array code; a
 training batch asks for hundreds every interval, and that code spends most of its time in
-numpy's per-call overhead on small arrays. :func:`mixture_rows` is the same arithmetic as
+numpy's per-call overhead on small arrays. :func:`mixture` is the same arithmetic as
 loops over one mixture at a time, each operation in the order numpy performs it (its sums
 pairwise as numpy's are, its sort on the same keys), so the two give the same numbers bit
 for bit (tests/agent/sim/test_latency.py).
@@ -17,10 +17,14 @@ import numpy as np
 
 from agent.compiled import jit
 
+# Components of a mixture up to which _pairwise_sum adds the weights as numpy does (numpy
+# splits longer rows in halves); latency._mixture takes the array code beyond.
+MAX_PARTS = 128
+
 
 @jit
 def _pairwise_sum(x, n):
-    """``x[:n].sum()`` as numpy adds a contiguous row (``n`` <= 128): in order below 8
+    """``x[:n].sum()`` as numpy adds a contiguous row (``n`` <= MAX_PARTS): in order below 8
     terms, else eight running sums combined in pairs, then the rest in order."""
     if n < 8:
         total = 0.0
@@ -61,10 +65,13 @@ def mixture(w, s, a, q, probs, dp, p_first, p_last):
     n = c * K
     out = np.empty((R, probs.shape[0]))
     rel, d_slope, step = np.empty(n), np.empty(n), np.empty(n)
-    keys, rkeys = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    runs, keys = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    rkeys = np.empty(n, dtype=np.int64)
+    heads, next_of = np.empty(c, dtype=np.int64), np.empty(c, dtype=np.int64)
     pos, cdf = np.empty(n), np.empty(n)
     for r in range(R):
         x0 = _points(w[r], s[r], a[r], q[r], dp, p_first, p_last, rel, d_slope, step)
+        _sort_points(rel, K, runs, heads, next_of, keys)
         _union_cdf(rel, d_slope, step, keys, pos, cdf)
         _invert(probs, pos, cdf, rkeys, x0, out[r])
     return out
@@ -123,18 +130,58 @@ def _points(w, s, a, q, dp, p_first, p_last, rel, d_slope, step):
     return x0
 
 
+_LAST = np.iinfo(np.int64).max  # above every key: a point's bits are a finite double's
+
+
+@jit
+def _low_mask(n):
+    """The low bits that hold a point's index (at least one)."""
+    return (1 << max(1, _bit_length(n - 1))) - 1
+
+
+@jit
+def _sort_points(rel, K, runs, heads, next_of, keys):
+    """``keys``: the union's points in order, each as its bits (points are >= 0, so their
+    bits order as they do) with its index in the low bits (``_low_mask``), as numpy's
+    sort of those keys puts them. A component's points rise with its quantile function,
+    so its keys are already in order: the components' runs are merged (a run out of order
+    is sorted with the rest)."""
+    n = rel.shape[0]
+    c = n // K
+    low = _low_mask(n)
+    bits = rel.view(np.int64)
+    ordered = True
+    for i in range(n):
+        runs[i] = (bits[i] & ~low) | i
+        if i % K and runs[i] < runs[i - 1]:
+            ordered = False
+    if not ordered:
+        keys[:] = runs
+        keys.sort()
+        return
+    # heads: each run's next key (the largest int64 once the run is used up), next_of:
+    # its index in the run
+    for j in range(c):
+        heads[j] = runs[j * K]
+        next_of[j] = 0
+    for i in range(n):
+        best = 0
+        for j in range(1, c):
+            if heads[j] < heads[best]:
+                best = j
+        keys[i] = heads[best]
+        k = next_of[best] + 1
+        next_of[best] = k
+        heads[best] = runs[best * K + k] if k < K else _LAST
+
+
 @jit
 def _union_cdf(rel, d_slope, step, keys, pos, cdf):
-    """The union of the points in order (``pos``) and the mixture's CDF just after each
-    (``cdf``): the slope a running sum of its changes, the CDF a running sum of slope x
-    gap plus the steps, kept non-decreasing. Sorted on the point's bits with its index in
-    the low bits (points are >= 0, so their bits order as they do)."""
+    """The union of the points in order (``pos``, from the sorted ``keys``) and the
+    mixture's CDF just after each (``cdf``): the slope a running sum of its changes, the
+    CDF a running sum of slope x gap plus the steps, kept non-decreasing."""
     n = rel.shape[0]
-    low = (1 << max(1, _bit_length(n - 1))) - 1
-    bits = rel.view(np.int64)
-    for i in range(n):
-        keys[i] = (bits[i] & ~low) | i
-    keys.sort()
+    low = _low_mask(n)
     slopes = lin = acc = 0.0
     for i in range(n):
         at = keys[i] & low

@@ -189,11 +189,13 @@ def test_one_component_groups_read_as_np_interp() -> None:
 def _mixtures(rng: np.random.Generator, rows: int, parts: int) -> tuple[np.ndarray, ...]:
     """Random mixtures (weights, shifts, scales, quantile functions) as ``_mixture`` takes
     them, with the cases its rounding rules are for: tied table entries (steps), a point
-    mass, weights and scales over orders of magnitude."""
+    mass, weights and scales over orders of magnitude; and one quantile function out of
+    order (the compiled merge of the components' points falls back to a sort)."""
     K = len(P_GRID)
     q = np.sort(rng.exponential(1.0, (rows, parts, K)), axis=2)
     q[::3, :, 10:20] = q[::3, :, 10:11]
     q[::5, 0, :] = q[::5, 0, :1]
+    q[1, 1, 40:42] = q[1, 1, 41:39:-1]
     w = rng.random((rows, parts)) * 10 ** rng.uniform(-2, 2, (rows, parts))
     s = rng.random((rows, parts)) * 1e-3
     a = rng.random((rows, parts)) * 1e-3 * 10 ** rng.uniform(-2, 1, (rows, parts))
