@@ -190,7 +190,7 @@ LONG = {
     "selection on the validation split, in one closure",
     "training/train.py:make_throughput_callback": "the throughput log's SB3 hooks (rollout "
     "start and end, update) sharing their timers",
-    "agent/sim/kernel.py:advance": "the simulator's hot path: one node's bracketed solve, "
+    "agent/sim/kernel.py:_advance_node": "the simulator's hot path: one node's bracketed solve, "
     "compiled as one loop",
     "agent/sim/kernel.py:_step_occupancy": "the simulator's hot path: the exact per-way "
     "step and the caps that follow it, compiled as one loop",

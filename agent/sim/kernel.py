@@ -166,10 +166,10 @@ def _rates(mach, wl, x, b, i, m, rho, lat):
 @_jit
 def _excess_demand(mach, wl, x, b, m, rho, u):
     """h(u): the node's memory demand at the latency of utilisation ``u``, over its peak,
-    minus ``u`` (decreasing in ``u``)."""
+    minus ``u`` (decreasing in ``u``); ``m`` holds the miss ratios of its own workloads."""
     lat = latency(mach, b, u)
     total = 0.0
-    for i in range(wl.shape[1]):
+    for i in range(m.shape[0]):
         ips, _, bpi = _rates(mach, wl, x, b, i, m[i], rho[i], lat)
         total += ips * bpi
     return total / mach[b, PEAK] - u
@@ -297,10 +297,11 @@ def hold_cap(mach, wl, nways, ws_s, W):
 
 
 @_jit
-def solve(mach, wl, knees, x, occ, dyn_u, dyn_rho, dyn_eta, tol):
+def solve(mach, wl, knees, x, occ, counts, dyn_u, dyn_rho, dyn_eta, tol):
     """Rates at the fixed point of CPI <-> bandwidth <-> memory latency for the occupancy
     ``occ`` held now, per node: (solution (SOLUTION_FIELDS, B, n), memory latency (B,),
-    utilisation (B,)). ``dyn_u`` is the warm start."""
+    utilisation (B,)). ``dyn_u`` is the warm start; node ``b``'s workloads are its first
+    ``counts[b]``, the rest pad the batch (no accesses, never active)."""
     B, n, W = occ.shape
     out = np.zeros((SOLUTION_FIELDS, B, n))
     lat_out = np.empty(B)
@@ -314,7 +315,8 @@ def solve(mach, wl, knees, x, occ, dyn_u, dyn_rho, dyn_eta, tol):
             mi = _miss_ratio(wl, knees, b, i, held, x[b, i, WS_S])
             m[i] = mi + _cold_misses(wl, x, b, i, mi, dyn_rho[b, i], dyn_eta[b, i])
             out[CAPACITY, b, i] = held
-        u = _utilization(mach, wl, x, b, m, dyn_rho[b], dyn_u[b], tol)
+        k = counts[b]  # padding draws no bandwidth: the fixed point is over the others
+        u = _utilization(mach, wl, x, b, m[:k], dyn_rho[b, :k], dyn_u[b], tol)
         lat = latency(mach, b, u)
         lat_out[b], u_out[b] = lat, u
         hz = mach[b, HZ]
@@ -500,8 +502,9 @@ def _evaluate(mach, wl, knees, x, masks, b, o, m, access, step, scratch, out):
 
 @_jit
 def advance(
-    mach, wl, knees, x, masks, occ, sol_m, sol_access, sol_lat, dyn_rho, dt, guess, iters, tol
-):
+    mach, wl, knees, x, masks, occ, counts, sol_m, sol_access, sol_lat, dyn_rho, dt, guess,
+    iters, tol
+):  # fmt: skip
     """Occupancy (B, n, W), eviction rates (B, n), the miss ratio each workload converged
     to (B, n) and the occupancy evaluations each node made (B,) after ``dt[b]`` s per
     node, with insertion at the miss ratio *and access rate* of the step's end (backward
@@ -513,89 +516,109 @@ def advance(
     when each workload is within ``tol`` or its bracket has closed (the root beyond both
     ends: the secant point is clipped to the bracket's end and cannot move). The first
     point is the start's miss ratio plus ``guess`` (the correction the node's previous
-    step needed; zeros: none)."""
+    step needed; zeros: none).
+
+    Node ``b``'s workloads are its first ``counts[b]``; the rest pad the batch (no
+    accesses: they hold nothing and keep their miss ratio), so the solve skips them."""
     B, n, W = occ.shape
     out_occ = np.empty((B, n, W))
-    out_eta = np.empty((B, n))
+    out_eta = np.zeros((B, n))
     out_m = np.empty((B, n))
     evaluations = np.zeros(B, dtype=np.int64)
     out = (out_occ, out_eta, out_m, evaluations)
-    new, eta, end = np.empty((n, W)), np.empty(n), np.empty(n)
-    scratch = (new, eta, end)
-    a, last, m, ra = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
-    access = np.empty(n)
-    lines = np.empty(n)
-    lo, rlo, hi, rhi = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
-    side = np.empty(n)
+    scratch = (np.empty((n, W)), np.empty(n), np.empty(n))
+    work = np.empty((11, n))
     for b in range(B):
-        o = occ[b]
-        rho = dyn_rho[b]
-        lat = sol_lat[b]
-        migrate = _migrates(mach, masks, b, o)
-        if migrate:
-            for i in range(n):
-                held = 0.0
-                for j in range(W):
-                    held += o[i, j]
-                lines[i] = max(held, LINE) / LINE
-        step = (dt[b], migrate, lines, rho)
-        guessed = False
-        for i in range(n):
-            if guess[b, i] != 0.0:
-                guessed = True
-        if guessed:
-            for i in range(n):
-                a[i] = min(max(sol_m[b, i] + guess[b, i], 0.0), 1.0)
-            _access_at(mach, wl, x, b, a, rho, lat, access)
-        else:
-            for i in range(n):
-                a[i], access[i] = sol_m[b, i], sol_access[b, i]
-        _evaluate(mach, wl, knees, x, masks, b, o, a, access, step, scratch, out)
-        live = False
-        for i in range(n):
-            if not abs(end[i] - a[i]) < tol:
-                live = True
-        if not live:
-            continue
-        for i in range(n):
-            ra[i] = end[i] - a[i]
-            last[i] = end[i]
-        _access_at(mach, wl, x, b, last, rho, lat, access)
-        _evaluate(mach, wl, knees, x, masks, b, o, last, access, step, scratch, out)
-        for i in range(n):
-            rb = end[i] - last[i]
-            # lo: r > 0 (too few misses), hi: r < 0 (too many); the last two bracket.
-            if ra[i] > 0:
-                lo[i], rlo[i], hi[i], rhi[i] = a[i], ra[i], last[i], rb
-            else:
-                lo[i], rlo[i], hi[i], rhi[i] = last[i], rb, a[i], ra[i]
-            side[i] = 0.0
-        for _ in range(iters):
-            done = True
-            for i in range(n):
-                if not (abs(end[i] - last[i]) < tol or lo[i] == hi[i]):
-                    done = False
-            if done:
-                break
-            for i in range(n):
-                denom = rlo[i] - rhi[i]
-                # The secant point where the bracket's residuals differ (lo elsewhere).
-                mi = (lo[i] * -rhi[i] + hi[i] * rlo[i]) / denom if denom > 1e-15 else lo[i]
-                m[i] = min(max(mi, min(lo[i], hi[i])), max(lo[i], hi[i]))
-            _access_at(mach, wl, x, b, m, rho, lat, access)
-            _evaluate(mach, wl, knees, x, masks, b, o, m, access, step, scratch, out)
-            for i in range(n):
-                r = end[i] - m[i]
-                # Illinois: an end kept twice in a row has its residual halved.
-                if r > 0:
-                    if side[i] == 1.0:
-                        rhi[i] *= 0.5
-                    lo[i], rlo[i] = m[i], r
-                    side[i] = 1.0
-                else:
-                    if side[i] == -1.0:
-                        rlo[i] *= 0.5
-                    hi[i], rhi[i] = m[i], r
-                    side[i] = -1.0
-                last[i] = m[i]
+        k = counts[b]
+        for i in range(k, n):
+            for j in range(W):
+                out_occ[b, i, j] = occ[b, i, j]
+            out_m[b, i] = sol_m[b, i]
+        _advance_node(mach, wl, knees, x, masks, b, occ[b, :k], sol_m[b, :k],
+                      sol_access[b, :k], sol_lat[b], dyn_rho[b, :k], dt[b], guess[b, :k],
+                      iters, tol, scratch, work[:, :k], out)  # fmt: skip
     return out_occ, out_eta, out_m, evaluations
+
+
+@_jit
+def _advance_node(
+    mach, wl, knees, x, masks, b, o, sol_m, sol_access, lat, rho, dt, guess, iters, tol,
+    buffers, work, out
+):  # fmt: skip
+    """:func:`advance` of node ``b``, whose own workloads' start occupancy is ``o``
+    (n, W) and whose rows of the other per-workload arrays are given (``buffers`` and
+    ``work``: scratch of at least n rows)."""
+    n, W = o.shape
+    new, eta, end = buffers[0][:n], buffers[1][:n], buffers[2][:n]
+    a, last, m, ra, access, lines, lo, rlo, hi, rhi, side = (
+        work[0], work[1], work[2], work[3], work[4], work[5], work[6], work[7], work[8],
+        work[9], work[10],
+    )  # fmt: skip
+    migrate = _migrates(mach, masks, b, o)
+    if migrate:
+        for i in range(n):
+            held = 0.0
+            for j in range(W):
+                held += o[i, j]
+            lines[i] = max(held, LINE) / LINE
+    step = (dt, migrate, lines, rho)
+    scratch = (new, eta, end)
+    guessed = False
+    for i in range(n):
+        if guess[i] != 0.0:
+            guessed = True
+    if guessed:
+        for i in range(n):
+            a[i] = min(max(sol_m[i] + guess[i], 0.0), 1.0)
+        _access_at(mach, wl, x, b, a, rho, lat, access)
+    else:
+        for i in range(n):
+            a[i], access[i] = sol_m[i], sol_access[i]
+    _evaluate(mach, wl, knees, x, masks, b, o, a, access, step, scratch, out)
+    live = False
+    for i in range(n):
+        if not abs(end[i] - a[i]) < tol:
+            live = True
+    if not live:
+        return
+    for i in range(n):
+        ra[i] = end[i] - a[i]
+        last[i] = end[i]
+    _access_at(mach, wl, x, b, last, rho, lat, access)
+    _evaluate(mach, wl, knees, x, masks, b, o, last, access, step, scratch, out)
+    for i in range(n):
+        rb = end[i] - last[i]
+        # lo: r > 0 (too few misses), hi: r < 0 (too many); the last two bracket.
+        if ra[i] > 0:
+            lo[i], rlo[i], hi[i], rhi[i] = a[i], ra[i], last[i], rb
+        else:
+            lo[i], rlo[i], hi[i], rhi[i] = last[i], rb, a[i], ra[i]
+        side[i] = 0.0
+    for _ in range(iters):
+        done = True
+        for i in range(n):
+            if not (abs(end[i] - last[i]) < tol or lo[i] == hi[i]):
+                done = False
+        if done:
+            break
+        for i in range(n):
+            denom = rlo[i] - rhi[i]
+            # The secant point where the bracket's residuals differ (lo elsewhere).
+            mi = (lo[i] * -rhi[i] + hi[i] * rlo[i]) / denom if denom > 1e-15 else lo[i]
+            m[i] = min(max(mi, min(lo[i], hi[i])), max(lo[i], hi[i]))
+        _access_at(mach, wl, x, b, m, rho, lat, access)
+        _evaluate(mach, wl, knees, x, masks, b, o, m, access, step, scratch, out)
+        for i in range(n):
+            r = end[i] - m[i]
+            # Illinois: an end kept twice in a row has its residual halved.
+            if r > 0:
+                if side[i] == 1.0:
+                    rhi[i] *= 0.5
+                lo[i], rlo[i] = m[i], r
+                side[i] = 1.0
+            else:
+                if side[i] == -1.0:
+                    rlo[i] *= 0.5
+                hi[i], rhi[i] = m[i], r
+                side[i] = -1.0
+            last[i] = m[i]

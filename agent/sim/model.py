@@ -118,7 +118,7 @@ _INPUT_ARRAYS = (
 
 
 # What a model keeps of its own rows, besides its parameter arrays: never a view's.
-_PER_ROWS = ("_packed_arrays",)
+_PER_ROWS = ("_packed_arrays", "_count_array")
 
 
 def _rows(x, idx):
@@ -251,7 +251,8 @@ class Model:
             )
         for k in self._node_arrays:
             getattr(self, k)[idx] = getattr(other, k)
-        self.__dict__.pop("_packed_arrays", None)
+        for cached in _PER_ROWS:
+            self.__dict__.pop(cached, None)
         for j, i in enumerate(idx):
             self.presets[i] = other.presets[j]
             self.specs[i] = other.specs[j]
@@ -321,6 +322,13 @@ class Model:
             self._packed_arrays = packed
         return packed
 
+    def _counts(self) -> np.ndarray:
+        """(B,) each node's workloads: the first of its rows; the rest pad the batch."""
+        counts = self.__dict__.get("_count_array")
+        if counts is None:
+            counts = self._count_array = self.valid.sum(axis=1).astype(np.int64)
+        return counts
+
     def _packed_inputs(self, inp: Inputs) -> np.ndarray:
         if inp.packed is None:
             if inp.hold_cap is None:
@@ -340,6 +348,7 @@ class Model:
             knees,
             self._packed_inputs(inp),
             np.ascontiguousarray(occ, dtype=float),
+            self._counts(),
             np.ascontiguousarray(dyn.u, dtype=float),
             np.ascontiguousarray(dyn.rho, dtype=float),
             np.ascontiguousarray(dyn.eta, dtype=float),
@@ -392,6 +401,7 @@ class Model:
             self._packed_inputs(inp),
             np.ascontiguousarray(inp.masks, dtype=float),
             np.ascontiguousarray(occ, dtype=float),
+            self._counts(),
             np.ascontiguousarray(sol.miss_ratio, dtype=float),
             np.ascontiguousarray(sol.access_rate, dtype=float),
             np.ascontiguousarray(sol.latency_ns, dtype=float),

@@ -91,3 +91,35 @@ def test_a_models_rows_solve_as_the_whole_model_does() -> None:
     np.testing.assert_array_equal(new_p, new[rows])
     np.testing.assert_array_equal(eta_p, eta[rows])
     np.testing.assert_array_equal(m_p, m[rows])
+
+
+def test_padding_workloads_are_skipped_without_moving_a_bit(monkeypatch) -> None:
+    """A batch pads every node to its widest mix; the solves skip a node's padding rows
+    (Model._counts), which draw nothing and hold nothing: a batch of random mixes of 1-5
+    workloads padded to 16 steps through allocation changes and changing loads exactly as
+    when every row is solved."""
+    from agent.sim.batch import SimBatch
+    from agent.sim.mixes import random_scenario
+    from agent.sim.model import Model
+
+    scns = [random_scenario(seed) for seed in (0, 1, 2, 3, 5, 7, 8, 14)]
+    rows = np.arange(len(scns))
+    runs = []
+    for solve_padding in (False, True):
+        if solve_padding:
+            monkeypatch.setattr(Model, "_counts", lambda self: np.full(self.B, self.n))
+        batch = SimBatch(scns, list(rows), max_workloads=16)
+        assert (batch.engine.model._counts() < 16).all() != solve_padding
+        rng = np.random.default_rng(4)
+        seen = []
+        for step in range(10):
+            if step % 3 == 0:  # each group's mask shrunk by 0-2 ways
+                gm = batch.gmask >> rng.integers(0, 3, batch.gmask.shape)
+                gm = np.where(batch.gmask > 0, np.maximum(gm, 1), 0)
+                batch.set_allocation(rows, gm, batch.gmb.copy(), np.ones(len(rows), dtype=bool))
+            batch.advance(0.3)
+            obs = batch.observe()
+            seen += [obs.counters, obs.latency_ms, batch.engine.occ.copy()]
+        runs.append(seen)
+    for skipped, solved in zip(*runs, strict=True):
+        np.testing.assert_array_equal(skipped, solved)
