@@ -340,10 +340,13 @@ def solve(mach, wl, knees, x, occ, counts, dyn_u, dyn_rho, dyn_eta, tol):
 
 
 @_jit
-def _step_occupancy(mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate, lines, new, eta):
+def _step_occupancy(
+    mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate, lines, new, eta, ins, held
+):  # fmt: skip
     """Occupancy ``new`` of node ``b`` after ``dt`` s with constant insertion from the start
-    occupancy ``occ`` (n, W), each line's eviction rate by others into ``eta``; returns the
-    bytes each workload holds after it.
+    occupancy ``occ`` (n, W), each line's eviction rate by others into ``eta`` and the
+    bytes each workload holds after it into ``held`` (``miss_rate`` is used up: lines
+    migrating into a mask are added to it; ``ins``: (n, W) scratch).
 
     Free space fills first, then each inserted line evicts a line of the way chosen in
     proportion to occupancy. On a non-inclusive LLC (``migrate``), a line hit outside the
@@ -353,7 +356,7 @@ def _step_occupancy(mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate
     footprint: its inserts replace its own lines in its mask first, then elsewhere."""
     n, W = occ.shape
     wb = mach[b, WAY_BYTES]
-    mr = miss_rate.copy()
+    mr = miss_rate
     for i in range(n):
         for j in range(W):
             new[i, j] = occ[i, j]
@@ -367,7 +370,6 @@ def _step_occupancy(mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate
                     new[i, j] = occ[i, j] - mv
                     moved += mv
             mr[i] += moved / (LINE * dt)
-    ins = np.empty((n, W))
     for i in range(n):
         per_miss = LINE / x[b, i, NWAYS]
         for j in range(W):
@@ -387,7 +389,6 @@ def _step_occupancy(mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate
             new[i, j] = (ins[i, j] * t1 + new[i, j] - ss) * decay + ss
         for i in range(n):  # eviction by others' inserts, (R_j - I_wj) / way bytes
             ins[i, j] = (rate - ins[i, j]) / wb
-    held = np.empty(n)
     for i in range(n):
         # Its mask keeps at most ``hold_cap`` of its footprint (set conflicts); lines it
         # still holds outside the mask (a mask that shrank) are not limited by the mask.
@@ -429,20 +430,24 @@ def _step_occupancy(mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate
             evict += new[i, j] * ins[i, j]
         eta[i] = evict / max(tot, 1e-30)
         held[i] = tot
-    return held
 
 
 @_jit
 def _end_miss_ratio(
-    mach, wl, knees, x, masks, b, occ, m, access, dt, migrate, lines, dyn_rho, new, eta, end
+    mach, wl, knees, x, masks, b, occ, m, access, dt, migrate, lines, dyn_rho, scratch
 ):
     """One evaluation of the backward-Euler step: insert at miss ratio ``m`` and access rate
-    ``access`` over ``dt``, and the miss ratio ``end`` the occupancy it leaves gives."""
+    ``access`` over ``dt``, and the miss ratio ``end`` the occupancy it leaves gives
+    (``scratch``: the occupancy ``new``, eviction rates ``eta``, ``end``, and room for
+    the step's per-way inserts and (miss rate, hit rate, bytes held) per workload)."""
+    new, eta, end, ins, rates = scratch
     n = occ.shape[0]
-    miss_rate = access * m
-    hit_rate = access * (1.0 - m)
-    held = _step_occupancy(
-        mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate, lines, new, eta
+    miss_rate, hit_rate, held = rates[0], rates[1], rates[2]
+    for i in range(n):
+        miss_rate[i] = access[i] * m[i]
+        hit_rate[i] = access[i] * (1.0 - m[i])
+    _step_occupancy(
+        mach, wl, x, masks, b, occ, miss_rate, dt, migrate, hit_rate, lines, new, eta, ins, held
     )
     for i in range(n):
         e = _miss_ratio(wl, knees, b, i, held[i], x[b, i, WS_S])
@@ -491,12 +496,10 @@ def _evaluate(mach, wl, knees, x, masks, b, o, m, access, step, scratch, out):
     ``scratch`` (occupancy, eviction rates, end miss ratio) holds the result, which
     becomes the node's in ``out`` (occupancy, eviction rates, miss ratio, evaluations)."""
     dt, migrate, lines, rho = step
-    new, eta, end = scratch
+    new, eta = scratch[0], scratch[1]
     out_occ, out_eta, out_m, evaluations = out
     evaluations[b] += 1
-    _end_miss_ratio(
-        mach, wl, knees, x, masks, b, o, m, access, dt, migrate, lines, rho, new, eta, end
-    )
+    _end_miss_ratio(mach, wl, knees, x, masks, b, o, m, access, dt, migrate, lines, rho, scratch)
     _keep(b, new, eta, m, out_occ, out_eta, out_m)
 
 
@@ -526,7 +529,7 @@ def advance(
     out_m = np.empty((B, n))
     evaluations = np.zeros(B, dtype=np.int64)
     out = (out_occ, out_eta, out_m, evaluations)
-    scratch = (np.empty((n, W)), np.empty(n), np.empty(n))
+    scratch = (np.empty((n, W)), np.empty(n), np.empty(n), np.empty((n, W)), np.empty((3, n)))
     work = np.empty((11, n))
     for b in range(B):
         k = counts[b]
@@ -550,6 +553,7 @@ def _advance_node(
     ``work``: scratch of at least n rows)."""
     n, W = o.shape
     new, eta, end = buffers[0][:n], buffers[1][:n], buffers[2][:n]
+    scratch = (new, eta, end, buffers[3][:n], buffers[4][:, :n])
     a, last, m, ra, access, lines, lo, rlo, hi, rhi, side = (
         work[0], work[1], work[2], work[3], work[4], work[5], work[6], work[7], work[8],
         work[9], work[10],
@@ -562,7 +566,6 @@ def _advance_node(
                 held += o[i, j]
             lines[i] = max(held, LINE) / LINE
     step = (dt, migrate, lines, rho)
-    scratch = (new, eta, end)
     guessed = False
     for i in range(n):
         if guess[i] != 0.0:
