@@ -323,7 +323,8 @@ class Model:
         return packed
 
     def _counts(self) -> np.ndarray:
-        """(B,) each node's workloads: the first of its rows; the rest pad the batch."""
+        """(B,) how many workloads each node has: they are its first rows, the rest pad the
+        batch (padding rows never run, so the solves skip them)."""
         counts = self.__dict__.get("_count_array")
         if counts is None:
             counts = self._count_array = self.valid.sum(axis=1).astype(np.int64)
