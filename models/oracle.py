@@ -572,8 +572,12 @@ class Oracle(Controller):
         if not (self.objective is None or isinstance(self.objective, str)):
             return None
         if self._scenario_key is None:
-            scn = self.sim.scenario  # its catalog by identity: repr leaves it out
-            text = f"{id(scn.catalog)}|{scn!r}|{sorted(self.sim.groups().items())!r}"
+            scn = self.sim.scenario
+            # The scenario's repr leaves its catalog out: what the catalog gives it (its
+            # machine and workloads) by content, so that another catalog, even one at a
+            # freed one's address, never shares a plan unless it describes the same node.
+            given = (scn.catalog.machine(scn.machine), [w.spec for w in self.sim.workloads()])
+            text = f"{given!r}|{scn!r}|{sorted(self.sim.groups().items())!r}"
             self._scenario_key = hashlib.sha256(text.encode()).hexdigest()
         return (
             self._scenario_key,

@@ -138,6 +138,33 @@ def test_each_load_level_is_searched_once_and_identical_searches_are_shared() ->
     assert stats["oracle_searches"] == 2 and stats["oracle_evaluations"] > 0
 
 
+def test_searches_are_shared_by_catalogs_that_describe_the_same_node_only() -> None:
+    """The memo keys a scenario by what its catalog gives it, not by the catalog object:
+    an equal copy of the catalog shares the searches; one whose memcached misses more
+    (the same scenario text) searches anew."""
+    import dataclasses
+
+    from agent.sim.catalog import Catalog, default_catalog
+
+    base = default_catalog()
+    copy = Catalog(dict(base.machines), dict(base.workloads), dict(base.scenarios))
+    kv = base.workload("memcached")
+    hungrier = Catalog(
+        dict(base.machines),
+        {**base.workloads, "memcached": dataclasses.replace(kv, apki=2 * kv.apki)},
+        dict(base.scenarios),
+    )
+    _MEMO.clear()
+    first = Oracle(SimNode(step_scenario(0.75), seed=3))
+    drive(first, first.sim, first.sim, 40)
+    reused = {}
+    for name, cat in (("copy", copy), ("hungrier", hungrier)):
+        oracle = Oracle(SimNode(dataclasses.replace(step_scenario(0.75), catalog=cat), seed=3))
+        drive(oracle, oracle.sim, oracle.sim, 40)
+        reused[name] = oracle.reused
+    assert first.searches == 2 and reused == {"copy": 2, "hungrier": 0}
+
+
 def test_the_allocation_held_meets_every_margined_slo_on_the_steady_state() -> None:
     node = SimNode(step_scenario(0.75), seed=0)
     oracle = Oracle(node)
