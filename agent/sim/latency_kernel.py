@@ -69,10 +69,11 @@ def mixture(w, s, a, q, probs, dp, p_first, p_last):
     rkeys = np.empty(n, dtype=np.int64)
     heads, next_of = np.empty(c, dtype=np.int64), np.empty(c, dtype=np.int64)
     pos, cdf = np.empty(n), np.empty(n)
+    low = _low_mask(n)  # the same for every mixture of the call
     for r in range(R):
         x0 = _points(w[r], s[r], a[r], q[r], dp, p_first, p_last, rel, d_slope, step)
-        _sort_points(rel, K, runs, heads, next_of, keys)
-        _union_cdf(rel, d_slope, step, keys, pos, cdf)
+        _sort_points(rel, K, low, runs, heads, next_of, keys)
+        _union_cdf(rel, d_slope, step, keys, low, pos, cdf)
         _invert(probs, pos, cdf, rkeys, x0, out[r])
     return out
 
@@ -140,7 +141,7 @@ def _low_mask(n):
 
 
 @jit
-def _sort_points(rel, K, runs, heads, next_of, keys):
+def _sort_points(rel, K, low, runs, heads, next_of, keys):
     """``keys``: the union's points in order, each as its bits (points are >= 0, so their
     bits order as they do) with its index in the low bits (``_low_mask``), as numpy's
     sort of those keys puts them. A component's points rise with its quantile function,
@@ -148,7 +149,6 @@ def _sort_points(rel, K, runs, heads, next_of, keys):
     is sorted with the rest)."""
     n = rel.shape[0]
     c = n // K
-    low = _low_mask(n)
     bits = rel.view(np.int64)
     ordered = True
     for i in range(n):
@@ -176,12 +176,11 @@ def _sort_points(rel, K, runs, heads, next_of, keys):
 
 
 @jit
-def _union_cdf(rel, d_slope, step, keys, pos, cdf):
+def _union_cdf(rel, d_slope, step, keys, low, pos, cdf):
     """The union of the points in order (``pos``, from the sorted ``keys``) and the
     mixture's CDF just after each (``cdf``): the slope a running sum of its changes, the
     CDF a running sum of slope x gap plus the steps, kept non-decreasing."""
     n = rel.shape[0]
-    low = _low_mask(n)
     slopes = lin = acc = 0.0
     for i in range(n):
         at = keys[i] & low
