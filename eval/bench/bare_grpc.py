@@ -9,14 +9,14 @@ no interceptor, no node) on 127.0.0.1 and prints its port:
 
 ``sync`` is grpcio's synchronous server (a thread pool), ``aio`` its asyncio server -- the
 kind the agent runs -- in reader-writer style, as the agent's Session is.
-:class:`BareClient` is the client side, with grpcio's synchronous API as RemoteNode uses
-it: a blocking unary call, and a stream fed from a queue.
+:class:`BareClient` is the client side, made as RemoteNode makes its calls: a blocking
+unary call on grpcio's synchronous API, and a grpc.aio stream on a private event loop that
+the calling thread runs for each message (agent/client.py, ``_AioLink`` and ``_Session``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import struct
 import subprocess
 import sys
@@ -104,17 +104,26 @@ class BareClient:
     def __init__(self, address: str) -> None:
         self.channel = grpc.insecure_channel(address)
         self.unary = self.channel.unary_unary(UNARY)
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._stream = self.channel.stream_stream(STREAM)(iter(self._requests.get, None))
+        self._loop = asyncio.new_event_loop()
+        self._aio_channel, self._stream = self._loop.run_until_complete(self._open(address))
+
+    @staticmethod
+    async def _open(address: str):
+        channel = grpc.aio.insecure_channel(address)  # made on the loop, as grpc.aio asks
+        return channel, channel.stream_stream(STREAM)()
+
+    async def _exchange(self, message: bytes) -> bytes:
+        await self._stream.write(message)
+        return await self._stream.read()
 
     def ask(self, message: bytes) -> bytes:
         """One message round trip on the stream."""
-        self._requests.put(message)
-        return next(self._stream)
+        return self._loop.run_until_complete(self._exchange(message))
 
     def close(self) -> None:
-        self._requests.put(None)
         self._stream.cancel()
+        self._loop.run_until_complete(self._aio_channel.close())
+        self._loop.close()
         self.channel.close()
 
 
