@@ -43,6 +43,8 @@ def read_token(
             raise error(f"token file {token_file!r} is empty")
     if token is None and os.environ.get(TOKEN_ENV):
         token = os.environ[TOKEN_ENV].strip()
+        if not token:  # a blank value must not turn authentication off unnoticed
+            raise error(f"${TOKEN_ENV} is set but blank; unset it or give it a token")
     return token
 
 

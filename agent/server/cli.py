@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.argtypes import non_negative_float
+from agent.argtypes import non_negative_float, positive_float
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,8 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--tls-client-ca", metavar="FILE", help="require client certs from this CA")
     net.add_argument("--token-file", metavar="FILE", help="file holding the bearer token")
     net.add_argument("--max-message-bytes", type=int, metavar="N", help="largest message")
-    net.add_argument("--rate-limit", type=float, metavar="RPS", help="requests/s per client host")
-    net.add_argument("--rate-burst", type=float, metavar="N", help="burst allowance per client")
+    net.add_argument(
+        "--rate-limit", type=positive_float, metavar="RPS", help="requests/s per client host"
+    )
+    net.add_argument(
+        "--rate-burst", type=positive_float, metavar="N", help="burst allowance per client"
+    )
     net.add_argument(
         "--latency-scrape",
         action="append",

@@ -31,6 +31,7 @@ Example ``agent.yaml``::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,12 @@ from agent.server.metrics_http import MetricsEndpoint
 from agent.server.scrape import ScrapeTarget
 from agent.server.security import ConfigError, check_exposure, parse_listen, read_token
 from agent.types import validate_group_name
+
+# grpc's channel arguments and concurrency limit are C ints: a larger value fails at start.
+GRPC_INT_MAX = 2**31 - 1
+# Longer than any orchestrator waits for a stopping process (Kubernetes: 30 s by default);
+# far below what the stop's own timers can hold (threading.TIMEOUT_MAX).
+MAX_GRACE_S = 3600.0
 
 
 @dataclass
@@ -108,16 +115,27 @@ class AgentConfig:
         for path in (self.tls_cert, self.tls_key, self.tls_client_ca):
             if path and not Path(path).is_file():
                 raise ConfigError(f"TLS file {path!r} does not exist")
-        if self.max_message_bytes < 1024:
-            raise ConfigError("max_message_bytes must be at least 1024")
-        if self.rate_limit is not None and (self.rate_limit <= 0 or self.rate_burst < 1):
-            raise ConfigError("rate limit needs rate > 0 and burst >= 1")
+        if not 1024 <= self.max_message_bytes <= GRPC_INT_MAX:
+            raise ConfigError(f"max_message_bytes must be in [1024, {GRPC_INT_MAX}]")
+        if not 1 <= self.max_concurrent_rpcs <= GRPC_INT_MAX:
+            raise ConfigError(f"max_concurrent_rpcs must be in [1, {GRPC_INT_MAX}]")
+        # Written as "not (ok)" so that NaN, which fails every comparison, is refused.
+        if self.rate_limit is not None and not (
+            math.isfinite(self.rate_limit)
+            and math.isfinite(self.rate_burst)
+            and self.rate_limit > 0
+            and self.rate_burst >= 1
+        ):
+            raise ConfigError(
+                "rate limit needs a finite rate > 0 and a finite burst >= 1, got "
+                f"rate {self.rate_limit:g}, burst {self.rate_burst:g}"
+            )
         if self.max_streams < 1 or self.max_sessions < 0:
             raise ConfigError("max_streams must be >= 1 and max_sessions >= 0")
         if self.max_workers < 1:
             raise ConfigError("max_workers must be >= 1")
-        if self.grace_s < 0:
-            raise ConfigError("grace_s must be >= 0")
+        if not 0 <= self.grace_s <= MAX_GRACE_S:
+            raise ConfigError(f"grace_s must be in [0, {MAX_GRACE_S:g}] s, got {self.grace_s:g}")
         for group in self.latency_scrape:
             validate_group_name(group, error=ConfigError)
         check_exposure(parse_listen(self.listen), self.tls, self.token)
@@ -136,7 +154,6 @@ class AgentConfig:
 
 _D = AgentConfig()  # the defaults, once: the file's fields default to the same values
 ENV_PREFIX = "RDTUNE_AGENT"  # RDTUNE_AGENT__LISTEN=..., RDTUNE_AGENT__RATE_LIMIT__RATE=...
-NonNegative = Annotated[Finite, Field(ge=0)]
 Positive = Annotated[Finite, Field(gt=0)]
 
 
@@ -180,14 +197,14 @@ class AgentFile(Strict):
     metrics_token_file: str | None = None
     tls: TlsFiles | None = None
     token_file: str | None = None
-    max_message_bytes: Annotated[int, Field(ge=1024)] = _D.max_message_bytes
+    max_message_bytes: Annotated[int, Field(ge=1024, le=GRPC_INT_MAX)] = _D.max_message_bytes
     max_workers: Annotated[int, Field(ge=1)] = _D.max_workers
     max_streams: Annotated[int, Field(ge=1)] = _D.max_streams
     max_sessions: Annotated[int, Field(ge=0)] = _D.max_sessions
-    max_concurrent_rpcs: Annotated[int, Field(ge=1)] = _D.max_concurrent_rpcs
+    max_concurrent_rpcs: Annotated[int, Field(ge=1, le=GRPC_INT_MAX)] = _D.max_concurrent_rpcs
     rate_limit: RateLimitFile | None = RateLimitFile()  # null: no limit
     restore_on_exit: bool = _D.restore_on_exit
-    grace_s: NonNegative = _D.grace_s
+    grace_s: Annotated[Finite, Field(ge=0, le=MAX_GRACE_S)] = _D.grace_s
     latency_scrape: dict[str, ScrapeFile] = {}
 
     def to_config(self, where: str) -> AgentConfig:

@@ -116,3 +116,34 @@ def test_unknown_scenario_is_a_clear_error() -> None:
     )
     assert out.returncode == 2
     assert "no-such-scenario" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "yaml", "env", "message"),
+    [
+        # NaN passed every comparison the checks made: a NaN burst refused every RPC, a NaN
+        # rate turned the limit off.
+        (["--rate-limit", "nan"], None, {}, "'nan' is not a finite number"),
+        (["--rate-burst", "nan"], None, {}, "'nan' is not a finite number"),
+        # Finite but beyond the stop's timers: SIGTERM crashed the shutdown (OverflowError).
+        (["--grace", "1e300"], None, {}, "grace_s must be in [0, 3600] s"),
+        ([], "grace_s: 1.0e+300\n", {}, "grace_s: must be less than or equal to 3600"),
+        # grpc's C ints: the agent died at start with a traceback.
+        (["--max-message-bytes", "2147483648"], None, {}, "max_message_bytes must be in"),
+        ([], "max_concurrent_rpcs: 2147483648\n", {}, "max_concurrent_rpcs: must be less than"),
+        # A blank token turned authentication off without a word; a blank file was refused.
+        ([], None, {"RDTUNE_AGENT_TOKEN": "   "}, "RDTUNE_AGENT_TOKEN is set but blank"),
+    ],
+)
+def test_bad_numbers_and_a_blank_token_are_refused_before_serving(
+    tmp_path, flags, yaml, env, message
+) -> None:
+    if yaml is not None:
+        (tmp_path / "agent.yaml").write_text(yaml)
+        flags = [*flags, "--config", str(tmp_path / "agent.yaml")]
+    cmd = [sys.executable, "-m", "tuner.cli", "agent", "--backend", "sim"]
+    cmd += ["--listen", "127.0.0.1:0", "--metrics-listen", "", *flags]
+    # A process, with a timeout: a value wrongly accepted starts an agent that serves.
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert out.returncode == 2, out
+    assert message in out.stderr and "Traceback" not in out.stderr, out.stderr
