@@ -50,7 +50,7 @@ class Tasks:
 
     def _locate(self, pids: set[int]) -> dict[int, str]:
         """The group directory (relative to the root, "" for the default group) of each pid,
-        read before a multi-pid move so a failure can put the moved ones back."""
+        read before a move that can fail after a pid moved, so the moved ones go back."""
         where: dict[int, str] = {}
         for entry in [e for e in os.listdir(self.root) if e != "info"]:
             base = os.path.join(self.root, entry)
@@ -97,7 +97,9 @@ class Tasks:
                     raise InvalidCpus(
                         f"cannot assign CPUs {sorted(offline)} to group {group!r}: not online"
                     )
-            before = self._locate(set(pids)) if len(pids) > 1 else {}
+            # A lone pid whose own write fails moved nowhere, but one moved before a
+            # refused CPU write has to go back: only then is the look-up needed.
+            before = self._locate(set(pids)) if len(pids) > 1 or (pids and cpus) else {}
             moved: list[int] = []
             try:
                 for pid in pids:

@@ -387,6 +387,22 @@ def test_bad_cpus(intel: Emulated, inode: ResctrlNode, children: list[int]) -> N
     assert intel.read(f"{PREFIX}a/cpus_list") == "1-2,5\n"
 
 
+@pytest.mark.parametrize("start", [f"{PREFIX}b", "mon_groups/m"])
+def test_refused_cpus_put_a_single_task_back_where_it_was(
+    intel: Emulated, inode: ResctrlNode, children: list[int], start: str
+) -> None:
+    _two_groups(inode)
+    if not os.path.isdir(os.path.join(intel.root, start)):
+        os.mkdir(os.path.join(intel.root, start))
+    with open(os.path.join(intel.root, start, "tasks"), "w") as f:
+        f.write(f"{children[0]}\n")
+    intel.model.fail_next_write(f"{PREFIX}a/cpus_list", errno.EINVAL, "Bad CPU list/mask")
+    with pytest.raises(InvalidCpus, match="Bad CPU list/mask"):
+        inode.assign("a", pids=[children[0]], cpus=[1])
+    assert inode.tasks("a") == frozenset()
+    assert str(children[0]) in intel.read(f"{start}/tasks").split(), "back where it was"
+
+
 # ---------------------------------------------------------------------- observe
 
 
