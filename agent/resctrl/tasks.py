@@ -41,6 +41,7 @@ class Tasks:
         path = self._path(group, "tasks")
         with self._lock.shared():
             self._require(group)
+            self._require_unchanged([group])
             try:
                 text = discovery.read_text(path)
             except FileNotFoundError:
@@ -88,6 +89,7 @@ class Tasks:
             if not os.path.isdir(self._dir(group)):
                 self._check_vanished()
                 raise GroupNotFound(group, "it vanished")
+            self._require_unchanged([group])
             for pid in pids:
                 if not os.path.exists(os.path.join(self.proc, str(pid))):
                     raise UnknownTask(pid, f"no task with pid {pid} (not in {self.proc})")

@@ -9,7 +9,7 @@ import json
 import os
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -320,6 +320,65 @@ def test_a_group_re_made_by_someone_else_is_not_adopted(intel: Emulated) -> None
         again.apply(AllocationPlan.uniform({"svc": GroupAllocation(l3_mask=0xFF)}, (0, 1)))
     held = schemata.parse(intel.read(f"{PREFIX}svc/schemata"))
     assert held.get("L3", 0) == held.get("L3", 1) == 0x3, "left as its owner wrote it"
+
+
+def _remade_apply(node: ResctrlNode, pid: int) -> None:
+    node.apply(AllocationPlan.uniform({"x": GroupAllocation(l3_mask=0xFF)}, (0, 1)))
+
+
+def _remade_observe(node: ResctrlNode, pid: int) -> None:
+    snap = node.observe()
+    if "x" in snap.groups or "x" not in snap.vanished:
+        raise AssertionError(f"observed as own: {sorted(snap.groups)}, {set(snap.vanished)}")
+
+
+def _remade_tasks(node: ResctrlNode, pid: int) -> None:
+    if node.tasks("x"):
+        raise AssertionError("the other owner's tasks listed as own")
+
+
+def _remade_groups(node: ResctrlNode, pid: int) -> None:
+    if "x" in node.groups():
+        raise AssertionError("still claimed")
+
+
+@pytest.mark.parametrize(
+    ("call", "still_vanished"),
+    [
+        pytest.param(_remade_apply, {"x"}, id="apply"),
+        pytest.param(lambda node, pid: node.assign("x", pids=[pid]), {"x"}, id="assign"),
+        pytest.param(_remade_tasks, {"x"}, id="tasks"),
+        pytest.param(_remade_observe, {"x"}, id="observe"),
+        pytest.param(_remade_groups, {"x"}, id="groups"),
+        # as for a group that vanished: deleted means forgotten
+        pytest.param(lambda node, pid: node.delete_group("x"), set(), id="delete_group"),
+    ],
+)
+def test_a_running_node_leaves_its_group_re_made_by_someone_else_alone(
+    intel: Emulated,
+    children: list[int],
+    call: Callable[[ResctrlNode, int], None],
+    still_vanished: set[str],
+) -> None:
+    node = make_node(intel, check_markers=True)  # see ResctrlNode on the emulator
+    node.create_group(GroupSpec("x"))
+    node.create_group(GroupSpec("y"))
+    node.observe()
+    os.rmdir(f"{intel.root}/{PREFIX}x")
+    os.mkdir(f"{intel.root}/{PREFIX}x")  # same name, another owner
+    intel.write(f"{PREFIX}x/schemata", "L3:0=3;1=3\n")
+    intel.write(f"{PREFIX}x/tasks", f"{children[0]}\n")
+    try:
+        call(node, children[1])
+    except GroupNotFound as exc:
+        assert "re-created by someone else" in str(exc)
+    assert os.path.isdir(f"{intel.root}/{PREFIX}x"), "never removed"
+    held = schemata.parse(intel.read(f"{PREFIX}x/schemata"))
+    assert held.get("L3", 0) == held.get("L3", 1) == 0x3, "left as its owner wrote it"
+    assert intel.read(f"{PREFIX}x/tasks").split() == [str(children[0])]
+    assert node.vanished() == still_vanished and set(node.groups()) == {"y"}
+    node.apply(AllocationPlan.uniform({"y": GroupAllocation(l3_mask=0xF)}, (0, 1)))
+    node.close()
 
 
 # ---------------------------------------------------------------------- tasks and cpus
