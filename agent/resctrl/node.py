@@ -362,7 +362,13 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
             self._save()
             self._journal.clear()
 
+    def interrupt(self) -> None:
+        """The agent is stopping: a call waiting for another tool's resctrl lock gives up
+        (LockInterrupted) and writes nothing; later calls take the lock only if it is free."""
+        self._lock.interrupt()
+
     def close(self) -> None:
+        self.interrupt()  # a closed node must not write once another tool lets go
         if self.pmc is not None and self._own_pmc:
             self.pmc.close()
         self.pmc = None

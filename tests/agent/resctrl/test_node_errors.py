@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import resource
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -24,7 +25,7 @@ from agent.errors import (
 )
 from agent.pmc import PmcReader
 from agent.resctrl import ResctrlNode, schemata
-from agent.resctrl.lock import ResctrlLock
+from agent.resctrl.lock import LockInterrupted, ResctrlLock
 from agent.types import (
     SLO,
     AllocationPlan,
@@ -573,6 +574,47 @@ def test_lock_held_by_another_user_gives_a_clear_error(intel: Emulated) -> None:
     finally:
         os.close(fd)
     node.create_group(GroupSpec("b"))
+
+
+@pytest.mark.parametrize("stop", ["interrupt", "close"])
+def test_a_call_waiting_for_the_lock_gives_up_when_the_agent_stops(
+    intel: Emulated, stop: str
+) -> None:
+    node = make_node(intel, lock_timeout_s=30.0)
+    node.create_group(GroupSpec("a"))
+    before = intel.read(f"{PREFIX}a/schemata")
+    plan = AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0xF)}, (0, 1))
+    errors: list[Exception] = []
+
+    def apply() -> None:
+        try:
+            node.apply(plan)
+        except Exception as exc:
+            errors.append(exc)
+
+    fd = os.open(intel.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # pqos doing a read-modify-write
+        waiting = threading.Thread(target=apply, daemon=True)
+        waiting.start()
+        time.sleep(0.2)
+        assert waiting.is_alive(), "waiting for the lock"
+        started = time.monotonic()
+        getattr(node, stop)()
+        waiting.join(2.0)
+        assert not waiting.is_alive() and time.monotonic() - started < 1.0
+        assert len(errors) == 1 and isinstance(errors[0], LockInterrupted)
+        assert "interrupted: the agent is stopping" in str(errors[0])
+        assert errors[0].code == "UNAVAILABLE"
+        started = time.monotonic()
+        with pytest.raises(LockInterrupted):  # and one coming later does not wait either
+            node.apply(plan)
+        assert time.monotonic() - started < 1.0
+    finally:
+        os.close(fd)  # the other tool lets go
+    time.sleep(0.1)
+    assert intel.read(f"{PREFIX}a/schemata") == before, "nothing written after the stop"
+    assert set(node.allocation()) == {"a"}, "a free lock is still taken (restore-on-exit)"
 
 
 def test_the_lock_nests_but_never_upgrades(intel: Emulated) -> None:
