@@ -110,7 +110,8 @@ class Allocations:
 
     def apply(self, plan: AllocationPlan, *, dry_run: bool = False) -> Allocation:
         with self._lock.exclusive():
-            self._check_vanished()
+            # Markers only of the groups written (below): a stat each, not one per group.
+            self._check_vanished(markers=False)
             held = self._read_all()
             current = Allocation({n: self._to_alloc(s) for n, s in held.items()})
             ctx = PlanContext(
@@ -132,6 +133,7 @@ class Allocations:
                 if changes:
                     writes.append((self._growth(changes, held[group]), group, changes))
             writes.sort(key=lambda w: w[0])  # shrinking groups first: no transient overlap
+            self._require_unchanged([g for _, g, _ in writes])
             if len(writes) > 1:
                 # One schemata write is atomic in the kernel; several are not: journal the
                 # old values so a crash between them is rolled back at the next start.

@@ -2,7 +2,9 @@
 
 pqos and other resctrl users take ``LOCK_EX`` on the root for read-modify-write sequences
 and ``LOCK_SH`` for reads; we do the same, with a timeout so a stuck peer gives a clear
-error instead of a hung agent.
+error instead of a hung agent. A stopping agent interrupts the wait (:meth:`ResctrlLock.interrupt`):
+a call still waiting for another tool would otherwise write once that tool lets go, after the
+agent has said it stopped and its client was told so.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from agent.errors import KernelError
+from agent.errors import KernelError, NodeError
+
+
+class LockInterrupted(NodeError):
+    """The wait for the resctrl lock was given up because the agent is stopping."""
+
+    code = "UNAVAILABLE"
 
 
 class ResctrlLock:
@@ -26,6 +34,12 @@ class ResctrlLock:
         self.timeout_s = timeout_s
         self._local = threading.local()
         self._mutex = threading.RLock()  # flock is per open file: serialise our own threads
+        self._interrupted = threading.Event()
+
+    def interrupt(self) -> None:
+        """Make every wait for the flock, in progress or to come, give up with
+        :class:`LockInterrupted`; a lock free at once is still taken (restore-on-exit)."""
+        self._interrupted.set()
 
     @contextmanager
     def hold(self, exclusive: bool) -> Iterator[None]:
@@ -66,17 +80,25 @@ class ResctrlLock:
                 fcntl.flock(fd, op | fcntl.LOCK_NB)
                 return
             except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    kind = "exclusive" if op == fcntl.LOCK_EX else "shared"
-                    raise KernelError(
-                        f"could not take the {kind} lock on {self.root} within "
-                        f"{self.timeout_s:g} s: another resctrl user (pqos, a container "
-                        "runtime) holds it",
-                        err=errno.EWOULDBLOCK,
-                        path=self.root,
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
+                pass
+            kind = "exclusive" if op == fcntl.LOCK_EX else "shared"
+            # Not retried once interrupted: a lock freed a moment later would let the
+            # write through after the agent stopped.
+            if self._interrupted.is_set():
+                raise LockInterrupted(
+                    f"interrupted: the agent is stopping (it was waiting for the {kind} lock "
+                    f"on {self.root}, held by another resctrl user); nothing was written"
+                )
+            if time.monotonic() >= deadline:
+                raise KernelError(
+                    f"could not take the {kind} lock on {self.root} within "
+                    f"{self.timeout_s:g} s: another resctrl user (pqos, a container "
+                    "runtime) holds it",
+                    err=errno.EWOULDBLOCK,
+                    path=self.root,
+                )
+            self._interrupted.wait(delay)
+            delay = min(delay * 2, 0.05)
 
     def shared(self):
         return self.hold(exclusive=False)

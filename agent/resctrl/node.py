@@ -4,7 +4,8 @@ resctrl filesystem, perf_event_open counters and an LC latency feed.
 Follows docs/RESCTRL.md: owns only the groups it created -- recorded in a state
 file by name, kind, SLO and a marker of the directory (agent/resctrl/state.py) and adopted
 again after a restart; a directory with its prefix that it did not record is someone
-else's and is never changed or removed. It notices own groups deleted by someone else,
+else's and is never changed or removed. It notices own groups deleted by someone else
+(or deleted and made again under the same name: the marker tells them apart),
 validates every plan with agent.validate before the first write, writes one schemata per
 group (shrinking groups first), restores what it changed when the kernel refuses a write,
 and returns what the kernel really holds, parsed by value. Reads take a shared flock on
@@ -337,6 +338,10 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
                 self._untrack(name)
                 self._save()
                 return
+            if self._find_remade([name]):  # gone as if deleted; the new one is not ours
+                del self._vanished[name]
+                self._save()
+                return
             self._intend({"op": "delete", "name": name}, f"delete group {name!r}")
             try:
                 os.rmdir(path)
@@ -357,7 +362,13 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
             self._save()
             self._journal.clear()
 
+    def interrupt(self) -> None:
+        """The agent is stopping: a call waiting for another tool's resctrl lock gives up
+        (LockInterrupted) and writes nothing; later calls take the lock only if it is free."""
+        self._lock.interrupt()
+
     def close(self) -> None:
+        self.interrupt()  # a closed node must not write once another tool lets go
         if self.pmc is not None and self._own_pmc:
             self.pmc.close()
         self.pmc = None

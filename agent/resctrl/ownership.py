@@ -11,7 +11,7 @@ import logging
 import os
 from dataclasses import replace
 
-from agent.errors import GroupExists, Unsupported
+from agent.errors import GroupExists, GroupNotFound, Unsupported
 from agent.resctrl import discovery, schemata, state
 from agent.resctrl.lock import ResctrlLock
 from agent.types import (
@@ -256,16 +256,56 @@ class Ownership:
             self._mon_groups,
         )
 
-    def _check_vanished(self) -> None:
+    def _check_vanished(self, markers: bool = True) -> None:
+        """Own groups whose directory is gone, or (with ``markers``: a stat per group)
+        is another one of the same name, become vanished."""
         present = set(os.listdir(self.root))
         gone = [n for n in self._specs if self._dirname(n) not in present]
         for name in gone:
             log.warning("own group %r vanished (deleted by someone else)", name)
-            self._vanished[name] = self._specs.pop(name)
-            self._tracker.forget(name)
-            self._untrack(name)
-        if gone:
+            self._set_vanished(name)
+        if (self._find_remade(list(self._specs)) if markers else []) or gone:
             self._save()
+
+    def _require_unchanged(self, names: list[str]) -> None:
+        """Raise GroupNotFound, before anything is written, if one of ``names`` (own
+        groups) is no longer the directory this node made (it is vanished then)."""
+        remade = self._find_remade(names)
+        if remade:
+            self._save()
+            raise GroupNotFound(
+                remade[0],
+                "it vanished: deleted and re-created by someone else, whose directory it is "
+                "now (left alone; see vanished())",
+            )
+
+    def _find_remade(self, names: list[str]) -> list[str]:
+        """Of ``names`` (own groups), those whose directory was deleted and re-created by
+        someone else since this node made or adopted it, made vanished so that nothing is
+        written to or removed from the other owner's directory. A stat per name; none
+        where markers are not checked (they would tell nothing there)."""
+        if not self.check_markers:
+            return []
+        remade = []
+        for name in names:
+            try:
+                found = state.marker_of(os.path.join(self.root, self._dirname(name)))
+            except OSError:
+                continue  # gone: the listing or the failed write says so
+            if not self._same(self._markers.get(name), found):
+                log.warning(
+                    "own group %r was deleted and re-created by someone else: left alone", name
+                )
+                self._set_vanished(name)
+                remade.append(name)
+        return remade
+
+    def _set_vanished(self, name: str) -> None:
+        # The marker stays recorded: it keeps a restarted node from adopting the new
+        # directory of the same name.
+        self._vanished[name] = self._specs.pop(name)
+        self._tracker.forget(name)
+        self._untrack(name)
 
     def vanished(self) -> frozenset[str]:
         """Own groups deleted by someone else and not re-created or deleted since."""

@@ -41,6 +41,7 @@ class Tasks:
         path = self._path(group, "tasks")
         with self._lock.shared():
             self._require(group)
+            self._require_unchanged([group])
             try:
                 text = discovery.read_text(path)
             except FileNotFoundError:
@@ -50,7 +51,7 @@ class Tasks:
 
     def _locate(self, pids: set[int]) -> dict[int, str]:
         """The group directory (relative to the root, "" for the default group) of each pid,
-        read before a multi-pid move so a failure can put the moved ones back."""
+        read before a move that can fail after a pid moved, so the moved ones go back."""
         where: dict[int, str] = {}
         for entry in [e for e in os.listdir(self.root) if e != "info"]:
             base = os.path.join(self.root, entry)
@@ -88,6 +89,7 @@ class Tasks:
             if not os.path.isdir(self._dir(group)):
                 self._check_vanished()
                 raise GroupNotFound(group, "it vanished")
+            self._require_unchanged([group])
             for pid in pids:
                 if not os.path.exists(os.path.join(self.proc, str(pid))):
                     raise UnknownTask(pid, f"no task with pid {pid} (not in {self.proc})")
@@ -97,7 +99,9 @@ class Tasks:
                     raise InvalidCpus(
                         f"cannot assign CPUs {sorted(offline)} to group {group!r}: not online"
                     )
-            before = self._locate(set(pids)) if len(pids) > 1 else {}
+            # A lone pid whose own write fails moved nowhere, but one moved before a
+            # refused CPU write has to go back: only then is the look-up needed.
+            before = self._locate(set(pids)) if len(pids) > 1 or (pids and cpus) else {}
             moved: list[int] = []
             try:
                 for pid in pids:

@@ -269,6 +269,9 @@ class AgentServer:
                 self._submit(self._stop_serving(grace)).result(grace + STOP_SLACK_S / 2)
             except concurrent.futures.TimeoutError:
                 log.warning("RPCs still running %.3g s after shutdown began", grace + 1)
+            # A call waiting for another tool's resctrl lock would write after "stopped".
+            if callable(interrupt := getattr(self.node, "interrupt", None)):
+                interrupt()
             if self.cfg.restore_on_exit:
                 try:
                     self.host.restore_defaults(timeout=max(0.1, deadline - time.monotonic()))

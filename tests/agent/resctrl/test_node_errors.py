@@ -8,8 +8,9 @@ import fcntl
 import json
 import os
 import resource
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -24,7 +25,7 @@ from agent.errors import (
 )
 from agent.pmc import PmcReader
 from agent.resctrl import ResctrlNode, schemata
-from agent.resctrl.lock import ResctrlLock
+from agent.resctrl.lock import LockInterrupted, ResctrlLock
 from agent.types import (
     SLO,
     AllocationPlan,
@@ -322,6 +323,65 @@ def test_a_group_re_made_by_someone_else_is_not_adopted(intel: Emulated) -> None
     assert held.get("L3", 0) == held.get("L3", 1) == 0x3, "left as its owner wrote it"
 
 
+def _remade_apply(node: ResctrlNode, pid: int) -> None:
+    node.apply(AllocationPlan.uniform({"x": GroupAllocation(l3_mask=0xFF)}, (0, 1)))
+
+
+def _remade_observe(node: ResctrlNode, pid: int) -> None:
+    snap = node.observe()
+    if "x" in snap.groups or "x" not in snap.vanished:
+        raise AssertionError(f"observed as own: {sorted(snap.groups)}, {set(snap.vanished)}")
+
+
+def _remade_tasks(node: ResctrlNode, pid: int) -> None:
+    if node.tasks("x"):
+        raise AssertionError("the other owner's tasks listed as own")
+
+
+def _remade_groups(node: ResctrlNode, pid: int) -> None:
+    if "x" in node.groups():
+        raise AssertionError("still claimed")
+
+
+@pytest.mark.parametrize(
+    ("call", "still_vanished"),
+    [
+        pytest.param(_remade_apply, {"x"}, id="apply"),
+        pytest.param(lambda node, pid: node.assign("x", pids=[pid]), {"x"}, id="assign"),
+        pytest.param(_remade_tasks, {"x"}, id="tasks"),
+        pytest.param(_remade_observe, {"x"}, id="observe"),
+        pytest.param(_remade_groups, {"x"}, id="groups"),
+        # as for a group that vanished: deleted means forgotten
+        pytest.param(lambda node, pid: node.delete_group("x"), set(), id="delete_group"),
+    ],
+)
+def test_a_running_node_leaves_its_group_re_made_by_someone_else_alone(
+    intel: Emulated,
+    children: list[int],
+    call: Callable[[ResctrlNode, int], None],
+    still_vanished: set[str],
+) -> None:
+    node = make_node(intel, check_markers=True)  # see ResctrlNode on the emulator
+    node.create_group(GroupSpec("x"))
+    node.create_group(GroupSpec("y"))
+    node.observe()
+    os.rmdir(f"{intel.root}/{PREFIX}x")
+    os.mkdir(f"{intel.root}/{PREFIX}x")  # same name, another owner
+    intel.write(f"{PREFIX}x/schemata", "L3:0=3;1=3\n")
+    intel.write(f"{PREFIX}x/tasks", f"{children[0]}\n")
+    try:
+        call(node, children[1])
+    except GroupNotFound as exc:
+        assert "re-created by someone else" in str(exc)
+    assert os.path.isdir(f"{intel.root}/{PREFIX}x"), "never removed"
+    held = schemata.parse(intel.read(f"{PREFIX}x/schemata"))
+    assert held.get("L3", 0) == held.get("L3", 1) == 0x3, "left as its owner wrote it"
+    assert intel.read(f"{PREFIX}x/tasks").split() == [str(children[0])]
+    assert node.vanished() == still_vanished and set(node.groups()) == {"y"}
+    node.apply(AllocationPlan.uniform({"y": GroupAllocation(l3_mask=0xF)}, (0, 1)))
+    node.close()
+
+
 # ---------------------------------------------------------------------- tasks and cpus
 
 
@@ -385,6 +445,22 @@ def test_bad_cpus(intel: Emulated, inode: ResctrlNode, children: list[int]) -> N
     inode.assign("a", cpus=[1, 2])
     inode.assign("a", cpus=[5])
     assert intel.read(f"{PREFIX}a/cpus_list") == "1-2,5\n"
+
+
+@pytest.mark.parametrize("start", [f"{PREFIX}b", "mon_groups/m"])
+def test_refused_cpus_put_a_single_task_back_where_it_was(
+    intel: Emulated, inode: ResctrlNode, children: list[int], start: str
+) -> None:
+    _two_groups(inode)
+    if not os.path.isdir(os.path.join(intel.root, start)):
+        os.mkdir(os.path.join(intel.root, start))
+    with open(os.path.join(intel.root, start, "tasks"), "w") as f:
+        f.write(f"{children[0]}\n")
+    intel.model.fail_next_write(f"{PREFIX}a/cpus_list", errno.EINVAL, "Bad CPU list/mask")
+    with pytest.raises(InvalidCpus, match="Bad CPU list/mask"):
+        inode.assign("a", pids=[children[0]], cpus=[1])
+    assert inode.tasks("a") == frozenset()
+    assert str(children[0]) in intel.read(f"{start}/tasks").split(), "back where it was"
 
 
 # ---------------------------------------------------------------------- observe
@@ -498,6 +574,47 @@ def test_lock_held_by_another_user_gives_a_clear_error(intel: Emulated) -> None:
     finally:
         os.close(fd)
     node.create_group(GroupSpec("b"))
+
+
+@pytest.mark.parametrize("stop", ["interrupt", "close"])
+def test_a_call_waiting_for_the_lock_gives_up_when_the_agent_stops(
+    intel: Emulated, stop: str
+) -> None:
+    node = make_node(intel, lock_timeout_s=30.0)
+    node.create_group(GroupSpec("a"))
+    before = intel.read(f"{PREFIX}a/schemata")
+    plan = AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0xF)}, (0, 1))
+    errors: list[Exception] = []
+
+    def apply() -> None:
+        try:
+            node.apply(plan)
+        except Exception as exc:
+            errors.append(exc)
+
+    fd = os.open(intel.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # pqos doing a read-modify-write
+        waiting = threading.Thread(target=apply, daemon=True)
+        waiting.start()
+        time.sleep(0.2)
+        assert waiting.is_alive(), "waiting for the lock"
+        started = time.monotonic()
+        getattr(node, stop)()
+        waiting.join(2.0)
+        assert not waiting.is_alive() and time.monotonic() - started < 1.0
+        assert len(errors) == 1 and isinstance(errors[0], LockInterrupted)
+        assert "interrupted: the agent is stopping" in str(errors[0])
+        assert errors[0].code == "UNAVAILABLE"
+        started = time.monotonic()
+        with pytest.raises(LockInterrupted):  # and one coming later does not wait either
+            node.apply(plan)
+        assert time.monotonic() - started < 1.0
+    finally:
+        os.close(fd)  # the other tool lets go
+    time.sleep(0.1)
+    assert intel.read(f"{PREFIX}a/schemata") == before, "nothing written after the stop"
+    assert set(node.allocation()) == {"a"}, "a free lock is still taken (restore-on-exit)"
 
 
 def test_the_lock_nests_but_never_upgrades(intel: Emulated) -> None:
