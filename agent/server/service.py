@@ -615,6 +615,9 @@ class SimulationServicer(rpc.SimulationServicer):
                 ),
             )
         seed = request.seed if request.HasField("seed") else None
+        if seed is not None and seed < 0:
+            # Checked here, not left to the backend: numpy's refusal names no field.
+            abort(context, ValueError(f"seed must be a non-negative integer, got {seed}"))
         try:
             await self.host.run(clock.reset, scenario, seed, offload=True)
         except KeyError as exc:  # an unknown scenario name
