@@ -6,6 +6,7 @@ client would refuse to send the bad input."""
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import signal
 import subprocess
@@ -70,6 +71,22 @@ def test_two_reports_whose_sum_passes_int64_leave_the_first() -> None:
         assert "int64" in err.value.details()
         node.tick(1.0)
         assert client.observe().groups["web"].latency.count == 2**62
+        node.tick(1.0)
+        assert client.observe().groups["web"].latency.count == 0
+
+
+@pytest.mark.parametrize("bounds", [[math.nan, 2.0], [1.0, math.nan], [math.inf]], ids=str)
+def test_a_histogram_with_non_finite_bounds_is_refused_and_nothing_is_kept(bounds) -> None:
+    node = RefNode()
+    with serve(node) as server, remote(server) as client:
+        client.create_group(LC)
+        report = api.LatencyReport(
+            group="web",
+            histogram=api.LatencyHistogram(upper_bounds_ms=bounds, counts=[1.0] * len(bounds)),
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            rpc.NodeAgentStub(client._channel).ReportLatencies(iter([report]), timeout=5)
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         node.tick(1.0)
         assert client.observe().groups["web"].latency.count == 0
 
