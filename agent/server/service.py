@@ -51,6 +51,32 @@ _SCENARIO_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _EOF = grpc.aio.EOF
 
 
+# duration.proto's range: about 10,000 years either way.
+_DURATION_MAX_S = 315_576_000_000
+_NANOS_MAX = 999_999_999
+
+
+def duration_s(duration, field: str) -> float:
+    """A google.protobuf.Duration from a request, in seconds.
+
+    ValueError (naming ``field``) for one duration.proto calls malformed -- nanos beyond
+    +-999,999,999 or signed unlike seconds -- which ``ToNanoseconds`` would silently fold
+    into another duration (seconds=0, nanos=2e9 read as 2 s).
+    """
+    sec, nanos = duration.seconds, duration.nanos
+    if (
+        not -_NANOS_MAX <= nanos <= _NANOS_MAX
+        or (sec > 0 and nanos < 0)
+        or (sec < 0 and nanos > 0)
+        or not -_DURATION_MAX_S <= sec <= _DURATION_MAX_S
+    ):
+        raise ValueError(
+            f"{field} is not a valid Duration (seconds={sec}, nanos={nanos}): nanos must be "
+            f"within +-{_NANOS_MAX} and have the sign of seconds"
+        )
+    return duration.ToNanoseconds() / 1e9
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Bounds on what one request may ask for (sizes are also capped by the message limit)."""
@@ -388,7 +414,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         return self._clock[0]
 
     def _step_interval(self, duration) -> float:
-        interval = duration.ToNanoseconds() / 1e9
+        interval = duration_s(duration, "interval")
         lim = self.host.limits
         clock = self._node_clock() if interval else None
         most = lim.max_advance_s if clock is not None else lim.max_step_wait_s
@@ -508,7 +534,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         lim = self.host.limits
         interval = 1.0
         if request.HasField("interval"):
-            interval = request.interval.ToNanoseconds() / 1e9
+            interval = self._decode(context, duration_s, request.interval, "interval")
         if not lim.min_stream_interval_s <= interval <= lim.max_stream_interval_s:
             abort(
                 context,
@@ -630,7 +656,10 @@ class SimulationServicer(rpc.SimulationServicer):
 
     async def Advance(self, request, context):
         clock = await self._clock(context)
-        dt = request.duration.ToNanoseconds() / 1e9
+        try:
+            dt = duration_s(request.duration, "duration")
+        except ValueError as exc:
+            abort(context, exc)
         if not (dt >= 0 and math.isfinite(dt)) or dt > self.host.limits.max_advance_s:
             abort(
                 context,

@@ -16,6 +16,7 @@ import time
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 
 from agent.client import RemoteNode
 from agent.errors import InvalidAllocation
@@ -272,3 +273,32 @@ def test_a_signal_stops_the_agent_process_within_grace_plus_2s(tmp_path, sig) ->
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _advance(sim_stub, _agent_stub, duration) -> None:
+    sim_stub.Advance(api.AdvanceRequest(duration=duration), timeout=10)
+
+
+def _step(_sim_stub, agent_stub, duration) -> None:
+    agent_stub.Step(api.StepRequest(interval=duration), timeout=10)
+
+
+def _stream(_sim_stub, agent_stub, duration) -> None:
+    req = api.StreamObservationsRequest(interval=duration, max_count=1)
+    list(agent_stub.StreamObservations(req, timeout=10))
+
+
+@pytest.mark.parametrize("call", [_advance, _step, _stream], ids=lambda f: f.__name__[1:])
+@pytest.mark.parametrize(
+    ("seconds", "nanos"), [(0, 2_000_000_000), (2, -500_000_000)], ids=["nanos>1s", "mixed-sign"]
+)
+def test_a_malformed_duration_is_invalid_argument_and_moves_no_clock(call, seconds, nanos) -> None:
+    sim = pytest.importorskip("agent.sim", reason="SimNode not available")
+    node = sim.SimNode(seed=1)
+    with serve(node) as server, grpc.insecure_channel(server.address) as channel:
+        duration = duration_pb2.Duration(seconds=seconds, nanos=nanos)
+        with pytest.raises(grpc.RpcError) as err:
+            call(rpc.SimulationStub(channel), rpc.NodeAgentStub(channel), duration)
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "Duration" in err.value.details()
+        assert node.now() == 0.0
