@@ -170,6 +170,10 @@ class LatencyRecorder:
         with self._lock:
             self._feeds.pop(group, None)
 
+    def forget_all(self) -> None:
+        with self._lock:
+            self._feeds.clear()
+
 
 def _stats(feed: _GroupFeed) -> LatencyStats:
     if feed.bounds is None:

@@ -41,7 +41,7 @@ from agent.server.errors import RateLimited, abort, abort_with, status_of
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
 from agent.server.security import BadFrame, BadFrameLog, RateLimiter, client_key
-from agent.types import AllocationPlan, GroupAllocation, Snapshot
+from agent.types import AllocationPlan, GroupAllocation, GroupKind, Snapshot
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 
@@ -132,6 +132,9 @@ class NodeHost:
         self._session_slots = threading.BoundedSemaphore(max(limits.max_sessions, 1))
         self._sessions: set[_SessionState] = set()
         self._pushes: set[asyncio.Task] = set()  # open ReportLatencies streams
+        # Bumped whenever groups go away (DeleteGroup, Reset): latency streams check the
+        # names they cached again, so no sample is credited to a later group of that name.
+        self.generation = 0
 
     # ------------------------------------------------------------------ node calls
 
@@ -192,6 +195,17 @@ class NodeHost:
             snap = dataclasses.replace(snap, groups=groups)
         self.metrics.record_snapshot(snap, specs)
         return snap
+
+    def group_deleted(self, name: str) -> None:
+        """Drop what the agent holds for a deleted group (on the loop, right after the
+        delete: no latency report can be stored between the two)."""
+        self.generation += 1
+        self.recorder.forget(name)
+
+    def groups_replaced(self) -> None:
+        """A Reset replaced every group: forget every name, not only those that came back."""
+        self.generation += 1
+        self.recorder.forget_all()
 
     # ------------------------------------------------------------------ streams
 
@@ -358,7 +372,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     async def DeleteGroup(self, request, context):
         name = self._decode(context, C.group_name, request.name)
         await self.host.call(context, self.host.node.delete_group, name)
-        self.host.recorder.forget(name)
+        self.host.group_deleted(name)
         return api.DeleteGroupResponse()
 
     async def Assign(self, request, context):
@@ -575,15 +589,14 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             self.host.close_stream()
 
     async def _report_latencies(self, request_iterator, context):
-        lim = self.host.limits
-        known: set[str] = set()
+        lim, host = self.host.limits, self.host
+        known = _KnownLcGroups(host)
         reports = samples = 0
         async for report in request_iterator:
             name = self._decode(context, C.group_name, report.group)
-            if name not in known:
-                if name not in await self.host.call(context, self.host.node.groups):
-                    abort(context, GroupNotFound(name, "latency reported for an unknown group"))
-                known.add(name)
+            if name not in known.names or host.generation != known.generation:
+                await known.check(context, name)
+            # Nothing awaited from the check to the store: no group can go away between.
             kind = report.WhichOneof("payload")
             try:
                 if kind == "samples":
@@ -607,6 +620,41 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         # Each interval's count stays below 2^63 (LatencyRecorder); a long stream's total
         # could still pass it.
         return api.ReportLatenciesResponse(reports=reports, samples=min(samples, 2**63 - 1))
+
+
+class _KnownLcGroups:
+    """The LC groups one latency stream has checked, valid while no group goes away (the
+    host's generation): a stream outliving a DeleteGroup or Reset checks again."""
+
+    def __init__(self, host: NodeHost) -> None:
+        self.host = host
+        self.names: set[str] = set()
+        self.generation = host.generation
+
+    async def check(self, context, name: str) -> None:
+        """Return once ``name`` is a current LC group, else abort the stream."""
+        host = self.host
+        while True:
+            if host.generation != self.generation:
+                self.names.clear()
+                self.generation = host.generation
+            if name in self.names:
+                return
+            specs = await host.call(context, host.node.groups)
+            if host.generation != self.generation:
+                continue  # a group went away while they were read: read them again
+            spec = specs.get(name)
+            if spec is None:
+                abort(context, GroupNotFound(name, "latency reported for an unknown group"))
+            if spec.kind is not GroupKind.LC:
+                abort(
+                    context,
+                    Unsupported(
+                        f"latency reported for group {name!r}, a {spec.kind.name} group: "
+                        "latencies are reported for LC groups only"
+                    ),
+                )
+            self.names.add(name)
 
 
 class SimulationServicer(rpc.SimulationServicer):
@@ -650,8 +698,7 @@ class SimulationServicer(rpc.SimulationServicer):
             abort(context, ValueError(f"unknown scenario {scenario!r}: {exc}"))
         except Exception as exc:
             abort(context, exc)
-        for name in list(await self.host.call(context, self.host.node.groups)):
-            self.host.recorder.forget(name)
+        self.host.groups_replaced()
         return api.ResetResponse()
 
     async def Advance(self, request, context):

@@ -302,3 +302,54 @@ def test_a_malformed_duration_is_invalid_argument_and_moves_no_clock(call, secon
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "Duration" in err.value.details()
         assert node.now() == 0.0
+
+
+def _reports_counted(server, group: str) -> float:
+    registry = server.host.metrics.registry
+    return registry.get_sample_value("rdtune_agent_latency_reports_total", {"group": group}) or 0
+
+
+def _web_report(latencies: list[float]) -> api.LatencyReport:
+    return api.LatencyReport(group="web", samples=api.LatencySamples(latencies_ms=latencies))
+
+
+@pytest.mark.parametrize("gone", ["delete", "reset"])
+def test_latency_for_a_group_that_went_away_is_never_credited_to_its_successor(gone) -> None:
+    sim = pytest.importorskip("agent.sim", reason="SimNode not available")
+    with serve(sim.SimNode(seed=1)) as server, remote(server) as client:
+        client.create_group(LC)
+        sent: queue.Queue = queue.Queue()
+        stub = rpc.NodeAgentStub(client._channel)
+        future = stub.ReportLatencies.future(iter(sent.get, None), timeout=10)
+        sent.put(_web_report([1.0, 2.0, 3.0]))
+        deadline = time.monotonic() + 5
+        while _reports_counted(server, "web") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _reports_counted(server, "web") == 1
+        # The stream stays open across the group's end; its first samples are undrained.
+        client.delete_group("web") if gone == "delete" else client.reset()
+        assert "web" not in client.groups()
+        sent.put(_web_report([4.0]))
+        sent.put(None)
+        with pytest.raises(grpc.RpcError) as err:
+            future.result(timeout=10)
+        assert err.value.code() is grpc.StatusCode.NOT_FOUND
+        client.create_group(LC)
+        client.advance(1.0)
+        latency = client.observe().groups["web"].latency
+        assert latency is None or latency.count == 0
+
+
+@pytest.mark.parametrize("kind", [GroupKind.BATCH, GroupKind.SYSTEM], ids=str)
+def test_latency_for_a_group_that_is_not_lc_is_refused(kind) -> None:
+    node = RefNode()
+    with serve(node) as server, remote(server) as client:
+        client.create_group(GroupSpec("web", kind))
+        with pytest.raises(grpc.RpcError) as err:
+            rpc.NodeAgentStub(client._channel).ReportLatencies(
+                iter([_web_report([1.0])]), timeout=5
+            )
+        assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "LC groups only" in err.value.details()
+        node.tick(1.0)
+        assert client.observe().groups["web"].latency is None
