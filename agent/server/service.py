@@ -201,6 +201,7 @@ class NodeHost:
         delete: no latency report can be stored between the two)."""
         self.generation += 1
         self.recorder.forget(name)
+        self.metrics.forget_group(name)
 
     def groups_replaced(self) -> None:
         """A Reset replaced every group: forget every name, not only those that came back."""
@@ -616,7 +617,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             except ValueError as exc:
                 abort(context, ValueError(f"latency report for group {name!r}: {exc}"))
             reports += 1
-            self.host.metrics.latency_reports.labels(name).inc()
+            self.host.metrics.latency_reported(name)
         # Each interval's count stays below 2^63 (LatencyRecorder); a long stream's total
         # could still pass it.
         return api.ReportLatenciesResponse(reports=reports, samples=min(samples, 2**63 - 1))
