@@ -37,7 +37,7 @@ from agent.errors import GroupNotFound, NodeError, Unsupported
 from agent.latency import LatencyRecorder
 from agent.node import Node, as_clock, never_blocks
 from agent.server import convert as C
-from agent.server.errors import RateLimited, abort, abort_with, status_of
+from agent.server.errors import LimitReached, RateLimited, abort, abort_with, status_of
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
 from agent.server.security import BadFrame, BadFrameLog, RateLimiter, client_key
@@ -93,6 +93,10 @@ class Limits:
     # little memory and work per message; bounded against a client that opens without end.
     max_streams: int = 16
     max_sessions: int = 32
+    # Steps waiting for their interval at once: each holds one of the server's concurrent
+    # RPCs (256 by default) meanwhile; with streams and sessions capped too, at least 144
+    # stay for everything else (GetCapabilities, health).
+    max_waiting_steps: int = 64
 
 
 class NodeHost:
@@ -135,6 +139,7 @@ class NodeHost:
         # Bumped whenever groups go away (DeleteGroup, Reset): latency streams check the
         # names they cached again, so no sample is credited to a later group of that name.
         self.generation = 0
+        self._waiting_steps = 0
 
     # ------------------------------------------------------------------ node calls
 
@@ -209,6 +214,20 @@ class NodeHost:
         self.recorder.forget_all()
 
     # ------------------------------------------------------------------ streams
+
+    def begin_wait(self) -> None:
+        """Count a Step waiting for its interval, or raise LimitReached (RESOURCE_EXHAUSTED);
+        end_wait when the Step ends, however it ends."""
+        most = self.limits.max_waiting_steps
+        if self._waiting_steps >= most:
+            raise LimitReached(
+                f"too many Steps waiting for their interval (at most {most}); retry later",
+                resource="waiting_steps",
+            )
+        self._waiting_steps += 1
+
+    def end_wait(self) -> None:
+        self._waiting_steps -= 1
 
     def open_stream(self, context) -> None:
         """Take a stream slot or abort with RESOURCE_EXHAUSTED; release with close_stream."""
@@ -415,6 +434,17 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         if request.HasField("interval"):
             interval = self._step_interval(request.interval)
         plan = C.from_plan(request.plan) if request.HasField("plan") else None
+        if not interval:
+            return await self._step_now(plan, out)
+        # Counted on a simulated clock too: there the Advance queues for the node lock and a
+        # worker thread, and holds its RPC slot while it waits just the same.
+        self.host.begin_wait()  # before the plan: a refused Step applies nothing
+        try:
+            await self._step_now(plan, out, interval)
+        finally:
+            self.host.end_wait()
+
+    async def _step_now(self, plan, out: api.StepResponse, interval: float = 0.0) -> None:
         if plan is not None:
             C.to_allocation(await self._apply_plan(plan), out.allocation)
         if interval > 0:
