@@ -140,6 +140,8 @@ class NodeHost:
         # names they cached again, so no sample is credited to a later group of that name.
         self.generation = 0
         self._waiting_steps = 0
+        # (CLOSIDs, domains) of the node, once asked: bounds on a plan (a Reset may change them).
+        self.plan_bounds: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ node calls
 
@@ -212,6 +214,18 @@ class NodeHost:
         """A Reset replaced every group: forget every name, not only those that came back."""
         self.generation += 1
         self.recorder.forget_all()
+        self.plan_bounds = None
+
+    async def load_plan_bounds(self) -> tuple[int, int]:
+        caps = await self.run(self.node.capabilities)
+        domains = set(caps.domains) | set(caps.mba.domains if caps.mba else ())
+        self.plan_bounds = (caps.num_closids, len(domains))
+        return self.plan_bounds
+
+    async def plan(self, msg) -> AllocationPlan:
+        """A plan from a request, refused unread when it names more groups or domains than
+        the node has (a multi-megabyte plan would stall the loop while decoded)."""
+        return C.from_plan(msg, *(self.plan_bounds or await self.load_plan_bounds()))
 
     # ------------------------------------------------------------------ streams
 
@@ -424,7 +438,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         return held
 
     async def _apply(self, request: api.ApplyRequest, out: api.ApplyResponse) -> None:
-        held = await self._apply_plan(C.from_plan(request.plan), request.dry_run)
+        held = await self._apply_plan(await self.host.plan(request.plan), request.dry_run)
         C.to_allocation(held, out.allocation)
 
     async def _step(self, request: api.StepRequest, out: api.StepResponse) -> None:
@@ -433,7 +447,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         interval = 0.0
         if request.HasField("interval"):
             interval = self._step_interval(request.interval)
-        plan = C.from_plan(request.plan) if request.HasField("plan") else None
+        plan = await self.host.plan(request.plan) if request.HasField("plan") else None
         if not interval:
             return await self._step_now(plan, out)
         # Counted on a simulated clock too: there the Advance queues for the node lock and a

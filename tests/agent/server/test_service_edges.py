@@ -24,7 +24,7 @@ from agent.types import SLO, AllocationPlan, GroupAllocation, GroupKind, GroupSp
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 from tests.agent.server.conftest import remote, serve
-from tests.agent.server.refnode import RefNode
+from tests.agent.server.refnode import CAPS, RefNode
 
 LC = GroupSpec("web", GroupKind.LC, SLO(99.0, 5.0))
 INT64_MAX = 2**63 - 1
@@ -353,3 +353,26 @@ def test_latency_for_a_group_that_is_not_lc_is_refused(kind) -> None:
         assert "LC groups only" in err.value.details()
         node.tick(1.0)
         assert client.observe().groups["web"].latency is None
+
+
+def _many_groups(plan: api.AllocationPlan) -> None:
+    for i in range(CAPS.num_closids + 1):
+        plan.groups[f"g{i}"].domains[0].mb = 50
+
+
+def _many_domains(plan: api.AllocationPlan) -> None:
+    for d in range(len(CAPS.domains) + 1):
+        plan.groups["ghost"].domains[d].mb = 50
+
+
+@pytest.mark.parametrize("fill", [_many_groups, _many_domains], ids=lambda f: f.__name__[1:])
+@pytest.mark.parametrize("method", ["Apply", "Step"])
+def test_a_plan_larger_than_the_node_is_refused_before_it_is_decoded(fill, method) -> None:
+    with serve(RefNode()) as server, grpc.insecure_channel(server.address) as channel:
+        req = api.ApplyRequest() if method == "Apply" else api.StepRequest()
+        fill(req.plan)
+        with pytest.raises(grpc.RpcError) as err:
+            getattr(rpc.NodeAgentStub(channel), method)(req, timeout=5)
+        # Unread: not the NOT_FOUND its first unknown group would have got once decoded.
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "this node h" in err.value.details()
