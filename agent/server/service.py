@@ -142,6 +142,7 @@ class NodeHost:
         self._waiting_steps = 0
         # (CLOSIDs, domains) of the node, once asked: bounds on a plan (a Reset may change them).
         self.plan_bounds: tuple[int, int] | None = None
+        self._clock: tuple | None = None  # (the node's Clock or None,), once asked
 
     # ------------------------------------------------------------------ node calls
 
@@ -215,6 +216,13 @@ class NodeHost:
         self.generation += 1
         self.recorder.forget_all()
         self.plan_bounds = None
+
+    def node_clock(self):
+        # Whether the node's clock is simulated does not change over its life (a Reset
+        # changes the scenario, not the backend); asked once.
+        if self._clock is None:
+            self._clock = (as_clock(self.node),)
+        return self._clock[0]
 
     async def load_plan_bounds(self) -> tuple[int, int]:
         caps = await self.run(self.node.capabilities)
@@ -367,7 +375,6 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     def __init__(self, host: NodeHost) -> None:
         self.host = host
         self._caps: tuple | None = None  # (NodeCapabilities, its message)
-        self._clock: tuple | None = None  # (the node's Clock or None,), once asked
         self._cores = {
             "observe": (self._observe, _OBSERVE),
             "apply": (self._apply, _APPLY),
@@ -465,17 +472,10 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             out.waited.FromNanoseconds(round(await self._wait(interval) * 1e9))
         C.to_snapshot(await self.host.observe(), out.snapshot)
 
-    def _node_clock(self):
-        # Whether the node's clock is simulated does not change over its life (a Reset
-        # changes the scenario, not the backend); asked once.
-        if self._clock is None:
-            self._clock = (as_clock(self.host.node),)
-        return self._clock[0]
-
     def _step_interval(self, duration) -> float:
         interval = duration_s(duration, "interval")
         lim = self.host.limits
-        clock = self._node_clock() if interval else None
+        clock = self.host.node_clock() if interval else None
         most = lim.max_advance_s if clock is not None else lim.max_step_wait_s
         if not 0 <= interval <= most:
             raise ValueError(f"a step's interval must be in [0, {most:g}] s, got {interval:g} s")
@@ -485,7 +485,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         """Let ``interval`` pass: simulated time (in a worker thread: the loop keeps
         serving), else the wall clock's, cut short by shutdown. The seconds it took."""
         started = time.perf_counter()
-        clock = self._node_clock()
+        clock = self.host.node_clock()
         if clock is not None:
             await self.host.run(clock.advance, interval, offload=True)
         else:
