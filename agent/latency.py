@@ -109,6 +109,13 @@ class LatencyRecorder:
             raise ValueError(
                 f"histogram needs one count per bound ({len(bounds)} bounds, {len(cnt)} counts)"
             )
+        # NaN compares False both ways, so the order check below would let it through; a
+        # +Inf bound may only close the histogram (Prometheus' last bucket), and a histogram
+        # of +Inf alone places no request anywhere.
+        if not (all(map(math.isfinite, bounds[:-1])) and -math.inf < bounds[-1] <= math.inf):
+            raise ValueError("histogram bounds must be finite numbers (the last may be +Inf)")
+        if not math.isfinite(bounds[0]):
+            raise ValueError("a histogram needs a finite bound")
         if any(b2 <= b1 for b1, b2 in itertools.pairwise(bounds)) or bounds[0] < 0:
             raise ValueError("histogram bounds must be non-negative and strictly increasing")
         if (cnt < 0).any() or not np.isfinite(cnt).all():
@@ -162,6 +169,10 @@ class LatencyRecorder:
     def forget(self, group: str) -> None:
         with self._lock:
             self._feeds.pop(group, None)
+
+    def forget_all(self) -> None:
+        with self._lock:
+            self._feeds.clear()
 
 
 def _stats(feed: _GroupFeed) -> LatencyStats:

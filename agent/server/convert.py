@@ -261,15 +261,19 @@ _ALLOCATIONS: dict[tuple, GroupAllocation] = {}
 _ALLOCATIONS_MAX = 4096
 
 
-def _read_groups(msg_groups, validate_names: bool) -> dict:
+def _read_groups(msg_groups, validate_names: bool, max_domains: int | None = None) -> dict:
     # The hot path of every Apply and GetAllocation: kept free of helper calls. Maps are
     # walked by key: upb maps have no fast items(), the generic ItemsView is slower.
     out = {}
     interned = _ALLOCATIONS
     for name in msg_groups:
+        domains = msg_groups[name].domains
+        if max_domains is not None and len(domains) > max_domains:
+            raise ValueError(
+                f"a plan entry names {len(domains)} domains; this node has {max_domains}"
+            )
         if validate_names:
             group_name(name)
-        domains = msg_groups[name].domains
         per_domain = {}
         for d in domains:
             ga = domains[d]
@@ -313,11 +317,11 @@ _PLANS: dict[bytes, AllocationPlan] = {}
 _READ_BACKS: dict[bytes, Allocation] = {}
 
 
-def _decoded(table: dict, msg, decode):
+def _decoded(table: dict, msg, decode, *args):
     wire = msg.SerializeToString()
     value = table.get(wire)
     if value is None:
-        value = decode(msg)
+        value = decode(msg, *args)
         if len(wire) <= _DECODED_MAX_BYTES:
             if len(table) >= _DECODED_MAX:
                 table.clear()
@@ -325,8 +329,8 @@ def _decoded(table: dict, msg, decode):
     return value
 
 
-def _decode_plan(msg: pb.AllocationPlan) -> AllocationPlan:
-    return AllocationPlan.adopt(_read_groups(msg.groups, validate_names=True))
+def _decode_plan(msg: pb.AllocationPlan, max_domains: int | None = None) -> AllocationPlan:
+    return AllocationPlan.adopt(_read_groups(msg.groups, True, max_domains))
 
 
 def _decode_allocation(msg: pb.Allocation) -> Allocation:
@@ -337,9 +341,20 @@ def to_plan(plan: AllocationPlan, msg: pb.AllocationPlan | None = None) -> pb.Al
     return _groups_message(pb.AllocationPlan, plan.groups, msg)
 
 
-def from_plan(msg: pb.AllocationPlan) -> AllocationPlan:
-    """Decode a plan from the wire; every group name is validated."""
-    return _decoded(_PLANS, msg, _decode_plan)
+def from_plan(
+    msg: pb.AllocationPlan, max_groups: int | None = None, max_domains: int | None = None
+) -> AllocationPlan:
+    """Decode a plan from the wire; every group name is validated.
+
+    ``max_groups``, ``max_domains``: what the node can hold at most; a plan naming more is
+    refused (ValueError) before its entries are decoded, so a huge one costs the agent's
+    event loop a len(), not a decode of every entry.
+    """
+    if max_groups is not None and len(msg.groups) > max_groups:
+        raise ValueError(
+            f"a plan names {len(msg.groups)} groups; this node holds at most {max_groups}"
+        )
+    return _decoded(_PLANS, msg, _decode_plan, max_domains)
 
 
 def to_allocation(alloc: Allocation, msg: pb.Allocation | None = None) -> pb.Allocation:

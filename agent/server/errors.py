@@ -68,12 +68,27 @@ class RateLimited(E.NodeError):
         return {"resource": "rate_limit"}
 
 
+class LimitReached(E.NodeError):
+    """One of the agent's own limits is full (answered as a RemoteError with ``resource``,
+    as the stream and session caps are)."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, *, resource: str) -> None:
+        super().__init__(message)
+        self.resource = resource
+
+    def details(self) -> dict[str, str]:
+        return {"resource": self.resource}
+
+
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str, pb.ErrorDetail]:
     """The status code, message and detail an exception raised by a node maps onto."""
     if isinstance(exc, E.NodeError):
         code = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN)
         details = {k: str(v) for k, v in exc.details().items()}
-        name = "RemoteError" if isinstance(exc, RateLimited) else type(exc).__name__
+        limit = isinstance(exc, RateLimited | LimitReached)
+        name = "RemoteError" if limit else type(exc).__name__
     elif isinstance(exc, (ValueError, TypeError)):
         # Requests the dataclass constructors refuse (a bad SLO, a malformed value).
         code, details, name = grpc.StatusCode.INVALID_ARGUMENT, {}, type(exc).__name__

@@ -17,6 +17,8 @@ the peak (``..._mba_ratio``) in Intel's percent mode, the limit in bytes per sec
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import threading
 from collections import defaultdict
@@ -129,6 +131,16 @@ class AgentMetrics:
     def record_snapshot(self, snapshot: Snapshot, specs: Mapping[str, GroupSpec]) -> None:
         self._state.set_snapshot(snapshot, specs)
 
+    def latency_reported(self, group: str) -> None:
+        self.latency_reports.labels(group).inc()
+
+    def forget_group(self, group: str) -> None:
+        """A deleted group leaves the next scrape: its gauges and its report counter (a
+        client cycling names would otherwise grow every scrape without end)."""
+        with contextlib.suppress(KeyError):  # it never reported
+            self.latency_reports.remove(group)
+        self._state.forget_group(group)
+
 
 class _GroupState:
     """Custom collector: per-group gauges from the last allocation and snapshot."""
@@ -163,6 +175,18 @@ class _GroupState:
                 tally[1] += 1
                 tally[0] += int(met)
                 self._slo_target[name] = spec.slo.target_ms / 1e3
+
+    def forget_group(self, group: str) -> None:
+        with self._lock:
+            allocation, snapshot = self._allocation, self._snapshot
+            if allocation is not None and group in allocation.groups:
+                groups = {k: v for k, v in allocation.groups.items() if k != group}
+                self._allocation = dataclasses.replace(allocation, groups=groups)
+            if snapshot is not None and group in snapshot.groups:
+                groups = {k: v for k, v in snapshot.groups.items() if k != group}
+                self._snapshot = dataclasses.replace(snapshot, groups=groups)
+            self._slo.pop(group, None)
+            self._slo_target.pop(group, None)
 
     def describe(self):
         return []  # collected lazily; nothing to check at registration

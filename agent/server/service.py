@@ -37,11 +37,11 @@ from agent.errors import GroupNotFound, NodeError, Unsupported
 from agent.latency import LatencyRecorder
 from agent.node import Node, as_clock, never_blocks
 from agent.server import convert as C
-from agent.server.errors import RateLimited, abort, abort_with, status_of
+from agent.server.errors import LimitReached, RateLimited, abort, abort_with, status_of
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
 from agent.server.security import BadFrame, BadFrameLog, RateLimiter, client_key
-from agent.types import AllocationPlan, GroupAllocation, Snapshot
+from agent.types import AllocationPlan, GroupAllocation, GroupKind, Snapshot
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 
@@ -49,6 +49,32 @@ log = logging.getLogger(__name__)
 
 _SCENARIO_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _EOF = grpc.aio.EOF
+
+
+# duration.proto's range: about 10,000 years either way.
+_DURATION_MAX_S = 315_576_000_000
+_NANOS_MAX = 999_999_999
+
+
+def duration_s(duration, field: str) -> float:
+    """A google.protobuf.Duration from a request, in seconds.
+
+    ValueError (naming ``field``) for one duration.proto calls malformed -- nanos beyond
+    +-999,999,999 or signed unlike seconds -- which ``ToNanoseconds`` would silently fold
+    into another duration (seconds=0, nanos=2e9 read as 2 s).
+    """
+    sec, nanos = duration.seconds, duration.nanos
+    if (
+        not -_NANOS_MAX <= nanos <= _NANOS_MAX
+        or (sec > 0 and nanos < 0)
+        or (sec < 0 and nanos > 0)
+        or not -_DURATION_MAX_S <= sec <= _DURATION_MAX_S
+    ):
+        raise ValueError(
+            f"{field} is not a valid Duration (seconds={sec}, nanos={nanos}): nanos must be "
+            f"within +-{_NANOS_MAX} and have the sign of seconds"
+        )
+    return duration.ToNanoseconds() / 1e9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +93,10 @@ class Limits:
     # little memory and work per message; bounded against a client that opens without end.
     max_streams: int = 16
     max_sessions: int = 32
+    # Steps waiting for their interval at once: each holds one of the server's concurrent
+    # RPCs (256 by default) meanwhile; with streams and sessions capped too, at least 144
+    # stay for everything else (GetCapabilities, health).
+    max_waiting_steps: int = 64
 
 
 class NodeHost:
@@ -106,6 +136,13 @@ class NodeHost:
         self._session_slots = threading.BoundedSemaphore(max(limits.max_sessions, 1))
         self._sessions: set[_SessionState] = set()
         self._pushes: set[asyncio.Task] = set()  # open ReportLatencies streams
+        # Bumped whenever groups go away (DeleteGroup, Reset): latency streams check the
+        # names they cached again, so no sample is credited to a later group of that name.
+        self.generation = 0
+        self._waiting_steps = 0
+        # (CLOSIDs, domains) of the node, once asked: bounds on a plan (a Reset may change them).
+        self.plan_bounds: tuple[int, int] | None = None
+        self._clock: tuple | None = None  # (the node's Clock or None,), once asked
 
     # ------------------------------------------------------------------ node calls
 
@@ -167,7 +204,52 @@ class NodeHost:
         self.metrics.record_snapshot(snap, specs)
         return snap
 
+    def group_deleted(self, name: str) -> None:
+        """Drop what the agent holds for a deleted group (on the loop, right after the
+        delete: no latency report can be stored between the two)."""
+        self.generation += 1
+        self.recorder.forget(name)
+        self.metrics.forget_group(name)
+
+    def groups_replaced(self) -> None:
+        """A Reset replaced every group: forget every name, not only those that came back."""
+        self.generation += 1
+        self.recorder.forget_all()
+        self.plan_bounds = None
+
+    def node_clock(self):
+        # Whether the node's clock is simulated does not change over its life (a Reset
+        # changes the scenario, not the backend); asked once.
+        if self._clock is None:
+            self._clock = (as_clock(self.node),)
+        return self._clock[0]
+
+    async def load_plan_bounds(self) -> tuple[int, int]:
+        caps = await self.run(self.node.capabilities)
+        domains = set(caps.domains) | set(caps.mba.domains if caps.mba else ())
+        self.plan_bounds = (caps.num_closids, len(domains))
+        return self.plan_bounds
+
+    async def plan(self, msg) -> AllocationPlan:
+        """A plan from a request, refused unread when it names more groups or domains than
+        the node has (a multi-megabyte plan would stall the loop while decoded)."""
+        return C.from_plan(msg, *(self.plan_bounds or await self.load_plan_bounds()))
+
     # ------------------------------------------------------------------ streams
+
+    def begin_wait(self) -> None:
+        """Count a Step waiting for its interval, or raise LimitReached (RESOURCE_EXHAUSTED);
+        end_wait when the Step ends, however it ends."""
+        most = self.limits.max_waiting_steps
+        if self._waiting_steps >= most:
+            raise LimitReached(
+                f"too many Steps waiting for their interval (at most {most}); retry later",
+                resource="waiting_steps",
+            )
+        self._waiting_steps += 1
+
+    def end_wait(self) -> None:
+        self._waiting_steps -= 1
 
     def open_stream(self, context) -> None:
         """Take a stream slot or abort with RESOURCE_EXHAUSTED; release with close_stream."""
@@ -293,7 +375,6 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     def __init__(self, host: NodeHost) -> None:
         self.host = host
         self._caps: tuple | None = None  # (NodeCapabilities, its message)
-        self._clock: tuple | None = None  # (the node's Clock or None,), once asked
         self._cores = {
             "observe": (self._observe, _OBSERVE),
             "apply": (self._apply, _APPLY),
@@ -332,7 +413,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     async def DeleteGroup(self, request, context):
         name = self._decode(context, C.group_name, request.name)
         await self.host.call(context, self.host.node.delete_group, name)
-        self.host.recorder.forget(name)
+        self.host.group_deleted(name)
         return api.DeleteGroupResponse()
 
     async def Assign(self, request, context):
@@ -364,7 +445,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         return held
 
     async def _apply(self, request: api.ApplyRequest, out: api.ApplyResponse) -> None:
-        held = await self._apply_plan(C.from_plan(request.plan), request.dry_run)
+        held = await self._apply_plan(await self.host.plan(request.plan), request.dry_run)
         C.to_allocation(held, out.allocation)
 
     async def _step(self, request: api.StepRequest, out: api.StepResponse) -> None:
@@ -373,24 +454,28 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         interval = 0.0
         if request.HasField("interval"):
             interval = self._step_interval(request.interval)
-        plan = C.from_plan(request.plan) if request.HasField("plan") else None
+        plan = await self.host.plan(request.plan) if request.HasField("plan") else None
+        if not interval:
+            return await self._step_now(plan, out)
+        # Counted on a simulated clock too: there the Advance queues for the node lock and a
+        # worker thread, and holds its RPC slot while it waits just the same.
+        self.host.begin_wait()  # before the plan: a refused Step applies nothing
+        try:
+            await self._step_now(plan, out, interval)
+        finally:
+            self.host.end_wait()
+
+    async def _step_now(self, plan, out: api.StepResponse, interval: float = 0.0) -> None:
         if plan is not None:
             C.to_allocation(await self._apply_plan(plan), out.allocation)
         if interval > 0:
             out.waited.FromNanoseconds(round(await self._wait(interval) * 1e9))
         C.to_snapshot(await self.host.observe(), out.snapshot)
 
-    def _node_clock(self):
-        # Whether the node's clock is simulated does not change over its life (a Reset
-        # changes the scenario, not the backend); asked once.
-        if self._clock is None:
-            self._clock = (as_clock(self.host.node),)
-        return self._clock[0]
-
     def _step_interval(self, duration) -> float:
-        interval = duration.ToNanoseconds() / 1e9
+        interval = duration_s(duration, "interval")
         lim = self.host.limits
-        clock = self._node_clock() if interval else None
+        clock = self.host.node_clock() if interval else None
         most = lim.max_advance_s if clock is not None else lim.max_step_wait_s
         if not 0 <= interval <= most:
             raise ValueError(f"a step's interval must be in [0, {most:g}] s, got {interval:g} s")
@@ -400,7 +485,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         """Let ``interval`` pass: simulated time (in a worker thread: the loop keeps
         serving), else the wall clock's, cut short by shutdown. The seconds it took."""
         started = time.perf_counter()
-        clock = self._node_clock()
+        clock = self.host.node_clock()
         if clock is not None:
             await self.host.run(clock.advance, interval, offload=True)
         else:
@@ -508,7 +593,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         lim = self.host.limits
         interval = 1.0
         if request.HasField("interval"):
-            interval = request.interval.ToNanoseconds() / 1e9
+            interval = self._decode(context, duration_s, request.interval, "interval")
         if not lim.min_stream_interval_s <= interval <= lim.max_stream_interval_s:
             abort(
                 context,
@@ -549,15 +634,14 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             self.host.close_stream()
 
     async def _report_latencies(self, request_iterator, context):
-        lim = self.host.limits
-        known: set[str] = set()
+        lim, host = self.host.limits, self.host
+        known = _KnownLcGroups(host)
         reports = samples = 0
         async for report in request_iterator:
             name = self._decode(context, C.group_name, report.group)
-            if name not in known:
-                if name not in await self.host.call(context, self.host.node.groups):
-                    abort(context, GroupNotFound(name, "latency reported for an unknown group"))
-                known.add(name)
+            if name not in known.names or host.generation != known.generation:
+                await known.check(context, name)
+            # Nothing awaited from the check to the store: no group can go away between.
             kind = report.WhichOneof("payload")
             try:
                 if kind == "samples":
@@ -577,10 +661,45 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             except ValueError as exc:
                 abort(context, ValueError(f"latency report for group {name!r}: {exc}"))
             reports += 1
-            self.host.metrics.latency_reports.labels(name).inc()
+            self.host.metrics.latency_reported(name)
         # Each interval's count stays below 2^63 (LatencyRecorder); a long stream's total
         # could still pass it.
         return api.ReportLatenciesResponse(reports=reports, samples=min(samples, 2**63 - 1))
+
+
+class _KnownLcGroups:
+    """The LC groups one latency stream has checked, valid while no group goes away (the
+    host's generation): a stream outliving a DeleteGroup or Reset checks again."""
+
+    def __init__(self, host: NodeHost) -> None:
+        self.host = host
+        self.names: set[str] = set()
+        self.generation = host.generation
+
+    async def check(self, context, name: str) -> None:
+        """Return once ``name`` is a current LC group, else abort the stream."""
+        host = self.host
+        while True:
+            if host.generation != self.generation:
+                self.names.clear()
+                self.generation = host.generation
+            if name in self.names:
+                return
+            specs = await host.call(context, host.node.groups)
+            if host.generation != self.generation:
+                continue  # a group went away while they were read: read them again
+            spec = specs.get(name)
+            if spec is None:
+                abort(context, GroupNotFound(name, "latency reported for an unknown group"))
+            if spec.kind is not GroupKind.LC:
+                abort(
+                    context,
+                    Unsupported(
+                        f"latency reported for group {name!r}, a {spec.kind.name} group: "
+                        "latencies are reported for LC groups only"
+                    ),
+                )
+            self.names.add(name)
 
 
 class SimulationServicer(rpc.SimulationServicer):
@@ -615,19 +734,24 @@ class SimulationServicer(rpc.SimulationServicer):
                 ),
             )
         seed = request.seed if request.HasField("seed") else None
+        if seed is not None and seed < 0:
+            # Checked here, not left to the backend: numpy's refusal names no field.
+            abort(context, ValueError(f"seed must be a non-negative integer, got {seed}"))
         try:
             await self.host.run(clock.reset, scenario, seed, offload=True)
         except KeyError as exc:  # an unknown scenario name
             abort(context, ValueError(f"unknown scenario {scenario!r}: {exc}"))
         except Exception as exc:
             abort(context, exc)
-        for name in list(await self.host.call(context, self.host.node.groups)):
-            self.host.recorder.forget(name)
+        self.host.groups_replaced()
         return api.ResetResponse()
 
     async def Advance(self, request, context):
         clock = await self._clock(context)
-        dt = request.duration.ToNanoseconds() / 1e9
+        try:
+            dt = duration_s(request.duration, "duration")
+        except ValueError as exc:
+            abort(context, exc)
         if not (dt >= 0 and math.isfinite(dt)) or dt > self.host.limits.max_advance_s:
             abort(
                 context,

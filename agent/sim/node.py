@@ -133,16 +133,25 @@ class SimNode(StepByParts):
     def now(self) -> float:
         return self._t
 
-    @_locked
-    def reset(self, scenario: object | None = None, seed: int | None = None) -> None:
+    def _scenario_and_seed(self, scenario: object | None, seed: int | None) -> tuple:
+        """The scenario and seed a reset would start, checked; the current ones by default."""
+        scn = getattr(self, "_scenario", None)
         if scenario is not None:
             if not isinstance(scenario, str | Scenario):
                 raise TypeError(f"scenario must be a name or a Scenario, got {type(scenario)}")
-            self._scenario = get_scenario(scenario, self._catalog)
-        if seed is not None:
-            self._seed = int(seed)
-        scn = self._scenario
-        self._engine = Engine([scn], [self._seed], solo_reference)
+            scn = get_scenario(scenario, self._catalog)
+        seed = self._seed if seed is None else int(seed)
+        if seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed}")
+        return scn, seed
+
+    @_locked
+    def reset(self, scenario: object | None = None, seed: int | None = None) -> None:
+        scn, seed = self._scenario_and_seed(scenario, seed)
+        # Built before anything is assigned: a refused scenario or seed (the engine's
+        # SeedSequence takes no negative one) leaves the node as it was.
+        engine = Engine([scn], [seed], solo_reference)
+        self._scenario, self._seed, self._engine = scn, seed, engine
         self._preset = self._engine.presets[0]
         self._caps = self._preset.capabilities()
         self._instances: list[WorkloadInstance] = list(scn.workloads)

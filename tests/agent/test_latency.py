@@ -83,11 +83,37 @@ def test_reservoir_bounds_memory_and_keeps_percentiles() -> None:
 
 @pytest.mark.parametrize(
     ("bounds", "counts"),
-    [([], []), ([1.0, 1.0], [1, 1]), ([2.0, 1.0], [1, 1]), ([1.0], [-1]), ([1.0], [1, 2])],
+    [
+        ([], []),
+        ([1.0, 1.0], [1, 1]),
+        ([2.0, 1.0], [1, 1]),
+        ([1.0], [-1]),
+        ([1.0], [1, 2]),
+        ([-math.inf, 1.0], [1, 1]),
+        ([1.0, math.inf, math.inf], [1, 1, 1]),
+    ],
 )
 def test_bad_histograms_are_rejected(bounds: list[float], counts: list[float]) -> None:
     with pytest.raises(ValueError):
         LatencyRecorder().add_histogram("svc", bounds, counts)
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        [math.nan],
+        [1.0, math.nan],
+        [math.nan, 1.0],
+        [1.0, math.nan, 2.0],
+        [math.inf],
+    ],
+    ids=str,
+)
+def test_non_finite_histogram_bounds_are_rejected_and_nothing_is_kept(bounds) -> None:
+    rec = LatencyRecorder()
+    with pytest.raises(ValueError, match="bound"):
+        rec.add_histogram("svc", bounds, [1.0] * len(bounds))
+    assert rec.drain("svc") is None
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])

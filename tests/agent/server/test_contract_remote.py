@@ -121,3 +121,13 @@ def test_remote_reset_to_a_named_scenario_and_unknown_names() -> None:
         with pytest.raises(ValueError, match="advance"):
             client.advance(-1.0)
         assert client.now() == 0.0, "a refused reset or advance changes nothing"
+
+
+def test_a_reset_with_a_negative_seed_is_refused_naming_it_and_changes_nothing() -> None:
+    sim = pytest.importorskip("agent.sim", reason="SimNode not available")
+    node = sim.SimNode(seed=1, auto_groups=True)
+    with serve(node) as server, remote(server) as client:
+        with pytest.raises(ValueError, match="seed"):
+            client.reset("copart_h_llc", seed=-1)
+        client.reset()  # later resets work, with the scenario the node had
+        assert node.scenario.name == sim.DEFAULT_SCENARIO

@@ -86,3 +86,31 @@ def test_labels_and_process_metrics() -> None:
     assert {s.labels["percentile"] for s in latency} == {"50", "95", "99", "99.9"}
     for process in ("process_cpu_seconds", "process_resident_memory_bytes", "python_info"):
         assert process in families, process
+
+
+def _web_series(text: str) -> list[str]:
+    return [
+        f"{s.name}{s.labels}"
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("group") == "web"
+    ]
+
+
+@pytest.mark.parametrize("names", [["web"], ["web", "web"]], ids=["once", "re-created"])
+def test_a_deleted_group_leaves_the_next_scrape(names: list[str]) -> None:
+    node = RefNode()
+    with serve(node, metrics_listen="127.0.0.1:0") as server, remote(server) as client:
+        client.create_group(GroupSpec("batch"))
+        for name in names:  # a client cycling one name leaves nothing behind either
+            client.create_group(LC)
+            client.apply(AllocationPlan.uniform({name: GroupAllocation(l3_mask=0b11)}, (0,)))
+            with client.reporter() as rep:
+                rep.record_many(name, [1.0, 9.0])
+            node.tick(1.0)
+            client.observe()
+            assert _web_series(scrape(server)), "every family holds the group before"
+            client.delete_group(name)
+        text = scrape(server)
+    assert _web_series(text) == []
+    assert 'group="batch"' in text

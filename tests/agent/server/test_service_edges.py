@@ -6,6 +6,7 @@ client would refuse to send the bad input."""
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import time
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 
 from agent.client import RemoteNode
 from agent.errors import InvalidAllocation
@@ -22,7 +24,7 @@ from agent.types import SLO, AllocationPlan, GroupAllocation, GroupKind, GroupSp
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 from tests.agent.server.conftest import remote, serve
-from tests.agent.server.refnode import RefNode
+from tests.agent.server.refnode import CAPS, RefNode
 
 LC = GroupSpec("web", GroupKind.LC, SLO(99.0, 5.0))
 INT64_MAX = 2**63 - 1
@@ -70,6 +72,22 @@ def test_two_reports_whose_sum_passes_int64_leave_the_first() -> None:
         assert "int64" in err.value.details()
         node.tick(1.0)
         assert client.observe().groups["web"].latency.count == 2**62
+        node.tick(1.0)
+        assert client.observe().groups["web"].latency.count == 0
+
+
+@pytest.mark.parametrize("bounds", [[math.nan, 2.0], [1.0, math.nan], [math.inf]], ids=str)
+def test_a_histogram_with_non_finite_bounds_is_refused_and_nothing_is_kept(bounds) -> None:
+    node = RefNode()
+    with serve(node) as server, remote(server) as client:
+        client.create_group(LC)
+        report = api.LatencyReport(
+            group="web",
+            histogram=api.LatencyHistogram(upper_bounds_ms=bounds, counts=[1.0] * len(bounds)),
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            rpc.NodeAgentStub(client._channel).ReportLatencies(iter([report]), timeout=5)
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         node.tick(1.0)
         assert client.observe().groups["web"].latency.count == 0
 
@@ -255,3 +273,106 @@ def test_a_signal_stops_the_agent_process_within_grace_plus_2s(tmp_path, sig) ->
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _advance(sim_stub, _agent_stub, duration) -> None:
+    sim_stub.Advance(api.AdvanceRequest(duration=duration), timeout=10)
+
+
+def _step(_sim_stub, agent_stub, duration) -> None:
+    agent_stub.Step(api.StepRequest(interval=duration), timeout=10)
+
+
+def _stream(_sim_stub, agent_stub, duration) -> None:
+    req = api.StreamObservationsRequest(interval=duration, max_count=1)
+    list(agent_stub.StreamObservations(req, timeout=10))
+
+
+@pytest.mark.parametrize("call", [_advance, _step, _stream], ids=lambda f: f.__name__[1:])
+@pytest.mark.parametrize(
+    ("seconds", "nanos"), [(0, 2_000_000_000), (2, -500_000_000)], ids=["nanos>1s", "mixed-sign"]
+)
+def test_a_malformed_duration_is_invalid_argument_and_moves_no_clock(call, seconds, nanos) -> None:
+    sim = pytest.importorskip("agent.sim", reason="SimNode not available")
+    node = sim.SimNode(seed=1)
+    with serve(node) as server, grpc.insecure_channel(server.address) as channel:
+        duration = duration_pb2.Duration(seconds=seconds, nanos=nanos)
+        with pytest.raises(grpc.RpcError) as err:
+            call(rpc.SimulationStub(channel), rpc.NodeAgentStub(channel), duration)
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "Duration" in err.value.details()
+        assert node.now() == 0.0
+
+
+def _reports_counted(server, group: str) -> float:
+    registry = server.host.metrics.registry
+    return registry.get_sample_value("rdtune_agent_latency_reports_total", {"group": group}) or 0
+
+
+def _web_report(latencies: list[float]) -> api.LatencyReport:
+    return api.LatencyReport(group="web", samples=api.LatencySamples(latencies_ms=latencies))
+
+
+@pytest.mark.parametrize("gone", ["delete", "reset"])
+def test_latency_for_a_group_that_went_away_is_never_credited_to_its_successor(gone) -> None:
+    sim = pytest.importorskip("agent.sim", reason="SimNode not available")
+    with serve(sim.SimNode(seed=1)) as server, remote(server) as client:
+        client.create_group(LC)
+        sent: queue.Queue = queue.Queue()
+        stub = rpc.NodeAgentStub(client._channel)
+        future = stub.ReportLatencies.future(iter(sent.get, None), timeout=10)
+        sent.put(_web_report([1.0, 2.0, 3.0]))
+        deadline = time.monotonic() + 5
+        while _reports_counted(server, "web") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _reports_counted(server, "web") == 1
+        # The stream stays open across the group's end; its first samples are undrained.
+        client.delete_group("web") if gone == "delete" else client.reset()
+        assert "web" not in client.groups()
+        sent.put(_web_report([4.0]))
+        sent.put(None)
+        with pytest.raises(grpc.RpcError) as err:
+            future.result(timeout=10)
+        assert err.value.code() is grpc.StatusCode.NOT_FOUND
+        client.create_group(LC)
+        client.advance(1.0)
+        latency = client.observe().groups["web"].latency
+        assert latency is None or latency.count == 0
+
+
+@pytest.mark.parametrize("kind", [GroupKind.BATCH, GroupKind.SYSTEM], ids=str)
+def test_latency_for_a_group_that_is_not_lc_is_refused(kind) -> None:
+    node = RefNode()
+    with serve(node) as server, remote(server) as client:
+        client.create_group(GroupSpec("web", kind))
+        with pytest.raises(grpc.RpcError) as err:
+            rpc.NodeAgentStub(client._channel).ReportLatencies(
+                iter([_web_report([1.0])]), timeout=5
+            )
+        assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "LC groups only" in err.value.details()
+        node.tick(1.0)
+        assert client.observe().groups["web"].latency is None
+
+
+def _many_groups(plan: api.AllocationPlan) -> None:
+    for i in range(CAPS.num_closids + 1):
+        plan.groups[f"g{i}"].domains[0].mb = 50
+
+
+def _many_domains(plan: api.AllocationPlan) -> None:
+    for d in range(len(CAPS.domains) + 1):
+        plan.groups["ghost"].domains[d].mb = 50
+
+
+@pytest.mark.parametrize("fill", [_many_groups, _many_domains], ids=lambda f: f.__name__[1:])
+@pytest.mark.parametrize("method", ["Apply", "Step"])
+def test_a_plan_larger_than_the_node_is_refused_before_it_is_decoded(fill, method) -> None:
+    with serve(RefNode()) as server, grpc.insecure_channel(server.address) as channel:
+        req = api.ApplyRequest() if method == "Apply" else api.StepRequest()
+        fill(req.plan)
+        with pytest.raises(grpc.RpcError) as err:
+            getattr(rpc.NodeAgentStub(channel), method)(req, timeout=5)
+        # Unread: not the NOT_FOUND its first unknown group would have got once decoded.
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "this node h" in err.value.details()

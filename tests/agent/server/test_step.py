@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import time
 
+import grpc
 import pytest
 
 from agent.client import RemoteNode
 from agent.errors import GroupNotFound, InvalidAllocation, InvalidName
-from agent.server.service import NodeAgentServicer
+from agent.server.service import Limits, NodeAgentServicer
 from agent.sim import SimNode
 from agent.types import AllocationPlan, GroupAllocation, GroupSpec
 from proto.rdtune.v1 import agent_pb2 as api
@@ -235,3 +236,44 @@ def test_shutdown_cuts_a_waiting_step_short_and_answers_it(session) -> None:
     assert "error" not in out, out.get("error")
     assert out["result"].allocation.get("a", 0).l3_mask == 0b111
     assert out["result"].waited_s < 10
+
+
+def _waiting_step(stub, seconds: float):
+    req = api.StepRequest()
+    req.interval.FromNanoseconds(round(seconds * 1e9))
+    return stub.Step.future(req, timeout=30)
+
+
+def test_waiting_steps_are_capped_and_leave_rpcs_for_other_clients() -> None:
+    most, extra = Limits().max_waiting_steps, 4
+    with (
+        serve(RefNode(), max_concurrent_rpcs=most + extra, max_workers=2) as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        stub = rpc.NodeAgentStub(channel)
+        steps = [_waiting_step(stub, 60.0) for _ in range(most + extra)]
+        refused = []
+        deadline = time.monotonic() + 10
+        while len(refused) < extra and time.monotonic() < deadline:
+            refused = [f for f in steps if f.done()]
+            time.sleep(0.02)
+        assert len(refused) == extra
+        for f in refused:
+            assert f.exception().code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "waiting" in f.exception().details()
+        stub.GetCapabilities(api.GetCapabilitiesRequest(), timeout=5)  # not starved
+        for f in steps:
+            f.cancel()
+        # Cancelled waits give their slots back: a new Step is served.
+        while True:
+            try:
+                stub.Step(api.StepRequest(), timeout=5)
+                _waiting_step(stub, 0.01).result()
+                break
+            except grpc.RpcError as err:
+                if (
+                    err.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED
+                    or time.monotonic() > deadline
+                ):
+                    raise
+                time.sleep(0.05)

@@ -740,3 +740,14 @@ def test_concurrent_callers_are_serialised() -> None:
         t.join()
     assert not errors
     assert node.now() == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63)])
+def test_a_refused_reset_leaves_the_node_as_it_was(seed: int) -> None:
+    node = SimNode(seed=3)
+    first = trajectory(node)
+    with pytest.raises(ValueError, match="seed"):
+        node.reset("copart_h_llc", seed=seed)
+    assert node.scenario.name == "default"
+    node.reset()
+    assert trajectory(node) == first
