@@ -101,7 +101,11 @@ class AgentServer:
             metrics=self.metrics,
             recorder=self.recorder,
             scrapers=scrapers,
-            limits=Limits(max_streams=cfg.max_streams, max_sessions=cfg.max_sessions),
+            limits=Limits(
+                max_streams=cfg.max_streams,
+                max_sessions=cfg.max_sessions,
+                max_waiting_steps=cfg.max_waiting_steps,
+            ),
             limiter=limiter,
             bad_frames=self.bad_frames,
             workers=cfg.max_workers,

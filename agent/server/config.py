@@ -22,6 +22,7 @@ Example ``agent.yaml``::
     max_workers: 64           # threads for node calls that may block (resctrl) and scrapes
     max_streams: 16           # open observation/latency streams at once
     max_sessions: 32          # open control sessions at once
+    max_waiting_steps: 64     # Steps waiting for their interval at once
     rate_limit: {rate: 20000, burst: 40000}   # requests/s per client host; null disables
     restore_on_exit: false
     grace_s: 5
@@ -84,6 +85,7 @@ class AgentConfig:
     max_workers: int = 64  # threads for node calls that may block, and latency scrapes
     max_streams: int = 16  # open observation/latency streams at once
     max_sessions: int = 32  # open control sessions at once
+    max_waiting_steps: int = 64  # Steps waiting for their interval at once
     max_concurrent_rpcs: int = 256
     restore_on_exit: bool = False
     grace_s: float = 5.0
@@ -130,8 +132,8 @@ class AgentConfig:
                 "rate limit needs a finite rate > 0 and a finite burst >= 1, got "
                 f"rate {self.rate_limit:g}, burst {self.rate_burst:g}"
             )
-        if self.max_streams < 1 or self.max_sessions < 0:
-            raise ConfigError("max_streams must be >= 1 and max_sessions >= 0")
+        if self.max_streams < 1 or self.max_sessions < 0 or self.max_waiting_steps < 0:
+            raise ConfigError("max_streams must be >= 1, max_sessions and max_waiting_steps >= 0")
         if self.max_workers < 1:
             raise ConfigError("max_workers must be >= 1")
         if not 0 <= self.grace_s <= MAX_GRACE_S:
@@ -201,6 +203,7 @@ class AgentFile(Strict):
     max_workers: Annotated[int, Field(ge=1)] = _D.max_workers
     max_streams: Annotated[int, Field(ge=1)] = _D.max_streams
     max_sessions: Annotated[int, Field(ge=0)] = _D.max_sessions
+    max_waiting_steps: Annotated[int, Field(ge=0)] = _D.max_waiting_steps
     max_concurrent_rpcs: Annotated[int, Field(ge=1, le=GRPC_INT_MAX)] = _D.max_concurrent_rpcs
     rate_limit: RateLimitFile | None = RateLimitFile()  # null: no limit
     restore_on_exit: bool = _D.restore_on_exit
