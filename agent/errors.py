@@ -121,6 +121,13 @@ class Unsupported(NodeError):
     code = "FAILED_PRECONDITION"
 
 
+class Interrupted(NodeError):
+    """A node call given up part-way because the agent is stopping (``interrupt()``):
+    what it had not done yet is not done, so nothing changes after the agent stopped."""
+
+    code = "UNAVAILABLE"
+
+
 class KernelError(NodeError, OSError):
     """A resctrl write the kernel refused, with its errno and ``info/last_cmd_status``.
 

@@ -17,13 +17,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from agent.errors import KernelError, NodeError
+from agent.errors import Interrupted, KernelError
 
 
-class LockInterrupted(NodeError):
+class LockInterrupted(Interrupted):
     """The wait for the resctrl lock was given up because the agent is stopping."""
-
-    code = "UNAVAILABLE"
 
 
 class ResctrlLock:

@@ -142,6 +142,7 @@ class NodeHost:
         self._waiting_steps = 0
         # (CLOSIDs, domains) of the node, once asked: bounds on a plan (a Reset may change them).
         self.plan_bounds: tuple[int, int] | None = None
+        self.capabilities_msg = None  # GetCapabilities' answer, once built
         self._clock: tuple | None = None  # (the node's Clock or None,), once asked
 
     # ------------------------------------------------------------------ node calls
@@ -216,6 +217,7 @@ class NodeHost:
         self.generation += 1
         self.recorder.forget_all()
         self.plan_bounds = None
+        self.capabilities_msg = None
 
     def node_clock(self):
         # Whether the node's clock is simulated does not change over its life (a Reset
@@ -374,7 +376,6 @@ _STEP = "/rdtune.v1.NodeAgent/Step"
 class NodeAgentServicer(rpc.NodeAgentServicer):
     def __init__(self, host: NodeHost) -> None:
         self.host = host
-        self._caps: tuple | None = None  # (NodeCapabilities, its message)
         self._cores = {
             "observe": (self._observe, _OBSERVE),
             "apply": (self._apply, _APPLY),
@@ -389,14 +390,16 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             abort(context, exc)
 
     async def GetCapabilities(self, request, context):
-        caps = await self.host.call(context, self.host.node.capabilities)
-        # Capabilities rarely change (a simulated Reset may): reuse the message built for
-        # equal ones. Messages are only read after this (serialised), never mutated.
-        cached = self._caps
-        if cached is not None and (cached[0] is caps or cached[0] == caps):
-            return cached[1]
-        msg = C.to_capabilities(caps)
-        self._caps = (caps, msg)
+        # Capabilities change only with a simulated Reset, which drops the message kept
+        # here: answered without the node lock, so a long Advance does not hold them up.
+        # Messages are only read after this (serialised), never mutated.
+        host = self.host
+        msg = host.capabilities_msg
+        if msg is None:
+            generation = host.generation
+            msg = C.to_capabilities(await host.call(context, host.node.capabilities))
+            if host.generation == generation:  # no Reset finished meanwhile
+                host.capabilities_msg = msg
         return msg
 
     async def ListGroups(self, request, context):
@@ -718,7 +721,9 @@ class SimulationServicer(rpc.SimulationServicer):
         return clock
 
     # Reset and Advance simulate: long computations, run in a worker thread so the loop
-    # keeps answering (health checks, other clients' capabilities) meanwhile.
+    # keeps answering (health checks, capabilities once asked) meanwhile. Calls on the node
+    # itself wait for it (one simulated node); a stopping agent interrupts it
+    # (SimNode.interrupt) after the grace period.
 
     async def Reset(self, request, context):
         clock = await self._clock(context)

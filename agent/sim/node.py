@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agent.errors import Interrupted
 from agent.groups import GroupTable
 from agent.node import StepByParts
 from agent.sim.batch import (
@@ -110,6 +111,7 @@ class SimNode(StepByParts):
         self._catalog = catalog or default_catalog()
         self._seed = int(seed)
         self._closed = False
+        self._interrupted = False  # set from another thread by interrupt(): a bool is enough
         # One caller at a time: in-process users may share a node between threads (the
         # agent calls it on its event loop, but Advance and scrapes run in worker threads).
         self._lock = threading.RLock()
@@ -193,16 +195,37 @@ class SimNode(StepByParts):
         with self._lock:
             self._sync_allocation()
             # Whole steps, then the remainder (counted, so long advances do not drift).
-            start = self._t
+            start, done = self._t, 0
             full = int(dt / step + 1e-9)
-            for _ in range(full):
-                self._engine.step(step)
             rest = dt - full * step
-            if rest > 1e-9 * step:
-                self._engine.step(rest)
-            self._t = start + dt
-            self._engine.t[0] = self._t
-            self._dirty_acc = True
+            try:
+                for _ in range(full):
+                    self._check_interrupted(dt)
+                    self._engine.step(step)
+                    done += 1
+                if rest > 1e-9 * step:
+                    self._check_interrupted(dt)
+                    self._engine.step(rest)
+                self._t = start + dt
+            except Interrupted:
+                self._t = start + done * step  # the last whole step simulated
+                raise
+            finally:
+                self._engine.t[0] = self._t
+                self._dirty_acc = True
+
+    def interrupt(self) -> None:
+        """The agent is stopping: an advance running in another thread ends after the step
+        it is simulating (Interrupted), and later ones do not start, so the node lock is
+        soon free for restore-on-exit and the process can exit within its grace period."""
+        self._interrupted = True
+
+    def _check_interrupted(self, dt: float) -> None:
+        if self._interrupted:
+            raise Interrupted(
+                f"interrupted: the agent is stopping (an advance of {dt:g} s, stopped at "
+                "the last whole simulator step)"
+            )
 
     # ================================================================== Node
 

@@ -475,3 +475,28 @@ def test_shutdown_interrupts_an_apply_waiting_for_the_resctrl_lock() -> None:
 def _swallow(call: Callable[..., object], *args: object) -> None:
     with contextlib.suppress(Exception):  # the client's view is not what this checks
         call(*args)
+
+
+def test_shutdown_interrupts_a_long_simulated_advance_and_restores() -> None:
+    pytest.importorskip("agent.sim.node", reason="SimNode not available")
+    from agent.sim import SimNode
+
+    node = SimNode("default", seed=0)
+    cm = serve(node, restore_on_exit=True, grace_s=0.2)
+    server = cm.__enter__()
+    with remote(server, retries=0) as client, remote(server, retries=0) as other:
+        other.capabilities()
+        advancing = threading.Thread(target=_swallow, args=(client.advance, 30000.0))
+        advancing.start()
+        time.sleep(0.5)
+        # Capabilities do not wait for the simulation (they change only with a Reset).
+        started = time.monotonic()
+        other.capabilities()
+        assert time.monotonic() - started < 1.0
+        started = time.monotonic()
+        cm.__exit__(None, None, None)
+        stopped = time.monotonic() - started
+        advancing.join(5.0)
+    assert not advancing.is_alive()
+    assert stopped < 0.2 + 2.0, f"stop took {stopped:.1f} s"
+    assert server.restored, "restore-on-exit ran once the advance let go of the node"

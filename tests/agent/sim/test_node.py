@@ -751,3 +751,34 @@ def test_a_refused_reset_leaves_the_node_as_it_was(seed: int) -> None:
     assert node.scenario.name == "default"
     node.reset()
     assert trajectory(node) == first
+
+
+def test_an_interrupted_advance_stops_at_a_whole_step_and_later_ones_do_not_start() -> None:
+    import threading
+    import time
+
+    from agent.errors import Interrupted
+
+    node = SimNode("default", seed=0)
+    errors: list[Exception] = []
+
+    def long_advance() -> None:
+        try:
+            node.advance(1e5)  # minutes of simulation: far longer than the test waits
+        except Interrupted as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=long_advance)
+    worker.start()
+    time.sleep(0.3)
+    node.interrupt()
+    worker.join(5.0)
+    assert not worker.is_alive() and len(errors) == 1
+    reached = node.now()
+    assert 0 < reached < 1e5
+    steps = reached / node.interval_s
+    assert steps == pytest.approx(round(steps), abs=1e-6)  # a whole simulator step
+    node.observe()  # the node still answers
+    with pytest.raises(Interrupted, match="stopping"):
+        node.advance(1.0)
+    assert node.now() == reached
