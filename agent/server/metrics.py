@@ -141,6 +141,12 @@ class AgentMetrics:
             self.latency_reports.remove(group)
         self._state.forget_group(group)
 
+    def forget_all_groups(self) -> None:
+        """A simulated Reset replaced every group: none of their series stays (groups of
+        the same name start their counts again, as after a restart)."""
+        self.latency_reports.clear()
+        self._state.forget_all()
+
 
 class _GroupState:
     """Custom collector: per-group gauges from the last allocation and snapshot."""
@@ -187,6 +193,12 @@ class _GroupState:
                 self._snapshot = dataclasses.replace(snapshot, groups=groups)
             self._slo.pop(group, None)
             self._slo_target.pop(group, None)
+
+    def forget_all(self) -> None:
+        with self._lock:
+            self._allocation = self._snapshot = None
+            self._slo.clear()
+            self._slo_target.clear()
 
     def describe(self):
         return []  # collected lazily; nothing to check at registration

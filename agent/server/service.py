@@ -216,6 +216,7 @@ class NodeHost:
         """A Reset replaced every group: forget every name, not only those that came back."""
         self.generation += 1
         self.recorder.forget_all()
+        self.metrics.forget_all_groups()
         self.plan_bounds = None
         self.capabilities_msg = None
 

@@ -114,3 +114,27 @@ def test_a_deleted_group_leaves_the_next_scrape(names: list[str]) -> None:
         text = scrape(server)
     assert _web_series(text) == []
     assert 'group="batch"' in text
+
+
+def test_a_reset_leaves_none_of_the_old_groups_in_the_next_scrape() -> None:
+    pytest.importorskip("agent.sim.node", reason="SimNode not available")
+    from agent.sim import SimNode
+
+    with (
+        serve(SimNode("default", seed=0), metrics_listen="127.0.0.1:0") as server,
+        remote(server) as client,
+    ):
+        old = set(client.groups())
+        lc = next(n for n, s in client.groups().items() if s.kind is GroupKind.LC)
+        with client.reporter() as rep:
+            rep.record_many(lc, [1.0, 2.0])
+        client.advance(1.0)
+        client.observe()
+        before = scrape(server)
+        assert f'group="{lc}"' in before and "rdtune_agent_latency_reports_total" in before
+        client.reset("lc_batch_20")
+        new = set(client.groups())
+        text = scrape(server)
+    gone = old - new
+    assert gone, "the two scenarios name different groups"
+    assert not [g for g in gone if f'group="{g}"' in text], text
