@@ -241,12 +241,13 @@ class NodeHost:
     # ------------------------------------------------------------------ streams
 
     def begin_wait(self) -> None:
-        """Count a Step waiting for its interval, or raise LimitReached (RESOURCE_EXHAUSTED);
-        end_wait when the Step ends, however it ends."""
+        """Count a call waiting for time to pass (a Step's interval, an Advance), or raise
+        LimitReached (RESOURCE_EXHAUSTED); end_wait when the call ends, however it ends."""
         most = self.limits.max_waiting_steps
         if self._waiting_steps >= most:
             raise LimitReached(
-                f"too many Steps waiting for their interval (at most {most}); retry later",
+                f"too many calls waiting for time to pass (Steps with an interval and "
+                f"Advances: at most {most}); retry later",
                 resource="waiting_steps",
             )
         self._waiting_steps += 1
@@ -713,7 +714,7 @@ class SimulationServicer(rpc.SimulationServicer):
         self.host = host
 
     async def _clock(self, context):
-        clock = await self.host.call(context, as_clock, self.host.node)
+        clock = self.host.node_clock()  # asked once, without the node lock
         if clock is None:
             abort(
                 context,
@@ -766,9 +767,17 @@ class SimulationServicer(rpc.SimulationServicer):
                     f"got {dt:g} s"
                 ),
             )
-        now = await self.host.call(
-            context, lambda: (clock.advance(dt), clock.now())[1], offload=True
-        )
+        # Counted with the waiting Steps: queued for the node lock, each holds an RPC slot.
+        try:
+            self.host.begin_wait()
+        except LimitReached as exc:
+            abort(context, exc)
+        try:
+            now = await self.host.call(
+                context, lambda: (clock.advance(dt), clock.now())[1], offload=True
+            )
+        finally:
+            self.host.end_wait()
         return api.AdvanceResponse(now=now)
 
     async def Now(self, request, context):

@@ -281,3 +281,26 @@ def test_waiting_steps_are_capped_and_leave_rpcs_for_other_clients() -> None:
                 ):
                     raise
                 time.sleep(0.05)
+
+
+def test_queued_advances_count_against_the_waiting_cap() -> None:
+    pytest.importorskip("agent.sim.node", reason="SimNode not available")
+    from agent.sim import SimNode
+
+    most = 2
+    with (
+        serve(SimNode("default", seed=0), max_waiting_steps=most, grace_s=0.2) as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        sim = rpc.SimulationStub(channel)
+        request = api.AdvanceRequest()
+        request.duration.FromSeconds(30000)  # far longer than the test: stopped at the end
+        calls = [sim.Advance.future(request, timeout=30) for _ in range(most + 2)]
+        deadline = time.monotonic() + 10
+        while sum(f.done() for f in calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        refused = [f for f in calls if f.done()]
+        assert len(refused) == 2
+        for f in refused:
+            assert f.exception().code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "waiting for time to pass" in f.exception().details()
