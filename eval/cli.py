@@ -16,10 +16,15 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent import connection
 from agent.argtypes import positive_float, positive_int
+
+if TYPE_CHECKING:
+    from eval.runner import Job
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
             agent=agent,
             scenarios=scenarios,
         )
+        if agent is None:  # an agent's catalogue may differ from ours: it judges its names
+            check_scenarios(jobs)
+        check_paired_with(args.paired_with, jobs)
     except (SuiteError, ValueError) as exc:
         print(f"rdtune eval: {exc}", file=sys.stderr)
         return 2
@@ -192,6 +200,42 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         console.print(f"[red]{failed} of {len(results)} runs failed (see the report)[/red]")
     return 1 if failed == len(results) else 0
+
+
+def check_scenarios(jobs: Sequence[Job]) -> None:
+    """Resolve every named scenario (or YAML path) once, as the runs will, so an unknown
+    one is refused before anything runs rather than once per run (CatalogError)."""
+    for name in dict.fromkeys(j.scenario for j in jobs if isinstance(j.scenario, str)):
+        check_scenario(name)
+
+
+def check_scenario(name: str) -> None:
+    """Resolve a scenario name or YAML path as a run's SimNode does; ValueError (one line)
+    when it cannot be."""
+    import yaml
+
+    from agent.sim.scenario import get_scenario
+
+    try:
+        get_scenario(name)
+    except ValueError:
+        raise
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+        msg = " ".join(str(exc).split())
+        raise ValueError(f"scenario {name}: {type(exc).__name__}: {msg}") from None
+
+
+def check_paired_with(reference: str | None, jobs: Sequence[Job]) -> None:
+    """Refuse a --paired-with no run will be labelled with, before the runs rather than
+    after them."""
+    from models.catalogue import ControllerSpec
+
+    if reference is None:
+        return
+    labels = list(dict.fromkeys(j.label or ControllerSpec.parse(j.controller).label for j in jobs))
+    if reference not in labels:
+        have = ", ".join(labels)
+        raise ValueError(f"--paired-with {reference!r}: no such controller; have {have}")
 
 
 def print_summary(console, results, title: str = "all scenarios") -> None:

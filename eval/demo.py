@@ -10,6 +10,7 @@ comparison table and writes a report with plots (eval/report.py).
 from __future__ import annotations
 
 import argparse
+import sys
 
 from agent.argtypes import positive_float
 
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from eval.bench.harness import machine
+    from eval.cli import check_scenario
     from eval.report import write_report
     from eval.runner import Job, run_job
     from eval.suites import EVAL_DIR
@@ -68,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     scenario = (
         str(EVAL_DIR / "scenarios" / "demo.yaml") if args.scenario == "demo" else args.scenario
     )
+    try:  # once here, rather than once per controller with a report of failures
+        check_scenario(scenario)
+    except ValueError as exc:
+        print(f"rdtune demo: {exc}", file=sys.stderr)
+        return 2
     console = Console(width=max(120, Console().width))
     t_start = time.perf_counter()
     results = []

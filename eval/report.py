@@ -562,6 +562,9 @@ def write_report(
     :func:`default_reference`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    bad = infeasible_runs(results)
+    # the runs first: a plot or the paired table failing must not lose them (--rerender)
+    rj = _write_results(out, results, None, bad)
     scenarios = _order([r.scenario for r in results])
     figures = (
         [(plot_tail_vs_ways, "tail_vs_ways.png"), (plot_unfairness, "unfairness.png"),
@@ -587,7 +590,6 @@ def write_report(
     seeds = sorted({r.seed for r in results})
     runs = {(r.scenario, r.seed): r.feasibility for r in results}
     n_feasible = sum(1 for v in runs.values() if v == "feasible")
-    bad = infeasible_runs(results)
     lines += [
         f"Runs: {len(results)} ({len(scenarios)} scenario(s) x {len(seeds)} seed(s) per "
         "controller). Cells are means over runs ± the half-width of the 95% Student-t "
@@ -649,6 +651,17 @@ def write_report(
         lines.append("")
     md = out / "report.md"
     md.write_text("\n".join(lines))
+    if comp:
+        _write_results(out, results, comp, bad)
+    return Report(md, made, rj)
+
+
+def _write_results(
+    out: Path,
+    results: Sequence[JobResult],
+    comp: dict[str, Any] | None,
+    bad: Sequence[tuple[str, int, str]],
+) -> Path:
     rj = out / "results.json"
     data = {
         "runs": [r.as_dict() for r in results],
@@ -656,4 +669,4 @@ def write_report(
         "infeasible": [{"scenario": s, "seed": seed, "why": n} for s, seed, n in bad],
     }
     rj.write_text(json.dumps(_clean(data), indent=1, allow_nan=False, default=str))
-    return Report(md, made, rj)
+    return rj

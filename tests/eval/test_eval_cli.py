@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from eval.report import write_report
 from eval.runner import Job, run_job, run_jobs
 from eval.suites import get_suite
 from tuner.cli import main
@@ -160,3 +161,33 @@ def test_one_decision_a_second_keeps_the_simulators_resolution() -> None:
     assert not r.error, r.error
     assert r.timeline_t == [1.0, 2.0, 3.0]
     assert 0.5 < r.metrics["tail_normalized"] < 5  # reference measured over 1 s windows too
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["eval", "--suite", "smoke", "--paired-with", "nope"], "--paired-with 'nope'"),
+        (["eval", "--suite", "smoke", "--scenarios", "nope"], "unknown scenario 'nope'"),
+        (["demo", "--scenario", "nope"], "unknown scenario 'nope'"),
+    ],
+)
+def test_bad_reference_or_scenario_is_refused_before_any_run(
+    args: list[str], error: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = [*args, "--seconds", "0.5", "--out", str(out)]
+    if args[0] == "eval":
+        argv += ["--ray-address", "none"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and error in captured.err
+    assert "running" not in captured.out and "[1/" not in captured.out
+    assert not out.exists()
+
+
+def test_runs_are_saved_before_the_report_can_fail(tmp_path: Path) -> None:
+    results = [run_job(Job("t", "default", c, 0, 0.5)) for c in ("unpartitioned", "eq")]
+    with pytest.raises(ValueError, match="no runs of 'nope'"):
+        write_report(results, tmp_path, title="t", reference="nope", plots=False)
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert [r["controller"] for r in runs] == ["unpartitioned", "eq"]
