@@ -13,10 +13,43 @@ dynamics model can be learned from (random allocations held for random dwell tim
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from agent import connection
 from agent.argtypes import positive_float, positive_int
+
+if TYPE_CHECKING:
+    from agent.node import Clock, Node
+    from models.controller import Controller
+
+
+class _Terminated(Exception):
+    """SIGTERM while recording (timeout, systemd, kubectl): stop as Ctrl-C does."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into :class:`_Terminated` while recording, so the recorder closes the
+    trace (footer, rename) instead of dying with a footerless ``.part``."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers can only be set from the main thread
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        # once: a second SIGTERM must not cut the closing of the file short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _options(pairs: list[str]) -> dict:
@@ -29,6 +62,9 @@ def _options(pairs: list[str]) -> dict:
             raise SystemExit(f"--option expects KEY=VALUE, got {pair!r}")
         out[key.replace("-", "_")] = yaml.safe_load(value)
     return out
+
+
+TERMINATED = 128 + signal.SIGTERM  # a shell's status for a command stopped by SIGTERM
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,13 +145,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from agent.node import as_clock
     from models import catalogue
     from models.catalogue import ControllerSpec
     from models.setup import ControllerError, Setup
-    from training.trace_record import record
 
     try:
         spec = ControllerSpec.parse(args.controller).with_options(_options(args.option))
@@ -144,29 +177,55 @@ def _record(args: argparse.Namespace) -> int:
         except ControllerError as exc:
             print(f"rdtune trace record: {exc}", file=sys.stderr)
             return 2
-        bar = tqdm(
-            total=max(1, round(args.duration / args.interval)),
-            unit="step",
-            disable=args.quiet,
-            desc=f"recording {args.controller}",
-        )
-        steps = record(
-            node,
-            controller,
-            args.out,
-            args.duration,
-            interval_s=args.interval,
-            clock=clock,
-            scenario=scenario,
-            seed=args.seed,
-            source=args.agent,
-            progress=lambda done, total: bar.update(1),
-        )
-        bar.close()
+        steps = _record_until_done(args, node, controller, clock, scenario)
     finally:
         node.close()
+    if steps is None:
+        return TERMINATED
     print(f"wrote {steps} intervals to {args.out}")
     return 0
+
+
+def _record_until_done(
+    args: argparse.Namespace,
+    node: Node,
+    controller: Controller,
+    clock: Clock | None,
+    scenario: dict[str, Any] | None,
+) -> int | None:
+    """Record with a progress bar; None when SIGTERM stopped it (the trace is closed)."""
+    from tqdm import tqdm
+
+    from training.trace_record import record
+
+    bar = tqdm(
+        total=max(1, round(args.duration / args.interval)),
+        unit="step",
+        disable=args.quiet,
+        desc=f"recording {args.controller}",
+    )
+    try:
+        with _terminate_as_interrupt():
+            return record(
+                node,
+                controller,
+                args.out,
+                args.duration,
+                interval_s=args.interval,
+                clock=clock,
+                scenario=scenario,
+                seed=args.seed,
+                source=args.agent,
+                progress=lambda done, total: bar.update(1),
+            )
+    except _Terminated:
+        print(
+            f"rdtune trace record: terminated; the intervals so far are in {args.out}",
+            file=sys.stderr,
+        )
+        return None
+    finally:
+        bar.close()
 
 
 def _info(args: argparse.Namespace) -> int:

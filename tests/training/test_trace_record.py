@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +17,8 @@ from tests.agent.server.conftest import remote, serve
 from training.trace_record import record
 from training.traces import load_trace
 from tuner.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cli_records_from_a_simulated_agent(tmp_path, capsys) -> None:
@@ -56,3 +63,28 @@ def test_bad_agent_and_bad_file_errors(tmp_path, capsys) -> None:
     assert f"trace {bad}" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["trace", "record", "--agent", "x:1", "--duration", "1", "--out", "o", "-o", "k"])
+
+
+def test_sigterm_closes_the_trace_as_ctrl_c_does(tmp_path) -> None:
+    """timeout, systemd and kubectl stop with SIGTERM: the intervals so far stay readable."""
+    out = tmp_path / "term.parquet"
+    part = tmp_path / "term.parquet.part"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with serve(SimNode("default", seed=0)) as server:
+        cmd = [sys.executable, "-m", "tuner.cli", "trace", "record", "--agent", server.address,
+               "--duration", "100000", "--out", str(out), "--quiet"]  # fmt: skip
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not part.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.0)  # some intervals
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "terminated" in err and err.count("\n") == 1
+    assert not part.exists() and len(load_trace(out)) > 0
