@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent import connection
@@ -59,9 +60,22 @@ def _options(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--option expects KEY=VALUE, got {pair!r}")
-        out[key.replace("-", "_")] = yaml.safe_load(value)
+            raise ValueError(f"--option expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key.replace("-", "_")] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            why = " ".join(str(getattr(exc, "problem", None) or exc).split())
+            raise ValueError(f"--option {pair!r}: not a YAML value ({why})") from None
     return out
+
+
+def _check_out(out: str) -> None:
+    """Refuse an --out the finished trace cannot be renamed to before recording, not after."""
+    path = Path(out)
+    if path.is_dir():
+        raise ValueError(f"--out {out}: is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise ValueError(f"--out {out}: directory {path.parent} does not exist")
 
 
 TERMINATED = 128 + signal.SIGTERM  # a shell's status for a command stopped by SIGTERM
@@ -145,14 +159,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
+    import yaml
+
     from agent.node import as_clock
     from models import catalogue
     from models.catalogue import ControllerSpec
     from models.setup import ControllerError, Setup
 
     try:
+        _check_out(args.out)
         spec = ControllerSpec.parse(args.controller).with_options(_options(args.option))
-    except ControllerError as exc:
+    except yaml.YAMLError as exc:  # a controller spec's option value that is not YAML
+        why = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        print(f"rdtune trace record: --controller {args.controller!r}: {why}", file=sys.stderr)
+        return 2
+    except (ControllerError, ValueError) as exc:
         print(f"rdtune trace record: {exc}", file=sys.stderr)
         return 2
     node = connection.from_args(args).connect()

@@ -61,8 +61,30 @@ def test_bad_agent_and_bad_file_errors(tmp_path, capsys) -> None:
     bad.write_bytes(b"PAR1garbage")
     assert main(["trace", "info", str(bad)]) == 1
     assert f"trace {bad}" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["trace", "record", "--agent", "x:1", "--duration", "1", "--out", "o", "-o", "k"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        (["--out", "."], "--out .: is a directory"),
+        (["--out", "no/such/t.parquet"], "--out no/such/t.parquet: directory no/such does not"),
+        (["-o", "k"], "--option expects KEY=VALUE, got 'k'"),
+        (["-o", "seed={"], "--option 'seed={': not a YAML value"),
+        (["--controller", "eq[seed={]"], "eq[seed={]"),
+    ],
+)
+def test_bad_arguments_are_refused_before_recording(
+    extra: list[str], error: str, tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with serve(SimNode("default", seed=0)) as server:
+        argv = ["trace", "record", "--agent", server.address, "--duration", "1", "--quiet"]
+        if "--out" not in extra:
+            argv += ["--out", "t.parquet"]
+        assert main(argv + extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rdtune trace record: ") and err.count("\n") == 1 and error in err
+    assert not list(tmp_path.rglob("*.part*")) and not list(tmp_path.rglob("*.parquet"))
 
 
 def test_sigterm_closes_the_trace_as_ctrl_c_does(tmp_path) -> None:
