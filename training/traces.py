@@ -340,7 +340,12 @@ class TraceWriter:
         self._steps = 0
         self._buffered_steps = 0
         self._row_group_steps = row_group_steps
-        self._writer = pq.ParquetWriter(self._part, SCHEMA.with_metadata(self._encoded_meta()))
+        # page checksums: a few bytes changed in a data page are found out on reading
+        self._writer = pq.ParquetWriter(
+            self._part,
+            SCHEMA.with_metadata(self._encoded_meta()),
+            write_page_checksum=True,
+        )
         self._closed = False
 
     # The TraceWriter protocol envs/ records through: write one interval, close at the end.
@@ -503,7 +508,9 @@ def load_trace(path: str | os.PathLike) -> Trace:
     except (KeyError, TypeError, ValueError) as e:
         raise TraceError(path, f"metadata does not describe a node and its groups: {e}") from None
     try:
-        table = pq.read_table(path, schema=None).select(SCHEMA.names)
+        # pages without a checksum (traces written before there were any) are not checked
+        table = pq.read_table(path, schema=None, page_checksum_verification=True)
+        table = table.select(SCHEMA.names)
     except (pa.ArrowException, OSError) as e:
         raise TraceError(path, f"corrupt data: {e}") from None
     try:

@@ -229,3 +229,30 @@ def test_writer_refuses_writes_after_close(tmp_path) -> None:
     w.close()
     with pytest.raises(ValueError, match="closed"):
         w.write(node.observe(), node.allocation())
+
+
+def _column_chunk(path: Path, column: str) -> tuple[int, int]:
+    """Byte range (start, length) of ``column``'s chunk in the first row group."""
+    rg = pq.ParquetFile(path).metadata.row_group(0)
+    chunk = next(
+        rg.column(i) for i in range(rg.num_columns) if rg.column(i).path_in_schema == column
+    )
+    return chunk.data_page_offset, chunk.total_compressed_size
+
+
+def test_a_few_bytes_changed_in_a_data_page_are_found(recorded, tmp_path) -> None:
+    data = bytearray(recorded[0].read_bytes())
+    start, length = _column_chunk(recorded[0], "memory_bytes")
+    data[start + length // 2 : start + length // 2 + 4] = b"\xff\xff\xff\xff"
+    p = tmp_path / "flipped.parquet"
+    p.write_bytes(bytes(data))
+    with pytest.raises(TraceError, match="corrupt data") as err:
+        load_trace(p)
+    assert str(p) in str(err.value)
+
+
+def test_traces_without_page_checksums_still_load(recorded, tmp_path) -> None:
+    table = pq.read_table(recorded[0])
+    old = tmp_path / "old.parquet"
+    pq.write_table(table, old, write_page_checksum=False)  # as traces were written before
+    assert len(load_trace(old)) == len(load_trace(recorded[0]))
