@@ -269,7 +269,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from training.trace_minari import export_minari
+    from training.trace_minari import ExportError, export_minari
     from training.traces import TraceError, load_trace
 
     try:
@@ -283,6 +283,9 @@ def _export(args: argparse.Namespace) -> int:
             author_email=args.author_email,
             code_permalink=args.code_permalink,
         )
+    except ExportError as e:
+        print(f"rdtune trace export-minari: {e}", file=sys.stderr)
+        return 2
     except (TraceError, ImportError, ValueError) as e:
         print(f"rdtune trace export-minari: {e}", file=sys.stderr)
         return 1

@@ -78,6 +78,29 @@ def episode_arrays(
     }
 
 
+class ExportError(ValueError):
+    """The export's arguments do not fit the traces (a usage error: nothing is written)."""
+
+
+def check_export(traces: Sequence[Trace], dataset_id: str, max_groups: int) -> None:
+    """Refuse, before Minari creates any directory, a malformed id and traces with more
+    groups than slots (the encoder would drop the others without a word)."""
+    from minari.dataset.minari_dataset import parse_dataset_id
+
+    try:
+        parse_dataset_id(dataset_id)
+    except (ValueError, TypeError):  # TypeError: an id without -vN
+        raise ExportError(
+            f"--dataset-id {dataset_id!r}: not a Minari id, (namespace/)name-vN"
+        ) from None
+    for trace in traces:
+        if len(trace.groups) > max_groups:
+            raise ExportError(
+                f"trace {trace.path} has {len(trace.groups)} groups, more than --max-groups "
+                f"{max_groups}: raise --max-groups to at least {len(trace.groups)}"
+            )
+
+
 def export_minari(
     traces: Sequence[Trace],
     dataset_id: str,
@@ -104,6 +127,7 @@ def export_minari(
 
     from envs import PARTITION_ID
 
+    check_export(traces, dataset_id, max_groups)
     if root is not None:
         os.environ["MINARI_DATASETS_PATH"] = str(root)
     encoder = FeatureEncoder(max_groups)

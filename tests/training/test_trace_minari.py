@@ -71,3 +71,26 @@ def test_export_of_a_bad_file_is_a_clear_error(tmp_path, capsys) -> None:
     bad.write_bytes(b"nope")
     assert main(["trace", "export-minari", str(bad), "--dataset-id", "x/y-v0"]) == 1
     assert f"trace {bad}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        (["--max-groups", "2"], "has 4 groups, more than --max-groups 2"),
+        (["--dataset-id", "bad id"], "--dataset-id 'bad id': not a Minari id"),
+        (["--dataset-id", "rdtune/no-version"], "not a Minari id"),
+    ],
+)
+def test_export_refuses_what_would_lose_groups_or_leave_directories(
+    extra: list[str], error: str, explore_trace, tmp_path, monkeypatch, capsys
+) -> None:
+    root = tmp_path / "root"
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
+    argv = ["trace", "export-minari", explore_trace.path, "--root", str(root)]
+    if "--dataset-id" not in extra:
+        argv += ["--dataset-id", "rdtune/few-v0"]
+    assert main(argv + extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rdtune trace export-minari: ") and err.count("\n") == 1
+    assert error in err
+    assert not root.exists() or not any(root.iterdir())
