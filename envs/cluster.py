@@ -11,6 +11,7 @@ ships rdtune's source packages with the job, since its nodes need not have them 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +25,21 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 
 class ClusterError(ValueError):
     """A Ray cluster that cannot be reached; the message names its address."""
+
+
+REACH_TIMEOUT_S = 10.0
+
+
+def _check_reachable(address: str) -> None:
+    """Connect to a ``host:port`` (or ``ray://host:port``) address first: ``ray.init`` on a
+    closed port retries for minutes with only C++ warnings to show for it."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and the like: Ray finds the cluster itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ClusterError(f"cannot reach the Ray cluster at {address}: {exc}") from None
 
 
 def start_ray(
@@ -44,6 +60,7 @@ def start_ray(
             ignore_reinit_error=True,
         )
         return
+    _check_reachable(address)
     shipped = (agent, envs, models, *packages)
     modules = sorted({str(Path(m.__file__).parent) for m in shipped})
     try:

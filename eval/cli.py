@@ -9,6 +9,9 @@ over the same (scenario, seed) runs — mean difference of SLO violations (feasi
 weighted speedup and unfairness with 95% CIs, and win rates. Runs where no allocation
 meets every SLO are labelled infeasible and their SLO violations reported apart. Suites
 are defined in eval/data/suites.yaml (see --list).
+
+Exit status (EXIT_STATUS, shown by --help): a failed run does not stop the others nor fail
+the command while some run completed.
 """
 
 from __future__ import annotations
@@ -27,7 +30,16 @@ if TYPE_CHECKING:
     from eval.runner import Job
 
 
+EXIT_STATUS = (
+    "exit status: 0 when at least one run completed (failed runs are listed in the report "
+    "and counted on the last line), 1 when every run failed or the Ray cluster cannot be "
+    "reached, 2 for a usage error (unknown suite, controller, scenario or --paired-with; "
+    "nothing runs)"
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXIT_STATUS
     parser.add_argument(
         "--suite",
         help="suite to run (see --list); e.g. copart, ubik, catbench, coco, learned, smoke",
@@ -93,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
+    from envs.cluster import ClusterError
     from eval.bench.harness import machine
     from eval.report import write_report
     from eval.runner import run_jobs
@@ -165,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         results = run_jobs(jobs, ray_address, progress)
+    except ClusterError as exc:  # unreachable, like an agent that cannot be reached
+        print(f"rdtune eval: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"rdtune eval: {exc}", file=sys.stderr)
         return 2
