@@ -72,9 +72,23 @@ def _checked(args: argparse.Namespace) -> tuple[list[str], dict]:
     if unknown:
         raise UsageError(f"unknown benchmark(s) {unknown}; have {list(BENCHMARKS)}")
     overrides = parse_overrides(args.overrides)
-    if (args.config is not None or overrides) and "training" not in names:
-        raise UsageError("--config and --set apply to the training benchmark: name it")
+    if args.config is not None or overrides:
+        if "training" not in names:
+            raise UsageError("--config and --set apply to the training benchmark: name it")
+        _check_training_config(args.config, overrides)
     return names, overrides
+
+
+def _check_training_config(config: str | None, overrides: dict) -> None:
+    """Refuse a training config or override the training benchmark would fail on, before
+    the other benchmarks spend their minutes."""
+    from eval.bench.training import CONFIG
+    from training.config import ConfigError, load_config
+
+    try:
+        load_config(config or CONFIG).with_overrides(overrides)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -127,6 +127,8 @@ def test_bench_quick(capsys: pytest.CaptureFixture[str]) -> None:
         (["--set", "foo", "training"], "--set wants KEY=VALUE, got 'foo'"),
         (["--set", "ppo.n_epochs={", "training"], "--set 'ppo.n_epochs={': bad value for 'ppo"),
         (["sim", "--set", "n_envs=8"], "--config and --set apply to the training benchmark"),
+        (["--set", "ppo.n_epochs=-1", "training"], "overrides: ppo.n_epochs: must be greater"),
+        (["--config", "absent.yaml", "training"], "absent.yaml: cannot read"),
     ],
 )
 def test_bench_refuses_bad_input_before_running(args: list[str], message: str, capsys) -> None:
