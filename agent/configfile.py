@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,12 +48,68 @@ Finite = Annotated[float, AfterValidator(_finite)]
 M = TypeVar("M", bound=BaseModel)
 
 
-def read_yaml(path: str | Path) -> Any:
-    """The parsed YAML document at ``path`` (None for an empty file)."""
+# Configuration files are a few KiB; a cap keeps a wrong path (a log, a disk image) from
+# being read whole into memory.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+NOT_REGULAR = "not a regular file"
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, for messages (``a character device``, ``a named pipe``)."""
+    for test, name in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return NOT_REGULAR
+
+
+def read_config_text(path: str | Path, limit: int = MAX_CONFIG_BYTES) -> str:
+    """The text of the regular file at ``path``, or a ConfigError naming it: a device or a
+    pipe would be read without end or block forever, so only regular files are read, and
+    only up to ``limit`` bytes."""
     try:
-        text = Path(path).read_text()
+        # O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = file_kind(st.st_mode)
+            if kind != NOT_REGULAR:
+                kind += f", {NOT_REGULAR}"
+            raise ConfigError(f"{path}: {kind}")
+        data = b""
+        while len(data) <= limit:
+            chunk = os.read(fd, limit + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        size = max(st.st_size, len(data))
+        raise ConfigError(
+            f"{path}: too large for a configuration file ({size} bytes; at most {limit})"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The parsed YAML document at ``path`` (None for an empty file)."""
+    text = read_config_text(path)
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

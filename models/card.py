@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.configfile import file_kind
 from agent.types import NodeCapabilities
 from models.features import ENCODER_VERSIONS, FeatureEncoder
 from models.setup import ControllerError, Unavailable
@@ -392,18 +393,6 @@ def _upgrade_v1(data: Mapping[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- finding it
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def _check_path(path: str | Path) -> Path:
     """``path`` when it names a directory or a regular file we may read; else
     :class:`PolicyError` saying what it is instead (a device, a broken link, ...)."""
@@ -421,7 +410,7 @@ def _check_path(path: str | Path) -> Path:
     except OSError as exc:
         raise PolicyError(f"policy {path}: cannot access: {exc.strerror}") from None
     if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-        raise PolicyError(f"policy {path}: {_kind(st.st_mode)}, not a policy; {WHAT_TO_GIVE}")
+        raise PolicyError(f"policy {path}: {file_kind(st.st_mode)}, not a policy; {WHAT_TO_GIVE}")
     if not os.access(p, os.R_OK | (os.X_OK if stat.S_ISDIR(st.st_mode) else 0)):
         raise PolicyError(f"policy {path}: permission denied")
     return p

@@ -234,20 +234,25 @@ class ControllerSpec:
             if not path:
                 raise ControllerError("policy: needs a path (policy:/path/to/export)")
             return cls("policy", {"path": path}, text, text)
-        name, _, rest = text.partition("[")
+        name, bracket, rest = text.partition("[")
         name = name.strip()
-        if not name or (rest and not rest.endswith("]")):
+        if not name or (bracket and not rest.endswith("]")):
             raise ControllerError(
                 f"bad controller spec {text!r}; expected NAME or NAME[key=value,...]"
             )
         options: dict[str, Any] = {}
         for item in filter(None, (p.strip() for p in rest[:-1].split(","))):
-            key, eq, value = item.partition("=")
-            if not eq or not key.strip():
+            key, eq, value = (part.strip() for part in item.partition("="))
+            if not eq or not key:
                 raise ControllerError(f"bad option {item!r} in controller spec {text!r}")
-            options[key.strip()] = yaml.safe_load(value.strip())
+            try:
+                options[key] = yaml.safe_load(value)
+            except yaml.YAMLError as exc:
+                raise ControllerError(
+                    f"bad value for option {key!r} in {text!r}: {yaml_problem(exc)}"
+                ) from None
         if not name.startswith("import:"):
-            get(name)
+            check_option_types(get(name), options, text)
         return cls(name, options, text, text)
 
     def with_options(self, options: Mapping[str, Any]) -> ControllerSpec:
@@ -272,6 +277,50 @@ def split_specs(text: str) -> list[ControllerSpec]:
     return [ControllerSpec.parse(s) for s in out if s.strip()]
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong in a YAML value, in one line (the parser's problem, not its position in
+    a string the user never saw as a document)."""
+    problem = getattr(exc, "problem", None)
+    return problem or " ".join(str(exc).split())
+
+
+# Annotations the option check understands; any other leaves the option to the constructor.
+_SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str,),
+    "None": (type(None),),
+}
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+
+
+def check_option_types(entry: Entry, options: Mapping[str, Any], label: str) -> None:
+    """Refuse an option whose value the constructor's annotation rules out, naming it: a
+    string where a number belongs otherwise fails deep inside with a Python type error."""
+    try:
+        params = inspect.signature(entry.factory).parameters
+    except (TypeError, ValueError):  # a builtin or an odd callable: the call will say
+        return
+    for key, value in options.items():
+        param = params.get(key)
+        annotation = param.annotation if param is not None else None
+        if not isinstance(annotation, str):
+            continue  # postponed annotations are strings; a missing one checks nothing
+        words = [w.strip() for w in annotation.split("|")]
+        if not all(w in _SIMPLE_TYPES for w in words):
+            continue
+        allowed = tuple(t for w in words for t in _SIMPLE_TYPES[w])
+        # bool is an int to Python, not to an operator writing seed=true
+        if isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed):
+            continue
+        want = " or ".join(_TYPE_WORDS.get(w, "none") for w in words)
+        raise ControllerError(
+            f"controller {label!r}: option {key!r} must be {want}, "
+            f"got {value!r} ({type(value).__name__})"
+        )
+
+
 def _spec(spec: ControllerSpec | str) -> ControllerSpec:
     return ControllerSpec.parse(spec) if isinstance(spec, str) else spec
 
@@ -288,6 +337,7 @@ def build(spec: ControllerSpec | str, setup: Setup) -> Controller:
     entry = spec.entry
     options = dict(spec.options)
     decide_s = options.pop("decide_s", None)
+    check_option_types(entry, options, spec.label)
     try:
         for need in sorted(entry.needs, key=lambda n: n.name):
             if not need.offered_by(setup.node):
@@ -312,6 +362,7 @@ def construct(spec: ControllerSpec | str, interval_s: float = 0.1) -> Controller
     entry = spec.entry
     if entry.needs:
         raise Unavailable(f"controller {spec.label!r} needs a node to be built for")
+    check_option_types(entry, options, spec.label)
     return _cadence(_construct(entry, options, spec.label), decide_s, interval_s)
 
 

@@ -31,7 +31,7 @@ file is refused rather than read as "all defaults"::
       seed: 1000
       final_kwargs: {split: test}   # merged over eval.kwargs: the final table's family
       final_episodes: 32
-      controllers: [eq, static, copart, ubik]
+      controllers: [eq, static, copart, ubik]   # specs; an unknown or malformed one is refused
     policy:
       extractor: {hidden: 64, slot_hidden: 32, pool: [mean, max]}   # or null: flat MLP
       net_arch: {pi: [64, 64], vf: [64, 64]}
@@ -126,6 +126,17 @@ class EvalConfig(Strict):
     # which checkpoint the run keeps as best_model.zip: the best mean validation return
     # ("return"), or the last one evaluated ("last": the evaluations only log)
     select: Literal["return", "last"] = "return"
+
+    @field_validator("controllers")
+    @classmethod
+    def _known(cls, controllers: list[str]) -> list[str]:
+        # refused now, not when the evaluation after training meets it; a controller this
+        # env's node cannot run is still only told then (it depends on the node)
+        from models.catalogue import ControllerSpec
+
+        for text in controllers:
+            ControllerSpec.parse(text)  # its ValueError names the spec
+        return controllers
 
     @field_validator("kwargs")
     @classmethod

@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -69,8 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
-
     try:
         if args.evaluate:
             from training.config import TrainConfig
@@ -78,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             from training.train import final_evaluation
 
             run_dir = Path(args.model)
-            cfg = TrainConfig.parse(yaml.safe_load((run_dir / "config.yaml").read_text()))
+            cfg = TrainConfig.parse(_read_run_file(run_dir / "config.yaml"))
             print(table(final_evaluation(cfg, run_dir, episodes=args.evaluate)["rows"]))
         card = export_run(
             args.model,
@@ -88,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             parity_observations=args.parity_observations,
         )
     except ExportError as exc:
-        print(f"rdtune export: {exc}")
+        print(f"rdtune export: {exc}", file=sys.stderr)
         return 2
     print(
         f"exported {card.name} ({card.algorithm}, encoder v{card.encoder_version}, "
@@ -101,6 +100,27 @@ def run(args: argparse.Namespace) -> int:
 
 class ExportError(ValueError):
     """A run that cannot be exported (missing files, wrong layout); the message says which."""
+
+
+def _read_run_file(path: Path) -> Any:
+    """A run directory's JSON or YAML file, or an ExportError naming it (a run copied in
+    part, or edited by hand, must not end in a parser's message without the file)."""
+    import yaml
+
+    from agent.configfile import ConfigError, read_config_text
+
+    try:
+        text = read_config_text(path)
+    except ConfigError as exc:
+        raise ExportError(str(exc)) from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise ExportError(f"{path}: not valid {path.suffix[1:].upper()}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ExportError(f"{path}: expected a mapping at the top level")
+    return data
 
 
 def actor_module(policy, nvec: list[int], masked: bool):
@@ -246,14 +266,12 @@ def export_run(
     parity_observations: int = 512,
 ) -> ModelCard:
     """Export ``run_dir`` into ``out_dir``; returns the model card (also written there)."""
-    import yaml
-
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     for name in ("run.json", "config.yaml", checkpoint):
         if not (run_dir / name).exists():
             raise ExportError(f"{run_dir}: no {name} (is this a run directory of 'rdtune train'?)")
-    meta = json.loads((run_dir / "run.json").read_text())
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    meta = _read_run_file(run_dir / "run.json")
+    config = _read_run_file(run_dir / "config.yaml")
     from models.features import ENCODER_VERSIONS
     from training.train import load_model
 
@@ -273,7 +291,7 @@ def export_run(
     norm = _normalisation(run_dir, checkpoint, {})
     evaluation = None
     if (run_dir / "eval.json").exists():
-        evaluation = json.loads((run_dir / "eval.json").read_text())
+        evaluation = _read_run_file(run_dir / "eval.json")
     trained_on = trained_capabilities(meta["env_kwargs"], meta["features"]["max_groups"])
     env = {"id": meta["env_id"], "kwargs": meta["env_kwargs"]}
     use, out_of_scope, limitations = standard_sections(trained_on, env)

@@ -4,8 +4,9 @@ Each subcommand lives next to the code it drives, in a module exposing
 ``add_arguments(parser)`` and ``run(args) -> int``; this file only lists them. Those
 modules keep heavy imports (torch, ray, grpc) inside ``run`` so ``rdtune --help`` is fast.
 
-Bad input never ends in a traceback: a wrong option is one line naming it (status 2), a
-refused setting, a file that cannot be read or an agent that cannot be reached or refuses
+Bad input never ends in a traceback: a wrong option, a refused configuration file or a
+controller spec that cannot be built is one line naming it (status 2); a file that cannot
+be read, a controller this node cannot run or an agent that cannot be reached or refuses
 is one line saying so (status 1; ``-vv`` logs the traceback too), and a reader that stops
 early (``rdtune ... | head``) ends the command quietly.
 """
@@ -116,7 +117,17 @@ def _main(argv: Sequence[str] | None) -> int:
     except (ValueError, OSError) as exc:  # a refused setting or an unreadable file
         log.debug("traceback", exc_info=True)
         print(f"{_command(args)}: {exc}", file=sys.stderr)
-        return 1
+        return 2 if _is_usage_error(exc) else 1
+
+
+def _is_usage_error(exc: Exception) -> bool:
+    """Whether ``exc`` is the operator's input refused (a configuration file, a controller
+    spec) rather than something the node or the system did; commands that do not sort
+    their errors themselves still exit 2 for it."""
+    from agent.configfile import ConfigError
+    from models.setup import ControllerError, Unavailable
+
+    return isinstance(exc, ConfigError | ControllerError) and not isinstance(exc, Unavailable)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from agent.configfile import ConfigError, read_config_text
 from agent.types import (
     CacheCapabilities,
     MbaCapabilities,
@@ -458,7 +459,10 @@ SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _read_yaml(path: Path) -> dict:
-    text = path.read_text()
+    try:
+        text = read_config_text(path)
+    except ConfigError as exc:
+        raise CatalogError(str(exc)) from None
     try:
         try:
             data = yaml.load(text, Loader=SafeLoader) or {}

@@ -368,9 +368,14 @@ def get_scenario(name: str | Scenario, catalog: Catalog | None = None) -> Scenar
     if name in catalog.scenarios:
         return parse_scenario(name, catalog.scenarios[name], catalog)
     p = Path(name)
-    if p.suffix in (".yaml", ".yml") and p.is_file():
-        import yaml
+    # exists(), not is_file(): a pipe or a device named x.yaml is refused as such, not as
+    # an unknown scenario name
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        from agent import configfile
 
-        data = yaml.safe_load(p.read_text()) or {}
+        try:
+            data = configfile.read_yaml(p) or {}
+        except configfile.ConfigError as exc:
+            raise CatalogError(str(exc)) from None
         return parse_scenario(p.stem, data, catalog, base_dir=p.parent)
     raise CatalogError(f"unknown scenario {name!r}; have {sorted(catalog.scenarios)}")

@@ -40,30 +40,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class UsageError(ValueError):
+    """Benchmark names or overrides that cannot be used; refused before anything runs."""
+
+
 def parse_overrides(items: list[str]) -> dict:
     """``KEY=VALUE`` strings -> {key: YAML-parsed value}."""
     import yaml
 
+    from models.catalogue import yaml_problem
+
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"--set wants KEY=VALUE, got {item!r}")
-        out[key.strip()] = yaml.safe_load(value)
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set wants KEY=VALUE, got {item!r}")
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise UsageError(
+                f"--set {item!r}: bad value for {key!r}: {yaml_problem(exc)}"
+            ) from None
     return out
+
+
+def _checked(args: argparse.Namespace) -> tuple[list[str], dict]:
+    """The benchmarks to run and the training overrides, or a UsageError."""
+    names = args.names or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise UsageError(f"unknown benchmark(s) {unknown}; have {list(BENCHMARKS)}")
+    overrides = parse_overrides(args.overrides)
+    if args.config is not None or overrides:
+        if "training" not in names:
+            raise UsageError("--config and --set apply to the training benchmark: name it")
+        _check_training_config(args.config, overrides)
+    return names, overrides
+
+
+def _check_training_config(config: str | None, overrides: dict) -> None:
+    """Refuse a training config or override the training benchmark would fail on, before
+    the other benchmarks spend their minutes."""
+    from eval.bench.training import CONFIG
+    from training.config import ConfigError, load_config
+
+    try:
+        load_config(config or CONFIG).with_overrides(overrides)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
     from eval.bench.harness import machine
 
-    names = args.names or list(BENCHMARKS)
-    unknown = [n for n in names if n not in BENCHMARKS]
-    if unknown:
-        raise SystemExit(f"unknown benchmark(s) {unknown}; have {list(BENCHMARKS)}")
-    overrides = parse_overrides(args.overrides)
+    try:
+        names, overrides = _checked(args)
+    except UsageError as exc:
+        print(f"rdtune bench: {exc}", file=sys.stderr)
+        return 2
     tuned = args.config is not None or bool(overrides)
-    if tuned and "training" not in names:
-        raise SystemExit("--config and --set apply to the training benchmark: name it")
     print(f"machine: {machine()}\n")
     print("| benchmark | median | p99 | runs | target |\n|---|---|---|---|---|")
     failed = []

@@ -5,6 +5,10 @@ environment overrides."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +18,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from agent.configfile import ConfigError
+from agent.configfile import MAX_CONFIG_BYTES, ConfigError, read_yaml
 from agent.server.config import AgentFile
 from agent.server.config import load_yaml as load_agent
 from eval.suites import SuiteError, load_suites
@@ -160,3 +164,70 @@ def test_a_bad_suite_names_file_suite_and_key(tmp_path) -> None:
     assert str(err.value) == (
         f"{file}: suite 'mine': seconds: must be a valid number, got '30' (str)"
     )
+
+
+# Every command that reads a configuration, suite or scenario file from a user's path;
+# FILE stands for the path under test.
+COMMANDS_READING_A_FILE = [
+    ("tune", "--controller", "eq", "--agent", "127.0.0.1:1", "--metrics-listen", "",
+     "--config", "FILE"),
+    ("agent", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--config", "FILE"),
+    ("agent", "--backend", "sim", "--listen", "127.0.0.1:0", "--metrics-listen", "",
+     "--scenario", "FILE"),
+    ("train", "--config", "FILE"),
+    ("eval", "--suites", "FILE", "--suite", "x"),
+]  # fmt: skip
+
+
+def _command_id(args: tuple[str, ...]) -> str:
+    return f"{args[0]}{args[args.index('FILE') - 1]}"
+
+
+def _run_cli(args: tuple[str, ...], file: Path) -> subprocess.CompletedProcess:
+    # a subprocess with a timeout: a read that blocks must fail the test, not hang it
+    cmd = [sys.executable, "-m", "tuner.cli", *(str(file) if a == "FILE" else a for a in args)]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=file.parent)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"rdtune {args[0]} hung reading {file}")
+
+
+@pytest.mark.parametrize("args", COMMANDS_READING_A_FILE, ids=_command_id)
+def test_a_named_pipe_is_refused_not_waited_on(tmp_path, args) -> None:
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    done = _run_cli(args, fifo)
+    assert done.returncode == 2, done.stderr
+    assert f"{fifo}: a named pipe, not a regular file" in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("args", COMMANDS_READING_A_FILE, ids=_command_id)
+def test_a_file_not_utf8_is_named(tmp_path, args) -> None:
+    file = tmp_path / "bin.yaml"
+    file.write_bytes(b"interval_s: 1\n\xff\xfe\n")
+    done = _run_cli(args, file)
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"rdtune {args[0]}: ") and f"{file}: not UTF-8 text" in last, last
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda tmp: Path("/dev/null"), "/dev/null: a character device, not a regular file"),
+        (lambda tmp: tmp, ": a directory, not a regular file"),
+        (
+            lambda tmp: _write(tmp / "big.yaml", b"#" * (MAX_CONFIG_BYTES + 1)),
+            f"big.yaml: too large for a configuration file ({MAX_CONFIG_BYTES + 1} bytes",
+        ),
+    ],
+    ids=["device", "directory", "too-large"],
+)
+def test_only_regular_files_of_bounded_size_are_read(tmp_path, make, message) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        read_yaml(make(tmp_path))
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path

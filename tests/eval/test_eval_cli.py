@@ -127,8 +127,24 @@ def test_bench_quick(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--quick", "sim"]) == 0
     out = capsys.readouterr().out
     assert "machine:" in out and "steps/s" in out
-    with pytest.raises(SystemExit, match="unknown benchmark"):
-        main(["bench", "nope"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nope"], "unknown benchmark(s) ['nope']; have ["),
+        (["--set", "foo", "training"], "--set wants KEY=VALUE, got 'foo'"),
+        (["--set", "ppo.n_epochs={", "training"], "--set 'ppo.n_epochs={': bad value for 'ppo"),
+        (["sim", "--set", "n_envs=8"], "--config and --set apply to the training benchmark"),
+        (["--set", "ppo.n_epochs=-1", "training"], "overrides: ppo.n_epochs: must be greater"),
+        (["--config", "absent.yaml", "training"], "absent.yaml: cannot read"),
+    ],
+)
+def test_bench_refuses_bad_input_before_running(args: list[str], message: str, capsys) -> None:
+    assert main(["bench", "--quick", *args]) == 2
+    out, err = capsys.readouterr()
+    assert "machine:" not in out  # nothing ran
+    assert err.startswith(f"rdtune bench: {message}") and err.count("\n") == 1, err
 
 
 def test_time_sharing_is_judged_per_service() -> None:

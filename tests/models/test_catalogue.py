@@ -45,11 +45,28 @@ def test_spec_parsing() -> None:
         ("nope", "unknown controller 'nope'"),
         ("ubik[slack]", "bad option"),
         ("ubik[slack=1", "bad controller spec"),
+        ("eq[", "bad controller spec 'eq\\['"),
+        ("eq[seed={]", "bad value for option 'seed' in 'eq\\[seed={]': expected the node"),
+        ("ubik[slack=abc]", "option 'slack' must be a number, got 'abc' \\(str\\)"),
+        ("explore[seed=true]", "option 'seed' must be an integer, got True \\(bool\\)"),
+        ("static[lc_group=3]", "option 'lc_group' must be a string or none, got 3 \\(int\\)"),
     ],
 )
 def test_bad_specs_are_clear_errors(text: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ControllerSpec.parse(text)
+
+
+@pytest.mark.parametrize("build_it", ["build", "construct"])
+def test_options_given_apart_from_the_spec_are_type_checked(build_it: str) -> None:
+    # a configuration's controller_options reach the controller without a spec string
+    spec = ControllerSpec.parse("ubik").with_options({"slack": "abc"})
+    node = SimNode("default", 0)
+    with pytest.raises(ValueError, match="controller 'ubik': option 'slack' must be a number"):
+        if build_it == "build":
+            build(spec, node, node)
+        else:
+            catalogue.construct(spec)
 
 
 def test_unknown_option_is_a_clear_error() -> None:

@@ -91,6 +91,12 @@ def test_overrides_apply_and_revalidate():
         ({"eval": {"final_episodes": 0}}, "eval.final_episodes"),
         ({"eval": {"final_kwargs": {"split": "nope"}}}, "eval.final_kwargs: split must be one"),
         ({"eval": {"controllers": "eq"}}, "eval.controllers: must be a valid list"),
+        ({"eval": {"controllers": ["eq", "nope"]}}, "eval.controllers: unknown controller 'nope'"),
+        (
+            {"eval": {"controllers": ["eq[seed={]"]}},
+            "eval.controllers: bad value for option 'seed' in 'eq[seed={]'",
+        ),
+        ({"eval": {"controllers": ["eq["]}}, "eval.controllers: bad controller spec 'eq['"),
         ({"eval": {"select": "best"}}, "eval.select"),
         ({"policy": {"activation": "gelu"}}, "policy.activation"),
         ({"policy": {"extractor": {"pool": ["sum"]}}}, "policy.extractor.pool"),

@@ -185,3 +185,25 @@ def test_parity_forgives_only_ties(logits, mask, got, tied):
     counts as a mismatch of the export."""
     obs = np.asarray(logits, dtype=np.float32)
     assert _tied(_Logits(), obs, mask, np.asarray(got), [2, 2]) is tied
+
+
+@pytest.mark.parametrize(
+    ("files", "extra", "message"),
+    [
+        ({"run.json": "{bad"}, [], "run.json: not valid JSON: Expecting property name"),
+        ({"run.json": "[1]"}, [], "run.json: expected a mapping at the top level"),
+        ({"config.yaml": "x: ["}, [], "config.yaml: not valid YAML: expected the node content"),
+        ({"config.yaml": "x: ["}, ["--evaluate", "1"], "config.yaml: not valid YAML"),
+    ],
+)
+def test_a_corrupt_run_file_is_named(tmp_path, capsys, files, extra, message):
+    from tuner.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    contents = {"run.json": "{}", "config.yaml": "name: x\n", "best_model.zip": "junk", **files}
+    for name, text in contents.items():
+        (run / name).write_text(text)
+    assert main(["export", "--model", str(run), "--out", str(tmp_path / "out"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rdtune export: {run}/{message}") and err.count("\n") == 1, err

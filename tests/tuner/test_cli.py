@@ -93,7 +93,7 @@ def assert_one_line(done: subprocess.CompletedProcess, *needles: str) -> None:
         (("tune", "--interval", "0"), ("--interval", "must be > 0")),
         (("status", "--agent", "127.0.0.1:1", "--timeout", "0.5"), ("cannot read the agent",)),
         (("agent", "--config", "/nonexistent.yaml"), ("/nonexistent.yaml",)),
-        (("train", "--config", os.devnull), ("rdtune train", "the config is empty")),
+        (("train", "--config", os.devnull), ("rdtune train", "a character device, not a regular")),
     ],
     ids=lambda v: " ".join(v) if isinstance(v[0], str) and v[0][0] != "r" else None,
 )
@@ -124,3 +124,29 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(args) -> None:
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
     # 141 as for SIGPIPE; argparse's help ignores the closed pipe and exits 0
     assert proc.stderr == "" and proc.returncode in (0, 141)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("eq[seed={]", "bad value for option 'seed' in 'eq[seed={]': expected the node content"),
+        ("eq[", "bad controller spec 'eq['"),
+        ("ubik[slack=abc]", "controller 'ubik[slack=abc]': option 'slack' must be a number"),
+    ],
+)
+@pytest.mark.parametrize("command", ["tune", "demo", "eval"])
+def test_a_bad_controller_spec_is_one_line_and_status_2(
+    command: str, spec: str, message: str, request: pytest.FixtureRequest, tmp_path, capsys
+) -> None:
+    from tuner.cli import main
+
+    args = {
+        "tune": lambda: ["--agent", request.getfixturevalue("agent").address,
+                         "--controller", spec, "--intervals", "1", "--metrics-listen", ""],
+        "demo": lambda: ["--controllers", spec, "--seconds", "1", "--out", str(tmp_path)],
+        "eval": lambda: ["--suite", "smoke", "--controllers", spec, "--ray-address", "none",
+                         "--seconds", "1", "--out", str(tmp_path)],
+    }[command]()  # fmt: skip
+    assert main([command, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rdtune {command}: {message}") and err.count("\n") == 1, err
