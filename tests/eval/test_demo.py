@@ -37,7 +37,7 @@ def test_demo_default_runs_the_heuristics_and_the_bundled_policy(
 
 
 def test_demo_rejects_unknown_controller(capsys) -> None:
-    assert main(["demo", "--seconds", "1", "--controllers", "nope"]) == 1
+    assert main(["demo", "--seconds", "1", "--controllers", "nope"]) == 2  # a usage error
     assert "rdtune demo: unknown controller 'nope'" in capsys.readouterr().err
 
 
