@@ -119,7 +119,10 @@ def add_arguments(
     """Add the shared agent-connection options (``--agent``, ``--token-file``, ``--tls-*``,
     ``--timeout``) to ``parser`` as one group."""
     g = parser.add_argument_group("agent connection")
-    default_note = f" (default {address_default})" if address_default else ""
+    # A required --agent has no default to mention, whatever address_default says.
+    default_note = (
+        f" (default {address_default})" if address_default and not address_required else ""
+    )
     g.add_argument(
         "--agent",
         metavar="ADDR",

@@ -106,3 +106,10 @@ def test_without_a_client_certificate_each_client_fails_in_one_line(
     err = capsys.readouterr().err.strip()
     assert err and "Traceback" not in err
     assert server.address in err or "agent" in err, err
+
+
+def test_a_required_agent_option_mentions_no_default() -> None:
+    agent = next(
+        a for a in subparser(("trace", "record"))._actions if "--agent" in a.option_strings
+    )
+    assert agent.required and "default" not in agent.help, agent.help
