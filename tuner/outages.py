@@ -93,6 +93,7 @@ class Resilience:
         delay = self.cfg.retry_initial_s
         error: BaseException = first
         attempt = 0
+        reconnect = self.started
         while not stop.is_set():
             attempt += 1
             log.warning(
@@ -118,7 +119,10 @@ class Resilience:
                 continue
             self.metrics.agent_up.set(1)
             self.metrics.reconnects.inc()
-            log.warning("agent reachable again", extra={"event": "agent_up"})
+            if reconnect:
+                log.warning("agent reachable again", extra={"event": "agent_up"})
+            else:  # a tuner started before its agent: nothing was lost
+                log.info("agent reachable", extra={"event": "agent_up"})
             return True
         return False
 
