@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from agent.connection import split_address
 from agent.errors import NodeError
 from agent.node import step_by_parts
 from agent.server import convert as C
@@ -100,6 +101,7 @@ class RemoteNode:
         max_message_bytes: int = 4 << 20,
         session: bool = True,
     ) -> None:
+        split_address(address)  # a malformed one would be retried forever, or wrap around
         self.address, self.timeout = address, timeout
         self.retries, self.backoff_s = retries, backoff_s
         self._metadata: tuple = ()

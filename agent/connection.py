@@ -29,6 +29,42 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 TOKEN_ENV = "RDTUNE_AGENT_TOKEN"
 
 
+def split_address(
+    address: str, what: str = "agent address", *, min_port: int = 1
+) -> tuple[str | None, str | None, int | None]:
+    """``(unix_path, host, port)`` of ``host:port`` or ``unix:/path``, one set of rules for
+    the agent's listeners and its clients: gRPC takes a port above 65535 modulo 2**16 (a
+    different port) and a non-numeric one as an address it retries forever. ``what`` names
+    the address in errors; ``min_port``: 0 lets a listener pick a free port."""
+    address = address.strip()
+    if address.startswith("unix:"):
+        path = address[len("unix:") :]
+        if path.startswith("//"):
+            path = path[2:]
+        if not path.startswith("/"):
+            raise ConfigError(f"unix socket path must be absolute, got {address!r}")
+        return path, None, None
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{what} {address!r} is not host:port or unix:/path")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{what} {address!r}: port {port!r} is not a number") from None
+    if not min_port <= number <= 65535:
+        raise ConfigError(f"{what} {address!r}: port out of range")
+    return None, host, number
+
+
+def agent_address(value: str) -> str:
+    """``--agent``'s type: a malformed address is a usage error (exit 2) at parse time."""
+    try:
+        split_address(value)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def read_token(
     token: str | None, token_file: str | None, error: type[Exception] = ValueError
 ) -> str | None:
@@ -127,6 +163,7 @@ def add_arguments(
         "--agent",
         metavar="ADDR",
         required=address_required,
+        type=agent_address,
         default=None if address_required else address_default,
         help=address_help + default_note,
     )
@@ -153,10 +190,12 @@ def add_arguments(
 
 def from_args(args: argparse.Namespace, base: AgentConnection | None = None) -> AgentConnection:
     """The connection the options describe; options given override ``base`` (a config
-    file's ``agent:`` section). Raises ConfigError for an unreadable token file."""
+    file's ``agent:`` section). Raises ConfigError for a malformed address or an unreadable
+    token file."""
     conn = base if base is not None else AgentConnection()
     if getattr(args, "agent", None):
         conn.address = args.agent
+    split_address(conn.address)
     for name in ("token_file", "tls_ca", "tls_cert", "tls_key", "tls_server_name"):
         value = getattr(args, name, None)
         if value is not None:

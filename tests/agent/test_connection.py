@@ -5,6 +5,8 @@ run against a real agent that requires mutual TLS and a token."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +115,41 @@ def test_a_required_agent_option_mentions_no_default() -> None:
         a for a in subparser(("trace", "record"))._actions if "--agent" in a.option_strings
     )
     assert agent.required and "default" not in agent.help, agent.help
+
+
+BAD_ADDRESSES = [
+    ("127.0.0.1:112738", "port out of range"),  # gRPC would reach port 112738 - 65536
+    ("127.0.0.1:0", "port out of range"),
+    ("127.0.0.1:notaport", "port 'notaport' is not a number"),
+    ("::::", "port '' is not a number"),
+    ("nohost", "is not host:port or unix:/path"),
+    ("unix:agent.sock", "unix socket path must be absolute"),
+]
+
+
+@pytest.mark.parametrize(("address", "why"), BAD_ADDRESSES)
+@pytest.mark.parametrize("command", CLIENTS, ids=" ".join)
+def test_a_malformed_agent_address_is_a_usage_error(command, address, why, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([*command, f"--agent={address}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and why in err and "--agent" in err, err
+
+
+@pytest.mark.parametrize(("address", "why"), BAD_ADDRESSES)
+def test_a_malformed_address_is_refused_from_a_config_file_and_by_the_client(
+    address, why, tmp_path
+) -> None:
+    from agent.client import RemoteNode
+
+    config = tmp_path / "tune.yaml"
+    config.write_text(f"agent: {{address: {address!r}}}\n")
+    # a process with a timeout: an address not refused is waited for, forever
+    argv = ["tune", "--controller", "eq", "--metrics-listen", "", "--config", str(config)]
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *argv], capture_output=True, text=True, timeout=20
+    )
+    assert done.returncode == 2 and why in done.stderr, done.stderr
+    with pytest.raises(ValueError, match=why):
+        RemoteNode(address)
