@@ -153,3 +153,29 @@ def test_a_malformed_address_is_refused_from_a_config_file_and_by_the_client(
     assert done.returncode == 2 and why in done.stderr, done.stderr
     with pytest.raises(ValueError, match=why):
         RemoteNode(address)
+
+
+@pytest.mark.parametrize(
+    ("option", "what"),
+    [
+        ("--tls-ca", "the CA certificate"),
+        ("--tls-cert", "the client certificate"),
+        ("--tls-key", "the client key"),
+    ],
+)
+def test_a_tls_file_that_is_not_pem_is_refused_at_start(mtls, option, what, tmp_path) -> None:
+    server, certs, _ = mtls
+    bad = tmp_path / "bad.pem"
+    bad.write_text("garbage\n")
+    args = client_args(server, certs)
+    args[args.index(option) + 1] = str(bad)
+    argv = ["tune", "--controller", "eq", "--intervals", "1", "--metrics-listen", "", *args]
+    # a process with a timeout: a bad file not refused fails every handshake, retried forever
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *argv], capture_output=True, text=True, timeout=20,
+        env={"RDTUNE_AGENT_TOKEN": "s3cret-token", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip()
+    assert err.startswith(f"rdtune tune: cannot load {what} {bad}: not PEM"), err
+    assert len(err.splitlines()) == 1, err
