@@ -129,3 +129,27 @@ def test_stop_retries_the_restore_while_the_agent_is_down() -> None:
         if not stopped:
             with contextlib.suppress(Exception):
                 first.__exit__(None, None, None)
+
+
+def test_an_agent_back_without_the_groups_is_reported_and_leaves_nothing_to_restore(
+    caplog,
+) -> None:
+    caplog.set_level(logging.INFO, logger="rdtune.tuner")
+    address = f"127.0.0.1:{free_port()}"
+    tuner = make_tuner(address, restore_baseline=True, restore_deadline_s=5.0)
+    with serve(SimNode("default", seed=0), listen=address):
+        tuner.start()
+        for _ in range(3):
+            tuner.step()
+    assert tuner.groups
+    # restarted with none of the groups (rdtune agent --no-auto-groups)
+    with serve(SimNode("default", seed=0, auto_groups=False), listen=address):
+        tuner.reconcile()
+        assert not tuner.groups
+        assert tuner.shutdown() is True
+    lost = [r for r in caplog.records if getattr(r, "event", None) == "groups_lost"]
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+    assert "none of the tuner's groups" in lost[0].message
+    messages = [r.message for r in caplog.records]
+    assert any(m.startswith("nothing to restore: the node has none") for m in messages)
+    assert "restored the baseline allocation" not in messages
