@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
     from models.catalogue import describe
     from tuner.config import ConfigError
-    from tuner.controllers import ControllerError, build, fallback
+    from tuner.controllers import ControllerError, build, check, fallback
 
     if args.list_controllers:
         print(describe())
@@ -129,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = build_config(args)
         backup = fallback(cfg.fallback, cfg.fallback_options)
         _check_policy_files(args.controller)
+        check(args.controller, cfg.controller_options)  # not left until the agent answers
     except (ConfigError, ControllerError) as exc:
         print(f"rdtune tune: {exc}", file=sys.stderr)
         return 2

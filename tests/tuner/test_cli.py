@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.tuner.conftest import rdtune_here
+from tests.tuner.conftest import free_port, rdtune_here
 from tuner.cli import COMMANDS, build_parser
 
 
@@ -124,3 +124,26 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(args) -> None:
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
     # 141 as for SIGPIPE; argparse's help ignores the closed pipe and exits 0
     assert proc.stderr == "" and proc.returncode in (0, 141)
+
+
+@pytest.mark.parametrize(
+    ("controller", "needle"),
+    [
+        ("nope", "unknown controller 'nope'"),
+        ("eq[foo=1]", "controller 'eq[foo=1]': unknown option(s) foo"),
+        ("policy:{card}", "model_card.json is not valid JSON"),
+    ],
+)
+def test_a_bad_controller_is_refused_before_waiting_for_the_agent(
+    controller, needle, tmp_path
+) -> None:
+    (tmp_path / "model_card.json").write_text("{not json")
+    controller = controller.format(card=tmp_path)
+    argv = ["tune", "--agent", f"127.0.0.1:{free_port()}", "--controller", controller]
+    # a process with a timeout: nobody listens there, and a tuner waits for its agent
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *argv, "--metrics-listen", ""],
+        capture_output=True, text=True, timeout=20,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert_one_line(done, "rdtune tune:", needle)
