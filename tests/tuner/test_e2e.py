@@ -284,3 +284,21 @@ def test_an_exposed_metrics_endpoint_is_https_with_a_token(fresh, tmp_path) -> N
             assert err.value.code == 401
     finally:
         tune.stop()
+
+
+@pytest.mark.parametrize(
+    ("group", "code", "needle"),
+    [
+        ({"cgroup": "/nonexistent/cg"}, 2, "cannot read /nonexistent/cg/cgroup.procs"),
+        ({"cpus": [9999]}, 1, "the agent refused"),
+    ],
+    ids=["cgroup", "cpus"],
+)
+def test_a_start_refused_for_a_group_setting_leaves_no_group_behind(
+    fresh, tune_here, group, code, needle
+) -> None:
+    config = {"groups": [{"name": "web", **group}]}
+    run = tune_here(fresh.address, "eq", "--intervals", "2", config=config)
+    assert run.returncode == code and needle in run.stderr, run.stderr
+    with fresh.node() as node:
+        assert "web" not in node.groups()
