@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from agent.connection import split_address
+from agent.address import split_address
 from agent.errors import NodeError
 from agent.node import step_by_parts
 from agent.server import convert as C

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from agent.address import split_address
 from agent.configfile import ConfigError
-from agent.connection import TOKEN_ENV, read_token, split_address  # noqa: F401  (the agent's modules use them)
+from agent.connection import TOKEN_ENV, read_token  # noqa: F401  (the agent's modules use them)
 from agent.server.errors import Aborted, RateLimited, abort, abort_with
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
