@@ -14,6 +14,7 @@ import pytest
 from agent.sim import SimNode
 from tests.agent.server.conftest import serve
 from tests.certs import make_certs
+from tests.tuner.conftest import ROOT
 from tuner.cli import build_parser, main
 
 SHARED = {"--agent", "--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name"}
@@ -148,7 +149,11 @@ def test_a_malformed_address_is_refused_from_a_config_file_and_by_the_client(
     # a process with a timeout: an address not refused is waited for, forever
     argv = ["tune", "--controller", "eq", "--metrics-listen", "", "--config", str(config)]
     done = subprocess.run(
-        [sys.executable, "-m", "tuner.cli", *argv], capture_output=True, text=True, timeout=20
+        [sys.executable, "-m", "tuner.cli", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=20,
     )
     assert done.returncode == 2 and why in done.stderr, done.stderr
     with pytest.raises(ValueError, match=why):
@@ -172,7 +177,8 @@ def test_a_tls_file_that_is_not_pem_is_refused_at_start(mtls, option, what, tmp_
     argv = ["tune", "--controller", "eq", "--intervals", "1", "--metrics-listen", "", *args]
     # a process with a timeout: a bad file not refused fails every handshake, retried forever
     done = subprocess.run(
-        [sys.executable, "-m", "tuner.cli", *argv], capture_output=True, text=True, timeout=20,
+        [sys.executable, "-m", "tuner.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+        timeout=20,
         env={"RDTUNE_AGENT_TOKEN": "s3cret-token", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert done.returncode == 2, done.stderr

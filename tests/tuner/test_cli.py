@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.tuner.conftest import free_port, rdtune_here
+from tests.tuner.conftest import ROOT, free_port, rdtune_here
 from tuner.cli import COMMANDS, build_parser
 
 
@@ -143,7 +143,7 @@ def test_a_bad_controller_is_refused_before_waiting_for_the_agent(
     # a process with a timeout: nobody listens there, and a tuner waits for its agent
     done = subprocess.run(
         [sys.executable, "-m", "tuner.cli", *argv, "--metrics-listen", ""],
-        capture_output=True, text=True, timeout=20,
+        cwd=ROOT, capture_output=True, text=True, timeout=20,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert_one_line(done, "rdtune tune:", needle)
