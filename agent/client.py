@@ -23,6 +23,7 @@ import asyncio
 import math
 import queue
 import random
+import re
 import threading
 import time
 import weakref
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from agent.address import split_address
 from agent.errors import NodeError
 from agent.node import step_by_parts
 from agent.server import convert as C
@@ -59,10 +61,35 @@ class TlsConfig:
 
     @classmethod
     def from_files(cls, ca=None, cert=None, key=None, server_name=None) -> TlsConfig:
-        def read(p):
-            return None if p is None else open(p, "rb").read()
+        """Raises OSError for a file that cannot be read, ValueError for one that is not
+        PEM: gRPC would only fail each handshake, which looks like an agent that is down."""
+        return cls(
+            _read_pem(ca, "the CA certificate", _CERT_BLOCK),
+            _read_pem(cert, "the client certificate", _CERT_BLOCK),
+            _read_pem(key, "the client key", _KEY_BLOCK),
+            server_name,
+        )
 
-        return cls(read(ca), read(cert), read(key), server_name)
+
+_CERT_BLOCK = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n.+?-----END CERTIFICATE-----", re.S)
+# PKCS#8 ("PRIVATE KEY", "ENCRYPTED PRIVATE KEY") or a traditional "RSA/EC PRIVATE KEY".
+_KEY_BLOCK = re.compile(
+    rb"-----BEGIN ([A-Z ]*)PRIVATE KEY-----\r?\n.+?-----END \1PRIVATE KEY-----", re.S
+)
+
+
+def _read_pem(path: str | None, what: str, block: re.Pattern[bytes]) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        data = f.read()
+    if not block.search(data):
+        raise ValueError(f"cannot load {what} {path}: not PEM (no {_label(block)} block)")
+    return data
+
+
+def _label(block: re.Pattern[bytes]) -> str:
+    return "CERTIFICATE" if block is _CERT_BLOCK else "PRIVATE KEY"
 
 
 class _TokenAuth(grpc.AuthMetadataPlugin):
@@ -100,6 +127,7 @@ class RemoteNode:
         max_message_bytes: int = 4 << 20,
         session: bool = True,
     ) -> None:
+        split_address(address)  # a malformed one would be retried forever, or wrap around
         self.address, self.timeout = address, timeout
         self.retries, self.backoff_s = retries, backoff_s
         self._metadata: tuple = ()

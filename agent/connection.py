@@ -21,12 +21,26 @@ import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from agent.address import split_address
 from agent.argtypes import positive_float
 from agent.configfile import ConfigError
 
+if TYPE_CHECKING:
+    from agent.client import TlsConfig
+
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 TOKEN_ENV = "RDTUNE_AGENT_TOKEN"
+
+
+def agent_address(value: str) -> str:
+    """``--agent``'s type: a malformed address is a usage error (exit 2) at parse time."""
+    try:
+        split_address(value)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def read_token(
@@ -81,23 +95,32 @@ class AgentConnection:
     def connect(self, retries: int = 2):
         """A :class:`agent.client.RemoteNode` for this connection (the token resolved now
         if it was not before). ``retries``: quick retries per call of an unreachable agent."""
-        from agent.client import RemoteNode, TlsConfig
+        from agent.client import RemoteNode
 
         if self.token is None:
             self.resolve_token()
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ConfigError("a client certificate needs both --tls-cert and --tls-key")
-        tls: TlsConfig | bool | None = None
-        if self.tls or self.tls_ca or self.tls_cert:
-            try:
-                tls = TlsConfig.from_files(
-                    self.tls_ca, self.tls_cert, self.tls_key, self.tls_server_name
-                )
-            except OSError as exc:
-                raise ConfigError(f"cannot read a TLS file: {exc}") from exc
+        tls = self.tls_config()
         return RemoteNode(
             self.address, token=self.token, tls=tls, timeout=self.timeout_s, retries=retries
         )
+
+    def tls_config(self) -> TlsConfig | None:
+        """The TLS files read and checked (an :class:`agent.client.TlsConfig`), None for
+        plaintext. Raises ConfigError naming a file that cannot be read or is not PEM."""
+        from agent.client import TlsConfig
+
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("a client certificate needs both --tls-cert and --tls-key")
+        if not (self.tls or self.tls_ca or self.tls_cert):
+            return None
+        try:
+            return TlsConfig.from_files(
+                self.tls_ca, self.tls_cert, self.tls_key, self.tls_server_name
+            )
+        except OSError as exc:
+            raise ConfigError(f"cannot read a TLS file: {exc}") from exc
+        except ValueError as exc:  # not PEM
+            raise ConfigError(str(exc)) from exc
 
 
 class _RefuseToken(argparse.Action):
@@ -119,11 +142,15 @@ def add_arguments(
     """Add the shared agent-connection options (``--agent``, ``--token-file``, ``--tls-*``,
     ``--timeout``) to ``parser`` as one group."""
     g = parser.add_argument_group("agent connection")
-    default_note = f" (default {address_default})" if address_default else ""
+    # A required --agent has no default to mention, whatever address_default says.
+    default_note = (
+        f" (default {address_default})" if address_default and not address_required else ""
+    )
     g.add_argument(
         "--agent",
         metavar="ADDR",
         required=address_required,
+        type=agent_address,
         default=None if address_required else address_default,
         help=address_help + default_note,
     )
@@ -150,10 +177,12 @@ def add_arguments(
 
 def from_args(args: argparse.Namespace, base: AgentConnection | None = None) -> AgentConnection:
     """The connection the options describe; options given override ``base`` (a config
-    file's ``agent:`` section). Raises ConfigError for an unreadable token file."""
+    file's ``agent:`` section). Raises ConfigError for a malformed address, an unreadable
+    token file or a TLS file that cannot be read or is not PEM."""
     conn = base if base is not None else AgentConnection()
     if getattr(args, "agent", None):
         conn.address = args.agent
+    split_address(conn.address)
     for name in ("token_file", "tls_ca", "tls_cert", "tls_key", "tls_server_name"):
         value = getattr(args, name, None)
         if value is not None:
@@ -164,4 +193,5 @@ def from_args(args: argparse.Namespace, base: AgentConnection | None = None) -> 
     if conn.timeout_s is None or not conn.timeout_s > 0:
         raise ConfigError(f"the agent timeout must be a positive number, got {conn.timeout_s}")
     conn.resolve_token()
+    conn.tls_config()  # at start: a bad file would otherwise fail each call as an outage
     return conn

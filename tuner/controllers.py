@@ -14,6 +14,7 @@ built from options alone (docs/DEPLOY.md, "What the safety guard guarantees").
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 
 from agent.node import Node
@@ -25,7 +26,34 @@ from models.setup import ControllerError, Setup
 FALLBACK_ORDER = ("static", "ubik", "eq")
 FALLBACK_DEFAULTS = {"ubik": {"slack": 0.0}}  # strict Ubik: no tail degradation allowed
 
-__all__ = ["FALLBACK_ORDER", "ControllerError", "build", "fallback"]
+__all__ = ["FALLBACK_ORDER", "ControllerError", "build", "check", "fallback"]
+
+# Options every controller takes, beside its factory's (models/catalogue.py).
+COMMON_OPTIONS = frozenset({"decide_s"})
+
+
+def check(spec: str, options: Mapping | None = None) -> None:
+    """Refuse what can be refused of ``spec`` (with ``options``) without the node, before
+    the tuner waits for its agent: the spec's syntax, the name, option names of a
+    controller that takes only its factory's options, and an exported policy's model
+    card. The rest (what the node offers, calibration) is checked by :func:`build`."""
+    parsed = ControllerSpec.parse(spec).with_options(options or {})
+    entry = parsed.entry
+    # A prepare hook may take options of its own (a calibration's); the node checks those.
+    if entry.prepare is None:
+        params = inspect.signature(entry.factory).parameters.values()
+        if all(p.kind is not p.VAR_KEYWORD for p in params):
+            unknown = set(parsed.options) - set(entry.options()) - COMMON_OPTIONS
+            if unknown:
+                raise ControllerError(
+                    f"controller {parsed.label!r}: unknown option(s) {', '.join(sorted(unknown))}"
+                    f"; it takes {', '.join(sorted(set(entry.options()) | COMMON_OPTIONS))}"
+                )
+    if parsed.name == "policy":
+        from models.card import ModelCard
+        from models.policy import DEFAULT_POLICY
+
+        ModelCard.read(parsed.options.get("path") or DEFAULT_POLICY)  # PolicyError: unreadable
 
 
 def build(

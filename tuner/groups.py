@@ -5,11 +5,10 @@ join it; and the node's groups read in a stable order.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 
-from agent.errors import GroupExists, UnknownTask
+from agent.errors import GroupExists, NodeError, UnknownTask
 from agent.node import Node
 from agent.types import GroupSpec
 from tuner.config import ConfigError, GroupConfig
@@ -25,39 +24,55 @@ class GroupKeeper:
         self.moved: dict[str, set[int]] = {}  # pids moved into each configured group
 
     def ensure(self, node: Node, strict: bool = True) -> None:
-        """Create (or adopt) the configured groups and move their tasks in. ``strict``: an
-        unreadable cgroup is a configuration error (at start); after an outage it is logged
-        and the group's tasks stay where they are."""
+        """Create (or adopt) the configured groups and move their tasks in. ``strict`` (at
+        start): an unreadable cgroup is a configuration error, found before the node is
+        changed, and a refused start removes the groups it created; after an outage the
+        error is logged and the group's tasks stay where they are."""
         have = node.groups()
         threads = _real_tasks(node)
-        for g in self.groups:
-            spec = g.spec
-            if spec.name in have:
-                if have[spec.name] != spec:
-                    log.warning(
-                        "group %r exists as %s; adopting it as it is (configured: %s)",
-                        spec.name,
-                        have[spec.name],
-                        spec,
-                        extra={"event": "adopt_mismatch", "group": spec.name},
-                    )
-            else:
-                # GroupExists: created meanwhile (another tuner instance starting): adopt it.
-                with contextlib.suppress(GroupExists):
-                    node.create_group(spec)
-                log.info(
-                    "created group %r", spec.name, extra={"event": "create", "group": spec.name}
+        members = {g.spec.name: self._members(g, threads, strict) for g in self.groups}
+        created: list[str] = []
+        try:
+            for g in self.groups:
+                if self._create(node, g.spec, have):
+                    created.append(g.spec.name)
+                self.move(node, g.spec.name, members[g.spec.name])
+                if g.cpus:
+                    node.assign(g.spec.name, cpus=g.cpus)
+        except Exception:
+            if strict:  # a refused start leaves the node as it found it
+                _undo(node, created)
+            raise
+
+    @staticmethod
+    def _members(g: GroupConfig, threads: bool, strict: bool) -> tuple[int, ...]:
+        try:
+            return g.all_pids(threads=threads)
+        except ConfigError as exc:
+            if strict:
+                raise
+            log.warning("%s", exc, extra={"event": "assign_failed", "group": g.spec.name})
+            return ()
+
+    @staticmethod
+    def _create(node: Node, spec: GroupSpec, have: Mapping[str, GroupSpec]) -> bool:
+        """Create ``spec`` unless the node has it (adopted as it is); whether it was created."""
+        if spec.name in have:
+            if have[spec.name] != spec:
+                log.warning(
+                    "group %r exists as %s; adopting it as it is (configured: %s)",
+                    spec.name,
+                    have[spec.name],
+                    spec,
+                    extra={"event": "adopt_mismatch", "group": spec.name},
                 )
-            try:
-                pids = g.all_pids(threads=threads)
-            except ConfigError as exc:
-                if strict:
-                    raise
-                log.warning("%s", exc, extra={"event": "assign_failed", "group": spec.name})
-                pids = ()
-            self.move(node, spec.name, pids)
-            if g.cpus:
-                node.assign(spec.name, cpus=g.cpus)
+            return False
+        try:
+            node.create_group(spec)
+        except GroupExists:  # created meanwhile (another tuner instance starting): adopt it
+            return False
+        log.info("created group %r", spec.name, extra={"event": "create", "group": spec.name})
+        return True
 
     def move(self, node: Node, group: str, pids) -> None:
         """Move ``pids`` into ``group`` in one call; one at a time only when one has exited
@@ -110,6 +125,20 @@ class GroupKeeper:
         ordered = {g: fresh[g] for g in known if g in fresh}
         ordered.update(fresh)
         return ordered
+
+
+def _undo(node: Node, created: Sequence[str]) -> None:
+    for name in created:
+        try:
+            node.delete_group(name)
+        except NodeError as exc:  # the refusal that got us here is what to report
+            log.warning("could not remove group %r created at start: %s", name, exc)
+        else:
+            log.info(
+                "removed group %r: the start was refused",
+                name,
+                extra={"event": "delete", "group": name},
+            )
 
 
 def _real_tasks(node: Node) -> bool:

@@ -55,7 +55,8 @@ class Resilience:
         self.caps = self.node.capabilities()
         self.clock = as_clock(self.node)
         self.keeper.ensure(self.node, strict=False)
-        self.groups = self.keeper.read(self.node, self.groups)
+        before, self.groups = self.groups, self.keeper.read(self.node, self.groups)
+        _warn_lost(before, self.groups)
         self._reassert(self.node.allocation())
         self._next = None
         self.node.observe()  # a fresh interval
@@ -93,6 +94,7 @@ class Resilience:
         delay = self.cfg.retry_initial_s
         error: BaseException = first
         attempt = 0
+        reconnect = self.started
         while not stop.is_set():
             attempt += 1
             log.warning(
@@ -118,7 +120,10 @@ class Resilience:
                 continue
             self.metrics.agent_up.set(1)
             self.metrics.reconnects.inc()
-            log.warning("agent reachable again", extra={"event": "agent_up"})
+            if reconnect:
+                log.warning("agent reachable again", extra={"event": "agent_up"})
+            else:  # a tuner started before its agent: nothing was lost
+                log.info("agent reachable", extra={"event": "agent_up"})
             return True
         return False
 
@@ -161,21 +166,24 @@ class Resilience:
             delay = 0.0
         return not stop.wait(max(0.0, delay))
 
-    def shutdown(self) -> None:
-        """Clean exit: optionally restore the baseline allocation, then disconnect.
+    def shutdown(self) -> bool | None:
+        """Clean exit: optionally restore the baseline allocation, then disconnect. Returns
+        whether the baseline was restored; None when there was none to restore (not asked
+        for, or the tuner never started).
 
         An agent that is down (restarting) is retried with the usual backoff until
         ``cfg.restore_deadline_s`` has passed: leaving the tuned allocation behind would
         keep the node split for workloads the tuner no longer watches."""
         if self.node is None:
-            return
+            return None
         try:
             if self.cfg.restore_baseline and self.baseline is not None and self.started:
-                self._restore_baseline()
+                return self._restore_baseline()
+            return None
         finally:
             self.node.close()
 
-    def _restore_baseline(self) -> None:
+    def _restore_baseline(self) -> bool:
         deadline = time.monotonic() + self.cfg.restore_deadline_s
         delay = self.cfg.retry_initial_s
         attempt = 0
@@ -188,11 +196,17 @@ class Resilience:
                 )
                 if plan.groups:
                     self.node.apply(plan)
-                log.info(
-                    "restored the baseline allocation",
-                    extra={"event": "restore", "attempts": attempt},
-                )
-                return
+                    log.info(
+                        "restored the baseline allocation",
+                        extra={"event": "restore", "attempts": attempt},
+                    )
+                else:  # nothing of the tuner's is left to undo
+                    log.warning(
+                        "nothing to restore: the node has none of the groups of the baseline (%s)",
+                        ", ".join(sorted(self.baseline.groups)),
+                        extra={"event": "restore", "attempts": attempt, "groups": []},
+                    )
+                return True
             except NodeError as exc:
                 left = deadline - time.monotonic()
                 if not is_outage(exc) or left <= 0:
@@ -201,7 +215,7 @@ class Resilience:
                         exc,
                         extra={"event": "restore_failed", "attempts": attempt},
                     )
-                    return
+                    return False
                 log.warning(
                     "restoring the baseline: agent unreachable (%s); retry %d in %.2g s",
                     exc,
@@ -211,3 +225,17 @@ class Resilience:
                 )
                 time.sleep(min(delay, left))
                 delay = min(delay * 2, self.cfg.retry_max_s)
+
+
+def _warn_lost(before: Mapping[str, GroupSpec], now: Mapping[str, GroupSpec]) -> None:
+    """Groups the node lost over an outage (an agent restarted without them) are tuned no
+    more: say so rather than carry on with fewer, or none, in silence."""
+    lost = sorted(set(before) - set(now))
+    if not lost:
+        return
+    log.warning(
+        "the node no longer has group(s) %s (agent restarted without them?)%s",
+        ", ".join(lost),
+        "; it has none of the tuner's groups: nothing to tune" if not now else "",
+        extra={"event": "groups_lost", "groups": lost},
+    )

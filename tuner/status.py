@@ -84,6 +84,7 @@ def _quantile(buckets: list[tuple[dict, float]], q: float) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import http.client
     import sys
 
     from rich.console import Console
@@ -117,6 +118,15 @@ def run(args: argparse.Namespace) -> int:
             )
         except (OSError, ValueError) as exc:
             print(f"rdtune status: cannot read {args.tuner_metrics}: {exc}", file=sys.stderr)
+            return 1
+        except http.client.HTTPException as exc:
+            # What answered there does not speak HTTP (the agent's gRPC port, say); the
+            # exception's text would be the raw bytes it sent.
+            print(
+                f"rdtune status: cannot read {args.tuner_metrics}: not an HTTP endpoint "
+                f"({type(exc).__name__})",
+                file=sys.stderr,
+            )
             return 1
 
     cbm = caps.l3.cbm_mask if caps.l3 else 0

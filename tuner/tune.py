@@ -11,6 +11,9 @@ at start); if the tuner dies, the node keeps its last valid allocation.
 
 Options given on the command line override the --config YAML file (see tuner/config.py and
 docs/DEPLOY.md). Prometheus metrics are served on --metrics-listen.
+
+Exit status: 0 stopped cleanly; 1 the agent refused; 2 a bad option or setting; 3 stopped,
+but --restore-baseline could not put the baseline back (the summary says "restored": false).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import argparse
 
 from agent import connection
 from agent.argtypes import positive_float, positive_int
+
+EXIT_NOT_RESTORED = 3  # stopped, but --restore-baseline could not restore the baseline
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
     from models.catalogue import describe
     from tuner.config import ConfigError
-    from tuner.controllers import ControllerError, build, fallback
+    from tuner.controllers import ControllerError, build, check, fallback
 
     if args.list_controllers:
         print(describe())
@@ -124,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = build_config(args)
         backup = fallback(cfg.fallback, cfg.fallback_options)
         _check_policy_files(args.controller)
+        check(args.controller, cfg.controller_options)  # not left until the agent answers
     except (ConfigError, ControllerError) as exc:
         print(f"rdtune tune: {exc}", file=sys.stderr)
         return 2
@@ -173,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     print(f"rdtune tune: {args.controller} on {cfg.agent.address}", flush=True)
-    code = 0
+    code, restored = 0, None
     try:
         code = tuner.run(stop, args.intervals)
     except (ControllerError, ConfigError) as exc:
@@ -183,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rdtune tune: the agent refused: {exc}", file=sys.stderr)
         code = 1
     finally:
-        tuner.shutdown()
+        restored = tuner.shutdown()
         if http is not None:
             http.shutdown()
             http.server_close()
@@ -195,5 +201,9 @@ def run(args: argparse.Namespace) -> int:
         "controller": tuner.primary.name if tuner.primary else None,
         "fallback": backup.name,
     }
+    if restored is not None:
+        summary["restored"] = restored
     print(f"rdtune tune: stopped {json.dumps(summary)}", flush=True)
+    if code == 0 and restored is False:
+        return EXIT_NOT_RESTORED  # the node is left split for workloads nobody tunes
     return code

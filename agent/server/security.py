@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from agent.address import split_address
 from agent.configfile import ConfigError
 from agent.connection import TOKEN_ENV, read_token  # noqa: F401  (the agent's modules use them)
 from agent.server.errors import Aborted, RateLimited, abort, abort_with
@@ -59,23 +60,8 @@ class ListenAddress:
 
 def parse_listen(address: str) -> ListenAddress:
     address = address.strip()
-    if address.startswith("unix:"):
-        path = address[len("unix:") :]
-        if path.startswith("//"):
-            path = path[2:]
-        if not path.startswith("/"):
-            raise ConfigError(f"unix socket path must be absolute, got {address!r}")
-        return ListenAddress(address, path, None, None)
-    host, sep, port = address.rpartition(":")
-    if not sep or not host:
-        raise ConfigError(f"listen address {address!r} is not host:port or unix:/path")
-    try:
-        number = int(port)
-    except ValueError:
-        raise ConfigError(f"listen address {address!r}: port {port!r} is not a number") from None
-    if not 0 <= number <= 65535:
-        raise ConfigError(f"listen address {address!r}: port out of range")
-    return ListenAddress(address, None, host, number)
+    path, host, port = split_address(address, "listen address", min_port=0)
+    return ListenAddress(address, path, host, port)
 
 
 def check_exposure(listen: ListenAddress, tls: bool, token: str | None) -> None:

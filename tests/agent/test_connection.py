@@ -5,6 +5,8 @@ run against a real agent that requires mutual TLS and a token."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from agent.sim import SimNode
 from tests.agent.server.conftest import serve
 from tests.certs import make_certs
+from tests.tuner.conftest import ROOT
 from tuner.cli import build_parser, main
 
 SHARED = {"--agent", "--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name"}
@@ -106,3 +109,79 @@ def test_without_a_client_certificate_each_client_fails_in_one_line(
     err = capsys.readouterr().err.strip()
     assert err and "Traceback" not in err
     assert server.address in err or "agent" in err, err
+
+
+def test_a_required_agent_option_mentions_no_default() -> None:
+    agent = next(
+        a for a in subparser(("trace", "record"))._actions if "--agent" in a.option_strings
+    )
+    assert agent.required and "default" not in agent.help, agent.help
+
+
+BAD_ADDRESSES = [
+    ("127.0.0.1:112738", "port out of range"),  # gRPC would reach port 112738 - 65536
+    ("127.0.0.1:0", "port out of range"),
+    ("127.0.0.1:notaport", "port 'notaport' is not a number"),
+    ("::::", "port '' is not a number"),
+    ("nohost", "is not host:port or unix:/path"),
+    ("unix:agent.sock", "unix socket path must be absolute"),
+]
+
+
+@pytest.mark.parametrize(("address", "why"), BAD_ADDRESSES)
+@pytest.mark.parametrize("command", CLIENTS, ids=" ".join)
+def test_a_malformed_agent_address_is_a_usage_error(command, address, why, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([*command, f"--agent={address}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and why in err and "--agent" in err, err
+
+
+@pytest.mark.parametrize(("address", "why"), BAD_ADDRESSES)
+def test_a_malformed_address_is_refused_from_a_config_file_and_by_the_client(
+    address, why, tmp_path
+) -> None:
+    from agent.client import RemoteNode
+
+    config = tmp_path / "tune.yaml"
+    config.write_text(f"agent: {{address: {address!r}}}\n")
+    # a process with a timeout: an address not refused is waited for, forever
+    argv = ["tune", "--controller", "eq", "--metrics-listen", "", "--config", str(config)]
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert done.returncode == 2 and why in done.stderr, done.stderr
+    with pytest.raises(ValueError, match=why):
+        RemoteNode(address)
+
+
+@pytest.mark.parametrize(
+    ("option", "what"),
+    [
+        ("--tls-ca", "the CA certificate"),
+        ("--tls-cert", "the client certificate"),
+        ("--tls-key", "the client key"),
+    ],
+)
+def test_a_tls_file_that_is_not_pem_is_refused_at_start(mtls, option, what, tmp_path) -> None:
+    server, certs, _ = mtls
+    bad = tmp_path / "bad.pem"
+    bad.write_text("garbage\n")
+    args = client_args(server, certs)
+    args[args.index(option) + 1] = str(bad)
+    argv = ["tune", "--controller", "eq", "--intervals", "1", "--metrics-listen", "", *args]
+    # a process with a timeout: a bad file not refused fails every handshake, retried forever
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+        timeout=20,
+        env={"RDTUNE_AGENT_TOKEN": "s3cret-token", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip()
+    assert err.startswith(f"rdtune tune: cannot load {what} {bad}: not PEM"), err
+    assert len(err.splitlines()) == 1, err

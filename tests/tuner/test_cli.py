@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.tuner.conftest import rdtune_here
+from tests.tuner.conftest import ROOT, free_port, rdtune_here
 from tuner.cli import COMMANDS, build_parser
 
 
@@ -150,3 +150,26 @@ def test_a_bad_controller_spec_is_one_line_and_status_2(
     assert main([command, *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"rdtune {command}: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("controller", "needle"),
+    [
+        ("nope", "unknown controller 'nope'"),
+        ("eq[foo=1]", "controller 'eq[foo=1]': unknown option(s) foo"),
+        ("policy:{card}", "model_card.json is not valid JSON"),
+    ],
+)
+def test_a_bad_controller_is_refused_before_waiting_for_the_agent(
+    controller, needle, tmp_path
+) -> None:
+    (tmp_path / "model_card.json").write_text("{not json")
+    controller = controller.format(card=tmp_path)
+    argv = ["tune", "--agent", f"127.0.0.1:{free_port()}", "--controller", controller]
+    # a process with a timeout: nobody listens there, and a tuner waits for its agent
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *argv, "--metrics-listen", ""],
+        cwd=ROOT, capture_output=True, text=True, timeout=20,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert_one_line(done, "rdtune tune:", needle)

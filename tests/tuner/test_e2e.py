@@ -192,12 +192,29 @@ def test_clean_shutdown_restores_the_baseline_when_asked(fresh, tune_here, resto
     args = ["--interval", "0.1", "--intervals", "5"] + (["--restore-baseline"] if restore else [])
     run = tune_here(fresh.address, "eq", *args)
     assert run.returncode == 0, run.stderr
+    assert run.summary.get("restored") is (True if restore else None)
     with fresh.node() as node:
         after = assert_valid(node)
     if restore:
         assert after == baseline
     else:
         assert after != baseline, "without the flag the node keeps the tuner's allocation"
+
+
+def test_a_restore_lost_with_the_agent_is_in_the_summary_and_the_exit_status() -> None:
+    agent = start_agent()
+    config = {"realtime": True, "retry": {"initial_s": 0.2, "max_s": 0.5}, "restore_deadline_s": 1}
+    tune = start_tune(agent.address, "eq", "--interval", "0.1", "--restore-baseline", config=config)
+    try:
+        with agent.node() as node:
+            baseline = node.allocation()
+            wait_for(lambda: node.allocation() != baseline)  # the tuner has started
+    finally:
+        agent.kill()
+    run = tune.stop()
+    assert run.returncode == 3, run.stderr
+    assert run.summary["restored"] is False
+    assert len(run.of("restore_failed")) == 1
 
 
 def test_killed_tuner_leaves_the_last_valid_allocation(fresh) -> None:
@@ -267,3 +284,21 @@ def test_an_exposed_metrics_endpoint_is_https_with_a_token(fresh, tmp_path) -> N
             assert err.value.code == 401
     finally:
         tune.stop()
+
+
+@pytest.mark.parametrize(
+    ("group", "code", "needle"),
+    [
+        ({"cgroup": "/nonexistent/cg"}, 2, "cannot read /nonexistent/cg/cgroup.procs"),
+        ({"cpus": [9999]}, 1, "the agent refused"),
+    ],
+    ids=["cgroup", "cpus"],
+)
+def test_a_start_refused_for_a_group_setting_leaves_no_group_behind(
+    fresh, tune_here, group, code, needle
+) -> None:
+    config = {"groups": [{"name": "web", **group}]}
+    run = tune_here(fresh.address, "eq", "--intervals", "2", config=config)
+    assert run.returncode == code and needle in run.stderr, run.stderr
+    with fresh.node() as node:
+        assert "web" not in node.groups()

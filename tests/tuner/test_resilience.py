@@ -4,6 +4,7 @@ tuner, real agents on loopback on one fixed port, started and stopped by the tes
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 
@@ -66,7 +67,12 @@ def _reconnects(tuner: Tuner) -> float:
     raise AssertionError("no reconnect counter")
 
 
-def test_a_tuner_started_before_its_agent_waits_and_survives_a_restart() -> None:
+def reachable(caplog) -> list[tuple[int, str]]:
+    return [(r.levelno, r.message) for r in caplog.records if r.message.startswith("agent reach")]
+
+
+def test_a_tuner_started_before_its_agent_waits_and_survives_a_restart(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="rdtune.tuner")
     port = free_port()
     address = f"127.0.0.1:{port}"
     run = Running(make_tuner(address))
@@ -76,11 +82,14 @@ def test_a_tuner_started_before_its_agent_waits_and_survives_a_restart() -> None
         with serve(SimNode("default", seed=0), listen=address):
             wait_for(lambda: run.intervals() >= 5, timeout=40)
             assert run.tuner.primary is not None and run.tuner.primary.name == "eq"
+            # the first connection is no recovery
+            assert reachable(caplog) == [(logging.INFO, "agent reachable")]
         before = run.intervals()
         time.sleep(0.5)  # down for a while: the tuner notices and waits
         with serve(SimNode("default", seed=1), listen=address) as again:
             wait_for(lambda: run.intervals() >= before + 5, timeout=40)
             assert _reconnects(run.tuner) >= 1
+            assert reachable(caplog)[1:] == [(logging.WARNING, "agent reachable again")]
             # Resumed control: the restarted node holds the tuner's allocation, not the
             # fresh node's full one.
             from agent.client import RemoteNode
@@ -120,3 +129,27 @@ def test_stop_retries_the_restore_while_the_agent_is_down() -> None:
         if not stopped:
             with contextlib.suppress(Exception):
                 first.__exit__(None, None, None)
+
+
+def test_an_agent_back_without_the_groups_is_reported_and_leaves_nothing_to_restore(
+    caplog,
+) -> None:
+    caplog.set_level(logging.INFO, logger="rdtune.tuner")
+    address = f"127.0.0.1:{free_port()}"
+    tuner = make_tuner(address, restore_baseline=True, restore_deadline_s=5.0)
+    with serve(SimNode("default", seed=0), listen=address):
+        tuner.start()
+        for _ in range(3):
+            tuner.step()
+    assert tuner.groups
+    # restarted with none of the groups (rdtune agent --no-auto-groups)
+    with serve(SimNode("default", seed=0, auto_groups=False), listen=address):
+        tuner.reconcile()
+        assert not tuner.groups
+        assert tuner.shutdown() is True
+    lost = [r for r in caplog.records if getattr(r, "event", None) == "groups_lost"]
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+    assert "none of the tuner's groups" in lost[0].message
+    messages = [r.message for r in caplog.records]
+    assert any(m.startswith("nothing to restore: the node has none") for m in messages)
+    assert "restored the baseline allocation" not in messages

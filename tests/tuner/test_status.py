@@ -92,3 +92,13 @@ def test_status_reads_an_https_metrics_endpoint_with_its_token(fresh, tmp_path) 
     assert done.returncode == 0, done.stderr
     assert "decisions applied" in done.stdout
     assert refused.returncode == 1 and "401" in refused.stderr
+
+
+def test_a_metrics_url_that_does_not_speak_http_is_one_line(fresh) -> None:
+    # the agent's gRPC port given by mistake: it answers, but not in HTTP
+    url = f"http://{fresh.address}/metrics"
+    done = status("--agent", fresh.address, "--tuner-metrics", url)
+    assert done.returncode == 1
+    err = done.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert f"cannot read {url}: not an HTTP endpoint" in err

@@ -1,0 +1,34 @@
+"""Agent addresses, ``host:port`` or ``unix:/path``: one set of rules for the agent's
+listeners (agent/server/security.py) and its clients (agent/connection.py, agent/client.py).
+"""
+
+from __future__ import annotations
+
+from agent.configfile import ConfigError
+
+
+def split_address(
+    address: str, what: str = "agent address", *, min_port: int = 1
+) -> tuple[str | None, str | None, int | None]:
+    """``(unix_path, host, port)`` of ``host:port`` or ``unix:/path``, one set of rules for
+    the agent's listeners and its clients: gRPC takes a port above 65535 modulo 2**16 (a
+    different port) and a non-numeric one as an address it retries forever. ``what`` names
+    the address in errors; ``min_port``: 0 lets a listener pick a free port."""
+    address = address.strip()
+    if address.startswith("unix:"):
+        path = address[len("unix:") :]
+        if path.startswith("//"):
+            path = path[2:]
+        if not path.startswith("/"):
+            raise ConfigError(f"unix socket path must be absolute, got {address!r}")
+        return path, None, None
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{what} {address!r} is not host:port or unix:/path")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{what} {address!r}: port {port!r} is not a number") from None
+    if not min_port <= number <= 65535:
+        raise ConfigError(f"{what} {address!r}: port out of range")
+    return None, host, number
