@@ -68,18 +68,9 @@ class RateLimited(E.NodeError):
         return {"resource": "rate_limit"}
 
 
-class LimitReached(E.NodeError):
-    """One of the agent's own limits is full (answered as a RemoteError with ``resource``,
+class LimitReached(E.ResourceExhausted):
+    """One of the agent's own limits is full, not the node's (answered with ``resource``,
     as the stream and session caps are)."""
-
-    code = "RESOURCE_EXHAUSTED"
-
-    def __init__(self, message: str, *, resource: str) -> None:
-        super().__init__(message)
-        self.resource = resource
-
-    def details(self) -> dict[str, str]:
-        return {"resource": self.resource}
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str, pb.ErrorDetail]:
