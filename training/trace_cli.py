@@ -56,6 +56,8 @@ def _terminate_as_interrupt() -> Iterator[None]:
 def _options(pairs: list[str]) -> dict:
     import yaml
 
+    from models.catalogue import yaml_problem
+
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -64,8 +66,7 @@ def _options(pairs: list[str]) -> dict:
         try:
             out[key.replace("-", "_")] = yaml.safe_load(value)
         except yaml.YAMLError as exc:
-            why = " ".join(str(getattr(exc, "problem", None) or exc).split())
-            raise ValueError(f"--option {pair!r}: not a YAML value ({why})") from None
+            raise ValueError(f"--option {pair!r}: not a YAML value ({yaml_problem(exc)})") from None
     return out
 
 
