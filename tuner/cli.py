@@ -29,6 +29,11 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
+    def format_help(self) -> str:
+        # Descriptions and epilogs are module docstrings: their reST literals
+        # (``--backend sim``) read as plain text on a terminal.
+        return super().format_help().replace("``", "")
+
 
 # name -> (module, one-line help). Order is the order shown by --help.
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -22,6 +22,17 @@ def test_help_lists_every_subcommand() -> None:
         assert name in out
 
 
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_each_command_explains_itself_in_plain_text(command: str, capsys) -> None:
+    from tuner.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith(f"usage: rdtune {command}")
+    assert "``" not in out, out  # docstrings' reST markup is not for a terminal
+
+
 def test_a_command_imports_only_its_own_module() -> None:
     """``rdtune agent`` parses its arguments without importing the evaluation harness, the
     trainer or the other commands' modules (a fresh process: this one imported them all)."""
