@@ -107,6 +107,13 @@ def read_config_text(path: str | Path, limit: int = MAX_CONFIG_BYTES) -> str:
         ) from None
 
 
+def parse_problem(exc: Exception) -> str:
+    """What is wrong in a YAML or JSON text, in one line: the parser's problem, not its
+    position in a string the user never saw as a document (YAML's ``problem``), else the
+    whole message on one line."""
+    return getattr(exc, "problem", None) or " ".join(str(exc).split())
+
+
 def read_yaml(path: str | Path) -> Any:
     """The parsed YAML document at ``path`` (None for an empty file)."""
     text = read_config_text(path)

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from agent.configfile import parse_problem
 from models import prepare
 from models.basic import EqualPartition, Unpartitioned
 from models.cadence import Every
@@ -249,7 +250,7 @@ class ControllerSpec:
                 options[key] = yaml.safe_load(value)
             except yaml.YAMLError as exc:
                 raise ControllerError(
-                    f"bad value for option {key!r} in {text!r}: {yaml_problem(exc)}"
+                    f"bad value for option {key!r} in {text!r}: {parse_problem(exc)}"
                 ) from None
         if not name.startswith("import:"):
             check_option_types(get(name), options, text)
@@ -275,13 +276,6 @@ def split_specs(text: str) -> list[ControllerSpec]:
             cur += ch
     out.append(cur)
     return [ControllerSpec.parse(s) for s in out if s.strip()]
-
-
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """What is wrong in a YAML value, in one line (the parser's problem, not its position in
-    a string the user never saw as a document)."""
-    problem = getattr(exc, "problem", None)
-    return problem or " ".join(str(exc).split())
 
 
 # Annotations the option check understands; any other leaves the option to the constructor.

@@ -107,7 +107,7 @@ def _read_run_file(path: Path) -> Any:
     part, or edited by hand, must not end in a parser's message without the file)."""
     import yaml
 
-    from agent.configfile import ConfigError, read_config_text
+    from agent.configfile import ConfigError, parse_problem, read_config_text
 
     try:
         text = read_config_text(path)
@@ -116,8 +116,8 @@ def _read_run_file(path: Path) -> Any:
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
-        raise ExportError(f"{path}: not valid {path.suffix[1:].upper()}: {problem}") from None
+        kind = path.suffix[1:].upper()
+        raise ExportError(f"{path}: not valid {kind}: {parse_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ExportError(f"{path}: expected a mapping at the top level")
     return data

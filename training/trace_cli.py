@@ -56,7 +56,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 def _options(pairs: list[str]) -> dict:
     import yaml
 
-    from models.catalogue import yaml_problem
+    from agent.configfile import parse_problem
 
     out = {}
     for pair in pairs:
@@ -66,7 +66,8 @@ def _options(pairs: list[str]) -> dict:
         try:
             out[key.replace("-", "_")] = yaml.safe_load(value)
         except yaml.YAMLError as exc:
-            raise ValueError(f"--option {pair!r}: not a YAML value ({yaml_problem(exc)})") from None
+            why = parse_problem(exc)
+            raise ValueError(f"--option {pair!r}: not a YAML value ({why})") from None
     return out
 
 

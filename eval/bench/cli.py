@@ -48,7 +48,7 @@ def parse_overrides(items: list[str]) -> dict:
     """``KEY=VALUE`` strings -> {key: YAML-parsed value}."""
     import yaml
 
-    from models.catalogue import yaml_problem
+    from agent.configfile import parse_problem
 
     out = {}
     for item in items:
@@ -60,7 +60,7 @@ def parse_overrides(items: list[str]) -> dict:
             out[key] = yaml.safe_load(value)
         except yaml.YAMLError as exc:
             raise UsageError(
-                f"--set {item!r}: bad value for {key!r}: {yaml_problem(exc)}"
+                f"--set {item!r}: bad value for {key!r}: {parse_problem(exc)}"
             ) from None
     return out
 
