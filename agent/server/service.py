@@ -77,6 +77,11 @@ def duration_s(duration, field: str) -> float:
     return duration.ToNanoseconds() / 1e9
 
 
+# The longest piece of a simulated advance run under the node lock at once (simulated
+# seconds; whole simulator steps): tens of milliseconds of the agent's time at 0.1 s steps.
+ADVANCE_CHUNK_S = 5.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Bounds on what one request may ask for (sizes are also capped by the message limit)."""
@@ -219,6 +224,24 @@ class NodeHost:
         self.metrics.forget_all_groups()
         self.plan_bounds = None
         self.capabilities_msg = None
+
+    async def advance(self, clock, dt: float) -> None:
+        """Let ``dt`` s of simulated time pass on ``clock``, in worker threads (the loop keeps
+        serving) and in pieces of whole simulator steps of at most :data:`ADVANCE_CHUNK_S`,
+        the node lock free between them: another call on the node (a Step, an Apply, a
+        GetAllocation) waits for one piece, not for the whole advance. The same steps run
+        in the same order as in one call, so the simulated result is the same."""
+        step = getattr(clock, "interval_s", None)
+        if not (isinstance(step, float) and step > 0) or dt <= ADVANCE_CHUNK_S:
+            await self.run(clock.advance, dt, offload=True)
+            return
+        chunk = max(1, int(ADVANCE_CHUNK_S / step)) * step
+        pieces = int(dt / chunk + 1e-9)
+        for _ in range(pieces):
+            await self.run(clock.advance, chunk, offload=True)
+        rest = dt - pieces * chunk
+        if rest > 0:
+            await self.run(clock.advance, rest, offload=True)
 
     def node_clock(self):
         # Whether the node's clock is simulated does not change over its life (a Reset
@@ -492,7 +515,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         started = time.perf_counter()
         clock = self.host.node_clock()
         if clock is not None:
-            await self.host.run(clock.advance, interval, offload=True)
+            await self.host.advance(clock, interval)
         else:
             stop = self.host.stream_stopper()
             try:
@@ -723,9 +746,10 @@ class SimulationServicer(rpc.SimulationServicer):
         return clock
 
     # Reset and Advance simulate: long computations, run in a worker thread so the loop
-    # keeps answering (health checks, capabilities once asked) meanwhile. Calls on the node
-    # itself wait for it (one simulated node); a stopping agent interrupts it
-    # (SimNode.interrupt) after the grace period.
+    # keeps answering (health checks, capabilities once asked) meanwhile. A Reset holds the
+    # node until it is done; an Advance lets other node calls in between pieces of it
+    # (NodeHost.advance). A stopping agent interrupts either (SimNode.interrupt) after the
+    # grace period.
 
     async def Reset(self, request, context):
         clock = await self._clock(context)
@@ -773,9 +797,10 @@ class SimulationServicer(rpc.SimulationServicer):
         except LimitReached as exc:
             abort(context, exc)
         try:
-            now = await self.host.call(
-                context, lambda: (clock.advance(dt), clock.now())[1], offload=True
-            )
+            await self.host.advance(clock, dt)
+            now = await self.host.run(clock.now)
+        except Exception as exc:
+            abort(context, exc)
         finally:
             self.host.end_wait()
         return api.AdvanceResponse(now=now)

@@ -304,3 +304,46 @@ def test_queued_advances_count_against_the_waiting_cap() -> None:
         for f in refused:
             assert f.exception().code() is grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "waiting for time to pass" in f.exception().details()
+
+
+def test_a_long_advance_lets_other_node_calls_in_and_stops_when_cancelled() -> None:
+    pytest.importorskip("agent.sim.node", reason="SimNode not available")
+    node = SimNode("default", seed=0)
+    with (
+        serve(node) as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        sim, agent = rpc.SimulationStub(channel), rpc.NodeAgentStub(channel)
+        request = api.AdvanceRequest()
+        request.duration.FromSeconds(80000)  # minutes of the agent's time in one piece
+        advance = sim.Advance.future(request, timeout=50)
+        _wait_for(lambda: node.now() > 0)
+        started = time.monotonic()
+        agent.GetAllocation(api.GetAllocationRequest(), timeout=10)
+        agent.Observe(api.ObserveRequest(), timeout=10)
+        assert time.monotonic() - started < 2.0
+        assert not advance.done()
+        advance.cancel()
+        # Cancelled, the advance ends after the piece it is running: the clock stops.
+        time.sleep(0.5)
+        stopped = node.now()
+        time.sleep(0.5)
+        assert node.now() == stopped < 80000
+
+
+@pytest.mark.parametrize("dt", [12.34, 5.0, 0.3])
+def test_an_advance_in_pieces_simulates_what_one_advance_does(dt) -> None:
+    pytest.importorskip("agent.sim.node", reason="SimNode not available")
+    served, local = SimNode("default", seed=3), SimNode("default", seed=3)
+    with serve(served) as server, remote(server) as client:
+        client.advance(dt)
+        got = client.observe()
+    local.advance(dt)
+    want = local.observe()
+    assert got.timestamp == pytest.approx(want.timestamp, rel=1e-12)
+    assert got.groups.keys() == want.groups.keys()
+    for name, sample in want.groups.items():
+        assert got.groups[name].instructions == pytest.approx(sample.instructions, rel=1e-12)
+        assert got.groups[name].llc_occupancy_bytes == pytest.approx(
+            sample.llc_occupancy_bytes, rel=1e-12
+        )
