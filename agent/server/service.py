@@ -41,7 +41,13 @@ from agent.server.errors import LimitReached, RateLimited, abort, abort_with, st
 from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
 from agent.server.security import BadFrame, BadFrameLog, RateLimiter, client_key
-from agent.types import AllocationPlan, GroupAllocation, GroupKind, Snapshot
+from agent.types import (
+    AllocationPlan,
+    GroupAllocation,
+    GroupKind,
+    NodeCapabilities,
+    Snapshot,
+)
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 
@@ -80,6 +86,20 @@ def duration_s(duration, field: str) -> float:
 # The longest piece of a simulated advance run under the node lock at once (simulated
 # seconds; whole simulator steps): tens of milliseconds of the agent's time at 0.1 s steps.
 ADVANCE_CHUNK_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownCapabilities:
+    """What the agent keeps of the node's capabilities between Resets."""
+
+    caps: NodeCapabilities
+    message: api.NodeCapabilities  # GetCapabilities' answer
+    plan_bounds: tuple[int, int]  # (CLOSIDs, domains): no plan names more
+
+    @classmethod
+    def of(cls, caps: NodeCapabilities) -> KnownCapabilities:
+        domains = set(caps.domains) | set(caps.mba.domains if caps.mba else ())
+        return cls(caps, C.to_capabilities(caps), (caps.num_closids, len(domains)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,9 +165,7 @@ class NodeHost:
         # names they cached again, so no sample is credited to a later group of that name.
         self.generation = 0
         self._waiting_steps = 0
-        # (CLOSIDs, domains) of the node, once asked: bounds on a plan (a Reset may change them).
-        self.plan_bounds: tuple[int, int] | None = None
-        self.capabilities_msg = None  # GetCapabilities' answer, once built
+        self._known: KnownCapabilities | None = None  # once asked; a Reset drops it
         self._clock: tuple | None = None  # (the node's Clock or None,), once asked
 
     # ------------------------------------------------------------------ node calls
@@ -222,8 +240,7 @@ class NodeHost:
         self.generation += 1
         self.recorder.forget_all()
         self.metrics.forget_all_groups()
-        self.plan_bounds = None
-        self.capabilities_msg = None
+        self._known = None
 
     async def advance(self, clock, dt: float) -> None:
         """Let ``dt`` s of simulated time pass on ``clock``, in worker threads (the loop keeps
@@ -250,16 +267,24 @@ class NodeHost:
             self._clock = (as_clock(self.node),)
         return self._clock[0]
 
-    async def load_plan_bounds(self) -> tuple[int, int]:
-        caps = await self.run(self.node.capabilities)
-        domains = set(caps.domains) | set(caps.mba.domains if caps.mba else ())
-        self.plan_bounds = (caps.num_closids, len(domains))
-        return self.plan_bounds
+    async def capabilities(self) -> KnownCapabilities:
+        """The node's capabilities, asked once and kept until a Reset (the only thing that
+        changes them): GetCapabilities and a plan's bounds then need no node lock, so a
+        long Advance does not hold them up."""
+        known = self._known
+        if known is None:
+            generation = self.generation
+            caps = await self.run(self.node.capabilities)
+            known = KnownCapabilities.of(caps)
+            if self.generation == generation:  # no Reset finished meanwhile
+                self._known = known
+        return known
 
     async def plan(self, msg) -> AllocationPlan:
         """A plan from a request, refused unread when it names more groups or domains than
         the node has (a multi-megabyte plan would stall the loop while decoded)."""
-        return C.from_plan(msg, *(self.plan_bounds or await self.load_plan_bounds()))
+        known = self._known or await self.capabilities()
+        return C.from_plan(msg, *known.plan_bounds)
 
     # ------------------------------------------------------------------ streams
 
@@ -415,17 +440,11 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             abort(context, exc)
 
     async def GetCapabilities(self, request, context):
-        # Capabilities change only with a simulated Reset, which drops the message kept
-        # here: answered without the node lock, so a long Advance does not hold them up.
-        # Messages are only read after this (serialised), never mutated.
-        host = self.host
-        msg = host.capabilities_msg
-        if msg is None:
-            generation = host.generation
-            msg = C.to_capabilities(await host.call(context, host.node.capabilities))
-            if host.generation == generation:  # no Reset finished meanwhile
-                host.capabilities_msg = msg
-        return msg
+        # The kept message is only read after this (serialised), never mutated.
+        try:
+            return (await self.host.capabilities()).message
+        except Exception as exc:
+            abort(context, exc)
 
     async def ListGroups(self, request, context):
         groups = await self.host.call(context, self.host.node.groups)

@@ -24,6 +24,12 @@ def test_capabilities_follow_a_reset_to_another_machine() -> None:
         client.reset("more_lc_than_closids_epyc")
         after = client.capabilities()
         assert after != before and after.vendor != before.vendor
+        # A plan's bounds follow too: after a Reset to 16 CLOSIDs a plan over 15 groups is
+        # read (the default machine's 8 would refuse it).
+        client.reset("sixteen_groups")
+        held = client.allocation()
+        assert len(held.groups) == 15
+        assert client.apply(held.as_plan()) == held
         client.reset("default")
         assert client.capabilities() == before
 
