@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
+
+import grpc
 
 import agent
 import envs
@@ -24,22 +27,65 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 
 
 class ClusterError(ValueError):
-    """A Ray cluster that cannot be reached; the message names its address."""
+    """A Ray cluster that cannot be reached, or an address that is not one; the message names
+    the address."""
 
 
 REACH_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 3.0
+
+# One cheap method of the gRPC service behind each kind of address, called with a request
+# of raw bytes (no Ray import needed): a cluster's GCS (HOST:PORT) answers GetClusterId (which
+# ray.init asks for too) to an empty request; a Ray Client server (ray://HOST:PORT, port
+# 10001 by default) is another service and answers a ClusterInfo PING (type = 6).
+GCS_PROBE = ("/ray.rpc.NodeInfoGcsService/GetClusterId", b"", "a Ray cluster's GCS")
+CLIENT_PROBE = ("/ray.rpc.RayletDriver/ClusterInfo", b"\x08\x06", "a Ray Client server")
+
+
+def _probe_ray(target: str, method: str, request: bytes) -> str | None:
+    """Call ``method`` of the gRPC server at ``target`` (an answer only Ray gives): an open
+    port that is something else (HTTP, a silent listener, another gRPC service) passes a TCP
+    connect, then keeps ``ray.init`` waiting for a long time. None when a handler of
+    ``method`` answers, else what was found; bounded by :data:`PROBE_TIMEOUT_S` in all."""
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    # no HTTP proxy, as Ray's own gRPC clients by default (and as the TCP check connects)
+    with grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)]) as channel:
+        try:  # a port that does not speak HTTP/2 gRPC never gets ready
+            grpc.channel_ready_future(channel).result(timeout=PROBE_TIMEOUT_S)
+        except grpc.FutureTimeoutError:
+            return f"no gRPC answer within {PROBE_TIMEOUT_S:g} s"
+        call = channel.unary_unary(method)  # raw bytes both ways
+        try:
+            call(request, timeout=max(deadline - time.monotonic(), 0.5))
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                return f"a gRPC server without {method}"
+            if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                return f"no answer to {method}: {code.name}"
+            # any other status is a handler of that method answering: Ray's
+    return None
 
 
 def _check_reachable(address: str) -> None:
-    """Connect to a ``host:port`` (or ``ray://host:port``) address first: ``ray.init`` on a
-    closed port retries for minutes with only C++ warnings to show for it."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    """Connect to a ``host:port`` (or ``ray://host:port``) address first, then ask it what
+    only Ray answers (:func:`_probe_ray`): ``ray.init`` on a closed port retries for minutes
+    with only C++ warnings to show for it, and on an open port that is not Ray it waits a
+    long time before an unclear error."""
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
     if not sep or not port.isdigit():
         return  # "auto" and the like: Ray finds the cluster itself
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as exc:
         raise ClusterError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+    method, request, what = CLIENT_PROBE if target != address else GCS_PROBE
+    found = _probe_ray(target, method, request)
+    if found is not None:
+        raise ClusterError(
+            f"cannot join the Ray cluster at {address}: it answers, but not as {what} ({found})"
+        )
 
 
 def start_ray(
