@@ -47,6 +47,9 @@ from models.ucp import UcpStyle
 
 Options = dict[str, Any]
 
+# Options every controller takes beside its own: the catalogue handles them (build).
+COMMON_OPTIONS = frozenset({"decide_s"})
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -59,6 +62,8 @@ class Entry:
         needs: what it needs from the node beyond the Node contract; a node without it
             is refused.
         prepare: ``(setup, options) -> options``: calibration for the node (may refuse).
+        prepare_options: options ``prepare`` takes for itself, beside the factory's (a
+            calibration's settings); it does not pass them to the factory.
         filled: factory parameters ``prepare`` supplies from the node (not options).
         calibrated: options ``prepare`` measures when they are not given.
         own_groups: it makes its own groups: the node must start without per-workload ones.
@@ -69,6 +74,7 @@ class Entry:
     summary: str
     needs: frozenset[Need] = frozenset()
     prepare: Callable[[Setup, Options], Options] | None = None
+    prepare_options: tuple[str, ...] = ()
     filled: tuple[str, ...] = ()
     calibrated: tuple[str, ...] = ()
     own_groups: bool = False
@@ -81,6 +87,14 @@ class Entry:
             for p in params
             if p.name not in self.filled and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         }
+
+    def takes(self) -> frozenset[str] | None:
+        """Every option name a spec may give it: the factory's, ``prepare``'s own and
+        :data:`COMMON_OPTIONS`; None when the factory takes any keyword (``**kwargs``)."""
+        params = inspect.signature(self.factory).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return None
+        return frozenset(self.options()) | frozenset(self.prepare_options) | COMMON_OPTIONS
 
 
 def _entries(*entries: Entry) -> dict[str, Entry]:
@@ -96,6 +110,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         StaticController,
         "catbench: the first LC group at the knee of an offline way sweep, the rest share",
         prepare=prepare.prepare_static,
+        prepare_options=prepare.STATIC_SWEEP_OPTIONS,
         calibrated=("lc_group", "ways"),
     ),
     Entry(
@@ -401,6 +416,8 @@ def describe() -> str:
             k if v is inspect.Parameter.empty else f"{k}={v!r}" for k, v in entry.options().items()
         )
         notes = [f"options: {opts or '-'}"]
+        if entry.prepare_options:
+            notes.append(f"calibration options: {', '.join(entry.prepare_options)}")
         if entry.calibrated:
             notes.append(f"calibrated for the node when not given: {', '.join(entry.calibrated)}")
         notes += [f"needs {n.value}" for n in sorted(entry.needs, key=lambda n: n.name)]

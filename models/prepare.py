@@ -8,7 +8,8 @@ else the node itself only when permitted), so ``rdtune eval``, training's compar
 ``rdtune tune`` calibrate each controller the same way (docs/CONTROLLERS.md):
 
 - ``static`` (catbench): the offline way sweep (2 s windows after 0.3 s warm-up) for the
-  first LC group by name; with no LC group every group shares the cache.
+  first LC group by name; with no LC group every group shares the cache. The sweep's
+  settings (:func:`models.static.calibrate`'s keywords, e.g. ``measure_s``) are options too.
 - ``ubik`` / ``static_lc``: target sizes from Ubik's profile sweep (10 intervals and at
   least 1000 requests per way count: a third of the module's default, which keeps suites
   of many runs affordable).
@@ -51,6 +52,17 @@ def _call(fn: Callable[..., Any], what: str, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
+def keyword_options(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The keyword-only parameters of ``fn``: the options a hook passes on to it."""
+    params = inspect.signature(fn).parameters.values()
+    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+
+
+# The static sweep's settings (static.calibrate's keywords): options of the static
+# controller's prepare step, not of the controller itself (the catalogue declares them).
+STATIC_SWEEP_OPTIONS = keyword_options(static.calibrate)
+
+
 def prepare_copart(setup: Setup, options: Options) -> Options:
     if "stream" not in options and setup.truth is not None:
         options["stream"] = stream_profile_sim(setup.node)
@@ -60,11 +72,14 @@ def prepare_copart(setup: Setup, options: Options) -> Options:
 def prepare_static(setup: Setup, options: Options) -> Options:
     lcs = setup.lc_groups()
     lc = options.pop("lc_group", lcs[0] if lcs else None)
+    # The sweep's settings are the prepare step's: a sweep that does not run leaves them
+    # unused, so configured ways (or no LC group) do not make them unknown options.
+    settings = {k: options.pop(k) for k in STATIC_SWEEP_OPTIONS if k in options}
     if lc is None:
         return {"lc_group": None, **options}  # no mite to protect: everyone shares the cache
     if "ways" in options:
         return {"lc_group": lc, **options}
-    sweep_options = {**STATIC_SWEEP, **options}
+    sweep_options = {**STATIC_SWEEP, **settings, **options}
     with setup.calibration("lc_group and ways") as (node, clock):
         sweep = _call(static.calibrate, "the static sweep", node, clock, lc, **sweep_options)
     return {"lc_group": sweep.lc_group, "ways": sweep.ways}

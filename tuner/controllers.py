@@ -14,7 +14,6 @@ built from options alone (docs/DEPLOY.md, "What the safety guard guarantees").
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 
 from agent.node import Node
@@ -28,27 +27,21 @@ FALLBACK_DEFAULTS = {"ubik": {"slack": 0.0}}  # strict Ubik: no tail degradation
 
 __all__ = ["FALLBACK_ORDER", "ControllerError", "build", "check", "fallback"]
 
-# Options every controller takes, beside its factory's (models/catalogue.py).
-COMMON_OPTIONS = frozenset({"decide_s"})
-
 
 def check(spec: str, options: Mapping | None = None) -> None:
     """Refuse what can be refused of ``spec`` (with ``options``) without the node, before
-    the tuner waits for its agent: the spec's syntax, the name, option names of a
-    controller that takes only its factory's options, and an exported policy's model
-    card. The rest (what the node offers, calibration) is checked by :func:`build`."""
+    the tuner waits for its agent: the spec's syntax, the name, option names (a calibrating
+    controller's include its calibration's, :meth:`~models.catalogue.Entry.takes`), and an
+    exported policy's model card. The rest (what the node offers, calibration) is checked
+    by :func:`build`."""
     parsed = ControllerSpec.parse(spec).with_options(options or {})
-    entry = parsed.entry
-    # A prepare hook may take options of its own (a calibration's); the node checks those.
-    if entry.prepare is None:
-        params = inspect.signature(entry.factory).parameters.values()
-        if all(p.kind is not p.VAR_KEYWORD for p in params):
-            unknown = set(parsed.options) - set(entry.options()) - COMMON_OPTIONS
-            if unknown:
-                raise ControllerError(
-                    f"controller {parsed.label!r}: unknown option(s) {', '.join(sorted(unknown))}"
-                    f"; it takes {', '.join(sorted(set(entry.options()) | COMMON_OPTIONS))}"
-                )
+    takes = parsed.entry.takes()
+    unknown = set(parsed.options) - takes if takes is not None else set()
+    if unknown:
+        raise ControllerError(
+            f"controller {parsed.label!r}: unknown option(s) {', '.join(sorted(unknown))}"
+            f"; it takes {', '.join(sorted(takes or ()))}"
+        )
     if parsed.name == "policy":
         from models.card import ModelCard
         from models.policy import DEFAULT_POLICY

@@ -327,6 +327,9 @@ def test_calibrated_options_given_skip_calibration() -> None:
     node = Opaque(SimNode("default", 1))
     ctl = build("static[lc_group=memcached,ways=3]", node)
     assert (ctl.lc_group, ctl.ways, node.now()) == ("memcached", 3, 0.0)
+    # the sweep's settings are left unused, not passed on to the controller
+    ctl = build("static[lc_group=memcached,ways=3,measure_s=1]", node)
+    assert (ctl.lc_group, ctl.ways, node.now()) == ("memcached", 3, 0.0)
     ubik = catalogue.build(ControllerSpec("ubik", {"profiles": {"memcached": 4}}), Setup(node))
     assert ubik.profiles["memcached"].target_ways == 4 and node.now() == 0.0
 
@@ -356,6 +359,7 @@ def test_listing_names_every_entry_with_its_options_and_needs() -> None:
     for name in catalogue.names():
         assert any(line.startswith(f"{name} ") for line in text.splitlines()), name
     assert "needs ground truth" in text and "calibrated for the node when not given" in text
+    assert "calibration options: load, set_load, measure_s, warmup_s" in text
 
 
 @pytest.mark.parametrize(

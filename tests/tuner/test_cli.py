@@ -168,6 +168,7 @@ def test_a_bad_controller_spec_is_one_line_and_status_2(
     [
         ("nope", "unknown controller 'nope'"),
         ("eq[foo=1]", "controller 'eq[foo=1]': unknown option(s) foo"),
+        ("static[measure=1]", "controller 'static[measure=1]': unknown option(s) measure"),
         ("policy:{card}", "model_card.json is not valid JSON"),
     ],
 )

@@ -8,7 +8,8 @@ import logging
 import pytest
 
 from agent.sim import SimNode
-from tuner.controllers import ControllerError, build, fallback
+from models import catalogue
+from tuner.controllers import ControllerError, build, check, fallback
 from tuner.logs import JsonFormatter
 
 NODE = SimNode("default")
@@ -36,6 +37,28 @@ def test_bad_controller_specs_say_why(spec: str, options: dict, message: str) ->
     with pytest.raises(ControllerError) as err:
         build(spec, NODE, options)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name", [name for name, entry in catalogue.CATALOGUE.items() if entry.prepare is not None]
+)
+def test_a_calibrating_controllers_option_names_are_checked_at_start(name: str) -> None:
+    """Its prepare step's options count, and nothing else: a typo in one is refused before
+    the tuner waits for its agent, listing what the controller takes."""
+    takes = catalogue.get(name).takes()
+    assert takes is not None
+    check(name, {key: None for key in takes - {"path"}})  # policy: path names the export
+    with pytest.raises(ControllerError) as err:
+        check(name, {"colour": "red"})
+    assert str(err.value).startswith(
+        f"controller {name!r}: unknown option(s) colour; it takes {', '.join(sorted(takes))}"
+    )
+
+
+def test_static_takes_its_sweep_settings() -> None:
+    check("static[measure_s=1]", {"warmup_s": 0.1})
+    with pytest.raises(ControllerError, match=r"unknown option\(s\) measure; it takes .*measure_s"):
+        check("static[measure=1]")
 
 
 def test_fallback_defaults_and_choices() -> None:
