@@ -88,6 +88,17 @@ class GroupConfig:
             pids = [tid for pid in pids for tid in threads_of(pid)]
         return tuple(dict.fromkeys(pids))
 
+    def check_cpus(self) -> None:
+        """Refuse a CPU listed twice (most likely a typo for another one) at start, not
+        after the group is made: the agent would take it silently. The file's schema
+        refuses a CPU that is not a whole number >= 0 (``Id``); whether the host has it
+        is the agent's to say, as CPU numbers can have gaps."""
+        seen: set[int] = set()
+        for cpu in self.cpus:
+            if cpu in seen:
+                raise ConfigError(f"group {self.spec.name!r}: cpus: CPU {cpu} is listed twice")
+            seen.add(cpu)
+
 
 @dataclass
 class GuardConfig:
@@ -152,6 +163,8 @@ class TunerConfig:
         names = [g.spec.name for g in self.groups]
         if len(set(names)) != len(names):
             raise ConfigError(f"group names must be unique, got {names}")
+        for g in self.groups:
+            g.check_cpus()
         if self.metrics_listen:
             host, sep, port = self.metrics_listen.rpartition(":")
             if not sep or not host or not port.isdigit():

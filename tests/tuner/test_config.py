@@ -64,6 +64,8 @@ def test_full_example_parses(tmp_path) -> None:
         ("groups: [{name: a, cgroup: rel/path}]", "groups[0].cgroup: cgroup must be an absolute"),
         ("groups: [{name: a, pids: [-1]}]", "groups[0].pids[0]: must be greater than or equal"),
         ("groups: [{name: a}, {name: a}]", "group names must be unique"),
+        ("groups: [{name: a, cpus: [1, 1]}]", "config: group 'a': cpus: CPU 1 is listed twice"),
+        ("groups: [{name: a, cpus: [0, 2, 3, 2]}]", "group 'a': cpus: CPU 2 is listed twice"),
         ("metrics_listen: 9465", "metrics_listen: must be a valid string, got 9465 (int)"),
         ("metrics_listen: 0.0.0.0:9465", "metrics endpoint: refusing to listen"),
         ("metrics_tls: {cert: a.pem}", "metrics TLS needs both a certificate and a key"),
