@@ -16,7 +16,9 @@ Definitions (shared by the demo, ``rdtune eval`` and the RL evaluation):
   IPS with full resources alone (CoPart, EuroSys'19 section 2).
 - Unfairness: CoPart's stddev / mean of the batch groups' slowdowns.
 - Weighted speedup: sum over batch groups of mean IPS / reference IPS.
-- Allocation changes per minute: intervals whose decision changed the allocation.
+- Allocation changes per minute: intervals whose decision changed the allocation (moved
+  tasks, or a plan that left the node holding something else than before); a plan the
+  node already holds, sent again, is not a change.
 - Normalised tail: per LC group, its mean tail over the mean tail of the same service alone
   on the machine (same load, seed and interval, every way and full bandwidth), averaged
   over LC groups (:func:`sim_alone_tails` measures the reference on a simulated node).
@@ -161,7 +163,7 @@ def summarize(
     mean_ips = {g: statistics.fmean(v) for g, v in ips.items() if g in reference_ips}
     slowdowns = [reference_ips[g] / v if v > 0 else math.inf for g, v in mean_ips.items()]
     speedup = sum(v / reference_ips[g] for g, v in mean_ips.items())
-    changes = sum(1 for r in records if r.decision.changes)
+    changes = _changes(records)
     duration_min = sum(r.snapshot.interval_s for r in records) / 60.0
     return RunMetrics(
         slo_violation_rate=violations / judged if judged else 0.0,
@@ -173,6 +175,21 @@ def summarize(
         decide_us_median=statistics.median(_decide_times(records)) * 1e6,
         slo_window_s=statistics.fmean(window_s) if window_s else math.nan,
     )
+
+
+def _changes(records: Sequence[StepRecord]) -> int:
+    """Intervals whose decision changed something: moved tasks, or a plan that left the
+    node holding another allocation than the interval before. A controller that sends the
+    plan it already holds every interval (a policy does) changes nothing by it. The first
+    interval's plan counts: what was held before it is not recorded."""
+    count = 0
+    for k, rec in enumerate(records):
+        d = rec.decision
+        if d.moves or (
+            d.plan is not None and (k == 0 or rec.allocation != records[k - 1].allocation)
+        ):
+            count += 1
+    return count
 
 
 def _decide_times(records: Sequence[StepRecord]) -> list[float]:

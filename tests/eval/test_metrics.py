@@ -6,7 +6,16 @@ import math
 
 import pytest
 
-from agent.types import SLO, Allocation, GroupKind, GroupSample, GroupSpec, LatencyStats, Snapshot
+from agent.types import (
+    SLO,
+    Allocation,
+    GroupAllocation,
+    GroupKind,
+    GroupSample,
+    GroupSpec,
+    LatencyStats,
+    Snapshot,
+)
 from eval.metrics import (
     pooled_percentile,
     slo_windows,
@@ -53,6 +62,21 @@ def test_summarize_counts_violations_and_slowdowns() -> None:
     assert m.weighted_speedup == pytest.approx(1.0 + 0.5)  # IPS 2e9 and 1e9 vs 2e9
     assert m.changes_per_minute == pytest.approx(1 / (3 / 60))
     assert math.isclose(m.decide_us_median, 10.0)
+
+
+def test_a_plan_sent_again_is_not_an_allocation_change() -> None:
+    groups = {"a": GroupSpec("a")}
+    held = [Allocation({"a": {0: GroupAllocation(l3_mask=m)}}) for m in (0b11, 0b1111)]
+
+    def rec(plan: int | None, holds: int) -> StepRecord:
+        snap = Snapshot(0.0, 1.0, {"a": GroupSample(instructions=1e9)})
+        decision = KEEP if plan is None else Decision(plan=held[plan].as_plan())
+        return StepRecord(snap, decision, held[holds], 1e-5)
+
+    # the first plan, the same plan three times, a new one, kept, then the first again
+    records = [rec(0, 0), rec(0, 0), rec(0, 0), rec(1, 1), rec(None, 1), rec(0, 0)]
+    m = summarize(records, groups, {"a": 1e9})
+    assert m.changes_per_minute == pytest.approx(3 / (6 / 60))
 
 
 def test_decision_time_leaves_out_the_intervals_a_slower_cadence_skips() -> None:
