@@ -29,7 +29,9 @@ class Every(Controller):
     interval's snapshots merged into one (counters summed, occupancy the latest, latency
     percentiles request-weighted means — an approximation; counts exact), and the
     allocation is kept in between. So a policy trained at one decision a second runs at its
-    own cadence on a node observed every 0.1 s (spec option ``decide_s``).
+    own cadence on a node observed every 0.1 s (spec option ``decide_s``). Each snapshot
+    is added to the merge as it comes (:class:`Merge`), so a decision does not wait for
+    ``k`` snapshots to be summed.
 
     The first decision after :meth:`start` comes after one interval, not ``k``: the node
     as found (unpartitioned on first sight) may already miss an SLO, and waiting a whole
@@ -42,62 +44,99 @@ class Every(Controller):
         self.inner, self.k = inner, int(k)
         self.name = inner.name
         self.needs_tasks = inner.needs_tasks
-        self._pending: list[Snapshot] = []
+        self._pending = Merge()
         self._first = True  # the first decision after start: after one interval
 
     def start(self, ctx: ControlContext) -> Decision:
-        self._pending = []
+        self._pending = Merge()
         self._first = True
         return self.inner.start(ctx)
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
-        self._pending.append(snapshot)
-        if len(self._pending) < self.k and not self._first:
+        self._pending.add(snapshot)
+        if self._pending.count < self.k and not self._first:
             return WAIT
         self._first = False
-        merged, self._pending = merge_snapshots(self._pending), []
+        merged, self._pending = self._pending.snapshot(), Merge()
         return self.inner.decide(merged, ctx)
 
 
-def _sum(values: tuple[float | None, ...]) -> float | None:
-    return None if None in values else float(sum(values))  # type: ignore[arg-type]
+_COUNTERS = (
+    "instructions",
+    "cycles",
+    "llc_references",
+    "llc_misses",
+    "memory_bytes",
+    "memory_local_bytes",
+)
+
+
+class Merge:
+    """Consecutive snapshots merged into one interval as they come (see :class:`Every`):
+    per group, counters summed (None when any interval lacked it), occupancy the latest,
+    latency percentiles the request-weighted means of the intervals with requests. Groups
+    are those of the latest snapshot."""
+
+    __slots__ = ("_groups", "_interval", "_last", "_vanished", "count")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._interval = 0.0
+        self._last: Snapshot | None = None
+        self._vanished: frozenset[str] = frozenset()
+        # per group: [six counter sums, requests, four weighted percentile sums]
+        self._groups: dict[str, list] = {}
+
+    def add(self, snap: Snapshot) -> None:
+        self.count += 1
+        self._interval += snap.interval_s
+        self._last = snap
+        if snap.vanished:
+            self._vanished = self._vanished.union(snap.vanished)
+        acc = self._groups
+        for g, x in snap.groups.items():
+            a = acc.get(g)
+            if a is None:
+                a = acc[g] = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, 0.0, 0.0]
+            # (sum() starts from 0 too: the same additions in the same order)
+            for i, v in enumerate(
+                (x.instructions, x.cycles, x.llc_references, x.llc_misses, x.memory_bytes,
+                 x.memory_local_bytes)
+            ):  # fmt: skip
+                s = a[i]
+                a[i] = None if v is None or s is None else s + v
+            lat = x.latency
+            if lat is not None and lat.count:
+                n = lat.count
+                a[6] += n
+                a[7] += lat.p50_ms * n
+                a[8] += lat.p95_ms * n
+                a[9] += lat.p99_ms * n
+                a[10] += lat.p999_ms * n
+
+    def snapshot(self) -> Snapshot:
+        """The snapshots added so far as one (at least one must have been)."""
+        last = self._last
+        if last is None:
+            raise ValueError("no snapshot to merge")
+        groups: dict[str, GroupSample] = {}
+        for g, x in last.groups.items():
+            a = self._groups[g]
+            n = a[6]
+            latency = x.latency
+            if n:
+                latency = LatencyStats(n, a[7] / n, a[8] / n, a[9] / n, a[10] / n)
+            groups[g] = new_sample(  # GroupSample(...) in field order, built faster
+                a[0], a[1], a[2], a[3], x.llc_occupancy_bytes, a[4], a[5], latency
+            )
+        return dataclasses.replace(
+            last, interval_s=self._interval, groups=groups, vanished=self._vanished
+        )
 
 
 def merge_snapshots(snaps: list[Snapshot]) -> Snapshot:
-    """Consecutive snapshots as one interval (see :class:`Every`)."""
-    groups: dict[str, GroupSample] = {}
-    for g in snaps[-1].groups:
-        samples = [s.groups[g] for s in snaps if g in s.groups]
-        # each summed counter's values, field by field (one pass over the samples)
-        ins, cyc, refs, misses, mem, local = zip(
-            *[(x.instructions, x.cycles, x.llc_references, x.llc_misses, x.memory_bytes,
-               x.memory_local_bytes) for x in samples],
-            strict=True,
-        )  # fmt: skip
-        lat = [x.latency for x in samples if x.latency is not None and x.latency.count]
-        latency = samples[-1].latency
-        if lat:
-            n = sum(x.count for x in lat)
-            latency = LatencyStats(
-                n,
-                sum(x.p50_ms * x.count for x in lat) / n,
-                sum(x.p95_ms * x.count for x in lat) / n,
-                sum(x.p99_ms * x.count for x in lat) / n,
-                sum(x.p999_ms * x.count for x in lat) / n,
-            )
-        groups[g] = new_sample(  # GroupSample(...) in field order, built faster
-            _sum(ins),
-            _sum(cyc),
-            _sum(refs),
-            _sum(misses),
-            samples[-1].llc_occupancy_bytes,
-            _sum(mem),
-            _sum(local),
-            latency,
-        )
-    return dataclasses.replace(
-        snaps[-1],
-        interval_s=sum(s.interval_s for s in snaps),
-        groups=groups,
-        vanished=frozenset().union(*(s.vanished for s in snaps)),
-    )
+    """Consecutive snapshots as one interval (see :class:`Merge`)."""
+    merge = Merge()
+    for snap in snaps:
+        merge.add(snap)
+    return merge.snapshot()

@@ -8,7 +8,7 @@ import pytest
 
 from agent.node import Node, StepByParts
 from agent.sim import SimNode
-from agent.types import GroupKind
+from agent.types import GroupKind, Snapshot
 from models import catalogue
 from models.cadence import WAIT, Every, merge_snapshots
 from models.catalogue import ControllerSpec, split_specs
@@ -190,6 +190,33 @@ def test_merged_snapshots_sum_counters_and_weight_latency() -> None:
     assert (m.timestamp, m.interval_s, m.vanished) == (0.2, pytest.approx(0.2), {"x"})
     assert (g.instructions, g.cycles, g.llc_misses) == (4e8, 6e8, None)  # None: not measured
     assert g.latency.count == 400 and g.latency.p95_ms == pytest.approx(2.75)
+
+
+def test_every_decides_on_the_merge_of_the_snapshots_since_its_last_decision() -> None:
+    node = SimNode("lc_bursty", 2)
+
+    class Recording(Controller):
+        """Records each snapshot, then answers as ``then`` does (KEEP without one)."""
+
+        name = "recording"
+
+        def __init__(self, then: Controller | None = None) -> None:
+            self.seen: list[Snapshot] = []
+            self.then = then
+
+        def decide(self, snapshot, ctx):
+            self.seen.append(snapshot)
+            return KEEP if self.then is None else self.then.decide(snapshot, ctx)
+
+    inner = Recording()
+    outer = Recording(Every(inner, 4))
+    drive(outer, node, node, 13, 0.1)
+    observed = outer.seen
+    # decisions after intervals 1, 5, 9 and 13 (the first after one interval), each merged
+    # exactly as merge_snapshots merges the intervals since the one before
+    assert inner.seen == [
+        merge_snapshots(observed[i:j]) for i, j in ((0, 1), (1, 5), (5, 9), (9, 13))
+    ]
 
 
 def test_decide_s_slows_any_controller_down() -> None:
