@@ -22,6 +22,7 @@ import grpc
 import agent
 import envs
 import models
+from agent import interrupt
 
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -105,6 +106,7 @@ def start_ray(
             log_to_driver=False,
             ignore_reinit_error=True,
         )
+        interrupt.reinstall()  # ray.init's own SIGTERM handler would skip our cleanup
         return
     _check_reachable(address)
     shipped = (agent, envs, models, *packages)
@@ -118,3 +120,4 @@ def start_ray(
         )
     except ConnectionError as exc:
         raise ClusterError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
+    interrupt.reinstall()

@@ -13,11 +13,7 @@ dynamics model can be learned from (random allocations held for random dwell tim
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,30 +23,6 @@ from agent.argtypes import positive_float, positive_int
 if TYPE_CHECKING:
     from agent.node import Clock, Node
     from models.controller import Controller
-
-
-class _Terminated(Exception):
-    """SIGTERM while recording (timeout, systemd, kubectl): stop as Ctrl-C does."""
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into :class:`_Terminated` while recording, so the recorder closes the
-    trace (footer, rename) instead of dying with a footerless ``.part``."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # handlers can only be set from the main thread
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        # once: a second SIGTERM must not cut the closing of the file short
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _options(pairs: list[str]) -> dict:
@@ -78,9 +50,6 @@ def _check_out(out: str) -> None:
         raise ValueError(f"--out {out}: is a directory; give a file name")
     if not path.parent.is_dir():
         raise ValueError(f"--out {out}: directory {path.parent} does not exist")
-
-
-TERMINATED = 128 + signal.SIGTERM  # a shell's status for a command stopped by SIGTERM
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -197,8 +166,6 @@ def _record(args: argparse.Namespace) -> int:
         steps = _record_until_done(args, node, controller, clock, scenario)
     finally:
         node.close()
-    if steps is None:
-        return TERMINATED
     print(f"wrote {steps} intervals to {args.out}")
     return 0
 
@@ -210,7 +177,8 @@ def _record_until_done(
     clock: Clock | None,
     scenario: dict[str, Any] | None,
 ) -> int | None:
-    """Record with a progress bar; None when SIGTERM stopped it (the trace is closed)."""
+    """Record with a progress bar; the intervals recorded. Stopped by Ctrl-C or SIGTERM,
+    the trace is closed and the interrupt goes on, saying where the intervals are."""
     from tqdm import tqdm
 
     from training.trace_record import record
@@ -222,25 +190,20 @@ def _record_until_done(
         desc=f"recording {args.controller}",
     )
     try:
-        with _terminate_as_interrupt():
-            return record(
-                node,
-                controller,
-                args.out,
-                args.duration,
-                interval_s=args.interval,
-                clock=clock,
-                scenario=scenario,
-                seed=args.seed,
-                source=args.agent,
-                progress=lambda done, total: bar.update(1),
-            )
-    except _Terminated:
-        print(
-            f"rdtune trace record: terminated; the intervals so far are in {args.out}",
-            file=sys.stderr,
+        return record(
+            node,
+            controller,
+            args.out,
+            args.duration,
+            interval_s=args.interval,
+            clock=clock,
+            scenario=scenario,
+            seed=args.seed,
+            source=args.agent,
+            progress=lambda done, total: bar.update(1),
         )
-        return None
+    except KeyboardInterrupt as exc:  # Terminated too (SIGTERM): the same kind, a note added
+        raise type(exc)(f"the intervals so far are in {args.out}") from None
     finally:
         bar.close()
 

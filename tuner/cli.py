@@ -8,7 +8,9 @@ Bad input never ends in a traceback: a wrong option, a refused configuration fil
 controller spec that cannot be built is one line naming it (status 2); a file that cannot
 be read, a controller this node cannot run or an agent that cannot be reached or refuses
 is one line saying so (status 1; ``-vv`` logs the traceback too), and a reader that stops
-early (``rdtune ... | head``) ends the command quietly.
+early (``rdtune ... | head``) ends the command quietly. Ctrl-C and SIGTERM stop a command
+the same way, its cleanup run, with one line and the status a shell reports for the signal
+(130, 143; agent/interrupt.py).
 """
 
 from __future__ import annotations
@@ -107,11 +109,19 @@ def _main(argv: Sequence[str] | None) -> int:
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from agent.errors import NodeError
+    from agent.interrupt import INTERRUPTED, TERMINATED, terminate_as_interrupt, terminated
 
     try:
-        return int(args._module.run(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+        with terminate_as_interrupt():
+            return int(args._module.run(args) or 0)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated): cleanup has run
+        # A command may say what it kept: KeyboardInterrupt("the intervals so far are in X").
+        stopped = terminated(exc)
+        kept = f"; {exc}" if str(exc) else ""
+        print(
+            f"{_command(args)}: {'terminated' if stopped else 'interrupted'}{kept}", file=sys.stderr
+        )
+        return TERMINATED if stopped else INTERRUPTED
     except NodeError as exc:  # the agent is unreachable or refused the request
         log.debug("traceback", exc_info=True)
         where = f"agent {args.agent}: " if getattr(args, "agent", None) else ""
