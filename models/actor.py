@@ -14,7 +14,9 @@ activations, shapes that fit the model card's layout) and returns None for anyth
 and where numba (or its compiling) or the onnx package is missing: the runtime then keeps
 ONNX Runtime.
 :func:`disagreements` runs both on probe observations; models/policy.py uses the compiled
-pass only when they agree on every probe.
+pass only when they agree on every probe. Both passes refuse NaN or infinite logits
+(:class:`NonFiniteLogits`): the compiled one in its argmax, ONNX Runtime's through the
+logits :func:`with_logits` adds to the graph's outputs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,26 @@ import numpy as np
 
 from agent import compiled
 from models import actor_kernel as ak
+from models.card import PolicyError
+
+# What a policy whose logits are NaN or infinite is refused with at decision time (the
+# check training's action head has too: training/train.py).
+NON_FINITE_LOGITS = (
+    "the policy's action logits are not finite (NaN or inf): the observation holds a "
+    "non-finite value or the weights do"
+)
+
+
+class NonFiniteLogits(PolicyError):
+    """A decision's logits are NaN or infinite: an error of the controller, never an action."""
+
+
+def check_logits(*logits: np.ndarray) -> None:
+    """Raise :class:`NonFiniteLogits` unless every value of ``logits`` is finite."""
+    for x in logits:
+        if not np.isfinite(x).all():
+            raise NonFiniteLogits(NON_FINITE_LOGITS)
+
 
 # The layers of the default design, by the scope torch's exporter names their nodes with
 # (module paths of training/policies.py's GroupSetExtractor and SlotHead), with the
@@ -68,10 +90,12 @@ class CompiledActor:
     ) -> np.ndarray:
         """The action (2 G,) int64 for one raw observation, normalised first by ``norm``
         (mean, std, clip) when given, under ``mask`` (bool, all share then all MBA
-        logits)."""
+        logits); :class:`NonFiniteLogits` when a logit is NaN or infinite."""
         out = np.empty(2 * self.groups, dtype=np.int64)
         mean, std, clip = norm if norm is not None else (_EMPTY, _EMPTY, 0.0)
         ak.slot_actor(obs, mask, mean, std, clip, *self._args, out)
+        if out.min() < 0:  # the kernel's mark of a non-finite logit
+            raise NonFiniteLogits(NON_FINITE_LOGITS)
         return out
 
     def __post_init__(self) -> None:
@@ -100,15 +124,10 @@ def compile_actor(
     package is not installed."""
     if not compiled.COMPILING:
         return None  # as plain Python the loop is far slower than ONNX Runtime
-    try:
-        import onnx
-    except ImportError:
+    model = read_model(data)
+    if model is None:
         return None
-    try:
-        graph = onnx.load_from_string(data).graph
-    except Exception:  # onnx raises protobuf's and its own errors
-        return None
-    found = _design(graph)
+    found = _design(model.graph)
     if found is None:
         return None
     layers, mean_pool, max_pool = found
@@ -167,6 +186,49 @@ def _design(graph) -> tuple[list, bool, bool] | None:
     return layers, mean_pool, max_pool
 
 
+def read_model(data: bytes):
+    """The ONNX model in ``data``; None without the onnx package or when it cannot parse
+    ``data`` (ONNX Runtime then says why)."""
+    try:
+        import onnx
+    except ImportError:
+        return None
+    try:
+        return onnx.load_from_string(data)
+    except Exception:  # onnx raises protobuf's and its own errors
+        return None
+
+
+def non_finite_initializers(model) -> list[str]:
+    """The names of ``model``'s floating-point initializers (its weights) holding a NaN or
+    an infinity."""
+    from onnx import numpy_helper
+
+    bad = []
+    for t in model.graph.initializer:
+        w = numpy_helper.to_array(t)
+        if np.issubdtype(w.dtype, np.floating) and not np.isfinite(w).all():
+            bad.append(t.name)
+    return bad
+
+
+def with_logits(model) -> bytes | None:
+    """``model`` serialised with what each of its ArgMax nodes reads (the action logits,
+    masked, as training/export.py exports them) added to its outputs, after the action,
+    so ONNX Runtime returns them to check (:func:`check_logits`); None when it has no
+    ArgMax."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    have = {o.name for o in graph.output}
+    names = [n.input[0] for n in graph.node if n.op_type == "ArgMax" and n.input[0] not in have]
+    if not names:
+        return None
+    for name in dict.fromkeys(names):
+        graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    return model.SerializeToString()
+
+
 def probes(
     size: int, groups: int, features: int, present_at: int, masks: int, n: int, seed: int = 0
 ) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -194,4 +256,15 @@ def disagreements(
     return sum(not np.array_equal(a(o, m), b(o, m)) for o, m in cases)
 
 
-__all__ = ["CompiledActor", "compile_actor", "disagreements", "probes"]
+__all__ = [
+    "NON_FINITE_LOGITS",
+    "CompiledActor",
+    "NonFiniteLogits",
+    "check_logits",
+    "compile_actor",
+    "disagreements",
+    "non_finite_initializers",
+    "probes",
+    "read_model",
+    "with_logits",
+]

@@ -111,10 +111,15 @@ def _pools(emb, present, mean_pool, max_pool):
 @jit
 def _masked_argmax(logits, start, count, mask, base):
     """The first index of the largest of ``logits[start : start + count]``, a logit
-    whose ``mask[base + k]`` is False counting as :data:`MASKED_LOGIT`."""
+    whose ``mask[base + k]`` is False counting as :data:`MASKED_LOGIT`; -1 when one of
+    them (masked or not) is NaN or infinite, as no level is then the policy's."""
     best, arg = -np.inf, 0
     for k in range(count):
-        v = logits[start + k] if mask[base + k] else MASKED_LOGIT
+        v = logits[start + k]
+        if not abs(v) < np.inf:  # NaN compares false
+            return -1
+        if not mask[base + k]:
+            v = MASKED_LOGIT
         if v > best:
             best, arg = v, k
     return arg
@@ -153,15 +158,15 @@ def _head(context, shared_body, wb, wo, bo, logits):
 @jit
 def slot_actor(obs, mask, norm_mean, norm_std, clip, dims, w1, b1, w2, b2, w3, b3, wb, bb,
                wo, bo, out):  # fmt: skip
-    """Into ``out`` (2 G,): each slot's share level, then each slot's MBA level, for one
-    observation ``obs`` under ``mask`` (the share logits' mask by slot, then the MBA
-    ones'; all True when the policy has none). ``dims``: (G slots, values per slot, the
-    presence flag's index in a slot, share levels, mean pool, max pool); ``obs`` is the
-    G slots' values, then the node's. ``norm_mean``/``norm_std`` (empty: none) with
-    ``clip`` normalise ``obs`` first, as the model card says. Layers: ``w1, b1`` and
-    ``w2, b2`` the per-slot embedding (ReLU), ``w3, b3`` the per-slot context layer (ReLU)
-    over [embedding, pools], ``wb, bb`` the head's body (tanh) over [context, pools,
-    node], ``wo, bo`` its output (share then MBA logits)."""
+    """Into ``out`` (2 G,): each slot's share level, then each slot's MBA level (-1 where a
+    logit is not finite), for one observation ``obs`` under ``mask`` (the share logits' mask by
+    slot, then the MBA ones'; all True when the policy has none). ``dims``: (G slots, values per
+    slot, the presence flag's index in a slot, share levels, mean pool, max pool); ``obs`` is
+    the G slots' values, then the node's. ``norm_mean``/``norm_std`` (empty: none) with ``clip``
+    normalise ``obs`` first, as the model card says. Layers: ``w1, b1`` and ``w2, b2`` the
+    per-slot embedding (ReLU), ``w3, b3`` the per-slot context layer (ReLU) over [embedding,
+    pools], ``wb, bb`` the head's body (tanh) over [context, pools, node], ``wo, bo`` its output
+    (share then MBA logits)."""
     G, F, present_at, share = dims[0], dims[1], dims[2], dims[3]
     mba = wo.shape[1] - share
     x = _normalised(obs, norm_mean, norm_std, clip)

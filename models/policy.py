@@ -23,6 +23,10 @@ node's current allocation, or CoPart's equal split for a policy trained before t
 state was an option).
 :class:`RandomController` is the same loop with random actions. No torch here: the runtime
 needs numpy and onnxruntime (and onnx and numba for the compiled forward pass).
+
+Loading refuses an ONNX file whose weights hold a NaN or an infinity (with the onnx
+package, which reads them), and a decision whose logits are not finite is an error of the
+controller (:class:`~models.actor.NonFiniteLogits`), never an action, on either runtime.
 """
 
 from __future__ import annotations
@@ -36,7 +40,17 @@ import numpy as np
 
 from agent.types import Allocation, AllocationPlan, NodeCapabilities, Snapshot
 from models.actions import ActionDecoder
-from models.actor import CompiledActor, compile_actor, disagreements, probes
+from models.actor import (
+    CompiledActor,
+    NonFiniteLogits,
+    check_logits,
+    compile_actor,
+    disagreements,
+    non_finite_initializers,
+    probes,
+    read_model,
+    with_logits,
+)
 from models.basic import EqualPartition, Unpartitioned
 from models.card import CARD_FILE, ModelCard, PolicyCompatibilityError, PolicyError
 from models.controller import ControlContext, Controller, Decision
@@ -311,8 +325,10 @@ class PolicyController(ActingController):
                 if dims and isinstance(dims[0], str)
             }
         )
-        data = self._read(self.path / card.onnx["file"], card.onnx.get("sha256"))
-        self._session = self._open(self.path / card.onnx["file"], data, threads, tuple(batch))
+        onnx_path = self.path / card.onnx["file"]
+        data = self._read(onnx_path, card.onnx.get("sha256"))
+        graph = self._checked(onnx_path, data)
+        self._session = self._open(onnx_path, graph, threads, tuple(batch))
         self._open_mask = np.ones(int(self.decoder.nvec.sum()), dtype=bool)
         self._actor = self._compile(data) if compiled else None
 
@@ -383,6 +399,22 @@ class PolicyController(ActingController):
         return data
 
     @staticmethod
+    def _checked(path: Path, data: bytes) -> bytes:
+        """The model ONNX Runtime runs: ``data`` with its logits among the outputs, so
+        each decision checks they are finite (models/actor.py); PolicyError when a weight
+        is NaN or infinite. ``data`` as it is without the onnx package."""
+        model = read_model(data)
+        if model is None:
+            return data
+        bad = non_finite_initializers(model)
+        if bad:
+            raise PolicyError(
+                f"{path}: the ONNX policy's weights are not finite (NaN or inf) in "
+                f"{len(bad)} initializer(s), e.g. {bad[0]!r}"
+            )
+        return with_logits(model) or data
+
+    @staticmethod
     def _open(path: Path, data: bytes, threads: int, batch_dims: tuple[str, ...] = ()):
         import onnxruntime as ort
 
@@ -397,10 +429,15 @@ class PolicyController(ActingController):
             raise PolicyError(f"{path}: not a loadable ONNX model: {exc}") from None
 
     def act(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-        """The policy's action for one encoded observation (normalised here)."""
-        if self._actor is not None:
-            return self._act_compiled(self._actor, obs, mask)
-        return self._act_onnx(obs, mask)
+        """The policy's action for one encoded observation (normalised here);
+        :class:`~models.actor.NonFiniteLogits` naming the policy when its logits are NaN
+        or infinite."""
+        try:
+            if self._actor is not None:
+                return self._act_compiled(self._actor, obs, mask)
+            return self._act_onnx(obs, mask)
+        except NonFiniteLogits as exc:
+            raise NonFiniteLogits(f"policy {self.card.name!r} ({self.path}): {exc}") from None
 
     def _act_compiled(
         self, actor: CompiledActor, obs: np.ndarray, mask: np.ndarray | None
@@ -418,4 +455,6 @@ class PolicyController(ActingController):
             if mask is None:
                 mask = np.ones(int(self.decoder.nvec.sum()), dtype=bool)
             feeds["action_mask"] = mask[None, :]
-        return self._session.run(None, feeds)[0][0]
+        out = self._session.run(None, feeds)
+        check_logits(*out[1:])  # the logits with_logits exposed (none without onnx)
+        return out[0][0]

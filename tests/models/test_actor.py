@@ -4,13 +4,22 @@ decide, and keeps ONNX Runtime for any other network and for any graph it misrea
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
 import pytest
 
 from agent.sim import SimNode
-from models.actor import compile_actor, disagreements, probes
+from models.actor import (
+    NonFiniteLogits,
+    check_logits,
+    compile_actor,
+    disagreements,
+    probes,
+    read_model,
+    with_logits,
+)
 from models.controller import drive
 from models.features import group_features
 from models.policy import DEFAULT_POLICY, PolicyController
@@ -133,3 +142,30 @@ def test_without_compiling_the_runtime_keeps_onnx_runtime() -> None:
     )
     assert run_json(script, compiled=False) == "onnxruntime"
     assert run_json(script) == "compiled"
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("part", [0, 1])  # the output layer's weights, its bias
+def test_the_compiled_pass_refuses_non_finite_logits(value: float, part: int) -> None:
+    ctrl = PolicyController(DEFAULT_POLICY)
+    actor = ctrl._actor
+    assert actor is not None
+    obs, mask = _probes(ctrl, 1, seed=0)[0]
+    assert actor(obs, mask, ctrl._norm).min() >= 0
+    *rest, out = actor.layers
+    out = tuple(np.full_like(a, value) if i == part else a for i, a in enumerate(out))
+    broken = dataclasses.replace(actor, layers=(*rest, out))
+    with pytest.raises(NonFiniteLogits, match="logits are not finite"):
+        broken(obs, mask, ctrl._norm)
+
+
+def test_onnx_runtime_returns_the_logits_its_argmaxes_read() -> None:
+    model = read_model((DEFAULT_POLICY / "policy.onnx").read_bytes())
+    argmaxes = sum(n.op_type == "ArgMax" for n in model.graph.node)
+    outputs = read_model(with_logits(model)).graph.output
+    assert argmaxes and outputs[0].name == "action"
+    assert len(outputs) == 1 + argmaxes
+    ctrl = PolicyController(DEFAULT_POLICY, compiled=False)
+    assert len(ctrl._session.get_outputs()) == 1 + argmaxes
+    with pytest.raises(NonFiniteLogits):
+        check_logits(np.zeros(3), np.array([0.0, np.nan]))

@@ -15,6 +15,7 @@ from agent.sim import SimNode, random_scenario
 from agent.sim.catalog import default_catalog
 from agent.validate import PlanContext, validate_plan
 from models import catalogue
+from models.actor import NonFiniteLogits
 from models.controller import carry_out, context
 from models.features import ENCODER_VERSION
 from models.policy import (
@@ -23,7 +24,7 @@ from models.policy import (
     PolicyController,
     PolicyError,
 )
-from tests.models.exports import copy_export
+from tests.models.exports import copy_export, non_finite_export
 
 PRESETS = sorted(default_catalog().machines)
 ON = "training_data.trained_on."
@@ -250,3 +251,36 @@ def test_decodes_with_the_action_design_of_its_card(tmp_path):
     slots = ctrl.encoder.slots(node.groups())
     decoded = ctrl.decoder.decode([0] * 16, slots, node.capabilities())
     assert set(decoded.masks.values()) == {node.capabilities().l3.cbm_mask}
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_refuses_an_export_whose_weights_are_not_finite(tmp_path, value, compiled):
+    bad = non_finite_export(DEFAULT_POLICY, tmp_path / "bad", value)
+    with pytest.raises(PolicyError, match="weights are not finite") as caught:
+        PolicyController(bad, compiled=compiled)
+    assert str(bad / "policy.onnx") in str(caught.value) and "\n" not in str(caught.value)
+
+
+def _nan_weights(actor):
+    """``actor`` with the weights of its head's output layer NaN."""
+    *rest, (w, b) = actor.layers
+    return dataclasses.replace(actor, layers=(*rest, (np.full_like(w, np.nan), b)))
+
+
+@pytest.mark.parametrize("runtime", ["compiled", "onnxruntime"])
+def test_non_finite_logits_are_an_error_of_the_controller(runtime):
+    """At decision time on either runtime: NaN weights slipped past the load's check
+    (compiled), a NaN observation (ONNX Runtime, where the normalisation keeps it NaN)."""
+    ctrl = PolicyController(DEFAULT_POLICY, compiled=runtime == "compiled")
+    if ctrl.runtime != runtime:
+        pytest.skip("numba is not installed")
+    obs = np.zeros(ctrl.encoder.size, dtype=np.float32)
+    ctrl.act(obs)  # finite: an action
+    if runtime == "compiled":
+        ctrl._actor = _nan_weights(ctrl._actor)
+    else:
+        obs = np.full_like(obs, np.nan)
+    with pytest.raises(NonFiniteLogits, match="logits are not finite") as caught:
+        ctrl.act(obs)
+    assert isinstance(caught.value, PolicyError) and str(DEFAULT_POLICY) in str(caught.value)
