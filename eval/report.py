@@ -19,13 +19,18 @@ speedup and unfairness, each with its 95% CI, and the reference's win rate. Plot
 - ``timeline_<scenario>.png``: ways held by each group over time, one panel per controller.
 
 ``results.json`` keeps every run (metrics, references, timelines, feasibility) and the
-paired comparison, for other tools.
+paired comparison, for other tools. While a suite runs, :func:`write_partial_results` keeps
+the runs finished so far there, marked ``"partial": true`` (``rdtune eval --rerender``
+reads it); the complete report's file has no such mark. Writing a report first removes the
+plots a previous report left in its directory (the names above), so a report never sits
+beside another's PNGs.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -104,15 +109,36 @@ def columns(results: Sequence[JobResult]) -> list[tuple[str, str, Callable[[Esti
     return keep or list(COLUMNS[3:])
 
 
+# The fixed-name plots of a report; the timelines are timeline_<scenario>.png.
+PLOTS = ("tail_vs_ways.png", "unfairness.png", "tradeoff.png")
+
+
 def load_results(path: str | Path) -> list[JobResult]:
-    """Runs from a ``results.json`` written by :func:`write_report` (nulls become NaN)."""
+    """Runs from a ``results.json`` written by :func:`write_report` or
+    :func:`write_partial_results` (nulls become NaN); ValueError naming what is missing
+    when it is not such a file."""
     data = json.loads(Path(path).read_text())
+    if isinstance(data, dict) and "runs" not in data:
+        raise ValueError('no "runs" key: not a results.json of rdtune eval')
     rows = data["runs"] if isinstance(data, dict) else data  # older files: a list of runs
+    if not isinstance(rows, list) or not all(isinstance(d, dict) for d in rows):
+        raise ValueError('"runs" is not a list of runs')
     out = []
-    for d in rows:
+    for i, d in enumerate(rows):
+        if not isinstance(d.get("metrics"), dict):
+            raise ValueError(f'run {i + 1} has no "metrics" mapping')
         d["metrics"] = {k: math.nan if v is None else v for k, v in d["metrics"].items()}
         out.append(JobResult(**d))
     return out
+
+
+def is_partial(path: str | Path) -> bool:
+    """Whether the ``results.json`` at ``path`` holds the runs of an unfinished suite."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("partial") is True
 
 
 def table(results: Sequence[JobResult], scenario: str | None = None) -> str:
@@ -562,13 +588,13 @@ def write_report(
     :func:`default_reference`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_plots(out)
     bad = infeasible_runs(results)
     # the runs first: a plot or the paired table failing must not lose them (--rerender)
     rj = _write_results(out, results, None, bad)
     scenarios = _order([r.scenario for r in results])
     figures = (
-        [(plot_tail_vs_ways, "tail_vs_ways.png"), (plot_unfairness, "unfairness.png"),
-         (plot_tradeoff, "tradeoff.png")]
+        list(zip((plot_tail_vs_ways, plot_unfairness, plot_tradeoff), PLOTS, strict=True))
         if plots else []
     )  # fmt: skip
     made: list[Path] = []
@@ -656,17 +682,44 @@ def write_report(
     return Report(md, made, rj)
 
 
+def remove_plots(out: Path) -> list[Path]:
+    """Remove the PNGs a report of this format wrote into ``out`` (:data:`PLOTS` and the
+    timelines), and only those; the paths removed."""
+    gone = []
+    for p in [*(out / n for n in PLOTS), *sorted(out.glob("timeline_*.png"))]:
+        if p.is_file():
+            p.unlink()
+            gone.append(p)
+    return gone
+
+
+def write_partial_results(out_dir: str | Path, results: Sequence[JobResult]) -> Path:
+    """``results.json`` in ``out_dir`` with the runs finished so far, marked partial
+    (written atomically: a reader sees the previous file or this one, whole)."""
+    return _write_results(Path(out_dir), results, None, infeasible_runs(results), partial=True)
+
+
 def _write_results(
     out: Path,
     results: Sequence[JobResult],
     comp: dict[str, Any] | None,
     bad: Sequence[tuple[str, int, str]],
+    partial: bool = False,
 ) -> Path:
     rj = out / "results.json"
-    data = {
+    data: dict[str, Any] = {
         "runs": [r.as_dict() for r in results],
         "paired": _paired_json(comp) if comp else None,
         "infeasible": [{"scenario": s, "seed": seed, "why": n} for s, seed, n in bad],
     }
-    rj.write_text(json.dumps(_clean(data), indent=1, allow_nan=False, default=str))
+    if partial:
+        data["partial"] = True
+    text = json.dumps(_clean(data), indent=1, allow_nan=False, default=str)
+    tmp = out / f".results.json.{os.getpid()}.tmp"  # beside it: os.replace is atomic there
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, rj)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return rj

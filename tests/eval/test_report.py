@@ -195,3 +195,47 @@ def test_the_feasible_runs_speedup_is_shown_only_when_some_run_is_infeasible() -
     assert "weighted_speedup_feasible" not in [
         m[0] for m in paired_metrics(paired_comparisons(feasible))
     ]
+
+
+@pytest.mark.parametrize("plots", [False, True])
+def test_a_report_removes_the_plots_a_report_left_before(tmp_path: Path, plots: bool) -> None:
+    stale = ["tail_vs_ways.png", "unfairness.png", "tradeoff.png", "timeline_other-suite.png"]
+    for name in [*stale, "notes.png"]:
+        (tmp_path / name).write_bytes(PNG)
+    rows = [_result(c, "s1", s, tail=1.0 + s, unf=0.1) for c in ("eq", "copart") for s in (0, 1)]
+    report = write_report(rows, tmp_path, title="t", plots=plots)
+    left = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert left == sorted(["notes.png", *(p.name for p in report.plots)])  # not this format's
+    assert "timeline_other-suite.png" not in left
+    assert bool(report.plots) == plots
+
+
+def test_partial_results_are_marked_and_load_as_runs(tmp_path: Path) -> None:
+    from eval.report import is_partial, load_results, write_partial_results
+
+    rows = [_result("eq", "s1", s, tail=1.0, unf=0.1) for s in (0, 1)]
+    rj = write_partial_results(tmp_path, rows)
+    assert is_partial(rj) and [r.seed for r in load_results(rj)] == [0, 1]
+    write_report(rows, tmp_path, title="t", plots=False)  # a complete run: the usual format
+    assert not is_partial(rj) and set(json.loads(rj.read_text())) == {
+        "runs",
+        "paired",
+        "infeasible",
+    }
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{}", 'no "runs" key'),
+        ('{"runs": 3}', '"runs" is not a list of runs'),
+        ('{"runs": [{"seed": 0}]}', 'run 1 has no "metrics" mapping'),
+    ],
+)
+def test_load_results_names_what_is_missing(tmp_path: Path, content: str, message: str) -> None:
+    from eval.report import load_results
+
+    (tmp_path / "results.json").write_text(content)
+    with pytest.raises(ValueError, match=message):
+        load_results(tmp_path / "results.json")
