@@ -11,14 +11,20 @@ meets every SLO are labelled infeasible and their SLO violations reported apart.
 are defined in eval/data/suites.yaml (see --list).
 
 Exit status (EXIT_STATUS, shown by --help): a failed run does not stop the others nor fail
-the command while some run completed.
+the command while some run completed. What can be checked before the runs is: the suite,
+scenarios and controllers, every policy export a controller names (loaded once, as its runs
+will load it) and the --out directory (created, and written to). While the suite runs,
+--out's results.json keeps the runs finished so far (marked partial), so an interruption
+(Ctrl-C) loses only the runs under way; ``--rerender`` reports on what finished.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,9 +39,14 @@ if TYPE_CHECKING:
 EXIT_STATUS = (
     "exit status: 0 when at least one run completed (failed runs are listed in the report "
     "and counted on the last line), 1 when every run failed or the Ray cluster cannot be "
-    "reached, 2 for a usage error (unknown suite, controller, scenario or --paired-with; "
-    "nothing runs)"
+    "reached, 2 for a usage error (unknown suite, controller, scenario or --paired-with, "
+    "an unusable policy export, an --out that is not a writable directory; nothing runs), "
+    "130 when interrupted (the runs finished by then are kept in --out's results.json)"
 )
+
+# Finished runs are written to --out's results.json (marked partial) at most this often
+# while the suite runs, and at once when it is interrupted.
+SAVE_EVERY_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +101,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "it (default: the suite's paired_with, else the learned policy when it runs, else the "
         "first controller)",
     )
-    parser.add_argument("--out", metavar="DIR", help="report directory (default: runs/eval/SUITE)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="report directory (default: runs/eval/SUITE), created and checked before any "
+        "run; its results.json keeps the finished runs while the suite runs",
+    )
     parser.add_argument(
         "--no-plots", action="store_true", help="write the report without its PNG plots (quicker)"
     )
@@ -103,12 +119,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.markup import escape
 
-    from envs.cluster import ClusterError
     from eval.bench.harness import machine
     from eval.report import write_report
-    from eval.runner import run_jobs
     from eval.suites import SuiteError, get_suite, load_suites, parse_controllers
 
     console = Console(width=max(120, Console().width))
@@ -148,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
         if agent is None:  # an agent's catalogue may differ from ours: it judges its names
             check_scenarios(jobs)
         check_paired_with(args.paired_with, jobs)
+        check_policies(jobs)
+        out = Path(args.out or Path("runs") / "eval" / suite.name)
+        check_out(out)
     except (SuiteError, ValueError) as exc:
         print(f"rdtune eval: {exc}", file=sys.stderr)
         return 2
@@ -160,30 +176,13 @@ def run(args: argparse.Namespace) -> int:
     if args.agent and ray_address != "none":
         print("rdtune eval: --agent runs serially (one node)", file=sys.stderr)
         ray_address = "none"
-    out = Path(args.out or Path("runs") / "eval" / suite.name)
     console.print(
         f"rdtune eval: suite {suite.name!r}: {len(jobs)} runs "
         f"({'serial' if ray_address == 'none' else 'Ray ' + ray_address})"
     )
-    done = [0]
-
-    def progress(r) -> None:
-        done[0] += 1
-        err = escape(r.error)
-        status = f"[red]failed: {err}[/red]" if r.error else f"{r.run_s + r.build_s:.1f} s"
-        console.print(
-            f"  \\[{done[0]}/{len(jobs)}] {escape(r.scenario)} / {escape(r.controller)} / "
-            f"seed {r.seed}: {status}"
-        )
-
-    try:
-        results = run_jobs(jobs, ray_address, progress)
-    except ClusterError as exc:  # unreachable, like an agent that cannot be reached
-        print(f"rdtune eval: {exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"rdtune eval: {exc}", file=sys.stderr)
-        return 2
+    results = run_saving(console, jobs, ray_address, out)
+    if isinstance(results, int):
+        return results
     command = (
         "rdtune eval " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if sys.argv[1:2] == ["eval"]
@@ -216,6 +215,85 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         console.print(f"[red]{failed} of {len(results)} runs failed (see the report)[/red]")
     return 1 if failed == len(results) else 0
+
+
+def run_saving(console, jobs: Sequence[Job], ray_address: str, out: Path) -> list | int:
+    """Run ``jobs`` (eval.runner.run_jobs), printing each as it finishes and keeping the
+    finished ones in ``out``'s results.json (eval.report.write_partial_results) every
+    :data:`SAVE_EVERY_S` seconds; the results, or the exit status when the runs cannot
+    go on (an unreachable cluster: 1; a refused setting: 2; interrupted: 130, after
+    saving what finished)."""
+    from rich.markup import escape
+
+    from envs.cluster import ClusterError
+    from eval.report import write_partial_results
+    from eval.runner import run_jobs
+
+    done: list = []
+    saved = [time.monotonic(), 0]  # when, and how many runs, last written
+
+    def progress(r) -> None:
+        done.append(r)
+        err = escape(r.error)
+        status = f"[red]failed: {err}[/red]" if r.error else f"{r.run_s + r.build_s:.1f} s"
+        console.print(
+            f"  \\[{len(done)}/{len(jobs)}] {escape(r.scenario)} / {escape(r.controller)} / "
+            f"seed {r.seed}: {status}"
+        )
+        if len(done) < len(jobs) and time.monotonic() - saved[0] >= SAVE_EVERY_S:
+            write_partial_results(out, done)
+            saved[:] = [time.monotonic(), len(done)]
+
+    try:
+        return run_jobs(jobs, ray_address, progress)
+    except ClusterError as exc:  # unreachable, like an agent that cannot be reached
+        print(f"rdtune eval: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"rdtune eval: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        kept = ""
+        if done:
+            rj = write_partial_results(out, done)
+            kept = f"; kept in {rj} (rdtune eval --rerender {out} reports on them)"
+        print(f"rdtune eval: interrupted: {len(done)} of {len(jobs)} runs finished{kept}",
+              file=sys.stderr)  # fmt: skip
+        return 130
+
+
+def check_out(out: Path) -> None:
+    """Create the report directory ``out`` and make sure a file can be written there;
+    ValueError (one line naming --out) when it cannot, before anything runs."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not out.is_dir():
+            raise NotADirectoryError(f"{out} is not a directory")
+        probe = out / f".rdtune-eval-{os.getpid()}.probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"--out {out}: not a directory (a file is in the way)") from None
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise ValueError(f"--out {out}: cannot write the report there: {why}") from None
+
+
+def check_policies(jobs: Sequence[Job]) -> None:
+    """Load every policy export a controller of ``jobs`` names once, as its runs will
+    (models.catalogue.construct: models/policy.py's loader), so an unusable one (no such
+    path, a training run's directory, a corrupt or non-finite ONNX file, a bad card) is
+    refused in the loader's one line before any run rather than once per run."""
+    from models.catalogue import ControllerSpec, construct
+
+    for text in dict.fromkeys(j.controller for j in jobs):
+        spec = ControllerSpec.parse(text)
+        if spec.name != "policy":
+            continue
+        try:
+            construct(spec)  # its errors name the controller
+        except ValueError as exc:  # ControllerError and PolicyError among them
+            raise ValueError(" ".join(str(exc).split())) from None
 
 
 def check_scenarios(jobs: Sequence[Job]) -> None:
@@ -315,17 +393,20 @@ def print_paired(console, results, reference: str | None = None) -> None:
 
 def _rerender(console, out: Path) -> int:
     from eval.bench.harness import machine
-    from eval.report import load_results, write_report
+    from eval.report import is_partial, load_results, write_report
     from eval.suites import load_suites
 
+    rj = out / "results.json"
     try:
-        results = load_results(out / "results.json")
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        print(f"rdtune eval: cannot read {out / 'results.json'}: {exc}", file=sys.stderr)
+        results = load_results(rj)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"rdtune eval: cannot read {rj}: {exc}", file=sys.stderr)
         return 2
     if not results:
-        print(f"rdtune eval: {out / 'results.json'} holds no runs", file=sys.stderr)
+        print(f"rdtune eval: {rj} holds no runs", file=sys.stderr)
         return 2
+    if is_partial(rj):
+        console.print(f"{rj}: the runs of an unfinished suite ({len(results)} of them)")
     suite = results[0].suite
     known = load_suites()
     desc = known[suite].description if suite in known else ""

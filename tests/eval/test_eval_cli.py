@@ -15,6 +15,8 @@ import pytest
 from eval.report import write_report
 from eval.runner import Job, run_job, run_jobs
 from eval.suites import get_suite
+from models.policy import DEFAULT_POLICY
+from tests.models.exports import copy_export, non_finite_export, resign
 from tuner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,3 +231,127 @@ def test_unreachable_ray_cluster_is_one_line_soon(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert f"rdtune eval: cannot reach the Ray cluster at {address}" in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+def _smoke(out: Path, *more: str) -> list[str]:
+    return ["eval", "--suite", "smoke", "--seconds", "0.5", "--seeds", "1", "--ray-address",
+            "none", "--out", str(out), *more]  # fmt: skip
+
+
+def _refused_before_any_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("rdtune eval: ")
+    assert "[1/" not in captured.out
+    return captured.err
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "under /proc"])
+def test_an_out_that_cannot_hold_the_report_is_refused_before_any_run(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    out = {
+        "a file": tmp_path / "file",
+        "under a file": tmp_path / "file" / "report",
+        "under /proc": Path("/proc/rdtune-eval-test"),
+    }[where]
+    err = _refused_before_any_run(_smoke(out), capsys)
+    assert f"--out {out}: " in err
+
+
+def _train_run(tmp: Path) -> Path:
+    (tmp / "run").mkdir()
+    (tmp / "run" / "config.yaml").write_text("algorithm: MaskablePPO\n")
+    return tmp / "run"
+
+
+def _cut_onnx(tmp: Path, keep: float) -> Path:
+    bad = copy_export(DEFAULT_POLICY, tmp / "cut")
+    data = (bad / "policy.onnx").read_bytes()
+    (bad / "policy.onnx").write_bytes(data[: int(len(data) * keep)])
+    return resign(bad)
+
+
+def _wrong_sha(tmp: Path) -> Path:
+    return copy_export(DEFAULT_POLICY, tmp / "x", **{"runtime.onnx.sha256": "0" * 64})
+
+
+def _old_card(tmp: Path) -> Path:
+    return copy_export(DEFAULT_POLICY, tmp / "old", format="rdtune-policy-0")
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        pytest.param(lambda tmp: tmp / "missing", "no such file or directory", id="missing"),
+        pytest.param(_train_run, "no model card", id="train-run"),
+        pytest.param(lambda tmp: _cut_onnx(tmp, 0.5), "not a loadable ONNX", id="truncated"),
+        pytest.param(lambda tmp: _cut_onnx(tmp, 0.0), "not a loadable ONNX", id="empty"),
+        pytest.param(_wrong_sha, "does not match the card's sha256", id="sha"),
+        pytest.param(
+            lambda tmp: non_finite_export(DEFAULT_POLICY, tmp / "nan"),
+            "weights are not finite",
+            id="nan-weights",
+        ),
+        pytest.param(_old_card, "model card format", id="card"),
+    ],
+)
+def test_an_unusable_policy_is_refused_before_any_run(
+    make, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make(tmp_path)
+    err = _refused_before_any_run(
+        _smoke(tmp_path / "out", "--controllers", f"eq,policy[path={path}]"), capsys
+    )
+    assert f"controller 'policy[path={path}]'" in err and message in err
+
+
+@pytest.mark.parametrize("interrupt_at", [1, 3])
+def test_an_interrupted_eval_keeps_the_runs_that_finished(
+    interrupt_at: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from eval import cli as eval_cli
+    from eval import runner
+
+    monkeypatch.setattr(eval_cli, "SAVE_EVERY_S", 0.0)  # save after every run
+    real, calls = runner.run_job, []
+    rj = tmp_path / "results.json"
+
+    def run_job(job: Job):
+        calls.append(job)
+        if len(calls) == interrupt_at:
+            if interrupt_at > 1:  # what finished is on disk already
+                assert len(json.loads(rj.read_text())["runs"]) == interrupt_at - 1
+            raise KeyboardInterrupt
+        return real(job)
+
+    monkeypatch.setattr(runner, "run_job", run_job)
+    assert main(["eval", "--suite", "smoke", "--seconds", "0.5", "--ray-address", "none",
+                 "--out", str(tmp_path), "--no-plots"]) == 130  # fmt: skip
+    err = capsys.readouterr().err
+    finished = interrupt_at - 1
+    assert err.count("\n") == 1 and f"interrupted: {finished} of 4 runs finished" in err
+    if not finished:
+        assert not rj.exists()
+        return
+    data = json.loads(rj.read_text())
+    assert data["partial"] is True and len(data["runs"]) == finished
+    assert main(["eval", "--rerender", str(tmp_path)]) == 0
+    assert "unfinished suite" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("{}", 'no "runs" key'), ('{"runs": [{}]}', 'run 1 has no "metrics" mapping')],
+)
+def test_rerender_names_what_results_json_lacks(
+    content: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "results.json").write_text(content)
+    assert main(["eval", "--rerender", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
