@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     # these pull in the environments (and through a sweep, Ray).
     from training.config import ConfigError, load_config
     from training.sweep import SweepError, parse_sweep, run_sweep
-    from training.train import train
+    from training.train import RunDirError, train
 
     try:
         cfg = load_config(args.config)
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = train(cfg, ray_address=args.ray_address, command=reproduce_command(args))
-    except (ConnectionError, RolloutError) as exc:
+    except (ConnectionError, RolloutError, RunDirError) as exc:
         print(f"rdtune train: {exc}", file=sys.stderr)
         return 2
     print(result.summary())

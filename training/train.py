@@ -25,9 +25,13 @@ Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered step
    (``eval.final_kwargs``; mixes neither training nor selection saw), written to
    ``eval.json`` and printed as a table.
 
-The run directory holds ``config.yaml`` (the validated config), ``run.json`` (layouts and
-versions the exporter needs), checkpoints, ``vecnormalize.pkl`` when used, ``tb/``,
-``evaluations.jsonl`` (``dagger.jsonl`` after a warm start) and their plot,
+The run directory (``output_dir``, ``--out``; OUT below) is built in a staging directory
+beside it (``OUT.partial-<pid>``, TensorBoard logs included), made once Ray, the
+environments and the model are up, under a lock (``OUT.lock``); it takes OUT's place only
+when the run finished, and ``run.json``'s ``finished`` then marks it complete (section
+"the run directory" below). It holds ``config.yaml`` (the validated config), ``run.json``
+(layouts and versions the exporter needs), checkpoints, ``vecnormalize.pkl`` when used,
+``tb/``, ``evaluations.jsonl`` (``dagger.jsonl`` after a warm start) and their plot,
 ``learning_curves.png`` (training/curves.py). ``rdtune export --model RUN_DIR`` turns it
 into an ONNX policy. With ``--ray-address`` and ``--sweep`` the same function runs inside
 Ray Tune trials (:mod:`training.sweep`, which depends on this module, not the other way
@@ -37,6 +41,7 @@ learns here (docs/TRAINING.md). The command line is training/cli.py.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import math
@@ -302,9 +307,9 @@ def make_eval_callback(cfg, venv, run_dir: Path, heuristics: list, on_eval: Call
             improved = cfg.eval.select == "last" or row.mean_return > self.best
             if improved:
                 self.best, self.best_step = row.mean_return, self.num_timesteps
-                self.model.save(run_dir / "best_model.zip")
+                save_checkpoint(self.model, run_dir / "best_model.zip")
                 if cfg.normalize_obs:
-                    venv.save(str(run_dir / "vecnormalize.pkl"))
+                    save_vecnormalize(venv, run_dir / "vecnormalize.pkl")
             with self.history.open("a") as f:
                 f.write(
                     json.dumps({"timesteps": self.num_timesteps, "best": improved, **row.as_dict()})
@@ -419,6 +424,208 @@ def make_throughput_callback(run_dir: Path | None, evaluator=None, log_every_s: 
     return ThroughputCallback()
 
 
+# ---------------------------------------------------------------------------- the run directory
+#
+# A run builds its files in a staging directory beside OUT (``OUT.partial-<pid>``) and
+# only a run that finished takes OUT's place: OUT is renamed to ``OUT.old-<pid>``, the
+# staging directory to OUT, then the old one is removed and ``run.json`` gets its
+# ``finished`` field (the time, UTC). A failed or interrupted run removes its staging
+# directory and leaves OUT as it was. ``OUT.lock`` (created exclusively, holding the pid)
+# keeps a second run out of OUT while one is under way; the lock of a process that no
+# longer runs is taken over. After a crash, the next run into OUT (holding the lock, so no
+# other run is under way) removes what the crashed one left beside OUT: its staging
+# directory, and an ``OUT.old-<pid>`` (renamed back to OUT first if the crash came between
+# the two renames and OUT is missing).
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used: another run holds it, or it is not a run's."""
+
+
+def _beside(out: Path, suffix: str) -> Path:
+    return out.with_name(f"{out.name}.{suffix}")
+
+
+def _pid_alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _lock_holder(lock: Path) -> int | None:
+    """The pid in ``lock`` (None when it holds none: its writer died before writing)."""
+    for attempt in range(3):
+        try:
+            text = lock.read_text().strip()
+        except FileNotFoundError:
+            return None
+        if text.isdigit():
+            return int(text)
+        time.sleep(0.1 * (attempt + 1))  # created, not written yet
+    return None
+
+
+def _take_lock(out: Path) -> Path:
+    """Create ``OUT.lock`` holding this process's pid; a run still holding it is refused
+    (:class:`RunDirError`), the lock of a process that is gone taken over."""
+    import os
+
+    lock = _beside(out, "lock")
+    for _ in range(5):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _lock_holder(lock)
+            if holder is not None and _pid_alive(holder):
+                raise RunDirError(
+                    f"{out}: another run (pid {holder}) is writing it ({lock}); wait for it "
+                    "or choose another --out"
+                ) from None
+            log.warning("%s: taking over the lock of pid %s, which no longer runs", lock, holder)
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        return lock
+    raise RunDirError(f"{out}: could not take {lock} (other runs keep taking it)")
+
+
+def _release_lock(lock: Path) -> None:
+    import os
+
+    if _lock_holder(lock) == os.getpid():
+        lock.unlink(missing_ok=True)
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an OUT that a finished run would wrongly replace: a file, or a directory
+    with other files than a run's (a run's holds ``run.json`` or ``config.yaml``)."""
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"{out}: exists and is not a directory")
+    is_run = (out / "run.json").exists() or (out / "config.yaml").exists()
+    if out.is_dir() and not is_run and any(out.iterdir()):
+        raise RunDirError(
+            f"{out}: not a training run directory (no run.json or config.yaml), and a run "
+            "replaces its --out directory; choose another --out"
+        )
+
+
+def _clean_leftovers(out: Path) -> None:
+    """Remove what crashed runs left beside ``out`` (call holding its lock); an ``out``
+    renamed aside and not replaced is put back first."""
+    import shutil
+
+    if not out.parent.is_dir():
+        return
+    olds = sorted(out.parent.glob(f"{glob.escape(out.name)}.old-*"))
+    partials = sorted(out.parent.glob(f"{glob.escape(out.name)}.partial-*"))
+    if olds and not out.exists():
+        log.warning("%s: put back from %s (a run crashed while replacing it)", out, olds[-1])
+        olds.pop().rename(out)
+    for leftover in olds + partials:
+        log.warning("%s: removed (left by a run that did not finish)", leftover)
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+class StagedRun:
+    """A run's files in ``OUT.partial-<pid>`` until :meth:`publish` puts them in OUT's place."""
+
+    def __init__(self, out: Path) -> None:
+        import os
+
+        self.out = out
+        self.path = _beside(out, f"partial-{os.getpid()}")
+
+    def create(self) -> Path:
+        self.path.mkdir()
+        log.info("run directory: building in %s (becomes %s when it finishes)", self.path, self.out)
+        return self.path
+
+    def publish(self) -> None:
+        """Rename OUT aside, the staging directory to OUT, remove the old one, then write
+        the completion marker (``run.json``'s ``finished``) in OUT."""
+        import os
+        import shutil
+        from datetime import UTC, datetime
+
+        if _lock_holder(_beside(self.out, "lock")) != os.getpid():
+            raise RunDirError(f"{self.out}: its lock was taken by another run; not replaced")
+        old = _beside(self.out, f"old-{os.getpid()}")
+        if self.out.exists():
+            self.out.rename(old)
+        self.path.rename(self.out)
+        shutil.rmtree(old, ignore_errors=True)
+        meta_path = self.out / "run.json"
+        meta = json.loads(meta_path.read_text())
+        meta["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        _write_atomic(meta_path, lambda f: f.write(json.dumps(meta, indent=2).encode()))
+
+    def discard(self) -> None:
+        import shutil
+
+        if self.path.exists():
+            shutil.rmtree(self.path, ignore_errors=True)
+            log.info("run directory: %s removed (the run did not finish)", self.path)
+
+
+@contextmanager
+def staged_run(out: Path):
+    """Hold ``OUT.lock`` and yield a :class:`StagedRun`; its staging directory is removed
+    unless the run published it (an exception, Ctrl-C)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = _take_lock(out)
+    staging = StagedRun(out)
+    try:
+        _clean_leftovers(out)
+        _check_out(out)
+        yield staging
+    except BaseException:
+        staging.discard()
+        raise
+    finally:
+        _release_lock(lock)
+
+
+def _write_atomic(path: Path, write: Callable) -> None:
+    """``write(file)`` into a temporary file beside ``path``, then rename it to ``path``: a
+    full disk or a kill leaves the previous ``path`` (or none), never a truncated one. A
+    write error names ``path``."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        why = exc.strerror or str(exc)
+        raise OSError(exc.errno, f"cannot write {path}: {why}") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(model, path: Path) -> None:
+    """``model.save(path)``, atomically (:func:`_write_atomic`)."""
+    _write_atomic(path, model.save)
+
+
+def save_vecnormalize(venv, path: Path) -> None:
+    """``venv``'s VecNormalize statistics to ``path`` (a pickle, as ``venv.save``), atomically."""
+    import pickle
+
+    _write_atomic(path, lambda f: pickle.dump(venv, f))
+
+
 # ---------------------------------------------------------------------------- the run
 
 
@@ -464,85 +671,70 @@ def train(
     from training.evaluate import evaluate_heuristics, make_eval_env
 
     t0 = time.monotonic()
-    run_dir = Path(cfg.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "evaluations.jsonl").unlink(missing_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    out = Path(cfg.output_dir)
+    # Everything that can refuse the run (the lock, Ray, the envs, the model) comes before
+    # the staging directory; OUT itself changes only when the run finished (publish).
+    with staged_run(out) as staging:
+        run_dir = staging.path
+        # 1. Seeds and threads.
+        seed_everything(cfg.seed, cfg.torch_threads)
 
-    # 1. Seeds and threads.
-    seed_everything(cfg.seed, cfg.torch_threads)
+        # 2. Environments.
+        with _rollout_workers_on_ray(cfg, ray_address):
+            venv = build_vec_env(cfg)
+            encoder = venv.get_attr("encoder")[0]
+            decoder = venv.get_attr("decoder")[0]
 
-    # 2. Environments.
-    with _rollout_workers_on_ray(cfg, ray_address):
-        venv = build_vec_env(cfg)
-        encoder = venv.get_attr("encoder")[0]
-        decoder = venv.get_attr("decoder")[0]
-        (run_dir / "run.json").write_text(
-            json.dumps(
-                {
-                    "name": cfg.name,
-                    "command": command,
-                    "algorithm": cfg.algorithm,
-                    "seed": cfg.seed,
-                    "env_id": cfg.env.id,
-                    # the start state stated even when the config leaves it to the env's
-                    # default: the exported policy starts as its episodes did
-                    "env_kwargs": {"baseline": "current", **cfg.env_kwargs()},
-                    "eval_kwargs": cfg.eval_kwargs(),
-                    "final_kwargs": cfg.final_kwargs(),
-                    "encoder_version": encoder.version,
-                    "features": encoder.layout(),
-                    "actions": decoder.layout(),
-                    "normalize_obs": cfg.normalize_obs,
-                },
-                indent=2,
-                default=str,
+            # 3. Model (TensorBoard logs in the staging directory: tb/ppo_1 every run).
+            model = build_model(cfg, venv, str(run_dir / "tb"))
+
+            # 4. Heuristics on the validation family (once: they do not learn), evaluator.
+            eval_env = make_eval_env(cfg.env.id, cfg.eval_kwargs())
+            heuristics, missing = [], []
+            if cfg.eval.heuristics_at_start:
+                heuristics, missing = evaluate_heuristics(
+                    cfg.eval.controllers, eval_env, cfg.eval.episodes, cfg.eval.seed
+                )
+            callback = make_eval_callback(cfg, venv, run_dir, heuristics, on_eval)
+            speed = make_throughput_callback(run_dir, callback)
+            staging.create()
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            (run_dir / "run.json").write_text(
+                json.dumps(run_meta(cfg, command, encoder, decoder), indent=2, default=str)
             )
-        )
+            if cfg.dagger is not None:
+                warm_start(cfg, model, run_dir, callback)
 
-        # 3. Model.
-        model = build_model(cfg, venv, str(run_dir / "tb"))
-
-        # 4. Heuristics on the validation family (once: they do not learn), policy evaluator.
-        eval_env = make_eval_env(cfg.env.id, cfg.eval_kwargs())
-        heuristics, missing = [], []
-        if cfg.eval.heuristics_at_start:
-            heuristics, missing = evaluate_heuristics(
-                cfg.eval.controllers, eval_env, cfg.eval.episodes, cfg.eval.seed
+            # 5. Learn.
+            model.learn(
+                total_timesteps=cfg.total_timesteps,
+                callback=[speed, callback],
+                progress_bar=cfg.progress_bar,
+                tb_log_name="ppo",
             )
-        callback = make_eval_callback(cfg, venv, run_dir, heuristics, on_eval)
-        speed = make_throughput_callback(run_dir, callback)
-        if cfg.dagger is not None:
-            warm_start(cfg, model, run_dir, callback)
+            if speed.total.steps:
+                log.info(
+                    "%d env steps at %.0f env steps/s (rollouts and updates, evaluations left out)",
+                    speed.total.steps,
+                    speed.total.env_steps_per_s,
+                )
+            save_checkpoint(model, run_dir / "model.zip")
+            plot_learning_curves([run_dir], run_dir / "learning_curves.png", labels=[out.name])
+            if cfg.normalize_obs:
+                save_vecnormalize(venv, run_dir / "vecnormalize_final.pkl")
 
-        # 5. Learn.
-        model.learn(
-            total_timesteps=cfg.total_timesteps,
-            callback=[speed, callback],
-            progress_bar=cfg.progress_bar,
-            tb_log_name="ppo",
-        )
-        if speed.total.steps:
-            log.info(
-                "%d env steps at %.0f env steps/s (rollouts and updates, evaluations left out)",
-                speed.total.steps,
-                speed.total.env_steps_per_s,
-            )
-        model.save(run_dir / "model.zip")
-        plot_learning_curves([run_dir], run_dir / "learning_curves.png")
-        if cfg.normalize_obs:
-            venv.save(str(run_dir / "vecnormalize_final.pkl"))
-
-        # 6. Final table: the best checkpoint against the heuristics on fresh held-out episodes.
-        eval_env.close()
-        callback.env.close()
-        venv.close()
-    rows: list[dict] = []
-    if final_eval:
-        table = final_evaluation(cfg, run_dir, best_step=callback.best_step)
-        rows, missing = table["rows"], table["missing"]
+            # 6. Final table: the best checkpoint against the heuristics on fresh held-out
+            # episodes.
+            eval_env.close()
+            callback.env.close()
+            venv.close()
+        rows: list[dict] = []
+        if final_eval:
+            table = final_evaluation(cfg, run_dir, best_step=callback.best_step)
+            rows, missing = table["rows"], table["missing"]
+        staging.publish()
     return TrainResult(
-        run_dir,
+        out,
         callback.best_step,
         callback.best,
         rows,
@@ -550,6 +742,27 @@ def train(
         time.monotonic() - t0,
         speed.total,
     )
+
+
+def run_meta(cfg, command: str | None, encoder, decoder) -> dict[str, Any]:
+    """``run.json``: what the exporter needs (layouts, env kwargs, versions) and the
+    command that reproduces the run; ``finished`` is added when the run is published."""
+    return {
+        "name": cfg.name,
+        "command": command,
+        "algorithm": cfg.algorithm,
+        "seed": cfg.seed,
+        "env_id": cfg.env.id,
+        # the start state stated even when the config leaves it to the env's default: the
+        # exported policy starts as its episodes did
+        "env_kwargs": {"baseline": "current", **cfg.env_kwargs()},
+        "eval_kwargs": cfg.eval_kwargs(),
+        "final_kwargs": cfg.final_kwargs(),
+        "encoder_version": encoder.version,
+        "features": encoder.layout(),
+        "actions": decoder.layout(),
+        "normalize_obs": cfg.normalize_obs,
+    }
 
 
 def warm_start(cfg, model, run_dir: Path, callback) -> None:

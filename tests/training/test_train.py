@@ -156,3 +156,144 @@ def test_select_last_keeps_the_model_after_the_final_update(tmp_path) -> None:
     last = load_model(d / "model.zip", "MaskablePPO").policy.state_dict()
     assert kept.keys() == last.keys()
     assert all(torch.equal(kept[k], last[k]) for k in kept)
+
+
+# ---------------------------------------------------------------------------- the run directory
+
+
+def _previous_run(out):
+    """A previous run's directory (its files as bytes, to compare after a rerun)."""
+    files = {
+        "config.yaml": b"name: previous\n",
+        "run.json": b'{"name": "previous"}',
+        "best_model.zip": b"previous best",
+        "model.zip": b"previous model",
+        "eval.json": b"{}",
+        "evaluations.jsonl": b'{"timesteps": 1}\n',
+        "tb/ppo_1/events.out.tfevents.1": b"previous events",
+    }
+    for name, data in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    return files
+
+
+def _snapshot(out):
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def _dead_pid():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _tiny_yaml(tmp_path):
+    import yaml
+
+    from tests.training.tiny_runs import TINY
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(dict(TINY, total_timesteps=64)))
+    return path
+
+
+@pytest.mark.parametrize("how", ["unreachable_ray", "interrupted", "failed"])
+def test_a_run_that_does_not_finish_leaves_the_previous_run_dir_as_it_was(tmp_path, how):
+    from tuner.cli import main
+
+    out = tmp_path / "runs" / "run"
+    out.mkdir(parents=True)
+    _previous_run(out)
+    before = _snapshot(out)
+    if how == "unreachable_ray":
+        argv = ["train", "--config", str(_tiny_yaml(tmp_path)), "--out", str(out)]
+        assert main([*argv, "--ray-address", "127.0.0.1:9", "--no-progress"]) == 2
+    else:
+        error = KeyboardInterrupt if how == "interrupted" else RuntimeError
+
+        def stop(*_):
+            raise error("stopped")
+
+        with pytest.raises(error):
+            train(tiny_config(out, total_timesteps=64), on_eval=stop)
+    assert _snapshot(out) == before  # byte for byte
+    assert sorted(p.name for p in out.parent.iterdir()) == ["run"]  # no staging dir, no lock
+
+
+@pytest.mark.parametrize("holder", ["live_run", "not_a_run_dir"])
+def test_a_run_into_an_out_it_must_not_touch_is_refused_at_once(tmp_path, capsys, holder):
+    import os
+
+    from tuner.cli import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    lock = tmp_path / "run.lock"
+    if holder == "live_run":
+        _previous_run(out)
+        lock.write_text(f"{os.getpid()}\n")  # a live pid: a run under way
+    else:
+        (out / "notes.txt").write_text("not a training run")
+    before = _snapshot(out)
+    argv = ["train", "--config", str(_tiny_yaml(tmp_path)), "--out", str(out), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("rdtune train: ")
+    assert (f"pid {os.getpid()}" if holder == "live_run" else "not a training run") in err
+    assert _snapshot(out) == before
+    assert lock.exists() == (holder == "live_run")  # the other run's lock stays
+
+
+@pytest.mark.parametrize("left", ["nothing", "stale_lock", "staging_dir", "between_renames"])
+def test_a_finished_run_replaces_the_previous_one_and_marks_it_finished(tmp_path, left):
+    """Left beside OUT by a run that crashed: its lock (a dead pid), its staging dir, or
+    (killed between the renames) OUT renamed aside and no OUT; the next run cleans up."""
+    from datetime import datetime
+
+    out = tmp_path / "run"
+    out.mkdir()
+    _previous_run(out)
+    (out / "stale.txt").write_text("only in the previous run")
+    dead = _dead_pid()
+    if left != "nothing":
+        (tmp_path / "run.lock").write_text(f"{dead}\n")
+    if left in ("staging_dir", "between_renames"):
+        staging = tmp_path / f"run.partial-{dead}"
+        staging.mkdir()
+        (staging / "model.zip").write_bytes(b"half")
+    if left == "between_renames":
+        out.rename(tmp_path / f"run.old-{dead}")
+    result = train(tiny_config(out, total_timesteps=64), final_eval=False)
+    assert result.run_dir == out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert not (out / "stale.txt").exists()
+    assert sorted(p.name for p in (out / "tb").iterdir()) == ["ppo_1"]  # not ppo_2, ppo_3...
+    evals = [json.loads(line) for line in (out / "evaluations.jsonl").read_text().splitlines()]
+    assert [e["timesteps"] for e in evals] == [64]
+    meta = json.loads((out / "run.json").read_text())
+    assert datetime.fromisoformat(meta["finished"]).tzinfo is not None
+    assert (out / "model.zip").read_bytes().startswith(b"PK")
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_checkpoint_is_written_whole_or_not_at_all(tmp_path, error):
+    from training.train import save_checkpoint
+
+    path = tmp_path / "best_model.zip"
+    path.write_bytes(b"previous checkpoint")
+
+    class Model:
+        def save(self, f):
+            f.write(b"half a zip")
+            raise error
+
+    with pytest.raises(type(error)) as raised:
+        save_checkpoint(Model(), path)
+    assert path.read_bytes() == b"previous checkpoint"
+    assert [p.name for p in tmp_path.iterdir()] == ["best_model.zip"]  # no temporary left
+    if isinstance(error, OSError):
+        assert str(path) in str(raised.value) and "No space left" in str(raised.value)
