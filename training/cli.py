@@ -70,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, not at the top: ``rdtune --help`` imports every command's module, and
     # these pull in the environments (and through a sweep, Ray).
     from training.config import ConfigError, load_config
+    from training.rundir import RunDirError
     from training.sweep import SweepError, parse_sweep, run_sweep
-    from training.train import RunDirError, train
+    from training.train import train
 
     try:
         cfg = load_config(args.config)

@@ -28,8 +28,8 @@ Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered step
 The run directory (``output_dir``, ``--out``; OUT below) is built in a staging directory
 beside it (``OUT.partial-<pid>``, TensorBoard logs included), made once Ray, the
 environments and the model are up, under a lock (``OUT.lock``); it takes OUT's place only
-when the run finished, and ``run.json``'s ``finished`` then marks it complete (section
-"the run directory" below). It holds ``config.yaml`` (the validated config), ``run.json``
+when the run finished, and ``run.json``'s ``finished`` then marks it complete
+(:mod:`training.rundir`). It holds ``config.yaml`` (the validated config), ``run.json``
 (layouts and versions the exporter needs), checkpoints, ``vecnormalize.pkl`` when used,
 ``tb/``, ``evaluations.jsonl`` (``dagger.jsonl`` after a warm start) and their plot,
 ``learning_curves.png`` (training/curves.py). ``rdtune export --model RUN_DIR`` turns it
@@ -41,7 +41,6 @@ learns here (docs/TRAINING.md). The command line is training/cli.py.
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import math
@@ -52,6 +51,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from training.rundir import save_checkpoint, save_vecnormalize, staged_run
 
 log = logging.getLogger(__name__)
 
@@ -422,208 +423,6 @@ def make_throughput_callback(run_dir: Path | None, evaluator=None, log_every_s: 
                 )
 
     return ThroughputCallback()
-
-
-# ---------------------------------------------------------------------------- the run directory
-#
-# A run builds its files in a staging directory beside OUT (``OUT.partial-<pid>``) and
-# only a run that finished takes OUT's place: OUT is renamed to ``OUT.old-<pid>``, the
-# staging directory to OUT, then the old one is removed and ``run.json`` gets its
-# ``finished`` field (the time, UTC). A failed or interrupted run removes its staging
-# directory and leaves OUT as it was. ``OUT.lock`` (created exclusively, holding the pid)
-# keeps a second run out of OUT while one is under way; the lock of a process that no
-# longer runs is taken over. After a crash, the next run into OUT (holding the lock, so no
-# other run is under way) removes what the crashed one left beside OUT: its staging
-# directory, and an ``OUT.old-<pid>`` (renamed back to OUT first if the crash came between
-# the two renames and OUT is missing).
-
-
-class RunDirError(ValueError):
-    """The run directory cannot be used: another run holds it, or it is not a run's."""
-
-
-def _beside(out: Path, suffix: str) -> Path:
-    return out.with_name(f"{out.name}.{suffix}")
-
-
-def _pid_alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _lock_holder(lock: Path) -> int | None:
-    """The pid in ``lock`` (None when it holds none: its writer died before writing)."""
-    for attempt in range(3):
-        try:
-            text = lock.read_text().strip()
-        except FileNotFoundError:
-            return None
-        if text.isdigit():
-            return int(text)
-        time.sleep(0.1 * (attempt + 1))  # created, not written yet
-    return None
-
-
-def _take_lock(out: Path) -> Path:
-    """Create ``OUT.lock`` holding this process's pid; a run still holding it is refused
-    (:class:`RunDirError`), the lock of a process that is gone taken over."""
-    import os
-
-    lock = _beside(out, "lock")
-    for _ in range(5):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _lock_holder(lock)
-            if holder is not None and _pid_alive(holder):
-                raise RunDirError(
-                    f"{out}: another run (pid {holder}) is writing it ({lock}); wait for it "
-                    "or choose another --out"
-                ) from None
-            log.warning("%s: taking over the lock of pid %s, which no longer runs", lock, holder)
-            lock.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()}\n")
-        return lock
-    raise RunDirError(f"{out}: could not take {lock} (other runs keep taking it)")
-
-
-def _release_lock(lock: Path) -> None:
-    import os
-
-    if _lock_holder(lock) == os.getpid():
-        lock.unlink(missing_ok=True)
-
-
-def _check_out(out: Path) -> None:
-    """Refuse an OUT that a finished run would wrongly replace: a file, or a directory
-    with other files than a run's (a run's holds ``run.json`` or ``config.yaml``)."""
-    if out.exists() and not out.is_dir():
-        raise RunDirError(f"{out}: exists and is not a directory")
-    is_run = (out / "run.json").exists() or (out / "config.yaml").exists()
-    if out.is_dir() and not is_run and any(out.iterdir()):
-        raise RunDirError(
-            f"{out}: not a training run directory (no run.json or config.yaml), and a run "
-            "replaces its --out directory; choose another --out"
-        )
-
-
-def _clean_leftovers(out: Path) -> None:
-    """Remove what crashed runs left beside ``out`` (call holding its lock); an ``out``
-    renamed aside and not replaced is put back first."""
-    import shutil
-
-    if not out.parent.is_dir():
-        return
-    olds = sorted(out.parent.glob(f"{glob.escape(out.name)}.old-*"))
-    partials = sorted(out.parent.glob(f"{glob.escape(out.name)}.partial-*"))
-    if olds and not out.exists():
-        log.warning("%s: put back from %s (a run crashed while replacing it)", out, olds[-1])
-        olds.pop().rename(out)
-    for leftover in olds + partials:
-        log.warning("%s: removed (left by a run that did not finish)", leftover)
-        shutil.rmtree(leftover, ignore_errors=True)
-
-
-class StagedRun:
-    """A run's files in ``OUT.partial-<pid>`` until :meth:`publish` puts them in OUT's place."""
-
-    def __init__(self, out: Path) -> None:
-        import os
-
-        self.out = out
-        self.path = _beside(out, f"partial-{os.getpid()}")
-
-    def create(self) -> Path:
-        self.path.mkdir()
-        log.info("run directory: building in %s (becomes %s when it finishes)", self.path, self.out)
-        return self.path
-
-    def publish(self) -> None:
-        """Rename OUT aside, the staging directory to OUT, remove the old one, then write
-        the completion marker (``run.json``'s ``finished``) in OUT."""
-        import os
-        import shutil
-        from datetime import UTC, datetime
-
-        if _lock_holder(_beside(self.out, "lock")) != os.getpid():
-            raise RunDirError(f"{self.out}: its lock was taken by another run; not replaced")
-        old = _beside(self.out, f"old-{os.getpid()}")
-        if self.out.exists():
-            self.out.rename(old)
-        self.path.rename(self.out)
-        shutil.rmtree(old, ignore_errors=True)
-        meta_path = self.out / "run.json"
-        meta = json.loads(meta_path.read_text())
-        meta["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
-        _write_atomic(meta_path, lambda f: f.write(json.dumps(meta, indent=2).encode()))
-
-    def discard(self) -> None:
-        import shutil
-
-        if self.path.exists():
-            shutil.rmtree(self.path, ignore_errors=True)
-            log.info("run directory: %s removed (the run did not finish)", self.path)
-
-
-@contextmanager
-def staged_run(out: Path):
-    """Hold ``OUT.lock`` and yield a :class:`StagedRun`; its staging directory is removed
-    unless the run published it (an exception, Ctrl-C)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = _take_lock(out)
-    staging = StagedRun(out)
-    try:
-        _clean_leftovers(out)
-        _check_out(out)
-        yield staging
-    except BaseException:
-        staging.discard()
-        raise
-    finally:
-        _release_lock(lock)
-
-
-def _write_atomic(path: Path, write: Callable) -> None:
-    """``write(file)`` into a temporary file beside ``path``, then rename it to ``path``: a
-    full disk or a kill leaves the previous ``path`` (or none), never a truncated one. A
-    write error names ``path``."""
-    import os
-
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        why = exc.strerror or str(exc)
-        raise OSError(exc.errno, f"cannot write {path}: {why}") from exc
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def save_checkpoint(model, path: Path) -> None:
-    """``model.save(path)``, atomically (:func:`_write_atomic`)."""
-    _write_atomic(path, model.save)
-
-
-def save_vecnormalize(venv, path: Path) -> None:
-    """``venv``'s VecNormalize statistics to ``path`` (a pickle, as ``venv.save``), atomically."""
-    import pickle
-
-    _write_atomic(path, lambda f: pickle.dump(venv, f))
 
 
 # ---------------------------------------------------------------------------- the run

@@ -281,7 +281,7 @@ def test_a_finished_run_replaces_the_previous_one_and_marks_it_finished(tmp_path
 
 @pytest.mark.parametrize("error", [OSError(28, "No space left on device"), KeyboardInterrupt()])
 def test_a_checkpoint_is_written_whole_or_not_at_all(tmp_path, error):
-    from training.train import save_checkpoint
+    from training.rundir import save_checkpoint
 
     path = tmp_path / "best_model.zip"
     path.write_bytes(b"previous checkpoint")
