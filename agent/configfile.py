@@ -114,11 +114,43 @@ def parse_problem(exc: Exception) -> str:
     return getattr(exc, "problem", None) or " ".join(str(exc).split())
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A mapping that gives one key twice (YAML would keep the last value silently)."""
+
+    def __init__(self, key: Any, line: int) -> None:
+        super().__init__(f"duplicate key {key!r} (line {line})")
+        self.key, self.line = key, line
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that gives a key twice: ``seed: 1`` then
+    ``seed: 2`` is a mistake in a configuration, not a request for the last value. Keys
+    brought in by a merge (``<<: *base``) may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue  # an unhashable key: the safe loader refuses it below
+            if duplicate:
+                raise DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> Any:
-    """The parsed YAML document at ``path`` (None for an empty file)."""
+    """The parsed YAML document at ``path`` (None for an empty file); a mapping that gives
+    a key twice is refused (:class:`UniqueKeyLoader`)."""
     text = read_config_text(path)
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader
+    except DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}; YAML would keep only the last value") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
 

@@ -6,8 +6,11 @@ checkpoint and in the model card). Checkpoints are selected on the *validation* 
 the final table is played on the *test* split (envs/scenarios.py names the splits); a
 config that would select checkpoints on the test split is rejected.
 Unknown keys, wrong types (strict: ``subproc: "false"`` is not a boolean) and out-of-range
-values are rejected with the file and the key's dotted path (agent/configfile.py); an empty
-file is refused rather than read as "all defaults"::
+values are rejected with the file and the key's dotted path (agent/configfile.py), as is a key
+given twice; so are PPO settings SB3 would start with and then fail on or warn about
+(``ppo.batch_size`` at least 2 and dividing a rollout of ``n_envs * ppo.n_steps`` samples,
+``ppo.gamma`` and ``ppo.gae_lambda`` in [0, 1], ``seed`` below 2**32); an empty file is
+refused rather than read as "all defaults"::
 
     name: default
     algorithm: MaskablePPO          # PPO | MaskablePPO
@@ -74,6 +77,9 @@ HEADS = ("dense", "slots")
 PositiveInt = Annotated[int, Field(ge=1)]
 Count = Annotated[int, Field(ge=0)]
 NonNegative = Annotated[Finite, Field(ge=0)]
+Fraction = Annotated[Finite, Field(ge=0, le=1)]
+# numpy's legacy seeding (np.random.seed, which SB3 calls) takes seeds below 2**32
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 Name = Annotated[str, Field(min_length=1)]
 
 
@@ -195,10 +201,13 @@ class PpoConfig(Strict):
 
     learning_rate: NonNegative = 3e-4
     n_steps: PositiveInt = 256
-    batch_size: PositiveInt = 128
+    # >= 2: advantages are normalised over a minibatch, and one sample has no spread
+    # (the update then fails with non-finite logits); TrainConfig checks it against the
+    # rollout (n_envs * n_steps)
+    batch_size: Annotated[int, Field(ge=2)] = 128
     n_epochs: PositiveInt = 10
-    gamma: NonNegative = 0.9
-    gae_lambda: NonNegative = 0.95
+    gamma: Fraction = 0.9
+    gae_lambda: Fraction = 0.95
     ent_coef: NonNegative = 0.01
     vf_coef: NonNegative = 0.5
     clip_range: NonNegative = 0.2
@@ -232,7 +241,7 @@ class TrainConfig(Strict):
 
     name: Name = "run"
     algorithm: Literal["PPO", "MaskablePPO"] = "MaskablePPO"
-    seed: Count = 0
+    seed: Seed = 0
     total_timesteps: Count = 100_000  # PPO's env steps (0: the DAgger warm start alone)
     n_envs: PositiveInt = 2
     subproc: bool = False
@@ -256,6 +265,7 @@ class TrainConfig(Strict):
             object.__setattr__(self, "output_dir", f"runs/{self.name}")
         if self.total_timesteps == 0 and self.dagger is None:
             raise ConfigError("total_timesteps: 0 trains nothing without a dagger section")
+        self._check_rollout()
         self._check_env()
         self._check_vec_env()
         return self
@@ -272,6 +282,26 @@ class TrainConfig(Strict):
         if self.subproc:
             return "subproc"
         return "batched" if _has_vector_entry_point(self.env.id) else "dummy"
+
+    def _check_rollout(self) -> None:
+        """PPO's minibatches must split one rollout (``n_envs * ppo.n_steps`` samples)."""
+        rollout = self.n_envs * self.ppo.n_steps
+        batch = self.ppo.batch_size
+        if rollout < 2:
+            raise ConfigError(
+                f"ppo.n_steps: a rollout of n_envs x n_steps = {rollout} sample; PPO needs "
+                "at least 2 (advantages are normalised over a minibatch)"
+            )
+        if batch > rollout:
+            raise ConfigError(
+                f"ppo.batch_size: {batch} is more than a rollout holds "
+                f"(n_envs x n_steps = {self.n_envs} x {self.ppo.n_steps} = {rollout})"
+            )
+        if rollout % batch:
+            raise ConfigError(
+                f"ppo.batch_size: {batch} does not divide a rollout of n_envs x n_steps = "
+                f"{rollout} (the last minibatch would be {rollout % batch} samples)"
+            )
 
     def _check_vec_env(self) -> None:
         how = self.vectorization()

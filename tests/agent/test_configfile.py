@@ -231,3 +231,31 @@ def test_only_regular_files_of_bounded_size_are_read(tmp_path, make, message) ->
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "key", "line"),
+    [
+        ("training", "name: x\nseed: 1\nseed: 2\n", "seed", 3),
+        ("training", "name: x\nppo:\n  gamma: 0.9\n  n_steps: 8\n  gamma: 0.5\n", "gamma", 5),
+        ("agent", "max_workers: 8\nmax_workers: 9\n", "max_workers", 2),
+        ("tuner", "interval_s: 0.5\ninterval_s: 1\n", "interval_s", 2),
+    ],
+    ids=["training", "training-section", "agent", "tuner"],
+)
+def test_a_key_given_twice_is_refused_naming_file_and_key(tmp_path, kind, text, key, line) -> None:
+    """YAML keeps the last of two equal keys silently: a configuration refuses them."""
+    _, load = FILES[kind]
+    file = tmp_path / f"{kind}.yaml"
+    file.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load(file)
+    message = str(err.value)
+    assert message.startswith(f"{file}: duplicate key {key!r} (line {line})"), message
+    assert "\n" not in message
+
+
+def test_keys_brought_in_by_a_merge_may_be_overridden(tmp_path) -> None:
+    file = tmp_path / "x.yaml"
+    file.write_text("base: &b {a: 1, b: 2}\nover:\n  <<: *b\n  a: 3\n")
+    assert read_yaml(file) == {"base": {"a": 1, "b": 2}, "over": {"a": 3, "b": 2}}

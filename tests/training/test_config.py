@@ -117,6 +117,62 @@ def test_bad_config_names_the_key(data, message):
 
 
 @pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        # one sample per minibatch or per rollout: the update fails with non-finite logits
+        ({"ppo": {"batch_size": 1}}, "ppo.batch_size: must be greater than or equal to 2"),
+        (
+            {"n_envs": 1, "ppo": {"n_steps": 1, "batch_size": 2}},
+            "ppo.n_steps: a rollout of n_envs x n_steps = 1 sample",
+        ),
+        (
+            {"n_envs": 2, "ppo": {"n_steps": 64, "batch_size": 1000}},
+            "ppo.batch_size: 1000 is more than a rollout holds (n_envs x n_steps = 2 x 64",
+        ),
+        (
+            {"n_envs": 2, "ppo": {"n_steps": 64, "batch_size": 48}},
+            "ppo.batch_size: 48 does not divide a rollout of n_envs x n_steps = 128",
+        ),
+        ({"ppo": {"gamma": 2.0}}, "ppo.gamma: must be less than or equal to 1, got 2.0"),
+        ({"ppo": {"gae_lambda": 5.0}}, "ppo.gae_lambda: must be less than or equal to 1"),
+        ({"seed": 2**32}, f"seed: must be less than or equal to {2**32 - 1}, got {2**32}"),
+    ],
+)
+def test_ppo_settings_that_cannot_train_are_refused(data, message):
+    """Settings SB3 would start with and then fail on (or warn about) mid-run."""
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.parse(data)
+    assert str(err.value).startswith(f"config: {message}"), err.value
+
+
+@pytest.mark.parametrize(
+    ("settings", "argv", "message"),
+    [
+        ("seed: 4294967296\n", [], "seed: must be less than or equal to 4294967295"),
+        ("seed: 1\n", ["--seed", "4294967296"], "overrides: seed: must be less than"),
+        ("seed: 1\nseed: 2\n", [], "duplicate key 'seed' (line 3)"),
+        ("ppo: {batch_size: 1000}\n", [], "ppo.batch_size: 1000 is more than a rollout"),
+    ],
+    ids=["seed-in-file", "seed-option", "duplicate-key", "batch-size"],
+)
+def test_cli_refuses_before_writing_a_run(tmp_path, capsys, monkeypatch, settings, argv, message):
+    import training.train
+    from tuner.cli import main
+
+    def train(*args, **kwargs):
+        raise AssertionError("a refused config trained")
+
+    monkeypatch.setattr(training.train, "train", train)
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\n" + settings)
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(path), "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ("algorithm: [unclosed", "not valid YAML"),
