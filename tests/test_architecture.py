@@ -151,7 +151,6 @@ LONG = {
     "tuner/metrics.py:__init__": "declares every metric family in one place (Prometheus idiom)",
     "agent/server/metrics.py:collect": "every metric family of a scrape, built in one pass",
     "training/train.py:train": "CleanRL-style numbered steps read top to bottom (module docstring)",
-    "training/export.py:export_run": "the export's steps in order: checks, ONNX, card, parity",
     "training/sweep.py:run_sweep": "Ray Tune's set-up, run and summary in order",
     "training/trace_record.py:record": "the recording loop with its bookkeeping in one place",
     "eval/runner.py:run_job": "one evaluation job's pipeline: node, controller, run, metrics, "

@@ -24,9 +24,14 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
+import pickle
+import secrets
+import shutil
 import sys
 import time
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="observations the parity check compares ONNX and trained actions on (default: 512)",
     )
+    parser.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="export a run that did not finish (interrupted, or still training); the card says so",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
 
             run_dir = Path(args.model)
             cfg = TrainConfig.parse(_read_run_file(run_dir / "config.yaml"))
+            if not args.allow_incomplete and (run_dir / "run.json").exists():
+                # before the evaluation writes eval.json into the run
+                _refuse_unfinished(run_dir, _read_run_file(run_dir / "run.json"))
             print(table(final_evaluation(cfg, run_dir, episodes=args.evaluate)["rows"]))
         card = export_run(
             args.model,
@@ -85,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint,
             check=not args.no_check,
             parity_observations=args.parity_observations,
+            allow_incomplete=args.allow_incomplete,
         )
     except ExportError as exc:
         print(f"rdtune export: {exc}", file=sys.stderr)
@@ -121,6 +135,56 @@ def _read_run_file(path: Path) -> Any:
     if not isinstance(data, dict):
         raise ExportError(f"{path}: expected a mapping at the top level")
     return data
+
+
+# the files an export directory holds (the card names the ONNX file)
+EXPORT_FILES = ("policy.onnx", "model_card.json")
+
+
+def unfinished(run_dir: Path, meta: dict[str, Any]) -> str | None:
+    """What shows that the run in ``run_dir`` (``meta``: its run.json) did not finish, or
+    None when it did. The one completion check of a run: run.json's ``finished`` must be
+    ``true`` (the trainer writes it last). A run.json without that key comes from a
+    trainer before the marker: such a run finished when it holds both ``model.zip``
+    (written when learning ends) and ``eval.json`` (when the final evaluation ends)."""
+    if "finished" in meta:
+        if meta["finished"] is True:
+            return None
+        return f"run.json: finished is {json.dumps(meta['finished'])}"
+    missing = [name for name in ("model.zip", "eval.json") if not (run_dir / name).is_file()]
+    return ", ".join(f"no {name}" for name in missing) or None
+
+
+def _refuse_unfinished(run_dir: Path, meta: dict[str, Any]) -> None:
+    problem = unfinished(run_dir, meta)
+    if problem is not None:
+        raise ExportError(
+            f"{run_dir}: the run did not finish ({problem}: interrupted, or still training); "
+            "--allow-incomplete exports it anyway, marked incomplete in the card"
+        )
+
+
+def _load_checkpoint(path: Path, algorithm: str):
+    """The SB3 model in ``path``, or an ExportError naming the file: a checkpoint cut
+    short (a copy interrupted, a full disk) fails in SB3, zipfile, pickle or torch."""
+    from training.train import load_model
+
+    try:
+        return load_model(path, algorithm)
+    except (
+        AssertionError,
+        zipfile.BadZipFile,
+        EOFError,
+        KeyError,
+        pickle.UnpicklingError,
+        RuntimeError,  # torch's errors reading a tensor archive
+        ValueError,
+        OSError,
+    ) as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise ExportError(
+            f"{path}: cannot load the checkpoint ({why}); is the file complete?"
+        ) from None
 
 
 def actor_module(policy, nvec: list[int], masked: bool):
@@ -239,10 +303,11 @@ def _normalisation(run_dir: Path, checkpoint: str, venv_kwargs: dict) -> dict | 
     path = run_dir / "vecnormalize.pkl"
     if not path.exists():
         return None
-    import pickle
-
-    with path.open("rb") as f:
-        stats = pickle.load(f)  # a VecNormalize object; written by our own trainer
+    try:
+        with path.open("rb") as f:
+            stats = pickle.load(f)  # a VecNormalize object; written by our own trainer
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, OSError) as exc:
+        raise ExportError(f"{path}: cannot load the normalisation statistics ({exc})") from None
     rms = stats.obs_rms
     return {
         "kind": "vecnormalize",
@@ -264,29 +329,106 @@ def export_run(
     checkpoint: str = "best_model.zip",
     check: bool = True,
     parity_observations: int = 512,
+    allow_incomplete: bool = False,
 ) -> ModelCard:
-    """Export ``run_dir`` into ``out_dir``; returns the model card (also written there)."""
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    """Export ``run_dir`` into ``out_dir``; returns the model card (also written there).
+
+    A run that did not finish (:func:`unfinished`) is refused unless ``allow_incomplete``;
+    its card then says so. The export is written to a new directory beside ``out_dir`` and
+    swapped in whole: an export that fails or is interrupted leaves ``out_dir`` as it was."""
+    run_dir = Path(run_dir)
     for name in ("run.json", "config.yaml", checkpoint):
         if not (run_dir / name).exists():
             raise ExportError(f"{run_dir}: no {name} (is this a run directory of 'rdtune train'?)")
+    out_dir = _export_target(Path(out_dir))
     meta = _read_run_file(run_dir / "run.json")
     config = _read_run_file(run_dir / "config.yaml")
+    incomplete = unfinished(run_dir, meta)
+    if not allow_incomplete:
+        _refuse_unfinished(run_dir, meta)
     from models.features import ENCODER_VERSIONS
-    from training.train import load_model
 
     if meta["encoder_version"] not in ENCODER_VERSIONS:
         raise ExportError(
             f"{run_dir}: trained with feature encoder v{meta['encoder_version']}, this code "
             f"encodes {ENCODER_VERSIONS}: the policy's inputs no longer mean the same; retrain"
         )
-    model = load_model(run_dir / checkpoint, meta["algorithm"])
+    model = _load_checkpoint(run_dir / checkpoint, meta["algorithm"])
     nvec = [int(n) for n in meta["actions"]["nvec"]]
-    masked = meta["algorithm"] == "MaskablePPO"
     if list(model.action_space.nvec) != nvec:
         raise ExportError(f"{run_dir}: checkpoint action space differs from run.json")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    onnx_path = out_dir / "policy.onnx"
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.with_name(f".{out_dir.name}.export-{os.getpid()}-{secrets.token_hex(4)}")
+    staging.mkdir()
+    try:
+        card = _write_export(
+            model, run_dir, staging, meta, config, checkpoint, incomplete, root=out_dir
+        )
+        if check:
+            result = parity(model, staging / "policy.onnx", card, parity_observations, meta)
+            card = dataclasses.replace(card, parity=result)
+            if result["matched"] != result["observations"]:
+                raise ExportError(
+                    f"exported actions differ from the trained policy's on "
+                    f"{result['observations'] - result['matched']} of "
+                    f"{result['observations']} observations"
+                )
+        card.write(staging)
+        _swap_in(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone once swapped in
+    return card
+
+
+def _export_target(out_dir: Path) -> Path:
+    """Where the export goes (a symlink's target: the link keeps pointing at it), refused
+    when it holds other files: the directory is replaced whole."""
+    if out_dir.is_symlink():
+        out_dir = out_dir.resolve()
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise ExportError(f"{out_dir}: not a directory")
+        other = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_FILES)
+        if other:
+            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+            raise ExportError(
+                f"{out_dir}: holds files other than an export ({shown}); an export replaces "
+                "its directory whole: give a new directory or an earlier export's"
+            )
+    return out_dir
+
+
+def _swap_in(staging: Path, out_dir: Path) -> None:
+    """Put the complete export ``staging`` in place of ``out_dir`` (and its earlier export,
+    if any): the old one is renamed aside, the new one renamed in, the old one removed, so
+    a card and an ONNX file of two different exports are never side by side."""
+    if not out_dir.exists():
+        staging.rename(out_dir)
+        return
+    aside = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
+    out_dir.rename(aside)
+    try:
+        staging.rename(out_dir)
+    except OSError:
+        aside.rename(out_dir)  # the earlier export back
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _write_export(
+    model,
+    run_dir: Path,
+    directory: Path,
+    meta: dict,
+    config: dict,
+    checkpoint: str,
+    incomplete: str | None,
+    root: Path,
+) -> ModelCard:
+    """Write ``policy.onnx`` into ``directory``; the card for it (not yet written)."""
+    nvec = [int(n) for n in meta["actions"]["nvec"]]
+    masked = meta["algorithm"] == "MaskablePPO"
+    onnx_path = directory / "policy.onnx"
     export_onnx(model, onnx_path, nvec, masked)
     norm = _normalisation(run_dir, checkpoint, {})
     evaluation = None
@@ -295,7 +437,15 @@ def export_run(
     trained_on = trained_capabilities(meta["env_kwargs"], meta["features"]["max_groups"])
     env = {"id": meta["env_id"], "kwargs": meta["env_kwargs"]}
     use, out_of_scope, limitations = standard_sections(trained_on, env)
-    card = ModelCard(
+    if incomplete is not None:
+        limitations = (
+            f"Incomplete run: training did not finish ({incomplete}); the policy is the "
+            f"checkpoint {checkpoint} saved by then, trained on fewer than the config's "
+            f"total_timesteps ({config.get('total_timesteps')})"
+            + ("" if evaluation else " and not evaluated on the held-out episodes"),
+            *limitations,
+        )
+    return ModelCard(
         name=meta["name"],
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         algorithm=meta["algorithm"],
@@ -322,19 +472,8 @@ def export_run(
         masked=masked,
         normalization=norm,
         shield=(config.get("runtime") or {}).get("shield"),
-        root=out_dir,
+        root=root,
     )
-    if check:
-        result = parity(model, onnx_path, card, parity_observations, meta)
-        card = dataclasses.replace(card, parity=result)
-        if result["matched"] != result["observations"]:
-            raise ExportError(
-                f"exported actions differ from the trained policy's on "
-                f"{result['observations'] - result['matched']} of "
-                f"{result['observations']} observations"
-            )
-    card.write(out_dir)
-    return card
 
 
 def parity(model, onnx_path: Path, card: ModelCard, n: int, meta: dict) -> dict[str, Any]:

@@ -207,3 +207,128 @@ def test_a_corrupt_run_file_is_named(tmp_path, capsys, files, extra, message):
     assert main(["export", "--model", str(run), "--out", str(tmp_path / "out"), *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"rdtune export: {run}/{message}") and err.count("\n") == 1, err
+
+
+def _copy_run(tiny_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run.run_dir, run)
+    return run
+
+
+def _set_finished(run, value) -> None:
+    meta = json.loads((run / "run.json").read_text())
+    meta["finished"] = value
+    (run / "run.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    ("remove", "finished", "missing"),
+    [
+        (["model.zip", "eval.json"], None, "no model.zip, no eval.json"),  # stopped in DAgger
+        (["eval.json"], None, "no eval.json"),  # stopped in the final evaluation
+        ([], False, "run.json: finished is false"),  # the trainer's marker says so
+    ],
+    ids=["during-training", "during-final-evaluation", "marker-false"],
+)
+def test_a_run_that_did_not_finish_is_refused_unless_allowed(
+    tiny_run, tmp_path, capsys, remove, finished, missing
+):
+    from tuner.cli import main
+
+    run = _copy_run(tiny_run, tmp_path)
+    for name in remove:
+        (run / name).unlink()
+    if finished is not None:
+        _set_finished(run, finished)
+    argv = ["export", "--model", str(run), "--out", str(tmp_path / "out"), "--no-check"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rdtune export: {run}: the run did not finish ({missing}:"), err
+    assert "--allow-incomplete" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+    assert main([*argv, "--evaluate", "1"]) == 2  # refused before evaluating into the run
+    assert not (run / "eval.json").exists() or "eval.json" not in remove
+    # allowed: exported, and the card says the run is incomplete
+    assert main([*argv, "--allow-incomplete"]) == 0
+    card = ModelCard.read(tmp_path / "out")
+    assert card.limitations[0].startswith(f"Incomplete run: training did not finish ({missing})")
+    assert "total_timesteps (128)" in card.limitations[0]
+
+
+def test_a_finished_marker_is_enough(tiny_run, tmp_path):
+    """A run the trainer marks finished is exported on the marker alone."""
+    run = _copy_run(tiny_run, tmp_path)
+    _set_finished(run, True)
+    (run / "model.zip").unlink()  # the last checkpoint is not what is exported
+    card = export_run(run, tmp_path / "out", check=False)
+    assert not card.limitations[0].startswith("Incomplete")
+
+
+@pytest.mark.parametrize("size", [0, 1024, 50_000, 0.5, 0.9, 0.99, -1])
+def test_a_truncated_checkpoint_is_named_not_a_traceback(tiny_run, tmp_path, capsys, size):
+    from tuner.cli import main
+
+    run = _copy_run(tiny_run, tmp_path)
+    path = run / "best_model.zip"
+    data = path.read_bytes()
+    cut = int(len(data) * size) if isinstance(size, float) else size % len(data)
+    path.write_bytes(data[:cut])
+    with pytest.raises(ExportError, match=f"{path}: cannot load the checkpoint"):
+        export_run(run, tmp_path / "out", check=False)
+    assert main(["export", "--model", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rdtune export: {path}: cannot load") and err.count("\n") == 1, err
+
+
+def _old_export(out):
+    out.mkdir()
+    (out / "policy.onnx").write_bytes(b"the old policy")
+    (out / "model_card.json").write_text('{"old": "card"}')
+    return {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+@pytest.mark.parametrize("where", ["export_onnx", "parity", "card"])
+def test_an_interrupted_export_leaves_the_earlier_one(tiny_run, tmp_path, monkeypatch, where):
+    """Interrupted anywhere before it is complete, an export over an earlier one leaves
+    that one whole (not a new policy.onnx beside the old card), and no staging files."""
+    import training.export as export
+
+    out = tmp_path / "out"
+    before = _old_export(out)
+    real = {"export_onnx": export.export_onnx, "parity": export.parity}
+
+    def interrupted(*args, **kwargs):
+        if where in real:
+            real[where](*args, **kwargs)  # the work done, then the interruption
+        raise KeyboardInterrupt
+
+    if where == "card":
+        monkeypatch.setattr(ModelCard, "write", interrupted)
+    else:
+        monkeypatch.setattr(export, where, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_run(tiny_run.run_dir, out, parity_observations=4)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_export_replaces_an_earlier_one_whole(tiny_run, tmp_path):
+    out = tmp_path / "out"
+    _old_export(out)
+    link = tmp_path / "current"
+    link.symlink_to(out)
+    export_run(tiny_run.run_dir, link, parity_observations=4)
+    assert link.is_symlink() and sorted(p.name for p in out.iterdir()) == sorted(
+        ["policy.onnx", "model_card.json"]
+    )
+    assert ModelCard.read(out).name == "tiny"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "out"]
+
+
+def test_a_directory_with_other_files_is_not_replaced(tiny_run, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match=r"holds files other than an export \(notes\.txt\)"):
+        export_run(tiny_run.run_dir, tmp_path, check=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
