@@ -71,7 +71,6 @@ def run(args: argparse.Namespace) -> int:
     # these pull in the environments (and through a sweep, Ray).
     from training.config import ConfigError, load_config
     from training.rundir import RunDirError
-    from training.sweep import SweepError, parse_sweep, run_sweep
     from training.train import train
 
     try:
@@ -103,16 +102,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if args.sweep:
-        try:
-            grid = parse_sweep(args.sweep or [])
-            result = run_sweep(
-                cfg, grid, address=args.ray_address or "local", max_concurrent=args.max_concurrent
-            )
-        except (SweepError, ConfigError) as exc:
-            print(f"rdtune train: {exc}", file=sys.stderr)
-            return 2
-        print(result.summary())
-        return 0
+        return _sweep(args, cfg)
     from training.rollouts import RolloutError
 
     try:
@@ -121,4 +111,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"rdtune train: {exc}", file=sys.stderr)
         return 2
     print(result.summary())
+    return 0
+
+
+def _sweep(args: argparse.Namespace, cfg) -> int:
+    """``--sweep``: the grid as Ray Tune trials; 130 when it was interrupted (Ctrl+C)."""
+    from training.config import ConfigError
+    from training.sweep import SweepError, parse_sweep, run_sweep
+
+    try:
+        grid = parse_sweep(args.sweep or [])
+        result = run_sweep(
+            cfg, grid, address=args.ray_address or "local", max_concurrent=args.max_concurrent
+        )
+    except (SweepError, ConfigError) as exc:
+        print(f"rdtune train: {exc}", file=sys.stderr)
+        return 2
+    print(result.summary())
+    if result.interrupted:
+        # Ray Tune stops its trials on Ctrl+C and returns: exit as an interrupted command does
+        print(
+            f"rdtune train: sweep interrupted: {len(result.interrupted)} of "
+            f"{len(result.trials)} trials did not finish (sweep.json marks them "
+            "interrupted); rdtune does not resume a sweep: run it again",
+            file=sys.stderr,
+        )
+        return 130
     return 0

@@ -21,8 +21,10 @@ per (controller, episode), building :class:`envs.partition.PartitionEnv` from it
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,11 @@ class SweepResult:
     experiment_dir: Path
     trials: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def interrupted(self) -> list[str]:
+        """The trials that did not finish because the sweep was stopped (Ctrl+C)."""
+        return [t["trial"] for t in self.trials if t["status"] == INTERRUPTED]
+
     def summary(self) -> str:
         lines = [
             f"experiment: {self.experiment_dir}",
@@ -120,6 +127,54 @@ class SweepResult:
                 f"{f(t.get('final_return'))} | {f(t.get('violation_rate'))} |"
             )
         return "\n".join(lines)
+
+
+# A trial's status in sweep.json and the table: it trained and evaluated to the end, it
+# failed (``error`` says why), or the sweep was stopped before it finished.
+DONE, ERROR, INTERRUPTED = "done", "error", "interrupted"
+
+
+def trial_row(res) -> dict[str, Any]:
+    """The summary row of one Ray Tune result (``metrics``, ``error``, ``config``, ``path``).
+    A trial is done only when its last report is the final one (:func:`_trainable` puts
+    ``final_return`` there): a trial stopped with the sweep has no error, and its last
+    metrics, if any, are an evaluation's."""
+    metrics = res.metrics or {}
+    if res.error:
+        status = ERROR
+    elif "final_return" in metrics:
+        status = DONE
+    else:
+        status = INTERRUPTED
+    return {
+        "trial": trial_name(res.config["overrides"]),
+        "overrides": res.config["overrides"],
+        "status": status,
+        "error": str(res.error) if res.error else None,
+        "path": str(res.path),
+        "best_return": metrics.get("best_return"),
+        "final_return": metrics.get("final_return"),
+        "violation_rate": metrics.get("violation_rate"),
+    }
+
+
+class _NoResumeHint(logging.Filter):
+    """Drops Ray Tune's advice to resume an interrupted experiment with ``Tuner.restore``:
+    rdtune does not offer that (the CLI says what to do instead)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tuner.restore" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_resume_hint():
+    logger = logging.getLogger("ray.tune.tune")
+    hint = _NoResumeHint()
+    logger.addFilter(hint)
+    try:
+        yield
+    finally:
+        logger.removeFilter(hint)
 
 
 def _trainable(config: dict[str, Any]) -> None:
@@ -204,28 +259,33 @@ def run_sweep(
             ),
             run_config=tune.RunConfig(name=name, storage_path=str(experiment), verbose=0),
         )
-        grid_result = tuner.fit()
+        # Ctrl+C: Tune stops the trials and returns their results (a second one, or one
+        # outside Tune's loop, raises KeyboardInterrupt: then no trial is known done)
+        with _without_resume_hint():
+            try:
+                rows = [trial_row(res) for res in tuner.fit()]
+            except KeyboardInterrupt:
+                rows = [_interrupted_row(o) for o in trials]
     finally:
         if started and shutdown:
             ray.shutdown()
-    out = SweepResult(experiment / name)
-    for res in grid_result:
-        metrics = res.metrics or {}
-        out.trials.append(
-            {
-                "trial": trial_name(res.config["overrides"]),
-                "overrides": res.config["overrides"],
-                "status": "error" if res.error else "done",
-                "error": str(res.error) if res.error else None,
-                "path": str(res.path),
-                "best_return": metrics.get("best_return"),
-                "final_return": metrics.get("final_return"),
-                "violation_rate": metrics.get("violation_rate"),
-            }
-        )
-    out.trials.sort(key=lambda t: t["trial"])
+    out = SweepResult(experiment / name, sorted(rows, key=lambda t: t["trial"]))
+    out.experiment_dir.mkdir(parents=True, exist_ok=True)
     (out.experiment_dir / "sweep.json").write_text(json.dumps(out.trials, indent=2, default=str))
     return out
+
+
+def _interrupted_row(overrides: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "trial": trial_name(overrides),
+        "overrides": overrides,
+        "status": INTERRUPTED,
+        "error": None,
+        "path": None,
+        "best_return": None,
+        "final_return": None,
+        "violation_rate": None,
+    }
 
 
 # ---------------------------------------------------------------------------- rollouts
