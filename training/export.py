@@ -32,6 +32,7 @@ import sys
 import time
 import warnings
 import zipfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -144,15 +145,28 @@ EXPORT_FILES = ("policy.onnx", "model_card.json")
 def unfinished(run_dir: Path, meta: dict[str, Any]) -> str | None:
     """What shows that the run in ``run_dir`` (``meta``: its run.json) did not finish, or
     None when it did. The one completion check of a run: run.json's ``finished`` must be
-    ``true`` (the trainer writes it last). A run.json without that key comes from a
+    the time the run finished (ISO 8601; training/rundir.py writes it last, once the run
+    took its directory's place) or ``true``. A run.json without that key comes from a
     trainer before the marker: such a run finished when it holds both ``model.zip``
     (written when learning ends) and ``eval.json`` (when the final evaluation ends)."""
     if "finished" in meta:
-        if meta["finished"] is True:
+        if _finished(meta["finished"]):
             return None
         return f"run.json: finished is {json.dumps(meta['finished'])}"
     missing = [name for name in ("model.zip", "eval.json") if not (run_dir / name).is_file()]
     return ", ".join(f"no {name}" for name in missing) or None
+
+
+def _finished(value: Any) -> bool:
+    if value is True:
+        return True
+    if not isinstance(value, str):
+        return False
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _refuse_unfinished(run_dir: Path, meta: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import numpy as np
 import onnxruntime as ort
@@ -217,20 +218,27 @@ def _copy_run(tiny_run, tmp_path):
     return run
 
 
+_ABSENT = object()  # a run.json from a trainer before the marker
+
+
 def _set_finished(run, value) -> None:
     meta = json.loads((run / "run.json").read_text())
-    meta["finished"] = value
+    if value is _ABSENT:
+        del meta["finished"]
+    else:
+        meta["finished"] = value
     (run / "run.json").write_text(json.dumps(meta))
 
 
 @pytest.mark.parametrize(
     ("remove", "finished", "missing"),
     [
-        (["model.zip", "eval.json"], None, "no model.zip, no eval.json"),  # stopped in DAgger
-        (["eval.json"], None, "no eval.json"),  # stopped in the final evaluation
+        (["model.zip", "eval.json"], _ABSENT, "no model.zip, no eval.json"),  # stopped in DAgger
+        (["eval.json"], _ABSENT, "no eval.json"),  # stopped in the final evaluation
         ([], False, "run.json: finished is false"),  # the trainer's marker says so
+        ([], "soon", 'run.json: finished is "soon"'),  # not a time
     ],
-    ids=["during-training", "during-final-evaluation", "marker-false"],
+    ids=["during-training", "during-final-evaluation", "marker-false", "marker-not-a-time"],
 )
 def test_a_run_that_did_not_finish_is_refused_unless_allowed(
     tiny_run, tmp_path, capsys, remove, finished, missing
@@ -240,8 +248,7 @@ def test_a_run_that_did_not_finish_is_refused_unless_allowed(
     run = _copy_run(tiny_run, tmp_path)
     for name in remove:
         (run / name).unlink()
-    if finished is not None:
-        _set_finished(run, finished)
+    _set_finished(run, finished)
     argv = ["export", "--model", str(run), "--out", str(tmp_path / "out"), "--no-check"]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -257,10 +264,14 @@ def test_a_run_that_did_not_finish_is_refused_unless_allowed(
     assert "total_timesteps (128)" in card.limitations[0]
 
 
-def test_a_finished_marker_is_enough(tiny_run, tmp_path):
-    """A run the trainer marks finished is exported on the marker alone."""
+@pytest.mark.parametrize("marker", ["as written", True])
+def test_a_finished_marker_is_enough(tiny_run, tmp_path, marker):
+    """A run the trainer marks finished (the time it finished) is exported on the marker
+    alone."""
     run = _copy_run(tiny_run, tmp_path)
-    _set_finished(run, True)
+    written = json.loads((run / "run.json").read_text())["finished"]
+    assert datetime.fromisoformat(written).tzinfo is not None
+    _set_finished(run, written if marker == "as written" else marker)
     (run / "model.zip").unlink()  # the last checkpoint is not what is exported
     card = export_run(run, tmp_path / "out", check=False)
     assert not card.limitations[0].startswith("Incomplete")
