@@ -252,14 +252,12 @@ def run_saving(console, jobs: Sequence[Job], ray_address: str, out: Path) -> lis
     except ValueError as exc:
         print(f"rdtune eval: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the command line says which
         kept = ""
         if done:
             rj = write_partial_results(out, done)
             kept = f"; kept in {rj} (rdtune eval --rerender {out} reports on them)"
-        print(f"rdtune eval: interrupted: {len(done)} of {len(jobs)} runs finished{kept}",
-              file=sys.stderr)  # fmt: skip
-        return 130
+        raise type(exc)(f"{len(done)} of {len(jobs)} runs finished{kept}") from None
 
 
 def check_out(out: Path) -> None:

@@ -16,6 +16,7 @@ the same way, its cleanup run, with one line and the status a shell reports for 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -51,6 +52,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("training.cli", "train a policy (PPO / MaskablePPO; Ray sweeps with --sweep)"),
     "export": ("training.export", "export a trained run to ONNX + a model card"),
 }
+
+
+# Commands that stop on SIGTERM their own way: the agent and the tuner gracefully (their
+# restore), the resctrl emulator through libfuse's loop (whose handlers go in only where
+# none is set; a Python one would wait for a loop that never returns to Python).
+OWN_SIGTERM = frozenset({"agent", "tune", "emulate-resctrl"})
 
 
 def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
@@ -111,8 +118,9 @@ def _main(argv: Sequence[str] | None) -> int:
     from agent.errors import NodeError
     from agent.interrupt import INTERRUPTED, TERMINATED, terminate_as_interrupt, terminated
 
+    own = args.command in OWN_SIGTERM
     try:
-        with terminate_as_interrupt():
+        with contextlib.nullcontext() if own else terminate_as_interrupt():
             return int(args._module.run(args) or 0)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated): cleanup has run
         # A command may say what it kept: KeyboardInterrupt("the intervals so far are in X").
