@@ -43,9 +43,13 @@ def _options(pairs: list[str]) -> dict:
     return out
 
 
-def _check_out(out: str) -> None:
-    """Refuse an --out the finished trace cannot be renamed to before recording, not after."""
+def _check_out(out: str, force: bool = False) -> None:
+    """Refuse an --out the finished trace cannot be renamed to before recording, not after;
+    and an existing trace unless ``force`` (recorded traces are training data that took
+    their time to collect)."""
     path = Path(out)
+    if path.is_file() and not force:
+        raise ValueError(f"--out {out}: exists; --force replaces it")
     if path.is_dir():
         raise ValueError(f"--out {out}: is a directory; give a file name")
     if not path.parent.is_dir():
@@ -86,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="control interval, s (default: %(default)s)",
     )
     rec.add_argument("--out", required=True, help="trace file to write (.parquet)")
+    rec.add_argument(
+        "--force", action="store_true", help="replace --out when it exists (refused otherwise)"
+    )
     rec.add_argument(
         "--scenario",
         default=None,
@@ -136,7 +143,7 @@ def _record(args: argparse.Namespace) -> int:
     from models.setup import ControllerError, Setup
 
     try:
-        _check_out(args.out)
+        _check_out(args.out, args.force)
         spec = ControllerSpec.parse(args.controller).with_options(_options(args.option))
     except (ControllerError, ValueError) as exc:  # a bad value's YAML error included
         print(f"rdtune trace record: {exc}", file=sys.stderr)

@@ -43,6 +43,23 @@ def test_cli_records_from_a_simulated_agent(tmp_path, capsys) -> None:
     assert "30 intervals" in capsys.readouterr().out
 
 
+def test_an_existing_trace_is_replaced_only_with_force(tmp_path, capsys) -> None:
+    out = tmp_path / "kept.parquet"
+    with serve(SimNode("default", seed=0)) as server:
+        argv = ["trace", "record", "--agent", server.address, "--duration", "0.3",
+                "--interval", "0.1", "--out", str(out), "--quiet"]  # fmt: skip
+        assert main(argv) == 0
+        before = out.read_bytes()
+        capsys.readouterr()
+        assert main([*argv[:5], "1.0", *argv[6:]]) == 2  # a longer recording, refused
+        assert capsys.readouterr().err == (
+            f"rdtune trace record: --out {out}: exists; --force replaces it\n"
+        )
+        assert out.read_bytes() == before
+        assert main([*argv[:5], "1.0", *argv[6:], "--force"]) == 0
+    assert len(load_trace(out)) == 10
+
+
 def test_real_node_records_in_wall_clock_time(tmp_path) -> None:
     """A node without a Clock (clock=None): the recorder keeps wall-clock deadlines."""
     node = SimNode("default", seed=0)
