@@ -15,7 +15,7 @@ the command while some run completed. What can be checked before the runs is: th
 scenarios and controllers, every policy export a controller names (loaded once, as its runs
 will load it) and the --out directory (created, and written to). While the suite runs,
 --out's results.json keeps the runs finished so far (marked partial), so an interruption
-(Ctrl-C) loses only the runs under way; ``--rerender`` reports on what finished.
+(Ctrl-C, SIGTERM) loses only the runs under way; ``--rerender`` reports on what finished.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ EXIT_STATUS = (
     "and counted on the last line), 1 when every run failed or the Ray cluster cannot be "
     "reached, 2 for a usage error (unknown suite, controller, scenario or --paired-with, "
     "an unusable policy export, an --out that is not a writable directory; nothing runs), "
-    "130 when interrupted (the runs finished by then are kept in --out's results.json)"
+    "130 when interrupted, 143 when stopped by SIGTERM (the runs finished by then are kept "
+    "in --out's results.json)"
 )
 
 # Finished runs are written to --out's results.json (marked partial) at most this often
