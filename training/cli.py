@@ -49,7 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(short names: seeds, lr, ent, gamma, steps; or any dotted key like ppo.n_epochs)",
     )
     parser.add_argument(
-        "--max-concurrent", type=int, default=0, help="Ray Tune: trials at once (0: by CPUs)"
+        "--max-concurrent",
+        type=positive_int,
+        default=0,  # Ray Tune's own limit: as many trials as the CPUs take
+        metavar="N",
+        help="Ray Tune: at most N >= 1 trials at once (default: as many as the CPUs take)",
     )
 
 

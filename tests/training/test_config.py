@@ -212,3 +212,21 @@ def test_the_run_records_the_command_that_reproduces_it() -> None:
 
     args = argparse.Namespace(config="my cfg.yaml", seed=4, total_timesteps=None, out="elsewhere")
     assert reproduce_command(args) == "rdtune train --config 'my cfg.yaml' --seed 4"
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_cli_refuses_fewer_than_one_concurrent_trial(tmp_path, capsys, monkeypatch, value):
+    """At argument parsing, before the config is read or a sweep starts."""
+    import training.sweep
+    from tuner.cli import main
+
+    def run_sweep(*args, **kwargs):
+        raise AssertionError("a sweep ran")
+
+    monkeypatch.setattr(training.sweep, "run_sweep", run_sweep)
+    argv = ["train", "--config", str(tmp_path / "absent.yaml"), "--sweep", "seeds=0,1"]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--max-concurrent", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--max-concurrent: must be >= 1, got {value}" in err and err.count("\n") == 1, err
