@@ -56,10 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--evaluate",
-        type=int,
+        type=positive_int,
         metavar="EPISODES",
-        help="re-run the final evaluation (policy vs the heuristics on held-out episodes) "
-        "with this code before writing the card",
+        help="re-run the final evaluation (policy vs the heuristics on EPISODES >= 1 "
+        "held-out episodes) with this code before writing the card",
     )
     parser.add_argument(
         "--no-check",

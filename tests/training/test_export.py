@@ -343,3 +343,17 @@ def test_a_directory_with_other_files_is_not_replaced(tiny_run, tmp_path):
     with pytest.raises(ExportError, match=r"holds files other than an export \(notes\.txt\)"):
         export_run(tiny_run.run_dir, tmp_path, check=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("episodes", ["0", "-1"])
+def test_export_refuses_an_evaluation_of_no_episodes(tmp_path, capsys, episodes):
+    """Refused at argument parsing, not taken as "no evaluation" and skipped."""
+    from tuner.cli import main
+
+    argv = ["export", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--evaluate", episodes])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--evaluate: must be >= 1, got {episodes}" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
