@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seconds",
         type=positive_float,
         default=30.0,
-        help="simulated seconds per controller (default: %(default)s)",
+        help="simulated seconds per controller, at least one --interval (default: %(default)s)",
     )
     parser.add_argument(
         "--interval",
@@ -49,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.seconds < args.interval:  # not one decision: nothing to compare
+        print(
+            f"rdtune demo: --seconds {args.seconds:g} is shorter than one --interval "
+            f"({args.interval:g} s)",
+            file=sys.stderr,
+        )
+        return 2
     import time
 
     from rich.console import Console

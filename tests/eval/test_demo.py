@@ -52,3 +52,16 @@ def test_demo_shows_specs_with_options_verbatim(
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "running static[ways=3] ..." in out and "│ static[ways=3]" in out
+
+
+@pytest.mark.parametrize(("seconds", "interval"), [("2", "100"), ("0.5", "1")])
+def test_demo_refuses_a_run_shorter_than_one_interval(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], seconds: str, interval: str
+) -> None:
+    argv = ["demo", "--seconds", seconds, "--interval", interval, "--out", str(tmp_path / "r")]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"rdtune demo: --seconds {seconds} is shorter than one --interval ({interval} s)\n"
+    )
+    assert "running" not in captured.out and not (tmp_path / "r").exists()
