@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import csv
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -368,14 +369,18 @@ def get_scenario(name: str | Scenario, catalog: Catalog | None = None) -> Scenar
     if name in catalog.scenarios:
         return parse_scenario(name, catalog.scenarios[name], catalog)
     p = Path(name)
-    # exists(), not is_file(): a pipe or a device named x.yaml is refused as such, not as
-    # an unknown scenario name
-    if p.suffix in (".yaml", ".yml") and p.exists():
+    # A value that looks like a path is a file, never a name: a missing one says so. A pipe
+    # or a device named x.yaml is refused as such by read_yaml (exists(), not is_file()).
+    if "/" in name or os.sep in name or p.suffix in (".yaml", ".yml"):
+        if not p.exists():
+            raise CatalogError(f"{name}: no such file")
         from agent import configfile
 
         try:
-            data = configfile.read_yaml(p) or {}
+            data = configfile.read_yaml(p)
         except configfile.ConfigError as exc:
             raise CatalogError(str(exc)) from None
+        if not isinstance(data, Mapping) or "machine" not in data or "workloads" not in data:
+            raise CatalogError(f"{name}: not a scenario (a mapping with 'machine' and 'workloads')")
         return parse_scenario(p.stem, data, catalog, base_dir=p.parent)
     raise CatalogError(f"unknown scenario {name!r}; have {sorted(catalog.scenarios)}")

@@ -65,3 +65,43 @@ def test_demo_refuses_a_run_shorter_than_one_interval(
         f"rdtune demo: --seconds {seconds} is shorter than one --interval ({interval} s)\n"
     )
     assert "running" not in captured.out and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("command", ["demo", "eval"])
+@pytest.mark.parametrize(
+    ("name", "text", "error"),
+    [
+        ("missing/nope.yaml", None, "{path}: no such file"),
+        ("nope.yml", None, "{path}: no such file"),
+        ("list.yaml", "- machine: gold6130\n", "{path}: not a scenario (a mapping with"),
+        ("config.yaml", "name: x\nalgorithm: PPO\n", "{path}: not a scenario (a mapping with"),
+        ("empty.yaml", "", "{path}: not a scenario (a mapping with 'machine' and 'workloads')"),
+    ],
+    ids=["missing-dir", "missing-file", "list", "training-config", "empty"],
+)
+def test_a_scenario_path_that_is_not_a_scenario_file_says_what_it_is(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    name: str,
+    text: str | None,
+    error: str,
+) -> None:
+    """``rdtune demo --scenario`` and ``rdtune eval --scenarios`` resolve it in the one
+    place (agent.sim.scenario.get_scenario), and say the same. A value with a '/' or a
+    YAML suffix is a path (given relative here), never a scenario's name."""
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        Path(name).write_text(text)
+    out = tmp_path / "out"
+    if command == "demo":
+        argv = ["demo", "--scenario", name, "--seconds", "0.5", "--out", str(out)]
+    else:
+        argv = ["eval", "--suite", "smoke", "--scenarios", name, "--seconds", "0.5",
+                "--ray-address", "none", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"rdtune {command}: " + error.format(path=name)), captured.err
+    assert captured.err.count("\n") == 1 and "unknown scenario" not in captured.err
+    assert "running" not in captured.out and not out.exists()
