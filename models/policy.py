@@ -215,6 +215,24 @@ class ActingController(Controller):
         return Decision(decoded.plan, note=note)
 
 
+def _same_shape(recorded: Any, graph: list[Any]) -> bool:
+    """Whether a card's recorded input shape is the graph's: the same sizes, a named
+    (batch) dimension matching any named one or the 1 it is fixed at here."""
+    if not isinstance(recorded, list | tuple) or len(recorded) != len(graph):
+        return False
+    return all(
+        (isinstance(r, str) and (isinstance(g, str) or g in (None, 1))) or r == g
+        for r, g in zip(recorded, graph, strict=True)
+    )
+
+
+def _batch_name(recorded: Any, i: int, dim: Any) -> Any:
+    """The graph's dimension ``i`` as the card's recorded shape names it: the batch
+    dimension a card names is fixed at 1 when the policy loads."""
+    named = isinstance(recorded, list | tuple) and i < len(recorded)
+    return recorded[i] if named and dim == 1 and isinstance(recorded[i], str) else dim
+
+
 def _planned(held: Allocation, plan: AllocationPlan) -> Allocation:
     """What the node holds once ``plan`` is applied over ``held``: each entry overlaid on
     the group's held one (a resource the plan leaves None stays as held)."""
@@ -329,8 +347,46 @@ class PolicyController(ActingController):
         data = self._read(onnx_path, card.onnx.get("sha256"))
         graph = self._checked(onnx_path, data)
         self._session = self._open(onnx_path, graph, threads, tuple(batch))
+        self._check_inputs(onnx_path)
         self._open_mask = np.ones(int(self.decoder.nvec.sum()), dtype=bool)
         self._actor = self._compile(data) if compiled else None
+
+    def _check_inputs(self, onnx_path: Path) -> None:
+        """PolicyError (one line naming the card) unless the ONNX graph's inputs are the
+        ones the card records and the ones this runtime feeds: ``obs`` of the feature
+        layout's size, and ``action_mask`` of the action design's size when masked. A card
+        edited apart from its model would otherwise feed the graph what it does not take."""
+        card, onnx_name = self.path / CARD_FILE, onnx_path.name
+        recorded = self.card.onnx.get("inputs") or {}
+        graph = {i.name: list(i.shape) for i in self._session.get_inputs()}
+        if recorded and set(recorded) != set(graph):
+            raise PolicyError(
+                f"{card}: the card records inputs {sorted(recorded)}, "
+                f"{onnx_name} takes {sorted(graph)}"
+            )
+        layout = self.card.features.get("size", self.encoder.size)
+        fed = {"obs": ("the feature layout", {self.encoder.size, layout})}
+        if self.masked:
+            fed["action_mask"] = ("the action design", {int(self.decoder.nvec.sum())})
+        if set(fed) != set(graph):
+            masked = "masked" if self.masked else "not masked"
+            raise PolicyError(
+                f"{card}: a policy {masked} is fed {sorted(fed)}, {onnx_name} takes {sorted(graph)}"
+            )
+        for name, dims in graph.items():
+            want = recorded.get(name)
+            # shown as the card names it: the batch dimension is fixed at 1 here (_open)
+            shown = [_batch_name(want, i, d) for i, d in enumerate(dims)]
+            if want is not None and not _same_shape(want, dims):
+                raise PolicyError(
+                    f"{card}: the card records input {name!r} as {want}, {onnx_name} takes {shown}"
+                )
+            what, sizes = fed.get(name, ("", set()))
+            for size in sorted(sizes, key=str):
+                if dims[-1:] != [size]:
+                    raise PolicyError(
+                        f"{card}: {what} has {size} values, {onnx_name} takes {name!r} as {shown}"
+                    )
 
     @property
     def runtime(self) -> str:

@@ -284,3 +284,43 @@ def test_non_finite_logits_are_an_error_of_the_controller(runtime):
     with pytest.raises(NonFiniteLogits, match="logits are not finite") as caught:
         ctrl.act(obs)
     assert isinstance(caught.value, PolicyError) and str(DEFAULT_POLICY) in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"runtime.onnx.inputs.obs": ["batch", 100]},
+            "the card records input 'obs' as ['batch', 100], policy.onnx takes ['batch', 202]",
+        ),
+        (
+            {"runtime.onnx.inputs.action_mask": ["batch", 70]},
+            "the card records input 'action_mask' as ['batch', 70], policy.onnx takes "
+            "['batch', 72]",
+        ),
+        (
+            {"runtime.onnx.inputs.obs": [202]},
+            "the card records input 'obs' as [202], policy.onnx takes [1, 202]",
+        ),
+        (
+            {"runtime.onnx.inputs": {"obs": ["batch", 202]}},
+            "the card records inputs ['obs'], policy.onnx takes ['action_mask', 'obs']",
+        ),
+        (
+            {"runtime.features.size": 100},
+            "the feature layout has 100 values, policy.onnx takes 'obs' as ['batch', 202]",
+        ),
+        (
+            {"runtime.masked": False},
+            "a policy not masked is fed ['obs'], policy.onnx takes ['action_mask', 'obs']",
+        ),
+    ],
+    ids=["obs", "action-mask", "no-batch", "inputs", "layout-size", "not-masked"],
+)
+@pytest.mark.parametrize("compiled", [True, False])
+def test_refuses_a_card_whose_inputs_are_not_the_onnx_models(tmp_path, changes, message, compiled):
+    """A card edited apart from its ONNX file (the checksum still matches the file)."""
+    bad = copy_export(DEFAULT_POLICY, tmp_path / "bad", **changes)
+    with pytest.raises(PolicyError) as caught:
+        PolicyController(bad, compiled=compiled)
+    assert str(caught.value) == f"{bad / 'model_card.json'}: {message}"
