@@ -334,7 +334,9 @@ def test_an_interrupted_eval_keeps_the_runs_that_finished(
                  "--out", str(tmp_path), "--no-plots"]) == 130  # fmt: skip
     err = capsys.readouterr().err
     finished = interrupt_at - 1
-    assert err.count("\n") == 1 and f"rdtune eval: interrupted; {finished} of 4 runs finished" in err
+    assert (
+        err.count("\n") == 1 and f"rdtune eval: interrupted; {finished} of 4 runs finished" in err
+    )
     if not finished:
         assert not rj.exists()
         return
