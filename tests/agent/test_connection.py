@@ -72,8 +72,9 @@ def run_client(command: str, server, certs, tmp: Path) -> list[str]:
     return {
         "tune": ["tune", "--controller", "eq", "--intervals", "2", "--metrics-listen", ""],
         "status": ["status"],
-        "trace record": ["trace", "record", "--duration", "0.3", "--quiet", "--out",
-                         str(tmp / "t.parquet")],
+        # --force: the module's agent (and directory) serve every case
+        "trace record": ["trace", "record", "--duration", "0.3", "--quiet", "--force",
+                         "--out", str(tmp / "t.parquet")],
         "eval": ["eval", "--suite", "smoke", "--controllers", "eq", "--seeds", "1",
                  "--seconds", "0.5", "--out", str(tmp / "eval"), "--ray-address", "none",
                  "--no-plots"],
