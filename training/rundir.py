@@ -158,8 +158,12 @@ class StagedRun:
 def staged_run(out: Path):
     """Hold ``OUT.lock`` and yield a :class:`StagedRun`; its staging directory is removed
     unless the run published it (an exception, Ctrl-C)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = _take_lock(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lock = _take_lock(out)
+    except OSError as exc:  # a file in the way, a read-only or virtual file system
+        why = exc.strerror or str(exc)
+        raise RunDirError(f"{out}: cannot make a run directory there ({why})") from None
     staging = StagedRun(out)
     try:
         _clean_leftovers(out)

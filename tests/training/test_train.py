@@ -248,6 +248,21 @@ def test_a_run_into_an_out_it_must_not_touch_is_refused_at_once(tmp_path, capsys
     assert lock.exists() == (holder == "live_run")  # the other run's lock stays
 
 
+@pytest.mark.parametrize(
+    "where", ["file/run", "/proc/rdtune-run/run"], ids=["under-a-file", "proc"]
+)
+def test_an_out_where_no_directory_can_be_made_is_named(tmp_path, capsys, where):
+    from tuner.cli import main
+
+    (tmp_path / "file").write_text("in the way")
+    out = tmp_path / where  # an absolute where replaces tmp_path
+    argv = ["train", "--config", str(_tiny_yaml(tmp_path)), "--out", str(out), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"rdtune train: {out}: cannot make a run directory there ("), err
+    assert len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("left", ["nothing", "stale_lock", "staging_dir", "between_renames"])
 def test_a_finished_run_replaces_the_previous_one_and_marks_it_finished(tmp_path, left):
     """Left beside OUT by a run that crashed: its lock (a dead pid), its staging dir, or
