@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from agent.argtypes import positive_float
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from eval.bench.harness import machine
-    from eval.cli import check_scenario
+    from eval.cli import check_out, check_scenario
     from eval.report import write_report
     from eval.runner import Job, run_job
     from eval.suites import EVAL_DIR
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:  # once here, rather than once per controller with a report of failures
         check_scenario(scenario)
+        check_out(Path(args.out))  # before the runs, not when the report is written
     except ValueError as exc:
         print(f"rdtune demo: {exc}", file=sys.stderr)
         return 2

@@ -371,9 +371,15 @@ def export_run(
     nvec = [int(n) for n in meta["actions"]["nvec"]]
     if list(model.action_space.nvec) != nvec:
         raise ExportError(f"{run_dir}: checkpoint action space differs from run.json")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.with_name(f".{out_dir.name}.export-{os.getpid()}-{secrets.token_hex(4)}")
-    staging.mkdir()
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+    except OSError as exc:  # a file in the way, a read-only or virtual file system
+        why = exc.strerror or str(exc)
+        raise ExportError(
+            f"--out {out_dir}: cannot make an export directory there ({why})"
+        ) from None
     try:
         card = _write_export(
             model, run_dir, staging, meta, config, checkpoint, incomplete, root=out_dir

@@ -67,6 +67,20 @@ def test_demo_refuses_a_run_shorter_than_one_interval(
     assert "running" not in captured.out and not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(
+    "where", ["file/report", "/proc/rdtune-demo"], ids=["under-a-file", "proc"]
+)
+def test_demo_refuses_an_out_it_cannot_write_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    (tmp_path / "file").write_text("in the way")
+    out = tmp_path / where  # an absolute where replaces tmp_path
+    assert main(["demo", "--controllers", "eq", "--seconds", "1", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"rdtune demo: --out {out}: ") and captured.err.count("\n") == 1
+    assert "running" not in captured.out
+
+
 @pytest.mark.parametrize("command", ["demo", "eval"])
 @pytest.mark.parametrize(
     ("name", "text", "error"),

@@ -345,6 +345,16 @@ def test_a_directory_with_other_files_is_not_replaced(tiny_run, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.parametrize(
+    "where", ["file/export", "/proc/rdtune-export/e"], ids=["under-a-file", "proc"]
+)
+def test_an_out_where_no_export_directory_can_be_made_is_named(tiny_run, tmp_path, where):
+    (tmp_path / "file").write_text("in the way")
+    out = tmp_path / where  # an absolute where replaces tmp_path
+    with pytest.raises(ExportError, match=r"cannot make an export directory there \("):
+        export_run(tiny_run.run_dir, out, check=False)
+
+
 @pytest.mark.parametrize("episodes", ["0", "-1"])
 def test_export_refuses_an_evaluation_of_no_episodes(tmp_path, capsys, episodes):
     """Refused at argument parsing, not taken as "no evaluation" and skipped."""
