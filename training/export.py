@@ -371,15 +371,7 @@ def export_run(
     nvec = [int(n) for n in meta["actions"]["nvec"]]
     if list(model.action_space.nvec) != nvec:
         raise ExportError(f"{run_dir}: checkpoint action space differs from run.json")
-    staging = out_dir.with_name(f".{out_dir.name}.export-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging.mkdir()
-    except OSError as exc:  # a file in the way, a read-only or virtual file system
-        why = exc.strerror or str(exc)
-        raise ExportError(
-            f"--out {out_dir}: cannot make an export directory there ({why})"
-        ) from None
+    staging = _staging_dir(out_dir)
     try:
         card = _write_export(
             model, run_dir, staging, meta, config, checkpoint, incomplete, root=out_dir
@@ -416,6 +408,21 @@ def _export_target(out_dir: Path) -> Path:
                 "its directory whole: give a new directory or an earlier export's"
             )
     return out_dir
+
+
+def _staging_dir(out_dir: Path) -> Path:
+    """A new hidden directory beside ``out_dir`` to build the export in (:func:`_swap_in`
+    puts it in place), or an ExportError naming --out when none can be made there."""
+    staging = out_dir.with_name(f".{out_dir.name}.export-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+    except OSError as exc:  # a file in the way, a read-only or virtual file system
+        why = exc.strerror or str(exc)
+        raise ExportError(
+            f"--out {out_dir}: cannot make an export directory there ({why})"
+        ) from None
+    return staging
 
 
 def _swap_in(staging: Path, out_dir: Path) -> None:
