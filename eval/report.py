@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.atomic import write_atomic
 from eval.runner import JobResult, _clean
 from eval.stats import Estimate, Paired, mean_ci, paired
 
@@ -715,11 +715,5 @@ def _write_results(
     if partial:
         data["partial"] = True
     text = json.dumps(_clean(data), indent=1, allow_nan=False, default=str)
-    tmp = out / f".results.json.{os.getpid()}.tmp"  # beside it: os.replace is atomic there
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, rj)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(rj, lambda f: f.write(text.encode()))
     return rj

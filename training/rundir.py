@@ -23,10 +23,11 @@ import os
 import pickle
 import shutil
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+
+from agent.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class StagedRun:
         meta_path = self.out / "run.json"
         meta = json.loads(meta_path.read_text())
         meta["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
-        _write_atomic(meta_path, lambda f: f.write(json.dumps(meta, indent=2).encode()))
+        write_atomic(meta_path, lambda f: f.write(json.dumps(meta, indent=2).encode()))
 
     def discard(self) -> None:
 
@@ -176,31 +177,11 @@ def staged_run(out: Path):
         _release_lock(lock)
 
 
-def _write_atomic(path: Path, write: Callable) -> None:
-    """``write(file)`` into a temporary file beside ``path``, then rename it to ``path``: a
-    full disk or a kill leaves the previous ``path`` (or none), never a truncated one. A
-    write error names ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        why = exc.strerror or str(exc)
-        raise OSError(exc.errno, f"cannot write {path}: {why}") from exc
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def save_checkpoint(model, path: Path) -> None:
-    """``model.save(path)``, atomically (:func:`_write_atomic`)."""
-    _write_atomic(path, model.save)
+    """``model.save(path)``, atomically (:func:`agent.atomic.write_atomic`)."""
+    write_atomic(path, model.save)
 
 
 def save_vecnormalize(venv, path: Path) -> None:
     """``venv``'s VecNormalize statistics to ``path`` (a pickle, as ``venv.save``), atomically."""
-    _write_atomic(path, lambda f: pickle.dump(venv, f))
+    write_atomic(path, lambda f: pickle.dump(venv, f))
