@@ -1,14 +1,16 @@
 """Writing a file whole or not at all: into a temporary file beside it, then renamed over
 it (``os.replace`` is atomic within a directory), so a full disk, a kill or Ctrl-C leaves
-the previous file (or none), never a truncated one. Used for training's checkpoints and
-run metadata (training/rundir.py) and eval's results.json (eval/report.py); the agent's
-own state keeps a stricter variant (private permissions, the directory fsynced too:
-agent/resctrl/state.py).
+the previous file (or none), never a truncated one; and a directory of files built apart
+put in another's place whole. Used for training's checkpoints, run metadata and run
+directories (training/rundir.py), exports (training/export.py) and eval's results.json
+(eval/report.py); the agent's own state keeps a stricter variant (private permissions,
+the directory fsynced too: agent/resctrl/state.py).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -33,3 +35,19 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], *, fsync: bool
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def replace_directory(new: Path, target: Path, aside: Path) -> None:
+    """Put the directory ``new`` in ``target``'s place, whole: ``target`` (when it exists)
+    is renamed to ``aside``, ``new`` to ``target`` (``target`` put back if that fails),
+    then ``aside`` is removed; files of the two are never side by side. A crash between the
+    renames leaves ``aside`` and no ``target``: callers name ``aside`` so they can find it."""
+    if target.exists():
+        target.rename(aside)
+    try:
+        new.rename(target)
+    except OSError:
+        if aside.exists() and not target.exists():
+            aside.rename(target)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.argtypes import positive_int
+from agent.atomic import replace_directory
 from models.card import ModelCard, TrainedOn, standard_sections
 
 log = logging.getLogger(__name__)
@@ -429,17 +430,8 @@ def _swap_in(staging: Path, out_dir: Path) -> None:
     """Put the complete export ``staging`` in place of ``out_dir`` (and its earlier export,
     if any): the old one is renamed aside, the new one renamed in, the old one removed, so
     a card and an ONNX file of two different exports are never side by side."""
-    if not out_dir.exists():
-        staging.rename(out_dir)
-        return
     aside = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
-    out_dir.rename(aside)
-    try:
-        staging.rename(out_dir)
-    except OSError:
-        aside.rename(out_dir)  # the earlier export back
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
+    replace_directory(staging, out_dir, aside)
 
 
 def _write_export(

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from agent.atomic import write_atomic
+from agent.atomic import replace_directory, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,6 @@ class StagedRun:
     """A run's files in ``OUT.partial-<pid>`` until :meth:`publish` puts them in OUT's place."""
 
     def __init__(self, out: Path) -> None:
-
         self.out = out
         self.path = _beside(out, f"partial-{os.getpid()}")
 
@@ -135,21 +134,15 @@ class StagedRun:
     def publish(self) -> None:
         """Rename OUT aside, the staging directory to OUT, remove the old one, then write
         the completion marker (``run.json``'s ``finished``) in OUT."""
-
         if _lock_holder(_beside(self.out, "lock")) != os.getpid():
             raise RunDirError(f"{self.out}: its lock was taken by another run; not replaced")
-        old = _beside(self.out, f"old-{os.getpid()}")
-        if self.out.exists():
-            self.out.rename(old)
-        self.path.rename(self.out)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_directory(self.path, self.out, _beside(self.out, f"old-{os.getpid()}"))
         meta_path = self.out / "run.json"
         meta = json.loads(meta_path.read_text())
         meta["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
         write_atomic(meta_path, lambda f: f.write(json.dumps(meta, indent=2).encode()))
 
     def discard(self) -> None:
-
         if self.path.exists():
             shutil.rmtree(self.path, ignore_errors=True)
             log.info("run directory: %s removed (the run did not finish)", self.path)
