@@ -104,8 +104,8 @@ class BareClient:
     def __init__(self, address: str) -> None:
         self.channel = grpc.insecure_channel(address)
         self.unary = self.channel.unary_unary(UNARY)
-        self._loop = asyncio.new_event_loop()
-        self._aio_channel, self._stream = self._loop.run_until_complete(self._open(address))
+        self.loop = asyncio.new_event_loop()
+        self._aio_channel, self._stream = self.loop.run_until_complete(self._open(address))
 
     @staticmethod
     async def _open(address: str):
@@ -118,12 +118,17 @@ class BareClient:
 
     def ask(self, message: bytes) -> bytes:
         """One message round trip on the stream."""
-        return self._loop.run_until_complete(self._exchange(message))
+        return self.loop.run_until_complete(self._exchange(message))
 
     def close(self) -> None:
         self._stream.cancel()
-        self._loop.run_until_complete(self._aio_channel.close())
-        self._loop.close()
+        self.loop.run_until_complete(self._aio_channel.close())
+        # The cancelled stream's own task still waits for the call's last events: closed
+        # under it, the loop would leave it pending and its events no loop to run on.
+        pending = asyncio.all_tasks(self.loop)
+        if pending:
+            self.loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+        self.loop.close()
         self.channel.close()
 
 
