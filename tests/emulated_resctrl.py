@@ -15,6 +15,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -127,6 +128,36 @@ def emulated_resctrl(preset: str = "intel-20way", **overrides) -> Iterator[Emula
         thread.join(10)
         if not os.path.ismount(mountpoint):
             shutil.rmtree(base, ignore_errors=True)
+
+
+@contextmanager
+def emulator_process(mountpoint, *args: str) -> Iterator[subprocess.Popen]:
+    """``rdtune emulate-resctrl ARGS MOUNTPOINT`` as a process of its own, once mounted. On
+    the way out the process is stopped (killed when it has not ended 20 s after SIGTERM: a
+    loaded host) and the mount removed, so a failing test or a slow stop leaves no mount
+    for later runs to trip over."""
+    reason = fuse_missing()
+    if reason:
+        skip_or_fail(reason)
+    cmd = [sys.executable, "-m", "tuner.cli", "emulate-resctrl", *args, str(mountpoint)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(mountpoint):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the emulator did not mount within 20 s"
+            time.sleep(0.05)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if os.path.ismount(mountpoint):
+            _unmount(str(mountpoint))
 
 
 @contextmanager

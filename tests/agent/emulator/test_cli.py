@@ -6,10 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.emulated_resctrl import fuse_missing, skip_or_fail
+from tests.emulated_resctrl import emulator_process
 
 
 def rdtune(*args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -35,22 +34,9 @@ def test_missing_mountpoint_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_mount_describe_and_ctrl_c(tmp_path: Path) -> None:
-    reason = fuse_missing()
-    if reason:
-        skip_or_fail(reason)
     mnt = tmp_path / "resctrl"
     mnt.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner.cli", "emulate-resctrl", "--preset", "gold-6130", str(mnt)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while not os.path.ismount(mnt):
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "emulator did not mount"
-            time.sleep(0.05)
+    with emulator_process(mnt, "--preset", "gold-6130") as proc:
         os.mkdir(mnt / "rdtune-web")
         out = rdtune("describe", "--root", str(mnt), "--state-dir", str(tmp_path / "state"))
         assert out.returncode == 0, out.stderr
@@ -62,12 +48,6 @@ def test_mount_describe_and_ctrl_c(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
         assert not os.path.ismount(mnt)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if os.path.ismount(mnt):
-            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], check=False)
 
 
 def test_describe_without_resctrl_fails_clearly(tmp_path: Path) -> None:

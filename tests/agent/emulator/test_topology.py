@@ -8,7 +8,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from agent.emulator.bitmap import parse_list
 from agent.emulator.model import Model
 from agent.emulator.presets import PRESETS, get_preset
 from agent.emulator.topology import SYSFS_CPU, Topology
-from tests.emulated_resctrl import fuse_missing, skip_or_fail
+from tests.emulated_resctrl import emulator_process
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -68,43 +67,14 @@ def test_host_topology_matches_this_host() -> None:
 
 
 def test_cli_host_topology_and_cpu_sysfs(tmp_path: Path) -> None:
-    reason = fuse_missing()
-    if reason:
-        skip_or_fail(reason)
     mnt = tmp_path / "resctrl"
     mnt.mkdir()
     cpu = tmp_path / "cpu"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tuner.cli",
-            "emulate-resctrl",
-            "--preset",
-            "amd-epyc",
-            "--kernel",
-            "6.15",
-            "--cpu-sysfs",
-            str(cpu),
-            str(mnt),
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while not os.path.ismount(mnt):
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    args = ("--preset", "amd-epyc", "--kernel", "6.15", "--cpu-sysfs", str(cpu))
+    with emulator_process(mnt, *args):
         ids = {int((cpu / f"cpu{c}/cache/index3/id").read_text()) for c in range(16)}
         assert sorted(os.listdir(mnt / "mon_data")) == [f"mon_L3_{i:02d}" for i in sorted(ids)]
         assert (mnt / "schemata").read_text().startswith("    MB:0=2048;1=2048;")
-    finally:
-        proc.terminate()
-        proc.wait(20)
-        if os.path.ismount(mnt):
-            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], check=False)
     out = subprocess.run(
         [sys.executable, "-m", "tuner.cli", "emulate-resctrl", "--kernel", "latest", str(mnt)],
         capture_output=True,
