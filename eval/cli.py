@@ -231,7 +231,7 @@ def run_saving(console, jobs: Sequence[Job], ray_address: str, out: Path) -> lis
     from eval.runner import run_jobs
 
     done: list = []
-    saved = [time.monotonic(), 0]  # when, and how many runs, last written
+    saved = [time.monotonic()]  # when the runs were last written
 
     def progress(r) -> None:
         done.append(r)
@@ -243,7 +243,7 @@ def run_saving(console, jobs: Sequence[Job], ray_address: str, out: Path) -> lis
         )
         if len(done) < len(jobs) and time.monotonic() - saved[0] >= SAVE_EVERY_S:
             write_partial_results(out, done)
-            saved[:] = [time.monotonic(), len(done)]
+            saved[0] = time.monotonic()
 
     try:
         return run_jobs(jobs, ray_address, progress)

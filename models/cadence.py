@@ -61,16 +61,6 @@ class Every(Controller):
         return self.inner.decide(merged, ctx)
 
 
-_COUNTERS = (
-    "instructions",
-    "cycles",
-    "llc_references",
-    "llc_misses",
-    "memory_bytes",
-    "memory_local_bytes",
-)
-
-
 class Merge:
     """Consecutive snapshots merged into one interval as they come (see :class:`Every`):
     per group, counters summed (None when any interval lacked it), occupancy the latest,

@@ -92,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
             cfg = TrainConfig.parse(_read_run_file(run_dir / "config.yaml"))
             if not args.allow_incomplete and (run_dir / "run.json").exists():
                 # before the evaluation writes eval.json into the run
-                _refuse_unfinished(run_dir, _read_run_file(run_dir / "run.json"))
+                _refuse_unfinished(
+                    run_dir, unfinished(run_dir, _read_run_file(run_dir / "run.json"))
+                )
             print(table(final_evaluation(cfg, run_dir, episodes=args.evaluate)["rows"]))
         card = export_run(
             args.model,
@@ -170,8 +172,8 @@ def _finished(value: Any) -> bool:
     return True
 
 
-def _refuse_unfinished(run_dir: Path, meta: dict[str, Any]) -> None:
-    problem = unfinished(run_dir, meta)
+def _refuse_unfinished(run_dir: Path, problem: str | None) -> None:
+    """ExportError unless ``problem`` (:func:`unfinished`'s) is None."""
     if problem is not None:
         raise ExportError(
             f"{run_dir}: the run did not finish ({problem}: interrupted, or still training); "
@@ -360,7 +362,7 @@ def export_run(
     config = _read_run_file(run_dir / "config.yaml")
     incomplete = unfinished(run_dir, meta)
     if not allow_incomplete:
-        _refuse_unfinished(run_dir, meta)
+        _refuse_unfinished(run_dir, incomplete)
     from models.features import ENCODER_VERSIONS
 
     if meta["encoder_version"] not in ENCODER_VERSIONS:

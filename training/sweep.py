@@ -146,12 +146,25 @@ def trial_row(res) -> dict[str, Any]:
         status = DONE
     else:
         status = INTERRUPTED
+    error = str(res.error) if res.error else None
+    return _row(res.config["overrides"], status, error, str(res.path), metrics)
+
+
+def _row(
+    overrides: dict[str, Any],
+    status: str,
+    error: str | None = None,
+    path: str | None = None,
+    metrics: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A trial's row of the summary and sweep.json (no path or metrics: it never reported)."""
+    metrics = metrics or {}
     return {
-        "trial": trial_name(res.config["overrides"]),
-        "overrides": res.config["overrides"],
+        "trial": trial_name(overrides),
+        "overrides": overrides,
         "status": status,
-        "error": str(res.error) if res.error else None,
-        "path": str(res.path),
+        "error": error,
+        "path": path,
         "best_return": metrics.get("best_return"),
         "final_return": metrics.get("final_return"),
         "violation_rate": metrics.get("violation_rate"),
@@ -265,7 +278,7 @@ def run_sweep(
             try:
                 rows = [trial_row(res) for res in tuner.fit()]
             except KeyboardInterrupt:
-                rows = [_interrupted_row(o) for o in trials]
+                rows = [_row(o, INTERRUPTED) for o in trials]
     finally:
         if started and shutdown:
             ray.shutdown()
@@ -273,19 +286,6 @@ def run_sweep(
     out.experiment_dir.mkdir(parents=True, exist_ok=True)
     (out.experiment_dir / "sweep.json").write_text(json.dumps(out.trials, indent=2, default=str))
     return out
-
-
-def _interrupted_row(overrides: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "trial": trial_name(overrides),
-        "overrides": overrides,
-        "status": INTERRUPTED,
-        "error": None,
-        "path": None,
-        "best_return": None,
-        "final_return": None,
-        "violation_rate": None,
-    }
 
 
 # ---------------------------------------------------------------------------- rollouts
