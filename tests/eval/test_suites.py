@@ -76,6 +76,22 @@ def test_heldout_suite_is_large_varied_and_never_trained_on() -> None:
     assert {"policy", "oracle", "eq", "copart", "ubik"} <= names
 
 
+def test_validation_confirm_draws_mixes_validation_large_never_saw() -> None:
+    """A choice made on validation_large is confirmed on other validation mixes: every
+    draw of the validation split, none of them in validation_large, more of them."""
+    from envs.scenarios import split_of
+
+    chosen, confirm = get_suite("validation_large"), get_suite("validation_confirm")
+    assert all(split_of(s) == "validation" for s in (*chosen.scenarios, *confirm.scenarios))
+    assert not {s.name for s in chosen.scenarios} & {s.name for s in confirm.scenarios}
+    assert (
+        len({s.name for s in confirm.scenarios})
+        == len(confirm.scenarios)
+        >= 2 * len(chosen.scenarios)
+    )
+    assert {s.machine for s in confirm.scenarios} == {s.machine for s in chosen.scenarios}
+
+
 def test_family_entries_reject_unknown_options(tmp_path: Path) -> None:
     p = tmp_path / "s.yaml"
     p.write_text("x: {scenarios: [{family: test, count: 2, colour: red}], controllers: [eq]}")
