@@ -10,9 +10,14 @@ Baseline engineers: add your controllers to :data:`CASES`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from eval.bench.harness import Result, latency_result
+
+if TYPE_CHECKING:
+    from agent.sim.scenario import Scenario
 
 Case = Callable[[int], list[float]]  # intervals -> decide seconds per interval
 
@@ -99,6 +104,7 @@ def _copart_explore(intervals: int) -> list[float]:
     """Only CoPart's exploration steps (Algorithm 1's FSM update + Algorithm 2), the figure
     its paper reports: every mix family, re-seeded until enough steps were timed."""
     from agent.sim import SimNode
+    from models.controller import drive
     from models.copart import CoPart, stream_profile_sim
 
     out: list[float] = []
@@ -178,37 +184,66 @@ def _search(kind: str) -> Case:
     return case
 
 
-def _safe_run(scenario: str, seconds: float, interval_s: float) -> Case:
+def heldout_mix(pick: str) -> Scenario:
+    """The held-out suite's mix a safe-oracle run is timed on, chosen by what it holds, not
+    by name (the suite's draws change whenever the mix generator does): ``widest`` the mix
+    with the most workloads among those with a diurnal load (the oracle's dearest: most
+    groups to search, a new load level every few seconds), ``most_lc`` the one with the most
+    LC services; ties go to the first in the suite."""
+    from eval.suites import get_suite
+
+    if pick not in ("widest", "most_lc"):
+        raise ValueError(f"pick must be 'widest' or 'most_lc', got {pick!r}")
+    mixes = [s for s in get_suite("heldout").scenarios if not isinstance(s, str)]
+    if pick == "widest":
+        mixes = [s for s in mixes if "diurnal" in _load_kinds(s)]
+    if not mixes:
+        raise LookupError(f"the heldout suite has no mix for {pick!r}")
+    size = (lambda s: len(s.workloads)) if pick == "widest" else (lambda s: len(_load_kinds(s)))
+    return max(mixes, key=size)  # the first of equals
+
+
+def _load_kinds(scenario: Scenario) -> list[str]:
+    """The load profiles' kinds of a scenario's LC services (batch jobs have none)."""
+    return [w.load.kind for w in scenario.workloads if w.load is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class SafeRun:
     """One whole run of the safe oracle (every search, check and decision of it; the
     simulator's integration between decisions excluded as far as the wall clock allows:
-    it is timed around ``drive``), three times, the cross-run search cache cleared."""
+    it is timed around ``drive``), three times, the cross-run search cache cleared.
 
-    def case(intervals: int) -> list[float]:
+    Attributes:
+        scenario: a catalogue scenario's name, or a function that returns the scenario.
+        seconds: simulated length of the run.
+        interval_s: the oracle's decision interval.
+    """
+
+    scenario: str | Callable[[], Scenario]
+    seconds: float
+    interval_s: float
+
+    def resolve(self) -> str | Scenario:
+        return self.scenario() if callable(self.scenario) else self.scenario
+
+    def __call__(self, intervals: int) -> list[float]:
         import time
 
         from agent.sim import SimNode
-        from eval.suites import get_suite
         from models import oracle
+        from models.controller import drive
 
-        named = {s.name: s for s in get_suite("heldout").scenarios if not isinstance(s, str)}
-        scn = named.get(scenario, scenario)
+        scn = self.resolve()
         out = []
         for _ in range(3):
             oracle._MEMO.clear()
-            node = SimNode(scn, seed=0, interval_s=min(interval_s, 0.1), noise=False)
+            node = SimNode(scn, seed=0, interval_s=min(self.interval_s, 0.1), noise=False)
             ctl = oracle.Oracle(node)
             t0 = time.perf_counter()
-            drive(ctl, node, node, round(seconds / interval_s))
+            drive(ctl, node, node, round(self.seconds / self.interval_s))
             out.append(time.perf_counter() - t0)
         return out
-
-    return case
-
-
-def drive(ctrl, node, clock, intervals: int):
-    from models.controller import drive as _d
-
-    return _d(ctrl, node, clock, intervals)
 
 
 SEARCHES: dict[str, Case] = {
@@ -216,17 +251,17 @@ SEARCHES: dict[str, Case] = {
     "oracle search (600 steady states), copart_memcached": _search("copart_memcached"),
 }
 
-# The safe oracle over whole runs (seconds per run): a load step, a diurnal load over six
-# groups on 20 ways (the heldout suite's dearest mix) and three LC services.
-RUNS: dict[str, Case] = {
-    "safe oracle, 30 s run at 0.1 s, copart_memcached (1 LC + 2 batch)": _safe_run(
+# The safe oracle over whole runs (seconds per run): a load step, the held-out suite's
+# widest mix with a diurnal load and its mix with the most LC services (heldout_mix).
+RUNS: dict[str, SafeRun] = {
+    "safe oracle, 30 s run at 0.1 s, copart_memcached (1 LC + 2 batch)": SafeRun(
         "copart_memcached", 30.0, 0.1
     ),
-    "safe oracle, 120 s run at 1 s, heldout random-63125817 (6 groups, diurnal)": _safe_run(
-        "random-63125817", 120.0, 1.0
+    "safe oracle, 120 s run at 1 s, heldout's widest mix with a diurnal load": SafeRun(
+        functools.partial(heldout_mix, "widest"), 120.0, 1.0
     ),
-    "safe oracle, 120 s run at 1 s, heldout random-1009146652 (3 LC)": _safe_run(
-        "random-1009146652", 120.0, 1.0
+    "safe oracle, 120 s run at 1 s, heldout's mix with the most LC services": SafeRun(
+        functools.partial(heldout_mix, "most_lc"), 120.0, 1.0
     ),
 }
 
