@@ -26,7 +26,8 @@ RemotePartition-v0's default; early in an episode it underestimates slowdowns).
 
 One definition, on arrays: :func:`reward_arrays` computes the terms of N intervals at
 once (the vector environment); :class:`StepReward` (and :func:`compute_reward`) is its N=1
-case for a Snapshot and two Allocations.
+case for a Snapshot and two Allocations. Both hand their arrays to the same compiled loops
+(envs/reward_kernel.py), which own the arithmetic.
 
 Default weights and why: ``slo=4``: a violation (>= 4) outweighs anything fairness (an
 unfairness rarely beyond 1) and throughput (at most 1) can give back, so SLOs come first;
@@ -38,6 +39,7 @@ enough to stop dithering between near-equal splits but not to freeze a bad one.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -52,6 +54,7 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
 )
+from envs import reward_kernel as rk
 from models.features import _PCT_INDEX
 
 
@@ -229,51 +232,61 @@ def reward_arrays(
         ways: (N,) the nodes' ways (0 without CAT); mb_scale: (N,) the MB range that
             counts as a full change (NaN: no MBA).
     """
-    w = weights
     N = slo_pct.shape[0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        pct = np.maximum(slo_pct, 0)[..., None]
-        value = np.take_along_axis(latency_ms, pct, axis=2)[..., 0] if latency_ms.shape[1] else ips
-        # agent/slo.py's rule on arrays: judged when requests completed; met when the tail
-        # is finite and at most the target (an unknown or unfinished tail costs the cap)
-        judged = (slo_pct >= 0) & (latency_count > 0)
-        ratio = np.where(judged, value / slo_target, np.nan)
-        over = judged & ~(np.isfinite(value) & (value <= slo_target))
-        excess = np.where(np.isfinite(ratio), ratio - 1.0, w.slo_cap)
-        penalty = np.where(over, 1.0 + np.minimum(w.slo_cap, excess), 0.0)
-        n_lc = judged.sum(axis=1)
-        slo = np.where(n_lc > 0, -w.slo * (penalty.sum(axis=1) / np.maximum(n_lc, 1)), 0.0)
-        known = judged & ~np.isnan(ratio)
-        top = np.where(known, ratio, -np.inf).max(axis=1, initial=-np.inf)
-        worst = np.where(known.any(axis=1), top, np.nan)
-        ref = np.where(np.isnan(reference_ips), 0.0, reference_ips)
-        ok = is_batch & (ref != 0) & (ips > 0)
-        slow = np.where(ok, np.maximum(ref / ips, 1e-6), np.nan)
-        n = ok.sum(axis=1)
-        mean = np.where(n > 0, np.where(ok, slow, 0.0).sum(axis=1) / np.maximum(n, 1), np.nan)
-        var = np.where(ok, (slow - mean[:, None]) ** 2, 0.0).sum(axis=1) / np.maximum(n, 1)
-        unfair = np.where((n >= 2) & (mean > 0), np.sqrt(var) / mean, 0.0)
-        progress = np.where(
-            n > 0, np.where(ok, 1.0 / slow, 0.0).sum(axis=1) / np.maximum(n, 1), np.nan
-        )
-        throughput = np.where(n > 0, w.throughput * progress, 0.0)
-        fairness = -w.fairness * unfair
-        cache, mb = churn_arrays(before, after, ways, mb_scale)
-        churn_ = cache + w.mba_share * mb
-        change = -w.change * churn_
-    total = slo + fairness + throughput + change
-    return RewardArrays(
-        slo,
-        fairness,
-        throughput,
-        change,
-        total,
-        over.sum(axis=1) + np.zeros(N, dtype=np.int64),
-        worst,
-        unfair,
-        progress,
-        churn_,
+    out = np.empty((rk.ROWS, N))
+    violations = np.empty(N, dtype=np.int64)
+    rk.rewards(
+        _weights_array(weights),
+        _as(slo_pct, np.int64),
+        _as(slo_target, float),
+        _as(is_batch, bool),
+        _as(latency_count, float),
+        _as(latency_ms, float),
+        _as(ips, float),
+        _as(reference_ips, float),
+        *_churn_args(before, after, ways, mb_scale),
+        out,
+        violations,
     )
+    return RewardArrays(
+        out[rk.SLO],
+        out[rk.FAIRNESS],
+        out[rk.THROUGHPUT],
+        out[rk.CHANGE],
+        out[rk.TOTAL],
+        violations,
+        out[rk.WORST],
+        out[rk.UNFAIRNESS],
+        out[rk.PROGRESS],
+        out[rk.CHURN],
+    )
+
+
+def _as(a: np.ndarray, dtype) -> np.ndarray:
+    """``a`` with the dtype the kernel is compiled for (itself when it has it already)."""
+    return np.asarray(a, dtype=dtype)
+
+
+def _churn_args(before: tuple, after: tuple, ways: np.ndarray, scale: np.ndarray) -> tuple:
+    m0, mb0, in0 = before
+    m1, mb1, in1 = after
+    return (
+        _as(m0, np.int64),
+        _as(mb0, float),
+        _as(in0, bool),
+        _as(m1, np.int64),
+        _as(mb1, float),
+        _as(in1, bool),
+        _as(ways, np.int64),
+        _as(scale, float),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _weights_array(weights: RewardWeights) -> np.ndarray:
+    out = rk.weights_array(weights)
+    out.flags.writeable = False  # shared by every call with these weights
+    return out
 
 
 def churn_arrays(
@@ -285,17 +298,10 @@ def churn_arrays(
     """(cache churn in [0, 1], mean absolute MB-fraction change) (N,) between allocations
     given as in :func:`reward_arrays`: ways that changed hands over ``2 * ways``, over the
     groups held before and after."""
-    m0, mb0, in0 = before
-    m1, mb1, in1 = after
-    with np.errstate(divide="ignore", invalid="ignore"):
-        both = in0 & in1
-        moved = np.where(both, np.bitwise_count((m0 ^ m1).astype(np.uint64)), 0).sum(axis=1)
-        cache = np.where(ways > 0, np.minimum(1.0, moved / (2.0 * np.maximum(ways, 1))), 0.0)
-        scale = mb_scale[:, None]
-        ok = both & ~np.isnan(mb0) & ~np.isnan(mb1) & (scale > 0)
-        delta = np.where(ok, np.minimum(1.0, np.abs(mb1 - mb0) / scale), 0.0)
-        k = ok.sum(axis=1)
-    return cache, np.where(k > 0, delta.sum(axis=1) / np.maximum(k, 1), 0.0)
+    N = ways.shape[0]
+    cache, mb = np.empty(N), np.empty(N)
+    rk.churns(*_churn_args(before, after, ways, mb_scale), cache, mb)
+    return cache, mb
 
 
 def churn(before: Allocation | None, after: Allocation, caps: NodeCapabilities) -> tuple:
@@ -314,43 +320,54 @@ def mb_scale(caps: NodeCapabilities) -> float:
 
 
 class _Churn:
-    """Allocations as churn arrays, each read once (an Allocation is immutable, and an env
-    step's ``after`` is the next step's ``before``)."""
+    """Allocations as churn arrays (N = 1), each read once: an Allocation is immutable,
+    and an env step's ``after`` is the next step's ``before``."""
 
     def __init__(self, caps: NodeCapabilities) -> None:
         self.domain = caps.domains[0]
         self.scale = np.array([mb_scale(caps)])
-        self.ways = np.array([caps.l3.num_ways if caps.l3 is not None else 0])
+        self.ways = np.array([caps.l3.num_ways if caps.l3 is not None else 0], dtype=np.int64)
         # the last two allocations read, oldest first (placeholders until then)
-        self._seen: tuple[tuple[Allocation | None, dict], ...] = ((None, {}), (None, {}))
+        self._seen: tuple[tuple[Allocation | None, tuple], ...] = ((None, ()), (None, ()))
 
-    def table(self, alloc: Allocation) -> dict[str, tuple[int, float]]:
-        """{group: (capacity mask or 0, MB value or NaN)} of the groups ``alloc`` holds."""
+    def table(self, alloc: Allocation) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+        """(the groups ``alloc`` holds, their capacity masks (1, C) (0: none), their MB
+        values (1, C) (NaN: none))."""
         for held, table in self._seen:
             if held is alloc:
                 return table
         domain = self.domain
-        table = {}
+        names, masks, mbs = [], [], []
         for g, per_domain in alloc.groups.items():  # alloc.get(g, domain) for g in alloc
             a = per_domain.get(domain)
             if a is not None:
-                table[g] = (a.l3_mask or 0, math.nan if a.mb is None else a.mb)
+                names.append(g)
+                masks.append(a.l3_mask or 0)
+                mbs.append(math.nan if a.mb is None else a.mb)
+        table = (
+            tuple(names),
+            np.array(masks, dtype=np.int64).reshape(1, -1),
+            np.array(mbs, dtype=float).reshape(1, -1),
+        )
         self._seen = (self._seen[-1], (alloc, table))  # keeps before and after
         return table
 
     def arrays(self, before: Allocation | None, after: Allocation) -> tuple[tuple, tuple]:
         """(before, after) as :func:`churn_arrays` takes them (columns: after's groups)."""
-        new = self.table(after)
-        old = self.table(before) if before is not None else {}
-        nan = math.nan
-        cols = list(new)
+        cols, m1, mb1 = self.table(after)
+        in1 = _held(len(cols))
+        if before is not None:
+            old_cols, m0, mb0 = self.table(before)
+            if old_cols == cols:  # the usual step: the same groups, each held before
+                return (m0, mb0, in1), (m1, mb1, in1)
+            pairs = zip(m0[0].tolist(), mb0[0].tolist(), strict=True)
+            old = dict(zip(old_cols, pairs, strict=True))
+        else:
+            old = {}
         b = [old.get(g) for g in cols]
-        m1 = np.array([[new[g][0] for g in cols]], dtype=np.int64).reshape(1, -1)
-        mb1 = np.array([[new[g][1] for g in cols]], dtype=float).reshape(1, -1)
-        m0 = np.array([[x[0] if x else 0 for x in b]], dtype=np.int64).reshape(1, -1)
-        mb0 = np.array([[x[1] if x else nan for x in b]], dtype=float).reshape(1, -1)
-        in0 = np.array([[x is not None for x in b]], dtype=bool).reshape(1, -1)
-        in1 = np.ones_like(in0)
+        m0 = np.array([x[0] if x else 0 for x in b], dtype=np.int64).reshape(1, -1)
+        mb0 = np.array([x[1] if x else math.nan for x in b], dtype=float).reshape(1, -1)
+        in0 = np.array([x is not None for x in b], dtype=bool).reshape(1, -1)
         return (m0, mb0, in0), (m1, mb1, in1)
 
     def __call__(self, before: Allocation | None, after: Allocation) -> tuple[float, float]:
@@ -358,6 +375,14 @@ class _Churn:
             return 0.0, 0.0
         cache, mb = churn_arrays(*self.arrays(before, after), self.ways, self.scale)
         return float(cache[0]), float(mb[0])
+
+
+@functools.cache
+def _held(columns: int) -> np.ndarray:
+    """(1, columns) True, read-only: every column is a group the allocation holds."""
+    out = np.ones((1, columns), dtype=bool)
+    out.flags.writeable = False
+    return out
 
 
 def compute_reward(
@@ -394,6 +419,16 @@ class StepReward:
                 self.slo_target[0, j] = spec.slo.target_ms
             self.is_batch[0, j] = spec.kind is GroupKind.BATCH
         self._churn = _Churn(caps)
+        self._w = _weights_array(weights)
+        # the step's inputs and outputs, filled in place (the kernel only reads inputs)
+        self._count = np.empty((1, C))
+        self._lat = np.empty((1, C, 4))
+        self._ips = np.empty((1, C))
+        self._ref = np.empty((1, C))
+        self._out = np.empty((rk.ROWS, 1))
+        self._violations = np.empty(1, dtype=np.int64)
+        none = (np.zeros((1, 0), dtype=np.int64), np.zeros((1, 0)), np.zeros((1, 0), dtype=bool))
+        self._unchanged = (none, none)
 
     def __call__(
         self,
@@ -406,16 +441,16 @@ class StepReward:
         nan = math.nan
         samples = snapshot.groups
         dt = snapshot.interval_s
-        count, lat, got, ref = [], [], [], []
-        for name in self.names:
+        count, lat, got, ref = self._count[0], self._lat[0], self._ips[0], self._ref[0]
+        for j, name in enumerate(self.names):
             s = samples.get(name)
             x = s.latency if s is not None else None
             if x is None:
-                count.append(nan)
-                lat.append((nan, nan, nan, nan))
+                count[j] = nan
+                lat[j] = nan
             else:
-                count.append(x.count)
-                lat.append((x.p50_ms, x.p95_ms, x.p99_ms, x.p999_ms))
+                count[j] = x.count
+                lat[j] = (x.p50_ms, x.p95_ms, x.p99_ms, x.p999_ms)
             if ips is not None:
                 v = ips.get(name)
             else:  # observed_ips(snapshot)[name], without building the dict
@@ -424,27 +459,31 @@ class StepReward:
                     if dt > 0 and s is not None and s.instructions is not None
                     else None
                 )
-            got.append(nan if v is None else v)
+            got[j] = nan if v is None else v
             r = reference_ips.get(name)
-            ref.append(nan if r is None else r)
-        C = len(self.names)
+            ref[j] = nan if r is None else r
         if before is None or before is after:
-            empty = np.zeros((1, 0), dtype=np.int64)
-            olds = news = (empty, np.zeros((1, 0)), np.zeros((1, 0), dtype=bool))
+            olds, news = self._unchanged
         else:
             olds, news = self._churn.arrays(before, after)
-        out = reward_arrays(
-            self.weights,
-            slo_pct=self.slo_pct,
-            slo_target=self.slo_target,
-            is_batch=self.is_batch,
-            latency_count=np.array([count], dtype=float).reshape(1, C),
-            latency_ms=np.array([lat], dtype=float).reshape(1, C, 4),
-            ips=np.array([got], dtype=float).reshape(1, C),
-            reference_ips=np.array([ref], dtype=float).reshape(1, C),
-            before=olds,
-            after=news,
-            ways=self._churn.ways,
-            mb_scale=self._churn.scale,
+        out, violations = self._out, self._violations
+        rk.rewards(
+            self._w, self.slo_pct, self.slo_target, self.is_batch, self._count, self._lat,
+            self._ips, self._ref, *olds, *news, self._churn.ways, self._churn.scale, out,
+            violations,
+        )  # fmt: skip
+        slo, fairness, throughput, change, total, worst, unfair, progress, churn_ = out[
+            :, 0
+        ].tolist()
+        return RewardTerms(
+            slo,
+            fairness,
+            throughput,
+            change,
+            total,
+            int(violations[0]),
+            worst,
+            unfair,
+            progress,
+            churn_,
         )
-        return out.terms(0)

@@ -177,8 +177,6 @@ LONG = {
     "agent/sim/batch.py:_setup": "every node's scenario into the batch's arrays, in order",
     "models/features_kernel.py:encode": "the encoder's hot path: every feature of a node, "
     "one block after another in the layout's order, compiled as one loop",
-    "envs/reward.py:reward_arrays": "the reward's terms over N intervals, in the module "
-    "docstring's order",
     "envs/vector_env.py:__init__": "the vector env's spaces and batch, one declaration each",
     "envs/vector_env.py:step": "decode, apply, advance, observe, reward and autoreset of N "
     "envs in one pass",
