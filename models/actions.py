@@ -357,9 +357,23 @@ def decode_arrays(
     ways = np.empty((N, S), dtype=np.int64)
     masks = np.empty((N, S), dtype=np.int64)
     mb = np.empty((N, S))
+    _kernel(np.asarray(levels, dtype=np.int64), layout, shared, whole, floor, mb_floor,
+            (ways, masks, mb))  # fmt: skip
+    for b in np.flatnonzero(shared):  # more groups than slices: they share (rare)
+        k = int(n[b])
+        slots = [str(i) for i in range(k)]
+        got = decoder._shared_masks_of(slots, levels[b, :k].tolist(), layout, b)
+        masks[b, :k] = [got[g] for g in slots]
+        ways[b, :k] = [m.bit_count() for m in masks[b, :k].tolist()]
+    return Decoded(ways, masks, mb, shared)
+
+
+def _kernel(levels, layout, shared, whole, floor, mb_floor, out) -> None:
+    """models/actions_kernel.py's decode of ``levels`` (N, 2S) int64 into ``out`` (ways,
+    masks, MB values), ``shared`` and ``whole`` (N,) as :func:`decode_arrays` decides them."""
     ak.decode(
-        np.asarray(levels, dtype=np.int64),
-        n,
+        levels,
+        layout.n_present,
         layout.has_l3,
         layout.least,
         layout.total,
@@ -371,20 +385,13 @@ def decode_arrays(
         floor is not None,
         _NO_FLOOR if mb_floor is None else np.asarray(mb_floor, dtype=np.int64),
         mb_floor is not None,
-        ways,
-        masks,
-        mb,
+        *out,
     )
-    for b in np.flatnonzero(shared):  # more groups than slices: they share (rare)
-        k = int(n[b])
-        slots = [str(i) for i in range(k)]
-        got = decoder._shared_masks_of(slots, levels[b, :k].tolist(), layout, b)
-        masks[b, :k] = [got[g] for g in slots]
-        ways[b, :k] = [m.bit_count() for m in masks[b, :k].tolist()]
-    return Decoded(ways, masks, mb, shared)
 
 
 _NO_FLOOR = np.zeros((1, 1), dtype=np.int64)
+_NO_ROW = np.zeros(1, dtype=bool)  # (1,) False: a node's shared or whole flag, not set
+_NO_ROW.flags.writeable = False
 
 
 def _unpartitioned(decoder, layout, share, present, floor) -> np.ndarray:
@@ -548,7 +555,20 @@ class PreparedDecoder:
             self.least = max(1, l3.min_cbm_bits)
             self.total = l3.num_ways
             self.min_cbm_bits = l3.min_cbm_bits
-        self.layout = decoder.decode_layout(self.n, caps)
+        self.layout = layout = decoder.decode_layout(self.n, caps)
+        # decode_arrays decides in Python only where groups must share slices or all-zero
+        # shares may mean the whole cache; elsewhere a decode is one compiled call into
+        # these buffers (levels, ways, masks, MB values), read out at once.
+        self._python_rows = decoder.share_all or bool(
+            layout.has_l3[0] and layout.n_present[0] * layout.least[0] > layout.total[0]
+        )
+        S = decoder.max_groups
+        self._buffers = (
+            np.empty((1, 2 * S), dtype=np.int64),
+            np.empty((1, S), dtype=np.int64),
+            np.empty((1, S), dtype=np.int64),
+            np.empty((1, S)),
+        )
         self._inner: dict[tuple, Mapping] = {}
         self._wrap = None  # the plans' read-only mapping type; None: not checked yet (plan)
         # (levels, the decoded action) of the last decode, its dicts private: a policy
@@ -585,18 +605,16 @@ class PreparedDecoder:
         ways: dict[str, int] = {}
         masks: dict[str, int] = {}
         shared = False
-        d = decode_arrays(
-            self.decoder, self.layout, np.array([levels], dtype=np.int64), *(floors or ())
-        )
+        rows = self._decode_one(levels, floors)
         if self.l3 and n:
-            ways, masks, shared, note = self._split(d)
+            ways, masks, shared, note = self._split(*rows)
             if note:
                 repairs.append(note)
         elif not self.l3 and n and any(share):
             repairs.append("ignored share levels: the node has no cache allocation")
         mb: dict[str, int] = {}
         if self.mb_table is not None:
-            mb = dict(zip(slots, d.mb[0, :n].astype(np.int64).tolist(), strict=True))
+            mb = dict(zip(slots, rows[2][:n].astype(np.int64).tolist(), strict=True))
         elif n and any(mba_lv):
             repairs.append("ignored MBA levels: the node has no MBA")
         plan = self.plan(slots if (masks or mb) else (), masks, mb)
@@ -604,15 +622,34 @@ class PreparedDecoder:
 
     def split(self, share: Sequence[int]) -> tuple[dict, dict, bool, str | None]:
         """(ways, masks, shared, repair note) for the share levels of the present slots."""
-        levels = np.zeros((1, 2 * self.decoder.max_groups), dtype=np.int64)
-        levels[0, : self.n] = share
-        return self._split(decode_arrays(self.decoder, self.layout, levels))
+        levels = [0] * (2 * self.decoder.max_groups)
+        levels[: self.n] = share
+        return self._split(*self._decode_one(levels))
 
-    def _split(self, d: Decoded) -> tuple[dict, dict, bool, str | None]:
+    def _decode_one(
+        self, levels: list[int], floors: tuple | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """:func:`decode_arrays` of this node's ``levels``: its (ways, masks, MB values)
+        rows (S,) and whether its groups share slices. The rows may be this decoder's
+        buffers: read them before the next decode."""
+        if self._python_rows:
+            d = decode_arrays(
+                self.decoder, self.layout, np.array([levels], dtype=np.int64), *(floors or ())
+            )
+            return d.ways[0], d.masks[0], d.mb[0], bool(d.shared[0])
+        lv, ways, masks, mb = self._buffers
+        lv[0] = levels
+        floor, mb_floor = floors or (None, None)
+        _kernel(lv, self.layout, _NO_ROW, _NO_ROW, floor, mb_floor, (ways, masks, mb))
+        return ways[0], masks[0], mb[0], False
+
+    def _split(
+        self, ways_row: np.ndarray, masks_row: np.ndarray, mb_row: np.ndarray, shared: bool
+    ) -> tuple[dict, dict, bool, str | None]:
         slots, n = self.slots, self.n
-        ways = dict(zip(slots, d.ways[0, :n].tolist(), strict=True))
-        masks = dict(zip(slots, d.masks[0, :n].tolist(), strict=True))
-        if not d.shared[0]:
+        ways = dict(zip(slots, ways_row[:n].tolist(), strict=True))
+        masks = dict(zip(slots, masks_row[:n].tolist(), strict=True))
+        if not shared:
             return ways, masks, False, None
         note = (
             f"{n} groups share {self.total // self.least} slices of {self.least} ways "
