@@ -357,7 +357,7 @@ def decode_arrays(
     ways = np.empty((N, S), dtype=np.int64)
     masks = np.empty((N, S), dtype=np.int64)
     mb = np.empty((N, S))
-    _kernel(np.asarray(levels, dtype=np.int64), layout, shared, whole, floor, mb_floor,
+    _decode_into(np.asarray(levels, dtype=np.int64), layout, shared, whole, floor, mb_floor,
             (ways, masks, mb))  # fmt: skip
     for b in np.flatnonzero(shared):  # more groups than slices: they share (rare)
         k = int(n[b])
@@ -368,7 +368,7 @@ def decode_arrays(
     return Decoded(ways, masks, mb, shared)
 
 
-def _kernel(levels, layout, shared, whole, floor, mb_floor, out) -> None:
+def _decode_into(levels, layout, shared, whole, floor, mb_floor, out) -> None:
     """models/actions_kernel.py's decode of ``levels`` (N, 2S) int64 into ``out`` (ways,
     masks, MB values), ``shared`` and ``whole`` (N,) as :func:`decode_arrays` decides them."""
     ak.decode(
@@ -640,7 +640,7 @@ class PreparedDecoder:
         lv, ways, masks, mb = self._buffers
         lv[0] = levels
         floor, mb_floor = floors or (None, None)
-        _kernel(lv, self.layout, _NO_ROW, _NO_ROW, floor, mb_floor, (ways, masks, mb))
+        _decode_into(lv, self.layout, _NO_ROW, _NO_ROW, floor, mb_floor, (ways, masks, mb))
         return ways[0], masks[0], mb[0], False
 
     def _split(
