@@ -166,6 +166,29 @@ def test_valid_on_synthetic_nodes_including_sharing(kind: str, n: int, seed: int
         assert any("share" in r for r in decoded.repairs)
 
 
+@pytest.mark.parametrize("share_all", [False, True])
+@pytest.mark.parametrize("kind", sorted(SYNTHETIC))
+def test_a_prepared_decoder_decodes_as_decode_arrays(kind: str, share_all: bool) -> None:
+    # The prepared decoder's one compiled call (or decode_arrays, where Python decides)
+    # against decode_arrays itself, with and without the shield's floors, on nodes with
+    # and without CAT or MBA and with groups sharing slices.
+    caps, rng = SYNTHETIC[kind], np.random.default_rng(7)
+    dec = ActionDecoder(max_groups=8, share_levels=5, mba_levels=4, share_all=share_all)
+    for n in (0, 1, 3, 6, 8):
+        prepared = dec.prepare([f"g{i}" for i in range(n)], caps)
+        for _ in range(40):
+            levels = rng.integers(0, dec.nvec).tolist()
+            floors = None
+            if rng.random() < 0.5:
+                floors = (rng.integers(0, 3, (1, 8)), rng.integers(0, 4, (1, 8)))
+            want = decode_arrays(dec, prepared.layout, np.array([levels]), *(floors or ()))
+            ways, masks, mb, shared = prepared._decode_one(levels, floors)
+            assert shared == bool(want.shared[0])
+            assert ways.tolist() == want.ways[0].tolist()
+            assert masks.tolist() == want.masks[0].tolist()
+            np.testing.assert_array_equal(mb, want.mb[0])
+
+
 def test_sharing_gives_the_highest_share_levels_a_slice_alone() -> None:
     caps = SYNTHETIC["shared-min2"]  # 5 ways, min 2 bits: 2 slices, the last 3 ways wide
     dec = ActionDecoder(max_groups=3, share_levels=4, mba_levels=2)
