@@ -1,8 +1,9 @@
 """Hot numeric loops compiled with numba where it is installed (``rdtune[sim]``), plain
 Python where it is not: the simulator's per-node solves (agent/sim/kernel.py), the
 feature encoder, the SLO shield and the action decoder (models/features_kernel.py,
-models/shield_kernel.py, models/actions_kernel.py) are written once, as loops over numpy
-arrays and scalars, and :func:`jit` decides how they run.
+models/shield_kernel.py, models/actions_kernel.py) and the environments' reward
+(envs/reward_kernel.py) are written once, as loops over numpy arrays and scalars, and
+:func:`jit` decides how they run.
 
 No fast-math: every operation rounds as IEEE arithmetic says, so compiled and plain runs of
 the same function give the same numbers (tests/agent/sim/test_kernel.py,
