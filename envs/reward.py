@@ -197,9 +197,6 @@ class RewardArrays:
     mean_progress: np.ndarray
     churn: np.ndarray
 
-    def terms(self, i: int) -> RewardTerms:
-        return RewardTerms(*(v[i].item() for v in vars(self).values()))
-
 
 def reward_arrays(
     weights: RewardWeights,
@@ -283,9 +280,10 @@ def _churn_args(before: tuple, after: tuple, ways: np.ndarray, scale: np.ndarray
 
 
 @functools.lru_cache(maxsize=64)
-def _weights_array(weights: RewardWeights) -> np.ndarray:
-    out = rk.weights_array(weights)
-    out.flags.writeable = False  # shared by every call with these weights
+def _weights_array(w: RewardWeights) -> np.ndarray:
+    """The weights in the kernel's order (its ``W_*``), read-only: shared by every call."""
+    out = np.array([w.slo, w.fairness, w.throughput, w.change, w.slo_cap, w.mba_share])
+    out.flags.writeable = False
     return out
 
 
@@ -472,18 +470,5 @@ class StepReward:
             self._ips, self._ref, *olds, *news, self._churn.ways, self._churn.scale, out,
             violations,
         )  # fmt: skip
-        slo, fairness, throughput, change, total, worst, unfair, progress, churn_ = out[
-            :, 0
-        ].tolist()
-        return RewardTerms(
-            slo,
-            fairness,
-            throughput,
-            change,
-            total,
-            int(violations[0]),
-            worst,
-            unfair,
-            progress,
-            churn_,
-        )
+        values = out[:, 0].tolist()  # RewardTerms' fields but violations, in order
+        return RewardTerms(*values[: rk.WORST], int(violations[0]), *values[rk.WORST :])

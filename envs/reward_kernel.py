@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from agent.compiled import jit, popcount
 
 # Rows of the float output of :func:`rewards`, in envs/reward.py's RewardArrays order
 # (violations, an integer, has its own array).
 SLO, FAIRNESS, THROUGHPUT, CHANGE, TOTAL, WORST, UNFAIRNESS, PROGRESS, CHURN = range(9)
 ROWS = 9
-# The weights array's order (envs/reward.py's RewardWeights fields).
+# The weights array's order (envs/reward.py's RewardWeights fields, _weights_array).
 W_SLO, W_FAIRNESS, W_THROUGHPUT, W_CHANGE, W_SLO_CAP, W_MBA_SHARE = range(6)
 
 
@@ -153,18 +151,3 @@ def _slowdown(b, c, is_batch, ips, reference_ips):
     if not is_batch[b, c] or ref != ref or ref == 0 or not got > 0:
         return 0.0
     return max(ref / got, 1e-6)
-
-
-def weights_array(weights) -> np.ndarray:
-    """envs/reward.py's RewardWeights as :func:`rewards` takes them."""
-    return np.array(
-        [
-            weights.slo,
-            weights.fairness,
-            weights.throughput,
-            weights.change,
-            weights.slo_cap,
-            weights.mba_share,
-        ],
-        dtype=float,
-    )

@@ -348,7 +348,7 @@ def decode_arrays(
     give every present slot the whole cache where ``floor`` allows it (module docstring)."""
     N, S = levels.shape[0], decoder.max_groups
     n = layout.n_present
-    shared = layout.has_l3 & (n * layout.least > np.where(layout.has_l3, layout.total, 0))
+    shared = must_share(layout)
     whole = np.zeros(N, dtype=bool)
     if decoder.share_all:
         present = np.arange(S) < n[:, None]
@@ -366,6 +366,14 @@ def decode_arrays(
         masks[b, :k] = [got[g] for g in slots]
         ways[b, :k] = [m.bit_count() for m in masks[b, :k].tolist()]
     return Decoded(ways, masks, mb, shared)
+
+
+def must_share(layout: DecodeLayout) -> np.ndarray:
+    """(N,) nodes with more groups than minimum-size slices: their groups share slices,
+    which :func:`decode_arrays` decides in Python (models/actions_kernel.py does not)."""
+    return layout.has_l3 & (
+        layout.n_present * layout.least > np.where(layout.has_l3, layout.total, 0)
+    )
 
 
 def _decode_into(levels, layout, shared, whole, floor, mb_floor, out) -> None:
@@ -559,9 +567,7 @@ class PreparedDecoder:
         # decode_arrays decides in Python only where groups must share slices or all-zero
         # shares may mean the whole cache; elsewhere a decode is one compiled call into
         # these buffers (levels, ways, masks, MB values), read out at once.
-        self._python_rows = decoder.share_all or bool(
-            layout.has_l3[0] and layout.n_present[0] * layout.least[0] > layout.total[0]
-        )
+        self._python_rows = decoder.share_all or bool(must_share(layout)[0])
         S = decoder.max_groups
         self._buffers = (
             np.empty((1, 2 * S), dtype=np.int64),
@@ -607,7 +613,7 @@ class PreparedDecoder:
         shared = False
         rows = self._decode_one(levels, floors)
         if self.l3 and n:
-            ways, masks, shared, note = self._split(*rows)
+            ways, masks, shared, note = self._split(rows[0], rows[1], rows[3])
             if note:
                 repairs.append(note)
         elif not self.l3 and n and any(share):
@@ -624,7 +630,8 @@ class PreparedDecoder:
         """(ways, masks, shared, repair note) for the share levels of the present slots."""
         levels = [0] * (2 * self.decoder.max_groups)
         levels[: self.n] = share
-        return self._split(*self._decode_one(levels))
+        ways, masks, _, shared = self._decode_one(levels)
+        return self._split(ways, masks, shared)
 
     def _decode_one(
         self, levels: list[int], floors: tuple | None = None
@@ -644,7 +651,7 @@ class PreparedDecoder:
         return ways[0], masks[0], mb[0], False
 
     def _split(
-        self, ways_row: np.ndarray, masks_row: np.ndarray, mb_row: np.ndarray, shared: bool
+        self, ways_row: np.ndarray, masks_row: np.ndarray, shared: bool
     ) -> tuple[dict, dict, bool, str | None]:
         slots, n = self.slots, self.n
         ways = dict(zip(slots, ways_row[:n].tolist(), strict=True))
