@@ -1,12 +1,15 @@
 """The operating point and the occupancy step of each simulated node, compiled.
 
 :class:`agent.sim.model.Model` owns the parameters and the API; this module owns the
-arithmetic of its two per-step solves (docs/SIMULATOR.md, "Equations"):
+arithmetic of its two per-step solves (docs/SIMULATOR.md, "Equations") and of the loop of
+them that finds a node's steady state:
 
 * :func:`solve`: the rates at the fixed point of CPI <-> bandwidth <-> memory latency for
   the occupancy held now (effects 1, 4, 5 and 7);
 * :func:`advance`: the occupancy after a step, with insertion at the miss ratio and access
-  rate of the step's end (backward Euler, effect 3; CAT semantics, effect 2).
+  rate of the step's end (backward Euler, effect 3; CAT semantics, effect 2);
+* :func:`steady`: the two, step after step, until the occupancy stops moving (a warm
+  start, and the noise-free truth the oracle and the facts read).
 
 Each node is solved on its own, in a loop over nodes: a node's numbers never depend on
 which nodes share its batch, and a converged node costs nothing while others iterate.
@@ -302,38 +305,51 @@ def solve(mach, wl, knees, x, occ, counts, dyn_u, dyn_rho, dyn_eta, tol):
     ``occ`` held now, per node: (solution (SOLUTION_FIELDS, B, n), memory latency (B,),
     utilisation (B,)). ``dyn_u`` is the warm start; node ``b``'s workloads are its first
     ``counts[b]``, the rest pad the batch (no accesses, never active)."""
-    B, n, W = occ.shape
+    B, n, _ = occ.shape
     out = np.zeros((SOLUTION_FIELDS, B, n))
     lat_out = np.empty(B)
     u_out = np.empty(B)
     m = np.empty(n)
     for b in range(B):
-        for i in range(n):
-            held = 0.0
-            for j in range(W):
-                held += occ[b, i, j]
-            mi = _miss_ratio(wl, knees, b, i, held, x[b, i, WS_S])
-            m[i] = mi + _cold_misses(wl, x, b, i, mi, dyn_rho[b, i], dyn_eta[b, i])
-            out[CAPACITY, b, i] = held
-        k = counts[b]  # padding draws no bandwidth: the fixed point is over the others
-        u = _utilization(mach, wl, x, b, m[:k], dyn_rho[b, :k], dyn_u[b], tol)
-        lat = latency(mach, b, u)
-        lat_out[b], u_out[b] = lat, u
-        hz = mach[b, HZ]
-        for i in range(n):
-            ips, cpi, bpi = _rates(mach, wl, x, b, i, m[i], dyn_rho[b, i], lat)
-            access = ips * (wl[b, i, APKI] * x[b, i, APKI_S]) / 1000.0
-            out[IPS, b, i], out[CPI, b, i], out[MISS_RATIO, b, i] = ips, cpi, m[i]
-            out[ACCESS_RATE, b, i], out[MISS_RATE, b, i] = access, access * m[i]
-            out[MEM_BW, b, i] = ips * bpi
-            if wl[b, i, IS_LC] != 0.0:
-                service = wl[b, i, IPR] * cpi / hz + wl[b, i, IO_S]
-                out[SERVICE_S, b, i] = service
-                out[BUSY, b, i] = ips * cpi / hz
-                out[RHO, b, i] = x[b, i, LAM] * x[b, i, ACTIVE] * service / wl[b, i, WORKERS]
-            else:
-                out[BUSY, b, i] = x[b, i, ACTIVE] * x[b, i, CORES]
+        lat_out[b], u_out[b] = _solve_node(
+            mach, wl, knees, x, b, occ[b], counts[b], dyn_u[b], dyn_rho[b], dyn_eta[b], tol,
+            out, m,
+        )  # fmt: skip
     return out, lat_out, u_out
+
+
+@_jit
+def _solve_node(mach, wl, knees, x, b, occ, k, u0, rho, eta, tol, out, m):
+    """:func:`solve` of node ``b`` holding ``occ`` (n, W), its first ``k`` workloads its
+    own, from the warm start ``u0`` with the queues ``rho`` and eviction rates ``eta``
+    (n,) of before: writes the node's column of ``out`` (``m``: scratch of n) and returns
+    (memory latency, utilisation)."""
+    n, W = occ.shape
+    for i in range(n):
+        held = 0.0
+        for j in range(W):
+            held += occ[i, j]
+        mi = _miss_ratio(wl, knees, b, i, held, x[b, i, WS_S])
+        m[i] = mi + _cold_misses(wl, x, b, i, mi, rho[i], eta[i])
+        out[CAPACITY, b, i] = held
+    # padding draws no bandwidth: the fixed point is over the others
+    u = _utilization(mach, wl, x, b, m[:k], rho[:k], u0, tol)
+    lat = latency(mach, b, u)
+    hz = mach[b, HZ]
+    for i in range(n):
+        ips, cpi, bpi = _rates(mach, wl, x, b, i, m[i], rho[i], lat)
+        access = ips * (wl[b, i, APKI] * x[b, i, APKI_S]) / 1000.0
+        out[IPS, b, i], out[CPI, b, i], out[MISS_RATIO, b, i] = ips, cpi, m[i]
+        out[ACCESS_RATE, b, i], out[MISS_RATE, b, i] = access, access * m[i]
+        out[MEM_BW, b, i] = ips * bpi
+        if wl[b, i, IS_LC] != 0.0:
+            service = wl[b, i, IPR] * cpi / hz + wl[b, i, IO_S]
+            out[SERVICE_S, b, i] = service
+            out[BUSY, b, i] = ips * cpi / hz
+            out[RHO, b, i] = x[b, i, LAM] * x[b, i, ACTIVE] * service / wl[b, i, WORKERS]
+        else:
+            out[BUSY, b, i] = x[b, i, ACTIVE] * x[b, i, CORES]
+    return lat, u
 
 
 # ---------------------------------------------------------------------- occupancy
@@ -625,3 +641,63 @@ def _advance_node(
                 hi[i], rhi[i] = m[i], r
                 side[i] = -1.0
             last[i] = m[i]
+
+
+# ---------------------------------------------------------------------- steady state
+
+
+@_jit
+def steady(mach, wl, knees, x, masks, occ, counts, tol, big_move, iters):
+    """The converged occupancy (B, n, W), solution (SOLUTION_FIELDS, B, n), memory latency
+    (B,), utilisation (B,) and eviction rates (B, n) of each node for constant inputs,
+    from the occupancy ``occ``, and the iterations each node took (B,; ``iters`` + 1: it
+    ran out). :meth:`agent.sim.model.Model.steady` says what each step does and why;
+    here each node runs its loop to the end on its own, in the same arithmetic as the
+    steps :func:`solve` and :func:`advance` take one call at a time. ``tol`` and
+    ``big_move`` (B,) are each node's convergence test and "a big move" in bytes."""
+    B, n, W = occ.shape
+    sol = np.zeros((SOLUTION_FIELDS, B, n))
+    lat_out, u_out = np.empty(B), np.empty(B)
+    out_occ = occ.copy()
+    out_eta = np.zeros((B, n))
+    taken = np.empty(B, dtype=np.int64)
+    # advance's outputs and scratch, as advance holds them (node b's rows are written)
+    step_out = (np.empty((B, n, W)), np.zeros((B, n)), np.empty((B, n)), np.zeros(B, np.int64))
+    scratch = (np.empty((n, W)), np.empty(n), np.empty(n), np.empty((n, W)), np.empty((3, n)))
+    work = np.empty((11, n))
+    m, rho, no_guess = np.empty(n), np.empty(n), np.zeros(n)
+    for b in range(B):
+        k = counts[b]
+        o, eta = out_occ[b], out_eta[b]
+        for i in range(n):
+            rho[i] = 0.0
+        lat, u = _solve_node(mach, wl, knees, x, b, o, k, 0.0, rho, eta, 1e-6, sol, m)
+        dt = 0.1
+        taken[b] = iters + 1
+        for it in range(iters):
+            for i in range(n):
+                rho[i] = sol[RHO, b, i]
+            _advance_node(mach, wl, knees, x, masks, b, o[:k], sol[MISS_RATIO, b, :k],
+                          sol[ACCESS_RATE, b, :k], lat, rho[:k], dt, no_guess[:k], 5, 2e-5,
+                          scratch, work[:, :k], step_out)  # fmt: skip
+            new = step_out[0][b]
+            moved = 0.0
+            for i in range(k):  # padding rows keep what they hold: they never move
+                for j in range(W):
+                    d = abs(new[i, j] - o[i, j])
+                    if d > moved or d != d:  # NaN propagates, as numpy's max does
+                        moved = d
+            # Long steps jump to each step's equilibrium; halving the jump damps the
+            # feedback through the rates (it changes the path, not the fixed point).
+            for i in range(k):
+                for j in range(W):
+                    o[i, j] = new[i, j] if dt < 1.0 else 0.5 * (o[i, j] + new[i, j])
+            for i in range(k):
+                eta[i] = step_out[1][b, i]
+            lat, u = _solve_node(mach, wl, knees, x, b, o, k, u, rho, eta, 1e-10, sol, m)
+            if moved < tol[b]:
+                taken[b] = it + 1
+                break
+            dt = max(dt * 0.5, 0.1) if moved > big_move[b] else min(dt * 1.5, 100.0)
+        lat_out[b], u_out[b] = lat, u
+    return out_occ, sol, lat_out, u_out, out_eta, taken

@@ -20,6 +20,9 @@ from agent.sim.scenario import LoadProfile, Scenario, WorkloadInstance
 # The most of its max load alone a random mix's profile asks of an LC service at any time:
 # a margin for the measured tail's noise around the steady state's.
 PEAK_SHARE = 0.8
+# The load profiles an LC service of a random mix gets, one drawn per service.
+PROFILES = ("constant", "step", "diurnal", "bursty")
+_NAMES: dict[tuple, tuple[Catalog, tuple[tuple[str, ...], ...]]] = {}
 
 
 def random_scenario(
@@ -43,14 +46,11 @@ def random_scenario(
 
     catalog = catalog or default_catalog()
     rng = np.random.default_rng(seed)
+    machines, lcs, batch = _names(catalog, tuple(exclude))
     if machine is None:
-        machine = str(rng.choice(sorted(catalog.machines)))
+        machine = _pick(rng, machines)
     preset = catalog.machine(machine)
     max_groups = min(preset.l3_closids, preset.mba_closids or preset.l3_closids) - 1
-    lcs = sorted(n for n, w in catalog.workloads.items() if w.kind == "lc" and n not in exclude)
-    batch = sorted(
-        n for n, w in catalog.workloads.items() if w.kind == "batch" and n not in exclude
-    )
     n_lc = int(rng.integers(0, max_lc + 1))
     n_batch = int(rng.integers(1, max_batch + 1))
     while n_lc + n_batch > max_groups:
@@ -59,8 +59,8 @@ def random_scenario(
             n_lc -= 1
     cores_left = preset.cores
     instances: list[WorkloadInstance] = []
-    picks = [("lc", str(rng.choice(lcs))) for _ in range(n_lc)]
-    picks += [("batch", str(rng.choice(batch))) for _ in range(n_batch)]
+    picks = [("lc", _pick(rng, lcs)) for _ in range(n_lc)]
+    picks += [("batch", _pick(rng, batch)) for _ in range(n_batch)]
     for i, (kind, wl) in enumerate(picks):
         spec = catalog.workload(wl)
         remaining = len(picks) - i - 1
@@ -71,7 +71,7 @@ def random_scenario(
         load = None
         if kind == "lc":
             share = float(rng.uniform(0.1, 0.7))  # of the service's max load alone
-            pk = str(rng.choice(["constant", "step", "diurnal", "bursty"]))
+            pk = _pick(rng, PROFILES)
             top = solo_max_utilization(wl, machine, threads, catalog)
             if not top > 0.0:
                 raise CatalogError(f"{wl} misses its SLO on {machine} alone at any load")
@@ -86,6 +86,31 @@ def random_scenario(
         description=f"random mix (seed {seed})",
         catalog=catalog,
     )
+
+
+def _pick(rng: np.random.Generator, names: Sequence[str]) -> str:
+    """``str(rng.choice(names))`` drawn the way ``Generator.choice`` draws one element of a
+    sequence (one ``integers(0, len)``; tests/agent/sim/test_mixes.py checks the two agree),
+    without turning the list into an array: an episode start draws a mix or more, and
+    choice's conversion was most of a mix's cost."""
+    return names[int(rng.integers(len(names)))]
+
+
+def _names(catalog: Catalog, exclude: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """(machines, LC services, batch jobs) of ``catalog``, sorted, ``exclude`` left out;
+    kept per catalog (a catalog is not hashable: keyed by identity, checked on a hit)."""
+    key = (id(catalog), exclude)
+    hit = _NAMES.get(key)
+    if hit is not None and hit[0] is catalog:
+        return hit[1]
+    work = catalog.workloads.items()
+    names = (
+        tuple(sorted(catalog.machines)),
+        tuple(sorted(n for n, w in work if w.kind == "lc" and n not in exclude)),
+        tuple(sorted(n for n, w in work if w.kind == "batch" and n not in exclude)),
+    )
+    _NAMES[key] = (catalog, names)
+    return names
 
 
 def _profile(rng: np.random.Generator, kind: str, share: float, top: float) -> LoadProfile:

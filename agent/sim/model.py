@@ -427,44 +427,29 @@ class Model:
         per-way solution is exact for any step, so a rarely-missing workload's cache fills in
         a few steps, not thousands) and shrink again when it moves a lot: a workload whose
         miss rate depends on what it holds needs short steps to settle, not to overshoot.
-        Each node has its own step and stops when it has converged (then leaves the batch),
-        so its steady state is the one it would reach alone."""
+        Each node has its own step and stops when it has converged, so its steady state is
+        the one it would reach alone; :func:`kernel.steady` runs each node's loop to its end
+        in one compiled call (a few nodes of a random batch need all ``iters`` steps, which
+        as one batched call per step cost more than the rest of an episode's start)."""
         if occ is None:
             occ = np.zeros((self.B, self.n, self.W))
-        dyn = self.start()
-        sol = self.solve(inp, occ, dyn)
+        machine, workloads, knees = self._packed()
         # Converged when no way moves by more than a hundred-thousandth of the cache.
         tol = 1e-5 * (self.way_bytes * self.ways)[:, 0]
         big_move = 0.02 * self.way_bytes[:, 0]
-        dt = np.full((self.B, 1), 0.1)
-        out_occ, out_sol, out_eta = occ.copy(), sol.take(np.arange(self.B)), dyn.eta.copy()
-        model, rows = self, np.arange(self.B)
-        for _ in range(iters):
-            dyn = Dynamics(sol.utilization, sol.rho, dyn.eta)
-            new, eta, _ = model.advance(occ, inp, sol, dyn, dt)
-            moved = np.abs(new - occ).max(axis=(1, 2))
-            # Long steps jump to each step's equilibrium; halving the jump damps the
-            # feedback through the rates (it changes the path, not the fixed point).
-            occ = np.where(dt[:, :, None] < 1.0, new, 0.5 * (occ + new))
-            dyn.eta = eta
-            sol = model.solve(inp, occ, dyn, tol=1e-10)
-            done = moved < tol
-            if done.any():
-                at = rows[done]
-                out_occ[at], out_eta[at] = occ[done], eta[done]
-                out_sol.put(at, sol.take(done))
-                if done.all():
-                    rows = rows[:0]
-                    break
-                keep = np.flatnonzero(~done)
-                model, inp, rows = model.take(keep), inp.take(keep), rows[keep]
-                occ, sol, dyn, dt = occ[keep], sol.take(keep), dyn.take(keep), dt[keep]
-                moved, tol, big_move = moved[keep], tol[keep], big_move[keep]
-            big = moved > big_move
-            dt = np.where(big[:, None], np.maximum(dt * 0.5, 0.1), np.minimum(dt * 1.5, 100.0))
-        if len(rows):  # out of iterations: where they got to
-            out_occ[rows], out_eta[rows] = occ, dyn.eta
-            out_sol.put(rows, sol)
+        out_occ, out, lat, u, out_eta, _ = kernel.steady(
+            machine,
+            workloads,
+            knees,
+            self._packed_inputs(inp),
+            np.ascontiguousarray(inp.masks, dtype=float),
+            np.ascontiguousarray(occ, dtype=float),
+            self._counts(),
+            np.ascontiguousarray(tol, dtype=float),
+            np.ascontiguousarray(big_move, dtype=float),
+            int(iters),
+        )
+        out_sol = Solution(*out, lat, u)
         return out_occ, out_sol, Dynamics(out_sol.utilization, out_sol.rho, out_eta)
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from agent.sim import SimNode
 from agent.sim.headroom import max_load, solo_max_utilization, solo_node
-from agent.sim.mixes import PEAK_SHARE, random_scenario
+from agent.sim.mixes import PEAK_SHARE, _pick, random_scenario
 
 
 def _peak(load) -> float:
@@ -30,6 +31,17 @@ def test_random_scenarios_are_seeded_and_fit_the_machine() -> None:
         node = SimNode(a)
         assert len(node.groups()) == len(a.workloads)
     assert random_scenario(1) != random_scenario(2)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 7, 11])
+def test_a_pick_draws_as_generator_choice_does(size: int) -> None:
+    # random_scenario's mixes are pinned by seed: _pick must give choice's element and
+    # leave the generator where choice leaves it.
+    names = [f"w{i}" for i in range(size)]
+    for seed in range(300):
+        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+        assert [_pick(a, names) for _ in range(4)] == [str(b.choice(names)) for _ in range(4)]
+        assert a.random() == b.random()
 
 
 def test_no_draw_asks_an_lc_service_for_more_than_it_serves_alone() -> None:
