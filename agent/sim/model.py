@@ -391,18 +391,11 @@ class Model:
         so the root keeps about the same distance from the start's miss ratio). Returns
         the occupancy, the eviction rates and the miss ratio each workload converged to
         (the point of its node's last evaluation)."""
-        machine, workloads, knees = self._packed()
         B = occ.shape[0]
         steps = np.empty(B)
         steps[:] = np.asarray(dt, dtype=float).reshape(-1)
         new, eta, m, _ = kernel.advance(
-            machine,
-            workloads,
-            knees,
-            self._packed_inputs(inp),
-            np.ascontiguousarray(inp.masks, dtype=float),
-            np.ascontiguousarray(occ, dtype=float),
-            self._counts(),
+            *self.occupancy_args(inp, occ),
             np.ascontiguousarray(sol.miss_ratio, dtype=float),
             np.ascontiguousarray(sol.access_rate, dtype=float),
             np.ascontiguousarray(sol.latency_ns, dtype=float),
@@ -413,6 +406,24 @@ class Model:
             float(tol),
         )
         return new, eta, m
+
+    def occupancy_args(self, inp: Inputs, occ: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The arguments :func:`kernel.advance` and :func:`kernel.steady` open with: the
+        packed parameters and inputs, the masks, the occupancy ``occ`` and the workload
+        counts."""
+        return (
+            *self._packed(),
+            self._packed_inputs(inp),
+            np.ascontiguousarray(inp.masks, dtype=float),
+            np.ascontiguousarray(occ, dtype=float),
+            self._counts(),
+        )
+
+    def steady_tolerances(self) -> tuple[np.ndarray, np.ndarray]:
+        """(B,) each node's steady-state test and its "big move", in bytes of a way moved
+        in one step: converged below a hundred-thousandth of the cache; above 2% of a way
+        the step shrinks."""
+        return 1e-5 * (self.way_bytes * self.ways)[:, 0], 0.02 * self.way_bytes[:, 0]
 
     def start(self, u: float = 0.0) -> Dynamics:
         z = np.zeros((self.B, self.n))
@@ -433,21 +444,8 @@ class Model:
         as one batched call per step cost more than the rest of an episode's start)."""
         if occ is None:
             occ = np.zeros((self.B, self.n, self.W))
-        machine, workloads, knees = self._packed()
-        # Converged when no way moves by more than a hundred-thousandth of the cache.
-        tol = 1e-5 * (self.way_bytes * self.ways)[:, 0]
-        big_move = 0.02 * self.way_bytes[:, 0]
         out_occ, out, lat, u, out_eta, _ = kernel.steady(
-            machine,
-            workloads,
-            knees,
-            self._packed_inputs(inp),
-            np.ascontiguousarray(inp.masks, dtype=float),
-            np.ascontiguousarray(occ, dtype=float),
-            self._counts(),
-            np.ascontiguousarray(tol, dtype=float),
-            np.ascontiguousarray(big_move, dtype=float),
-            int(iters),
+            *self.occupancy_args(inp, occ), *self.steady_tolerances(), int(iters)
         )
         out_sol = Solution(*out, lat, u)
         return out_occ, out_sol, Dynamics(out_sol.utilization, out_sol.rho, out_eta)

@@ -133,8 +133,7 @@ def _steady_step_by_step(model, inp, occ, iters):
 
     dyn = model.start()
     sol = model.solve(inp, occ, dyn)
-    tol = 1e-5 * (model.way_bytes * model.ways)[:, 0]
-    big_move = 0.02 * model.way_bytes[:, 0]
+    tol, big_move = model.steady_tolerances()
     dt = np.full((model.B, 1), 0.1)
     out_occ, out_sol, out_eta = occ.copy(), sol.take(np.arange(model.B)), dyn.eta.copy()
     rows = np.arange(model.B)
@@ -185,9 +184,8 @@ def test_the_compiled_steady_state_is_the_step_by_step_loop(iters: int) -> None:
         np.testing.assert_array_equal(got_dyn.eta, want_eta)
         for name, value in vars(want_sol).items():
             np.testing.assert_array_equal(getattr(got_sol, name), value, err_msg=name)
-    _, _, _, _, _, taken = kernel.steady(
-        *eng.model._packed(), eng.model._packed_inputs(inp), inp.masks, np.zeros_like(eng.occ),
-        eng.model._counts(), 1e-5 * (eng.model.way_bytes * eng.model.ways)[:, 0],
-        0.02 * eng.model.way_bytes[:, 0], iters,
-    )  # fmt: skip
+    m = eng.model
+    *_, taken = kernel.steady(
+        *m.occupancy_args(inp, np.zeros_like(eng.occ)), *m.steady_tolerances(), iters
+    )
     assert (taken > iters).any() and (taken <= iters).any()  # both kinds of node were met
