@@ -443,7 +443,7 @@ class SimBatch:
             lat.mb[members],
             lat.mi[members],
             renumber[lat.owner[members]],
-            [r for r, k in zip(lat.rngs, keep.tolist(), strict=True) if k],
+            lat.rngs.take(np.flatnonzero(keep)),
         )
         return node[keep], col[keep], sub
 

@@ -51,6 +51,7 @@ from agent.sim.latency import (
 )
 from agent.sim.model import Dynamics, Inputs, Model, Solution
 from agent.sim.scenario import LoadSchedule, Scenario, diurnal
+from agent.sim.streams import Streams
 
 BACKLOG_CAP_S = 30.0  # clients time out: a queue never holds more than this much work
 COUNTERS = 5  # instructions, cycles, LLC references, LLC misses, memory bytes
@@ -82,7 +83,7 @@ class LatencyGroups(NamedTuple):
     mb: np.ndarray  # (M,) node of each member service, members in group order
     mi: np.ndarray  # (M,) its workload index
     owner: np.ndarray  # (M,) its group
-    rngs: list  # (G,) each group's sampling-error stream (its first member's), or None
+    rngs: Streams  # (G,) each group's sampling-error stream (its first member's), or None
 
 
 def describe(scn: Scenario) -> tuple[MachinePreset, list[WorkloadSpec], list[int]]:
@@ -191,6 +192,7 @@ class Engine:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_calm", None)
+        self._lc_index = None  # rebuilt from the services on next use (older pickles too)
         if "_correction" not in state:  # pickled before the solver carried its correction
             self._correction = np.zeros(self.lam.shape)
         if "_pooled_memo" not in state:  # pickled before the pooled quantiles were kept
@@ -314,15 +316,14 @@ class Engine:
         self._tables.append(table)
         return len(self._tables) - 1
 
-    def _services(self) -> tuple[np.ndarray, np.ndarray, list]:
-        """(node, workload) of every LC service in node order, and the Poisson draw of
-        each one's request stream."""
+    def _services(self) -> tuple[np.ndarray, np.ndarray, Streams]:
+        """(node, workload) of every LC service in node order, and their request streams."""
         if self._lc_index is None:
             pairs = [(b, s.index, s.rng) for b in range(self.B) for s in self.lc[b]]
             self._lc_index = (
                 np.array([p[0] for p in pairs], dtype=np.int64),
                 np.array([p[1] for p in pairs], dtype=np.int64),
-                [p[2].poisson for p in pairs],  # bound once: a step calls each
+                Streams([p[2] for p in pairs]),
             )
         return self._lc_index
 
@@ -586,11 +587,11 @@ class Engine:
     def _account(self, dt: float, rows: np.ndarray | None) -> None:
         """One step of every LC service of nodes ``rows``: backlog, requests (drawn from
         the service's stream), and the step's record."""
-        sb, si, draws = self._services()
+        sb, si, streams = self._services()
+        which = None  # every service's stream
         if rows is not None:
             keep = np.isin(sb, rows)
-            sb, si = sb[keep], si[keep]
-            draws = [d for d, k in zip(draws, keep.tolist(), strict=True) if k]
+            sb, si, which = sb[keep], si[keep], np.flatnonzero(keep)
         if not len(sb):
             return
         rate = self.lam[sb, si] * self.act[sb, si] * dt
@@ -601,10 +602,7 @@ class Engine:
         else:
             end, mean = fluid_backlog(backlog, rho, dt)
             self.backlog[sb, si] = np.minimum(end, BACKLOG_CAP_S)
-        req = np.array(
-            [d(x) if x > 0 else 0 for d, x in zip(draws, rate.tolist(), strict=True)],
-            dtype=np.int64,
-        )
+        req = streams.poisson(which, rate)
         self.count[sb, si] += req
         got = req > 0
         n_got = np.count_nonzero(got)
@@ -667,7 +665,7 @@ class Engine:
             np.array(mb, dtype=np.int64),
             np.array(mi, dtype=np.int64),
             np.array(owner, dtype=np.int64),
-            rngs,
+            Streams(rngs),
         )
 
     def latency_of(

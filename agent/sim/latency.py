@@ -39,6 +39,7 @@ from agent.compiled import COMPILING
 from agent.sim import latency_kernel
 from agent.sim.catalog import DATA_DIR, ServiceDist
 from agent.sim.queueing import burst_arrivals, lindley, service_multipliers
+from agent.sim.streams import normals
 
 TABLES_FILE = DATA_DIR / "latency_tables.npz"
 STANDARD = (50.0, 95.0, 99.0, 99.9)
@@ -576,7 +577,7 @@ def _sampled(
     quantiles either side)."""
     sd = np.sqrt(_PVAR / counts[:, None]) * slope
     # One sample gives all four: their errors are correlated.
-    z = np.array([rngs[g].standard_normal(5) for g in rows.tolist()])
+    z = normals(rngs, rows, 5)
     z = 0.8 * z[:, :1] + 0.6 * z[:, 1:]
     return np.sort(np.maximum(both[:, :4] + sd * z, 0.0), axis=1)
 
