@@ -4,12 +4,13 @@ Each LC service of a simulated node draws its request counts (and its latency mo
 sampling error) from a numpy ``Generator`` of its own, so that one service's load or
 allocation never shifts another's draws (common random numbers, docs/SIMULATOR.md). A
 batch of 256 nodes holds some 400 such streams, and a Python loop calling each costs about
-a microsecond a call, every simulator step and every observation. numba
-takes numpy Generators as arguments (in a typed list) and draws from their states with
-ports of numpy's own algorithms: the same numbers, and each stream left where numpy leaves
-it (tests/agent/sim/test_streams.py). A typed list takes most of a second to compile in
-each process, so only batches with at least :data:`MANY` streams use it; smaller ones, and
-installs without numba, loop in Python over the same functions.
+a microsecond a call, every simulator step and every observation. numba takes numpy
+Generators as arguments (in a typed list) and draws from their states with ports of
+numpy's own algorithms: the same numbers, and each stream left where numpy leaves it
+(tests/agent/sim/test_streams.py). A typed list takes most of a second to compile in each
+process, so only batches with at least :data:`MANY` streams use it; smaller ones, and
+installs without numba, loop in Python over the same generators. Not for threads: numba
+draws without the lock numpy's Generator methods take (a batch is stepped by one thread).
 """
 
 from __future__ import annotations
@@ -75,14 +76,14 @@ class Streams(Sequence):
         """The streams ``idx``, drawing through this one's typed list (no new one)."""
         idx = np.asarray(idx, dtype=np.int64)
         view = Streams([self.gens[i] for i in idx.tolist()])
-        view._root = self._root or self
+        view._root = self if self._root is None else self._root
         view._map = idx if self._map is None else self._map[idx]
         return view
 
     def _target(self, idx: np.ndarray | None):
         """(the streams to draw from: a typed list or this list, the indices into them)."""
         idx = np.arange(len(self.gens)) if idx is None else np.asarray(idx, dtype=np.int64)
-        root = self._root or self
+        root = self if self._root is None else self._root
         if not COMPILING or len(root.gens) < MANY:
             return self.gens, idx
         if root._typed is None:
