@@ -495,13 +495,8 @@ class Engine:
         stale = self._stale if rows is None else self._stale[rows]
         if np.count_nonzero(stale):
             at = np.flatnonzero(self._stale) if rows is None else rows[stale]
-            if len(at) == self.B:  # every node (a single node's apply): no gathers
-                at = slice(None)
-                m = self.model
-            else:
-                m = self.model.take(at)
             ws = self.mult[at, :, 1]
-            self._hold_cap[at] = m.hold_cap(self.nways[at], ws)
+            self._hold_cap[at] = self.model.hold_cap(self.nways[at], ws, at)
             self._stale[at] = False
         sel = slice(None) if rows is None else rows
         mult = self.mult[sel]

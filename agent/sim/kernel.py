@@ -266,33 +266,36 @@ def workload_allocation(group_of, gmask, gmb, cbm, modes, max_bw, delays, W):
 
 
 @_jit
-def hold_cap(mach, wl, nways, ws_s, W):
-    """Bytes of its footprint each workload (B, n) can hold in ``nways`` ways of a
-    set-associative cache: its lines hash to sets like balls into bins (Poisson with mean
-    ``footprint / way size`` per set) and a set keeps at most ``nways`` of them, so
+def hold_cap(mach, wl, nways, ws_s, W, rows):
+    """Bytes of its footprint each workload of nodes ``rows`` (R, n) can hold in ``nways``
+    (R, n) ways of a set-associative cache: its lines hash to sets like balls into bins
+    (Poisson with mean ``footprint / way size`` per set) and a set keeps at most ``nways``
+    of them, so
     ``way_bytes * E[min(K, nways)]`` = ``way_bytes * sum over i < nways of P(K > i)``. Near
     the footprint a few ways leave conflict misses; a partition much larger than the
     footprint holds all of it."""
-    B, n = nways.shape
+    R, n = nways.shape
     log_fact = np.empty(W)  # log i!, i = 0..W-1
     acc = 0.0
     for k in range(W):
         acc += math.log(max(float(k), 1.0))
         log_fact[k] = acc
-    out = np.empty((B, n))
-    for b in range(B):
+    out = np.empty((R, n))
+    for r in range(R):
+        b = rows[r]
         wb = mach[b, WAY_BYTES]
         for i in range(n):
-            fp = wl[b, i, FP] * ws_s[b, i]
+            fp = wl[b, i, FP] * ws_s[r, i]
             lam = max(fp / wb, 1e-12)
             log_lam = math.log(lam)
             cdf = 0.0  # P(K <= k)
             expected = 0.0
             for k in range(W):
+                if not k < nways[r, i]:  # the sum is over the mask's ways only
+                    break
                 cdf += math.exp(-lam + k * log_lam - log_fact[k])
-                if k < nways[b, i]:
-                    expected += min(max(1.0 - cdf, 0.0), 1.0)
-            out[b, i] = min(wb * expected, fp)
+                expected += min(max(1.0 - cdf, 0.0), 1.0)
+            out[r, i] = min(wb * expected, fp)
     return out
 
 

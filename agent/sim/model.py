@@ -264,9 +264,12 @@ class Model:
         machine = self._packed()[0]
         return np.array([kernel.latency(machine, b, float(x)) for b, x in enumerate(u)])
 
-    def hold_cap(self, nways: np.ndarray, ws_s: np.ndarray) -> np.ndarray:
-        """Bytes of its footprint each workload can hold in its mask's ``nways`` ways
-        (:func:`kernel.hold_cap`: set conflicts near the footprint)."""
+    def hold_cap(
+        self, nways: np.ndarray, ws_s: np.ndarray, rows: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Bytes of its footprint each workload of nodes ``rows`` (None: all) can hold in
+        its mask's ``nways`` ways (:func:`kernel.hold_cap`: set conflicts near the
+        footprint); ``nways`` and ``ws_s`` are those nodes' rows."""
         machine, workloads, _ = self._packed()
         return kernel.hold_cap(
             machine,
@@ -274,6 +277,7 @@ class Model:
             np.ascontiguousarray(nways, dtype=float),
             np.ascontiguousarray(ws_s, dtype=float),
             self.W,
+            np.arange(self.B) if rows is None else np.asarray(rows, dtype=np.int64),
         )
 
     def _packed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -189,3 +189,31 @@ def test_the_compiled_steady_state_is_the_step_by_step_loop(iters: int) -> None:
         *m.occupancy_args(inp, np.zeros_like(eng.occ)), *m.steady_tolerances(), iters
     )
     assert (taken > iters).any() and (taken <= iters).any()  # both kinds of node were met
+
+
+def test_hold_cap_of_some_rows_is_their_rows_of_all() -> None:
+    """Model.hold_cap of nodes ``rows`` (what the engine recomputes after an allocation
+    moved) reads the whole model's parameters at those rows: their rows of the whole
+    batch's answer, bit for bit, and the expected lines a set keeps of a Poisson number
+    hashed to it, summed over the mask's ways only."""
+    import math
+
+    from agent.sim.batch import SimBatch
+    from agent.sim.mixes import random_scenario
+
+    eng = SimBatch([random_scenario(seed) for seed in range(12)], list(range(12))).engine
+    m, rng = eng.model, np.random.default_rng(3)
+    nways = rng.integers(1, m.W + 1, size=eng.nways.shape).astype(float)
+    ws = eng.mult[:, :, 1] * rng.uniform(0.3, 3.0, size=nways.shape)
+    whole = m.hold_cap(nways, ws)
+    rows = np.array([7, 2, 11])
+    np.testing.assert_array_equal(m.hold_cap(nways[rows], ws[rows], rows), whole[rows])
+    machine, workloads, _ = m._packed()
+    for b in range(m.B):
+        for i in range(m.n):
+            fp = workloads[b, i, kernel.FP] * ws[b, i]
+            lam = max(fp / machine[b, kernel.WAY_BYTES], 1e-12)
+            cdf = np.cumsum([math.exp(-lam) * lam**k / math.factorial(k) for k in range(m.W)])
+            held = np.clip(1.0 - cdf[: int(nways[b, i])], 0.0, 1.0).sum()
+            want = min(machine[b, kernel.WAY_BYTES] * held, fp)
+            assert whole[b, i] == pytest.approx(want, rel=1e-9, abs=1e-6)
