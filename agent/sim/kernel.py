@@ -270,10 +270,9 @@ def hold_cap(mach, wl, nways, ws_s, W, rows):
     """Bytes of its footprint each workload of nodes ``rows`` (R, n) can hold in ``nways``
     (R, n) ways of a set-associative cache: its lines hash to sets like balls into bins
     (Poisson with mean ``footprint / way size`` per set) and a set keeps at most ``nways``
-    of them, so
-    ``way_bytes * E[min(K, nways)]`` = ``way_bytes * sum over i < nways of P(K > i)``. Near
-    the footprint a few ways leave conflict misses; a partition much larger than the
-    footprint holds all of it."""
+    of them, so ``way_bytes * E[min(K, nways)]`` = ``way_bytes * sum over i < nways of
+    P(K > i)``. Near the footprint a few ways leave conflict misses; a partition much
+    larger than the footprint holds all of it."""
     R, n = nways.shape
     log_fact = np.empty(W)  # log i!, i = 0..W-1
     acc = 0.0
