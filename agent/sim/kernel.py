@@ -547,8 +547,7 @@ def advance(
     out_m = np.empty((B, n))
     evaluations = np.zeros(B, dtype=np.int64)
     out = (out_occ, out_eta, out_m, evaluations)
-    scratch = (np.empty((n, W)), np.empty(n), np.empty(n), np.empty((n, W)), np.empty((3, n)))
-    work = np.empty((11, n))
+    scratch, work = _node_scratch(n, W)
     for b in range(B):
         k = counts[b]
         for i in range(k, n):
@@ -559,6 +558,14 @@ def advance(
                       sol_access[b, :k], sol_lat[b], dyn_rho[b, :k], dt[b], guess[b, :k],
                       iters, tol, scratch, work[:, :k], out)  # fmt: skip
     return out_occ, out_eta, out_m, evaluations
+
+
+@_jit
+def _node_scratch(n, W):
+    """Scratch for :func:`_advance_node` of nodes of up to ``n`` workloads and ``W`` ways:
+    (its ``buffers``, its ``work``), reused node after node."""
+    buffers = (np.empty((n, W)), np.empty(n), np.empty(n), np.empty((n, W)), np.empty((3, n)))
+    return buffers, np.empty((11, n))
 
 
 @_jit
@@ -665,8 +672,7 @@ def steady(mach, wl, knees, x, masks, occ, counts, tol, big_move, iters):
     taken = np.empty(B, dtype=np.int64)
     # advance's outputs and scratch, as advance holds them (node b's rows are written)
     step_out = (np.empty((B, n, W)), np.zeros((B, n)), np.empty((B, n)), np.zeros(B, np.int64))
-    scratch = (np.empty((n, W)), np.empty(n), np.empty(n), np.empty((n, W)), np.empty((3, n)))
-    work = np.empty((11, n))
+    scratch, work = _node_scratch(n, W)
     m, rho, no_guess = np.empty(n), np.empty(n), np.zeros(n)
     for b in range(B):
         k = counts[b]

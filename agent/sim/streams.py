@@ -81,7 +81,8 @@ class Streams(Sequence):
         return view
 
     def _target(self, idx: np.ndarray | None):
-        """(the streams to draw from: a typed list or this list, the indices into them)."""
+        """(the streams to draw from: a typed list, for the compiled loop, or this list, for
+        the same loop run as Python; the indices into them)."""
         idx = np.arange(len(self.gens)) if idx is None else np.asarray(idx, dtype=np.int64)
         root = self if self._root is None else self._root
         if not COMPILING or len(root.gens) < MANY:
@@ -92,26 +93,24 @@ class Streams(Sequence):
             root._typed = List([g if g is not None else _NONE for g in root.gens])
         return root._typed, (idx if self._map is None else self._map[idx])
 
+    def _run(self, kernel, idx: np.ndarray | None, *args) -> None:
+        gens, at = self._target(idx)
+        # a plain list runs the kernel's Python (a typed list is what the compiled one takes)
+        fn = kernel if gens is not self.gens else getattr(kernel, "py_func", kernel)
+        fn(gens, at, *args)
+
     def poisson(self, idx: np.ndarray | None, lam: np.ndarray) -> np.ndarray:
         """One Poisson draw of mean ``lam[j]`` from stream ``idx[j]`` (None: stream ``j``
         of every stream), 0 where the mean is not positive: (len(lam),) int64."""
         lam = np.asarray(lam, dtype=float)
         out = np.empty(len(lam), dtype=np.int64)
-        gens, at = self._target(idx)
-        if gens is self.gens:  # plain Python: the same loop, without the kernel's call
-            pairs = zip(at.tolist(), lam.tolist(), strict=True)
-            out[:] = [gens[i].poisson(x) if x > 0 else 0 for i, x in pairs]
-        else:
-            _poisson(gens, at, lam, out)
+        self._run(_poisson, idx, lam, out)
         return out
 
     def normals(self, idx: np.ndarray, k: int) -> np.ndarray:
         """``standard_normal(k)`` from each stream ``idx[j]``: (len(idx), k)."""
-        gens, at = self._target(idx)
-        if gens is self.gens:
-            return np.array([gens[i].standard_normal(k) for i in at.tolist()]).reshape(-1, k)
-        out = np.empty((len(at), k))
-        _normals(gens, at, out)
+        out = np.empty((len(idx), k))
+        self._run(_normals, idx, out)
         return out
 
 
