@@ -41,6 +41,7 @@ from agent.sim.catalog import MachinePreset, Phase, WorkloadSpec
 from agent.sim.latency import (
     LatencyTable,
     Pooled,
+    TableStack,
     fluid_backlog,
     noisy_groups,
     observed_many,
@@ -172,6 +173,7 @@ class Engine:
         self.nparts = np.zeros((B, n), dtype=np.int64)
         self._table_no = np.zeros((B, n), dtype=np.int64)
         self._tables: list[LatencyTable] = []
+        self._table_stack: TableStack | None = None  # the tables read as one
         self._base = np.zeros((B, n))
         # Worker stalls of an LC service: [stall length (s), stalls per request].
         self._stall = np.zeros((B, n, 2))
@@ -192,6 +194,7 @@ class Engine:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_calm", None)
+        self.__dict__.setdefault("_table_stack", None)
         self._lc_index = None  # rebuilt from the services on next use (older pickles too)
         if "_correction" not in state:  # pickled before the solver carried its correction
             self._correction = np.zeros(self.lam.shape)
@@ -314,6 +317,7 @@ class Engine:
             if t is table:
                 return k
         self._tables.append(table)
+        self._table_stack = None
         return len(self._tables) - 1
 
     def _services(self) -> tuple[np.ndarray, np.ndarray, Streams]:
@@ -700,15 +704,9 @@ class Engine:
             pb, pi = mb[svc], mi[svc]
         rec = self.parts[pb, pi, j]
         base = self._base[pb, pi]
-        tno = self._table_no[pb, pi]
-        used = np.unique(tno) if total > 64 else sorted(set(tno.tolist()))
-        if len(used) == 1:  # one service shape: no gather
-            qf = self._tables[int(used[0])].quantiles(rec[:, 3])
-        else:
-            qf = np.empty((total, self._tables[0].q.shape[1]))
-            for t in used:
-                at = tno == t
-                qf[at] = self._tables[t].quantiles(rec[at, 3])
+        if self._table_stack is None:
+            self._table_stack = TableStack(self._tables)
+        qf = self._table_stack.quantiles(self._table_no[pb, pi], rec[:, 3])
         comp = (parts, rec[:, 0], base + rec[:, 1], rec[:, 2], qf)
         stall = self._stall[pb, pi]
         if stall[:, 0].any():

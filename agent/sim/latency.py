@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,35 @@ class LatencyTable:
 
     def tail_mean(self, rho) -> np.ndarray:
         return self._at(self.tail95[:, None], rho)[..., 0]
+
+
+class TableStack:
+    """Several :class:`LatencyTable` s read as one: the quantile functions of records that
+    each name their table, in one compiled pass (a batch of nodes holds services of a
+    dozen shapes; one lookup per shape costs more in numpy's per-call overhead than in
+    arithmetic). The numbers are :meth:`LatencyTable.quantiles`' bit for bit
+    (tests/agent/sim/test_latency.py).
+
+    Args:
+        tables: the tables, in the order records name them.
+    """
+
+    def __init__(self, tables: Sequence[LatencyTable]) -> None:
+        self.tables = tuple(tables)
+        self._logs = np.stack([np.log(t.q) for t in self.tables])
+        self._base = np.stack([t.q[0] for t in self.tables])
+
+    def quantiles(self, which: np.ndarray, rho: np.ndarray) -> np.ndarray:
+        """(R, len(P_GRID)): record ``r``'s whole quantile function on table ``which[r]`` at
+        utilisation ``rho[r]``."""
+        which = np.ascontiguousarray(which, dtype=np.int64)
+        rho = np.ascontiguousarray(rho, dtype=float)
+        out = np.empty((len(rho), self._logs.shape[2]))
+        heavy = latency_kernel.log_quantiles(self._logs, RHO_GRID, RHO_TABLE, which, rho, out)
+        np.exp(out, out=out)  # numpy's exp, as LatencyTable's
+        if heavy:
+            latency_kernel.heavy_traffic(self._base, RHO_TABLE, RHO_CAP, which, rho, out)
+        return out
 
 
 def build_table(

@@ -219,3 +219,41 @@ def _invert(probs, pos, cdf, rkeys, x0, out):
         if j < 0:
             x = pos[0]
         out[t] = x + x0
+
+
+@jit
+def log_quantiles(logs, rho_grid, rho_table, which, rho, out):
+    """``LatencyTable._at``'s interpolation for records on several tables: ``out`` (R, K)
+    the log-quantiles of record ``r`` on table ``which[r]`` of ``logs`` (T, len(rho_grid),
+    K) at utilisation ``rho[r]`` (clipped to [0, ``rho_table``]), each operation as numpy's
+    array code does it. Returns how many records lie above ``rho_table``."""
+    last = rho_grid.shape[0] - 2
+    heavy = 0
+    for r in range(rho.shape[0]):
+        x = rho[r]
+        if x > rho_table:
+            heavy += 1
+        # numpy's maximum then minimum: NaN passes through, -0.0 stays -0.0
+        c = 0.0 if x < 0.0 else x
+        c = rho_table if c > rho_table else c
+        i = np.searchsorted(rho_grid, c, "right") - 1
+        i = min(max(i, 0), last)
+        w = (c - rho_grid[i]) / (rho_grid[i + 1] - rho_grid[i])
+        lo, hi = logs[which[r], i], logs[which[r], i + 1]
+        v = 1.0 - w
+        for k in range(out.shape[1]):
+            out[r, k] = lo[k] * v + hi[k] * w
+    return heavy
+
+
+@jit
+def heavy_traffic(base, rho_table, rho_cap, which, rho, out):
+    """``LatencyTable._at``'s heavy-traffic scaling in place: records above ``rho_table``
+    get the waiting part of their quantiles ``out`` (over the table's no-load row
+    ``base[which[r]]``) grown as 1 / (1 - rho), up to ``rho_cap``."""
+    for r in range(rho.shape[0]):
+        if rho[r] > rho_table:
+            s = (1.0 - rho_table) / (1.0 - min(rho[r], rho_cap))
+            b = base[which[r]]
+            for k in range(out.shape[1]):
+                out[r, k] = b[k] + (out[r, k] - b[k]) * s

@@ -214,3 +214,25 @@ def test_compiled_mixtures_are_the_array_codes_numbers(parts, probs) -> None:
     kernel = getattr(latency_kernel.mixture, "py_func", latency_kernel.mixture)
     grid = (latency._DP, float(P_GRID[0]), float(P_GRID[-1]))
     np.testing.assert_array_equal(kernel(w[:4], s[:4], a[:4], q[:4], probs, *grid), want[:4])
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_a_table_stack_reads_each_record_as_its_own_table(compiled, monkeypatch) -> None:
+    """:class:`TableStack` gives each record its table's quantiles bit for bit, at
+    utilisations below zero, on and between grid points, in heavy traffic and past its
+    cap, compiled and as plain Python."""
+    if not compiled:
+        for name in ("log_quantiles", "heavy_traffic"):
+            fn = getattr(latency_kernel, name)
+            monkeypatch.setattr(latency_kernel, name, getattr(fn, "py_func", fn))
+    tables = [table_for(s.service, s.burst) for s in SHAPES.values()]
+    stack = latency.TableStack(tables)
+    rng = np.random.default_rng(3)
+    edges = [-0.1, -0.0, 0.0, 0.5, latency.RHO_TABLE, 0.99, latency.RHO_CAP, 1.2]
+    rho = np.concatenate([edges, latency.RHO_GRID[::7], rng.uniform(0.0, 1.1, 40)])
+    which = rng.integers(0, len(tables), len(rho))
+    got = stack.quantiles(which, rho)
+    for t, table in enumerate(tables):
+        at = which == t
+        assert at.any()
+        np.testing.assert_array_equal(got[at], table.quantiles(rho[at]))
