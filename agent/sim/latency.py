@@ -40,7 +40,7 @@ from agent.compiled import COMPILING
 from agent.sim import latency_kernel
 from agent.sim.catalog import DATA_DIR, ServiceDist
 from agent.sim.queueing import burst_arrivals, lindley, service_multipliers
-from agent.sim.streams import normals
+from agent.sim.streams import Streams, normals
 
 TABLES_FILE = DATA_DIR / "latency_tables.npz"
 STANDARD = (50.0, 95.0, 99.0, 99.9)
@@ -324,18 +324,9 @@ def with_stalls(
     q = np.minimum(share[k], 1.0)
     # The mean of the unit-mean-service latency X from its quantile function.
     mean = qfuncs[k] @ _MEAN_W
-    w = weights.copy()
-    w[k] = weights[k] * (1.0 - q)
     # The stall component of component c sits right after it (same mixture).
-    at = np.concatenate([np.arange(len(weights)), k + 0.5]).argsort(kind="stable")
-    uniform = np.broadcast_to(P_GRID, (len(k), len(P_GRID)))
-    w = np.concatenate([w, weights[k] * q])[at]
-    sh = np.concatenate([shifts, shifts[k] + scales[k] * mean])[at]
-    sc = np.concatenate([scales, stall_s[k]])[at]
-    qfs = np.concatenate([qfuncs, uniform])[at]
-    first = np.concatenate([[0], np.cumsum(parts)])
-    extra = np.diff(np.searchsorted(k, first, side="left"))
-    return parts + extra, w, sh, sc, qfs
+    args = (weights, shifts, scales, qfuncs, k, q, mean, stall_s, P_GRID)
+    return latency_kernel.split_stalled(np.asarray(parts, dtype=np.int64), *args)
 
 
 def _interp_shared(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
@@ -531,9 +522,15 @@ class Pooled:
     slope: np.ndarray | None = None  # dx/dp at the four percentiles, noisy groups' rows
 
 
-def noisy_groups(rngs: list, counts: np.ndarray, parts: np.ndarray) -> np.ndarray:
+def noisy_groups(
+    rngs: Sequence[np.random.Generator | None], counts: np.ndarray, parts: np.ndarray
+) -> np.ndarray:
     """Which groups get a sampling error: a stream, requests and components."""
-    return np.array([r is not None for r in rngs]) & (counts > 0) & (parts > 0)
+    if isinstance(rngs, Streams):
+        have = rngs.present()
+    else:
+        have = np.array([r is not None for r in rngs], dtype=bool)
+    return have & (counts > 0) & (parts > 0)
 
 
 def pooled_for_observation(

@@ -1,4 +1,8 @@
-"""The quantiles of pooled latency distributions, compiled: :func:`mixture`.
+"""The quantiles of pooled latency distributions, compiled: :func:`mixture`, and the two
+steps before it that read a batch's records (:func:`log_quantiles` and
+:func:`heavy_traffic`, the table lookup of ``latency.TableStack``; :func:`split_stalled`,
+``latency.with_stalls``' split of stalled components), each as numpy's array code computes
+it, for the same reason and with the same result.
 
 :mod:`agent.sim.latency` owns the model (docs/SIMULATOR.md, "LC services"): an interval
 observed by a controller pools several steps' latency distributions, each piecewise linear
@@ -257,3 +261,35 @@ def heavy_traffic(base, rho_table, rho_cap, which, rho, out):
             b = base[which[r]]
             for k in range(out.shape[1]):
                 out[r, k] = b[k] + (out[r, k] - b[k]) * s
+
+
+@jit
+def split_stalled(parts, weights, shifts, scales, qfuncs, k, q, mean, stall_s, uniform):
+    """``latency.with_stalls``' components: each stalled component ``k[j]`` (ascending)
+    keeps the share ``1 - q[j]`` of its weight and is followed by a uniform component
+    (quantile function ``uniform``) of the rest, shifted by its queue's mean ``mean[j]``
+    and as wide as its stall; every group in ``parts`` grows by its stalled components.
+    Returns (parts, weights, shifts, scales, quantile functions)."""
+    n, m = weights.shape[0], k.shape[0]
+    K = qfuncs.shape[1]
+    out_parts = parts.copy()
+    w, sh, sc = np.empty(n + m), np.empty(n + m), np.empty(n + m)
+    qf = np.empty((n + m, K))
+    c = o = j = 0
+    for g in range(parts.shape[0]):
+        for _ in range(parts[g]):
+            split = j < m and k[j] == c
+            w[o] = weights[c] * (1.0 - q[j]) if split else weights[c]
+            sh[o], sc[o] = shifts[c], scales[c]
+            qf[o] = qfuncs[c]
+            o += 1
+            if split:
+                w[o] = weights[c] * q[j]
+                sh[o] = shifts[c] + scales[c] * mean[j]
+                sc[o] = stall_s[c]
+                qf[o] = uniform
+                o += 1
+                out_parts[g] += 1
+                j += 1
+            c += 1
+    return out_parts, w, sh, sc, qf

@@ -63,6 +63,13 @@ class Streams(Sequence):
     def __len__(self) -> int:
         return len(self.gens)
 
+    def present(self) -> np.ndarray:
+        """(len,) bool: which entries are streams (not None), kept after the first call."""
+        have = self.__dict__.get("_present")  # absent from older pickles
+        if have is None:
+            have = self._present = np.array([g is not None for g in self.gens], dtype=bool)
+        return have
+
     def __getitem__(self, i):
         return self.gens[i]
 

@@ -140,6 +140,47 @@ def test_stalls_leave_components_without_them_alone() -> None:
     assert out[1].tolist() == pytest.approx([1.0, 0.9, 0.1])
 
 
+def _stalls_as_arrays(parts, weights, shifts, scales, qfuncs, share, stall_s):
+    """:func:`with_stalls` as numpy array code: the reference its kernel is held to."""
+    k = np.flatnonzero((share > 0) & (stall_s > 0))
+    q = np.minimum(share[k], 1.0)
+    mean = qfuncs[k] @ latency._MEAN_W
+    w = weights.copy()
+    w[k] = weights[k] * (1.0 - q)
+    at = np.concatenate([np.arange(len(weights)), k + 0.5]).argsort(kind="stable")
+    uniform = np.broadcast_to(P_GRID, (len(k), len(P_GRID)))
+    w = np.concatenate([w, weights[k] * q])[at]
+    sh = np.concatenate([shifts, shifts[k] + scales[k] * mean])[at]
+    sc = np.concatenate([scales, stall_s[k]])[at]
+    qfs = np.concatenate([qfuncs, uniform])[at]
+    extra = np.diff(np.searchsorted(k, np.concatenate([[0], np.cumsum(parts)]), side="left"))
+    return parts + extra, w, sh, sc, qfs
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_stalled_components_split_as_the_array_code_splits_them(compiled, monkeypatch) -> None:
+    """Groups of one to five components, some stalled (the first, the last, all, none of
+    a group), get the reference's components bit for bit."""
+    if not compiled:
+        fn = latency_kernel.split_stalled
+        monkeypatch.setattr(latency_kernel, "split_stalled", getattr(fn, "py_func", fn))
+    rng = np.random.default_rng(11)
+    parts = rng.integers(1, 6, 40)
+    n = int(parts.sum())
+    table = table_for(ServiceDist("lognormal", 0.5), 1.0)
+    comp = (parts, rng.random(n) * 10, rng.random(n) * 1e-3, rng.random(n) * 1e-4)
+    comp = (*comp, table.quantiles(rng.uniform(0.0, 0.97, n)))
+    share = np.where(rng.random(n) < 0.4, rng.uniform(0.0, 1.2, n), 0.0)
+    stall_s = np.where(rng.random(n) < 0.8, rng.uniform(1e-3, 5e-2, n), 0.0)
+    share[0] = stall_s[0] = 0.1  # the very first component
+    share[-1] = stall_s[-1] = 0.2  # and the last
+    got = with_stalls(*comp, share, stall_s)
+    want = _stalls_as_arrays(*comp, share, stall_s)
+    assert len(got[1]) > n + 5
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.parametrize("count", [100, 10_000])
 def test_observed_percentiles_carry_the_sampling_error_of_their_count(count: int) -> None:
     t = table_for(ServiceDist("lognormal", 0.5), 1.0)

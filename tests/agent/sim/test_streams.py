@@ -9,6 +9,7 @@ import pickle
 import numpy as np
 import pytest
 
+from agent.sim.latency import noisy_groups
 from agent.sim.streams import MANY, Streams
 
 
@@ -56,3 +57,11 @@ def test_normal_draws_are_each_streams_own_also_through_a_view(count: int) -> No
         want = np.array([alone[having[::2][i]].standard_normal(5) for i in idx])
         np.testing.assert_array_equal(view.normals(idx, 5), want)
     assert list(streams) == gens and [g is None for g in view] == [False] * len(view)
+    np.testing.assert_array_equal(streams.present(), [g is not None for g in gens])
+    assert view.present().all() and len(view.present()) == len(view)
+    # which groups get a sampling error reads the same from the streams and from a list
+    counts, parts = pick.integers(0, 3, count), pick.integers(0, 2, count)
+    np.testing.assert_array_equal(
+        noisy_groups(streams, counts, parts), noisy_groups(gens, counts, parts)
+    )
+    assert noisy_groups(gens, counts, parts).sum() > 0
