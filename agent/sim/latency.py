@@ -325,8 +325,10 @@ def with_stalls(
     # The mean of the unit-mean-service latency X from its quantile function.
     mean = qfuncs[k] @ _MEAN_W
     # The stall component of component c sits right after it (same mixture).
-    args = (weights, shifts, scales, qfuncs, k, q, mean, stall_s, P_GRID)
-    return latency_kernel.split_stalled(np.asarray(parts, dtype=np.int64), *args)
+    # contiguous arrays: one compiled signature whatever views the caller passes
+    comp = [np.ascontiguousarray(x, dtype=float) for x in (weights, shifts, scales, qfuncs)]
+    args = (*comp, k, q, mean, np.ascontiguousarray(stall_s, dtype=float), P_GRID)
+    return latency_kernel.split_stalled(np.ascontiguousarray(parts, dtype=np.int64), *args)
 
 
 def _interp_shared(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
