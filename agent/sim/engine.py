@@ -50,6 +50,7 @@ from agent.sim.latency import (
     table_for,
     with_stalls,
 )
+from agent.sim.latency_kernel import record_step
 from agent.sim.model import Dynamics, Inputs, Model, Solution
 from agent.sim.scenario import LoadSchedule, Scenario, diurnal
 from agent.sim.streams import Streams
@@ -602,39 +603,12 @@ class Engine:
             end, mean = fluid_backlog(backlog, rho, dt)
             self.backlog[sb, si] = np.minimum(end, BACKLOG_CAP_S)
         req = streams.poisson(which, rate)
-        self.count[sb, si] += req
-        got = req > 0
-        n_got = np.count_nonzero(got)
-        if not n_got:
-            return
-        if n_got < len(got):
-            sb, si, req, mean, rho = sb[got], si[got], req[got], mean[got], rho[got]
-        rec = np.empty((len(req), 4))
-        rec[:, 0] = req
-        rec[:, 1] = mean
-        rec[:, 2] = self._service[sb, si]
-        rec[:, 3] = rho
-        k = self.nparts[sb, si]
-        if not np.count_nonzero(k):  # the first records since the last read
-            self.parts[sb, si, 0] = rec
-            self.nparts[sb, si] = 1
-            return
-        last = self.parts[sb, si, np.maximum(k - 1, 0)]
-        same = (k > 0) & (last[:, 1:] == rec[:, 1:]).all(axis=1)
-        n_same = np.count_nonzero(same)
-        if n_same == len(same):  # a steady operating point: every record grows
-            self.parts[sb, si, k - 1, 0] += rec[:, 0]
-            return
-        if n_same:
-            self.parts[sb[same], si[same], k[same] - 1, 0] += rec[same, 0]
-        new = ~same
-        if n_same < len(same):
-            if k[new].max() >= self.parts.shape[2]:
-                grown = np.zeros((*self.parts.shape[:2], 2 * self.parts.shape[2], 4))
-                grown[:, :, : self.parts.shape[2]] = self.parts
-                self.parts = grown
-            self.parts[sb[new], si[new], k[new]] = rec[new]
-            self.nparts[sb[new], si[new]] += 1
+        if self.nparts[sb, si].max() >= self.parts.shape[2]:  # room for one more record
+            grown = np.zeros((*self.parts.shape[:2], 2 * self.parts.shape[2], 4))
+            grown[:, :, : self.parts.shape[2]] = self.parts
+            self.parts = grown
+        service = np.ascontiguousarray(self._service)
+        record_step(sb, si, req, mean, rho, service, self.count, self.parts, self.nparts)
 
     def latency(
         self, groups: Sequence[tuple[int, Sequence[int]]], noisy: bool = True

@@ -1,8 +1,9 @@
-"""The quantiles of pooled latency distributions, compiled: :func:`mixture`, and the two
+"""The quantiles of pooled latency distributions, compiled: :func:`mixture`; the two
 steps before it that read a batch's records (:func:`log_quantiles` and
 :func:`heavy_traffic`, the table lookup of ``latency.TableStack``; :func:`split_stalled`,
-``latency.with_stalls``' split of stalled components), each as numpy's array code computes
-it, for the same reason and with the same result.
+``latency.with_stalls``' split of stalled components); and the writing of those records
+each simulator step (:func:`record_step`, for ``Engine._account``). Each computes what
+numpy's array code did, for the same reason and with the same result.
 
 :mod:`agent.sim.latency` owns the model (docs/SIMULATOR.md, "LC services"): an interval
 observed by a controller pools several steps' latency distributions, each piecewise linear
@@ -293,3 +294,28 @@ def split_stalled(parts, weights, shifts, scales, qfuncs, k, q, mean, stall_s, u
                 j += 1
             c += 1
     return out_parts, w, sh, sc, qf
+
+
+@jit
+def record_step(sb, si, req, mean, rho, service, count, parts, nparts):
+    """One simulator step of LC services ``(sb[s], si[s])`` into their records: ``req[s]``
+    requests added to ``count``, and those of a service with requests as its step's
+    record (requests, mean backlog ``mean[s]``, service time ``service[sb, si]``,
+    utilisation ``rho[s]``) in ``parts`` (nodes, workloads, records, 4): added to its last
+    record where the operating point is the same (a steady service keeps one), else a
+    record of its own (``nparts`` counts them; the caller leaves room for one more)."""
+    for s in range(sb.shape[0]):
+        b, i, r = sb[s], si[s], req[s]
+        count[b, i] += r
+        if r <= 0:
+            continue
+        k = nparts[b, i]
+        mu, sv, rh = mean[s], service[b, i], rho[s]
+        if k > 0:
+            last = parts[b, i, k - 1]
+            if last[1] == mu and last[2] == sv and last[3] == rh:
+                last[0] += float(r)
+                continue
+        rec = parts[b, i, k]
+        rec[0], rec[1], rec[2], rec[3] = float(r), mu, sv, rh
+        nparts[b, i] = k + 1

@@ -277,3 +277,60 @@ def test_a_table_stack_reads_each_record_as_its_own_table(compiled, monkeypatch)
         at = which == t
         assert at.any()
         np.testing.assert_array_equal(got[at], table.quantiles(rho[at]))
+
+
+def _record_as_arrays(sb, si, req, mean, rho, service, count, parts, nparts):
+    """``latency_kernel.record_step`` as numpy array code (the engine's before it was
+    compiled): the reference it is held to. Returns ``parts``, grown when full."""
+    count[sb, si] += req
+    got = req > 0
+    sb, si, req, mean, rho = sb[got], si[got], req[got], mean[got], rho[got]
+    rec = np.stack([req.astype(float), mean, service[sb, si], rho], axis=1)
+    k = nparts[sb, si]
+    last = parts[sb, si, np.maximum(k - 1, 0)]
+    same = (k > 0) & (last[:, 1:] == rec[:, 1:]).all(axis=1)
+    parts[sb[same], si[same], k[same] - 1, 0] += rec[same, 0]
+    new = ~same
+    if new.any() and k[new].max() >= parts.shape[2]:
+        grown = np.zeros((*parts.shape[:2], 2 * parts.shape[2], 4))
+        grown[:, :, : parts.shape[2]] = parts
+        parts = grown
+    parts[sb[new], si[new], k[new]] = rec[new]
+    nparts[sb[new], si[new]] += 1
+    return parts
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_step_records_grow_or_start_as_the_array_code_keeps_them(compiled) -> None:
+    """Services with and without requests, at a repeated or a new operating point, over
+    more steps than the records have room for: the same counts and records."""
+    kernel = latency_kernel.record_step
+    if not compiled:
+        kernel = getattr(kernel, "py_func", kernel)
+    rng = np.random.default_rng(5)
+    B, n = 6, 3
+    sb, si = np.repeat(np.arange(B), n), np.tile(np.arange(n), B)
+    count, nparts = np.zeros((B, n), dtype=np.int64), np.zeros((B, n), dtype=np.int64)
+    parts = np.zeros((B, n, 2, 4))
+    want = (count.copy(), np.zeros((B, n, 2, 4)), nparts.copy())
+    service, mean, rho = rng.random((B, n)), rng.random(B * n), rng.random(B * n)
+    for _ in range(12):
+        req = rng.poisson(2.0, B * n) * (rng.random(B * n) < 0.8)
+        moves = rng.random(B * n) < 0.4  # the rest keep their operating point
+        moves[0] = False  # and one service never moves: one record, growing
+        rho = np.where(moves, rng.random(B * n), rho)
+        changed = rng.random((B, n)) < 0.2
+        changed[0, 0] = False
+        service = np.where(changed, rng.random((B, n)), service)
+        if nparts.max() >= parts.shape[2]:  # as the engine leaves room
+            parts = np.concatenate([parts, np.zeros_like(parts)], axis=2)
+        kernel(sb, si, req, mean, rho, service, count, parts, nparts)
+        grown = _record_as_arrays(sb, si, req, mean, rho, service, *want)
+        want = (want[0], grown, want[2])
+    np.testing.assert_array_equal(count, want[0])
+    np.testing.assert_array_equal(nparts, want[2])
+    assert nparts.max() > 4 and nparts[0, 0] == 1 and parts[0, 0, 0, 0] > 12
+    for b in range(B):
+        for i in range(n):
+            k = nparts[b, i]
+            np.testing.assert_array_equal(parts[b, i, :k], want[1][b, i, :k])
