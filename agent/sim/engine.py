@@ -494,16 +494,17 @@ class Engine:
         )
         return np.maximum(lo, tt[:, 0]), hi
 
-    def _inputs(self, rows: np.ndarray | None) -> Inputs:
+    def _inputs(self, rows: np.ndarray | None, whole: bool = False) -> Inputs:
         """Model inputs of nodes ``rows`` (None: all) as set by the latest refresh, with the
-        allocation-dependent parts (recomputed where the allocation or a phase moved)."""
+        allocation-dependent parts (recomputed where the allocation or a phase moved);
+        ``whole``: every node's inputs, those parts recomputed at ``rows`` only."""
         stale = self._stale if rows is None else self._stale[rows]
         if np.count_nonzero(stale):
             at = np.flatnonzero(self._stale) if rows is None else rows[stale]
             ws = self.mult[at, :, 1]
             self._hold_cap[at] = self.model.hold_cap(self.nways[at], ws, at)
             self._stale[at] = False
-        sel = slice(None) if rows is None else rows
+        sel = slice(None) if rows is None or whole else rows
         mult = self.mult[sel]
         return Inputs(
             self.masks[sel],
@@ -550,22 +551,23 @@ class Engine:
             mv = np.flatnonzero(moving) if rows is None else rows[moving]
             every = rows is None and len(mv) == self.B
             at = None if every else mv
-            model = self.model if every else self.model.take(mv)
-            inp = self._inputs(at)
-            occ = self.occ if every else self.occ[mv]
-            dyn = self.dyn if every else self.dyn.take(mv)
-            sol = model.solve(inp, occ, dyn)
+            # The solves read the moving nodes' rows of the whole batch's arrays in place.
+            inp = self._inputs(at, whole=True)
+            sol = self.model.solve(inp, self.occ, self.dyn, rows=at)
             # A node whose allocation just changed starts from its miss ratio; one whose
             # inputs drift starts where the last step's root lay relative to it.
             guess = np.where(self._moved[mv][:, None], 0.0, self._correction[mv])
-            new, eta, m_end = model.advance(occ, inp, sol, dyn, dt, guess=guess)
+            new, eta, m_end = self.model.advance(
+                self.occ, inp, sol, self.dyn, dt, guess=guess, rows=at
+            )
+            occ = self.occ if every else self.occ[mv]
             self._correction[mv] = m_end - sol.miss_ratio
             # Settled when no way moved by a hundred-thousandth of its cache: below that,
             # the step-to-step changes are the solver's tolerance, not the workloads.
             settled = np.abs(new - occ).max(axis=(1, 2)) < self._settle_bytes[mv]
             rates = np.empty((*sol.ips.shape, COUNTERS))
             rates[..., 0] = sol.ips
-            rates[..., 1] = sol.busy * model.hz
+            rates[..., 1] = sol.busy * (self.model.hz if every else self.model.hz[mv])
             rates[..., 2] = sol.access_rate
             rates[..., 3] = sol.miss_rate
             rates[..., 4] = sol.mem_bw

@@ -302,20 +302,23 @@ def hold_cap(mach, wl, nways, ws_s, W, rows):
 
 
 @_jit
-def solve(mach, wl, knees, x, occ, counts, dyn_u, dyn_rho, dyn_eta, tol):
+def solve(mach, wl, knees, x, occ, counts, dyn_u, dyn_rho, dyn_eta, tol, rows):
     """Rates at the fixed point of CPI <-> bandwidth <-> memory latency for the occupancy
-    ``occ`` held now, per node: (solution (SOLUTION_FIELDS, B, n), memory latency (B,),
-    utilisation (B,)). ``dyn_u`` is the warm start; node ``b``'s workloads are its first
-    ``counts[b]``, the rest pad the batch (no accesses, never active)."""
-    B, n, _ = occ.shape
-    out = np.zeros((SOLUTION_FIELDS, B, n))
-    lat_out = np.empty(B)
-    u_out = np.empty(B)
+    ``occ`` held now, for nodes ``rows`` (R,): (solution (SOLUTION_FIELDS, R, n), memory
+    latency (R,), utilisation (R,)), in the order of ``rows``. Every other argument is
+    the whole batch's, read at those rows (so a step of some nodes gathers nothing).
+    ``dyn_u`` is the warm start; node ``b``'s workloads are its first ``counts[b]``, the
+    rest pad the batch (no accesses, never active)."""
+    R, n = rows.shape[0], occ.shape[1]
+    out = np.zeros((SOLUTION_FIELDS, R, n))
+    lat_out = np.empty(R)
+    u_out = np.empty(R)
     m = np.empty(n)
-    for b in range(B):
-        lat_out[b], u_out[b] = _solve_node(
+    for r in range(R):
+        b = rows[r]
+        lat_out[r], u_out[r] = _solve_node(
             mach, wl, knees, x, b, occ[b], counts[b], dyn_u[b], dyn_rho[b], dyn_eta[b], tol,
-            out, m,
+            out[:, r], m,
         )  # fmt: skip
     return out, lat_out, u_out
 
@@ -324,8 +327,8 @@ def solve(mach, wl, knees, x, occ, counts, dyn_u, dyn_rho, dyn_eta, tol):
 def _solve_node(mach, wl, knees, x, b, occ, k, u0, rho, eta, tol, out, m):
     """:func:`solve` of node ``b`` holding ``occ`` (n, W), its first ``k`` workloads its
     own, from the warm start ``u0`` with the queues ``rho`` and eviction rates ``eta``
-    (n,) of before: writes the node's column of ``out`` (``m``: scratch of n) and returns
-    (memory latency, utilisation)."""
+    (n,) of before: writes the node's solution ``out`` (SOLUTION_FIELDS, n) (``m``:
+    scratch of n) and returns (memory latency, utilisation)."""
     n, W = occ.shape
     for i in range(n):
         held = 0.0
@@ -333,7 +336,7 @@ def _solve_node(mach, wl, knees, x, b, occ, k, u0, rho, eta, tol, out, m):
             held += occ[i, j]
         mi = _miss_ratio(wl, knees, b, i, held, x[b, i, WS_S])
         m[i] = mi + _cold_misses(wl, x, b, i, mi, rho[i], eta[i])
-        out[CAPACITY, b, i] = held
+        out[CAPACITY, i] = held
     # padding draws no bandwidth: the fixed point is over the others
     u = _utilization(mach, wl, x, b, m[:k], rho[:k], u0, tol)
     lat = latency(mach, b, u)
@@ -341,16 +344,16 @@ def _solve_node(mach, wl, knees, x, b, occ, k, u0, rho, eta, tol, out, m):
     for i in range(n):
         ips, cpi, bpi = _rates(mach, wl, x, b, i, m[i], rho[i], lat)
         access = ips * (wl[b, i, APKI] * x[b, i, APKI_S]) / 1000.0
-        out[IPS, b, i], out[CPI, b, i], out[MISS_RATIO, b, i] = ips, cpi, m[i]
-        out[ACCESS_RATE, b, i], out[MISS_RATE, b, i] = access, access * m[i]
-        out[MEM_BW, b, i] = ips * bpi
+        out[IPS, i], out[CPI, i], out[MISS_RATIO, i] = ips, cpi, m[i]
+        out[ACCESS_RATE, i], out[MISS_RATE, i] = access, access * m[i]
+        out[MEM_BW, i] = ips * bpi
         if wl[b, i, IS_LC] != 0.0:
             service = wl[b, i, IPR] * cpi / hz + wl[b, i, IO_S]
-            out[SERVICE_S, b, i] = service
-            out[BUSY, b, i] = ips * cpi / hz
-            out[RHO, b, i] = x[b, i, LAM] * x[b, i, ACTIVE] * service / wl[b, i, WORKERS]
+            out[SERVICE_S, i] = service
+            out[BUSY, i] = ips * cpi / hz
+            out[RHO, i] = x[b, i, LAM] * x[b, i, ACTIVE] * service / wl[b, i, WORKERS]
         else:
-            out[BUSY, b, i] = x[b, i, ACTIVE] * x[b, i, CORES]
+            out[BUSY, i] = x[b, i, ACTIVE] * x[b, i, CORES]
     return lat, u
 
 
@@ -489,15 +492,15 @@ def _migrates(mach, masks, b, occ) -> bool:
 
 
 @_jit
-def _keep(b, new, eta, m, out_occ, out_eta, out_m):
-    """Node ``b``'s result so far: the occupancy, eviction rates and miss ratio of its
-    latest evaluation."""
+def _keep(new, eta, m, out_occ, out_eta, out_m):
+    """A node's result so far (into its rows of the outputs): the occupancy, eviction
+    rates and miss ratio of its latest evaluation."""
     n, W = new.shape
     for i in range(n):
         for j in range(W):
-            out_occ[b, i, j] = new[i, j]
-        out_eta[b, i] = eta[i]
-        out_m[b, i] = m[i]
+            out_occ[i, j] = new[i, j]
+        out_eta[i] = eta[i]
+        out_m[i] = m[i]
 
 
 @_jit
@@ -512,24 +515,28 @@ def _access_at(mach, wl, x, b, m, rho, lat, out):
 def _evaluate(mach, wl, knees, x, masks, b, o, m, access, step, scratch, out):
     """Node ``b``'s step evaluated at miss ratio ``m`` and access rates ``access``:
     ``scratch`` (occupancy, eviction rates, end miss ratio) holds the result, which
-    becomes the node's in ``out`` (occupancy, eviction rates, miss ratio, evaluations)."""
+    becomes the node's in ``out`` (its occupancy (n, W), eviction rates and miss ratio
+    (n,), and its count of evaluations (1,))."""
     dt, migrate, lines, rho = step
     new, eta = scratch[0], scratch[1]
     out_occ, out_eta, out_m, evaluations = out
-    evaluations[b] += 1
+    evaluations[0] += 1
     _end_miss_ratio(mach, wl, knees, x, masks, b, o, m, access, dt, migrate, lines, rho, scratch)
-    _keep(b, new, eta, m, out_occ, out_eta, out_m)
+    _keep(new, eta, m, out_occ, out_eta, out_m)
 
 
 @_jit
 def advance(
     mach, wl, knees, x, masks, occ, counts, sol_m, sol_access, sol_lat, dyn_rho, dt, guess,
-    iters, tol
+    iters, tol, rows
 ):  # fmt: skip
-    """Occupancy (B, n, W), eviction rates (B, n), the miss ratio each workload converged
-    to (B, n) and the occupancy evaluations each node made (B,) after ``dt[b]`` s per
-    node, with insertion at the miss ratio *and access rate* of the step's end (backward
-    Euler), at the step's memory latency ``sol_lat``.
+    """For nodes ``rows`` (R,): occupancy (R, n, W), eviction rates (R, n), the miss ratio
+    each workload converged to (R, n) and the occupancy evaluations each node made (R,)
+    after ``dt[r]`` s per node, with insertion at the miss ratio *and access rate* of the
+    step's end (backward Euler), at the step's memory latency ``sol_lat``. The step's
+    solution (``sol_m``, ``sol_access``, ``sol_lat``), ``dt`` and ``guess`` are the R
+    nodes' own, in the order of ``rows``; every other argument is the whole batch's, read
+    at those rows.
 
     r(m) = m_end(m) - m falls as m rises (more misses fill more, and a fuller cache misses
     less), so its root lies between the start's miss ratio and the end's that it gives:
@@ -541,21 +548,22 @@ def advance(
 
     Node ``b``'s workloads are its first ``counts[b]``; the rest pad the batch (no
     accesses: they hold nothing and keep their miss ratio), so the solve skips them."""
-    B, n, W = occ.shape
-    out_occ = np.empty((B, n, W))
-    out_eta = np.zeros((B, n))
-    out_m = np.empty((B, n))
-    evaluations = np.zeros(B, dtype=np.int64)
-    out = (out_occ, out_eta, out_m, evaluations)
+    R, n, W = rows.shape[0], occ.shape[1], occ.shape[2]
+    out_occ = np.empty((R, n, W))
+    out_eta = np.zeros((R, n))
+    out_m = np.empty((R, n))
+    evaluations = np.zeros(R, dtype=np.int64)
     scratch, work = _node_scratch(n, W)
-    for b in range(B):
+    for r in range(R):
+        b = rows[r]
         k = counts[b]
         for i in range(k, n):
             for j in range(W):
-                out_occ[b, i, j] = occ[b, i, j]
-            out_m[b, i] = sol_m[b, i]
-        _advance_node(mach, wl, knees, x, masks, b, occ[b, :k], sol_m[b, :k],
-                      sol_access[b, :k], sol_lat[b], dyn_rho[b, :k], dt[b], guess[b, :k],
+                out_occ[r, i, j] = occ[b, i, j]
+            out_m[r, i] = sol_m[r, i]
+        out = (out_occ[r], out_eta[r], out_m[r], evaluations[r : r + 1])
+        _advance_node(mach, wl, knees, x, masks, b, occ[b, :k], sol_m[r, :k],
+                      sol_access[r, :k], sol_lat[r], dyn_rho[b, :k], dt[r], guess[r, :k],
                       iters, tol, scratch, work[:, :k], out)  # fmt: skip
     return out_occ, out_eta, out_m, evaluations
 
@@ -575,7 +583,8 @@ def _advance_node(
 ):  # fmt: skip
     """:func:`advance` of node ``b``, whose own workloads' start occupancy is ``o``
     (n, W) and whose rows of the other per-workload arrays are given (``buffers`` and
-    ``work``: scratch of at least n rows)."""
+    ``work``: scratch of at least n rows; ``out``: the node's outputs, as
+    :func:`_evaluate` writes them)."""
     n, W = o.shape
     new, eta, end = buffers[0][:n], buffers[1][:n], buffers[2][:n]
     scratch = (new, eta, end, buffers[3][:n], buffers[4][:, :n])
@@ -670,8 +679,8 @@ def steady(mach, wl, knees, x, masks, occ, counts, tol, big_move, iters):
     out_occ = occ.copy()
     out_eta = np.zeros((B, n))
     taken = np.empty(B, dtype=np.int64)
-    # advance's outputs and scratch, as advance holds them (node b's rows are written)
-    step_out = (np.empty((B, n, W)), np.zeros((B, n)), np.empty((B, n)), np.zeros(B, np.int64))
+    # one node's outputs of advance, and its scratch, as advance holds them
+    step_out = (np.empty((n, W)), np.zeros(n), np.empty(n), np.zeros(1, np.int64))
     scratch, work = _node_scratch(n, W)
     m, rho, no_guess = np.empty(n), np.empty(n), np.zeros(n)
     for b in range(B):
@@ -679,7 +688,7 @@ def steady(mach, wl, knees, x, masks, occ, counts, tol, big_move, iters):
         o, eta = out_occ[b], out_eta[b]
         for i in range(n):
             rho[i] = 0.0
-        lat, u = _solve_node(mach, wl, knees, x, b, o, k, 0.0, rho, eta, 1e-6, sol, m)
+        lat, u = _solve_node(mach, wl, knees, x, b, o, k, 0.0, rho, eta, 1e-6, sol[:, b], m)
         dt = 0.1
         taken[b] = iters + 1
         for it in range(iters):
@@ -688,7 +697,7 @@ def steady(mach, wl, knees, x, masks, occ, counts, tol, big_move, iters):
             _advance_node(mach, wl, knees, x, masks, b, o[:k], sol[MISS_RATIO, b, :k],
                           sol[ACCESS_RATE, b, :k], lat, rho[:k], dt, no_guess[:k], 5, 2e-5,
                           scratch, work[:, :k], step_out)  # fmt: skip
-            new = step_out[0][b]
+            new = step_out[0]
             moved = 0.0
             for i in range(k):  # padding rows keep what they hold: they never move
                 for j in range(W):
@@ -701,8 +710,8 @@ def steady(mach, wl, knees, x, masks, occ, counts, tol, big_move, iters):
                 for j in range(W):
                     o[i, j] = new[i, j] if dt < 1.0 else 0.5 * (o[i, j] + new[i, j])
             for i in range(k):
-                eta[i] = step_out[1][b, i]
-            lat, u = _solve_node(mach, wl, knees, x, b, o, k, u, rho, eta, 1e-10, sol, m)
+                eta[i] = step_out[1][i]
+            lat, u = _solve_node(mach, wl, knees, x, b, o, k, u, rho, eta, 1e-10, sol[:, b], m)
             if moved < tol[b]:
                 taken[b] = it + 1
                 break

@@ -277,7 +277,7 @@ class Model:
             np.ascontiguousarray(nways, dtype=float),
             np.ascontiguousarray(ws_s, dtype=float),
             self.W,
-            np.arange(self.B) if rows is None else np.asarray(rows, dtype=np.int64),
+            self._rows(rows),
         )
 
     def _packed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -343,9 +343,18 @@ class Model:
 
     # ------------------------------------------------------------------ the operating point
 
-    def solve(self, inp: Inputs, occ: np.ndarray, dyn: Dynamics, tol: float = 1e-6) -> Solution:
+    def solve(
+        self,
+        inp: Inputs,
+        occ: np.ndarray,
+        dyn: Dynamics,
+        tol: float = 1e-6,
+        rows: np.ndarray | None = None,
+    ) -> Solution:
         """Rates at the fixed point of CPI <-> bandwidth <-> memory latency, for the
-        occupancy ``occ`` held now (``dyn.u`` is the warm start): :func:`kernel.solve`."""
+        occupancy ``occ`` held now (``dyn.u`` is the warm start): :func:`kernel.solve`.
+        ``rows``: solve only those nodes (the solution's rows, in that order), reading
+        every node's ``inp``, ``occ`` and ``dyn`` at them (None: every node)."""
         machine, workloads, knees = self._packed()
         out, lat, u = kernel.solve(
             machine,
@@ -358,8 +367,13 @@ class Model:
             np.ascontiguousarray(dyn.rho, dtype=float),
             np.ascontiguousarray(dyn.eta, dtype=float),
             float(tol),
+            self._rows(rows),
         )
         return Solution(*out, lat, u)
+
+    def _rows(self, rows: np.ndarray | None) -> np.ndarray:
+        """Node indices for a kernel: ``rows``, or every node."""
+        return np.arange(self.B) if rows is None else np.asarray(rows, dtype=np.int64)
 
     # ------------------------------------------------------------------ occupancy
 
@@ -373,6 +387,7 @@ class Model:
         iters: int = 5,
         tol: float = 2e-5,
         guess: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Occupancy (and eviction rates) after ``dt`` s, with insertion at the miss ratio
         *and access rate* of the step's end (backward Euler, solved per workload within a
@@ -394,8 +409,13 @@ class Model:
         drift: a load that rises keeps its occupancy moving the same way step after step,
         so the root keeps about the same distance from the start's miss ratio). Returns
         the occupancy, the eviction rates and the miss ratio each workload converged to
-        (the point of its node's last evaluation)."""
-        B = occ.shape[0]
+        (the point of its node's last evaluation).
+
+        ``rows``: advance only those nodes, as :meth:`solve` solves them (``sol``,
+        ``dt`` and ``guess`` are theirs, in that order; ``occ``, ``inp`` and ``dyn``
+        every node's)."""
+        at = self._rows(rows)
+        B = len(at)
         steps = np.empty(B)
         steps[:] = np.asarray(dt, dtype=float).reshape(-1)
         new, eta, m, _ = kernel.advance(
@@ -408,6 +428,7 @@ class Model:
             np.zeros((B, self.n)) if guess is None else np.ascontiguousarray(guess, dtype=float),
             int(iters),
             float(tol),
+            at,
         )
         return new, eta, m
 

@@ -73,8 +73,9 @@ def test_carried_correction_saves_occupancy_evaluations_on_a_drifting_load(monke
 
 def test_a_models_rows_solve_as_the_whole_model_does() -> None:
     """Model.take's view reads its own rows of the packed parameters, also when the whole
-    model has packed them first: solving nodes 2 and 0 of a batch of three different mixes
-    gives those nodes' numbers of the whole batch, bit for bit."""
+    model has packed them first, and the whole model's solves of some ``rows`` read them in
+    place: solving nodes 2 and 0 of a batch of three different mixes either way gives
+    those nodes' numbers of the whole batch, bit for bit."""
     from agent.sim.batch import SimBatch
 
     names = ("default", "copart_h_both", "more_lc_than_closids_epyc")
@@ -92,6 +93,16 @@ def test_a_models_rows_solve_as_the_whole_model_does() -> None:
     np.testing.assert_array_equal(new_p, new[rows])
     np.testing.assert_array_equal(eta_p, eta[rows])
     np.testing.assert_array_equal(m_p, m[rows])
+    in_place = eng.model.solve(inp, eng.occ, eng.dyn, rows=rows)
+    for name, value in vars(in_place).items():
+        np.testing.assert_array_equal(value, getattr(whole, name)[rows], err_msg=name)
+    guess = np.full((len(rows), eng.model.n), 1e-3)  # a carried correction, per row
+    stepped = eng.model.advance(eng.occ, inp, in_place, eng.dyn, 0.1, guess=guess, rows=rows)
+    taken = eng.model.take(rows).advance(
+        eng.occ[rows], inp.take(rows), part, eng.dyn.take(rows), 0.1, guess=guess
+    )
+    for got, want in zip(stepped, taken, strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_padding_workloads_are_skipped_without_moving_a_bit(monkeypatch) -> None:
