@@ -196,6 +196,7 @@ class Engine:
         self.__dict__.update(state)
         self.__dict__.setdefault("_calm", None)
         self.__dict__.setdefault("_table_stack", None)
+        self._lookups = None  # a cache, rebuilt on next use (older pickles held fewer fields)
         self._lc_index = None  # rebuilt from the services on next use (older pickles too)
         if "_correction" not in state:  # pickled before the solver carried its correction
             self._correction = np.zeros(self.lam.shape)
@@ -401,15 +402,16 @@ class Engine:
         sel = slice(None) if rows is None else rows
         tt = t[sel][:, None]
         act = ((self._start[sel] <= tt) & (tt < self._end[sel])).astype(float)
-        if self._lookups is None:  # (piecewise loads, phased workloads, any of each)
+        if self._lookups is None:  # (piecewise loads, phased workloads, any of each, ...)
             piecewise = (self._scale > 0) & ~self._diurnal
             self._lookups = (
                 piecewise,
                 bool(np.count_nonzero(piecewise)),
                 bool(np.count_nonzero(self._diurnal)),
                 bool(np.count_nonzero(self._phased_mask)),
+                np.nonzero(self._diurnal),  # (nodes, workloads) of the diurnal loads
             )
-        piecewise, any_piecewise, any_diurnal, any_phased = self._lookups
+        piecewise, any_piecewise, any_diurnal, any_phased, diurnals = self._lookups
         # Piecewise loads and phases: look up only where the current interval ran out.
         if any_piecewise:
             out = (tt < self._lo[sel]) | (tt >= self._hi[sel])
@@ -420,9 +422,11 @@ class Engine:
                 self._level[b, i], self._lo[b, i], self._hi[b, i] = sched.segment(float(t[b]))
         level = self._level[sel]
         if any_diurnal:
-            dn = self._diurnal[sel]
-            d = self._dparams[:, sel]
-            level = np.where(dn, diurnal(d[0], d[1], d[2], d[3], tt), level)
+            # A few percent of the loads are diurnal: evaluate those alone.
+            r, i = diurnals if rows is None else np.nonzero(self._diurnal[rows])
+            d = self._dparams[:, r if rows is None else rows[r], i]
+            level = level.copy()
+            level[r, i] = diurnal(d[0], d[1], d[2], d[3], tt[r, 0])
         lam = level * self._scale[sel]
         phase_changed = self._look_up_phases(t, tt, rows) if any_phased else None
         moved = self._moved[sel]
