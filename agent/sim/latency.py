@@ -324,8 +324,7 @@ def with_stalls(
     q = np.minimum(share[k], 1.0)
     # The mean of the unit-mean-service latency X from its quantile function.
     mean = qfuncs[k] @ _MEAN_W
-    # The stall component of component c sits right after it (same mixture).
-    # contiguous arrays: one compiled signature whatever views the caller passes
+    # Contiguous arrays: one compiled signature whatever views the caller passes.
     comp = [np.ascontiguousarray(x, dtype=float) for x in (weights, shifts, scales, qfuncs)]
     args = (*comp, k, q, mean, np.ascontiguousarray(stall_s, dtype=float), P_GRID)
     return latency_kernel.split_stalled(np.ascontiguousarray(parts, dtype=np.int64), *args)

@@ -59,9 +59,16 @@ class Streams(Sequence):
         self._typed = None  # the typed list, built on first use (not pickled)
         self._root: Streams | None = None  # a view's streams: these of the root's
         self._map: np.ndarray | None = None
+        self._present: np.ndarray | None = None  # present(), once asked
 
     def __len__(self) -> int:
         return len(self.gens)
+
+    def __getitem__(self, i):
+        return self.gens[i]
+
+    def __iter__(self):
+        return iter(self.gens)
 
     def present(self) -> np.ndarray:
         """(len,) bool: which entries are streams (not None), kept after the first call."""
@@ -69,12 +76,6 @@ class Streams(Sequence):
         if have is None:
             have = self._present = np.array([g is not None for g in self.gens], dtype=bool)
         return have
-
-    def __getitem__(self, i):
-        return self.gens[i]
-
-    def __iter__(self):
-        return iter(self.gens)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_typed": None}
