@@ -7,7 +7,7 @@ one worker together. Starting Ray costs ~10 s of wall time and more of CPU, so t
 that only *use* a Ray (training sweeps, rollout workers) share one per process and are
 marked ``xdist_group("ray")``. Session-scoped fixtures that train or record something
 (SHARED_FIXTURES) are built once per process; their tests are grouped here so that only
-one worker builds each.
+one worker builds each. SB3's stray log directories go to pytest's temp directory.
 """
 
 from __future__ import annotations
@@ -105,3 +105,13 @@ def ray_local(_ray_down_at_exit: None, monkeypatch: pytest.MonkeyPatch) -> None:
             env.setenv("RAY_ADDRESS", "127.0.0.1:1")
             start_ray("local", num_cpus=RAY_CPUS)
     assert ray.is_initialized()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sb3_logs_under_pytest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Tests that make an SB3 model themselves and call ``learn()`` would each leave an empty
+    ``SB3-<time>`` directory in the system's temp directory; ``SB3_LOGDIR`` puts them in
+    pytest's own (rdtune's models get a logger that writes nowhere: training/train.py)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3")))
+        yield

@@ -51,10 +51,12 @@ def _train(env_id: str, steps: int, seed: int, **kwargs):
 
     import envs  # noqa: F401
     import training.trace_env  # noqa: F401
+    from training.train import quiet_logger
 
     venv = DummyVecEnv([lambda: gym.make(env_id, **kwargs) for _ in range(2)])
     venv.seed(seed)
     model = MaskablePPO("MlpPolicy", venv, seed=seed, verbose=0, **PPO_KW)
+    quiet_logger(model)
     model.learn(total_timesteps=steps)
     return model
 

@@ -168,6 +168,8 @@ def policy_kwargs(cfg, max_groups: int) -> dict[str, Any]:
 
 
 def build_model(cfg, venv, tensorboard_log: str | None):
+    """The configured PPO over ``venv``, logging to TensorBoard under ``tensorboard_log``
+    (None: no log files)."""
     import torch
 
     # torch checks every distribution's arguments by default (``__debug__``): a simplex
@@ -211,7 +213,18 @@ def build_model(cfg, venv, tensorboard_log: str | None):
 
         model = PPO(policy, **common)
     model.policy.action_net.register_forward_hook(_finite_logits)
+    if tensorboard_log is None:
+        quiet_logger(model)
     return model
+
+
+def quiet_logger(model) -> None:
+    """Give ``model`` a logger that records values but writes nowhere: without one, SB3's
+    ``learn()`` makes a new ``SB3-<time>`` directory under the system's temp directory
+    (or ``$SB3_LOGDIR``) each time and leaves it there, empty."""
+    from stable_baselines3.common.logger import Logger
+
+    model.set_logger(Logger(folder=None, output_formats=[]))
 
 
 def _finite_logits(module, inputs, logits) -> None:

@@ -62,6 +62,24 @@ def test_the_seed_matters(tmp_path):
     assert all(torch.equal(states[0][k], states[2][k]) for k in states[0])
 
 
+def test_a_model_built_without_a_log_directory_leaves_no_files(tmp_path, monkeypatch):
+    """``build_model(..., None)`` (the training benchmark's) learns without making SB3's
+    ``SB3-<time>`` directory."""
+    from training.train import build_model, build_vec_env, seed_everything
+
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path / "sb3"))
+    cfg = tiny_config(tmp_path / "run")
+    seed_everything(cfg.seed, cfg.torch_threads)
+    venv = build_vec_env(cfg)
+    try:
+        model = build_model(cfg, venv, None)
+        model.learn(total_timesteps=64)
+    finally:
+        venv.close()
+    assert model.num_timesteps >= 64
+    assert not (tmp_path / "sb3").exists()
+
+
 def test_flat_mlp_policy_without_extractor(tmp_path):
     cfg = tiny_config(tmp_path / "flat", policy={"extractor": None}, total_timesteps=64)
     result = train(cfg, final_eval=False)
