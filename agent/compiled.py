@@ -28,12 +28,26 @@ def jit(fn):
     ``$NUMBA_CACHE_DIR``) for the next process; on a read-only install with nowhere to
     keep it, compiled again in each process (seconds) rather than not at all. Without
     numba, ``fn`` itself."""
+    return _compile(fn, _OPTIONS)
+
+
+def inline(fn):
+    """:func:`jit`, but compiled into each compiled function that calls it rather than
+    called (numba's ``inline="always"``). A call between compiled functions counts a
+    reference to each array it passes, an atomic increment and decrement apiece; for the
+    small helpers a solver calls in its inner loop that, and the call, cost more than their
+    arithmetic (docs/BENCHMARKS.md, "The solver's helpers inlined"). Their callers take
+    longer to compile, once per install (the cache keeps the result)."""
+    return _compile(fn, {**_OPTIONS, "inline": "always"})
+
+
+def _compile(fn, options: dict):
     if nb is None:
         return fn
     try:
-        return nb.njit(cache=True, **_OPTIONS)(fn)
+        return nb.njit(cache=True, **options)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return nb.njit(**_OPTIONS)(fn)
+        return nb.njit(**options)(fn)
 
 
 @jit

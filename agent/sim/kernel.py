@@ -18,6 +18,8 @@ the same equations as numpy array code cost a microsecond per operation on a nod
 dozen numbers, and a moving step makes several hundred of them. The code is plain Python
 over numpy arrays and scalars: where numba is not installed (the node agent's base
 install, ``rdtune[sim]`` adds it) the same functions run uncompiled, slower but alike.
+The helpers the solvers call in their loops are compiled into their callers
+(:func:`agent.compiled.inline`).
 
 Arrays are packed by :meth:`Model._packed` and :func:`pack_inputs` into a few
 (nodes, workloads, field) arrays; the field indices below name their columns.
@@ -31,6 +33,7 @@ import warnings
 import numpy as np
 
 from agent.compiled import AVAILABLE
+from agent.compiled import inline as _inline
 from agent.compiled import jit as _jit
 
 if not AVAILABLE:  # pragma: no cover - the base install
@@ -101,14 +104,14 @@ def pack_inputs(inp) -> np.ndarray:
 # ---------------------------------------------------------------------- pieces
 
 
-@_jit
+@_inline
 def latency(mach, b, u):
     """Loaded memory latency (ns) of node ``b`` at utilisation ``u`` of its peak."""
     u = min(max(u, 0.0), U_MAX)
     return mach[b, L0] * (1.0 + mach[b, LAT_SLOPE] * u + mach[b, LAT_QUEUE] * u / (1.0 - u))
 
 
-@_jit
+@_inline
 def _miss_ratio(wl, knees, b, i, held, ws_s):
     """m(c) of workload ``i``: ``held`` bytes of its footprint scaled by ``ws_s``."""
     x = min(held / (wl[b, i, FP] * ws_s), 1.0)
@@ -120,7 +123,7 @@ def _miss_ratio(wl, knees, b, i, held, ws_s):
     return wl[b, i, FLOOR] + wl[b, i, SPAN] * s
 
 
-@_jit
+@_inline
 def _cold_misses(wl, x, b, i, m, rho, eta):
     """Extra miss ratio of an LC service from lines evicted while it idled (0 for batch).
 
@@ -136,7 +139,7 @@ def _cold_misses(wl, x, b, i, m, rho, eta):
     return wl[b, i, REUSE] * (1.0 - m) * lost
 
 
-@_jit
+@_inline
 def _rates(mach, wl, x, b, i, m, rho, lat):
     """(instructions/s, CPI, memory bytes per instruction) of workload ``i`` at miss ratio
     ``m`` and memory latency ``lat`` (ns): CPI = a + b * L, hits paying a share of the MBA
@@ -166,7 +169,7 @@ def _rates(mach, wl, x, b, i, m, rho, lat):
     return ips, cpi, miss_bpi + wl[b, i, DMA]
 
 
-@_jit
+@_inline
 def _excess_demand(mach, wl, x, b, m, rho, u):
     """h(u): the node's memory demand at the latency of utilisation ``u``, over its peak,
     minus ``u`` (decreasing in ``u``); ``m`` holds the miss ratios of its own workloads."""
@@ -453,7 +456,7 @@ def _step_occupancy(
         held[i] = tot
 
 
-@_jit
+@_inline
 def _end_miss_ratio(
     mach, wl, knees, x, masks, b, occ, m, access, dt, migrate, lines, dyn_rho, scratch
 ):
@@ -491,7 +494,7 @@ def _migrates(mach, masks, b, occ) -> bool:
     return False
 
 
-@_jit
+@_inline
 def _keep(new, eta, m, out_occ, out_eta, out_m):
     """A node's result so far (into its rows of the outputs): the occupancy, eviction
     rates and miss ratio of its latest evaluation."""
@@ -503,7 +506,7 @@ def _keep(new, eta, m, out_occ, out_eta, out_m):
         out_m[i] = m[i]
 
 
-@_jit
+@_inline
 def _access_at(mach, wl, x, b, m, rho, lat, out):
     """LLC accesses/s of each workload of node ``b`` at miss ratios ``m``, latency ``lat``."""
     for i in range(m.shape[0]):
@@ -511,7 +514,7 @@ def _access_at(mach, wl, x, b, m, rho, lat, out):
         out[i] = ips * (wl[b, i, APKI] * x[b, i, APKI_S]) / 1000.0
 
 
-@_jit
+@_inline
 def _evaluate(mach, wl, knees, x, masks, b, o, m, access, step, scratch, out):
     """Node ``b``'s step evaluated at miss ratio ``m`` and access rates ``access``:
     ``scratch`` (occupancy, eviction rates, end miss ratio) holds the result, which
