@@ -15,6 +15,9 @@ Output = ``[slot_1 .. slot_G, pooled, node]``:
   groups permutes these blocks), because the action is per slot (share and MBA level of
   each group), so the actor must still know which slot holds what.
 - ``node``: the node features, passed through.
+
+The per-slot policies (:data:`MaskableSlotActorCriticPolicy`) also sample and score their
+masked actions a run of same-sized dimensions at a time (training/distributions.py).
 """
 
 from __future__ import annotations
@@ -153,6 +156,7 @@ def _with_slot_head(base):
             super().__init__(*args, **kwargs)
 
         def _build(self, lr_schedule) -> None:
+            _batch_distribution(self)
             super()._build(lr_schedule)
             if self.mlp_extractor.latent_dim_pi != self.features_dim:
                 raise ValueError("a per-slot head needs net_arch.pi: [] (no actor MLP)")
@@ -171,6 +175,17 @@ def _with_slot_head(base):
 
     SlotPolicy.__name__ = SlotPolicy.__qualname__ = f"Slot{base.__name__}"
     return SlotPolicy
+
+
+def _batch_distribution(policy) -> None:
+    """Swap sb3_contrib's masked MultiDiscrete distribution for the batched one (the same
+    numbers, training/distributions.py)."""
+    from sb3_contrib.common.maskable.distributions import MaskableMultiCategoricalDistribution
+
+    from training.distributions import BatchedMaskableMultiCategorical
+
+    if type(policy.action_dist) is MaskableMultiCategoricalDistribution:
+        policy.action_dist = BatchedMaskableMultiCategorical(policy.action_dist.action_dims)
 
 
 def _slot_policies():
