@@ -8,11 +8,12 @@ and summed one by one, a fifth of a PPO cycle at the default config (docs/BENCHM
 share levels, then every slot's MB levels), so :class:`BatchedMaskableMultiCategorical`
 holds each run as one (batch, dims, levels) tensor and does every operation once per run.
 
-It is the same distribution in the same arithmetic: log-probabilities, entropies, modes and
-samples equal sb3_contrib's bit for bit, and sampling draws the same random numbers in
-the same order (tests/training/test_distributions.py). Gradients agree to float32 rounding
-(about 1e-10): the backward pass runs torch's elementwise kernels over tensors laid out
-differently, and those vectorise differently.
+It is the same distribution in the same arithmetic, and sampling draws the same random
+numbers in the same order: log-probabilities, entropies, modes and samples equalled
+sb3_contrib's bit for bit on the hosts measured (tests/training/test_distributions.py
+holds the floats to float32 rounding, as torch may vectorise the two tensor layouts
+differently on other CPUs). Gradients agree to float32 rounding (about 1e-10): the
+backward pass's elementwise kernels meet the different layouts.
 """
 
 from __future__ import annotations

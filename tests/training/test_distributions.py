@@ -43,9 +43,15 @@ def test_the_same_numbers_and_draws_as_sb3_contrib(dims, batch, masked) -> None:
     if masked:
         assert all(masks[r, np.cumsum([0, *dims[:-1]]) + drawn[r].numpy()].all()
                    for r in range(batch))  # fmt: skip
-    assert torch.equal(new.log_prob(drawn), ref.log_prob(drawn))
-    assert torch.equal(new.entropy(), ref.entropy())
+    _close(new.log_prob(drawn), ref.log_prob(drawn))
+    _close(new.entropy(), ref.entropy())
     assert torch.equal(new.mode(), ref.mode())
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal on the hosts measured (docs/BENCHMARKS.md); held to float32 rounding here, as
+    torch's kernels may vectorise the two layouts differently elsewhere (AVX-512)."""
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_masks_removed_restore_the_unmasked_distribution() -> None:
@@ -54,7 +60,7 @@ def test_masks_removed_restore_the_unmasked_distribution() -> None:
     ref, new = _pair(dims, logits, masks)
     for d in (ref, new):
         d.apply_masking(None)
-    assert torch.equal(new.entropy(), ref.entropy())
+    _close(new.entropy(), ref.entropy())
     assert torch.equal(new.mode(), ref.mode())
 
 
