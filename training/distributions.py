@@ -51,7 +51,7 @@ class BatchedMaskableMultiCategorical(MaskableMultiCategoricalDistribution):
             col += d
         self._width = col
         self._original: list[torch.Tensor] = []  # per run: (batch, dims, choices)
-        self._logits: list[torch.Tensor] = []
+        self._masked: list[torch.Tensor] | None = None  # the masks' logits (None: no masks)
         self._masks: list[torch.Tensor] | None = None
 
     def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -62,23 +62,29 @@ class BatchedMaskableMultiCategorical(MaskableMultiCategoricalDistribution):
 
     def proba_distribution(self, action_logits: torch.Tensor):
         self._original = [_normalised(x) for x in self._split(action_logits.view(-1, self._width))]
-        # as sb3_contrib's categoricals after their construction: normalised once more
-        self._logits = [_normalised(x) for x in self._original]
-        self._masks = None
+        self._masked = self._masks = None
         self.distributions = []  # the per-dimension objects this class does without
         return self
+
+    @property
+    def _logits(self) -> list[torch.Tensor]:
+        """Each run's log-probabilities: masked, or (as sb3_contrib's categoricals hold
+        them unmasked) normalised once more; computed when asked, as the policy masks the
+        logits right after making them."""
+        if self._masked is not None:
+            return self._masked
+        return [_normalised(x) for x in self._original]
 
     def apply_masking(self, masks) -> None:
         assert self._original, "Must set distribution parameters"
         if masks is None:
-            self._masks = None
-            self._logits = [_normalised(x) for x in self._original]
+            self._masked = self._masks = None
             return
         device = self._original[0].device
         flat = torch.as_tensor(masks, dtype=torch.bool, device=device).view(-1, self._width)
         self._masks = self._split(flat)
         neg = torch.tensor(HUGE_NEG, dtype=self._original[0].dtype, device=device)
-        self._logits = [
+        self._masked = [
             _normalised(torch.where(m, x, neg))
             for m, x in zip(self._masks, self._original, strict=True)
         ]
@@ -87,7 +93,7 @@ class BatchedMaskableMultiCategorical(MaskableMultiCategoricalDistribution):
         return [torch.softmax(x, dim=-1) for x in self._logits]
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
-        assert self._logits, "Must set distribution parameters"
+        assert self._original, "Must set distribution parameters"
         actions = actions.view(-1, len(self.action_dims)).long()
         parts, at = [], 0
         for x, (_, count, _) in zip(self._logits, self._runs, strict=True):
@@ -97,7 +103,7 @@ class BatchedMaskableMultiCategorical(MaskableMultiCategoricalDistribution):
         return torch.cat(parts, dim=1).sum(dim=1)
 
     def entropy(self) -> torch.Tensor:
-        assert self._logits, "Must set distribution parameters"
+        assert self._original, "Must set distribution parameters"
         parts = []
         for i, (x, p) in enumerate(zip(self._logits, self._probs(), strict=True)):
             if self._masks is None:
@@ -109,7 +115,7 @@ class BatchedMaskableMultiCategorical(MaskableMultiCategoricalDistribution):
         return torch.cat(parts, dim=1).sum(dim=1)
 
     def sample(self) -> torch.Tensor:
-        assert self._logits, "Must set distribution parameters"
+        assert self._original, "Must set distribution parameters"
         parts = []
         for p in self._probs():
             n, count, size = p.shape
@@ -120,5 +126,5 @@ class BatchedMaskableMultiCategorical(MaskableMultiCategoricalDistribution):
         return torch.cat(parts, dim=1)
 
     def mode(self) -> torch.Tensor:
-        assert self._logits, "Must set distribution parameters"
+        assert self._original, "Must set distribution parameters"
         return torch.cat([torch.argmax(p, dim=-1) for p in self._probs()], dim=1)
