@@ -105,11 +105,12 @@ class BatchedMaskableMultiCategorical(MaskableMultiCategoricalDistribution):
     def entropy(self) -> torch.Tensor:
         assert self._original, "Must set distribution parameters"
         parts = []
-        for i, (x, p) in enumerate(zip(self._logits, self._probs(), strict=True)):
+        zero = torch.tensor(0.0, device=self._original[0].device)
+        for i, x in enumerate(self._logits):  # (unmasked, computed here: once)
+            p = torch.softmax(x, dim=-1)
             if self._masks is None:
                 p_log_p = x.clamp(min=torch.finfo(x.dtype).min) * p
             else:  # masked choices add nothing (their probabilities are tiny, not 0)
-                zero = torch.tensor(0.0, device=x.device)
                 p_log_p = torch.where(self._masks[i], x * p, zero)
             parts.append(-p_log_p.sum(-1))
         return torch.cat(parts, dim=1).sum(dim=1)
