@@ -128,6 +128,13 @@ class Interrupted(NodeError):
     code = "UNAVAILABLE"
 
 
+class InUse(NodeError):
+    """What a node would manage is another live node's (a second agent on the same
+    resctrl root and state file)."""
+
+    code = "FAILED_PRECONDITION"
+
+
 class KernelError(NodeError, OSError):
     """A resctrl write the kernel refused, with its errno and ``info/last_cmd_status``.
 

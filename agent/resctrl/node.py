@@ -163,7 +163,7 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
         self._pmc_warned: dict[str, str] = {}
         self._last_observe = time.monotonic()
         self.cleaned_mon_groups: list[str] = []
-        self._adopt()
+        self._instance = state.InstanceLock.around(self.state_path + ".lock", self._adopt)
 
     def _dirname(self, name: str) -> str:
         """The directory name of group ``name``: a runtime class's own, else prefixed."""
@@ -372,6 +372,7 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
         if self.pmc is not None and self._own_pmc:
             self.pmc.close()
         self.pmc = None
+        self._instance.release()  # another agent may take the state file over now
 
 
 def _short_hash(text: str) -> str:

@@ -23,13 +23,15 @@ apply would cost ~16 ms on an ordinary ext4 disk, 10x the apply itself.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from agent.errors import InUse
 from agent.types import SLO, GroupKind, GroupSpec
 
 log = logging.getLogger(__name__)
@@ -185,3 +187,48 @@ class Journal:
     def clear(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+class InstanceLock:
+    """One live node per state file: two agents on one resctrl root with the same state
+    file would each save only its own view of the groups and lose the other's. The lock is
+    an ``flock`` on ``<state>.lock``, which the kernel drops when its holder dies
+    (``kill -9`` included), so a crashed agent never blocks its restart; the holder's pid
+    is written in the file for the message the next one gets."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise InUse(
+                f"{path}: another rdtune agent (pid {holder}) manages this resctrl root "
+                "with this state directory; stop it, or give this one another prefix"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    @classmethod
+    def around(cls, path: str, start: Callable[[], None]) -> InstanceLock:
+        """The lock of ``path``, taken before ``start`` runs and held after it; let go
+        again if ``start`` fails."""
+        lock = cls(path)
+        try:
+            start()
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # the flock goes with it; the file stays (unlinking it would race)

@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import socket
 import ssl
 import stat
 import threading
@@ -116,6 +117,7 @@ class AgentServer:
         self._metrics_http = None
         self.health_port: int | None = None
         self._health_server: grpc.aio.Server | None = None
+        self._socket_fd: int | None = None  # an O_PATH descriptor of the socket it made
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self.restored: bool | None = None  # after stop: whether restore-on-exit succeeded
@@ -194,12 +196,16 @@ class AgentServer:
 
     def _bind(self) -> None:
         target = self.listen.grpc_target()
-        if self.listen.unix_path is not None:
-            path = Path(self.listen.unix_path)
-            if path.exists() or path.is_symlink():
-                if not stat.S_ISSOCK(path.lstat().st_mode):
-                    raise ConfigError(f"{path} exists and is not a socket; refusing to replace it")
-                path.unlink()  # a stale socket of a previous run
+        public = None if self.listen.unix_path is None else Path(self.listen.unix_path)
+        if public is not None:
+            _check_socket_path(public)
+            # grpc binds (and at its stop unlinks) a private name; the socket then takes
+            # the public one by a rename, which replaces a stale socket in one step. So
+            # neither grpc nor this agent ever unlinks a socket another process put there.
+            private = public.with_name(f".rdtune-{os.getpid()}")
+            if private.is_socket():
+                private.unlink()  # left by a killed process that had this pid
+            target = f"unix:{private}"
         if self.cfg.tls:
             client_ca = _read(self.cfg.tls_client_ca)
             creds = grpc.ssl_server_credentials(
@@ -210,9 +216,15 @@ class AgentServer:
             port = self.server.add_secure_port(target, creds)
         else:
             port = self.server.add_insecure_port(target)
-        if self.listen.unix_path is None and port == 0:
+        bound = port != 0 if public is None else private.is_socket()
+        if not bound:
             raise ConfigError(f"cannot listen on {self.listen.raw} (address in use?)")
-        self.port = port if self.listen.unix_path is None else None
+        self.port = port if public is None else None
+        if public is not None:
+            # Held open, the socket's inode stays allocated, so no file another process
+            # puts at the path can carry its number: what the stop compares against.
+            self._socket_fd = os.open(private, os.O_PATH | os.O_NOFOLLOW)
+            os.rename(private, public)
 
     def start(self) -> AgentServer:
         self._start_loop()
@@ -237,6 +249,7 @@ class AgentServer:
                 self._metrics_http.server_close()
             self._end_loop()
             self.host.close()
+            self._remove_socket()
             raise
         if self.listen.unix_path is not None:
             os.chmod(self.listen.unix_path, 0o600)  # only the agent's user may connect
@@ -301,9 +314,23 @@ class AgentServer:
                     self.node.close()
                 finally:
                     self.host.lock.release()
-            if self.listen.unix_path is not None:
-                Path(self.listen.unix_path).unlink(missing_ok=True)
+            self._remove_socket()
             self._stopped.set()
+
+    def _remove_socket(self) -> None:
+        """Remove this agent's Unix socket, never one another process put at the path
+        since (a socket is replaced only when nothing answers on it, and another agent may
+        have taken the path over after a failed start)."""
+        fd, self._socket_fd = self._socket_fd, None
+        if fd is None:
+            return
+        try:
+            ours = os.fstat(fd)
+            path = Path(self.listen.unix_path)
+            if _file_id(path) == (ours.st_dev, ours.st_ino):
+                path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
@@ -313,3 +340,40 @@ class AgentServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _check_socket_path(path: Path) -> None:
+    """Refuse to listen at ``path`` when something other than a stale socket is there: a
+    file that is not a socket, or a socket a live process answers on (a second agent)."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not stat.S_ISSOCK(path.lstat().st_mode):
+        raise ConfigError(f"{path} exists and is not a socket; refusing to replace it")
+    if _socket_answers(path):
+        raise ConfigError(
+            f"{path}: another process is serving on this socket (a second agent?); "
+            "stop it or listen on another path"
+        )
+
+
+def _socket_answers(path: Path, timeout_s: float = 1.0) -> bool:
+    """Whether a process accepts connections on the Unix socket ``path`` (a live agent's,
+    not a stale file left by one that was killed)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(timeout_s)
+    try:
+        probe.connect(str(path))
+    except OSError:  # ECONNREFUSED: nobody listens (stale); others: cannot tell, treat so
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path`` itself (None: absent): which file a path names now."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

@@ -8,14 +8,19 @@ import fcntl
 import json
 import os
 import resource
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from agent.errors import (
     GroupNotFound,
+    InUse,
     InvalidAllocation,
     InvalidCpus,
     InvalidName,
@@ -151,6 +156,7 @@ def test_cpus_given_to_a_group_still_count_as_the_nodes(intel: Emulated) -> None
     node.create_group(GroupSpec("a"))
     node.assign("a", cpus=[0, 1])  # the kernel takes them out of the root's cpus_list
     assert intel.read("cpus_list") != intel.read(f"{PREFIX}a/cpus_list")
+    node.close()
     assert make_node(intel).capabilities().num_cpus == cpus  # a restarted agent's view
 
 
@@ -220,6 +226,7 @@ def test_restart_adopts_groups_with_kind_and_slo(intel: Emulated, children: list
     # Without a state file the directories are not known to be this node's: left alone
     # (never adopted as batch groups, never changed).
     os.remove(again.state_path)
+    again.close()
     third = make_node(intel)
     assert third.groups() == {}
     assert sorted(third.not_ours) == ["batch", "svc"]
@@ -256,7 +263,9 @@ def test_vanished_group_is_reported_and_recreated_on_request(intel: Emulated) ->
     with pytest.raises(GroupNotFound, match="vanished"):
         node.assign("svc", pids=[os.getpid()])
     # The vanished group is remembered across a restart, too.
-    assert make_node(intel).vanished() == {"svc"}
+    node.close()
+    node = make_node(intel)
+    assert node.vanished() == {"svc"}
     assert node.recreate_vanished() == ["svc"]
     assert node.groups()["svc"] == spec
     assert node.vanished() == frozenset()
@@ -789,11 +798,52 @@ def test_real_pmc_counts_each_listed_thread_once(intel: Emulated) -> None:
 def test_unwritable_state_dir_creates_nothing(intel: Emulated, tmp_path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    node = make_node(intel, state_dir=str(blocker / "state"))
+    with pytest.raises(OSError, match="Not a directory"):  # refused at start
+        make_node(intel, state_dir=str(blocker / "state"))
+    # a state directory that stops taking writes later (here it is replaced by a file)
+    state_dir = tmp_path / "state"
+    node = make_node(intel, state_dir=str(state_dir))
+    shutil.rmtree(state_dir)
+    state_dir.write_text("not a directory either")
     with pytest.raises(OSError, match="was not created"):
         node.create_group(GroupSpec("a"))
     assert node.groups() == {}
     assert not os.path.exists(f"{intel.root}/{PREFIX}a")
+
+
+def test_one_live_node_per_state_file(intel: Emulated) -> None:
+    """A second agent on the same root and state file is refused at start (before, both ran
+    and each saved only its own groups, so a restart lost the other's); the lock goes with
+    its holder, a close or a kill -9, and never blocks a restart."""
+    first = make_node(intel)
+    first.create_group(GroupSpec("a"))
+    with pytest.raises(InUse, match=f"another rdtune agent \\(pid {os.getpid()}\\)"):
+        make_node(intel)
+    first.create_group(GroupSpec("b"))
+    first.close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_NODE, intel.root, intel.state_dir],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(InUse, match=f"pid {holder.pid}"):
+            make_node(intel)
+    finally:
+        holder.kill()  # SIGKILL: nothing of the holder's runs
+        holder.wait()
+    assert set(make_node(intel).groups()) == {"a", "b"}
+
+
+_HOLD_NODE = """
+import sys, time
+from agent.resctrl import ResctrlNode
+node = ResctrlNode(sys.argv[1], state_dir=sys.argv[2], pmc=None)
+print("ready", flush=True)
+time.sleep(60)
+"""
 
 
 def test_two_roots_sharing_a_state_dir_keep_apart(intel: Emulated) -> None:
@@ -803,4 +853,5 @@ def test_two_roots_sharing_a_state_dir_keep_apart(intel: Emulated) -> None:
         a.create_group(GroupSpec("svc", GroupKind.LC, SLO(99.0, 1.0)))
         b.create_group(GroupSpec("svc"))
         assert a.state_path != b.state_path
+        a.close()
         assert make_node(intel).groups()["svc"].kind is GroupKind.LC

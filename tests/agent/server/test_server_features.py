@@ -418,6 +418,37 @@ def test_client_rides_out_an_agent_restart(tmp_path) -> None:
         client.close()
 
 
+def test_a_live_socket_is_never_taken_over_and_only_an_agents_own_is_removed() -> None:
+    """A second agent on the path of a serving one is refused (before, it unlinked the
+    live socket, and the first one's stop then unlinked the second's); a stale socket (an
+    agent killed with -9) is replaced; a stop removes only the socket its agent made."""
+    import socket
+    import tempfile
+
+    from agent.server.app import AgentServer
+    from agent.server.config import AgentConfig
+
+    sock = os.path.join(tempfile.mkdtemp(prefix="rdt"), "a.sock")
+    cfg = {"listen": f"unix:{sock}", "metrics_listen": ""}
+    with serve(RefNode(), **cfg) as first, remote(first) as client:
+        with pytest.raises(ConfigError, match="another process is serving"):
+            AgentServer(RefNode(), AgentConfig(**cfg)).start()
+        assert client.groups() == {}, "the first agent still answers on its socket"
+        # another process takes the path over while the first agent runs
+        os.unlink(sock)
+        other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        other.bind(sock)
+        other.listen(1)
+    try:
+        assert os.path.exists(sock), "the first agent's stop left the other process's socket"
+        other.close()  # now stale: bound, nobody listening
+        with serve(RefNode(), **cfg) as again, remote(again) as client:
+            assert client.groups() == {}
+        assert not os.path.exists(sock)
+    finally:
+        other.close()
+
+
 def test_health_alone_on_a_tcp_port_for_kubelet_probes() -> None:
     """health_listen: what a Kubernetes gRPC probe dials (plain TCP, no token), while the
     node API stays on the Unix socket and is not served there."""
