@@ -34,8 +34,14 @@ class GroupKeeper:
         created: list[str] = []
         try:
             for g in self.groups:
-                if self._create(node, g.spec, have):
-                    created.append(g.spec.name)
+                try:
+                    if self._create(node, g.spec, have):
+                        created.append(g.spec.name)
+                except ConfigError as exc:  # a directory of that name the agent did not make
+                    if strict:
+                        raise
+                    log.error("%s", exc, extra={"event": "not_managed", "group": g.spec.name})
+                    continue
                 self.move(node, g.spec.name, members[g.spec.name])
                 if g.cpus:
                     node.assign(g.spec.name, cpus=g.cpus)
@@ -69,8 +75,17 @@ class GroupKeeper:
             return False
         try:
             node.create_group(spec)
-        except GroupExists:  # created meanwhile (another tuner instance starting): adopt it
-            return False
+        except GroupExists as exc:
+            if spec.name in node.groups():  # created meanwhile (another tuner starting): adopt
+                return False
+            # Exists, yet not among the agent's groups: a directory it did not create, or
+            # one whose record it lost (its state file). Tuning without it would leave the
+            # service unprotected while reporting success.
+            raise ConfigError(
+                f"group {spec.name!r}: the node has a group of that name the agent does not "
+                f"manage ({exc}; not created by this agent, or its state file was lost); "
+                "remove that resctrl group or configure another name"
+            ) from exc
         log.info("created group %r", spec.name, extra={"event": "create", "group": spec.name})
         return True
 

@@ -154,7 +154,7 @@ class Ownership:
                 self.recovered = self._roll_forward_delete(name, saved)
             else:
                 log.warning("ignoring an intent record of unknown form: %r", intent)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:  # any shape
             log.error("recovering from the intent record %r failed: %s", intent, exc)
             self.recovered = f"failed: {exc}"
         else:

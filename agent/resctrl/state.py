@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -65,7 +66,9 @@ class Saved:
     mon_groups: dict[str, int] = field(default_factory=dict)
 
 
-def _read_json(path: str) -> dict | None:
+def _read_json(path: str, keep_aside: bool = False) -> dict | None:
+    """The JSON object in ``path`` (None: absent or unreadable, with a warning); with
+    ``keep_aside``, a file that is not one is renamed aside first (:func:`_keep_aside`)."""
     try:
         with open(path) as f:
             data = json.load(f)
@@ -73,28 +76,66 @@ def _read_json(path: str) -> dict | None:
         return None
     except (OSError, ValueError) as exc:
         log.warning("ignoring unreadable file %s: %s", path, exc)
+        if keep_aside and isinstance(exc, ValueError):
+            _keep_aside(path)
         return None
     if not isinstance(data, dict):
         log.warning("ignoring %s: not a JSON object", path)
+        if keep_aside:
+            _keep_aside(path)
         return None
     return data
 
 
+def _keep_aside(path: str) -> None:
+    """Rename a corrupt state file to ``<path>.corrupt-<time>``: the next save would
+    overwrite it, and the groups it recorded could then no longer be recovered by hand."""
+    aside = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+    try:
+        os.replace(path, aside)
+    except OSError as exc:
+        log.warning("could not keep the corrupt %s aside: %s", path, exc)
+        return
+    log.warning("kept the corrupt state file as %s; the groups it names are not adopted", aside)
+
+
 def load(path: str) -> Saved:
-    """The saved state; an unreadable or corrupt file counts as empty (with a warning)."""
-    data = _read_json(path) or {}
+    """The saved state; an unreadable or corrupt file counts as empty (with a warning; a
+    corrupt one is kept aside)."""
+    data = _read_json(path, keep_aside=True) or {}
+    groups, mon_groups = data.get("groups") or {}, data.get("mon_groups") or {}
+    if not (isinstance(groups, dict) and isinstance(mon_groups, dict)):
+        log.warning("ignoring %s: its groups are not JSON objects", path)
+        _keep_aside(path)
+        groups, mon_groups = {}, {}
     out = Saved()
-    for name, entry in (data.get("groups") or {}).items():
+    for name, entry in groups.items():
         try:
             out.groups[name] = spec_from_json(name, entry)
             marker = entry.get("marker")
             out.markers[name] = int(marker) if marker is not None else None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("state file %s: ignoring group %r: %s", path, name, exc)
-    for rel, marker in (data.get("mon_groups") or {}).items():
+    for rel, marker in mon_groups.items():
+        if not is_mon_group_path(rel):  # hand-edited or corrupt: never rmdir outside the root
+            log.warning(
+                "state file %s: ignoring monitoring group %r: not one below a root", path, rel
+            )
+            continue
         with contextlib.suppress(ValueError, TypeError):
-            out.mon_groups[str(rel)] = int(marker)
+            out.mon_groups[rel] = int(marker)
     return out
+
+
+def is_mon_group_path(rel: str) -> bool:
+    """Whether ``rel`` names a monitoring group below a resctrl root: ``mon_groups/NAME``
+    or ``GROUP/mon_groups/NAME``, no component empty, ``.`` or ``..``."""
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return False
+    return (len(parts) == 2 and parts[0] == "mon_groups") or (
+        len(parts) == 3 and parts[1] == "mon_groups"
+    )
 
 
 def save(

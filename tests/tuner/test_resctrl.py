@@ -103,3 +103,25 @@ def test_configured_processes_move_with_every_thread(emu, tmp_path, how: str) ->
         assert node.tasks("svc") == tids
     finally:
         child.kill()
+
+
+def test_a_configured_group_the_agent_does_not_manage_stops_the_start(emu, caplog) -> None:
+    """A directory of the configured group's name that the agent did not make (a leftover,
+    or its state file lost) is refused at start, naming the group; the tuner used to take
+    the "exists" answer as adopted and tune zero groups, protecting nothing. After an
+    outage the same is logged and the other groups are kept."""
+    from agent.resctrl import ResctrlNode
+    from agent.types import GroupSpec
+    from tuner.config import ConfigError, GroupConfig
+    from tuner.groups import GroupKeeper
+
+    os.mkdir(os.path.join(emu.root, "rdtune-web"))  # not in the agent's state file
+    node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+    keeper = GroupKeeper([GroupConfig(GroupSpec("batch")), GroupConfig(GroupSpec("web"))])
+    with pytest.raises(ConfigError, match=r"'web'.*does not manage"):
+        keeper.ensure(node)
+    assert node.groups() == {}, "a refused start removes the groups it created"
+    keeper.ensure(node, strict=False)
+    assert set(node.groups()) == {"batch"}
+    assert any(getattr(r, "event", None) == "not_managed" for r in caplog.records)
+    assert os.path.isdir(os.path.join(emu.root, "rdtune-web")), "never touched"

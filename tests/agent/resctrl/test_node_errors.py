@@ -316,6 +316,60 @@ def test_own_recorded_monitoring_groups_of_a_crashed_run_are_removed(intel: Emul
         assert json.load(f)["mon_groups"] == {}
 
 
+def test_a_recorded_monitoring_group_outside_the_root_is_never_removed(
+    intel: Emulated, tmp_path
+) -> None:
+    node = make_node(intel)
+    node.create_group(GroupSpec("a"))
+    node.close()
+    victim = tmp_path / "victim"  # outside the resctrl root
+    victim.mkdir()
+    with open(node.state_path) as f:
+        data = json.load(f)
+    rel = os.path.relpath(victim, intel.root)
+    data["mon_groups"] = {rel: os.stat(victim).st_ino, "mon_groups/../../x": 1}
+    with open(node.state_path, "w") as f:
+        json.dump(data, f)
+    again = make_node(intel, check_markers=True)
+    assert victim.is_dir()
+    assert again.cleaned_mon_groups == [] and set(again.groups()) == {"a"}
+
+
+@pytest.mark.parametrize(
+    ("which", "text"),
+    [
+        ("state", '{"version": 2, "groups": {"a": {"kind": "lc", "slo"'),  # cut short
+        ("state", '{"version": 2, "groups": ["a"]}'),
+        ("state", '["a"]'),
+        ("intent", '{"op": "apply", "groups": {"a": {"old": {"L3": [1]}}}, "order": ["a"]}'),
+        ("intent", '{"op": "apply", "groups": ["a"], "order": 7}'),
+    ],
+)
+def test_a_damaged_state_or_intent_file_never_stops_the_next_start(
+    intel: Emulated, which: str, text: str
+) -> None:
+    """A corrupt or wrongly shaped file is reported and the node starts; a state file that
+    is not one is kept aside, not overwritten by the next save (its records could still be
+    recovered by hand); its groups are then not adopted, and left alone."""
+    node = make_node(intel)
+    node.create_group(GroupSpec("a"))
+    node.close()
+    path = node.state_path + (".intent" if which == "intent" else "")
+    with open(path, "w") as f:
+        f.write(text)
+    again = make_node(intel)
+    again.create_group(GroupSpec("b"))  # saves the state file
+    if which == "state":
+        kept = [n for n in os.listdir(intel.state_dir) if ".corrupt-" in n]
+        assert len(kept) == 1
+        with open(os.path.join(intel.state_dir, kept[0])) as f:
+            assert f.read() == text
+        assert again.not_ours == ["a"] and set(again.groups()) == {"b"}
+    else:
+        assert again.recovered.startswith("failed") and set(again.groups()) == {"a", "b"}
+        assert not os.path.exists(path)
+
+
 def test_a_group_re_made_by_someone_else_is_not_adopted(intel: Emulated) -> None:
     node = make_node(intel)
     node.create_group(GroupSpec("svc", GroupKind.LC, SLO(99.0, 2.0)))
