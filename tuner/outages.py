@@ -23,12 +23,20 @@ log = logging.getLogger("rdtune.tuner")
 
 # Status codes of a RemoteError meaning "the agent is not there (right now)".
 OUTAGE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})
+# The agent's own limits it answers "retry later" for (RESOURCE_EXHAUSTED with this
+# ``resource``): a peer's burst fills them for a while. Unlike the node's (CLOSIDs, RMIDs),
+# waiting empties them, so the tuner backs off as in an outage instead of exiting.
+AGENT_LIMITS = frozenset({"rate_limit", "waiting_steps", "streams", "sessions"})
 
 
 def is_outage(exc: BaseException) -> bool:
     from agent.server.errors import RemoteError
 
-    return isinstance(exc, RemoteError) and exc.code in OUTAGE_CODES
+    if not isinstance(exc, RemoteError):
+        return False
+    if exc.code == "RESOURCE_EXHAUSTED":
+        return exc.details().get("resource") in AGENT_LIMITS
+    return exc.code in OUTAGE_CODES
 
 
 class Resilience:

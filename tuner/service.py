@@ -12,7 +12,8 @@ next are one ``Node.step``, one round trip).
 
 Failure handling (docs/DEPLOY.md, "What the safety guard guarantees"):
 
-* The agent unreachable (UNAVAILABLE, a deadline): the interval is abandoned, the tuner
+* The agent unreachable (UNAVAILABLE, a deadline) or full for now (its "retry later"
+  refusals, tuner/outages.py): the interval is abandoned, the tuner
   retries with exponential backoff (``retry``), and on reconnecting re-checks its groups
   and puts back what it last applied if the node lost it (an agent restarted on a
   simulated node starts over). Apply is atomic at the node, so an interrupted apply left

@@ -8,6 +8,8 @@ import logging
 import threading
 import time
 
+import pytest
+
 from agent.sim import SimNode
 from models import catalogue
 from tests.agent.server.conftest import serve
@@ -153,3 +155,48 @@ def test_an_agent_back_without_the_groups_is_reported_and_leaves_nothing_to_rest
     messages = [r.message for r in caplog.records]
     assert any(m.startswith("nothing to restore: the node has none") for m in messages)
     assert "restored the baseline allocation" not in messages
+
+
+def test_the_agents_retry_later_refusals_are_waited_out_not_fatal(caplog) -> None:
+    """An agent's own limits (here its per-host rate limit, which every local peer shares)
+    answer RESOURCE_EXHAUSTED "retry later": the tuner backs off and goes on, as in an
+    outage (before, it exited with "the agent refused")."""
+    from agent.client import RemoteNode
+    from agent.server.errors import RemoteError
+
+    caplog.set_level(logging.INFO, logger="rdtune.tuner")
+    address = f"127.0.0.1:{free_port()}"
+    with serve(SimNode("default", seed=0), listen=address, rate_limit=20.0, rate_burst=30.0):
+        # a peer on the same host empties the bucket the tuner shares with it
+        with (
+            RemoteNode(address, retries=0, session=False) as peer,
+            contextlib.suppress(RemoteError),
+        ):
+            for _ in range(100):
+                peer.groups()
+        run = Running(make_tuner(address))
+        try:
+            wait_for(lambda: run.intervals() >= 5, timeout=40)
+            downs = [r for r in caplog.records if getattr(r, "event", None) == "agent_down"]
+            assert any("rate limit" in r.message for r in downs)
+        finally:
+            run.finish()
+            run.tuner.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("code", "resource", "outage"),
+    [
+        ("RESOURCE_EXHAUSTED", "rate_limit", True),
+        ("RESOURCE_EXHAUSTED", "waiting_steps", True),
+        ("RESOURCE_EXHAUSTED", "sessions", True),
+        ("RESOURCE_EXHAUSTED", "closid", False),  # the node's: waiting frees no CLOSID
+        ("UNAVAILABLE", "", True),
+        ("INTERNAL", "", False),
+    ],
+)
+def test_which_refusals_are_waited_out(code: str, resource: str, outage: bool) -> None:
+    from agent.server.errors import RemoteError
+    from tuner.outages import is_outage
+
+    assert is_outage(RemoteError(code, "refused", {"resource": resource})) is outage
