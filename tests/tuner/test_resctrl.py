@@ -125,3 +125,46 @@ def test_a_configured_group_the_agent_does_not_manage_stops_the_start(emu, caplo
     assert set(node.groups()) == {"batch"}
     assert any(getattr(r, "event", None) == "not_managed" for r in caplog.records)
     assert os.path.isdir(os.path.join(emu.root, "rdtune-web")), "never touched"
+
+
+def test_a_configured_group_removed_by_someone_else_is_made_again_once(emu, caplog) -> None:
+    """A configured group another tool removes (a container runtime cleaning up) is made
+    again at the next interval and reported once; before, the node's lasting report of
+    it restarted the controller every interval and the group stayed gone."""
+    import logging
+    import threading
+
+    from agent.resctrl import ResctrlNode
+    from agent.types import SLO, GroupKind, GroupSpec
+    from models import catalogue
+    from tuner.config import GroupConfig, TunerConfig
+    from tuner.controllers import fallback
+    from tuner.service import Tuner
+
+    caplog.set_level(logging.INFO, logger="rdtune.tuner")
+    node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+    cfg = TunerConfig(
+        interval_s=0.05,
+        metrics_listen="",
+        realtime=True,
+        groups=[
+            GroupConfig(GroupSpec("web", GroupKind.LC, SLO(99.0, 5.0))),
+            GroupConfig(GroupSpec("batch")),
+        ],
+    )
+    tuner = Tuner(lambda: node, lambda n: catalogue.construct("eq"), cfg, fallback())
+    stop = threading.Event()
+    runner = threading.Thread(target=tuner.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: tuner.intervals >= 3)
+        os.rmdir(os.path.join(emu.root, "rdtune-batch"))
+        before = tuner.intervals
+        wait_for(lambda: tuner.intervals >= before + 10)
+    finally:
+        stop.set()
+        runner.join(10)
+    assert os.path.isdir(os.path.join(emu.root, "rdtune-batch"))
+    assert set(node.groups()) == {"web", "batch"} and node.vanished() == frozenset()
+    changed = [r for r in caplog.records if getattr(r, "event", None) == "groups"]
+    assert 1 <= len(changed) <= 2, [r.message for r in changed]
