@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from agent.errors import GroupNotFound, NodeError, Unsupported
+from agent.errors import GroupNotFound, InvalidAllocation, NodeError, Unsupported
 from agent.latency import LatencyRecorder
 from agent.node import Node, as_clock, never_blocks
 from agent.server import convert as C
@@ -373,14 +373,21 @@ class NodeHost:
         if not self.lock.acquire(timeout=timeout):
             raise TimeoutError(f"a node call still held the node after {timeout:g} s")
         try:
-            caps = self.node.capabilities()
+            caps, groups = self.node.capabilities(), self.node.groups()
             full = GroupAllocation(
                 l3_mask=caps.l3.cbm_mask if caps.l3 else None,
                 mb=caps.mba.max_bandwidth if caps.mba else None,
             )
-            groups = list(self.node.groups())
-            if groups:
+            if not groups:
+                return
+            try:
                 self.node.apply(AllocationPlan.uniform(dict.fromkeys(groups, full), caps.domains))
+                return
+            except InvalidAllocation as exc:
+                if exc.rule != "exclusive_overlap":
+                    raise
+                log.warning("restoring around exclusive groups: %s", exc)
+            restore_around_exclusive(self.node, caps, groups)
         finally:
             self.lock.release()
 
@@ -827,3 +834,52 @@ class SimulationServicer(rpc.SimulationServicer):
     async def Now(self, request, context):
         clock = await self._clock(context)
         return api.NowResponse(now=await self.host.call(context, clock.now))
+
+
+def restore_around_exclusive(node: Node, caps: NodeCapabilities, groups) -> None:
+    """The most of a full restore (``--restore-on-exit``) that exclusive groups allow, the
+    node lock held: full bandwidth for every own group, and to each shareable one the
+    widest run of ways no exclusive group holds, own or foreign (exclusive groups keep
+    their ways)."""
+    mb = caps.mba.max_bandwidth if caps.mba else None
+    shareable = [g for g, spec in groups.items() if not spec.exclusive]
+    plan: dict[str, dict[int, GroupAllocation]] = {}
+    for d in caps.domains:
+        ways = 0
+        if caps.l3 is not None and shareable:
+            ways = widest_run(caps.l3.cbm_mask & ~_exclusive_ways(node, shareable[0], d))
+        for g in groups:
+            mask = ways if ways and g in shareable else None
+            if mask is not None or mb is not None:
+                plan.setdefault(g, {})[d] = GroupAllocation(l3_mask=mask, mb=mb)
+    node.apply(AllocationPlan(plan))
+
+
+def _exclusive_ways(node: Node, group: str, domain: int) -> int:
+    """The ways of ``domain`` that exclusive groups hold, as the node's own validation
+    sees them (it knows foreign groups' modes and masks; a Node shows only its own):
+    each way offered to shareable ``group`` alone in a dry run."""
+    held = 0
+    for way in range(node.capabilities().l3.cbm_mask.bit_length()):
+        one = AllocationPlan({group: {domain: GroupAllocation(l3_mask=1 << way)}})
+        try:
+            node.apply(one, dry_run=True)
+        except InvalidAllocation as exc:
+            if exc.rule == "exclusive_overlap":
+                held |= 1 << way
+    return held
+
+
+def widest_run(mask: int) -> int:
+    """The widest run of consecutive set bits of ``mask`` (the lowest of equals; 0: none)."""
+    best, best_len, run, run_len, bit = 0, 0, 0, 0, 0
+    while mask >> bit:
+        if mask >> bit & 1:
+            run |= 1 << bit
+            run_len += 1
+            if run_len > best_len:
+                best, best_len = run, run_len
+        else:
+            run, run_len = 0, 0
+        bit += 1
+    return best

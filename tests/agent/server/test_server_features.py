@@ -256,6 +256,37 @@ def test_graceful_shutdown_restores_full_allocations() -> None:
     assert set(node.groups()) == {"a"}, "groups stay"
 
 
+def test_restore_on_exit_gives_what_exclusive_groups_leave() -> None:
+    """An exclusive group (own or another tool's) makes "every way" invalid for the others:
+    the restore then gives each shareable own group the widest run of ways no exclusive
+    group holds, and every own group full bandwidth (before: one refused plan, nothing
+    restored, not even the bandwidth)."""
+    from agent.resctrl import ResctrlNode
+    from tests.emulated_resctrl import emulated_resctrl
+
+    with emulated_resctrl("intel-20way") as emu:
+        emu.write("schemata", "L3:0=000ff;1=000ff\n")  # the default group on ways 0-7
+        node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+        node.create_group(GroupSpec("a"))
+        node.apply(AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0xF0, mb=30)}, (0, 1)))
+        os.mkdir(f"{emu.root}/foreign")  # pqos's, say: ways 16-17, exclusive
+        emu.write("foreign/schemata", "L3:0=30000;1=30000\n")
+        emu.write("foreign/mode", "exclusive\n")
+        node.create_group(GroupSpec("lc", GroupKind.LC, SLO(99.0, 1.0), exclusive=True))
+        lc = node.allocation().get("lc", 0).l3_mask
+        assert lc == 0xFF00  # the free ways between the default group's and pqos's
+        theirs = emu.read("foreign/schemata")
+        with serve(node, own_node=False, restore_on_exit=True) as server:
+            pass
+        assert server.restored
+        a = node.allocation()
+        for d in (0, 1):
+            assert a.get("a", d).l3_mask == 0xFF and a.get("a", d).mb == 100
+            assert a.get("lc", d).l3_mask == lc and a.get("lc", d).mb == 100
+        assert emu.read("foreign/schemata") == theirs
+        node.close()
+
+
 def test_shutdown_finishes_an_in_flight_apply() -> None:
     node = RefNode()
     entered, release = threading.Event(), threading.Event()
