@@ -135,6 +135,20 @@ class InUse(NodeError):
     code = "FAILED_PRECONDITION"
 
 
+class StateUnwritable(NodeError, OSError):
+    """The node's own records (its state file, its intent journal) could not be written,
+    so it changed nothing: a full or read-only disk, which may be freed while the agent
+    runs; callers retry as for an agent that is down."""
+
+    code = "UNAVAILABLE"
+
+    def __init__(self, err: int | None, message: str) -> None:
+        super().__init__(err, message)
+
+    def __str__(self) -> str:
+        return self.args[1]
+
+
 class KernelError(NodeError, OSError):
     """A resctrl write the kernel refused, with its errno and ``info/last_cmd_status``.
 

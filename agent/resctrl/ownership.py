@@ -11,7 +11,7 @@ import logging
 import os
 from dataclasses import replace
 
-from agent.errors import GroupExists, GroupNotFound, Unsupported
+from agent.errors import GroupExists, GroupNotFound, StateUnwritable, Unsupported
 from agent.resctrl import discovery, schemata, state
 from agent.resctrl.lock import ResctrlLock
 from agent.types import (
@@ -136,7 +136,8 @@ class Ownership:
                     log.warning("own group %r is gone (deleted by someone else?)", name)
                     self._vanished[name] = spec
             self._clean_own_mon_groups()
-        if self._specs or saved.groups or saved.mon_groups != self._mon_groups:
+        # Rewritten only when it changed: a full disk must not keep a restart from serving.
+        if self._saved() != saved:
             self._save()
 
     def _recover(self, saved: state.Saved) -> None:
@@ -237,7 +238,7 @@ class Ownership:
         try:
             self._journal.write(record)
         except OSError as exc:
-            raise OSError(
+            raise StateUnwritable(
                 exc.errno,
                 f"cannot {what}: recording the intent in {self._journal.path} failed "
                 f"({exc.strerror}); the group was not created"
@@ -246,14 +247,14 @@ class Ownership:
                 f"({exc.strerror}); nothing was changed",
             ) from exc
 
+    def _saved(self) -> state.Saved:
+        """What the state file holds once saved (as :func:`state.load` reads it)."""
+        return state.Saved.of({**self._vanished, **self._specs}, self._markers, self._mon_groups)
+
     def _save(self) -> None:
+        saved = self._saved()
         state.save(
-            self.state_path,
-            {**self._vanished, **self._specs},
-            self.root,
-            self.prefix,
-            self._markers,
-            self._mon_groups,
+            self.state_path, saved.groups, self.root, self.prefix, saved.markers, saved.mon_groups
         )
 
     def _check_vanished(self, markers: bool = True) -> None:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from agent.errors import InUse
+from agent.errors import InUse, StateUnwritable
 from agent.types import SLO, GroupKind, GroupSpec
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,17 @@ class Saved:
     groups: dict[str, GroupSpec] = field(default_factory=dict)
     markers: dict[str, int | None] = field(default_factory=dict)
     mon_groups: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        groups: Mapping[str, GroupSpec],
+        markers: Mapping[str, int | None],
+        mon_groups: Mapping[str, int],
+    ) -> Saved:
+        """The state as :func:`load` reads it back after :func:`save` (a marker per group,
+        None where there is none)."""
+        return cls(dict(groups), {n: markers.get(n) for n in groups}, dict(mon_groups))
 
 
 def _read_json(path: str, keep_aside: bool = False) -> dict | None:
@@ -160,7 +171,12 @@ def save(
         "groups": groups,
         "mon_groups": dict(sorted((mon_groups or {}).items())),
     }
-    write_atomic(path, data)
+    try:
+        write_atomic(path, data)
+    except OSError as exc:
+        raise StateUnwritable(
+            exc.errno, f"cannot write the state file {path}: {exc.strerror or exc}"
+        ) from exc
 
 
 def write_atomic(path: str, data: dict, durable: bool = True) -> None:

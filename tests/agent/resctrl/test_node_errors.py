@@ -26,6 +26,7 @@ from agent.errors import (
     InvalidName,
     KernelError,
     ResourceExhausted,
+    StateUnwritable,
     UnknownTask,
 )
 from agent.pmc import PmcReader
@@ -863,6 +864,32 @@ def test_unwritable_state_dir_creates_nothing(intel: Emulated, tmp_path) -> None
         node.create_group(GroupSpec("a"))
     assert node.groups() == {}
     assert not os.path.exists(f"{intel.root}/{PREFIX}a")
+
+
+def test_a_full_state_disk_changes_nothing_and_never_stops_a_restart(intel: Emulated) -> None:
+    """A restart with nothing new to record writes nothing (before, it rewrote the state
+    file and a full disk kept the agent from starting); an apply that cannot journal its
+    intent changes nothing and says so as a retryable error naming the file."""
+    node = make_node(intel)
+    for name in ("a", "b"):
+        node.create_group(GroupSpec(name))
+    node.close()
+    before = os.stat(node.state_path)
+    again = make_node(intel)
+    after = os.stat(again.state_path)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    held = again.allocation()
+    shutil.rmtree(intel.state_dir)  # the journal's directory gone: every write fails
+    open(intel.state_dir, "w").close()
+    plan = AllocationPlan.uniform(
+        {"a": GroupAllocation(l3_mask=0x3), "b": GroupAllocation(l3_mask=0xC)}, (0, 1)
+    )
+    with pytest.raises(StateUnwritable, match=r"\.intent failed") as err:
+        again.apply(plan)
+    assert err.value.code == "UNAVAILABLE"
+    assert again.allocation() == held
+    os.remove(intel.state_dir)
+    os.mkdir(intel.state_dir)
 
 
 def test_one_live_node_per_state_file(intel: Emulated) -> None:
