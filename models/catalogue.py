@@ -216,6 +216,14 @@ def _imported(target: str) -> Entry:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
         raise ControllerError(f"{target!r}: {exc}") from exc
+    if not callable(factory):
+        raise ControllerError(
+            f"{target!r}: {module}.{attr} is a {type(factory).__name__}, not a controller class"
+        )
+    try:
+        inspect.signature(factory)  # what option checks read; some builtins have none
+    except (TypeError, ValueError) as exc:
+        raise ControllerError(f"{target!r}: not a controller class ({exc})") from exc
     return Entry(target, factory, "an operator's own controller")
 
 

@@ -23,11 +23,12 @@ class GroupKeeper:
         self.groups = list(groups)
         self.moved: dict[str, set[int]] = {}  # pids moved into each configured group
 
-    def ensure(self, node: Node, strict: bool = True) -> None:
-        """Create (or adopt) the configured groups and move their tasks in. ``strict`` (at
-        start): an unreadable cgroup is a configuration error, found before the node is
-        changed, and a refused start removes the groups it created; after an outage the
-        error is logged and the group's tasks stay where they are."""
+    def ensure(self, node: Node, strict: bool = True) -> list[str]:
+        """Create (or adopt) the configured groups and move their tasks in; the groups it
+        created. ``strict`` (at start): an unreadable cgroup is a configuration error,
+        found before the node is changed, and a refused start removes the groups it
+        created; after an outage the error is logged and the group's tasks stay where
+        they are."""
         have = node.groups()
         threads = _real_tasks(node)
         members = {g.spec.name: self._members(g, threads, strict) for g in self.groups}
@@ -49,6 +50,12 @@ class GroupKeeper:
             if strict:  # a refused start leaves the node as it found it
                 _undo(node, created)
             raise
+        return created
+
+    @staticmethod
+    def undo(node: Node, created: Sequence[str]) -> None:
+        """Remove the groups a refused start created (as :meth:`ensure` returned them)."""
+        _undo(node, created)
 
     @staticmethod
     def _members(g: GroupConfig, threads: bool, strict: bool) -> tuple[int, ...]:

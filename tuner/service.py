@@ -45,6 +45,7 @@ from agent.node import Node, as_clock
 from agent.types import Allocation, AllocationPlan, GroupKind, GroupSpec, Snapshot
 from models.cadence import decided
 from models.controller import ControlContext, Controller, Decision
+from models.setup import ControllerError
 from tuner.config import TunerConfig
 from tuner.groups import GroupKeeper
 from tuner.guard import PlanGuard, SloGuard, Switch, slo_verdicts
@@ -132,7 +133,7 @@ class Tuner(Resilience, Pacing):
         self.clock = as_clock(self.node)
         realtime = self.cfg.realtime
         self._realtime = realtime if realtime is not None else self.clock is None
-        self.keeper.ensure(self.node)
+        created = self.keeper.ensure(self.node)
         self.groups = self.keeper.read(self.node, self.groups)
         baseline = self.node.allocation()  # before a controller's calibration changes it
         if self.primary is None:
@@ -156,7 +157,12 @@ class Tuner(Resilience, Pacing):
         self._stale, self._since_read = False, 0  # ``intended`` is what the node holds
         # The start's plan and the observation that starts the first interval: one step.
         self._next = None
-        self._carry_out(self.active.start(self._context(self.intended)), self.intended, 0.0, 0.0)
+        try:
+            first = self.active.start(self._context(self.intended))
+        except ValueError as exc:  # an option this node cannot honour (ways beyond its L3)
+            self.keeper.undo(self.node, created)
+            raise ControllerError(f"{self.active.name} cannot start on this node: {exc}") from exc
+        self._carry_out(first, self.intended, 0.0, 0.0)
         if self._next is None:  # the plan was refused: nothing was observed
             self.node.observe()
         self._next = None  # the first interval starts now; its end is observed next

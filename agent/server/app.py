@@ -76,6 +76,21 @@ def _read(path: str | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
 
 
+def _check_tls(cert: str, key: str, client_ca: str | None) -> None:
+    """Refuse a certificate, key or client CA that TLS cannot use, naming the files (grpc
+    reports any of them as a failure to bind the address)."""
+    try:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        if client_ca:
+            ctx.load_verify_locations(client_ca)
+    except (OSError, ssl.SSLError) as exc:
+        files = f"--tls-cert {cert}, --tls-key {key}" + (
+            f", --tls-client-ca {client_ca}" if client_ca else ""
+        )
+        raise ConfigError(f"unusable TLS files ({files}): {exc}") from exc
+
+
 class AgentServer:
     """One node served over gRPC (plus the metrics endpoint).
 
@@ -207,6 +222,7 @@ class AgentServer:
                 private.unlink()  # left by a killed process that had this pid
             target = f"unix:{private}"
         if self.cfg.tls:
+            _check_tls(self.cfg.tls_cert, self.cfg.tls_key, self.cfg.tls_client_ca)
             client_ca = _read(self.cfg.tls_client_ca)
             creds = grpc.ssl_server_credentials(
                 [(_read(self.cfg.tls_key), _read(self.cfg.tls_cert))],

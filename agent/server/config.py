@@ -132,8 +132,10 @@ class AgentConfig:
                 "rate limit needs a finite rate > 0 and a finite burst >= 1, got "
                 f"rate {self.rate_limit:g}, burst {self.rate_burst:g}"
             )
-        if self.max_streams < 1 or self.max_sessions < 0 or self.max_waiting_steps < 0:
-            raise ConfigError("max_streams must be >= 1, max_sessions and max_waiting_steps >= 0")
+        # max_sessions 0 leaves unary calls; max_waiting_steps 0 would refuse every Step
+        # with an interval, the tuner's every interval on a simulated node
+        if self.max_streams < 1 or self.max_sessions < 0 or self.max_waiting_steps < 1:
+            raise ConfigError("max_streams and max_waiting_steps must be >= 1, max_sessions >= 0")
         if self.max_workers < 1:
             raise ConfigError("max_workers must be >= 1")
         if not 0 <= self.grace_s <= MAX_GRACE_S:
@@ -203,7 +205,7 @@ class AgentFile(Strict):
     max_workers: Annotated[int, Field(ge=1)] = _D.max_workers
     max_streams: Annotated[int, Field(ge=1)] = _D.max_streams
     max_sessions: Annotated[int, Field(ge=0)] = _D.max_sessions
-    max_waiting_steps: Annotated[int, Field(ge=0)] = _D.max_waiting_steps
+    max_waiting_steps: Annotated[int, Field(ge=1)] = _D.max_waiting_steps
     max_concurrent_rpcs: Annotated[int, Field(ge=1, le=GRPC_INT_MAX)] = _D.max_concurrent_rpcs
     rate_limit: RateLimitFile | None = RateLimitFile()  # null: no limit
     restore_on_exit: bool = _D.restore_on_exit

@@ -70,12 +70,12 @@ def duration_s(duration, field: str) -> float:
     into another duration (seconds=0, nanos=2e9 read as 2 s).
     """
     sec, nanos = duration.seconds, duration.nanos
-    if (
-        not -_NANOS_MAX <= nanos <= _NANOS_MAX
-        or (sec > 0 and nanos < 0)
-        or (sec < 0 and nanos > 0)
-        or not -_DURATION_MAX_S <= sec <= _DURATION_MAX_S
-    ):
+    if not -_DURATION_MAX_S <= sec <= _DURATION_MAX_S:
+        raise ValueError(
+            f"{field} is not a valid Duration (seconds={sec}): seconds must be within "
+            f"+-{_DURATION_MAX_S} (about 10,000 years)"
+        )
+    if not -_NANOS_MAX <= nanos <= _NANOS_MAX or (sec > 0 > nanos) or (sec < 0 < nanos):
         raise ValueError(
             f"{field} is not a valid Duration (seconds={sec}, nanos={nanos}): nanos must be "
             f"within +-{_NANOS_MAX} and have the sign of seconds"

@@ -57,6 +57,21 @@ def test_bad_specs_are_clear_errors(text: str, match: str) -> None:
         ControllerSpec.parse(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("import:os:sep", "os.sep is a str, not a controller class"),
+        ("import:os:nope", "has no attribute 'nope'"),
+        ("import:os", "use import:MODULE:CLASS"),
+    ],
+)
+def test_an_import_that_is_no_controller_is_a_clear_error(text: str, match: str) -> None:
+    from models.catalogue import ControllerError
+
+    with pytest.raises(ControllerError, match=match):
+        ControllerSpec.parse(text).entry.takes()
+
+
 @pytest.mark.parametrize("build_it", ["build", "construct"])
 def test_options_given_apart_from_the_spec_are_type_checked(build_it: str) -> None:
     # a configuration's controller_options reach the controller without a spec string

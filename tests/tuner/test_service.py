@@ -122,6 +122,21 @@ def test_groups_from_the_config_are_created_or_adopted(server, tmp_path) -> None
     tuner.shutdown()
 
 
+def test_a_controller_that_cannot_start_on_the_node_is_a_clear_refusal(server) -> None:
+    """An option the node cannot honour, found when the controller first looks at it (a
+    static split wider than its cache), is the controller's error (rdtune tune exits 2),
+    and the groups this start created are removed again."""
+    from models.setup import ControllerError
+
+    static = catalogue.construct("static[lc_group=web,ways=999]")
+    groups = [GroupConfig(GroupSpec("web", GroupKind.LC, SLO(99.0, 2.0)))]
+    tuner = make_tuner(server, static, groups=groups)
+    with pytest.raises(ControllerError, match="cannot start on this node: mite ways"):
+        tuner.start()
+    assert "web" not in tuner.node.groups()
+    tuner.shutdown()
+
+
 def test_run_stops_on_the_event(server) -> None:
     tuner = make_tuner(server, catalogue.construct("eq"), realtime=True)
     stop = threading.Event()

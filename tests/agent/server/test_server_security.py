@@ -113,6 +113,15 @@ def certs(tmp_path_factory) -> dict[str, str]:
     return make_certs(tmp_path_factory.mktemp("tls"))
 
 
+@pytest.mark.parametrize("bad", ["tls_cert", "tls_key", "tls_client_ca"])
+def test_unusable_tls_files_are_named_not_a_bind_failure(certs, tmp_path, bad: str) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    cfg = {"tls_cert": certs["server.pem"], "tls_key": certs["server.key"], bad: str(junk)}
+    with pytest.raises(ConfigError, match=f"unusable TLS files .*{junk}"):
+        serve(RefNode(), token=TOKEN, **cfg).__enter__()
+
+
 def test_tls_with_token(certs) -> None:
     with serve(
         RefNode(), token=TOKEN, tls_cert=certs["server.pem"], tls_key=certs["server.key"]
@@ -217,6 +226,7 @@ def test_yaml_config(tmp_path) -> None:
         ("restore_on_exit: 'false'\n", "restore_on_exit: must be a valid boolean, got 'false'"),
         ("grace_s: abc\n", "grace_s: must be a valid number, got 'abc'"),
         ("max_workers: 0\n", "max_workers: must be greater than or equal to 1, got 0"),
+        ("max_waiting_steps: 0\n", "max_waiting_steps: must be greater than or equal to 1"),
         ("rate_limit: {rate: -1}\n", "rate_limit.rate: must be greater than 0"),
         ("backend: kvm\n", "backend: must be 'sim' or 'resctrl', got 'kvm'"),
         ("token: abc\n", "token_file"),

@@ -290,9 +290,17 @@ def _stream(_sim_stub, agent_stub, duration) -> None:
 
 @pytest.mark.parametrize("call", [_advance, _step, _stream], ids=lambda f: f.__name__[1:])
 @pytest.mark.parametrize(
-    ("seconds", "nanos"), [(0, 2_000_000_000), (2, -500_000_000)], ids=["nanos>1s", "mixed-sign"]
+    ("seconds", "nanos", "says"),
+    [
+        (0, 2_000_000_000, "nanos must be"),
+        (2, -500_000_000, "nanos must be"),
+        (10**12, 0, "seconds must be within"),  # beyond duration.proto's range
+    ],
+    ids=["nanos>1s", "mixed-sign", "seconds-out-of-range"],
 )
-def test_a_malformed_duration_is_invalid_argument_and_moves_no_clock(call, seconds, nanos) -> None:
+def test_a_malformed_duration_is_invalid_argument_and_moves_no_clock(
+    call, seconds, nanos, says
+) -> None:
     sim = pytest.importorskip("agent.sim", reason="SimNode not available")
     node = sim.SimNode(seed=1)
     with serve(node) as server, grpc.insecure_channel(server.address) as channel:
@@ -300,7 +308,7 @@ def test_a_malformed_duration_is_invalid_argument_and_moves_no_clock(call, secon
         with pytest.raises(grpc.RpcError) as err:
             call(rpc.SimulationStub(channel), rpc.NodeAgentStub(channel), duration)
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-        assert "Duration" in err.value.details()
+        assert "Duration" in err.value.details() and says in err.value.details()
         assert node.now() == 0.0
 
 
