@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import socket
@@ -162,6 +163,11 @@ class AgentServer:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
+        if thread.is_alive():
+            # Tasks left on a stopped loop are destroyed pending, with an error logged each:
+            # end them first (a session whose node call was interrupted at the grace's end).
+            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+                asyncio.run_coroutine_threadsafe(_end_tasks(), loop).result(min(timeout, 1.0))
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout)
         if not thread.is_alive():
@@ -356,6 +362,20 @@ class AgentServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+async def _end_tasks(timeout_s: float = 0.5) -> None:
+    """Cancel every other task of the running loop and wait for them (at most
+    ``timeout_s``), taking their outcomes so that none is reported as never retrieved."""
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()
 
 
 def _check_socket_path(path: Path) -> None:
