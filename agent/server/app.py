@@ -163,13 +163,14 @@ class AgentServer:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
+        deadline = time.monotonic() + timeout
         if thread.is_alive():
             # Tasks left on a stopped loop are destroyed pending, with an error logged each:
             # end them first (a session whose node call was interrupted at the grace's end).
             with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
-                asyncio.run_coroutine_threadsafe(_end_tasks(), loop).result(min(timeout, 1.0))
+                asyncio.run_coroutine_threadsafe(_end_tasks(), loop).result(timeout / 2)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout)
+        thread.join(max(0.05, deadline - time.monotonic()))
         if not thread.is_alive():
             loop.close()
 
@@ -223,7 +224,7 @@ class AgentServer:
             # grpc binds (and at its stop unlinks) a private name; the socket then takes
             # the public one by a rename, which replaces a stale socket in one step. So
             # neither grpc nor this agent ever unlinks a socket another process put there.
-            private = public.with_name(f".rdtune-{os.getpid()}")
+            private = public.with_name(f".rdtune-{os.getpid()}-{id(self) & 0xFFFF:x}")
             if private.is_socket():
                 private.unlink()  # left by a killed process that had this pid
             target = f"unix:{private}"
@@ -380,30 +381,30 @@ async def _end_tasks(timeout_s: float = 0.5) -> None:
 
 def _check_socket_path(path: Path) -> None:
     """Refuse to listen at ``path`` when something other than a stale socket is there: a
-    file that is not a socket, or a socket a live process answers on (a second agent)."""
+    file that is not a socket, or a socket whose listener is alive (a second agent) or
+    cannot be told dead. Only a refused connection marks a socket stale (its agent was
+    killed); one that answers, times out or denies this user is left alone."""
     if not (path.exists() or path.is_symlink()):
         return
     if not stat.S_ISSOCK(path.lstat().st_mode):
         raise ConfigError(f"{path} exists and is not a socket; refusing to replace it")
-    if _socket_answers(path):
-        raise ConfigError(
-            f"{path}: another process is serving on this socket (a second agent?); "
-            "stop it or listen on another path"
-        )
-
-
-def _socket_answers(path: Path, timeout_s: float = 1.0) -> bool:
-    """Whether a process accepts connections on the Unix socket ``path`` (a live agent's,
-    not a stale file left by one that was killed)."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(timeout_s)
+    probe.settimeout(1.0)
     try:
         probe.connect(str(path))
-    except OSError:  # ECONNREFUSED: nobody listens (stale); others: cannot tell, treat so
-        return False
+    except (ConnectionRefusedError, FileNotFoundError):
+        return  # stale, or gone meanwhile
+    except OSError as exc:
+        raise ConfigError(
+            f"{path}: cannot tell whether another process serves on this socket ({exc}); "
+            "remove it if it is stale, or listen on another path"
+        ) from exc
     finally:
         probe.close()
-    return True
+    raise ConfigError(
+        f"{path}: another process is serving on this socket (a second agent?); "
+        "stop it or listen on another path"
+    )
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
