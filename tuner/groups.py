@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from agent.errors import GroupExists, NodeError, UnknownTask
+from agent.errors import GroupExists, NodeError, ResourceExhausted, UnknownTask
 from agent.node import Node
 from agent.types import GroupSpec
 from tuner.config import ConfigError, GroupConfig
@@ -38,10 +38,10 @@ class GroupKeeper:
                 try:
                     if self._create(node, g.spec, have):
                         created.append(g.spec.name)
-                except ConfigError as exc:  # a directory of that name the agent did not make
+                except (ConfigError, ResourceExhausted) as exc:  # not ours; no CLOSID left
                     if strict:
                         raise
-                    log.error("%s", exc, extra={"event": "not_managed", "group": g.spec.name})
+                    log.error("%s", exc, extra={"event": "not_made", "group": g.spec.name})
                     continue
                 self.move(node, g.spec.name, members[g.spec.name])
                 if g.cpus:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from agent.errors import GroupNotFound, NodeError, ResourceExhausted
 from agent.node import Node, as_clock
-from agent.types import Allocation, AllocationPlan, GroupSpec
+from agent.types import Allocation, AllocationPlan, GroupSpec, Snapshot
 from tuner.config import TunerConfig
 from tuner.groups import GroupKeeper
 from tuner.guard import PlanGuard
@@ -57,6 +57,21 @@ class Resilience:
     _realtime: bool
     _final: bool
     intervals: int
+
+    _vanished: frozenset[str] = frozenset()  # the node's vanished groups, as last handled
+
+    def _follow_groups(self, snap: Snapshot) -> None:
+        """Groups appeared or vanished at the node: configured ones made again, the
+        controller restarted on the new set. The node keeps reporting a vanished group until
+        it is made again: handled once, but a configured one tried again every interval
+        while making it fails (no CLOSID left)."""
+        vanished = snap.vanished - self._vanished
+        configured = {g.spec.name for g in self.keeper.groups}
+        if set(snap.groups) != set(self.groups) or vanished:
+            if vanished & configured:
+                self.keeper.ensure(self.node, strict=False)
+            self._groups_changed()
+        self._vanished = snap.vanished - (configured - set(self.groups))
 
     def reconcile(self) -> None:
         """After an outage: groups back, and the node holding what the tuner last applied."""

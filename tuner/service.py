@@ -108,7 +108,6 @@ class Tuner(Resilience, Pacing):
         self.pending: AllocationPlan | None = None  # an apply whose outcome is unknown
         self.target: AllocationPlan | None = None  # a rate-limited plan still being reached
         self._stale = True  # read the allocation back at the next interval
-        self._vanished: frozenset[str] = frozenset()  # the node's vanished groups, last seen
         self.keeper = GroupKeeper(cfg.groups)
         self._since_read = 0
         self.intervals = 0
@@ -200,12 +199,7 @@ class Tuner(Resilience, Pacing):
         brought), judge SLOs, decide, guard, apply -- and with the apply, when the
         interval passes at the node, let it pass and observe the next one's start."""
         snap, t0 = self._observed()
-        # The node keeps reporting a vanished group until it is made again: react once.
-        vanished, self._vanished = snap.vanished - self._vanished, snap.vanished
-        if set(snap.groups) != set(self.groups) or vanished:
-            if vanished & {g.spec.name for g in self.keeper.groups}:
-                self.keeper.ensure(self.node, strict=False)  # configured ones: made again
-            self._groups_changed()
+        self._follow_groups(snap)
         current = self._current()
         now = snap.timestamp
         if now < self._last_now:  # the node's clock started over (a restarted sim agent)

@@ -136,9 +136,7 @@ class Ownership:
                     log.warning("own group %r is gone (deleted by someone else?)", name)
                     self._vanished[name] = spec
             self._clean_own_mon_groups()
-        # Rewritten only when it changed: a full disk must not keep a restart from serving.
-        if self._saved() != saved:
-            self._save()
+        self._save(unless=saved)  # a full disk must not keep a restart from serving
 
     def _recover(self, saved: state.Saved) -> None:
         """Finish what a crash cut short, from the intent journal (exclusive lock held)."""
@@ -247,15 +245,17 @@ class Ownership:
                 f"({exc.strerror}); nothing was changed",
             ) from exc
 
-    def _saved(self) -> state.Saved:
-        """What the state file holds once saved (as :func:`state.load` reads it)."""
-        return state.Saved.of({**self._vanished, **self._specs}, self._markers, self._mon_groups)
-
-    def _save(self) -> None:
-        saved = self._saved()
-        state.save(
-            self.state_path, saved.groups, self.root, self.prefix, saved.markers, saved.mon_groups
-        )
+    def _save(self, unless: state.Saved | None = None) -> None:
+        """Record the groups; with ``unless`` (what the file holds), only if they changed,
+        and a failure is logged and left to the next change's save."""
+        now = state.Saved.of({**self._vanished, **self._specs}, self._markers, self._mon_groups)
+        if unless is None:
+            state.record(self.state_path, now, self.root, self.prefix)
+        elif now != unless:
+            try:
+                state.record(self.state_path, now, self.root, self.prefix)
+            except StateUnwritable as exc:
+                log.warning("%s; serving, recorded at the next change", exc)
 
     def _check_vanished(self, markers: bool = True) -> None:
         """Own groups whose directory is gone, or (with ``markers``: a stat per group)

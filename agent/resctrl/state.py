@@ -179,6 +179,11 @@ def save(
         ) from exc
 
 
+def record(path: str, saved: Saved, root: str, prefix: str) -> None:
+    """:func:`save` of a :class:`Saved`."""
+    save(path, saved.groups, root, prefix, saved.markers, saved.mon_groups)
+
+
 def write_atomic(path: str, data: dict, durable: bool = True) -> None:
     """``data`` as JSON at ``path``: the old or the new file after any crash; with
     ``durable`` also after a power cut once this returns."""
@@ -255,8 +260,11 @@ class InstanceLock:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StateUnwritable(exc.errno, f"cannot open {path}: {exc.strerror}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -269,8 +277,9 @@ class InstanceLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with contextlib.suppress(OSError):  # only for the next one's message (a full disk)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd: int | None = fd
 
     @classmethod

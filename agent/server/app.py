@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -224,8 +225,10 @@ class AgentServer:
             # grpc binds (and at its stop unlinks) a private name; the socket then takes
             # the public one by a rename, which replaces a stale socket in one step. So
             # neither grpc nor this agent ever unlinks a socket another process put there.
-            private = public.with_name(f".rdtune-{os.getpid()}-{id(self) & 0xFFFF:x}")
-            if private.is_socket():
+            private = public.with_name(f".{os.getpid():x}.{id(self) & 0xFFF:x}")
+            if len(os.fsencode(private)) >= _SUN_PATH_MAX:  # too long for a socket address
+                private = public  # bound as it is: grpc may unlink it at its stop
+            elif private.is_socket():
                 private.unlink()  # left by a killed process that had this pid
             target = f"unix:{private}"
         if self.cfg.tls:
@@ -236,9 +239,14 @@ class AgentServer:
                 root_certificates=client_ca,
                 require_client_auth=client_ca is not None,
             )
-            port = self.server.add_secure_port(target, creds)
+            add = functools.partial(self.server.add_secure_port, target, creds)
         else:
-            port = self.server.add_insecure_port(target)
+            add = functools.partial(self.server.add_insecure_port, target)
+        try:
+            port = add()
+        except RuntimeError as exc:  # grpc's "Failed to bind", naming the private path
+            where = f"a socket in {public.parent}" if public is not None else self.listen.raw
+            raise ConfigError(f"cannot listen on {self.listen.raw}: cannot bind {where}") from exc
         bound = port != 0 if public is None else private.is_socket()
         if not bound:
             raise ConfigError(f"cannot listen on {self.listen.raw} (address in use?)")
@@ -247,7 +255,8 @@ class AgentServer:
             # Held open, the socket's inode stays allocated, so no file another process
             # puts at the path can carry its number: what the stop compares against.
             self._socket_fd = os.open(private, os.O_PATH | os.O_NOFOLLOW)
-            os.rename(private, public)
+            if private != public:
+                _publish(private, public)
 
     def start(self) -> AgentServer:
         self._start_loop()
@@ -377,6 +386,28 @@ async def _end_tasks(timeout_s: float = 0.5) -> None:
     for task in tasks:
         if task.done() and not task.cancelled():
             task.exception()
+
+
+_SUN_PATH_MAX = 108  # bytes of a Unix socket address, its terminating NUL included
+
+
+def _publish(private: Path, public: Path) -> None:
+    """Give the bound socket ``private`` its public path: ``link()`` fails where anything
+    is, so of two agents starting at once one gets the path and the other finds it live;
+    a stale socket there is removed first."""
+    try:
+        for _ in range(3):
+            try:
+                os.link(private, public)
+                return
+            except FileExistsError:
+                _check_socket_path(public)  # raises unless stale
+                with contextlib.suppress(FileNotFoundError):
+                    public.unlink()
+        raise ConfigError(f"{public}: replaced again and again while starting; try again")
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            private.unlink()
 
 
 def _check_socket_path(path: Path) -> None:

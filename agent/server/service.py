@@ -858,16 +858,23 @@ def restore_around_exclusive(node: Node, caps: NodeCapabilities, groups) -> None
 def _exclusive_ways(node: Node, group: str, domain: int) -> int:
     """The ways of ``domain`` that exclusive groups hold, as the node's own validation
     sees them (it knows foreign groups' modes and masks; a Node shows only its own):
-    each way offered to shareable ``group`` alone in a dry run."""
-    held = 0
-    for way in range(node.capabilities().l3.cbm_mask.bit_length()):
-        one = AllocationPlan({group: {domain: GroupAllocation(l3_mask=1 << way)}})
+    every run of the fewest ways a mask may have offered to shareable ``group`` alone in
+    a dry run. A way no accepted run covers counts as held (it could not be used anyway)."""
+    l3 = node.capabilities().l3
+    width = max(1, l3.min_cbm_bits)
+    free = 0
+    for low in range(l3.cbm_mask.bit_length() - width + 1):
+        run = ((1 << width) - 1) << low
+        if run & ~l3.cbm_mask:
+            continue
+        one = AllocationPlan({group: {domain: GroupAllocation(l3_mask=run)}})
         try:
             node.apply(one, dry_run=True)
         except InvalidAllocation as exc:
             if exc.rule == "exclusive_overlap":
-                held |= 1 << way
-    return held
+                continue
+        free |= run
+    return l3.cbm_mask & ~free
 
 
 def widest_run(mask: int) -> int:

@@ -123,7 +123,7 @@ def test_a_configured_group_the_agent_does_not_manage_stops_the_start(emu, caplo
     assert node.groups() == {}, "a refused start removes the groups it created"
     keeper.ensure(node, strict=False)
     assert set(node.groups()) == {"batch"}
-    assert any(getattr(r, "event", None) == "not_managed" for r in caplog.records)
+    assert any(getattr(r, "event", None) == "not_made" for r in caplog.records)
     assert os.path.isdir(os.path.join(emu.root, "rdtune-web")), "never touched"
 
 
@@ -168,3 +168,46 @@ def test_a_configured_group_removed_by_someone_else_is_made_again_once(emu, capl
     assert set(node.groups()) == {"web", "batch"} and node.vanished() == frozenset()
     changed = [r for r in caplog.records if getattr(r, "event", None) == "groups"]
     assert 1 <= len(changed) <= 2, [r.message for r in changed]
+
+
+def test_a_re_creation_the_node_refuses_is_tried_again() -> None:
+    """The group's CLOSID taken by another tool meanwhile: the tuner's re-creation is
+    refused (no CLOSID left) and tried again at later intervals until it succeeds."""
+    import threading
+
+    from agent.resctrl import ResctrlNode
+    from agent.types import GroupSpec
+    from models import catalogue
+    from tests.emulated_resctrl import emulated_resctrl
+    from tuner.config import GroupConfig, TunerConfig
+    from tuner.controllers import fallback
+    from tuner.service import Tuner
+
+    with emulated_resctrl("e5v3-4clos") as small:  # 4 CLOSIDs: the default group and 3
+        node = ResctrlNode(small.root, state_dir=small.state_dir, pmc=None)
+        cfg = TunerConfig(
+            interval_s=0.05,
+            metrics_listen="",
+            realtime=True,
+            groups=[GroupConfig(GroupSpec("web")), GroupConfig(GroupSpec("batch"))],
+        )
+        tuner = Tuner(lambda: node, lambda n: catalogue.construct("eq"), cfg, fallback())
+        stop = threading.Event()
+        runner = threading.Thread(target=tuner.run, args=(stop,), daemon=True)
+        runner.start()
+        try:
+            wait_for(lambda: tuner.intervals >= 3)
+            os.mkdir(os.path.join(small.root, "other1"))  # the last free CLOSID
+            os.rmdir(os.path.join(small.root, "rdtune-batch"))
+            os.mkdir(os.path.join(small.root, "other2"))  # batch's, before the tuner's turn
+            before = tuner.intervals
+            wait_for(lambda: tuner.intervals >= before + 5)  # the other groups still tuned
+            assert "batch" not in node.groups()
+            os.rmdir(os.path.join(small.root, "other2"))
+            wait_for(lambda: "batch" in node.groups())
+        finally:
+            stop.set()
+            runner.join(10)
+            node.close()
+        for name in ("other1",):
+            os.rmdir(os.path.join(small.root, name))

@@ -3,6 +3,7 @@ ownership, adoption, vanished groups and monitoring edge cases (docs/RESCTRL.md)
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -890,6 +891,45 @@ def test_a_full_state_disk_changes_nothing_and_never_stops_a_restart(intel: Emul
     assert again.allocation() == held
     os.remove(intel.state_dir)
     os.mkdir(intel.state_dir)
+
+
+@pytest.fixture
+def full_state_dir(tmp_path) -> Iterator[str]:
+    """A state directory on a small tmpfs, to be filled by the test (needs mount(2))."""
+    where = tmp_path / "state"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)])
+    if done.returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield str(where)
+    finally:
+        subprocess.run(["umount", "-l", str(where)])
+
+
+def _fill(directory: str) -> None:
+    with contextlib.suppress(OSError), open(os.path.join(directory, "filler"), "wb") as f:
+        while True:
+            f.write(b"\0" * 4096)
+            f.flush()
+
+
+def test_a_restart_after_a_reboot_serves_on_a_full_state_disk(
+    intel: Emulated, full_state_dir: str
+) -> None:
+    """After a reboot (resctrl empty) the start has something new to record (the groups
+    are gone); a full disk only defers that (before, the start failed)."""
+    node = make_node(intel, state_dir=full_state_dir)
+    node.create_group(GroupSpec("g"))
+    node.close()
+    os.rmdir(f"{intel.root}/{PREFIX}g")  # the reboot
+    os.remove(node.state_path + ".lock")  # a first start after this version: no lock file
+    _fill(full_state_dir)
+    again = make_node(intel, state_dir=full_state_dir)
+    assert again.vanished() == {"g"} and again.groups() == {}
+    again.close()
+    os.remove(os.path.join(full_state_dir, "filler"))
+    assert make_node(intel, state_dir=full_state_dir).vanished() == {"g"}
 
 
 def test_one_live_node_per_state_file(intel: Emulated) -> None:

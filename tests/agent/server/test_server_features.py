@@ -256,7 +256,8 @@ def test_graceful_shutdown_restores_full_allocations() -> None:
     assert set(node.groups()) == {"a"}, "groups stay"
 
 
-def test_restore_on_exit_gives_what_exclusive_groups_leave() -> None:
+@pytest.mark.parametrize("preset", ["intel-20way", "e5v3-4clos"])  # min_cbm_bits 1 and 2
+def test_restore_on_exit_gives_what_exclusive_groups_leave(preset: str) -> None:
     """An exclusive group (own or another tool's) makes "every way" invalid for the others:
     the restore then gives each shareable own group the widest run of ways no exclusive
     group holds, and every own group full bandwidth (before: one refused plan, nothing
@@ -264,25 +265,33 @@ def test_restore_on_exit_gives_what_exclusive_groups_leave() -> None:
     from agent.resctrl import ResctrlNode
     from tests.emulated_resctrl import emulated_resctrl
 
-    with emulated_resctrl("intel-20way") as emu:
-        emu.write("schemata", "L3:0=000ff;1=000ff\n")  # the default group on ways 0-7
+    with emulated_resctrl(preset) as emu:
         node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+        caps = node.capabilities()
+        doms = caps.l3.domains
+        mb = caps.mba.max_bandwidth if caps.mba else None
+
+        def line(mask: int) -> str:
+            return "L3:" + ";".join(f"{d}={mask:05x}" for d in doms) + "\n"
+
+        emu.write("schemata", line(0xFF))  # the default group on ways 0-7
         node.create_group(GroupSpec("a"))
-        node.apply(AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0xF0, mb=30)}, (0, 1)))
+        squeezed = GroupAllocation(l3_mask=0xF0, mb=30 if mb else None)
+        node.apply(AllocationPlan.uniform({"a": squeezed}, doms))
         os.mkdir(f"{emu.root}/foreign")  # pqos's, say: ways 16-17, exclusive
-        emu.write("foreign/schemata", "L3:0=30000;1=30000\n")
+        emu.write("foreign/schemata", line(0x30000))
         emu.write("foreign/mode", "exclusive\n")
         node.create_group(GroupSpec("lc", GroupKind.LC, SLO(99.0, 1.0), exclusive=True))
-        lc = node.allocation().get("lc", 0).l3_mask
+        lc = node.allocation().get("lc", doms[0]).l3_mask
         assert lc == 0xFF00  # the free ways between the default group's and pqos's
         theirs = emu.read("foreign/schemata")
         with serve(node, own_node=False, restore_on_exit=True) as server:
             pass
         assert server.restored
         a = node.allocation()
-        for d in (0, 1):
-            assert a.get("a", d).l3_mask == 0xFF and a.get("a", d).mb == 100
-            assert a.get("lc", d).l3_mask == lc and a.get("lc", d).mb == 100
+        for d in doms:
+            assert a.get("a", d).l3_mask == 0xFF and a.get("a", d).mb == mb
+            assert a.get("lc", d).l3_mask == lc and a.get("lc", d).mb == mb
         assert emu.read("foreign/schemata") == theirs
         node.close()
 
@@ -478,6 +487,50 @@ def test_a_live_socket_is_never_taken_over_and_only_an_agents_own_is_removed() -
         assert not os.path.exists(sock)
     finally:
         other.close()
+
+
+def test_of_two_agents_starting_at_once_on_one_socket_one_is_refused() -> None:
+    import tempfile
+
+    from agent.server.app import AgentServer
+    from agent.server.config import AgentConfig
+
+    sock = os.path.join(tempfile.mkdtemp(prefix="rdt"), "a.sock")
+    cfg = AgentConfig(listen=f"unix:{sock}", metrics_listen="")
+
+    def start(gate: threading.Barrier, started: list, refused: list) -> None:
+        server = AgentServer(RefNode(), cfg)
+        gate.wait()
+        try:
+            started.append(server.start())
+        except ConfigError as exc:
+            refused.append(exc)
+
+    for _ in range(3):
+        gate, started, refused = threading.Barrier(2), [], []
+        threads = [threading.Thread(target=start, args=(gate, started, refused)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(started) == 1 and len(refused) == 1, (started, refused)
+        with remote(started[0]) as client:
+            assert client.groups() == {}, "the one that runs is the one at the path"
+        started[0].stop()
+        assert not os.path.exists(sock)
+
+
+def test_a_socket_path_near_the_address_limit_still_serves() -> None:
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="rdt")
+    deep = os.path.join(base, "d" * (100 - len(base) - len("/a.sock")))
+    os.mkdir(deep)
+    sock = os.path.join(deep, "a.sock")
+    assert 100 <= len(sock) < 108
+    with serve(RefNode(), listen=f"unix:{sock}") as server, remote(server) as client:
+        assert client.groups() == {}
+    assert not os.path.exists(sock)
 
 
 def test_health_alone_on_a_tcp_port_for_kubelet_probes() -> None:
