@@ -4,8 +4,10 @@ in resctrl, the restarted agent adopts its groups, the tuner reconnects and noth
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import threading
 import time
 
 import pytest
@@ -132,38 +134,18 @@ def test_a_configured_group_removed_by_someone_else_is_made_again_once(emu, capl
     again at the next interval and reported once; before, the node's lasting report of
     it restarted the controller every interval and the group stayed gone."""
     import logging
-    import threading
 
     from agent.resctrl import ResctrlNode
     from agent.types import SLO, GroupKind, GroupSpec
-    from models import catalogue
-    from tuner.config import GroupConfig, TunerConfig
-    from tuner.controllers import fallback
-    from tuner.service import Tuner
 
     caplog.set_level(logging.INFO, logger="rdtune.tuner")
     node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
-    cfg = TunerConfig(
-        interval_s=0.05,
-        metrics_listen="",
-        realtime=True,
-        groups=[
-            GroupConfig(GroupSpec("web", GroupKind.LC, SLO(99.0, 5.0))),
-            GroupConfig(GroupSpec("batch")),
-        ],
-    )
-    tuner = Tuner(lambda: node, lambda n: catalogue.construct("eq"), cfg, fallback())
-    stop = threading.Event()
-    runner = threading.Thread(target=tuner.run, args=(stop,), daemon=True)
-    runner.start()
-    try:
+    groups = [GroupSpec("web", GroupKind.LC, SLO(99.0, 5.0)), GroupSpec("batch")]
+    with _tuning(node, groups) as tuner:
         wait_for(lambda: tuner.intervals >= 3)
         os.rmdir(os.path.join(emu.root, "rdtune-batch"))
         before = tuner.intervals
         wait_for(lambda: tuner.intervals >= before + 10)
-    finally:
-        stop.set()
-        runner.join(10)
     assert os.path.isdir(os.path.join(emu.root, "rdtune-batch"))
     assert set(node.groups()) == {"web", "batch"} and node.vanished() == frozenset()
     changed = [r for r in caplog.records if getattr(r, "event", None) == "groups"]
@@ -173,29 +155,14 @@ def test_a_configured_group_removed_by_someone_else_is_made_again_once(emu, capl
 def test_a_re_creation_the_node_refuses_is_tried_again() -> None:
     """The group's CLOSID taken by another tool meanwhile: the tuner's re-creation is
     refused (no CLOSID left) and tried again at later intervals until it succeeds."""
-    import threading
 
     from agent.resctrl import ResctrlNode
     from agent.types import GroupSpec
-    from models import catalogue
     from tests.emulated_resctrl import emulated_resctrl
-    from tuner.config import GroupConfig, TunerConfig
-    from tuner.controllers import fallback
-    from tuner.service import Tuner
 
     with emulated_resctrl("e5v3-4clos") as small:  # 4 CLOSIDs: the default group and 3
         node = ResctrlNode(small.root, state_dir=small.state_dir, pmc=None)
-        cfg = TunerConfig(
-            interval_s=0.05,
-            metrics_listen="",
-            realtime=True,
-            groups=[GroupConfig(GroupSpec("web")), GroupConfig(GroupSpec("batch"))],
-        )
-        tuner = Tuner(lambda: node, lambda n: catalogue.construct("eq"), cfg, fallback())
-        stop = threading.Event()
-        runner = threading.Thread(target=tuner.run, args=(stop,), daemon=True)
-        runner.start()
-        try:
+        with _tuning(node, [GroupSpec("web"), GroupSpec("batch")]) as tuner:
             wait_for(lambda: tuner.intervals >= 3)
             os.mkdir(os.path.join(small.root, "other1"))  # the last free CLOSID
             os.rmdir(os.path.join(small.root, "rdtune-batch"))
@@ -205,9 +172,31 @@ def test_a_re_creation_the_node_refuses_is_tried_again() -> None:
             assert "batch" not in node.groups()
             os.rmdir(os.path.join(small.root, "other2"))
             wait_for(lambda: "batch" in node.groups())
-        finally:
-            stop.set()
-            runner.join(10)
-            node.close()
-        for name in ("other1",):
-            os.rmdir(os.path.join(small.root, name))
+        node.close()
+        os.rmdir(os.path.join(small.root, "other1"))
+
+
+@contextlib.contextmanager
+def _tuning(node, groups):
+    """An in-process tuner (eq, 50 ms intervals on the wall clock) over ``node`` with
+    ``groups`` configured, running in a thread until the block ends."""
+    from models import catalogue
+    from tuner.config import GroupConfig, TunerConfig
+    from tuner.controllers import fallback
+    from tuner.service import Tuner
+
+    cfg = TunerConfig(
+        interval_s=0.05,
+        metrics_listen="",
+        realtime=True,
+        groups=[GroupConfig(spec) for spec in groups],
+    )
+    tuner = Tuner(lambda: node, lambda n: catalogue.construct("eq"), cfg, fallback())
+    stop = threading.Event()
+    runner = threading.Thread(target=tuner.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        yield tuner
+    finally:
+        stop.set()
+        runner.join(10)
