@@ -6,12 +6,19 @@ run's staging directory). While :func:`terminate_as_interrupt` is active, SIGTER
 (tuner/cli.py) then exits with the status a shell reports for a command killed by the
 signal (130 for SIGINT, 143 for SIGTERM) after one line saying so. The agent and the
 tuner install handlers of their own (a graceful stop with restore) over this one.
+
+A signal's exception is raised in whatever Python code runs when it arrives. If that is a
+finaliser (a ``__del__``, a weakref callback: grpc.aio and asyncio run many), Python
+prints the exception as "ignored" and carries on, so a command would run past its stop
+(a trace recorded for its whole duration). Within :func:`terminate_as_interrupt` such an
+interrupt is raised again in the main thread's next bytecode instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -21,6 +28,10 @@ TERMINATED = 128 + signal.SIGTERM
 
 _active = False  # within terminate_as_interrupt (main thread only)
 _received = False  # a SIGTERM was turned into Terminated
+_hook_before = sys.unraisablehook  # the unraisable hook outside the block
+_owed: int | None = None  # the signal whose interrupt a finaliser swallowed
+_owed_lock = threading.Lock()
+_AGAIN_AFTER_S = 0.02
 
 
 class Terminated(KeyboardInterrupt):
@@ -35,6 +46,35 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated
 
 
+def _raise_again(unraisable) -> None:
+    """``sys.unraisablehook`` within the block: an interrupt a finaliser swallowed is owed
+    and sent again; anything else goes to the hook before."""
+    global _owed
+    exc = unraisable.exc_value
+    if not (isinstance(exc, KeyboardInterrupt) and _active):
+        _hook_before(unraisable)
+        return
+    sig = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+    if sig == signal.SIGTERM:
+        signal.signal(signal.SIGTERM, _raise_terminated)  # finalisers run where it was set
+    with _owed_lock:
+        _owed = sig
+    # Not from here: its handler would run within this hook, whose exceptions are dropped
+    # as well. A signal a moment later lands after the finaliser (or in another one, which
+    # owes it again); a real signal, not interrupt_main, so a blocking call wakes for it.
+    timer = threading.Timer(_AGAIN_AFTER_S, _send_owed)
+    timer.daemon = True
+    timer.start()
+
+
+def _send_owed() -> None:
+    global _owed
+    with _owed_lock:
+        sig, _owed = _owed, None
+        if sig is not None:
+            signal.pthread_kill(threading.main_thread().ident, sig)
+
+
 def terminated(exc: BaseException) -> bool:
     """Whether ``exc`` (a KeyboardInterrupt caught at the top) comes from SIGTERM: a
     library may have raised a plain KeyboardInterrupt in its place (Ray's waits do)."""
@@ -43,20 +83,32 @@ def terminated(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """Within the block SIGTERM raises :class:`Terminated` in the main thread; the handler
-    before is put back after. Elsewhere than in the main thread (where Python cannot set
-    handlers) it does nothing."""
+    """Within the block SIGTERM raises :class:`Terminated` in the main thread, and an
+    interrupt a finaliser swallowed is raised again; the handlers before are put back
+    after. Elsewhere than in the main thread (where Python cannot set handlers) it does
+    nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    global _active
+    global _active, _hook_before, _owed
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     outer, _active = _active, True
+    hook = sys.unraisablehook
+    if not outer:
+        _hook_before, sys.unraisablehook = hook, _raise_again
     try:
         yield
     finally:
+        with _owed_lock:
+            owed, _owed = (None, _owed) if outer else (_owed, None)
+        sys.unraisablehook = hook
         _active = outer
         signal.signal(signal.SIGTERM, previous)
+        # The block ended before the interrupt it was owed arrived: it ends with it now.
+        if owed is not None and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            if owed == signal.SIGTERM:
+                raise Terminated
+            raise KeyboardInterrupt
 
 
 def reinstall() -> None:

@@ -44,6 +44,52 @@ def test_sigterm_raises_terminated_once_and_the_handler_is_put_back() -> None:
     assert done.stdout.split("\n")[:2] == ["terminated True", "restored True"]
 
 
+# The signal handled inside a finaliser, where Python prints an exception and drops it.
+_IN_FINALISER = """
+import os, signal, time, weakref
+from agent import interrupt
+class Held:
+    def __del__(self):
+        {finaliser}
+def forget(_):
+    {finaliser}
+held = Held()
+ref = weakref.ref(held, forget)
+try:
+    with interrupt.terminate_as_interrupt():
+        del held
+        {then}
+except KeyboardInterrupt as exc:
+    print(type(exc).__name__)
+else:
+    print("ran on")
+"""
+
+
+@pytest.mark.parametrize(
+    "then",
+    # blocked in a call (a wait for an answer), or out of the block before the signal again
+    ["time.sleep(10)", "pass"],
+    ids=["waiting", "done"],
+)
+@pytest.mark.parametrize("finaliser", ["__del__", "weakref callback"])
+@pytest.mark.parametrize(
+    ("sig", "raised"), [(signal.SIGTERM, "Terminated"), (signal.SIGINT, "KeyboardInterrupt")]
+)
+def test_an_interrupt_a_finaliser_swallowed_is_raised_again(finaliser, sig, raised, then):
+    # grpc.aio and asyncio run weakref callbacks often: a SIGTERM handled in one used to be
+    # printed as ignored while `rdtune trace record` ran on for its whole duration.
+    stop = f"os.kill(os.getpid(), {int(sig)}); len('')"  # handled at len's call
+    body = {"__del__": (stop, "None"), "weakref callback": ("pass", stop)}[finaliser]
+    code = _IN_FINALISER.replace("{finaliser}", body[0], 1).replace("{finaliser}", body[1], 1)
+    code = code.replace("{then}", then)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=30
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, raised), done
+    assert "Exception ignored" not in done.stderr, done.stderr
+
+
 # What ray.init does to a driver: a Python handler that exits with status 15.
 _LIKE_RAY = "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(15))"
 
