@@ -94,6 +94,21 @@ def contiguous_mask(ways: int, offset: int = 0) -> int:
     return ((1 << ways) - 1) << offset
 
 
+def widest_run(mask: int) -> int:
+    """The widest run of consecutive set bits of ``mask`` (the lowest of equals; 0: none)."""
+    best, best_len, run, run_len, bit = 0, 0, 0, 0, 0
+    while mask >> bit:
+        if mask >> bit & 1:
+            run |= 1 << bit
+            run_len += 1
+            if run_len > best_len:
+                best, best_len = run, run_len
+        else:
+            run, run_len = 0, 0
+        bit += 1
+    return best
+
+
 # --------------------------------------------------------------------------- capabilities
 
 

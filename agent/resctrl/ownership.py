@@ -250,10 +250,10 @@ class Ownership:
         and a failure is logged and left to the next change's save."""
         now = state.Saved.of({**self._vanished, **self._specs}, self._markers, self._mon_groups)
         if unless is None:
-            state.record(self.state_path, now, self.root, self.prefix)
+            state.save(self.state_path, now, self.root, self.prefix)
         elif now != unless:
             try:
-                state.record(self.state_path, now, self.root, self.prefix)
+                state.save(self.state_path, now, self.root, self.prefix)
             except StateUnwritable as exc:
                 log.warning("%s; serving, recorded at the next change", exc)
 

@@ -149,27 +149,20 @@ def is_mon_group_path(rel: str) -> bool:
     )
 
 
-def save(
-    path: str,
-    specs: Mapping[str, GroupSpec],
-    root: str,
-    prefix: str,
-    markers: Mapping[str, int | None] | None = None,
-    mon_groups: Mapping[str, int] | None = None,
-) -> None:
-    markers = markers or {}
+def save(path: str, saved: Saved, root: str, prefix: str) -> None:
+    """Write ``saved`` to the state file ``path`` (StateUnwritable naming it on failure)."""
     groups = {}
-    for name, spec in sorted(specs.items()):
+    for name, spec in sorted(saved.groups.items()):
         entry = spec_to_json(spec)
-        if markers.get(name) is not None:
-            entry["marker"] = markers[name]
+        if saved.markers.get(name) is not None:
+            entry["marker"] = saved.markers[name]
         groups[name] = entry
     data = {
         "version": VERSION,
         "root": root,
         "prefix": prefix,
         "groups": groups,
-        "mon_groups": dict(sorted((mon_groups or {}).items())),
+        "mon_groups": dict(sorted(saved.mon_groups.items())),
     }
     try:
         write_atomic(path, data)
@@ -177,11 +170,6 @@ def save(
         raise StateUnwritable(
             exc.errno, f"cannot write the state file {path}: {exc.strerror or exc}"
         ) from exc
-
-
-def record(path: str, saved: Saved, root: str, prefix: str) -> None:
-    """:func:`save` of a :class:`Saved`."""
-    save(path, saved.groups, root, prefix, saved.markers, saved.mon_groups)
 
 
 def write_atomic(path: str, data: dict, durable: bool = True) -> None:

@@ -223,8 +223,8 @@ class AgentServer:
         if public is not None:
             _check_socket_path(public)
             # grpc binds (and at its stop unlinks) a private name; the socket then takes
-            # the public one by a rename, which replaces a stale socket in one step. So
-            # neither grpc nor this agent ever unlinks a socket another process put there.
+            # the public one by a link (_publish), which fails where another process's
+            # socket is: neither grpc nor this agent ever unlinks a live one.
             private = public.with_name(f".{os.getpid():x}.{id(self) & 0xFFF:x}")
             if len(os.fsencode(private)) >= _SUN_PATH_MAX:  # too long for a socket address
                 private = public  # bound as it is: grpc may unlink it at its stop

@@ -47,6 +47,7 @@ from agent.types import (
     GroupKind,
     NodeCapabilities,
     Snapshot,
+    widest_run,
 )
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
@@ -875,18 +876,3 @@ def _exclusive_ways(node: Node, group: str, domain: int) -> int:
                 continue
         free |= run
     return l3.cbm_mask & ~free
-
-
-def widest_run(mask: int) -> int:
-    """The widest run of consecutive set bits of ``mask`` (the lowest of equals; 0: none)."""
-    best, best_len, run, run_len, bit = 0, 0, 0, 0, 0
-    while mask >> bit:
-        if mask >> bit & 1:
-            run |= 1 << bit
-            run_len += 1
-            if run_len > best_len:
-                best, best_len = run, run_len
-        else:
-            run, run_len = 0, 0
-        bit += 1
-    return best
