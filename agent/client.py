@@ -1,10 +1,12 @@
 """``RemoteNode``: a ``Node`` (and ``Clock``) across gRPC, and ``LatencyReporter``.
 
 Every consumer written against :class:`agent.node.Node` works unchanged against a node
-served by ``rdtune agent`` on this or another host (docs/ARCHITECTURE.md, "The seams"). Each call
-has a deadline; UNAVAILABLE (the agent restarting, a dropped connection) is retried with
-exponential backoff; server errors come back as the same ``agent.errors`` classes with the
-same attributes (``GroupNotFound``, ``InvalidAllocation.rule``, ...).
+served by ``rdtune agent`` on this or another host (docs/ARCHITECTURE.md, "The seams").
+Each call has a deadline; UNAVAILABLE (the agent restarting, a dropped connection) is
+retried with exponential backoff, and the agent's rate limit waited out as long as its
+refusal says (when that ends within the deadline); server errors come back as the same
+``agent.errors`` classes with the same attributes (``GroupNotFound``,
+``InvalidAllocation.rule``, ...).
 
 The per-interval hot path (observe, apply, step, allocation) travels as messages on one
 long-lived ``Session`` stream: on loopback a message round trip costs less than a unary
@@ -20,6 +22,7 @@ when the served node is simulated (``capabilities().simulated``); on a real node
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import queue
 import random
@@ -47,6 +50,8 @@ from agent.types import (
 )
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
+
+log = logging.getLogger("rdtune.client")
 
 
 @dataclass(frozen=True)
@@ -168,29 +173,59 @@ class RemoteNode:
         # monotonic time before which no session is opened (inf: the agent has none)
         self._session_after = 0.0 if session else float("inf")
         self._no_step = False  # the agent predates Step: steps are made of its other calls
+        self._rate_limit_said = -math.inf  # when a wait for the rate limit was last logged
 
     # ------------------------------------------------------------------ plumbing
 
     def _call(self, method, request, timeout: float | None = None):
+        timeout = timeout or self.timeout
+        until = time.monotonic() + timeout
         delay = self.backoff_s
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        while True:
             try:
-                return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+                return method(request, timeout=timeout, metadata=self._metadata)
             except grpc.RpcError as err:
                 if err.code() is grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                    attempt += 1
                     time.sleep(delay * (0.5 + random.random()))
                     delay = min(delay * 2, 2.0)
                     continue
-                raise from_rpc_error(err) from None
-        raise AssertionError("unreachable")
+                exc = from_rpc_error(err)
+                if not self._waited_for_rate_limit(exc, until):
+                    raise exc from None
+
+    def _waited_for_rate_limit(self, exc: Exception, until: float) -> bool:
+        """Whether ``exc`` is the agent's rate limit and its wait, before the request may
+        be sent again, has been waited (it ends before ``until``, the call's deadline). A
+        tuner whose start needs more requests at once than the agent's burst gets there
+        paced, where starting over after each refusal would spend the burst every time."""
+        if not (isinstance(exc, RemoteError) and exc.code == "RESOURCE_EXHAUSTED"):
+            return False
+        facts = exc.details()
+        try:
+            wait = float(facts.get("retry_after_s", "nan"))
+        except ValueError:
+            return False
+        if facts.get("resource") != "rate_limit" or not 0 <= wait < until - time.monotonic():
+            return False
+        now = time.monotonic()
+        if now >= self._rate_limit_said + 60:
+            self._rate_limit_said = now
+            log.warning("agent %s: %s; the request waits (said once a minute)", self.address, exc)
+        time.sleep(wait)
+        return True
 
     def _hot(self, kind: str, request: api.SessionRequest, unary, timeout: float | None = None):
         """``request`` (its ``kind`` call filled in) answered over the session, or its
         ``kind`` body by the ``unary`` RPC when no session can be had; the answer's body.
         ``timeout``: this call's deadline (default: the node's)."""
         timeout = timeout or self.timeout
+        until = time.monotonic() + timeout
         delay = self.backoff_s
-        for attempt in range(self.retries + 1):
+        attempt = -1
+        while attempt < self.retries:
+            attempt += 1
             if asyncio._get_running_loop() is not None:
                 break  # inside the caller's own event loop: ours cannot run here
             if not self._session_lock.acquire(blocking=False):
@@ -215,9 +250,14 @@ class RemoteNode:
                 else:
                     if session.expired:  # answered, but cancelled as the deadline passed
                         self._drop_session()
-                    if answer.WhichOneof("result") == "error":  # the node's; session fine
-                        raise from_status_number(answer.error.code, answer.error.detail)
-                    return getattr(answer, kind)
+                    if answer.WhichOneof("result") != "error":
+                        return getattr(answer, kind)
+                    # the node's error (the session is fine), or the agent's "not yet"
+                    exc = from_status_number(answer.error.code, answer.error.detail)
+                    if not self._waited_for_rate_limit(exc, until):
+                        raise exc
+                    attempt -= 1  # not an attempt lost to a failure
+                    continue
             finally:
                 self._session_lock.release()
             time.sleep(delay * (0.5 + random.random()))

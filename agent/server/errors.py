@@ -61,11 +61,16 @@ class RateLimited(E.NodeError):
 
     code = "RESOURCE_EXHAUSTED"
 
-    def __init__(self, rate: float) -> None:
-        super().__init__(f"rate limit exceeded ({rate:g} requests/s per client)")
+    def __init__(self, rate: float, retry_after_s: float) -> None:
+        super().__init__(
+            f"rate limit exceeded ({rate:g} requests/s per client); "
+            f"the next request is allowed in {retry_after_s:.3g} s"
+        )
+        self.retry_after_s = retry_after_s
 
     def details(self) -> dict[str, str]:
-        return {"resource": "rate_limit"}
+        # RemoteNode waits this long and sends the request again (agent/client.py).
+        return {"resource": "rate_limit", "retry_after_s": f"{self.retry_after_s:.6f}"}
 
 
 class LimitReached(E.ResourceExhausted):
@@ -105,6 +110,10 @@ def rich_status(code: grpc.StatusCode, message: str, detail: pb.ErrorDetail) -> 
     )
     status = status_pb2.Status(code=code.value[0], message=message)
     status.details.add().Pack(info)
+    if "retry_after_s" in detail.details:  # google.rpc's way to say when to retry
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromNanoseconds(round(float(detail.details["retry_after_s"]) * 1e9))
+        status.details.add().Pack(retry)
     status.details.add().Pack(detail)
     return status
 

@@ -110,6 +110,13 @@ class RateLimiter:
             self._buckets[key] = (tokens, now)
             return ok
 
+    def retry_after(self, key: str) -> float:
+        """Seconds until ``key``'s bucket holds a request again."""
+        now = self._clock()
+        with self._lock:
+            tokens, last = self._buckets.get(key, (self.burst, now))
+        return max(0.0, 1.0 - min(self.burst, tokens + (now - last) * self.rate)) / self.rate
+
 
 def client_key(peer: str) -> str:
     """A peer string (``ipv4:1.2.3.4:5678``) without its port: one key per client host."""
@@ -254,8 +261,10 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
                 "missing or wrong bearer token (send 'authorization: Bearer <token>')",
             )
         limiter = self._limiter
-        if limiter is not None and not limiter.allow(client_key(context.peer())):
-            abort(context, RateLimited(limiter.rate))
+        if limiter is not None:
+            client = client_key(context.peer())
+            if not limiter.allow(client):
+                abort(context, RateLimited(limiter.rate, limiter.retry_after(client)))
         if streaming:  # Session answers BadFrames in its own stream
             return request if method in IN_STREAM_ERRORS else self._frames(request, context, method)
         if type(request) is BadFrame:

@@ -626,7 +626,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                     if core is None:
                         raise ValueError(f"a session request needs one of {', '.join(cores)}")
                     if limiter is not None and not limiter.allow(client):
-                        raise RateLimited(limiter.rate)
+                        raise RateLimited(limiter.rate, limiter.retry_after(client))
                     out = getattr(answer, kind)
                     out.SetInParent()
                     await core[0](getattr(request, kind), out)

@@ -14,6 +14,8 @@ from agent.server.config import AgentConfig, load_yaml
 from agent.server.errors import RemoteError
 from agent.server.security import ConfigError, RateLimiter, client_key, parse_listen
 from agent.types import AllocationPlan, GroupAllocation, GroupSpec
+from proto.rdtune.v1 import agent_pb2 as api
+from proto.rdtune.v1 import agent_pb2_grpc as rpc
 from tests.agent.server.conftest import remote, serve
 from tests.agent.server.refnode import RefNode
 from tests.certs import make_certs
@@ -181,8 +183,11 @@ def test_rate_limiter_buckets() -> None:
     now = [0.0]
     limiter = RateLimiter(rate=10, burst=3, clock=lambda: now[0])
     assert [limiter.allow("a") for _ in range(4)] == [True, True, True, False]
+    assert limiter.retry_after("a") == pytest.approx(0.1) and limiter.retry_after("b") == 0
     assert limiter.allow("b"), "clients have separate buckets"
-    now[0] += 0.1
+    now[0] += 0.025
+    assert limiter.retry_after("a") == pytest.approx(0.075)
+    now[0] += 0.075
     assert limiter.allow("a") and not limiter.allow("a")
 
 
@@ -192,7 +197,11 @@ def test_client_key_drops_the_port() -> None:
 
 
 def test_rate_limit_is_resource_exhausted() -> None:
-    with serve(RefNode(), rate_limit=1.0, rate_burst=5) as server, remote(server) as client:
+    # a deadline shorter than the wait the agent asks for: the refusal is the answer
+    with (
+        serve(RefNode(), rate_limit=1.0, rate_burst=5) as server,
+        remote(server, timeout=0.5) as client,
+    ):
         codes = []
         for _ in range(8):
             try:
@@ -200,8 +209,46 @@ def test_rate_limit_is_resource_exhausted() -> None:
                 codes.append("OK")
             except RemoteError as err:
                 codes.append(err.code)
+                refused = err
         assert codes[:5] == ["OK"] * 5
         assert "RESOURCE_EXHAUSTED" in codes[5:]
+        assert 0 < float(refused.details()["retry_after_s"]) <= 1.0
+        assert "the next request is allowed in" in str(refused)
+
+
+@pytest.mark.parametrize("session", [True, False], ids=["session", "unary"])
+def test_a_client_waits_as_long_as_the_rate_limit_asks(session: bool, caplog) -> None:
+    """A burst smaller than what a client needs at once (a tuner's start) is waited out a
+    request at a time: before, every request past the burst failed, and a tuner starting
+    over spent the burst again each time, never starting."""
+    with (
+        serve(RefNode(), rate_limit=20.0, rate_burst=2) as server,
+        remote(server, session=session) as client,
+    ):
+        for _ in range(10):
+            client.observe()
+    waited = [r for r in caplog.records if r.name == "rdtune.client"]
+    assert len(waited) == 1 and "rate limit exceeded (20 requests/s" in waited[0].message
+
+
+def test_a_rate_limit_refusal_says_when_to_retry_the_google_rpc_way() -> None:
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    with (
+        serve(RefNode(), rate_limit=1.0, rate_burst=1) as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        stub = rpc.NodeAgentStub(channel)
+        stub.ListGroups(api.ListGroupsRequest(), timeout=5)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ListGroups(api.ListGroupsRequest(), timeout=5)
+    status = rpc_status.from_call(err.value)
+    retry = [d for d in status.details if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR)]
+    assert len(retry) == 1
+    info = error_details_pb2.RetryInfo()
+    retry[0].Unpack(info)
+    assert 0 < info.retry_delay.ToNanoseconds() <= 1e9
 
 
 # --------------------------------------------------------------------------- config
