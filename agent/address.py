@@ -4,7 +4,14 @@ listeners (agent/server/security.py) and its clients (agent/connection.py, agent
 
 from __future__ import annotations
 
+import os
+
 from agent.configfile import ConfigError
+
+# A Unix socket address holds 108 bytes with its terminating NUL. A grpc server binds a
+# longer path (it exists afterwards), but no grpc client dials one: an agent there would
+# serve nobody.
+UNIX_PATH_MAX = 107
 
 
 def split_address(
@@ -21,6 +28,11 @@ def split_address(
             path = path[2:]
         if not path.startswith("/"):
             raise ConfigError(f"unix socket path must be absolute, got {address!r}")
+        if len(os.fsencode(path)) > UNIX_PATH_MAX:
+            raise ConfigError(
+                f"{what} {address!r}: a unix socket path is at most {UNIX_PATH_MAX} bytes, "
+                f"this one has {len(os.fsencode(path))}; choose a shorter one"
+            )
         return path, None, None
     host, sep, port = address.rpartition(":")
     if not sep or not host:

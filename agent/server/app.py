@@ -31,6 +31,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from agent.address import UNIX_PATH_MAX
 from agent.latency import LatencyRecorder
 from agent.node import Node
 from agent.server import reflection
@@ -226,7 +227,7 @@ class AgentServer:
             # the public one by a link (_publish), which fails where another process's
             # socket is: neither grpc nor this agent ever unlinks a live one.
             private = public.with_name(f".{os.getpid():x}.{id(self) & 0xFFF:x}")
-            if len(os.fsencode(private)) >= _SUN_PATH_MAX:  # too long for a socket address
+            if len(os.fsencode(private)) > UNIX_PATH_MAX:  # too long for a socket address
                 private = public  # bound as it is: grpc may unlink it at its stop
             elif private.is_socket():
                 private.unlink()  # left by a killed process that had this pid
@@ -386,9 +387,6 @@ async def _end_tasks(timeout_s: float = 0.5) -> None:
     for task in tasks:
         if task.done() and not task.cancelled():
             task.exception()
-
-
-_SUN_PATH_MAX = 108  # bytes of a Unix socket address, its terminating NUL included
 
 
 def _publish(private: Path, public: Path) -> None:

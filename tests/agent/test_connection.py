@@ -126,6 +126,8 @@ BAD_ADDRESSES = [
     ("::::", "port '' is not a number"),
     ("nohost", "is not host:port or unix:/path"),
     ("unix:agent.sock", "unix socket path must be absolute"),
+    # grpc's server binds it, but no grpc client dials it
+    ("unix:/tmp/" + "s" * 103, "a unix socket path is at most 107 bytes, this one has 108"),
 ]
 
 

@@ -520,17 +520,29 @@ def test_of_two_agents_starting_at_once_on_one_socket_one_is_refused() -> None:
         assert not os.path.exists(sock)
 
 
-def test_a_socket_path_near_the_address_limit_still_serves() -> None:
+@pytest.mark.parametrize("length", [100, 107])
+def test_a_socket_path_near_the_address_limit_still_serves(length: int) -> None:
     import tempfile
 
     base = tempfile.mkdtemp(prefix="rdt")
-    deep = os.path.join(base, "d" * (100 - len(base) - len("/a.sock")))
+    deep = os.path.join(base, "d" * (length - len(base) - len("/") - len("/a.sock")))
     os.mkdir(deep)
     sock = os.path.join(deep, "a.sock")
-    assert 100 <= len(sock) < 108
+    assert len(sock) == length
     with serve(RefNode(), listen=f"unix:{sock}") as server, remote(server) as client:
         assert client.groups() == {}
     assert not os.path.exists(sock)
+
+
+def test_a_socket_path_no_client_could_dial_is_refused_at_start(tmp_path) -> None:
+    sock = tmp_path / ("s" * (108 - len(str(tmp_path)) - 1))
+    assert len(str(sock)) == 108
+    with (
+        pytest.raises(ConfigError, match="at most 107 bytes, this one has 108"),
+        serve(RefNode(), listen=f"unix:{sock}"),
+    ):
+        pass
+    assert not sock.exists()
 
 
 def test_health_alone_on_a_tcp_port_for_kubelet_probes() -> None:
