@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -399,11 +400,23 @@ def _construct(entry: Entry, options: Options, label: str) -> Controller:
     return controller
 
 
+def decide_s_of(decide_s: Any) -> float:
+    """The ``decide_s`` option's seconds: a finite number > 0, else a ControllerError."""
+    try:
+        seconds = float(decide_s)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ControllerError(f"decide_s must be a number of seconds > 0, got {decide_s!r}")
+    return seconds
+
+
 def _cadence(controller: Controller, decide_s: Any, interval_s: float) -> Controller:
     if decide_s is None:
         return controller
-    k = round(float(decide_s) / interval_s)
-    if k < 1 or abs(k * interval_s - float(decide_s)) > 1e-6:
+    seconds = decide_s_of(decide_s)
+    k = round(seconds / interval_s)
+    if k < 1 or abs(k * interval_s - seconds) > 1e-6:
         raise ControllerError(
             f"decide_s={decide_s} must be a whole number of {interval_s:g} s intervals"
         )

@@ -41,6 +41,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from agent import configfile
+from agent.address import split_address
 from agent.configfile import Finite, Strict
 from agent.server.metrics_http import MetricsEndpoint
 from agent.server.scrape import ScrapeTarget
@@ -144,11 +145,12 @@ class AgentConfig:
             validate_group_name(group, error=ConfigError)
         check_exposure(parse_listen(self.listen), self.tls, self.token)
         if self.health_listen:
-            host, sep, port = self.health_listen.rpartition(":")
-            if not sep or not host or not port.isdigit() or host.startswith("unix"):
+            if self.health_listen.strip().startswith("unix"):
                 raise ConfigError(
                     f"health_listen must be host:port (TCP), got {self.health_listen!r}"
                 )
+            # the rules of every other address: a port above 65535 is refused, not wrapped
+            split_address(self.health_listen, "health_listen", min_port=0)
         metrics = self.metrics_endpoint()
         if metrics is not None:
             metrics.check()

@@ -105,6 +105,9 @@ def test_eval_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown suite 'nope'" in capsys.readouterr().err
     assert main(["eval", "--suite", "smoke", "--controllers", "eq,bogus"]) == 2
     assert "unknown controller 'bogus'" in capsys.readouterr().err
+    # before: every run started, and failed, each with the same ValueError
+    assert main(["eval", "--suite", "smoke", "--controllers", "eq[decide_s=abc]"]) == 2
+    assert "decide_s must be a number of seconds > 0" in capsys.readouterr().err
     assert main(["eval"]) == 2
 
 

@@ -13,7 +13,7 @@ from models import catalogue
 from models.cadence import WAIT, Every, merge_snapshots
 from models.catalogue import ControllerSpec, split_specs
 from models.controller import KEEP, Controller, drive
-from models.setup import Need, Setup, Unavailable
+from models.setup import ControllerError, Need, Setup, Unavailable
 
 
 def build(spec, node, clock=None, interval_s: float = 0.1, **kw) -> Controller:
@@ -257,6 +257,15 @@ def test_decide_s_slows_any_controller_down() -> None:
     assert [i for i, r in enumerate(records) if r.decision is not WAIT] == [0, 10, 20]
     with pytest.raises(ValueError, match="whole number"):
         build("eq[decide_s=0.25]", node, node, 0.1)
+
+
+@pytest.mark.parametrize("value", ["abc", ".inf", "nan", "-1", "0"])
+def test_a_decide_s_that_is_no_duration_is_refused_before_the_node(value: str) -> None:
+    # before: float('abc') escaped as a bare ValueError once connected, inf as OverflowError
+    from tuner import controllers
+
+    with pytest.raises(ControllerError, match="decide_s must be a number of seconds > 0"):
+        controllers.check(f"eq[decide_s={value}]")
 
 
 class Opaque(StepByParts):

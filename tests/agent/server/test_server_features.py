@@ -563,11 +563,20 @@ def test_health_alone_on_a_tcp_port_for_kubelet_probes() -> None:
         health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
 
 
-def test_health_listen_must_be_tcp() -> None:
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("unix:/run/x.sock", "health_listen must be host:port"),
+        ("127.0.0.1:70000", "port out of range"),  # grpc would listen on 70000 - 65536
+        ("127.0.0.1:http", "is not a number"),
+        ("8080", "is not host:port"),
+    ],
+)
+def test_health_listen_must_be_a_tcp_address_as_the_others_are(address: str, why: str) -> None:
     from agent.server.config import AgentConfig
 
-    with pytest.raises(ConfigError, match="health_listen must be host:port"):
-        AgentConfig(health_listen="unix:/run/x.sock").validate()
+    with pytest.raises(ConfigError, match=why):
+        AgentConfig(health_listen=address).validate()
 
 
 def test_shutdown_interrupts_an_apply_waiting_for_the_resctrl_lock(caplog) -> None:
