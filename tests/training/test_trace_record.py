@@ -88,6 +88,8 @@ def test_bad_agent_and_bad_file_errors(tmp_path, capsys) -> None:
         (["-o", "k"], "--option expects KEY=VALUE, got 'k'"),
         (["-o", "seed={"], "--option 'seed={': not a YAML value"),
         (["--controller", "eq[seed={]"], "eq[seed={]"),
+        (["--controller", "eq[decide_s=abc]"], "decide_s must be a number of seconds > 0"),
+        (["-o", "decide_s=.inf"], "decide_s must be a number of seconds > 0, got inf"),
     ],
 )
 def test_bad_arguments_are_refused_before_recording(
