@@ -400,6 +400,12 @@ def _construct(entry: Entry, options: Options, label: str) -> Controller:
     return controller
 
 
+def check_decide_s(options: Mapping[str, Any]) -> None:
+    """Refuse a ``decide_s`` among ``options`` that is no duration, before anything runs."""
+    if options.get("decide_s") is not None:
+        decide_s_of(options["decide_s"])
+
+
 def decide_s_of(decide_s: Any) -> float:
     """The ``decide_s`` option's seconds: a finite number > 0, else a ControllerError."""
     try:
