@@ -223,9 +223,8 @@ class RemoteNode:
         timeout = timeout or self.timeout
         until = time.monotonic() + timeout
         delay = self.backoff_s
-        attempt = -1
-        while attempt < self.retries:
-            attempt += 1
+        attempt = 0
+        while attempt <= self.retries:
             if asyncio._get_running_loop() is not None:
                 break  # inside the caller's own event loop: ours cannot run here
             if not self._session_lock.acquire(blocking=False):
@@ -256,12 +255,12 @@ class RemoteNode:
                     exc = from_status_number(answer.error.code, answer.error.detail)
                     if not self._waited_for_rate_limit(exc, until):
                         raise exc
-                    attempt -= 1  # not an attempt lost to a failure
-                    continue
+                    continue  # waited as asked: not an attempt lost to a failure
             finally:
                 self._session_lock.release()
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 2.0)
+            attempt += 1
         return self._call(unary, getattr(request, kind), timeout)
 
     def _open_session(self) -> _Session | None:

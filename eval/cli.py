@@ -283,14 +283,10 @@ def check_policies(jobs: Sequence[Job]) -> None:
     (models.catalogue.construct: models/policy.py's loader), so an unusable one (no such
     path, a training run's directory, a corrupt or non-finite ONNX file, a bad card) is
     refused in the loader's one line before any run rather than once per run."""
-    from models.catalogue import ControllerSpec, check_decide_s, construct
+    from models.catalogue import ControllerSpec, construct
 
     for text in dict.fromkeys(j.controller for j in jobs):
         spec = ControllerSpec.parse(text)
-        try:  # every controller's option: refused once, here
-            check_decide_s(spec.options)
-        except ValueError as exc:
-            raise ValueError(f"controller {spec.label!r}: {exc}") from None
         if spec.name != "policy":
             continue
         try:

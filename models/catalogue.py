@@ -246,6 +246,12 @@ class ControllerSpec:
             object.__setattr__(self, "text", f"{self.name}[{opts}]" if opts else self.name)
         if not self.label:
             object.__setattr__(self, "label", self.text)
+        # every controller's option, refused as the spec is made: before anything runs
+        if self.options.get("decide_s") is not None:
+            try:
+                decide_s_of(self.options["decide_s"])
+            except ControllerError as exc:
+                raise ControllerError(f"controller {self.label!r}: {exc}") from None
 
     @property
     def entry(self) -> Entry:
@@ -398,12 +404,6 @@ def _construct(entry: Entry, options: Options, label: str) -> Controller:
     if not isinstance(controller, Controller):
         raise ControllerError(f"{label} is not a models.controller.Controller")
     return controller
-
-
-def check_decide_s(options: Mapping[str, Any]) -> None:
-    """Refuse a ``decide_s`` among ``options`` that is no duration, before anything runs."""
-    if options.get("decide_s") is not None:
-        decide_s_of(options["decide_s"])
 
 
 def decide_s_of(decide_s: Any) -> float:

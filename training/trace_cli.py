@@ -139,13 +139,12 @@ def run(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     from agent.node import as_clock
     from models import catalogue
-    from models.catalogue import ControllerSpec, check_decide_s
+    from models.catalogue import ControllerSpec
     from models.setup import ControllerError, Setup
 
     try:
         _check_out(args.out, args.force)
         spec = ControllerSpec.parse(args.controller).with_options(_options(args.option))
-        check_decide_s(spec.options)
     except (ControllerError, ValueError) as exc:  # a bad value's YAML error included
         print(f"rdtune trace record: {exc}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from agent.node import Node
 from models import catalogue
-from models.catalogue import ControllerSpec, check_decide_s
+from models.catalogue import ControllerSpec
 from models.controller import Controller
 from models.setup import ControllerError, Setup
 
@@ -42,7 +42,6 @@ def check(spec: str, options: Mapping | None = None) -> None:
             f"controller {parsed.label!r}: unknown option(s) {', '.join(sorted(unknown))}"
             f"; it takes {', '.join(sorted(takes or ()))}"
         )
-    check_decide_s(parsed.options)
     if parsed.name == "policy":
         from models.card import ModelCard
         from models.policy import DEFAULT_POLICY
