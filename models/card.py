@@ -25,7 +25,9 @@ Versioned by ``format``: this code writes ``rdtune-policy-card/2`` and reads ver
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import stat
 from collections.abc import Mapping
@@ -37,12 +39,20 @@ from agent.configfile import file_kind
 from agent.types import NodeCapabilities
 from models.features import ENCODER_VERSIONS, FeatureEncoder
 from models.setup import ControllerError, Unavailable
+from models.shield import ShieldConfig
 
 CARD_FILE = "model_card.json"
 FORMAT = "rdtune-policy-card/2"
 FORMAT_V1 = "rdtune-policy-card/1"
 ACTION_DESIGN = "multidiscrete-share-levels"
 MAX_CARD_BYTES = 16 << 20
+MAX_ONNX_BYTES = 1 << 30
+# Generous bounds on a card's sizes, so a hand-edited card is refused before it makes the
+# runtime build a layout or an action table of gigabytes (resctrl offers at most a few
+# hundred groups; a policy's levels are tens).
+MAX_GROUP_SLOTS = 4096
+MAX_LEVELS = 1024
+BASELINES = ("current", "equal", "full")
 WHAT_TO_GIVE = "give the export directory, its .onnx file or its model card"
 
 
@@ -139,10 +149,22 @@ class TrainedOn:
             raise PolicyError(f"{where}: unknown trained-on keys {sorted(unknown)}")
         if not isinstance(data.get("max_groups"), int):
             raise PolicyError(f"{where}: the trained-on section names no max_groups")
+        at = "training_data.trained_on."
         values = dict(data)
-        for key in ("presets", "mba_modes", "vendors"):
-            if values.get(key) is not None:
-                values[key] = tuple(values[key])
+        values["max_groups"] = _int(
+            data["max_groups"], at + "max_groups", where, 1, MAX_GROUP_SLOTS
+        )
+        for key in ("ways_min", "ways_max", "min_cbm_bits_max"):
+            if key in data and not (key == "min_cbm_bits_max" and data[key] is None):
+                values[key] = _int(data[key], at + key, where, 0, 1 << 16)
+        for key in ("requires_cat", "requires_mba", "trained_without_mba"):
+            if key in data:
+                values[key] = _bool(data[key], at + key, where)
+        if "presets" in data:
+            values["presets"] = _strings(data["presets"], at + "presets", where)
+        for key in ("mba_modes", "vendors"):  # None: not recorded
+            if data.get(key) is not None:
+                values[key] = _strings(data[key], at + key, where)
         return cls(**values)
 
 
@@ -228,17 +250,35 @@ class ModelCard:
                 f"{', '.join(map(str, ENCODER_VERSIONS))}; retrain or use a matching rdtune)"
             )
         else:
-            want = FeatureEncoder(int(self.features["max_groups"]), v).layout()
-            if self.features.get("names") != want["names"]:
+            encoder = FeatureEncoder(int(self.features["max_groups"]), v)
+            if self.features.get("names") != encoder.layout()["names"]:
                 out.append(f"the card's feature layout differs from encoder v{v}'s")
+            norm = self.normalization
+            if norm is not None and len(norm["mean"]) != encoder.size:
+                out.append(
+                    f"the observation normalisation has {len(norm['mean'])} values, the "
+                    f"features {encoder.size}"
+                )
         kind = self.actions.get("kind")
         if kind != ACTION_DESIGN:
             out.append(f"action design {kind!r}; this code decodes {ACTION_DESIGN!r}")
+        try:
+            ShieldConfig.of(self.runtime_shield())
+        except (TypeError, ValueError) as exc:
+            out.append(f"the shield it runs behind: {exc}")
         return out
 
     def problems(self, caps: NodeCapabilities) -> list[str]:
         """Every reason the policy must not control a node with ``caps`` here."""
         return self.code_problems() + self.trained_on.problems(caps)
+
+    def servable(self) -> bytes:
+        """The ONNX file's bytes when this code can serve the policy (what can be checked
+        without a node); else PolicyCompatibilityError or PolicyError naming the file."""
+        problems = self.code_problems()
+        if problems:
+            raise PolicyCompatibilityError(f"{self.root}: " + "; ".join(problems))
+        return self.read_onnx()
 
     # ------------------------------------------------------------------ file
 
@@ -306,9 +346,11 @@ class ModelCard:
                 f"{where}: model card format {fmt!r}; this code reads {FORMAT} and {FORMAT_V1}"
             )
         try:
-            model, use, train = data["model"], data["intended_use"], data["training_data"]
-            runtime = data["runtime"]
-            evaluation = dict(data["evaluation"]) if data.get("evaluation") else None
+            model = _section(data, "model", where)
+            use = _section(data, "intended_use", where)
+            train = _section(data, "training_data", where)
+            runtime = _section(data, "runtime", where)
+            evaluation = _optional_section(data, "evaluation", where)
             parity = evaluation.pop("parity", None) if evaluation is not None else None
             return cls(
                 name=str(model["name"]),
@@ -316,20 +358,22 @@ class ModelCard:
                 algorithm=str(model["algorithm"]),
                 checkpoint=str(model["checkpoint"]),
                 intended_use=str(use["summary"]),
-                out_of_scope=tuple(use["out_of_scope"]),
-                env=dict(train["env"]),
-                trained_on=TrainedOn.from_dict(train["trained_on"], where),
-                training_config=dict(train.get("config") or {}),
+                out_of_scope=_strings(use["out_of_scope"], "intended_use.out_of_scope", where),
+                env=_env(_section(train, "env", where, "training_data."), where),
+                trained_on=TrainedOn.from_dict(
+                    _section(train, "trained_on", where, "training_data."), where
+                ),
+                training_config=_optional_section(train, "config", where, "training_data.") or {},
                 evaluation=evaluation,
-                limitations=tuple(data["limitations"]),
-                onnx=dict(runtime["onnx"]),
+                limitations=_strings(data["limitations"], "limitations", where),
+                onnx=_onnx(_section(runtime, "onnx", where, "runtime."), where),
                 encoder_version=_int(runtime["encoder_version"], "encoder_version", where),
-                features=dict(runtime["features"]),
-                actions=dict(runtime["actions"]),
-                masked=bool(runtime["masked"]),
-                normalization=runtime.get("observation_normalization"),
+                features=_features(_section(runtime, "features", where, "runtime."), where),
+                actions=_actions(_section(runtime, "actions", where, "runtime."), where),
+                masked=_bool(runtime["masked"], "runtime.masked", where),
+                normalization=_normalization(runtime.get("observation_normalization"), where),
                 parity=parity,
-                command=train.get("command"),
+                command=_text(train.get("command"), "training_data.command", where),
                 shield=_shield(runtime.get("shield"), where),
                 root=root,
             )
@@ -338,6 +382,177 @@ class ModelCard:
         except (TypeError, AttributeError) as exc:
             raise PolicyError(f"{where}: a malformed model card: {exc}") from None
 
+    # ------------------------------------------------------------------ its ONNX file
+
+    @property
+    def onnx_path(self) -> Path:
+        """Where the policy's ONNX file is: beside the card (``runtime.onnx.file``)."""
+        return (self.root or Path(".")) / self.onnx["file"]
+
+    def read_onnx(self) -> bytes:
+        """The ONNX file's bytes, checked against the card's sha256; PolicyError naming the
+        file when it is missing, not a regular file (a pipe would block the reader), too
+        large or not the file the card was written for."""
+        path = self.onnx_path
+        try:
+            # O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise PolicyError(f"{path}: cannot read the ONNX policy: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise PolicyError(
+                    f"{path}: {file_kind(st.st_mode)}, not an ONNX file (the card's "
+                    f"runtime.onnx.file)"
+                )
+            if st.st_size > MAX_ONNX_BYTES:
+                raise PolicyError(
+                    f"{path}: {st.st_size} bytes, larger than a policy ({MAX_ONNX_BYTES >> 20} "
+                    "MiB at most)"
+                )
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read(MAX_ONNX_BYTES + 1)
+        except OSError as exc:
+            raise PolicyError(f"{path}: cannot read the ONNX policy: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+        sha256 = self.onnx.get("sha256")
+        if sha256 and hashlib.sha256(data).hexdigest() != sha256:
+            raise PolicyError(f"{path}: ONNX file does not match the card's sha256 (corrupt?)")
+        return data
+
+
+# --------------------------------------------------------------------------- its fields
+# Each check takes the value, its key as the card spells it and the card's path, and
+# returns the value as the runtime uses it, or raises PolicyError saying what is wrong.
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _section(data: Mapping[str, Any], key: str, where: str, at: str = "") -> dict[str, Any]:
+    if key not in data:
+        raise KeyError(at + key)
+    value = data[key]
+    if not isinstance(value, Mapping):
+        raise PolicyError(f"{where}: {at}{key} is not a mapping: {_shown(value)}")
+    return dict(value)
+
+
+def _optional_section(
+    data: Mapping[str, Any], key: str, where: str, at: str = ""
+) -> dict[str, Any] | None:
+    return None if data.get(key) is None else _section(data, key, where, at)
+
+
+def _int(value: Any, key: str, where: str, lo: int | None = None, hi: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise PolicyError(f"{where}: {key} is not an integer: {_shown(value)}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise PolicyError(f"{where}: {key} is {value}, outside [{lo}, {hi}]")
+    return value
+
+
+def _bool(value: Any, key: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(f"{where}: {key} is not true or false: {_shown(value)}")
+    return value
+
+
+def _text(value: Any, key: str, where: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise PolicyError(f"{where}: {key} is not a string: {_shown(value)}")
+    return value
+
+
+def _strings(value: Any, key: str, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise PolicyError(f"{where}: {key} is not a list of strings: {_shown(value)}")
+    return tuple(value)
+
+
+def _env(env: dict[str, Any], where: str) -> dict[str, Any]:
+    kwargs = _optional_section(env, "kwargs", where, "training_data.env.")
+    if kwargs is not None:
+        baseline = kwargs.get("baseline", "equal")
+        if baseline not in BASELINES:
+            raise PolicyError(
+                f"{where}: training_data.env.kwargs.baseline is {_shown(baseline)}; one of "
+                f"{', '.join(BASELINES)}"
+            )
+        env["kwargs"] = kwargs
+    return env
+
+
+def _onnx(onnx: dict[str, Any], where: str) -> dict[str, Any]:
+    name = onnx.get("file")
+    at = "runtime.onnx."
+    # the card and its model travel together: the file is one beside the card
+    if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+        raise PolicyError(f"{where}: {at}file must name a file beside the card, got {_shown(name)}")
+    sha256 = onnx.get("sha256")
+    if sha256 is not None and not (
+        isinstance(sha256, str) and len(sha256) == 64 and set(sha256) <= set("0123456789abcdef")
+    ):
+        raise PolicyError(f"{where}: {at}sha256 is not a sha256 hex digest: {_shown(sha256)}")
+    inputs = _optional_section(onnx, "inputs", where, at)
+    for key, dims in (inputs or {}).items():
+        if not isinstance(dims, list) or not all(
+            isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool)) for d in dims
+        ):
+            raise PolicyError(
+                f"{where}: {at}inputs.{key} is not a list of dimensions: {_shown(dims)}"
+            )
+    return onnx
+
+
+def _features(features: dict[str, Any], where: str) -> dict[str, Any]:
+    _int(features.get("max_groups"), "runtime.features.max_groups", where, 1, MAX_GROUP_SLOTS)
+    if "names" in features:
+        _strings(features["names"], "runtime.features.names", where)
+    return features
+
+
+def _actions(actions: dict[str, Any], where: str) -> dict[str, Any]:
+    at = "runtime.actions."
+    _int(actions.get("max_groups"), at + "max_groups", where, 1, MAX_GROUP_SLOTS)
+    for key in ("share_levels", "mba_levels"):
+        _int(actions.get(key), at + key, where, 1, MAX_LEVELS)
+    if "share_all" in actions:
+        _bool(actions["share_all"], at + "share_all", where)
+    return actions
+
+
+def _normalization(norm: Any, where: str) -> dict[str, Any] | None:
+    """The observation normalisation's statistics, finite, with variances >= 0."""
+    if norm is None:
+        return None
+    at = "runtime.observation_normalization"
+    if not isinstance(norm, Mapping):
+        raise PolicyError(f"{where}: {at} is not a mapping: {_shown(norm)}")
+    out = dict(norm)
+    for key in ("mean", "var"):
+        values = norm.get(key)
+        if not isinstance(values, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            for v in values
+        ):
+            raise PolicyError(f"{where}: {at}.{key} is not a list of finite numbers")
+    if len(norm["mean"]) != len(norm["var"]):
+        raise PolicyError(f"{where}: {at}: mean and var differ in length")
+    if any(v < 0 for v in norm["var"]):
+        raise PolicyError(f"{where}: {at}.var holds a negative variance")
+    for key in ("epsilon", "clip"):
+        value = norm.get(key)
+        if not (
+            isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
+        ):
+            raise PolicyError(f"{where}: {at}.{key} is not a positive number: {_shown(value)}")
+    return out
+
 
 def _shield(value: Any, where: str) -> dict[str, Any] | None:
     if value is None:
@@ -345,12 +560,6 @@ def _shield(value: Any, where: str) -> dict[str, Any] | None:
     if not isinstance(value, Mapping):
         raise PolicyError(f"{where}: runtime.shield is not a mapping of shield options: {value!r}")
     return dict(value)
-
-
-def _int(value: Any, key: str, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise PolicyError(f"{where}: {key} is not an integer: {value!r}")
-    return value
 
 
 def _upgrade_v1(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,6 @@ controller (:class:`~models.actor.NonFiniteLogits`), never an action, on either 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -302,9 +301,7 @@ class PolicyController(ActingController):
         card = ModelCard.read(path if path is not None else DEFAULT_POLICY)
         self.card = card
         self.path = card.root
-        problems = card.code_problems()
-        if problems:
-            raise PolicyCompatibilityError(f"{self.path}: " + "; ".join(problems))
+        data = card.servable()
         features, actions = card.features, card.actions
         kwargs = (card.env or {}).get("kwargs") or {}
         try:
@@ -326,13 +323,9 @@ class PolicyController(ActingController):
         self.masked = card.masked
         norm = card.normalization
         self._norm = None
-        if norm is not None:
+        if norm is not None:  # of the features' size, finite (the card checks both)
             mean = np.asarray(norm["mean"], dtype=np.float32)
             std = np.sqrt(np.asarray(norm["var"], dtype=np.float64) + norm["epsilon"])
-            if mean.shape != (self.encoder.size,) or std.shape != (self.encoder.size,):
-                raise PolicyError(
-                    f"{self.path}: normalisation statistics do not match the features"
-                )
             self._norm = (mean, std.astype(np.float32), float(norm["clip"]))
         # The runtime feeds one observation at a time: a batch dimension fixed at 1 lets
         # ONNX Runtime fold the graph's shape arithmetic (a fifth of a call, measured).
@@ -343,8 +336,7 @@ class PolicyController(ActingController):
                 if dims and isinstance(dims[0], str)
             }
         )
-        onnx_path = self.path / card.onnx["file"]
-        data = self._read(onnx_path, card.onnx.get("sha256"))
+        onnx_path = card.onnx_path
         graph = self._checked(onnx_path, data)
         self._session = self._open(onnx_path, graph, threads, tuple(batch))
         self._check_inputs(onnx_path)
@@ -443,16 +435,6 @@ class PolicyController(ActingController):
             )
 
     # ------------------------------------------------------------------ runtime
-
-    @staticmethod
-    def _read(path: Path, sha256: str | None) -> bytes:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise PolicyError(f"{path}: cannot read the ONNX policy: {exc.strerror}") from None
-        if sha256 and hashlib.sha256(data).hexdigest() != sha256:
-            raise PolicyError(f"{path}: ONNX file does not match the card's sha256 (corrupt?)")
-        return data
 
     @staticmethod
     def _checked(path: Path, data: bytes) -> bytes:

@@ -46,7 +46,8 @@ def check(spec: str, options: Mapping | None = None) -> None:
         from models.card import ModelCard
         from models.policy import DEFAULT_POLICY
 
-        ModelCard.read(parsed.options.get("path") or DEFAULT_POLICY)  # PolicyError: unreadable
+        # PolicyError: unreadable, malformed, or not a policy this code can serve
+        ModelCard.read(parsed.options.get("path") or DEFAULT_POLICY).servable()
 
 
 def build(

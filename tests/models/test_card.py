@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,10 @@ import pytest
 from agent.sim import SimNode
 from models.card import CARD_FILE, FORMAT, ModelCard, PolicyError, TrainedOn
 from models.policy import DEFAULT_POLICY
+from tests.models.exports import copy_export
+from tuner.controllers import check
 
+ON = "training_data.trained_on."
 V1 = Path(__file__).parent / "data" / "model_card_v1.json"  # the bundled card as first exported
 
 
@@ -82,3 +86,94 @@ def test_every_mismatch_with_a_node_is_named() -> None:
     assert TrainedOn(4, trained_without_mba=False).problems(no_mba) == [
         "the model was trained only on nodes with MBA; the node has none"
     ]
+
+
+RT = "runtime."
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model": None}, "model is not a mapping: None"),
+        ({"limitations": 5}, "limitations is not a list of strings: 5"),
+        ({RT + "onnx": "policy.onnx"}, "runtime.onnx is not a mapping: 'policy.onnx'"),
+        ({RT + "onnx.file": 5}, "runtime.onnx.file must name a file beside the card, got 5"),
+        ({RT + "onnx.file": "../x/policy.onnx"}, "must name a file beside the card"),
+        ({RT + "onnx.file": "/etc/passwd"}, "must name a file beside the card"),
+        ({RT + "onnx.sha256": 5}, "runtime.onnx.sha256 is not a sha256 hex digest"),
+        ({RT + "onnx.inputs": [1]}, "runtime.onnx.inputs is not a mapping"),
+        ({RT + "features.max_groups": 10**9}, r"max_groups is 1000000000, outside \[1, 4096\]"),
+        ({RT + "features.max_groups": "x"}, "runtime.features.max_groups is not an integer"),
+        ({RT + "actions.share_levels": 10**8}, "share_levels is 100000000, outside"),
+        ({RT + "actions.mba_levels": -3}, "mba_levels is -3, outside"),
+        ({RT + "masked": "false"}, "runtime.masked is not true or false: 'false'"),
+        ({RT + "observation_normalization": "yes"}, "normalization is not a mapping: 'yes'"),
+        (
+            {RT + "observation_normalization": {"mean": [0.0], "var": [-1.0], "epsilon": 1e-8}},
+            "var holds a negative variance",
+        ),
+        ({"training_data.env.kwargs": [1]}, "training_data.env.kwargs is not a mapping"),
+        ({"training_data.env.kwargs.baseline": [1]}, "baseline is \\[1\\]; one of current"),
+        ({ON + "requires_mba": "no"}, "trained_on.requires_mba is not true or false"),
+        ({ON + "presets": None}, "trained_on.presets is not a list of strings"),
+        ({"training_data.trained_on": []}, "training_data.trained_on is not a mapping"),
+    ],
+)
+def test_each_field_of_a_hand_edited_card_is_checked_before_a_node_is_touched(
+    tmp_path, changes, message
+) -> None:
+    """Refused by the check the tuner runs before it connects (tuner/controllers.py), in
+    one line naming the card's file and the field, never a traceback from deep in the
+    runtime, and never after building a layout or an action table of gigabytes."""
+    export = copy_export(DEFAULT_POLICY, tmp_path / "p", **changes)
+    with pytest.raises(PolicyError, match=message) as refused:
+        check(f"policy:{export}")
+    assert str(export / CARD_FILE) in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {
+                RT + "observation_normalization": {
+                    "mean": [0.0],
+                    "var": [1.0],
+                    "epsilon": 1e-8,
+                    "clip": 10.0,
+                }
+            },
+            "the observation normalisation has 1 values, the features",
+        ),
+        ({RT + "shield": {"bogus": 1}}, r"the shield it runs behind: unknown shield options"),
+    ],
+)
+def test_a_card_this_code_cannot_serve_is_refused_before_a_node_is_touched(
+    tmp_path, changes, message
+) -> None:
+    export = copy_export(DEFAULT_POLICY, tmp_path / "p", **changes)
+    assert any(message.split(":")[0] in p for p in ModelCard.read(export).code_problems())
+    with pytest.raises(PolicyError, match=message):
+        check(f"policy:{export}")
+
+
+@pytest.mark.parametrize("kind", ["missing", "a directory", "a named pipe", "another file"])
+def test_the_onnx_file_is_checked_before_a_node_is_touched(tmp_path, kind) -> None:
+    """A pipe in place of the ONNX file is refused at once (reading it would wait for a
+    writer), as are a directory, a missing file and a file that is not the card's."""
+    export = copy_export(DEFAULT_POLICY, tmp_path / "p")
+    onnx = export / "policy.onnx"
+    onnx.unlink()
+    if kind == "a directory":
+        onnx.mkdir()
+    elif kind == "a named pipe":
+        os.mkfifo(onnx)
+    elif kind == "another file":
+        onnx.write_bytes(b"not the policy")
+    message = {
+        "missing": "cannot read the ONNX policy: No such file",
+        "another file": "does not match the card's sha256",
+    }.get(kind, f"{kind}, not an ONNX file")
+    with pytest.raises(PolicyError, match=message) as refused:
+        check(f"policy:{export}")
+    assert str(onnx) in str(refused.value)

@@ -95,30 +95,41 @@ def test_card_is_found_beside_the_onnx_file(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("data", "message"),
+    ("data", "message", "without_the_node"),
     [
-        (dataclasses.replace(card(), encoder_version=ENCODER_VERSION + 1), "encoder version"),
-        (card(ways_min=16), "11 L3 ways outside the model's range [16, 20]"),
-        (card(mba_modes=("mbps",)), "MBA mode 'percent'"),
-        (None, "no model card"),
+        (dataclasses.replace(card(), encoder_version=ENCODER_VERSION + 1), "encoder version", True),
+        (card(ways_min=16), "11 L3 ways outside the model's range [16, 20]", False),
+        (card(mba_modes=("mbps",)), "MBA mode 'percent'", False),
+        (None, "no model card", True),
     ],
 )
-def test_tune_refuses_a_mismatched_policy(fresh, tune_here, tmp_path, data, message) -> None:
-    path = export(tmp_path, data)
+def test_tune_refuses_a_mismatched_policy(
+    fresh, tune_here, tmp_path, data, message, without_the_node
+) -> None:
+    path = export(tmp_path, data, (DEFAULT_POLICY / "policy.onnx").read_bytes())
     run = tune_here(fresh.address, f"policy:{path}", "--intervals", "3")
     assert run.returncode == 2, run.stdout
     assert message in run.stderr
-    # A card that cannot be read is refused before the tuner starts: no summary then.
-    assert (data is None) == (run.summary is None), run.stdout
-    assert data is None or run.summary["intervals"] == 0, "no interval ran with a refused policy"
+    # What can be refused without the node is refused before the tuner starts (no summary
+    # then); a node the policy was not trained for, once the tuner has seen it.
+    assert without_the_node == (run.summary is None), run.stdout
+    assert without_the_node or run.summary["intervals"] == 0, "no interval ran"
 
 
-def test_tune_refuses_a_matching_card_whose_model_cannot_load(fresh, tune_here, tmp_path):
-    path = export(tmp_path, card())  # the card fits; policy.onnx is garbage
+@pytest.mark.parametrize("signed", [True, False])
+def test_tune_refuses_a_matching_card_whose_model_cannot_load(fresh, tune_here, tmp_path, signed):
+    """policy.onnx is garbage: a card with its checksum is refused before the tuner starts;
+    one without (the checksum is optional) when ONNX Runtime cannot load it."""
+    onnx = {**card().onnx, "sha256": card().onnx["sha256"] if signed else None}
+    path = export(tmp_path, dataclasses.replace(card(), onnx=onnx))
     run = tune_here(fresh.address, f"policy:{path}", "--intervals", "3")
     assert run.returncode == 2
-    assert f"controller 'policy:{path}': {path}" in run.stderr
-    assert run.summary["intervals"] == 0
+    if signed:
+        assert "does not match the card's sha256" in run.stderr and run.summary is None
+    else:
+        assert f"controller 'policy:{path}': {path}" in run.stderr
+        assert "not a loadable ONNX model" in run.stderr
+        assert run.summary["intervals"] == 0
 
 
 # An export directory ('rdtune export --out DIR'): $RDTUNE_TEST_POLICY, else the policy
