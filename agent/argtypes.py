@@ -40,3 +40,12 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """A whole number >= 0 (random seeds: numpy refuses a negative one, which would
+    otherwise surface only once a run is under way)."""
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from agent.argtypes import positive_float
+from agent.argtypes import non_negative_int, positive_float
 
 HEURISTICS = "unpartitioned,eq,static,copart,ubik,ucp"
 
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.1,
         help="control interval in seconds (default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
     parser.add_argument(
         "--out", default="runs/demo", help="report directory (default: %(default)s)"
     )

@@ -202,6 +202,8 @@ def load_suites(path: str | Path | None = None) -> dict[str, Suite]:
     data = configfile.read_yaml(p) or {}
     if not isinstance(data, Mapping):
         raise SuiteError(f"{p}: expected a mapping of suite name -> suite")
+    if not data:  # an empty file would list nothing and offer no suite to choose
+        raise SuiteError(f"{p}: defines no suites (a mapping of suite name -> suite)")
     return {str(name): _suite(str(name), entry, p) for name, entry in data.items()}
 
 

@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Any
 
-from agent.argtypes import positive_int
+from agent.argtypes import non_negative_int, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config", required=True, help="YAML training config (see training/config.py)"
     )
     parser.add_argument("--out", help="run directory (default: the config's output_dir)")
-    parser.add_argument("--seed", type=int, help="override the config's seed")
+    parser.add_argument("--seed", type=non_negative_int, help="override the config's seed")
     parser.add_argument("--total-timesteps", type=positive_int, help="override total_timesteps")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"

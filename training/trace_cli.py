@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent import connection
-from agent.argtypes import positive_float, positive_int
+from agent.argtypes import non_negative_int, positive_float, positive_int
 
 if TYPE_CHECKING:
     from agent.node import Clock, Node
@@ -100,7 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(recorded in the trace's metadata)",
     )
     rec.add_argument(
-        "--seed", type=int, default=None, help="simulated agents only: seed for --scenario"
+        "--seed",
+        type=non_negative_int,
+        default=None,
+        help="simulated agents only: seed for --scenario",
     )
     rec.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -160,7 +163,11 @@ def _record(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            clock.reset(args.scenario, args.seed)
+            try:
+                clock.reset(args.scenario, args.seed)
+            except ValueError as exc:  # the agent refused the name: a mistake in the command
+                print(f"rdtune trace record: {exc}", file=sys.stderr)
+                return 2
             scenario = {"name": args.scenario}
         elif clock is not None:
             scenario = {"name": None, "note": "simulated agent; scenario as the agent was started"}

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.argtypes import non_negative_int
+
 ENV_KW = {"episode_steps": 32, "interval_s": 1.0, "share_levels": 5, "mba_levels": 4}
 PPO_KW = {
     "learning_rate": 5e-4,
@@ -161,7 +163,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", default="default")
     parser.add_argument("--steps", type=int, default=30000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--trace-seconds", type=float, default=120.0)
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--out", default="runs/trace_compare")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.argtypes import non_negative_float, positive_float
+from agent.argtypes import non_negative_float, non_negative_int, positive_float
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     be = parser.add_argument_group("backend")
     be.add_argument("--backend", choices=("sim", "resctrl"), help="node to serve (default sim)")
     be.add_argument("--scenario", metavar="NAME", help="sim: built-in scenario to start with")
-    be.add_argument("--seed", type=int, help="sim: random seed")
+    be.add_argument("--seed", type=non_negative_int, help="sim: random seed")
     be.add_argument(
         "--no-auto-groups",
         dest="auto_groups",

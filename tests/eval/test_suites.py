@@ -111,6 +111,8 @@ def test_family_entries_reject_unknown_options(tmp_path: Path) -> None:
         ("x: {scenarios: [default], controllers: []}", "controllers: none given"),
         ("x: {scenarios: [default], controllers: [eq], sweep: {controller: a}}", "sweep.option"),
         ("- 1", "mapping"),
+        ("", "defines no suites"),
+        ("{}", "defines no suites"),
     ],
 )
 def test_bad_suite_files(tmp_path: Path, text: str, match: str) -> None:

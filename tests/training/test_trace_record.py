@@ -90,6 +90,7 @@ def test_bad_agent_and_bad_file_errors(tmp_path, capsys) -> None:
         (["--controller", "eq[seed={]"], "eq[seed={]"),
         (["--controller", "eq[decide_s=abc]"], "decide_s must be a number of seconds > 0"),
         (["-o", "decide_s=.inf"], "decide_s must be a number of seconds > 0, got inf"),
+        (["--scenario", "nope"], "unknown scenario 'nope'; have ["),
     ],
 )
 def test_bad_arguments_are_refused_before_recording(

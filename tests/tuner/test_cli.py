@@ -94,6 +94,13 @@ def assert_one_line(done: subprocess.CompletedProcess, *needles: str) -> None:
         (("demo", "--controllers", "foo"), ("rdtune demo", "unknown controller 'foo'")),
         (("demo", "--seconds", "-3"), ("--seconds", "must be > 0, got -3")),
         (("demo", "--interval", "nan"), ("--interval", "not a finite number")),
+        (("demo", "--seed", "-1"), ("rdtune demo: argument --seed", "must be >= 0, got -1")),
+        (("train", "--seed", "-1"), ("rdtune train: argument --seed", "must be >= 0, got -1")),
+        (("agent", "--backend", "sim", "--seed", "-1"), ("--seed", "must be >= 0, got -1")),
+        (
+            ("trace", "record", "--agent", "x:1", "--seed", "-1", "--out", "x"),
+            ("rdtune trace record: argument --seed", "must be >= 0, got -1"),
+        ),
         (("eval", "--suite", "smoke", "--seeds", "0"), ("--seeds", "must be >= 1")),
         (
             ("trace", "record", "--agent", "127.0.0.1:1", "--duration", "1", "--out", "x"),
