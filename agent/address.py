@@ -22,6 +22,8 @@ def split_address(
     different port) and a non-numeric one as an address it retries forever. ``what`` names
     the address in errors; ``min_port``: 0 lets a listener pick a free port."""
     address = address.strip()
+    if any(c < " " or c == "\x7f" for c in address):  # a NUL cannot reach bind(2) at all
+        raise ConfigError(f"{what} {address!r}: holds a control character")
     if address.startswith("unix:"):
         path = address[len("unix:") :]
         if path.startswith("//"):

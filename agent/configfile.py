@@ -189,7 +189,24 @@ def describe(exc: ValidationError, model: type[BaseModel], where: str, env: Mapp
             reason += f" ({type(value).__name__})"
             if kind == "bool_type" and isinstance(value, str):
                 reason += "; write true or false without quotes"
+            elif isinstance(value, str) and _numeric(value):
+                reason += (
+                    f"; {_NUMBER_AS_TEXT if 'e' in value.lower() else 'write it without quotes'}"
+                )
     return f"{place}: {key}: {reason}" if key else f"{place}: {reason}"
+
+
+# YAML 1.1 (PyYAML) reads a float only with a dot in its mantissa and a sign in its
+# exponent: 5e-1 and 1e3 are strings there, although JSON and Python read them as numbers.
+_NUMBER_AS_TEXT = "YAML reads a number like 5e-1 as text: write 5.0e-1 or 0.5, without quotes"
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def dotted(loc: tuple) -> str:

@@ -107,6 +107,8 @@ class AgentConfig:
     def validate(self) -> None:
         if self.backend not in ("sim", "resctrl"):
             raise ConfigError(f"backend must be 'sim' or 'resctrl', got {self.backend!r}")
+        if self.backend == "resctrl" and not self.root.strip():  # would be the cwd
+            raise ConfigError("root: empty; give the resctrl mount (default /sys/fs/resctrl)")
         if self.runtime_classes and self.backend != "resctrl":
             raise ConfigError("runtime_classes: only the resctrl backend has runtime classes")
         for name in self.runtime_classes:

@@ -113,7 +113,9 @@ def test_one_error_type() -> None:
         ("tls: {cert: a, keyy: b}\n", "tls.keyy: unknown key; allowed: cert, client_ca, key"),
         ("latency_scrape: {web: {url: 'http://h/m'}}\n", "latency_scrape.web.metric: required"),
         ("grace_s: .nan\n", "grace_s: must be a finite number"),
-        ("seed: '3'\n", "seed: must be a valid integer, got '3' (str)"),
+        ("seed: '3'\n", "seed: must be a valid integer, got '3' (str); write it without quotes"),
+        # YAML 1.1 reads 5e-1 as text; JSON and Python read it as a number
+        ("grace_s: 5e-1\n", "got '5e-1' (str); YAML reads a number like 5e-1 as text: write"),
     ],
 )
 def test_messages_say_file_key_and_reason(tmp_path, text, message) -> None:
@@ -122,6 +124,20 @@ def test_messages_say_file_key_and_reason(tmp_path, text, message) -> None:
     with pytest.raises(ConfigError) as err:
         load_agent(file)
     assert str(err.value).startswith(f"{file}: ") and message in str(err.value), err.value
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("backend: resctrl\nroot: ''\n", "root: empty; give the resctrl mount"),
+        ('listen: "unix:/tmp/a\\0b"\n', "listen address 'unix:/tmp/a\\x00b': holds a control"),
+    ],
+)
+def test_values_the_agent_cannot_use_are_refused_before_it_starts(tmp_path, text, message):
+    file = tmp_path / "agent.yaml"
+    file.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_agent(file).validate()
 
 
 def test_environment_overrides(tmp_path) -> None:
@@ -162,7 +178,8 @@ def test_a_bad_suite_names_file_suite_and_key(tmp_path) -> None:
     with pytest.raises(ConfigError) as err:
         load_suites(file)
     assert str(err.value) == (
-        f"{file}: suite 'mine': seconds: must be a valid number, got '30' (str)"
+        f"{file}: suite 'mine': seconds: must be a valid number, got '30' (str); write it "
+        "without quotes"
     )
 
 

@@ -5,6 +5,7 @@ run against a real agent that requires mutual TLS and a token."""
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +129,7 @@ BAD_ADDRESSES = [
     ("unix:agent.sock", "unix socket path must be absolute"),
     # grpc's server binds it, but no grpc client dials it
     ("unix:/tmp/" + "s" * 103, "a unix socket path is at most 107 bytes, this one has 108"),
+    ("unix:/tmp/a\x00b", "holds a control character"),  # bind(2) would see /tmp/a
 ]
 
 
@@ -148,7 +150,7 @@ def test_a_malformed_address_is_refused_from_a_config_file_and_by_the_client(
     from agent.client import RemoteNode
 
     config = tmp_path / "tune.yaml"
-    config.write_text(f"agent: {{address: {address!r}}}\n")
+    config.write_text(f"agent: {{address: {json.dumps(address)}}}\n")  # YAML reads JSON's escapes
     # a process with a timeout: an address not refused is waited for, forever
     argv = ["tune", "--controller", "eq", "--metrics-listen", "", "--config", str(config)]
     done = subprocess.run(
