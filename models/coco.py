@@ -547,6 +547,10 @@ def calibrate(
 def services_from_options(services: Sequence[Mapping]) -> list[Service]:
     """Services from plain data (a YAML config): ``{name, pids, slo: {percentile,
     target_ms}}`` each. Raises ValueError naming the entry that is malformed."""
+    if isinstance(services, str | bytes) or not isinstance(services, Sequence) or not services:
+        raise ValueError(
+            f"services must be a non-empty list of {{name, pids, slo}}, got {services!r}"
+        )
     out = []
     for i, raw in enumerate(services):
         try:

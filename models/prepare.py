@@ -110,7 +110,10 @@ def prepare_oracle(setup: Setup, options: Options) -> Options:
 def prepare_time_sharing(setup: Setup, options: Options, *, profile: bool) -> Options:
     """CoCo (``profile``) and round robin: services, tier groups, CoCo's profile."""
     if "services" in options:  # an operator's config: services as plain data
-        services = coco.services_from_options(options["services"])
+        try:
+            services = coco.services_from_options(options["services"])
+        except ValueError as exc:
+            raise ControllerError(f"option 'services': {exc}") from None
         if "groups" not in options:
             options["groups"] = coco.prepare_groups(setup.node, services[0].slo)
     else:

@@ -136,7 +136,11 @@ class Tuner(Resilience, Pacing):
         self.groups = self.keeper.read(self.node, self.groups)
         baseline = self.node.allocation()  # before a controller's calibration changes it
         if self.primary is None:
-            self.primary = self._build_controller(self.node)
+            try:
+                self.primary = self._build_controller(self.node)
+            except Exception:  # refused or a bug: the groups made for it go again
+                self.keeper.undo(self.node, created)
+                raise
             self.intended = self.node.allocation()
         else:
             self.intended = baseline
@@ -158,9 +162,13 @@ class Tuner(Resilience, Pacing):
         self._next = None
         try:
             first = self.active.start(self._context(self.intended))
-        except ValueError as exc:  # an option this node cannot honour (ways beyond its L3)
+        except Exception as exc:  # the groups it made for a controller that never ran go
             self.keeper.undo(self.node, created)
-            raise ControllerError(f"{self.active.name} cannot start on this node: {exc}") from exc
+            if isinstance(exc, ValueError):  # an option this node cannot honour (ways > L3)
+                raise ControllerError(
+                    f"{self.active.name} cannot start on this node: {exc}"
+                ) from exc
+            raise
         self._carry_out(first, self.intended, 0.0, 0.0)
         if self._next is None:  # the plan was refused: nothing was observed
             self.node.observe()

@@ -188,6 +188,10 @@ def run(args: argparse.Namespace) -> int:
     except NodeError as exc:
         print(f"rdtune tune: the agent refused: {exc}", file=sys.stderr)
         code = 1
+    except Exception as exc:  # a bug: its traceback logged, the node restored, the summary said
+        logging.getLogger("rdtune.tuner").exception("stopped by an unexpected error")
+        print(f"rdtune tune: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = 1
     finally:
         restored = tuner.shutdown()
         if http is not None:

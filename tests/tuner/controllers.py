@@ -73,3 +73,15 @@ class Crashy(Controller):
         if self.calls % 3 == 0:
             raise ZeroDivisionError("a bug in the controller")
         return KEEP
+
+
+class BuggyStart(Controller):
+    """Raises when it starts (a controller bug the tuner cannot know how to handle)."""
+
+    name = "buggy_start"
+
+    def start(self, ctx: ControlContext) -> Decision:
+        raise ZeroDivisionError("a bug in the controller's start")
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        return KEEP

@@ -170,6 +170,32 @@ def test_agent_killed_and_restarted_mid_run(spike_file: str) -> None:
     assert tune.summary["intervals"] > before, "interval count carried on across the outage"
 
 
+@pytest.mark.parametrize(
+    ("controller", "error"),
+    [
+        ("import:tests.tuner.controllers:BuggyStart", "unexpected error: ZeroDivisionError"),
+        ("coco", "option 'services': services must be a non-empty list"),
+    ],
+)
+def test_a_controller_that_fails_to_start_leaves_the_node_as_it_was(
+    fresh, tune_here, controller, error
+) -> None:
+    """A bug (exit 1, its traceback logged) or bad options (exit 2): either way the groups
+    the tuner made for it are gone again, and the summary line still says what ran."""
+    with fresh.node() as node:
+        groups, held = set(node.groups()), node.allocation()
+    config = {
+        "groups": [{"name": "tier", "kind": "batch"}],
+        "controller_options": {"services": 5} if controller == "coco" else {},
+    }
+    run = tune_here(fresh.address, controller, "--intervals", "3", config=config)
+    assert run.returncode == (1 if "unexpected" in error else 2), run.stderr
+    assert error in run.stderr
+    assert run.summary is not None and run.summary["intervals"] == 0
+    with fresh.node() as node:
+        assert set(node.groups()) == groups and node.allocation() == held
+
+
 def test_invalid_plans_are_dropped_and_counted(fresh, tune_here) -> None:
     run = tune_here(
         fresh.address, "import:tests.tuner.controllers:Broken", "--interval", "0.1",
