@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import fcntl
 import functools
 import logging
 import os
@@ -392,20 +393,43 @@ async def _end_tasks(timeout_s: float = 0.5) -> None:
 def _publish(private: Path, public: Path) -> None:
     """Give the bound socket ``private`` its public path: ``link()`` fails where anything
     is, so of two agents starting at once one gets the path and the other finds it live;
-    a stale socket there is removed first."""
+    a stale socket there is removed first, and only the one found stale: two agents that
+    both found it stale would otherwise each remove it, the second the first's socket
+    just linked there. Replacing holds an ``flock`` on the directory, so the check and the
+    removal are one step for every agent."""
     try:
         for _ in range(3):
             try:
                 os.link(private, public)
                 return
             except FileExistsError:
-                _check_socket_path(public)  # raises unless stale
-                with contextlib.suppress(FileNotFoundError):
-                    public.unlink()
+                with _directory_lock(public.parent):
+                    found = _file_id(public)
+                    _check_socket_path(public)  # raises unless stale
+                    if found is not None and _file_id(public) == found:
+                        with contextlib.suppress(FileNotFoundError):
+                            public.unlink()
         raise ConfigError(f"{public}: replaced again and again while starting; try again")
     finally:
         with contextlib.suppress(FileNotFoundError):
             private.unlink()
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: Path):
+    """An exclusive ``flock`` on ``directory`` while the block runs (held for a connect
+    attempt at most); none where the directory cannot be opened for reading, and then
+    the file-identity check alone guards the removal."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # the flock goes with it
 
 
 def _check_socket_path(path: Path) -> None:

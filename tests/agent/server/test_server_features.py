@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import grpc
 import pytest
@@ -489,7 +490,11 @@ def test_a_live_socket_is_never_taken_over_and_only_an_agents_own_is_removed() -
         other.close()
 
 
-def test_of_two_agents_starting_at_once_on_one_socket_one_is_refused() -> None:
+@pytest.mark.parametrize("stale", [False, True], ids=["free-path", "stale-socket-there"])
+def test_of_two_agents_starting_at_once_on_one_socket_one_is_refused(stale: bool) -> None:
+    """With a stale socket at the path both find it dead; before, both removed it and one
+    removed the other's socket just linked there, so both started and one served nobody."""
+    import socket
     import tempfile
 
     from agent.server.app import AgentServer
@@ -497,6 +502,12 @@ def test_of_two_agents_starting_at_once_on_one_socket_one_is_refused() -> None:
 
     sock = os.path.join(tempfile.mkdtemp(prefix="rdt"), "a.sock")
     cfg = AgentConfig(listen=f"unix:{sock}", metrics_listen="")
+
+    def leave_a_stale_socket() -> None:
+        if stale:  # bound, nobody listening: what an agent killed with -9 leaves
+            dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            dead.bind(sock)
+            dead.close()
 
     def start(gate: threading.Barrier, started: list, refused: list) -> None:
         server = AgentServer(RefNode(), cfg)
@@ -506,7 +517,8 @@ def test_of_two_agents_starting_at_once_on_one_socket_one_is_refused() -> None:
         except ConfigError as exc:
             refused.append(exc)
 
-    for _ in range(3):
+    for _ in range(8 if stale else 3):
+        leave_a_stale_socket()
         gate, started, refused = threading.Barrier(2), [], []
         threads = [threading.Thread(target=start, args=(gate, started, refused)) for _ in range(2)]
         for t in threads:
@@ -518,6 +530,68 @@ def test_of_two_agents_starting_at_once_on_one_socket_one_is_refused() -> None:
             assert client.groups() == {}, "the one that runs is the one at the path"
         started[0].stop()
         assert not os.path.exists(sock)
+
+
+def test_two_agents_replacing_one_stale_socket_at_once_leave_one_serving(
+    monkeypatch, tmp_path
+) -> None:
+    """The worst interleaving, made to happen: agent A has found the stale socket dead and
+    is about to remove it when agent B, starting on the same path, finds it dead too.
+    Before, B replaced it, then A removed B's socket and linked its own: both started, and
+    B served nobody."""
+    import socket
+
+    from agent.server import app
+
+    public = tmp_path / "a.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(public))  # bound, nobody listening: what an agent killed with -9 leaves
+    dead.close()
+    listeners = {}
+    for name in ("a", "b"):  # each agent's bound socket at its private name
+        listeners[name] = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listeners[name].bind(str(tmp_path / f"{name}.private"))
+        listeners[name].listen(4)
+    checked, go, outcome = threading.Event(), threading.Event(), {}
+    real_check = app._check_socket_path
+
+    def check_then_pause(path: Path) -> None:
+        real_check(path)
+        if threading.current_thread().name == "agent-a":
+            checked.set()
+            go.wait(10)
+
+    monkeypatch.setattr(app, "_check_socket_path", check_then_pause)
+
+    def publish(name: str) -> None:
+        try:
+            app._publish(tmp_path / f"{name}.private", public)
+            outcome[name] = "published"
+        except ConfigError as exc:
+            outcome[name] = str(exc)
+
+    a = threading.Thread(target=publish, args=("a",), name="agent-a")
+    b = threading.Thread(target=publish, args=("b",), name="agent-b")
+    a.start()
+    assert checked.wait(10)
+    b.start()
+    b.join(0.5)  # B replaces the socket now, or waits for A's replacing to end
+    go.set()
+    a.join(10)
+    b.join(10)
+    try:
+        winners = [n for n, result in outcome.items() if result == "published"]
+        assert len(winners) == 1, outcome
+        (loser,) = set(outcome) - set(winners)
+        assert "another process is serving on this socket" in outcome[loser]
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.connect(str(public))
+        listeners[winners[0]].settimeout(5)
+        listeners[winners[0]].accept()[0].close()  # the path reaches the one that started
+        client.close()
+    finally:
+        for listener in listeners.values():
+            listener.close()
 
 
 @pytest.mark.parametrize("length", [100, 107])
