@@ -532,6 +532,38 @@ def test_of_two_agents_starting_at_once_on_one_socket_one_is_refused(stale: bool
         assert not os.path.exists(sock)
 
 
+def test_a_socket_whose_listener_cannot_be_told_dead_is_left_alone(tmp_path) -> None:
+    """A listener too busy to take a connection (its backlog full) may be a live agent:
+    the start is refused saying so, and the socket stays where it is."""
+    import socket
+
+    from agent.server.app import AgentServer
+    from agent.server.config import AgentConfig
+
+    sock = tmp_path / "a.sock"
+    busy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    busy.bind(str(sock))
+    busy.listen(0)
+    waiting = []
+    try:
+        while True:  # connections nobody accepts, until the backlog is full
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.setblocking(False)
+            waiting.append(client)
+            client.connect(str(sock))
+    except BlockingIOError:
+        pass
+    try:
+        inode = sock.stat().st_ino
+        cfg = AgentConfig(listen=f"unix:{sock}", metrics_listen="")
+        with pytest.raises(ConfigError, match="cannot tell whether another process serves"):
+            AgentServer(RefNode(), cfg).start()
+        assert sock.stat().st_ino == inode, "the socket was replaced"
+    finally:
+        for s in (*waiting, busy):
+            s.close()
+
+
 def test_two_agents_replacing_one_stale_socket_at_once_leave_one_serving(
     monkeypatch, tmp_path
 ) -> None:
