@@ -163,7 +163,12 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
         self._pmc_warned: dict[str, str] = {}
         self._last_observe = time.monotonic()
         self.cleaned_mon_groups: list[str] = []
-        self._instance = state.InstanceLock.around(self.state_path + ".lock", self._adopt)
+        self._instance = state.InstanceLock(self.state_path + ".lock")
+        try:
+            self._adopt()
+        except BaseException:
+            self._instance.release()
+            raise
 
     def _dirname(self, name: str) -> str:
         """The directory name of group ``name``: a runtime class's own, else prefixed."""

@@ -233,6 +233,7 @@ class Ownership:
 
     def _intend(self, record: dict, what: str) -> None:
         """Journal ``record`` durably before touching resctrl, or refuse to go on."""
+        self._instance.confirm()  # InUse: another agent has taken the state file over
         try:
             self._journal.write(record)
         except OSError as exc:
@@ -249,6 +250,7 @@ class Ownership:
         """Record the groups; with ``unless`` (what the file holds), only if they changed,
         and a failure is logged and left to the next change's save."""
         now = state.Saved.of({**self._vanished, **self._specs}, self._markers, self._mon_groups)
+        self._instance.confirm()  # InUse: another agent has taken the state file over
         if unless is None:
             state.save(self.state_path, now, self.root, self.prefix)
         elif now != unless:

@@ -29,7 +29,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agent.errors import InUse, StateUnwritable
@@ -244,13 +244,66 @@ class InstanceLock:
     file would each save only its own view of the groups and lose the other's. The lock is
     an ``flock`` on ``<state>.lock``, which the kernel drops when its holder dies
     (``kill -9`` included), so a crashed agent never blocks its restart; the holder's pid
-    is written in the file for the message the next one gets."""
+    is written in the file for the message the next one gets.
+
+    A lock file removed by hand (or by a clean-up of the state directory) would let a
+    second agent lock a new file of the same name while the first still runs: the holder
+    checks, before each change it records (:meth:`confirm`), that the path still names the
+    file it locked, and locks the new one or stops changing the node."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         try:
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StateUnwritable(exc.errno, f"cannot open {path}: {exc.strerror}") from exc
+        self._fd: int | None = _take(path)
+
+    def confirm(self) -> None:
+        """Raise :class:`InUse` unless this node still holds the lock its path names: a
+        lock file removed since is locked again (a warning), or, where another agent has
+        locked the new file already, this node refuses to record any change. Where the
+        file cannot be made again (the directory gone or read-only) no other agent can make
+        it either; the change's own write then says what is wrong."""
+        fd = self._fd
+        if fd is None or _names(self.path, fd):
+            return
+        try:
+            new = _take(self.path)
+        except InUse as exc:
+            raise InUse(
+                f"{exc}; this agent's lock file was removed while it ran, and it changes "
+                "nothing more: stop one of the two"
+            ) from None
+        except StateUnwritable:
+            return
+        log.warning("%s: the lock file was removed while this agent ran; locked again", self.path)
+        os.close(fd)
+        self._fd = new
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # the flock goes with it; the file stays (unlinking it would race)
+
+
+def _names(path: str, fd: int) -> bool:
+    """Whether ``path`` names the open file ``fd`` (the same device and inode)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _take(path: str) -> int:
+    """A descriptor of the file at ``path`` holding its ``flock``, with this pid written
+    in it; :class:`InUse` naming the holder when another process has it. A file removed
+    between the open and the lock is not the one ``path`` names: the one there is taken."""
+    for _ in range(5):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise StateUnwritable(exc.errno, f"cannot open {path}: {exc.strerror}") from exc
         try:
@@ -265,24 +318,10 @@ class InstanceLock:
         except BaseException:
             os.close(fd)
             raise
-        with contextlib.suppress(OSError):  # only for the next one's message (a full disk)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd: int | None = fd
-
-    @classmethod
-    def around(cls, path: str, start: Callable[[], None]) -> InstanceLock:
-        """The lock of ``path``, taken before ``start`` runs and held after it; let go
-        again if ``start`` fails."""
-        lock = cls(path)
-        try:
-            start()
-        except BaseException:
-            lock.release()
-            raise
-        return lock
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # the flock goes with it; the file stays (unlinking it would race)
+        if _names(path, fd):
+            with contextlib.suppress(OSError):  # only for the next one's message (full disk)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
+        os.close(fd)
+    raise InUse(f"{path}: the lock file is removed again and again; is another process at it?")

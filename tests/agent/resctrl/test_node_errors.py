@@ -958,6 +958,34 @@ def test_one_live_node_per_state_file(intel: Emulated) -> None:
     assert set(make_node(intel).groups()) == {"a", "b"}
 
 
+def test_a_lock_file_removed_by_hand_lets_no_second_agent_change_the_node(
+    intel: Emulated, caplog
+) -> None:
+    """Removing ``<state>.lock`` while an agent runs let a second agent lock a new file and
+    run beside it. The first now checks its lock before each change it records: it locks
+    the path again, or, where a second agent got there first, changes nothing more."""
+    first = make_node(intel)
+    first.create_group(GroupSpec("a"))
+    lock = first.state_path + ".lock"
+    os.remove(lock)
+    first.create_group(GroupSpec("b"))  # locks the path again
+    assert "the lock file was removed while this agent ran; locked again" in caplog.text
+    with pytest.raises(InUse, match="another rdtune agent"):
+        make_node(intel)
+    os.remove(lock)
+    second = make_node(intel)  # before the first changes anything: it cannot know yet
+    assert set(second.groups()) == {"a", "b"}
+    with pytest.raises(InUse, match="lock file was removed while it ran, and it changes nothing"):
+        first.create_group(GroupSpec("c"))
+    with pytest.raises(InUse, match="changes nothing more"):
+        first.delete_group("a")
+    assert not os.path.exists(f"{intel.root}/{PREFIX}c")
+    assert os.path.isdir(f"{intel.root}/{PREFIX}a")
+    second.create_group(GroupSpec("c"))
+    second.close()
+    assert set(make_node(intel).groups()) == {"a", "b", "c"}
+
+
 _HOLD_NODE = """
 import sys, time
 from agent.resctrl import ResctrlNode
