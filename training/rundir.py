@@ -5,29 +5,30 @@ only a run that finished takes OUT's place: OUT is renamed to ``OUT.old-<pid>``,
 staging directory to OUT, then the old one is removed and ``run.json`` gets its
 ``finished`` field (the time, UTC), which ``rdtune export`` asks for. A failed or
 interrupted run removes its staging directory and leaves OUT as it was. ``OUT.lock``
-(created exclusively, holding the pid) keeps a second run out of OUT while one is under
-way; the lock of a process that no longer runs is taken over. After a crash, the next run
-into OUT (holding the lock, so no other run is under way) removes what the crashed one
-left beside OUT: its staging directory, and an ``OUT.old-<pid>`` (renamed back to OUT first
-if the crash came between the two renames and OUT is missing). Checkpoints are written to
+(an ``flock`` naming the pid, agent/pidlock.py) keeps a second run out of OUT while one is
+under way; the kernel lets go of a run that died, and a run that ends removes the file. A
+lock file found with a pid in it was left by a run that crashed: the next run into OUT
+(holding the lock, so no other run is under way) removes what that pid left beside OUT,
+by name: ``OUT.partial-<pid>``, and ``OUT.old-<pid>`` (renamed back to OUT first if the
+crash came between the two renames and OUT is missing); nothing else. A symbolic link as
+OUT gets the run where it points, and stays. Checkpoints are written to
 a temporary name and renamed (:func:`save_checkpoint`), so none is ever truncated.
 Used by training/train.py (docs/TRAINING.md, where the run directory is described).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
 import pickle
 import shutil
-import time
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.atomic import replace_directory, write_atomic
+from agent.pidlock import Locked, PidLock
 
 log = logging.getLogger(__name__)
 
@@ -40,55 +41,17 @@ def _beside(out: Path, suffix: str) -> Path:
     return out.with_name(f"{out.name}.{suffix}")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _lock_holder(lock: Path) -> int | None:
-    """The pid in ``lock`` (None when it holds none: its writer died before writing)."""
-    for attempt in range(3):
-        try:
-            text = lock.read_text().strip()
-        except FileNotFoundError:
-            return None
-        if text.isdigit():
-            return int(text)
-        time.sleep(0.1 * (attempt + 1))  # created, not written yet
-    return None
-
-
-def _take_lock(out: Path) -> Path:
-    """Create ``OUT.lock`` holding this process's pid; a run still holding it is refused
-    (:class:`RunDirError`), the lock of a process that is gone taken over."""
+def _take_lock(out: Path) -> PidLock:
+    """``OUT.lock``, held (agent/pidlock.py); a run still holding it is refused
+    (:class:`RunDirError`). The kernel lets go of a run that died, whatever its pid."""
     lock = _beside(out, "lock")
-    for _ in range(5):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _lock_holder(lock)
-            if holder is not None and _pid_alive(holder):
-                raise RunDirError(
-                    f"{out}: another run (pid {holder}) is writing it ({lock}); wait for it "
-                    "or choose another --out"
-                ) from None
-            log.warning("%s: taking over the lock of pid %s, which no longer runs", lock, holder)
-            lock.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()}\n")
-        return lock
-    raise RunDirError(f"{out}: could not take {lock} (other runs keep taking it)")
-
-
-def _release_lock(lock: Path) -> None:
-    if _lock_holder(lock) == os.getpid():
-        lock.unlink(missing_ok=True)
+    try:
+        return PidLock.take(str(lock), 0o644)
+    except Locked as exc:
+        raise RunDirError(
+            f"{out}: another run (pid {exc.holder}) is writing it ({lock}); wait for it "
+            "or choose another --out"
+        ) from None
 
 
 def _check_out(out: Path) -> None:
@@ -104,27 +67,37 @@ def _check_out(out: Path) -> None:
         )
 
 
-def _clean_leftovers(out: Path) -> None:
-    """Remove what crashed runs left beside ``out`` (call holding its lock); an ``out``
-    renamed aside and not replaced is put back first."""
-    if not out.parent.is_dir():
+def _clean_leftovers(out: Path, crashed: str) -> None:
+    """Remove what the run of pid ``crashed`` left beside ``out`` when it died (the pid in
+    the lock file it left; call holding the lock): its staging directory, and OUT renamed
+    aside, put back first if the crash came between the two renames and OUT is missing.
+    Only those two names: a directory named like them by hand is no crashed run's."""
+    if not crashed.isdigit():
         return
-    olds = sorted(out.parent.glob(f"{glob.escape(out.name)}.old-*"))
-    partials = sorted(out.parent.glob(f"{glob.escape(out.name)}.partial-*"))
-    if olds and not out.exists():
-        log.warning("%s: put back from %s (a run crashed while replacing it)", out, olds[-1])
-        olds.pop().rename(out)
-    for leftover in olds + partials:
-        log.warning("%s: removed (left by a run that did not finish)", leftover)
-        shutil.rmtree(leftover, ignore_errors=True)
+    old, partial = _beside(out, f"old-{crashed}"), _beside(out, f"partial-{crashed}")
+    if old.is_dir() and not old.is_symlink() and not out.exists():
+        log.warning("%s: put back from %s (a run crashed while replacing it)", out, old)
+        old.rename(out)
+    for leftover in (old, partial):
+        if leftover.is_symlink() or leftover.exists():
+            log.warning("%s: removed (left by run %s, which did not finish)", leftover, crashed)
+            _remove(leftover)
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class StagedRun:
     """A run's files in ``OUT.partial-<pid>`` until :meth:`publish` puts them in OUT's place."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, lock: PidLock) -> None:
         self.out = out
         self.path = _beside(out, f"partial-{os.getpid()}")
+        self._lock = lock
 
     def create(self) -> Path:
         self.path.mkdir()
@@ -134,7 +107,7 @@ class StagedRun:
     def publish(self) -> None:
         """Rename OUT aside, the staging directory to OUT, remove the old one, then write
         the completion marker (``run.json``'s ``finished``) in OUT."""
-        if _lock_holder(_beside(self.out, "lock")) != os.getpid():
+        if not self._lock.holds():  # its file removed, and maybe another run's since
             raise RunDirError(f"{self.out}: its lock was taken by another run; not replaced")
         replace_directory(self.path, self.out, _beside(self.out, f"old-{os.getpid()}"))
         meta_path = self.out / "run.json"
@@ -152,22 +125,24 @@ class StagedRun:
 def staged_run(out: Path):
     """Hold ``OUT.lock`` and yield a :class:`StagedRun`; its staging directory is removed
     unless the run published it (an exception, Ctrl-C)."""
+    if out.is_symlink():  # the run goes where the link points, and the link stays
+        out = Path(os.path.realpath(out))
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         lock = _take_lock(out)
     except OSError as exc:  # a file in the way, a read-only or virtual file system
         why = exc.strerror or str(exc)
         raise RunDirError(f"{out}: cannot make a run directory there ({why})") from None
-    staging = StagedRun(out)
+    staging = StagedRun(out, lock)
     try:
-        _clean_leftovers(out)
+        _clean_leftovers(out, lock.previous)
         _check_out(out)
         yield staging
     except BaseException:
         staging.discard()
         raise
     finally:
-        _release_lock(lock)
+        lock.release(remove=True)  # no file left: nothing for the next run to clean
 
 
 def save_checkpoint(model, path: Path) -> None:

@@ -23,7 +23,6 @@ apply would cost ~16 ms on an ordinary ext4 disk, 10x the apply itself.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agent.errors import InUse, StateUnwritable
+from agent.pidlock import Locked, PidLock
 from agent.types import SLO, GroupKind, GroupSpec
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,7 @@ class InstanceLock:
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
         except OSError as exc:
             raise StateUnwritable(exc.errno, f"cannot open {path}: {exc.strerror}") from exc
-        self._fd: int | None = _take(path)
+        self._lock = _take(path)
 
     def confirm(self) -> None:
         """Raise :class:`InUse` unless this node still holds the lock its path names: a
@@ -265,8 +265,7 @@ class InstanceLock:
         locked the new file already, this node refuses to record any change. Where the
         file cannot be made again (the directory gone or read-only) no other agent can make
         it either; the change's own write then says what is wrong."""
-        fd = self._fd
-        if fd is None or _names(self.path, fd):
+        if self._lock.fd is None or self._lock.holds():
             return
         try:
             new = _take(self.path)
@@ -278,50 +277,21 @@ class InstanceLock:
         except StateUnwritable:
             return
         log.warning("%s: the lock file was removed while this agent ran; locked again", self.path)
-        os.close(fd)
-        self._fd = new
+        self._lock.release()
+        self._lock = new
 
     def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # the flock goes with it; the file stays (unlinking it would race)
+        self._lock.release()  # the file stays: a restart finds no pid of its own in it
 
 
-def _names(path: str, fd: int) -> bool:
-    """Whether ``path`` names the open file ``fd`` (the same device and inode)."""
+def _take(path: str) -> PidLock:
+    """The lock of ``path``; :class:`InUse` naming the holder when another agent has it."""
     try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    held = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
-
-
-def _take(path: str) -> int:
-    """A descriptor of the file at ``path`` holding its ``flock``, with this pid written
-    in it; :class:`InUse` naming the holder when another process has it. A file removed
-    between the open and the lock is not the one ``path`` names: the one there is taken."""
-    for _ in range(5):
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise StateUnwritable(exc.errno, f"cannot open {path}: {exc.strerror}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise InUse(
-                f"{path}: another rdtune agent (pid {holder}) manages this resctrl root "
-                "with this state directory; stop it, or give this one another prefix"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        if _names(path, fd):
-            with contextlib.suppress(OSError):  # only for the next one's message (full disk)
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            return fd
-        os.close(fd)
-    raise InUse(f"{path}: the lock file is removed again and again; is another process at it?")
+        return PidLock.take(path)
+    except Locked as exc:
+        raise InUse(
+            f"{path}: another rdtune agent (pid {exc.holder}) manages this resctrl root "
+            "with this state directory; stop it, or give this one another prefix"
+        ) from None
+    except OSError as exc:
+        raise StateUnwritable(exc.errno, f"cannot open {path}: {exc.strerror}") from exc

@@ -246,24 +246,30 @@ def test_a_run_that_does_not_finish_leaves_the_previous_run_dir_as_it_was(tmp_pa
 def test_a_run_into_an_out_it_must_not_touch_is_refused_at_once(tmp_path, capsys, holder):
     import os
 
+    from agent.pidlock import PidLock
     from tuner.cli import main
 
     out = tmp_path / "run"
     out.mkdir()
     lock = tmp_path / "run.lock"
+    held = None
     if holder == "live_run":
         _previous_run(out)
-        lock.write_text(f"{os.getpid()}\n")  # a live pid: a run under way
+        held = PidLock.take(str(lock))  # a run under way holds the lock
     else:
         (out / "notes.txt").write_text("not a training run")
     before = _snapshot(out)
     argv = ["train", "--config", str(_tiny_yaml(tmp_path)), "--out", str(out), "--no-progress"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("rdtune train: ")
-    assert (f"pid {os.getpid()}" if holder == "live_run" else "not a training run") in err
-    assert _snapshot(out) == before
-    assert lock.exists() == (holder == "live_run")  # the other run's lock stays
+    try:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("rdtune train: ")
+        assert (f"pid {os.getpid()}" if holder == "live_run" else "not a training run") in err
+        assert _snapshot(out) == before
+        assert lock.exists() == (holder == "live_run")  # the other run's lock stays
+    finally:
+        if held is not None:
+            held.release()
 
 
 @pytest.mark.parametrize(
@@ -310,6 +316,54 @@ def test_a_finished_run_replaces_the_previous_one_and_marks_it_finished(tmp_path
     meta = json.loads((out / "run.json").read_text())
     assert datetime.fromisoformat(meta["finished"]).tzinfo is not None
     assert (out / "model.zip").read_bytes().startswith(b"PK")
+
+
+def test_directories_named_like_a_crashed_runs_are_left_alone(tmp_path):
+    """Before, a run removed every ``OUT.old-*`` and ``OUT.partial-*`` beside OUT (a backup
+    kept by hand among them) and put a kept ``OUT.old-*`` back as OUT, to replace it; now
+    only the two names of the run whose lock file it found, a run that died."""
+    out = tmp_path / "run"
+    kept = {}
+    for name in ("run.old-2025", "run.partial-draft", "run.old-keep", "run.old-12x"):
+        kept[name] = tmp_path / name
+        kept[name].mkdir()
+        _previous_run(kept[name])
+    before = {name: _snapshot(path) for name, path in kept.items()}
+    result = train(tiny_config(out, total_timesteps=64), final_eval=False)
+    assert result.run_dir == out and (out / "model.zip").read_bytes().startswith(b"PK")
+    assert {name: _snapshot(path) for name, path in kept.items()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*kept, "run"])
+
+
+def test_a_run_whose_lock_names_its_own_pid_starts(tmp_path):
+    """A restarted container's run may have the pid of the one killed before it (pid 1):
+    the lock it left names this process, and is no reason to refuse; what that run left
+    under this pid is cleaned up."""
+    import os
+
+    out = tmp_path / "run"
+    out.mkdir()
+    _previous_run(out)
+    (tmp_path / "run.lock").write_text(f"{os.getpid()}\n")
+    (tmp_path / f"run.partial-{os.getpid()}").mkdir()
+    result = train(tiny_config(out, total_timesteps=64), final_eval=False)
+    assert result.run_dir == out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_symlinked_out_gets_the_run_where_it_points(tmp_path):
+    """Before, the link was renamed aside and left there, and a directory took its place."""
+    target = tmp_path / "big-disk" / "run"
+    target.mkdir(parents=True)
+    _previous_run(target)
+    link = tmp_path / "run"
+    link.symlink_to(target)
+    result = train(tiny_config(link, total_timesteps=64), final_eval=False)
+    assert link.is_symlink() and link.resolve() == target
+    assert (target / "model.zip").read_bytes().startswith(b"PK")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big-disk", "run"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["run"]
+    assert result.run_dir in (link, target)
 
 
 @pytest.mark.parametrize("error", [OSError(28, "No space left on device"), KeyboardInterrupt()])
