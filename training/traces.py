@@ -8,20 +8,27 @@ The schema, its version and the compatibility rules are in docs/TRACES.md; recor
 under randomised allocations (models/explore.py) is what makes a trace learnable
 (docs/RL.md, "Recorded traces": the CausalSim caveat).
 
-Everything that goes wrong reading a file raises :class:`TraceError` naming the file and
-what is wrong (missing, not Parquet, truncated, corrupt, not a trace, other version).
+Everything that goes wrong reading a file raises :class:`TraceError`, one line naming the
+file and what is wrong (missing, not Parquet, truncated, corrupt, not a trace, other
+version, a row the writer cannot have written). Every metadata value is checked in one
+place, where the footer is read (:func:`_check_meta`), against what the writer writes:
+types, shapes, finite numbers, known keys; a problem names its key as the trace spells it
+(``capabilities.l3.cbm_mask``, ``groups[0].slo``), so a hand-edited or corrupted footer is
+refused there rather than failing later in whatever uses the value.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -41,6 +48,7 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
     Vendor,
+    validate_group_name,
 )
 
 FORMAT_NAME = "rdtune-trace"
@@ -95,8 +103,10 @@ class TraceError(ValueError):
 
     def __init__(self, path: str | os.PathLike, problem: str) -> None:
         self.path = str(path)
-        self.problem = problem
-        super().__init__(f"trace {self.path}: {problem}")
+        # One line: Arrow's messages can run over several (a log line or a CLI's last
+        # stderr line would otherwise lose the file's name).
+        self.problem = "; ".join(line.strip() for line in problem.splitlines() if line.strip())
+        super().__init__(f"trace {self.path}: {self.problem}")
 
 
 # --------------------------------------------------------------------------- metadata codecs
@@ -134,32 +144,6 @@ def caps_to_json(caps: NodeCapabilities) -> dict[str, Any]:
     }
 
 
-def caps_from_json(d: Mapping[str, Any]) -> NodeCapabilities:
-    l3 = d.get("l3")
-    mba = d.get("mba")
-    mon = d.get("monitoring")
-    return NodeCapabilities(
-        vendor=Vendor(d["vendor"]),
-        num_cpus=int(d["num_cpus"]),
-        l3=None if l3 is None else CacheCapabilities(**{**l3, "domains": tuple(l3["domains"])}),
-        mba=None
-        if mba is None
-        else MbaCapabilities(
-            **{**mba, "mode": MbaMode(mba["mode"]), "domains": tuple(mba["domains"])}
-        ),
-        monitoring=None
-        if mon is None
-        else MonitoringCapabilities(
-            **{**mon, "features": frozenset(mon["features"]), "domains": tuple(mon["domains"])}
-        ),
-        pmc_events=frozenset(d.get("pmc_events", ())),
-        pmc_unsupported=d.get("pmc_unsupported", {}),
-        simulated=bool(d.get("simulated", False)),
-        memory_bandwidth_bps=d.get("memory_bandwidth_bps"),
-        description=d.get("description", ""),
-    )
-
-
 def spec_to_json(spec: GroupSpec) -> dict[str, Any]:
     return {
         "name": spec.name,
@@ -167,16 +151,6 @@ def spec_to_json(spec: GroupSpec) -> dict[str, Any]:
         "slo": None if spec.slo is None else [spec.slo.percentile, spec.slo.target_ms],
         "exclusive": spec.exclusive,
     }
-
-
-def spec_from_json(d: Mapping[str, Any]) -> GroupSpec:
-    slo = d.get("slo")
-    return GroupSpec(
-        name=d["name"],
-        kind=GroupKind(d["kind"]),
-        slo=None if slo is None else SLO(float(slo[0]), float(slo[1])),
-        exclusive=bool(d.get("exclusive", False)),
-    )
 
 
 def _alloc_rows(per_domain: Mapping[int, GroupAllocation] | None) -> list[dict] | None:
@@ -188,12 +162,17 @@ def _alloc_rows(per_domain: Mapping[int, GroupAllocation] | None) -> list[dict] 
     ]
 
 
-def _alloc_from_rows(rows: Sequence[Mapping] | None) -> dict[int, GroupAllocation] | None:
+def _alloc_from_rows(
+    path: Path, row: int, column: str, rows: Sequence[Mapping] | None
+) -> dict[int, GroupAllocation] | None:
     if rows is None:
         return None
-    return {
-        int(r["domain"]): GroupAllocation(r["l3_mask"], r["mb"], r["l3_code_mask"]) for r in rows
-    }
+    out = {}
+    for r in rows:
+        if r["domain"] is None:  # the writer always writes one: the column was edited
+            raise TraceError(path, f"row {row}: column {column!r} has an entry without a domain")
+        out[r["domain"]] = GroupAllocation(r["l3_mask"], r["mb"], r["l3_code_mask"])
+    return out
 
 
 def _none_if_nan(x: float | None) -> float | None:
@@ -441,12 +420,276 @@ class TraceWriter:
         self.close()
 
 
+# --------------------------------------------------------------------------- the metadata, checked
+# Every metadata value is checked here, where the footer is read, against what the writer
+# writes: a hand-edited or corrupted footer is a TraceError naming the file and the key,
+# never a traceback from whatever first uses the value (trace info, the trace env,
+# fitting dynamics).
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Fields:
+    """Checks of one trace's metadata values. Each returns the value as the reader uses it,
+    or raises :class:`TraceError` naming the file and the key (``capabilities.l3.cbm_mask``,
+    ``groups[0].slo``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, key: str, problem: str) -> NoReturn:
+        raise TraceError(self.path, f"metadata {key!r} {problem}")
+
+    def integer(self, value: Any, key: str, lo: int | None = 0) -> int:
+        if type(value) is not int:  # JSON true is a bool, which Python counts as an int
+            self.fail(key, f"is not an integer: {_shown(value)}")
+        if lo is not None and value < lo:
+            self.fail(key, f"is {value}; it must be at least {lo}")
+        return value
+
+    def number(self, value: Any, key: str, positive: bool = False) -> float:
+        """A finite number >= 0 (> 0 when ``positive``)."""
+        # JSON's true is a bool, an int to Python; an integer may be beyond any float
+        finite = (type(value) is float and math.isfinite(value)) or (
+            type(value) is int and abs(value) < 1e308
+        )
+        if not finite:
+            self.fail(key, f"is not a finite number: {_shown(value)}")
+        x = float(value)
+        if x < 0 or (positive and x == 0):
+            self.fail(key, f"is {value}; it must be {'above' if positive else 'at least'} 0")
+        return x
+
+    def flag(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(key, f"is not true or false: {_shown(value)}")
+        return value
+
+    def text(self, value: Any, key: str) -> str:
+        if not isinstance(value, str):
+            self.fail(key, f"is not a string: {_shown(value)}")
+        return value
+
+    def mapping(self, value: Any, key: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(key, f"is not a mapping: {_shown(value)}")
+        return value
+
+    def strings(self, value: Any, key: str) -> frozenset[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.fail(key, f"is not a list of strings: {_shown(value)}")
+        return frozenset(value)
+
+    def string_map(self, value: Any, key: str) -> dict[str, str]:
+        for k, v in self.mapping(value, key).items():
+            self.text(v, f"{key}.{k}")
+        return value
+
+    def domains(self, value: Any, key: str) -> tuple[int, ...]:
+        if not isinstance(value, list) or not value:
+            self.fail(key, f"is not a non-empty list of domain ids: {_shown(value)}")
+        return tuple(self.integer(v, f"{key}[{i}]") for i, v in enumerate(value))
+
+    def choice(self, value: Any, key: str, kind: type[StrEnum]) -> Any:
+        try:
+            return kind(value)
+        except ValueError:
+            self.fail(key, f"is {_shown(value)}, not one of {', '.join(k.value for k in kind)}")
+
+    def record(self, value: Any, key: str, cls: type, checks: Mapping[str, _Check]) -> Any:
+        """``cls`` built from the mapping ``value``: each key checked by ``checks``, the
+        fields without a default required, no other keys."""
+        d = self.mapping(value, key)
+        for name in d:
+            if name not in checks:
+                self.fail(f"{key}.{name}", f"is not a field of {cls.__name__}")
+        for fld in dataclasses.fields(cls):
+            no_default = fld.default is MISSING and fld.default_factory is MISSING
+            if no_default and fld.name not in d:
+                self.fail(f"{key}.{fld.name}", "is missing")
+        args = {name: checks[name](self, v, f"{key}.{name}") for name, v in d.items()}
+        try:
+            return cls(**args)
+        except ValueError as e:  # the type's own rules (an SLO percentile, an LC group's SLO)
+            self.fail(key, f"is not a valid {cls.__name__}: {e}")
+
+
+_Check = Callable[[_Fields, Any, str], Any]
+
+
+def _int(lo: int | None = 0) -> _Check:
+    return lambda f, v, key: f.integer(v, key, lo)
+
+
+def _optional(check: _Check) -> _Check:
+    return lambda f, v, key: None if v is None else check(f, v, key)
+
+
+def _enum(kind: type[StrEnum]) -> _Check:
+    return lambda f, v, key: f.choice(v, key, kind)
+
+
+def _record(cls: type, checks: Mapping[str, _Check]) -> _Check:
+    return lambda f, v, key: f.record(v, key, cls, checks)
+
+
+_CACHE = {
+    "cbm_mask": _int(1),
+    "min_cbm_bits": _int(0),  # AMD accepts empty masks
+    "num_closids": _int(1),
+    "domains": _Fields.domains,
+    "shareable_bits": _int(0),
+    "sparse_masks": _Fields.flag,
+    "cdp": _Fields.flag,
+    "size_bytes": _optional(_int(1)),
+}
+_MBA = {
+    "min_bandwidth": _int(0),  # 0 on AMD
+    "bandwidth_gran": _int(1),
+    "max_bandwidth": _int(1),
+    "num_closids": _int(1),
+    "mode": _enum(MbaMode),
+    "delay_linear": _Fields.flag,
+    "throttle_mode": _Fields.text,
+    "domains": _Fields.domains,
+}
+_MONITORING = {
+    "num_rmids": _int(0),
+    "features": _Fields.strings,
+    "max_threshold_occupancy": _int(0),
+    "domains": _Fields.domains,
+}
+_CAPABILITIES = {
+    "vendor": _enum(Vendor),
+    "num_cpus": _int(1),
+    "l3": _optional(_record(CacheCapabilities, _CACHE)),
+    "mba": _optional(_record(MbaCapabilities, _MBA)),
+    "monitoring": _optional(_record(MonitoringCapabilities, _MONITORING)),
+    "pmc_events": _Fields.strings,
+    "pmc_unsupported": _Fields.string_map,
+    "simulated": _Fields.flag,
+    "memory_bandwidth_bps": _optional(lambda f, v, key: f.number(v, key, positive=True)),
+    "description": _Fields.text,
+}
+
+
+def _slo(f: _Fields, value: Any, key: str) -> SLO:
+    if not (isinstance(value, list) and len(value) == 2):
+        f.fail(key, f"is not [percentile, target_ms]: {_shown(value)}")
+    return f.record(
+        dict(zip(("percentile", "target_ms"), value, strict=True)),
+        key,
+        SLO,
+        {"percentile": _Fields.number, "target_ms": _Fields.number},
+    )
+
+
+def _group_name(f: _Fields, value: Any, key: str) -> str:
+    try:
+        return validate_group_name(value)
+    except ValueError as e:
+        f.fail(key, f"is not a group name: {e}")
+
+
+_GROUP = {
+    "name": _group_name,
+    "kind": _enum(GroupKind),
+    "slo": _optional(_slo),
+    "exclusive": _Fields.flag,
+}
+
+
+def _capabilities(f: _Fields, value: Any, key: str) -> NodeCapabilities:
+    caps: NodeCapabilities = f.record(value, key, NodeCapabilities, _CAPABILITIES)
+    if caps.l3 is not None and caps.l3.min_cbm_bits > caps.l3.num_ways:
+        f.fail(
+            f"{key}.l3.min_cbm_bits",
+            f"is {caps.l3.min_cbm_bits}, more than the {caps.l3.num_ways} ways of cbm_mask",
+        )
+    if caps.mba is not None and caps.mba.min_bandwidth > caps.mba.max_bandwidth:
+        f.fail(
+            f"{key}.mba.min_bandwidth",
+            f"is {caps.mba.min_bandwidth}, above max_bandwidth {caps.mba.max_bandwidth}",
+        )
+    return caps
+
+
+def _groups(f: _Fields, value: Any, key: str) -> dict[str, GroupSpec]:
+    if not isinstance(value, list):
+        f.fail(key, f"is not a list of group specs: {_shown(value)}")
+    out: dict[str, GroupSpec] = {}
+    for i, entry in enumerate(value):
+        spec: GroupSpec = f.record(entry, f"{key}[{i}]", GroupSpec, _GROUP)
+        if spec.name in out:
+            f.fail(f"{key}[{i}].name", f"repeats group {spec.name!r}")
+        out[spec.name] = spec
+    return out
+
+
+def _scenario(f: _Fields, value: Any, key: str) -> dict[str, Any]:
+    scenario = f.mapping(value, key)
+    if scenario.get("name") is not None:  # null: an agent's own scenario, not named
+        f.text(scenario["name"], f"{key}.name")
+    return scenario
+
+
+# The keys a trace of this version carries beside format and version: required ones
+# first, then the optional ones with the value a trace without them reads as.
+REQUIRED_KEYS = ("capabilities", "groups", "controller")
+_REQUIRED: dict[str, _Check] = {
+    "capabilities": _capabilities,
+    "groups": _groups,
+    "controller": _Fields.text,
+}
+_OPTIONAL: dict[str, tuple[Any, _Check]] = {
+    "rdtune_version": ("unknown", _Fields.text),
+    "scenario": (None, _optional(_scenario)),
+    "seed": (None, _optional(_int(None))),
+    "source": ("", _Fields.text),
+    "interval_s": (0.0, _Fields.number),
+    "created": (0.0, _Fields.number),
+    "extra": ({}, _Fields.mapping),
+    "steps": (None, _optional(_int(0))),
+}
+
+
+def _check_meta(path: Path, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The footer's decoded values checked: format and version first (another version's
+    keys are not this one's), then no unknown key, every required one, each value. The
+    result holds every key (defaults for absent optional ones), ``capabilities`` as
+    :class:`NodeCapabilities` and ``groups`` as specs by name."""
+    if values.get("format") != FORMAT_NAME:
+        raise TraceError(path, "a Parquet file but not an rdtune trace (no trace metadata)")
+    version = values.get("version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise TraceError(
+            path,
+            f"trace format version {version!r}, but this rdtune ({_version()}) reads version "
+            f"{FORMAT_VERSION}; re-record it or read it with a matching rdtune",
+        )
+    f = _Fields(path)
+    for key in values:
+        if key not in ("format", "version", *_REQUIRED, *_OPTIONAL):
+            f.fail(key, f"is not a key of trace format version {FORMAT_VERSION}")
+    checked: dict[str, Any] = {"format": FORMAT_NAME, "version": version}
+    for key, check in _REQUIRED.items():
+        if key not in values:
+            f.fail(key, "is missing")
+        checked[key] = check(f, values[key], key)
+    for key, (default, check) in _OPTIONAL.items():
+        checked[key] = check(f, values[key], key) if key in values else default
+    return checked
+
+
 # --------------------------------------------------------------------------- the reader
 
 
-def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The trace's file-level metadata, checked (format and version), without the rows."""
-    path = Path(path)
+def _read_footer(path: Path) -> tuple[dict[bytes, bytes], list[str]]:
+    """The Parquet footer's key/value metadata and column names, the file checked to be a
+    complete Parquet file."""
     if not path.exists():
         raise TraceError(path, "no such file")
     if path.is_dir():
@@ -468,31 +711,42 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         # The footer's key/value metadata (final values, written at close), not the Arrow
         # schema's copy (written when recording started).
         footer = pq.read_metadata(path)
-        schema = footer.schema.to_arrow_schema()
+        names = footer.schema.to_arrow_schema().names
     except (pa.ArrowException, OSError) as e:
         raise TraceError(path, f"corrupt Parquet footer: {e}") from None
-    raw = footer.metadata or {}
-    meta: dict[str, Any] = {}
-    for k, v in raw.items():
-        key = k.decode(errors="replace")
-        if key.startswith(META_PREFIX):
-            try:
-                meta[key[len(META_PREFIX) :]] = json.loads(v)
-            except ValueError:
-                raise TraceError(path, f"metadata {key!r} is not valid JSON") from None
-    if meta.get("format") != FORMAT_NAME:
-        raise TraceError(path, "a Parquet file but not an rdtune trace (no trace metadata)")
-    version = meta.get("version")
-    if version != FORMAT_VERSION:
+    except UnicodeDecodeError as e:  # pyarrow decodes the column names as it opens the file
         raise TraceError(
-            path,
-            f"trace format version {version!r}, but this rdtune ({_version()}) reads version "
-            f"{FORMAT_VERSION}; re-record it or read it with a matching rdtune",
-        )
-    for key in ("capabilities", "groups", "controller"):
-        if key not in meta:
-            raise TraceError(path, f"metadata {key!r} is missing")
-    missing = [n for n in SCHEMA.names if n not in schema.names]
+            path, f"corrupt Parquet footer: a column name is not UTF-8 ({e})"
+        ) from None
+    return dict(footer.metadata or {}), names
+
+
+def _decode_meta(path: Path, raw: Mapping[bytes, bytes]) -> dict[str, Any]:
+    """The footer's ``rdtune.trace.`` values by key (without the prefix), each parsed as
+    UTF-8 JSON; Arrow's own keys (``ARROW:schema``) are not ours and are left alone."""
+    values: dict[str, Any] = {}
+    for k, v in raw.items():
+        key = k.decode(errors="replace")  # a damaged key is then an unknown one, named
+        if not key.startswith(META_PREFIX):
+            continue
+        key = key[len(META_PREFIX) :]
+        try:
+            values[key] = json.loads(v.decode())
+        except UnicodeDecodeError:
+            raise TraceError(path, f"metadata {key!r} is not UTF-8 text") from None
+        except ValueError:
+            raise TraceError(path, f"metadata {key!r} is not valid JSON") from None
+    return values
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The trace's file-level metadata, every value checked (see :func:`_check_meta`),
+    without the rows: JSON values by key, but ``capabilities`` a :class:`NodeCapabilities`
+    and ``groups`` a dict of :class:`GroupSpec` by name."""
+    path = Path(path)
+    raw, names = _read_footer(path)
+    meta = _check_meta(path, _decode_meta(path, raw))
+    missing = [n for n in SCHEMA.names if n not in names]
     if missing:
         raise TraceError(path, f"missing column(s) {', '.join(missing)}")
     return meta
@@ -502,41 +756,36 @@ def load_trace(path: str | os.PathLike) -> Trace:
     """Read a trace written by :class:`TraceWriter`; raise :class:`TraceError` if unusable."""
     path = Path(path)
     meta = read_metadata(path)
-    try:
-        caps = caps_from_json(meta["capabilities"])
-        groups = {g["name"]: spec_from_json(g) for g in meta["groups"]}
-    except (KeyError, TypeError, ValueError) as e:
-        raise TraceError(path, f"metadata does not describe a node and its groups: {e}") from None
+    groups = meta["groups"]
     try:
         # pages without a checksum (traces written before there were any) are not checked
         table = pq.read_table(path, schema=None, page_checksum_verification=True)
         table = table.select(SCHEMA.names)
-    except (pa.ArrowException, OSError) as e:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         raise TraceError(path, f"corrupt data: {e}") from None
     try:
         table = table.cast(SCHEMA.remove_metadata())
     except (pa.ArrowException, ValueError) as e:
         raise TraceError(path, f"columns have unexpected types: {e}") from None
     steps = _steps_from_rows(path, table.to_pylist(), groups)
-    expected = meta.get("steps")
+    expected = meta["steps"]
     if expected is not None and expected != len(steps):
         raise TraceError(
             path, f"metadata says {expected} intervals but the file holds {len(steps)}"
         )
-    scenario = meta.get("scenario")
     return Trace(
         path=str(path),
-        version=int(meta["version"]),
-        rdtune_version=str(meta.get("rdtune_version", "unknown")),
-        capabilities=caps,
+        version=meta["version"],
+        rdtune_version=meta["rdtune_version"],
+        capabilities=meta["capabilities"],
         groups=groups,
-        controller=str(meta["controller"]),
-        scenario=scenario,
-        seed=meta.get("seed"),
-        source=str(meta.get("source", "")),
-        interval_s=float(meta.get("interval_s") or 0.0),
-        created=float(meta.get("created") or 0.0),
-        extra=meta.get("extra") or {},
+        controller=meta["controller"],
+        scenario=meta["scenario"],
+        seed=meta["seed"],
+        source=meta["source"],
+        interval_s=meta["interval_s"],
+        created=meta["created"],
+        extra=meta["extra"],
         steps=tuple(steps),
         table=table,
     )
@@ -581,10 +830,10 @@ def _steps_from_rows(
                 samples[name] = GroupSample(
                     **{c: _none_if_nan(r[c]) for c in COUNTERS}, latency=lat
                 )
-            a = _alloc_from_rows(r["allocation"])
+            a = _alloc_from_rows(path, j, "allocation", r["allocation"])
             if a is not None:
                 held[name] = a
-            b = _alloc_from_rows(r["applied"])
+            b = _alloc_from_rows(path, j, "applied", r["applied"])
             if b is not None:
                 applied[name] = b
                 any_applied = True
@@ -596,11 +845,16 @@ def _steps_from_rows(
                 path, f"interval {step}: timestamp {t} goes backwards or is not finite"
             )
         last_t = t
+        length = first["interval_s"]
+        if length is None or not (math.isfinite(length) and length >= 0):
+            raise TraceError(
+                path, f"interval {step}: column 'interval_s' is {length}, not a length in seconds"
+            )
         steps.append(
             TraceStep(
                 snapshot=Snapshot(
                     timestamp=t,
-                    interval_s=first["interval_s"],
+                    interval_s=length,
                     groups=samples,
                     vanished=frozenset(vanished),
                 ),

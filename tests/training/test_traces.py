@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -101,16 +102,20 @@ def test_interval_without_groups_round_trips(tmp_path) -> None:
 # --------------------------------------------------------------------------- bad files
 
 
+DROP = object()  # a _rewrite_meta change that removes the key
+
+
 def _rewrite_meta(src: Path, dst: Path, **changes) -> None:
+    """``src`` with metadata values replaced (JSON, or bytes as they are) or dropped."""
     table = pq.read_table(src)
     meta = dict(pq.read_metadata(src).metadata)
     meta.pop(b"ARROW:schema", None)
     for k, v in changes.items():
         key = (T.META_PREFIX + k).encode()
-        if v is None:
+        if v is DROP:
             meta.pop(key, None)
         else:
-            meta[key] = json.dumps(v).encode()
+            meta[key] = v if isinstance(v, bytes) else json.dumps(v).encode()
     pq.write_table(table.replace_schema_metadata(meta), dst)
 
 
@@ -191,7 +196,7 @@ def test_plain_parquet_is_not_a_trace(tmp_path) -> None:
 @pytest.mark.parametrize("key", ["capabilities", "groups", "controller"])
 def test_missing_metadata(recorded, tmp_path, key) -> None:
     p = tmp_path / "nometa.parquet"
-    _rewrite_meta(recorded[0], p, **{key: None})
+    _rewrite_meta(recorded[0], p, **{key: DROP})
     with pytest.raises(TraceError, match=key):
         load_trace(p)
 
@@ -256,3 +261,210 @@ def test_traces_without_page_checksums_still_load(recorded, tmp_path) -> None:
     old = tmp_path / "old.parquet"
     pq.write_table(table, old, write_page_checksum=False)  # as traces were written before
     assert len(load_trace(old)) == len(load_trace(recorded[0]))
+
+
+# --------------------------------------------------------------------------- bad metadata
+# Hand-edited or corrupted metadata values: each is a TraceError whose one line names the
+# file and the key, never a traceback from whatever first uses the value.
+
+
+def _set(value):
+    return lambda _: value
+
+
+def _caps(**changes):
+    return lambda caps: {**caps, **changes}
+
+
+def _caps_without(name):
+    return lambda caps: {k: v for k, v in caps.items() if k != name}
+
+
+def _resource(resource, **changes):
+    return lambda caps: {**caps, resource: {**caps[resource], **changes}}
+
+
+def _lc(**changes):
+    """The groups with the first LC group's spec changed (the default scenario has one)."""
+
+    def edit(groups):
+        i = next(i for i, g in enumerate(groups) if g["kind"] == "lc")
+        return [*groups[:i], {**groups[i], **changes}, *groups[i + 1 :]]
+
+    return edit
+
+
+# (footer key, its value edited, the key the message names)
+MALFORMED = {
+    "caps-str": ("capabilities", _set("x"), "capabilities"),
+    "caps-list": ("capabilities", _set([]), "capabilities"),
+    "caps-null": ("capabilities", _set(None), "capabilities"),
+    "caps-unknown-field": ("capabilities", _caps(cores=8), "capabilities.cores"),
+    "caps-no-vendor": ("capabilities", _caps_without("vendor"), "capabilities.vendor"),
+    "vendor": ("capabilities", _caps(vendor="zzz"), "capabilities.vendor"),
+    "num-cpus-zero": ("capabilities", _caps(num_cpus=0), "capabilities.num_cpus"),
+    "num-cpus-bool": ("capabilities", _caps(num_cpus=True), "capabilities.num_cpus"),
+    "bandwidth-str": (
+        "capabilities",
+        _caps(memory_bandwidth_bps="lots"),
+        "capabilities.memory_bandwidth_bps",
+    ),
+    "bandwidth-inf": (
+        "capabilities",
+        _caps(memory_bandwidth_bps=math.inf),
+        "capabilities.memory_bandwidth_bps",
+    ),
+    "pmc-events": ("capabilities", _caps(pmc_events=5), "capabilities.pmc_events"),
+    "pmc-unsupported": ("capabilities", _caps(pmc_unsupported=[1]), "capabilities.pmc_unsupported"),
+    "description": ("capabilities", _caps(description=5), "capabilities.description"),
+    "simulated": ("capabilities", _caps(simulated="yes"), "capabilities.simulated"),
+    "l3-str": ("capabilities", _caps(l3="11 ways"), "capabilities.l3"),
+    "l3-domains-null": ("capabilities", _resource("l3", domains=None), "capabilities.l3.domains"),
+    "l3-domain-null": (
+        "capabilities",
+        _resource("l3", domains=[None]),
+        "capabilities.l3.domains[0]",
+    ),
+    "l3-domains-int": ("capabilities", _resource("l3", domains=5), "capabilities.l3.domains"),
+    "l3-mask-str": ("capabilities", _resource("l3", cbm_mask="0x7ff"), "capabilities.l3.cbm_mask"),
+    "l3-mask-zero": ("capabilities", _resource("l3", cbm_mask=0), "capabilities.l3.cbm_mask"),
+    "l3-unknown-field": ("capabilities", _resource("l3", num_ways=0), "capabilities.l3.num_ways"),
+    "l3-min-bits": (
+        "capabilities",
+        _resource("l3", min_cbm_bits=99),
+        "capabilities.l3.min_cbm_bits",
+    ),
+    "mba-mode": ("capabilities", _resource("mba", mode="fast"), "capabilities.mba.mode"),
+    "mba-domains-null": (
+        "capabilities",
+        _resource("mba", domains=None),
+        "capabilities.mba.domains",
+    ),
+    "mba-min-above-max": (
+        "capabilities",
+        _resource("mba", min_bandwidth=200),
+        "capabilities.mba.min_bandwidth",
+    ),
+    "monitoring-features": (
+        "capabilities",
+        _resource("monitoring", features="all"),
+        "capabilities.monitoring.features",
+    ),
+    "groups-dict": ("groups", _set({"a": 1}), "groups"),
+    "groups-str": ("groups", _set("abc"), "groups"),
+    "group-null": ("groups", _set([None]), "groups[0]"),
+    "group-no-name": ("groups", _set([{"kind": "batch"}]), "groups[0].name"),
+    "group-name-int": ("groups", _set([{"name": 5, "kind": "batch"}]), "groups[0].name"),
+    "group-name-path": ("groups", _set([{"name": "../x", "kind": "batch"}]), "groups[0].name"),
+    "group-kind": ("groups", _set([{"name": "a", "kind": "zz"}]), "groups[0].kind"),
+    "group-twice": ("groups", lambda g: [*g, g[0]], "groups[{n}].name"),
+    "slo-short": ("groups", _lc(slo=[99]), "groups[{lc}].slo"),
+    "slo-str": ("groups", _lc(slo="fast"), "groups[{lc}].slo"),
+    "slo-percentile": ("groups", _lc(slo=[90.0, 1.0]), "groups[{lc}].slo"),
+    "slo-target-nan": ("groups", _lc(slo=[95.0, math.nan]), "groups[{lc}].slo.target_ms"),
+    "slo-missing": ("groups", _lc(slo=None), "groups[{lc}]"),
+    "exclusive": ("groups", _lc(exclusive="no"), "groups[{lc}].exclusive"),
+    "controller-int": ("controller", _set(5), "controller"),
+    "scenario-str": ("scenario", _set("default"), "scenario"),
+    "scenario-name": ("scenario", _set({"name": 5}), "scenario.name"),
+    "seed-str": ("seed", _set("abc"), "seed"),
+    "seed-float": ("seed", _set(1.5), "seed"),
+    "source-null": ("source", _set(None), "source"),
+    "interval-list": ("interval_s", _set([1]), "interval_s"),
+    "interval-str": ("interval_s", _set("abc"), "interval_s"),
+    "interval-negative": ("interval_s", _set(-1), "interval_s"),
+    "interval-nan": ("interval_s", _set(math.nan), "interval_s"),
+    "interval-huge-int": ("interval_s", _set(10**400), "interval_s"),
+    "created-str": ("created", _set("yesterday"), "created"),
+    "extra-list": ("extra", _set([1, 2]), "extra"),
+    "steps-str": ("steps", _set("60"), "steps"),
+    "steps-negative": ("steps", _set(-1), "steps"),
+    "rdtune-version-int": ("rdtune_version", _set(1), "rdtune_version"),
+    "unknown-key": ("bogus", _set(1), "bogus"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_metadata_names_file_and_key(recorded, tmp_path, case) -> None:
+    footer_key, edit, named = case
+    meta = pq.read_metadata(recorded[0]).metadata
+    value = json.loads(meta.get((T.META_PREFIX + footer_key).encode(), b"null"))
+    groups = json.loads(meta[(T.META_PREFIX + "groups").encode()])
+    lc = next(i for i, g in enumerate(groups) if g["kind"] == "lc")
+    p = tmp_path / "edited.parquet"
+    _rewrite_meta(recorded[0], p, **{footer_key: edit(value)})
+    with pytest.raises(TraceError) as err:
+        load_trace(p)
+    message = str(err.value)
+    assert message.startswith(f"trace {p}: ")
+    assert f"metadata {named.format(lc=lc, n=len(groups))!r}" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("value", [True, 1.0])  # == 1 to Python, not to a trace
+def test_version_must_be_the_integer(recorded, tmp_path, value) -> None:
+    p = tmp_path / "version.parquet"
+    _rewrite_meta(recorded[0], p, version=value)
+    with pytest.raises(TraceError, match=f"version {value!r}, but") as err:
+        load_trace(p)
+    assert str(p) in str(err.value)
+
+
+def test_metadata_that_is_not_utf8(recorded, tmp_path) -> None:
+    p = tmp_path / "latin1.parquet"
+    _rewrite_meta(recorded[0], p, controller='"expl\xf6re"'.encode("latin-1"))
+    with pytest.raises(TraceError, match="metadata 'controller' is not UTF-8") as err:
+        load_trace(p)
+    assert str(p) in str(err.value)
+
+
+def test_column_name_that_is_not_utf8(recorded, tmp_path) -> None:
+    data = bytearray(recorded[0].read_bytes())
+    footer_len = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_len
+    # the footer's schema spells the column names as they are (the Arrow schema's copy
+    # is base64): make one invalid UTF-8, the same length
+    footer = bytes(data[start:]).replace(b"wall_time", b"wall_tim\xe9")
+    p = tmp_path / "name.parquet"
+    p.write_bytes(bytes(data[:start]) + footer)
+    with pytest.raises(TraceError, match="not UTF-8") as err:
+        load_trace(p)
+    assert str(err.value).startswith(f"trace {p}: ")
+
+
+def _with_column(src: Path, dst: Path, name: str, values: pa.Array) -> None:
+    table = pq.read_table(src)
+    i = table.schema.get_field_index(name)
+    pq.write_table(table.set_column(i, table.schema.field(name), values), dst)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "named"),
+    [
+        ("interval_s", None, "column 'interval_s' is None"),
+        ("interval_s", math.nan, "column 'interval_s' is nan"),
+        ("interval_s", -1.0, "column 'interval_s' is -1.0"),
+        ("allocation", [{"domain": None, "l3_mask": 1, "mb": 10, "l3_code_mask": None}],
+         "column 'allocation' has an entry without a domain"),
+        ("applied", [{"domain": None, "l3_mask": 1, "mb": 10, "l3_code_mask": None}],
+         "column 'applied' has an entry without a domain"),
+    ],
+)  # fmt: skip
+def test_malformed_rows_name_file_and_column(recorded, tmp_path, column, value, named) -> None:
+    n = pq.read_metadata(recorded[0]).num_rows
+    p = tmp_path / "rows.parquet"
+    _with_column(recorded[0], p, column, pa.array([value] * n, T.SCHEMA.field(column).type))
+    with pytest.raises(TraceError, match=re.escape(named)) as err:
+        load_trace(p)
+    assert str(err.value).startswith(f"trace {p}: ")
+
+
+def test_every_machine_preset_round_trips(tmp_path) -> None:
+    """The checks refuse nothing a node writes: every simulated machine's capabilities."""
+    from agent.sim.catalog import default_catalog
+
+    for name, machine in default_catalog().machines.items():
+        caps = machine.capabilities()
+        path = tmp_path / f"{name}.parquet"
+        TraceWriter(path, caps, {}, "x").close()
+        assert load_trace(path).capabilities == caps
