@@ -15,11 +15,24 @@ place, where the footer is read (:func:`_check_meta`), against what the writer w
 types, shapes, finite numbers, known keys; a problem names its key as the trace spells it
 (``capabilities.l3.cbm_mask``, ``groups[0].slo``), so a hand-edited or corrupted footer is
 refused there rather than failing later in whatever uses the value.
+
+The footer also carries a checksum of the metadata values (``metadata_sha256``, see
+:func:`metadata_checksum`): Parquet checks its data pages (CRC) but not its footer, where a
+changed byte would otherwise load as another value of the right type (a seed, an SLO
+target). A trace whose values do not match it is refused ("metadata checksum mismatch: the
+footer is corrupt"). Traces written before the checksum have none and load unchecked (their
+values still checked as above). So does a trace whose damage fell on the checksum key's
+``rdtune.trace.`` prefix: the key is then not ours and the trace reads as an old one;
+damage to the rest of that key's name leaves an unknown key, which is refused. The
+checksum is an added key, not a change to a column, so the format version stays 1 (readers
+before it ignore the key); since readers now refuse keys they do not know, a further key
+bumps the version (docs/TRACES.md, "Compatibility").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -55,6 +68,9 @@ FORMAT_NAME = "rdtune-trace"
 FORMAT_VERSION = 1
 # Metadata keys (Parquet key/value metadata, UTF-8 JSON values).
 META_PREFIX = "rdtune.trace."
+# The footer key of the metadata's checksum (see metadata_checksum): Parquet has none for
+# its footer, where a changed byte would otherwise load as another value.
+CHECKSUM_KEY = "metadata_sha256"
 DEFAULT_ROW_GROUP_STEPS = 256
 
 COUNTERS = (
@@ -151,6 +167,20 @@ def spec_to_json(spec: GroupSpec) -> dict[str, Any]:
         "slo": None if spec.slo is None else [spec.slo.percentile, spec.slo.target_ms],
         "exclusive": spec.exclusive,
     }
+
+
+def metadata_checksum(values: Mapping[str, Any]) -> str:
+    """The sha256 (hex) of a trace's metadata values, every key but the checksum's, as
+    canonical JSON (keys sorted, no spaces): the same values give the same digest however
+    their JSON was spaced. ``values`` are as a reader parses them (lists, string keys).
+    Written by :class:`TraceWriter`, checked by :func:`read_metadata`; it finds corruption,
+    it is no signature (anyone can compute it)."""
+    canonical = json.dumps(
+        {k: v for k, v in values.items() if k != CHECKSUM_KEY},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _alloc_rows(per_domain: Mapping[int, GroupAllocation] | None) -> list[dict] | None:
@@ -400,7 +430,11 @@ class TraceWriter:
 
     def _encoded_meta(self) -> dict[bytes, bytes]:
         meta = {**self._meta, "groups": [spec_to_json(g) for g in self._groups.values()]}
-        return {(META_PREFIX + k).encode(): json.dumps(v).encode() for k, v in meta.items()}
+        encoded = {k: json.dumps(v) for k, v in meta.items()}
+        # over the values as a reader parses them back (a tuple is a list, a key a string)
+        digest = metadata_checksum({k: json.loads(v) for k, v in encoded.items()})
+        encoded[CHECKSUM_KEY] = json.dumps(digest)
+        return {(META_PREFIX + k).encode(): v.encode() for k, v in encoded.items()}
 
     def close(self) -> None:
         """Flush, write the footer with the final metadata and move the file into place."""
@@ -723,7 +757,9 @@ def _read_footer(path: Path) -> tuple[dict[bytes, bytes], list[str]]:
 
 def _decode_meta(path: Path, raw: Mapping[bytes, bytes]) -> dict[str, Any]:
     """The footer's ``rdtune.trace.`` values by key (without the prefix), each parsed as
-    UTF-8 JSON; Arrow's own keys (``ARROW:schema``) are not ours and are left alone."""
+    UTF-8 JSON, and matched against the checksum when the trace carries one (before any
+    other check: a corrupt footer is named as such, not by the first value it spoiled).
+    Arrow's own keys (``ARROW:schema``) are not ours and are left alone."""
     values: dict[str, Any] = {}
     for k, v in raw.items():
         key = k.decode(errors="replace")  # a damaged key is then an unknown one, named
@@ -736,6 +772,13 @@ def _decode_meta(path: Path, raw: Mapping[bytes, bytes]) -> dict[str, Any]:
             raise TraceError(path, f"metadata {key!r} is not UTF-8 text") from None
         except ValueError:
             raise TraceError(path, f"metadata {key!r} is not valid JSON") from None
+    # Traces written before the checksum have none, and load unchecked.
+    if CHECKSUM_KEY in values and values.pop(CHECKSUM_KEY) != metadata_checksum(values):
+        raise TraceError(
+            path,
+            f"metadata checksum mismatch: the footer is corrupt ({CHECKSUM_KEY!r} does not "
+            "match the other metadata values)",
+        )
     return values
 
 

@@ -105,8 +105,10 @@ def test_interval_without_groups_round_trips(tmp_path) -> None:
 DROP = object()  # a _rewrite_meta change that removes the key
 
 
-def _rewrite_meta(src: Path, dst: Path, **changes) -> None:
-    """``src`` with metadata values replaced (JSON, or bytes as they are) or dropped."""
+def _rewrite_meta(src: Path, dst: Path, *, sign: bool = True, **changes) -> None:
+    """``src`` with metadata values replaced (JSON, or bytes as they are) or dropped, and
+    the checksum recomputed as a deliberate edit would (``sign``): the reader's checks of
+    the values, not the checksum, are then what refuses the file."""
     table = pq.read_table(src)
     meta = dict(pq.read_metadata(src).metadata)
     meta.pop(b"ARROW:schema", None)
@@ -116,7 +118,23 @@ def _rewrite_meta(src: Path, dst: Path, **changes) -> None:
             meta.pop(key, None)
         else:
             meta[key] = v if isinstance(v, bytes) else json.dumps(v).encode()
+    if sign:
+        meta = _signed(meta)
     pq.write_table(table.replace_schema_metadata(meta), dst)
+
+
+def _signed(meta: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    prefix = T.META_PREFIX.encode()
+    try:
+        values = {
+            k[len(prefix) :].decode(): json.loads(v)
+            for k, v in meta.items()
+            if k.startswith(prefix)
+        }
+    except ValueError:  # not JSON: the reader refuses it before it looks at the checksum
+        return meta
+    digest = json.dumps(T.metadata_checksum(values)).encode()
+    return {**meta, prefix + T.CHECKSUM_KEY.encode(): digest}
 
 
 def test_missing_file(tmp_path) -> None:
@@ -468,3 +486,87 @@ def test_every_machine_preset_round_trips(tmp_path) -> None:
         path = tmp_path / f"{name}.parquet"
         TraceWriter(path, caps, {}, "x").close()
         assert load_trace(path).capabilities == caps
+
+
+# --------------------------------------------------------------------------- the checksum
+
+
+def _same_content(a: T.Trace, b: T.Trace) -> bool:
+    def meta(t: T.Trace) -> tuple:
+        return (t.version, t.rdtune_version, t.capabilities, dict(t.groups), t.controller,
+                t.scenario, t.seed, t.source, t.interval_s, t.created, t.extra)  # fmt: skip
+
+    # the steps by repr: a NaN percentile is equal to itself there
+    return meta(a) == meta(b) and repr(a.steps) == repr(b.steps)
+
+
+def test_traces_carry_a_checksum_and_those_without_one_still_load(recorded, tmp_path) -> None:
+    meta = pq.read_metadata(recorded[0]).metadata
+    values = {
+        k.decode()[len(T.META_PREFIX) :]: json.loads(v)
+        for k, v in meta.items()
+        if k.startswith(T.META_PREFIX.encode())
+    }
+    assert values[T.CHECKSUM_KEY] == T.metadata_checksum(values)
+    old = tmp_path / "old.parquet"  # as traces were written before the checksum
+    _rewrite_meta(recorded[0], old, sign=False, **{T.CHECKSUM_KEY: DROP})
+    assert T.CHECKSUM_KEY.encode() not in b"".join(pq.read_metadata(old).metadata)
+    assert _same_content(load_trace(old), load_trace(recorded[0]))
+
+
+@pytest.mark.parametrize(
+    "edit", [{"seed": 4}, {"interval_s": 0.2}, {"controller": "eq"}, {"extra": {}}], ids=str
+)
+def test_values_that_do_not_match_the_checksum_are_refused(recorded, tmp_path, edit) -> None:
+    """Each edit is a valid value, so only the checksum can tell."""
+    p = tmp_path / "edited.parquet"
+    _rewrite_meta(recorded[0], p, sign=False, **edit)
+    with pytest.raises(
+        TraceError, match="metadata checksum mismatch: the footer is corrupt"
+    ) as err:
+        load_trace(p)
+    assert str(err.value).startswith(f"trace {p}: ")
+
+
+def test_the_checksum_is_over_values_not_their_spelling(recorded, tmp_path) -> None:
+    p = tmp_path / "respelled.parquet"
+    _rewrite_meta(recorded[0], p, sign=False, steps=b" 60 ")
+    assert _same_content(load_trace(p), load_trace(recorded[0]))
+
+
+def test_bit_flips_in_the_footer_metadata_never_load_as_other_content(tmp_path) -> None:
+    """Parquet has no checksum of its footer: every bit flip in the trace's metadata keys
+    and values is refused or, where it only unmade the checksum key (its prefix), loads
+    the same content unchecked. None loads as something else."""
+    node = SimNode("default", seed=0)
+    path = tmp_path / "small.parquet"
+    caps, groups = node.capabilities(), node.groups()
+    scenario, extra = {"name": "default"}, {"clock": "simulated"}
+    with TraceWriter(path, caps, groups, "x", scenario=scenario, seed=7, extra=extra) as w:
+        for _ in range(3):
+            node.advance(0.1)
+            w.write(node.observe(), node.allocation())
+    original = load_trace(path)
+    data = path.read_bytes()
+    start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    positions: list[int] = []
+    for key, value in pq.read_metadata(path).metadata.items():
+        if not key.startswith(T.META_PREFIX.encode()):
+            continue
+        at = data.index(key, start)
+        value_at = data.index(value, at + len(key))
+        assert value_at - (at + len(key)) <= 6, "the value follows its key in the footer"
+        positions += [*range(at, at + len(key)), *range(value_at, value_at + len(value))]
+    flipped = tmp_path / "flipped.parquet"
+    unchecked, silent = [], []
+    for i in positions:
+        corrupt = bytearray(data)
+        corrupt[i] ^= 1 << (i % 8)
+        flipped.write_bytes(bytes(corrupt))
+        try:
+            trace = load_trace(flipped)
+        except TraceError:
+            continue
+        (unchecked if _same_content(trace, original) else silent).append(i)
+    assert not silent, f"flips at {silent} loaded as other content"
+    assert len(unchecked) <= len(T.META_PREFIX), unchecked
