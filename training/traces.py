@@ -670,9 +670,9 @@ def _scenario(f: _Fields, value: Any, key: str) -> dict[str, Any]:
     return scenario
 
 
-# The keys a trace of this version carries beside format and version: required ones
-# first, then the optional ones with the value a trace without them reads as.
-REQUIRED_KEYS = ("capabilities", "groups", "controller")
+# The keys a trace of this version carries beside format and version (and the checksum,
+# checked before these): required ones, then the optional ones with the value a trace
+# without them reads as.
 _REQUIRED: dict[str, _Check] = {
     "capabilities": _capabilities,
     "groups": _groups,
