@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from envs.recording import RecordTrace
+from tests.training.trace_edits import meta_value, rewrite_meta
 from training.trace_env import episode_writers
-from training.traces import load_trace
+from training.traces import TraceError, load_trace
 
 ENV_ID = "training.trace_env:rdtune/TracePartition-v0"
 
@@ -74,3 +75,23 @@ def test_record_trace_wrapper_writes_one_parquet_trace_per_episode(trace_path, t
             if prev.applied is not None:
                 assert cur.allocation == prev.applied
     assert got == pytest.approx(rewards)
+
+
+@pytest.mark.parametrize(
+    ("sign", "problem"),
+    [
+        (True, "metadata 'capabilities.memory_bandwidth_bps' is not a finite number"),
+        (False, "metadata checksum mismatch: the footer is corrupt"),
+    ],
+    ids=["malformed", "corrupt"],
+)
+def test_a_bad_trace_is_refused_naming_the_file(trace_path, tmp_path, sign, problem) -> None:
+    """Refused as the env is made, rather than failing inside the fit of its dynamics: a
+    malformed value (the checksum recomputed, as a deliberate edit would) or the same edit
+    without it (a corrupt footer)."""
+    caps = {**meta_value(trace_path, "capabilities"), "memory_bandwidth_bps": "lots"}
+    bad = tmp_path / "bad.parquet"
+    rewrite_meta(trace_path, bad, sign=sign, capabilities=caps)
+    with pytest.raises(TraceError) as err:
+        gym.make(ENV_ID, traces=[str(bad)], episode_steps=4)
+    assert str(err.value).startswith(f"trace {bad}: {problem}")

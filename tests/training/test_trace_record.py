@@ -14,6 +14,7 @@ import pytest
 from agent.sim import SimNode
 from models.explore import Explore
 from tests.agent.server.conftest import remote, serve
+from tests.training.trace_edits import rewrite_meta
 from training.trace_record import record
 from training.traces import load_trace
 from tuner.cli import main
@@ -130,3 +131,22 @@ def test_sigterm_closes_the_trace_as_ctrl_c_does(tmp_path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "terminated" in err and err.count("\n") == 1
     assert not part.exists() and len(load_trace(out)) > 0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("capabilities", "x", "'capabilities'"),
+        ("groups", [{"name": "lc", "kind": "lc", "slo": [99]}], "'groups[0].slo'"),
+        ("interval_s", [1], "'interval_s'"),
+    ],
+)
+def test_info_names_the_file_and_key_of_bad_metadata(tmp_path, capsys, key, value, named):
+    good = tmp_path / "good.parquet"
+    record(SimNode("default", seed=0), Explore(seed=0), good, 0.3, interval_s=0.1)
+    bad = tmp_path / "bad.parquet"
+    rewrite_meta(good, bad, **{key: value})
+    assert main(["trace", "info", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"rdtune trace info: trace {bad}: metadata {named} ")
+    assert err.count("\n") == 1

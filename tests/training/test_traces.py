@@ -13,6 +13,7 @@ import pytest
 
 from agent.sim import SimNode
 from models.explore import Explore
+from tests.training.trace_edits import DROP, rewrite_meta
 from training import traces as T
 from training.trace_record import record
 from training.traces import TraceError, TraceWriter, load_trace
@@ -102,41 +103,6 @@ def test_interval_without_groups_round_trips(tmp_path) -> None:
 # --------------------------------------------------------------------------- bad files
 
 
-DROP = object()  # a _rewrite_meta change that removes the key
-
-
-def _rewrite_meta(src: Path, dst: Path, *, sign: bool = True, **changes) -> None:
-    """``src`` with metadata values replaced (JSON, or bytes as they are) or dropped, and
-    the checksum recomputed as a deliberate edit would (``sign``): the reader's checks of
-    the values, not the checksum, are then what refuses the file."""
-    table = pq.read_table(src)
-    meta = dict(pq.read_metadata(src).metadata)
-    meta.pop(b"ARROW:schema", None)
-    for k, v in changes.items():
-        key = (T.META_PREFIX + k).encode()
-        if v is DROP:
-            meta.pop(key, None)
-        else:
-            meta[key] = v if isinstance(v, bytes) else json.dumps(v).encode()
-    if sign:
-        meta = _signed(meta)
-    pq.write_table(table.replace_schema_metadata(meta), dst)
-
-
-def _signed(meta: dict[bytes, bytes]) -> dict[bytes, bytes]:
-    prefix = T.META_PREFIX.encode()
-    try:
-        values = {
-            k[len(prefix) :].decode(): json.loads(v)
-            for k, v in meta.items()
-            if k.startswith(prefix)
-        }
-    except ValueError:  # not JSON: the reader refuses it before it looks at the checksum
-        return meta
-    digest = json.dumps(T.metadata_checksum(values)).encode()
-    return {**meta, prefix + T.CHECKSUM_KEY.encode(): digest}
-
-
 def test_missing_file(tmp_path) -> None:
     with pytest.raises(TraceError, match="no such file") as err:
         load_trace(tmp_path / "nope.parquet")
@@ -198,7 +164,7 @@ def test_corrupt_footer(recorded, tmp_path) -> None:
 
 def test_version_mismatch(recorded, tmp_path) -> None:
     p = tmp_path / "v99.parquet"
-    _rewrite_meta(recorded[0], p, version=99)
+    rewrite_meta(recorded[0], p, version=99)
     with pytest.raises(TraceError, match="version 99") as err:
         load_trace(p)
     assert str(p) in str(err.value) and f"version {T.FORMAT_VERSION}" in str(err.value)
@@ -214,7 +180,7 @@ def test_plain_parquet_is_not_a_trace(tmp_path) -> None:
 @pytest.mark.parametrize("key", ["capabilities", "groups", "controller"])
 def test_missing_metadata(recorded, tmp_path, key) -> None:
     p = tmp_path / "nometa.parquet"
-    _rewrite_meta(recorded[0], p, **{key: DROP})
+    rewrite_meta(recorded[0], p, **{key: DROP})
     with pytest.raises(TraceError, match=key):
         load_trace(p)
 
@@ -241,7 +207,7 @@ def test_step_count_mismatch(recorded, tmp_path) -> None:
 def test_group_without_spec(recorded, tmp_path) -> None:
     p = tmp_path / "ghost.parquet"
     groups = json.loads(pq.read_metadata(recorded[0]).metadata[b"rdtune.trace.groups"])
-    _rewrite_meta(recorded[0], p, groups=groups[1:])
+    rewrite_meta(recorded[0], p, groups=groups[1:])
     with pytest.raises(TraceError, match="has no spec"):
         load_trace(p)
 
@@ -410,7 +376,7 @@ def test_malformed_metadata_names_file_and_key(recorded, tmp_path, case) -> None
     groups = json.loads(meta[(T.META_PREFIX + "groups").encode()])
     lc = next(i for i, g in enumerate(groups) if g["kind"] == "lc")
     p = tmp_path / "edited.parquet"
-    _rewrite_meta(recorded[0], p, **{footer_key: edit(value)})
+    rewrite_meta(recorded[0], p, **{footer_key: edit(value)})
     with pytest.raises(TraceError) as err:
         load_trace(p)
     message = str(err.value)
@@ -422,7 +388,7 @@ def test_malformed_metadata_names_file_and_key(recorded, tmp_path, case) -> None
 @pytest.mark.parametrize("value", [True, 1.0])  # == 1 to Python, not to a trace
 def test_version_must_be_the_integer(recorded, tmp_path, value) -> None:
     p = tmp_path / "version.parquet"
-    _rewrite_meta(recorded[0], p, version=value)
+    rewrite_meta(recorded[0], p, version=value)
     with pytest.raises(TraceError, match=f"version {value!r}, but") as err:
         load_trace(p)
     assert str(p) in str(err.value)
@@ -430,7 +396,7 @@ def test_version_must_be_the_integer(recorded, tmp_path, value) -> None:
 
 def test_metadata_that_is_not_utf8(recorded, tmp_path) -> None:
     p = tmp_path / "latin1.parquet"
-    _rewrite_meta(recorded[0], p, controller='"expl\xf6re"'.encode("latin-1"))
+    rewrite_meta(recorded[0], p, controller='"expl\xf6re"'.encode("latin-1"))
     with pytest.raises(TraceError, match="metadata 'controller' is not UTF-8") as err:
         load_trace(p)
     assert str(p) in str(err.value)
@@ -509,7 +475,7 @@ def test_traces_carry_a_checksum_and_those_without_one_still_load(recorded, tmp_
     }
     assert values[T.CHECKSUM_KEY] == T.metadata_checksum(values)
     old = tmp_path / "old.parquet"  # as traces were written before the checksum
-    _rewrite_meta(recorded[0], old, sign=False, **{T.CHECKSUM_KEY: DROP})
+    rewrite_meta(recorded[0], old, sign=False, **{T.CHECKSUM_KEY: DROP})
     assert T.CHECKSUM_KEY.encode() not in b"".join(pq.read_metadata(old).metadata)
     assert _same_content(load_trace(old), load_trace(recorded[0]))
 
@@ -520,7 +486,7 @@ def test_traces_carry_a_checksum_and_those_without_one_still_load(recorded, tmp_
 def test_values_that_do_not_match_the_checksum_are_refused(recorded, tmp_path, edit) -> None:
     """Each edit is a valid value, so only the checksum can tell."""
     p = tmp_path / "edited.parquet"
-    _rewrite_meta(recorded[0], p, sign=False, **edit)
+    rewrite_meta(recorded[0], p, sign=False, **edit)
     with pytest.raises(
         TraceError, match="metadata checksum mismatch: the footer is corrupt"
     ) as err:
@@ -530,7 +496,7 @@ def test_values_that_do_not_match_the_checksum_are_refused(recorded, tmp_path, e
 
 def test_the_checksum_is_over_values_not_their_spelling(recorded, tmp_path) -> None:
     p = tmp_path / "respelled.parquet"
-    _rewrite_meta(recorded[0], p, sign=False, steps=b" 60 ")
+    rewrite_meta(recorded[0], p, sign=False, steps=b" 60 ")
     assert _same_content(load_trace(p), load_trace(recorded[0]))
 
 
