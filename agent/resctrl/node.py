@@ -125,12 +125,7 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
         self.runtime_classes = _runtime_classes(runtime_classes, prefix)
         self.proc = proc
         self.latency = latency
-        safe_prefix = prefix.strip("-_.") or "rdtune"
-        # One file per (prefix, root): two nodes sharing a state dir never mix their groups.
-        suffix = "" if self.root == "/sys/fs/resctrl" else "-" + _short_hash(self.root)
-        self.state_path = os.path.join(
-            state_dir or default_state_dir(), f"{safe_prefix}-resctrl-groups{suffix}.json"
-        )
+        self.state_path = _state_path(self.root, prefix, state_dir)
         self._lock = ResctrlLock(self.root, lock_timeout_s)
         if check_markers is None:
             check_markers = discovery.mount_info(self.root, mounts).is_resctrl
@@ -164,11 +159,8 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
         self._last_observe = time.monotonic()
         self.cleaned_mon_groups: list[str] = []
         self._instance = state.InstanceLock(self.state_path + ".lock")
-        try:
+        with self._instance.released_on_error():
             self._adopt()
-        except BaseException:
-            self._instance.release()
-            raise
 
     def _dirname(self, name: str) -> str:
         """The directory name of group ``name``: a runtime class's own, else prefixed."""
@@ -378,6 +370,15 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
             self.pmc.close()
         self.pmc = None
         self._instance.release()  # another agent may take the state file over now
+
+
+def _state_path(root: str, prefix: str, state_dir: str | None) -> str:
+    """The state file of the node of ``prefix`` on ``root``: one file per (prefix, root), so
+    two nodes sharing a state directory never mix their groups."""
+    safe_prefix = prefix.strip("-_.") or "rdtune"
+    suffix = "" if root == "/sys/fs/resctrl" else "-" + _short_hash(root)
+    name = f"{safe_prefix}-resctrl-groups{suffix}.json"
+    return os.path.join(state_dir or default_state_dir(), name)
 
 
 def _short_hash(text: str) -> str:

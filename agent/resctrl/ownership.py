@@ -237,13 +237,12 @@ class Ownership:
         try:
             self._journal.write(record)
         except OSError as exc:
+            create = record["op"] == "create"
+            done = "the group was not created" if create else "nothing was changed"
             raise StateUnwritable(
                 exc.errno,
                 f"cannot {what}: recording the intent in {self._journal.path} failed "
-                f"({exc.strerror}); the group was not created"
-                if record["op"] == "create"
-                else f"cannot {what}: recording the intent in {self._journal.path} failed "
-                f"({exc.strerror}); nothing was changed",
+                f"({exc.strerror}); {done}",
             ) from exc
 
     def _save(self, unless: state.Saved | None = None) -> None:
