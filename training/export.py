@@ -39,6 +39,7 @@ from typing import Any
 from agent.argtypes import positive_int
 from agent.atomic import replace_directory
 from models.card import ModelCard, TrainedOn, standard_sections
+from training.rundir import CHECKPOINTS, NORMALISATION_OF
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint",
         default="best_model.zip",
+        choices=CHECKPOINTS,
         help="checkpoint in the run directory (default: best_model.zip; model.zip = last)",
     )
     parser.add_argument(
@@ -95,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
                 _refuse_unfinished(
                     run_dir, unfinished(run_dir, _read_run_file(run_dir / "run.json"))
                 )
-            print(table(final_evaluation(cfg, run_dir, episodes=args.evaluate)["rows"]))
+            _check_checkpoint(args.checkpoint)
+            rows = final_evaluation(
+                cfg, run_dir, episodes=args.evaluate, checkpoint=args.checkpoint
+            )["rows"]
+            print(table(rows))
         card = export_run(
             args.model,
             args.out,
@@ -316,10 +322,18 @@ def trained_capabilities(env_kwargs: dict[str, Any], max_groups: int) -> Trained
     )
 
 
-def _normalisation(run_dir: Path, checkpoint: str, venv_kwargs: dict) -> dict | None:
-    path = run_dir / "vecnormalize.pkl"
-    if not path.exists():
+def _normalisation(run_dir: Path, checkpoint: str, normalized: bool) -> dict | None:
+    """The observation normalisation ``checkpoint`` was trained with (None: the run did
+    not normalise); an ExportError where the run saved none for it (a run from before
+    the last checkpoint's statistics were kept)."""
+    if not normalized:
         return None
+    path = run_dir / NORMALISATION_OF[checkpoint]
+    if not path.exists():
+        raise ExportError(
+            f"{run_dir}: no {path.name}, the normalisation {checkpoint} was trained with; "
+            "export best_model.zip, or retrain"
+        )
     try:
         with path.open("rb") as f:
             stats = pickle.load(f)  # a VecNormalize object; written by our own trainer
@@ -354,6 +368,7 @@ def export_run(
     its card then says so. The export is written to a new directory beside ``out_dir`` and
     swapped in whole: an export that fails or is interrupted leaves ``out_dir`` as it was."""
     run_dir = Path(run_dir)
+    _check_checkpoint(checkpoint)
     for name in ("run.json", "config.yaml", checkpoint):
         if not (run_dir / name).exists():
             raise ExportError(f"{run_dir}: no {name} (is this a run directory of 'rdtune train'?)")
@@ -393,6 +408,16 @@ def export_run(
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone once swapped in
     return card
+
+
+def _check_checkpoint(checkpoint: str) -> None:
+    """Only a checkpoint of the run itself: another file would be exported under this
+    run's configuration, normalisation and evaluation."""
+    if checkpoint not in CHECKPOINTS:
+        raise ExportError(
+            f"--checkpoint {checkpoint}: a checkpoint of the run directory, one of "
+            f"{', '.join(CHECKPOINTS)} (the best evaluation's, the last)"
+        )
 
 
 def _export_target(out_dir: Path) -> Path:
@@ -451,10 +476,14 @@ def _write_export(
     masked = meta["algorithm"] == "MaskablePPO"
     onnx_path = directory / "policy.onnx"
     export_onnx(model, onnx_path, nvec, masked)
-    norm = _normalisation(run_dir, checkpoint, {})
+    norm = _normalisation(run_dir, checkpoint, bool(config.get("normalize_obs")))
     evaluation = None
     if (run_dir / "eval.json").exists():
         evaluation = _read_run_file(run_dir / "eval.json")
+        # a table of another checkpoint does not describe this policy (before it named one,
+        # the final evaluation was always of the best)
+        if evaluation.get("checkpoint", "best_model.zip") != checkpoint:
+            evaluation = None
     trained_on = trained_capabilities(meta["env_kwargs"], meta["features"]["max_groups"])
     env = {"id": meta["env_id"], "kwargs": meta["env_kwargs"]}
     use, out_of_scope, limitations = standard_sections(trained_on, env)

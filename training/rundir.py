@@ -33,6 +33,12 @@ from agent.pidlock import Locked, PidLock
 log = logging.getLogger(__name__)
 
 
+# The checkpoints a run writes, each with the observation normalisation it was trained
+# with (with ``normalize_obs``): the best evaluation's, and the last one.
+NORMALISATION_OF = {"best_model.zip": "vecnormalize.pkl", "model.zip": "vecnormalize_final.pkl"}
+CHECKPOINTS = tuple(NORMALISATION_OF)
+
+
 class RunDirError(ValueError):
     """The run directory cannot be used: another run holds it, or it is not a run's."""
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.rundir import save_checkpoint, save_vecnormalize, staged_run
+from training.rundir import NORMALISATION_OF, save_checkpoint, save_vecnormalize, staged_run
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ def make_eval_callback(cfg, venv, run_dir: Path, heuristics: list, on_eval: Call
                 self.best, self.best_step = row.mean_return, self.num_timesteps
                 save_checkpoint(self.model, run_dir / "best_model.zip")
                 if cfg.normalize_obs:
-                    save_vecnormalize(venv, run_dir / "vecnormalize.pkl")
+                    save_vecnormalize(venv, run_dir / NORMALISATION_OF["best_model.zip"])
             with self.history.open("a") as f:
                 f.write(
                     json.dumps({"timesteps": self.num_timesteps, "best": improved, **row.as_dict()})
@@ -533,7 +533,7 @@ def train(
             save_checkpoint(model, run_dir / "model.zip")
             plot_learning_curves([run_dir], run_dir / "learning_curves.png", labels=[out.name])
             if cfg.normalize_obs:
-                save_vecnormalize(venv, run_dir / "vecnormalize_final.pkl")
+                save_vecnormalize(venv, run_dir / NORMALISATION_OF["model.zip"])
 
             # 6. Final table: the best checkpoint against the heuristics on fresh held-out
             # episodes.
@@ -611,19 +611,24 @@ def warm_start(cfg, model, run_dir: Path, callback) -> None:
 
 
 def final_evaluation(
-    cfg, run_dir: Path, *, best_step: int | None = None, episodes: int | None = None
+    cfg,
+    run_dir: Path,
+    *,
+    best_step: int | None = None,
+    episodes: int | None = None,
+    checkpoint: str = "best_model.zip",
 ) -> dict[str, Any]:
-    """The best checkpoint and the heuristics on test-split episodes (``eval.final_kwargs``)
-    that neither training nor checkpoint selection saw; written to ``run_dir/eval.json``
-    and returned."""
+    """A checkpoint (default the best) and the heuristics on test-split episodes
+    (``eval.final_kwargs``) that neither training nor checkpoint selection saw; written to
+    ``run_dir/eval.json`` (which names the checkpoint) and returned."""
     from training.evaluate import evaluate_heuristics, evaluate_policy, make_eval_env
 
-    best = load_model(run_dir / "best_model.zip", cfg.algorithm)
+    best = load_model(run_dir / checkpoint, cfg.algorithm)
     norm = None
     if cfg.normalize_obs:
         import pickle
 
-        with (run_dir / "vecnormalize.pkl").open("rb") as f:
+        with (run_dir / NORMALISATION_OF[checkpoint]).open("rb") as f:
             stats = pickle.load(f)  # written by this trainer
         stats.training = False
         norm = stats.normalize_obs
@@ -647,6 +652,7 @@ def final_evaluation(
         "episodes": episodes,
         "seed": seed,
         "best_step": best_step,
+        "checkpoint": checkpoint,
         "total_timesteps": cfg.total_timesteps,
         "rows": [r.as_dict() for r in final],
         "missing": missing,

@@ -80,6 +80,33 @@ def test_export_refuses_what_is_not_a_run(tmp_path):
         export_run(tmp_path, tmp_path / "out")
 
 
+@pytest.mark.parametrize("checkpoint", ["/elsewhere/model.zip", "../run2/best_model.zip"])
+def test_export_takes_only_a_checkpoint_of_the_run(tiny_run, tmp_path, checkpoint):
+    """Another file would go out under this run's configuration and evaluation."""
+    with pytest.raises(ExportError, match="a checkpoint of the run directory, one of"):
+        export_run(tiny_run.run_dir, tmp_path / "out", checkpoint=checkpoint)
+
+
+def test_the_card_evaluates_the_checkpoint_it_exports(tiny_run, tmp_path, capsys):
+    """``--evaluate`` evaluates the checkpoint exported (before, always the best), and a
+    card never carries a table of another checkpoint."""
+    import shutil
+
+    from tuner.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run.run_dir, run)
+    argv = ["export", "--model", str(run), "--parity-observations", "8"]
+    assert main([*argv, "--out", str(tmp_path / "last"), "--checkpoint", "model.zip",
+                 "--evaluate", "2"]) == 0  # fmt: skip
+    assert json.loads((run / "eval.json").read_text())["checkpoint"] == "model.zip"
+    last = ModelCard.read(tmp_path / "last")
+    assert last.evaluation is not None and last.evaluation["checkpoint"] == "model.zip"
+    assert main([*argv, "--out", str(tmp_path / "best")]) == 0
+    assert "rows" not in (ModelCard.read(tmp_path / "best").evaluation or {})
+    capsys.readouterr()
+
+
 def test_export_refuses_another_encoder_version(tiny_run, tmp_path):
     import shutil
 
@@ -127,9 +154,11 @@ def test_export_cli(tiny_run, tmp_path, capsys):
     assert main(["export", "--model", str(tmp_path / "nothing"), "--out", str(tmp_path)]) == 2
 
 
-def test_observation_normalisation_travels_in_the_card(tmp_path):
-    """VecNormalize statistics go into the card; the runtime applies them, so it acts on
-    raw observations exactly as the trained policy on normalised ones."""
+@pytest.mark.parametrize("checkpoint", ["best_model.zip", "model.zip"])
+def test_observation_normalisation_travels_in_the_card(tmp_path, checkpoint):
+    """VecNormalize statistics go into the card, those the exported checkpoint was trained
+    with (before, the best checkpoint's went with the last one too); the runtime applies
+    them, so it acts on raw observations exactly as the trained policy on normalised ones."""
     import pickle
 
     import gymnasium as gym
@@ -137,16 +166,23 @@ def test_observation_normalisation_travels_in_the_card(tmp_path):
     import envs  # noqa: F401
     from models.policy import PolicyController
     from tests.training.tiny_runs import tiny_config
+    from training.rundir import NORMALISATION_OF
     from training.train import train
 
     run = train(tiny_config(tmp_path / "run", normalize_obs=True, total_timesteps=64))
-    card = export_run(run.run_dir, tmp_path / "out", parity_observations=32)
+    stats_file = run.run_dir / NORMALISATION_OF[checkpoint]
+    with stats_file.open("rb") as f:
+        stats = pickle.load(f)
+    # statistics of this checkpoint's own, told apart from the other's whatever the run did
+    stats.obs_rms.mean = stats.obs_rms.mean + (0.25 if checkpoint == "model.zip" else 0.0)
+    stats.venv, stats.class_attributes, stats.returns = None, {}, None  # as pickled by SB3
+    stats_file.write_bytes(pickle.dumps(stats))
+    card = export_run(run.run_dir, tmp_path / "out", checkpoint=checkpoint, parity_observations=32)
     norm = card.normalization
     assert norm is not None and len(norm["mean"]) == FeatureEncoder(8).size
+    np.testing.assert_allclose(norm["mean"], stats.obs_rms.mean)
     assert card.parity["matched"] == 32
-    with (run.run_dir / "vecnormalize.pkl").open("rb") as f:
-        stats = pickle.load(f)
-    model = load_model(run.run_dir / "best_model.zip", "MaskablePPO")
+    model = load_model(run.run_dir / checkpoint, "MaskablePPO")
     ctrl = PolicyController.load(tmp_path / "out")
     meta = json.loads((run.run_dir / "run.json").read_text())
     env = gym.make(meta["env_id"], **meta["env_kwargs"])
