@@ -4,7 +4,8 @@ One :class:`TrainConfig` holds everything that defines a run, so the same file a
 the same learning curve and policy on one machine (the config is saved next to every
 checkpoint and in the model card). Checkpoints are selected on the *validation* split and
 the final table is played on the *test* split (envs/scenarios.py names the splits); a
-config that would select checkpoints on the test split is rejected.
+config whose merged env settings would let training or selection see the test split (or
+``all``), or play the final table elsewhere, is rejected.
 Unknown keys, wrong types (strict: ``subproc: "false"`` is not a boolean) and out-of-range
 values are rejected with the file and the key's dotted path (agent/configfile.py), as is a key
 given twice; so are PPO settings SB3 would start with and then fail on or warn about
@@ -144,15 +145,6 @@ class EvalConfig(Strict):
             ControllerSpec.parse(text)  # its ValueError names the spec
         return controllers
 
-    @field_validator("kwargs")
-    @classmethod
-    def _not_test(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if kwargs.get("split") == "test":
-            raise ValueError(
-                "checkpoint selection must not see the test split (the final table is "
-                "played there); use split: validation"
-            )
-        return kwargs
 
 
 class ExtractorConfig(Strict):
@@ -267,6 +259,7 @@ class TrainConfig(Strict):
             raise ConfigError("total_timesteps: 0 trains nothing without a dagger section")
         self._check_rollout()
         self._check_env()
+        self._check_splits()
         self._check_vec_env()
         return self
 
@@ -282,6 +275,29 @@ class TrainConfig(Strict):
         if self.subproc:
             return "subproc"
         return "batched" if _has_vector_entry_point(self.env.id) else "dummy"
+
+    def _check_splits(self) -> None:
+        """Train on the train split, select checkpoints on validation, play the final table
+        on test: checked on the kwargs each env gets once merged (``eval.kwargs`` over
+        ``env.kwargs``, ``eval.final_kwargs`` over both), so no override lets training or
+        selection see the test split (nor ``all``, which holds it) or the final table be
+        played on mixes they saw."""
+        seen = (
+            ("env.kwargs", "training", self.env_kwargs().get("split", "train"), "train"),
+            ("eval.kwargs", "checkpoint selection", self.eval_kwargs().get("split"), "validation"),
+        )
+        for key, what, split, use in seen:
+            if split in ("test", "all"):
+                raise ConfigError(
+                    f"{key}: split {split!r}: {what} must not see the test split (the final "
+                    f"table is played there); use split: {use}"
+                )
+        final = self.final_kwargs().get("split")
+        if final != "test":
+            raise ConfigError(
+                f"eval.final_kwargs: split {final!r}: the final table is the held-out one, "
+                "played on mixes neither training nor selection saw; use split: test"
+            )
 
     def _check_rollout(self) -> None:
         """PPO's minibatches must split one rollout (``n_envs * ppo.n_steps`` samples)."""

@@ -23,9 +23,28 @@ def test_shipped_configs_parse(path):
     assert cfg.eval.episodes >= 64
 
 
-def test_checkpoint_selection_on_the_test_split_is_refused():
-    with pytest.raises(ConfigError, match="must not see the test split"):
-        TrainConfig.parse({"eval": {"kwargs": {"split": "test"}}})
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"eval": {"kwargs": {"split": "test"}}}, "eval.kwargs: split 'test': checkpoint sel"),
+        # selection inherits env.kwargs: an override there must not reach the test split
+        (
+            {"env": {"kwargs": {"split": "test"}}, "eval": {"kwargs": {}}},
+            "env.kwargs: split 'test': training must not see the test split",
+        ),
+        ({"env": {"kwargs": {"split": "all"}}}, "env.kwargs: split 'all': training must not"),
+        ({"eval": {"kwargs": {"split": "all"}}}, "eval.kwargs: split 'all'"),
+        # the final table inherits eval.kwargs: it must still be played on test
+        ({"eval": {"final_kwargs": {}}}, "eval.final_kwargs: split 'validation': the final"),
+        ({"eval": {"final_kwargs": {"split": "train"}}}, "eval.final_kwargs: split 'train'"),
+    ],
+)
+def test_no_override_lets_training_or_selection_see_the_test_split(data, message):
+    """Checked on the kwargs each env gets once merged: before, only ``eval.kwargs`` as
+    written was, so an empty ``eval.kwargs`` under ``env.kwargs: {split: test}`` trained
+    and selected on the test split, and ``final_kwargs: {split: train}`` was accepted."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig.parse(data)
     cfg = TrainConfig.parse({})
     assert (cfg.eval_kwargs()["split"], cfg.final_kwargs()["split"]) == ("validation", "test")
 
