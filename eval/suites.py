@@ -193,7 +193,22 @@ def _controllers(
         raise SuiteError(f"{where}: controllers: {exc}") from None
     if not out:
         raise SuiteError(f"{where}: controllers: none given")
-    return out
+    return _unique_labels(out, f"{where}: controllers")
+
+
+def _unique_labels(specs: list[ControllerSpec], where: str) -> list[ControllerSpec]:
+    """``specs`` when no two share a label: the results are grouped by label, so two
+    controllers under one would be averaged together, and one given twice counted twice
+    (a narrower interval than its seeds justify)."""
+    seen: dict[str, str] = {}
+    for spec in specs:
+        if spec.label in seen:
+            raise SuiteError(
+                f"{where}: two controllers are labelled {spec.label!r} ({seen[spec.label]} and "
+                f"{spec.text}); give each its own label"
+            )
+        seen[spec.label] = spec.text
+    return specs
 
 
 def load_suites(path: str | Path | None = None) -> dict[str, Suite]:
@@ -235,4 +250,4 @@ def get_suite(name: str, path: str | Path | None = None) -> Suite:
 
 def parse_controllers(text: str) -> list[ControllerSpec]:
     """The ``--controllers`` option: comma-separated spec strings."""
-    return split_specs(text)
+    return _unique_labels(split_specs(text), "--controllers")

@@ -112,6 +112,12 @@ def test_family_entries_reject_unknown_options(tmp_path: Path) -> None:
         ("x: {scenarios: [default], controllers: [eq], sweep: {controller: a}}", "sweep.option"),
         ("- 1", "mapping"),
         ("", "defines no suites"),
+        # grouped by label, two controllers would be averaged together, one counted twice
+        (
+            "x: {scenarios: [default], controllers: [eq, {spec: unpartitioned, label: eq}]}",
+            r"two controllers are labelled 'eq' \(eq and unpartitioned\)",
+        ),
+        ("x: {scenarios: [default], controllers: [eq, eq]}", r"labelled 'eq' \(eq and eq\)"),
         ("{}", "defines no suites"),
     ],
 )

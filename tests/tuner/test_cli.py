@@ -103,6 +103,10 @@ def assert_one_line(done: subprocess.CompletedProcess, *needles: str) -> None:
         ),
         (("eval", "--suite", "smoke", "--seeds", "0"), ("--seeds", "must be >= 1")),
         (
+            ("eval", "--suite", "smoke", "--controllers", "eq,unpartitioned,eq"),
+            ("rdtune eval: --controllers: two controllers are labelled 'eq'",),
+        ),
+        (
             ("trace", "record", "--agent", "127.0.0.1:1", "--duration", "1", "--out", "x"),
             ("rdtune trace record: agent 127.0.0.1:1", "failed to connect"),
         ),
