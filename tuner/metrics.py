@@ -154,6 +154,12 @@ class TunerMetrics:
             "rdtune_tuner_intervals_total", "Control intervals completed", registry=r
         )
         self._met: dict[str, list[int]] = {}
+        # the gauges of one series per group: removed with the group (or while the agent
+        # is down), so a scrape never shows the last value of a group that is gone
+        self._per_group = (
+            self.slo_attainment, self.tail_latency, self.batch_ips, self.ways, *self.mb.values()
+        )  # fmt: skip
+        self._series: dict[Gauge, set[tuple[str, ...]]] = {g: set() for g in self._per_group}
 
     def set_active(self, active: str, primary: str, fallback: str) -> None:
         self.active_controller.labels(primary, "primary").set(int(active == "primary"))
@@ -165,16 +171,32 @@ class TunerMetrics:
         counts = self._met.setdefault(group, [0, 0])
         counts[0] += not violated
         counts[1] += 1
-        self.slo_attainment.labels(group).set(counts[0] / counts[1])
-        self.tail_latency.labels(group).set(tail_ms / 1e3)
+        self._set(self.slo_attainment, (group,), counts[0] / counts[1])
+        self._set(self.tail_latency, (group,), tail_ms / 1e3)
+
+    def record_batch_ips(self, group: str, ips: float) -> None:
+        self._set(self.batch_ips, (group,), ips)
 
     def record_allocation(self, allocation: Allocation, mba: MbaCapabilities | None) -> None:
         """Ways and MB of every group in every domain (``mba``: the node's MBA, whose mode
         gives the MB values' unit)."""
+        self.retain(set(allocation.groups))
         for group, per_domain in allocation.groups.items():
             for domain, a in per_domain.items():
                 if a.l3_mask is not None:
-                    self.ways.labels(group, str(domain)).set(a.ways)
+                    self._set(self.ways, (group, str(domain)), a.ways)
                 if a.mb is not None and mba is not None:
                     unit, value = mba_in_base_units(mba.mode, a.mb)
-                    self.mb[unit].labels(group, str(domain)).set(value)
+                    self._set(self.mb[unit], (group, str(domain)), value)
+
+    def retain(self, groups: set[str]) -> None:
+        """Remove the per-group series of every group not in ``groups`` (none while the
+        agent is down: what it holds is not known then)."""
+        for gauge, series in self._series.items():
+            for labels in [s for s in series if s[0] not in groups]:
+                gauge.remove(*labels)
+                series.discard(labels)
+
+    def _set(self, gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
+        gauge.labels(*labels).set(value)
+        self._series[gauge].add(labels)

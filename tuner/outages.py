@@ -114,6 +114,7 @@ class Resilience:
     def _wait_for_agent(self, stop: threading.Event, first: BaseException) -> bool:
         """Retry with backoff until the agent answers again; False when stopped meanwhile."""
         self.metrics.agent_up.set(0)
+        self.metrics.retain(set())  # what the node holds is not known while it is down
         delay = self.cfg.retry_initial_s
         error: BaseException = first
         attempt = 0

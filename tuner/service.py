@@ -268,7 +268,7 @@ class Tuner(Resilience, Pacing):
             sample = snap.groups.get(group)
             batch = spec.kind is GroupKind.BATCH and sample is not None
             if batch and sample.instructions and snap.interval_s > 0:
-                self.metrics.batch_ips.labels(group).set(sample.instructions / snap.interval_s)
+                self.metrics.record_batch_ips(group, sample.instructions / snap.interval_s)
         return verdicts
 
     def _switched(self, switch: Switch) -> None:

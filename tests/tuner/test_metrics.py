@@ -57,6 +57,38 @@ def test_an_allocation_is_exported_for_every_domain_in_base_units(mode, name, sc
             assert got[(name, labels)] == pytest.approx(a.mb * scale)
 
 
+def test_a_group_that_is_gone_leaves_no_series_behind() -> None:
+    """Before, a group the node no longer had (an agent restarted on another mix) kept its
+    last ways, SLO attainment and tail latency in every scrape, and all groups kept them
+    while the agent was down: 22 ways on an 11-way cache."""
+    metrics = TunerMetrics()
+    web, batch = GroupAllocation(0b1111, None), GroupAllocation(0b110000, None)
+    metrics.record_allocation(Allocation({"web": {0: web}, "batch": {0: batch}}), None)
+    metrics.record_slo("web", False, 0.8)
+    metrics.record_batch_ips("batch", 2e9)
+    per_group = {
+        f"rdtune_tuner_{name}"
+        for name in ("group_l3_ways", "slo_attainment_ratio", "tail_latency_seconds",
+                     "batch_instructions_per_second")
+    }  # fmt: skip
+
+    def groups() -> set[str]:
+        return {dict(k[1])["group"] for k in samples(metrics.registry) if k[0] in per_group}
+
+    assert groups() == {"web", "batch"}
+    metrics.record_allocation(Allocation({"batch": {0: batch}}), None)
+    assert groups() == {"batch"}
+    metrics.retain(set())  # the agent is down
+    assert groups() == set()
+    # counters are totals since the start: they stay
+    assert (
+        samples(metrics.registry)[
+            ("rdtune_tuner_slo_intervals_total", (("group", "web"), ("result", SLO_MET)))
+        ]
+        == 1
+    )
+
+
 def test_the_endpoint_passes_promtool_after_a_guard_trip(spike_file: str) -> None:
     with serve(SimNode(spike_file, seed=0)) as srv:
         guard = GuardConfig(violation_intervals=3, stable_intervals=8)
