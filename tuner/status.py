@@ -107,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if "node" in locals():
             node.close()
-    metrics = {}
+    # The node's table is printed whatever the tuner's endpoint says: with the tuner
+    # down, what the node holds is what one most wants to see.
+    metrics, problem = {}, None
     if args.tuner_metrics:
         try:
             token = None
@@ -117,17 +119,14 @@ def run(args: argparse.Namespace) -> int:
                 args.tuner_metrics, args.agent_timeout_s, token=token, ca=args.tuner_metrics_ca
             )
         except (OSError, ValueError) as exc:
-            print(f"rdtune status: cannot read {args.tuner_metrics}: {exc}", file=sys.stderr)
-            return 1
+            problem = str(exc)
         except http.client.HTTPException as exc:
             # What answered there does not speak HTTP (the agent's gRPC port, say); the
             # exception's text would be the raw bytes it sent.
-            print(
-                f"rdtune status: cannot read {args.tuner_metrics}: not an HTTP endpoint "
-                f"({type(exc).__name__})",
-                file=sys.stderr,
-            )
-            return 1
+            problem = f"not an HTTP endpoint ({type(exc).__name__})"
+        if problem is None and not any(name.startswith("rdtune_tuner_") for name in metrics):
+            problem = "no rdtune_tuner_* series there: not a tuner's metrics endpoint"
+            metrics = {}
 
     cbm = caps.l3.cbm_mask if caps.l3 else 0
     title = f"{args.agent}: {(caps.description or caps.vendor.value).strip()}"
@@ -160,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     if metrics:
         console.print(metrics_table(metrics))
+    if problem is not None:
+        print(f"rdtune status: cannot read {args.tuner_metrics}: {problem}", file=sys.stderr)
+        return 1
     return 0
 
 

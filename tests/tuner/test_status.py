@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from prometheus_client import start_http_server
 
 from tests.tuner.conftest import ROOT
@@ -102,3 +103,34 @@ def test_a_metrics_url_that_does_not_speak_http_is_one_line(fresh) -> None:
     err = done.stderr.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert f"cannot read {url}: not an HTTP endpoint" in err
+
+
+@pytest.mark.parametrize("endpoint", ["down", "the agent's own"])
+def test_a_tuner_endpoint_that_gives_no_tuner_metrics_still_shows_the_node(fresh, endpoint):
+    """Before, a tuner that was down gave no node table at all (what one most wants to see
+    then), and the agent's own metrics endpoint given by mistake a tuner table of zeros."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    from agent.server.metrics_http import serve_metrics
+
+    registry = CollectorRegistry()
+    Counter("rdtune_agent_rpcs", "what an agent exports", registry=registry).inc()
+    http = serve_metrics(registry, "127.0.0.1", 0)
+    port = http.server_port
+    if endpoint == "down":
+        http.shutdown()
+        http.server_close()
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        done = status("--agent", fresh.address, "--tuner-metrics", url)
+    finally:
+        if endpoint != "down":
+            http.shutdown()
+            http.server_close()
+    assert done.returncode == 1
+    assert "memcached" in done.stdout, "the node's groups are shown"
+    assert "decisions applied" not in done.stdout
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"rdtune status: cannot read {url}: ")
+    if endpoint != "down":
+        assert "no rdtune_tuner_* series there: not a tuner's metrics endpoint" in err
