@@ -147,6 +147,35 @@ def _read_run_file(path: Path) -> Any:
     return data
 
 
+def _check_run_meta(path: Path, meta: dict[str, Any]) -> None:
+    """An ExportError naming the file and the key unless ``run.json`` has what an export
+    reads, of the types the trainer writes (a file edited by hand, or of another version,
+    must not end in a KeyError from deep in the export)."""
+
+    def need(value: Any, key: str, ok: bool, what: str) -> None:
+        if not ok:
+            raise ExportError(f"{path}: {key} is not {what}: {json.dumps(value)[:60]}")
+
+    def get(data: dict, key: str, at: str = "") -> Any:
+        if not isinstance(data, dict) or key not in data:
+            raise ExportError(f"{path}: no {at}{key} (is this a run of 'rdtune train'?)")
+        return data[key]
+
+    for key in ("name", "env_id"):
+        need(get(meta, key), key, isinstance(meta[key], str), "a string")
+    algorithm = get(meta, "algorithm")
+    need(algorithm, "algorithm", algorithm in ("PPO", "MaskablePPO"), "PPO or MaskablePPO")
+    need(get(meta, "env_kwargs"), "env_kwargs", isinstance(meta["env_kwargs"], dict), "a mapping")
+    version = get(meta, "encoder_version")
+    need(version, "encoder_version", type(version) is int, "an integer")
+    nvec = get(get(meta, "actions"), "nvec", "actions.")
+    need(nvec, "actions.nvec", isinstance(nvec, list) and bool(nvec) and all(
+        type(n) is int and n > 0 for n in nvec), "a list of positive integers")  # fmt: skip
+    for key in ("max_groups", "size"):
+        value = get(get(meta, "features"), key, "features.")
+        need(value, f"features.{key}", type(value) is int and value > 0, "a positive integer")
+
+
 # the files an export directory holds (the card names the ONNX file)
 EXPORT_FILES = ("policy.onnx", "model_card.json")
 
@@ -207,6 +236,11 @@ def _load_checkpoint(path: Path, algorithm: str):
         why = " ".join(str(exc).split()) or type(exc).__name__
         raise ExportError(
             f"{path}: cannot load the checkpoint ({why}); is the file complete?"
+        ) from None
+    except TypeError as exc:  # SB3 builds another algorithm's model from the saved data
+        why = " ".join(str(exc).split())
+        raise ExportError(
+            f"{path}: cannot load the checkpoint as {algorithm} (run.json's algorithm): {why}"
         ) from None
 
 
@@ -375,6 +409,7 @@ def export_run(
     out_dir = _export_target(Path(out_dir))
     meta = _read_run_file(run_dir / "run.json")
     config = _read_run_file(run_dir / "config.yaml")
+    _check_run_meta(run_dir / "run.json", meta)
     incomplete = unfinished(run_dir, meta)
     if not allow_incomplete:
         _refuse_unfinished(run_dir, incomplete)

@@ -246,6 +246,32 @@ def test_a_corrupt_run_file_is_named(tmp_path, capsys, files, extra, message):
     assert err.startswith(f"rdtune export: {run}/{message}") and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: m.pop("encoder_version"), "run.json: no encoder_version"),
+        (lambda m: m["actions"].update(nvec="abc"), "actions.nvec is not a list of positive"),
+        (lambda m: m.update(features=None), "run.json: no features.max_groups"),
+        (lambda m: m.update(algorithm="A2C"), "run.json: algorithm is not PPO or MaskablePPO"),
+        # the checkpoint is MaskablePPO's: SB3 cannot build a PPO from its saved data
+        (lambda m: m.update(algorithm="PPO"), "best_model.zip: cannot load the checkpoint as PPO"),
+    ],
+)
+def test_a_run_json_edited_by_hand_is_named_not_a_traceback(
+    tiny_run, tmp_path, capsys, edit, message
+):
+    from tuner.cli import main
+
+    run = _copy_run(tiny_run, tmp_path)
+    meta = json.loads((run / "run.json").read_text())
+    edit(meta)
+    (run / "run.json").write_text(json.dumps(meta))
+    assert main(["export", "--model", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rdtune export: {run}/") and err.count("\n") == 1, err
+    assert message in err
+
+
 def _copy_run(tiny_run, tmp_path):
     import shutil
 
