@@ -110,6 +110,14 @@ class ScenarioFamily:
                 "need 0 < test_fraction, 0 <= validation_fraction and their sum < 1; got "
                 f"{self.test_fraction}, {self.validation_fraction}"
             )
+        bound, cap = "max_lc", self.max_lc
+        if self.max_workloads is not None and self.max_workloads < cap:
+            bound, cap = "max_workloads", self.max_workloads
+        if self.min_lc > cap:
+            raise ValueError(
+                f"min_lc {self.min_lc} is more than {bound} {cap}: no draw has that many LC "
+                "services"
+            )
         self.catalog = self.catalog or default_catalog()
         if self.preset is not None:
             self.catalog.machine(self.preset)  # raises CatalogError naming the presets

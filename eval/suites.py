@@ -244,7 +244,11 @@ def get_suite(name: str, path: str | Path | None = None) -> Suite:
     if name not in suites:
         raise SuiteError(f"unknown suite {name!r}; choose from {', '.join(suites)}")
     suite = suites[name]
-    suite.scenarios = _scenarios(suite.scenarios)
+    try:
+        suite.scenarios = _scenarios(suite.scenarios)
+    except (ValueError, RuntimeError) as exc:  # a family no draw can satisfy, say
+        where = Path(path) if path else SUITES_FILE
+        raise SuiteError(f"{where}: suite {name!r}: scenarios: {exc}") from None
     return suite
 
 

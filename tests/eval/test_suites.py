@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,21 @@ def test_bad_suite_files(tmp_path: Path, text: str, match: str) -> None:
     p.write_text(text)
     with pytest.raises(SuiteError, match=match):
         load_suites(p)
+
+
+@pytest.mark.parametrize(
+    ("family", "message"),
+    [
+        ("min_lc: 3, max_lc: 1", "min_lc 3 is more than max_lc 1: no draw has that many LC"),
+        ("min_lc: 2, max_workloads: 1", "min_lc 2 is more than max_workloads 1"),
+    ],
+)
+def test_a_family_no_draw_can_satisfy_is_named(tmp_path: Path, family: str, message: str):
+    """Before, a RuntimeError after 200 generator draws, without the file or the suite."""
+    p = tmp_path / "s.yaml"
+    p.write_text(f"x: {{scenarios: [{{family: test, count: 2, {family}}}], controllers: [eq]}}")
+    with pytest.raises(SuiteError, match=re.escape(f"{p}: suite 'x': scenarios: {message}")):
+        get_suite("x", p)
 
 
 def test_unknown_suite() -> None:
