@@ -179,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
         ray_address = "none"
     console.print(
         f"rdtune eval: suite {suite.name!r}: {len(jobs)} runs "
-        f"({'serial' if ray_address == 'none' else 'Ray ' + ray_address})"
+        f"({'serial' if ray_address == 'none' else 'Ray ' + ray_address})",
+        markup=False,  # a suite's name is the user's text
     )
     results = run_saving(console, jobs, ray_address, out)
     if isinstance(results, int):
@@ -209,9 +210,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print_summary(console, results)
     print_paired(console, results, reference)
-    console.print(f"report: {report.markdown}")
+    console.print(f"report: {report.markdown}", markup=False)
     for p in report.plots:
-        console.print(f"  plot: {p}")
+        console.print(f"  plot: {p}", markup=False)
     failed = sum(1 for r in results if r.error)
     if failed:
         console.print(f"[red]{failed} of {len(results)} runs failed (see the report)[/red]")
@@ -343,9 +344,11 @@ def print_summary(console, results, title: str = "all scenarios") -> None:
     scenarios = {s for s, _ in runs}
     seeds = {seed for _, seed in runs}
     bad = infeasible_runs(ok)
-    table = Table(
-        title=f"{title}: {len(scenarios)} scenarios x {len(seeds)} seeds "
-        f"({len(bad)} of {len(runs)} (scenario, seed) runs infeasible; mean ± 95% CI over runs)"
+    table = Table(  # titles and labels are the user's text, not markup: escaped
+        title=escape(
+            f"{title}: {len(scenarios)} scenarios x {len(seeds)} seeds ({len(bad)} of "
+            f"{len(runs)} (scenario, seed) runs infeasible; mean ± 95% CI over runs)"
+        )
     )
     table.add_column("controller", no_wrap=True)
     table.add_column("runs", justify="right")
@@ -369,17 +372,20 @@ def print_paired(console, results, reference: str | None = None) -> None:
         return
     comp = paired_comparisons(results, reference)
     ref = comp["reference"]
-    table = Table(
-        title=f"paired: {ref} minus each controller over the same (scenario, seed) runs "
-        f"({comp['scenarios']} scenarios x {comp['seeds']} seeds; mean ± 95% CI, * = CI "
-        f"excludes 0; wins = share of runs {ref} did better)"
+    table = Table(  # titles and labels are the user's text, not markup: escaped
+        title=escape(
+            f"paired: {ref} minus each controller over the same (scenario, seed) runs "
+            f"({comp['scenarios']} scenarios x {comp['seeds']} seeds; mean ± 95% CI, * = CI "
+            f"excludes 0; wins = share of runs {ref} did better)"
+        )
     )
     table.add_column(f"{escape(ref)} vs", no_wrap=True)
     table.add_column("pairs", justify="right")
     metrics = paired_metrics(comp)
     for key, title, higher, _, _ in metrics:
         title = paired_title(comp, key, title)
-        table.add_column(f"Δ {title} ({'higher' if higher else 'lower'} better)", justify="right")
+        header = f"Δ {title} ({'higher' if higher else 'lower'} better)"
+        table.add_column(escape(header), justify="right")
         table.add_column("wins", justify="right")
     for row in comp["rows"]:
         cells = []
@@ -405,7 +411,9 @@ def _rerender(console, out: Path) -> int:
         print(f"rdtune eval: {rj} holds no runs", file=sys.stderr)
         return 2
     if is_partial(rj):
-        console.print(f"{rj}: the runs of an unfinished suite ({len(results)} of them)")
+        console.print(
+            f"{rj}: the runs of an unfinished suite ({len(results)} of them)", markup=False
+        )
     suite = results[0].suite
     known = load_suites()
     desc = known[suite].description if suite in known else ""
@@ -423,5 +431,5 @@ def _rerender(console, out: Path) -> int:
     )
     print_summary(console, results)
     print_paired(console, results, ref)
-    console.print(f"report: {report.markdown}")
+    console.print(f"report: {report.markdown}", markup=False)
     return 0

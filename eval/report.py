@@ -250,13 +250,14 @@ def _paired_json(comp: dict[str, Any]) -> dict[str, Any]:
 
 
 def paired_cell(p: Paired, scale: float, unit: str) -> str:
-    """``mean ± half-width`` of the difference (``*`` when the CI excludes 0)."""
+    """``mean ± half-width`` of the difference (``*`` when the CI excludes 0); ``(no CI)``
+    where one pair gives no interval, so a bare difference is never read as one."""
     if not p.n:
         return "-"
     text = f"{p.diff.mean * scale:+.3g}"
     if p.n > 1 and math.isfinite(p.diff.half_width):
-        text += f" ± {p.diff.half_width * scale:.2g}"
-    return text + unit + (" *" if p.significant else "")
+        return text + f" ± {p.diff.half_width * scale:.2g}" + unit + (" *" if p.significant else "")
+    return text + unit + " (no CI)"
 
 
 def paired_title(comp: dict[str, Any], key: str, title: str) -> str:

@@ -146,7 +146,6 @@ class EvalConfig(Strict):
         return controllers
 
 
-
 class ExtractorConfig(Strict):
     hidden: PositiveInt = 64
     slot_hidden: Count = 32

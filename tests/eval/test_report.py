@@ -239,3 +239,40 @@ def test_load_results_names_what_is_missing(tmp_path: Path, content: str, messag
     (tmp_path / "results.json").write_text(content)
     with pytest.raises(ValueError, match=message):
         load_results(tmp_path / "results.json")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "cell"),
+    [
+        ([2.0], [1.0], "+1 (no CI)"),  # one pair gives no interval: never a bare difference
+        ([2.0, 3.0, 2.5], [1.0, 1.0, 1.0], "+1.5 ± 1.2 *"),
+    ],
+)
+def test_a_paired_cell_says_when_there_is_no_interval(a, b, cell) -> None:
+    from eval.report import paired_cell
+    from eval.stats import paired
+
+    assert paired_cell(paired(a, b, higher_is_better=True), 1.0, "") == cell
+
+
+def test_labels_and_titles_are_printed_as_text_not_markup(tmp_path: Path) -> None:
+    """A label with Rich markup (``eq [/bold]``) raised MarkupError after every run, and
+    options in brackets vanished from the paired table's title."""
+    import io
+
+    from rich.console import Console
+
+    from eval.cli import print_paired, print_summary
+
+    results = [
+        _result(label, "default", seed, tail=0.1 + seed, unf=0.1 * seed)
+        for label in ("eq [/bold]", "random[shield=false]")
+        for seed in (1, 2)
+    ]
+    out = io.StringIO()
+    console = Console(file=out, width=400)
+    print_summary(console, results, title="suite [red]x")
+    print_paired(console, results, "random[shield=false]")
+    text = out.getvalue()
+    assert "suite [red]x" in text and "eq [/bold]" in text
+    assert "paired: random[shield=false] minus" in text
