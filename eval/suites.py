@@ -225,10 +225,17 @@ def load_suites(path: str | Path | None = None) -> dict[str, Suite]:
 def _suite(name: str, entry: Any, p: Path) -> Suite:
     where = f"{p}: suite {name!r}"
     e = configfile.validate(SuiteFile, entry, where)
+    controllers = _controllers(e.controllers, e.sweep, where)
+    labels = [c.label for c in controllers]
+    if e.paired_with is not None and e.paired_with not in labels:  # else silently another
+        raise SuiteError(
+            f"{where}: paired_with: {e.paired_with!r} is none of its controllers "
+            f"({', '.join(labels)})"
+        )
     return Suite(
         name=name,
         scenarios=list(e.scenarios),  # family draws resolved by get_suite (imports envs)
-        controllers=_controllers(e.controllers, e.sweep, where),
+        controllers=controllers,
         seeds=e.seeds,
         seconds=e.seconds,
         interval_s=e.interval_s,

@@ -45,10 +45,13 @@ def read_metrics(
     """Samples by name from a Prometheus text endpoint (HTTPS checked against ``ca`` or
     the system's CAs; ``token`` sent as a bearer token)."""
     import ssl
+    import urllib.parse
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):  # urllib reads file: too
+        raise ValueError("not an http:// or https:// URL")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     context = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
     request = urllib.request.Request(url, headers=headers)

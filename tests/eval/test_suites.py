@@ -119,6 +119,10 @@ def test_family_entries_reject_unknown_options(tmp_path: Path) -> None:
             r"two controllers are labelled 'eq' \(eq and unpartitioned\)",
         ),
         ("x: {scenarios: [default], controllers: [eq, eq]}", r"labelled 'eq' \(eq and eq\)"),
+        (
+            "x: {scenarios: [default], controllers: [eq], paired_with: copart}",
+            r"paired_with: 'copart' is none of its controllers \(eq\)",
+        ),
         ("{}", "defines no suites"),
     ],
 )

@@ -134,3 +134,11 @@ def test_a_tuner_endpoint_that_gives_no_tuner_metrics_still_shows_the_node(fresh
     assert len(err.splitlines()) == 1 and err.startswith(f"rdtune status: cannot read {url}: ")
     if endpoint != "down":
         assert "no rdtune_tuner_* series there: not a tuner's metrics endpoint" in err
+
+
+def test_a_tuner_metrics_url_must_be_http(fresh) -> None:
+    """urllib reads file: URLs too: before, the file's first line was echoed in the error."""
+    done = status("--agent", fresh.address, "--tuner-metrics", "file:///etc/passwd")
+    assert done.returncode == 1
+    assert "file:///etc/passwd: not an http:// or https:// URL" in done.stderr
+    assert "root:" not in done.stderr
