@@ -29,6 +29,7 @@ Failure handling (docs/DEPLOY.md, "What the safety guard guarantees"):
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -54,6 +55,9 @@ from tuner.outages import Resilience
 from tuner.pacing import Pacing
 
 log = logging.getLogger("rdtune.tuner")
+
+# Guard switches kept for the stop summary; every one is counted (and in the metrics).
+KEPT_SWITCHES = 100
 
 
 @dataclass
@@ -111,7 +115,9 @@ class Tuner(Resilience, Pacing):
         self.keeper = GroupKeeper(cfg.groups)
         self._since_read = 0
         self.intervals = 0
-        self.switches: list[Switch] = []
+        # the last switches (a guard flapping for days must not grow without end), and all
+        self.switches: collections.deque[Switch] = collections.deque(maxlen=KEPT_SWITCHES)
+        self.switch_count = 0
         self._last_now = -math.inf
         self._next_tick: float | None = None
         self._init_pacing()
@@ -276,6 +282,7 @@ class Tuner(Resilience, Pacing):
             (self.primary, self.fallback) if switch.to_fallback else (self.fallback, self.primary)
         )
         self.switches.append(switch)
+        self.switch_count += 1
         self.metrics.switches.labels(old.name, new.name).inc()
         role = "fallback" if switch.to_fallback else "primary"
         self.metrics.set_active(role, self.primary.name, self.fallback.name)

@@ -199,9 +199,10 @@ def run(args: argparse.Namespace) -> int:
             http.server_close()
     summary = {
         "intervals": tuner.intervals,
-        "switches": [
+        "switches": [  # the last ones (tuner.service.KEPT_SWITCHES)
             {"to_fallback": s.to_fallback, "groups": list(s.groups)} for s in tuner.switches
         ],
+        "switch_count": tuner.switch_count,
         "controller": tuner.primary.name if tuner.primary else None,
         "fallback": backup.name,
     }
