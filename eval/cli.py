@@ -127,6 +127,13 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(width=max(120, Console().width))
     if args.rerender:
+        if args.out and Path(args.out) != Path(args.rerender):
+            print(
+                "rdtune eval: --rerender rewrites the report in its own directory; --out "
+                "does not apply (copy the directory first to keep the old report)",
+                file=sys.stderr,
+            )
+            return 2
         return _rerender(console, Path(args.rerender))
     if args.list_controllers:
         from models.catalogue import describe
@@ -147,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
         scenarios = None
         if args.scenarios:
             want = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+            if not want:  # else the whole suite would run
+                raise SuiteError(f"--scenarios {args.scenarios!r}: names no scenario")
             names = {(s if isinstance(s, str) else s.name): s for s in suite.scenarios}
             scenarios = [names.get(s, s) for s in want]
         if args.agent and any(not isinstance(s, str) for s in (scenarios or suite.scenarios)):

@@ -121,6 +121,10 @@ class Suite:
         secs = self.seconds if seconds is None else seconds
         if not secs > 0:
             raise SuiteError("seconds must be positive")
+        if secs < self.interval_s:  # a run is whole intervals: it would silently be one
+            raise SuiteError(
+                f"seconds {secs:g} is shorter than one interval ({self.interval_s:g} s)"
+            )
         every = max(1, round(secs / self.interval_s / 600))  # at most ~600 timeline points
         return [
             Job(

@@ -106,6 +106,9 @@ def assert_one_line(done: subprocess.CompletedProcess, *needles: str) -> None:
             ("eval", "--suite", "smoke", "--controllers", "eq,unpartitioned,eq"),
             ("rdtune eval: --controllers: two controllers are labelled 'eq'",),
         ),
+        (("eval", "--suite", "smoke", "--scenarios", ",,"), ("--scenarios ',,': names no",)),
+        (("eval", "--suite", "smoke", "--seconds", "0.01"), ("shorter than one interval",)),
+        (("eval", "--rerender", "a", "--out", "b"), ("--out does not apply",)),
         (
             ("trace", "record", "--agent", "127.0.0.1:1", "--duration", "1", "--out", "x"),
             ("rdtune trace record: agent 127.0.0.1:1", "failed to connect"),
