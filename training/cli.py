@@ -22,7 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", help="run directory (default: the config's output_dir)")
     parser.add_argument("--seed", type=non_negative_int, help="override the config's seed")
-    parser.add_argument("--total-timesteps", type=positive_int, help="override total_timesteps")
+    parser.add_argument(
+        "--total-timesteps",
+        type=non_negative_int,
+        help="override total_timesteps (0: the DAgger warm start alone)",
+    )
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"
     )

@@ -227,6 +227,9 @@ class DaggerConfig(Strict):
     seed: Count = 0  # first episode seed and refit seed
 
 
+MAX_ENVS = 16384
+
+
 class TrainConfig(Strict):
     """A whole training run (see the module docstring for the YAML form)."""
 
@@ -234,7 +237,8 @@ class TrainConfig(Strict):
     algorithm: Literal["PPO", "MaskablePPO"] = "MaskablePPO"
     seed: Seed = 0
     total_timesteps: Count = 100_000  # PPO's env steps (0: the DAgger warm start alone)
-    n_envs: PositiveInt = 2
+    # bounded so a typo is refused, not a MemoryError from the envs' arrays
+    n_envs: Annotated[int, Field(ge=1, le=MAX_ENVS)] = 2
     subproc: bool = False
     vec_env: Literal["auto", "batched", "dummy", "subproc"] = "auto"
     rollout_workers: Count = 0  # Ray actors holding the batched envs (0: in this process)
@@ -256,6 +260,12 @@ class TrainConfig(Strict):
             object.__setattr__(self, "output_dir", f"runs/{self.name}")
         if self.total_timesteps == 0 and self.dagger is None:
             raise ConfigError("total_timesteps: 0 trains nothing without a dagger section")
+        rollout = self.n_envs * self.ppo.n_steps
+        if 0 < self.total_timesteps < rollout:  # PPO would silently train a whole one
+            raise ConfigError(
+                f"total_timesteps: {self.total_timesteps} is less than one rollout (n_envs x "
+                f"ppo.n_steps = {rollout}); PPO trains whole rollouts"
+            )
         self._check_rollout()
         self._check_env()
         self._check_splits()

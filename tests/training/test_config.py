@@ -127,6 +127,13 @@ def test_overrides_apply_and_revalidate():
         ({"policy": {"head": "slots", "extractor": None}}, "needs the group-set extractor"),
         ({"runtime": {"shield": {"give_up": -1}}}, "runtime.shield: .*give_up must be"),
         ({"runtime": {"shield": {"gve_up": 3}}}, r"runtime.shield: .*unknown shield options"),
+        # a typo, refused before the envs' arrays fill the memory
+        ({"n_envs": 4_096_000_000}, "n_envs: must be less than or equal to 16384"),
+        # PPO trains whole rollouts: 1 step would silently be 2 x 64
+        (
+            {"total_timesteps": 1, "n_envs": 2, "ppo": {"n_steps": 64, "batch_size": 64}},
+            "total_timesteps: 1 is less than one rollout (n_envs x ppo.n_steps = 128)",
+        ),
     ],
 )
 def test_bad_config_names_the_key(data, message):
