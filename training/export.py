@@ -496,6 +496,16 @@ def _swap_in(staging: Path, out_dir: Path) -> None:
     replace_directory(staging, out_dir, aside)
 
 
+def _evaluation_of(run_dir: Path, checkpoint: str) -> dict | None:
+    """The run's final table (``eval.json``) when it is of ``checkpoint``: a table of
+    another does not describe the policy exported (before it named one, the final
+    evaluation was always of the best)."""
+    if not (run_dir / "eval.json").exists():
+        return None
+    evaluation = _read_run_file(run_dir / "eval.json")
+    return evaluation if evaluation.get("checkpoint", "best_model.zip") == checkpoint else None
+
+
 def _write_export(
     model,
     run_dir: Path,
@@ -512,13 +522,7 @@ def _write_export(
     onnx_path = directory / "policy.onnx"
     export_onnx(model, onnx_path, nvec, masked)
     norm = _normalisation(run_dir, checkpoint, bool(config.get("normalize_obs")))
-    evaluation = None
-    if (run_dir / "eval.json").exists():
-        evaluation = _read_run_file(run_dir / "eval.json")
-        # a table of another checkpoint does not describe this policy (before it named one,
-        # the final evaluation was always of the best)
-        if evaluation.get("checkpoint", "best_model.zip") != checkpoint:
-            evaluation = None
+    evaluation = _evaluation_of(run_dir, checkpoint)
     trained_on = trained_capabilities(meta["env_kwargs"], meta["features"]["max_groups"])
     env = {"id": meta["env_id"], "kwargs": meta["env_kwargs"]}
     use, out_of_scope, limitations = standard_sections(trained_on, env)

@@ -18,8 +18,9 @@ an LC group missing its SLO switches the node to a fallback controller.
 
 from __future__ import annotations
 
+import collections
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from agent.errors import GroupNotFound, InvalidAllocation
@@ -278,6 +279,28 @@ class Switch:
     to_fallback: bool
     reason: str
     groups: tuple[str, ...] = ()
+
+
+class SwitchLog:
+    """The guard's last ``keep`` switches, and how many there were in all: a guard flapping
+    for days must not grow a list without end (nor a stop summary print it whole)."""
+
+    def __init__(self, keep: int = 100) -> None:
+        self.last: collections.deque[Switch] = collections.deque(maxlen=keep)
+        self.count = 0
+
+    def add(self, switch: Switch) -> None:
+        self.last.append(switch)
+        self.count += 1
+
+    def __iter__(self) -> Iterator[Switch]:
+        return iter(self.last)
+
+    def __len__(self) -> int:
+        return len(self.last)
+
+    def __getitem__(self, i: int) -> Switch:
+        return self.last[i]
 
 
 @dataclass

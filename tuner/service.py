@@ -29,7 +29,6 @@ Failure handling (docs/DEPLOY.md, "What the safety guard guarantees"):
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import time
@@ -49,7 +48,7 @@ from models.controller import ControlContext, Controller, Decision
 from models.setup import ControllerError
 from tuner.config import TunerConfig
 from tuner.groups import GroupKeeper
-from tuner.guard import PlanGuard, SloGuard, Switch, slo_verdicts
+from tuner.guard import PlanGuard, SloGuard, Switch, SwitchLog, slo_verdicts
 from tuner.metrics import TunerMetrics
 from tuner.outages import Resilience
 from tuner.pacing import Pacing
@@ -115,9 +114,7 @@ class Tuner(Resilience, Pacing):
         self.keeper = GroupKeeper(cfg.groups)
         self._since_read = 0
         self.intervals = 0
-        # the last switches (a guard flapping for days must not grow without end), and all
-        self.switches: collections.deque[Switch] = collections.deque(maxlen=KEPT_SWITCHES)
-        self.switch_count = 0
+        self.switches = SwitchLog(KEPT_SWITCHES)
         self._last_now = -math.inf
         self._next_tick: float | None = None
         self._init_pacing()
@@ -281,8 +278,7 @@ class Tuner(Resilience, Pacing):
         old, new = (
             (self.primary, self.fallback) if switch.to_fallback else (self.fallback, self.primary)
         )
-        self.switches.append(switch)
-        self.switch_count += 1
+        self.switches.add(switch)
         self.metrics.switches.labels(old.name, new.name).inc()
         role = "fallback" if switch.to_fallback else "primary"
         self.metrics.set_active(role, self.primary.name, self.fallback.name)

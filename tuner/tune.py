@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         "switches": [  # the last ones (tuner.service.KEPT_SWITCHES)
             {"to_fallback": s.to_fallback, "groups": list(s.groups)} for s in tuner.switches
         ],
-        "switch_count": tuner.switch_count,
+        "switch_count": tuner.switches.count,
         "controller": tuner.primary.name if tuner.primary else None,
         "fallback": backup.name,
     }

@@ -212,7 +212,7 @@ def test_metrics_after_a_guard_trip_and_recovery(spike_file: str, monkeypatch) -
     def get(name: str, **labels) -> float:
         return m[(name, tuple(sorted(labels.items())))]
 
-    assert [s.to_fallback for s in tuner.switches] == [False] and tuner.switch_count == 2
+    assert [s.to_fallback for s in tuner.switches] == [False] and tuner.switches.count == 2
     fb = tuner.fallback.name
     assert get("rdtune_tuner_guard_trips_total", group="memcached") == 1
     assert get("rdtune_tuner_controller_switches_total", from_controller="eq", to_controller=fb)
