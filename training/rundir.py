@@ -3,8 +3,9 @@
 A run builds its files in a staging directory beside OUT (``OUT.partial-<pid>``) and
 only a run that finished takes OUT's place: OUT is renamed to ``OUT.old-<pid>``, the
 staging directory to OUT, then the old one is removed and ``run.json`` gets its
-``finished`` field (the time, UTC), which ``rdtune export`` asks for. A failed or
-interrupted run removes its staging directory and leaves OUT as it was. ``OUT.lock``
+``finished`` field (the time, UTC), which ``rdtune export`` asks for. A failed run
+removes its staging directory and leaves OUT as it was; one its user stops (Ctrl-C,
+SIGTERM) with a checkpoint saved keeps it as ``OUT.interrupted`` for an export. ``OUT.lock``
 (an ``flock`` naming the pid, agent/pidlock.py) keeps a second run out of OUT while one is
 under way; the kernel lets go of a run that died, and a run that ends removes the file. A
 lock file found with a pid in it was left by a run that crashed: the next run into OUT
@@ -126,11 +127,24 @@ class StagedRun:
             shutil.rmtree(self.path, ignore_errors=True)
             log.info("run directory: %s removed (the run did not finish)", self.path)
 
+    def keep_interrupted(self) -> Path | None:
+        """A run stopped by its user (Ctrl-C, SIGTERM) keeps what it has: with a
+        checkpoint, the staging directory becomes ``OUT.interrupted`` (replacing an earlier
+        one; OUT stays as it was), exportable with ``--allow-incomplete``. Its path, or None
+        (nothing worth keeping: discarded)."""
+        if not any((self.path / c).is_file() for c in CHECKPOINTS):
+            self.discard()
+            return None
+        kept = _beside(self.out, "interrupted")
+        replace_directory(self.path, kept, _beside(self.out, f"interrupted.old-{os.getpid()}"))
+        return kept
+
 
 @contextmanager
 def staged_run(out: Path):
     """Hold ``OUT.lock`` and yield a :class:`StagedRun`; its staging directory is removed
-    unless the run published it (an exception, Ctrl-C)."""
+    unless the run published it (an exception), or kept as ``OUT.interrupted`` when its
+    user stopped it with a checkpoint saved (:meth:`StagedRun.keep_interrupted`)."""
     if out.is_symlink():  # the run goes where the link points, and the link stays
         out = Path(os.path.realpath(out))
     try:
@@ -144,6 +158,14 @@ def staged_run(out: Path):
         _clean_leftovers(out, lock.previous)
         _check_out(out)
         yield staging
+    except KeyboardInterrupt as exc:  # Terminated (SIGTERM) too: the user stopped it
+        kept = staging.keep_interrupted()
+        if kept is None:
+            raise
+        raise type(exc)(
+            f"the checkpoints so far are in {kept} (rdtune export --model {kept} "
+            "--allow-incomplete exports them)"
+        ) from None
     except BaseException:
         staging.discard()
         raise

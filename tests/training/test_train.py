@@ -239,7 +239,11 @@ def test_a_run_that_does_not_finish_leaves_the_previous_run_dir_as_it_was(tmp_pa
         with pytest.raises(error):
             train(tiny_config(out, total_timesteps=64), on_eval=stop)
     assert _snapshot(out) == before  # byte for byte
-    assert sorted(p.name for p in out.parent.iterdir()) == ["run"]  # no staging dir, no lock
+    # no staging dir, no lock; a run its user stopped keeps its checkpoints beside OUT
+    kept = ["run.interrupted"] if how == "interrupted" else []
+    assert sorted(p.name for p in out.parent.iterdir()) == ["run", *kept]
+    if how == "interrupted":
+        assert (out.parent / "run.interrupted" / "best_model.zip").read_bytes()[:2] == b"PK"
 
 
 @pytest.mark.parametrize("holder", ["live_run", "not_a_run_dir"])
@@ -316,6 +320,28 @@ def test_a_finished_run_replaces_the_previous_one_and_marks_it_finished(tmp_path
     meta = json.loads((out / "run.json").read_text())
     assert datetime.fromisoformat(meta["finished"]).tzinfo is not None
     assert (out / "model.zip").read_bytes().startswith(b"PK")
+
+
+def test_a_run_its_user_stops_keeps_its_checkpoints_for_an_export(tmp_path, capsys):
+    """Before, Ctrl-C (or SIGTERM) removed the whole staging directory, the best checkpoint
+    of hours of training with it."""
+    from tuner.cli import main
+
+    out = tmp_path / "run"
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    with pytest.raises(
+        KeyboardInterrupt, match=r"the checkpoints so far are in .*run\.interrupted"
+    ):
+        train(tiny_config(out, total_timesteps=64), on_eval=stop)
+    kept = tmp_path / "run.interrupted"
+    assert not out.exists() and (kept / "best_model.zip").is_file()
+    argv = ["export", "--model", str(kept), "--out", str(tmp_path / "e")]
+    assert main([*argv, "--parity-observations", "8"]) == 2, "an unfinished run is refused"
+    assert main([*argv, "--parity-observations", "8", "--allow-incomplete"]) == 0
+    capsys.readouterr()
 
 
 def test_directories_named_like_a_crashed_runs_are_left_alone(tmp_path):
