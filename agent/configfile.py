@@ -72,6 +72,19 @@ def read_config_text(path: str | Path, limit: int = MAX_CONFIG_BYTES) -> str:
     """The text of the regular file at ``path``, or a ConfigError naming it: a device or a
     pipe would be read without end or block forever, so only regular files are read, and
     only up to ``limit`` bytes."""
+    data = read_regular(path, limit, "a configuration file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
+
+
+def read_regular(path: str | Path, limit: int, what: str) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``limit``; a ConfigError naming
+    it otherwise (``what`` the file is for, in the message of one too large). A device or
+    a pipe would be read without end or block forever, so neither is read."""
     try:
         # O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -96,15 +109,8 @@ def read_config_text(path: str | Path, limit: int = MAX_CONFIG_BYTES) -> str:
         os.close(fd)
     if len(data) > limit:
         size = max(st.st_size, len(data))
-        raise ConfigError(
-            f"{path}: too large for a configuration file ({size} bytes; at most {limit})"
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
-        ) from None
+        raise ConfigError(f"{path}: too large for {what} ({size} bytes; at most {limit})")
+    return data
 
 
 def parse_problem(exc: Exception) -> str:

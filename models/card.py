@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.configfile import file_kind
+from agent.configfile import ConfigError, file_kind, read_regular
 from agent.types import NodeCapabilities
 from models.features import ENCODER_VERSIONS, FeatureEncoder
 from models.setup import ControllerError, Unavailable
@@ -395,28 +395,9 @@ class ModelCard:
         large or not the file the card was written for."""
         path = self.onnx_path
         try:
-            # O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            raise PolicyError(f"{path}: cannot read the ONNX policy: {exc.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise PolicyError(
-                    f"{path}: {file_kind(st.st_mode)}, not an ONNX file (the card's "
-                    f"runtime.onnx.file)"
-                )
-            if st.st_size > MAX_ONNX_BYTES:
-                raise PolicyError(
-                    f"{path}: {st.st_size} bytes, larger than a policy ({MAX_ONNX_BYTES >> 20} "
-                    "MiB at most)"
-                )
-            with os.fdopen(os.dup(fd), "rb") as f:
-                data = f.read(MAX_ONNX_BYTES + 1)
-        except OSError as exc:
-            raise PolicyError(f"{path}: cannot read the ONNX policy: {exc.strerror}") from None
-        finally:
-            os.close(fd)
+            data = read_regular(path, MAX_ONNX_BYTES, "a policy")
+        except ConfigError as exc:  # the card's runtime.onnx.file is no file we may read
+            raise PolicyError(f"cannot read the ONNX policy: {exc}") from None
         sha256 = self.onnx.get("sha256")
         if sha256 and hashlib.sha256(data).hexdigest() != sha256:
             raise PolicyError(f"{path}: ONNX file does not match the card's sha256 (corrupt?)")
