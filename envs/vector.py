@@ -116,8 +116,10 @@ def sb3_vector_env(venv: gym.vector.VectorEnv):
     returns observations only, ``dones`` = terminated or truncated, the last observation
     of a finished episode in ``info["terminal_observation"]``, ``TimeLimit.truncated``),
     ``env_method("action_masks")`` answered from the vector env's masks (MaskablePPO), and
-    attributes such as ``encoder`` read from the vector env. SB3's ``seed()`` seeds the next
-    reset (env ``i`` gets ``seed + i``)."""
+    attributes such as ``encoder`` read from the vector env (per env where the vector env
+    lists them in ``per_env_attributes``). SB3's ``seed()`` seeds the next reset (env ``i``
+    gets ``seed + i``). What the batched env's envs share (its other attributes and
+    methods, reset options) is set for all of them or refused, never for some silently."""
     return _sb3_class()(venv)
 
 
@@ -146,6 +148,11 @@ def _sb3_class():
 
         def reset(self):
             seeds = self._seeds if any(s is not None for s in self._seeds) else None
+            if any(o != self._options[0] for o in self._options):
+                raise ValueError(
+                    "the batched env takes one set of reset options for all its envs; "
+                    f"set_options gave them {self._options}"
+                )
             options = self._options[0] if self._options[0] else None
             obs, _ = self.venv.reset(seed=seeds, options=options)
             self.reset_infos = [{} for _ in range(self.num_envs)]
@@ -172,18 +179,31 @@ def _sb3_class():
         def _count(self, indices) -> list[int]:
             return list(self._get_indices(indices))
 
+        def _all(self, indices, what: str) -> list[int]:
+            """``indices`` when they are every env: the batched env's attributes and
+            methods are its N envs' at once, so some of them alone cannot be changed."""
+            idx = self._count(indices)
+            if sorted(idx) != list(range(self.num_envs)):
+                raise ValueError(
+                    f"{what}: the batched env's {self.num_envs} envs share it; it applies to "
+                    f"all of them (indices=None), not to {idx}"
+                )
+            return idx
+
         def get_attr(self, attr_name: str, indices=None) -> list:
             value = getattr(self.venv, attr_name)
-            return [value for _ in self._count(indices)]
+            per_env = attr_name in getattr(self.venv, "per_env_attributes", ())
+            return [value[i] if per_env else value for i in self._count(indices)]
 
         def set_attr(self, attr_name: str, value, indices=None) -> None:
+            self._all(indices, f"set_attr({attr_name!r})")
             setattr(self.venv, attr_name, value)
 
         def env_method(self, method_name: str, *args, indices=None, **kwargs) -> list:
-            idx = self._count(indices)
             if method_name == "action_masks":
                 masks = self.venv.action_masks()
-                return [masks[i] for i in idx]
+                return [masks[i] for i in self._count(indices)]
+            idx = self._all(indices, f"env_method({method_name!r})")
             result = getattr(self.venv, method_name)(*args, **kwargs)
             return [result for _ in idx]
 

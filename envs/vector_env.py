@@ -26,6 +26,7 @@ adapter is :class:`envs.vector.SB3VectorEnv`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -166,6 +167,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._rngs: list[np.random.Generator | None] = [None] * num_envs
         self.batch: SimBatch | None = None
         self.scenario_names = [""] * num_envs
+        self.per_env_attributes = ("scenario_names",)  # one value per env (the SB3 adapter)
         self._steps = np.zeros(num_envs, dtype=np.int64)
         self._autoreset = np.zeros(num_envs, dtype=bool)
         self._obs = np.zeros((num_envs, self.encoder.size), dtype=np.float32)
@@ -546,8 +548,15 @@ def _dl_rows(layout: DecodeLayout, rows: np.ndarray) -> DecodeLayout:
 
 
 def make_vector_env(num_envs: int = 1, **kwargs: Any) -> PartitionVectorEnv:
-    """The ``vector_entry_point`` of ``rdtune/Partition-v0``."""
-    kwargs.pop("max_episode_steps", None)  # gymnasium passes the spec's; episodes truncate
+    """The ``vector_entry_point`` of ``rdtune/Partition-v0``. ``max_episode_steps`` (which
+    gymnasium's other modes apply with a TimeLimit on each env) ends episodes as it does
+    there: at the first of it and ``episode_steps``."""
+    limit = kwargs.pop("max_episode_steps", None)
+    if limit is not None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"max_episode_steps must be a positive integer, got {limit!r}")
+        default = inspect.signature(PartitionVectorEnv).parameters["episode_steps"].default
+        kwargs["episode_steps"] = min(kwargs.get("episode_steps", default), limit)
     return PartitionVectorEnv(num_envs, **kwargs)
 
 

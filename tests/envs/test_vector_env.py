@@ -187,6 +187,54 @@ def test_sb3_adapter_matches_dummy_vec_env_of_single_envs() -> None:
             assert i1[k]["TimeLimit.truncated"] == i2[k]["TimeLimit.truncated"]
 
 
+def test_sb3_adapter_never_applies_to_some_envs_what_acts_on_all() -> None:
+    """Before, ``indices`` were ignored: resetting env 1 reset all three mid-episode (with no
+    done flags for SB3), setting an attribute of env 0 set it for all, and each env's reset
+    options became env 0's."""
+    ours = sb3_vector_env(PartitionVectorEnv(3, **FAST))
+    ours.seed(0)
+    ours.reset()
+    names = ours.venv.scenario_names
+    assert ours.get_attr("scenario_names", indices=[1]) == [names[1]]
+    assert ours.get_attr("episode_steps") == [FAST["episode_steps"]] * 3
+    with pytest.raises(ValueError, match=r"env_method\('reset'\): .* not to \[1\]"):
+        ours.env_method("reset", indices=[1])
+    with pytest.raises(ValueError, match=r"set_attr\('episode_steps'\)"):
+        ours.set_attr("episode_steps", 1, indices=[0])
+    ours.set_attr("episode_steps", 2)  # every env: allowed
+    assert ours.venv.episode_steps == 2
+    ours.set_options([{"baseline": "equal"}, {"baseline": "full"}, {}])
+    with pytest.raises(ValueError, match="one set of reset options for all its envs"):
+        ours.reset()
+    ours.set_options({"baseline": "full"})  # one for all
+    ours.reset()
+    ours.close()
+
+
+@pytest.mark.parametrize("limit", [3, 200])
+def test_max_episode_steps_ends_episodes_as_in_the_other_modes(limit: int) -> None:
+    """gymnasium applies ``max_episode_steps`` with a TimeLimit in its sync and async modes;
+    the batched env took it and truncated at ``episode_steps`` (64) whatever it said."""
+    lengths = {}
+    for mode in ("vector_entry_point", "sync"):
+        env = gym.make_vec(
+            envs.PARTITION_ID,
+            num_envs=2,
+            vectorization_mode=mode,
+            max_episode_steps=limit,
+            episode_steps=5,
+            interval_s=0.5,
+        )
+        env.reset(seed=0)
+        zero = np.zeros(env.action_space.shape, dtype=np.int64)
+        for step in range(1, 10):
+            if env.step(zero)[3].any():
+                lengths[mode] = step
+                break
+        env.close()
+    assert lengths == {"vector_entry_point": min(limit, 5), "sync": min(limit, 5)}
+
+
 def test_maskable_ppo_learns_on_the_batched_env() -> None:
     from sb3_contrib import MaskablePPO
 
