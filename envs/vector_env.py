@@ -213,6 +213,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             raise RuntimeError("call reset() before step()")
         levels = check_levels(self.decoder, actions)
         N = self.num_envs
+        if len(levels) != N:  # refused before anything moves (next_step's restarts too)
+            raise ValueError(f"actions for {len(levels)} envs; this vector env has {N}")
         resetting = self._autoreset.copy()  # next_step mode: these restart now
         if resetting.any():
             self._start(np.flatnonzero(resetting), self.baseline)

@@ -161,6 +161,23 @@ def test_bad_actions_are_refused_with_a_clear_error() -> None:
         PartitionVectorEnv(2, autoreset_mode="disabled")
 
 
+def test_actions_for_another_number_of_envs_are_refused_before_anything_moves() -> None:
+    """Before, a numpy broadcast error, after a next_step env had already restarted the
+    envs whose episodes ended: a retried step then drew other scenarios."""
+    runs = []
+    for bad_first in (False, True):
+        env = PartitionVectorEnv(3, **{**FAST, "episode_steps": 1}, autoreset_mode="next_step")
+        env.reset(seed=2)
+        zero = np.zeros((3, 2 * env.decoder.max_groups), dtype=np.int64)
+        env.step(zero)  # every episode ends: the next step restarts them
+        if bad_first:
+            with pytest.raises(ValueError, match="actions for 2 envs; this vector env has 3"):
+                env.step(zero[:2])
+        runs.append(env.step(zero)[0])
+        env.close()
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
 def test_sb3_adapter_matches_dummy_vec_env_of_single_envs() -> None:
     from stable_baselines3.common.vec_env import DummyVecEnv
 
