@@ -10,6 +10,7 @@ comparison table and writes a report with plots (eval/report.py).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -67,14 +68,19 @@ def run(args: argparse.Namespace) -> int:
     from eval.cli import check_out, check_scenario
     from eval.report import write_report
     from eval.runner import Job, run_job
-    from eval.suites import EVAL_DIR
-    from models.catalogue import split_specs
+    from eval.suites import EVAL_DIR, parse_controllers
     from models.policy import policy_available
 
     # the bundled policy decides once a second, the cadence it was trained at
     policy = "policy[decide_s=1]" if args.interval <= 1.0 else "policy"
-    text = args.controllers or HEURISTICS + (f",{policy}" if policy_available() else "")
-    specs = split_specs(text)  # raises ValueError naming an unknown controller
+    text = args.controllers
+    if text is None:
+        text = HEURISTICS + (f",{policy}" if policy_available() else "")
+    # ValueError naming an unknown controller, or two under one label (each is one run)
+    specs = parse_controllers(text)
+    if not specs:
+        print(f"rdtune demo: --controllers {text!r} names no controller", file=sys.stderr)
+        return 2
     scenario = (
         str(EVAL_DIR / "scenarios" / "demo.yaml") if args.scenario == "demo" else args.scenario
     )
@@ -142,8 +148,7 @@ def run(args: argparse.Namespace) -> int:
         title="rdtune demo",
         description="Controllers head to head on one simulated node (one seed; "
         "`rdtune eval --suite demo` runs several seeds with confidence intervals).",
-        command=f"rdtune demo --scenario {args.scenario} --seconds {args.seconds:g} "
-        f"--seed {args.seed}",
+        command=_command(args),
         machine=machine(),
         timelines=1,
     )
@@ -151,4 +156,18 @@ def run(args: argparse.Namespace) -> int:
     for p in report.plots:
         console.print(f"  plot: {p}")
     console.print(f"demo took {time.perf_counter() - t_start:.1f} s")
-    return 0 if any(not r.error for r in results) else 1
+    failed = [r.controller for r in results if r.error]
+    if failed:  # the report says why; the exit status must say that something did fail
+        print(f"rdtune demo: {len(failed)} of {len(results)} controllers failed: "
+              f"{', '.join(failed)}", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command that runs this demo again (its options as given)."""
+    words = ["rdtune", "demo", "--scenario", args.scenario, "--seconds", f"{args.seconds:g}",
+             "--interval", f"{args.interval:g}", "--seed", str(args.seed)]  # fmt: skip
+    if args.controllers is not None:
+        words += ["--controllers", args.controllers]
+    return " ".join(shlex.quote(w) for w in words)

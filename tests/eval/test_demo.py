@@ -36,9 +36,35 @@ def test_demo_default_runs_the_heuristics_and_the_bundled_policy(
     assert "failed" not in out
 
 
-def test_demo_rejects_unknown_controller(capsys) -> None:
-    assert main(["demo", "--seconds", "1", "--controllers", "nope"]) == 2  # a usage error
-    assert "rdtune demo: unknown controller 'nope'" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("controllers", "message"),
+    [
+        ("nope", "unknown controller 'nope'"),
+        (",", "--controllers ',' names no controller"),  # was an IndexError
+        ("", "--controllers '' names no controller"),  # ran the default set
+        ("eq,eq", "two controllers are labelled 'eq'"),  # two runs counted as a CI
+    ],
+)
+def test_demo_rejects_controllers_it_cannot_run_as_given(controllers, message, capsys) -> None:
+    assert main(["demo", "--seconds", "1", "--controllers", controllers]) == 2  # a usage error
+    err = capsys.readouterr().err
+    assert err.startswith("rdtune demo: ") and message in err and err.count("\n") == 1
+
+
+def test_a_failed_controller_fails_the_demo_and_the_report_says_how_to_run_it_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, a demo in which a controller failed exited 0, and the report's command left
+    out --controllers and --interval."""
+    crashy = "import:tests.tuner.controllers:Crashy"
+    args = ["demo", "--seconds", "1", "--interval", "0.2", "--controllers", f"eq,{crashy}",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert main(args) == 1
+    assert f"rdtune demo: 1 of 2 controllers failed: {crashy}" in capsys.readouterr().err
+    report = (tmp_path / "report.md").read_text()
+    assert (
+        f"rdtune demo --scenario demo --seconds 1 --interval 0.2 --seed 0 --controllers eq,{crashy}"
+    ) in report
 
 
 def test_registry_lists_the_basics() -> None:
