@@ -494,6 +494,11 @@ class Oracle(Controller):
         self.excess_quantum = float(excess_quantum)
         if lookahead_s < 0 or not 0 < load_quantum <= 1:
             raise ValueError("lookahead_s must be >= 0 and load_quantum in (0, 1]")
+        if isinstance(objective, str):
+            get_objective(objective, False)  # an unknown name: refused now, not mid-run
+        if max_evals < 1 or warm_evals < 0:
+            raise ValueError(f"max_evals must be >= 1 and warm_evals >= 0, got {max_evals}, "
+                             f"{warm_evals}")  # fmt: skip
         self.objective = objective
         self.margin = margin
         self.lookahead_s = float(lookahead_s)

@@ -255,3 +255,18 @@ def test_oracle_refuses_a_real_node():
 
     with pytest.raises(TypeError, match="simulated node"):
         Oracle(NotSim())
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"objective": "bogus"}, "unknown objective 'bogus'"),  # was refused mid-run only
+        ({"max_evals": 0}, "max_evals must be >= 1"),  # held the unpartitioned split
+        ({"warm_evals": -1}, "warm_evals >= 0"),
+    ],
+)
+def test_options_it_cannot_honour_are_refused_when_it_is_built(options, message) -> None:
+    node = SimNode("default", seed=0)
+    with pytest.raises(ValueError, match=message):
+        Oracle(node, **options)
+    node.close()
