@@ -57,9 +57,24 @@ REFERENCES = ("truth", "running_max")
 
 
 def _positive(name: str, value: float) -> float:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number, got {value!r}")
     return float(value)
+
+
+def _count(name: str, value: int) -> int:
+    """``value`` when it is a whole number >= 1 (True is an int to Python, not here)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _flag(name: str, value: bool) -> bool:
+    """``value`` when it is True or False: ``bool("false")`` would turn an option on."""
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return bool(value)
 
 
 # Group colours of render_rgb (distinct on a dark background).
@@ -97,8 +112,7 @@ class _PartitionEnv(gym.Env):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
         if baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
-        if not isinstance(episode_steps, int) or episode_steps < 1:
-            raise ValueError(f"episode_steps must be a positive integer, got {episode_steps!r}")
+        _count("episode_steps", episode_steps)
         self.render_mode = render_mode
         self.encoder = FeatureEncoder(max_groups, encoder_version)
         self.decoder = ActionDecoder(max_groups, share_levels, mba_levels, share_all)
@@ -436,7 +450,7 @@ class PartitionEnv(_PartitionEnv):
         self.family = ScenarioFamily(scenarios, split, preset, max_groups)
         self.reference = reference
         self.sim_step_s = _positive("sim_step_s", sim_step_s)
-        self.noise = bool(noise)
+        self.noise = _flag("noise", noise)
         self._running = RunningMaxReference()
         self._truth: dict[str, float] = {}
 

@@ -40,7 +40,7 @@ from gymnasium.vector.utils import batch_space
 from agent.sim.batch import SimBatch
 from agent.sim.truth import solo_reference
 from agent.types import Allocation, AllocationPlan, GroupKind
-from envs.partition import BASELINES, REFERENCES, _positive
+from envs.partition import BASELINES, REFERENCES, _count, _flag, _positive
 from envs.reward import RewardWeights, mb_scale, reward_arrays
 from envs.scenarios import ScenarioFamily
 from models.actions import ActionDecoder, DecodeLayout, check_levels, decode_arrays
@@ -121,8 +121,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         seed: int | None = None,
         render_mode: str | None = None,
     ) -> None:
-        if not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+        _count("num_envs", num_envs)
         mode = _mode(autoreset_mode)
         if mode not in MODES:
             raise ValueError(
@@ -134,8 +133,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
         if reference not in REFERENCES:
             raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
-        if not isinstance(episode_steps, int) or episode_steps < 1:
-            raise ValueError(f"episode_steps must be a positive integer, got {episode_steps!r}")
+        _count("episode_steps", episode_steps)
         self.num_envs = num_envs
         self.autoreset_mode = mode
         self.metadata = {**self.metadata, "autoreset_mode": mode}
@@ -155,7 +153,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             if self.shield_config is not None
             else None
         )
-        self.noise = bool(noise)
+        self.noise = _flag("noise", noise)
         self.family = ScenarioFamily(scenarios, split, preset, max_groups)
         self.single_observation_space = spaces.Box(
             self.encoder.low, self.encoder.high, dtype=np.float32

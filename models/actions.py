@@ -120,7 +120,7 @@ class ActionDecoder:
     def __post_init__(self) -> None:
         for name in ("max_groups", "share_levels", "mba_levels"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.share_all, bool):
             raise ValueError(f"share_all must be true or false, got {self.share_all!r}")

@@ -199,7 +199,11 @@ class FeatureEncoder:
     version: int = ENCODER_VERSION
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_groups, int) or self.max_groups < 1:
+        if (
+            not isinstance(self.max_groups, int)
+            or isinstance(self.max_groups, bool)
+            or (self.max_groups < 1)
+        ):
             raise ValueError(f"max_groups must be a positive integer, got {self.max_groups!r}")
         _check_version(self.version)
 

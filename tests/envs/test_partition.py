@@ -186,12 +186,21 @@ def test_reset_options_pick_scenario_and_baseline(make_env) -> None:
         ({"reward_weights": {"slo": -1}}, "reward weight slo"),
         ({"reward_weights": {"speed": 1}}, "unknown reward weights"),
         ({"max_groups": 0}, "max_groups"),
-        ({"render_mode": "human"}, "render_mode"),
+        ({"render_mode": "human"}, "render_mode|does not render"),
+        # True is an int to Python; bool("false") is True (noise was turned on)
+        ({"max_groups": True}, "max_groups must be a positive integer, got True"),
+        ({"share_levels": True}, "share_levels must be a positive integer, got True"),
+        ({"episode_steps": True}, "episode_steps must be a positive integer, got True"),
+        ({"interval_s": True}, "interval_s must be a positive number, got True"),
+        ({"noise": "false"}, "noise must be true or false, got 'false'"),
     ],
 )
-def test_bad_configuration_is_rejected_clearly(kwargs, match) -> None:
+@pytest.mark.parametrize("vectorised", [False, True], ids=["single", "vector"])
+def test_bad_configuration_is_rejected_clearly(kwargs, match, vectorised) -> None:
+    from envs.vector_env import PartitionVectorEnv
+
     with pytest.raises(Exception, match=match):
-        PartitionEnv(**kwargs)
+        PartitionVectorEnv(2, **kwargs) if vectorised else PartitionEnv(**kwargs)
 
 
 def test_step_before_reset_is_an_error() -> None:
