@@ -209,6 +209,11 @@ class _PartitionEnv(gym.Env):
     def step(self, action):
         if self.node is None or self._alloc is None:
             raise RuntimeError("call reset() before step()")
+        if isinstance(action, np.ndarray) and action.ndim != 1:  # not flattened: a batch?
+            raise ValueError(
+                f"action of shape {action.shape}; expected ({2 * self.decoder.max_groups},) "
+                "(a share and an MBA level per slot)"
+            )
         self._refresh_groups()
         floors = self._shield.floors() if self._shield else None
         decoded = self._decode(self._shield.pinned(action) if self._shield else action, floors)
@@ -499,6 +504,7 @@ class PartitionEnv(_PartitionEnv):
     def close(self) -> None:
         if self.node is not None:
             self.node.close()
+        self._alloc = None  # a step after close is refused as one before reset
         super().close()
 
 
@@ -555,6 +561,9 @@ class NodePartitionEnv(_PartitionEnv):
         )
         if (address is None) == (node is None):
             raise ValueError("give exactly one of address (an agent) or node (a Node object)")
+        if node is not None and not isinstance(node, Node):  # a runtime-checkable Protocol
+            raise ValueError(f"node must be a Node (agent/node.py), got {type(node).__name__}")
+        _positive("timeout", timeout)
         if reference != "running_max":
             raise ValueError(
                 "RemotePartition-v0 supports reference='running_max' only (a remote node "
@@ -570,7 +579,7 @@ class NodePartitionEnv(_PartitionEnv):
         self.node = node
         self.address = address
         self.scenario = scenario
-        self.use_clock = bool(use_clock)
+        self.use_clock = _flag("use_clock", use_clock)
         self._clock = None
         self._running = RunningMaxReference()
 
@@ -606,4 +615,5 @@ class NodePartitionEnv(_PartitionEnv):
     def close(self) -> None:
         if self._owns_node and self.node is not None:
             self.node.close()
+        self._alloc = None  # a step after close is refused as one before reset
         super().close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -208,9 +210,32 @@ def test_step_before_reset_is_an_error() -> None:
         PartitionEnv().step(np.zeros(16, dtype=np.int64))
 
 
-def test_remote_env_needs_exactly_one_of_address_and_node() -> None:
-    with pytest.raises(ValueError, match="exactly one"):
-        NodePartitionEnv()
+def test_a_step_after_close_or_of_a_batch_shaped_action_is_refused() -> None:
+    """Before, a (1, 16) or (2, 8) action was flattened and taken, and stepping a closed env
+    went on."""
+    env = PartitionEnv(episode_steps=4)
+    env.reset(seed=0)
+    for shape in ((1, 16), (2, 8)):
+        with pytest.raises(ValueError, match=re.escape(f"action of shape {shape}; expected (16,)")):
+            env.step(np.zeros(shape, dtype=np.int64))
+    env.step(np.zeros(16, dtype=np.int64))  # still usable
+    env.close()
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(np.zeros(16, dtype=np.int64))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "exactly one"),
+        ({"node": "abc"}, "node must be a Node"),  # was an AttributeError at reset
+        ({"address": "127.0.0.1:1", "timeout": -1}, "timeout must be a positive number"),
+        ({"address": "127.0.0.1:1", "use_clock": "no"}, "use_clock must be true or false"),
+    ],
+)
+def test_remote_env_refuses_what_it_cannot_use(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        NodePartitionEnv(**kwargs)
 
 
 # ------------------------------------------------------------------ scenario families
