@@ -31,6 +31,7 @@ SUITES_FILE = EVAL_DIR / "data" / "suites.yaml"
 
 # A suite file or a suite request that is malformed: the one configuration error.
 SuiteError = ConfigError
+MAX_RUNS = 100_000  # runs of one suite (the held-out one has a few hundred)
 
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[Finite, Field(gt=0)]
@@ -118,6 +119,12 @@ class Suite:
         n = self.seeds if seeds is None else seeds
         if n < 1:
             raise SuiteError("seeds must be at least 1")
+        runs = n * len(scns) * len(ctls)
+        if runs > MAX_RUNS:  # a typo, refused before every job is built in memory
+            raise SuiteError(
+                f"{runs:,} runs ({len(ctls)} controllers x {len(scns)} scenarios x {n} seeds); "
+                f"at most {MAX_RUNS:,}"
+            )
         secs = self.seconds if seconds is None else seconds
         if not secs > 0:
             raise SuiteError("seconds must be positive")

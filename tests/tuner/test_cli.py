@@ -108,6 +108,7 @@ def assert_one_line(done: subprocess.CompletedProcess, *needles: str) -> None:
         ),
         (("eval", "--suite", "smoke", "--scenarios", ",,"), ("--scenarios ',,': names no",)),
         (("eval", "--suite", "smoke", "--seconds", "0.01"), ("shorter than one interval",)),
+        (("eval", "--suite", "smoke", "--seeds", "100000000"), ("200,000,000 runs", "at most")),
         (("eval", "--rerender", "a", "--out", "b"), ("--out does not apply",)),
         (
             ("trace", "record", "--agent", "127.0.0.1:1", "--duration", "1", "--out", "x"),
