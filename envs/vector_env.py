@@ -261,6 +261,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
                     final[i] = self._obs[i].copy()
                 infos["final_obs"] = final
                 infos["_final_obs"] = truncated.copy()
+                infos["final_info"] = self._final_info(infos, truncated)
+                infos["_final_info"] = truncated.copy()
                 self._start(done, self.baseline)
                 self.batch.advance(self.interval_s, done)
                 fresh = self.batch.observe(done)
@@ -272,6 +274,19 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             self._autoreset = truncated
         infos["scenario"] = np.array(self.scenario_names, dtype=object)
         return self._obs.copy(), rewards, terminated, truncated, infos
+
+    def _final_info(self, infos: dict[str, Any], ended: np.ndarray) -> dict[str, Any]:
+        """What gymnasium's same-step autoreset puts in ``final_info`` (each key an array
+        over the envs, ``_key`` marking the envs whose episode ended), of what this env
+        reports: the ended episode's scenario and its last reward terms."""
+        out: dict[str, Any] = {
+            "scenario": np.array(self.scenario_names, dtype=object),
+            "_scenario": ended.copy(),
+        }
+        if "reward_terms" in infos:
+            out["reward_terms"] = infos["reward_terms"]
+            out["_reward_terms"] = ended.copy()
+        return out
 
     def action_masks(self) -> np.ndarray:
         """Per env, the flat boolean masks MaskablePPO takes (absent slots, and choices the

@@ -136,8 +136,13 @@ def test_autoreset_starts_a_fresh_episode_in_the_same_step() -> None:
     env.reset(seed=1)
     zero = np.zeros((2, 2 * env.decoder.max_groups), dtype=np.int64)
     env.step(zero)
+    names = list(env.scenario_names)  # the episodes about to end
     obs, _, _, trunc, info = env.step(zero)
     assert trunc.all() and info["_final_obs"].all()
+    # as gymnasium's same-step autoreset: the ended episodes' info under final_info
+    ended = info["final_info"]
+    assert info["_final_info"].all() and ended["_scenario"].all()
+    assert list(ended["scenario"]) == names and "reward_terms" in ended
     # The observation after truncation is the next episode's first: what a single env
     # with the same generator state gives on reset.
     single = envs.partition.PartitionEnv(**{**FAST, "episode_steps": 2})
