@@ -56,10 +56,17 @@ BASELINES = ("current", "equal", "full")
 REFERENCES = ("truth", "running_max")
 
 
-def _positive(name: str, value: float) -> float:
+# The simulator's shortest step: its cost grows as the step shrinks (1e-9 s ran for minutes
+# per reset), and no resctrl interval is shorter.
+MIN_SIM_STEP_S = 1e-3
+
+
+def _positive(name: str, value: float, at_least: float = 0.0) -> float:
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if not (number and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if value < at_least:
+        raise ValueError(f"{name} must be at least {at_least:g} s, got {value!r}")
     return float(value)
 
 
@@ -454,7 +461,7 @@ class PartitionEnv(_PartitionEnv):
             raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
         self.family = ScenarioFamily(scenarios, split, preset, max_groups)
         self.reference = reference
-        self.sim_step_s = _positive("sim_step_s", sim_step_s)
+        self.sim_step_s = _positive("sim_step_s", sim_step_s, at_least=MIN_SIM_STEP_S)
         self.noise = _flag("noise", noise)
         self._running = RunningMaxReference()
         self._truth: dict[str, float] = {}

@@ -40,7 +40,7 @@ from gymnasium.vector.utils import batch_space
 from agent.sim.batch import SimBatch
 from agent.sim.truth import solo_reference
 from agent.types import Allocation, AllocationPlan, GroupKind
-from envs.partition import BASELINES, REFERENCES, _count, _flag, _positive
+from envs.partition import BASELINES, MIN_SIM_STEP_S, REFERENCES, _count, _flag, _positive
 from envs.reward import RewardWeights, mb_scale, reward_arrays
 from envs.scenarios import ScenarioFamily
 from models.actions import ActionDecoder, DecodeLayout, check_levels, decode_arrays
@@ -142,7 +142,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self.history = History.zeros(num_envs, max_groups) if self.encoder.stateful else None
         self.decoder = ActionDecoder(max_groups, share_levels, mba_levels, share_all)
         self.interval_s = _positive("interval_s", interval_s)
-        self.sim_step_s = _positive("sim_step_s", sim_step_s)
+        self.sim_step_s = _positive("sim_step_s", sim_step_s, at_least=MIN_SIM_STEP_S)
         self.episode_steps = episode_steps
         self.weights = RewardWeights.of(reward_weights)
         self.reference = reference

@@ -56,6 +56,7 @@ import numpy as np
 from agent.types import AllocationPlan, GroupAllocation, NodeCapabilities, contiguous_mask
 from models import actions_kernel as ak
 from models.allocation import mb_level
+from models.features import MAX_GROUP_SLOTS
 
 _MB_TABLES: dict[tuple, tuple[int, ...]] = {}
 
@@ -122,6 +123,10 @@ class ActionDecoder:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_groups > MAX_GROUP_SLOTS:
+            raise ValueError(
+                f"max_groups must be an integer in [1, {MAX_GROUP_SLOTS}], got {self.max_groups}"
+            )
         if not isinstance(self.share_all, bool):
             raise ValueError(f"share_all must be true or false, got {self.share_all!r}")
         bounds = (self.share_levels,) * self.max_groups + (self.mba_levels,) * self.max_groups

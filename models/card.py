@@ -37,7 +37,7 @@ from typing import Any
 
 from agent.configfile import ConfigError, file_kind, read_regular
 from agent.types import NodeCapabilities
-from models.features import ENCODER_VERSIONS, FeatureEncoder
+from models.features import ENCODER_VERSIONS, MAX_GROUP_SLOTS, FeatureEncoder
 from models.setup import ControllerError, Unavailable
 from models.shield import ShieldConfig
 
@@ -47,10 +47,9 @@ FORMAT_V1 = "rdtune-policy-card/1"
 ACTION_DESIGN = "multidiscrete-share-levels"
 MAX_CARD_BYTES = 16 << 20
 MAX_ONNX_BYTES = 1 << 30
-# Generous bounds on a card's sizes, so a hand-edited card is refused before it makes the
-# runtime build a layout or an action table of gigabytes (resctrl offers at most a few
-# hundred groups; a policy's levels are tens).
-MAX_GROUP_SLOTS = 4096
+# Generous bounds on a card's sizes (the slots' is the encoder's), so a hand-edited card is
+# refused before it makes the runtime build a layout or an action table of gigabytes (a
+# policy's levels are tens).
 MAX_LEVELS = 1024
 BASELINES = ("current", "equal", "full")
 WHAT_TO_GIVE = "give the export directory, its .onnx file or its model card"

@@ -94,6 +94,9 @@ from models import features_kernel as fk
 
 ENCODER_VERSION = 2
 ENCODER_VERSIONS = (1, 2)  # what this code encodes: policies of either version still run
+# Group slots a policy may have: resctrl offers a few hundred groups at most; the bound
+# keeps a typo from building a layout of gigabytes (model cards are checked against it).
+MAX_GROUP_SLOTS = 4096
 
 GROUP_FEATURES: tuple[str, ...] = (
     "present",
@@ -199,12 +202,9 @@ class FeatureEncoder:
     version: int = ENCODER_VERSION
 
     def __post_init__(self) -> None:
-        if (
-            not isinstance(self.max_groups, int)
-            or isinstance(self.max_groups, bool)
-            or (self.max_groups < 1)
-        ):
-            raise ValueError(f"max_groups must be a positive integer, got {self.max_groups!r}")
+        g = self.max_groups
+        if not isinstance(g, int) or isinstance(g, bool) or not 1 <= g <= MAX_GROUP_SLOTS:
+            raise ValueError(f"max_groups must be an integer in [1, {MAX_GROUP_SLOTS}], got {g!r}")
         _check_version(self.version)
 
     # ------------------------------------------------------------------ layout

@@ -190,7 +190,9 @@ def test_reset_options_pick_scenario_and_baseline(make_env) -> None:
         ({"max_groups": 0}, "max_groups"),
         ({"render_mode": "human"}, "render_mode|does not render"),
         # True is an int to Python; bool("false") is True (noise was turned on)
-        ({"max_groups": True}, "max_groups must be a positive integer, got True"),
+        ({"max_groups": True}, "max_groups must be an integer in .1, 4096., got True"),
+        ({"max_groups": 100_000}, "max_groups must be an integer in .1, 4096."),  # 3 s a step
+        ({"sim_step_s": 1e-9}, "sim_step_s must be at least 0.001 s"),  # minutes a reset
         ({"share_levels": True}, "share_levels must be a positive integer, got True"),
         ({"episode_steps": True}, "episode_steps must be a positive integer, got True"),
         ({"interval_s": True}, "interval_s must be a positive number, got True"),
