@@ -587,6 +587,13 @@ class NodePartitionEnv(_PartitionEnv):
         self.address = address
         self.scenario = scenario
         self.use_clock = _flag("use_clock", use_clock)
+        from agent.sim import SimNode  # (imported where used, as PartitionEnv does)
+
+        if not self.use_clock and isinstance(node, SimNode):
+            raise ValueError(
+                "use_clock=False with an in-process SimNode: nothing would advance its time "
+                "(every interval would last 0 s); leave use_clock on"
+            )
         self._clock = None
         self._running = RunningMaxReference()
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import envs
-from agent.sim import random_scenario
+from agent.sim import SimNode, random_scenario
 from agent.validate import PlanContext, validate_plan
 from envs.partition import NodePartitionEnv, PartitionEnv
 from envs.scenarios import (
@@ -233,6 +233,8 @@ def test_a_step_after_close_or_of_a_batch_shaped_action_is_refused() -> None:
         ({"node": "abc"}, "node must be a Node"),  # was an AttributeError at reset
         ({"address": "127.0.0.1:1", "timeout": -1}, "timeout must be a positive number"),
         ({"address": "127.0.0.1:1", "use_clock": "no"}, "use_clock must be true or false"),
+        # before, every snapshot had interval_s 0 and every reward after the first was 0
+        ({"node": SimNode("default"), "use_clock": False}, "nothing would advance its time"),
     ],
 )
 def test_remote_env_refuses_what_it_cannot_use(kwargs, message) -> None:
