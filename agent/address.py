@@ -4,6 +4,7 @@ listeners (agent/server/security.py) and its clients (agent/connection.py, agent
 
 from __future__ import annotations
 
+import ipaddress
 import os
 
 from agent.configfile import ConfigError
@@ -45,4 +46,18 @@ def split_address(
         raise ConfigError(f"{what} {address!r}: port {port!r} is not a number") from None
     if not min_port <= number <= 65535:
         raise ConfigError(f"{what} {address!r}: port out of range")
+    _check_literal(host, f"{what} {address!r}")
     return None, host, number
+
+
+def _check_literal(host: str, where: str) -> None:
+    """Refuse a host written as an IP address that is none (``256.1.1.1``, ``[::g]``): it
+    would be resolved as a name and fail later, or be called non-loopback."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        if host.startswith("["):
+            ipaddress.IPv6Address(bare)
+        elif bare.replace(".", "").isdigit():
+            ipaddress.IPv4Address(bare)
+    except ValueError:
+        raise ConfigError(f"{where}: {bare!r} is not an IP address") from None

@@ -130,6 +130,8 @@ BAD_ADDRESSES = [
     # grpc's server binds it, but no grpc client dials it
     ("unix:/tmp/" + "s" * 103, "a unix socket path is at most 107 bytes, this one has 108"),
     ("unix:/tmp/a\x00b", "holds a control character"),  # bind(2) would see /tmp/a
+    ("256.1.1.1:80", "'256.1.1.1' is not an IP address"),  # was called non-loopback
+    ("[::g]:80", "'::g' is not an IP address"),
 ]
 
 
