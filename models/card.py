@@ -277,7 +277,9 @@ class ModelCard:
         problems = self.code_problems()
         if problems:
             raise PolicyCompatibilityError(f"{self.root}: " + "; ".join(problems))
-        return self.read_onnx()
+        data = self.read_onnx()
+        _check_onnx(self.onnx_path, data)
+        return data
 
     # ------------------------------------------------------------------ file
 
@@ -401,6 +403,22 @@ class ModelCard:
         if sha256 and hashlib.sha256(data).hexdigest() != sha256:
             raise PolicyError(f"{path}: ONNX file does not match the card's sha256 (corrupt?)")
         return data
+
+
+def _check_onnx(path: Path, data: bytes) -> None:
+    """PolicyError unless ``data`` parses as an ONNX model with a graph (a file without
+    the card's checksum may be anything); unchecked without the onnx package, where ONNX
+    Runtime says why when the policy loads."""
+    try:
+        import onnx
+    except ImportError:
+        return
+    try:
+        model = onnx.load_from_string(data)
+    except Exception as exc:  # protobuf's and onnx's own errors
+        raise PolicyError(f"{path}: not an ONNX model ({type(exc).__name__})") from None
+    if not model.graph.node:
+        raise PolicyError(f"{path}: not an ONNX model (no graph)")
 
 
 # --------------------------------------------------------------------------- its fields

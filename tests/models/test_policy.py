@@ -148,7 +148,7 @@ def test_refuses_damaged_files(tiny_export, tmp_path):
         PolicyController.load(bad)
     garbage = copy_export(tiny_export, tmp_path / "garbage", **{"runtime.onnx.sha256": None})
     (garbage / "policy.onnx").write_bytes(b"not onnx")
-    with pytest.raises(PolicyError, match="not a loadable ONNX model"):
+    with pytest.raises(PolicyError, match="not an ONNX model"):
         PolicyController.load(garbage)
     (garbage / "model_card.json").write_text("{broken")
     with pytest.raises(PolicyError, match="not valid JSON"):

@@ -116,20 +116,21 @@ def test_tune_refuses_a_mismatched_policy(
     assert without_the_node or run.summary["intervals"] == 0, "no interval ran"
 
 
-@pytest.mark.parametrize("signed", [True, False])
-def test_tune_refuses_a_matching_card_whose_model_cannot_load(fresh, tune_here, tmp_path, signed):
-    """policy.onnx is garbage: a card with its checksum is refused before the tuner starts;
-    one without (the checksum is optional) when ONNX Runtime cannot load it."""
+@pytest.mark.parametrize(
+    ("signed", "message"),
+    [(True, "does not match the card's sha256"), (False, "not an ONNX model (DecodeError)")],
+)
+def test_tune_refuses_a_matching_card_whose_model_cannot_load(
+    fresh, tune_here, tmp_path, signed, message
+):
+    """policy.onnx is garbage: refused before the tuner starts, by the card's checksum, or
+    (the checksum is optional) by parsing it; before, only once ONNX Runtime, after the
+    tuner had connected, could not load it."""
     onnx = {**card().onnx, "sha256": card().onnx["sha256"] if signed else None}
     path = export(tmp_path, dataclasses.replace(card(), onnx=onnx))
     run = tune_here(fresh.address, f"policy:{path}", "--intervals", "3")
     assert run.returncode == 2
-    if signed:
-        assert "does not match the card's sha256" in run.stderr and run.summary is None
-    else:
-        assert f"controller 'policy:{path}': {path}" in run.stderr
-        assert "not a loadable ONNX model" in run.stderr
-        assert run.summary["intervals"] == 0
+    assert message in run.stderr and run.summary is None
 
 
 # An export directory ('rdtune export --out DIR'): $RDTUNE_TEST_POLICY, else the policy
