@@ -84,6 +84,35 @@ def _flag(name: str, value: bool) -> bool:
     return bool(value)
 
 
+def _check_shape(action: Any, max_groups: int) -> None:
+    """Refuse an array action of more than one dimension (a batch given to one env): the
+    decoder would flatten it."""
+    if isinstance(action, np.ndarray) and action.ndim != 1:
+        raise ValueError(
+            f"action of shape {action.shape}; expected ({2 * max_groups},) (a share and an MBA "
+            "level per slot)"
+        )
+
+
+def _node_of(address: str | None, node: Any, timeout: float, use_clock: bool) -> bool:
+    """Check RemotePartition-v0's node arguments; ``use_clock`` as a bool."""
+    if (address is None) == (node is None):
+        raise ValueError("give exactly one of address (an agent) or node (a Node object)")
+    # what the env calls of it (a trace's replay facade is a node without the rest)
+    if node is not None and not all(hasattr(node, m) for m in ("observe", "apply", "groups")):
+        raise ValueError(f"node must be a Node (agent/node.py), got {type(node).__name__}")
+    _positive("timeout", timeout)
+    use_clock = _flag("use_clock", use_clock)
+    from agent.sim import SimNode  # (imported where used, as PartitionEnv does)
+
+    if not use_clock and isinstance(node, SimNode):
+        raise ValueError(
+            "use_clock=False with an in-process SimNode: nothing would advance its time "
+            "(every interval would last 0 s); leave use_clock on"
+        )
+    return use_clock
+
+
 # Group colours of render_rgb (distinct on a dark background).
 _PALETTE = (
     (66, 135, 245), (245, 166, 35), (80, 200, 120), (200, 90, 220),
@@ -216,11 +245,7 @@ class _PartitionEnv(gym.Env):
     def step(self, action):
         if self.node is None or self._alloc is None:
             raise RuntimeError("call reset() before step()")
-        if isinstance(action, np.ndarray) and action.ndim != 1:  # not flattened: a batch?
-            raise ValueError(
-                f"action of shape {action.shape}; expected ({2 * self.decoder.max_groups},) "
-                "(a share and an MBA level per slot)"
-            )
+        _check_shape(action, self.decoder.max_groups)
         self._refresh_groups()
         floors = self._shield.floors() if self._shield else None
         decoded = self._decode(self._shield.pinned(action) if self._shield else action, floors)
@@ -566,11 +591,7 @@ class NodePartitionEnv(_PartitionEnv):
             seed=seed,
             render_mode=render_mode,
         )
-        if (address is None) == (node is None):
-            raise ValueError("give exactly one of address (an agent) or node (a Node object)")
-        if node is not None and not isinstance(node, Node):  # a runtime-checkable Protocol
-            raise ValueError(f"node must be a Node (agent/node.py), got {type(node).__name__}")
-        _positive("timeout", timeout)
+        use_clock = _node_of(address, node, timeout, use_clock)
         if reference != "running_max":
             raise ValueError(
                 "RemotePartition-v0 supports reference='running_max' only (a remote node "
@@ -586,14 +607,7 @@ class NodePartitionEnv(_PartitionEnv):
         self.node = node
         self.address = address
         self.scenario = scenario
-        self.use_clock = _flag("use_clock", use_clock)
-        from agent.sim import SimNode  # (imported where used, as PartitionEnv does)
-
-        if not self.use_clock and isinstance(node, SimNode):
-            raise ValueError(
-                "use_clock=False with an in-process SimNode: nothing would advance its time "
-                "(every interval would last 0 s); leave use_clock on"
-            )
+        self.use_clock = use_clock
         self._clock = None
         self._running = RunningMaxReference()
 

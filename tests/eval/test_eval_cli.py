@@ -296,8 +296,8 @@ def _old_card(tmp: Path) -> Path:
     [
         pytest.param(lambda tmp: tmp / "missing", "no such file or directory", id="missing"),
         pytest.param(_train_run, "no model card", id="train-run"),
-        pytest.param(lambda tmp: _cut_onnx(tmp, 0.5), "not a loadable ONNX", id="truncated"),
-        pytest.param(lambda tmp: _cut_onnx(tmp, 0.0), "not a loadable ONNX", id="empty"),
+        pytest.param(lambda tmp: _cut_onnx(tmp, 0.5), "not an ONNX model", id="truncated"),
+        pytest.param(lambda tmp: _cut_onnx(tmp, 0.0), "not an ONNX model", id="empty"),
         pytest.param(_wrong_sha, "does not match the card's sha256", id="sha"),
         pytest.param(
             lambda tmp: non_finite_export(DEFAULT_POLICY, tmp / "nan"),
