@@ -568,8 +568,7 @@ def make_vector_env(num_envs: int = 1, **kwargs: Any) -> PartitionVectorEnv:
     there: at the first of it and ``episode_steps``."""
     limit = kwargs.pop("max_episode_steps", None)
     if limit is not None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"max_episode_steps must be a positive integer, got {limit!r}")
+        _count("max_episode_steps", limit)
         default = inspect.signature(PartitionVectorEnv).parameters["episode_steps"].default
         kwargs["episode_steps"] = min(kwargs.get("episode_steps", default), limit)
     return PartitionVectorEnv(num_envs, **kwargs)

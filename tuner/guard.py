@@ -285,7 +285,7 @@ class SwitchLog:
     """The guard's last ``keep`` switches, and how many there were in all: a guard flapping
     for days must not grow a list without end (nor a stop summary print it whole)."""
 
-    def __init__(self, keep: int = 100) -> None:
+    def __init__(self, keep: int) -> None:
         self.last: collections.deque[Switch] = collections.deque(maxlen=keep)
         self.count = 0
 

@@ -156,10 +156,11 @@ class TunerMetrics:
         self._met: dict[str, list[int]] = {}
         # the gauges of one series per group: removed with the group (or while the agent
         # is down), so a scrape never shows the last value of a group that is gone
-        self._per_group = (
-            self.slo_attainment, self.tail_latency, self.batch_ips, self.ways, *self.mb.values()
-        )  # fmt: skip
-        self._series: dict[Gauge, set[tuple[str, ...]]] = {g: set() for g in self._per_group}
+        self._series: dict[Gauge, set[tuple[str, ...]]] = {
+            g: set()
+            for g in (self.slo_attainment, self.tail_latency, self.batch_ips, self.ways,
+                      *self.mb.values())
+        }  # fmt: skip
 
     def set_active(self, active: str, primary: str, fallback: str) -> None:
         self.active_controller.labels(primary, "primary").set(int(active == "primary"))
