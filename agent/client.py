@@ -143,8 +143,13 @@ class RemoteNode:
             # failing calls fast long after a restarted agent is back; keep it as short as
             # our retry backoff.
             ("grpc.initial_reconnect_backoff_ms", max(10, int(backoff_s * 1000))),
-            ("grpc.min_reconnect_backoff_ms", max(10, int(backoff_s * 1000))),
             ("grpc.max_reconnect_backoff_ms", 2000),
+            # grpc reads this one as the least time a connection attempt gets to finish its
+            # handshake, not as a backoff: at the backoff's 50 ms a slow or stopped agent
+            # failed every call at once as UNAVAILABLE, whatever its deadline. An attempt
+            # outlasts the call's deadline, so a call to an agent that never answers ends
+            # as DEADLINE_EXCEEDED, which says what happened.
+            ("grpc.min_reconnect_backoff_ms", int((timeout + 1.0) * 1000)),
         ]
         if tls:
             conf = tls if isinstance(tls, TlsConfig) else TlsConfig()
@@ -179,21 +184,33 @@ class RemoteNode:
 
     def _call(self, method, request, timeout: float | None = None):
         timeout = timeout or self.timeout
-        until = time.monotonic() + timeout
+        start = time.monotonic()
+        until = start + timeout
         delay = self.backoff_s
         attempt = 0
         while True:
             try:
                 return method(request, timeout=timeout, metadata=self._metadata)
             except grpc.RpcError as err:
-                if err.code() is grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                pause = delay * (0.5 + random.random())
+                left = until - time.monotonic() - pause
+                if err.code() is grpc.StatusCode.UNAVAILABLE and attempt < self.retries and left > 0:
                     attempt += 1
-                    time.sleep(delay * (0.5 + random.random()))
+                    time.sleep(pause)
                     delay = min(delay * 2, 2.0)
+                    timeout = left  # the retries share the call's deadline
                     continue
                 exc = from_rpc_error(err)
+                if isinstance(exc, RemoteError) and exc.code == "DEADLINE_EXCEEDED":
+                    # grpc's own text ("Deadline Exceeded") says neither whom nor how long
+                    exc = RemoteError(
+                        exc.code,
+                        f"no answer from {self.address} within {until - start:g} s",
+                        exc.details(),
+                    )
                 if not self._waited_for_rate_limit(exc, until):
                     raise exc from None
+                timeout = until - time.monotonic()
 
     def _waited_for_rate_limit(self, exc: Exception, until: float) -> bool:
         """Whether ``exc`` is the agent's rate limit and its wait, before the request may
@@ -221,7 +238,8 @@ class RemoteNode:
         ``kind`` body by the ``unary`` RPC when no session can be had; the answer's body.
         ``timeout``: this call's deadline (default: the node's)."""
         timeout = timeout or self.timeout
-        until = time.monotonic() + timeout
+        start = time.monotonic()
+        until = start + timeout
         delay = self.backoff_s
         attempt = 0
         while attempt <= self.retries:

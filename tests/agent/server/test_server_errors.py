@@ -219,3 +219,27 @@ def test_unreachable_agent_is_unavailable_after_retries() -> None:
         client.groups()
     assert err.value.code == "UNAVAILABLE"
     client.close()
+
+
+def test_an_agent_that_never_answers_is_a_deadline_not_an_unreachable_agent() -> None:
+    """A peer that accepts and then says nothing (a stopped agent, a hung host) is waited
+    for until the call's deadline: grpc's connection attempts used to give up on it within
+    a tenth of a second, whatever the deadline, as if nothing listened there."""
+    import socket
+    import time
+
+    from agent.client import RemoteNode
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        address = "127.0.0.1:%d" % listener.getsockname()[1]
+        client = RemoteNode(address, timeout=1.0, retries=2, backoff_s=0.01)
+        started = time.monotonic()
+        with pytest.raises(RemoteError) as err:
+            client.groups()
+        waited = time.monotonic() - started
+        client.close()
+    assert err.value.code == "DEADLINE_EXCEEDED"
+    assert str(err.value) == f"no answer from {address} within 1 s"
+    assert waited >= 0.9  # the whole deadline, not one short connection attempt
