@@ -63,6 +63,7 @@ from agent.types import (
     Vendor,
     validate_group_name,
 )
+from agent.validate import check_cbm, normalize_mb
 
 FORMAT_NAME = "rdtune-trace"
 FORMAT_VERSION = 1
@@ -193,16 +194,60 @@ def _alloc_rows(per_domain: Mapping[int, GroupAllocation] | None) -> list[dict] 
 
 
 def _alloc_from_rows(
-    path: Path, row: int, column: str, rows: Sequence[Mapping] | None
+    path: Path, row: int, column: str, rows: Sequence[Mapping] | None, caps: NodeCapabilities
 ) -> dict[int, GroupAllocation] | None:
+    """A row's allocation column, each entry checked against the node's capabilities: the
+    writer's allocations are what the node held, which the node itself checked."""
     if rows is None:
         return None
     out = {}
     for r in rows:
-        if r["domain"] is None:  # the writer always writes one: the column was edited
+        domain = r["domain"]
+        if domain is None:  # the writer always writes one: the column was edited
             raise TraceError(path, f"row {row}: column {column!r} has an entry without a domain")
-        out[r["domain"]] = GroupAllocation(r["l3_mask"], r["mb"], r["l3_code_mask"])
+        entry = GroupAllocation(r["l3_mask"], r["mb"], r["l3_code_mask"])
+        try:
+            _check_held(entry, domain, caps)
+        except ValueError as e:  # InvalidAllocation is one
+            raise TraceError(path, f"row {row}: column {column!r}, domain {domain}: {e}") from None
+        out[domain] = entry
     return out
+
+
+def _check_held(entry: GroupAllocation, domain: int, caps: NodeCapabilities) -> None:
+    for mask, what in ((entry.l3_mask, "L3"), (entry.l3_code_mask, "L3 code")):
+        if mask is None:
+            continue
+        if caps.l3 is None or domain not in caps.l3.domains:
+            raise ValueError(f"an {what} mask for a cache domain the node does not have")
+        check_cbm(mask, caps.l3, what=what)
+    if entry.mb is not None:
+        if caps.mba is None or domain not in caps.mba.domains:
+            raise ValueError("an MB value for a bandwidth domain the node does not have")
+        normalize_mb(entry.mb, caps.mba)
+
+
+def _sample_from_row(path: Path, row: int, r: Mapping[str, Any]) -> GroupSample:
+    """A row's counters and latencies: counts and gauges are finite and not negative (NaN,
+    like null, is a counter the node could not read), latency percentiles too or NaN."""
+    counters = {}
+    for c in COUNTERS:
+        v = _none_if_nan(r[c])
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise TraceError(path, f"row {row}: column {c!r} is {v}, not a count")
+        counters[c] = v
+    lat = None
+    if r["lat_count"] is not None:
+        if r["lat_count"] < 0:
+            raise TraceError(path, f"row {row}: column 'lat_count' is {r['lat_count']}")
+        values = []
+        for c in LATENCY[1:]:
+            v = math.nan if r[c] is None else r[c]
+            if not (math.isnan(v) or (math.isfinite(v) and v >= 0)):
+                raise TraceError(path, f"row {row}: column {c!r} is {v}, not a latency")
+            values.append(v)
+        lat = LatencyStats(int(r["lat_count"]), *values)
+    return GroupSample(**counters, latency=lat)
 
 
 def _none_if_nan(x: float | None) -> float | None:
@@ -810,7 +855,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
         table = table.cast(SCHEMA.remove_metadata())
     except (pa.ArrowException, ValueError) as e:
         raise TraceError(path, f"columns have unexpected types: {e}") from None
-    steps = _steps_from_rows(path, table.to_pylist(), groups)
+    steps = _steps_from_rows(path, table.to_pylist(), groups, meta["capabilities"])
     expected = meta["steps"]
     if expected is not None and expected != len(steps):
         raise TraceError(
@@ -835,7 +880,10 @@ def load_trace(path: str | os.PathLike) -> Trace:
 
 
 def _steps_from_rows(
-    path: Path, rows: list[dict[str, Any]], groups: Mapping[str, GroupSpec]
+    path: Path,
+    rows: list[dict[str, Any]],
+    groups: Mapping[str, GroupSpec],
+    caps: NodeCapabilities,
 ) -> list[TraceStep]:
     steps: list[TraceStep] = []
     i = 0
@@ -861,22 +909,11 @@ def _steps_from_rows(
             if r["vanished"]:
                 vanished.add(name)
             else:
-                lat = None
-                if r["lat_count"] is not None:
-                    lat = LatencyStats(
-                        int(r["lat_count"]),
-                        *(
-                            float("nan") if r[c] is None else r[c]
-                            for c in ("lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "lat_p999_ms")
-                        ),
-                    )
-                samples[name] = GroupSample(
-                    **{c: _none_if_nan(r[c]) for c in COUNTERS}, latency=lat
-                )
-            a = _alloc_from_rows(path, j, "allocation", r["allocation"])
+                samples[name] = _sample_from_row(path, j, r)
+            a = _alloc_from_rows(path, j, "allocation", r["allocation"], caps)
             if a is not None:
                 held[name] = a
-            b = _alloc_from_rows(path, j, "applied", r["applied"])
+            b = _alloc_from_rows(path, j, "applied", r["applied"], caps)
             if b is not None:
                 applied[name] = b
                 any_applied = True

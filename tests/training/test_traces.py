@@ -432,6 +432,18 @@ def _with_column(src: Path, dst: Path, name: str, values: pa.Array) -> None:
          "column 'allocation' has an entry without a domain"),
         ("applied", [{"domain": None, "l3_mask": 1, "mb": 10, "l3_code_mask": None}],
          "column 'applied' has an entry without a domain"),
+        ("llc_misses", -1.0, "column 'llc_misses' is -1.0, not a count"),
+        ("memory_bytes", math.inf, "column 'memory_bytes' is inf, not a count"),
+        ("lat_count", -3, "column 'lat_count' is -3"),
+        ("lat_p99_ms", -1.0, "column 'lat_p99_ms' is -1.0, not a latency"),
+        ("allocation", [{"domain": 0, "l3_mask": 1 << 40, "mb": None, "l3_code_mask": None}],
+         "column 'allocation', domain 0: L3 mask 0x10000000000 out of range"),
+        ("allocation", [{"domain": 0, "l3_mask": 0b101, "mb": None, "l3_code_mask": None}],
+         "column 'allocation', domain 0: the L3 mask 5 has non-consecutive 1-bits"),
+        ("applied", [{"domain": 7, "l3_mask": 1, "mb": None, "l3_code_mask": None}],
+         "column 'applied', domain 7: an L3 mask for a cache domain the node does not have"),
+        ("applied", [{"domain": 0, "l3_mask": None, "mb": 1000, "l3_code_mask": None}],
+         "column 'applied', domain 0: MB value 1000 out of range"),
     ],
 )  # fmt: skip
 def test_malformed_rows_name_file_and_column(recorded, tmp_path, column, value, named) -> None:
