@@ -194,7 +194,8 @@ class RemoteNode:
             except grpc.RpcError as err:
                 pause = delay * (0.5 + random.random())
                 left = until - time.monotonic() - pause
-                if err.code() is grpc.StatusCode.UNAVAILABLE and attempt < self.retries and left > 0:
+                unavailable = err.code() is grpc.StatusCode.UNAVAILABLE
+                if unavailable and attempt < self.retries and left > 0:
                     attempt += 1
                     time.sleep(pause)
                     delay = min(delay * 2, 2.0)

@@ -233,7 +233,7 @@ def test_an_agent_that_never_answers_is_a_deadline_not_an_unreachable_agent() ->
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
-        address = "127.0.0.1:%d" % listener.getsockname()[1]
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
         client = RemoteNode(address, timeout=1.0, retries=2, backoff_s=0.01)
         started = time.monotonic()
         with pytest.raises(RemoteError) as err:
