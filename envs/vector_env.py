@@ -18,7 +18,10 @@ Registered as the id's ``vector_entry_point``::
 Autoreset (``metadata["autoreset_mode"]``): ``same_step`` by default (a truncated env is
 reset within the step; its last observation is in ``infos["final_obs"]``, what SB3
 expects), or ``next_step`` (gymnasium's default: the step after truncation resets it and
-ignores its action). Episodes end by truncation only. ``reset(seed=s)`` seeds env ``i``
+ignores its action). Episodes end by truncation only. A step's infos hold what the single
+env's hold, as arrays over the envs (and their slots, in the observation's order, where
+the single env names groups): ``ways``, ``masks``, ``mb``, ``shared``, ``time_s``,
+``reward_terms`` and ``scenario``. ``reset(seed=s)`` seeds env ``i``
 with ``s + i`` (a list gives one seed per env), as gymnasium's vector envs do.
 :meth:`PartitionVectorEnv.action_masks` gives MaskablePPO's masks; the SB3 ``VecEnv``
 adapter is :class:`envs.vector.SB3VectorEnv`.
@@ -43,7 +46,7 @@ from agent.types import Allocation, AllocationPlan, GroupKind
 from envs.partition import BASELINES, MIN_SIM_STEP_S, REFERENCES, _count, _flag, _positive
 from envs.reward import RewardWeights, mb_scale, reward_arrays
 from envs.scenarios import ScenarioFamily
-from models.actions import ActionDecoder, DecodeLayout, check_levels, decode_arrays
+from models.actions import ActionDecoder, Decoded, DecodeLayout, check_levels, decode_arrays
 from models.basic import EqualPartition, Unpartitioned
 from models.controller import ControlContext
 from models.features import (
@@ -218,7 +221,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             self._start(np.flatnonzero(resetting), self.baseline)
         stepping = ~resetting
         before = (self._churn_masks(), self.batch.gmb.copy(), self._held.copy())
-        self._act(levels, stepping)
+        dec = self._act(levels, stepping)
         after = (self._churn_masks(), self.batch.gmb, self._held)
         self.batch.advance(self.interval_s)
         readings = self.batch.observe()
@@ -250,7 +253,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             self._first(np.flatnonzero(resetting), ips[resetting], obs[resetting])
         truncated = stepping & (self._steps >= self.episode_steps)
         terminated = np.zeros(N, dtype=bool)
-        infos: dict[str, Any] = {}
+        infos: dict[str, Any] = self._decision_info(dec, stepping, readings.timestamp)
         if terms is not None:
             infos["reward_terms"] = {k: v for k, v in vars(terms).items()}
         if truncated.any():
@@ -274,6 +277,21 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             self._autoreset = truncated
         infos["scenario"] = np.array(self.scenario_names, dtype=object)
         return self._obs.copy(), rewards, terminated, truncated, infos
+
+    def _decision_info(self, dec, stepping: np.ndarray, time_s: np.ndarray) -> dict[str, Any]:
+        """Partition-v0's step info of what the actions decoded to, as arrays over the envs
+        and their slots (the observation's slot order, not group names): ``ways`` and
+        ``masks`` (0: an absent slot, no CAT, or an env that restarted instead of acting),
+        ``mb`` (NaN likewise), ``shared``, and ``time_s``, the simulated time the step
+        ended at."""
+        act = stepping[:, None]
+        return {
+            "ways": np.where(act, dec.ways, 0),
+            "masks": np.where(act, dec.masks, 0),
+            "mb": np.where(act, dec.mb, np.nan),
+            "shared": dec.shared & stepping,
+            "time_s": time_s.copy(),
+        }
 
     def _final_info(self, infos: dict[str, Any], ended: np.ndarray) -> dict[str, Any]:
         """What gymnasium's same-step autoreset puts in ``final_info`` (each key an array
@@ -429,9 +447,10 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------ pieces
 
-    def _act(self, levels: np.ndarray, stepping: np.ndarray) -> None:
+    def _act(self, levels: np.ndarray, stepping: np.ndarray) -> Decoded:
         """Apply what the actions decode to, where it differs from what was applied last
-        (a plan the node already holds is not applied again, as in Partition-v0)."""
+        (a plan the node already holds is not applied again, as in Partition-v0); return
+        the decoding."""
         floors = ()
         if self.shield is not None:
             floors, levels = self.shield.floors(), self.shield.pinned(levels)
@@ -449,7 +468,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             & (self._has_l3 | self._has_mba)
         )
         if not apply.any():
-            return
+            return dec
         rows = np.flatnonzero(apply)
         b = self.batch
         gmask, gmb = b.gmask[rows].copy(), b.gmb[rows].copy()
@@ -468,6 +487,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._applied[0][rows] = dec.masks[rows]
         self._applied[1][rows] = dec.mb[rows]
         self._applied_ok[rows] = True
+        return dec
 
     def _held_slots(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ways, shared, MB values) (R, S) each slot of ``rows`` holds (every way,

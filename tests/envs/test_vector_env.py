@@ -85,12 +85,15 @@ def test_matches_single_envs_step_by_step(mode: str, kwargs: dict) -> None:
     assert list(i1["scenario"]) == [e.unwrapped._scenario_name for e in ref.envs]
     rng = np.random.default_rng(5)
     resets = 0
+    restarting = np.zeros(n, dtype=bool)
     for _ in range(11):
         masks = vec.unwrapped.action_masks()
         np.testing.assert_array_equal(masks, _ref_masks(ref))
         a = _masked_actions(masks, vec.unwrapped.decoder.nvec, rng)
         obs, rew, term, trunc, info = vec.step(a)
         obs2, rew2, term2, trunc2, info2 = ref.step(a)
+        _check_decision_info(info, info2, ref, skip=restarting | trunc)
+        restarting = trunc if mode == "NextStep" else np.zeros(n, dtype=bool)
         np.testing.assert_array_equal(obs, obs2)
         np.testing.assert_allclose(rew, rew2, rtol=1e-12, atol=1e-12)
         assert term.tolist() == term2.tolist() == [False] * n
@@ -102,6 +105,27 @@ def test_matches_single_envs_step_by_step(mode: str, kwargs: dict) -> None:
     assert resets == 2
     vec.close()
     ref.close()
+
+
+def _check_decision_info(info: dict, info2: dict, ref, skip: np.ndarray) -> None:
+    """The batched env's per-slot arrays of what the actions decoded to say what each single
+    env's step info says per group (an env that restarted in the step reports its reset)."""
+    checked = 0
+    for i, env in enumerate(ref.envs):
+        if skip[i]:
+            continue
+        assert info["time_s"][i] == info2["time_s"][i]
+        for s, name in enumerate(env.unwrapped._slots):
+            for key, absent in (("ways", 0), ("masks", 0), ("mb", np.nan)):
+                said = info2[key].get(f"_{name}")  # which envs' dicts hold the group
+                got = info[key][i, s]
+                if said is None or not said[i]:
+                    assert got == absent or (np.isnan(absent) and np.isnan(got)), (key, name)
+                else:
+                    assert got == info2[key][name][i], (key, name, got, info2[key][name][i])
+                checked += 1
+        assert info["shared"][i] == info2["shared"][i]
+    assert checked or skip.all()
 
 
 def test_make_vec_returns_the_batched_env_declaring_its_autoreset() -> None:
