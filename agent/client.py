@@ -105,6 +105,25 @@ class _TokenAuth(grpc.AuthMetadataPlugin):
         callback(self._md, None)
 
 
+def _channel_options(timeout: float, backoff_s: float, max_message_bytes: int) -> list:
+    """The channel options of a :class:`RemoteNode` (see its arguments)."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # The channel's own reconnect backoff (default: 1 s growing to 120 s) would keep
+        # failing calls fast long after a restarted agent is back; keep it as short as
+        # our retry backoff.
+        ("grpc.initial_reconnect_backoff_ms", max(10, int(backoff_s * 1000))),
+        ("grpc.max_reconnect_backoff_ms", 2000),
+        # grpc reads this one as the least time a connection attempt gets to finish its
+        # handshake, not as a backoff: at the backoff's 50 ms a slow or stopped agent
+        # failed every call at once as UNAVAILABLE, whatever its deadline. An attempt
+        # outlasts the call's deadline, so a call to an agent that never answers ends
+        # as DEADLINE_EXCEEDED, which says what happened.
+        ("grpc.min_reconnect_backoff_ms", int((timeout + 1.0) * 1000)),
+    ]
+
+
 class RemoteNode:
     """A node served by an agent at ``address`` (``host:port`` or ``unix:/path``).
 
@@ -136,21 +155,7 @@ class RemoteNode:
         self.address, self.timeout = address, timeout
         self.retries, self.backoff_s = retries, backoff_s
         self._metadata: tuple = ()
-        options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            # The channel's own reconnect backoff (default: 1 s growing to 120 s) would keep
-            # failing calls fast long after a restarted agent is back; keep it as short as
-            # our retry backoff.
-            ("grpc.initial_reconnect_backoff_ms", max(10, int(backoff_s * 1000))),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-            # grpc reads this one as the least time a connection attempt gets to finish its
-            # handshake, not as a backoff: at the backoff's 50 ms a slow or stopped agent
-            # failed every call at once as UNAVAILABLE, whatever its deadline. An attempt
-            # outlasts the call's deadline, so a call to an agent that never answers ends
-            # as DEADLINE_EXCEEDED, which says what happened.
-            ("grpc.min_reconnect_backoff_ms", int((timeout + 1.0) * 1000)),
-        ]
+        options = _channel_options(timeout, backoff_s, max_message_bytes)
         if tls:
             conf = tls if isinstance(tls, TlsConfig) else TlsConfig()
             creds = grpc.ssl_channel_credentials(conf.ca, conf.key, conf.cert)
