@@ -75,7 +75,7 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
         self._rates_cache: dict[int, tuple[float, dict[int, float]]] | None = None
         self._new_rmid_state(0)
         self.overrides: dict[tuple[int, str, int | None], str] = {}
-        self.failures: list[tuple[str, int, str]] = []
+        self.failures: list[tuple[str, int, str, int]] = []
 
     @property
     def l3_schemas(self) -> tuple[str, ...]:
@@ -132,8 +132,11 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
                 text = data.decode()
             except UnicodeDecodeError:
                 raise ResctrlError(errno.EINVAL) from None
-            for i, (suffix, err, status) in enumerate(self.failures):
+            for i, (suffix, err, status, skip) in enumerate(self.failures):
                 if path.endswith(suffix):
+                    if skip:
+                        self.failures[i] = (suffix, err, status, skip - 1)
+                        break  # this write goes through
                     del self.failures[i]
                     self.status = status
                     raise ResctrlError(err)
@@ -239,11 +242,14 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
             raise KeyError(f"no group at {group_path!r}")
         return found[0]
 
-    def fail_next_write(self, path_suffix: str, err: int, status: str = "ok") -> None:
-        """Make the next write to a path ending in ``path_suffix`` fail with ``err``,
-        leaving ``status`` in last_cmd_status (a refusal the validator did not foresee)."""
+    def fail_next_write(
+        self, path_suffix: str, err: int, status: str = "ok", *, after: int = 0
+    ) -> None:
+        """Make the next write to a path ending in ``path_suffix`` (or the one after
+        ``after`` more such writes) fail with ``err``, leaving ``status`` in last_cmd_status
+        (a refusal the validator did not foresee)."""
         with self.lock:
-            self.failures.append((path_suffix, err, status))
+            self.failures.append((path_suffix, err, status, after))
 
     def deny_task(self, pid: int) -> None:
         """Moving ``pid`` fails with EPERM (a task the writer may not move)."""

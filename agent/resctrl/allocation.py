@@ -41,6 +41,7 @@ class Allocations:
     _cdp: bool
     _digits: int
     _journal: state.Journal
+    _unrestored: dict[str, dict[str, dict[str, int]]]
 
     def _read_schemata(self, name: str) -> schemata.Schemata:
         return schemata.parse(discovery.read_text(self._path(name, "schemata")))
@@ -134,19 +135,15 @@ class Allocations:
                     writes.append((self._growth(changes, held[group]), group, changes))
             writes.sort(key=lambda w: w[0])  # shrinking groups first: no transient overlap
             self._require_unchanged([g for _, g, _ in writes])
-            if len(writes) > 1:
+            old = {g: _old_values(changes, held[g]) for _, g, changes in writes}
+            # what an earlier refused apply could not put back, and this one does not write
+            left = _not_written(self._unrestored, dict((g, c) for _, g, c in writes))
+            journaled = len(writes) > 1 or bool(self._unrestored and writes)
+            if journaled:
                 # One schemata write is atomic in the kernel; several are not: journal the
                 # old values so a crash between them is rolled back at the next start.
-                self._intend(
-                    {
-                        "op": "apply",
-                        "order": [g for _, g, _ in writes],
-                        "groups": {
-                            g: {"old": _old_values(changes, held[g])} for _, g, changes in writes
-                        },
-                    },
-                    "apply the plan",
-                )
+                order = [g for _, g, _ in writes]
+                self._intend(_apply_record([*order, *left], {**old, **left}), "apply the plan")
             done: list[tuple[str, dict[str, dict[int, int]]]] = []
             for _, group, changes in writes:
                 path = self._path(group, "schemata")
@@ -155,17 +152,20 @@ class Allocations:
                 except OSError as exc:
                     status = self._status()
                     failed = self._restore(done, held)
-                    if not failed and len(writes) > 1:
-                        self._journal.clear()  # restored: no crash left anything to repair
+                    # a group not put back keeps the values of the last whole plan it held
+                    self._settle(
+                        {g: _merged(old[g], self._unrestored.get(g)) for g in failed}, journaled
+                    )
                     msg = f"the kernel refused the schemata of group {group!r}"
-                    if done:
-                        msg += f"; restored {', '.join(repr(g) for g, _ in done)}"
+                    if restored := [repr(g) for g, _ in done if g not in failed]:
+                        msg += f"; restored {', '.join(restored)}"
                     if failed:
-                        msg += f"; COULD NOT restore {', '.join(failed)}"
+                        msg += f"; COULD NOT restore {', '.join(map(repr, failed))}"
                     raise KernelError(msg, err=exc.errno or 0, status=status, path=path) from None
                 done.append((group, changes))
-            if len(writes) > 1:
-                self._journal.clear()
+            if writes:
+                self._unrestored = {}
+                self._settle(left, journaled)
             result = self._read_all()
         return Allocation({n: self._to_alloc(s) for n, s in result.items()})
 
@@ -180,11 +180,29 @@ class Allocations:
                 grown += (v & ~(held.get(res, d) or 0)).bit_count()
         return grown
 
+    def _settle(self, unrestored: Mapping[str, dict], journaled: bool) -> None:
+        """After an apply: add ``unrestored`` (group -> the values to roll back to) to what
+        earlier refused applies could not put back, and leave the journal holding exactly
+        that, so a restart rolls back those values and nothing else. Nothing is written when
+        nothing was journalled and nothing is left (the hot path's one-group apply)."""
+        self._unrestored = {
+            g: v for g, v in {**self._unrestored, **unrestored}.items() if g in self._specs
+        }
+        if self._unrestored:
+            record = _apply_record(list(self._unrestored), self._unrestored)
+            try:
+                self._journal.write(record)
+            except OSError as exc:
+                log.error("could not journal the values left to restore %r: %s", record, exc)
+        elif journaled:
+            self._journal.clear()
+
     def _restore(
         self,
         done: list[tuple[str, dict[str, dict[int, int]]]],
         held: Mapping[str, schemata.Schemata],
     ) -> list[str]:
+        """Put back what ``done`` wrote, last first; the groups that could not be."""
         failed = []
         for group, changes in reversed(done):
             old = {
@@ -195,7 +213,7 @@ class Allocations:
                 self._write(self._path(group, "schemata"), schemata.format_write(old, self._digits))
             except OSError as exc:
                 log.error("could not restore the schemata of group %r: %s", group, exc)
-                failed.append(repr(group))
+                failed.append(group)
         return failed
 
 
@@ -206,6 +224,39 @@ def _old_values(
     return {
         res: {str(d): held.resources[res][d] for d in per_dom} for res, per_dom in changes.items()
     }
+
+
+def _apply_record(order: list[str], old: Mapping[str, dict]) -> dict:
+    """The intent record of an apply: the groups in the order written, and their old
+    values (a restart rolls them back, last first)."""
+    return {"op": "apply", "order": order, "groups": {g: {"old": old[g]} for g in order}}
+
+
+def _merged(old: dict[str, dict[str, int]], older: dict | None) -> dict[str, dict[str, int]]:
+    """A group's values to roll back to: ``old``, except where ``older`` (what an earlier
+    refused apply could not put back) has the value of a plan before."""
+    out = {res: dict(per_dom) for res, per_dom in old.items()}
+    for res, per_dom in (older or {}).items():
+        out.setdefault(res, {}).update(per_dom)
+    return out
+
+
+def _not_written(
+    unrestored: Mapping[str, dict[str, dict[str, int]]],
+    changes: Mapping[str, Mapping[str, Mapping[int, int]]],
+) -> dict[str, dict[str, dict[str, int]]]:
+    """The values of ``unrestored`` that ``changes`` (group -> resource -> domain -> value)
+    does not write: an apply that writes a value makes it intended again."""
+    out = {}
+    for g, per_res in unrestored.items():
+        kept = {
+            res: {d: v for d, v in per_dom.items() if int(d) not in changes.get(g, {}).get(res, {})}
+            for res, per_dom in per_res.items()
+        }
+        kept = {res: per_dom for res, per_dom in kept.items() if per_dom}
+        if kept:
+            out[g] = kept
+    return out
 
 
 def l3_ways(held: schemata.Schemata) -> dict[int, int]:

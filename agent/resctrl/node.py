@@ -149,6 +149,9 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
         self._mon_groups: dict[str, int] = {}  # own monitoring group (path) -> marker
         self._vanished: dict[str, GroupSpec] = {}
         self._journal = state.Journal(self.state_path + ".intent")
+        # values a refused apply wrote and could not put back: group -> the values it held
+        # before (journalled, so a restart rolls them back; see Allocations.apply)
+        self._unrestored: dict[str, dict[str, dict[str, int]]] = {}
         self._creating: str | None = None  # the group being created (own, not recorded yet)
         self._made = False  # its mkdir succeeded
         self.recovered: str | None = None  # what start-up recovery did, if anything

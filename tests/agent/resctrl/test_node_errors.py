@@ -90,6 +90,53 @@ def test_refused_write_restores_the_groups_already_changed(preset: str) -> None:
         node.apply(plan)  # the node keeps working: the next try goes through
 
 
+def test_values_a_refused_apply_could_not_restore_are_rolled_back_and_no_others() -> None:
+    """A refused apply whose restore is refused too journals what it could not put back;
+    a restart rolls back exactly that, until a later apply writes those values again (they
+    are then intended), and never a group whose write the kernel refused."""
+    with emulated_resctrl("intel-20way") as emu:
+        node = make_node(emu)
+        _two_groups(node)
+        node.apply(
+            AllocationPlan({"a": {0: GroupAllocation(0xFF)}, "b": {0: GroupAllocation(0xF)}})
+        )
+        # a shrinks and is written first, b's write is refused, and so is a's restore
+        emu.model.fail_next_write(f"{PREFIX}b/schemata", errno.EINVAL, "injected")
+        emu.model.fail_next_write(f"{PREFIX}a/schemata", errno.EIO, "injected", after=1)
+        with pytest.raises(KernelError) as err:
+            node.apply(
+                AllocationPlan({"a": {0: GroupAllocation(0x3)}, "b": {0: GroupAllocation(0xFF)}})
+            )
+        assert str(err.value).endswith("group 'b'; COULD NOT restore 'a': EINVAL (injected)")
+        a_mixed = node.allocation().get("a", 0).l3_mask
+        assert a_mixed == 0x3
+
+        def restarted() -> tuple[ResctrlNode, dict[str, int]]:
+            node.close()
+            again = make_node(emu)
+            held = {g: again.allocation().get(g, 0).l3_mask for g in ("a", "b")}
+            return again, held
+
+        # a restart now rolls a back to the plan before, and leaves b alone
+        node, held = restarted()
+        assert held == {"a": 0xFF, "b": 0xF} and "rolled back" in node.recovered
+        # again, but this time later applies write a's and b's values: nothing to roll back
+        emu.model.fail_next_write(f"{PREFIX}b/schemata", errno.EINVAL, "injected")
+        emu.model.fail_next_write(f"{PREFIX}a/schemata", errno.EIO, "injected", after=1)
+        with pytest.raises(KernelError):
+            node.apply(
+                AllocationPlan({"a": {0: GroupAllocation(0x3)}, "b": {0: GroupAllocation(0xFF)}})
+            )
+        node.apply(AllocationPlan({"b": {0: GroupAllocation(0x3)}}))
+        node.apply(AllocationPlan({"a": {1: GroupAllocation(0xF)}}))  # another domain of a
+        node, held = restarted()
+        assert held == {"a": 0xFF, "b": 0x3}, "a's refused value rolled back; b's kept"
+        node.apply(AllocationPlan({"a": {0: GroupAllocation(0xFFF0)}}))
+        node, held = restarted()
+        assert held == {"a": 0xFFF0, "b": 0x3} and node.recovered is None
+        node.close()
+
+
 def test_invalid_plan_writes_nothing(intel: Emulated, inode: ResctrlNode) -> None:
     _two_groups(inode)
     before = intel.read(f"{PREFIX}a/schemata")
