@@ -77,19 +77,21 @@ class Allocations:
         ]
 
     def _others_masks(self) -> dict[str, dict[int, int]]:
-        """L3 masks (code | data) of the default group ("") and foreign groups."""
+        """L3 masks (code | data) of the default group ("") and foreign groups (one that
+        another tool removes while they are read holds nothing)."""
         out: dict[str, dict[int, int]] = {}
         for entry in ["", *self._foreign_dirs()]:
-            held = schemata.parse(discovery.read_text(os.path.join(self.root, entry, "schemata")))
-            out["" if not entry else f"foreign:{entry}"] = l3_ways(held)
+            text = _foreign_text(os.path.join(self.root, entry, "schemata"), entry)
+            if text is not None:
+                out["" if not entry else f"foreign:{entry}"] = l3_ways(schemata.parse(text))
         return out
 
     def _exclusive_groups(self) -> frozenset[str]:
         # Own groups' modes are ours to set (create_group): no need to read them back.
         names = {name for name, spec in self._specs.items() if spec.exclusive}
         for entry in self._foreign_dirs():
-            mode = os.path.join(self.root, entry, "mode")
-            if os.path.exists(mode) and discovery.read_text(mode).strip() == "exclusive":
+            mode = _foreign_text(os.path.join(self.root, entry, "mode"), entry)
+            if mode is not None and mode.strip() == "exclusive":
                 names.add(f"foreign:{entry}")
         return frozenset(names)
 
@@ -224,6 +226,18 @@ def _old_values(
     return {
         res: {str(d): held.resources[res][d] for d in per_dom} for res, per_dom in changes.items()
     }
+
+
+def _foreign_text(path: str, entry: str) -> str | None:
+    """A file of the default group (``entry`` "") or of a foreign group, or None when the
+    group is gone (removed by its tool since the root was listed). The default group's
+    files are always there: their absence stays an error."""
+    try:
+        return discovery.read_text(path)
+    except FileNotFoundError:
+        if not entry:
+            raise
+        return None
 
 
 def _apply_record(order: list[str], old: Mapping[str, dict]) -> dict:

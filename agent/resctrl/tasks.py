@@ -59,16 +59,12 @@ class Tasks:
                 os.path.join(entry, "mon_groups", m)
                 for m in monitor_listdir(os.path.join(base, "mon_groups"))
             ]:
-                path = os.path.join(self.root, rel, "tasks")
-                if not os.path.exists(path):
-                    continue
-                for x in discovery.read_text(path).split():
-                    if x.isdigit() and int(x) in pids:
+                for x in _tasks_of(os.path.join(self.root, rel, "tasks")):
+                    if int(x) in pids:
                         where[int(x)] = rel
         for m in monitor_listdir(os.path.join(self.root, "mon_groups")):
-            path = os.path.join(self.root, "mon_groups", m, "tasks")
-            for x in discovery.read_text(path).split():
-                if x.isdigit() and int(x) in pids:
+            for x in _tasks_of(os.path.join(self.root, "mon_groups", m, "tasks")):
+                if int(x) in pids:
                     where[int(x)] = os.path.join("mon_groups", m)
         return where
 
@@ -174,3 +170,14 @@ def monitor_listdir(path: str) -> list[str]:
         return os.listdir(path)
     except OSError:
         return []
+
+
+def _tasks_of(path: str) -> list[str]:
+    """The task ids in a group's ``tasks`` file; none where there is no group (a file of
+    the root, ``mon_data``) or no longer one (another tool removed it since its parent was
+    listed: its tasks went back to the default group)."""
+    try:
+        text = discovery.read_text(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [x for x in text.split() if x.isdigit()]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.emulator.state import ResctrlError
 from agent.errors import (
     GroupNotFound,
     InUse,
@@ -135,6 +136,42 @@ def test_values_a_refused_apply_could_not_restore_are_rolled_back_and_no_others(
         node, held = restarted()
         assert held == {"a": 0xFFF0, "b": 0x3} and node.recovered is None
         node.close()
+
+
+@pytest.mark.parametrize(
+    ("read", "call"),
+    [
+        ("schemata", lambda node, _: node.apply(AllocationPlan({"a": {0: GroupAllocation(0xFF)}}))),
+        ("mode", lambda node, _: node.apply(AllocationPlan({"a": {0: GroupAllocation(0xF)}}))),
+        ("tasks", lambda node, pids: node.assign("a", pids=pids)),
+    ],
+    ids=["apply, its schemata", "apply, its mode", "assign"],
+)  # fmt: skip
+def test_a_foreign_group_removed_while_it_is_read_is_skipped(
+    intel: Emulated, inode: ResctrlNode, children: list[int], read: str, call: Callable
+) -> None:
+    """Another tool removing its group between the root's listing and the read of the
+    group's file (a container runtime deleting a class) is not the call's failure: the
+    group holds nothing any more. It used to fail with a bare FileNotFoundError."""
+    inode.create_group(GroupSpec("a"))
+    os.mkdir(os.path.join(intel.root, "theirs"))
+    model, real = intel.model, intel.model.read
+    raced = []
+
+    def read_then_vanish(path: str):
+        if path.strip("/") == f"theirs/{read}":
+            model.read = real
+            model.rmdir("theirs")  # removed as the agent got to it
+            raced.append(path)
+            raise ResctrlError(errno.ENOENT)
+        return real(path)
+
+    model.read = read_then_vanish
+    try:
+        call(inode, children[:2])
+    finally:
+        model.read = real
+    assert raced, "the call never read the group's file"
 
 
 def test_invalid_plan_writes_nothing(intel: Emulated, inode: ResctrlNode) -> None:
