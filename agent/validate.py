@@ -247,6 +247,19 @@ def _check_overlaps(plan: AllocationPlan, ctx: PlanContext) -> None:
     if not ctx.exclusive:
         return
     masks = final_masks(plan, ctx.current)
+    hardware = ctx.caps.l3.shareable_bits if ctx.caps.l3 is not None else 0
+    for group in ctx.exclusive & plan.groups.keys():
+        # the kernel counts the ways hardware uses directly (shareable_bits, e.g. I/O) as
+        # another group's: an exclusive group may not hold them
+        for domain, mine in masks.get(group, {}).items():
+            if domain in plan.groups[group] and mine & hardware:
+                raise InvalidAllocation(
+                    f"exclusive mask {mine:#x} overlaps with the ways hardware uses "
+                    f"(shareable_bits {hardware:#x})",
+                    rule="exclusive_overlap",
+                    group=group,
+                    domain=domain,
+                )
     for name, per_domain in ctx.others.items():
         masks.setdefault(name, {}).update(per_domain)
     for group, per_domain in plan.groups.items():

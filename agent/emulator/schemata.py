@@ -51,7 +51,10 @@ class SchemataFiles:
 
     def _overlaps(self, schema: str, dom: int, cbm: int, closid: int, exclusive_only: bool) -> bool:
         # rdtgroup_cbm_overlaps: against every other CLOSID's current mask, and with CDP
-        # against the peer (code vs data) masks too.
+        # against the peer (code vs data) masks too. Unless only exclusive groups count, the
+        # ways hardware uses directly (shareable_bits) count as another group's.
+        if not exclusive_only and cbm & self.p.shareable_bits:
+            return True
         for g in self._ctrl_groups():
             if g.closid == closid:
                 continue

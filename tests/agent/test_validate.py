@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from agent.errors import GroupNotFound, InvalidAllocation
@@ -133,6 +135,27 @@ def test_exclusive_group_may_not_overlap_foreign_groups() -> None:
             plan_for(GroupAllocation(l3_mask=0xC), group="x"),
             ctx(current=current, exclusive=frozenset({"x"}), others={"": {0: 0xFFFFC}}),
         )
+
+
+def test_exclusive_group_may_not_hold_the_ways_hardware_uses() -> None:
+    """The kernel counts shareable_bits (ways I/O devices use) as another group's: an
+    exclusive group's write into them is refused ("Overlaps with other group")."""
+    caps = dataclasses.replace(CAPS, l3=dataclasses.replace(L3, shareable_bits=0xC0000))
+    current = Allocation({"x": {0: GroupAllocation(0x3, 100)}})
+    exclusive = frozenset({"x"})
+    with pytest.raises(InvalidAllocation, match="shareable_bits 0xc0000") as err:
+        validate_plan(
+            plan_for(GroupAllocation(l3_mask=0xF0000), group="x"),
+            ctx(caps=caps, current=current, exclusive=exclusive),
+        )
+    assert err.value.rule == "exclusive_overlap"
+    validate_plan(  # a shareable group may use them, an exclusive one the other ways
+        plan_for(GroupAllocation(l3_mask=0xF0000)), ctx(caps=caps, exclusive=exclusive)
+    )
+    validate_plan(
+        plan_for(GroupAllocation(l3_mask=0x3F000), group="x"),
+        ctx(caps=caps, current=current, exclusive=exclusive),
+    )
 
 
 @pytest.mark.parametrize(

@@ -124,8 +124,15 @@ def test_exclusive_mode_and_overlap_rules(emu: Emulated) -> None:
     emu.write("schemata", "L3:0=000ff;1=000ff\n")  # the admin shrinks the default group
     emu.write("b/schemata", "L3:0=000ff;1=000ff\n")
     emu.write("a/schemata", "L3:0=ff000;1=ff000\n")
+    # ways 18-19 are the hardware's (shareable_bits c0000): they count as another group's
+    assert refused(emu, "a/mode", "exclusive\n") == (errno.EINVAL, "Schemata overlaps")
+    emu.write("a/schemata", "L3:0=3f000;1=3f000\n")
     emu.write("a/mode", "exclusive\n")
     assert emu.read("a/mode") == "exclusive\n"
+    assert refused(emu, "a/schemata", "L3:0=7f000\n") == (
+        errno.EINVAL,
+        "Overlaps with other group",
+    )
     assert refused(emu, "b/schemata", "L3:0=01fff\n") == (
         errno.EINVAL,
         "Overlaps with exclusive group",

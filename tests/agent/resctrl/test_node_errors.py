@@ -196,7 +196,7 @@ def test_apply_reads_back_padded_values_and_rounds_mb(inode: ResctrlNode) -> Non
 def test_foreign_exclusive_group_blocks_overlap_before_any_write(intel: Emulated) -> None:
     os.mkdir(f"{intel.root}/kube-guaranteed")
     intel.write("schemata", "L3:0=0000f;1=0000f\n")  # the admin narrows the default group
-    intel.write("kube-guaranteed/schemata", "L3:0=ff000;1=ff000\n")
+    intel.write("kube-guaranteed/schemata", "L3:0=3f000;1=3f000\n")  # not the hardware's
     intel.write("kube-guaranteed/mode", "exclusive\n")
     node = make_node(intel)
     node.create_group(GroupSpec("a"))
