@@ -89,10 +89,11 @@ class SchemataFiles:
             g.ctrl[schema].update(per_dom)
 
     def _parse_line(self, g: Group, schema: str, line: str, staged: dict[int, int]) -> None:
-        for item in line.split(";"):
-            if item == "":
-                break  # the kernel stops at an empty token (e.g. a trailing ';')
-            ident, sep, value = item.partition("=")
+        items = line.split(";")
+        if items[-1] == "":
+            items.pop()  # parse_line stops where the line ends: after a trailing ';'
+        for item in items:
+            ident, sep, value = item.partition("=")  # an empty item fails here, as there
             if not sep or not ident.isdigit():
                 self.status = "Missing '=' or non-numeric domain"
                 raise ResctrlError(errno.EINVAL)

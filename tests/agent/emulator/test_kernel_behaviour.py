@@ -29,6 +29,10 @@ def refused(emu: Emulated, rel: str, text: str) -> tuple[int, str]:
         ("XX:0=ff\n", "Unknown or unsupported resource name 'XX'"),
         ("L3:a=ff\n", "Missing '=' or non-numeric domain"),
         ("L3:0ff\n", "Missing '=' or non-numeric domain"),
+        # parse_line stops at the line's end only: an empty item is a domain without '='
+        ("L3:0=ff;;1=ff\n", "Missing '=' or non-numeric domain"),
+        ("L3:;0=ff\n", "Missing '=' or non-numeric domain"),
+        ("L3:0=ff;;\n", "Missing '=' or non-numeric domain"),
         ("L3:0=ff;0=f\n", "Duplicate domain 0"),
         ("L3:0=zz\n", "Non-hex character in the mask zz"),
         ("L3:0=1fffff\n", "Mask out of range"),
@@ -45,6 +49,12 @@ def test_schemata_errors_set_errno_and_status(emu: Emulated, text: str, status: 
     before = emu.read("g/schemata")
     assert refused(emu, "g/schemata", text) == (errno.EINVAL, status)
     assert emu.read("g/schemata") == before
+
+
+def test_a_trailing_semicolon_ends_the_line(emu: Emulated) -> None:
+    os.mkdir(f"{emu.root}/g")
+    emu.write("g/schemata", "L3:0=ff;1=f;\n")
+    assert "L3:0=000ff;1=0000f" in emu.read("g/schemata")
 
 
 def test_a_bad_line_applies_nothing_of_the_write(emu: Emulated) -> None:
