@@ -1,7 +1,8 @@
 """Allocations of a ResctrlNode: reading every group's schemata (by value), validating a plan
 against what the kernel holds (foreign groups' masks and exclusive groups included), and
-applying it all-or-nothing: shrinking groups first, one schemata write per group, the
-intent journalled, and what was changed restored when the kernel refuses a write
+applying it all-or-nothing: shrinking groups first, one schemata write per group (two
+where an exclusive group needs the shrinks done before the growths), the intent
+journalled, and what was changed restored when the kernel refuses a write
 (docs/RESCTRL.md, "Schemata"). A part of :class:`~agent.resctrl.node.ResctrlNode`."""
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 
-from agent.errors import (
-    KernelError,
-)
+from agent.errors import InvalidAllocation, KernelError
 from agent.resctrl import discovery, schemata, state
 from agent.resctrl.lock import ResctrlLock
 from agent.types import (
@@ -124,63 +123,68 @@ class Allocations:
                 others=self._others_masks(),
             )
             plan = validate_plan(self._expand_cdp(plan), ctx)
+            changes_of = {}
+            for group, per_dom in plan.groups.items():
+                if changes := schemata.changes_for(per_dom, held[group], self._cdp):
+                    changes_of[group] = changes
+            steps = _write_steps(changes_of, held, ctx)  # what a dry run checks too
             if dry_run:
                 merged = {n: dict(per) for n, per in current.groups.items()}
                 for g, per_dom in plan.groups.items():
                     for d, a in per_dom.items():
                         merged[g][d] = merged[g].get(d, GroupAllocation()).overlay(a)
                 return Allocation(merged)
-            writes = []
-            for group, per_dom in plan.groups.items():
-                changes = schemata.changes_for(per_dom, held[group], self._cdp)
-                if changes:
-                    writes.append((self._growth(changes, held[group]), group, changes))
-            writes.sort(key=lambda w: w[0])  # shrinking groups first: no transient overlap
-            self._require_unchanged([g for _, g, _ in writes])
-            old = {g: _old_values(changes, held[g]) for _, g, changes in writes}
+            written = list(dict.fromkeys(g for g, _, _ in steps))
+            self._require_unchanged(written)
+            old = {g: _old_values(changes_of[g], held[g]) for g in written}
             # what an earlier refused apply could not put back, and this one does not write
-            left = _not_written(self._unrestored, dict((g, c) for _, g, c in writes))
-            journaled = len(writes) > 1 or bool(self._unrestored and writes)
+            left = _not_written(self._unrestored, changes_of)
+            journaled = len(steps) > 1 or bool(self._unrestored and steps)
             if journaled:
                 # One schemata write is atomic in the kernel; several are not: journal the
                 # old values so a crash between them is rolled back at the next start.
-                order = [g for _, g, _ in writes]
-                self._intend(_apply_record([*order, *left], {**old, **left}), "apply the plan")
+                record = _apply_record([*written, *left], {**old, **left})
+                if len(steps) > len(written):  # a group written twice: undo step by step
+                    record["steps"] = [
+                        *([g, v] for g, v in left.items()),  # undone last
+                        *([g, _json_values(before)] for g, _, before in steps),
+                    ]
+                self._intend(record, "apply the plan")
             done: list[tuple[str, dict[str, dict[int, int]]]] = []
-            for _, group, changes in writes:
+            for group, changes, before in steps:
                 path = self._path(group, "schemata")
                 try:
                     self._write(path, schemata.format_write(changes, self._digits))
                 except OSError as exc:
-                    status = self._status()
-                    failed = self._restore(done, held)
-                    # a group not put back keeps the values of the last whole plan it held
-                    self._settle(
-                        {g: _merged(old[g], self._unrestored.get(g)) for g in failed}, journaled
-                    )
-                    msg = f"the kernel refused the schemata of group {group!r}"
-                    if restored := [repr(g) for g, _ in done if g not in failed]:
-                        msg += f"; restored {', '.join(restored)}"
-                    if failed:
-                        msg += f"; COULD NOT restore {', '.join(map(repr, failed))}"
-                    raise KernelError(msg, err=exc.errno or 0, status=status, path=path) from None
-                done.append((group, changes))
-            if writes:
+                    raise self._refused(group, path, exc, done, old, journaled) from None
+                done.append((group, before))
+            if steps:
                 self._unrestored = {}
                 self._settle(left, journaled)
             result = self._read_all()
         return Allocation({n: self._to_alloc(s) for n, s in result.items()})
 
-    @staticmethod
-    def _growth(changes: Mapping[str, Mapping[int, int]], held: schemata.Schemata) -> int:
-        """Ways a write adds that the group did not hold (0 = only shrinks or MB changes)."""
-        grown = 0
-        for res, per_dom in changes.items():
-            if res == "MB":
-                continue
-            for d, v in per_dom.items():
-                grown += (v & ~(held.get(res, d) or 0)).bit_count()
-        return grown
+    def _refused(
+        self,
+        group: str,
+        path: str,
+        exc: OSError,
+        done: list[tuple[str, Values]],
+        old: Mapping[str, dict],
+        journaled: bool,
+    ) -> KernelError:
+        """The kernel refused ``group``'s write: undo ``done``, journal what could not be
+        undone, and say so."""
+        status = self._status()
+        failed = self._restore(done)
+        # a group not put back keeps the values of the last whole plan it held
+        self._settle({g: _merged(old[g], self._unrestored.get(g)) for g in failed}, journaled)
+        msg = f"the kernel refused the schemata of group {group!r}"
+        if restored := [repr(g) for g in dict.fromkeys(g for g, _ in done) if g not in failed]:
+            msg += f"; restored {', '.join(restored)}"
+        if failed:
+            msg += f"; COULD NOT restore {', '.join(map(repr, failed))}"
+        return KernelError(msg, err=exc.errno or 0, status=status, path=path)
 
     def _settle(self, unrestored: Mapping[str, dict], journaled: bool) -> None:
         """After an apply: add ``unrestored`` (group -> the values to roll back to) to what
@@ -199,23 +203,18 @@ class Allocations:
         elif journaled:
             self._journal.clear()
 
-    def _restore(
-        self,
-        done: list[tuple[str, dict[str, dict[int, int]]]],
-        held: Mapping[str, schemata.Schemata],
-    ) -> list[str]:
-        """Put back what ``done`` wrote, last first; the groups that could not be."""
-        failed = []
-        for group, changes in reversed(done):
-            old = {
-                res: {d: held[group].resources[res][d] for d in per_dom}
-                for res, per_dom in changes.items()
-            }
+    def _restore(self, done: list[tuple[str, dict[str, dict[int, int]]]]) -> list[str]:
+        """Undo the writes of ``done`` (group, the values before the write), last first, so
+        the node goes back through the states it came by; the groups that could not be."""
+        failed: list[str] = []
+        for group, before in reversed(done):
             try:
-                self._write(self._path(group, "schemata"), schemata.format_write(old, self._digits))
+                text = schemata.format_write(before, self._digits)
+                self._write(self._path(group, "schemata"), text)
             except OSError as exc:
                 log.error("could not restore the schemata of group %r: %s", group, exc)
-                failed.append(group)
+                if group not in failed:
+                    failed.append(group)
         return failed
 
 
@@ -226,6 +225,128 @@ def _old_values(
     return {
         res: {str(d): held.resources[res][d] for d in per_dom} for res, per_dom in changes.items()
     }
+
+
+Values = dict[str, dict[int, int]]  # resource -> domain -> mask or MB value
+
+
+def _write_steps(
+    changes_of: Mapping[str, Values],
+    held: Mapping[str, schemata.Schemata],
+    ctx: PlanContext,
+) -> list[tuple[str, Values, Values]]:
+    """The schemata writes that take each group from ``held`` to ``changes_of`` (group ->
+    its changed values), as (group, values written, the values before).
+
+    Where no group is exclusive (the kernel then checks no overlap): one write per group,
+    the groups that grow least first. With an exclusive group on the node every write must
+    keep it apart from every other group, which one write per group cannot always do (a
+    group growing in one domain and shrinking in another): each group first shrinks, in
+    one write, to what it keeps of each changing mask (old & new, when the kernel takes
+    that as a mask) and sets its MB values; then the groups take their new masks, each
+    time one whose write overlaps nothing the kernel forbids. Where none is left that can
+    (a swap of ways with an exclusive group), the rest follow in order and the kernel's
+    refusal undoes the apply."""
+    now = {
+        g: {res: {d: held[g].get(res, d) for d in per} for res, per in ch.items()}
+        for g, ch in changes_of.items()
+    }
+    steps: list[tuple[str, Values, Values]] = []
+    ways = {**{g: l3_ways(s) for g, s in held.items()}, **ctx.others}
+
+    def step(group: str, values: Values) -> None:
+        before = {res: {d: now[group][res][d] for d in per} for res, per in values.items()}
+        for res, per in values.items():
+            now[group][res].update(per)
+        ways[group] = _ways_now(held[group], now[group])
+        steps.append((group, values, before))
+
+    min_bits = max(1, ctx.caps.l3.min_cbm_bits) if ctx.caps.l3 else 1
+    if ctx.exclusive:
+        for g, ch in changes_of.items():
+            if first := _kept(ch, now[g], min_bits):
+                step(g, first)
+    pending = []
+    for g, ch in changes_of.items():
+        last = {
+            res: {d: v for d, v in per.items() if now[g][res][d] != v} for res, per in ch.items()
+        }
+        if last := {res: per for res, per in last.items() if per}:
+            pending.append((_growth(last, now[g]), g, last))
+    pending.sort(key=lambda p: p[0])  # shrinking groups first
+    while pending:
+        k = next((i for i, (_, g, v) in enumerate(pending) if not _clashes(g, v, ways, ctx)), None)
+        if k is None:
+            names = ", ".join(repr(g) for _, g, _ in pending)
+            raise InvalidAllocation(
+                f"no order of schemata writes takes groups {names} to the plan without an "
+                "overlap the kernel refuses (ways traded with an exclusive group): apply it "
+                "as two plans, the ways given up first",
+                rule="exclusive_overlap",
+                group=pending[0][1],
+            )
+        _, g, last = pending.pop(k)
+        step(g, last)
+    return steps
+
+
+def _kept(changes: Values, now: Values, min_bits: int) -> Values:
+    """What a group keeps of each changing mask (old & new) where that is a mask the kernel
+    takes and less than it holds, and its new MB values: a write that overlaps nothing
+    new."""
+    out: Values = {}
+    for res, per in changes.items():
+        for d, new in per.items():
+            was = now[res][d] or 0
+            keep = new if res == "MB" else was & new
+            if keep != was and (res == "MB" or keep.bit_count() >= min_bits):
+                out.setdefault(res, {})[d] = keep
+    return out
+
+
+def _clashes(
+    group: str, values: Values, ways: Mapping[str, Mapping[int, int]], ctx: PlanContext
+) -> bool:
+    """Whether the kernel would refuse ``values`` for ``group`` as an overlap, the groups
+    holding ``ways``: an exclusive group's mask meets another group's or the ways hardware
+    uses, or any mask meets an exclusive group's (rdtgroup_cbm_overlaps)."""
+    if not ctx.exclusive:
+        return False
+    hardware = ctx.caps.l3.shareable_bits if ctx.caps.l3 else 0
+    mine = group in ctx.exclusive
+    for res, per in values.items():
+        if res == "MB":
+            continue
+        for d, v in per.items():
+            if mine and v & hardware:
+                return True
+            for other, theirs in ways.items():
+                if other != group and (mine or other in ctx.exclusive) and v & theirs.get(d, 0):
+                    return True
+    return False
+
+
+def _ways_now(held: schemata.Schemata, now: Values) -> dict[int, int]:
+    """Per L3 domain, the ways a group uses (code and data OR-ed) once ``now``'s values
+    replace what it ``held``."""
+    out: dict[int, int] = {}
+    for res in schemata.L3_NAMES:
+        for d, v in {**held.resources.get(res, {}), **now.get(res, {})}.items():
+            out[d] = out.get(d, 0) | (v or 0)
+    return out
+
+
+def _growth(values: Values, now: Values) -> int:
+    """Ways a write adds that the group does not hold (0 = only shrinks or MB changes)."""
+    grown = 0
+    for res, per in values.items():
+        if res != "MB":
+            grown += sum((v & ~(now[res][d] or 0)).bit_count() for d, v in per.items())
+    return grown
+
+
+def _json_values(values: Values) -> dict[str, dict[str, int]]:
+    return {res: {str(d): v for d, v in per.items()} for res, per in values.items()}
 
 
 def _foreign_text(path: str, entry: str) -> str | None:

@@ -162,23 +162,23 @@ class Ownership:
         self._journal.clear()
 
     def _roll_back_apply(self, intent: dict, saved: state.Saved) -> str:
-        """Every group of an interrupted apply gets its old values back, in the reverse of
-        the order they were written (so no two groups overlap on the way)."""
-        groups = intent["groups"]
-        restored = []
-        for group in reversed(intent["order"]):
-            if group not in saved.groups:
-                continue
-            old = {
-                res: {int(d): int(v) for d, v in per_dom.items()}
-                for res, per_dom in groups[group]["old"].items()
-            }
+        """Every write of an interrupted apply undone, last first, so the node goes back
+        through the states it came by and no two groups overlap on the way: a group's old
+        values, in the reverse of the order the groups were written, or, where the apply
+        wrote a group twice (allocation.py, _write_steps), each write's values before it
+        (undoing a write not made yet writes what the group holds, or what it would hold
+        before its last write)."""
+        steps = intent.get("steps") or [[g, intent["groups"][g]["old"]] for g in intent["order"]]
+        restored: list[str] = []
+        for group, before in reversed(steps):
             path = os.path.join(self.root, self._dirname(group), "schemata")
-            if not os.path.exists(path):
+            if group not in saved.groups or not os.path.exists(path):
                 continue
+            values = {res: {int(d): int(v) for d, v in per.items()} for res, per in before.items()}
             try:
-                self._write(path, schemata.format_write(old, self._digits))
-                restored.append(group)
+                self._write(path, schemata.format_write(values, self._digits))
+                if group not in restored:
+                    restored.append(group)
             except OSError as exc:
                 log.error("could not roll back group %r: %s (%s)", group, exc, self._status())
         return f"rolled back an interrupted apply of {', '.join(map(repr, restored)) or 'nothing'}"

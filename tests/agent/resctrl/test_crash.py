@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 from agent.resctrl import ResctrlNode
+from agent.types import AllocationPlan, GroupAllocation, GroupSpec
 from tests.agent.resctrl.crash import BATCH, LC_NAMES, lc_spec, plans
 from tests.emulated_resctrl import Emulated, emulated_resctrl
 
@@ -149,3 +152,59 @@ def _rebuild_foreign(emu: Emulated) -> None:
         path = os.path.join(emu.root, rel, f"{PREFIX}mon")
         if not os.path.isdir(path):
             os.mkdir(path)
+
+
+_APPLY_CROSSING = """
+import sys
+from agent.resctrl import ResctrlNode
+from agent.types import AllocationPlan, GroupAllocation as A
+node = ResctrlNode(sys.argv[1], state_dir=sys.argv[2], pmc=None)
+node.apply(AllocationPlan({"x": {0: A(0xFF0), 1: A(0x3FF00)}, "s": {0: A(0x3), 1: A(0xFF)}}))
+"""
+
+
+def test_kill_9_inside_a_stepwise_apply_rolls_back_step_by_step(emu: Emulated) -> None:
+    """An exclusive group x growing in one domain and shrinking in the other while s does
+    the opposite takes three writes (x shrinks, s moves, x grows): killed in the last one,
+    the next start undoes them last first, through states the kernel accepts, back to the
+    plan before."""
+    emu.write("schemata", "L3:0=3;1=3\n")  # the admin leaves room for an exclusive group
+    node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+    node.create_group(GroupSpec("x", exclusive=True))
+    node.create_group(GroupSpec("s"))
+    before = node.apply(
+        AllocationPlan({"x": {0: GroupAllocation(0x0F0)}, "s": {0: GroupAllocation(0xF00)}})
+    )
+    node.close()
+    model, real = emu.model, emu.model.write
+    reached, release = threading.Event(), threading.Event()
+    writes = []
+
+    def write(path: str, data: bytes):
+        if path.endswith(f"{PREFIX}x/schemata"):
+            writes.append(data)
+            if len(writes) == 2:  # x's growth, the apply's last write: the worker dies in it
+                reached.set()
+                release.wait(30)
+        return real(path, data)
+
+    model.write = write
+    try:
+        worker = subprocess.Popen(
+            [sys.executable, "-c", _APPLY_CROSSING, emu.root, emu.state_dir], cwd=ROOT_DIR
+        )
+        while not reached.wait(0.05):
+            assert worker.poll() is None, "the apply ended before its last write"
+        worker.kill()
+        release.set()
+        worker.wait(30)
+    finally:
+        release.set()
+        model.write = real
+    assert worker.returncode == -signal.SIGKILL
+    again = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+    try:
+        assert again.recovered == "rolled back an interrupted apply of 'x', 's'"
+        assert again.allocation() == before
+    finally:
+        again.close()

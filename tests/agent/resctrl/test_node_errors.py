@@ -209,6 +209,53 @@ def test_foreign_exclusive_group_blocks_overlap_before_any_write(intel: Emulated
     assert intel.status() == "ok", "rejected by the validator, never written"
 
 
+def _exclusive_pair(emu: Emulated) -> ResctrlNode:
+    """Exclusive x on ways 4-7 and s on ways 8-11 of domain 0 (the default group keeps
+    ways 0-1 of both domains; x the rest of domain 1)."""
+    emu.write("schemata", "L3:0=3;1=3\n")
+    node = make_node(emu)
+    node.create_group(GroupSpec("x", exclusive=True))
+    node.create_group(GroupSpec("s"))
+    node.apply(AllocationPlan({"x": {0: GroupAllocation(0x0F0)}, "s": {0: GroupAllocation(0xF00)}}))
+    return node
+
+
+def test_exclusive_group_growing_in_one_domain_and_shrinking_in_another(intel: Emulated) -> None:
+    """x grows in domain 0 and shrinks in domain 1 while s does the opposite: no order of
+    one write per group gets there (each first write overlaps x), shrinking first does."""
+    node = _exclusive_pair(intel)
+    plan = AllocationPlan(
+        {
+            "x": {0: GroupAllocation(0xFF0), 1: GroupAllocation(0x3FF00)},
+            "s": {0: GroupAllocation(0x3), 1: GroupAllocation(0xFF)},
+        }
+    )
+    assert node.apply(plan, dry_run=True) == node.apply(plan) == node.allocation()
+    assert [node.allocation().get(g, d).l3_mask for g in "xs" for d in (0, 1)] == [
+        0xFF0,
+        0x3FF00,
+        0x3,
+        0xFF,
+    ]
+    node.close()
+
+
+def test_ways_traded_with_an_exclusive_group_are_refused_before_any_write(
+    intel: Emulated,
+) -> None:
+    """A swap of ways between exclusive x and s has no order of writes the kernel takes
+    (each first write overlaps x): refused by the dry run and by apply, nothing written."""
+    node = _exclusive_pair(intel)
+    before = node.allocation()
+    swap = AllocationPlan({"x": {0: GroupAllocation(0xF00)}, "s": {0: GroupAllocation(0x0F0)}})
+    for dry_run in (True, False):
+        with pytest.raises(InvalidAllocation, match="apply it as two plans") as err:
+            node.apply(swap, dry_run=dry_run)
+        assert err.value.rule == "exclusive_overlap"
+    assert node.allocation() == before and intel.status() == "ok", "nothing written"
+    node.close()
+
+
 def test_exclusive_group_takes_only_free_ways(intel: Emulated) -> None:
     node = make_node(intel)
     with pytest.raises(ResourceExhausted, match="no free ways"):
