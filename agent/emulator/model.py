@@ -102,16 +102,19 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
 
     def _new_cbm(self, schema: str, dom: int) -> int:
         # rdtgroup.c __init_one_rdt_domain: shareable bits, the masks of shareable groups
-        # and every unused bit; then cbm_ensure_valid keeps the lowest contiguous run.
+        # and every unused bit, a group's code and data masks both counting under CDP (so
+        # no new group overlaps an exclusive group's peer mask); then cbm_ensure_valid
+        # keeps the lowest contiguous run, sparse masks or not.
+        peer = {"L3CODE": "L3DATA", "L3DATA": "L3CODE"}.get(schema)
         used = self.p.shareable_bits
         new = self.p.shareable_bits
         for g in self._ctrl_groups():
-            val = g.ctrl[schema][dom]
+            val = g.ctrl[schema][dom] | (g.ctrl[peer][dom] if peer else 0)
             used |= val
             if g.mode == "shareable":
                 new |= val
         new |= ~used & self.p.cbm_mask
-        if not self.p.sparse_masks and new:
+        if new:
             low = new & -new
             run = new + low
             new &= (run & -run) - 1

@@ -51,6 +51,20 @@ def test_schemata_errors_set_errno_and_status(emu: Emulated, text: str, status: 
     assert emu.read("g/schemata") == before
 
 
+def test_under_cdp_a_new_group_avoids_an_exclusive_groups_code_and_data_masks() -> None:
+    with emulated_resctrl("intel-cdp") as emu:
+        emu.write("schemata", "L3CODE:0=c0000;1=c0000\nL3DATA:0=c0000;1=c0000\n")
+        os.mkdir(f"{emu.root}/x")
+        emu.write("x/schemata", "L3CODE:0=f;1=f\nL3DATA:0=f0;1=f0\n")
+        emu.write("x/mode", "exclusive\n")
+        os.mkdir(f"{emu.root}/n")
+        held = parse(emu.read("n/schemata"))
+        # x uses ways 0-7 between its code and data masks: the new group gets ways 8-17
+        # and the shareable ones above (the hardware's and the default group's, 18-19)
+        assert held.get("L3CODE", 0) == held.get("L3DATA", 0) == 0xFFF00
+        emu.write("n/schemata", "L3DATA:0=fff00\n")  # its own mask is one it may keep
+
+
 def test_a_trailing_semicolon_ends_the_line(emu: Emulated) -> None:
     os.mkdir(f"{emu.root}/g")
     emu.write("g/schemata", "L3:0=ff;1=f;\n")
