@@ -158,6 +158,9 @@ PRESETS: dict[str, Preset] = {
             vendor="AuthenticAMD",
             model_name="AMD EPYC 7302P 16-Core Processor (emulated)",
             cbm_mask=0xFFFF,  # 16 MB, 16-way L3 per CCX: 1 MB per bit
+            # rdt_init_res_defs_amd: masks need not be contiguous, and may be empty
+            sparse_masks=True,
+            min_cbm_bits=0,
             l3_closids=4,
             mb=MbPreset(
                 min_bandwidth=0,

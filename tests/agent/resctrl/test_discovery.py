@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.emulator.presets import get_preset
+from agent.resctrl import ResctrlNode
 from agent.resctrl.discovery import (
     discover,
     format_cpu_list,
@@ -16,7 +17,7 @@ from agent.resctrl.discovery import (
     parse_cpu_list,
     parse_size,
 )
-from agent.types import MbaMode, Vendor
+from agent.types import AllocationPlan, GroupAllocation, GroupSpec, MbaMode, Vendor
 from tests.emulated_resctrl import Emulated, emulated_resctrl
 
 
@@ -102,3 +103,17 @@ def test_a_throttled_default_group_is_not_the_mb_maximum(preset: str) -> None:
         emu.write("schemata", "MB:" + ";".join(f"{d}=1024" for d in mba.domains) + "\n")
         assert "1024" in emu.read("schemata")
         assert discover(emu.root).mba.max_bandwidth == full
+
+
+def test_amd_masks_may_be_sparse_or_empty() -> None:
+    """AMD's L3 QoS (rdt_init_res_defs_amd): sparse masks and no minimum of ways; the
+    backend discovers both and applies such masks, read back as they were written."""
+    with emulated_resctrl("amd-epyc") as emu:
+        l3 = discover(emu.root).l3
+        assert (l3.sparse_masks, l3.min_cbm_bits) == (True, 0)
+        node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+        node.create_group(GroupSpec("a"))
+        plan = AllocationPlan({"a": {0: GroupAllocation(l3_mask=0xF0F), 1: GroupAllocation(0)}})
+        held = node.apply(plan)
+        assert (held.get("a", 0).l3_mask, held.get("a", 1).l3_mask) == (0xF0F, 0)
+        node.close()
