@@ -63,11 +63,16 @@ class Node(Protocol):
     def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
         """Move tasks (by pid) and CPUs into ``group`` (kernel move semantics: a task or
         CPU leaves every other group). Raises UnknownTask, InvalidCpus, GroupNotFound.
+
+        A pid is one task as the kernel's ``tasks`` file counts them, a thread: a process's
+        pid moves its main thread only, and the threads it starts afterwards follow the
+        thread that starts them. Move a multi-threaded service's threads
+        (``/proc/PID/task``) one by one, or start it in its group.
         """
         ...
 
     def tasks(self, group: str) -> frozenset[int]:
-        """The pids currently in ``group``."""
+        """The pids (thread ids, as the kernel's ``tasks`` file lists them) in ``group``."""
         ...
 
     def apply(self, plan: AllocationPlan, *, dry_run: bool = False) -> Allocation:
