@@ -252,13 +252,15 @@ def _write_steps(
         for g, ch in changes_of.items()
     }
     steps: list[tuple[str, Values, Values]] = []
-    ways = {**{g: l3_ways(s) for g, s in held.items()}, **ctx.others}
+    # every group's ways, for the overlaps the kernel checks only with an exclusive group
+    ways = {**{g: l3_ways(s) for g, s in held.items()}, **ctx.others} if ctx.exclusive else {}
 
     def step(group: str, values: Values) -> None:
         before = {res: {d: now[group][res][d] for d in per} for res, per in values.items()}
         for res, per in values.items():
             now[group][res].update(per)
-        ways[group] = _ways_now(held[group], now[group])
+        if ctx.exclusive:
+            ways[group] = _ways_now(held[group], now[group])
         steps.append((group, values, before))
 
     min_bits = max(1, ctx.caps.l3.min_cbm_bits) if ctx.caps.l3 else 1
