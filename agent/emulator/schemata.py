@@ -101,16 +101,19 @@ class SchemataFiles:
             value = value.strip()
             if dom not in self.domains:
                 raise ResctrlError(errno.EINVAL)  # the kernel says nothing: status stays "ok"
+            if schema == "MB" and self.p.mba_mbps:
+                # parse_bw stores an mba_MBps value as it parses (d->mbps_val), never staged,
+                # so a later line refusing the write does not take it back, and a domain
+                # named twice is no duplicate: the last value stays.
+                bw = self._parse_bw(value)
+                self._advance()
+                g.ctrl[schema][dom] = bw
+                continue
             if dom in staged:
                 self.status = f"Duplicate domain {dom}"
                 raise ResctrlError(errno.EINVAL)
             if schema == "MB":
                 staged[dom] = self._parse_bw(value)
-                if self.p.mba_mbps:
-                    # parse_bw stores an mba_MBps value as it parses (d->mbps_val): a later
-                    # line refusing the write does not take it back.
-                    self._advance()
-                    g.ctrl[schema][dom] = staged[dom]
             else:
                 staged[dom] = self._parse_cbm(g, schema, dom, value)
 

@@ -140,6 +140,23 @@ def test_a_refused_write_keeps_an_mbps_value_parsed_before(preset: str, kept: bo
         assert after.resources["L3"] == before.resources["L3"]
 
 
+@pytest.mark.parametrize(("preset", "stored"), [("intel-mbps", 200), ("intel-20way", None)])
+def test_a_domain_named_twice_is_a_duplicate_except_under_mba_mbps(preset: str, stored) -> None:
+    # parse_bw checks for a duplicate by the staged value, which mba_MBps never stages
+    with emulated_resctrl(preset) as emu:
+        os.mkdir(f"{emu.root}/g")
+        before = parse(emu.read("g/schemata")).get("MB", 0)
+        if stored is None:
+            assert refused(emu, "g/schemata", "MB:0=50;0=60\n") == (
+                errno.EINVAL,
+                "Duplicate domain 0",
+            )
+            assert parse(emu.read("g/schemata")).get("MB", 0) == before
+        else:
+            emu.write("g/schemata", "MB:0=100;0=200\n")
+            assert parse(emu.read("g/schemata")).get("MB", 0) == stored
+
+
 def test_exclusive_mode_and_overlap_rules(emu: Emulated) -> None:
     os.mkdir(f"{emu.root}/a")
     os.mkdir(f"{emu.root}/b")
