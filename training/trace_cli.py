@@ -13,6 +13,7 @@ dynamics model can be learned from (random allocations held for random dwell tim
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,17 +44,42 @@ def _options(pairs: list[str]) -> dict:
     return out
 
 
+# the most intervals one recording may ask for (a year at 30 ms): more is a typo
+MAX_INTERVALS = 10**9
+
+
 def _check_out(out: str, force: bool = False) -> None:
     """Refuse an --out the finished trace cannot be renamed to before recording, not after;
-    and an existing trace unless ``force`` (recorded traces are training data that took
-    their time to collect)."""
+    an existing trace unless ``force`` (recorded traces are training data that took their
+    time to collect); and, even with ``force``, whatever is there that is not a regular
+    file (the rename would replace a device such as /dev/null, a pipe or a symbolic link
+    with the trace)."""
     path = Path(out)
-    if path.is_file() and not force:
-        raise ValueError(f"--out {out}: exists; --force replaces it")
     if path.is_dir():
         raise ValueError(f"--out {out}: is a directory; give a file name")
+    if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
+        raise ValueError(
+            f"--out {out}: exists and is not a regular file (a device, pipe, socket or "
+            "symbolic link); give another path"
+        )
+    if path.is_file() and not force:
+        raise ValueError(f"--out {out}: exists; --force replaces it")
     if not path.parent.is_dir():
         raise ValueError(f"--out {out}: directory {path.parent} does not exist")
+
+
+def _check_record_args(args: argparse.Namespace) -> None:
+    """ValueError naming the option unless the recording's arguments make sense together."""
+    _check_out(args.out, args.force)
+    if not args.duration / args.interval <= MAX_INTERVALS:
+        raise ValueError(
+            f"--duration {args.duration:g} in --interval {args.interval:g} steps is more than "
+            f"{MAX_INTERVALS:.0e} intervals"
+        )
+    if args.seed is not None and args.scenario is None:
+        raise ValueError("--seed seeds --scenario's reset: give --scenario too")
+    if args.seed is not None and args.seed >= 2**63:
+        raise ValueError(f"--seed {args.seed}: at most 2**63 - 1 (the agent's seeds are int64)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -146,7 +172,7 @@ def _record(args: argparse.Namespace) -> int:
     from models.setup import ControllerError, Setup
 
     try:
-        _check_out(args.out, args.force)
+        _check_record_args(args)
         spec = ControllerSpec.parse(args.controller).with_options(_options(args.option))
     except (ControllerError, ValueError) as exc:  # a bad value's YAML error included
         print(f"rdtune trace record: {exc}", file=sys.stderr)

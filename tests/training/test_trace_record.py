@@ -92,6 +92,9 @@ def test_bad_agent_and_bad_file_errors(tmp_path, capsys) -> None:
         (["--controller", "eq[decide_s=abc]"], "decide_s must be a number of seconds > 0"),
         (["-o", "decide_s=.inf"], "decide_s must be a number of seconds > 0, got inf"),
         (["--scenario", "nope"], "unknown scenario 'nope'; have ["),
+        (["--seed", "7"], "--seed seeds --scenario's reset: give --scenario too"),
+        (["--scenario", "default", "--seed", str(2**63)], f"--seed {2**63}: at most 2**63 - 1"),
+        (["--duration", "1e308", "--interval", "1e-300"], "is more than 1e+09 intervals"),
     ],
 )
 def test_bad_arguments_are_refused_before_recording(
@@ -106,6 +109,30 @@ def test_bad_arguments_are_refused_before_recording(
     err = capsys.readouterr().err
     assert err.startswith("rdtune trace record: ") and err.count("\n") == 1 and error in err
     assert not list(tmp_path.rglob("*.part*")) and not list(tmp_path.rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dangling link", "link to a trace"])
+@pytest.mark.parametrize("force", [False, True])
+def test_an_out_that_is_not_a_regular_file_is_never_replaced(
+    kind: str, force: bool, tmp_path, capsys
+) -> None:
+    """The finished trace is renamed onto --out: onto a pipe, a device (/dev/null when
+    run as root) or a symbolic link, that would replace it with a regular file."""
+    out = tmp_path / "out"
+    if kind == "fifo":
+        os.mkfifo(out)
+    else:
+        target = tmp_path / "kept.parquet"
+        if kind == "link to a trace":
+            target.write_bytes(b"kept")
+        out.symlink_to(target)
+    argv = ["trace", "record", "--agent", "127.0.0.1:1", "--duration", "1", "--out", str(out)]
+    assert main(argv + ["--force"] * force) == 2
+    assert capsys.readouterr().err == (
+        f"rdtune trace record: --out {out}: exists and is not a regular file (a device, pipe, "
+        "socket or symbolic link); give another path\n"
+    )
+    assert out.is_fifo() if kind == "fifo" else out.is_symlink()
 
 
 def test_sigterm_closes_the_trace_as_ctrl_c_does(tmp_path) -> None:
