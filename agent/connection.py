@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.address import split_address
 from agent.argtypes import positive_float
-from agent.configfile import ConfigError
+from agent.configfile import ConfigError, read_regular
 
 if TYPE_CHECKING:
     from agent.client import TlsConfig
@@ -43,6 +42,9 @@ def agent_address(value: str) -> str:
     return value
 
 
+TOKEN_FILE_MAX = 64 << 10  # a token is a line; a larger file is not one
+
+
 def read_token(
     token: str | None, token_file: str | None, error: type[Exception] = ValueError
 ) -> str | None:
@@ -50,9 +52,12 @@ def read_token(
     ``$RDTUNE_AGENT_TOKEN``. Never a command-line flag: argv is visible to every user."""
     if token is None and token_file:
         try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise error(f"cannot read token file {token_file!r}: {exc}") from exc
+            # a regular file only: /dev/zero would be read without end, a pipe block
+            token = read_regular(token_file, TOKEN_FILE_MAX, "a token file").decode().strip()
+        except ConfigError as exc:
+            raise error(f"cannot read token file: {exc}") from None
+        except UnicodeDecodeError:
+            raise error(f"token file {token_file!r} is not UTF-8 text") from None
         if not token:
             raise error(f"token file {token_file!r} is empty")
     if token is None and os.environ.get(TOKEN_ENV):

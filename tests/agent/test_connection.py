@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +194,27 @@ def test_a_tls_file_that_is_not_pem_is_refused_at_start(mtls, option, what, tmp_
     err = done.stderr.strip()
     assert err.startswith(f"rdtune tune: cannot load {what} {bad}: not PEM"), err
     assert len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda p: os.mkfifo(p), "a named pipe"),
+        (lambda p: p.symlink_to("/dev/zero"), "a character device"),
+        (lambda p: p.write_bytes(b"\xff\xfe token"), "is not UTF-8 text"),
+        (lambda p: p.write_bytes(b"x" * (65 << 10)), "too large for a token file"),
+        (lambda p: p.write_text(" \n"), "is empty"),
+    ],
+    ids=["fifo", "device", "not utf-8", "too large", "blank"],
+)
+def test_a_token_file_that_is_no_token_is_refused_naming_it(make, problem, tmp_path) -> None:
+    """Every agent, tuner and client reads its token here: a pipe used to block for ever,
+    /dev/zero to be read until memory ran out."""
+    from agent.configfile import ConfigError
+    from agent.connection import read_token
+
+    path = tmp_path / "token"
+    make(path)
+    with pytest.raises(ConfigError, match=re.escape(problem)) as err:
+        read_token(None, str(path), ConfigError)
+    assert str(path) in str(err.value)
