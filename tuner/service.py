@@ -141,10 +141,12 @@ class Tuner(Resilience, Pacing):
         if self.primary is None:
             try:
                 self.primary = self._build_controller(self.node)
+                self.intended = self.node.allocation()
+                self._rehearse_fallback()
             except Exception:  # refused or a bug: the groups made for it go again
+                self.primary = None
                 self.keeper.undo(self.node, created)
                 raise
-            self.intended = self.node.allocation()
         else:
             self.intended = baseline
         self.baseline = baseline
@@ -362,6 +364,19 @@ class Tuner(Resilience, Pacing):
             extra={"event": "dropped", "controller": name, "rule": rule},
         )
         return "dropped", rule
+
+    def _rehearse_fallback(self) -> None:
+        """Start the fallback once on the node as it is, its decision dropped: a fallback
+        that cannot control the node (a static allocation's LC group missing) is refused at
+        start, not found out when the SLO guard trips, the LC groups missing their SLOs."""
+        try:
+            self.fallback.start(self._context(self.intended))
+        except NodeError:
+            raise
+        except Exception as exc:
+            raise ControllerError(
+                f"the fallback controller {self.fallback.name} cannot control this node: {exc}"
+            ) from None
 
     def _groups_changed(self) -> None:
         """Groups appeared or vanished: controllers start over on the new set."""

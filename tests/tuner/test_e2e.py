@@ -170,15 +170,21 @@ def test_agent_killed_and_restarted_mid_run(spike_file: str) -> None:
     assert tune.summary["intervals"] > before, "interval count carried on across the outage"
 
 
+BAD_FALLBACK = {"fallback": "static", "fallback_options": {"lc_group": "nosuch", "ways": 2}}
+
+
 @pytest.mark.parametrize(
-    ("controller", "error"),
+    ("controller", "error", "extra"),
     [
-        ("import:tests.tuner.controllers:BuggyStart", "unexpected error: ZeroDivisionError"),
-        ("coco", "option 'services': services must be a non-empty list"),
+        ("import:tests.tuner.controllers:BuggyStart", "unexpected error: ZeroDivisionError", {}),
+        ("coco", "option 'services': services must be a non-empty list", {}),
+        # found at start, not when the SLO guard trips and the LC groups need it
+        ("eq", "the fallback controller static cannot control this node: ", BAD_FALLBACK),
     ],
+    ids=["a bug", "bad options", "a fallback for another node"],
 )
 def test_a_controller_that_fails_to_start_leaves_the_node_as_it_was(
-    fresh, tune_here, controller, error
+    fresh, tune_here, controller, error, extra
 ) -> None:
     """A bug (exit 1, its traceback logged) or bad options (exit 2): either way the groups
     the tuner made for it are gone again, and the summary line still says what ran."""
@@ -187,6 +193,7 @@ def test_a_controller_that_fails_to_start_leaves_the_node_as_it_was(
     config = {
         "groups": [{"name": "tier", "kind": "batch"}],
         "controller_options": {"services": 5} if controller == "coco" else {},
+        **extra,
     }
     run = tune_here(fresh.address, controller, "--intervals", "3", config=config)
     assert run.returncode == (1 if "unexpected" in error else 2), run.stderr
