@@ -91,7 +91,7 @@ class GroupConfig:
     def check_cpus(self) -> None:
         """Refuse a CPU listed twice (most likely a typo for another one) at start, not
         after the group is made: the agent would take it silently. The file's schema
-        refuses a CPU that is not a whole number >= 0 (``Id``); whether the host has it
+        refuses a CPU that is not a whole number in [0, 8191] (``Cpu``); whether the host has it
         is the agent's to say, as CPU numbers can have gaps."""
         seen: set[int] = set()
         for cpu in self.cpus:
@@ -186,7 +186,9 @@ _G = GuardConfig()
 PositiveS = Annotated[Finite, Field(gt=0)]
 NonNegativeS = Annotated[Finite, Field(ge=0)]
 AtLeastOne = Annotated[int, Field(ge=1)]
-Id = Annotated[int, Field(ge=0)]
+# Linux's PID_MAX_LIMIT (2**22) and NR_CPUS's largest setting: a larger id names nothing
+Pid = Annotated[int, Field(ge=0, le=1 << 22)]
+Cpu = Annotated[int, Field(ge=0, le=8191)]
 
 
 class SloFile(Strict):
@@ -201,9 +203,9 @@ class GroupFile(Strict):
     kind: Literal["lc", "batch", "system"] = "batch"
     slo: SloFile | None = None
     exclusive: bool = False
-    pids: list[Id] = []
+    pids: list[Pid] = []
     cgroup: str | None = None
-    cpus: list[Id] = []
+    cpus: list[Cpu] = []
 
     @field_validator("cgroup")
     @classmethod
@@ -309,13 +311,15 @@ class TunerFile(Strict):
 _REFUSED = {"agent.token": "put the agent token in token_file or $RDTUNE_AGENT_TOKEN, not here"}
 
 
-def _build(model: TunerFile, where: str) -> TunerConfig:
+def _build(model: TunerFile, where: str, overrides: Mapping[str, Any] | None = None) -> TunerConfig:
     try:
         cfg = model.to_config()
     except ConfigError:
         raise
     except ValueError as exc:  # the group rules of agent.types (names, SLOs)
         raise ConfigError(f"{where}: {exc}") from None
+    for name, value in (overrides or {}).items():
+        setattr(cfg, name, value)  # before the checks: a flag replaces a refused file value
     try:
         cfg.validate()
     except ConfigError as exc:
@@ -333,11 +337,16 @@ def parse_config(raw: object, where: str = "config") -> TunerConfig:
     return _build(configfile.validate(TunerFile, raw, where), where)
 
 
-def load_yaml(path: str | Path | None, environ: Mapping[str, str] | None = None) -> TunerConfig:
+def load_yaml(
+    path: str | Path | None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> TunerConfig:
     """The tuner's configuration from ``path`` (None: defaults) and ``RDTUNE_TUNER__*``
-    variables."""
+    variables, ``overrides`` (the command line's flags: field -> value) taking the place of
+    theirs before anything is checked."""
     where = str(path) if path is not None else "configuration"
     model = configfile.load(
         TunerFile, path, env_prefix=ENV_PREFIX, environ=environ, refused=_REFUSED
     )
-    return _build(model, where)
+    return _build(model, where, overrides)

@@ -79,11 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace):
     from tuner.config import load_yaml
 
-    cfg = load_yaml(args.config)  # None: the defaults, with RDTUNE_TUNER__* overrides
-    for name in ("interval_s", "fallback", "metrics_listen", "log_json", "restore_baseline"):
-        value = getattr(args, name, None)
-        if value is not None:
-            setattr(cfg, name, value)
+    flags = ("interval_s", "fallback", "metrics_listen", "log_json", "restore_baseline")
+    overrides = {n: getattr(args, n) for n in flags if getattr(args, n, None) is not None}
+    # None: the defaults, with RDTUNE_TUNER__* overrides; the flags over both
+    cfg = load_yaml(args.config, overrides=overrides)
     cfg.agent = connection.from_args(args, cfg.agent)
     cfg.validate()
     return cfg

@@ -63,6 +63,9 @@ def test_full_example_parses(tmp_path) -> None:
         ("groups: [{name: a, slo: {percentile: 99}}]", "groups[0].slo.target_ms: required"),
         ("groups: [{name: a, cgroup: rel/path}]", "groups[0].cgroup: cgroup must be an absolute"),
         ("groups: [{name: a, pids: [-1]}]", "groups[0].pids[0]: must be greater than or equal"),
+        # above the kernel's largest pid and CPU: once a traceback from the agent's int64
+        ("groups: [{name: a, pids: [1, 99999999999999999999999]}]", "groups[0].pids[1]: must be"),
+        ("groups: [{name: a, cpus: [100000]}]", "groups[0].cpus[0]: must be less than or equal"),
         ("groups: [{name: a}, {name: a}]", "group names must be unique"),
         ("groups: [{name: a, cpus: [1, 1]}]", "config: group 'a': cpus: CPU 1 is listed twice"),
         ("groups: [{name: a, cpus: [0, 2, 3, 2]}]", "group 'a': cpus: CPU 2 is listed twice"),
@@ -112,6 +115,24 @@ def test_flags_override_the_file_and_the_token_comes_from_a_file(tmp_path, monke
     token.write_text("")
     with pytest.raises(ConfigError, match="is empty"):
         build_config(args)
+
+
+@pytest.mark.parametrize(
+    "in_file",
+    ["metrics_listen: '0.0.0.0:9465'", "metrics_listen: '127.0.0.1:99999'"],
+)
+def test_a_flag_replaces_a_file_value_the_checks_would_refuse(tmp_path, in_file) -> None:
+    """The flag wins before the file's value is checked: an exposed metrics endpoint
+    without TLS in the file, overridden on the command line, used to stop the tuner."""
+    path = tmp_path / "tuner.yaml"
+    path.write_text(in_file + "\n")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    base = ["--config", str(path), "--controller", "eq"]
+    with pytest.raises(ConfigError):
+        build_config(parser.parse_args(base))
+    cfg = build_config(parser.parse_args([*base, "--metrics-listen", "127.0.0.1:0"]))
+    assert cfg.metrics_listen == "127.0.0.1:0"
 
 
 @pytest.mark.parametrize(
