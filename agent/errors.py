@@ -149,6 +149,14 @@ class StateUnwritable(NodeError, OSError):
         return self.args[1]
 
 
+class NotMounted(NodeError):
+    """The resctrl root is no longer a resctrl filesystem (unmounted under the agent):
+    nothing is read or changed there until it is mounted again (its groups went with the
+    mount); callers wait as for an agent that is down."""
+
+    code = "UNAVAILABLE"
+
+
 class KernelError(NodeError, OSError):
     """A resctrl write the kernel refused, with its errno and ``info/last_cmd_status``.
 

@@ -125,16 +125,14 @@ class Tuner(Resilience, Pacing):
         return self.fallback if self.slo_guard.in_fallback else self.primary
 
     def start(self) -> None:
-        """Connect, create or adopt the configured groups, start the controller.
-
-        Safe to call again after it failed part-way (the agent not up yet): the connection
-        is kept, and nothing counts as started until the controller has started."""
+        """Connect, create or adopt the configured groups, start the controller. Safe to
+        call again after it failed part-way (the agent not up yet): the connection is kept,
+        and nothing counts as started until the controller has started."""
         if self.node is None:
             self.node = self._connect()
         self.caps = self.node.capabilities()
         self.clock = as_clock(self.node)
-        realtime = self.cfg.realtime
-        self._realtime = realtime if realtime is not None else self.clock is None
+        self._realtime = self.clock is None if self.cfg.realtime is None else self.cfg.realtime
         created = self.keeper.ensure(self.node)
         self.groups = self.keeper.read(self.node, self.groups)
         baseline = self.node.allocation()  # before a controller's calibration changes it
@@ -142,7 +140,7 @@ class Tuner(Resilience, Pacing):
             try:
                 self.primary = self._build_controller(self.node)
                 self.intended = self.node.allocation()
-                self._rehearse_fallback()
+                rehearse(self.fallback, self._context(self.intended))
             except Exception:  # refused or a bug: the groups made for it go again
                 self.primary = None
                 self.keeper.undo(self.node, created)
@@ -365,19 +363,6 @@ class Tuner(Resilience, Pacing):
         )
         return "dropped", rule
 
-    def _rehearse_fallback(self) -> None:
-        """Start the fallback once on the node as it is, its decision dropped: a fallback
-        that cannot control the node (a static allocation's LC group missing) is refused at
-        start, not found out when the SLO guard trips, the LC groups missing their SLOs."""
-        try:
-            self.fallback.start(self._context(self.intended))
-        except NodeError:
-            raise
-        except Exception as exc:
-            raise ControllerError(
-                f"the fallback controller {self.fallback.name} cannot control this node: {exc}"
-            ) from None
-
     def _groups_changed(self) -> None:
         """Groups appeared or vanished: controllers start over on the new set."""
         self._next = None  # an observation of the old set of groups
@@ -387,3 +372,18 @@ class Tuner(Resilience, Pacing):
         log.info("groups changed: %s", sorted(self.groups), extra={"event": "groups"})
         current = self.node.allocation()
         self._carry_out(self.active.start(self._context(current)), current, self._last_now)
+
+
+def rehearse(fallback: Controller, ctx: ControlContext) -> None:
+    """Start ``fallback`` once on the node ``ctx`` describes, its decision dropped: a
+    fallback that cannot control the node (a static allocation's LC group missing) is
+    refused at start, not found out when the SLO guard trips, the LC groups missing their
+    SLOs."""
+    try:
+        fallback.start(ctx)
+    except NodeError:
+        raise
+    except Exception as exc:
+        raise ControllerError(
+            f"the fallback controller {fallback.name} cannot control this node: {exc}"
+        ) from None

@@ -44,7 +44,7 @@ from agent.resctrl import discovery, monitor, schemata, state
 from agent.resctrl.allocation import Allocations, l3_ways
 from agent.resctrl.lock import ResctrlLock
 from agent.resctrl.observe import LatencySource, Observation, PmcSource
-from agent.resctrl.ownership import Ownership
+from agent.resctrl.ownership import Ownership, require_mounted
 from agent.resctrl.tasks import Tasks
 from agent.types import (
     GroupAllocation,
@@ -217,6 +217,7 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
             self._adopt_runtime_class(spec, path)
             return
         with self._lock.exclusive():
+            require_mounted(self.root)
             if spec.name in self._specs or os.path.lexists(path):
                 raise GroupExists(spec.name)
             self._intend({"op": "create", "name": spec.name}, f"create group {spec.name!r}")

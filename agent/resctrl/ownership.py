@@ -11,7 +11,7 @@ import logging
 import os
 from dataclasses import replace
 
-from agent.errors import GroupExists, GroupNotFound, StateUnwritable, Unsupported
+from agent.errors import GroupExists, GroupNotFound, NotMounted, StateUnwritable, Unsupported
 from agent.resctrl import discovery, schemata, state
 from agent.resctrl.lock import ResctrlLock
 from agent.types import (
@@ -162,12 +162,9 @@ class Ownership:
         self._journal.clear()
 
     def _roll_back_apply(self, intent: dict, saved: state.Saved) -> str:
-        """Every write of an interrupted apply undone, last first, so the node goes back
-        through the states it came by and no two groups overlap on the way: a group's old
-        values, in the reverse of the order the groups were written, or, where the apply
-        wrote a group twice (allocation.py, _write_steps), each write's values before it
-        (undoing a write not made yet writes what the group holds, or what it would hold
-        before its last write)."""
+        """Every write of an interrupted apply undone, last first (each group's old values;
+        or, where it wrote a group twice, allocation.py's _write_steps, each write's values
+        before it), so the node goes back through the states it came by."""
         steps = intent.get("steps") or [[g, intent["groups"][g]["old"]] for g in intent["order"]]
         restored: list[str] = []
         for group, before in reversed(steps):
@@ -262,6 +259,7 @@ class Ownership:
         """Own groups whose directory is gone, or (with ``markers``: a stat per group)
         is another one of the same name, become vanished."""
         present = set(os.listdir(self.root))
+        require_mounted(self.root, present)
         gone = [n for n in self._specs if self._dirname(n) not in present]
         for name in gone:
             log.warning("own group %r vanished (deleted by someone else)", name)
@@ -323,3 +321,11 @@ class Ownership:
             self.create_group(spec)
             done.append(name)
         return done
+
+
+def require_mounted(root: str, entries: set[str] | None = None) -> None:
+    """NotMounted unless ``root`` (its ``entries``, when listed already) is still resctrl:
+    unmounted, it is a plain directory, where a group's mkdir would succeed and every own
+    group would look deleted."""
+    if "info" not in (entries if entries is not None else os.listdir(root)):
+        raise NotMounted(f"{root} is no longer a resctrl filesystem (unmounted?)")

@@ -27,6 +27,7 @@ from agent.errors import (
     InvalidCpus,
     InvalidName,
     KernelError,
+    NotMounted,
     ResourceExhausted,
     StateUnwritable,
     UnknownTask,
@@ -45,7 +46,7 @@ from agent.types import (
 from tests.agent.pmc.conftest import open_fds
 from tests.agent.pmc.workload import Child
 from tests.agent.resctrl.conftest import make_node, unknown_pid
-from tests.emulated_resctrl import Emulated, emulated_resctrl
+from tests.emulated_resctrl import Emulated, _unmount, emulated_resctrl
 
 PREFIX = "rdtune-"
 
@@ -172,6 +173,30 @@ def test_a_foreign_group_removed_while_it_is_read_is_skipped(
     finally:
         model.read = real
     assert raced, "the call never read the group's file"
+
+
+def test_an_unmounted_root_is_an_unavailable_node_not_a_place_for_groups() -> None:
+    """resctrl unmounted under the agent leaves a plain directory: a group's mkdir there
+    would succeed and every own group would look deleted by someone else. Every call says
+    NotMounted (UNAVAILABLE over gRPC, an outage to the tuner) and the state is kept."""
+    with emulated_resctrl("intel-20way") as emu:
+        node = make_node(emu)
+        node.create_group(GroupSpec("a"))
+        saved = Path(node.state_path).read_bytes()
+        _unmount(emu.root)
+        calls = {
+            "apply": lambda: node.apply(AllocationPlan({"a": {0: GroupAllocation(0xF)}})),
+            "create": lambda: node.create_group(GroupSpec("b")),
+            "observe": node.observe,
+            "groups": node.groups,
+        }
+        for name, call in calls.items():
+            with pytest.raises(NotMounted, match="no longer a resctrl filesystem") as err:
+                call()
+            assert err.value.code == "UNAVAILABLE", name
+        assert os.listdir(emu.root) == [], "nothing made in the plain directory"
+        assert Path(node.state_path).read_bytes() == saved, "no group recorded as deleted"
+        node.close()
 
 
 def test_invalid_plan_writes_nothing(intel: Emulated, inode: ResctrlNode) -> None:
