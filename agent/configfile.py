@@ -280,7 +280,7 @@ def env_overrides(
         if not all(path) or not _is_field_path(model, path):
             raise ConfigError(f"${var}: names no setting (after {start}: KEY or KEY__SUBKEY)")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = yaml.safe_load(text) if text.strip() else _empty_value(model, path)
         except yaml.YAMLError:
             value = text
         node = data
@@ -298,13 +298,28 @@ def _deep_copy(data: dict) -> dict:
 
 
 def _is_field_path(model: Any, path: tuple[str, ...]) -> bool:
-    current = model
+    return _field_at(model, path) is not None
+
+
+def _field_at(model: Any, path: tuple[str, ...]) -> Any:
+    """The pydantic field ``path`` names in ``model`` (None: no such field)."""
+    current, field = model, None
     for part in path:
         fields = getattr(current, "model_fields", None)
         if fields is None or part not in fields:
-            return False
-        current = _model_in(fields[part].annotation)
-    return True
+            return None
+        field = fields[part]
+        current = _model_in(field.annotation)
+    return field
+
+
+def _empty_value(model: Any, path: tuple[str, ...]) -> str | None:
+    """What a variable set to nothing means: null where the setting takes one, else the
+    empty string (``metrics_listen`` and ``health_listen``, where "" turns a listener
+    off)."""
+    annotation = _field_at(model, path).annotation
+    takes_none = annotation is None or type(None) in typing.get_args(annotation)
+    return None if takes_none or annotation is not str else ""
 
 
 def load(

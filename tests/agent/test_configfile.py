@@ -158,6 +158,20 @@ def test_environment_overrides(tmp_path) -> None:
     assert agent.restore_on_exit is True and agent.rate_limit == 50.0
 
 
+def test_a_variable_set_to_nothing_turns_a_listener_off_or_a_setting_to_null() -> None:
+    """ "" turns the metrics and health listeners off, null the optional settings: a
+    variable set to nothing means whichever the setting takes (it used to be null always,
+    which the listeners refused)."""
+    env = {
+        "RDTUNE_AGENT__METRICS_LISTEN": "",
+        "RDTUNE_AGENT__HEALTH_LISTEN": "",
+        "RDTUNE_AGENT__TOKEN_FILE": "",
+    }
+    agent = load_agent(None, environ=env)
+    assert (agent.metrics_listen, agent.health_listen, agent.token_file) == ("", "", None)
+    assert load_tuner(None, environ={"RDTUNE_TUNER__METRICS_LISTEN": ""}).metrics_listen == ""
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
