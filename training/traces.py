@@ -773,6 +773,8 @@ def _read_footer(path: Path) -> tuple[dict[bytes, bytes], list[str]]:
         raise TraceError(path, "no such file")
     if path.is_dir():
         raise TraceError(path, "is a directory, not a trace file")
+    if not path.is_file():  # a pipe would block the read for ever, a device never end
+        raise TraceError(path, "is not a regular file (a device, pipe or socket)")
     with path.open("rb") as f:
         head = f.read(4)
         size = f.seek(0, os.SEEK_END)

@@ -31,11 +31,12 @@ class _Handler(_SilentHandler):
 
 def _bearer_only(app, token: str):
     """``app`` behind a constant-time check of the Authorization header."""
-    expected = f"Bearer {token}".encode()
+    expected = token.encode()
 
     def guarded(environ, start_response):
-        given = environ.get("HTTP_AUTHORIZATION", "").encode()
-        if hmac.compare_digest(given, expected):
+        scheme, _, given = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        # the scheme's name is case-insensitive (RFC 9110, 11.1); the token is not
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), expected):
             return app(environ, start_response)
         start_response(
             "401 Unauthorized",

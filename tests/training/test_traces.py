@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -107,6 +108,13 @@ def test_missing_file(tmp_path) -> None:
     with pytest.raises(TraceError, match="no such file") as err:
         load_trace(tmp_path / "nope.parquet")
     assert "nope.parquet" in str(err.value)
+
+
+def test_a_pipe_is_refused_not_waited_on(tmp_path) -> None:
+    fifo = tmp_path / "t.parquet"
+    os.mkfifo(fifo)  # no writer: reading it would block for ever
+    with pytest.raises(TraceError, match="is not a regular file"):
+        load_trace(fifo)
 
 
 def test_not_parquet(tmp_path) -> None:

@@ -358,7 +358,9 @@ def test_an_exposed_metrics_endpoint_needs_tls_and_token(
         AgentServer(RefNode(), cfg)
 
 
-def _scrape(port: int, *, ca: str | None, cert=None, token: str | None = None):
+def _scrape(
+    port: int, *, ca: str | None, cert=None, token: str | None = None, scheme: str = "Bearer"
+):
     """(status, body) of GET /metrics over HTTPS (``ca`` given) or plain HTTP."""
     import http.client
     import ssl
@@ -371,7 +373,7 @@ def _scrape(port: int, *, ca: str | None, cert=None, token: str | None = None):
             context.load_cert_chain(*cert)
         conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context)
     try:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"Authorization": f"{scheme} {token}"} if token else {}
         conn.request("GET", "/metrics", headers=headers)
         response = conn.getresponse()
         return response.status, response.read().decode()
@@ -431,6 +433,11 @@ def test_a_loopback_metrics_endpoint_is_plain_http_unless_configured(certs, metr
     with serve(RefNode(), metrics_listen="127.0.0.1:0", metrics_token_file=metrics_token) as server:
         assert _scrape(server.metrics_port, ca=None)[0] == 401  # a configured token holds
         assert _scrape(server.metrics_port, ca=None, token="m3trics-token")[0] == 200
+        # the scheme's name is case-insensitive (RFC 9110), the token and the scheme are not
+        for scheme, status in (("bearer", 200), ("BEARER", 200), ("Basic", 401)):
+            got = _scrape(server.metrics_port, ca=None, token="m3trics-token", scheme=scheme)
+            assert got[0] == status, scheme
+        assert _scrape(server.metrics_port, ca=None, token="M3TRICS-TOKEN")[0] == 401
 
 
 def test_the_metrics_settings_load_from_yaml(tmp_path, certs, metrics_token) -> None:
