@@ -150,11 +150,12 @@ class MetricsEndpoint:
         for path in (self.tls_cert, self.tls_key, self.client_ca):
             if path and not Path(path).is_file():
                 raise ConfigError(f"metrics TLS file {path!r} does not exist")
+        tls_from = "metrics_tls: cert and key"
         try:
-            check_exposure(where, self.tls is not None, self.token_file)
+            check_exposure(where, self.tls is not None, self.token_file, tls_from)
         except ConfigError as exc:
             raise ConfigError(
-                f"metrics endpoint: {exc} (metrics_tls, metrics_token_file)"
+                f"metrics endpoint: {exc} (metrics_token_file for the token)"
             ) from None
 
     def token(self) -> str | None:

@@ -64,13 +64,14 @@ def parse_listen(address: str) -> ListenAddress:
     return ListenAddress(address, path, host, port)
 
 
-def check_exposure(listen: ListenAddress, tls: bool, token: str | None) -> None:
-    """Refuse a non-loopback listener without TLS and a bearer token."""
+def check_exposure(
+    listen: ListenAddress, tls: bool, token: str | None, tls_from: str = "--tls-cert/--tls-key"
+) -> None:
+    """Refuse a non-loopback listener without TLS and a bearer token (``tls_from``: where
+    TLS is configured, for the message)."""
     if listen.loopback:
         return
-    missing = [
-        what for what, ok in (("TLS (--tls-cert/--tls-key)", tls), ("a token", token)) if not ok
-    ]
+    missing = [what for what, ok in ((f"TLS ({tls_from})", tls), ("a token", token)) if not ok]
     if missing:
         raise ConfigError(
             f"refusing to listen on non-loopback address {listen.raw!r} without "
