@@ -34,7 +34,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.address import UNIX_PATH_MAX
 from agent.latency import LatencyRecorder
-from agent.node import Node
+from agent.node import Node, as_clock
 from agent.server import reflection
 from agent.server.config import AgentConfig
 from agent.server.metrics import AgentMetrics
@@ -57,6 +57,8 @@ STOP_SLACK_S = 2.0  # what stop may take beyond the grace period
 SERVICE_NAMES = tuple(
     api.DESCRIPTOR.services_by_name[name].full_name for name in ("NodeAgent", "Simulation")
 )
+SIMULATION_SERVICE = SERVICE_NAMES[1]
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def make_node(cfg: AgentConfig, latency: LatencyRecorder | None = None) -> Node:
@@ -203,8 +205,12 @@ class AgentServer:
         await self.server.start()
         if self._health_server is not None:
             await self._health_server.start()
+        simulated = as_clock(self.host.node) is not None
         for name in ("", *SERVICE_NAMES):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            # a real node's Simulation service answers FAILED_PRECONDITION to every call
+            serving = simulated or name != SIMULATION_SERVICE
+            status = health_pb2.HealthCheckResponse.SERVING if serving else NOT_SERVING
+            await self.health.set(name, status)
 
     async def _stop_serving(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
@@ -297,7 +303,10 @@ class AgentServer:
         (a second grpc.aio server on the same loop)."""
         self._health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
-        port = self._health_server.add_insecure_port(self.cfg.health_listen)
+        try:
+            port = self._health_server.add_insecure_port(self.cfg.health_listen)
+        except RuntimeError:  # grpc's "Failed to bind" (newer grpc raises where older gave 0)
+            port = 0
         if port == 0:
             raise ConfigError(f"cannot listen on {self.cfg.health_listen} (address in use?)")
         self.health_port = port

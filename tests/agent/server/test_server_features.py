@@ -35,15 +35,39 @@ from tests.agent.server.refnode import RefNode
 LC = GroupSpec("web", GroupKind.LC, SLO(99.0, 5.0))
 
 
+def _health(stub) -> dict[str, str]:
+    """The status of the server, its node API and its Simulation service."""
+    out = {}
+    for service in ("", "NodeAgent", "Simulation"):
+        name = f"rdtune.v1.{service}" if service else ""
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+        out[service] = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    return out
+
+
+def test_the_simulation_service_is_serving_only_on_a_simulated_node() -> None:
+    """A real node's (here the reference node's) Simulation calls all answer
+    FAILED_PRECONDITION: its health says NOT_SERVING, a simulated node's SERVING."""
+    from agent.sim import SimNode
+
+    with (
+        serve(SimNode("default", seed=0)) as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        assert _health(health_pb2_grpc.HealthStub(channel))["Simulation"] == "SERVING"
+
+
 def test_health_and_reflection_answer(transport) -> None:
     with (
         serve(RefNode(), unix=transport == "unix") as server,
         grpc.insecure_channel(server.address) as channel,
     ):
         health = health_pb2_grpc.HealthStub(channel)
-        for service in ("", "rdtune.v1.NodeAgent", "rdtune.v1.Simulation"):
-            resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        assert _health(health) == {
+            "": "SERVING",
+            "NodeAgent": "SERVING",
+            "Simulation": "NOT_SERVING",
+        }
         answers = {version: _reflect(channel, version) for version in ("v1", "v1alpha")}
     for version, (listed, described, itself) in answers.items():
         names = {s.name for s in listed.list_services_response.service}
@@ -683,6 +707,18 @@ def test_health_listen_must_be_a_tcp_address_as_the_others_are(address: str, why
 
     with pytest.raises(ConfigError, match=why):
         AgentConfig(health_listen=address).validate()
+
+
+def test_a_busy_health_port_is_a_clear_refusal() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        refused = pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}")
+        with refused, serve(RefNode(), health_listen=f"127.0.0.1:{port}"):
+            pass
 
 
 def test_shutdown_interrupts_an_apply_waiting_for_the_resctrl_lock(caplog) -> None:
