@@ -261,6 +261,9 @@ def _info(args: argparse.Namespace) -> int:
     print(f"  node: {caps.description or caps.vendor.value}, simulated={caps.simulated}")
     print(f"  scenario: {trace.scenario}, seed {trace.seed}, source {trace.source}")
     print(f"  controller: {trace.controller}; {len(trace)} intervals, {trace.duration_s:.1f} s")
+    if "stopped_early" in trace.extra:
+        asked, why = trace.extra.get("requested_intervals", "?"), trace.extra["stopped_early"]
+        print(f"  stopped early, after {len(trace)} of {asked} intervals: {why}")
     for name, spec in trace.groups.items():
         slo = f", SLO p{spec.slo.percentile:g} < {spec.slo.target_ms:g} ms" if spec.slo else ""
         print(f"  group {name}: {spec.kind.value}{slo}")

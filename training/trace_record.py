@@ -54,7 +54,11 @@ def record(
         seed=seed,
         source=source,
         interval_s=interval_s,
-        extra={"clock": "simulated" if clock else "wall", **(extra or {})},
+        extra={
+            "clock": "simulated" if clock else "wall",
+            "requested_intervals": intervals,
+            **(extra or {}),
+        },
     )
     try:
         carry_out(node, controller.start(ctx))
@@ -88,9 +92,10 @@ def record(
             held = applied if applied is not None else ctx.allocation
             if progress is not None:
                 progress(i + 1, intervals)
-    except BaseException:
-        # Keep what was recorded: a closed trace of the intervals so far beats a lost run.
-        writer.close()
+    except BaseException as exc:
+        # Keep what was recorded: a closed trace of the intervals so far beats a lost run,
+        # marked as such (Ctrl-C, SIGTERM, an agent gone).
+        writer.close(stopped=f"{type(exc).__name__}: {exc}".rstrip(": "))
         raise
     writer.close()
     return writer.steps

@@ -481,10 +481,13 @@ class TraceWriter:
         encoded[CHECKSUM_KEY] = json.dumps(digest)
         return {(META_PREFIX + k).encode(): v.encode() for k, v in encoded.items()}
 
-    def close(self) -> None:
-        """Flush, write the footer with the final metadata and move the file into place."""
+    def close(self, *, stopped: str | None = None) -> None:
+        """Flush, write the footer with the final metadata and move the file into place.
+        ``stopped``: why the recording ended before it was done (kept in ``extra``)."""
         if self._closed:
             return
+        if stopped is not None:
+            self._meta["extra"]["stopped_early"] = stopped
         self.flush()
         self._meta["steps"] = self._steps
         self._writer.add_key_value_metadata(self._encoded_meta())

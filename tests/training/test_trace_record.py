@@ -135,7 +135,7 @@ def test_an_out_that_is_not_a_regular_file_is_never_replaced(
     assert out.is_fifo() if kind == "fifo" else out.is_symlink()
 
 
-def test_sigterm_closes_the_trace_as_ctrl_c_does(tmp_path) -> None:
+def test_sigterm_closes_the_trace_as_ctrl_c_does(tmp_path, capsys) -> None:
     """timeout, systemd and kubectl stop with SIGTERM: the intervals so far stay readable."""
     out = tmp_path / "term.parquet"
     part = tmp_path / "term.parquet.part"
@@ -158,6 +158,13 @@ def test_sigterm_closes_the_trace_as_ctrl_c_does(tmp_path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "terminated" in err and err.count("\n") == 1
     assert not part.exists() and len(load_trace(out)) > 0
+    # marked as cut short, with what was asked for: a trace of fewer intervals than meant
+    trace = load_trace(out)
+    assert trace.extra["stopped_early"].startswith("Terminated")
+    assert len(trace) < trace.extra["requested_intervals"]
+    assert main(["trace", "info", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert f"stopped early, after {len(trace)} of {trace.extra['requested_intervals']}" in shown
 
 
 @pytest.mark.parametrize(
