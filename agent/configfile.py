@@ -196,15 +196,25 @@ def describe(exc: ValidationError, model: type[BaseModel], where: str, env: Mapp
             if kind == "bool_type" and isinstance(value, str):
                 reason += "; write true or false without quotes"
             elif isinstance(value, str) and _numeric(value):
-                reason += (
-                    f"; {_NUMBER_AS_TEXT if 'e' in value.lower() else 'write it without quotes'}"
-                )
+                hint = _as_yaml_number(value) if "e" in value.lower() else None
+                reason += f"; {hint or 'write it without quotes'}"
     return f"{place}: {key}: {reason}" if key else f"{place}: {reason}"
 
 
-# YAML 1.1 (PyYAML) reads a float only with a dot in its mantissa and a sign in its
-# exponent: 5e-1 and 1e3 are strings there, although JSON and Python read them as numbers.
-_NUMBER_AS_TEXT = "YAML reads a number like 5e-1 as text: write 5.0e-1 or 0.5, without quotes"
+def _as_yaml_number(text: str) -> str:
+    """How to write ``text`` (a number with an exponent YAML read as text) as a number.
+    YAML 1.1 (PyYAML) reads a float only with a dot in its mantissa and a sign in its
+    exponent: 5e-1 and 1e3 are strings there, although JSON and Python read them as
+    numbers."""
+    mantissa, _, exponent = text.strip().lower().partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    if not exponent.startswith(("+", "-")):
+        exponent = "+" + exponent
+    return (
+        f"YAML reads {text.strip()} as text (it needs a dot and a signed exponent): write "
+        f"{mantissa}e{exponent} or {float(text):g}, without quotes"
+    )
 
 
 def _numeric(text: str) -> bool:

@@ -115,7 +115,14 @@ def test_one_error_type() -> None:
         ("grace_s: .nan\n", "grace_s: must be a finite number"),
         ("seed: '3'\n", "seed: must be a valid integer, got '3' (str); write it without quotes"),
         # YAML 1.1 reads 5e-1 as text; JSON and Python read it as a number
-        ("grace_s: 5e-1\n", "got '5e-1' (str); YAML reads a number like 5e-1 as text: write"),
+        ("grace_s: 5e-1\n", "got '5e-1' (str); YAML reads 5e-1 as text (it needs a dot and"),
+        # the hint is the value's own spelling: 1.0e5 needs only the exponent's sign
+        (
+            "grace_s: 1.0e5\n",
+            "YAML reads 1.0e5 as text (it needs a dot and a signed exponent): "
+            "write 1.0e+5 or 100000, without quotes",
+        ),
+        ("grace_s: 5e-1\n", "write 5.0e-1 or 0.5, without quotes"),
     ],
 )
 def test_messages_say_file_key_and_reason(tmp_path, text, message) -> None:
