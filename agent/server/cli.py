@@ -142,6 +142,13 @@ def build_config(args: argparse.Namespace):
         value = getattr(args, name, None)
         if value is not None:
             setattr(cfg, name, value)
+    if getattr(args, "rate_burst", None) is not None and cfg.rate_limit is None:
+        from agent.server.security import ConfigError
+
+        raise ConfigError(
+            "--rate-burst: the rate limit is off (rate_limit: null), so no burst applies; "
+            "give --rate-limit too"
+        )
     for spec in getattr(args, "latency_scrape", None) or ():
         cfg.latency_scrape.update(parse_scrape_flag(spec))
     cfg.resolve_token()

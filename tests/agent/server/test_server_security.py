@@ -333,6 +333,21 @@ def test_latency_scrape_flag(flag: str, ok: bool) -> None:
             build_config(args)
 
 
+def test_a_burst_without_a_rate_limit_is_refused_not_ignored(tmp_path) -> None:
+    from agent.server.cli import build_config
+    from tuner.cli import build_parser
+
+    config = tmp_path / "agent.yaml"
+    config.write_text("rate_limit: null\n")
+    parse = build_parser().parse_args
+    with pytest.raises(ConfigError, match="--rate-burst: the rate limit is off"):
+        build_config(parse(["agent", "--config", str(config), "--rate-burst", "5"]))
+    cfg = build_config(
+        parse(["agent", "--config", str(config), "--rate-burst", "5", "--rate-limit", "9"])
+    )
+    assert (cfg.rate_limit, cfg.rate_burst) == (9.0, 5.0)
+
+
 # --------------------------------------------------------------------------- metrics endpoint
 
 
