@@ -60,7 +60,7 @@ def read_token(
             raise error(f"token file {token_file!r} is not UTF-8 text") from None
         if not token:
             raise error(f"token file {token_file!r} is empty")
-    if token is None and os.environ.get(TOKEN_ENV):
+    if token is None and TOKEN_ENV in os.environ:
         token = os.environ[TOKEN_ENV].strip()
         if not token:  # a blank value must not turn authentication off unnoticed
             raise error(f"${TOKEN_ENV} is set but blank; unset it or give it a token")

@@ -133,6 +133,7 @@ def test_unknown_scenario_is_a_clear_error() -> None:
         ([], "max_concurrent_rpcs: 2147483648\n", {}, "max_concurrent_rpcs: must be less than"),
         # A blank token turned authentication off without a word; a blank file was refused.
         ([], None, {"RDTUNE_AGENT_TOKEN": "   "}, "RDTUNE_AGENT_TOKEN is set but blank"),
+        ([], None, {"RDTUNE_AGENT_TOKEN": ""}, "RDTUNE_AGENT_TOKEN is set but blank"),
     ],
 )
 def test_bad_numbers_and_a_blank_token_are_refused_before_serving(
