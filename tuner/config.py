@@ -54,6 +54,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from agent import configfile
+from agent.address import split_address
 from agent.configfile import ConfigError, Finite, Strict
 from agent.connection import AgentConnection
 from agent.pmc.counters import threads_of
@@ -220,6 +221,16 @@ class GroupFile(Strict):
         return GroupConfig(spec, tuple(self.pids), self.cgroup, tuple(self.cpus))
 
 
+def _group_config(i: int, group: GroupFile) -> GroupConfig:
+    """``groups[i]`` as the tuner uses it; a ValueError naming the key where the group
+    rules of agent.types (names, SLOs) refuse it (the caller adds the file's name)."""
+    try:
+        return group.to_config()
+    except ValueError as exc:
+        key = f"groups[{i}].slo" if "SLO" in str(exc) else f"groups[{i}]"
+        raise ValueError(f"{key}: {exc}") from None
+
+
 class GuardFile(Strict):
     violation_intervals: AtLeastOne = _G.violation_intervals
     stable_intervals: AtLeastOne = _G.stable_intervals
@@ -241,6 +252,12 @@ class AgentFile(Strict):
     token_file: str | None = None
     tls: AgentTlsFile | None = None
     timeout_s: PositiveS = 5.0
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        split_address(value)  # ConfigError (a ValueError): what is wrong with it
+        return value
 
 
 class RetryFile(Strict):
@@ -282,7 +299,7 @@ class TunerFile(Strict):
             controller_options=dict(self.controller_options),
             fallback=self.fallback,
             fallback_options=dict(self.fallback_options),
-            groups=[g.to_config() for g in self.groups],
+            groups=[_group_config(i, g) for i, g in enumerate(self.groups)],
             guard=GuardConfig(**self.guard.model_dump()),
             agent=AgentConnection(
                 address=self.agent.address,

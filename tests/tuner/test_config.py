@@ -61,6 +61,12 @@ def test_full_example_parses(tmp_path) -> None:
         ("groups: [{name: web, kind: critical}]", "groups[0].kind: must be 'lc', 'batch' or"),
         ("groups: [{name: ../x}]", "may only use letters"),
         ("groups: [{name: a, slo: {percentile: 99}}]", "groups[0].slo.target_ms: required"),
+        # the group and address rules name their key too
+        (
+            "groups: [{name: a, kind: lc, slo: {percentile: 99, target_ms: .nan}}]",
+            "config: groups[0].slo: SLO target must be a positive latency, got nan ms",
+        ),
+        ("agent: {address: 'bogus::::'}", "config: agent.address: agent address 'bogus::::'"),
         ("groups: [{name: a, cgroup: rel/path}]", "groups[0].cgroup: cgroup must be an absolute"),
         ("groups: [{name: a, pids: [-1]}]", "groups[0].pids[0]: must be greater than or equal"),
         # above the kernel's largest pid and CPU: once a traceback from the agent's int64
