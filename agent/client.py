@@ -244,8 +244,7 @@ class RemoteNode:
         ``kind`` body by the ``unary`` RPC when no session can be had; the answer's body.
         ``timeout``: this call's deadline (default: the node's)."""
         timeout = timeout or self.timeout
-        start = time.monotonic()
-        until = start + timeout
+        until = time.monotonic() + timeout
         delay = self.backoff_s
         attempt = 0
         while attempt <= self.retries:

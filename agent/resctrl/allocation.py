@@ -245,8 +245,7 @@ def _write_steps(
     one write, to what it keeps of each changing mask (old & new, when the kernel takes
     that as a mask) and sets its MB values; then the groups take their new masks, each
     time one whose write overlaps nothing the kernel forbids. Where none is left that can
-    (a swap of ways with an exclusive group), the rest follow in order and the kernel's
-    refusal undoes the apply."""
+    (ways traded with an exclusive group), InvalidAllocation, before anything is written."""
     now = {
         g: {res: {d: held[g].get(res, d) for d in per} for res, per in ch.items()}
         for g, ch in changes_of.items()
