@@ -44,7 +44,7 @@ from agent.resctrl import discovery, monitor, schemata, state
 from agent.resctrl.allocation import Allocations, l3_ways
 from agent.resctrl.lock import ResctrlLock
 from agent.resctrl.observe import LatencySource, Observation, PmcSource
-from agent.resctrl.ownership import Ownership, require_mounted
+from agent.resctrl.ownership import Ownership, require_mounted, unusable_reason
 from agent.resctrl.tasks import Tasks
 from agent.types import (
     GroupAllocation,
@@ -208,6 +208,11 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
             hint = "it vanished; see vanished()" if name in self._vanished else ""
             raise GroupNotFound(name, hint)
         return path
+
+    def unusable(self) -> str | None:
+        """Why nothing can be done on this node now (resctrl unmounted), or None: what the
+        agent's health follows (agent/server/watch.py)."""
+        return unusable_reason(self.root)
 
     def create_group(self, spec: GroupSpec) -> None:
         if not isinstance(spec, GroupSpec):

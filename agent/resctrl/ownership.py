@@ -329,3 +329,14 @@ def require_mounted(root: str, entries: set[str] | None = None) -> None:
     group would look deleted."""
     if "info" not in (entries if entries is not None else os.listdir(root)):
         raise NotMounted(f"{root} is no longer a resctrl filesystem (unmounted?)")
+
+
+def unusable_reason(root: str) -> str | None:
+    """Why nothing can be done at ``root`` now (resctrl unmounted, the root gone), or None."""
+    try:
+        require_mounted(root)
+    except NotMounted as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{root}: {exc.strerror or exc}"
+    return None

@@ -47,6 +47,7 @@ from agent.server.security import (
     parse_listen,
 )
 from agent.server.service import Limits, NodeAgentServicer, NodeHost, SimulationServicer
+from agent.server.watch import watch_node
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 
@@ -146,6 +147,7 @@ class AgentServer:
         self._guard = GuardInterceptor(
             cfg.token, limiter, self.metrics.observe_rpc, self.bad_frames
         )
+        self._watch: asyncio.Future | None = None  # the node's health check (watch.py)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.server: grpc.aio.Server | None = None
@@ -211,6 +213,11 @@ class AgentServer:
             serving = simulated or name != SIMULATION_SERVICE
             status = health_pb2.HealthCheckResponse.SERVING if serving else NOT_SERVING
             await self.health.set(name, status)
+        unusable = getattr(self.host.node, "unusable", None)
+        if callable(unusable):  # ends with the loop's other tasks at the stop
+            names = ("", SERVICE_NAMES[0])
+            check = watch_node(unusable, self.health, names, self.cfg.node_check_s)
+            self._watch = asyncio.ensure_future(check)
 
     async def _stop_serving(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()

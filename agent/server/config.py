@@ -26,6 +26,7 @@ Example ``agent.yaml``::
     rate_limit: {rate: 20000, burst: 40000}   # requests/s per client host; null disables
     restore_on_exit: false
     grace_s: 5
+    node_check_s: 5           # how often health checks the node is usable (resctrl mounted)
     latency_scrape:
       web: {url: http://127.0.0.1:8080/metrics, metric: http_request_duration_seconds}
 """
@@ -90,6 +91,8 @@ class AgentConfig:
     max_concurrent_rpcs: int = 256
     restore_on_exit: bool = False
     grace_s: float = 5.0
+    # seconds between checks that the node is usable (resctrl still mounted) for health
+    node_check_s: float = 5.0
     latency_scrape: dict[str, ScrapeTarget] = field(default_factory=dict)
 
     @property
@@ -141,6 +144,8 @@ class AgentConfig:
             raise ConfigError("max_streams and max_waiting_steps must be >= 1, max_sessions >= 0")
         if self.max_workers < 1:
             raise ConfigError("max_workers must be >= 1")
+        if not 0 < self.node_check_s <= MAX_GRACE_S:
+            raise ConfigError(f"node_check_s must be in (0, {MAX_GRACE_S:g}] s")
         if not 0 <= self.grace_s <= MAX_GRACE_S:
             raise ConfigError(f"grace_s must be in [0, {MAX_GRACE_S:g}] s, got {self.grace_s:g}")
         for group in self.latency_scrape:
@@ -214,6 +219,7 @@ class AgentFile(Strict):
     rate_limit: RateLimitFile | None = RateLimitFile()  # null: no limit
     restore_on_exit: bool = _D.restore_on_exit
     grace_s: Annotated[Finite, Field(ge=0, le=MAX_GRACE_S)] = _D.grace_s
+    node_check_s: Annotated[Finite, Field(gt=0, le=MAX_GRACE_S)] = _D.node_check_s
     latency_scrape: dict[str, ScrapeFile] = {}
 
     def to_config(self, where: str) -> AgentConfig:

@@ -783,3 +783,32 @@ def test_shutdown_interrupts_a_long_simulated_advance_and_restores() -> None:
     assert not advancing.is_alive()
     assert stopped < 0.2 + 2.0, f"stop took {stopped:.1f} s"
     assert server.restored, "restore-on-exit ran once the advance let go of the node"
+
+
+def test_health_follows_a_resctrl_root_unmounted_under_the_agent() -> None:
+    """Every call on an unmounted root says UNAVAILABLE (NotMounted); health says
+    NOT_SERVING too, so a probe sees it, while the Simulation service stays NOT_SERVING on
+    this real node."""
+    import time
+
+    from agent.resctrl import ResctrlNode
+    from tests.emulated_resctrl import _unmount, emulated_resctrl
+
+    with emulated_resctrl("intel-20way") as emu:
+        node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+        with (
+            serve(node, node_check_s=0.05) as server,
+            grpc.insecure_channel(server.address) as channel,
+        ):
+            stub = health_pb2_grpc.HealthStub(channel)
+            assert _health(stub)["NodeAgent"] == "SERVING"
+            _unmount(emu.root)
+            deadline = time.monotonic() + 10
+            while _health(stub)["NodeAgent"] != "NOT_SERVING":
+                assert time.monotonic() < deadline, "health never followed the unmount"
+                time.sleep(0.05)
+            assert _health(stub) == {
+                "": "NOT_SERVING",
+                "NodeAgent": "NOT_SERVING",
+                "Simulation": "NOT_SERVING",
+            }
