@@ -29,6 +29,22 @@ class _Handler(_SilentHandler):
     timeout = 10.0  # seconds a connection may sit idle (or mid-handshake) before it is cut
 
 
+METRICS_PATH = "/metrics"
+
+
+def _metrics_path_only(app):
+    """``app`` at /metrics (what Prometheus scrapes) and nowhere else: 404 on every other
+    path, where prometheus_client would serve the metrics too."""
+
+    def at_metrics(environ, start_response):
+        if environ.get("PATH_INFO", "") in (METRICS_PATH, METRICS_PATH + "/"):
+            return app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [f"the metrics are at {METRICS_PATH}\n".encode()]
+
+    return at_metrics
+
+
 def _bearer_only(app, token: str):
     """``app`` behind a constant-time check of the Authorization header."""
     expected = token.encode()
@@ -76,7 +92,7 @@ def serve_metrics(
         client_ca: with ``tls``, require client certificates signed by this CA.
         token: require ``Authorization: Bearer <token>`` on every request.
     """
-    app = make_wsgi_app(registry)
+    app = _metrics_path_only(make_wsgi_app(registry))
     if token:
         app = _bearer_only(app, token)
 

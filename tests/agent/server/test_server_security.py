@@ -374,9 +374,15 @@ def test_an_exposed_metrics_endpoint_needs_tls_and_token(
 
 
 def _scrape(
-    port: int, *, ca: str | None, cert=None, token: str | None = None, scheme: str = "Bearer"
+    port: int,
+    *,
+    ca: str | None,
+    cert=None,
+    token: str | None = None,
+    scheme: str = "Bearer",
+    path: str = "/metrics",
 ):
-    """(status, body) of GET /metrics over HTTPS (``ca`` given) or plain HTTP."""
+    """(status, body) of GET ``path`` over HTTPS (``ca`` given) or plain HTTP."""
     import http.client
     import ssl
 
@@ -389,7 +395,7 @@ def _scrape(
         conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context)
     try:
         headers = {"Authorization": f"{scheme} {token}"} if token else {}
-        conn.request("GET", "/metrics", headers=headers)
+        conn.request("GET", path, headers=headers)
         response = conn.getresponse()
         return response.status, response.read().decode()
     finally:
@@ -445,6 +451,9 @@ def test_a_loopback_metrics_endpoint_is_plain_http_unless_configured(certs, metr
     with serve(RefNode(), metrics_listen="127.0.0.1:0", token=TOKEN) as server:
         status, body = _scrape(server.metrics_port, ca=None)
         assert status == 200 and "rdtune_agent" in body
+        for path in ("/", "/anything", "/metrics/x"):  # only where Prometheus scrapes
+            status, body = _scrape(server.metrics_port, ca=None, path=path)
+            assert status == 404 and "rdtune_agent" not in body, path
     with serve(RefNode(), metrics_listen="127.0.0.1:0", metrics_token_file=metrics_token) as server:
         assert _scrape(server.metrics_port, ca=None)[0] == 401  # a configured token holds
         assert _scrape(server.metrics_port, ca=None, token="m3trics-token")[0] == 200
