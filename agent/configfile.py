@@ -327,9 +327,7 @@ def _empty_value(model: Any, path: tuple[str, ...]) -> str | None:
     """What a variable set to nothing means: null where the setting takes one, else the
     empty string (``metrics_listen`` and ``health_listen``, where "" turns a listener
     off)."""
-    annotation = _field_at(model, path).annotation
-    takes_none = annotation is None or type(None) in typing.get_args(annotation)
-    return None if takes_none or annotation is not str else ""
+    return "" if _field_at(model, path).annotation is str else None
 
 
 def load(

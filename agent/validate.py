@@ -9,7 +9,7 @@ reaches the node. The rules and messages mirror fs/resctrl/ctrlmondata.c (``cbm_
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from numbers import Integral
 
@@ -247,42 +247,45 @@ def _check_overlaps(plan: AllocationPlan, ctx: PlanContext) -> None:
     if not ctx.exclusive:
         return
     masks = final_masks(plan, ctx.current)
-    hardware = ctx.caps.l3.shareable_bits if ctx.caps.l3 is not None else 0
-    for group in ctx.exclusive & plan.groups.keys():
-        # the kernel counts the ways hardware uses directly (shareable_bits, e.g. I/O) as
-        # another group's: an exclusive group may not hold them
-        for domain, mine in masks.get(group, {}).items():
-            if domain in plan.groups[group] and mine & hardware:
-                raise InvalidAllocation(
-                    f"exclusive mask {mine:#x} overlaps with the ways hardware uses "
-                    f"(shareable_bits {hardware:#x})",
-                    rule="exclusive_overlap",
-                    group=group,
-                    domain=domain,
-                )
     for name, per_domain in ctx.others.items():
         masks.setdefault(name, {}).update(per_domain)
+    hardware = ctx.caps.l3.shareable_bits if ctx.caps.l3 is not None else 0
     for group, per_domain in plan.groups.items():
         for domain in per_domain:
             mine = masks.get(group, {}).get(domain, 0)
-            for other, theirs in masks.items():
-                if other == group or not mine & theirs.get(domain, 0):
-                    continue
-                if other in ctx.exclusive:
-                    raise InvalidAllocation(
-                        f"mask {mine:#x} overlaps with exclusive group {other or '(default)'!r}",
-                        rule="exclusive_overlap",
-                        group=group,
-                        domain=domain,
-                    )
-                if group in ctx.exclusive:
-                    raise InvalidAllocation(
-                        f"exclusive mask {mine:#x} overlaps with other group "
-                        f"{other or '(default)'!r}",
-                        rule="exclusive_overlap",
-                        group=group,
-                        domain=domain,
-                    )
+            problem = overlap_refused(group, mine, domain, masks, ctx.exclusive, hardware)
+            if problem is not None:
+                raise InvalidAllocation(
+                    problem, rule="exclusive_overlap", group=group, domain=domain
+                )
+
+
+def overlap_refused(
+    group: str,
+    mine: int,
+    domain: int,
+    masks: Mapping[str, Mapping[int, int]],
+    exclusive: Set[str],
+    hardware: int,
+) -> str | None:
+    """Why the kernel refuses ``mine`` as ``group``'s ways in ``domain`` as an overlap
+    (rdtgroup_cbm_overlaps), the groups holding ``masks`` (name -> domain -> ways; the
+    default group as ""), or None: an exclusive group's mask may meet no other group's and
+    not the ways hardware uses directly (``hardware``: shareable_bits, e.g. I/O); any mask
+    may meet no exclusive group's."""
+    if group in exclusive and mine & hardware:
+        return (
+            f"exclusive mask {mine:#x} overlaps with the ways hardware uses "
+            f"(shareable_bits {hardware:#x})"
+        )
+    for other, theirs in masks.items():
+        if other == group or not mine & theirs.get(domain, 0):
+            continue
+        if other in exclusive:
+            return f"mask {mine:#x} overlaps with exclusive group {other or '(default)'!r}"
+        if group in exclusive:
+            return f"exclusive mask {mine:#x} overlaps with other group {other or '(default)'!r}"
+    return None
 
 
 def check_assign_ids(

@@ -278,7 +278,9 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         infos["scenario"] = np.array(self.scenario_names, dtype=object)
         return self._obs.copy(), rewards, terminated, truncated, infos
 
-    def _decision_info(self, dec, stepping: np.ndarray, time_s: np.ndarray) -> dict[str, Any]:
+    def _decision_info(
+        self, dec: Decoded, stepping: np.ndarray, time_s: np.ndarray
+    ) -> dict[str, Any]:
         """Partition-v0's step info of what the actions decoded to, as arrays over the envs
         and their slots (the observation's slot order, not group names): ``ways`` and
         ``masks`` (0: an absent slot, no CAT, or an env that restarted instead of acting),

@@ -95,7 +95,7 @@ def record(
     except BaseException as exc:
         # Keep what was recorded: a closed trace of the intervals so far beats a lost run,
         # marked as such (Ctrl-C, SIGTERM, an agent gone).
-        writer.close(stopped=f"{type(exc).__name__}: {exc}".rstrip(": "))
+        writer.close(stopped=type(exc).__name__ + (f": {exc}" if str(exc) else ""))
         raise
     writer.close()
     return writer.steps

@@ -215,20 +215,18 @@ class GroupFile(Strict):
             raise ValueError("cgroup must be an absolute path")
         return value
 
-    def to_config(self) -> GroupConfig:
-        slo = None if self.slo is None else SLO(self.slo.percentile, self.slo.target_ms)
-        spec = GroupSpec(self.name, GroupKind(self.kind), slo, self.exclusive)
+    def to_config(self, key: str) -> GroupConfig:
+        """The group as the tuner uses it; a ValueError naming ``key`` (where the group is
+        in the file) when the group rules of agent.types (SLOs, names) refuse it."""
+        try:
+            slo = None if self.slo is None else SLO(self.slo.percentile, self.slo.target_ms)
+        except ValueError as exc:
+            raise ValueError(f"{key}.slo: {exc}") from None
+        try:
+            spec = GroupSpec(self.name, GroupKind(self.kind), slo, self.exclusive)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
         return GroupConfig(spec, tuple(self.pids), self.cgroup, tuple(self.cpus))
-
-
-def _group_config(i: int, group: GroupFile) -> GroupConfig:
-    """``groups[i]`` as the tuner uses it; a ValueError naming the key where the group
-    rules of agent.types (names, SLOs) refuse it (the caller adds the file's name)."""
-    try:
-        return group.to_config()
-    except ValueError as exc:
-        key = f"groups[{i}].slo" if "SLO" in str(exc) else f"groups[{i}]"
-        raise ValueError(f"{key}: {exc}") from None
 
 
 class GuardFile(Strict):
@@ -299,7 +297,7 @@ class TunerFile(Strict):
             controller_options=dict(self.controller_options),
             fallback=self.fallback,
             fallback_options=dict(self.fallback_options),
-            groups=[_group_config(i, g) for i, g in enumerate(self.groups)],
+            groups=[g.to_config(f"groups[{i}]") for i, g in enumerate(self.groups)],
             guard=GuardConfig(**self.guard.model_dump()),
             agent=AgentConnection(
                 address=self.agent.address,

@@ -22,7 +22,7 @@ from agent.types import (
     GroupSpec,
     NodeCapabilities,
 )
-from agent.validate import PlanContext, validate_plan
+from agent.validate import PlanContext, overlap_refused, validate_plan
 
 log = logging.getLogger(__name__)
 
@@ -309,22 +309,16 @@ def _clashes(
     group: str, values: Values, ways: Mapping[str, Mapping[int, int]], ctx: PlanContext
 ) -> bool:
     """Whether the kernel would refuse ``values`` for ``group`` as an overlap, the groups
-    holding ``ways``: an exclusive group's mask meets another group's or the ways hardware
-    uses, or any mask meets an exclusive group's (rdtgroup_cbm_overlaps)."""
+    holding ``ways`` (the validator's rule, :func:`agent.validate.overlap_refused`)."""
     if not ctx.exclusive:
         return False
     hardware = ctx.caps.l3.shareable_bits if ctx.caps.l3 else 0
-    mine = group in ctx.exclusive
-    for res, per in values.items():
-        if res == "MB":
-            continue
-        for d, v in per.items():
-            if mine and v & hardware:
-                return True
-            for other, theirs in ways.items():
-                if other != group and (mine or other in ctx.exclusive) and v & theirs.get(d, 0):
-                    return True
-    return False
+    return any(
+        overlap_refused(group, v, d, ways, ctx.exclusive, hardware) is not None
+        for res, per in values.items()
+        if res != "MB"
+        for d, v in per.items()
+    )
 
 
 def _ways_now(held: schemata.Schemata, now: Values) -> dict[int, int]:

@@ -59,13 +59,13 @@ class Tasks:
                 os.path.join(entry, "mon_groups", m)
                 for m in monitor_listdir(os.path.join(base, "mon_groups"))
             ]:
-                for x in _tasks_of(os.path.join(self.root, rel, "tasks")):
-                    if int(x) in pids:
-                        where[int(x)] = rel
+                for task in _tasks_of(os.path.join(self.root, rel, "tasks")):
+                    if task in pids:
+                        where[task] = rel
         for m in monitor_listdir(os.path.join(self.root, "mon_groups")):
-            for x in _tasks_of(os.path.join(self.root, "mon_groups", m, "tasks")):
-                if int(x) in pids:
-                    where[int(x)] = os.path.join("mon_groups", m)
+            for task in _tasks_of(os.path.join(self.root, "mon_groups", m, "tasks")):
+                if task in pids:
+                    where[task] = os.path.join("mon_groups", m)
         return where
 
     def assign(self, group: str, *, pids: Iterable[int] = (), cpus: Iterable[int] = ()) -> None:
@@ -172,7 +172,7 @@ def monitor_listdir(path: str) -> list[str]:
         return []
 
 
-def _tasks_of(path: str) -> list[str]:
+def _tasks_of(path: str) -> list[int]:
     """The task ids in a group's ``tasks`` file; none where there is no group (a file of
     the root, ``mon_data``) or no longer one (another tool removed it since its parent was
     listed: its tasks went back to the default group)."""
@@ -180,4 +180,4 @@ def _tasks_of(path: str) -> list[str]:
         text = discovery.read_text(path)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return [x for x in text.split() if x.isdigit()]
+    return [int(x) for x in text.split() if x.isdigit()]

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 
 from agent.address import UNIX_PATH_MAX
 from agent.latency import LatencyRecorder
@@ -47,7 +47,7 @@ from agent.server.security import (
     parse_listen,
 )
 from agent.server.service import Limits, NodeAgentServicer, NodeHost, SimulationServicer
-from agent.server.watch import watch_node
+from agent.server.watch import NOT_SERVING, SERVING, watch_node
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 
@@ -59,7 +59,6 @@ SERVICE_NAMES = tuple(
     api.DESCRIPTOR.services_by_name[name].full_name for name in ("NodeAgent", "Simulation")
 )
 SIMULATION_SERVICE = SERVICE_NAMES[1]
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def make_node(cfg: AgentConfig, latency: LatencyRecorder | None = None) -> Node:
@@ -211,8 +210,7 @@ class AgentServer:
         for name in ("", *SERVICE_NAMES):
             # a real node's Simulation service answers FAILED_PRECONDITION to every call
             serving = simulated or name != SIMULATION_SERVICE
-            status = health_pb2.HealthCheckResponse.SERVING if serving else NOT_SERVING
-            await self.health.set(name, status)
+            await self.health.set(name, SERVING if serving else NOT_SERVING)
         unusable = getattr(self.host.node, "unusable", None)
         if callable(unusable):  # ends with the loop's other tasks at the stop
             names = ("", SERVICE_NAMES[0])

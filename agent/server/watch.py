@@ -1,7 +1,7 @@
 """The agent's health follows its node: a node that can tell it is unusable (resctrl
 unmounted under the agent, see ``ResctrlNode.unusable``) turns the server and its node
 API NOT_SERVING until it is usable again, so a probe sees what every call says
-(docs/AGENT.md, "Health")."""
+(docs/AGENT.md, "Running")."""
 
 from __future__ import annotations
 
