@@ -324,9 +324,8 @@ def _field_at(model: Any, path: tuple[str, ...]) -> Any:
 
 
 def _empty_value(model: Any, path: tuple[str, ...]) -> str | None:
-    """What a variable set to nothing means: null where the setting takes one, else the
-    empty string (``metrics_listen`` and ``health_listen``, where "" turns a listener
-    off)."""
+    """What a variable set to nothing means: the empty string for a text setting
+    (``metrics_listen`` and ``health_listen``, where "" turns a listener off), else null."""
     return "" if _field_at(model, path).annotation is str else None
 
 
