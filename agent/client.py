@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from agent import interrupt
 from agent.address import split_address
 from agent.errors import NodeError
 from agent.node import step_by_parts
@@ -462,7 +463,7 @@ class _AioLink:
     def __init__(self, address: str, creds, options: list) -> None:
         self.loop = asyncio.new_event_loop()
         self.calls: set = set()  # open stream calls, for interrupt()
-        self.channel, self.stub = self.loop.run_until_complete(self._open(address, creds, options))
+        self.channel, self.stub = self.run(self._open(address, creds, options))
 
     @staticmethod
     async def _open(address: str, creds, options: list):
@@ -473,7 +474,15 @@ class _AioLink:
         return channel, rpc.NodeAgentStub(channel)
 
     def run(self, coro):
-        return self.loop.run_until_complete(coro)
+        """``coro`` run to its end on the loop; Ctrl-C or SIGTERM meanwhile cancels it and
+        is raised once the loop has stopped (agent/interrupt.py's ``cancelling``)."""
+        task = self.loop.create_task(coro)
+        with interrupt.cancelling(lambda: self._cancel(task)):
+            return self.loop.run_until_complete(task)
+
+    def _cancel(self, task: asyncio.Task) -> None:
+        task.cancel()
+        self.loop.call_soon_threadsafe(lambda: None)  # wakes a loop waiting in its selector
 
     def interrupt(self) -> None:
         """Cancel every open call, from any thread (one may be waiting on the loop)."""
@@ -489,11 +498,11 @@ class _AioLink:
             return
         self._cancel_all()
         try:
-            self.loop.run_until_complete(self.channel.close())
+            self.run(self.channel.close())
             # grpc.aio's own tasks of the cancelled calls finish on the loop's next turns.
             pending = asyncio.all_tasks(self.loop)
             if pending:
-                self.loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+                self.run(asyncio.wait(pending, timeout=1.0))
             self.loop.close()
         except RuntimeError:  # finalised inside another running loop: leave it to grpc
             pass
@@ -535,11 +544,10 @@ class _Session:
         node's error), or raise when the session itself failed."""
         self._last_id += 1
         request.id = self._last_id
-        loop = self._link.loop
         self._waiting = True
-        deadline = loop.call_later(timeout, self.expire)
+        deadline = self._link.loop.call_later(timeout, self.expire)
         try:
-            answer = loop.run_until_complete(self._exchange(request))
+            answer = self._link.run(self._exchange(request))
         except grpc.aio.AioRpcError as err:
             raise self._failure(err, kind, timeout) from None
         except _Unsent:

@@ -11,7 +11,12 @@ A signal's exception is raised in whatever Python code runs when it arrives. If 
 finaliser (a ``__del__``, a weakref callback: grpc.aio and asyncio run many), Python
 prints the exception as "ignored" and carries on, so a command would run past its stop
 (a trace recorded for its whole duration). Within :func:`terminate_as_interrupt` such an
-interrupt is raised again in the main thread's next bytecode instead.
+interrupt is raised again in the main thread's next bytecode instead. If it is an event
+loop's own code (a wait in its selector, a step of its scheduling), the loop is left with
+its task half run, and asyncio prints "Task was destroyed but it is pending" or a traceback
+as the command exits: around a loop's run, :func:`cancelling` turns the interrupt into a
+cancellation of the task the loop runs, and raises it once the loop has returned, as
+``asyncio.Runner`` does for SIGINT.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 INTERRUPTED = 128 + signal.SIGINT
 TERMINATED = 128 + signal.SIGTERM
@@ -39,6 +44,10 @@ class Terminated(KeyboardInterrupt):
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
+    _terminate()
+
+
+def _terminate() -> None:
     global _received
     _received = True
     # Once: a second SIGTERM must not cut the cleanup of the first short.
@@ -108,6 +117,40 @@ def terminate_as_interrupt() -> Iterator[None]:
         if owed is not None and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
             if owed == signal.SIGTERM:
                 raise Terminated
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def cancelling(cancel: Callable[[], None]) -> Iterator[None]:
+    """Within the block an interrupt that would raise (SIGINT under Python's own handler,
+    SIGTERM within :func:`terminate_as_interrupt`) calls ``cancel`` instead, once, and is
+    raised as the block ends. For a run of an event loop on the main thread: ``cancel``
+    cancels the task it runs, which then ends in order (its ``finally`` blocks, grpc.aio's
+    stream teardown) rather than being cut at whatever line the signal found. Handlers
+    of a command's own (the agent's and the tuner's graceful stop) are left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def defer(signum: int, frame: object) -> None:
+        if not caught:
+            caught.append(signum)
+            cancel()
+
+    raising = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _raise_terminated}
+    before = {sig: signal.getsignal(sig) for sig in raising}
+    taken = [sig for sig, handler in raising.items() if before[sig] is handler]
+    for sig in taken:
+        signal.signal(sig, defer)
+    try:
+        yield
+    finally:
+        for sig in taken:
+            signal.signal(sig, before[sig])
+        if caught:
+            if caught[0] == signal.SIGTERM:
+                _terminate()
             raise KeyboardInterrupt
 
 

@@ -104,6 +104,55 @@ def test_reinstall_takes_sigterm_back_from_a_library(reinstall: bool) -> None:
         assert done.returncode == 15  # the library's handler, which reinstall overrides
 
 
+# A signal while the client's event loop waits in its selector (agent/client.py's _AioLink).
+_IN_LOOP = """
+import asyncio, signal, threading
+from agent import interrupt
+from agent.client import _AioLink
+link = _AioLink("127.0.0.1:1", None, [])  # no call made: nothing connects
+ended = []
+async def wait():
+    try:
+        await asyncio.sleep(30)
+    finally:
+        ended.append("finally")
+{handler}
+kill = lambda: signal.pthread_kill(threading.main_thread().ident, {sig})
+threading.Timer(0.3, kill).start()
+try:
+    with interrupt.terminate_as_interrupt():
+        link.run(wait())
+except KeyboardInterrupt as exc:
+    print(type(exc).__name__, ended, len(asyncio.all_tasks(link.loop)))
+link.close()
+print("closed")
+"""
+
+
+@pytest.mark.parametrize(
+    ("sig", "raised"), [(signal.SIGTERM, "Terminated"), (signal.SIGINT, "KeyboardInterrupt")]
+)
+def test_an_interrupt_during_an_event_loops_wait_cancels_its_task_in_order(sig, raised):
+    # Raised in the selector's wait, the interrupt left the task pending: asyncio printed
+    # "Task was destroyed but it is pending" at exit (`rdtune trace record`, now and then).
+    code = _IN_LOOP.format(sig=int(sig), handler="")
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=30
+    )
+    assert done.stdout.split("\n")[:2] == [f"{raised} ['finally'] 0", "closed"], done
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_a_commands_own_handler_is_left_alone_around_an_event_loop() -> None:
+    # The tuner's and the agent's graceful stop: the handler runs, nothing is cancelled.
+    own = "signal.signal(signal.SIGINT, lambda s, f: print('own handler'))"
+    code = _IN_LOOP.format(sig=int(signal.SIGINT), handler=own).replace("30)", "0.6)")
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=30
+    )
+    assert done.stdout.split("\n")[:2] == ["own handler", "closed"], done
+
+
 def _stop_when(cmd: list[str], ready: str, sig: signal.Signals) -> tuple[int, str]:
     """Run ``cmd``, send ``sig`` once its output (stdout and stderr, read as it comes, a
     line's start too) holds ``ready``; its status and output."""
