@@ -40,7 +40,7 @@ from agent.address import split_address
 from agent.errors import NodeError
 from agent.node import step_by_parts
 from agent.server import convert as C
-from agent.server.errors import RemoteError, from_rpc_error, from_status_number
+from agent.server.errors import RemoteError, WrongPeer, from_rpc_error, from_status_number
 from agent.types import (
     Allocation,
     AllocationPlan,
@@ -125,6 +125,33 @@ def _channel_options(timeout: float, backoff_s: float, max_message_bytes: int) -
     ]
 
 
+# What grpc says of a peer that answered in another protocol, and what to say instead.
+_WRONG_PEERS = (
+    (
+        "Failed parsing HTTP/2",
+        "answers, but not as a gRPC server (its reply is not HTTP/2): is the address another "
+        "service's, or the agent's metrics port?",
+    ),
+    (
+        "WRONG_VERSION_NUMBER",
+        "answers, but not with TLS: is the agent serving plaintext (no --tls-cert)? "
+        "Connect without TLS, or give the agent a certificate",
+    ),
+)
+
+
+def _wrong_peer(err: grpc.RpcError, address: str) -> WrongPeer | None:
+    """The error of a call that reached something other than a gRPC server speaking this
+    channel's transport, or None (an agent that is down, or any other failure)."""
+    if err.code() is not grpc.StatusCode.UNAVAILABLE:
+        return None
+    said = err.details() or ""
+    for sign, meaning in _WRONG_PEERS:
+        if sign in said:
+            return WrongPeer(f"{address} {meaning} (grpc: {said})")
+    return None
+
+
 class RemoteNode:
     """A node served by an agent at ``address`` (``host:port`` or ``unix:/path``).
 
@@ -198,6 +225,9 @@ class RemoteNode:
             try:
                 return method(request, timeout=timeout, metadata=self._metadata)
             except grpc.RpcError as err:
+                wrong = _wrong_peer(err, self.address)
+                if wrong is not None:
+                    raise wrong from None
                 pause = delay * (0.5 + random.random())
                 left = until - time.monotonic() - pause
                 unavailable = err.code() is grpc.StatusCode.UNAVAILABLE

@@ -12,6 +12,8 @@ one worker builds each. SB3's stray log directories go to pytest's temp director
 
 from __future__ import annotations
 
+import http.server
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -115,3 +117,19 @@ def _sb3_logs_under_pytest(tmp_path_factory: pytest.TempPathFactory) -> Iterator
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3")))
         yield
+
+
+@pytest.fixture
+def http_peer() -> Iterator[str]:
+    """The address of an HTTP/1 server (what the agent's metrics port is) on loopback,
+    answering anything with an error: a peer that is not the agent."""
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()

@@ -30,9 +30,11 @@ AGENT_LIMITS = frozenset({"rate_limit", "waiting_steps", "streams", "sessions"})
 
 
 def is_outage(exc: BaseException) -> bool:
-    from agent.server.errors import RemoteError
+    from agent.server.errors import RemoteError, WrongPeer
 
-    if not isinstance(exc, RemoteError):
+    # A peer that is not the agent (another service at the address, TLS against plaintext)
+    # would be retried forever: it is the configuration's error, said at once.
+    if not isinstance(exc, RemoteError) or isinstance(exc, WrongPeer):
         return False
     if exc.code == "RESOURCE_EXHAUSTED":
         return exc.details().get("resource") in AGENT_LIMITS

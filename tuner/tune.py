@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("rdtune.tuner").setLevel(logging.INFO)
 
     from agent.errors import NodeError
+    from agent.server.errors import WrongPeer
     from tuner.metrics import TunerMetrics
     from tuner.service import Tuner
 
@@ -181,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     code, restored = 0, None
     try:
         code = tuner.run(stop, args.intervals)
-    except (ControllerError, ConfigError) as exc:
+    except (ControllerError, ConfigError, WrongPeer) as exc:
         print(f"rdtune tune: {exc}", file=sys.stderr)
         code = 2
     except NodeError as exc:

@@ -56,6 +56,15 @@ class RemoteError(E.NodeError):
         return dict(self._details)
 
 
+class WrongPeer(RemoteError):
+    """Something answers at the address, but not a gRPC server speaking the client's
+    transport (an HTTP/1 service, a metrics or health port; plaintext where the client
+    asked for TLS). Retrying cannot help, unlike an agent that is down (UNAVAILABLE too)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("UNAVAILABLE", message, {"peer": "wrong"})
+
+
 class RateLimited(E.NodeError):
     """A client over its request rate (answered as a RemoteError with resource=rate_limit)."""
 

@@ -130,6 +130,14 @@ def test_bad_input_is_one_line_and_a_non_zero_status(capfd, args, needles) -> No
     assert_one_line(done, *needles)
 
 
+def test_tune_at_an_address_that_is_not_an_agent_says_so_and_exits(http_peer) -> None:
+    # it used to wait for an agent there for ever, logging grpc's "Failed parsing HTTP/2"
+    done = rdtune("tune", "--agent", http_peer, "--controller", "static", "--metrics-listen", "")
+    assert done.returncode == 2, done.stderr
+    err = [line for line in done.stderr.splitlines() if "rdtune tune" in line]
+    assert err[0].startswith(f"rdtune tune: {http_peer} answers, but not as a gRPC server"), err
+
+
 @pytest.mark.parametrize(
     "args", [("tune", "--list-controllers"), ("eval", "--list"), ("--help",), ("demo", "--help")]
 )

@@ -199,10 +199,13 @@ def test_the_agents_rate_limit_is_waited_out_not_fatal(rate, burst, peer, caplog
         ("RESOURCE_EXHAUSTED", "closid", False),  # the node's: waiting frees no CLOSID
         ("UNAVAILABLE", "", True),
         ("INTERNAL", "", False),
+        ("UNAVAILABLE", "wrong peer", False),  # another service at the address
     ],
 )
 def test_which_refusals_are_waited_out(code: str, resource: str, outage: bool) -> None:
-    from agent.server.errors import RemoteError
+    from agent.server.errors import RemoteError, WrongPeer
     from tuner.outages import is_outage
 
-    assert is_outage(RemoteError(code, "refused", {"resource": resource})) is outage
+    exc = WrongPeer("not HTTP/2") if resource == "wrong peer" else None
+    exc = exc or RemoteError(code, "refused", {"resource": resource})
+    assert is_outage(exc) is outage

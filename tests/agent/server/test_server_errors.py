@@ -3,6 +3,7 @@ was wrong, and the node unchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import grpc
@@ -243,3 +244,28 @@ def test_an_agent_that_never_answers_is_a_deadline_not_an_unreachable_agent() ->
     assert err.value.code == "DEADLINE_EXCEEDED"
     assert str(err.value) == f"no answer from {address} within 1 s"
     assert waited >= 0.9  # the whole deadline, not one short connection attempt
+
+
+@pytest.mark.parametrize(
+    ("peer", "tls", "said"),
+    [
+        ("http", False, "answers, but not as a gRPC server (its reply is not HTTP/2)"),
+        ("http", True, "answers, but not with TLS"),
+        ("agent", True, "answers, but not with TLS: is the agent serving plaintext"),
+    ],
+)
+def test_a_peer_that_is_not_the_agent_is_said_at_once(http_peer, peer, tls, said) -> None:
+    """Not an outage to wait out (the tuner retried it forever, logging grpc's "Failed
+    parsing HTTP/2"), but the address or the transport that is wrong."""
+    from agent.client import RemoteNode
+    from agent.server.errors import WrongPeer
+
+    with contextlib.ExitStack() as stack:
+        address = http_peer
+        if peer == "agent":
+            address = stack.enter_context(serve(RefNode())).address
+        client = stack.enter_context(RemoteNode(address, tls=tls, timeout=5, retries=5))
+        with pytest.raises(WrongPeer) as err:
+            client.groups()
+    assert str(err.value).startswith(f"{address} {said}"), err.value
+    assert err.value.code == "UNAVAILABLE"
