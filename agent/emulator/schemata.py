@@ -13,6 +13,26 @@ import threading
 from agent.emulator.presets import Preset
 from agent.emulator.state import Group, ResctrlError
 
+_DIGITS = "0123456789abcdef"
+
+
+def kstrtoull(text: str, base: int, most: int = (1 << 64) - 1) -> int:
+    """``text`` as lib/kstrtox.c's kstrtoull reads it (``base`` 10 or 16), or ValueError:
+    one leading ``+``, then (base 16) an optional ``0x``, then ASCII digits only, at least
+    one; a value above ``most`` (the kernel's ERANGE: 2**64 - 1, or 2**32 - 1 for
+    kstrtou32) is refused too. The caller strips the line's whitespace, as the kernel does."""
+    if text[:1] == "+":
+        text = text[1:]
+    if base == 16 and text[:2].lower() == "0x":
+        text = text[2:]
+    digits = _DIGITS[:base]
+    if not text or any(c not in digits for c in text.lower()):
+        raise ValueError(text)
+    value = int(text, base)
+    if value > most:
+        raise ValueError(text)
+    return value
+
 
 class SchemataFiles:
     """Schemata and mode writes (a part of the Model)."""
@@ -121,11 +141,7 @@ class SchemataFiles:
         mb = self.p.mb
         assert mb is not None
         try:
-            if not value.isdigit():
-                raise ValueError
-            bw = int(value, 10)
-            if bw > 0xFFFFFFFF:
-                raise ValueError
+            bw = kstrtoull(value, 10, most=0xFFFFFFFF)  # kstrtou32
         except ValueError:
             self.status = f"Invalid MB value {value}"
             raise ResctrlError(errno.EINVAL) from None
@@ -138,11 +154,11 @@ class SchemataFiles:
         return -(-bw // gran) * gran
 
     def _parse_cbm(self, g: Group, schema: str, dom: int, value: str) -> int:
-        text = value[2:] if value[:2].lower() == "0x" else value
-        if not text or any(c not in "0123456789abcdefABCDEF" for c in text):
+        try:
+            val = kstrtoull(value, 16)  # kstrtoul: any failure, an overflow too, says this
+        except ValueError:
             self.status = f"Non-hex character in the mask {value}"
-            raise ResctrlError(errno.EINVAL)
-        val = int(text, 16)
+            raise ResctrlError(errno.EINVAL) from None
         if (self.p.min_cbm_bits > 0 and val == 0) or val > self.p.cbm_mask:
             self.status = "Mask out of range"
             raise ResctrlError(errno.EINVAL)

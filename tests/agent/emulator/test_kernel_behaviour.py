@@ -35,10 +35,19 @@ def refused(emu: Emulated, rel: str, text: str) -> tuple[int, str]:
         ("L3:0=ff;;\n", "Missing '=' or non-numeric domain"),
         ("L3:0=ff;0=f\n", "Duplicate domain 0"),
         ("L3:0=zz\n", "Non-hex character in the mask zz"),
+        ("L3:0=0x\n", "Non-hex character in the mask 0x"),
+        ("L3:0=+-f\n", "Non-hex character in the mask +-f"),
+        ("L3:0=++f\n", "Non-hex character in the mask ++f"),
+        # kstrtoul's ERANGE is reported as any parse failure, not as a mask out of range
+        ("L3:0=1" + "0" * 16 + "\n", "Non-hex character in the mask 1" + "0" * 16),
         ("L3:0=1fffff\n", "Mask out of range"),
         ("L3:0=0\n", "Mask out of range"),
         ("L3:0=f7\n", "The mask f7 has non-consecutive 1-bits"),
         ("MB:0=x\n", "Invalid MB value x"),
+        ("MB:0=-50\n", "Invalid MB value -50"),
+        ("MB:0=0x32\n", "Invalid MB value 0x32"),
+        ("MB:0=\uff15\uff10\n", "Invalid MB value \uff15\uff10"),  # not ASCII digits
+        ("MB:0=4294967296\n", "Invalid MB value 4294967296"),  # kstrtou32's ERANGE
         ("MB:0=5\n", "MB value 5 out of range [10,100]"),
         ("MB:0=101\n", "MB value 101 out of range [10,100]"),
         ("L3:7=ff\n", "ok"),  # unknown domain id: EINVAL, and the kernel says nothing
@@ -63,6 +72,20 @@ def test_under_cdp_a_new_group_avoids_an_exclusive_groups_code_and_data_masks() 
         # and the shareable ones above (the hardware's and the default group's, 18-19)
         assert held.get("L3CODE", 0) == held.get("L3DATA", 0) == 0xFFF00
         emu.write("n/schemata", "L3DATA:0=fff00\n")  # its own mask is one it may keep
+
+
+@pytest.mark.parametrize(
+    ("text", "held"),
+    [
+        ("L3:0=+ff;1=+0xf0\n", "L3:0=000ff;1=000f0"),  # kstrtoull takes one leading '+'
+        ("L3:0=0XfF\n", "L3:0=000ff"),
+        ("MB:0=+50;1=0050\n", "MB:0=   50;1=   50"),
+    ],
+)
+def test_numbers_are_read_as_the_kernels_kstrtoull_reads_them(emu: Emulated, text, held):
+    os.mkdir(f"{emu.root}/g")
+    emu.write("g/schemata", text)
+    assert held in emu.read("g/schemata")
 
 
 def test_a_trailing_semicolon_ends_the_line(emu: Emulated) -> None:
