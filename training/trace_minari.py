@@ -129,6 +129,8 @@ def export_minari(
 
     check_export(traces, dataset_id, max_groups)
     if root is not None:
+        if os.path.exists(root) and not os.path.isdir(root):  # Minari: "File exists"
+            raise ExportError(f"the datasets folder {root} is a file, not a directory")
         os.environ["MINARI_DATASETS_PATH"] = str(root)
     encoder = FeatureEncoder(max_groups)
     decoder = ActionDecoder(max_groups, share_levels, mba_levels)

@@ -32,10 +32,28 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
+    def parse_args(self, args=None, namespace=None):
+        # argparse leaves options no subcommand knows to the top parser, whose error would
+        # send the user to 'rdtune --help': the command they ran says it instead.
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            _chosen_parser(self, ns).error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
     def format_help(self) -> str:
         # Descriptions and epilogs are module docstrings: their reST literals
         # (``--backend sim``) read as plain text on a terminal.
         return super().format_help().replace("``", "")
+
+
+def _chosen_parser(parser: argparse.ArgumentParser, ns: argparse.Namespace):
+    """The (sub)command's parser ``ns`` was parsed by: the deepest chosen subparser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(ns, action.dest, None) or "")
+            if chosen is not None:
+                return _chosen_parser(chosen, ns)
+    return parser
 
 
 # name -> (module, one-line help). Order is the order shown by --help.

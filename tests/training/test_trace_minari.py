@@ -94,3 +94,16 @@ def test_export_refuses_what_would_lose_groups_or_leave_directories(
     assert err.startswith("rdtune trace export-minari: ") and err.count("\n") == 1
     assert error in err
     assert not root.exists() or not any(root.iterdir())
+
+
+def test_export_to_a_datasets_folder_that_is_a_file_says_so(explore_trace, tmp_path, capsys):
+    root = tmp_path / "datasets"
+    root.write_text("kept\n")
+    argv = ["trace", "export-minari", explore_trace.path, "--dataset-id", "rdtune/f-v0"]
+    assert main([*argv, "--root", str(root)]) == 2
+    err = capsys.readouterr().err  # Minari's own words were "[Errno 17] File exists"
+    assert (
+        err
+        == f"rdtune trace export-minari: the datasets folder {root} is a file, not a directory\n"
+    )
+    assert root.read_text() == "kept\n"

@@ -117,6 +117,15 @@ def assert_one_line(done: subprocess.CompletedProcess, *needles: str) -> None:
         (("trace", "record", "--agent", "x:1", "--duration", "-1", "--out", "x"), ("--duration",)),
         (("trace", "info", "/nonexistent.parquet"), ("/nonexistent.parquet",)),
         (("tune", "--interval", "0"), ("--interval", "must be > 0")),
+        # an option the command does not know is the command's error, not the top parser's
+        (
+            ("eval", "--bogus"),
+            ("rdtune eval: unrecognized arguments: --bogus", "'rdtune eval --help'"),
+        ),
+        (
+            ("trace", "info", "x", "--bogus", "-z"),
+            ("rdtune trace info: unrecognized arguments: --bogus -z", "'rdtune trace info --help'"),
+        ),
         (("status", "--agent", "127.0.0.1:1", "--timeout", "0.5"), ("cannot read the agent",)),
         (("agent", "--config", "/nonexistent.yaml"), ("/nonexistent.yaml",)),
         (("train", "--config", os.devnull), ("rdtune train", "a character device, not a regular")),
