@@ -136,6 +136,7 @@ _OVERRIDES = (
 
 def build_config(args: argparse.Namespace):
     from agent.server.config import load_yaml
+    from agent.server.security import ConfigError
 
     cfg = load_yaml(args.config)  # None: the defaults, with RDTUNE_AGENT__* overrides
     for name in _OVERRIDES:
@@ -143,16 +144,19 @@ def build_config(args: argparse.Namespace):
         if value is not None:
             setattr(cfg, name, value)
     if getattr(args, "rate_burst", None) is not None and cfg.rate_limit is None:
-        from agent.server.security import ConfigError
-
         raise ConfigError(
             "--rate-burst: the rate limit is off (rate_limit: null), so no burst applies; "
             "give --rate-limit too"
         )
     for spec in getattr(args, "latency_scrape", None) or ():
         cfg.latency_scrape.update(parse_scrape_flag(spec))
-    cfg.resolve_token()
-    cfg.validate()
+    try:
+        cfg.resolve_token()
+        cfg.validate()
+    except ConfigError as exc:
+        if args.config:  # checked once merged: the value may be the file's or a flag's
+            raise ConfigError(f"{args.config} with the flags and environment: {exc}") from exc
+        raise
     return cfg
 
 

@@ -150,7 +150,8 @@ class AgentConfig:
             raise ConfigError(f"grace_s must be in [0, {MAX_GRACE_S:g}] s, got {self.grace_s:g}")
         for group in self.latency_scrape:
             validate_group_name(group, error=ConfigError)
-        check_exposure(parse_listen(self.listen), self.tls, self.token)
+        tls_from = "tls: {cert, key} or --tls-cert/--tls-key"
+        check_exposure(parse_listen(self.listen), self.tls, self.token, tls_from)
         if self.health_listen:
             if self.health_listen.strip().startswith("unix"):
                 raise ConfigError(

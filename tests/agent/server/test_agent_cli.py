@@ -134,6 +134,16 @@ def test_unknown_scenario_is_a_clear_error() -> None:
         # A blank token turned authentication off without a word; a blank file was refused.
         ([], None, {"RDTUNE_AGENT_TOKEN": "   "}, "RDTUNE_AGENT_TOKEN is set but blank"),
         ([], None, {"RDTUNE_AGENT_TOKEN": ""}, "RDTUNE_AGENT_TOKEN is set but blank"),
+        # What is checked once the file, the environment and the flags are merged names
+        # the file too, and the file's way of setting TLS
+        ([], "tls: {cert: x.pem}\n", {}, "agent.yaml with the flags and environment: TLS needs"),
+        (
+            ["--listen", "0.0.0.0:0"],  # after the test's own --listen: the last one counts
+            "seed: 1\n",
+            {},
+            "agent.yaml with the flags and environment: refusing to listen on non-loopback "
+            "address '0.0.0.0:0' without TLS (tls: {cert, key} or --tls-cert/--tls-key)",
+        ),
     ],
 )
 def test_bad_numbers_and_a_blank_token_are_refused_before_serving(
