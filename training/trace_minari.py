@@ -82,10 +82,16 @@ class ExportError(ValueError):
     """The export's arguments do not fit the traces (a usage error: nothing is written)."""
 
 
-def check_export(traces: Sequence[Trace], dataset_id: str, max_groups: int) -> None:
-    """Refuse, before Minari creates any directory, a malformed id and traces with more
-    groups than slots (the encoder would drop the others without a word)."""
+def check_export(
+    traces: Sequence[Trace], dataset_id: str, max_groups: int, root: str | os.PathLike | None
+) -> None:
+    """Refuse, before Minari creates any directory, a malformed id, traces with more
+    groups than slots (the encoder would drop the others without a word) and a datasets
+    folder ``root`` that is a file (Minari's own words: "File exists")."""
     from minari.dataset.minari_dataset import parse_dataset_id
+
+    if root is not None and os.path.exists(root) and not os.path.isdir(root):
+        raise ExportError(f"the datasets folder {root} is a file, not a directory")
 
     try:
         parse_dataset_id(dataset_id)
@@ -127,10 +133,8 @@ def export_minari(
 
     from envs import PARTITION_ID
 
-    check_export(traces, dataset_id, max_groups)
+    check_export(traces, dataset_id, max_groups, root)
     if root is not None:
-        if os.path.exists(root) and not os.path.isdir(root):  # Minari: "File exists"
-            raise ExportError(f"the datasets folder {root} is a file, not a directory")
         os.environ["MINARI_DATASETS_PATH"] = str(root)
     encoder = FeatureEncoder(max_groups)
     decoder = ActionDecoder(max_groups, share_levels, mba_levels)

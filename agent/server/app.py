@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import fcntl
 import functools
 import logging
@@ -32,7 +33,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
-from agent.address import UNIX_PATH_MAX
+from agent.address import UNIX_PATH_MAX, split_address
 from agent.latency import LatencyRecorder
 from agent.node import Node, as_clock
 from agent.server import reflection
@@ -233,7 +234,9 @@ class AgentServer:
     def _bind(self) -> None:
         target = self.listen.grpc_target()
         public = None if self.listen.unix_path is None else Path(self.listen.unix_path)
-        if public is not None:
+        if public is None:
+            _check_every_address_free(self.listen.raw, self.listen.host, self.listen.port)
+        else:
             _check_socket_path(public)
             # grpc binds (and at its stop unlinks) a private name; the socket then takes
             # the public one by a link (_publish), which fails where another process's
@@ -306,6 +309,8 @@ class AgentServer:
         dial (the pod's IP, no TLS, no token) while the node API stays on its Unix socket.
         It shares the main server's statuses, so it turns NOT_SERVING at shutdown too
         (a second grpc.aio server on the same loop)."""
+        _, host, port = split_address(self.cfg.health_listen, "health_listen", min_port=0)
+        _check_every_address_free(self.cfg.health_listen, host, port)
         self._health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
         try:
@@ -444,6 +449,41 @@ def _directory_lock(directory: Path):
         yield
     finally:
         os.close(fd)  # the flock goes with it
+
+
+def _check_every_address_free(raw: str, host: str | None, port: int | None) -> None:
+    """Refuse a TCP listen address whose name resolves to several addresses (``localhost``:
+    127.0.0.1 and ::1) with the port taken on one of them. grpc binds every address and
+    succeeds if any bind does, so the agent would answer on ::1 while another process
+    holds 127.0.0.1 (where a probe or a client dials). Port 0 asks for a free port."""
+    if not host or not port:
+        return
+    if host == "localhost":  # grpc's own resolution: both loopbacks, whatever /etc/hosts says
+        found = [(socket.AF_INET, ("127.0.0.1", port)), (socket.AF_INET6, ("::1", port, 0, 0))]
+    else:
+        try:
+            found = [
+                (info[0], info[4])
+                for info in socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+            ]
+        except OSError:
+            return  # grpc's own bind names an address it cannot resolve
+    if len({addr[0] for _, addr in found}) < 2:
+        return  # one address: grpc's bind fails or succeeds whole
+    for family, addr in found:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc binds
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(addr)
+        except OSError as exc:
+            if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                continue  # a family the host does not have (no IPv6): grpc skips it too
+            raise ConfigError(
+                f"cannot listen on {raw}: port {port} of {addr[0]} is in use (the name "
+                f"stands for {len(found)} addresses, and grpc would serve on the others only)"
+            ) from exc
 
 
 def _check_socket_path(path: Path) -> None:

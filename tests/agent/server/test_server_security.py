@@ -310,6 +310,22 @@ def test_a_second_agent_cannot_take_over_a_bound_port() -> None:
             second.start()
 
 
+@pytest.mark.parametrize("where", ["listen", "health_listen"])
+def test_localhost_with_the_port_taken_on_one_of_its_addresses_is_refused(where: str) -> None:
+    # grpc binds each address of the name and succeeds if one bind does: the agent (or its
+    # kubelet health port) answered on ::1 while another process held 127.0.0.1.
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = f"localhost:{busy.getsockname()[1]}"
+        cfg = {"listen": "127.0.0.1:0", "metrics_listen": "", where: address}
+        server = AgentServer(RefNode(), AgentConfig(**cfg))
+        with pytest.raises(ConfigError, match=f"cannot listen on {address}"):
+            server.start()
+
+
 @pytest.mark.parametrize(
     ("flag", "ok"),
     [
