@@ -21,6 +21,7 @@ cancellation of the task the loop runs, and raises it once the loop has returned
 
 from __future__ import annotations
 
+import _signal
 import contextlib
 import signal
 import sys
@@ -120,6 +121,13 @@ def terminate_as_interrupt() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
+# The handlers that raise in the main thread's code, which cancelling() defers.
+_RAISING = (
+    (int(signal.SIGINT), signal.default_int_handler),
+    (int(signal.SIGTERM), _raise_terminated),
+)
+
+
 @contextlib.contextmanager
 def cancelling(cancel: Callable[[], None]) -> Iterator[None]:
     """Within the block an interrupt that would raise (SIGINT under Python's own handler,
@@ -138,16 +146,17 @@ def cancelling(cancel: Callable[[], None]) -> Iterator[None]:
             caught.append(signum)
             cancel()
 
-    raising = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _raise_terminated}
-    before = {sig: signal.getsignal(sig) for sig in raising}
-    taken = [sig for sig, handler in raising.items() if before[sig] is handler]
+    # _signal: signal.signal and getsignal convert to and from enums, 10 us a call, and
+    # this block wraps each round trip of the tuner's session (its hot path).
+    taken = [sig for sig, handler in _RAISING if _signal.getsignal(sig) is handler]
     for sig in taken:
-        signal.signal(sig, defer)
+        _signal.signal(sig, defer)
     try:
         yield
     finally:
-        for sig in taken:
-            signal.signal(sig, before[sig])
+        for sig, handler in _RAISING:
+            if sig in taken:
+                _signal.signal(sig, handler)
         if caught:
             if caught[0] == signal.SIGTERM:
                 _terminate()

@@ -58,7 +58,7 @@ class RemoteError(E.NodeError):
 
 class WrongPeer(RemoteError):
     """Something answers at the address, but not a gRPC server speaking the client's
-    transport (an HTTP/1 service, a metrics or health port; plaintext where the client
+    transport (an HTTP/1 service, the agent's metrics port; plaintext where the client
     asked for TLS). Retrying cannot help, unlike an agent that is down (UNAVAILABLE too)."""
 
     def __init__(self, message: str) -> None:
