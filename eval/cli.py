@@ -375,7 +375,13 @@ def print_paired(console, results, reference: str | None = None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from eval.report import paired_cell, paired_comparisons, paired_metrics, paired_title
+    from eval.report import (
+        ci_basis,
+        paired_cell,
+        paired_comparisons,
+        paired_metrics,
+        paired_title,
+    )
 
     if len({r.controller for r in results if not r.error}) < 2:
         return
@@ -384,8 +390,8 @@ def print_paired(console, results, reference: str | None = None) -> None:
     table = Table(  # titles and labels are the user's text, not markup: escaped
         title=escape(
             f"paired: {ref} minus each controller over the same (scenario, seed) runs "
-            f"({comp['scenarios']} scenarios x {comp['seeds']} seeds; mean ± 95% CI, * = CI "
-            f"excludes 0; wins = share of runs {ref} did better)"
+            f"({comp['scenarios']} scenarios x {comp['seeds']} seeds; mean ± "
+            f"{ci_basis(comp)}, * = CI excludes 0; wins = share of runs {ref} did better)"
         )
     )
     table.add_column(f"{escape(ref)} vs", no_wrap=True)

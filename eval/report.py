@@ -225,6 +225,7 @@ def paired_comparisons(
                 [_metric(ref[k], key) for k in use],
                 [_metric(runs[other][k], key) for k in use],
                 higher_is_better=higher,
+                groups=[scenario for scenario, _ in use],
             )
         rows.append({"controller": other, "pairs": len(keys), "metrics": metrics})
     pairs = set().union(*(set(v) for v in runs.values())) if runs else set()
@@ -263,7 +264,7 @@ def paired_cell(p: Paired, scale: float, unit: str) -> str:
 def paired_title(comp: dict[str, Any], key: str, title: str) -> str:
     """A paired column's title, with its number of pairs when some runs are left out of
     it (SLO violations: infeasible runs)."""
-    counts = {row["metrics"][key].n for row in comp["rows"]}
+    counts = {row["metrics"][key].pairs for row in comp["rows"]}
     pairs = {row["pairs"] for row in comp["rows"]}
     if counts and counts != pairs:
         n = max(counts)
@@ -282,9 +283,16 @@ def paired_metrics(comp: dict[str, Any]) -> list[tuple[str, str, bool, float, st
         if any(row["metrics"][m[0]].n for row in rows)
         and not (
             m[0] == "weighted_speedup_feasible"
-            and all(row["metrics"][m[0]].n == row["pairs"] for row in rows)
+            and all(row["metrics"][m[0]].pairs == row["pairs"] for row in rows)
         )
     ]
+
+
+def ci_basis(comp: dict[str, Any]) -> str:
+    """What the paired intervals of ``comp`` are over, in words (eval/stats.py)."""
+    if comp["scenarios"] > 1:
+        return "95% CI over the scenarios (each scenario's seeds averaged first)"
+    return "95% CI over the seeds of the one scenario (it covers the seeds' noise only)"
 
 
 def paired_table(comp: dict[str, Any]) -> str:
@@ -637,8 +645,8 @@ def write_report(
             "",
             f"Over the same (scenario, seed) runs ({comp['scenarios']} scenarios x "
             f"{comp['seeds']} seeds): mean of {comp['reference']} minus the other ± the "
-            "half-width of its 95% Student-t CI (* when the CI excludes 0: a significant "
-            f"difference), and the share of runs {comp['reference']} did better in (ties "
+            f"half-width of its {ci_basis(comp)}; * when the CI excludes 0 (a significant "
+            f"difference); wins: the share of runs {comp['reference']} did better in (ties "
             "half). SLO violations in percentage points, on feasible runs only.",
             "",
             paired_table(comp),

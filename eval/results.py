@@ -136,6 +136,7 @@ def _suite_section(
     name: str, results: Sequence[JobResult], wall: dict, description: str, reference=None
 ):
     from eval.report import (
+        ci_basis,
         infeasible_runs,
         paired_comparisons,
         paired_metrics,
@@ -171,7 +172,7 @@ def _suite_section(
         lines += [
             f"Paired: {comp['reference']} minus each controller over the same (scenario, "
             f"seed) runs ({comp['scenarios']} scenarios x {comp['seeds']} seeds), mean ± "
-            "95% CI; * marks a CI that excludes 0; wins: share of runs "
+            f"{ci_basis(comp)}; * marks a CI that excludes 0; wins: share of runs "
             f"{comp['reference']} did better (ties half); SLO violations on feasible runs "
             "only, in percentage points; where some runs are infeasible, weighted speedup "
             "also over the feasible runs alone.",
@@ -309,9 +310,13 @@ def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -
         "it sees no allocation keeps every LC service's guarded latency (steady state plus "
         "the measurement noise of an SLO window) under 95% of its target; SLO violations of "
         "feasible and infeasible runs are reported apart, so rates compare like with like.",
-        "- **Paired**: differences over the same (scenario, seed) runs with 95% Student-t "
-        "confidence intervals (eval/stats.py); a claim that A beats B needs the interval to "
-        "exclude 0. Where some runs are infeasible, weighted speedup is paired over the "
+        "- **Paired**: differences over the same (scenario, seed) runs, each scenario's "
+        "seeds averaged, with the 95% Student-t confidence interval over the scenarios "
+        "(eval/stats.py: the seeds of one scenario are not independent samples of the "
+        "scenarios; a suite of one scenario gets the interval over its seeds, which covers "
+        "their noise only); a claim that A beats B needs the interval to exclude 0 (where "
+        "every scenario differs by the same amount, the exact sign test, from 6 of them). "
+        "Where some runs are infeasible, weighted speedup is paired over the "
         "feasible runs alone too: there it is won without giving an SLO up, while on an "
         "infeasible run holding the SLOs as nearly as possible costs batch throughput.",
         "- **tail / alone**: LC tail over the same service alone on the machine; "

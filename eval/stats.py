@@ -1,11 +1,17 @@
 """Means with Student-t confidence intervals (what every eval table reports), and paired
 comparisons of two controllers over the same (scenario, seed) runs.
 
-:func:`paired` is the basis of every "A beats B" claim: the mean of the per-pair
-differences A - B with the 95% Student-t interval of that mean (the pairs share the
-scenario and the simulator's seed, so the scenario-to-scenario spread — most of the
-variance — cancels), and the win rate: the share of pairs where A did better (ties count
-half). A difference is *significant* when its interval excludes 0.
+:func:`paired` is the basis of every "A beats B" claim: the per-pair differences A - B (the
+pairs share the scenario and the simulator's seed, so what the scenario does to both
+cancels), averaged first over each scenario's seeds, and the mean over scenarios with the
+95% Student-t interval of that mean. The scenario is the unit because the claim is about
+scenarios: the seeds of one scenario differ far less than scenarios do, so counting each
+seed as an independent sample would narrow the interval without more evidence. A suite
+of one scenario gets the interval over its seeds, which then covers the seeds' noise only
+(``Paired.unit`` says which). The win rate is over pairs: the share where A did better
+(ties count half). A difference is *significant* when its interval excludes 0; where every
+scenario differs by exactly the same amount (no spread to build a t interval on) the exact
+two-sided sign test decides instead, which needs :data:`SIGN_TEST_MIN` of them.
 
 No SciPy here: two-sided 95% quantiles of Student's t for 1..30 degrees of freedom are
 tabulated (standard tables, 3 decimals), and above 30 the Cornish-Fisher expansion around
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 _T975 = (
@@ -25,6 +31,8 @@ _T975 = (
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 )  # fmt: skip
 _Z975 = 1.959963984540054
+# Units, all on one side, for the two-sided sign test to reach p < 0.05 (2 * 0.5**6).
+SIGN_TEST_MIN = 6
 
 
 def t975(df: int) -> float:
@@ -76,9 +84,11 @@ class Paired:
     """A paired comparison of A against B on one metric.
 
     Attributes:
-        diff: mean of A - B over the pairs where both are finite, with its 95% CI.
+        diff: mean of A - B with its 95% CI, over ``unit``: its ``n`` is their count.
         wins, losses, ties: pairs where A did better, worse, the same (within ``tie``).
         higher_is_better: the metric's direction (it decides what a win is).
+        unit: ``scenarios`` (each one's seeds averaged first) or ``pairs`` (the pairs of
+            one scenario, or pairs given without their scenarios).
     """
 
     diff: Estimate
@@ -86,21 +96,32 @@ class Paired:
     losses: int
     ties: int
     higher_is_better: bool
+    unit: str = "pairs"
 
     @property
     def n(self) -> int:
+        """The units the interval is over (scenarios or pairs)."""
         return self.diff.n
+
+    @property
+    def pairs(self) -> int:
+        return self.wins + self.losses + self.ties
 
     @property
     def win_rate(self) -> float:
         """Share of pairs A won (a tie counts half); NaN without pairs."""
-        return (self.wins + 0.5 * self.ties) / self.n if self.n else math.nan
+        return (self.wins + 0.5 * self.ties) / self.pairs if self.pairs else math.nan
 
     @property
     def significant(self) -> bool:
-        """True when the 95% CI of the mean difference excludes 0."""
+        """True when the 95% CI of the mean difference excludes 0; where the units all
+        differ by the same amount (a CI of width 0), when the exact sign test says so."""
         d = self.diff
-        return d.n > 1 and math.isfinite(d.half_width) and abs(d.mean) > d.half_width
+        if d.n < 2 or not math.isfinite(d.half_width) or d.mean == 0:
+            return False
+        if d.half_width > 0:
+            return abs(d.mean) > d.half_width
+        return d.n >= SIGN_TEST_MIN
 
     @property
     def better(self) -> bool | None:
@@ -113,6 +134,8 @@ class Paired:
         d = self.diff
         return {
             "n": d.n,
+            "unit": self.unit,
+            "pairs": self.pairs,
             "mean_diff": d.mean if math.isfinite(d.mean) else None,
             "ci95_half_width": d.half_width if math.isfinite(d.half_width) else None,
             "ci95": [d.mean - d.half_width, d.mean + d.half_width]
@@ -121,7 +144,7 @@ class Paired:
             "wins": self.wins,
             "losses": self.losses,
             "ties": self.ties,
-            "win_rate": self.win_rate if self.n else None,
+            "win_rate": self.win_rate if self.pairs else None,
             "higher_is_better": self.higher_is_better,
             "significant": self.significant,
         }
@@ -133,22 +156,34 @@ def paired(
     *,
     higher_is_better: bool,
     tie: float = 1e-9,
+    groups: Sequence[Hashable] | None = None,
 ) -> Paired:
     """Compare ``a[i]`` with ``b[i]`` (the same pair of runs); pairs where either is missing
-    or not finite are left out. ``tie``: absolute differences up to it are ties."""
-    if len(a) != len(b):
-        raise ValueError(f"paired samples need equal lengths, got {len(a)} and {len(b)}")
-    diffs = []
+    or not finite are left out. ``tie``: absolute differences up to it are ties, and count
+    as 0 in the mean too (two controllers doing the same thing differ by rounding alone).
+    ``groups``: each pair's scenario; from two scenarios on, the interval is over the
+    scenarios' mean differences (module docstring), else over the pairs."""
+    if len(a) != len(b) or (groups is not None and len(groups) != len(a)):
+        n_groups = "" if groups is None else f" and {len(groups)} groups"
+        raise ValueError(f"paired samples need equal lengths, got {len(a)} and {len(b)}{n_groups}")
+    by_group: dict[Hashable, list[float]] = {}
     wins = losses = ties = 0
-    for x, y in zip(a, b, strict=True):
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)):
             continue
         d = float(x) - float(y)
-        diffs.append(d)
+        if not math.isfinite(d):  # both finite, their difference beyond a float
+            continue
         if abs(d) <= tie:
+            d = 0.0
             ties += 1
         elif (d > 0) == higher_is_better:
             wins += 1
         else:
             losses += 1
-    return Paired(mean_ci(diffs), wins, losses, ties, higher_is_better)
+        by_group.setdefault(i if groups is None else groups[i], []).append(d)
+    if groups is not None and len(by_group) > 1:
+        diff = mean_ci([statistics.fmean(ds) for ds in by_group.values()])
+        return Paired(diff, wins, losses, ties, higher_is_better, unit="scenarios")
+    diff = mean_ci([d for ds in by_group.values() for d in ds])
+    return Paired(diff, wins, losses, ties, higher_is_better)

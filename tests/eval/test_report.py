@@ -124,12 +124,13 @@ def _labelled(label: str, scenario: str, seed: int, viol: float, ws: float, feas
 
 def _paired_runs() -> list[JobResult]:
     """policy vs eq on 3 scenarios x 2 seeds; 'hard' is infeasible. On feasible runs the
-    policy has 0.1 fewer violations every time; its speedup is 0.2 higher, +-0.1."""
+    policy has 0.1 fewer violations every time; its speedup is higher by 0.3, 0.2 and 0.25
+    on the three scenarios, and by 0.01 more on seed 1 than on seed 0."""
     out = []
     for scn, feas in (("a", "feasible"), ("b", "feasible"), ("hard", "infeasible")):
         for seed in (0, 1):
             base = 0.3 if feas == "feasible" else 0.9
-            bump = 0.1 if seed else 0.3
+            bump = {"a": 0.3, "b": 0.2, "hard": 0.25}[scn] + 0.01 * seed
             out.append(_labelled("policy", scn, seed, base - 0.1, 2.0 + bump, feas))
             out.append(_labelled("eq", scn, seed, base, 2.0, feas))
     return out
@@ -143,17 +144,20 @@ def test_paired_comparison_on_constructed_runs() -> None:
     (row,) = comp["rows"]
     assert row["controller"] == "eq" and row["pairs"] == 6
     slo = row["metrics"]["slo_violation_rate"]
-    assert slo.n == 4  # feasible pairs only
+    # feasible pairs only, two scenarios: the interval is over scenarios, not seeds
+    assert (slo.n, slo.unit, slo.pairs) == (2, "scenarios", 4)
     assert slo.diff.mean == pytest.approx(-0.1) and slo.diff.half_width == pytest.approx(0.0)
     assert slo.win_rate == 1.0
+    # the same difference on two scenarios is no evidence (the sign test needs six)
+    assert slo.better is None
     ws = row["metrics"]["weighted_speedup"]
-    # differences 0.3, 0.1 three times each: mean 0.2, sd sqrt(0.012), df 5
-    assert ws.n == 6 and ws.diff.mean == pytest.approx(0.2)
-    assert ws.diff.half_width == pytest.approx(2.571 * math.sqrt(0.012) / math.sqrt(6), rel=1e-3)
+    # scenario means 0.305, 0.205, 0.255: mean 0.255, sd 0.05, df 2
+    assert ws.n == 3 and ws.pairs == 6 and ws.diff.mean == pytest.approx(0.255)
+    assert ws.diff.half_width == pytest.approx(4.303 * 0.05 / math.sqrt(3), rel=1e-3)
     assert ws.better is True
-    # the feasible runs' speedup alone: scenarios a and b, differences 0.3, 0.1 twice each
+    # the feasible runs' speedup alone: scenarios a and b
     feasible_ws = row["metrics"]["weighted_speedup_feasible"]
-    assert feasible_ws.n == 4 and feasible_ws.diff.mean == pytest.approx(0.2)
+    assert feasible_ws.n == 2 and feasible_ws.diff.mean == pytest.approx(0.255)
     unf = row["metrics"]["unfairness"]
     assert unf.better is False and unf.win_rate == 0.0  # 0.1 x speedup: higher is worse
     with pytest.raises(ValueError, match="no runs of 'ubik'"):
@@ -168,7 +172,7 @@ def test_report_separates_infeasible_runs_and_writes_the_paired_table(tmp_path: 
     rep = write_report(_paired_runs(), tmp_path, title="T")
     md = rep.markdown.read_text()
     assert "## Paired comparison: policy vs each controller" in md
-    assert "| eq | 6 | -10 ± 0 pp * | 100% |" in md
+    assert "| eq | 6 | -10 ± 0 pp | 100% |" in md  # two scenarios: no significance
     assert "(3 scenarios x 2 seeds)" in md
     assert "## Infeasible runs" in md and "- hard, seed 0: x at best 1.3" in md
     head = next(x for x in md.splitlines() if x.startswith("| controller | runs |"))

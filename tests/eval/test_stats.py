@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -88,3 +89,46 @@ def test_pairing_cancels_the_spread_between_scenarios() -> None:
     ea, eb = mean_ci(a), mean_ci(b)
     assert abs(ea.mean - eb.mean) < ea.half_width + eb.half_width
     assert paired(a, b, higher_is_better=True).better is True
+
+
+def test_the_interval_is_over_scenarios_not_their_seeds() -> None:
+    """Three scenarios x three seeds whose differences barely move with the seed: as nine
+    independent samples they looked decisive; three scenarios (+0.5, -0.1, +0.4) are not."""
+    per_scenario = {"a": 0.5, "b": -0.1, "c": 0.4}
+    keys = [(scn, seed) for scn in per_scenario for seed in range(3)]
+    a = [per_scenario[scn] + 1e-3 * seed for scn, seed in keys]
+    b = [0.0] * len(keys)
+    as_pairs = paired(a, b, higher_is_better=True)
+    assert as_pairs.unit == "pairs" and as_pairs.n == 9 and as_pairs.significant
+    p = paired(a, b, higher_is_better=True, groups=[scn for scn, _ in keys])
+    assert (p.unit, p.n, p.pairs) == ("scenarios", 3, 9)
+    means = [d + 1e-3 for d in per_scenario.values()]  # each scenario's seeds averaged
+    assert p.diff.mean == pytest.approx(statistics.fmean(means))
+    hw = 4.303 * statistics.stdev(means) / math.sqrt(3)
+    assert p.diff.half_width == pytest.approx(hw, rel=1e-3)
+    assert not p.significant and p.better is None
+    assert (p.wins, p.losses, p.win_rate) == (6, 3, pytest.approx(6 / 9))
+    assert p.as_dict()["unit"] == "scenarios" and p.as_dict()["pairs"] == 9
+    # one scenario: the interval over its seeds (it covers their noise only)
+    one = paired(a[:3], b[:3], higher_is_better=True, groups=["a"] * 3)
+    assert (one.unit, one.n) == ("pairs", 3)
+    with pytest.raises(ValueError, match="2 groups"):
+        paired([1.0], [2.0], higher_is_better=True, groups=["a", "b"])
+
+
+@pytest.mark.parametrize(("n", "significant"), [(2, False), (5, False), (6, True), (9, True)])
+def test_identical_differences_need_the_sign_test(n: int, significant: bool) -> None:
+    # a CI of width 0 excluded 0 from two pairs on: "-100 ± 0 pp *" over 3 seeds
+    p = paired([0.0] * n, [1.0] * n, higher_is_better=False)
+    assert p.diff.half_width == 0.0
+    assert p.significant is significant and p.better is (True if significant else None)
+
+
+def test_rounding_differences_are_ties_in_the_mean_too() -> None:
+    p = paired([0.1 + 0.2] * 3, [0.3] * 3, higher_is_better=True)
+    assert (p.ties, p.diff.mean, p.significant) == (3, 0.0, False)
+
+
+def test_a_difference_beyond_a_float_is_left_out_of_the_counts_as_of_the_mean() -> None:
+    p = paired([1e308, -1e308, 1.0], [-1e308, 1e308, 0.5], higher_is_better=True)
+    assert (p.n, p.pairs, p.wins, p.losses) == (1, 1, 1, 0)
