@@ -106,7 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         metavar="DIR",
         help="report directory (default: runs/eval/SUITE), created and checked before any "
-        "run; its results.json keeps the finished runs while the suite runs",
+        "run; its results.json keeps the finished runs while the suite runs. One holding a "
+        "report already is refused unless --force",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace the report --out holds (refused otherwise)"
     )
     parser.add_argument(
         "--no-plots", action="store_true", help="write the report without its PNG plots (quicker)"
@@ -150,12 +154,19 @@ def run(args: argparse.Namespace) -> int:
             print("rdtune eval: --suite NAME is required (see --list)", file=sys.stderr)
             return 2
         suite = get_suite(args.suite, args.suites)
-        controllers = parse_controllers(args.controllers) if args.controllers else None
+        controllers = None
+        if args.controllers is not None:  # "" too: it would have run the whole suite's
+            controllers = parse_controllers(args.controllers)
+            if not controllers:
+                raise SuiteError(f"--controllers {args.controllers!r}: names no controller")
         scenarios = None
-        if args.scenarios:
+        if args.scenarios is not None:
             want = [s.strip() for s in args.scenarios.split(",") if s.strip()]
             if not want:  # else the whole suite would run
                 raise SuiteError(f"--scenarios {args.scenarios!r}: names no scenario")
+            twice = sorted({s for s in want if want.count(s) > 1})
+            if twice:  # each (scenario, seed) would run twice, counted as two samples
+                raise SuiteError(f"--scenarios names {', '.join(twice)} more than once")
             names = {(s if isinstance(s, str) else s.name): s for s in suite.scenarios}
             scenarios = [names.get(s, s) for s in want]
         if args.agent and any(not isinstance(s, str) for s in (scenarios or suite.scenarios)):
@@ -171,9 +182,9 @@ def run(args: argparse.Namespace) -> int:
         if agent is None:  # an agent's catalogue may differ from ours: it judges its names
             check_scenarios(jobs)
         check_paired_with(args.paired_with, jobs)
-        check_policies(jobs)
+        check_controllers(jobs)
         out = Path(args.out or Path("runs") / "eval" / suite.name)
-        check_out(out)
+        check_out(out, replace=args.force)
     except (SuiteError, ValueError) as exc:
         print(f"rdtune eval: {exc}", file=sys.stderr)
         return 2
@@ -271,10 +282,28 @@ def run_saving(console, jobs: Sequence[Job], ray_address: str, out: Path) -> lis
         raise type(exc)(f"{len(done)} of {len(jobs)} runs finished{kept}") from None
 
 
-def check_out(out: Path) -> None:
+# What an earlier report left in its directory: a new run would replace or contradict it.
+REPORT_FILES = ("results.json", "report.md")
+
+
+def check_out(out: Path, replace: bool = False) -> None:
     """Create the report directory ``out`` and make sure a file can be written there;
-    ValueError (one line naming --out) when it cannot, before anything runs."""
+    ValueError (one line naming --out) when it cannot, or when it holds a report already
+    and ``replace`` (--force) is not given, before anything runs: the first finished run
+    would overwrite the old results while its plots and Markdown stayed."""
+    from eval.report import remove_plots
+
+    held = [name for name in REPORT_FILES if (out / name).exists()]
+    if held and not replace:
+        raise ValueError(
+            f"--out {out}: holds a report already ({', '.join(held)}); give another --out, "
+            "or --force to replace it"
+        )
     try:
+        if held:  # replaced whole: no old plot or table beside the new runs
+            remove_plots(out)
+            for name in held:
+                (out / name).unlink()
         out.mkdir(parents=True, exist_ok=True)
         if not out.is_dir():
             raise NotADirectoryError(f"{out} is not a directory")
@@ -288,15 +317,23 @@ def check_out(out: Path) -> None:
         raise ValueError(f"--out {out}: cannot write the report there: {why}") from None
 
 
-def check_policies(jobs: Sequence[Job]) -> None:
-    """Load every policy export a controller of ``jobs`` names once, as its runs will
-    (models.catalogue.construct: models/policy.py's loader), so an unusable one (no such
-    path, a training run's directory, a corrupt or non-finite ONNX file, a bad card) is
-    refused in the loader's one line before any run rather than once per run."""
+def check_controllers(jobs: Sequence[Job]) -> None:
+    """Refuse before any run what every run of a controller of ``jobs`` would fail on:
+    option names it does not take (``eq[foo=1]``: each run failed in turn), and, loading
+    each policy export once as its runs will (models.catalogue.construct: models/policy.py's
+    loader), an unusable one (no such path, a training run's directory, a corrupt or
+    non-finite ONNX file, a bad card), in the loader's one line."""
     from models.catalogue import ControllerSpec, construct
 
     for text in dict.fromkeys(j.controller for j in jobs):
         spec = ControllerSpec.parse(text)
+        takes = spec.entry.takes()
+        unknown = sorted(set(spec.options) - takes) if takes is not None else []
+        if unknown:
+            raise ValueError(
+                f"controller {spec.label!r}: unknown option(s) {', '.join(unknown)}; it takes "
+                f"{', '.join(sorted(takes)) or 'none'}"
+            )
         if spec.name != "policy":
             continue
         try:

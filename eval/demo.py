@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     )
     try:  # once here, rather than once per controller with a report of failures
         check_scenario(scenario)
-        check_out(Path(args.out))  # before the runs, not when the report is written
+        # before the runs, not when the report is written; the demo's own report is
+        # replaced run after run (the README's one command)
+        check_out(Path(args.out), replace=True)
     except ValueError as exc:
         print(f"rdtune demo: {exc}", file=sys.stderr)
         return 2

@@ -205,6 +205,17 @@ def test_one_decision_a_second_keeps_the_simulators_resolution() -> None:
         (["eval", "--suite", "smoke", "--paired-with", "nope"], "--paired-with 'nope'"),
         (["eval", "--suite", "smoke", "--scenarios", "nope"], "unknown scenario 'nope'"),
         (["demo", "--scenario", "nope"], "unknown scenario 'nope'"),
+        # each of these ran the whole suite, or every run to fail in turn
+        (["eval", "--suite", "smoke", "--controllers", ""], "--controllers '': names no"),
+        (["eval", "--suite", "smoke", "--scenarios", ""], "--scenarios '': names no"),
+        (
+            ["eval", "--suite", "smoke", "--scenarios", "default,default"],
+            "--scenarios names default more than once",  # two samples of one run
+        ),
+        (
+            ["eval", "--suite", "smoke", "--controllers", "eq[foo=1]"],
+            "controller 'eq[foo=1]': unknown option(s) foo; it takes decide_s",
+        ),
     ],
 )
 def test_bad_reference_or_scenario_is_refused_before_any_run(
@@ -367,3 +378,23 @@ def test_rerender_names_what_results_json_lacks(
     assert main(["eval", "--rerender", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+def test_a_report_is_not_replaced_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first run of a second command overwrote results.json, and the old Markdown and
+    plots stayed beside it: the directory described runs it no longer held."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    (out / "report.md").write_text("# old\n")
+    (out / "tradeoff.png").write_bytes(b"old")
+    (out / "notes.txt").write_text("mine\n")
+    err = _refused_before_any_run(_smoke(out), capsys)
+    assert f"--out {out}: holds a report already (results.json, report.md)" in err
+    assert (out / "report.md").read_text() == "# old\n"
+    assert main([*_smoke(out, "--force"), "--no-plots"]) == 0
+    assert (out / "report.md").read_text() != "# old\n"
+    assert not (out / "tradeoff.png").exists()  # the old report's plot went with it
+    assert (out / "notes.txt").read_text() == "mine\n"  # what is not a report's stays
