@@ -462,7 +462,8 @@ def _rerender(console, out: Path) -> int:
     if not results:
         print(f"rdtune eval: {rj} holds no runs", file=sys.stderr)
         return 2
-    if is_partial(rj):
+    partial = is_partial(rj)
+    if partial:
         console.print(
             f"{rj}: the runs of an unfinished suite ({len(results)} of them)", markup=False
         )
@@ -480,6 +481,7 @@ def _rerender(console, out: Path) -> int:
         command=f"rdtune eval --suite {suite}",
         machine=machine(),
         reference=ref,
+        partial=partial,
     )
     print_summary(console, results)
     print_paired(console, results, ref)

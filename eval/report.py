@@ -127,9 +127,44 @@ def load_results(path: str | Path) -> list[JobResult]:
     for i, d in enumerate(rows):
         if not isinstance(d.get("metrics"), dict):
             raise ValueError(f'run {i + 1} has no "metrics" mapping')
+        _check_run(i + 1, d)
         d["metrics"] = {k: math.nan if v is None else v for k, v in d["metrics"].items()}
         out.append(JobResult(**d))
     return out
+
+
+_NUMBER = (int, float)
+# The type of each key of a run in results.json (eval/runner.py's JobResult).
+_RUN_KEYS: dict[str, type | tuple[type, ...]] = {
+    "suite": str, "scenario": str, "controller": str, "controller_name": str,
+    "options": dict, "seed": int, "metrics": dict, "lc_tails_ms": dict, "lc_alone_ms": dict,
+    "timeline_t": list, "timeline_ways": dict, "build_s": _NUMBER, "run_s": _NUMBER,
+    "error": str, "feasibility": str, "feasibility_note": str,
+}  # fmt: skip
+
+
+def _check_run(number: int, d: dict) -> None:
+    """ValueError naming run ``number`` and its key where ``d`` is not a run as
+    :func:`write_report` writes it (a hand-edited file: the report would fail halfway)."""
+
+    def bad(key: str, why: str) -> ValueError:
+        return ValueError(f"run {number}: {key!r} {why}")
+
+    for key, value in d.items():
+        want = _RUN_KEYS.get(key)
+        if want is None:
+            raise bad(key, "is not a key of a run")
+        if isinstance(value, bool) or not isinstance(value, want):
+            raise bad(key, f"is {value!r}, not of type {getattr(want, '__name__', 'number')}")
+    for key, value in d["metrics"].items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, _NUMBER)):
+            raise bad(f"metrics.{key}", f"is {value!r}, not a number or null")
+    if d.get("feasibility", "") not in ("feasible", "infeasible", ""):
+        raise bad("feasibility", f"is {d['feasibility']!r}: feasible, infeasible or empty")
+    steps = len(d.get("timeline_t", []))
+    for group, ways in d.get("timeline_ways", {}).items():
+        if not isinstance(ways, list) or len(ways) != steps:
+            raise bad(f"timeline_ways.{group}", f"does not hold one value per time ({steps})")
 
 
 def is_partial(path: str | Path) -> bool:
@@ -591,16 +626,18 @@ def write_report(
     timelines: int = 2,
     reference: str | None = None,
     plots: bool = True,
+    partial: bool = False,
 ) -> Report:
     """Write ``report.md``, the PNGs (unless not ``plots``) and ``results.json`` into
     ``out_dir``; ``reference``: the controller of the paired table (default:
-    :func:`default_reference`)."""
+    :func:`default_reference`); ``partial``: the runs of an unfinished suite (a report
+    of them says so, and its results.json stays marked)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     remove_plots(out)
     bad = infeasible_runs(results)
     # the runs first: a plot or the paired table failing must not lose them (--rerender)
-    rj = _write_results(out, results, None, bad)
+    rj = _write_results(out, results, None, bad, partial)
     scenarios = _order([r.scenario for r in results])
     figures = (
         list(zip((plot_tail_vs_ways, plot_unfairness, plot_tradeoff), PLOTS, strict=True))
@@ -616,6 +653,8 @@ def write_report(
         if p is not None:
             made.append(p)
     lines = [f"# {title}", ""]
+    if partial:
+        lines += ["**Partial**: the runs an unfinished suite left (its other runs missing).", ""]
     if description:
         lines += [description, ""]
     if command:
@@ -687,7 +726,7 @@ def write_report(
     md = out / "report.md"
     md.write_text("\n".join(lines))
     if comp:
-        _write_results(out, results, comp, bad)
+        _write_results(out, results, comp, bad, partial)
     return Report(md, made, rj)
 
 

@@ -363,21 +363,51 @@ def test_an_interrupted_eval_keeps_the_runs_that_finished(
         return
     data = json.loads(rj.read_text())
     assert data["partial"] is True and len(data["runs"]) == finished
-    assert main(["eval", "--rerender", str(tmp_path)]) == 0
-    assert "unfinished suite" in capsys.readouterr().out
+    for _ in range(2):  # a report of them stays marked partial, rerendered again too
+        assert main(["eval", "--rerender", str(tmp_path)]) == 0
+        assert "unfinished suite" in capsys.readouterr().out
+    assert json.loads(rj.read_text())["partial"] is True
+    assert "**Partial**" in (tmp_path / "report.md").read_text()
+
+
+def _one_run(**change) -> str:
+    run = {"suite": "t", "scenario": "default", "controller": "eq", "controller_name": "eq",
+           "options": {}, "seed": 0, "metrics": {"weighted_speedup": 2.5},
+           "timeline_t": [0.0, 1.0], "timeline_ways": {"lc": [4, 5]}}  # fmt: skip
+    for key, value in change.items():
+        if "." in key:
+            outer, inner = key.split(".")
+            run[outer] = {**run[outer], inner: value}
+        else:
+            run[key] = value
+    return json.dumps({"runs": [run]})
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [("{}", 'no "runs" key'), ('{"runs": [{}]}', 'run 1 has no "metrics" mapping')],
+    [
+        ("{}", 'no "runs" key'),
+        ('{"runs": [{}]}', 'run 1 has no "metrics" mapping'),
+        # hand edits: each was a traceback, after the old plots were deleted
+        (_one_run(**{"metrics.weighted_speedup": "2.75"}), "'metrics.weighted_speedup' is '2.75'"),
+        (_one_run(**{"metrics.weighted_speedup": True}), "'metrics.weighted_speedup' is True"),
+        (_one_run(controller=None), "run 1: 'controller' is None, not of type str"),
+        (_one_run(seed="0"), "run 1: 'seed' is '0', not of type int"),
+        (_one_run(options=None), "run 1: 'options' is None"),
+        (_one_run(extra=1), "run 1: 'extra' is not a key of a run"),
+        (_one_run(feasibility="maybe"), "'feasibility' is 'maybe'"),
+        (_one_run(**{"timeline_ways.lc": [4]}), "'timeline_ways.lc' does not hold one value"),
+    ],
 )
 def test_rerender_names_what_results_json_lacks(
     content: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "results.json").write_text(content)
+    (tmp_path / "tradeoff.png").write_bytes(b"kept")
     assert main(["eval", "--rerender", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+    assert (tmp_path / "tradeoff.png").read_bytes() == b"kept"  # refused before anything
 
 
 def test_a_report_is_not_replaced_without_force(
