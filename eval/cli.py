@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        return _rerender(console, Path(args.rerender))
+        return _rerender(console, Path(args.rerender), args.paired_with, not args.no_plots)
     if args.list_controllers:
         from models.catalogue import describe
 
@@ -448,7 +448,7 @@ def print_paired(console, results, reference: str | None = None) -> None:
     console.print(table)
 
 
-def _rerender(console, out: Path) -> int:
+def _rerender(console, out: Path, paired_with: str | None, plots: bool) -> int:
     from eval.bench.harness import machine
     from eval.report import is_partial, load_results, write_report
     from eval.suites import load_suites
@@ -471,7 +471,14 @@ def _rerender(console, out: Path) -> int:
     known = load_suites()
     desc = known[suite].description if suite in known else ""
     labels = {r.controller for r in results if not r.error}
-    ref = known[suite].paired_with if suite in known else None
+    if paired_with is not None and paired_with not in labels:
+        have = ", ".join(sorted(labels))
+        print(
+            f"rdtune eval: --paired-with {paired_with!r}: no runs of it; have {have}",
+            file=sys.stderr,
+        )
+        return 2
+    ref = paired_with or (known[suite].paired_with if suite in known else None)
     ref = ref if ref in labels else None
     report = write_report(
         results,
@@ -482,6 +489,7 @@ def _rerender(console, out: Path) -> int:
         machine=machine(),
         reference=ref,
         partial=partial,
+        plots=plots,
     )
     print_summary(console, results)
     print_paired(console, results, ref)

@@ -46,6 +46,12 @@ def test_smoke_suite_serial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["eval", "--rerender", str(tmp_path)]) == 0  # from results.json, no runs
     assert (tmp_path / "report.md").read_text() == md
     assert main(["eval", "--rerender", str(tmp_path / "nowhere")]) == 2
+    # the report's own flags apply to a rerender too (they were ignored)
+    assert main(["eval", "--rerender", str(tmp_path), "--paired-with", "eq", "--no-plots"]) == 0
+    assert "## Paired comparison: eq vs each controller" in (tmp_path / "report.md").read_text()
+    assert not (tmp_path / "tradeoff.png").exists()
+    assert main(["eval", "--rerender", str(tmp_path), "--paired-with", "ucp"]) == 2
+    assert "--paired-with 'ucp': no runs of it; have eq, unpartitioned" in capsys.readouterr().err
 
 
 @pytest.mark.xdist_group("ray")  # beside the Ray tests sharing one Ray (tests/conftest.py)
