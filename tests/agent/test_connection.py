@@ -79,8 +79,8 @@ def run_client(command: str, server, certs, tmp: Path) -> list[str]:
         "trace record": ["trace", "record", "--duration", "0.3", "--quiet", "--force",
                          "--out", str(tmp / "t.parquet")],
         "eval": ["eval", "--suite", "smoke", "--controllers", "eq", "--seeds", "1",
-                 "--seconds", "0.5", "--out", str(tmp / "eval"), "--ray-address", "none",
-                 "--no-plots"],
+                 "--seconds", "0.5", "--out", str(tmp / "eval"), "--force",
+                 "--ray-address", "none", "--no-plots"],
     }[command]  # fmt: skip
 
 
