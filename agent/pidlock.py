@@ -15,8 +15,10 @@ Used by the resctrl agent's instance lock (agent/resctrl/state.py) and by a trai
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat
 from dataclasses import dataclass
 
 
@@ -47,8 +49,11 @@ class PidLock:
             OSError: the file cannot be opened or created.
         """
         for _ in range(5):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+            # O_NOFOLLOW: a link planted at the path (a shared /tmp) would have the pid
+            # written into, and the file removed at the end, wherever it points.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
             try:
+                _check_lock_file(path, fd)
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _read(fd) or "unknown"
@@ -91,6 +96,16 @@ def names(path: str, fd: int) -> bool:
         return False
     held = os.fstat(fd)
     return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _check_lock_file(path: str, fd: int) -> None:
+    """OSError unless ``fd`` is a regular file holding nothing or a pid: another file at the
+    path is not overwritten (with this pid) nor removed (at the release)."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise OSError(errno.EEXIST, f"{path} is not a regular file, so not a lock file")
+    held = _read(fd)
+    if held and not held.isdigit():
+        raise OSError(errno.EEXIST, f"{path} holds other data than a pid, so not a lock file")
 
 
 def _read(fd: int) -> str:

@@ -70,3 +70,24 @@ def test_a_lock_file_removed_and_made_again_is_not_removed_by_the_first_holder(t
     first.release(remove=True)
     assert os.path.exists(path) and second.holds(), "the first removed the second's lock"
     second.release()
+
+
+@pytest.mark.parametrize("kind", ["a link", "another file", "a fifo"])
+def test_what_is_not_a_lock_file_is_neither_written_nor_removed(tmp_path, kind: str) -> None:
+    # A link planted at OUT.lock had the pid written into its target, which was then
+    # removed with the lock; a user's file of that name was overwritten and removed.
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    path = tmp_path / "run.lock"
+    if kind == "a link":
+        path.symlink_to(precious)
+    elif kind == "another file":
+        path.write_text("keep me too\n")
+    else:
+        os.mkfifo(path)
+    with pytest.raises(OSError):
+        PidLock.take(str(path))
+    assert precious.read_text() == "keep me\n"
+    assert path.is_symlink() or path.exists()
+    if kind == "another file":
+        assert path.read_text() == "keep me too\n"
