@@ -406,6 +406,8 @@ def export_run(
     for name in ("run.json", "config.yaml", checkpoint):
         if not (run_dir / name).exists():
             raise ExportError(f"{run_dir}: no {name} (is this a run directory of 'rdtune train'?)")
+    if not (run_dir / checkpoint).is_file():  # a FIFO: the loader would wait for ever
+        raise ExportError(f"{run_dir / checkpoint}: not a regular file (a checkpoint is a .zip)")
     out_dir = _export_target(Path(out_dir))
     meta = _read_run_file(run_dir / "run.json")
     config = _read_run_file(run_dir / "config.yaml")
@@ -424,6 +426,13 @@ def export_run(
     nvec = [int(n) for n in meta["actions"]["nvec"]]
     if list(model.action_space.nvec) != nvec:
         raise ExportError(f"{run_dir}: checkpoint action space differs from run.json")
+    size = int(meta["features"]["size"])
+    if tuple(model.observation_space.shape) != (size,):
+        # else an export whose card and ONNX disagree on the inputs (with --no-check)
+        raise ExportError(
+            f"{run_dir / checkpoint}: takes observations of shape "
+            f"{tuple(model.observation_space.shape)}, run.json's features have {size}"
+        )
     staging = _staging_dir(out_dir)
     try:
         card = _write_export(

@@ -255,6 +255,11 @@ def test_a_corrupt_run_file_is_named(tmp_path, capsys, files, extra, message):
         (lambda m: m.update(algorithm="A2C"), "run.json: algorithm is not PPO or MaskablePPO"),
         # the checkpoint is MaskablePPO's: SB3 cannot build a PPO from its saved data
         (lambda m: m.update(algorithm="PPO"), "best_model.zip: cannot load the checkpoint as PPO"),
+        # the card would have said one input size and the ONNX taken another (--no-check)
+        (
+            lambda m: m["features"].update(size=m["features"]["size"] + 76),
+            "best_model.zip: takes observations of shape",
+        ),
     ],
 )
 def test_a_run_json_edited_by_hand_is_named_not_a_traceback(
@@ -429,3 +434,13 @@ def test_export_refuses_an_evaluation_of_no_episodes(tmp_path, capsys, episodes)
     err = capsys.readouterr().err
     assert f"--evaluate: must be >= 1, got {episodes}" in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_that_is_not_a_regular_file_is_refused_not_waited_on(tiny_run, tmp_path):
+    import os
+
+    run = _copy_run(tiny_run, tmp_path)
+    (run / "best_model.zip").unlink()
+    os.mkfifo(run / "best_model.zip")  # the loader opened it and waited for a writer
+    with pytest.raises(ExportError, match=r"best_model\.zip: not a regular file"):
+        export_run(run, tmp_path / "out", check=False)
