@@ -98,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
                     run_dir, unfinished(run_dir, _read_run_file(run_dir / "run.json"))
                 )
             _check_checkpoint(args.checkpoint)
+            # refused before the evaluation rewrites the run's eval.json, not after it
+            _export_target(Path(args.out))
+            if not (run_dir / args.checkpoint).is_file():
+                raise ExportError(f"{run_dir / args.checkpoint}: no such checkpoint file")
             rows = final_evaluation(
                 cfg, run_dir, episodes=args.evaluate, checkpoint=args.checkpoint
             )["rows"]

@@ -444,3 +444,18 @@ def test_a_checkpoint_that_is_not_a_regular_file_is_refused_not_waited_on(tiny_r
     os.mkfifo(run / "best_model.zip")  # the loader opened it and waited for a writer
     with pytest.raises(ExportError, match=r"best_model\.zip: not a regular file"):
         export_run(run, tmp_path / "out", check=False)
+
+
+def test_evaluate_leaves_the_run_alone_when_the_export_is_refused(tiny_run, tmp_path, capsys):
+    # --evaluate rewrote the run's eval.json, then --out was refused
+    from tuner.cli import main
+
+    run = _copy_run(tiny_run, tmp_path)
+    before = (run / "eval.json").read_bytes()
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine\n")
+    argv = ["export", "--model", str(run), "--out", str(taken), "--evaluate", "1"]
+    assert main(argv) == 2
+    assert "holds files other than an export" in capsys.readouterr().err
+    assert (run / "eval.json").read_bytes() == before
