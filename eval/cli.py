@@ -25,7 +25,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         if agent is None:  # an agent's catalogue may differ from ours: it judges its names
             check_scenarios(jobs)
         check_paired_with(args.paired_with, jobs)
-        check_controllers(jobs)
+        check_controllers(j.controller for j in jobs)
         out = Path(args.out or Path("runs") / "eval" / suite.name)
         check_out(out, replace=args.force)
     except (SuiteError, ValueError) as exc:
@@ -317,15 +317,15 @@ def check_out(out: Path, replace: bool = False) -> None:
         raise ValueError(f"--out {out}: cannot write the report there: {why}") from None
 
 
-def check_controllers(jobs: Sequence[Job]) -> None:
-    """Refuse before any run what every run of a controller of ``jobs`` would fail on:
+def check_controllers(controllers: Iterable[str]) -> None:
+    """Refuse before any run what every run of ``controllers`` (spec texts) would fail on:
     option names it does not take (``eq[foo=1]``: each run failed in turn), and, loading
     each policy export once as its runs will (models.catalogue.construct: models/policy.py's
     loader), an unusable one (no such path, a training run's directory, a corrupt or
     non-finite ONNX file, a bad card), in the loader's one line."""
     from models.catalogue import ControllerSpec, construct
 
-    for text in dict.fromkeys(j.controller for j in jobs):
+    for text in dict.fromkeys(controllers):
         spec = ControllerSpec.parse(text)
         takes = spec.entry.takes()
         unknown = sorted(set(spec.options) - takes) if takes is not None else []

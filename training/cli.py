@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             overrides["total_timesteps"] = args.total_timesteps
         if args.no_progress:
             overrides["progress_bar"] = False
-        if args.out:
+        if args.out is not None:  # "" is refused by the config, not taken for no --out
             overrides["output_dir"] = args.out
         workers = getattr(args, "rollout_workers", None)
         if workers is not None:

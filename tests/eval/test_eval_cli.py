@@ -211,6 +211,9 @@ def test_one_decision_a_second_keeps_the_simulators_resolution() -> None:
         (["eval", "--suite", "smoke", "--paired-with", "nope"], "--paired-with 'nope'"),
         (["eval", "--suite", "smoke", "--scenarios", "nope"], "unknown scenario 'nope'"),
         (["demo", "--scenario", "nope"], "unknown scenario 'nope'"),
+        # the demo ran every controller and ended with exit 1 and the reason in a warning
+        (["demo", "--controllers", "eq,policy[path=/dev/zero]"], "a character device"),
+        (["demo", "--controllers", "eq[foo=1]"], "unknown option(s) foo"),
         # each of these ran the whole suite, or every run to fail in turn
         (["eval", "--suite", "smoke", "--controllers", ""], "--controllers '': names no"),
         (["eval", "--suite", "smoke", "--scenarios", ""], "--scenarios '': names no"),

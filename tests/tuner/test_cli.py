@@ -12,6 +12,8 @@ import pytest
 from tests.tuner.conftest import ROOT, free_port, rdtune_here
 from tuner.cli import COMMANDS, build_parser
 
+DEFAULT_CONFIG = ROOT / "training" / "configs" / "default.yaml"
+
 
 def test_help_lists_every_subcommand() -> None:
     out = subprocess.run(
@@ -129,6 +131,11 @@ def assert_one_line(done: subprocess.CompletedProcess, *needles: str) -> None:
         (("status", "--agent", "127.0.0.1:1", "--timeout", "0.5"), ("cannot read the agent",)),
         (("agent", "--config", "/nonexistent.yaml"), ("/nonexistent.yaml",)),
         (("train", "--config", os.devnull), ("rdtune train", "a character device, not a regular")),
+        # an empty --out was taken for none: the run replaced the config's output_dir
+        (
+            ("train", "--config", str(DEFAULT_CONFIG), "--out", ""),
+            ("rdtune train", "output_dir: string should have at least 1 character"),
+        ),
     ],
     ids=lambda v: " ".join(v) if isinstance(v[0], str) and v[0][0] != "r" else None,
 )
