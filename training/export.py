@@ -427,16 +427,7 @@ def export_run(
             f"encodes {ENCODER_VERSIONS}: the policy's inputs no longer mean the same; retrain"
         )
     model = _load_checkpoint(run_dir / checkpoint, meta["algorithm"])
-    nvec = [int(n) for n in meta["actions"]["nvec"]]
-    if list(model.action_space.nvec) != nvec:
-        raise ExportError(f"{run_dir}: checkpoint action space differs from run.json")
-    size = int(meta["features"]["size"])
-    if tuple(model.observation_space.shape) != (size,):
-        # else an export whose card and ONNX disagree on the inputs (with --no-check)
-        raise ExportError(
-            f"{run_dir / checkpoint}: takes observations of shape "
-            f"{tuple(model.observation_space.shape)}, run.json's features have {size}"
-        )
+    _check_spaces(model, meta, run_dir / checkpoint)
     staging = _staging_dir(out_dir)
     try:
         card = _write_export(
@@ -465,6 +456,20 @@ def _check_checkpoint(checkpoint: str) -> None:
         raise ExportError(
             f"--checkpoint {checkpoint}: a checkpoint of the run directory, one of "
             f"{', '.join(CHECKPOINTS)} (the best evaluation's, the last)"
+        )
+
+
+def _check_spaces(model, meta: dict[str, Any], path: Path) -> None:
+    """ExportError unless the checkpoint at ``path`` acts and observes as run.json
+    (``meta``) says: else an export whose card and ONNX disagree (with --no-check)."""
+    nvec = [int(n) for n in meta["actions"]["nvec"]]
+    if list(model.action_space.nvec) != nvec:
+        raise ExportError(f"{path.parent}: checkpoint action space differs from run.json")
+    size = int(meta["features"]["size"])
+    if tuple(model.observation_space.shape) != (size,):
+        raise ExportError(
+            f"{path}: takes observations of shape {tuple(model.observation_space.shape)}, "
+            f"run.json's features have {size}"
         )
 
 
