@@ -158,19 +158,33 @@ def staged_run(out: Path):
         _clean_leftovers(out, lock.previous)
         _check_out(out)
         yield staging
-    except KeyboardInterrupt as exc:  # Terminated (SIGTERM) too: the user stopped it
+    except BaseException as exc:
+        stop = _interrupt_in(exc)  # Terminated (SIGTERM) too: the user stopped it
+        if stop is None:
+            staging.discard()
+            raise
         kept = staging.keep_interrupted()
         if kept is None:
-            raise
-        raise type(exc)(
+            raise stop from None
+        raise type(stop)(
             f"the checkpoints so far are in {kept} (rdtune export --model {kept} "
             "--allow-incomplete exports them)"
         ) from None
-    except BaseException:
-        staging.discard()
-        raise
     finally:
         lock.release(remove=True)  # no file left: nothing for the next run to clean
+
+
+def _interrupt_in(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt ``exc`` is or was raised while handling, if any. An interrupt
+    that lands in a compiled kernel surfaces as numba's SystemError ("returned a result
+    with an exception set") with the interrupt as its context: the user's stop still."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def save_checkpoint(model, path: Path) -> None:

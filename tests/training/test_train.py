@@ -219,7 +219,7 @@ def _tiny_yaml(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("how", ["unreachable_ray", "interrupted", "failed"])
+@pytest.mark.parametrize("how", ["unreachable_ray", "interrupted", "in_a_kernel", "failed"])
 def test_a_run_that_does_not_finish_leaves_the_previous_run_dir_as_it_was(tmp_path, how):
     from tuner.cli import main
 
@@ -231,18 +231,26 @@ def test_a_run_that_does_not_finish_leaves_the_previous_run_dir_as_it_was(tmp_pa
         argv = ["train", "--config", str(_tiny_yaml(tmp_path)), "--out", str(out)]
         assert main([*argv, "--ray-address", "127.0.0.1:9", "--no-progress"]) == 2
     else:
-        error = KeyboardInterrupt if how == "interrupted" else RuntimeError
+        error = RuntimeError if how == "failed" else KeyboardInterrupt
 
         def stop(*_):
-            raise error("stopped")
+            if how != "in_a_kernel":
+                raise error("stopped")
+            try:  # how numba reports an interrupt that landed in a compiled kernel
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:  # the interrupt is the SystemError's __context__
+                raise SystemError(  # noqa: B904
+                    "CPUDispatcher(<function steady>) returned a result with an exception set"
+                )
 
         with pytest.raises(error):
             train(tiny_config(out, total_timesteps=64), on_eval=stop)
     assert _snapshot(out) == before  # byte for byte
     # no staging dir, no lock; a run its user stopped keeps its checkpoints beside OUT
-    kept = ["run.interrupted"] if how == "interrupted" else []
+    stopped = how in ("interrupted", "in_a_kernel")
+    kept = ["run.interrupted"] if stopped else []
     assert sorted(p.name for p in out.parent.iterdir()) == ["run", *kept]
-    if how == "interrupted":
+    if stopped:
         assert (out.parent / "run.interrupted" / "best_model.zip").read_bytes()[:2] == b"PK"
 
 
