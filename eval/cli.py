@@ -323,17 +323,11 @@ def check_controllers(controllers: Iterable[str]) -> None:
     each policy export once as its runs will (models.catalogue.construct: models/policy.py's
     loader), an unusable one (no such path, a training run's directory, a corrupt or
     non-finite ONNX file, a bad card), in the loader's one line."""
-    from models.catalogue import ControllerSpec, construct
+    from models.catalogue import ControllerSpec, check_option_names, construct
 
     for text in dict.fromkeys(controllers):
         spec = ControllerSpec.parse(text)
-        takes = spec.entry.takes()
-        unknown = sorted(set(spec.options) - takes) if takes is not None else []
-        if unknown:
-            raise ValueError(
-                f"controller {spec.label!r}: unknown option(s) {', '.join(unknown)}; it takes "
-                f"{', '.join(sorted(takes)) or 'none'}"
-            )
+        check_option_names(spec)  # a ControllerError: a ValueError, said in one line
         if spec.name != "policy":
             continue
         try:

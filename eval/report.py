@@ -28,9 +28,11 @@ beside another's PNGs.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
+import typing
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,13 +136,17 @@ def load_results(path: str | Path) -> list[JobResult]:
 
 
 _NUMBER = (int, float)
-# The type of each key of a run in results.json (eval/runner.py's JobResult).
-_RUN_KEYS: dict[str, type | tuple[type, ...]] = {
-    "suite": str, "scenario": str, "controller": str, "controller_name": str,
-    "options": dict, "seed": int, "metrics": dict, "lc_tails_ms": dict, "lc_alone_ms": dict,
-    "timeline_t": list, "timeline_ways": dict, "build_s": _NUMBER, "run_s": _NUMBER,
-    "error": str, "feasibility": str, "feasibility_note": str,
-}  # fmt: skip
+
+
+@functools.cache
+def _run_types() -> dict[str, type | tuple[type, ...]]:
+    """The type each key of a run in results.json has: :class:`JobResult`'s fields' (their
+    container, for ``dict[...]`` and ``list[...]``; a float may be written as an int)."""
+    out: dict[str, type | tuple[type, ...]] = {}
+    for key, hint in typing.get_type_hints(JobResult).items():
+        kind = typing.get_origin(hint) or hint
+        out[key] = _NUMBER if kind is float else kind
+    return out
 
 
 def _check_run(number: int, d: dict) -> None:
@@ -150,8 +156,9 @@ def _check_run(number: int, d: dict) -> None:
     def bad(key: str, why: str) -> ValueError:
         return ValueError(f"run {number}: {key!r} {why}")
 
+    types = _run_types()
     for key, value in d.items():
-        want = _RUN_KEYS.get(key)
+        want = types.get(key)
         if want is None:
             raise bad(key, "is not a key of a run")
         if isinstance(value, bool) or not isinstance(value, want):

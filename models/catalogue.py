@@ -319,6 +319,19 @@ _SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
 
 
+def check_option_names(spec: ControllerSpec) -> None:
+    """Refuse the options ``spec`` gives that its controller takes under no name (a
+    calibrating controller's include its calibration's, :meth:`Entry.takes`), naming them
+    and the ones it takes: what the tuner and rdtune eval check before any node is there."""
+    takes = spec.entry.takes()
+    unknown = sorted(set(spec.options) - takes) if takes is not None else []
+    if unknown:
+        raise ControllerError(
+            f"controller {spec.label!r}: unknown option(s) {', '.join(unknown)}; "
+            f"it takes {', '.join(sorted(takes))}"
+        )
+
+
 def check_option_types(entry: Entry, options: Mapping[str, Any], label: str) -> None:
     """Refuse an option whose value the constructor's annotation rules out, naming it: a
     string where a number belongs otherwise fails deep inside with a Python type error."""

@@ -35,13 +35,7 @@ def check(spec: str, options: Mapping | None = None) -> None:
     exported policy's model card. The rest (what the node offers, calibration) is checked
     by :func:`build`."""
     parsed = ControllerSpec.parse(spec).with_options(options or {})
-    takes = parsed.entry.takes()
-    unknown = set(parsed.options) - takes if takes is not None else set()
-    if unknown:
-        raise ControllerError(
-            f"controller {parsed.label!r}: unknown option(s) {', '.join(sorted(unknown))}"
-            f"; it takes {', '.join(sorted(takes or ()))}"
-        )
+    catalogue.check_option_names(parsed)
     if parsed.name == "policy":
         from models.card import ModelCard
         from models.policy import DEFAULT_POLICY
