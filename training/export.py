@@ -100,8 +100,7 @@ def run(args: argparse.Namespace) -> int:
             _check_checkpoint(args.checkpoint)
             # refused before the evaluation rewrites the run's eval.json, not after it
             _export_target(Path(args.out))
-            if not (run_dir / args.checkpoint).is_file():
-                raise ExportError(f"{run_dir / args.checkpoint}: no such checkpoint file")
+            _checkpoint_file(run_dir, args.checkpoint)
             rows = final_evaluation(
                 cfg, run_dir, episodes=args.evaluate, checkpoint=args.checkpoint
             )["rows"]
@@ -407,11 +406,10 @@ def export_run(
     swapped in whole: an export that fails or is interrupted leaves ``out_dir`` as it was."""
     run_dir = Path(run_dir)
     _check_checkpoint(checkpoint)
-    for name in ("run.json", "config.yaml", checkpoint):
+    for name in ("run.json", "config.yaml"):
         if not (run_dir / name).exists():
             raise ExportError(f"{run_dir}: no {name} (is this a run directory of 'rdtune train'?)")
-    if not (run_dir / checkpoint).is_file():  # a FIFO: the loader would wait for ever
-        raise ExportError(f"{run_dir / checkpoint}: not a regular file (a checkpoint is a .zip)")
+    _checkpoint_file(run_dir, checkpoint)
     out_dir = _export_target(Path(out_dir))
     meta = _read_run_file(run_dir / "run.json")
     config = _read_run_file(run_dir / "config.yaml")
@@ -457,6 +455,19 @@ def _check_checkpoint(checkpoint: str) -> None:
             f"--checkpoint {checkpoint}: a checkpoint of the run directory, one of "
             f"{', '.join(CHECKPOINTS)} (the best evaluation's, the last)"
         )
+
+
+def _checkpoint_file(run_dir: Path, checkpoint: str) -> Path:
+    """``run_dir``'s ``checkpoint``, or ExportError where there is none or it is not a
+    regular file (a FIFO: the loader would wait for ever)."""
+    path = run_dir / checkpoint
+    if not path.exists():
+        raise ExportError(
+            f"{run_dir}: no {checkpoint} (is this a run directory of 'rdtune train'?)"
+        )
+    if not path.is_file():
+        raise ExportError(f"{path}: not a regular file (a checkpoint is a .zip)")
+    return path
 
 
 def _check_spaces(model, meta: dict[str, Any], path: Path) -> None:
