@@ -49,8 +49,8 @@ class PidLock:
             OSError: the file cannot be opened or created.
         """
         for _ in range(5):
-            # O_NOFOLLOW: a link planted at the path (a shared /tmp) would have the pid
-            # written into, and the file removed at the end, wherever it points.
+            # O_NOFOLLOW: through a link planted at the path (a shared /tmp), the pid would
+            # be written into, and at the release the file removed, wherever it points.
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
             try:
                 _check_lock_file(path, fd)
