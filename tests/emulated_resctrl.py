@@ -27,6 +27,7 @@ import pytest
 
 from agent.emulator.model import Model
 from agent.emulator.presets import PRESETS, get_preset
+from tests.signals import foreground_signals
 
 PRESET_NAMES = tuple(PRESETS)
 
@@ -140,7 +141,8 @@ def emulator_process(mountpoint, *args: str) -> Iterator[subprocess.Popen]:
     if reason:
         skip_or_fail(reason)
     cmd = [sys.executable, "-m", "tuner.cli", "emulate-resctrl", *args, str(mountpoint)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    # the tests stop it with Ctrl-C too, which libfuse's handlers must see
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, preexec_fn=foreground_signals)
     try:
         deadline = time.monotonic() + 20
         while not os.path.ismount(mountpoint):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.signals import foreground_signals
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -32,8 +34,19 @@ print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
 
 def _child(before: str = "pass") -> subprocess.CompletedProcess:
     code = _CHILD.format(before=before)
+    return _python(code)
+
+
+def _python(code: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """``python -c code`` with the repository importable, its output captured, and SIGINT
+    as a foreground command gets it (tests/signals.py)."""
     return subprocess.run(
-        [sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=30
+        [sys.executable, "-c", code],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=foreground_signals,
     )
 
 
@@ -83,9 +96,7 @@ def test_an_interrupt_a_finaliser_swallowed_is_raised_again(finaliser, sig, rais
     body = {"__del__": (stop, "None"), "weakref callback": ("pass", stop)}[finaliser]
     code = _IN_FINALISER.replace("{finaliser}", body[0], 1).replace("{finaliser}", body[1], 1)
     code = code.replace("{then}", then)
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=30
-    )
+    done = _python(code)
     assert (done.returncode, done.stdout.strip()) == (0, raised), done
     assert "Exception ignored" not in done.stderr, done.stderr
 
@@ -107,9 +118,6 @@ def test_reinstall_takes_sigterm_back_from_a_library(reinstall: bool) -> None:
 # A signal while the client's event loop waits in its selector (agent/client.py's _AioLink).
 _IN_LOOP = """
 import asyncio, signal, threading
-# Python's own SIGINT handler, which it does not install where SIGINT was ignored at start
-# (a test run started in the background)
-signal.signal(signal.SIGINT, signal.default_int_handler)
 from agent import interrupt
 from agent.client import _AioLink
 link = _AioLink("127.0.0.1:1", None, [])  # no call made: nothing connects
@@ -141,9 +149,7 @@ def test_an_interrupt_during_an_event_loops_wait_cancels_its_task_in_order(sig, 
     # Raised in the selector's wait, the interrupt left the task pending: asyncio printed
     # "Task was destroyed but it is pending" at exit (`rdtune trace record`, now and then).
     code = _IN_LOOP.format(sig=int(sig), handler="")
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=90
-    )
+    done = _python(code, timeout=90)
     assert done.stdout.split("\n")[:2] == [f"{raised} ['finally'] 0", "closed"], done
     assert done.returncode == 0 and done.stderr == "", done.stderr
 
@@ -152,9 +158,7 @@ def test_a_commands_own_handler_is_left_alone_around_an_event_loop() -> None:
     # The tuner's and the agent's graceful stop: the handler runs, nothing is cancelled.
     own = "signal.signal(signal.SIGINT, lambda s, f: print('own handler'))"
     code = _IN_LOOP.format(sig=int(signal.SIGINT), handler=own).replace("sleep(20)", "sleep(0.6)")
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=30
-    )
+    done = _python(code)
     # its run ends as it would have: not cancelled, no interrupt raised
     assert done.stdout.split("\n")[:3] == ["own handler", "no interrupt ['finally']", "closed"]
 
@@ -163,7 +167,13 @@ def _stop_when(cmd: list[str], ready: str, sig: signal.Signals) -> tuple[int, st
     """Run ``cmd``, send ``sig`` once its output (stdout and stderr, read as it comes, a
     line's start too) holds ``ready``; its status and output."""
     proc = subprocess.Popen(
-        cmd, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=foreground_signals,
     )
     out: list[str] = []
     seen = threading.Event()
