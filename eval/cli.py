@@ -25,7 +25,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     from eval.bench.harness import machine
     from eval.report import write_report
     from eval.suites import SuiteError, get_suite, load_suites, parse_controllers
+    from models.catalogue import check_specs
 
     console = Console(width=max(120, Console().width))
     if args.rerender:
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         if agent is None:  # an agent's catalogue may differ from ours: it judges its names
             check_scenarios(jobs)
         check_paired_with(args.paired_with, jobs)
-        check_controllers(j.controller for j in jobs)
+        check_specs(j.controller for j in jobs)
         out = Path(args.out or Path("runs") / "eval" / suite.name)
         check_out(out, replace=args.force)
     except (SuiteError, ValueError) as exc:
@@ -315,25 +316,6 @@ def check_out(out: Path, replace: bool = False) -> None:
     except OSError as exc:
         why = exc.strerror or str(exc)
         raise ValueError(f"--out {out}: cannot write the report there: {why}") from None
-
-
-def check_controllers(controllers: Iterable[str]) -> None:
-    """Refuse before any run what every run of ``controllers`` (spec texts) would fail on:
-    option names it does not take (``eq[foo=1]``: each run failed in turn), and, loading
-    each policy export once as its runs will (models.catalogue.construct: models/policy.py's
-    loader), an unusable one (no such path, a training run's directory, a corrupt or
-    non-finite ONNX file, a bad card), in the loader's one line."""
-    from models.catalogue import ControllerSpec, check_option_names, construct
-
-    for text in dict.fromkeys(controllers):
-        spec = ControllerSpec.parse(text)
-        check_option_names(spec)  # a ControllerError: a ValueError, said in one line
-        if spec.name != "policy":
-            continue
-        try:
-            construct(spec)  # its errors name the controller
-        except ValueError as exc:  # ControllerError and PolicyError among them
-            raise ValueError(" ".join(str(exc).split())) from None
 
 
 def check_scenarios(jobs: Sequence[Job]) -> None:

@@ -65,10 +65,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from eval.bench.harness import machine
-    from eval.cli import check_controllers, check_out, check_scenario
+    from eval.cli import check_out, check_scenario
     from eval.report import write_report
     from eval.runner import Job, run_job
     from eval.suites import EVAL_DIR, parse_controllers
+    from models.catalogue import check_specs
     from models.policy import policy_available
 
     # the bundled policy decides once a second, the cadence it was trained at
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:  # once here, rather than once per controller with a report of failures
         check_scenario(scenario)
-        check_controllers(s.text for s in specs)  # a policy export loaded once, up front
+        check_specs(s.text for s in specs)  # a policy export loaded once, up front
         # before the runs, not when the report is written; the demo's own report is
         # replaced run after run (the README's one command)
         check_out(Path(args.out), replace=True)

@@ -24,7 +24,7 @@ import importlib
 import inspect
 import math
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -330,6 +330,24 @@ def check_option_names(spec: ControllerSpec) -> None:
             f"controller {spec.label!r}: unknown option(s) {', '.join(unknown)}; "
             f"it takes {', '.join(sorted(takes))}"
         )
+
+
+def check_specs(texts: Iterable[str]) -> None:
+    """Refuse before any run what every run of the controllers ``texts`` name would fail
+    on: option names a controller does not take (``eq[foo=1]``), and, loading each policy
+    export once as its runs will (:func:`construct`: models/policy.py's loader), an
+    unusable one (no such path, a training run's directory, a corrupt or non-finite ONNX
+    file, a bad card), in the loader's one line. rdtune eval, the demo and a training
+    config's evaluation controllers check with it."""
+    for text in dict.fromkeys(texts):
+        spec = ControllerSpec.parse(text)
+        check_option_names(spec)  # a ControllerError: a ValueError, said in one line
+        if spec.name != "policy":
+            continue
+        try:
+            construct(spec)  # its errors name the controller
+        except ValueError as exc:  # ControllerError and PolicyError among them
+            raise ControllerError(" ".join(str(exc).split())) from None
 
 
 def check_option_types(entry: Entry, options: Mapping[str, Any], label: str) -> None:

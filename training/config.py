@@ -35,7 +35,7 @@ refused rather than read as "all defaults"::
       seed: 1000
       final_kwargs: {split: test}   # merged over eval.kwargs: the final table's family
       final_episodes: 32
-      controllers: [eq, static, copart, ubik]   # specs; an unknown or malformed one is refused
+      controllers: [eq, static, copart, ubik]   # specs; unknown, malformed or unloadable: refused
     policy:
       extractor: {hidden: 64, slot_hidden: 32, pool: [mean, max]}   # or null: flat MLP
       net_arch: {pi: [64, 64], vf: [64, 64]}
@@ -137,12 +137,13 @@ class EvalConfig(Strict):
     @field_validator("controllers")
     @classmethod
     def _known(cls, controllers: list[str]) -> list[str]:
-        # refused now, not when the evaluation after training meets it; a controller this
-        # env's node cannot run is still only told then (it depends on the node)
-        from models.catalogue import ControllerSpec
+        # refused now, not when the evaluation after training meets it: a malformed spec,
+        # an option the controller does not take, a policy export that cannot be loaded. A
+        # controller this env's node cannot run is still only told then (it depends on
+        # the node).
+        from models.catalogue import check_specs
 
-        for text in controllers:
-            ControllerSpec.parse(text)  # its ValueError names the spec
+        check_specs(controllers)  # its ValueError names the spec
         return controllers
 
 

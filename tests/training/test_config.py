@@ -116,6 +116,15 @@ def test_overrides_apply_and_revalidate():
             "eval.controllers: bad value for option 'seed' in 'eq[seed={]'",
         ),
         ({"eval": {"controllers": ["eq["]}}, "eval.controllers: bad controller spec 'eq['"),
+        # refused at load, not by the table after training ("not available")
+        (
+            {"eval": {"controllers": ["eq[foo=1]"]}},
+            "eval.controllers: controller 'eq.foo=1.': unknown option.s. foo",
+        ),
+        (
+            {"eval": {"controllers": ["policy:/nonexistent/export"]}},
+            "eval.controllers: .*policy /nonexistent/export: no such file or directory",
+        ),
         ({"eval": {"select": "best"}}, "eval.select"),
         ({"policy": {"activation": "gelu"}}, "policy.activation"),
         ({"policy": {"extractor": {"pool": ["sum"]}}}, "policy.extractor.pool"),
