@@ -333,21 +333,26 @@ def check_option_names(spec: ControllerSpec) -> None:
 
 
 def check_specs(texts: Iterable[str]) -> None:
-    """Refuse before any run what every run of the controllers ``texts`` name would fail
-    on: option names a controller does not take (``eq[foo=1]``), and, loading each policy
-    export once as its runs will (:func:`construct`: models/policy.py's loader), an
-    unusable one (no such path, a training run's directory, a corrupt or non-finite ONNX
-    file, a bad card), in the loader's one line. rdtune eval, the demo and a training
-    config's evaluation controllers check with it."""
+    """:func:`check_spec` for each of the controller specs ``texts`` (each text once)."""
     for text in dict.fromkeys(texts):
-        spec = ControllerSpec.parse(text)
-        check_option_names(spec)  # a ControllerError: a ValueError, said in one line
-        if spec.name != "policy":
-            continue
-        try:
-            construct(spec)  # its errors name the controller
-        except ValueError as exc:  # ControllerError and PolicyError among them
-            raise ControllerError(" ".join(str(exc).split())) from None
+        check_spec(text)
+
+
+def check_spec(spec: ControllerSpec | str) -> None:
+    """Refuse before any run what every run of the controller ``spec`` names would fail
+    on: option names it does not take (``eq[foo=1]``), and, loading a policy export as its
+    runs will (:func:`construct`: models/policy.py's loader), an unusable one (no such
+    path, a training run's directory, a corrupt or non-finite ONNX file, a bad card, a
+    card whose inputs are not its graph's), in the loader's one line. rdtune eval, the
+    demo, the tuner and a training config's evaluation controllers check with it."""
+    spec = _spec(spec)
+    check_option_names(spec)  # a ControllerError: a ValueError, said in one line
+    if spec.name != "policy":
+        return
+    try:
+        construct(spec)  # its errors name the controller
+    except ValueError as exc:  # ControllerError and PolicyError among them
+        raise ControllerError(" ".join(str(exc).split())) from None
 
 
 def check_option_types(entry: Entry, options: Mapping[str, Any], label: str) -> None:

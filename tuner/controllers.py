@@ -32,16 +32,10 @@ def check(spec: str, options: Mapping | None = None) -> None:
     """Refuse what can be refused of ``spec`` (with ``options``) without the node, before
     the tuner waits for its agent: the spec's syntax, the name, option names (a calibrating
     controller's include its calibration's, :meth:`~models.catalogue.Entry.takes`), and an
-    exported policy's model card. The rest (what the node offers, calibration) is checked
-    by :func:`build`."""
-    parsed = ControllerSpec.parse(spec).with_options(options or {})
-    catalogue.check_option_names(parsed)
-    if parsed.name == "policy":
-        from models.card import ModelCard
-        from models.policy import DEFAULT_POLICY
-
-        # PolicyError: unreadable, malformed, or not a policy this code can serve
-        ModelCard.read(parsed.options.get("path") or DEFAULT_POLICY).servable()
+    exported policy, loaded as it will be (its card, its ONNX graph and the inputs the card
+    records for it). The rest (what the node offers, calibration) is checked by
+    :func:`build`."""
+    catalogue.check_spec(ControllerSpec.parse(spec).with_options(options or {}))
 
 
 def build(

@@ -209,13 +209,21 @@ def test_a_bad_controller_spec_is_one_line_and_status_2(
         ("eq[foo=1]", "controller 'eq[foo=1]': unknown option(s) foo"),
         ("static[measure=1]", "controller 'static[measure=1]': unknown option(s) measure"),
         ("policy:{card}", "model_card.json is not valid JSON"),
+        # a card edited apart from its graph: the loader's check, not only the card's
+        ("policy:{edited}", "the card records input 'obs' as ['batch', 100], policy.onnx"),
     ],
 )
 def test_a_bad_controller_is_refused_before_waiting_for_the_agent(
     controller, needle, tmp_path
 ) -> None:
+    from models.policy import DEFAULT_POLICY
+    from tests.models.exports import copy_export
+
     (tmp_path / "model_card.json").write_text("{not json")
-    controller = controller.format(card=tmp_path)
+    edited = tmp_path / "edited"
+    if "{edited}" in controller:
+        copy_export(DEFAULT_POLICY, edited, **{"runtime.onnx.inputs.obs": ["batch", 100]})
+    controller = controller.format(card=tmp_path, edited=edited)
     argv = ["tune", "--agent", f"127.0.0.1:{free_port()}", "--controller", controller]
     # a process with a timeout: nobody listens there, and a tuner waits for its agent
     done = subprocess.run(
