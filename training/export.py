@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             _check_checkpoint(args.checkpoint)
             # refused before the evaluation rewrites the run's eval.json, not after it
             _export_target(Path(args.out))
-            _checkpoint_file(run_dir, args.checkpoint)
+            _check_loadable(run_dir, args.checkpoint, cfg)
             rows = final_evaluation(
                 cfg, run_dir, episodes=args.evaluate, checkpoint=args.checkpoint
             )["rows"]
@@ -468,6 +468,14 @@ def _checkpoint_file(run_dir: Path, checkpoint: str) -> Path:
     if not path.is_file():
         raise ExportError(f"{path}: not a regular file (a checkpoint is a .zip)")
     return path
+
+
+def _check_loadable(run_dir: Path, checkpoint: str, cfg) -> None:
+    """ExportError (one line naming the file) unless ``checkpoint`` and the normalisation
+    it was trained with load, as the export will load them: what the evaluation would
+    otherwise meet as SB3's, zipfile's or pickle's traceback."""
+    _load_checkpoint(_checkpoint_file(run_dir, checkpoint), cfg.algorithm)
+    _normalisation(run_dir, checkpoint, cfg.normalize_obs)
 
 
 def _check_spaces(model, meta: dict[str, Any], path: Path) -> None:

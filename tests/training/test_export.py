@@ -355,9 +355,11 @@ def test_a_truncated_checkpoint_is_named_not_a_traceback(tiny_run, tmp_path, cap
     path.write_bytes(data[:cut])
     with pytest.raises(ExportError, match=f"{path}: cannot load the checkpoint"):
         export_run(run, tmp_path / "out", check=False)
-    assert main(["export", "--model", str(run), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"rdtune export: {path}: cannot load") and err.count("\n") == 1, err
+    for extra in ([], ["--evaluate", "1"]):  # the evaluation loads it first: checked before
+        argv = ["export", "--model", str(run), "--out", str(tmp_path / "out"), *extra]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"rdtune export: {path}: cannot load") and err.count("\n") == 1, err
 
 
 def _old_export(out):
