@@ -39,7 +39,7 @@ from typing import Any
 from agent.argtypes import positive_int
 from agent.atomic import replace_directory
 from models.card import ModelCard, TrainedOn, standard_sections
-from training.rundir import CHECKPOINTS, NORMALISATION_OF
+from training.rundir import CHECKPOINTS, NORMALISATION_OF, load_normalisation
 
 log = logging.getLogger(__name__)
 
@@ -366,16 +366,15 @@ def _normalisation(run_dir: Path, checkpoint: str, normalized: bool) -> dict | N
     if not normalized:
         return None
     path = run_dir / NORMALISATION_OF[checkpoint]
-    if not path.exists():
+    try:
+        stats = load_normalisation(run_dir, checkpoint)  # a VecNormalize; our trainer's
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, OSError) as exc:
+        raise ExportError(f"{path}: cannot load the normalisation statistics ({exc})") from None
+    if stats is None:
         raise ExportError(
             f"{run_dir}: no {path.name}, the normalisation {checkpoint} was trained with; "
             "export best_model.zip, or retrain"
         )
-    try:
-        with path.open("rb") as f:
-            stats = pickle.load(f)  # a VecNormalize object; written by our own trainer
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, OSError) as exc:
-        raise ExportError(f"{path}: cannot load the normalisation statistics ({exc})") from None
     rms = stats.obs_rms
     return {
         "kind": "vecnormalize",

@@ -19,11 +19,13 @@ Used by training/train.py (docs/TRAINING.md, where the run directory is describe
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import pickle
 import shutil
+import zipfile
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 # with (with ``normalize_obs``): the best evaluation's, and the last one.
 NORMALISATION_OF = {"best_model.zip": "vecnormalize.pkl", "model.zip": "vecnormalize_final.pkl"}
 CHECKPOINTS = tuple(NORMALISATION_OF)
+# The statistics' own copy inside a checkpoint's zip, written in the same atomic write.
+STATS_ENTRY = "rdtune_vecnormalize.pkl"
 
 
 class RunDirError(ValueError):
@@ -187,11 +191,47 @@ def _interrupt_in(exc: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
-def save_checkpoint(model, path: Path) -> None:
-    """``model.save(path)``, atomically (:func:`agent.atomic.write_atomic`)."""
-    write_atomic(path, model.save)
+def save_checkpoint(model, path: Path, venv=None) -> None:
+    """``model.save(path)``, atomically (:func:`agent.atomic.write_atomic`). With ``venv``
+    (a VecNormalize), its statistics go into the checkpoint's own zip
+    (:data:`STATS_ENTRY`, which SB3's loader passes over) in the same write, then beside it
+    (:data:`NORMALISATION_OF`, for tools that read the pickle alone): a stop between the two
+    files' writes cannot pair a checkpoint with another checkpoint's statistics, since
+    :func:`load_normalisation` reads the zip's."""
+
+    def write(f) -> None:
+        if venv is None:
+            model.save(f)
+            return
+        buffer = io.BytesIO()
+        model.save(buffer)
+        with zipfile.ZipFile(buffer, "a") as archive:
+            archive.writestr(STATS_ENTRY, pickle.dumps(venv))
+        f.write(buffer.getvalue())
+
+    write_atomic(path, write)
+    if venv is not None:
+        save_vecnormalize(venv, path.with_name(NORMALISATION_OF[path.name]))
 
 
 def save_vecnormalize(venv, path: Path) -> None:
     """``venv``'s VecNormalize statistics to ``path`` (a pickle, as ``venv.save``), atomically."""
     write_atomic(path, lambda f: pickle.dump(venv, f))
+
+
+def load_normalisation(run_dir: Path, checkpoint: str):
+    """The VecNormalize statistics ``checkpoint`` was trained with: those inside its zip
+    (:func:`save_checkpoint`), else, for a run from before they were kept there, the
+    pickle beside it; None when the run kept none. Unpickled (the run's own files): the
+    caller says what a corrupt one means."""
+    try:
+        with zipfile.ZipFile(run_dir / checkpoint) as archive:
+            if STATS_ENTRY in archive.namelist():
+                return pickle.loads(archive.read(STATS_ENTRY))
+    except (zipfile.BadZipFile, OSError):
+        pass  # a checkpoint that is no zip: loading the model says so
+    path = run_dir / NORMALISATION_OF[checkpoint]
+    if not path.exists():
+        return None
+    with path.open("rb") as f:
+        return pickle.load(f)

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.rundir import NORMALISATION_OF, save_checkpoint, save_vecnormalize, staged_run
+from training.rundir import load_normalisation, save_checkpoint, staged_run
 
 log = logging.getLogger(__name__)
 
@@ -321,9 +321,8 @@ def make_eval_callback(cfg, venv, run_dir: Path, heuristics: list, on_eval: Call
             improved = cfg.eval.select == "last" or row.mean_return > self.best
             if improved:
                 self.best, self.best_step = row.mean_return, self.num_timesteps
-                save_checkpoint(self.model, run_dir / "best_model.zip")
-                if cfg.normalize_obs:
-                    save_vecnormalize(venv, run_dir / NORMALISATION_OF["best_model.zip"])
+                stats = venv if cfg.normalize_obs else None
+                save_checkpoint(self.model, run_dir / "best_model.zip", stats)
             with self.history.open("a") as f:
                 f.write(
                     json.dumps({"timesteps": self.num_timesteps, "best": improved, **row.as_dict()})
@@ -530,10 +529,8 @@ def train(
                     speed.total.steps,
                     speed.total.env_steps_per_s,
                 )
-            save_checkpoint(model, run_dir / "model.zip")
+            save_checkpoint(model, run_dir / "model.zip", venv if cfg.normalize_obs else None)
             plot_learning_curves([run_dir], run_dir / "learning_curves.png", labels=[out.name])
-            if cfg.normalize_obs:
-                save_vecnormalize(venv, run_dir / NORMALISATION_OF["model.zip"])
 
             # 6. Final table: the best checkpoint against the heuristics on fresh held-out
             # episodes.
@@ -626,10 +623,7 @@ def final_evaluation(
     best = load_model(run_dir / checkpoint, cfg.algorithm)
     norm = None
     if cfg.normalize_obs:
-        import pickle
-
-        with (run_dir / NORMALISATION_OF[checkpoint]).open("rb") as f:
-            stats = pickle.load(f)  # written by this trainer
+        stats = load_normalisation(run_dir, checkpoint)  # written by this trainer
         stats.training = False
         norm = stats.normalize_obs
     seed = cfg.eval.seed + FINAL_SEED_OFFSET

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import pickle
+import zipfile
 from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -159,24 +162,26 @@ def test_observation_normalisation_travels_in_the_card(tmp_path, checkpoint):
     """VecNormalize statistics go into the card, those the exported checkpoint was trained
     with (before, the best checkpoint's went with the last one too); the runtime applies
     them, so it acts on raw observations exactly as the trained policy on normalised ones."""
-    import pickle
-
     import gymnasium as gym
 
     import envs  # noqa: F401
     from models.policy import PolicyController
     from tests.training.tiny_runs import tiny_config
-    from training.rundir import NORMALISATION_OF
+    from training.rundir import NORMALISATION_OF, load_normalisation
     from training.train import train
 
     run = train(tiny_config(tmp_path / "run", normalize_obs=True, total_timesteps=64))
-    stats_file = run.run_dir / NORMALISATION_OF[checkpoint]
-    with stats_file.open("rb") as f:
-        stats = pickle.load(f)
+    stats = load_normalisation(run.run_dir, checkpoint)
+    stats.venv, stats.class_attributes, stats.returns = None, {}, None  # as pickled by SB3
+    stale = pickle.loads(pickle.dumps(stats))
+    stale.venv, stale.class_attributes, stale.returns = None, {}, None
     # statistics of this checkpoint's own, told apart from the other's whatever the run did
     stats.obs_rms.mean = stats.obs_rms.mean + (0.25 if checkpoint == "model.zip" else 0.0)
-    stats.venv, stats.class_attributes, stats.returns = None, {}, None  # as pickled by SB3
-    stats_file.write_bytes(pickle.dumps(stats))
+    _put_stats(run.run_dir / checkpoint, stats)
+    # and beside it another checkpoint's, as a stop between the two files' writes left them
+    # before the statistics went into the checkpoint: the checkpoint's own are used
+    stale.obs_rms.mean = stale.obs_rms.mean - 1.0
+    (run.run_dir / NORMALISATION_OF[checkpoint]).write_bytes(pickle.dumps(stale))
     card = export_run(run.run_dir, tmp_path / "out", checkpoint=checkpoint, parity_observations=32)
     norm = card.normalization
     assert norm is not None and len(norm["mean"]) == FeatureEncoder(8).size
@@ -195,6 +200,38 @@ def test_observation_normalisation_travels_in_the_card(tmp_path, checkpoint):
         if truncated:
             obs, _ = env.reset()
     env.close()
+
+
+def _put_stats(checkpoint: Path, stats) -> None:
+    """``checkpoint``'s zip with ``stats`` as the statistics it carries."""
+    from training.rundir import STATS_ENTRY
+
+    with zipfile.ZipFile(checkpoint) as archive:
+        entries = {n: archive.read(n) for n in archive.namelist() if n != STATS_ENTRY}
+    with zipfile.ZipFile(checkpoint, "w") as archive:
+        for name, data in {**entries, STATS_ENTRY: pickle.dumps(stats)}.items():
+            archive.writestr(name, data)
+
+
+def test_a_run_from_before_the_checkpoint_carried_its_statistics_uses_the_pickle(tmp_path):
+    """A checkpoint without the statistics entry (an older run): the pickle beside it."""
+    from stable_baselines3.common.running_mean_std import RunningMeanStd
+
+    from training.rundir import NORMALISATION_OF, load_normalisation, save_checkpoint
+
+    class Model:
+        def save(self, f) -> None:
+            with zipfile.ZipFile(f, "w") as archive:
+                archive.writestr("data", "{}")
+
+    save_checkpoint(Model(), tmp_path / "model.zip")
+    assert load_normalisation(tmp_path, "model.zip") is None
+    stats = RunningMeanStd(shape=(3,))
+    (tmp_path / NORMALISATION_OF["model.zip"]).write_bytes(pickle.dumps(stats))
+    assert load_normalisation(tmp_path, "model.zip").mean.shape == (3,)
+    save_checkpoint(Model(), tmp_path / "model.zip", RunningMeanStd(shape=(5,)))
+    assert load_normalisation(tmp_path, "model.zip").mean.shape == (5,)  # the zip's, and
+    assert pickle.loads((tmp_path / NORMALISATION_OF["model.zip"]).read_bytes()).mean.shape == (5,)
 
 
 class _Logits:
