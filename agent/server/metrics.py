@@ -158,6 +158,7 @@ class _GroupState:
         self._snapshot: Snapshot | None = None
         self._slo: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # met, judged
         self._slo_target: dict[str, float] = {}
+        self._requests: dict[str, int] = defaultdict(int)  # completed, over every interval
 
     def set_allocation(self, allocation: Allocation) -> None:
         with self._lock:
@@ -170,7 +171,11 @@ class _GroupState:
                 if name not in specs:
                     del self._slo[name]
                     self._slo_target.pop(name, None)
+            for name in [n for n in self._requests if n not in specs]:
+                del self._requests[name]
             for name, sample in snapshot.groups.items():
+                if sample.latency is not None:
+                    self._requests[name] += sample.latency.count
                 spec = specs.get(name)
                 if spec is None or spec.kind is not GroupKind.LC or spec.slo is None:
                     continue
@@ -193,12 +198,14 @@ class _GroupState:
                 self._snapshot = dataclasses.replace(snapshot, groups=groups)
             self._slo.pop(group, None)
             self._slo_target.pop(group, None)
+            self._requests.pop(group, None)
 
     def forget_all(self) -> None:
         with self._lock:
             self._allocation = self._snapshot = None
             self._slo.clear()
             self._slo_target.clear()
+            self._requests.clear()
 
     def describe(self):
         return []  # collected lazily; nothing to check at registration
@@ -208,6 +215,7 @@ class _GroupState:
             allocation, snapshot = self._allocation, self._snapshot
             slo = {k: tuple(v) for k, v in self._slo.items()}
             targets = dict(self._slo_target)
+            completed = dict(self._requests)
         ways = GaugeMetricFamily(
             "rdtune_agent_group_l3_ways",
             "LLC ways in the group's capacity bitmask, per cache domain.",
@@ -255,11 +263,15 @@ class _GroupState:
             "Request latency percentiles of an LC group over the last interval.",
             labels=("group", "percentile"),
         )
-        requests = GaugeMetricFamily(
+        # a counter, not the last interval's count: rate() gives requests/s whatever the
+        # observation interval, and no interval goes uncounted between two scrapes
+        requests = CounterMetricFamily(
             "rdtune_agent_group_requests",
-            "Requests an LC group completed in the last interval.",
+            "Requests an LC group completed, over the intervals observed.",
             labels=("group",),
         )
+        for group, count in completed.items():
+            requests.add_metric((group,), count)
         if snapshot is not None:
             for group, s in snapshot.groups.items():
                 if s.llc_occupancy_bytes is not None:
@@ -270,7 +282,6 @@ class _GroupState:
                 if s.ipc is not None:
                     ipc.add_metric((group,), s.ipc)
                 if s.latency is not None:
-                    requests.add_metric((group,), s.latency.count)
                     for p in s.latency.PERCENTILES:
                         value = s.latency.percentile(p)
                         if not math.isnan(value):

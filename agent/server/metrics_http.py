@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry, disable_created_metrics, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 
 from agent.server.security import ConfigError, check_exposure, parse_listen, read_token
@@ -32,15 +32,35 @@ class _Handler(_SilentHandler):
 METRICS_PATH = "/metrics"
 
 
+ALLOWED = ("GET", "HEAD", "OPTIONS")  # the methods the endpoint answers
+
+
 def _metrics_path_only(app):
     """``app`` at /metrics (what Prometheus scrapes) and nowhere else: 404 on every other
-    path, where prometheus_client would serve the metrics too."""
+    path, where prometheus_client would serve the metrics too. HEAD is answered as GET
+    without the body (HTTP requires it wherever GET is; prometheus_client refuses it); any
+    other method but OPTIONS gets a 405 naming the methods allowed."""
+    allow = ("Allow", ", ".join(ALLOWED))
 
     def at_metrics(environ, start_response):
-        if environ.get("PATH_INFO", "") in (METRICS_PATH, METRICS_PATH + "/"):
-            return app(environ, start_response)
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [f"the metrics are at {METRICS_PATH}\n".encode()]
+        if environ.get("PATH_INFO", "") not in (METRICS_PATH, METRICS_PATH + "/"):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [f"the metrics are at {METRICS_PATH}\n".encode()]
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method not in ALLOWED:
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), allow])
+            return [f"{method}: the metrics endpoint answers {', '.join(ALLOWED)}\n".encode()]
+        if method == "OPTIONS":
+            start_response("200 OK", [allow, ("Content-Length", "0")])
+            return []
+        answer: list = []
+        body = b"".join(
+            app({**environ, "REQUEST_METHOD": "GET"},
+                lambda status, headers, exc_info=None: answer.extend((status, headers)))
+        )  # fmt: skip
+        status, headers = answer
+        start_response(status, [*headers, ("Content-Length", str(len(body)))])
+        return [] if method == "HEAD" else [body]
 
     return at_metrics
 
@@ -92,6 +112,10 @@ def serve_metrics(
         client_ca: with ``tls``, require client certificates signed by this CA.
         token: require ``Authorization: Bearer <token>`` on every request.
     """
+    # Without the ``_created`` series: in the text format Prometheus scrapes, each is one
+    # more gauge per counter and histogram series, holding a start time no query needs
+    # (a setting of the process's prometheus_client, which serves this endpoint only).
+    disable_created_metrics()
     app = _metrics_path_only(make_wsgi_app(registry))
     if token:
         app = _bearer_only(app, token)

@@ -84,6 +84,12 @@ def test_labels_and_process_metrics() -> None:
     assert results == {SLO_MET, SLO_VIOLATED}  # the tuner's vocabulary (tuner/metrics.py)
     latency = families["rdtune_agent_group_latency_seconds"].samples
     assert {s.labels["percentile"] for s in latency} == {"50", "95", "99", "99.9"}
+    # a counter over both intervals (3 requests each), not the last interval's count
+    requests = families["rdtune_agent_group_requests"]
+    assert requests.type == "counter"
+    assert [(s.name, s.value) for s in requests.samples] == [
+        ("rdtune_agent_group_requests_total", 6.0)
+    ]
     for process in ("process_cpu_seconds", "process_resident_memory_bytes", "python_info"):
         assert process in families, process
 

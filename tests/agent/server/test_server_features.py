@@ -163,7 +163,7 @@ def test_metrics_endpoint_exposes_the_named_metrics() -> None:
         'rdtune_agent_group_memory_bandwidth_bytes_per_second{group="web"} 1e+08',
         'rdtune_agent_group_instructions_per_cycle{group="web"} 0.5',
         'rdtune_agent_group_latency_seconds{group="web",percentile="50"} 0.003',
-        'rdtune_agent_group_requests{group="web"} 5.0',
+        'rdtune_agent_group_requests_total{group="web"} 5.0',
         'rdtune_agent_group_slo_attainment_ratio{group="web"} 0.0',  # p99 ~9.8 ms > 5 ms
         'rdtune_agent_group_slo_intervals_total{group="web",result="violated"} 1.0',
         'rdtune_agent_latency_reports_total{group="web"} 1.0',

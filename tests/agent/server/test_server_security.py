@@ -463,6 +463,37 @@ def test_an_exposed_metrics_endpoint_asks_for_client_certificates_under_mtls(
             _scrape(server.metrics_port, ca=certs["ca.pem"], token="m3trics-token")
 
 
+def _ask(port: int, method: str) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of ``method /metrics`` over plain HTTP."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request(method, "/metrics")
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+def test_the_metrics_endpoint_answers_head_and_names_what_it_allows() -> None:
+    with serve(RefNode(), metrics_listen="127.0.0.1:0") as server:
+        with remote(server) as client:
+            client.groups()  # a series of rdtune_agent_rpcs_total, and of the duration's
+        status, headers, body = _ask(server.metrics_port, "GET")
+        assert status == 200 and int(headers["Content-Length"]) == len(body) > 0
+        assert b"rdtune_agent_rpcs_total{" in body
+        assert b"_created" not in body  # no start-time gauge beside each counter's series
+        status, head, nothing = _ask(server.metrics_port, "HEAD")  # HTTP: wherever GET is
+        assert (status, nothing) == (200, b"") and int(head["Content-Length"]) > 0
+        assert head["Content-Type"] == headers["Content-Type"]
+        assert _ask(server.metrics_port, "OPTIONS")[1]["Allow"] == "GET, HEAD, OPTIONS"
+        for method in ("POST", "PUT", "DELETE"):
+            status, headers, body = _ask(server.metrics_port, method)
+            assert status == 405 and headers["Allow"] == "GET, HEAD, OPTIONS", method
+            assert b"rdtune_agent" not in body and method.encode() in body
+
+
 def test_a_loopback_metrics_endpoint_is_plain_http_unless_configured(certs, metrics_token) -> None:
     with serve(RefNode(), metrics_listen="127.0.0.1:0", token=TOKEN) as server:
         status, body = _scrape(server.metrics_port, ca=None)
