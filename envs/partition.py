@@ -203,9 +203,10 @@ class _PartitionEnv(gym.Env):
     # ------------------------------------------------------------------ gym API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        if seed is None and self._init_seed is not None:
-            seed, self._init_seed = self._init_seed, None
-        super().reset(seed=seed)
+        # The constructor's seed is the first reset's, seeded or not: a later reset()
+        # continues the stream the first one started, whichever seed started it.
+        init_seed, self._init_seed = self._init_seed, None
+        super().reset(seed=init_seed if seed is None else seed)
         options = dict(options or {})
         baseline = options.pop("baseline", self.baseline)
         if baseline not in BASELINES:

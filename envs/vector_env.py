@@ -181,12 +181,13 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ):
-        if seed is None and self._init_seed is not None:
-            seed, self._init_seed = self._init_seed, None
+        # The constructor's seed is the first reset's, seeded or not (as the single env's).
+        init_seed, self._init_seed = self._init_seed, None
+        seed = init_seed if seed is None else seed
         if seed is None:
             seeds: list[int | None] = [None] * self.num_envs
-        elif isinstance(seed, int):
-            seeds = [seed + i for i in range(self.num_envs)]
+        elif isinstance(seed, (int, np.integer)):
+            seeds = [int(seed) + i for i in range(self.num_envs)]
         else:
             seeds = list(seed)
             if len(seeds) != self.num_envs:

@@ -94,6 +94,8 @@ class EnvConfig(Strict):
     def _no_weights(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
         if "reward_weights" in kwargs:
             raise ValueError("put reward weights in env.reward_weights")
+        if "seed" in kwargs:  # one seed for every copy would make the copies alike
+            raise ValueError("the run's seed seeds the envs (copy i: seed + i); remove seed")
         return kwargs
 
     @field_validator("reward_weights")

@@ -71,6 +71,18 @@ def test_seed_kwarg_seeds_the_first_reset(make_env) -> None:
     assert ia["scenario"] == ib["scenario"] and np.array_equal(oa, ob)
 
 
+def test_a_seeded_first_reset_uses_up_the_seed_kwarg(make_env) -> None:
+    """reset(seed=7), then reset(): the stream seed 7 started goes on. Before, the second
+    reset took the constructor's seed, so the copies of a vector env seeded s + i at their
+    first reset all restarted on the constructor's scenario at their first autoreset."""
+    a, b = make_env(seed=5), make_env()
+    scenarios = []
+    for env in (a, b):
+        env.reset(seed=7)
+        scenarios.append([env.reset()[1]["scenario"] for _ in range(3)])
+    assert scenarios[0] == scenarios[1]
+
+
 def test_episode_truncates_after_episode_steps(make_env) -> None:
     env = make_env(episode_steps=3)
     env.reset(seed=0)

@@ -151,8 +151,20 @@ def test_seeding_reproduces_and_separates_trajectories() -> None:
 
     same = run(4)
     np.testing.assert_array_equal(same, run(4))
+    np.testing.assert_array_equal(same, run(np.int64(4)))  # a numpy integer seeds alike
     np.testing.assert_array_equal(same[:, 1], run([5, 5, 6])[:, 0])  # env i is seed + i
     assert not np.array_equal(same, run(5))
+
+
+def test_a_seeded_first_reset_uses_up_the_seed_kwarg() -> None:
+    """As the single env: the constructor's seed is the first reset's, seeded or not."""
+    names = []
+    for kwargs in ({"seed": 5}, {}):
+        env = PartitionVectorEnv(2, **FAST, **kwargs)
+        env.reset(seed=7)
+        names.append([list(env.reset()[1]["scenario"]) for _ in range(2)])
+        env.close()
+    assert names[0] == names[1]
 
 
 def test_autoreset_starts_a_fresh_episode_in_the_same_step() -> None:

@@ -102,6 +102,7 @@ def test_overrides_apply_and_revalidate():
         ({"rollout_workers": 1, "vec_env": "dummy"}, "rollout_workers: Ray rollout workers"),
         ({"env": {"kwargs": {"split": "nope"}}}, "env.kwargs: split must be one of"),
         ({"env": {"kwargs": {"bogus": 1}}}, "env.kwargs: .*bogus"),
+        ({"env": {"kwargs": {"seed": 5}}}, "env.kwargs: the run's seed seeds the envs"),
         ({"env": {"id": "nope/Nothing-v0"}}, "env.id"),
         ({"env": {"reward_weights": {"slo": -1}}}, "env.reward_weights: reward weight slo"),
         ({"env": {"reward_weights": {"speed": 1}}}, "env.reward_weights: unknown reward"),
