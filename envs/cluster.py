@@ -43,11 +43,17 @@ GCS_PROBE = ("/ray.rpc.NodeInfoGcsService/GetClusterId", b"", "a Ray cluster's G
 CLIENT_PROBE = ("/ray.rpc.RayletDriver/ClusterInfo", b"\x08\x06", "a Ray Client server")
 
 
+# What _probe_ray finds at a Ray cluster that asks its clients for a token (Ray's token
+# authentication, which ``ray start --head`` turns on in Ray 2.60): the probe sends none.
+ASKS_FOR_TOKEN = "a Ray handler asking for an authentication token"
+
+
 def _probe_ray(target: str, method: str, request: bytes) -> str | None:
     """Call ``method`` of the gRPC server at ``target`` (an answer only Ray gives): an open
     port that is something else (HTTP, a silent listener, another gRPC service) passes a TCP
     connect, then keeps ``ray.init`` waiting for a long time. None when a handler of
-    ``method`` answers, else what was found; bounded by :data:`PROBE_TIMEOUT_S` in all."""
+    ``method`` answers (:data:`ASKS_FOR_TOKEN` when it wants a token), else what was found;
+    bounded by :data:`PROBE_TIMEOUT_S` in all."""
     deadline = time.monotonic() + PROBE_TIMEOUT_S
     # no HTTP proxy, as Ray's own gRPC clients by default (and as the TCP check connects)
     with grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)]) as channel:
@@ -64,6 +70,8 @@ def _probe_ray(target: str, method: str, request: bytes) -> str | None:
                 return f"a gRPC server without {method}"
             if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                 return f"no answer to {method}: {code.name}"
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                return ASKS_FOR_TOKEN
             # any other status is a handler of that method answering: Ray's
     return None
 
@@ -73,16 +81,32 @@ def _check_reachable(address: str) -> None:
     only Ray answers (:func:`_probe_ray`): ``ray.init`` on a closed port retries for minutes
     with only C++ warnings to show for it, and on an open port that is not Ray it waits a
     long time before an unclear error."""
+    if address == "auto":
+        return  # Ray finds the cluster itself (RAY_ADDRESS, the last one started here)
     target = address.removeprefix("ray://")
     host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit():
-        return  # "auto" and the like: Ray finds the cluster itself
+    if not sep or not host or not port.isdigit():
+        raise ClusterError(
+            f"not a Ray address: {address!r}; give HOST:PORT (what 'ray start --head' prints), "
+            "ray://HOST:PORT (a Ray Client server), local or auto"
+        )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as exc:
         raise ClusterError(f"cannot reach the Ray cluster at {address}: {exc}") from None
     method, request, what = CLIENT_PROBE if target != address else GCS_PROBE
     found = _probe_ray(target, method, request)
+    if found == ASKS_FOR_TOKEN:
+        # ray.init would retry for half a minute of C++ warnings, then say it failed to
+        # connect: the fix is this process's environment (the cluster's token is read from
+        # RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token).
+        if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+            raise ClusterError(
+                f"the Ray cluster at {address} asks for an authentication token: run with "
+                "RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN or "
+                "~/.ray/auth_token ('ray get-auth-token' on its head prints it)"
+            )
+        return
     if found is not None:
         raise ClusterError(
             f"cannot join the Ray cluster at {address}: it answers, but not as {what} ({found})"

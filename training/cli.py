@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
         workers = getattr(args, "rollout_workers", None)
         if workers is not None:
             overrides["rollout_workers"] = workers
-        elif args.ray_address and not args.sweep and not cfg.rollout_workers:
-            overrides["rollout_workers"] = 2
+        if args.ray_address and not args.sweep:
+            overrides.update(_workers_for(args.ray_address, workers, cfg))
         if overrides:
             cfg = cfg.with_overrides(overrides)
     except ConfigError as exc:
@@ -120,6 +120,29 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(result.summary())
     return 0
+
+
+def _workers_for(address: str, workers: int | None, cfg) -> dict[str, Any]:
+    """What ``--ray-address`` without ``--sweep`` asks of the config: rollout workers there
+    (2 when neither the flag nor the config says how many). A ConfigError when nothing
+    would run there (``--rollout-workers 0``) or the config's envs cannot be split over
+    workers, named as the user wrote it."""
+    from training.config import ConfigError
+
+    if workers == 0:
+        raise ConfigError(
+            f"--ray-address {address} with --rollout-workers 0: nothing would run there "
+            "(without --sweep, the address is where the rollout workers run)"
+        )
+    if workers is None and not cfg.rollout_workers:
+        if cfg.vec_env in ("dummy", "subproc"):
+            raise ConfigError(
+                f"--ray-address {address} runs the envs on Ray rollout workers, which hold "
+                f"batched envs; the config's vec_env is {cfg.vec_env} (make it batched or "
+                "auto, or add --sweep to run whole trials there)"
+            )
+        return {"rollout_workers": 2}
+    return {}
 
 
 def _sweep(args: argparse.Namespace, cfg) -> int:

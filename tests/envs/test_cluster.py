@@ -122,6 +122,34 @@ def test_a_server_answering_rays_probe_is_accepted(
     assert calls == [request]
 
 
+@pytest.mark.parametrize("mode", [None, "token"])
+@pytest.mark.parametrize(
+    ("prefix", "probe"), [("", GCS_PROBE), ("ray://", CLIENT_PROBE)], ids=["gcs", "ray-client"]
+)
+def test_a_cluster_asking_for_a_token_names_the_setting(
+    prefix: str, probe: tuple[str, bytes, str], mode: str | None, monkeypatch
+) -> None:
+    """Ray's token authentication (what ``ray start --head`` turns on): without
+    RAY_AUTH_MODE=token, ray.init retried for half a minute, then said it failed to connect."""
+    if mode is None:
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    else:
+        monkeypatch.setenv("RAY_AUTH_MODE", mode)
+    calls: list[bytes] = []
+    with _answering(probe[0], calls, grpc.StatusCode.UNAUTHENTICATED) as hostport:
+        address = prefix + hostport
+        if mode == "token":  # set as asked: Ray's own client sends the token
+            _check_reachable(address)
+        else:
+            with pytest.raises(ClusterError) as refused:
+                _check_reachable(address)
+            assert str(refused.value).startswith(
+                f"the Ray cluster at {address} asks for an authentication token: run with "
+                "RAY_AUTH_MODE=token"
+            )
+    assert calls == [probe[1]]
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
 def test_a_real_local_rays_gcs_is_accepted(ray_local: None) -> None:

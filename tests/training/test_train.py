@@ -219,6 +219,47 @@ def _tiny_yaml(tmp_path):
     return path
 
 
+@pytest.mark.parametrize(
+    ("config", "extra", "message"),
+    [
+        (
+            {},
+            ["--ray-address", "no-port-here"],
+            "not a Ray address: 'no-port-here'; give HOST:PORT",
+        ),
+        (
+            {},
+            ["--ray-address", "127.0.0.1:9", "--rollout-workers", "0"],
+            "--ray-address 127.0.0.1:9 with --rollout-workers 0: nothing would run there",
+        ),
+        (
+            {"vec_env": "dummy"},
+            ["--ray-address", "local"],
+            "--ray-address local runs the envs on Ray rollout workers, which hold batched "
+            "envs; the config's vec_env is dummy",
+        ),
+    ],
+    ids=["no-port", "no-workers", "dummy-envs"],
+)
+def test_a_ray_address_that_cannot_be_used_says_why_in_one_line(
+    tmp_path, capsys, config, extra, message
+):
+    """Before, the first went to Ray's raw 'Invalid address format' (exit 1), the second
+    trained in-process and ignored the address, the third blamed an override never given."""
+    import yaml
+
+    from tests.training.tiny_runs import TINY
+    from tuner.cli import main
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(dict(TINY, total_timesteps=64, **config)))
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(path), "--out", str(out), "--no-progress", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rdtune train: {message}") and err.count("\n") == 1, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("how", ["unreachable_ray", "interrupted", "in_a_kernel", "failed"])
 def test_a_run_that_does_not_finish_leaves_the_previous_run_dir_as_it_was(tmp_path, how):
     from tuner.cli import main
