@@ -55,7 +55,8 @@ COLUMNS: tuple[tuple[str, str, Callable[[Estimate], str]], ...] = (
     ("slo_feasible", "SLO viol. (feasible)", lambda e: e.fmt(".1f", percent=True)),
     ("slo_infeasible", "SLO viol. (infeasible)", lambda e: e.fmt(".1f", percent=True)),
     ("slo_unlabelled", "SLO violations", lambda e: e.fmt(".1f", percent=True)),
-    ("tail_latency_ms", "LC tail (ms)", lambda e: e.fmt(".3g")),
+    # latencies span microseconds to seconds: decimals from the interval, not one format
+    ("tail_latency_ms", "LC tail (ms)", lambda e: e.fmt_by_width()),
     ("tail_normalized", "tail / alone", lambda e: e.fmt(".2f")),
     ("unfairness", "unfairness", lambda e: e.fmt(".3f")),
     ("weighted_speedup", "weighted speedup", lambda e: e.fmt(".2f")),

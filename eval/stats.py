@@ -33,6 +33,8 @@ _T975 = (
 _Z975 = 1.959963984540054
 # Units, all on one side, for the two-sided sign test to reach p < 0.05 (2 * 0.5**6).
 SIGN_TEST_MIN = 6
+# The most decimals :func:`fixed` is asked for: a half-width of 1e-9 would print ten.
+MAX_DECIMALS = 6
 
 
 def t975(df: int) -> float:
@@ -65,6 +67,38 @@ class Estimate:
         if self.n > 1 and math.isfinite(self.half_width):
             text += f" ± {self.half_width * scale:{spec}}"
         return text + unit
+
+    def fmt_by_width(self, digits: int = 2) -> str:
+        """``mean ± half-width`` to one decimal place, the one that shows the half-width to
+        ``digits`` significant digits (the convention for a measured value: the mean is
+        not more precise than its interval), in fixed notation: 1234.5 ± 12 is
+        ``1234 ± 12``, not ``1.23e+03 ± 12.3``. Without an interval (one value) or where
+        it has no width, the mean to 3 significant digits, and at least to units."""
+        if self.n == 0:
+            return "-"
+        width = self.half_width if self.n > 1 else math.nan
+        if width > 0 and math.isfinite(width):
+            places = decimals(width, digits)
+        else:
+            places = max(0, decimals(self.mean, 3))
+        text = fixed(self.mean, places)
+        return text + f" ± {fixed(width, places)}" if math.isfinite(width) else text
+
+
+def decimals(x: float, digits: int) -> int:
+    """The decimal places that show ``x`` to ``digits`` significant digits (negative: to
+    the tens, hundreds, ...), at most :data:`MAX_DECIMALS`; 0 for 0 or a non-finite x."""
+    if x == 0 or not math.isfinite(x):
+        return 0
+    return min(MAX_DECIMALS, digits - 1 - math.floor(math.log10(abs(x))))
+
+
+def fixed(x: float, places: int) -> str:
+    """``x`` rounded to ``places`` decimals (to the tens, hundreds, ... when negative), in
+    fixed notation."""
+    if places < 0:
+        return f"{round(x, places):.0f}"
+    return f"{x:.{places}f}"
 
 
 def mean_ci(values: Sequence[float]) -> Estimate:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from eval.report import table, write_report
+from eval.report import COLUMNS, table, write_report
 from eval.runner import JobResult
+from eval.stats import Estimate
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -44,9 +45,30 @@ def test_table_means_and_confidence_intervals() -> None:
     rows = [_result("eq", "s1", s, tail=t, unf=0.1) for s, t in ((0, 1.0), (1, 2.0), (2, 3.0))]
     text = table(rows)
     line = next(x for x in text.splitlines() if x.startswith("| eq |"))
-    # tail mean 2, CI half-width 4.303 / sqrt(3) = 2.48
-    assert "| 3 |" in line and "2 ± 2.48" in line
+    # tail mean 2, CI half-width 4.303 / sqrt(3) = 2.48: to its 2 significant digits
+    assert "| 3 |" in line and "2.0 ± 2.5" in line
     assert "10.0 ± 24.8%" in line  # violation rates 0, 10, 20 %
+
+
+@pytest.mark.parametrize(
+    ("estimate", "cell"),
+    [
+        # .3g gave 1.23e+03 ± 12.3: exponent notation, and a half-width more precise
+        # than its mean
+        (Estimate(1234.56, 12.3, 3), "1235 ± 12"),
+        (Estimate(1234.56, math.nan, 1), "1235"),
+        (Estimate(12345.6, 1234.0, 3), "12300 ± 1200"),
+        (Estimate(0.01236, 0.00056, 5), "0.01236 ± 0.00056"),
+        (Estimate(2.0, 2.48, 3), "2.0 ± 2.5"),
+        (Estimate(5.0, 0.0, 4), "5.00 ± 0.00"),  # no spread: the mean's 3 digits
+        (Estimate(0.5, math.nan, 1), "0.500"),
+    ],
+)
+def test_tail_latency_cells_take_their_decimals_from_the_interval(
+    estimate: Estimate, cell: str
+) -> None:
+    fmt = {key: f for key, _, f in COLUMNS}["tail_latency_ms"]
+    assert fmt(estimate) == cell
 
 
 def test_report_writes_markdown_plots_and_json(tmp_path: Path) -> None:
