@@ -369,7 +369,8 @@ def print_summary(console, results, title: str = "all scenarios") -> None:
     table = Table(  # titles and labels are the user's text, not markup: escaped
         title=escape(
             f"{title}: {len(scenarios)} scenarios x {len(seeds)} seeds ({len(bad)} of "
-            f"{len(runs)} (scenario, seed) runs infeasible; mean ± 95% CI over runs)"
+            f"{len(runs)} (scenario, seed) runs infeasible; mean ± 95% CI over runs, or "
+            "mean [CI cut to the metric's range])"
         )
     )
     table.add_column("controller", no_wrap=True)
@@ -390,6 +391,7 @@ def print_paired(console, results, reference: str | None = None) -> None:
 
     from eval.report import (
         ci_basis,
+        difference_bounds,
         paired_cell,
         paired_comparisons,
         paired_metrics,
@@ -419,7 +421,8 @@ def print_paired(console, results, reference: str | None = None) -> None:
         cells = []
         for key, _, _, scale, unit in metrics:
             p = row["metrics"][key]
-            cells += [paired_cell(p, scale, unit), f"{p.win_rate:.0%}" if p.n else "-"]
+            cell = paired_cell(p, scale, unit, difference_bounds(key))
+            cells += [cell, f"{p.win_rate:.0%}" if p.n else "-"]
         table.add_row(escape(row["controller"]), str(row["pairs"]), *cells)
     console.print(table)
 

@@ -50,6 +50,30 @@ class RunMetrics:
     slo_window_s: float = math.nan  # mean length of the SLO windows judged
 
 
+@dataclass(frozen=True)
+class MetricScale:
+    """The values a metric of :class:`RunMetrics` can take, from its definition above. A
+    Student-t interval knows nothing of them (a mean violation rate of 10% over three
+    seeds can have an interval from -15% to 35%), so the report cuts what it shows to
+    them (eval/report.py)."""
+
+    low: float = 0.0
+    high: float = math.inf
+
+
+METRIC_SCALES: dict[str, MetricScale] = {
+    "slo_violation_rate": MetricScale(0.0, 1.0),  # a fraction of the intervals judged
+    # each of these a time, a count per time or a ratio of non-negative quantities
+    "tail_latency_ms": MetricScale(),
+    "tail_normalized": MetricScale(),
+    "unfairness": MetricScale(),
+    "weighted_speedup": MetricScale(),
+    "batch_ips": MetricScale(),
+    "changes_per_minute": MetricScale(),
+    "decide_us_median": MetricScale(),
+}
+
+
 def pooled_percentile(stats: Sequence[LatencyStats], percentile: float) -> float:
     """The latency at ``percentile`` over several intervals: the request-weighted mean of
     their percentiles (NaN when one is unknown: requests without answers)."""

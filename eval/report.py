@@ -1,7 +1,9 @@
 """Reports of an evaluation: a Markdown file with tables and PNG plots (matplotlib, Agg).
 
 Tables give, per scenario and controller, means with 95% Student-t confidence intervals
-over seeds (:mod:`eval.stats`) of the metrics defined in :mod:`eval.metrics`. SLO
+over seeds (:mod:`eval.stats`) of the metrics defined in :mod:`eval.metrics`; an interval
+that passes an end of the values its metric can take (``METRIC_SCALES`` there: a rate
+below 0) is shown cut there, as ``mean [low, high]``, and kept whole in results.json. SLO
 violations are reported apart for feasible and infeasible runs (eval/feasibility.py: on an
 infeasible run no allocation keeps every SLO, so its violations say nothing about a
 controller), and the infeasible runs are listed with the reason.
@@ -39,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.atomic import write_atomic
+from eval.metrics import METRIC_SCALES
 from eval.runner import JobResult, _clean
-from eval.stats import Estimate, Paired, mean_ci, paired
+from eval.stats import UNBOUNDED, Bounds, Estimate, Paired, mean_ci, paired
 
 # Derived metric keys: a metric on the runs of one feasibility label only (eval/feasibility.py)
 BY_LABEL = {
@@ -50,23 +53,57 @@ BY_LABEL = {
     "weighted_speedup_feasible": ("weighted_speedup", "feasible"),
 }
 
+
+def metric_bounds(key: str) -> Bounds:
+    """The values metric ``key`` (or a :data:`BY_LABEL` key) can take (eval/metrics.py)."""
+    scale = METRIC_SCALES.get(BY_LABEL.get(key, (key, ""))[0])
+    return (scale.low, scale.high) if scale else UNBOUNDED
+
+
+def difference_bounds(key: str) -> Bounds:
+    """What a difference of two values of metric ``key`` can be: of two violation rates,
+    -1 to 1."""
+    low, high = metric_bounds(key)
+    return low - high, high - low
+
+
+def _cell(
+    key: str, spec: str | None, percent: bool = False, per: float = 1.0
+) -> Callable[[Estimate], str]:
+    """A column's formatter: values divided by ``per``, written in ``spec`` (None: the
+    decimals the interval calls for, :meth:`Estimate.fmt_by_width`), the interval cut to
+    the values metric ``key`` can take (:func:`metric_bounds`)."""
+    low, high = metric_bounds(key)
+    bounds = (low / per, high / per)
+
+    def fmt(e: Estimate) -> str:
+        e = Estimate(e.mean / per, e.half_width / per, e.n)
+        return e.fmt_by_width(bounds=bounds) if spec is None else e.fmt(spec, percent, bounds)
+
+    return fmt
+
+
+# The footnote on intervals cut to a metric's range (Estimate.cell), for every report.
+CUT_NOTE = (
+    "where that interval passes an end of the values a metric can take (a rate below 0% "
+    "or above 100%, a time, ratio or throughput below 0), the cell gives it cut there, as "
+    "mean [low, high] (results.json keeps the t interval whole)."
+)
+
+
 # (metric key, column title, formatter); columns no run has a value for are left out
 COLUMNS: tuple[tuple[str, str, Callable[[Estimate], str]], ...] = (
-    ("slo_feasible", "SLO viol. (feasible)", lambda e: e.fmt(".1f", percent=True)),
-    ("slo_infeasible", "SLO viol. (infeasible)", lambda e: e.fmt(".1f", percent=True)),
-    ("slo_unlabelled", "SLO violations", lambda e: e.fmt(".1f", percent=True)),
+    ("slo_feasible", "SLO viol. (feasible)", _cell("slo_feasible", ".1f", percent=True)),
+    ("slo_infeasible", "SLO viol. (infeasible)", _cell("slo_infeasible", ".1f", percent=True)),
+    ("slo_unlabelled", "SLO violations", _cell("slo_unlabelled", ".1f", percent=True)),
     # latencies span microseconds to seconds: decimals from the interval, not one format
-    ("tail_latency_ms", "LC tail (ms)", lambda e: e.fmt_by_width()),
-    ("tail_normalized", "tail / alone", lambda e: e.fmt(".2f")),
-    ("unfairness", "unfairness", lambda e: e.fmt(".3f")),
-    ("weighted_speedup", "weighted speedup", lambda e: e.fmt(".2f")),
-    (
-        "batch_ips",
-        "batch IPS (G/s)",
-        lambda e: Estimate(e.mean / 1e9, e.half_width / 1e9, e.n).fmt(".2f"),
-    ),
-    ("changes_per_minute", "changes/min", lambda e: e.fmt(".1f")),
-    ("decide_us_median", "decide (us)", lambda e: e.fmt(".1f")),
+    ("tail_latency_ms", "LC tail (ms)", _cell("tail_latency_ms", None)),
+    ("tail_normalized", "tail / alone", _cell("tail_normalized", ".2f")),
+    ("unfairness", "unfairness", _cell("unfairness", ".3f")),
+    ("weighted_speedup", "weighted speedup", _cell("weighted_speedup", ".2f")),
+    ("batch_ips", "batch IPS (G/s)", _cell("batch_ips", ".2f", per=1e9)),
+    ("changes_per_minute", "changes/min", _cell("changes_per_minute", ".1f")),
+    ("decide_us_median", "decide (us)", _cell("decide_us_median", ".1f")),
 )
 
 
@@ -293,14 +330,22 @@ def _paired_json(comp: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def paired_cell(p: Paired, scale: float, unit: str) -> str:
-    """``mean ± half-width`` of the difference (``*`` when the CI excludes 0); ``(no CI)``
-    where one pair gives no interval, so a bare difference is never read as one."""
+def paired_cell(p: Paired, scale: float, unit: str, bounds: Bounds = UNBOUNDED) -> str:
+    """``mean ± half-width`` of the difference (``*`` when the CI excludes 0), or ``mean
+    [low, high]`` where the CI passes an end of ``bounds`` (what a difference can be,
+    :func:`difference_bounds`) and is cut there; ``(no CI)`` where one pair gives no
+    interval, so a bare difference is never read as one."""
     if not p.n:
         return "-"
     text = f"{p.diff.mean * scale:+.3g}"
     if p.n > 1 and math.isfinite(p.diff.half_width):
-        return text + f" ± {p.diff.half_width * scale:.2g}" + unit + (" *" if p.significant else "")
+        cut = p.diff.clipped(bounds)
+        ci = (
+            f" ± {p.diff.half_width * scale:.2g}"
+            if cut is None
+            else f" [{cut[0] * scale:+.3g}, {cut[1] * scale:+.3g}]"
+        )
+        return text + ci + unit + (" *" if p.significant else "")
     return text + unit + " (no CI)"
 
 
@@ -353,7 +398,8 @@ def paired_table(comp: dict[str, Any]) -> str:
         cells = []
         for key, _, _, scale, unit in metrics:
             p = row["metrics"][key]
-            cells += [paired_cell(p, scale, unit), f"{p.win_rate:.0%}" if p.n else "-"]
+            cell = paired_cell(p, scale, unit, difference_bounds(key))
+            cells += [cell, f"{p.win_rate:.0%}" if p.n else "-"]
         lines.append(f"| {row['controller']} | {row['pairs']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -675,8 +721,9 @@ def write_report(
     lines += [
         f"Runs: {len(results)} ({len(scenarios)} scenario(s) x {len(seeds)} seed(s) per "
         "controller). Cells are means over runs ± the half-width of the 95% Student-t "
-        "confidence interval. SLO violations: share of intervals in an SLO window (enough "
-        "requests to judge a percentile, eval/metrics.py) over the SLO, reported apart for "
+        f"confidence interval; {CUT_NOTE} SLO violations: share of intervals in an SLO "
+        "window (enough requests to judge a percentile, eval/metrics.py) over the SLO, "
+        "reported apart for "
         f"feasible and infeasible (scenario, seed) runs ({n_feasible} feasible, {len(bad)} "
         "infeasible: no allocation meets every SLO there, eval/feasibility.py); tail / alone: "
         "the LC tail latency over the same service's alone on the machine; unfairness: "
@@ -694,7 +741,8 @@ def write_report(
             f"{comp['seeds']} seeds): mean of {comp['reference']} minus the other ± the "
             f"half-width of its {ci_basis(comp)}; * when the CI excludes 0 (a significant "
             f"difference); wins: the share of runs {comp['reference']} did better in (ties "
-            "half). SLO violations in percentage points, on feasible runs only.",
+            "half). SLO violations in percentage points, on feasible runs only; a "
+            "difference's interval past ±100 pp is cut there likewise.",
             "",
             paired_table(comp),
             "",

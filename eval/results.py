@@ -275,7 +275,7 @@ def _training_section() -> list[str]:
 def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -> Path:
     """Write the document from ``runs/<suite>/results.json``."""
     from eval.bench.harness import machine
-    from eval.report import load_results
+    from eval.report import CUT_NOTE, load_results
     from eval.suites import load_suites
 
     known = load_suites()
@@ -319,6 +319,10 @@ def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -
         "Where some runs are infeasible, weighted speedup is paired over the "
         "feasible runs alone too: there it is won without giving an SLO up, while on an "
         "infeasible run holding the SLOs as nearly as possible costs batch throughput.",
+        "- **Intervals**: cells are means ± the half-width of the 95% Student-t interval; "
+        + CUT_NOTE[0].upper()
+        + CUT_NOTE[1:]
+        + " A paired SLO difference's interval past ±100 pp is cut likewise.",
         "- **tail / alone**: LC tail over the same service alone on the machine; "
         "**unfairness**: CoPart's stddev/mean of batch slowdowns; **weighted speedup**: "
         "sum of batch IPS / IPS alone; **decide**: median wall time of a decision (the "

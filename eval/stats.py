@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 _T975 = (
@@ -33,6 +33,9 @@ _T975 = (
 _Z975 = 1.959963984540054
 # Units, all on one side, for the two-sided sign test to reach p < 0.05 (2 * 0.5**6).
 SIGN_TEST_MIN = 6
+# The values a metric can take, (low, high): where an interval is cut for display.
+Bounds = tuple[float, float]
+UNBOUNDED: Bounds = (-math.inf, math.inf)
 # The most decimals :func:`fixed` is asked for: a half-width of 1e-9 would print ten.
 MAX_DECIMALS = 6
 
@@ -58,22 +61,44 @@ class Estimate:
     half_width: float
     n: int
 
-    def fmt(self, spec: str = ".3f", percent: bool = False) -> str:
+    def fmt(self, spec: str = ".3f", percent: bool = False, bounds: Bounds = UNBOUNDED) -> str:
+        """``mean ± half-width`` in ``spec`` (x 100 and ``%`` when ``percent``), the
+        interval cut to ``bounds`` where it passes them (:meth:`cell`)."""
         if self.n == 0:
             return "-"
         scale = 100.0 if percent else 1.0
-        unit = "%" if percent else ""
-        text = f"{self.mean * scale:{spec}}"
-        if self.n > 1 and math.isfinite(self.half_width):
-            text += f" ± {self.half_width * scale:{spec}}"
-        return text + unit
+        return self.cell(lambda x: f"{x * scale:{spec}}", bounds) + ("%" if percent else "")
 
-    def fmt_by_width(self, digits: int = 2) -> str:
+    def cell(self, number: Callable[[float], str], bounds: Bounds = UNBOUNDED) -> str:
+        """``mean ± half-width``, each written by ``number``; where the interval passes an
+        end of ``bounds`` (the values the metric can take), ``mean [low, high]`` with the
+        interval cut there instead: a violation rate cannot be below 0, and a reader would
+        take ``10 ± 25%`` to say -15% was possible. The mean alone without an interval."""
+        text = number(self.mean)
+        if self.n < 2 or not math.isfinite(self.half_width):
+            return text
+        cut = self.clipped(bounds)
+        if cut is not None:
+            return f"{text} [{number(cut[0])}, {number(cut[1])}]"
+        return f"{text} ± {number(self.half_width)}"
+
+    def clipped(self, bounds: Bounds) -> Bounds | None:
+        """The 95% interval cut to ``bounds`` when it passes one of their ends; None when it
+        does not, or there is no interval."""
+        if self.n < 2 or not math.isfinite(self.half_width):
+            return None
+        low, high = self.mean - self.half_width, self.mean + self.half_width
+        if low >= bounds[0] and high <= bounds[1]:
+            return None
+        return max(low, bounds[0]), min(high, bounds[1])
+
+    def fmt_by_width(self, digits: int = 2, bounds: Bounds = UNBOUNDED) -> str:
         """``mean ± half-width`` to one decimal place, the one that shows the half-width to
-        ``digits`` significant digits (the convention for a measured value: the mean is
-        not more precise than its interval), in fixed notation: 1234.5 ± 12 is
+        ``digits`` significant digits (the convention for a measured value: the mean
+        shown no more precisely than its interval allows), in fixed notation: 1234.5 ± 12 is
         ``1234 ± 12``, not ``1.23e+03 ± 12.3``. Without an interval (one value) or where
-        it has no width, the mean to 3 significant digits, and at least to units."""
+        it has no width, the mean to 3 significant digits, and at least to units. The
+        interval is cut to ``bounds`` where it passes them (:meth:`cell`)."""
         if self.n == 0:
             return "-"
         width = self.half_width if self.n > 1 else math.nan
@@ -81,8 +106,7 @@ class Estimate:
             places = decimals(width, digits)
         else:
             places = max(0, decimals(self.mean, 3))
-        text = fixed(self.mean, places)
-        return text + f" ± {fixed(width, places)}" if math.isfinite(width) else text
+        return self.cell(lambda x: fixed(x, places), bounds)
 
 
 def decimals(x: float, digits: int) -> int:

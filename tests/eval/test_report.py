@@ -45,9 +45,10 @@ def test_table_means_and_confidence_intervals() -> None:
     rows = [_result("eq", "s1", s, tail=t, unf=0.1) for s, t in ((0, 1.0), (1, 2.0), (2, 3.0))]
     text = table(rows)
     line = next(x for x in text.splitlines() if x.startswith("| eq |"))
-    # tail mean 2, CI half-width 4.303 / sqrt(3) = 2.48: to its 2 significant digits
-    assert "| 3 |" in line and "2.0 ± 2.5" in line
-    assert "10.0 ± 24.8%" in line  # violation rates 0, 10, 20 %
+    # tail mean 2, CI half-width 4.303 / sqrt(3) = 2.48: to its 2 significant digits, and
+    # cut at 0 (no latency is negative)
+    assert "| 3 |" in line and "2.0 [0.0, 4.5]" in line
+    assert "10.0 [0.0, 34.8]%" in line  # violation rates 0, 10, 20 %: not 10.0 ± 24.8%
 
 
 @pytest.mark.parametrize(
@@ -59,7 +60,7 @@ def test_table_means_and_confidence_intervals() -> None:
         (Estimate(1234.56, math.nan, 1), "1235"),
         (Estimate(12345.6, 1234.0, 3), "12300 ± 1200"),
         (Estimate(0.01236, 0.00056, 5), "0.01236 ± 0.00056"),
-        (Estimate(2.0, 2.48, 3), "2.0 ± 2.5"),
+        (Estimate(20.0, 2.48, 3), "20.0 ± 2.5"),
         (Estimate(5.0, 0.0, 4), "5.00 ± 0.00"),  # no spread: the mean's 3 digits
         (Estimate(0.5, math.nan, 1), "0.500"),
     ],
@@ -209,6 +210,32 @@ def test_report_separates_infeasible_runs_and_writes_the_paired_table(tmp_path: 
     old = tmp_path / "old.json"  # results.json before the paired table: a list of runs
     old.write_text(json.dumps(data["runs"]))
     assert len(load_results(old)) == 12
+
+
+def _runs_far_from_certain() -> list[JobResult]:
+    """eq violates its SLO 10% and 50% of the time on two scenarios, the policy never: a t
+    interval over two values (12.7 x their standard error) reaches past 0% and 100%."""
+    return [
+        _labelled(label, scn, 0, viol, 2.0, "feasible")
+        for scn, eq_viol in (("a", 0.1), ("b", 0.5))
+        for label, viol in (("policy", 0.0), ("eq", eq_viol))
+    ]
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "| eq | 2 | 30.0 [0.0, 100.0]% |",  # per controller: was 30.0 ± 254.1%
+        "| eq | 2 | -30 [-100, +100] pp | 100% |",  # paired: was -30 ± 2.5e+02 pp
+    ],
+)
+def test_intervals_are_cut_to_the_values_a_metric_can_take(tmp_path: Path, cell: str) -> None:
+    rep = write_report(_runs_far_from_certain(), tmp_path, title="T", plots=False)
+    md = rep.markdown.read_text()
+    assert cell in md and "the cell gives it cut there, as mean [low, high]" in md
+    rows = json.loads(rep.results_json.read_text())["paired"]["rows"]
+    low, high = rows[0]["metrics"]["slo_violation_rate"]["ci95"]
+    assert low < -1 and high > 1  # results.json keeps the t interval whole
 
 
 def test_the_feasible_runs_speedup_is_shown_only_when_some_run_is_infeasible() -> None:

@@ -52,6 +52,10 @@ def test_mean_ci_drops_non_finite_and_handles_few_values() -> None:
 def test_format() -> None:
     assert Estimate(0.25, 0.05, 3).fmt(".1f", percent=True) == "25.0 ± 5.0%"
     assert Estimate(1.0, math.nan, 1).fmt(".2f") == "1.00"
+    # an interval past the values the metric can take is shown cut there, not as ± width
+    rate = (0.0, 1.0)
+    assert Estimate(0.1, 0.25, 3).fmt(".1f", percent=True, bounds=rate) == "10.0 [0.0, 35.0]%"
+    assert Estimate(0.9, 0.05, 3).fmt(".1f", percent=True, bounds=rate) == "90.0 ± 5.0%"
 
 
 def test_paired_difference_ci_and_win_rate_by_hand() -> None:
