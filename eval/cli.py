@@ -396,6 +396,7 @@ def print_paired(console, results, reference: str | None = None) -> None:
         paired_comparisons,
         paired_metrics,
         paired_title,
+        pairs_basis,
     )
 
     if len({r.controller for r in results if not r.error}) < 2:
@@ -405,7 +406,7 @@ def print_paired(console, results, reference: str | None = None) -> None:
     table = Table(  # titles and labels are the user's text, not markup: escaped
         title=escape(
             f"paired: {ref} minus each controller over the same (scenario, seed) runs "
-            f"({comp['scenarios']} scenarios x {comp['seeds']} seeds; mean ± "
+            f"({pairs_basis(comp)}; mean ± "
             f"{ci_basis(comp)}, * = CI excludes 0; wins = share of runs {ref} did better)"
         )
     )

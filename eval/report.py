@@ -285,7 +285,9 @@ def paired_comparisons(
     """The reference controller against each other one over the (scenario, seed) runs both
     completed: per metric of :data:`PAIRED_METRICS` the mean difference reference - other
     with its 95% CI, and the reference's wins. SLO violations, and weighted speedup a
-    second time, are paired on feasible runs only (:data:`FEASIBLE_ONLY`)."""
+    second time, are paired on feasible runs only (:data:`FEASIBLE_ONLY`). Each row counts
+    its pairs, and their scenarios and seeds; ``scenarios`` and ``seeds`` count those of
+    every row's pairs together (a run one side of every pair lacks is in none)."""
     ok = [r for r in results if not r.error]
     reference = reference or default_reference(ok)
     labels = _order([r.controller for r in ok])
@@ -307,8 +309,8 @@ def paired_comparisons(
                 higher_is_better=higher,
                 groups=[scenario for scenario, _ in use],
             )
-        rows.append({"controller": other, "pairs": len(keys), "metrics": metrics})
-    pairs = set().union(*(set(v) for v in runs.values())) if runs else set()
+        rows.append({"controller": other, **_counts(keys), "metrics": metrics})
+    pairs = {k for other in labels if other != reference for k in set(ref) & set(runs[other])}
     return {
         "reference": reference,
         "scenarios": len({s for s, _ in pairs}),
@@ -317,12 +319,34 @@ def paired_comparisons(
     }
 
 
+def _counts(keys: Collection[tuple[str, int]]) -> dict[str, int]:
+    """How many (scenario, seed) pairs ``keys`` are, and over how many scenarios and seeds."""
+    return {
+        "pairs": len(keys),
+        "scenarios": len({s for s, _ in keys}),
+        "seeds": len({seed for _, seed in keys}),
+    }
+
+
+def pairs_basis(comp: dict[str, Any]) -> str:
+    """The runs the paired comparisons are over, in words: their counts when every
+    comparison has the same (a full grid as scenarios x seeds), else where each one's are
+    counted; never the runs of controllers some comparison lacks."""
+    shapes = {(row["pairs"], row["scenarios"], row["seeds"]) for row in comp["rows"]}
+    if len(shapes) != 1:
+        return "each comparison's: its pairs column counts the runs both completed"
+    pairs, scenarios, seeds = shapes.pop()
+    if pairs == scenarios * seeds:
+        return f"{scenarios} scenarios x {seeds} seeds"
+    return f"{pairs} pairs over {scenarios} scenarios and {seeds} seeds"
+
+
 def _paired_json(comp: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in comp.items() if k != "rows"}
     out["rows"] = [
         {
             "controller": row["controller"],
-            "pairs": row["pairs"],
+            **{k: row[k] for k in ("pairs", "scenarios", "seeds")},
             "metrics": {k: p.as_dict() for k, p in row["metrics"].items()},
         }
         for row in comp["rows"]
@@ -377,10 +401,18 @@ def paired_metrics(comp: dict[str, Any]) -> list[tuple[str, str, bool, float, st
 
 
 def ci_basis(comp: dict[str, Any]) -> str:
-    """What the paired intervals of ``comp`` are over, in words (eval/stats.py)."""
-    if comp["scenarios"] > 1:
-        return "95% CI over the scenarios (each scenario's seeds averaged first)"
-    return "95% CI over the seeds of the one scenario (it covers the seeds' noise only)"
+    """What the paired intervals of ``comp`` are over, in words (eval/stats.py), from the
+    intervals' own units: a comparison, or a metric on feasible runs only, may span fewer
+    scenarios than the suite."""
+    units = {p.unit for row in comp["rows"] for p in row["metrics"].values() if p.n > 1}
+    if not units:
+        units = {"scenarios" if comp["scenarios"] > 1 else "pairs"}
+    over_scenarios = "95% CI over the scenarios (each scenario's seeds averaged first)"
+    if units == {"scenarios"}:
+        return over_scenarios
+    if units == {"pairs"}:
+        return "95% CI over the seeds of the one scenario (it covers the seeds' noise only)"
+    return over_scenarios + ", or over the seeds where a comparison has one scenario"
 
 
 def paired_table(comp: dict[str, Any]) -> str:
@@ -737,8 +769,8 @@ def write_report(
         lines += [
             f"## Paired comparison: {comp['reference']} vs each controller",
             "",
-            f"Over the same (scenario, seed) runs ({comp['scenarios']} scenarios x "
-            f"{comp['seeds']} seeds): mean of {comp['reference']} minus the other ± the "
+            f"Over the same (scenario, seed) runs ({pairs_basis(comp)}): mean of "
+            f"{comp['reference']} minus the other ± the "
             f"half-width of its {ci_basis(comp)}; * when the CI excludes 0 (a significant "
             f"difference); wins: the share of runs {comp['reference']} did better in (ties "
             "half). SLO violations in percentage points, on feasible runs only; a "

@@ -141,6 +141,7 @@ def _suite_section(
         paired_comparisons,
         paired_metrics,
         paired_table,
+        pairs_basis,
         table,
     )
 
@@ -171,7 +172,7 @@ def _suite_section(
         comp = paired_comparisons(ok, reference if reference in labels else None)
         lines += [
             f"Paired: {comp['reference']} minus each controller over the same (scenario, "
-            f"seed) runs ({comp['scenarios']} scenarios x {comp['seeds']} seeds), mean ± "
+            f"seed) runs ({pairs_basis(comp)}), mean ± "
             f"{ci_basis(comp)}; * marks a CI that excludes 0; wins: share of runs "
             f"{comp['reference']} did better (ties half); SLO violations on feasible runs "
             "only, in percentage points; where some runs are infeasible, weighted speedup "

@@ -212,6 +212,41 @@ def test_report_separates_infeasible_runs_and_writes_the_paired_table(tmp_path: 
     assert len(load_results(old)) == 12
 
 
+@pytest.mark.parametrize(
+    ("failed", "heading", "basis"),
+    [
+        # the policy failed on scenario b: every pair is on a (was "2 scenarios x 2 seeds",
+        # the runs of eq and ubik, and an interval "over the scenarios")
+        (
+            {("policy", "b", 0), ("policy", "b", 1)},
+            "(1 scenarios x 2 seeds)",
+            "over the seeds of the one",
+        ),
+        ({("policy", "b", 1)}, "(3 pairs over 2 scenarios and 2 seeds)", "over the scenarios"),
+        (
+            {("policy", "b", 1), ("ubik", "a", 0)},  # 3 pairs with eq, 2 with ubik
+            "(each comparison's: its pairs column counts the runs both completed)",
+            "over the scenarios",
+        ),
+    ],
+)
+def test_the_paired_heading_counts_the_pairs_compared(
+    tmp_path: Path, failed: set[tuple[str, str, int]], heading: str, basis: str
+) -> None:
+    runs = [
+        _labelled(label, scn, seed, 0.1, 2.0 + 0.1 * seed + (label == "policy"), "feasible")
+        for scn in ("a", "b")
+        for seed in (0, 1)
+        for label in ("policy", "eq", "ubik")
+    ]
+    for r in runs:
+        r.error = "boom" if (r.controller, r.scenario, r.seed) in failed else ""
+    md = write_report(runs, tmp_path, title="T", plots=False).markdown.read_text()
+    text = md.partition("## Paired comparison")[2]
+    assert f"Over the same (scenario, seed) runs {heading}: mean of policy" in text
+    assert f"half-width of its 95% CI {basis}" in text
+
+
 def _runs_far_from_certain() -> list[JobResult]:
     """eq violates its SLO 10% and 50% of the time on two scenarios, the policy never: a t
     interval over two values (12.7 x their standard error) reaches past 0% and 100%."""
