@@ -52,25 +52,27 @@ class RunMetrics:
 
 @dataclass(frozen=True)
 class MetricScale:
-    """The values a metric of :class:`RunMetrics` can take, from its definition above. A
-    Student-t interval knows nothing of them (a mean violation rate of 10% over three
-    seeds can have an interval from -15% to 35%), so the report cuts what it shows to
-    them (eval/report.py)."""
+    """A metric of :class:`RunMetrics` as its definition above gives it: the unit its values
+    are in (results.json keeps them so; a report may scale them, a rate to percent), and
+    the values it can take. A Student-t interval knows nothing of these (a mean violation
+    rate of 10% over three seeds can have an interval from -15% to 35%), so the report
+    cuts what it shows to them (eval/report.py)."""
 
+    unit: str
     low: float = 0.0
     high: float = math.inf
 
 
 METRIC_SCALES: dict[str, MetricScale] = {
-    "slo_violation_rate": MetricScale(0.0, 1.0),  # a fraction of the intervals judged
+    "slo_violation_rate": MetricScale("fraction", 0.0, 1.0),  # of the intervals judged
     # each of these a time, a count per time or a ratio of non-negative quantities
-    "tail_latency_ms": MetricScale(),
-    "tail_normalized": MetricScale(),
-    "unfairness": MetricScale(),
-    "weighted_speedup": MetricScale(),
-    "batch_ips": MetricScale(),
-    "changes_per_minute": MetricScale(),
-    "decide_us_median": MetricScale(),
+    "tail_latency_ms": MetricScale("ms"),
+    "tail_normalized": MetricScale("ratio"),
+    "unfairness": MetricScale("ratio"),
+    "weighted_speedup": MetricScale("ratio"),
+    "batch_ips": MetricScale("instructions/s"),
+    "changes_per_minute": MetricScale("per minute"),
+    "decide_us_median": MetricScale("us"),
 }
 
 

@@ -21,7 +21,9 @@ speedup and unfairness, each with its 95% CI, and the reference's win rate. Plot
 - ``timeline_<scenario>.png``: ways held by each group over time, one panel per controller.
 
 ``results.json`` keeps every run (metrics, references, timelines, feasibility) and the
-paired comparison, for other tools. While a suite runs, :func:`write_partial_results` keeps
+paired comparison, for other tools; its differences are in the metrics' units (a fraction
+for SLO violations, which the report shows in percentage points), its ``units`` says which
+(:func:`paired_units`). While a suite runs, :func:`write_partial_results` keeps
 the runs finished so far there, marked ``"partial": true`` (``rdtune eval --rerender``
 reads it); the complete report's file has no such mark. Writing a report first removes the
 plots a previous report left in its directory (the names above), so a report never sits
@@ -328,6 +330,21 @@ def _counts(keys: Collection[tuple[str, int]]) -> dict[str, int]:
     }
 
 
+def paired_units() -> dict[str, dict[str, Any]]:
+    """Per paired metric, the unit of its differences in results.json (the metric's,
+    eval/metrics.py) and how the report shows them: SLO violations are fractions there,
+    and percentage points, x 100, in the report."""
+    out = {}
+    for key, _, _, scale, unit in PAIRED_METRICS:
+        base = BY_LABEL.get(key, (key, ""))[0]
+        out[key] = {
+            "unit": METRIC_SCALES[base].unit,
+            "report_scale": scale,
+            "report_unit": unit.strip(),
+        }
+    return out
+
+
 def pairs_basis(comp: dict[str, Any]) -> str:
     """The runs the paired comparisons are over, in words: their counts when every
     comparison has the same (a full grid as scenarios x seeds), else where each one's are
@@ -343,6 +360,7 @@ def pairs_basis(comp: dict[str, Any]) -> str:
 
 def _paired_json(comp: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in comp.items() if k != "rows"}
+    out["units"] = paired_units()
     out["rows"] = [
         {
             "controller": row["controller"],

@@ -204,6 +204,12 @@ def test_report_separates_infeasible_runs_and_writes_the_paired_table(tmp_path: 
     assert "| hard (infeasible) |" in md  # SLO violations per scenario
     data = json.loads(rep.results_json.read_text())
     assert data["paired"]["rows"][0]["metrics"]["weighted_speedup"]["significant"] is True
+    # the SLO difference is a fraction there, -10 percentage points here: units say so
+    slo = data["paired"]["rows"][0]["metrics"]["slo_violation_rate"]
+    units = data["paired"]["units"]["slo_violation_rate"]
+    assert units == {"unit": "fraction", "report_scale": 100.0, "report_unit": "pp"}
+    assert f"| {slo['mean_diff'] * units['report_scale']:+.3g} ± 0 pp |" in md
+    assert data["paired"]["units"]["weighted_speedup"]["report_scale"] == 1.0
     assert {(x["scenario"], x["seed"]) for x in data["infeasible"]} == {("hard", 0), ("hard", 1)}
     back = load_results(rep.results_json)
     assert [r.feasibility for r in back] == [r.feasibility for r in _paired_runs()]
