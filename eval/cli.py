@@ -373,11 +373,13 @@ def print_summary(console, results, title: str = "all scenarios") -> None:
             "mean [CI cut to the metric's range])"
         )
     )
-    table.add_column("controller", no_wrap=True)
-    table.add_column("runs", justify="right")
+    # overflow="fold" on every column: what does not fit wraps mid-word, where Rich's
+    # default cut it at the column's width with an ellipsis (a header lost its end)
+    table.add_column("controller", no_wrap=True, overflow="fold")
+    table.add_column("runs", justify="right", overflow="fold")
     cols = columns(results)
     for _, t, _ in cols:
-        table.add_column(t, justify="right")
+        table.add_column(t, justify="right", overflow="fold")
     for label, row in estimates(results).items():
         n = max(e.n for e in row.values())
         table.add_row(escape(label), str(n), *(f(row[k]) for k, _, f in cols))
@@ -410,14 +412,15 @@ def print_paired(console, results, reference: str | None = None) -> None:
             f"{ci_basis(comp)}, * = CI excludes 0; wins = share of runs {ref} did better)"
         )
     )
-    table.add_column(f"{escape(ref)} vs", no_wrap=True)
-    table.add_column("pairs", justify="right")
+    # folded, not cut, as print_summary's
+    table.add_column(f"{escape(ref)} vs", no_wrap=True, overflow="fold")
+    table.add_column("pairs", justify="right", overflow="fold")
     metrics = paired_metrics(comp)
     for key, title, higher, _, _ in metrics:
         title = paired_title(comp, key, title)
         header = f"Δ {title} ({'higher' if higher else 'lower'} better)"
-        table.add_column(escape(header), justify="right")
-        table.add_column("wins", justify="right")
+        table.add_column(escape(header), justify="right", overflow="fold")
+        table.add_column("wins", justify="right", overflow="fold")
     for row in comp["rows"]:
         cells = []
         for key, _, _, scale, unit in metrics:

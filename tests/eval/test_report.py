@@ -370,3 +370,23 @@ def test_labels_and_titles_are_printed_as_text_not_markup(tmp_path: Path) -> Non
     text = out.getvalue()
     assert "suite [red]x" in text and "eq [/bold]" in text
     assert "paired: random[shield=false] minus" in text
+
+
+def test_terminal_tables_fold_what_does_not_fit_rather_than_cut_it() -> None:
+    """At the 120 columns rdtune eval prints at least, Rich cut headers and cells that did
+    not fit their column with an ellipsis ("SLO viol. (feasib…", "changes…")."""
+    import io
+
+    from rich.console import Console
+
+    from eval.cli import print_paired, print_summary
+
+    runs = _paired_runs()
+    for r in runs:
+        r.controller = "static[ways=10,decide_s=1]" if r.controller == "eq" else r.controller
+    out = io.StringIO()
+    console = Console(file=out, width=120)
+    print_summary(console, runs)
+    print_paired(console, runs)
+    text = out.getvalue()
+    assert "…" not in text and "static[ways=10,decide_s=1]" in text
