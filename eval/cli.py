@@ -203,9 +203,6 @@ def run(args: argparse.Namespace) -> int:
         f"({'serial' if ray_address == 'none' else 'Ray ' + ray_address})",
         markup=False,  # a suite's name is the user's text
     )
-    results = run_saving(console, jobs, ray_address, out)
-    if isinstance(results, int):
-        return results
     command = (
         "rdtune eval " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if sys.argv[1:2] == ["eval"]
@@ -213,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if not command:
         command = f"rdtune eval --suite {suite.name}"
+    made_by = {"command": command, "machine": machine()}  # kept with the partial runs too
+    results = run_saving(console, jobs, ray_address, out, made_by)
+    if isinstance(results, int):
+        return results
     labels = {r.controller for r in results if not r.error}
     reference = args.paired_with or (suite.paired_with if suite.paired_with in labels else None)
     try:
@@ -221,8 +222,7 @@ def run(args: argparse.Namespace) -> int:
             out,
             title=f"rdtune eval: suite {suite.name}",
             description=suite.description,
-            command=command,
-            machine=machine(),
+            **made_by,
             reference=reference,
             plots=not args.no_plots,
         )
@@ -240,12 +240,14 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed == len(results) else 0
 
 
-def run_saving(console, jobs: Sequence[Job], ray_address: str, out: Path) -> list | int:
+def run_saving(
+    console, jobs: Sequence[Job], ray_address: str, out: Path, made_by: dict[str, str]
+) -> list | int:
     """Run ``jobs`` (eval.runner.run_jobs), printing each as it finishes and keeping the
-    finished ones in ``out``'s results.json (eval.report.write_partial_results) every
-    :data:`SAVE_EVERY_S` seconds; the results, or the exit status when the runs cannot
-    go on (an unreachable cluster: 1; a refused setting: 2; interrupted: 130, after
-    saving what finished)."""
+    finished ones in ``out``'s results.json (eval.report.write_partial_results, with
+    ``made_by``: the command and machine) every :data:`SAVE_EVERY_S` seconds; the
+    results, or the exit status when the runs cannot go on (an unreachable cluster: 1; a
+    refused setting: 2; interrupted: 130, after saving what finished)."""
     from rich.markup import escape
 
     from envs.cluster import ClusterError
@@ -264,7 +266,7 @@ def run_saving(console, jobs: Sequence[Job], ray_address: str, out: Path) -> lis
             f"seed {r.seed}: {status}"
         )
         if len(done) < len(jobs) and time.monotonic() - saved[0] >= SAVE_EVERY_S:
-            write_partial_results(out, done)
+            write_partial_results(out, done, **made_by)
             saved[0] = time.monotonic()
 
     try:
@@ -278,7 +280,7 @@ def run_saving(console, jobs: Sequence[Job], ray_address: str, out: Path) -> lis
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the command line says which
         kept = ""
         if done:
-            rj = write_partial_results(out, done)
+            rj = write_partial_results(out, done, **made_by)
             kept = f"; kept in {rj} (rdtune eval --rerender {out} reports on them)"
         raise type(exc)(f"{len(done)} of {len(jobs)} runs finished{kept}") from None
 
@@ -433,7 +435,7 @@ def print_paired(console, results, reference: str | None = None) -> None:
 
 def _rerender(console, out: Path, paired_with: str | None, plots: bool) -> int:
     from eval.bench.harness import machine
-    from eval.report import is_partial, load_results, write_report
+    from eval.report import is_partial, load_results, provenance, write_report
     from eval.suites import load_suites
 
     rj = out / "results.json"
@@ -463,13 +465,14 @@ def _rerender(console, out: Path, paired_with: str | None, plots: bool) -> int:
         return 2
     ref = paired_with or (known[suite].paired_with if suite in known else None)
     ref = ref if ref in labels else None
+    made_by = provenance(rj)  # older results kept neither: the suite's command, this machine
     report = write_report(
         results,
         out,
         title=f"rdtune eval: suite {suite}",
         description=desc,
-        command=f"rdtune eval --suite {suite}",
-        machine=machine(),
+        command=made_by.get("command", f"rdtune eval --suite {suite}"),
+        machine=made_by.get("machine", machine()),
         reference=ref,
         partial=partial,
         plots=plots,

@@ -25,9 +25,10 @@ paired comparison, for other tools; its differences are in the metrics' units (a
 for SLO violations, which the report shows in percentage points), its ``units`` says which
 (:func:`paired_units`). While a suite runs, :func:`write_partial_results` keeps
 the runs finished so far there, marked ``"partial": true`` (``rdtune eval --rerender``
-reads it); the complete report's file has no such mark. Writing a report first removes the
-plots a previous report left in its directory (the names above), so a report never sits
-beside another's PNGs.
+reads it); the complete report's file has no such mark. Both keep the command that made
+the runs and its machine (:data:`PROVENANCE`), which a rerendered report names again.
+Writing a report first removes the plots a previous report left in its directory (the
+names above), so a report never sits beside another's PNGs.
 """
 
 from __future__ import annotations
@@ -214,13 +215,31 @@ def _check_run(number: int, d: dict) -> None:
             raise bad(f"timeline_ways.{group}", f"does not hold one value per time ({steps})")
 
 
-def is_partial(path: str | Path) -> bool:
-    """Whether the ``results.json`` at ``path`` holds the runs of an unfinished suite."""
+def _json_object(path: str | Path) -> dict[str, Any]:
+    """The JSON object in the file at ``path``; empty when it cannot be read as one."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("partial") is True
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def is_partial(path: str | Path) -> bool:
+    """Whether the ``results.json`` at ``path`` holds the runs of an unfinished suite."""
+    return _json_object(path).get("partial") is True
+
+
+# What made the runs, kept in results.json beside them (write_report's ``command`` and
+# ``machine``): a rerender's report names the command that ran them and the machine they
+# ran on, not the rerender's.
+PROVENANCE = ("command", "machine")
+
+
+def provenance(path: str | Path) -> dict[str, str]:
+    """The :data:`PROVENANCE` the ``results.json`` at ``path`` keeps; an older file keeps
+    none (nor is a hand-edited value that is not text taken)."""
+    data = _json_object(path)
+    return {k: data[k] for k in PROVENANCE if isinstance(data.get(k), str) and data[k]}
 
 
 def table(results: Sequence[JobResult], scenario: str | None = None) -> str:
@@ -740,8 +759,9 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     remove_plots(out)
     bad = infeasible_runs(results)
+    made_by = {"command": command, "machine": machine}
     # the runs first: a plot or the paired table failing must not lose them (--rerender)
-    rj = _write_results(out, results, None, bad, partial)
+    rj = _write_results(out, results, None, bad, partial, made_by)
     scenarios = _order([r.scenario for r in results])
     figures = (
         list(zip((plot_tail_vs_ways, plot_unfairness, plot_tradeoff), PLOTS, strict=True))
@@ -832,7 +852,7 @@ def write_report(
     md = out / "report.md"
     md.write_text("\n".join(lines))
     if comp:
-        _write_results(out, results, comp, bad, partial)
+        _write_results(out, results, comp, bad, partial, made_by)
     return Report(md, made, rj)
 
 
@@ -847,10 +867,15 @@ def remove_plots(out: Path) -> list[Path]:
     return gone
 
 
-def write_partial_results(out_dir: str | Path, results: Sequence[JobResult]) -> Path:
+def write_partial_results(
+    out_dir: str | Path, results: Sequence[JobResult], *, command: str = "", machine: str = ""
+) -> Path:
     """``results.json`` in ``out_dir`` with the runs finished so far, marked partial
-    (written atomically: a reader sees the previous file or this one, whole)."""
-    return _write_results(Path(out_dir), results, None, infeasible_runs(results), partial=True)
+    (written atomically: a reader sees the previous file or this one, whole), and the
+    command and machine making them (:data:`PROVENANCE`)."""
+    made_by = {"command": command, "machine": machine}
+    bad = infeasible_runs(results)
+    return _write_results(Path(out_dir), results, None, bad, partial=True, made_by=made_by)
 
 
 def _write_results(
@@ -859,6 +884,7 @@ def _write_results(
     comp: dict[str, Any] | None,
     bad: Sequence[tuple[str, int, str]],
     partial: bool = False,
+    made_by: dict[str, str] | None = None,
 ) -> Path:
     rj = out / "results.json"
     data: dict[str, Any] = {
@@ -866,6 +892,7 @@ def _write_results(
         "paired": _paired_json(comp) if comp else None,
         "infeasible": [{"scenario": s, "seed": seed, "why": n} for s, seed, n in bad],
     }
+    data.update({k: v for k, v in (made_by or {}).items() if k in PROVENANCE and v})
     if partial:
         data["partial"] = True
     text = json.dumps(_clean(data), indent=1, allow_nan=False, default=str)

@@ -27,8 +27,12 @@ def _report(out: Path) -> tuple[str, list[dict]]:
     return (out / "report.md").read_text(), data["runs"]
 
 
-def test_smoke_suite_serial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", "--suite", "smoke", "--ray-address", "none", "--out", str(tmp_path)]) == 0
+def test_smoke_suite_serial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = ["eval", "--suite", "smoke", "--ray-address", "none", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", ["rdtune", *argv])  # the report names this command
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "4 runs (serial)" in out and f"report: {tmp_path}/report.md" in out
     md, runs = _report(tmp_path)
@@ -42,8 +46,10 @@ def test_smoke_suite_serial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "## Paired comparison: unpartitioned vs each controller" in md
     paired = json.loads((tmp_path / "results.json").read_text())["paired"]
     assert paired["reference"] == "unpartitioned" and paired["rows"][0]["pairs"] == 2
+    assert f"    rdtune eval --suite smoke --ray-address none --out {tmp_path}\n" in md
     (tmp_path / "report.md").unlink()
     assert main(["eval", "--rerender", str(tmp_path)]) == 0  # from results.json, no runs
+    # the same report: the command that made the runs, not one from the suite's name
     assert (tmp_path / "report.md").read_text() == md
     assert main(["eval", "--rerender", str(tmp_path / "nowhere")]) == 2
     # the report's own flags apply to a rerender too (they were ignored)
@@ -360,8 +366,10 @@ def test_an_interrupted_eval_keeps_the_runs_that_finished(
         return real(job)
 
     monkeypatch.setattr(runner, "run_job", run_job)
-    assert main(["eval", "--suite", "smoke", "--seconds", "0.5", "--ray-address", "none",
-                 "--out", str(tmp_path), "--no-plots"]) == 130  # fmt: skip
+    argv = ["eval", "--suite", "smoke", "--seconds", "0.5", "--ray-address", "none",
+            "--out", str(tmp_path), "--no-plots"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["rdtune", *argv])
+    assert main(argv) == 130
     err = capsys.readouterr().err
     finished = interrupt_at - 1
     assert (
@@ -376,7 +384,16 @@ def test_an_interrupted_eval_keeps_the_runs_that_finished(
         assert main(["eval", "--rerender", str(tmp_path)]) == 0
         assert "unfinished suite" in capsys.readouterr().out
     assert json.loads(rj.read_text())["partial"] is True
-    assert "**Partial**" in (tmp_path / "report.md").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert "**Partial**" in md and f"--out {tmp_path} --no-plots\n" in md  # the command run
+
+
+def test_a_rerender_of_results_that_keep_no_command_names_the_suites(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "results.json").write_text(_one_run())  # as written before they kept it
+    assert main(["eval", "--rerender", str(tmp_path), "--no-plots"]) == 0
+    assert "    rdtune eval --suite t\n" in (tmp_path / "report.md").read_text()
 
 
 def _one_run(**change) -> str:
