@@ -34,6 +34,7 @@ from agent.argtypes import positive_float, positive_int
 
 if TYPE_CHECKING:
     from eval.runner import Job
+    from eval.suites import Suite
 
 
 EXIT_STATUS = (
@@ -63,7 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="list the controllers (the catalogue rdtune tune uses too) and exit",
     )
     parser.add_argument(
-        "--suites", metavar="FILE", help="suites YAML file (default: eval/data/suites.yaml)"
+        "--suites",
+        metavar="FILE",
+        help="suites YAML file (default: eval/data/suites.yaml); with --rerender, the one "
+        "describing the runs' suite (its description and paired_with)",
     )
     parser.add_argument(
         "--controllers",
@@ -139,7 +143,9 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        return _rerender(console, Path(args.rerender), args.paired_with, not args.no_plots)
+        return _rerender(
+            console, Path(args.rerender), args.paired_with, not args.no_plots, args.suites
+        )
     if args.list_controllers:
         from models.catalogue import describe
 
@@ -433,10 +439,11 @@ def print_paired(console, results, reference: str | None = None) -> None:
     console.print(table)
 
 
-def _rerender(console, out: Path, paired_with: str | None, plots: bool) -> int:
+def _rerender(
+    console, out: Path, paired_with: str | None, plots: bool, suites_file: str | None = None
+) -> int:
     from eval.bench.harness import machine
     from eval.report import is_partial, load_results, provenance, write_report
-    from eval.suites import load_suites
 
     rj = out / "results.json"
     try:
@@ -453,8 +460,11 @@ def _rerender(console, out: Path, paired_with: str | None, plots: bool) -> int:
             f"{rj}: the runs of an unfinished suite ({len(results)} of them)", markup=False
         )
     suite = results[0].suite
-    known = load_suites()
-    desc = known[suite].description if suite in known else ""
+    try:
+        spec = _suite_of(suite, suites_file)
+    except ValueError as exc:  # SuiteError among them
+        print(f"rdtune eval: {exc}", file=sys.stderr)
+        return 2
     labels = {r.controller for r in results if not r.error}
     if paired_with is not None and paired_with not in labels:
         have = ", ".join(sorted(labels))
@@ -463,14 +473,14 @@ def _rerender(console, out: Path, paired_with: str | None, plots: bool) -> int:
             file=sys.stderr,
         )
         return 2
-    ref = paired_with or (known[suite].paired_with if suite in known else None)
+    ref = paired_with or (spec.paired_with if spec else None)
     ref = ref if ref in labels else None
     made_by = provenance(rj)  # older results kept neither: the suite's command, this machine
     report = write_report(
         results,
         out,
         title=f"rdtune eval: suite {suite}",
-        description=desc,
+        description=spec.description if spec else "",
         command=made_by.get("command", f"rdtune eval --suite {suite}"),
         machine=made_by.get("machine", machine()),
         reference=ref,
@@ -481,3 +491,19 @@ def _rerender(console, out: Path, paired_with: str | None, plots: bool) -> int:
     print_paired(console, results, ref)
     console.print(f"report: {report.markdown}", markup=False)
     return 0
+
+
+def _suite_of(name: str, suites_file: str | None) -> Suite | None:
+    """The suite ``name`` the runs to rerender were of, as ``suites_file`` (--suites;
+    default: the bundled suites) defines it: its description and paired_with go into the
+    report. None when the bundled suites lack it (runs of another file's suite);
+    ValueError when --suites names a file that cannot be read or lacks it."""
+    from eval.suites import load_suites
+
+    known = load_suites(suites_file)
+    if name in known:
+        return known[name]
+    if suites_file is not None:
+        have = ", ".join(known)
+        raise ValueError(f"--suites {suites_file}: no suite {name!r} (the runs'); have {have}")
+    return None

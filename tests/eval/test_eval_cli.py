@@ -454,3 +454,25 @@ def test_a_report_is_not_replaced_without_force(
     assert (out / "report.md").read_text() != "# old\n"
     assert not (out / "tradeoff.png").exists()  # the old report's plot went with it
     assert (out / "notes.txt").read_text() == "mine\n"  # what is not a report's stays
+
+
+@pytest.mark.parametrize(("name", "status"), [("t", 0), ("other", 2)])
+def test_a_rerender_takes_the_runs_suite_from_suites_file(
+    name: str, status: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--suites was ignored by --rerender: the report lost a user suite's description."""
+    suites = tmp_path / "suites.yaml"
+    suites.write_text(
+        f"{name}:\n  description: Hand-made suite\n  scenarios: [default]\n  controllers: [eq]\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text(_one_run())  # runs of suite t
+    assert main(["eval", "--rerender", str(out), "--suites", str(suites), "--no-plots"]) == status
+    if status == 0:
+        assert "\nHand-made suite\n" in (out / "report.md").read_text()
+        return
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"--suites {suites}: no suite 't' (the runs'); have other" in err
+    assert not (out / "report.md").exists()
