@@ -203,8 +203,7 @@ class _PartitionEnv(gym.Env):
     # ------------------------------------------------------------------ gym API
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        # The constructor's seed is the first reset's, seeded or not: a later reset()
-        # continues the stream the first one started, whichever seed started it.
+        # the constructor's seed is the first reset's, seeded or not: reset() continues
         init_seed, self._init_seed = self._init_seed, None
         super().reset(seed=init_seed if seed is None else seed)
         options = dict(options or {})
