@@ -124,6 +124,36 @@ def sb3_vector_env(venv: gym.vector.VectorEnv):
 
 
 _SB3_CLASS = None
+_SINGLE = {"observation_space": "single_observation_space", "action_space": "single_action_space"}
+
+
+def per_env_infos(infos: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
+    """A gymnasium vector env's infos (a dict of arrays over envs, with ``_key`` masks) as
+    SB3 hands them on: one dict per env. A nested dict (``reward_terms``) becomes one dict
+    per env too; numbers become Python's, as a single env gives them. The ``_key`` masks
+    and the autoreset's ``final_obs`` and ``final_info`` are left out (the adapter puts
+    a finished episode's in its own way); a key missing from an env keeps its mask's."""
+    out: list[dict[str, Any]] = [{} for _ in range(n)]
+    for key, value in infos.items():
+        if key[0] == "_" or key in ("final_obs", "final_info"):
+            continue
+        mask = infos.get("_" + key)
+        if isinstance(value, Mapping):
+            names = [k for k in value if k[0] != "_"]
+            columns = zip(*(_values(value[k]) for k in names), strict=True)
+            rows: Any = (dict(zip(names, r, strict=True)) for r in columns)
+        else:
+            rows = _values(value)
+        for i, (d, v) in enumerate(zip(out, rows, strict=True)):
+            if mask is None or mask[i]:
+                d[key] = v
+    return out
+
+
+def _values(array) -> Any:
+    """The per-env values of one info array: Python numbers for a flat array (tolist, in
+    C), each env's row for a deeper one."""
+    return array.tolist() if getattr(array, "ndim", 2) == 1 else array
 
 
 def _sb3_class():
@@ -154,8 +184,8 @@ def _sb3_class():
                     f"set_options gave them {self._options}"
                 )
             options = self._options[0] if self._options[0] else None
-            obs, _ = self.venv.reset(seed=seeds, options=options)
-            self.reset_infos = [{} for _ in range(self.num_envs)]
+            obs, infos = self.venv.reset(seed=seeds, options=options)
+            self.reset_infos = per_env_infos(infos, self.num_envs)
             self._reset_seeds()
             self._reset_options()
             return obs
@@ -166,11 +196,17 @@ def _sb3_class():
         def step_wait(self):
             obs, rewards, terminated, truncated, infos = self.venv.step(self._actions)
             dones = terminated | truncated
-            final = infos.get("final_obs")
-            out = [{} for _ in range(self.num_envs)]
-            for i in np.flatnonzero(dones).tolist():
-                out[i]["terminal_observation"] = final[i]
-                out[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+            out = per_env_infos(infos, self.num_envs)
+            ended = np.flatnonzero(dones).tolist()
+            if ended:
+                # as DummyVecEnv: a finished env's info is its last step's (the ended
+                # episode's), and the new episode's reset info goes to reset_infos
+                final, last = infos["final_obs"], per_env_infos(infos["final_info"], self.num_envs)
+                for i in ended:
+                    self.reset_infos[i] = {"scenario": out[i]["scenario"]}
+                    out[i].update(last[i])
+                    out[i]["terminal_observation"] = final[i]
+                    out[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
             return obs, rewards.astype(np.float32), dones, out
 
         def close(self) -> None:
@@ -191,6 +227,8 @@ def _sb3_class():
             return idx
 
         def get_attr(self, attr_name: str, indices=None) -> list:
+            # one env's spaces, as DummyVecEnv's envs answer, not the batch's
+            attr_name = _SINGLE.get(attr_name, attr_name)
             value = getattr(self.venv, attr_name)
             per_env = attr_name in getattr(self.venv, "per_env_attributes", ())
             return [value[i] if per_env else value for i in self._count(indices)]

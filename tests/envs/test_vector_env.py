@@ -243,6 +243,32 @@ def test_sb3_adapter_matches_dummy_vec_env_of_single_envs() -> None:
                 i1[k]["terminal_observation"], i2[k]["terminal_observation"]
             )
             assert i1[k]["TimeLimit.truncated"] == i2[k]["TimeLimit.truncated"]
+        # every env's info as DummyVecEnv's envs give it (the step's, the ended episode's
+        # on a done step), and the new episode's reset info
+        for mine, single in zip(i1, i2, strict=True):
+            _assert_same_info(mine, single)
+        assert [i["scenario"] for i in ours.reset_infos] == [
+            i["scenario"] for i in theirs.reset_infos
+        ]
+    assert ours.get_attr("observation_space") == theirs.get_attr("observation_space")
+    assert ours.get_attr("action_space") == theirs.get_attr("action_space")
+
+
+def _assert_same_info(mine: dict, single: dict) -> None:
+    """``mine`` (the vector env's, per slot) says what ``single`` (one env's, per group
+    name) says: the reward terms (a single env's None a NaN here), the scenario, and each
+    slot's ways, mask and MB (NaN where the group has none, a slot with no group empty)."""
+    assert {"ways", "masks", "mb", "scenario", "reward_terms", "time_s"} <= set(mine)
+    assert mine["scenario"] == single["scenario"] and mine["time_s"] == single["time_s"]
+    terms = mine["reward_terms"]
+    assert terms.keys() == single["reward_terms"].keys()
+    for key, value in terms.items():
+        want = single["reward_terms"][key]
+        np.testing.assert_allclose(value, np.nan if want is None else want, rtol=1e-6)
+    for key in ("ways", "masks", "mb"):
+        for slot, group in enumerate(single["slots"]):
+            want = single[key].get(group)
+            np.testing.assert_allclose(mine[key][slot], np.nan if want is None else want)
 
 
 def test_sb3_adapter_never_applies_to_some_envs_what_acts_on_all() -> None:
