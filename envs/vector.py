@@ -127,6 +127,41 @@ _SB3_CLASS = None
 _SINGLE = {"observation_space": "single_observation_space", "action_space": "single_action_space"}
 
 
+def shared_options(options: list[dict]) -> dict | None:
+    """The one set of reset options SB3's per-env ``set_options`` gave every env (None:
+    none), or ValueError: a batched env's envs reset together, with the same options."""
+    if any(o != options[0] for o in options):
+        raise ValueError(
+            "the batched env takes one set of reset options for all its envs; "
+            f"set_options gave them {options}"
+        )
+    return options[0] or None
+
+
+def sb3_step_infos(
+    infos: Mapping[str, Any], terminated, truncated
+) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
+    """SB3's infos of one step of a vector env that autoresets in the same step, as
+    DummyVecEnv gives them: each env's (:func:`per_env_infos`); for an env whose episode
+    ended, the ended episode's (its ``final_info``), ``terminal_observation`` and
+    ``TimeLimit.truncated``. Also the reset info of each env that started a new episode
+    (its scenario), which SB3 keeps in ``reset_infos``."""
+    import numpy as np
+
+    n = len(terminated)
+    out = per_env_infos(infos, n)
+    started: dict[int, dict[str, Any]] = {}
+    ended = np.flatnonzero(terminated | truncated).tolist()
+    if ended:
+        final, last = infos["final_obs"], per_env_infos(infos["final_info"], n)
+        for i in ended:
+            started[i] = {"scenario": out[i]["scenario"]}
+            out[i].update(last[i])
+            out[i]["terminal_observation"] = final[i]
+            out[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+    return out, started
+
+
 def per_env_infos(infos: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
     """A gymnasium vector env's infos (a dict of arrays over envs, with ``_key`` masks) as
     SB3 hands them on: one dict per env. A nested dict (``reward_terms``) becomes one dict
@@ -178,13 +213,7 @@ def _sb3_class():
 
         def reset(self):
             seeds = self._seeds if any(s is not None for s in self._seeds) else None
-            if any(o != self._options[0] for o in self._options):
-                raise ValueError(
-                    "the batched env takes one set of reset options for all its envs; "
-                    f"set_options gave them {self._options}"
-                )
-            options = self._options[0] if self._options[0] else None
-            obs, infos = self.venv.reset(seed=seeds, options=options)
+            obs, infos = self.venv.reset(seed=seeds, options=shared_options(self._options))
             self.reset_infos = per_env_infos(infos, self.num_envs)
             self._reset_seeds()
             self._reset_options()
@@ -195,19 +224,10 @@ def _sb3_class():
 
         def step_wait(self):
             obs, rewards, terminated, truncated, infos = self.venv.step(self._actions)
-            dones = terminated | truncated
-            out = per_env_infos(infos, self.num_envs)
-            ended = np.flatnonzero(dones).tolist()
-            if ended:
-                # as DummyVecEnv: a finished env's info is its last step's (the ended
-                # episode's), and the new episode's reset info goes to reset_infos
-                final, last = infos["final_obs"], per_env_infos(infos["final_info"], self.num_envs)
-                for i in ended:
-                    self.reset_infos[i] = {"scenario": out[i]["scenario"]}
-                    out[i].update(last[i])
-                    out[i]["terminal_observation"] = final[i]
-                    out[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
-            return obs, rewards.astype(np.float32), dones, out
+            out, started = sb3_step_infos(infos, terminated, truncated)
+            for i, info in started.items():
+                self.reset_infos[i] = info
+            return obs, rewards.astype(np.float32), terminated | truncated, out
 
         def close(self) -> None:
             self.venv.close()

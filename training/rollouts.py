@@ -45,15 +45,21 @@ class _Shard:
         env = self.env
         return env.single_observation_space, env.single_action_space, env.encoder, env.decoder
 
-    def reset(self, seeds: list[int] | None):
-        obs, _ = self.env.reset(seed=seeds)
-        return obs, self.env.action_masks()
+    def reset(self, seeds: list[int] | None, options: dict | None):
+        from envs.vector import per_env_infos
+
+        obs, infos = self.env.reset(seed=seeds, options=options)
+        return obs, self.env.action_masks(), per_env_infos(infos, self.env.num_envs)
 
     def step(self, actions: np.ndarray):
+        """The step as SB3 takes it (envs/vector.py ``sb3_step_infos``): observations,
+        rewards, terminated, truncated, each env's info, the reset infos of the envs that
+        started an episode, the action masks."""
+        from envs.vector import sb3_step_infos
+
         obs, rewards, terminated, truncated, infos = self.env.step(actions)
-        final = infos.get("final_obs")
-        finals = {int(i): final[i] for i in np.flatnonzero(terminated | truncated)}
-        return obs, rewards, terminated, truncated, finals, self.env.action_masks()
+        out, started = sb3_step_infos(infos, terminated, truncated)
+        return obs, rewards, terminated, truncated, out, started, self.env.action_masks()
 
 
 def shard_sizes(n_envs: int, workers: int) -> list[int]:
@@ -92,6 +98,8 @@ def _class():
     import ray
     from stable_baselines3.common.vec_env import VecEnv
 
+    from envs.vector import shared_options
+
     class RayVecEnv(VecEnv):
         """SB3 VecEnv over Ray actors (module docstring)."""
 
@@ -120,19 +128,27 @@ def _class():
         def _slices(self):
             return [slice(a, b) for a, b in zip(self._bounds[:-1], self._bounds[1:], strict=True)]
 
+        def _open(self) -> None:
+            if not self._shards:
+                raise RuntimeError("the RayVecEnv is closed (its Ray actors are gone)")
+
         def reset(self):
+            self._open()
             seeds = self._seeds if any(s is not None for s in self._seeds) else None
+            options = shared_options(self._options)  # as the in-process batched env
             futures = [
-                s.reset.remote(None if seeds is None else list(seeds[sl]))
+                s.reset.remote(None if seeds is None else list(seeds[sl]), options)
                 for s, sl in zip(self._shards, self._slices(), strict=True)
             ]
             got = ray.get(futures)
             self._masks = np.concatenate([g[1] for g in got])
+            self.reset_infos = [info for g in got for info in g[2]]
             self._reset_seeds()
             self._reset_options()
             return np.concatenate([g[0] for g in got])
 
         def step_async(self, actions) -> None:
+            self._open()
             actions = np.asarray(actions)
             self._pending = [
                 s.step.remote(actions[sl])
@@ -146,15 +162,12 @@ def _class():
             rewards = np.concatenate([g[1] for g in got]).astype(np.float32)
             terminated = np.concatenate([g[2] for g in got])
             truncated = np.concatenate([g[3] for g in got])
-            self._masks = np.concatenate([g[5] for g in got])
-            dones = terminated | truncated
-            infos = [{} for _ in range(self.num_envs)]
+            self._masks = np.concatenate([g[6] for g in got])
+            infos = [info for g in got for info in g[4]]
             for lo, g in zip(self._bounds[:-1], got, strict=True):
-                for i, final in g[4].items():
-                    k = int(lo) + i
-                    infos[k]["terminal_observation"] = final
-                    infos[k]["TimeLimit.truncated"] = bool(truncated[k] and not terminated[k])
-            return obs, rewards, dones, infos
+                for i, info in g[5].items():
+                    self.reset_infos[int(lo) + i] = info
+            return obs, rewards, terminated | truncated, infos
 
         def action_masks(self) -> np.ndarray:
             """MaskablePPO's masks of every env, as the last step (or reset) left them."""

@@ -51,6 +51,9 @@ def _trajectory(venv, steps: int = 7) -> list:
         obs, rewards, dones, infos = venv.step(_masked(masks, nvec, rng))
         finals = [i.get("terminal_observation") for i in infos]
         out += [obs, rewards, dones, finals, [i.get("TimeLimit.truncated") for i in infos]]
+        # SB3's infos (the ended episode's on a done step) and the new episodes' reset infos
+        out += [[i["scenario"] for i in infos], [i["reward_terms"]["total"] for i in infos]]
+        out.append([i["scenario"] for i in venv.unwrapped.reset_infos])
     venv.close()
     return out
 
@@ -78,9 +81,16 @@ def test_ray_workers_match_the_in_process_vector_env_and_train(tmp_path, ray_loc
 
     n = 3
     reference = _trajectory(make_batched_vec_env(n, **FAST))
-    assert any(d.any() for d in reference[4::6])  # episodes ended and were reset
+    assert any(d.any() for d in reference[4::9])  # episodes ended and were reset
     # the shared local Ray (conftest: 2 CPUs)
     _same(_trajectory(ray_vec_env(n, 2, **FAST)), reference)
+    venv = ray_vec_env(n, 2, **FAST)
+    venv.set_options([{"baseline": "equal"}, {}, {}])  # its envs reset together
+    with pytest.raises(ValueError, match="one set of reset options for all its envs"):
+        venv.reset()
+    venv.close()
+    with pytest.raises(RuntimeError, match="the RayVecEnv is closed"):
+        venv.reset()
     # rdtune train on Ray rollout workers (the Ray running here is used and left up)
     config = dict(TINY, total_timesteps=64)
     path = tmp_path / "tiny.yaml"
