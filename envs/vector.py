@@ -207,6 +207,9 @@ def _sb3_class():
                     f"SB3 needs a vector env that autoresets in the same step, got {mode}"
                 )
             self.venv = venv
+            # attributes and methods are the env's own, under any gymnasium vector wrapper
+            # (which passes none of them on): steps and resets go through the wrappers
+            self._env = venv.unwrapped
             self.render_mode = None  # no rendering (SB3 asks)
             super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
             self._actions = None
@@ -249,20 +252,20 @@ def _sb3_class():
         def get_attr(self, attr_name: str, indices=None) -> list:
             # one env's spaces, as DummyVecEnv's envs answer, not the batch's
             attr_name = _SINGLE.get(attr_name, attr_name)
-            value = getattr(self.venv, attr_name)
-            per_env = attr_name in getattr(self.venv, "per_env_attributes", ())
+            value = getattr(self._env, attr_name)
+            per_env = attr_name in getattr(self._env, "per_env_attributes", ())
             return [value[i] if per_env else value for i in self._count(indices)]
 
         def set_attr(self, attr_name: str, value, indices=None) -> None:
             self._all(indices, f"set_attr({attr_name!r})")
-            setattr(self.venv, attr_name, value)
+            setattr(self._env, attr_name, value)
 
         def env_method(self, method_name: str, *args, indices=None, **kwargs) -> list:
             if method_name == "action_masks":
-                masks = self.venv.action_masks()
+                masks = self._env.action_masks()
                 return [masks[i] for i in self._count(indices)]
             idx = self._all(indices, f"env_method({method_name!r})")
-            result = getattr(self.venv, method_name)(*args, **kwargs)
+            result = getattr(self._env, method_name)(*args, **kwargs)
             return [result for _ in idx]
 
         def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:

@@ -295,6 +295,23 @@ def test_sb3_adapter_never_applies_to_some_envs_what_acts_on_all() -> None:
     ours.close()
 
 
+def test_sb3_adapter_over_a_gymnasium_vector_wrapper_reaches_the_env() -> None:
+    """MaskablePPO's masks, attributes and set_attr through RecordEpisodeStatistics (which
+    passes none of them on): before, action_masks raised and set_attr set the wrapper's."""
+    from gymnasium.wrappers.vector import RecordEpisodeStatistics
+
+    env = PartitionVectorEnv(2, **FAST)
+    ours = sb3_vector_env(RecordEpisodeStatistics(env))
+    ours.seed(0)
+    ours.reset()
+    masks = ours.env_method("action_masks")
+    np.testing.assert_array_equal(np.stack(masks), env.action_masks())
+    assert ours.get_attr("scenario_names") == list(env.scenario_names)
+    ours.set_attr("episode_steps", 2)
+    assert env.episode_steps == 2
+    ours.close()
+
+
 @pytest.mark.parametrize("limit", [3, 200])
 def test_max_episode_steps_ends_episodes_as_in_the_other_modes(limit: int) -> None:
     """gymnasium applies ``max_episode_steps`` with a TimeLimit in its sync and async modes;
