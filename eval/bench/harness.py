@@ -25,7 +25,7 @@ class Result:
     target: str = ""
 
     def row(self) -> str:
-        p99 = f"{self.p99:.4g}" if self.p99 is not None else "-"
+        p99 = f"{self.p99:.4g} {self.unit}" if self.p99 is not None else "-"
         return (
             f"| {self.name} | {self.value:.4g} {self.unit} | {p99} | {self.repeats} | "
             f"{self.target} |"

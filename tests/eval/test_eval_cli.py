@@ -194,13 +194,17 @@ def test_bench_failure_is_reported_and_the_rest_run(
     # it is a stand-in too (a real one takes ~20 s; test_bench_quick runs the sim's)
     monkeypatch.setitem(bench.BENCHMARKS, "broken", "no_such_module")
     fine = types.ModuleType("eval.bench.fine_for_test")
-    fine.run = lambda quick: [Result(f"fine, quick={quick}", 42.0, "steps/s", 3)]
+    fine.run = lambda quick: [
+        Result(f"fine, quick={quick}", 42.0, "steps/s", 3),
+        Result("latency", 1.5, "ms", 100, p99=2.25),  # the p99 in the median's unit
+    ]
     monkeypatch.setitem(sys.modules, fine.__name__, fine)
     monkeypatch.setitem(bench.BENCHMARKS, "fine", "fine_for_test")
     assert main(["bench", "--quick", "broken", "fine"]) == 1
     out = capsys.readouterr()
     assert "| broken: failed (ModuleNotFoundError" in out.out
     assert "| fine, quick=True | 42 steps/s | - | 3 |" in out.out  # the rest still ran
+    assert "| latency | 1.5 ms | 2.25 ms | 100 |" in out.out
     assert "failed: broken" in out.err
 
 
