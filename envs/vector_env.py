@@ -316,6 +316,27 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             return np.ones((self.num_envs, int(self.decoder.nvec.sum())), dtype=bool)
         return self.decoder.action_masks(self._dl)
 
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Each env's ``name``, as SyncVectorEnv answers: its own where the attribute is per
+        env (``per_env_attributes``), else the value its envs share."""
+        value = getattr(self, name)
+        if name in self.per_env_attributes:
+            return tuple(value)
+        return (value,) * self.num_envs
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Set ``name`` as SyncVectorEnv does (one value for all, or a list or tuple of one
+        per env); the envs share their settings, so values that differ between them are
+        refused rather than set for some."""
+        if isinstance(values, (list, tuple)):
+            if len(values) != self.num_envs or any(v != values[0] for v in values):
+                raise ValueError(
+                    f"set_attr({name!r}): the batched env's {self.num_envs} envs share it; "
+                    f"give one value, not {values!r}"
+                )
+            values = values[0]
+        setattr(self, name, values)
+
     def close_extras(self, **kwargs: Any) -> None:
         self.batch = None
 

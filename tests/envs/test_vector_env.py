@@ -295,6 +295,20 @@ def test_sb3_adapter_never_applies_to_some_envs_what_acts_on_all() -> None:
     ours.close()
 
 
+def test_get_attr_and_set_attr_as_sync_vector_env() -> None:
+    env = PartitionVectorEnv(3, **FAST)
+    env.reset(seed=0)
+    assert env.get_attr("episode_steps") == (FAST["episode_steps"],) * 3
+    assert env.get_attr("scenario_names") == tuple(env.scenario_names)  # each env's own
+    env.set_attr("episode_steps", 2)
+    env.set_attr("episode_steps", [5, 5, 5])  # one per env, all alike
+    assert env.episode_steps == 5
+    with pytest.raises(ValueError, match=r"set_attr\('episode_steps'\): .* share it"):
+        env.set_attr("episode_steps", [2, 3, 2])
+    assert env.episode_steps == 5
+    env.close()
+
+
 def test_sb3_adapter_over_a_gymnasium_vector_wrapper_reaches_the_env() -> None:
     """MaskablePPO's masks, attributes and set_attr through RecordEpisodeStatistics (which
     passes none of them on): before, action_masks raised and set_attr set the wrapper's."""
