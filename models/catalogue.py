@@ -350,9 +350,12 @@ def check_spec(spec: ControllerSpec | str) -> None:
     if spec.name != "policy":
         return
     try:
-        construct(spec)  # its errors name the controller
+        construct(spec)  # its errors name the controller (a ControllerError from the cause)
     except ValueError as exc:  # ControllerError and PolicyError among them
-        raise ControllerError(" ".join(str(exc).split())) from None
+        text = " ".join(str(exc).split())
+        if isinstance(exc, ControllerError) and text == str(exc):
+            raise
+        raise ControllerError(text) from exc
 
 
 def check_option_types(entry: Entry, options: Mapping[str, Any], label: str) -> None:

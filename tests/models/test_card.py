@@ -15,7 +15,7 @@ from agent.sim import SimNode
 from models.card import CARD_FILE, FORMAT, ModelCard, PolicyError, TrainedOn
 from models.policy import DEFAULT_POLICY
 from tests.models.exports import copy_export
-from tuner.controllers import check
+from tuner.controllers import ControllerError, check
 
 ON = "training_data.trained_on."
 V1 = Path(__file__).parent / "data" / "model_card_v1.json"  # the bundled card as first exported
@@ -126,8 +126,9 @@ def test_each_field_of_a_hand_edited_card_is_checked_before_a_node_is_touched(
     one line naming the card's file and the field, never a traceback from deep in the
     runtime, and never after building a layout or an action table of gigabytes."""
     export = copy_export(DEFAULT_POLICY, tmp_path / "p", **changes)
-    with pytest.raises(PolicyError, match=message) as refused:
-        check(f"policy:{export}")
+    with pytest.raises(ControllerError, match=message) as refused:
+        check(f"policy:{export}")  # loads the policy as it will run: the loader's error
+    assert isinstance(refused.value.__cause__, PolicyError)
     assert str(export / CARD_FILE) in str(refused.value)
 
 
@@ -153,8 +154,9 @@ def test_a_card_this_code_cannot_serve_is_refused_before_a_node_is_touched(
 ) -> None:
     export = copy_export(DEFAULT_POLICY, tmp_path / "p", **changes)
     assert any(message.split(":")[0] in p for p in ModelCard.read(export).code_problems())
-    with pytest.raises(PolicyError, match=message):
+    with pytest.raises(ControllerError, match=message) as refused:
         check(f"policy:{export}")
+    assert isinstance(refused.value.__cause__, PolicyError)
 
 
 @pytest.mark.parametrize("kind", ["missing", "a directory", "a named pipe", "another file"])
@@ -174,6 +176,7 @@ def test_the_onnx_file_is_checked_before_a_node_is_touched(tmp_path, kind) -> No
         "missing": "cannot read the ONNX policy: .*: cannot read: No such file",
         "another file": "does not match the card's sha256",
     }.get(kind, f"cannot read the ONNX policy: .*: {kind}, not a regular file")
-    with pytest.raises(PolicyError, match=message) as refused:
+    with pytest.raises(ControllerError, match=message) as refused:
         check(f"policy:{export}")
+    assert isinstance(refused.value.__cause__, PolicyError)
     assert str(onnx) in str(refused.value)
