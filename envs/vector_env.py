@@ -41,6 +41,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from agent.sim.batch import SimBatch
+from agent.sim.scenario import Scenario, get_scenario
 from agent.sim.truth import solo_reference
 from agent.types import Allocation, AllocationPlan, GroupKind
 from envs.partition import BASELINES, MIN_SIM_STEP_S, REFERENCES, _count, _flag, _positive
@@ -199,10 +200,11 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         baseline = options.pop("baseline", self.baseline)
         if baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        scenario = options.pop("scenario", None)
         if options:
-            raise ValueError(f"unknown reset options {sorted(options)}; have baseline")
+            raise ValueError(f"unknown reset options {sorted(options)}; have baseline, scenario")
         rows = np.arange(self.num_envs)
-        self._start(rows, baseline)
+        self._start(rows, baseline, None if scenario is None else self._fitting(scenario))
         self.batch.advance(self.interval_s)
         readings = self.batch.observe()
         self._shield_observe(readings, rows)
@@ -342,13 +344,27 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
 
     # ------------------------------------------------------------------ episodes
 
-    def _start(self, rows: np.ndarray, baseline: str) -> None:
-        """Begin new episodes on envs ``rows``: draw their scenarios and simulator seeds,
-        reset their nodes, apply the baseline allocation, and open the first interval."""
+    def _fitting(self, name: str | Scenario) -> Scenario:
+        """The scenario a reset's ``scenario`` option names, if the batch can hold it (it is
+        sized for the scenario family's largest, :func:`family_bounds`)."""
+        scn = get_scenario(name, self.family.catalog)
+        most, ways = family_bounds(self.family)
+        has = (len(scn.workloads), self.family.catalog.machine(scn.machine).ways)
+        if has[0] > most or has[1] > ways:
+            raise ValueError(
+                f"scenario {scn.name}: {has[0]} workloads on {has[1]} ways; this vector env "
+                f"holds at most {most} on {ways} (its scenario family's largest)"
+            )
+        return scn
+
+    def _start(self, rows: np.ndarray, baseline: str, scenario: Scenario | None = None) -> None:
+        """Begin new episodes on envs ``rows``: draw their scenarios (or run ``scenario``,
+        as the single env's reset option) and simulator seeds, reset their nodes, apply
+        the baseline allocation, and open the first interval."""
         scenarios, seeds = [], []
         for i in rows.tolist():
             rng = self._rngs[i]
-            scenarios.append(self.family.draw(rng))
+            scenarios.append(self.family.draw(rng) if scenario is None else scenario)
             seeds.append(int(rng.integers(2**31 - 1)))
         if self.batch is None:
             if len(rows) != self.num_envs:

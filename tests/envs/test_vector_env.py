@@ -295,6 +295,24 @@ def test_sb3_adapter_never_applies_to_some_envs_what_acts_on_all() -> None:
     ours.close()
 
 
+def test_the_scenario_reset_option_runs_it_in_every_env_as_the_single_env() -> None:
+    env = PartitionVectorEnv(2, **FAST)
+    obs, info = env.reset(seed=3, options={"scenario": "default"})
+    assert list(info["scenario"]) == ["default", "default"]
+    for i in range(2):
+        single = envs.partition.PartitionEnv(**FAST)
+        want, _ = single.reset(seed=3 + i, options={"scenario": "default"})
+        np.testing.assert_array_equal(obs[i], want)
+        single.close()
+    with pytest.raises(ValueError, match=r"unknown reset options \['colour'\]; have baseline"):
+        env.reset(options={"colour": "red"})
+    env.close()
+    small = PartitionVectorEnv(2, **FAST, scenarios=["default"], split="all")
+    with pytest.raises(ValueError, match=r"scenario .*: .* workloads on .* ways; this vector"):
+        small.reset(options={"scenario": "sixteen_groups"})  # larger than its batch holds
+    small.close()
+
+
 def test_get_attr_and_set_attr_as_sync_vector_env() -> None:
     env = PartitionVectorEnv(3, **FAST)
     env.reset(seed=0)
