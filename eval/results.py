@@ -321,8 +321,7 @@ def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -
         "feasible runs alone too: there it is won without giving an SLO up, while on an "
         "infeasible run holding the SLOs as nearly as possible costs batch throughput.",
         "- **Intervals**: cells are means ± the half-width of the 95% Student-t interval; "
-        + CUT_NOTE[0].upper()
-        + CUT_NOTE[1:]
+        + CUT_NOTE
         + " A paired SLO difference's interval past ±100 pp is cut likewise.",
         "- **tail / alone**: LC tail over the same service alone on the machine; "
         "**unfairness**: CoPart's stddev/mean of batch slowdowns; **weighted speedup**: "
