@@ -15,7 +15,7 @@ import stat
 import threading
 import time
 
-from mfusepy import FUSE, FuseOSError, Operations
+from mfusepy import FUSE, FuseOSError, Operations, fuse_get_context
 
 from agent.emulator.model import Model, ResctrlError
 
@@ -102,7 +102,9 @@ class ResctrlFS(Operations):
         return data[offset : offset + size]
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
-        return self._call(self.model.write, path, data)
+        # the writing thread: the kernel's ``current``, which a tasks write of pid 0 moves
+        writer = fuse_get_context()[2]
+        return self._call(self.model.write, path, data, writer)
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
         if self.model.kind(path) is None:

@@ -123,8 +123,10 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
             raise ResctrlError(errno.ENOSPC)
         return new
 
-    def write(self, path: str, data: bytes) -> int:
-        """One write(2) to ``path``: one kernel command. Returns the bytes consumed."""
+    def write(self, path: str, data: bytes, writer: int | None = None) -> int:
+        """One write(2) to ``path``: one kernel command. Returns the bytes consumed.
+        ``writer``: the writing thread's id (the kernel's ``current``; default the calling
+        thread's), which a ``tasks`` write of pid 0 moves."""
         with self.lock:
             kind = self.kind(path)
             if kind is None:
@@ -149,7 +151,7 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
             if name == "schemata":
                 self._write_schemata(g, text)
             elif name == "tasks":
-                self._write_tasks(g, text)
+                self._write_tasks(g, text, threading.get_native_id() if writer is None else writer)
             elif name in ("cpus", "cpus_list"):
                 self._write_cpus(g, text, as_list=name == "cpus_list")
             elif name == "mode":

@@ -69,16 +69,17 @@ class TaskFiles:
             return {t for t, h in self.task_group.items() if h.ctrl_group is g}
         return {t for t, h in self.task_group.items() if h is g}
 
-    def _write_tasks(self, g: Group, text: str) -> None:
+    def _write_tasks(self, g: Group, text: str, writer: int) -> None:
         # rdtgroup_tasks_write. Before 6.7: one pid, parsed before the status is cleared.
         # From 6.7: comma-separated pids moved in turn; a failed move appends
-        # "Error while processing task N" to its reason, and earlier moves stay.
+        # "Error while processing task N" to its reason, and earlier moves stay. Pid 0 is
+        # the writing task itself (rdtgroup_move_task: ``current``).
         if not self.rules.multi_pid_tasks:
             pid = _kstrtoint(text.strip(" \t\n\v\f\r"))
             if pid is None or pid < 0:
                 raise ResctrlError(errno.EINVAL)
             self.status = "ok"
-            self._move_task(g, pid)
+            self._move_task(g, pid, writer)
             return
         self.status = "ok"
         buf: str | None = text
@@ -94,18 +95,21 @@ class TaskFiles:
                 self.status = f"Invalid pid {pid}"
                 raise ResctrlError(errno.EINVAL)
             try:
-                self._move_task(g, pid)
+                self._move_task(g, pid, writer)
             except ResctrlError:
                 self.status += f"\nError while processing task {pid}"
                 raise
 
-    def _move_task(self, g: Group, tid: int) -> None:
+    def _move_task(self, g: Group, tid: int, writer: int) -> None:
         """rdtgroup_move_task for one thread id (writing a process's pid moves only its
-        main thread: find_task_by_vpid finds that one task)."""
-        if not self._pid_alive(tid):
+        main thread: find_task_by_vpid finds that one task); 0 moves ``writer``, the
+        kernel's ``current``, which needs no lookup and may always move itself."""
+        if tid == 0:
+            tid = writer
+        elif not self._pid_alive(tid):
             self.status = f"No task {tid}"
             raise ResctrlError(errno.ESRCH)
-        if tid in self.denied:
+        elif tid in self.denied:
             self.status = f"No permission to move task {tid}"
             raise ResctrlError(errno.EPERM)
         cur = self.task_group.get(tid, self.root)

@@ -145,6 +145,21 @@ def test_from_6_7_a_list_of_pids_moves_each_in_turn(child: int) -> None:
         other.wait()
 
 
+@pytest.mark.parametrize("kernel", ["6.1", "6.8"])
+def test_pid_0_moves_the_writing_task(kernel: str) -> None:
+    """rdtgroup_move_task: pid 0 is ``current``, the thread that wrote it (before, the
+    emulator answered "No task 0" and ESRCH), in either tasks format."""
+    import threading
+
+    with emulated_resctrl("intel-20way", kernel=kernel) as emu:
+        os.mkdir(f"{emu.root}/a")
+        emu.write("a/tasks", "0\n")
+        assert listed(emu, "a/tasks") == {threading.get_native_id()}
+        assert emu.status() == "ok"
+        emu.write("tasks", "0")  # and back to the default group
+        assert listed(emu, "a/tasks") == set()
+
+
 def test_mon_group_takes_only_tasks_of_its_parent(emu: Emulated, child: int) -> None:
     os.mkdir(f"{emu.root}/a")
     os.mkdir(f"{emu.root}/a/mon_groups/m")

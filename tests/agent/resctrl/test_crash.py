@@ -180,13 +180,13 @@ def test_kill_9_inside_a_stepwise_apply_rolls_back_step_by_step(emu: Emulated) -
     reached, release = threading.Event(), threading.Event()
     writes = []
 
-    def write(path: str, data: bytes):
+    def write(path: str, data: bytes, *writer):
         if path.endswith(f"{PREFIX}x/schemata"):
             writes.append(data)
             if len(writes) == 2:  # x's growth, the apply's last write: the worker dies in it
                 reached.set()
                 release.wait(30)
-        return real(path, data)
+        return real(path, data, *writer)
 
     model.write = write
     try:
