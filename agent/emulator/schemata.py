@@ -47,10 +47,12 @@ class SchemataFiles:
     cbm_len: int
 
     def _write_mode(self, g: Group, text: str) -> None:
+        # rdtgroup_mode_write: the one trailing newline is required and taken off before
+        # the status is cleared; the rest is compared whole (strcmp), white space and all.
         if not text.endswith("\n"):
             raise ResctrlError(errno.EINVAL)
         self.status = "ok"
-        want = text[:-1].strip()
+        want = text[:-1]
         if want == g.mode:
             return
         if want == "shareable":

@@ -209,6 +209,18 @@ def test_exclusive_mode_and_overlap_rules(emu: Emulated) -> None:
     assert refused(emu, "a/mode", "bogus\n") == (errno.EINVAL, "Unknown or unsupported mode")
 
 
+@pytest.mark.parametrize("text", [" shareable\n", "shareable \n", "shareable\n\n", "\tshareable\n"])
+def test_a_mode_is_one_word_and_its_newline(emu: Emulated, text: str) -> None:
+    """rdtgroup_mode_write takes off the one trailing newline and compares the rest
+    whole (strcmp): a space or a second newline is an unknown mode, even the one the
+    group has (before, the emulator stripped white space and took them)."""
+    os.mkdir(f"{emu.root}/a")
+    assert refused(emu, "a/mode", text) == (errno.EINVAL, "Unknown or unsupported mode")
+    assert refused(emu, "a/mode", "shareable")[0] == errno.EINVAL  # no newline at all
+    emu.write("a/mode", "shareable\n")
+    assert emu.status() == "ok"
+
+
 def test_tasks_move_and_rmdir_returns_them(emu: Emulated, child: int) -> None:
     os.mkdir(f"{emu.root}/a")
     os.mkdir(f"{emu.root}/b")
