@@ -142,7 +142,8 @@ def emulator_process(mountpoint, *args: str) -> Iterator[subprocess.Popen]:
         skip_or_fail(reason)
     cmd = [sys.executable, "-m", "tuner.cli", "emulate-resctrl", *args, str(mountpoint)]
     # the tests stop it with Ctrl-C too, which libfuse's handlers must see
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, preexec_fn=foreground_signals)
+    with foreground_signals():
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
         while not os.path.ismount(mountpoint):

@@ -21,6 +21,7 @@ import contextlib
 import errno
 import fcntl
 import functools
+import itertools
 import logging
 import os
 import socket
@@ -51,6 +52,12 @@ from agent.server.service import Limits, NodeAgentServicer, NodeHost, Simulation
 from agent.server.watch import NOT_SERVING, SERVING, watch_node
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
+
+# The number in each agent's private socket name (".PID.N" beside the public path): distinct
+# for every agent of this process, where the low bits of an object's id once named two
+# agents alike (the second unlinked the first's socket), and the same N a killed process
+# with this pid used, whose socket the bind then finds and removes.
+_PRIVATE_NAMES = itertools.count()
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +248,7 @@ class AgentServer:
             # grpc binds (and at its stop unlinks) a private name; the socket then takes
             # the public one by a link (_publish), which fails where another process's
             # socket is: neither grpc nor this agent ever unlinks a live one.
-            private = public.with_name(f".{os.getpid():x}.{id(self) & 0xFFF:x}")
+            private = private_name(public)
             if len(os.fsencode(private)) > UNIX_PATH_MAX:  # too long for a socket address
                 private = public  # bound as it is: grpc may unlink it at its stop
             elif private.is_socket():
@@ -407,6 +414,12 @@ async def _end_tasks(timeout_s: float = 0.5) -> None:
     for task in tasks:
         if task.done() and not task.cancelled():
             task.exception()
+
+
+def private_name(public: Path) -> Path:
+    """A name for an agent's socket beside ``public`` that no other agent of this process
+    binds (``.PID.N``): grpc binds it, and :func:`_publish` links it to ``public``."""
+    return public.with_name(f".{os.getpid():x}.{next(_PRIVATE_NAMES):x}")
 
 
 def _publish(private: Path, public: Path) -> None:

@@ -40,14 +40,21 @@ def _child(before: str = "pass") -> subprocess.CompletedProcess:
 def _python(code: str, timeout: float = 30) -> subprocess.CompletedProcess:
     """``python -c code`` with the repository importable, its output captured, and SIGINT
     as a foreground command gets it (tests/signals.py)."""
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        preexec_fn=foreground_signals,
-    )
+    with foreground_signals():
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    with proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_sigterm_raises_terminated_once_and_the_handler_is_put_back() -> None:
@@ -166,15 +173,15 @@ def test_a_commands_own_handler_is_left_alone_around_an_event_loop() -> None:
 def _stop_when(cmd: list[str], ready: str, sig: signal.Signals) -> tuple[int, str]:
     """Run ``cmd``, send ``sig`` once its output (stdout and stderr, read as it comes, a
     line's start too) holds ``ready``; its status and output."""
-    proc = subprocess.Popen(
-        cmd,
-        env=ENV,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=foreground_signals,
-    )
+    with foreground_signals():
+        proc = subprocess.Popen(
+            cmd,
+            env=ENV,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     out: list[str] = []
     seen = threading.Event()
 

@@ -556,6 +556,19 @@ def test_of_two_agents_starting_at_once_on_one_socket_one_is_refused(stale: bool
         assert not os.path.exists(sock)
 
 
+def test_every_agent_of_a_process_binds_its_own_private_socket(tmp_path) -> None:
+    """Named from the low bits of an object's id, two agents of one process could share a
+    private socket name (1 in 256): the second unlinked the first's socket, which then
+    served nobody (the test above failed so, now and then, under load)."""
+    from agent.server.app import private_name
+
+    public = tmp_path / "a.sock"
+    names = [private_name(public) for _ in range(300)]
+    assert len(set(names)) == 300
+    assert {n.parent for n in names} == {tmp_path}
+    assert all(n.name.startswith(f".{os.getpid():x}.") for n in names)
+
+
 def test_a_socket_whose_listener_cannot_be_told_dead_is_left_alone(tmp_path) -> None:
     """A listener too busy to take a connection (its backlog full) may be a live agent:
     the start is refused saying so, and the socket stays where it is."""
