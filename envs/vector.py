@@ -167,7 +167,8 @@ def per_env_infos(infos: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
     SB3 hands them on: one dict per env. A nested dict (``reward_terms``) becomes one dict
     per env too; numbers become Python's, as a single env gives them. The ``_key`` masks
     and the autoreset's ``final_obs`` and ``final_info`` are left out (the adapter puts
-    a finished episode's in its own way); a key missing from an env keeps its mask's."""
+    a finished episode's in its own way), and so is a key from the dict of an env its
+    ``_key`` mask marks as without it."""
     out: list[dict[str, Any]] = [{} for _ in range(n)]
     for key, value in infos.items():
         if key[0] == "_" or key in ("final_obs", "final_info"):
