@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from envs.vector import per_env_infos, sb3_step_infos, shared_options
+
 
 class RolloutError(RuntimeError):
     """Rollout workers that cannot run (e.g. more workers than the cluster has CPUs)."""
@@ -46,8 +48,6 @@ class _Shard:
         return env.single_observation_space, env.single_action_space, env.encoder, env.decoder
 
     def reset(self, seeds: list[int] | None, options: dict | None):
-        from envs.vector import per_env_infos
-
         obs, infos = self.env.reset(seed=seeds, options=options)
         return obs, self.env.action_masks(), per_env_infos(infos, self.env.num_envs)
 
@@ -55,8 +55,6 @@ class _Shard:
         """The step as SB3 takes it (envs/vector.py ``sb3_step_infos``): observations,
         rewards, terminated, truncated, each env's info, the reset infos of the envs that
         started an episode, the action masks."""
-        from envs.vector import sb3_step_infos
-
         obs, rewards, terminated, truncated, infos = self.env.step(actions)
         out, started = sb3_step_infos(infos, terminated, truncated)
         return obs, rewards, terminated, truncated, out, started, self.env.action_masks()
@@ -97,8 +95,6 @@ def _class():
         return _CLASS
     import ray
     from stable_baselines3.common.vec_env import VecEnv
-
-    from envs.vector import shared_options
 
     class RayVecEnv(VecEnv):
         """SB3 VecEnv over Ray actors (module docstring)."""

@@ -41,20 +41,9 @@ def _python(code: str, timeout: float = 30) -> subprocess.CompletedProcess:
     """``python -c code`` with the repository importable, its output captured, and SIGINT
     as a foreground command gets it (tests/signals.py)."""
     with foreground_signals():
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            env=ENV,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        return subprocess.run(
+            [sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=timeout
         )
-    with proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_sigterm_raises_terminated_once_and_the_handler_is_put_back() -> None:
