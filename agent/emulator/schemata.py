@@ -48,18 +48,21 @@ class SchemataFiles:
 
     def _write_mode(self, g: Group, text: str) -> None:
         # rdtgroup_mode_write: the one trailing newline is required and taken off before
-        # the status is cleared; the rest is compared whole (strcmp), white space and all.
+        # the status is cleared; the rest is compared whole (strcmp), white space and all,
+        # and as a C string it ends at its first NUL.
         if not text.endswith("\n"):
             raise ResctrlError(errno.EINVAL)
         self.status = "ok"
-        want = text[:-1]
+        want = text[:-1].partition("\0")[0]
         if want == g.mode:
             return
         if want == "shareable":
             g.mode = "shareable"
         elif want == "exclusive":
-            if g is self.root:
-                self.status = "Cannot change mode of the default group"
+            # rdtgroup_mode_test_exclusive: the default group is tested like any other (its
+            # usual full mask overlaps every group and the hardware's shareable bits).
+            if not self.l3_schemas:
+                self.status = "Cannot be exclusive without CAT/CDP"
                 raise ResctrlError(errno.EINVAL)
             for s in self.l3_schemas:
                 for d in self.domains:

@@ -221,6 +221,40 @@ def test_a_mode_is_one_word_and_its_newline(emu: Emulated, text: str) -> None:
     assert emu.status() == "ok"
 
 
+def test_a_mode_ends_at_a_nul(emu: Emulated) -> None:
+    """strcmp reads the written buffer as a C string: what follows a NUL is not compared."""
+    os.mkdir(f"{emu.root}/a")
+    emu.write("schemata", "L3:0=000ff;1=000ff\n")
+    emu.write("a/schemata", "L3:0=3f000;1=3f000\n")  # so exclusive mode is possible
+    emu.write("a/mode", "exclusive\0 and what follows\n")
+    assert (emu.read("a/mode"), emu.status()) == ("exclusive\n", "ok")
+    assert refused(emu, "a/mode", "\0shareable\n") == (errno.EINVAL, "Unknown or unsupported mode")
+
+
+@pytest.mark.parametrize(
+    ("preset", "status"),
+    [
+        ("intel-20way", "Schemata overlaps"),  # its full mask holds the shareable bits
+        ("amd-epyc", None),  # no shareable bits and no other group: nothing overlaps
+    ],
+)
+def test_the_default_group_may_be_exclusive_if_nothing_overlaps(
+    preset: str, status: str | None
+) -> None:
+    """rdtgroup_mode_write has no rule of its own for the default group: the overlap
+    test decides, and a new group then finds no ways left (AMD's min_cbm_bits is 0, so
+    it is made with an empty mask)."""
+    with emulated_resctrl(preset) as emu:
+        if status is not None:
+            assert refused(emu, "mode", "exclusive\n") == (errno.EINVAL, status)
+            assert emu.read("mode") == "shareable\n"
+            return
+        emu.write("mode", "exclusive\n")
+        assert (emu.read("mode"), emu.status()) == ("exclusive\n", "ok")
+        os.mkdir(f"{emu.root}/a")
+        assert "L3:0=0000;1=0000;" in emu.read("a/schemata")
+
+
 def test_tasks_move_and_rmdir_returns_them(emu: Emulated, child: int) -> None:
     os.mkdir(f"{emu.root}/a")
     os.mkdir(f"{emu.root}/b")
