@@ -21,8 +21,10 @@ expects), or ``next_step`` (gymnasium's default: the step after truncation reset
 ignores its action). Episodes end by truncation only. A step's infos hold what the single
 env's hold, as arrays over the envs (and their slots, in the observation's order, where
 the single env names groups): ``ways``, ``masks``, ``mb``, ``shared``, ``time_s``,
-``reward_terms`` and ``scenario``. ``reset(seed=s)`` seeds env ``i``
-with ``s + i`` (a list gives one seed per env), as gymnasium's vector envs do.
+``reward_terms`` and ``scenario``, each with gymnasium's ``_key`` mask of the envs that
+have it (an env reset within the step has its reset's info, the ended episode's last step
+is under ``final_info``). ``reset(seed=s)`` seeds env ``i`` with ``s + i`` (a list gives
+one seed per env), as gymnasium's vector envs do.
 :meth:`PartitionVectorEnv.action_masks` gives MaskablePPO's masks; the SB3 ``VecEnv``
 adapter is :class:`envs.vector.SB3VectorEnv`.
 """
@@ -210,7 +212,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._shield_observe(readings, rows)
         self._first(rows, self._ips(readings), self._encode(readings))
         self._autoreset[:] = False
-        return self._obs.copy(), {"scenario": np.array(self.scenario_names, dtype=object)}
+        names = np.array(self.scenario_names, dtype=object)
+        return self._obs.copy(), {"scenario": names, "_scenario": np.ones(self.num_envs, bool)}
 
     def step(self, actions):
         if self.batch is None:
@@ -256,29 +259,32 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             self._first(np.flatnonzero(resetting), ips[resetting], obs[resetting])
         truncated = stepping & (self._steps >= self.episode_steps)
         terminated = np.zeros(N, dtype=bool)
-        infos: dict[str, Any] = self._decision_info(dec, stepping, readings.timestamp)
+        values = self._decision_info(dec, stepping, readings.timestamp)
         if terms is not None:
-            infos["reward_terms"] = {k: v for k, v in vars(terms).items()}
-        if truncated.any():
-            if self.autoreset_mode is AutoresetMode.SAME_STEP:
-                done = np.flatnonzero(truncated)
-                final = np.full(N, None, dtype=object)
-                for i in done:
-                    final[i] = self._obs[i].copy()
-                infos["final_obs"] = final
-                infos["_final_obs"] = truncated.copy()
-                infos["final_info"] = self._final_info(infos, truncated)
-                infos["_final_info"] = truncated.copy()
-                self._start(done, self.baseline)
-                self.batch.advance(self.interval_s, done)
-                fresh = self.batch.observe(done)
-                self._shield_observe(fresh, done, fresh_rows=True)
-                self._first(done, self._ips(fresh), self._encode(fresh, done))
-            else:
-                self._autoreset = truncated
+            values["reward_terms"] = vars(terms)
+        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP
+        # As gymnasium's vector envs: an env reset within the step has its reset's info at
+        # the top and the ended episode's last step info under final_info.
+        infos = _masked(values, stepping & ~truncated if same_step else stepping)
+        if truncated.any() and same_step:
+            done = np.flatnonzero(truncated)
+            final = np.full(N, None, dtype=object)
+            for i in done:
+                final[i] = self._obs[i].copy()
+            infos["final_obs"] = final
+            infos["_final_obs"] = truncated.copy()
+            values["scenario"] = np.array(self.scenario_names, dtype=object)
+            infos["final_info"] = _masked(values, truncated)
+            infos["_final_info"] = truncated.copy()
+            self._start(done, self.baseline)
+            self.batch.advance(self.interval_s, done)
+            fresh = self.batch.observe(done)
+            self._shield_observe(fresh, done, fresh_rows=True)
+            self._first(done, self._ips(fresh), self._encode(fresh, done))
         if self.autoreset_mode is AutoresetMode.NEXT_STEP:
             self._autoreset = truncated
         infos["scenario"] = np.array(self.scenario_names, dtype=object)
+        infos["_scenario"] = np.ones(N, dtype=bool)
         return self._obs.copy(), rewards, terminated, truncated, infos
 
     def _decision_info(
@@ -297,19 +303,6 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             "shared": dec.shared & stepping,
             "time_s": time_s.copy(),
         }
-
-    def _final_info(self, infos: dict[str, Any], ended: np.ndarray) -> dict[str, Any]:
-        """What gymnasium's same-step autoreset puts in ``final_info`` (each key an array
-        over the envs, ``_key`` marking the envs whose episode ended), of what this env
-        reports: the ended episode's scenario and its last reward terms."""
-        out: dict[str, Any] = {
-            "scenario": np.array(self.scenario_names, dtype=object),
-            "_scenario": ended.copy(),
-        }
-        if "reward_terms" in infos:
-            out["reward_terms"] = infos["reward_terms"]
-            out["_reward_terms"] = ended.copy()
-        return out
 
     def action_masks(self) -> np.ndarray:
         """Per env, the flat boolean masks MaskablePPO takes (absent slots, and choices the
@@ -612,6 +605,17 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         ways, mbf = held_fractions(layout, masks, has, mb)
         floor = self.shield.floors(sel)[0] if self.shield is not None else None
         return encode_arrays(layout, m, self._slot_col[sel], ways, mbf, self.history, sel, floor)
+
+
+def _masked(values: Mapping[str, np.ndarray], present: np.ndarray) -> dict[str, Any]:
+    """``values`` with gymnasium's ``_key`` mask beside each key, nested dicts too (the
+    envs that have it: ``present``), as ``VectorEnv._add_info`` builds a vector env's
+    infos."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        out[key] = _masked(value, present) if isinstance(value, Mapping) else value
+        out["_" + key] = present.copy()
+    return out
 
 
 def _rows(layout: SlotLayout, rows: np.ndarray) -> SlotLayout:

@@ -80,8 +80,9 @@ def test_matches_single_envs_step_by_step(mode: str, kwargs: dict) -> None:
     n = 5
     vec, ref = _pair(n, mode, **kwargs)
     o1, i1 = vec.reset(seed=11)
-    o2, _ = ref.reset(seed=11)
+    o2, i2 = ref.reset(seed=11)
     np.testing.assert_array_equal(o1, o2)
+    _check_info_masks(i1, i2, n)
     assert list(i1["scenario"]) == [e.unwrapped._scenario_name for e in ref.envs]
     rng = np.random.default_rng(5)
     resets = 0
@@ -93,6 +94,7 @@ def test_matches_single_envs_step_by_step(mode: str, kwargs: dict) -> None:
         obs, rew, term, trunc, info = vec.step(a)
         obs2, rew2, term2, trunc2, info2 = ref.step(a)
         _check_decision_info(info, info2, ref, skip=restarting | trunc)
+        _check_info_masks(info, info2, n)
         restarting = trunc if mode == "NextStep" else np.zeros(n, dtype=bool)
         np.testing.assert_array_equal(obs, obs2)
         np.testing.assert_allclose(rew, rew2, rtol=1e-12, atol=1e-12)
@@ -105,6 +107,26 @@ def test_matches_single_envs_step_by_step(mode: str, kwargs: dict) -> None:
     assert resets == 2
     vec.close()
     ref.close()
+
+
+def _check_info_masks(info: dict, info2: dict, n: int) -> int:
+    """Gymnasium's ``_key`` masks: one beside every key of the batched env's infos (nested
+    dicts too), saying what the single envs' infos say of the keys both have (an env reset
+    within the step has its reset's info; the ended episode's is under final_info).
+    Returns how many masks were compared."""
+    compared = 0
+    for key, value in info.items():
+        if key[0] == "_":
+            continue
+        mask = info[f"_{key}"]
+        assert mask.dtype == bool and mask.shape == (n,), key
+        if key in info2:
+            np.testing.assert_array_equal(mask, info2[f"_{key}"], err_msg=key)
+            compared += 1
+        if key in ("reward_terms", "final_info") and mask.any():
+            compared += _check_info_masks(value, info2[key], n)
+    assert compared >= 1
+    return compared
 
 
 def _check_decision_info(info: dict, info2: dict, ref, skip: np.ndarray) -> None:
