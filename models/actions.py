@@ -323,7 +323,7 @@ def check_levels(decoder: ActionDecoder, actions) -> np.ndarray:
             f"actions of shape {a.shape}; expected (envs, {2 * decoder.max_groups}) "
             "(a share and an MBA level per slot)"
         )
-    if a.dtype.kind not in "iu" and (
+    if a.dtype.kind not in "iub" and (  # bools are MultiDiscrete's too (its contains)
         a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.round(a))
     ):
         raise ValueError("actions must be integers")

@@ -220,8 +220,26 @@ def test_bad_actions_are_refused_with_a_clear_error() -> None:
     bad[1, 0] = env.decoder.share_levels
     with pytest.raises(ValueError, match="outside"):
         env.step(bad)
+    with pytest.raises(ValueError, match="must be integers"):
+        env.step(np.full((2, 2 * env.decoder.max_groups), 0.5))
     with pytest.raises(ValueError, match="autoreset_mode"):
         PartitionVectorEnv(2, autoreset_mode="disabled")
+
+
+@pytest.mark.parametrize("dtype", [bool, np.int8, np.uint16])
+def test_actions_of_any_dtype_the_space_contains_are_taken(dtype) -> None:
+    # gymnasium's MultiDiscrete contains what casts to its dtype (bools too), and the
+    # single env takes them; the same levels as int64 give the same step
+    envs_ = [PartitionVectorEnv(2, **FAST) for _ in range(2)]
+    levels = np.ones((2, 2 * envs_[0].decoder.max_groups), dtype=np.int64)
+    assert envs_[0].action_space.contains(levels.astype(dtype))
+    steps = []
+    for env, a in zip(envs_, (levels, levels.astype(dtype)), strict=True):
+        env.reset(seed=4)
+        steps.append(env.step(a))
+        env.close()
+    np.testing.assert_array_equal(steps[0][0], steps[1][0])
+    np.testing.assert_array_equal(steps[0][1], steps[1][1])
 
 
 def test_actions_for_another_number_of_envs_are_refused_before_anything_moves() -> None:
