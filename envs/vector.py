@@ -142,10 +142,11 @@ def sb3_step_infos(
     infos: Mapping[str, Any], terminated, truncated
 ) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
     """SB3's infos of one step of a vector env that autoresets in the same step, as
-    DummyVecEnv gives them: each env's (:func:`per_env_infos`); for an env whose episode
-    ended, the ended episode's (its ``final_info``), ``terminal_observation`` and
-    ``TimeLimit.truncated``. Also the reset info of each env that started a new episode
-    (its scenario), which SB3 keeps in ``reset_infos``."""
+    DummyVecEnv gives them: each env's (:func:`per_env_infos`) and ``TimeLimit.truncated``
+    (every env, every step); for an env whose episode ended, the ended episode's (its
+    ``final_info``) and ``terminal_observation``. Also the reset info of each env that
+    started a new episode (what the vector env gives such an env at the top of its infos),
+    which SB3 keeps in ``reset_infos``."""
     import numpy as np
 
     n = len(terminated)
@@ -155,10 +156,10 @@ def sb3_step_infos(
     if ended:
         final, last = infos["final_obs"], per_env_infos(infos["final_info"], n)
         for i in ended:
-            started[i] = {"scenario": out[i]["scenario"]}
-            out[i].update(last[i])
+            started[i], out[i] = out[i], last[i]
             out[i]["terminal_observation"] = final[i]
-            out[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+    for info, cut in zip(out, (truncated & ~terminated).tolist(), strict=True):
+        info["TimeLimit.truncated"] = cut
     return out, started
 
 

@@ -212,8 +212,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._shield_observe(readings, rows)
         self._first(rows, self._ips(readings), self._encode(readings))
         self._autoreset[:] = False
-        names = np.array(self.scenario_names, dtype=object)
-        return self._obs.copy(), {"scenario": names, "_scenario": np.ones(self.num_envs, bool)}
+        return self._obs.copy(), self._reset_info(np.ones(self.num_envs, dtype=bool))
 
     def step(self, actions):
         if self.batch is None:
@@ -262,6 +261,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         values = self._decision_info(dec, stepping, readings.timestamp)
         if terms is not None:
             values["reward_terms"] = vars(terms)
+        values["slots"] = self._slot_names.copy()
         same_step = self.autoreset_mode is AutoresetMode.SAME_STEP
         # As gymnasium's vector envs: an env reset within the step has its reset's info at
         # the top and the ended episode's last step info under final_info.
@@ -283,9 +283,27 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             self._first(done, self._ips(fresh), self._encode(fresh, done))
         if self.autoreset_mode is AutoresetMode.NEXT_STEP:
             self._autoreset = truncated
+        restarted = truncated if same_step else resetting
+        if restarted.any():
+            infos.update(self._reset_info(restarted))
+        # every env's info names its scenario and slots, a step's and a reset's alike
         infos["scenario"] = np.array(self.scenario_names, dtype=object)
-        infos["_scenario"] = np.ones(N, dtype=bool)
+        infos["slots"] = self._slot_names.copy()
+        infos["_scenario"] = infos["_slots"] = np.ones(N, dtype=bool)
         return self._obs.copy(), rewards, terminated, truncated, infos
+
+    def _reset_info(self, rows: np.ndarray) -> dict[str, Any]:
+        """Partition-v0's reset info of the envs ``rows`` (a mask) marks, with its masks:
+        ``scenario``, ``slots`` (group names in slot order), ``encoder_version`` and
+        ``action_mask`` (:meth:`action_masks`)."""
+        N = self.num_envs
+        values = {
+            "scenario": np.array(self.scenario_names, dtype=object),
+            "slots": self._slot_names.copy(),
+            "encoder_version": np.full(N, self.encoder.version),
+            "action_mask": self.action_masks(),
+        }
+        return _masked(values, rows)
 
     def _decision_info(
         self, dec: Decoded, stepping: np.ndarray, time_s: np.ndarray
@@ -403,6 +421,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self._layout = SlotLayout.stack([one] * N)
         self._dl = DecodeLayout.stack([self.decoder.decode_layout(0, self.batch.caps[0])] * N)
         self._slot_col = np.full((N, S), -1, dtype=np.int64)
+        self._slot_names = np.empty(N, dtype=object)  # each env's group names, slot order
         self._slo_pct = np.full((N, G), -1, dtype=np.int64)
         self._slo_target = np.full((N, G), np.nan)
         self._is_batch = np.zeros((N, G), dtype=bool)
@@ -427,6 +446,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         groups = {s.name: s for s in specs}
         col = {s.name: j for j, s in enumerate(specs)}
         slots = self.encoder.slots(groups)
+        self._slot_names[i] = list(slots)
         self._slot_col[i] = -1
         self._slot_col[i, : len(slots)] = [col[g] for g in slots]
         self._slo_pct[i] = -1
@@ -610,8 +630,10 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
 def _masked(values: Mapping[str, np.ndarray], present: np.ndarray) -> dict[str, Any]:
     """``values`` with gymnasium's ``_key`` mask beside each key, nested dicts too (the
     envs that have it: ``present``), as ``VectorEnv._add_info`` builds a vector env's
-    infos."""
+    infos (so a key no env has is left out)."""
     out: dict[str, Any] = {}
+    if not present.any():
+        return out
     for key, value in values.items():
         out[key] = _masked(value, present) if isinstance(value, Mapping) else value
         out["_" + key] = present.copy()

@@ -114,15 +114,16 @@ def _check_info_masks(info: dict, info2: dict, n: int) -> int:
     dicts too), saying what the single envs' infos say of the keys both have (an env reset
     within the step has its reset's info; the ended episode's is under final_info).
     Returns how many masks were compared."""
+    keys = {k for k in info if k[0] != "_"}
+    # the decoder's repair notes are text the single env builds for each env; the batched
+    # env leaves them out
+    assert keys == {k for k in info2 if k[0] != "_"} - {"repairs"}
     compared = 0
-    for key, value in info.items():
-        if key[0] == "_":
-            continue
-        mask = info[f"_{key}"]
+    for key in keys:
+        value, mask = info[key], info[f"_{key}"]
         assert mask.dtype == bool and mask.shape == (n,), key
-        if key in info2:
-            np.testing.assert_array_equal(mask, info2[f"_{key}"], err_msg=key)
-            compared += 1
+        np.testing.assert_array_equal(mask, info2[f"_{key}"], err_msg=key)
+        compared += 1
         if key in ("reward_terms", "final_info") and mask.any():
             compared += _check_info_masks(value, info2[key], n)
     assert compared >= 1
@@ -268,6 +269,7 @@ def test_sb3_adapter_matches_dummy_vec_env_of_single_envs() -> None:
     for v in (ours, theirs):
         v.seed(21)
     np.testing.assert_array_equal(ours.reset(), theirs.reset())
+    _assert_same_reset_infos(ours.reset_infos, theirs.reset_infos)
     rng = np.random.default_rng(3)
     for _ in range(9):
         masks = np.stack(ours.env_method("action_masks"))
@@ -287,19 +289,27 @@ def test_sb3_adapter_matches_dummy_vec_env_of_single_envs() -> None:
         # on a done step), and the new episode's reset info
         for mine, single in zip(i1, i2, strict=True):
             _assert_same_info(mine, single)
-        assert [i["scenario"] for i in ours.reset_infos] == [
-            i["scenario"] for i in theirs.reset_infos
-        ]
+        _assert_same_reset_infos(ours.reset_infos, theirs.reset_infos)
     assert ours.get_attr("observation_space") == theirs.get_attr("observation_space")
     assert ours.get_attr("action_space") == theirs.get_attr("action_space")
+
+
+def _assert_same_reset_infos(mine: list[dict], single: list[dict]) -> None:
+    for got, want in zip(mine, single, strict=True):
+        assert got.keys() == want.keys()
+        assert (got["scenario"], got["slots"]) == (want["scenario"], want["slots"])
+        assert got["encoder_version"] == want["encoder_version"]
+        np.testing.assert_array_equal(got["action_mask"], want["action_mask"])
 
 
 def _assert_same_info(mine: dict, single: dict) -> None:
     """``mine`` (the vector env's, per slot) says what ``single`` (one env's, per group
     name) says: the reward terms (a single env's None a NaN here), the scenario, and each
     slot's ways, mask and MB (NaN where the group has none, a slot with no group empty)."""
-    assert {"ways", "masks", "mb", "scenario", "reward_terms", "time_s"} <= set(mine)
+    assert set(mine) == set(single) - {"repairs"}  # the decoder's notes: text, left out
     assert mine["scenario"] == single["scenario"] and mine["time_s"] == single["time_s"]
+    assert mine["slots"] == list(single["slots"])
+    assert mine["shared"] == single["shared"]
     terms = mine["reward_terms"]
     assert terms.keys() == single["reward_terms"].keys()
     for key, value in terms.items():
