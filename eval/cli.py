@@ -122,7 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rerender",
         metavar="DIR",
-        help="rewrite the report in DIR from its results.json (no runs)",
+        help="rewrite the report in DIR from its results.json (no runs: the report's "
+        "--paired-with, --suites and --no-plots apply, the options of a run are refused)",
     )
 
 
@@ -140,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
             print(
                 "rdtune eval: --rerender rewrites the report in its own directory; --out "
                 "does not apply (copy the directory first to keep the old report)",
+                file=sys.stderr,
+            )
+            return 2
+        if given := _run_options(args):
+            print(
+                f"rdtune eval: --rerender reports on the runs results.json keeps and makes "
+                f"none; {', '.join(given)} would have no effect (run the suite again for them)",
                 file=sys.stderr,
             )
             return 2
@@ -437,6 +445,23 @@ def print_paired(console, results, reference: str | None = None) -> None:
             cells += [cell, f"{p.win_rate:.0%}" if p.n else "-"]
         table.add_row(escape(row["controller"]), str(row["pairs"]), *cells)
     console.print(table)
+
+
+# What only a run of a suite uses: given with --rerender, each is refused, not ignored.
+_RUN_ONLY = (
+    "suite", "controllers", "scenarios", "seeds", "seconds", "ray_address", "force", "list",
+    "list_controllers", "agent", "token_file", "tls_ca", "tls_cert", "tls_key",
+    "tls_server_name",
+)  # fmt: skip
+
+
+def _run_options(args: argparse.Namespace) -> list[str]:
+    """The run-only options given (as the command line spells them)."""
+    return [
+        "--" + name.replace("_", "-")
+        for name in _RUN_ONLY
+        if getattr(args, name, None) not in (None, False)
+    ]
 
 
 def _rerender(

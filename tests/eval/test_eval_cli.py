@@ -58,6 +58,14 @@ def test_smoke_suite_serial(
     assert not (tmp_path / "tradeoff.png").exists()
     assert main(["eval", "--rerender", str(tmp_path), "--paired-with", "ucp"]) == 2
     assert "--paired-with 'ucp': no runs of it; have eq, unpartitioned" in capsys.readouterr().err
+    # what only a run uses is refused, not ignored, and the report is left as it was
+    before = (tmp_path / "report.md").read_text()
+    for extra in (["--seeds", "5"], ["--controllers", "eq", "--seconds", "2"], ["--force"]):
+        assert main(["eval", "--rerender", str(tmp_path), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "would have no effect" in err
+        assert all(o in err for o in extra if o.startswith("--")), err
+    assert (tmp_path / "report.md").read_text() == before
 
 
 @pytest.mark.xdist_group("ray")  # beside the Ray tests sharing one Ray (tests/conftest.py)
