@@ -417,6 +417,11 @@ def print_paired(console, results, reference: str | None = None) -> None:
         pairs_basis,
     )
 
+    if reference is not None and not any(
+        r.controller == reference and not r.error for r in results
+    ):
+        console.print(f"paired: every run of {reference} failed; no paired table", markup=False)
+        return
     if len({r.controller for r in results if not r.error}) < 2:
         return
     comp = paired_comparisons(results, reference)

@@ -802,7 +802,17 @@ def write_report(
         "",
     ]
     comp = None
-    if len(_order([r.controller for r in results if not r.error])) > 1:
+    failed_reference = reference is not None and not any(
+        r.controller == reference and not r.error for r in results
+    )
+    if failed_reference and any(r.controller == reference for r in results):
+        lines += [
+            f"## Paired comparison: {reference} vs each controller",
+            "",
+            f'None: every run of {reference} failed (see "Failed runs").',
+            "",
+        ]
+    elif len(_order([r.controller for r in results if not r.error])) > 1:
         comp = paired_comparisons(results, reference)
         lines += [
             f"## Paired comparison: {comp['reference']} vs each controller",

@@ -68,6 +68,34 @@ def test_smoke_suite_serial(
     assert (tmp_path / "report.md").read_text() == before
 
 
+def test_a_paired_with_whose_every_run_failed_still_gives_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runs of the --paired-with controller all failed (a policy that breaks at run
+    time, say): the report of the others is written and says why it has no paired table;
+    before, the command exited 2 after every run, as if its usage were wrong."""
+    import dataclasses
+
+    import eval.cli
+
+    def runs_with_eq_failing(console, jobs, ray_address, out, made_by):
+        results = run_jobs(jobs, "none")
+        return [
+            dataclasses.replace(r, error="RuntimeError: boom") if r.controller == "eq" else r
+            for r in results
+        ]
+
+    monkeypatch.setattr(eval.cli, "run_saving", runs_with_eq_failing)
+    argv = ["eval", "--suite", "smoke", "--seconds", "1", "--no-plots", "--out", str(tmp_path)]
+    assert main([*argv, "--paired-with", "eq"]) == 0  # the other controller's runs completed
+    out = capsys.readouterr().out
+    assert "paired: every run of eq failed; no paired table" in out
+    md, runs = _report(tmp_path)
+    assert 'None: every run of eq failed (see "Failed runs").' in md
+    assert "## Failed runs" in md and len(runs) == 4
+    assert main([*argv, "--force", "--controllers", "eq", "--paired-with", "eq"]) == 1  # all
+
+
 @pytest.mark.xdist_group("ray")  # beside the Ray tests sharing one Ray (tests/conftest.py)
 def test_smoke_suite_on_ray_local_matches_serial(ray_local) -> None:
     import ray
