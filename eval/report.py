@@ -46,7 +46,7 @@ from typing import Any
 from agent.atomic import write_atomic
 from eval.metrics import METRIC_SCALES
 from eval.runner import JobResult, _clean
-from eval.stats import UNBOUNDED, Bounds, Estimate, Paired, mean_ci, paired
+from eval.stats import UNBOUNDED, Bounds, Estimate, Paired, decimals, fixed, mean_ci, paired
 
 # Derived metric keys: a metric on the runs of one feasibility label only (eval/feasibility.py)
 BY_LABEL = {
@@ -398,16 +398,25 @@ def paired_cell(p: Paired, scale: float, unit: str, bounds: Bounds = UNBOUNDED) 
     interval, so a bare difference is never read as one."""
     if not p.n:
         return "-"
-    text = f"{p.diff.mean * scale:+.3g}"
-    if p.n > 1 and math.isfinite(p.diff.half_width):
+    # in fixed notation to the decimals the interval calls for, as the summary's cells
+    # (Estimate.fmt_by_width): +1234 ± 12, not +1.23e+03 ± 12
+    mean, width = p.diff.mean * scale, p.diff.half_width * scale
+    has_ci = p.n > 1 and math.isfinite(width)
+    places = decimals(width, 2) if has_ci and width > 0 else max(0, decimals(mean, 3))
+
+    def signed(x: float) -> str:
+        text = fixed(x, places)
+        return text if text.startswith("-") else "+" + text
+
+    if has_ci:
         cut = p.diff.clipped(bounds)
         ci = (
-            f" ± {p.diff.half_width * scale:.2g}"
+            f" ± {fixed(width, places)}"
             if cut is None
-            else f" [{cut[0] * scale:+.3g}, {cut[1] * scale:+.3g}]"
+            else f" [{signed(cut[0] * scale)}, {signed(cut[1] * scale)}]"
         )
-        return text + ci + unit + (" *" if p.significant else "")
-    return text + unit + " (no CI)"
+        return signed(mean) + ci + unit + (" *" if p.significant else "")
+    return signed(mean) + unit + " (no CI)"
 
 
 def paired_title(comp: dict[str, Any], key: str, title: str) -> str:

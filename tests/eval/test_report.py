@@ -195,7 +195,7 @@ def test_report_separates_infeasible_runs_and_writes_the_paired_table(tmp_path: 
     rep = write_report(_paired_runs(), tmp_path, title="T")
     md = rep.markdown.read_text()
     assert "## Paired comparison: policy vs each controller" in md
-    assert "| eq | 6 | -10 ± 0 pp | 100% |" in md  # two scenarios: no significance
+    assert "| eq | 6 | -10.0 ± 0.0 pp | 100% |" in md  # two scenarios: no significance
     assert "(3 scenarios x 2 seeds)" in md
     assert "## Infeasible runs" in md and "- hard, seed 0: x at best 1.3" in md
     head = next(x for x in md.splitlines() if x.startswith("| controller | runs |"))
@@ -208,7 +208,7 @@ def test_report_separates_infeasible_runs_and_writes_the_paired_table(tmp_path: 
     slo = data["paired"]["rows"][0]["metrics"]["slo_violation_rate"]
     units = data["paired"]["units"]["slo_violation_rate"]
     assert units == {"unit": "fraction", "report_scale": 100.0, "report_unit": "pp"}
-    assert f"| {slo['mean_diff'] * units['report_scale']:+.3g} ± 0 pp |" in md
+    assert f"| {slo['mean_diff'] * units['report_scale']:+.1f} ± 0.0 pp |" in md
     assert data["paired"]["units"]["weighted_speedup"]["report_scale"] == 1.0
     assert {(x["scenario"], x["seed"]) for x in data["infeasible"]} == {("hard", 0), ("hard", 1)}
     back = load_results(rep.results_json)
@@ -338,8 +338,12 @@ def test_load_results_names_what_is_missing(tmp_path: Path, content: str, messag
 @pytest.mark.parametrize(
     ("a", "b", "cell"),
     [
-        ([2.0], [1.0], "+1 (no CI)"),  # one pair gives no interval: never a bare difference
+        ([2.0], [1.0], "+1.00 (no CI)"),  # one pair gives no interval: never a bare difference
         ([2.0, 3.0, 2.5], [1.0, 1.0, 1.0], "+1.5 ± 1.2 *"),
+        # fixed notation, to the decimals the interval's width calls for
+        ([2000.0, 2030.0, 2010.0], [800.0, 790.0, 805.0], "+1215 ± 54 *"),
+        ([1.0, 1.0003, 1.0001], [1.0, 1.0, 1.0], "+0.00013 ± 0.00038"),
+        ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], "+0 ± 0"),  # no spread: the mean to 3 digits
     ],
 )
 def test_a_paired_cell_says_when_there_is_no_interval(a, b, cell) -> None:

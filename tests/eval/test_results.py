@@ -63,7 +63,7 @@ def test_results_document_from_saved_suites(tmp_path: Path) -> None:
     assert "2 scenario(s) x 3 seed(s), 18 runs (0 failed); 3 feasible and 3 infeasible" in md
     # paired on the feasible runs: one scenario, so over its seeds, whose equal differences
     # are no evidence on three seeds (the sign test needs six)
-    assert "| eq | 6 | -20 ± 0 pp | 100% |" in md
+    assert "| eq | 6 | -20.0 ± 0.0 pp | 100% |" in md
     assert "95% CI over the scenarios (each scenario's seeds averaged first)" in md
     assert "excluding 0): vs eq: better on weighted speedup" in md
     assert "- b, seeds 0, 1, 2: kv at best 1.30 x its SLO target" in md
