@@ -190,3 +190,19 @@ def test_an_invalid_plan_among_many_leaves_the_ones_before_it_applied() -> None:
     np.testing.assert_array_equal(batch.gmask[1:], before[1:])
     masks = batch.engine.masks
     assert masks[0, 0, :2].all() and not masks[0, 0, 2:].any()  # pushed to the workloads
+
+
+@pytest.mark.parametrize(("N", "n", "G"), [(1, 1, 1), (1, 6, 4), (7, 16, 16), (256, 6, 6)])
+def test_group_sums_are_einsums_numbers(N: int, n: int, G: int) -> None:
+    """Group counters summed by a loop in workload order: einsum's numbers, bit for bit,
+    compiled and not (thread shares with zeros, counters spanning twelve decades)."""
+    from agent.sim.batch import group_sums
+
+    rng = np.random.default_rng(N * n * G)
+    frac = rng.random((N, n, G))
+    frac[frac < 0.4] = 0.0
+    counters = rng.standard_normal((N, n, 5)) * 10.0 ** rng.integers(-3, 12, (N, n, 5))
+    want = np.einsum("nwg,nwk->ngk", frac, counters)
+    plain = getattr(group_sums, "py_func", group_sums)
+    for fn in (group_sums, plain):
+        np.testing.assert_array_equal(fn(frac, counters), want)
