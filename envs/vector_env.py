@@ -20,13 +20,13 @@ reset within the step; its last observation is in ``infos["final_obs"]``, what S
 expects), or ``next_step`` (gymnasium's default: the step after truncation resets it and
 ignores its action). Episodes end by truncation only. A step's infos hold what the single
 env's hold, as arrays over the envs (and their slots, in the observation's order, where
-the single env names groups): ``ways``, ``masks``, ``mb``, ``shared``, ``time_s``,
-``reward_terms`` and ``scenario``, each with gymnasium's ``_key`` mask of the envs that
-have it (an env reset within the step has its reset's info, the ended episode's last step
-is under ``final_info``). ``reset(seed=s)`` seeds env ``i`` with ``s + i`` (a list gives
-one seed per env), as gymnasium's vector envs do.
-:meth:`PartitionVectorEnv.action_masks` gives MaskablePPO's masks; the SB3 ``VecEnv``
-adapter is :class:`envs.vector.SB3VectorEnv`.
+the single env names groups) but the decoder's notes in words (``repairs``): ``ways``,
+``masks``, ``mb``, ``shared``, ``time_s``, ``reward_terms``, ``slots`` and ``scenario``,
+each with gymnasium's ``_key`` mask of the envs that have it (an env reset within the step
+has its reset's info, the ended episode's last step is under ``final_info``).
+``reset(seed=s)`` seeds env ``i`` with ``s + i`` (a list gives one seed per env), as
+gymnasium's vector envs do. :meth:`PartitionVectorEnv.action_masks` gives MaskablePPO's
+masks; the SB3 ``VecEnv`` adapter is :class:`envs.vector.SB3VectorEnv`.
 """
 
 from __future__ import annotations
