@@ -3,7 +3,8 @@
 Benchmarks are the modules listed in ``eval.bench.BENCHMARKS`` (SimNode steps/s, env
 steps/s, agent RPC round trip, controller decision time, policy inference, tuner loop
 latency, resctrl and PMC operations); each prints rows of median, p99, repeats and its
-target. --quick runs fewer repeats (a smoke run, not a measurement). The training benchmark
+target; --json FILE keeps the same rows, the machine and the command as JSON too. --quick
+runs fewer repeats (a smoke run, not a measurement). The training benchmark
 takes another config (--config PATH) or overrides of it (--set KEY=VALUE), e.g. to find the
 PPO settings that reach a throughput (docs/BENCHMARKS.md, "Speed session").
 """
@@ -11,8 +12,13 @@ PPO settings that reach a throughput (docs/BENCHMARKS.md, "Speed session").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import json
+import os
 import sys
+import time
+from pathlib import Path
 
 from eval.bench import BENCHMARKS
 
@@ -37,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="training benchmark only: override a config key (dotted, YAML value; "
         "repeatable), e.g. --set ppo.n_epochs=4 --set n_envs=256",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write the results as JSON (the machine, the command, each row's "
+        "figures), rewritten after each benchmark so a stop keeps the ones done",
     )
 
 
@@ -72,6 +84,10 @@ def _checked(args: argparse.Namespace) -> tuple[list[str], dict]:
     if unknown:
         raise UsageError(f"unknown benchmark(s) {unknown}; have {list(BENCHMARKS)}")
     overrides = parse_overrides(args.overrides)
+    if args.json is not None:
+        where = Path(args.json).resolve().parent
+        if not where.is_dir() or not os.access(where, os.W_OK):
+            raise UsageError(f"--json {args.json}: {where} is not a writable directory")
     if args.config is not None or overrides:
         if "training" not in names:
             raise UsageError("--config and --set apply to the training benchmark: name it")
@@ -102,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     tuned = args.config is not None or bool(overrides)
     print(f"machine: {machine()}\n")
     print("| benchmark | median | p99 | runs | target |\n|---|---|---|---|---|")
-    failed = []
+    failed: list[str] = []
+    kept = _Kept(args.json, machine())
     for name in names:
         try:
             module = importlib.import_module(f"eval.bench.{BENCHMARKS[name]}")
@@ -113,13 +130,46 @@ def run(args: argparse.Namespace) -> int:
             )
             for result in module.run(quick=args.quick, **extra):
                 print(result.row(), flush=True)
+                kept.add(name, result)
         except Exception as exc:  # one benchmark must not lose the others
             failed.append(name)
             print(f"| {name}: failed ({type(exc).__name__}: {exc}) | - | - | - | - |", flush=True)
+            kept.failed(name, f"{type(exc).__name__}: {exc}")
+        kept.write()
     if failed:
         print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+class _Kept:
+    """The rows of a run as JSON in ``path`` (None: not kept), written whole each time
+    (a temporary file renamed over it)."""
+
+    def __init__(self, path: str | None, machine: str) -> None:
+        self.path = None if path is None else Path(path)
+        self.doc: dict = {
+            "machine": machine,
+            "command": " ".join(["rdtune", "bench", *sys.argv[2:]])
+            if sys.argv[1:2] == ["bench"]
+            else " ".join(["python -m eval.bench", *sys.argv[1:]]),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "results": [],
+            "failed": {},
+        }
+
+    def add(self, benchmark: str, result) -> None:
+        self.doc["results"].append({"benchmark": benchmark, **dataclasses.asdict(result)})
+
+    def failed(self, benchmark: str, why: str) -> None:
+        self.doc["failed"][benchmark] = why
+
+    def write(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.doc, indent=1) + "\n")
+        os.replace(tmp, self.path)
 
 
 def main(argv: list[str] | None = None) -> int:

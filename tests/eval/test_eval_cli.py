@@ -198,6 +198,7 @@ def test_bench_quick(name: str, unit: str, capsys: pytest.CaptureFixture[str]) -
         (["sim", "--set", "n_envs=8"], "--config and --set apply to the training benchmark"),
         (["--set", "ppo.n_epochs=-1", "training"], "overrides: ppo.n_epochs: must be greater"),
         (["--config", "absent.yaml", "training"], "absent.yaml: cannot read"),
+        (["--json", "/nonexistent/b.json", "sim"], "--json /nonexistent/b.json: /nonexistent is"),
     ],
 )
 def test_bench_refuses_bad_input_before_running(args: list[str], message: str, capsys) -> None:
@@ -218,7 +219,7 @@ def test_time_sharing_is_judged_per_service() -> None:
 
 
 def test_bench_failure_is_reported_and_the_rest_run(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import sys
     import types
@@ -236,8 +237,16 @@ def test_bench_failure_is_reported_and_the_rest_run(
     ]
     monkeypatch.setitem(sys.modules, fine.__name__, fine)
     monkeypatch.setitem(bench.BENCHMARKS, "fine", "fine_for_test")
-    assert main(["bench", "--quick", "broken", "fine"]) == 1
+    kept = tmp_path / "bench.json"
+    assert main(["bench", "--quick", "--json", str(kept), "broken", "fine"]) == 1
     out = capsys.readouterr()
+    # the same rows as JSON, and which benchmark failed and why
+    doc = json.loads(kept.read_text())
+    assert doc["machine"] in out.out and doc["failed"]["broken"].startswith("ModuleNotFound")
+    assert doc["results"][1] == {
+        "benchmark": "fine", "name": "latency", "value": 1.5, "unit": "ms", "repeats": 100,
+        "p99": 2.25, "target": "",
+    }  # fmt: skip
     assert "| broken: failed (ModuleNotFoundError" in out.out
     assert "| fine, quick=True | 42 steps/s | - | 3 |" in out.out  # the rest still ran
     assert "| latency | 1.5 ms | 2.25 ms | 100 |" in out.out
