@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up rdtune on a fresh machine: system packages for the resctrl emulator (FUSE) and
 # its pqos interoperability test (intel-cmt-cat, qemu-user on non-Intel hosts), a virtual
-# environment in .venv, torch pinned to the CPU build, and rdtune itself.
+# environment in .venv, torch pinned to 2.13.0 (the build pip finds: the CPU one where it
+# is on disk or in .venv already, README.md), and rdtune itself.
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,7 +89,8 @@ fi
 stamp=.venv/.rdtune-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
     echo "setup: installing rdtune and its dependencies into .venv"
-    # torch first, from the CPU wheel on disk; the constraint keeps every later resolve on it.
+    # torch first (the CPU wheel where one is on disk); the constraint keeps every later
+    # resolve on it.
     .venv/bin/pip install -q -c constraints.txt torch==2.13.0
     # the checkout's own layout (top-level agent, envs, ...), as the code and tests import it;
     # PIP_CONSTRAINT also pins the isolated build's grpcio-tools, which makes the stubs (a

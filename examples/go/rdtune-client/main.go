@@ -7,10 +7,9 @@
 // with an ErrorInfo and rdtune's ErrorDetail in its details. Each part prints one line
 // "part: facts".
 //
-// Build (docs/AGENT.md, "Clients in other languages"):
-//
-//	protoc -Iproto --go_out=$OUT --go-grpc_out=$OUT proto/rdtune/v1/*.proto
-//	go build ./examples/go/rdtune-client    # with $OUT/rdtune/gen/go/rdtune/v1 importable
+// Build: the commands in docs/AGENT.md, "Clients in other languages" (stubs generated
+// with protoc into a GOPATH, then go build in GOPATH mode, GO111MODULE=off, as
+// tests/proto/test_api.py builds it).
 //
 // Run against an agent: rdtune-client -addr 127.0.0.1:50051 (or unix:///run/rdtune/agent.sock),
 // with -token-file FILE when the agent requires a bearer token.
