@@ -72,12 +72,14 @@ SIMULATION_SERVICE = SERVICE_NAMES[1]
 def make_node(cfg: AgentConfig, latency: LatencyRecorder | None = None) -> Node:
     """The backend the configuration names (imported here: only the chosen one loads)."""
     if cfg.backend == "sim":
-        from agent.sim import DEFAULT_SCENARIO, SimNode
+        from agent.sim import DEFAULT_SCENARIO, SimNode, compile_kernels
 
         kwargs = {} if cfg.seed is None else {"seed": cfg.seed}
-        return SimNode(
+        node = SimNode(
             scenario=cfg.scenario or DEFAULT_SCENARIO, auto_groups=cfg.auto_groups, **kwargs
         )
+        compile_kernels()  # before the agent listens, not in a client's first call
+        return node
     if cfg.backend == "resctrl":
         from agent.resctrl import ResctrlNode
 

@@ -56,7 +56,7 @@ on the Xeon Gold 6130.
 
 from agent.sim.catalog import Catalog, CatalogError, MachinePreset, WorkloadSpec, load_catalog
 from agent.sim.mixes import random_scenario
-from agent.sim.node import DEFAULT_SCENARIO, SimNode, WorkloadView
+from agent.sim.node import DEFAULT_SCENARIO, SimNode, WorkloadView, compile_kernels
 from agent.sim.scenario import (
     LoadProfile,
     Scenario,
@@ -79,6 +79,7 @@ __all__ = [
     "WorkloadSpec",
     "WorkloadTruth",
     "WorkloadView",
+    "compile_kernels",
     "get_scenario",
     "load_catalog",
     "random_scenario",

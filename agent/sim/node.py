@@ -475,6 +475,23 @@ class SimNode(StepByParts):
         return masks[0], nways[0], delay[0], cap[0]
 
 
+def compile_kernels() -> None:
+    """Compile every kernel a node's calls run (or load them from numba's cache): a
+    throwaway node of the default scenario is stepped with a moving allocation, observed
+    over one step and over several (whose latency pools a mixture) and asked its steady
+    state. A served node calls this before it listens: on a fresh install the first
+    ``advance`` and ``observe`` would otherwise compile for some seconds inside a
+    client's first call, past its deadline. Milliseconds once the cache holds them."""
+    node = SimNode(DEFAULT_SCENARIO)
+    for ways, steps in ((2, 1), (3, 3)):  # an interval of one step, and one of a moving few
+        plan = {g: GroupAllocation(l3_mask=(1 << ways) - 1) for g in node.groups()}
+        node.apply(AllocationPlan.uniform(plan))
+        node.advance(steps * node.interval_s)
+        node.observe()
+    node.steady_state()
+    node.close()
+
+
 def _latency_stats(counts: np.ndarray, pct: np.ndarray) -> list[LatencyStats]:
     """LatencyStats of groups from the engine's request counts and percentiles (s)."""
     out = []
