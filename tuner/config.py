@@ -2,6 +2,7 @@
 
 Example ``tuner.yaml`` (every key optional; see docs/DEPLOY.md)::
 
+    controller: copart            # the controller (a catalogue spec; --controller wins)
     interval_s: 1.0               # control interval (node clock: simulated nodes are stepped)
     resync_intervals: 10          # read the node's allocation back every N intervals (1: always)
     controller_options: {}        # keyword options of the controller (models/catalogue.py)
@@ -125,6 +126,7 @@ class GuardConfig:
 
 @dataclass
 class TunerConfig:
+    controller: str | None = None
     interval_s: float = 1.0
     resync_intervals: int = 10
     controller_options: dict = field(default_factory=dict)
@@ -272,6 +274,7 @@ class MetricsTlsFile(Strict):
 class TunerFile(Strict):
     """``tuner.yaml`` as written (the module docstring has an example)."""
 
+    controller: str | None = None
     interval_s: PositiveS = 1.0
     resync_intervals: AtLeastOne = 10
     controller_options: dict[str, Any] = {}
@@ -292,6 +295,7 @@ class TunerFile(Strict):
     def to_config(self) -> TunerConfig:
         tls, mtls = self.agent.tls, self.metrics_tls or MetricsTlsFile()
         return TunerConfig(
+            controller=self.controller,
             interval_s=self.interval_s,
             resync_intervals=self.resync_intervals,
             controller_options=dict(self.controller_options),

@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--controller",
         metavar="SPEC",
         help="a controller of the catalogue (see --list-controllers), NAME[key=value,...], "
-        "policy:PATH (exported policy) or import:MODULE:CLASS",
+        "policy:PATH (exported policy) or import:MODULE:CLASS; wins over the --config "
+        "file's controller:",
     )
     parser.add_argument(
         "--calibrate",
@@ -79,7 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_config(args: argparse.Namespace):
     from tuner.config import load_yaml
 
-    flags = ("interval_s", "fallback", "metrics_listen", "log_json", "restore_baseline")
+    flags = (
+        "controller", "interval_s", "fallback", "metrics_listen", "log_json", "restore_baseline"
+    )  # fmt: skip
     overrides = {n: getattr(args, n) for n in flags if getattr(args, n, None) is not None}
     # None: the defaults, with RDTUNE_TUNER__* overrides; the flags over both
     cfg = load_yaml(args.config, overrides=overrides)
@@ -121,14 +124,17 @@ def run(args: argparse.Namespace) -> int:
     if args.list_controllers:
         print(describe())
         return 0
-    if not args.controller:
-        print("rdtune tune: --controller is required (see --list-controllers)", file=sys.stderr)
-        return 2
     try:
         cfg = build_config(args)
+        if not cfg.controller:
+            raise ConfigError(
+                "no controller: give --controller SPEC, or controller: in the --config file "
+                "(see --list-controllers)"
+            )
+        spec = cfg.controller
         backup = fallback(cfg.fallback, cfg.fallback_options)
-        _check_policy_files(args.controller)
-        check(args.controller, cfg.controller_options)  # not left until the agent answers
+        _check_policy_files(spec)
+        check(spec, cfg.controller_options)  # not left until the agent answers
     except (ConfigError, ControllerError) as exc:
         print(f"rdtune tune: {exc}", file=sys.stderr)
         return 2
@@ -163,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
     def controller(node):
         return build(
-            args.controller,
+            spec,
             node,
             cfg.controller_options,
             interval_s=cfg.interval_s,
@@ -178,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    print(f"rdtune tune: {args.controller} on {cfg.agent.address}", flush=True)
+    print(f"rdtune tune: {spec} on {cfg.agent.address}", flush=True)
     code, restored = 0, None
     try:
         code = tuner.run(stop, args.intervals)

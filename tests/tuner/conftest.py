@@ -146,9 +146,11 @@ class TuneRun:
         return [e for e in self.events if e.get("event") == event]
 
 
-def tune_argv(address: str, controller: str, *args: str, config: dict | None = None) -> list:
-    """``rdtune tune``'s arguments: JSON logs, no metrics endpoint unless ``args`` ask."""
-    argv = ["tune", "--agent", address, "--controller", controller, "--log-json", *args]
+def tune_argv(address: str, controller: str | None, *args: str, config: dict | None = None) -> list:
+    """``rdtune tune``'s arguments: JSON logs, no metrics endpoint unless ``args`` ask
+    (``controller`` None: no --controller flag)."""
+    given = [] if controller is None else ["--controller", controller]
+    argv = ["tune", "--agent", address, *given, "--log-json", *args]
     if config is not None:
         argv += ["--config", write_yaml(config)]
     if "--metrics-listen" not in args:
@@ -183,7 +185,9 @@ def tune_here(capfd: pytest.CaptureFixture[str]):
     Tests of the process itself (signals, a kill, start-up) use ``start_tune``."""
     from tuner.cli import main
 
-    def run(address: str, controller: str, *args: str, config: dict | None = None) -> TuneRun:
+    def run(
+        address: str, controller: str | None, *args: str, config: dict | None = None
+    ) -> TuneRun:
         root = logging.getLogger()
         handlers, level = root.handlers[:], root.level
         handlers_of = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -103,6 +103,27 @@ def test_unknown_controller_is_refused_with_the_choices(fresh, tune_here) -> Non
     assert "eq" in run.stderr
 
 
+@pytest.mark.parametrize(
+    ("config", "flag", "runs", "refusal"),
+    [
+        ({"controller": "eq"}, None, "eq", None),  # the config file names it
+        ({"controller": "eq"}, "unpartitioned", "unpartitioned", None),  # the flag wins
+        ({}, None, None, "no controller: give --controller SPEC, or controller: in the --config"),
+        # a typo in the file is named, not reported as a missing --controller
+        ({"controler": "eq"}, None, None, "controler: unknown key"),
+    ],
+)
+def test_the_controller_comes_from_the_flag_or_the_config_file(
+    fresh, tune_here, config: dict, flag: str | None, runs: str | None, refusal: str | None
+) -> None:
+    run = tune_here(fresh.address, flag, "--intervals", "1", config=config)
+    if refusal is None:
+        assert run.returncode == 0, run.stderr
+        assert f"rdtune tune: {runs} on {fresh.address}" in run.stdout
+    else:
+        assert run.returncode == 2 and refusal in run.stderr, run.stderr
+
+
 def test_load_spike_trips_the_guard_and_it_recovers(spike_file: str) -> None:
     agent = start_agent(spike_file)
     try:
