@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 
 from agent.configfile import ConfigError
 
@@ -13,6 +14,10 @@ from agent.configfile import ConfigError
 # longer path (it exists afterwards), but no grpc client dials one: an agent there would
 # serve nobody.
 UNIX_PATH_MAX = 107
+
+
+# A DNS name or an IPv4 literal (checked below): letters, digits, '-', '_' and dots.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?")
 
 
 def split_address(
@@ -52,8 +57,17 @@ def split_address(
 
 def _check_literal(host: str, where: str) -> None:
     """Refuse a host written as an IP address that is none (``256.1.1.1``, ``[::g]``): it
-    would be resolved as a name and fail later, or be called non-loopback."""
+    would be resolved as a name and fail later, or be called non-loopback. And a host that
+    is no name either: a URL's scheme (``http://x``), an IPv6 address without its brackets
+    (gRPC resolves them as names and fails at the first call)."""
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if bare is host and not _HOST_NAME.fullmatch(host):
+        hint = (
+            "an IPv6 address goes in brackets, [::1]:port"
+            if ":" in host and "/" not in host
+            else "give host:port (no scheme or path)"
+        )
+        raise ConfigError(f"{where}: {host!r} is not a host name or IP address; {hint}")
     try:
         if host.startswith("["):
             ipaddress.IPv6Address(bare)

@@ -134,6 +134,10 @@ BAD_ADDRESSES = [
     ("unix:/tmp/a\x00b", "holds a control character"),  # bind(2) would see /tmp/a
     ("256.1.1.1:80", "'256.1.1.1' is not an IP address"),  # was called non-loopback
     ("[::g]:80", "'::g' is not an IP address"),
+    # gRPC resolved these as names and failed at the first call
+    ("http://agent:50051", "'http://agent' is not a host name or IP address; give host:port"),
+    ("::1:50051", "'::1' is not a host name or IP address; an IPv6 address goes in brackets"),
+    ("agent name:50051", "'agent name' is not a host name"),
 ]
 
 
