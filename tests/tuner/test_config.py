@@ -49,7 +49,7 @@ def test_full_example_parses(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("intervl_s: 1", "config: intervl_s: unknown key; allowed: agent, controller, controller_options"),
+        ("intervl_s: 1", "intervl_s: unknown key; allowed: agent, controller, controller_options"),
         ("interval_s: 0", "interval_s: must be greater than 0, got 0"),
         ("interval_s: .inf", "interval_s: must be a finite number"),
         ("guard: {violation_intervals: 0}", "guard.violation_intervals: must be greater than"),
