@@ -261,7 +261,6 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         values = self._decision_info(dec, stepping, readings.timestamp)
         if terms is not None:
             values["reward_terms"] = vars(terms)
-        values["slots"] = self._slot_names.copy()
         same_step = self.autoreset_mode is AutoresetMode.SAME_STEP
         # As gymnasium's vector envs: an env reset within the step has its reset's info at
         # the top and the ended episode's last step info under final_info.
@@ -273,7 +272,9 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
                 final[i] = self._obs[i].copy()
             infos["final_obs"] = final
             infos["_final_obs"] = truncated.copy()
+            # the ended episodes' names, before _start gives those envs new ones
             values["scenario"] = np.array(self.scenario_names, dtype=object)
+            values["slots"] = self._slot_names.copy()
             infos["final_info"] = _masked(values, truncated)
             infos["_final_info"] = truncated.copy()
             self._start(done, self.baseline)

@@ -415,11 +415,10 @@ def print_paired(console, results, reference: str | None = None) -> None:
         paired_metrics,
         paired_title,
         pairs_basis,
+        reference_failed,
     )
 
-    if reference is not None and not any(
-        r.controller == reference and not r.error for r in results
-    ):
+    if reference_failed(results, reference):
         console.print(f"paired: every run of {reference} failed; no paired table", markup=False)
         return
     if len({r.controller for r in results if not r.error}) < 2:

@@ -300,6 +300,12 @@ def default_reference(results: Sequence[JobResult]) -> str | None:
     return labels[0] if labels else None
 
 
+def reference_failed(results: Sequence[JobResult], reference: str | None) -> bool:
+    """Whether ``reference`` ran and every one of its runs failed (no paired table then)."""
+    runs = [r for r in results if r.controller == reference]
+    return reference is not None and bool(runs) and all(r.error for r in runs)
+
+
 def paired_comparisons(
     results: Sequence[JobResult], reference: str | None = None
 ) -> dict[str, Any]:
@@ -811,10 +817,7 @@ def write_report(
         "",
     ]
     comp = None
-    failed_reference = reference is not None and not any(
-        r.controller == reference and not r.error for r in results
-    )
-    if failed_reference and any(r.controller == reference for r in results):
+    if reference_failed(results, reference):
         lines += [
             f"## Paired comparison: {reference} vs each controller",
             "",
