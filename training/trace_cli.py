@@ -117,7 +117,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     rec.add_argument("--out", required=True, help="trace file to write (.parquet)")
     rec.add_argument(
-        "--force", action="store_true", help="replace --out when it exists (refused otherwise)"
+        "--force",
+        action="store_true",
+        help="replace --out when it exists, or appears while recording (refused otherwise; "
+        "the trace is then kept beside it, in OUT.XXXXXXXX.part)",
+    )
+    rec.add_argument(
+        "--keep-allocation",
+        action="store_true",
+        help="leave the controller's last allocation on the node at the end (default: put "
+        "back what the node held before recording)",
     )
     rec.add_argument(
         "--scenario",
@@ -206,6 +215,8 @@ def _record(args: argparse.Namespace) -> int:
         steps = _record_until_done(args, node, controller, clock, scenario)
     finally:
         node.close()
+    if steps is None:
+        return 1
     print(f"wrote {steps} intervals to {args.out}")
     return 0
 
@@ -217,10 +228,12 @@ def _record_until_done(
     clock: Clock | None,
     scenario: dict[str, Any] | None,
 ) -> int | None:
-    """Record with a progress bar; the intervals recorded. Stopped by Ctrl-C or SIGTERM,
-    the trace is closed and the interrupt goes on, saying where the intervals are."""
+    """Record with a progress bar; the intervals recorded, or None when the agent failed
+    (said on stderr). Stopped by Ctrl-C or SIGTERM, the trace is closed and the interrupt
+    goes on; either way the message says where the intervals so far are."""
     from tqdm import tqdm
 
+    from agent.errors import NodeError
     from training.trace_record import record
 
     bar = tqdm(
@@ -241,11 +254,25 @@ def _record_until_done(
             seed=args.seed,
             source=args.agent,
             progress=lambda done, total: bar.update(1),
+            replace=args.force,
+            restore=not args.keep_allocation,
         )
     except KeyboardInterrupt as exc:  # Terminated too (SIGTERM): the same kind, a note added
-        raise type(exc)(f"the intervals so far are in {args.out}") from None
+        raise type(exc)(_kept(exc)) from None
+    except NodeError as exc:  # the agent went away or refused a request mid-recording
+        kept = _kept(exc)
+        bar.close()
+        print(f"rdtune trace record: agent {args.agent}: {exc}" + (kept and f"; {kept}"),
+              file=sys.stderr)  # fmt: skip
+        return None
     finally:
         bar.close()
+
+
+def _kept(exc: BaseException) -> str:
+    """Where the intervals so far are: the note :func:`training.trace_record.record` adds
+    once the trace has begun ("" before)."""
+    return (getattr(exc, "__notes__", None) or [""])[-1]
 
 
 def _info(args: argparse.Namespace) -> int:

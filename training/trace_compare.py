@@ -42,7 +42,7 @@ def record_trace(scenario: str, seconds: float, out: Path, seed: int = 1) -> Pat
 
     node = SimNode(scenario, seed=seed)
     record(node, Explore(seed=seed + 1, overlap=0.0), out, seconds, interval_s=0.1,
-           scenario={"name": scenario}, seed=seed)  # fmt: skip
+           scenario={"name": scenario}, seed=seed, replace=True)  # fmt: skip
     return out
 
 

@@ -137,7 +137,9 @@ def episode_writers(
     directory: str | os.PathLike, controller: str = "policy", **writer_kwargs: Any
 ) -> Callable[[gymnasium.Env, int], TraceWriter]:
     """``open_writer`` for envs' ``RecordTrace``: one trace file per episode,
-    ``DIRECTORY/episode-00000.parquet`` ..., each with the env's node and groups."""
+    ``DIRECTORY/episode-00000.parquet`` ..., each with the env's node and groups; a run
+    into a directory of an earlier one replaces its episodes unless ``replace=False``."""
+    writer_kwargs.setdefault("replace", True)
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
 

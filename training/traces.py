@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
@@ -343,9 +344,13 @@ class TraceWriter:
     :meth:`close`. A file whose writer never closed (a crash) has no footer and reads as
     truncated. Use as a context manager.
 
+    Until it is closed the data goes to a file of its own beside ``path``,
+    ``NAME.XXXXXXXX.part``, created afresh (never a file or link already there, so a crashed
+    recording's ``.part`` and a concurrent recorder's are left alone) and moved to ``path``
+    by :meth:`close`.
+
     Args:
-        path: the file to write (its directory must exist; an existing file is replaced
-            only when the trace is closed — until then the data goes to ``path + '.part'``).
+        path: the file to write (its directory must exist).
         capabilities: the node's capabilities.
         groups: the group specs at the start (groups created later are added as seen).
         controller: the controller's name.
@@ -354,6 +359,14 @@ class TraceWriter:
         source: where the data comes from (agent address or ``local``).
         interval_s: the nominal control interval.
         extra: further JSON-serialisable metadata.
+        row_group_steps: intervals per Parquet row group (what is buffered in memory).
+        replace: whether :meth:`close` may replace a file at ``path``. Without it a file
+            that is there at the close (one that appeared while recording: another
+            recorder's) is kept, and the trace stays in its ``.part`` file
+            (:class:`FileExistsError` naming both).
+
+    Attributes:
+        location: where the trace is: its ``.part`` file until it is moved to ``path``.
     """
 
     def __init__(
@@ -369,11 +382,12 @@ class TraceWriter:
         interval_s: float = 0.0,
         extra: Mapping[str, Any] | None = None,
         row_group_steps: int = DEFAULT_ROW_GROUP_STEPS,
+        replace: bool = False,
     ) -> None:
         if row_group_steps < 1:
             raise ValueError("row_group_steps must be >= 1")
         self.path = Path(path)
-        self._part = self.path.with_name(self.path.name + ".part")
+        self._replace = replace
         self._caps = capabilities
         self._groups: dict[str, GroupSpec] = dict(groups)
         self._controller = controller
@@ -394,12 +408,19 @@ class TraceWriter:
         self._steps = 0
         self._buffered_steps = 0
         self._row_group_steps = row_group_steps
-        # page checksums: a few bytes changed in a data page are found out on reading
-        self._writer = pq.ParquetWriter(
-            self._part,
-            SCHEMA.with_metadata(self._encoded_meta()),
-            write_page_checksum=True,
-        )
+        self._part, self._file = _fresh_part(self.path)
+        self.location = self._part
+        try:
+            # page checksums: a few bytes changed in a data page are found out on reading
+            self._writer = pq.ParquetWriter(
+                self._file,
+                SCHEMA.with_metadata(self._encoded_meta()),
+                write_page_checksum=True,
+            )
+        except BaseException:
+            self._file.close()
+            self._part.unlink()
+            raise
         self._closed = False
 
     # The TraceWriter protocol envs/ records through: write one interval, close at the end.
@@ -492,14 +513,55 @@ class TraceWriter:
         self._meta["steps"] = self._steps
         self._writer.add_key_value_metadata(self._encoded_meta())
         self._writer.close()
+        # on disk before the rename: a trace that took hours is not lost to a power cut
+        os.fsync(self._file.fileno())
+        self._file.close()
         self._closed = True
-        os.replace(self._part, self.path)
+        self._move_into_place()
+
+    def _move_into_place(self) -> None:
+        """Rename the ``.part`` file to :attr:`path`; unless ``replace``, only while nothing
+        is there: a hard link fails if a file appeared, where a rename would replace it."""
+        if self._replace:
+            os.replace(self._part, self.path)
+        else:
+            try:
+                os.link(self._part, self.path)
+            except FileExistsError:
+                raise self._kept() from None
+            except OSError:  # a file system without hard links: check, then rename
+                if os.path.lexists(self.path):
+                    raise self._kept() from None
+                os.rename(self._part, self.path)
+            else:
+                os.unlink(self._part)
+        self.location = self.path
+
+    def _kept(self) -> FileExistsError:
+        return FileExistsError(
+            f"{self.path} appeared while recording (another recording to the same file?) and "
+            f"is kept; this trace's {self._steps} intervals are in {self._part}"
+        )
 
     def __enter__(self) -> TraceWriter:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _fresh_part(path: Path) -> tuple[Path, Any]:
+    """A new file beside ``path`` for the trace in progress, opened for writing: O_EXCL
+    makes the name this writer's alone, and O_NOFOLLOW refuses a link planted there."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        part = path.with_name(f"{path.name}.{secrets.token_hex(4)}.part")
+        try:
+            fd = os.open(part, flags, 0o666)  # the umask decides, as for any new file
+        except FileExistsError:
+            continue
+        return part, os.fdopen(fd, "wb", buffering=0)  # a crash keeps what was written
+    raise FileExistsError(f"no free name for {path.name}.XXXXXXXX.part in {path.parent}")
 
 
 # --------------------------------------------------------------------------- the metadata, checked

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +63,40 @@ def test_an_existing_trace_is_replaced_only_with_force(tmp_path, capsys) -> None
     assert len(load_trace(out)) == 10
 
 
+def _parts(directory: Path) -> list[Path]:
+    """Recordings in progress (or left by a crash)."""
+    return sorted(directory.glob("*.part"))
+
+
+class _StopAt:
+    """A progress callback that raises ``exc`` after ``n`` intervals."""
+
+    def __init__(self, n: int, exc: BaseException) -> None:
+        self.n, self.exc = n, exc
+
+    def __call__(self, done: int, total: int) -> None:
+        if done == self.n:
+            raise self.exc
+
+
+@pytest.mark.parametrize("ends", ["done", "interrupted"])
+@pytest.mark.parametrize("restore", [True, False])
+def test_the_allocation_before_recording_is_put_back(tmp_path, ends: str, restore: bool) -> None:
+    node = SimNode("default", seed=0)
+    before = node.allocation()
+    progress = _StopAt(20, KeyboardInterrupt()) if ends == "interrupted" else None
+    out = tmp_path / "t.parquet"
+    with contextlib.ExitStack() as stack:
+        if progress is not None:
+            err = stack.enter_context(pytest.raises(KeyboardInterrupt))
+        explore = Explore(seed=0, min_dwell=1, max_dwell=2)
+        record(node, explore, out, 4.0, progress=progress, restore=restore)
+    if progress is not None:
+        assert err.value.__notes__ == [f"the 20 intervals recorded so far are in {out}"]
+    assert sum(s.applied is not None for s in load_trace(out).steps) > 3, "the node was moved"
+    assert (node.allocation() == before) is restore
+
+
 def test_real_node_records_in_wall_clock_time(tmp_path) -> None:
     """A node without a Clock (clock=None): the recorder keeps wall-clock deadlines."""
     node = SimNode("default", seed=0)
@@ -72,6 +108,34 @@ def test_real_node_records_in_wall_clock_time(tmp_path) -> None:
     assert n == 10
     assert took >= 0.45
     assert load_trace(tmp_path / "wall.parquet").extra["clock"] == "wall"
+
+
+def test_an_agent_gone_mid_recording_says_where_the_intervals_are(tmp_path, capsys) -> None:
+    out = tmp_path / "gone.parquet"
+    with serve(SimNode("default", seed=0)) as server:
+
+        def stop_when_recording() -> None:
+            deadline = time.monotonic() + 60
+            while not _parts(tmp_path) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # some intervals
+            server.stop()
+
+        stopper = threading.Thread(target=stop_when_recording)
+        stopper.start()
+        argv = ["trace", "record", "--agent", server.address, "--duration", "100000",
+                "--out", str(out), "--quiet"]  # fmt: skip
+        try:
+            rc = main(argv)
+        finally:
+            stopper.join()
+    trace = load_trace(out)
+    assert rc == 1 and 0 < len(trace) < trace.extra["requested_intervals"]
+    err = capsys.readouterr().err
+    assert err.startswith(f"rdtune trace record: agent {server.address}: ")
+    assert err.endswith(f"; the {len(trace)} intervals recorded so far are in {out}\n")
+    assert err.count("\n") == 1
+    assert not _parts(tmp_path)
 
 
 def test_bad_agent_and_bad_file_errors(tmp_path, capsys) -> None:
@@ -138,7 +202,6 @@ def test_an_out_that_is_not_a_regular_file_is_never_replaced(
 def test_sigterm_closes_the_trace_as_ctrl_c_does(tmp_path, capsys) -> None:
     """timeout, systemd and kubectl stop with SIGTERM: the intervals so far stay readable."""
     out = tmp_path / "term.parquet"
-    part = tmp_path / "term.parquet.part"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with serve(SimNode("default", seed=0)) as server:
         cmd = [sys.executable, "-m", "tuner.cli", "trace", "record", "--agent", server.address,
@@ -146,7 +209,7 @@ def test_sigterm_closes_the_trace_as_ctrl_c_does(tmp_path, capsys) -> None:
         proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 60
-            while not part.exists() and proc.poll() is None and time.monotonic() < deadline:
+            while not _parts(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
             time.sleep(1.0)  # some intervals
             proc.send_signal(signal.SIGTERM)
@@ -157,7 +220,7 @@ def test_sigterm_closes_the_trace_as_ctrl_c_does(tmp_path, capsys) -> None:
                 proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "terminated" in err and err.count("\n") == 1
-    assert not part.exists() and len(load_trace(out)) > 0
+    assert not _parts(tmp_path) and len(load_trace(out)) > 0
     # marked as cut short, with what was asked for: a trace of fewer intervals than meant
     trace = load_trace(out)
     assert trace.extra["stopped_early"].startswith("Terminated")

@@ -86,9 +86,60 @@ def test_writer_streams_row_groups_and_part_file(tmp_path) -> None:
         node.advance(0.1)
         w.write(node.observe(), node.allocation())
     assert not path.exists(), "the trace appears under its name only when complete"
+    assert w.location.name.startswith("s.parquet.") and w.location.suffix == ".part"
     w.close()
     assert pq.ParquetFile(path).num_row_groups == 3
     assert len(load_trace(path)) == 12
+    assert w.location == path and list(tmp_path.iterdir()) == [path]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask, "modes as for any new file"
+
+
+def _write(path: Path, intervals: int, **kwargs) -> TraceWriter:
+    node = SimNode("default", seed=0)
+    w = TraceWriter(path, node.capabilities(), node.groups(), "x", **kwargs)
+    for _ in range(intervals):
+        node.advance(0.1)
+        w.write(node.observe(), node.allocation())
+    return w
+
+
+def test_the_part_file_is_always_a_new_one(tmp_path) -> None:
+    """A crashed recording's ``.part`` and a link planted where one would go are left
+    alone: the writer's file is created afresh under a name of its own."""
+    path = tmp_path / "t.parquet"
+    crashed = tmp_path / "t.parquet.part"
+    crashed.write_bytes(b"a crashed recording's intervals")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"kept")
+    for i in range(20):  # names a guess could plant: the old fixed one, and random ones
+        (tmp_path / f"t.parquet.{i:08x}.part").symlink_to(victim)
+    _write(path, 3).close()
+    assert len(load_trace(path)) == 3
+    assert crashed.read_bytes() == b"a crashed recording's intervals"
+    assert victim.read_bytes() == b"kept"
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_file_that_appears_while_writing(tmp_path, replace: bool) -> None:
+    """Two recorders given the same file: the one that closes second keeps the first's
+    trace unless told to replace it, and says where its own is."""
+    path = tmp_path / "t.parquet"
+    w = _write(path, 3, replace=replace)
+    _write(path, 5).close()  # the other recorder, done first
+    if replace:
+        w.close()
+        assert len(load_trace(path)) == 3 and w.location == path
+        return
+    with pytest.raises(FileExistsError) as err:
+        w.close()
+    assert str(err.value) == (
+        f"{path} appeared while recording (another recording to the same file?) and is kept; "
+        f"this trace's 3 intervals are in {w.location}"
+    )
+    assert len(load_trace(path)) == 5
+    assert w.location.suffix == ".part" and len(load_trace(w.location)) == 3
 
 
 def test_interval_without_groups_round_trips(tmp_path) -> None:
