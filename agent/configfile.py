@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+import tomllib
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -149,16 +150,28 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def read_yaml(path: str | Path) -> Any:
-    """The parsed YAML document at ``path`` (None for an empty file); a mapping that gives
-    a key twice is refused (:class:`UniqueKeyLoader`)."""
+def read_config_file(path: str | Path) -> Any:
+    """The document at ``path``: TOML when the name ends in ``.toml``, else YAML (None for
+    an empty file). A YAML mapping that gives a key twice is refused
+    (:class:`UniqueKeyLoader`), as TOML refuses it itself."""
     text = read_config_text(path)
+    if Path(path).suffix.lower() == ".toml":
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     try:
-        return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader
     except DuplicateKey as exc:
         raise ConfigError(f"{path}: {exc}; YAML would keep only the last value") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if isinstance(data, str) and "=" in data:  # ``key = "value"`` lines read as one string
+        raise ConfigError(
+            f"{path}: not a YAML mapping (key: value); a TOML file is read as TOML when its "
+            "name ends in .toml"
+        )
+    return data
 
 
 def validate(model: type[M], data: Any, where: str, env: Mapping[tuple, str] | None = None) -> M:
@@ -340,7 +353,7 @@ def load(
     """Read ``path`` (None: no file, only defaults and the environment) as ``model``.
     ``refused`` maps dotted keys that must not be in the file (secrets) to the reason."""
     where = str(path) if path is not None else "configuration"
-    data = read_yaml(path) if path is not None else None
+    data = read_config_file(path) if path is not None else None
     for key, reason in (refused or {}).items():
         node = data
         for part in key.split("."):

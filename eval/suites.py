@@ -225,7 +225,7 @@ def _unique_labels(specs: list[ControllerSpec], where: str) -> list[ControllerSp
 def load_suites(path: str | Path | None = None) -> dict[str, Suite]:
     """Every suite in ``path`` (default: eval/data/suites.yaml)."""
     p = Path(path) if path else SUITES_FILE
-    data = configfile.read_yaml(p) or {}
+    data = configfile.read_config_file(p) or {}
     if not isinstance(data, Mapping):
         raise SuiteError(f"{p}: expected a mapping of suite name -> suite")
     if not data:  # an empty file would list nothing and offer no suite to choose

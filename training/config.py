@@ -420,7 +420,7 @@ def _has_vector_entry_point(env_id: str) -> bool:
 
 def load_config(path: str | Path) -> TrainConfig:
     """Read and validate a YAML training config; errors name the file and the key."""
-    data = configfile.read_yaml(path)
+    data = configfile.read_config_file(path)
     if not data:
         # An empty file would silently train the defaults for 100k steps: a file with no
         # settings is a mistake (a wrong path, a truncated copy), not a request for defaults.

@@ -395,14 +395,14 @@ def get_scenario(name: str | Scenario, catalog: Catalog | None = None) -> Scenar
         return parse_scenario(name, catalog.scenarios[name], catalog)
     p = Path(name)
     # A value that looks like a path is a file, never a name: a missing one says so. A pipe
-    # or a device named x.yaml is refused as such by read_yaml (exists(), not is_file()).
+    # or a device named x.yaml is refused as such by read_config_file (exists(), not is_file()).
     if "/" in name or os.sep in name or p.suffix in (".yaml", ".yml"):
         if not p.exists():
             raise CatalogError(f"{name}: no such file")
         from agent import configfile
 
         try:
-            data = configfile.read_yaml(p)
+            data = configfile.read_config_file(p)
         except configfile.ConfigError as exc:
             raise CatalogError(str(exc)) from None
         if not isinstance(data, Mapping) or "machine" not in data or "workloads" not in data:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from agent.configfile import MAX_CONFIG_BYTES, ConfigError, read_yaml
+from agent.configfile import MAX_CONFIG_BYTES, ConfigError, read_config_file
 from agent.server.config import AgentFile
 from agent.server.config import load_yaml as load_agent
 from eval.suites import SuiteError, load_suites
@@ -263,7 +263,7 @@ def test_a_file_not_utf8_is_named(tmp_path, args) -> None:
 )
 def test_only_regular_files_of_bounded_size_are_read(tmp_path, make, message) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
-        read_yaml(make(tmp_path))
+        read_config_file(make(tmp_path))
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -296,4 +296,34 @@ def test_a_key_given_twice_is_refused_naming_file_and_key(tmp_path, kind, text, 
 def test_keys_brought_in_by_a_merge_may_be_overridden(tmp_path) -> None:
     file = tmp_path / "x.yaml"
     file.write_text("base: &b {a: 1, b: 2}\nover:\n  <<: *b\n  a: 3\n")
-    assert read_yaml(file) == {"base": {"a": 1, "b": 2}, "over": {"a": 3, "b": 2}}
+    assert read_config_file(file) == {"base": {"a": 1, "b": 2}, "over": {"a": 3, "b": 2}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "toml", "yaml_text"),
+    [
+        ("agent", 'seed = 3\nscenario = "default"\n', "seed: 3\nscenario: default\n"),
+        ("tuner", 'controller = "eq"\n[guard]\nmax_way_step = 2\n',
+                  "controller: eq\nguard:\n  max_way_step: 2\n"),
+        ("training", 'name = "x"\n[ppo]\ngamma = 0.9\n', "name: x\nppo:\n  gamma: 0.9\n"),
+    ],
+)  # fmt: skip
+def test_a_toml_file_reads_as_its_yaml_twin(tmp_path, kind, toml, yaml_text) -> None:
+    _, load = FILES[kind]
+    (tmp_path / "c.toml").write_text(toml)
+    (tmp_path / "c.yaml").write_text(yaml_text)
+    assert load(tmp_path / "c.toml") == load(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("c.toml", "seed = 1\nseed = 2\n", "c.toml: not valid TOML: Cannot overwrite a value"),
+        ("c.toml", "seed: 1\n", "c.toml: not valid TOML: Expected '=' after a key"),
+        ("c.yaml", 'seed = 1\nscenario = "x"\n', "c.yaml: not a YAML mapping (key: value); a TOML"),
+    ],
+)
+def test_toml_errors_and_toml_in_a_yaml_file(tmp_path, name, text, message) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        FILES["agent"][1](tmp_path / name)
