@@ -124,7 +124,8 @@ def mite_plan(
     least = max(1, l3.min_cbm_bits)
     if not least <= ways <= l3.num_ways - least:
         raise ValueError(
-            f"mite ways must be in {least}..{l3.num_ways - least} on this node, got {ways}"
+            f"ways must be in {least}..{l3.num_ways - least} on this node (the LC group's "
+            f"own ways; the other groups share the rest), got {ways}"
         )
     mite = contiguous_mask(ways, low)
     rest = l3.cbm_mask & ~mite

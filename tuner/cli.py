@@ -20,6 +20,7 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Collection, Sequence
 
@@ -120,6 +121,9 @@ def _command(args: argparse.Namespace) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
+    except KeyboardInterrupt:  # before a command ran (its modules loading): nothing to say
+        print("rdtune: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     except BrokenPipeError:
         # The reader went away (| head): stop quietly, and keep Python's final flush of
         # stdout from failing again at exit.

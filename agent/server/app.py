@@ -467,10 +467,12 @@ def _directory_lock(directory: Path):
 
 
 def _check_every_address_free(raw: str, host: str | None, port: int | None) -> None:
-    """Refuse a TCP listen address whose name resolves to several addresses (``localhost``:
-    127.0.0.1 and ::1) with the port taken on one of them. grpc binds every address and
-    succeeds if any bind does, so the agent would answer on ::1 while another process
-    holds 127.0.0.1 (where a probe or a client dials). Port 0 asks for a free port."""
+    """Refuse a TCP listen address the agent cannot bind, saying why (grpc says only that
+    it failed, on a log line of its own). A name that resolves to several addresses
+    (``localhost``: 127.0.0.1 and ::1) is refused with the port taken on any one of them:
+    grpc binds every address and succeeds if any bind does, so the agent would answer on
+    ::1 while another process holds 127.0.0.1 (where a probe or a client dials). Port 0
+    asks for a free port."""
     if not host or not port:
         return
     if host == "localhost":  # grpc's own resolution: both loopbacks, whatever /etc/hosts says
@@ -483,8 +485,7 @@ def _check_every_address_free(raw: str, host: str | None, port: int | None) -> N
             ]
         except OSError:
             return  # grpc's own bind names an address it cannot resolve
-    if len({addr[0] for _, addr in found}) < 2:
-        return  # one address: grpc's bind fails or succeeds whole
+    several = len({addr[0] for _, addr in found}) >= 2
     for family, addr in found:
         try:
             with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -493,6 +494,9 @@ def _check_every_address_free(raw: str, host: str | None, port: int | None) -> N
                     probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 probe.bind(addr)
         except OSError as exc:
+            if not several:
+                why = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise ConfigError(f"cannot listen on {raw}: {why}") from exc
             if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
                 continue  # a family the host does not have (no IPv6): grpc skips it too
             raise ConfigError(

@@ -192,7 +192,7 @@ class MetricsEndpoint:
                 raise ConfigError(f"metrics TLS file {path!r} does not exist")
         tls_from = "metrics_tls: cert and key"
         try:
-            check_exposure(where, self.tls is not None, self.token_file, tls_from)
+            check_exposure(where, self.tls is not None, self.token_file, tls_from, unix=False)
         except ConfigError as exc:
             raise ConfigError(
                 f"metrics endpoint: {exc} (metrics_token_file for the token)"

@@ -65,17 +65,23 @@ def parse_listen(address: str) -> ListenAddress:
 
 
 def check_exposure(
-    listen: ListenAddress, tls: bool, token: str | None, tls_from: str = "--tls-cert/--tls-key"
+    listen: ListenAddress,
+    tls: bool,
+    token: str | None,
+    tls_from: str = "--tls-cert/--tls-key",
+    unix: bool = True,
 ) -> None:
     """Refuse a non-loopback listener without TLS and a bearer token (``tls_from``: where
-    TLS is configured, for the message)."""
+    TLS is configured, for the message; ``unix``: whether a unix socket could be used
+    instead, for the hint)."""
     if listen.loopback:
         return
     missing = [what for what, ok in ((f"TLS ({tls_from})", tls), ("a token", token)) if not ok]
     if missing:
+        instead = "127.0.0.1 or a unix: socket" if unix else "127.0.0.1"
         raise ConfigError(
             f"refusing to listen on non-loopback address {listen.raw!r} without "
-            f"{' and '.join(missing)}; use 127.0.0.1 or a unix: socket, or configure them"
+            f"{' and '.join(missing)}; use {instead}, or configure them"
         )
 
 

@@ -176,6 +176,19 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(args) -> None:
     assert proc.stderr == "" and proc.returncode in (0, 141)
 
 
+def test_ctrl_c_while_a_command_loads_is_one_line(monkeypatch, capsys) -> None:
+    """Ctrl-C before the command runs (its modules still loading: grpc, numpy, torch take
+    a moment) ends it as Ctrl-C later does, with status 130 and no traceback."""
+    import tuner.cli
+
+    def loading(chosen):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tuner.cli, "build_parser", loading)
+    assert tuner.cli.main(["status", "--agent", "127.0.0.1:1"]) == 130
+    assert capsys.readouterr().err == "rdtune: interrupted\n"
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -76,7 +76,8 @@ def test_full_example_parses(tmp_path) -> None:
         ("groups: [{name: a, cpus: [1, 1]}]", "config: group 'a': cpus: CPU 1 is listed twice"),
         ("groups: [{name: a, cpus: [0, 2, 3, 2]}]", "group 'a': cpus: CPU 2 is listed twice"),
         ("metrics_listen: 9465", "metrics_listen: must be a valid string, got 9465 (int)"),
-        ("metrics_listen: 0.0.0.0:9465", "metrics endpoint: refusing to listen"),
+        # the hint offers only what the endpoint can do: not a unix socket
+        ("metrics_listen: 0.0.0.0:9465", "a token; use 127.0.0.1, or configure them"),
         ("metrics_tls: {cert: a.pem}", "metrics TLS needs both a certificate and a key"),
         ("metrics_tls: {ca: a.pem}", "metrics_tls.ca: unknown key; allowed: cert, client_ca, key"),
         ("metrics_tls: {cert: /nonexistent.pem, key: /nonexistent.key}", "does not exist"),

@@ -158,3 +158,20 @@ def test_bad_numbers_and_a_blank_token_are_refused_before_serving(
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
     assert out.returncode == 2, out
     assert message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--health-listen"])
+def test_a_busy_port_is_one_line_saying_why(flag: str) -> None:
+    """grpc logs its failed bind on a line of its own (``E... add_port.cc``) and says no
+    more than that it failed: the agent checks first and says why, once."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        cmd = [sys.executable, "-m", "tuner.cli", "agent", "--backend", "sim"]
+        cmd += ["--listen", "127.0.0.1:0", "--metrics-listen", "", flag, address]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out
+    assert out.stderr == f"rdtune agent: cannot listen on {address}: Address already in use\n"
