@@ -366,7 +366,7 @@ class TrainConfig(Strict):
             except gym.error.Error as exc:
                 raise ValueError(f"env.id: {exc}") from None
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"{where}: {exc}") from None
+                raise ValueError(f"{_trace_key(where, kwargs, exc)}: {exc}") from None
             env.close()
 
     def env_kwargs(self) -> dict[str, Any]:
@@ -404,6 +404,22 @@ class TrainConfig(Strict):
                 node = node[p]
             node[parts[-1]] = value
         return TrainConfig.parse(data, "overrides")
+
+
+def _trace_key(where: str, kwargs: dict[str, Any], exc: Exception) -> str:
+    """``where``, or the key of the trace file ``exc`` names when it is a TraceError about
+    one of ``kwargs["traces"]`` (``env.kwargs.traces[1]``)."""
+    from training.traces import TraceError
+
+    if not isinstance(exc, TraceError):
+        return where
+    files = kwargs.get("traces")
+    if isinstance(files, str):
+        return f"{where}.traces"
+    for i, f in enumerate(files if isinstance(files, list) else []):
+        if isinstance(f, str) and Path(f) == Path(exc.path):
+            return f"{where}.traces[{i}]"
+    return where
 
 
 def _has_vector_entry_point(env_id: str) -> bool:

@@ -49,6 +49,24 @@ def test_no_override_lets_training_or_selection_see_the_test_split(data, message
     assert (cfg.eval_kwargs()["split"], cfg.final_kwargs()["split"]) == ("validation", "test")
 
 
+TRACE_ENV = "training.trace_env:rdtune/TracePartition-v0"
+
+
+def test_a_trace_file_the_config_names_is_refused_naming_its_key(explore_trace, tmp_path):
+    """A missing file was a FileNotFoundError with no word of the config; an unusable one
+    named the section (env.kwargs) but not the entry."""
+    missing, text = tmp_path / "gone.parquet", tmp_path / "notes.parquet"
+    text.write_text("not a trace\n")
+    for traces, key, problem in (
+        ([explore_trace.path, str(missing)], "traces[1]", f"trace {missing}: no such file"),
+        ([str(text)], "traces[0]", f"trace {text}: not a Parquet file"),
+    ):
+        data = {"env": {"id": TRACE_ENV, "kwargs": {"traces": traces}}}
+        with pytest.raises(ConfigError) as err:
+            TrainConfig.parse(data, "t.yaml")
+        assert str(err.value).startswith(f"t.yaml: env.kwargs.{key}: {problem}"), err.value
+
+
 def test_defaults_and_round_trip():
     cfg = TrainConfig.parse({"name": "x", "ppo": {"learning_rate": 1e-3}})
     assert cfg.output_dir == "runs/x"
