@@ -790,12 +790,15 @@ def _read_footer(path: Path) -> tuple[dict[bytes, bytes], list[str]]:
         raise TraceError(path, "is a directory, not a trace file")
     if not path.is_file():  # a pipe would block the read for ever, a device never end
         raise TraceError(path, "is not a regular file (a device, pipe or socket)")
-    with path.open("rb") as f:
-        head = f.read(4)
-        size = f.seek(0, os.SEEK_END)
-        if size >= 4:
-            f.seek(-4, os.SEEK_END)
-        tail = f.read(4)
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+            size = f.seek(0, os.SEEK_END)
+            if size >= 4:
+                f.seek(-4, os.SEEK_END)
+            tail = f.read(4)
+    except OSError as e:  # no permission, an I/O error: the input is unusable all the same
+        raise TraceError(path, f"cannot be read: {e.strerror or e}") from None
     if head != b"PAR1":
         raise TraceError(path, "not a Parquet file (no PAR1 magic at the start)")
     if tail != b"PAR1" or size < 12:

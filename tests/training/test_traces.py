@@ -110,6 +110,18 @@ def test_missing_file(tmp_path) -> None:
     assert "nope.parquet" in str(err.value)
 
 
+def test_a_file_that_cannot_be_read_is_a_trace_error(recorded, monkeypatch) -> None:
+    """Not an OSError past the reader (rdtune trace info exited 1 for it, 2 for the rest)."""
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "open", refused)  # root reads a file whatever its mode
+    with pytest.raises(TraceError) as err:
+        load_trace(recorded[0])
+    assert str(err.value) == f"trace {recorded[0]}: cannot be read: Permission denied"
+
+
 def test_a_pipe_is_refused_not_waited_on(tmp_path) -> None:
     fifo = tmp_path / "t.parquet"
     os.mkfifo(fifo)  # no writer: reading it would block for ever
