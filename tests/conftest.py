@@ -26,6 +26,7 @@ pytest_plugins = ("tests.training.tiny_runs",)
 SHARED_FIXTURES = {
     "explore_trace": "explore_trace",  # tests/training/conftest.py: a 90 s recorded trace
     "dynamics": "explore_trace",  # ... and the dynamics fitted to it
+    "heldout_trace": "explore_trace",  # ... and another recording, held out beside it
     "tiny_run": "tiny_runs",  # tests/training/tiny_runs.py: trained tiny policies
     "tiny_ppo_run": "tiny_runs",
     "tiny_export": "tiny_runs",

@@ -170,7 +170,6 @@ LONG = {
     "training/dynamics.py:fit_dynamics": "one fit per target, in the model's order",
     "training/dynamics.py:_series": "the trace's columns as arrays, one after another",
     "training/dynamics.py:predict": "the fitted model's terms, in the documented order",
-    "training/traces.py:_steps_from_rows": "a trace's rows back into snapshots, field by field",
     # -- hot paths inlined on purpose (figures in docs/BENCHMARKS.md)
     "agent/sim/model.py:__init__": "the model's parameter arrays, one per catalog field",
     "agent/sim/engine.py:__init__": "the batch's state arrays, one per quantity",

@@ -5,7 +5,19 @@ the same learning curve and policy on one machine (the config is saved next to e
 checkpoint and in the model card). Checkpoints are selected on the *validation* split and
 the final table is played on the *test* split (envs/scenarios.py names the splits); a
 config whose merged env settings would let training or selection see the test split (or
-``all``), or play the final table elsewhere, is rejected.
+``all``), or play the final table elsewhere, is rejected. The trace env
+(``rdtune/TracePartition-v0``, training/trace_env.py) has no splits: its episodes replay
+trace files, so its held-out data are files. ``eval.kwargs`` defaults to ``{}`` there
+(selection replays the training traces; ``{traces: [...]}`` gives it others) and
+``eval.final_kwargs`` must name ``traces`` that neither training nor selection replays: not
+the same file under another name or link, nor a copy of it; a ``split`` is refused::
+
+    env:
+      id: "training.trace_env:rdtune/TracePartition-v0"
+      kwargs: {traces: [runs/a.parquet, runs/b.parquet], episode_steps: 32}
+    eval:
+      final_kwargs: {traces: [runs/c.parquet]}   # recorded apart from a and b
+
 Unknown keys, wrong types (strict: ``subproc: "false"`` is not a boolean) and out-of-range
 values are rejected with the file and the key's dotted path (agent/configfile.py), as is a key
 given twice; so are PPO settings SB3 would start with and then fail on or warn about
@@ -56,6 +68,8 @@ refused rather than read as "all defaults"::
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -124,6 +138,7 @@ class RuntimeConfig(Strict):
 
 
 class EvalConfig(Strict):
+    # both split defaults are the simulator's; the trace env's are {} (TrainConfig)
     kwargs: dict[str, Any] = {"split": "validation"}  # merged over env.kwargs
     freq: Count = 20000  # timesteps between evaluations (0: only at the end)
     episodes: PositiveInt = 64
@@ -270,8 +285,15 @@ class TrainConfig(Strict):
                 f"ppo.n_steps = {rollout}); PPO trains whole rollouts"
             )
         self._check_rollout()
+        traces = _replays_traces(self.env.id)
+        if traces:
+            self._trace_defaults()
+            self._check_no_splits()
         self._check_env()
-        self._check_splits()
+        if traces:
+            self._check_held_out_traces()
+        else:
+            self._check_splits()
         self._check_vec_env()
         return self
 
@@ -310,6 +332,58 @@ class TrainConfig(Strict):
                 f"eval.final_kwargs: split {final!r}: the final table is the held-out one, "
                 "played on mixes neither training nor selection saw; use split: test"
             )
+
+    def _trace_defaults(self) -> None:
+        """The trace env has no splits, so the split defaults of ``eval`` mean nothing to
+        it: unless given, selection replays the training traces (``eval.kwargs: {}``) and
+        the final table names none (refused below: it must name held-out traces)."""
+        unset = {k: {} for k in ("kwargs", "final_kwargs") if k not in self.eval.model_fields_set}
+        if unset:
+            object.__setattr__(self, "eval", self.eval.model_copy(update=unset))
+
+    def _check_no_splits(self) -> None:
+        """A ``split`` for the trace env: refused before the env is built (which would say
+        only that the env takes no such argument), with what to write instead."""
+        instead = {
+            "env.kwargs": "train on the trace files of env.kwargs.traces",
+            "eval.kwargs": "select checkpoints on other trace files with eval.kwargs: "
+            "{traces: [FILE, ...]}, or on the training ones with {}",
+            "eval.final_kwargs": "play the final table on held-out trace files with "
+            "eval.final_kwargs: {traces: [FILE, ...]}",
+        }
+        for key, kwargs in (
+            ("env.kwargs", self.env.kwargs),
+            ("eval.kwargs", self.eval.kwargs),
+            ("eval.final_kwargs", self.eval.final_kwargs),
+        ):
+            if "split" in kwargs:
+                raise ConfigError(
+                    f"{key}: split {kwargs['split']!r}: {self.env.id} has no scenario splits "
+                    f"(its episodes replay recorded traces); {instead[key]}"
+                )
+
+    def _check_held_out_traces(self) -> None:
+        """The trace env's final table is played on trace files neither training nor
+        selection replayed: other recordings, not the same file by another name or link,
+        nor a copy of one (the same bytes). Selection may replay the training traces."""
+        if "traces" not in self.eval.final_kwargs:
+            raise ConfigError(
+                "eval.final_kwargs: no traces: the final table is the held-out one, played on "
+                "traces neither training nor selection replayed; give eval.final_kwargs: "
+                "{traces: [FILE, ...]} of other recordings"
+            )
+        seen = [*_trace_keys("env.kwargs", self.env.kwargs)]
+        seen += _trace_keys("eval.kwargs", self.eval.kwargs)
+        digests: dict[str, str] = {}
+        for key, path in _trace_keys("eval.final_kwargs", self.eval.final_kwargs):
+            for other_key, other in seen:
+                how = _same_recording(path, other, digests)
+                if how:
+                    raise ConfigError(
+                        f"{key}: {path} is {how} {other_key} ({other}): the final table is the "
+                        "held-out one, played on traces neither training nor selection "
+                        "replayed; give other recordings"
+                    )
 
     def _check_rollout(self) -> None:
         """PPO's minibatches must split one rollout (``n_envs * ppo.n_steps`` samples)."""
@@ -366,7 +440,7 @@ class TrainConfig(Strict):
             except gym.error.Error as exc:
                 raise ValueError(f"env.id: {exc}") from None
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"{where}: {exc}") from None
+                raise ValueError(f"{_trace_key(where, kwargs, exc)}: {exc}") from None
             env.close()
 
     def env_kwargs(self) -> dict[str, Any]:
@@ -404,6 +478,57 @@ class TrainConfig(Strict):
                 node = node[p]
             node[parts[-1]] = value
         return TrainConfig.parse(data, "overrides")
+
+
+def _replays_traces(env_id: str) -> bool:
+    """Whether ``env_id`` is the trace env (held-out data: trace files, not a split)."""
+    from training.trace_env import TRACE_PARTITION_ID
+
+    return env_id.rpartition(":")[2] == TRACE_PARTITION_ID  # with or without its module
+
+
+def _trace_keys(where: str, kwargs: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(key, file)`` for each trace file of ``kwargs`` (``env.kwargs.traces[1]``)."""
+    files = kwargs.get("traces")
+    if files is None:
+        return []
+    if isinstance(files, str):
+        return [(f"{where}.traces", files)]
+    return [(f"{where}.traces[{i}]", str(f)) for i, f in enumerate(files)]
+
+
+def _same_recording(a: str, b: str, digests: dict[str, str]) -> str:
+    """How trace files ``a`` and ``b`` hold one recording: ``""`` (they do not), the same
+    file (by any name or link) or a copy (the same bytes; hashed only when the sizes are
+    equal, once per file, kept in ``digests``)."""
+
+    def digest(path: str) -> str:
+        if path not in digests:
+            with open(path, "rb") as f:
+                digests[path] = hashlib.file_digest(f, "sha256").hexdigest()
+        return digests[path]
+
+    if os.path.samefile(a, b):
+        return "the same file as"
+    if os.path.getsize(a) == os.path.getsize(b) and digest(a) == digest(b):
+        return "a copy of"
+    return ""
+
+
+def _trace_key(where: str, kwargs: dict[str, Any], exc: Exception) -> str:
+    """``where``, or the key of the trace file ``exc`` names when it is a TraceError about
+    one of ``kwargs["traces"]`` (``env.kwargs.traces[1]``)."""
+    from training.traces import TraceError
+
+    if not isinstance(exc, TraceError):
+        return where
+    files = kwargs.get("traces")
+    if isinstance(files, str):
+        return f"{where}.traces"
+    for i, f in enumerate(files if isinstance(files, list) else []):
+        if isinstance(f, str) and Path(f) == Path(exc.path):
+            return f"{where}.traces[{i}]"
+    return where
 
 
 def _has_vector_entry_point(env_id: str) -> bool:

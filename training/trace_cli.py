@@ -8,6 +8,10 @@ Recording works against any agent: a simulated one (``rdtune agent --backend sim
 stepped through its clock, so D seconds of node time take as long as the simulator needs;
 a real one records in wall-clock time. Use ``--controller explore`` to record data a
 dynamics model can be learned from (random allocations held for random dwell times).
+
+Exit status 2 is bad input: an option, or a trace file that is missing or unusable (not a
+trace, truncated, corrupt); 1 a failure while running (an agent that cannot be reached,
+the minari extra not installed for ``export-minari``).
 """
 
 from __future__ import annotations
@@ -280,9 +284,9 @@ def _info(args: argparse.Namespace) -> int:
 
     try:
         trace = load_trace(args.file)
-    except TraceError as e:
+    except TraceError as e:  # bad input: missing, not a trace, corrupt
         print(f"rdtune trace info: {e}", file=sys.stderr)
-        return 1
+        return 2
     caps = trace.capabilities
     print(f"{trace.path}: rdtune trace v{trace.version} (written by rdtune {trace.rdtune_version})")
     print(f"  node: {caps.description or caps.vendor.value}, simulated={caps.simulated}")
@@ -312,12 +316,12 @@ def _export(args: argparse.Namespace) -> int:
             author_email=args.author_email,
             code_permalink=args.code_permalink,
         )
-    except ExportError as e:
-        print(f"rdtune trace export-minari: {e}", file=sys.stderr)
-        return 2
-    except (TraceError, ImportError, ValueError) as e:
+    except ImportError as e:  # the install lacks the minari extra: nothing wrong with the input
         print(f"rdtune trace export-minari: {e}", file=sys.stderr)
         return 1
+    except (ExportError, TraceError, ValueError) as e:  # bad input: arguments or trace files
+        print(f"rdtune trace export-minari: {e}", file=sys.stderr)
+        return 2
     print(
         f"wrote Minari dataset {args.dataset_id}: {ds.total_episodes} episodes, "
         f"{ds.total_steps} steps"

@@ -23,14 +23,19 @@ import numpy as np
 
 from training.dynamics import Dynamics, fit_dynamics
 from training.trace_node import Replay, TraceNode
-from training.traces import TraceWriter, load_trace
+from training.traces import TraceError, TraceWriter, load_trace
 
 TRACE_PARTITION_ID = "rdtune/TracePartition-v0"
 _FITS: dict[tuple[str, float], tuple[Dynamics, Replay, float]] = {}
 
 
 def _fitted(path: str) -> tuple[Dynamics, Replay, float]:
-    key = (os.path.abspath(path), os.path.getmtime(path))
+    try:
+        # keyed by the file's time too: a trace rewritten since is fitted again
+        key = (os.path.abspath(path), os.path.getmtime(path))
+    except OSError as exc:  # before load_trace, which would have named it
+        problem = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror
+        raise TraceError(path, problem or str(exc)) from None
     if key not in _FITS:
         trace = load_trace(path)
         _FITS[key] = (fit_dynamics(trace), Replay.from_trace(trace), trace.interval_s or 0.1)

@@ -237,18 +237,30 @@ def _sample_from_row(path: Path, row: int, r: Mapping[str, Any]) -> GroupSample:
         if v is not None and not (math.isfinite(v) and v >= 0):
             raise TraceError(path, f"row {row}: column {c!r} is {v}, not a count")
         counters[c] = v
-    lat = None
-    if r["lat_count"] is not None:
-        if r["lat_count"] < 0:
-            raise TraceError(path, f"row {row}: column 'lat_count' is {r['lat_count']}")
-        values = []
+    return GroupSample(**counters, latency=_latency_from_row(path, row, r))
+
+
+def _latency_from_row(path: Path, row: int, r: Mapping[str, Any]) -> LatencyStats | None:
+    """The row's latency stats, or None for a group without them: the writer writes the
+    LATENCY columns together, all null for such a group."""
+    if r["lat_count"] is None:
         for c in LATENCY[1:]:
-            v = math.nan if r[c] is None else r[c]
-            if not (math.isnan(v) or (math.isfinite(v) and v >= 0)):
-                raise TraceError(path, f"row {row}: column {c!r} is {v}, not a latency")
-            values.append(v)
-        lat = LatencyStats(int(r["lat_count"]), *values)
-    return GroupSample(**counters, latency=lat)
+            if r[c] is not None:
+                raise TraceError(
+                    path,
+                    f"row {row}: column {c!r} is {r[c]} but 'lat_count' is null (a group "
+                    "without latencies has every latency column null)",
+                )
+        return None
+    if r["lat_count"] < 0:
+        raise TraceError(path, f"row {row}: column 'lat_count' is {r['lat_count']}")
+    values = []
+    for c in LATENCY[1:]:
+        v = math.nan if r[c] is None else r[c]
+        if not (math.isnan(v) or (math.isfinite(v) and v >= 0)):
+            raise TraceError(path, f"row {row}: column {c!r} is {v}, not a latency")
+        values.append(v)
+    return LatencyStats(int(r["lat_count"]), *values)
 
 
 def _none_if_nan(x: float | None) -> float | None:
@@ -840,12 +852,15 @@ def _read_footer(path: Path) -> tuple[dict[bytes, bytes], list[str]]:
         raise TraceError(path, "is a directory, not a trace file")
     if not path.is_file():  # a pipe would block the read for ever, a device never end
         raise TraceError(path, "is not a regular file (a device, pipe or socket)")
-    with path.open("rb") as f:
-        head = f.read(4)
-        size = f.seek(0, os.SEEK_END)
-        if size >= 4:
-            f.seek(-4, os.SEEK_END)
-        tail = f.read(4)
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+            size = f.seek(0, os.SEEK_END)
+            if size >= 4:
+                f.seek(-4, os.SEEK_END)
+            tail = f.read(4)
+    except OSError as e:  # no permission, an I/O error: the input is unusable all the same
+        raise TraceError(path, f"cannot be read: {e.strerror or e}") from None
     if head != b"PAR1":
         raise TraceError(path, "not a Parquet file (no PAR1 magic at the start)")
     if tail != b"PAR1" or size < 12:
@@ -952,65 +967,100 @@ def _steps_from_rows(
     groups: Mapping[str, GroupSpec],
     caps: NodeCapabilities,
 ) -> list[TraceStep]:
+    """The rows back into intervals: an interval's rows are consecutive, its steps count
+    up from 0 and its timestamps never go back."""
     steps: list[TraceStep] = []
-    i = 0
     last_t = -math.inf
+    i = 0
     while i < len(rows):
         step = rows[i]["step"]
         if step != len(steps):
             raise TraceError(path, f"row {i}: interval {step} out of order (expected {len(steps)})")
-        j = i
-        samples: dict[str, GroupSample] = {}
-        vanished: set[str] = set()
-        held: dict[str, dict] = {}
-        applied: dict[str, dict] = {}
-        any_applied = False
+        j = i + 1
         while j < len(rows) and rows[j]["step"] == step:
-            r = rows[j]
-            name = r["group"]
-            if name is None:  # an interval without own groups
-                j += 1
-                continue
-            if name not in groups:
-                raise TraceError(path, f"row {j}: group {name!r} has no spec in the metadata")
-            if r["vanished"]:
-                vanished.add(name)
-            else:
-                samples[name] = _sample_from_row(path, j, r)
-            a = _alloc_from_rows(path, j, "allocation", r["allocation"], caps)
-            if a is not None:
-                held[name] = a
-            b = _alloc_from_rows(path, j, "applied", r["applied"], caps)
-            if b is not None:
-                applied[name] = b
-                any_applied = True
             j += 1
-        first = rows[i]
-        t = first["timestamp"]
-        if t is None or not math.isfinite(t) or t < last_t:
-            raise TraceError(
-                path, f"interval {step}: timestamp {t} goes backwards or is not finite"
-            )
+        _check_interval_columns(path, rows, i, j)
+        t = rows[i]["timestamp"]
+        if t < last_t:
+            raise TraceError(path, f"interval {step}: timestamp {t} goes backwards")
         last_t = t
-        length = first["interval_s"]
-        if length is None or not (math.isfinite(length) and length >= 0):
-            raise TraceError(
-                path, f"interval {step}: column 'interval_s' is {length}, not a length in seconds"
-            )
-        steps.append(
-            TraceStep(
-                snapshot=Snapshot(
-                    timestamp=t,
-                    interval_s=length,
-                    groups=samples,
-                    vanished=frozenset(vanished),
-                ),
-                allocation=Allocation(held),
-                applied=Allocation(applied) if any_applied else None,
-                controller=first["controller"] or "",
-                wall_time=first["wall_time"] or 0.0,
-                note=first["note"] or "",
-            )
-        )
+        steps.append(_step_from_rows(path, rows, i, j, groups, caps))
         i = j
     return steps
+
+
+# What the writer writes once per interval, repeated on each of its rows: a row that
+# disagrees with its interval's first was edited or damaged (the reader would otherwise
+# keep the first row's value and never look at the others).
+_INTERVAL_NUMBERS = ("timestamp", "interval_s", "wall_time")
+_INTERVAL_TEXTS = ("controller", "note")
+
+
+def _check_interval_columns(path: Path, rows: list[dict[str, Any]], i: int, j: int) -> None:
+    """Rows ``i`` to ``j - 1`` (one interval): its times finite (``interval_s`` not
+    negative either) and the interval's columns the same on every row."""
+    first = rows[i]
+    for c in _INTERVAL_NUMBERS:
+        v = first[c]
+        if v is None or not math.isfinite(v) or (c == "interval_s" and v < 0):
+            what = "a length in seconds" if c == "interval_s" else "a finite time in seconds"
+            raise TraceError(path, f"row {i}: column {c!r} is {v}, not {what}")
+    for k in range(i + 1, j):
+        r = rows[k]
+        for c in (*_INTERVAL_NUMBERS, *_INTERVAL_TEXTS):
+            if r[c] != first[c]:  # NaN too: it is never equal, and the first is finite
+                raise TraceError(
+                    path,
+                    f"row {k}: column {c!r} is {r[c]!r} but {first[c]!r} in row {i}, the "
+                    f"first of interval {first['step']} (an interval's rows share it)",
+                )
+
+
+def _step_from_rows(
+    path: Path,
+    rows: list[dict[str, Any]],
+    i: int,
+    j: int,
+    groups: Mapping[str, GroupSpec],
+    caps: NodeCapabilities,
+) -> TraceStep:
+    """Rows ``i`` to ``j - 1`` (one interval, its columns checked) as a TraceStep."""
+    samples: dict[str, GroupSample] = {}
+    vanished: set[str] = set()
+    held: dict[str, dict] = {}
+    applied: dict[str, dict] = {}
+    any_applied = False
+    for k in range(i, j):
+        r = rows[k]
+        name = r["group"]
+        if name is None:  # an interval without own groups
+            continue
+        if name not in groups:
+            raise TraceError(path, f"row {k}: group {name!r} has no spec in the metadata")
+        if name in samples or name in vanished:  # the writer writes a group once a step
+            raise TraceError(path, f"row {k}: group {name!r} appears twice in interval {r['step']}")
+        if r["vanished"]:
+            vanished.add(name)
+        else:
+            samples[name] = _sample_from_row(path, k, r)
+        a = _alloc_from_rows(path, k, "allocation", r["allocation"], caps)
+        if a is not None:
+            held[name] = a
+        b = _alloc_from_rows(path, k, "applied", r["applied"], caps)
+        if b is not None:
+            applied[name] = b
+            any_applied = True
+    first = rows[i]
+    return TraceStep(
+        snapshot=Snapshot(
+            timestamp=first["timestamp"],
+            interval_s=first["interval_s"],
+            groups=samples,
+            vanished=frozenset(vanished),
+        ),
+        allocation=Allocation(held),
+        applied=Allocation(applied) if any_applied else None,
+        controller=first["controller"] or "",
+        wall_time=first["wall_time"],
+        note=first["note"] or "",
+    )

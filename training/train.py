@@ -22,8 +22,8 @@ Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered step
 5. learn (with SB3's progress bar), save ``model.zip``; every rollout + update cycle's env
    steps/s go to TensorBoard (``time/env_steps_per_s``) and ``throughput.jsonl``;
 6. final evaluation of the best checkpoint and the heuristics on the *test* split
-   (``eval.final_kwargs``; mixes neither training nor selection saw), written to
-   ``eval.json`` and printed as a table.
+   (``eval.final_kwargs``; mixes neither training nor selection saw; for the trace env,
+   trace files neither replayed), written to ``eval.json`` and printed as a table.
 
 The run directory (``output_dir``, ``--out``; OUT below) is built in a staging directory
 beside it (``OUT.partial-<pid>``, TensorBoard logs included), made once Ray, the
@@ -615,9 +615,10 @@ def final_evaluation(
     episodes: int | None = None,
     checkpoint: str = "best_model.zip",
 ) -> dict[str, Any]:
-    """A checkpoint (default the best) and the heuristics on test-split episodes
-    (``eval.final_kwargs``) that neither training nor checkpoint selection saw; written to
-    ``run_dir/eval.json`` (which names the checkpoint) and returned."""
+    """A checkpoint (default the best) and the heuristics on test-split episodes (held-out
+    traces for the trace env: ``eval.final_kwargs``) that neither training nor checkpoint
+    selection saw; written to ``run_dir/eval.json`` (which names the checkpoint) and
+    returned."""
     from training.evaluate import evaluate_heuristics, evaluate_policy, make_eval_env
 
     best = load_model(run_dir / checkpoint, cfg.algorithm)

@@ -4,11 +4,13 @@ Each subcommand lives next to the code it drives, in a module exposing
 ``add_arguments(parser)`` and ``run(args) -> int``; this file only lists them. Those
 modules keep heavy imports (torch, ray, grpc) inside ``run`` so ``rdtune --help`` is fast.
 
-Bad input never ends in a traceback: a wrong option, a refused configuration file or a
-controller spec that cannot be built is one line naming it (status 2); a file that cannot
-be read, a controller this node cannot run or an agent that cannot be reached or refuses
-is one line saying so (status 1; ``-vv`` logs the traceback too), and a reader that stops
-early (``rdtune ... | head``) ends the command quietly. Ctrl-C and SIGTERM stop a command
+Bad input never ends in a traceback: a wrong option, a refused configuration file, an
+input file that is missing, unreadable or unusable (a trace, a checkpoint, saved results)
+or a controller spec that cannot be built is one line naming it (status 2); a failure while
+the command runs (a controller this node cannot run, an agent that cannot be reached or
+refuses, a write that fails, an optional extra it cannot run without) is one line saying so
+(status 1; ``-vv`` logs the traceback too), and a reader that stops early
+(``rdtune ... | head``) ends the command quietly. Ctrl-C and SIGTERM stop a command
 the same way, its cleanup run, with one line and the status a shell reports for the signal
 (130, 143; agent/interrupt.py).
 """

@@ -1,4 +1,5 @@
-"""Shared fixtures: an exploration trace of the default scenario and its fitted dynamics."""
+"""Shared fixtures: an exploration trace of the default scenario and its fitted dynamics, and
+another, shorter recording of it (held-out traces for the trace env's final table)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,14 @@ def explore_trace(tmp_path_factory):
 @pytest.fixture(scope="session")
 def dynamics(explore_trace):
     return fit_dynamics(explore_trace)
+
+
+@pytest.fixture(scope="session")
+def heldout_trace(tmp_path_factory) -> str:
+    """A 20 s recording of the scenario with other seeds: not explore_trace's file, nor a
+    copy of it."""
+    path = tmp_path_factory.mktemp("heldout") / f"{SCENARIO}.parquet"
+    node = SimNode(SCENARIO, seed=11)
+    record(node, Explore(seed=12, overlap=0.0), path, 20.0, interval_s=0.1,
+           scenario={"name": SCENARIO}, seed=11)  # fmt: skip
+    return str(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,93 @@ def test_no_override_lets_training_or_selection_see_the_test_split(data, message
         TrainConfig.parse(data)
     cfg = TrainConfig.parse({})
     assert (cfg.eval_kwargs()["split"], cfg.final_kwargs()["split"]) == ("validation", "test")
+
+
+TRACE_ENV = "training.trace_env:rdtune/TracePartition-v0"
+
+
+def test_a_trace_file_the_config_names_is_refused_naming_its_key(explore_trace, tmp_path):
+    """A missing file was a FileNotFoundError with no word of the config; an unusable one
+    named the section (env.kwargs) but not the entry."""
+    missing, text = tmp_path / "gone.parquet", tmp_path / "notes.parquet"
+    text.write_text("not a trace\n")
+    for traces, key, problem in (
+        ([explore_trace.path, str(missing)], "traces[1]", f"trace {missing}: no such file"),
+        ([str(text)], "traces[0]", f"trace {text}: not a Parquet file"),
+    ):
+        data = {"env": {"id": TRACE_ENV, "kwargs": {"traces": traces}}}
+        with pytest.raises(ConfigError) as err:
+            TrainConfig.parse(data, "t.yaml")
+        assert str(err.value).startswith(f"t.yaml: env.kwargs.{key}: {problem}"), err.value
+
+
+def _trace_config(traces: list[str], **eval_section) -> dict:
+    return {
+        "n_envs": 1,
+        "ppo": {"n_steps": 32, "batch_size": 32},
+        "env": {"id": TRACE_ENV, "kwargs": {"traces": traces, "episode_steps": 4}},
+        "eval": eval_section,
+    }
+
+
+def test_a_trace_env_config_holds_out_trace_files(explore_trace, heldout_trace):
+    """The trace env takes no split, so the split rules refused every config naming it (or
+    its construction did): its held-out data are trace files no run has replayed."""
+    train = [explore_trace.path]
+    cfg = TrainConfig.parse(_trace_config(train, final_kwargs={"traces": [heldout_trace]}))
+    # selection replays the training traces unless told otherwise; no split reaches the env
+    assert cfg.eval_kwargs() == {"traces": train, "episode_steps": 4}
+    assert cfg.final_kwargs() == {"traces": [heldout_trace], "episode_steps": 4}
+    assert TrainConfig.parse(cfg.to_dict()) == cfg  # as config.yaml saves it
+
+
+@pytest.mark.parametrize("how", ["same", "link", "copy", "selection"])
+def test_a_final_table_on_traces_training_or_selection_replayed_is_refused(
+    explore_trace, heldout_trace, tmp_path, how
+):
+    train = explore_trace.path
+    final, section, key, words = train, {}, "env.kwargs", "the same file as"
+    if how == "same":  # selection on traces of its own does not make the training ones new
+        section = {"traces": [heldout_trace]}
+    elif how == "link":
+        final = tmp_path / "link.parquet"
+        final.symlink_to(train)
+    elif how == "copy":
+        final, words = tmp_path / "copy.parquet", "a copy of"
+        shutil.copyfile(train, final)
+    elif how == "selection":
+        final, section, key = heldout_trace, {"traces": [heldout_trace]}, "eval.kwargs"
+    data = _trace_config([train], kwargs=section, final_kwargs={"traces": [str(final)]})
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.parse(data, "t.yaml")
+    other = heldout_trace if how == "selection" else train
+    assert str(err.value) == (
+        f"t.yaml: eval.final_kwargs.traces[0]: {final} is {words} {key}.traces[0] ({other}): "
+        "the final table is the held-out one, played on traces neither training nor "
+        "selection replayed; give other recordings"
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({}, "eval.final_kwargs: no traces: the final table is the held-out one"),
+        (
+            {"kwargs": {"split": "validation"}, "final_kwargs": {"split": "test"}},
+            f"eval.kwargs: split 'validation': {TRACE_ENV} has no scenario splits (its "
+            "episodes replay recorded traces); select checkpoints on other trace files with "
+            "eval.kwargs: {traces: [FILE, ...]}, or on the training ones with {}",
+        ),
+        ({"final_kwargs": {"split": "test"}}, "eval.final_kwargs: split 'test': "),
+    ],
+    ids=["no-final-traces", "split", "final-split"],
+)
+def test_a_trace_env_config_without_held_out_traces_says_what_to_give(
+    explore_trace, section, message
+):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.parse(_trace_config([explore_trace.path], **section), "t.yaml")
+    assert str(err.value).startswith(f"t.yaml: {message}"), err.value
 
 
 def test_defaults_and_round_trip():

@@ -95,3 +95,12 @@ def test_a_bad_trace_is_refused_naming_the_file(trace_path, tmp_path, sign, prob
     with pytest.raises(TraceError) as err:
         gym.make(ENV_ID, traces=[str(bad)], episode_steps=4)
     assert str(err.value).startswith(f"trace {bad}: {problem}")
+
+
+def test_a_missing_trace_is_a_trace_error_naming_it(tmp_path) -> None:
+    """It was a bare FileNotFoundError: the fit cache looked at the file's time before the
+    reader looked at the file."""
+    missing = tmp_path / "gone.parquet"
+    with pytest.raises(TraceError) as err:
+        gym.make(ENV_ID, traces=[str(missing)], episode_steps=4)
+    assert str(err.value) == f"trace {missing}: no such file"

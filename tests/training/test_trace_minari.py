@@ -67,9 +67,10 @@ def test_the_dataset_recovers_its_environment(explore_trace, tmp_path, monkeypat
 
 
 def test_export_of_a_bad_file_is_a_clear_error(tmp_path, capsys) -> None:
+    """Bad input, status 2 (as a bad option): 1 is left for a failure while running."""
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"nope")
-    assert main(["trace", "export-minari", str(bad), "--dataset-id", "x/y-v0"]) == 1
+    assert main(["trace", "export-minari", str(bad), "--dataset-id", "x/y-v0"]) == 2
     assert f"trace {bad}" in capsys.readouterr().err
 
 

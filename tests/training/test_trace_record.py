@@ -139,10 +139,12 @@ def test_an_agent_gone_mid_recording_says_where_the_intervals_are(tmp_path, caps
 
 
 def test_bad_agent_and_bad_file_errors(tmp_path, capsys) -> None:
+    """A trace file that is missing or unusable is bad input: status 2, as a bad option."""
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1garbage")
-    assert main(["trace", "info", str(bad)]) == 1
-    assert f"trace {bad}" in capsys.readouterr().err
+    for path in (bad, tmp_path / "missing.parquet"):
+        assert main(["trace", "info", str(path)]) == 2
+        assert f"trace {path}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -243,7 +245,7 @@ def test_info_names_the_file_and_key_of_bad_metadata(tmp_path, capsys, key, valu
     record(SimNode("default", seed=0), Explore(seed=0), good, 0.3, interval_s=0.1)
     bad = tmp_path / "bad.parquet"
     rewrite_meta(good, bad, **{key: value})
-    assert main(["trace", "info", str(bad)]) == 1
+    assert main(["trace", "info", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"rdtune trace info: trace {bad}: metadata {named} ")
     assert err.count("\n") == 1

@@ -161,6 +161,18 @@ def test_missing_file(tmp_path) -> None:
     assert "nope.parquet" in str(err.value)
 
 
+def test_a_file_that_cannot_be_read_is_a_trace_error(recorded, monkeypatch) -> None:
+    """Not an OSError past the reader (rdtune trace info exited 1 for it, 2 for the rest)."""
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "open", refused)  # root reads a file whatever its mode
+    with pytest.raises(TraceError) as err:
+        load_trace(recorded[0])
+    assert str(err.value) == f"trace {recorded[0]}: cannot be read: Permission denied"
+
+
 def test_a_pipe_is_refused_not_waited_on(tmp_path) -> None:
     fifo = tmp_path / "t.parquet"
     os.mkfifo(fifo)  # no writer: reading it would block for ever
@@ -512,6 +524,58 @@ def test_malformed_rows_name_file_and_column(recorded, tmp_path, column, value, 
     with pytest.raises(TraceError, match=re.escape(named)) as err:
         load_trace(p)
     assert str(err.value).startswith(f"trace {p}: ")
+
+
+def _with_cell(src: Path, dst: Path, column: str, row: int, value) -> None:
+    """``src`` with one row's value in ``column`` replaced (the footer kept)."""
+    values = pq.read_table(src)[column].to_pylist()
+    values[row] = value
+    _with_column(src, dst, column, pa.array(values, T.SCHEMA.field(column).type))
+
+
+def _batch_row(path: Path) -> int:
+    """The first row of a group without latencies (its LATENCY columns null)."""
+    return pq.read_table(path)["lat_count"].to_pylist().index(None)
+
+
+@pytest.mark.parametrize(
+    ("column", "row", "value", "named"),
+    [
+        # rows 0 to 3 are interval 0 (the default scenario's four groups)
+        ("timestamp", 0, math.inf, "row 0: column 'timestamp' is inf, not a finite time"),
+        ("wall_time", 0, math.nan, "row 0: column 'wall_time' is nan, not a finite time"),
+        ("wall_time", 0, None, "row 0: column 'wall_time' is None, not a finite time"),
+        ("timestamp", 2, math.nan, "row 2: column 'timestamp' is nan but 0.1 in row 0, the "
+         "first of interval 0"),
+        ("interval_s", 1, math.inf, "row 1: column 'interval_s' is inf but 0.1 in row 0"),
+        ("wall_time", 3, 5.0, "row 3: column 'wall_time' is 5.0 but "),
+        ("controller", 1, "eq", "row 1: column 'controller' is 'eq' but 'explore' in row 0"),
+        ("lat_p99_ms", _batch_row, math.inf, "column 'lat_p99_ms' is inf but 'lat_count' is "
+         "null"),
+        ("lat_p50_ms", _batch_row, 1.5, "column 'lat_p50_ms' is 1.5 but 'lat_count' is null"),
+    ],
+)  # fmt: skip
+def test_a_row_that_contradicts_its_interval_is_refused(
+    recorded, tmp_path, column, row, value, named
+) -> None:
+    """Only an interval's first row was read for its times, the others never checked, and a
+    latency with no count was dropped: an edited or damaged row loaded as if whole."""
+    row = row(recorded[0]) if callable(row) else row
+    p = tmp_path / "row.parquet"
+    _with_cell(recorded[0], p, column, row, value)
+    with pytest.raises(TraceError, match=re.escape(named)) as err:
+        load_trace(p)
+    assert str(err.value).startswith(f"trace {p}: row {row}: ")
+
+
+def test_a_group_twice_in_one_interval_is_refused(recorded, tmp_path) -> None:
+    """The later row used to replace the earlier one without a word."""
+    groups = pq.read_table(recorded[0])["group"].to_pylist()
+    p = tmp_path / "twice.parquet"
+    _with_cell(recorded[0], p, "group", 1, groups[0])
+    with pytest.raises(TraceError) as err:
+        load_trace(p)
+    assert str(err.value) == f"trace {p}: row 1: group {groups[0]!r} appears twice in interval 0"
 
 
 def test_every_machine_preset_round_trips(tmp_path) -> None:

@@ -7,8 +7,11 @@ import json
 import pytest
 import torch
 
-from tests.training.tiny_runs import SLOT_POLICY, tiny_config
+from tests.training.tiny_runs import SLOT_POLICY, TINY, tiny_config
+from training.config import TrainConfig
 from training.train import load_model, train
+
+TRACE_ENV = "training.trace_env:rdtune/TracePartition-v0"
 
 
 def _params(run_dir, algorithm="MaskablePPO", name="model.zip"):
@@ -60,6 +63,27 @@ def test_the_seed_matters(tmp_path):
         venv.close()
     assert any(not torch.equal(states[0][k], states[1][k]) for k in states[0])
     assert all(torch.equal(states[0][k], states[2][k]) for k in states[0])
+
+
+def test_a_run_on_the_trace_env_plays_its_final_table_on_held_out_traces(
+    explore_trace, heldout_trace, tmp_path
+):
+    """``rdtune train`` over recorded traces: its config could not name the trace env (the
+    held-out rule asked for a split the env does not take)."""
+    data = {
+        **TINY,
+        "n_envs": 1,
+        "total_timesteps": 32,
+        "env": {"id": TRACE_ENV, "kwargs": {"traces": [explore_trace.path], "episode_steps": 4}},
+        "eval": {"freq": 0, "episodes": 1, "final_episodes": 1, "controllers": ["eq"],
+                 "final_kwargs": {"traces": [heldout_trace]}},
+        "output_dir": str(tmp_path / "run"),
+    }  # fmt: skip
+    result = train(TrainConfig.parse(data))
+    table = json.loads((result.run_dir / "eval.json").read_text())
+    assert table["selection_kwargs"]["traces"] == [explore_trace.path]
+    assert table["eval_kwargs"]["traces"] == [heldout_trace]
+    assert {r["name"] for r in table["rows"]} == {"policy", "eq"}
 
 
 def test_a_model_built_without_a_log_directory_leaves_no_files(tmp_path, monkeypatch):
