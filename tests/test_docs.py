@@ -18,7 +18,7 @@ PATH = re.compile(
     r"(?<![\w./-])((?:" + "|".join((*PACKAGES, "deploy", "scripts")) + r")/[\w./-]*\w)"
 )
 DOC_NAME = re.compile(r"(?<![\w./-])([A-Z][A-Z_]+\.md)\b")  # e.g. RL.md, cited bare
-OUTSIDE = re.compile(r"\bissues? #?\d+|/work/shared|shared/design|shared/papers|\.\./papers")
+OUTSIDE = re.compile(r"\bissues?[ #-]*\d+|/work/shared|shared/design|shared/papers|\.\./papers")
 GENERATED = ("_pb2.py", "_pb2_grpc.py")
 # One worker runs this module: its prose (~3 s to read) is built once, not per worker.
 pytestmark = pytest.mark.xdist_group("docs")

@@ -85,10 +85,12 @@ def make_trace_env(
 
     paths = [traces] if isinstance(traces, str | os.PathLike) else list(traces)
     env_kwargs.setdefault("reference", "running_max")
-    return NodePartitionEnv(node=_Facade(TraceNodes(paths, noise, trace_step_s)), **env_kwargs)
+    return NodePartitionEnv(
+        node=TraceDrivenNode(TraceNodes(paths, noise, trace_step_s)), **env_kwargs
+    )
 
 
-class _Facade:
+class TraceDrivenNode:
     """What NodePartitionEnv sees: the current TraceNode's Node and Clock methods."""
 
     def __init__(self, nodes: TraceNodes) -> None:

@@ -51,7 +51,7 @@ def test_same_seed_same_episode(trace_path) -> None:
 
 
 def test_record_trace_wrapper_writes_one_parquet_trace_per_episode(trace_path, tmp_path) -> None:
-    """envs' RecordTrace with this package's Parquet writer (the issue-5 wrapper hook)."""
+    """envs' RecordTrace with this package's Parquet writer."""
     import json
 
     base = gym.make(ENV_ID, traces=[trace_path], episode_steps=3, interval_s=0.5)
