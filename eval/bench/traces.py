@@ -35,7 +35,7 @@ def run(quick: bool) -> list[Result]:
 
         def rec() -> int:
             return record(SimNode("default", seed=1), Explore(seed=2, overlap=0.0), path,
-                          seconds, interval_s=0.1)  # fmt: skip
+                          seconds, interval_s=0.1, replace=True)  # fmt: skip
 
         out.append(rate_result("record explore on SimNode default", rec, runs, "intervals/s"))
         load = []
