@@ -285,13 +285,15 @@ class TrainConfig(Strict):
                 f"ppo.n_steps = {rollout}); PPO trains whole rollouts"
             )
         self._check_rollout()
-        traces = _replays_traces(self.env.id)
-        if traces:
-            self._trace_defaults()
-            self._check_no_splits()
+        held_out = _held_out_by(self.env.id)
+        if held_out is not None:
+            self._no_split_defaults()
+            self._check_no_splits(held_out)
         self._check_env()
-        if traces:
+        if held_out == "traces":
             self._check_held_out_traces()
+        elif held_out == "node":
+            self._check_held_out_node()
         else:
             self._check_splits()
         self._check_vec_env()
@@ -333,24 +335,19 @@ class TrainConfig(Strict):
                 "played on mixes neither training nor selection saw; use split: test"
             )
 
-    def _trace_defaults(self) -> None:
-        """The trace env has no splits, so the split defaults of ``eval`` mean nothing to
-        it: unless given, selection replays the training traces (``eval.kwargs: {}``) and
-        the final table names none (refused below: it must name held-out traces)."""
+    def _no_split_defaults(self) -> None:
+        """An env without scenario splits (the trace env, the remote one) gets nothing from
+        the split defaults of ``eval``: unless given, selection runs on the training data
+        (``eval.kwargs: {}``) and the final table names none (refused below: it must name
+        held-out data)."""
         unset = {k: {} for k in ("kwargs", "final_kwargs") if k not in self.eval.model_fields_set}
         if unset:
             object.__setattr__(self, "eval", self.eval.model_copy(update=unset))
 
-    def _check_no_splits(self) -> None:
-        """A ``split`` for the trace env: refused before the env is built (which would say
-        only that the env takes no such argument), with what to write instead."""
-        instead = {
-            "env.kwargs": "train on the trace files of env.kwargs.traces",
-            "eval.kwargs": "select checkpoints on other trace files with eval.kwargs: "
-            "{traces: [FILE, ...]}, or on the training ones with {}",
-            "eval.final_kwargs": "play the final table on held-out trace files with "
-            "eval.final_kwargs: {traces: [FILE, ...]}",
-        }
+    def _check_no_splits(self, held_out: str) -> None:
+        """A ``split`` for an env without splits: refused before the env is built (which
+        would say only that the env takes no such argument), with what to write instead."""
+        runs_on, instead = _NO_SPLITS[held_out]
         for key, kwargs in (
             ("env.kwargs", self.env.kwargs),
             ("eval.kwargs", self.eval.kwargs),
@@ -359,7 +356,36 @@ class TrainConfig(Strict):
             if "split" in kwargs:
                 raise ConfigError(
                     f"{key}: split {kwargs['split']!r}: {self.env.id} has no scenario splits "
-                    f"(its episodes replay recorded traces); {instead[key]}"
+                    f"({runs_on}); {instead[key]}"
+                )
+
+    def _check_held_out_node(self) -> None:
+        """The remote env's final table runs on an agent or a scenario neither training nor
+        selection ran on: another agent (``address``), or a simulated agent reset to a
+        scenario they did not use (``scenario``; None keeps the agent's own). And training
+        has one env: several would share the one agent, each resetting and stepping the
+        node the others act on."""
+        if self.n_envs != 1:
+            raise ConfigError(
+                f"n_envs: {self.n_envs} envs of {self.env.id} would share the agent of "
+                "env.kwargs.address, each resetting and stepping the node the others act on; "
+                "use n_envs: 1"
+            )
+
+        def node(kwargs: dict[str, Any]) -> tuple[Any, Any]:
+            return kwargs.get("address"), kwargs.get("scenario")
+
+        final = node(self.final_kwargs())
+        for key, what, kwargs in (
+            ("env.kwargs", "training", self.env_kwargs()),
+            ("eval.kwargs", "checkpoint selection", self.eval_kwargs()),
+        ):
+            if node(kwargs) == final:
+                raise ConfigError(
+                    f"eval.final_kwargs: the final table would run on the agent {final[0]!r} "
+                    f"with scenario {final[1]!r}, as {what} does ({key}); it is the held-out "
+                    "one: give eval.final_kwargs: {scenario: NAME} (a simulated agent reset "
+                    "to a scenario neither uses) or {address: ANOTHER_AGENT}"
                 )
 
     def _check_held_out_traces(self) -> None:
@@ -480,11 +506,44 @@ class TrainConfig(Strict):
         return TrainConfig.parse(data, "overrides")
 
 
-def _replays_traces(env_id: str) -> bool:
-    """Whether ``env_id`` is the trace env (held-out data: trace files, not a split)."""
+def _held_out_by(env_id: str) -> str | None:
+    """What holds ``env_id``'s held-out data when it has no scenario splits: ``traces``
+    (the trace env: other trace files), ``node`` (the remote env: another agent or
+    scenario); None: a split."""
+    from envs import REMOTE_PARTITION_ID
     from training.trace_env import TRACE_PARTITION_ID
 
-    return env_id.rpartition(":")[2] == TRACE_PARTITION_ID  # with or without its module
+    return {TRACE_PARTITION_ID: "traces", REMOTE_PARTITION_ID: "node"}.get(
+        env_id.rpartition(":")[2]  # with or without its module
+    )
+
+
+# per kind of held-out data: what the env's episodes run on, and what to write instead of
+# a split under each key
+_NO_SPLITS: dict[str, tuple[str, dict[str, str]]] = {
+    "traces": (
+        "its episodes replay recorded traces",
+        {
+            "env.kwargs": "train on the trace files of env.kwargs.traces",
+            "eval.kwargs": "select checkpoints on other trace files with eval.kwargs: "
+            "{traces: [FILE, ...]}, or on the training ones with {}",
+            "eval.final_kwargs": "play the final table on held-out trace files with "
+            "eval.final_kwargs: {traces: [FILE, ...]}",
+        },
+    ),
+    "node": (
+        "its episodes run on an agent's node",
+        {
+            "env.kwargs": "train on the agent of env.kwargs.address (a simulated one: "
+            "env.kwargs.scenario picks its scenario)",
+            "eval.kwargs": "select checkpoints on another agent or scenario with eval.kwargs: "
+            "{address: ..., scenario: ...}, or on the training one with {}",
+            "eval.final_kwargs": "play the final table on an agent or scenario neither "
+            "training nor selection uses, with eval.final_kwargs: {address: ..., "
+            "scenario: ...}",
+        },
+    ),
+}
 
 
 def _trace_keys(where: str, kwargs: dict[str, Any]) -> list[tuple[str, str]]:

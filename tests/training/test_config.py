@@ -137,6 +137,104 @@ def test_a_trace_env_config_without_held_out_traces_says_what_to_give(
     assert str(err.value).startswith(f"t.yaml: {message}"), err.value
 
 
+REMOTE_ENV = "rdtune/RemotePartition-v0"
+
+
+def _remote_config(env: dict, **eval_section) -> dict:
+    """A config training on an agent (none needs to be up: the env connects lazily)."""
+    return {
+        "name": "remote",
+        "n_envs": 1,
+        "ppo": {"n_steps": 32, "batch_size": 32},
+        "env": {"id": REMOTE_ENV, "kwargs": {"episode_steps": 4, **env}},
+        "eval": eval_section,
+    }
+
+
+@pytest.mark.parametrize(
+    ("env", "final"),
+    [
+        ({"address": "127.0.0.1:50051", "scenario": "default"}, {"scenario": "lc_batch_20"}),
+        ({"address": "127.0.0.1:50051"}, {"address": "127.0.0.1:50052"}),
+    ],
+    ids=["another-scenario", "another-agent"],
+)
+def test_a_remote_env_config_holds_out_an_agent_or_scenario(env, final):
+    """The remote env takes no split, so the split rules refused every config naming it:
+    its held-out data are another agent's node, or another scenario of a simulated one."""
+    cfg = TrainConfig.parse(_remote_config(env, final_kwargs=final))
+    assert cfg.eval_kwargs() == {**env, "episode_steps": 4}
+    assert cfg.final_kwargs() == {**env, **final, "episode_steps": 4}
+
+
+@pytest.mark.parametrize(
+    ("env", "section", "message"),
+    [
+        (
+            {"address": "127.0.0.1:50051"},
+            {},
+            "eval.final_kwargs: the final table would run on the agent '127.0.0.1:50051' with "
+            "scenario None, as training does (env.kwargs); it is the held-out one: give "
+            "eval.final_kwargs: {scenario: NAME}",
+        ),
+        (
+            {"address": "127.0.0.1:50051", "scenario": "default"},
+            {"kwargs": {"scenario": "lc_batch_20"}, "final_kwargs": {"scenario": "lc_batch_20"}},
+            "eval.final_kwargs: the final table would run on the agent '127.0.0.1:50051' with "
+            "scenario 'lc_batch_20', as checkpoint selection does (eval.kwargs)",
+        ),
+        (
+            {"address": "127.0.0.1:50051", "split": "train"},
+            {},
+            f"env.kwargs: split 'train': {REMOTE_ENV} has no scenario splits (its episodes run "
+            "on an agent's node); train on the agent of env.kwargs.address",
+        ),
+    ],
+    ids=["same-node", "as-selection", "split"],
+)
+def test_a_remote_env_config_without_a_held_out_node_says_what_to_give(env, section, message):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.parse(_remote_config(env, **section), "t.yaml")
+    assert str(err.value).startswith(f"t.yaml: {message}"), err.value
+
+
+def test_remote_envs_do_not_share_one_agent():
+    data = _remote_config({"address": "127.0.0.1:50051"}, final_kwargs={"scenario": "x"})
+    with pytest.raises(ConfigError, match="n_envs: 2 envs of rdtune/RemotePartition-v0 would"):
+        TrainConfig.parse({**data, "n_envs": 2}, "t.yaml")
+
+
+def test_rdtune_train_on_an_agent(tmp_path):
+    """Training on a live (simulated) agent, the final table on another of its scenarios."""
+    import json
+
+    from agent.sim import SimNode
+    from tests.agent.server.conftest import serve
+    from tests.training.tiny_runs import TINY
+    from training.train import train
+
+    with serve(SimNode("default", seed=0)) as server:
+        env = {"address": server.address, "scenario": "default", "interval_s": 0.5}
+        data = {
+            **TINY,
+            **_remote_config(
+                env,
+                freq=0,
+                episodes=1,
+                final_episodes=1,
+                controllers=["eq"],
+                final_kwargs={"scenario": "lc_batch_20"},
+            ),
+            "total_timesteps": 32,
+            "output_dir": str(tmp_path / "run"),
+        }
+        result = train(TrainConfig.parse(data))
+    table = json.loads((result.run_dir / "eval.json").read_text())
+    assert table["eval_kwargs"]["scenario"] == "lc_batch_20"
+    assert table["selection_kwargs"]["scenario"] == "default"
+    assert {r["name"] for r in table["rows"]} == {"policy", "eq"}
+
+
 def test_defaults_and_round_trip():
     cfg = TrainConfig.parse({"name": "x", "ppo": {"learning_rate": 1e-3}})
     assert cfg.output_dir == "runs/x"
