@@ -289,6 +289,12 @@ class TrainConfig(Strict):
         if held_out is not None:
             self._no_split_defaults()
             self._check_no_splits(held_out)
+            if self.dagger is not None:
+                raise ConfigError(
+                    f"dagger: the safe oracle DAgger imitates needs the simulator's ground "
+                    f"truth, which {self.env.id} does not have ({_NO_SPLITS[held_out][0]}); "
+                    "drop the dagger section, or train on rdtune/Partition-v0"
+                )
         self._check_env()
         if held_out == "traces":
             self._check_held_out_traces()

@@ -198,6 +198,22 @@ def test_a_remote_env_config_without_a_held_out_node_says_what_to_give(env, sect
     assert str(err.value).startswith(f"t.yaml: {message}"), err.value
 
 
+@pytest.mark.parametrize("env", ["trace", "remote"])
+def test_dagger_needs_the_simulator(env, explore_trace, heldout_trace):
+    """The oracle DAgger imitates reads the simulator's ground truth: refused here, not
+    raised as a traceback once the run has begun."""
+    if env == "trace":
+        data = _trace_config([explore_trace.path], final_kwargs={"traces": [heldout_trace]})
+    else:
+        data = _remote_config({"address": "127.0.0.1:50051"}, final_kwargs={"scenario": "x"})
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.parse({**data, "dagger": {"iterations": 1}}, "t.yaml")
+    assert str(err.value).startswith(
+        "t.yaml: dagger: the safe oracle DAgger imitates needs the simulator's ground truth, "
+        f"which {data['env']['id']} does not have ("
+    )
+
+
 def test_remote_envs_do_not_share_one_agent():
     data = _remote_config({"address": "127.0.0.1:50051"}, final_kwargs={"scenario": "x"})
     with pytest.raises(ConfigError, match="n_envs: 2 envs of rdtune/RemotePartition-v0 would"):
