@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 
 # --------------------------------------------------------------------------- helpers
@@ -582,6 +582,41 @@ class Snapshot:
 
     def bandwidth_bps(self, group: str) -> float | None:
         return self.rate(group, "memory_bytes")
+
+    def counted(self) -> Snapshot:
+        """This snapshot with every counter that is not a finite number (NaN: a PMC event
+        enabled but never scheduled in the interval, as perf reports a multiplexed one)
+        as None, what it is: not measured. The same object when there is none."""
+        bad = {
+            g: s
+            for g, s in self.groups.items()
+            if not all(v is None or math.isfinite(v) for v in _counters(s))
+        }
+        if not bad:
+            return self
+        fixed = {
+            g: replace(s, **{c: None for c in COUNTER_FIELDS if not _finite(getattr(s, c))})
+            for g, s in bad.items()
+        }
+        return Snapshot(self.timestamp, self.interval_s, {**self.groups, **fixed}, self.vanished)
+
+
+# a GroupSample's counters and gauges (not its latency)
+COUNTER_FIELDS = (
+    "instructions", "cycles", "llc_references", "llc_misses", "llc_occupancy_bytes",
+    "memory_bytes", "memory_local_bytes",
+)  # fmt: skip
+
+
+def _counters(s: GroupSample) -> tuple:
+    return (
+        s.instructions, s.cycles, s.llc_references, s.llc_misses, s.llc_occupancy_bytes,
+        s.memory_bytes, s.memory_local_bytes,
+    )  # fmt: skip
+
+
+def _finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
 
 
 @dataclass(frozen=True, slots=True)

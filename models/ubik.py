@@ -343,6 +343,9 @@ class Ubik(Controller):
     # ------------------------------------------------------------------ decide
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        # a NaN count (a multiplexed PMC event that never ran) would stay in every running
+        # average and miss curve it entered: it is a count not measured, as None is
+        snapshot = snapshot.counted()
         if tuple(ctx.groups) != self._groups:
             return self.start(ctx)
         if ctx.capabilities.l3 is None or not self._groups:

@@ -90,7 +90,7 @@ class MissCurve:
 
     def observe(self, ways: int, mpki: float, apki: float | None = None) -> None:
         """Record one interval at ``ways`` ways (skip transients before calling)."""
-        if ways < 1 or mpki < 0:
+        if ways < 1 or not mpki >= 0:  # NaN too
             return
         a = self.alpha if ways in self._mpki else 1.0
         self._mpki[ways] = (1 - a) * self._mpki.get(ways, 0.0) + a * mpki
@@ -183,6 +183,9 @@ class UcpStyle(Controller):
         return plan_from(masks, dict.fromkeys(masks, top), caps)
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        # a NaN count (a multiplexed PMC event that never ran) would stay in every running
+        # average and miss curve it entered: it is a count not measured, as None is
+        snapshot = snapshot.counted()
         if tuple(ctx.groups) != self._groups:
             return self.start(ctx)
         if not self._groups:

@@ -148,4 +148,5 @@ class Observation:
                 memory_local_bytes=m.local,
                 latency=latency,
             )
-        return Snapshot(now, interval, samples, frozenset(self._vanished))
+        # a PMC event enabled but never scheduled in the interval reads NaN: not measured
+        return Snapshot(now, interval, samples, frozenset(self._vanished)).counted()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -136,3 +137,18 @@ def test_adopted_allocations_equal_constructed_ones(cls) -> None:
     assert adopted == cls(groups) and type(adopted) is cls
     with pytest.raises(TypeError):
         adopted.groups["a"][0] = GroupAllocation()  # type: ignore[index]
+
+
+def test_counted_turns_non_finite_counts_into_none() -> None:
+    from agent.sim import SimNode
+
+    node = SimNode("default", seed=0)
+    node.advance(0.1)
+    snap = node.observe()
+    assert snap.counted() is snap, "nothing to change: the same object"
+    g = next(iter(snap.groups))
+    bad = Snapshot(snap.timestamp, snap.interval_s, {**snap.groups, g: replace(
+        snap.groups[g], instructions=math.nan, memory_bytes=math.inf)})  # fmt: skip
+    fixed = bad.counted().groups[g]
+    assert (fixed.instructions, fixed.memory_bytes) == (None, None)
+    assert fixed.cycles == snap.groups[g].cycles and fixed.latency == snap.groups[g].latency

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import resource
 import shutil
@@ -908,6 +909,25 @@ def test_pmc_counts_follow_the_group_tasks(intel: Emulated, children: list[int])
     assert node.observe().groups["a"].instructions == 1000.0
     node.delete_group("a")
     assert "a" not in pmc.tracked
+
+
+class UnscheduledPmc(RecordingPmc):
+    """A reader whose instructions event was enabled but never ran in the interval: perf's
+    time_running of 0, which agent.pmc.counters.combine reads as NaN."""
+
+    def read_deltas(self):
+        return {n: {**c, "instructions": math.nan} for n, c in super().read_deltas().items()}
+
+
+def test_a_pmc_count_that_never_ran_is_not_measured(intel: Emulated, children: list[int]):
+    """NaN would pass a controller's ``is None`` guard and stay in every running average
+    it entered: the node reports it as what it is, not measured (None)."""
+    node = make_node(intel, pmc=UnscheduledPmc())
+    _two_groups(node)
+    node.assign("a", pids=children[:2])
+    node.observe()
+    sample = node.observe().groups["a"]
+    assert (sample.instructions, sample.cycles) == (None, 1000.0)
 
 
 class FailingOncePmc(RecordingPmc):
