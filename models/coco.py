@@ -43,7 +43,8 @@ the ones it gives, the rest are our reading, documented here):
   misses/s). No slice is shorter than ``warmup_factor`` warm-ups (default 10, so at most
   ~10% of a slice is spent warming), and dedicated services are never rotated.
 - Online refinement: a dedicated service whose observed tail (its tier holds only it)
-  exceeds its SLO for ``patience`` intervals has its level raised.
+  exceeds its SLO for ``patience`` intervals has its level raised to the tier above the
+  one it holds; in the largest tier it stays.
 
 :class:`RoundRobin` is the plain time-sharing baseline: the same tiers, every service
 rotated through the higher tiers with equal slices, no profile, no admission control.
@@ -440,7 +441,10 @@ class CoCo(_TimeSharing):
             tail = s.latency.percentile(svc.slo.percentile)
             met = slo_met(tail, svc.slo.target_ms)
             self._over[name] = 0 if met else self._over[name] + 1
-            if self._over[name] >= self.patience and self._need[name] < k:
+            # One tier up from the one it holds, never past the largest: a service that
+            # got the largest tier because the one it needed was taken has nowhere higher
+            # to go, and a need beyond k would drop it to best effort.
+            if self._over[name] >= self.patience and j < k:
                 self._need[name] = j + 1
                 self._over[name] = 0
                 changed = True

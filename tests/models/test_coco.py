@@ -199,9 +199,22 @@ def test_coco_needs_its_groups():
         CoCo([], groups)
 
 
-def test_dedicated_service_over_its_slo_moves_up_a_tier():
-    """Online refinement on a 16-CLOS part (three LC tiers): a profile that wrongly says
-    shore_mt is fine in the middle tier is corrected from the observed tail."""
+@pytest.mark.parametrize(
+    ("needy", "before", "after"),
+    [
+        # a profile that wrongly says shore_mt is fine in the middle tier is corrected
+        ({"shore_mt": 1.2}, {2: "shore_mt"}, {3: "shore_mt"}),
+        # mongodb (the higher slowdown) takes the middle tier both need, shore_mt the
+        # largest: over its SLO there it has nowhere higher to go and keeps it
+        (
+            {"shore_mt": 2.0, "mongodb": 3.0},
+            {2: "mongodb", 3: "shore_mt"},
+            {2: "mongodb", 3: "shore_mt"},
+        ),
+    ],
+)
+def test_dedicated_service_over_its_slo_moves_up_a_tier(needy, before, after):
+    """Online refinement on a 16-CLOS part (three LC tiers), from the observed tail."""
     from agent.sim import get_scenario
 
     scn = get_scenario(EPYC).with_machine("e5_2683v4")
@@ -220,23 +233,25 @@ def test_dedicated_service_over_its_slo_moves_up_a_tier():
     prof = {
         s.name: ServiceProfile(
             tails={1: 10.0 * s.slo.target_ms, 2: 0.01, 3: 0.01}
-            if s.name == "shore_mt"
+            if s.name in needy
             else {1: 0.01, 2: 0.01, 3: 0.01},
-            cpi={1: 1.2},
+            cpi={1: needy.get(s.name, 1.2)},
             cpi_full=1.0,
         )
         for s in services
     }
     coco = CoCo(services, groups, profile=prof, patience=3)
     carry_out(node, coco.start(context(node, tasks=True)))
-    assert coco._dedicated == {2: "shore_mt"}
+    assert coco._dedicated == before
     node.observe()
-    for _ in range(10):
+    for _ in range(20):
         node.advance(0.1)
         snap = node.observe()
         carry_out(node, coco.decide(snap, context(node, tasks=True, time_s=node.now())))
-    assert coco._dedicated == {3: "shore_mt"}
-    assert services[[s.name for s in services].index("shore_mt")].pids <= node.tasks(groups[3])
+    assert coco._dedicated == after and coco._dropped == []
+    pids = {s.name: s.pids for s in services}
+    for j, name in after.items():
+        assert pids[name] <= node.tasks(groups[j])
 
 
 @pytest.mark.parametrize(
