@@ -19,7 +19,7 @@ from models.coco import (
     prepare_groups,
     tier_shapes,
 )
-from models.controller import carry_out, context
+from models.controller import KEEP, carry_out, context, drive
 from models.objectives import slo_met
 
 EPYC = "more_lc_than_closids_epyc"
@@ -252,6 +252,40 @@ def test_dedicated_service_over_its_slo_moves_up_a_tier(needy, before, after):
     pids = {s.name: s.pids for s in services}
     for j, name in after.items():
         assert pids[name] <= node.tasks(groups[j])
+
+
+EXITED = 999_999  # a pid the node has no task for: one of the service's tasks has exited
+
+
+@pytest.mark.parametrize("make", [CoCo, RoundRobin])
+@pytest.mark.parametrize("start_refused", [False, True], ids=["start_carried", "start_refused"])
+def test_a_task_that_exited_neither_keeps_its_service_out_nor_is_sent_again(
+    make, start_refused, monkeypatch
+):
+    """A service whose configured pids name a task that has exited: its live tasks are
+    placed, and the exited pid is sent again at most once after the node refused it. A
+    start whose moves were all refused (nothing listed) is no proof of exit: the service's
+    tasks are tried again."""
+    node, services, background, groups = _setup()
+    services[0] = dataclasses.replace(services[0], pids=services[0].pids | {EXITED})
+    ctrl = make(services, groups, background_pids=background)
+    if start_refused:
+        real_start = ctrl.start
+        monkeypatch.setattr(ctrl, "start", lambda ctx: (real_start(ctx), KEEP)[1])
+    records = drive(ctrl, node, node, 20)
+    sent = [any(EXITED in p for p in r.decision.moves.values()) for r in records]
+    assert sent == [start_refused] + [False] * 19
+    for s in services:
+        assert s.pids - {EXITED} <= node.tasks(ctrl._placed[s.name]), s.name
+
+
+def test_calibration_measures_a_service_by_the_tasks_it_has_left():
+    node, services, background, groups = _setup()
+    services[0] = dataclasses.replace(services[0], pids=services[0].pids | {EXITED})
+    background = [*background, EXITED + 1]
+    prof = calibrate(node, node, services, groups, background_pids=background, measure_intervals=2)
+    assert set(prof) == {s.name for s in services}
+    assert prof[services[0].name].cpi_full > 0 and prof[services[0].name].miss_rate > 0
 
 
 @pytest.mark.parametrize(
