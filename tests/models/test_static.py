@@ -87,6 +87,14 @@ MACHINES = [("e5_2683v4", 0xFFFFC, None), ("gold6130", 0x7FC, 100)]
 
 
 @pytest.mark.parametrize(("machine", "rest", "mb"), MACHINES)
+def test_mite_plan_is_the_low_ways_and_the_rest_shared_at_full_bandwidth(machine, rest, mb):
+    caps = SimNode(KV_STREAMING.with_machine(machine), noise=False).capabilities()
+    plan = mite_plan("kv", 2, ["kv", "a", "b"], caps)
+    held = {g: (a[0].l3_mask, a[0].mb) for g, a in plan.groups.items()}
+    assert held == {"kv": (0x3, mb), "a": (rest, mb), "b": (rest, mb)}
+
+
+@pytest.mark.parametrize(("machine", "rest", "mb"), MACHINES)
 @pytest.mark.parametrize("restart", [False, True], ids=["decide", "restarted"])
 def test_static_lets_every_group_share_while_its_mite_is_gone(machine, rest, mb, restart):
     """The mite's group deleted mid-run and made again: the controller is told by decide
