@@ -11,6 +11,7 @@ from agent.sim import LoadProfile, SimNode, get_scenario
 from agent.sim.catalog import default_catalog
 from agent.types import SLO
 from models.coco import (
+    LINE_BYTES,
     CoCo,
     RoundRobin,
     Service,
@@ -151,6 +152,28 @@ def test_contested_tier_is_time_shared_by_weight():
     assert held["mongodb"] > 0, "no starvation: both contenders get turns"
     assert held["shore_mt"] > held["mongodb"], "the higher slowdown holds the tier longer"
     assert held["shore_mt"] + held["mongodb"] == 60, "the contested tier is never idle"
+
+
+def test_no_slice_is_shorter_than_its_warmup_factor_in_cache_warmups():
+    """Two services time-share the top tier with 0.1 s slices, but filling its ways takes
+    each 0.05 s: with the default 10 warm-ups per slice every turn lasts 0.5 s."""
+    node, services, background, groups = _setup()
+    caps = node.capabilities()
+    ways = tier_shapes(caps, len(groups) - 1)[-1][0]
+    prof = _needy_profile(services, {"mongodb", "shore_mt"}, {"shore_mt": 3.0, "mongodb": 1.5})
+    for p in prof.values():
+        p.miss_rate = ways * caps.l3.way_bytes / (LINE_BYTES * 0.05)
+    coco = CoCo(services, groups, profile=prof, background_pids=background, slice_s=0.1)
+    carry_out(node, coco.start(context(node, tasks=True)))
+    node.observe()
+    pids = {s.name: s.pids for s in services}
+    holders = []
+    for _ in range(40):
+        node.advance(0.1)
+        carry_out(node, coco.decide(node.observe(), context(node, tasks=True, time_s=node.now())))
+        holders.append([n for n in ("mongodb", "shore_mt") if pids[n] <= node.tasks(groups[-1])])
+    turns = [len(list(run)) for _, run in itertools.groupby(holders)]
+    assert len(turns) >= 4 and turns[1:-1] == [5] * (len(turns) - 2), holders
 
 
 def test_weighted_round_robin_shares_spare_tiers_without_starvation():
