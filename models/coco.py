@@ -12,7 +12,10 @@ the ones it gives, the rest are our reading, documented here):
   is one background tier and two LC tiers.
 - **Tier occupancy** (our reading): the lowest LC tier is the shared queue every service
   rests in; each higher tier holds one service at a time. A service is only ever in one
-  CLOS; moving it is a task move (``Decision.moves`` -> the node's assign).
+  CLOS; moving it is a task move (``Decision.moves`` -> the node's assign) of those of its
+  tasks not in the group yet. Its pids are configured once and tasks exit: a pid the node
+  refused as unknown (sent, then listed in no group while the service's other tasks are)
+  is not sent again.
 - **Sensitivity profile** (docs/CONTROLLERS.md: load sustained within SLO at full resources vs.
   reduced masks and MBA; slowdown = load(full) / load(state)): :func:`calibrate` measures
   each service alone in each tier shape and at full resources. A node cannot change the
@@ -43,7 +46,8 @@ the ones it gives, the rest are our reading, documented here):
   misses/s). No slice is shorter than ``warmup_factor`` warm-ups (default 10, so at most
   ~10% of a slice is spent warming), and dedicated services are never rotated.
 - Online refinement: a dedicated service whose observed tail (its tier holds only it)
-  exceeds its SLO for ``patience`` intervals has its level raised.
+  exceeds its SLO for ``patience`` intervals has its level raised to the tier above the
+  one it holds; in the largest tier it stays.
 
 :class:`RoundRobin` is the plain time-sharing baseline: the same tiers, every service
 rotated through the higher tiers with equal slices, no profile, no admission control.
@@ -70,7 +74,7 @@ from agent.types import (
     contiguous_mask,
 )
 from models.allocation import mb_level, pack_ways
-from models.controller import KEEP, ControlContext, Controller, Decision
+from models.controller import KEEP, ControlContext, Controller, Decision, move_tasks
 
 # (ways on a 20-way cache, MBA fraction); the first is the background/system CLOS.
 TIER_TEMPLATE: tuple[tuple[int, float], ...] = ((2, 0.10), (3, 0.10), (6, 0.30), (9, 0.50))
@@ -217,6 +221,8 @@ class _TimeSharing(Controller):
         self.shapes = tier_shapes(caps, len(self.groups) - 1)
         self._lc_groups = self.groups[1:]
         self._placed = {}
+        self._live = {s.name: frozenset(s.pids) for s in self.services}
+        self._sent: dict[str, frozenset[int]] = {}
         self._tick = 0
         self._setup(ctx)
         place = self._assign(ctx)
@@ -233,20 +239,40 @@ class _TimeSharing(Controller):
         if snapshot.interval_s > 0:
             self._interval = snapshot.interval_s
         self._learn(snapshot, ctx)
+        self._forget_exited(ctx)
         place = self._assign(ctx)
         moves = self._moves(place, ctx)
         note = self._note if moves else ""
         return Decision(moves=moves, note=note) if moves else KEEP
 
     def _moves(self, place: Mapping[str, str], ctx: ControlContext) -> dict[str, frozenset[int]]:
+        """Each service's live tasks that are not in its group yet (all of them when the
+        node's tasks are not listed)."""
         moves: dict[str, set[int]] = {}
+        self._sent = {}
         for s in self.services:
             g = place[s.name]
             here = ctx.tasks.get(g, frozenset()) if ctx.tasks is not None else frozenset()
-            if self._placed.get(s.name) != g or not s.pids <= here:
-                moves.setdefault(g, set()).update(s.pids)
+            missing = self._live[s.name] - here
+            if missing:
+                moves.setdefault(g, set()).update(missing)
+                self._sent[s.name] = missing
         self._placed = dict(place)
         return {g: frozenset(p) for g, p in moves.items()}
+
+    def _forget_exited(self, ctx: ControlContext) -> None:
+        """Stop moving tasks that have exited: the configured pids are a snapshot, and
+        one sent last interval that no group holds now was refused as unknown (a move
+        between groups leaves a live task listed in one or the other). It counts only
+        while another task of its service is listed: if none is, the move may have been
+        refused as a whole, and the service's tasks are tried again."""
+        if ctx.tasks is None:
+            return
+        listed = frozenset().union(*ctx.tasks.values())
+        for name, sent in self._sent.items():
+            lost = sent - listed
+            if lost and (self._live[name] - lost) & listed:
+                self._live[name] -= lost
 
     def _describe(self) -> str:
         return ", ".join(
@@ -440,7 +466,10 @@ class CoCo(_TimeSharing):
             tail = s.latency.percentile(svc.slo.percentile)
             met = slo_met(tail, svc.slo.target_ms)
             self._over[name] = 0 if met else self._over[name] + 1
-            if self._over[name] >= self.patience and self._need[name] < k:
+            # One tier up from the one it holds, never past the largest: a service that
+            # got the largest tier because the one it needed was taken has nowhere higher
+            # to go, and a need beyond k would drop it to best effort.
+            if self._over[name] >= self.patience and j < k:
                 self._need[name] = j + 1
                 self._over[name] = 0
                 changed = True
@@ -501,13 +530,13 @@ def calibrate(
     out: dict[str, ServiceProfile] = {}
     try:
         node.apply(_tier_plan(caps, groups, shapes))
-        if background_pids:
-            node.assign(groups[0], pids=sorted(background_pids))
+        # exited tasks are skipped (move_tasks): a service is measured by the ones left
+        move_tasks(node, groups[0], background_pids)
         for s in services:
-            node.assign(bottom, pids=sorted(s.pids))
+            move_tasks(node, bottom, s.pids)
         for s in services:
             prof = ServiceProfile()
-            node.assign(top, pids=sorted(s.pids))
+            move_tasks(node, top, s.pids)
             for key, alloc in states.items():
                 node.apply(AllocationPlan.uniform({top: alloc}, caps.domains))
                 for _ in range(settle_intervals):
@@ -534,7 +563,7 @@ def calibrate(
                 else:
                     prof.tails[key] = tail
                     prof.cpi[key] = cpi
-            node.assign(bottom, pids=sorted(s.pids))
+            move_tasks(node, bottom, s.pids)
             out[s.name] = prof
     finally:
         node.apply(saved)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from agent.errors import UnknownTask
 from agent.node import Clock, Node
 from agent.types import (
     Allocation,
@@ -106,11 +107,35 @@ def context(node: Node, *, tasks: bool = False, time_s: float = 0.0) -> ControlC
     )
 
 
+def move_tasks(node: Node, group: str, pids: Iterable[int]) -> frozenset[int]:
+    """Move ``pids`` into ``group`` and return those the node refused as unknown.
+
+    One call when every task still exists; when the node refuses the move because one has
+    exited (tasks exit all the time on a real host, and a node refuses a move naming one
+    as a whole), the rest are moved one at a time so that one exited task does not keep
+    the live ones out. Other errors (the group gone) propagate.
+    """
+    pids = sorted(pids)
+    if not pids:
+        return frozenset()
+    try:
+        node.assign(group, pids=pids)
+        return frozenset()
+    except UnknownTask:
+        refused = set()
+        for pid in pids:
+            try:
+                node.assign(group, pids=[pid])
+            except UnknownTask:
+                refused.add(pid)
+        return frozenset(refused)
+
+
 def carry_out(node: Node, decision: Decision) -> Allocation | None:
-    """Apply a decision to a node: task moves first, then the plan (all-or-nothing)."""
+    """Apply a decision to a node: task moves first (those of exited tasks skipped, see
+    :func:`move_tasks`), then the plan (all-or-nothing)."""
     for group, pids in decision.moves.items():
-        if pids:
-            node.assign(group, pids=sorted(pids))
+        move_tasks(node, group, pids)
     if decision.plan is not None:
         return node.apply(decision.plan)
     return None

@@ -213,7 +213,11 @@ class StaticController(Controller):
     """Holds the catbench allocation: ``lc_group`` at ``ways`` low ways, the rest shared.
 
     With ``lc_group`` None (a node without an LC group: no mite to protect) every group
-    shares the whole cache at full bandwidth, as unpartitioned.
+    shares the whole cache at full bandwidth, as unpartitioned. A node that never had
+    ``lc_group`` is a configuration error, refused at start (the tuner refuses such a
+    fallback before it is needed); when the group vanishes after the controller has held
+    it, there is no mite left to protect either: every group shares the cache until the
+    group is back (its reserved ways would otherwise stay idle), and the note says so.
     """
 
     name = "static"
@@ -224,26 +228,31 @@ class StaticController(Controller):
         self.lc_group = lc_group
         self.ways = int(ways)
         self._groups: tuple[str, ...] = ()
+        self._held = False  # lc_group was on the node at a start
 
     @classmethod
     def from_sweep(cls, sweep: Sweep) -> StaticController:
         return cls(sweep.lc_group, sweep.ways)
 
     def start(self, ctx: ControlContext) -> Decision:
-        self._groups = tuple(ctx.groups)
-        if not self._groups:
-            return KEEP
-        if self.lc_group is None:
-            full = full_allocation(ctx.capabilities)
-            plan = AllocationPlan.uniform(
-                dict.fromkeys(self._groups, full), ctx.capabilities.domains
-            )
-            return Decision(plan, note="static: no LC group, every group shares the cache")
-        if self.lc_group not in ctx.groups:
+        if self.lc_group is not None and self.lc_group in ctx.groups:
+            self._held = True
+        elif self.lc_group is not None and not self._held:
             raise ValueError(
                 f"static controller calibrated for {self.lc_group!r}, which is not a group "
                 f"on this node ({sorted(ctx.groups)})"
             )
+        # Set only once the groups are accepted: a refused start is tried again next time.
+        self._groups = tuple(ctx.groups)
+        if not self._groups:
+            return KEEP
+        if self.lc_group is None or self.lc_group not in ctx.groups:
+            full = full_allocation(ctx.capabilities)
+            plan = AllocationPlan.uniform(
+                dict.fromkeys(self._groups, full), ctx.capabilities.domains
+            )
+            why = "no LC group" if self.lc_group is None else f"{self.lc_group} is gone"
+            return Decision(plan, note=f"static: {why}, every group shares the cache")
         plan = mite_plan(self.lc_group, self.ways, self._groups, ctx.capabilities)
         return Decision(plan, note=f"static: {self.lc_group} at {self.ways} ways")
 

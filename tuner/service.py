@@ -32,19 +32,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from agent.errors import (
     GroupNotFound,
     InvalidAllocation,
     NodeError,
-    UnknownTask,
 )
 from agent.node import Node, as_clock
 from agent.types import Allocation, AllocationPlan, GroupKind, GroupSpec, Snapshot
 from models.cadence import decided
-from models.controller import ControlContext, Controller, Decision
+from models.controller import ControlContext, Controller, Decision, move_tasks
 from models.setup import ControllerError
 from tuner.config import TunerConfig
 from tuner.groups import GroupKeeper
@@ -306,12 +305,7 @@ class Tuner(Resilience, Pacing):
         ``then`` (seconds), the apply is a step that lets that interval pass and observes
         (kept in ``_next``); a decision without a plan still observes so."""
         name = self.active.name
-        for group, pids in decision.moves.items():
-            if pids:
-                try:
-                    self.node.assign(group, pids=sorted(pids))
-                except (UnknownTask, GroupNotFound) as exc:
-                    log.warning("task move into %r failed: %s", group, exc)
+        _move_tasks(self.node, decision.moves)
         plan = decision.plan
         if plan is None:
             # A rate-limited plan keeps moving toward its target until reached or replaced
@@ -372,6 +366,19 @@ class Tuner(Resilience, Pacing):
         log.info("groups changed: %s", sorted(self.groups), extra={"event": "groups"})
         current = self.node.allocation()
         self._carry_out(self.active.start(self._context(current)), current, self._last_now)
+
+
+def _move_tasks(node: Node, moves: Mapping[str, frozenset[int]]) -> None:
+    """A decision's task moves; a refused one is logged, and a task that has exited since
+    the controller listed it does not keep the others of its move out (move_tasks)."""
+    for group, pids in moves.items():
+        try:
+            exited = move_tasks(node, group, pids)
+        except GroupNotFound as exc:
+            log.warning("task move into %r failed: %s", group, exc)
+            continue
+        if exited:
+            log.warning("task move into %r: no tasks %s (exited)", group, sorted(exited))
 
 
 def rehearse(fallback: Controller, ctx: ControlContext) -> None:

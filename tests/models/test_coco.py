@@ -11,6 +11,7 @@ from agent.sim import LoadProfile, SimNode, get_scenario
 from agent.sim.catalog import default_catalog
 from agent.types import SLO
 from models.coco import (
+    LINE_BYTES,
     CoCo,
     RoundRobin,
     Service,
@@ -19,7 +20,7 @@ from models.coco import (
     prepare_groups,
     tier_shapes,
 )
-from models.controller import carry_out, context
+from models.controller import KEEP, carry_out, context, drive
 from models.objectives import slo_met
 
 EPYC = "more_lc_than_closids_epyc"
@@ -153,6 +154,28 @@ def test_contested_tier_is_time_shared_by_weight():
     assert held["shore_mt"] + held["mongodb"] == 60, "the contested tier is never idle"
 
 
+def test_no_slice_is_shorter_than_its_warmup_factor_in_cache_warmups():
+    """Two services time-share the top tier with 0.1 s slices, but filling its ways takes
+    each 0.05 s: with the default 10 warm-ups per slice every turn lasts 0.5 s."""
+    node, services, background, groups = _setup()
+    caps = node.capabilities()
+    ways = tier_shapes(caps, len(groups) - 1)[-1][0]
+    prof = _needy_profile(services, {"mongodb", "shore_mt"}, {"shore_mt": 3.0, "mongodb": 1.5})
+    for p in prof.values():
+        p.miss_rate = ways * caps.l3.way_bytes / (LINE_BYTES * 0.05)
+    coco = CoCo(services, groups, profile=prof, background_pids=background, slice_s=0.1)
+    carry_out(node, coco.start(context(node, tasks=True)))
+    node.observe()
+    pids = {s.name: s.pids for s in services}
+    holders = []
+    for _ in range(40):
+        node.advance(0.1)
+        carry_out(node, coco.decide(node.observe(), context(node, tasks=True, time_s=node.now())))
+        holders.append([n for n in ("mongodb", "shore_mt") if pids[n] <= node.tasks(groups[-1])])
+    turns = [len(list(run)) for _, run in itertools.groupby(holders)]
+    assert len(turns) >= 4 and turns[1:-1] == [5] * (len(turns) - 2), holders
+
+
 def test_weighted_round_robin_shares_spare_tiers_without_starvation():
     _node, services, _background, groups = _setup()
     weights = {"memcached_coco": 1.1, "nginx": 1.1, "mongodb": 1.1, "specjbb": 3.0, "shore_mt": 1.1}
@@ -199,9 +222,22 @@ def test_coco_needs_its_groups():
         CoCo([], groups)
 
 
-def test_dedicated_service_over_its_slo_moves_up_a_tier():
-    """Online refinement on a 16-CLOS part (three LC tiers): a profile that wrongly says
-    shore_mt is fine in the middle tier is corrected from the observed tail."""
+@pytest.mark.parametrize(
+    ("needy", "before", "after"),
+    [
+        # a profile that wrongly says shore_mt is fine in the middle tier is corrected
+        ({"shore_mt": 1.2}, {2: "shore_mt"}, {3: "shore_mt"}),
+        # mongodb (the higher slowdown) takes the middle tier both need, shore_mt the
+        # largest: over its SLO there it has nowhere higher to go and keeps it
+        (
+            {"shore_mt": 2.0, "mongodb": 3.0},
+            {2: "mongodb", 3: "shore_mt"},
+            {2: "mongodb", 3: "shore_mt"},
+        ),
+    ],
+)
+def test_dedicated_service_over_its_slo_moves_up_a_tier(needy, before, after):
+    """Online refinement on a 16-CLOS part (three LC tiers), from the observed tail."""
     from agent.sim import get_scenario
 
     scn = get_scenario(EPYC).with_machine("e5_2683v4")
@@ -220,23 +256,59 @@ def test_dedicated_service_over_its_slo_moves_up_a_tier():
     prof = {
         s.name: ServiceProfile(
             tails={1: 10.0 * s.slo.target_ms, 2: 0.01, 3: 0.01}
-            if s.name == "shore_mt"
+            if s.name in needy
             else {1: 0.01, 2: 0.01, 3: 0.01},
-            cpi={1: 1.2},
+            cpi={1: needy.get(s.name, 1.2)},
             cpi_full=1.0,
         )
         for s in services
     }
     coco = CoCo(services, groups, profile=prof, patience=3)
     carry_out(node, coco.start(context(node, tasks=True)))
-    assert coco._dedicated == {2: "shore_mt"}
+    assert coco._dedicated == before
     node.observe()
-    for _ in range(10):
+    for _ in range(20):
         node.advance(0.1)
         snap = node.observe()
         carry_out(node, coco.decide(snap, context(node, tasks=True, time_s=node.now())))
-    assert coco._dedicated == {3: "shore_mt"}
-    assert services[[s.name for s in services].index("shore_mt")].pids <= node.tasks(groups[3])
+    assert coco._dedicated == after and coco._dropped == []
+    pids = {s.name: s.pids for s in services}
+    for j, name in after.items():
+        assert pids[name] <= node.tasks(groups[j])
+
+
+EXITED = 999_999  # a pid the node has no task for: one of the service's tasks has exited
+
+
+@pytest.mark.parametrize("make", [CoCo, RoundRobin])
+@pytest.mark.parametrize("start_refused", [False, True], ids=["start_carried", "start_refused"])
+def test_a_task_that_exited_neither_keeps_its_service_out_nor_is_sent_again(
+    make, start_refused, monkeypatch
+):
+    """A service whose configured pids name a task that has exited: its live tasks are
+    placed, and the exited pid is sent again at most once after the node refused it. A
+    start whose moves were all refused (nothing listed) is no proof of exit: the service's
+    tasks are tried again."""
+    node, services, background, groups = _setup()
+    services[0] = dataclasses.replace(services[0], pids=services[0].pids | {EXITED})
+    ctrl = make(services, groups, background_pids=background)
+    if start_refused:
+        real_start = ctrl.start
+        monkeypatch.setattr(ctrl, "start", lambda ctx: (real_start(ctx), KEEP)[1])
+    records = drive(ctrl, node, node, 20)
+    sent = [any(EXITED in p for p in r.decision.moves.values()) for r in records]
+    assert sent == [start_refused] + [False] * 19
+    for s in services:
+        assert s.pids - {EXITED} <= node.tasks(ctrl._placed[s.name]), s.name
+
+
+def test_calibration_measures_a_service_by_the_tasks_it_has_left():
+    node, services, background, groups = _setup()
+    services[0] = dataclasses.replace(services[0], pids=services[0].pids | {EXITED})
+    background = [*background, EXITED + 1]
+    prof = calibrate(node, node, services, groups, background_pids=background, measure_intervals=2)
+    assert set(prof) == {s.name for s in services}
+    assert prof[services[0].name].cpi_full > 0 and prof[services[0].name].miss_rate > 0
 
 
 @pytest.mark.parametrize(

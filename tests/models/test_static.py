@@ -8,7 +8,7 @@ import pytest
 
 from agent.sim import LoadProfile, Scenario, SimNode, WorkloadInstance
 from models.basic import EqualPartition, Unpartitioned
-from models.controller import drive
+from models.controller import Decision, carry_out, context, drive
 from models.oracle import evaluate_truth
 from models.static import BestStatic, StaticController, calibrate, knee, mite_plan
 
@@ -80,6 +80,48 @@ def test_static_refuses_an_unknown_group():
         drive(StaticController("nope", 3), node, node, 1)
     with pytest.raises(ValueError, match="LC group"):
         calibrate(node, node, "contender")
+
+
+# catbench's 20-way part without MBA, and an 11-way one with it (MB must stay at maximum)
+MACHINES = [("e5_2683v4", 0xFFFFC, None), ("gold6130", 0x7FC, 100)]
+
+
+@pytest.mark.parametrize(("machine", "rest", "mb"), MACHINES)
+def test_mite_plan_is_the_low_ways_and_the_rest_shared_at_full_bandwidth(machine, rest, mb):
+    caps = SimNode(KV_STREAMING.with_machine(machine), noise=False).capabilities()
+    plan = mite_plan("kv", 2, ["kv", "a", "b"], caps)
+    held = {g: (a[0].l3_mask, a[0].mb) for g, a in plan.groups.items()}
+    assert held == {"kv": (0x3, mb), "a": (rest, mb), "b": (rest, mb)}
+
+
+@pytest.mark.parametrize(("machine", "rest", "mb"), MACHINES)
+@pytest.mark.parametrize("restart", [False, True], ids=["decide", "restarted"])
+def test_static_lets_every_group_share_while_its_mite_is_gone(machine, rest, mb, restart):
+    """The mite's group deleted mid-run and made again: the controller is told by decide
+    (drive) or restarted on the new groups (the tuner). Its ways are not kept for nobody."""
+    node = SimNode(KV_STREAMING.with_machine(machine), noise=False)
+    caps, spec = node.capabilities(), node.groups()["kv"]
+    ctl = StaticController("kv", 2)
+    carry_out(node, ctl.start(context(node)))
+
+    def step() -> Decision:
+        node.advance(0.1)
+        snap, ctx = node.observe(), context(node)
+        decision = ctl.start(ctx) if restart else ctl.decide(snap, ctx)
+        carry_out(node, decision)
+        return decision
+
+    def held() -> dict:
+        return {g: (a[0].l3_mask, a[0].mb) for g, a in node.allocation().groups.items()}
+
+    node.delete_group("kv")
+    assert "kv is gone, every group shares the cache" in step().note
+    assert held() == {"contender": (caps.l3.cbm_mask, mb)}
+    if not restart:  # the tuner restarts a controller only when the groups change
+        assert not step().changes
+    node.create_group(spec)
+    step()
+    assert held() == {"kv": (0x3, mb), "contender": (rest, mb)}
 
 
 @pytest.mark.parametrize("scenario", ["copart_h_bw", "catbench_kv_big_tensorflow"])

@@ -85,3 +85,19 @@ class BuggyStart(Controller):
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         return KEEP
+
+
+class Mover(Controller):
+    """At start, moves the last group's tasks and a pid no task has (one that exited) into
+    the first group; keeps afterwards."""
+
+    name = "mover"
+    needs_tasks = True
+    exited = 999_999
+
+    def start(self, ctx: ControlContext) -> Decision:
+        groups = sorted(ctx.groups)
+        return Decision(moves={groups[0]: ctx.tasks[groups[-1]] | {self.exited}})
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        return KEEP

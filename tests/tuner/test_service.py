@@ -18,7 +18,7 @@ from models import catalogue
 from tests.agent.server.conftest import serve
 from tests.agent.server.refnode import RefNode
 from tests.tuner.conftest import assert_valid
-from tests.tuner.controllers import Crashy, Swing
+from tests.tuner.controllers import Crashy, Mover, Swing
 from tuner.config import AgentConnection, GroupConfig, GuardConfig, TunerConfig
 from tuner.controllers import fallback
 from tuner.service import Tuner
@@ -136,6 +136,16 @@ def test_a_controller_that_cannot_start_on_the_node_is_a_clear_refusal(server) -
     with pytest.raises(ControllerError, match=re.escape(said)):
         tuner.start()
     assert "web" not in tuner.node.groups()
+    tuner.shutdown()
+
+
+def test_a_task_that_exited_does_not_keep_the_others_of_its_move_out(server) -> None:
+    """Tasks exit all the time: a move naming one that has is carried out for the rest."""
+    tuner = make_tuner(server, Mover())
+    tuner.start()
+    first, *_, last = sorted(tuner.node.groups())
+    assert tuner.node.tasks(last) == frozenset()
+    assert len(tuner.node.tasks(first)) == 8  # its own four tasks and the last group's four
     tuner.shutdown()
 
 
