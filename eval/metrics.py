@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from agent.slo import judged, slo_met
 from agent.types import GroupKind, GroupSpec, LatencyStats
+from models import objectives
 from models.cadence import decided
 from models.controller import StepRecord
 from models.objectives import SLO_WINDOW_S, window_requests
@@ -144,11 +145,14 @@ def slo_windows(
 
 
 def unfairness(slowdowns: Sequence[float]) -> float:
-    """CoPart's unfairness: population stddev / mean of slowdowns (0 = perfectly fair)."""
-    values = [s for s in slowdowns if math.isfinite(s)]
-    if len(values) < 2:
-        return 0.0
-    return statistics.pstdev(values) / statistics.fmean(values)
+    """CoPart's unfairness over a run's batch jobs (:func:`models.objectives.unfairness`:
+    population stddev / mean of the slowdowns, 0 = perfectly fair), inf when a job starved
+    (an infinite slowdown: it was left out, which read as fair). NaN with fewer than two
+    jobs: there is no fairness to judge, and such a run drops out of the paired unfairness
+    comparison rather than count as a tie at 0."""
+    if len(slowdowns) < 2:
+        return math.nan
+    return objectives.unfairness(slowdowns)
 
 
 def summarize(

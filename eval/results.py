@@ -77,6 +77,7 @@ def run_suites(names: Sequence[str], runs: Path, ray_address: str) -> dict[str, 
             description=suite.description,
             command=f"python -m eval.results --suites {name}",
             machine=machine(),
+            reference=suite.paired_with,  # as rdtune eval --suite pairs it, and RESULTS.md
         )
         meta = runs / name / "wall.json"
         meta.write_text(json.dumps({"wall_s": walls[name], "runs": len(jobs)}))

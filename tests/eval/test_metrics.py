@@ -27,10 +27,20 @@ from models.controller import KEEP, Decision, StepRecord
 
 
 @pytest.mark.parametrize(
-    ("slowdowns", "expected"), [([1.0, 1.0], 0.0), ([1.0, 3.0], 0.5), ([2.0], 0.0)]
+    ("slowdowns", "expected"),
+    [
+        ([1.0, 1.0], 0.0),
+        ([1.0, 3.0], 0.5),
+        # one job starved: left out, the rest read as perfectly fair
+        ([1.2, math.inf], math.inf),
+        ([1.2, 1.2, math.inf], math.inf),
+        # one job or none: nothing to judge, not a tie at 0 in a paired comparison
+        ([2.0], math.nan),
+        ([], math.nan),
+    ],
 )
 def test_unfairness(slowdowns: list[float], expected: float) -> None:
-    assert unfairness(slowdowns) == pytest.approx(expected)
+    assert unfairness(slowdowns) == pytest.approx(expected, nan_ok=True)
 
 
 def test_summarize_counts_violations_and_slowdowns() -> None:

@@ -77,3 +77,20 @@ def test_an_unsafe_oracle_is_called_out(tmp_path: Path) -> None:
     assert main(["--rerender", "--runs", str(runs), "--out", str(out)]) == 0
     assert "**3 feasible run(s) have an oracle SLO violation" in out.read_text()
     assert main(["--suites", "nope", "--rerender"]) == 2
+
+
+def test_a_suite_run_pairs_with_its_reference(tmp_path: Path, monkeypatch) -> None:
+    """results.json paired against another controller than the suite's paired_with (the
+    first in the table), where RESULTS.md and rdtune eval --suite use paired_with."""
+    import dataclasses
+
+    from eval import suites
+    from eval.results import run_suites
+
+    smoke = suites.get_suite("smoke")
+    monkeypatch.setattr(
+        suites, "get_suite", lambda name: dataclasses.replace(smoke, paired_with="eq")
+    )
+    run_suites(["smoke"], tmp_path, "none")
+    stored = json.loads((tmp_path / "smoke" / "results.json").read_text())
+    assert stored["paired"]["reference"] == "eq"
