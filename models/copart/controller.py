@@ -1,41 +1,27 @@
 """CoPart's controller (EuroSys'19 sections 5.1-5.4; models/copart/__init__.py describes it):
-the three phases and the two classifiers per application, over the allocation state
-(plans.py), the exploration step (matching.py) and the idle phase with the LC reservations
-(idle.py).
+the three phases, over the allocation state (plans.py), the two classifiers per application
+(classify.py), the exploration step (matching.py) and the idle phase with the LC
+reservations (idle.py).
 """
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
 
 from agent.types import GroupKind, GroupSpec, NodeCapabilities, Snapshot
 from models.controller import KEEP, ControlContext, Controller, Decision
-from models.copart.apps import (
-    ALPHA,
-    B_MISS,
-    BETA,
-    DELTA_P,
-    GAMMA_HI,
-    GAMMA_LO,
-    PROFILE_DEGRADATION,
-    THETA,
-    App,
-    Fsm,
-    Measure,
-    Phase,
-)
+from models.copart.apps import DELTA_P, THETA, App, Measure, Phase
+from models.copart.classify import Classifiers
 from models.copart.idle import IdlePhase
 from models.copart.matching import Exploration
 from models.copart.plans import Allocation
-from models.copart.stream import stream_estimate
 from models.objectives import unfairness
 from models.search import mb_grid
 
 
-class CoPart(Allocation, Exploration, IdlePhase, Controller):
+class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
     """CoPart's resource manager (see the module docstring).
 
     Args:
@@ -158,17 +144,6 @@ class CoPart(Allocation, Exploration, IdlePhase, Controller):
             )
         return Measure(s.instructions / dt, s.llc_references / dt, s.llc_misses / dt)
 
-    def _stream_misses(self, mb: int | None) -> float:
-        if mb is None:
-            return math.inf
-        if self.stream:
-            if mb in self.stream:
-                return self.stream[mb]
-            below = [k for k in self.stream if k <= mb]
-            key = max(below) if below else min(self.stream)
-            return self.stream[key]
-        return stream_estimate(self._caps, mb)
-
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         if tuple(ctx.groups) != self._groups:
             return self.start(ctx)
@@ -203,36 +178,6 @@ class CoPart(Allocation, Exploration, IdlePhase, Controller):
         self._retry = 0
         self._enter(Phase.EXPLORE, ctx.time_s, "profiled")
         return Decision(self._plan(), note="copart: exploring from the equal state")
-
-    def _initial_states(self, app: App) -> None:
-        full = app.profile.get("full")
-        app.ips_full = full.ips if full is not None else 0.0
-        if full is None or full.ips <= 0:
-            app.llc0 = app.mba0 = Fsm.MAINTAIN
-        else:
-            lp = app.profile.get("lp")
-            deg = 1.0 - lp.ips / full.ips if lp is not None else 0.0
-            low = full.refs < ALPHA or full.miss_ratio < B_MISS
-            if deg > PROFILE_DEGRADATION:
-                app.llc0 = Fsm.DEMAND
-            elif low or deg <= DELTA_P:
-                app.llc0 = Fsm.SUPPLY
-            else:
-                app.llc0 = Fsm.MAINTAIN
-            mp = app.profile.get("mp")
-            if self._caps.mba is None or mp is None:
-                app.mba0 = Fsm.MAINTAIN
-            else:
-                deg_m = 1.0 - mp.ips / full.ips
-                ratio = full.misses / self._stream_misses(self._caps.mba.max_bandwidth)
-                if deg_m > PROFILE_DEGRADATION:
-                    app.mba0 = Fsm.DEMAND
-                elif ratio < GAMMA_LO or deg_m <= DELTA_P:
-                    app.mba0 = Fsm.SUPPLY
-                else:
-                    app.mba0 = Fsm.MAINTAIN
-        app.llc, app.mba = app.llc0, app.mba0
-        app.last, app.gained, app.ref = None, "", None
 
     def _explore_step(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         for app in self.apps.values():
@@ -270,51 +215,6 @@ class CoPart(Allocation, Exploration, IdlePhase, Controller):
 
     def _fmt(self) -> str:
         return " ".join(f"{a.name}={a.ways}w/{a.units}u" for a in self.apps.values())
-
-    def _update_fsms(self, app: App, m: Measure) -> None:
-        # Gains are judged against the performance just before the app's last move, not the
-        # previous period: occupancy follows a mask change gradually (lines outside a shrunk
-        # mask stay until someone evicts them), so a loss can show up over several periods.
-        prev = app.ref if app.ref is not None else app.last
-        g = (m.ips / prev.ips - 1.0) if prev is not None and prev.ips > 0 else 0.0
-        got = app.gained
-        # LLC classifier (Figure 8, reconstructed).
-        low = m.refs < ALPHA or m.miss_ratio < B_MISS
-        if got == "llc-" and g <= -DELTA_P:
-            app.llc = Fsm.DEMAND  # the way it gave up was needed (checked before "low")
-        elif low:
-            app.llc = Fsm.SUPPLY
-        elif app.llc is Fsm.DEMAND:
-            if got == "llc+":
-                app.llc = Fsm.DEMAND if g >= DELTA_P else Fsm.MAINTAIN
-        elif app.llc is Fsm.MAINTAIN:
-            if g <= -DELTA_P and got != "mba-":
-                app.llc = Fsm.DEMAND
-        elif got == "llc-":
-            dmr = m.miss_ratio - prev.miss_ratio if prev is not None else 0.0
-            if g <= -DELTA_P:
-                app.llc = Fsm.DEMAND
-            elif dmr > BETA:
-                app.llc = Fsm.MAINTAIN
-        # Memory-bandwidth classifier (Figure 9, reconstructed).
-        if self._caps.mba is None:
-            return
-        ratio = m.misses / self._stream_misses(self._mb(app.units))
-        if got == "mba-" and g <= -DELTA_P:
-            app.mba = Fsm.DEMAND  # throttled traffic looks light; the loss says otherwise
-        elif ratio < GAMMA_LO:
-            app.mba = Fsm.SUPPLY
-        elif app.mba is Fsm.DEMAND:
-            if got == "mba+" and g < DELTA_P:
-                app.mba = Fsm.MAINTAIN
-        elif app.mba is Fsm.MAINTAIN:
-            if g <= -DELTA_P and (got == "mba-" or (ratio > GAMMA_HI and got != "llc-")):
-                app.mba = Fsm.DEMAND
-        else:
-            if got == "mba-" and g <= -DELTA_P:
-                app.mba = Fsm.DEMAND
-            elif ratio > GAMMA_HI:
-                app.mba = Fsm.MAINTAIN
 
     def unfairness(self) -> float:
         """Unfairness of the last measured slowdowns (for notes and tests)."""
