@@ -45,8 +45,11 @@ group (its counters are the group's; system groups count as batch). Three phases
    profile's initial states.
 
 FSMs (Figures 8 and 9 did not survive as text; reconstructed from sections 5.2-5.3; g is
-the relative IPS change since just before the application's last move, "gained/lost" the
-resource moved last — a move's effect builds up over periods as occupancy follows the mask):
+the relative IPS change since just before the application's last move — a move's effect
+builds up over periods as occupancy follows the mask; "gained/lost" is what that step moved,
+recorded per resource, since Algorithm 2 can take a way from an application and give it an
+MBA step in one step: each machine sees its own resource's move, the other's only where a
+rule below names it):
 
 - LLC: after losing a way, g <= -delta_p -> DEMAND (checked first: the way was needed);
   otherwise *low* = LLC access rate < alpha=1.5e6/s or miss ratio < B=3% -> SUPPLY from any

@@ -17,6 +17,8 @@ from models.copart.apps import (
     DELTA_P,
     GAMMA_HI,
     GAMMA_LO,
+    LLC,
+    MBA,
     PROFILE_DEGRADATION,
     App,
     Fsm,
@@ -72,7 +74,7 @@ class Classifiers:
                 else:
                     app.mba0 = Fsm.MAINTAIN
         app.llc, app.mba = app.llc0, app.mba0
-        app.last, app.gained, app.ref = None, "", None
+        app.last, app.moved, app.ref = None, {}, None
 
     def _update_fsms(self, app: App, m: Measure) -> None:
         # Gains are judged against the performance just before the app's last move, not the
@@ -86,19 +88,19 @@ class Classifiers:
 
     def _update_llc(self, app: App, m: Measure, prev: Measure | None, g: float) -> None:
         """Figure 8, reconstructed (models/copart/__init__.py)."""
-        got = app.gained
+        way, step = app.moved.get(LLC, ""), app.moved.get(MBA, "")
         low = m.refs < ALPHA or m.miss_ratio < B_MISS
-        if got == "llc-" and g <= -DELTA_P:
+        if way == "-" and g <= -DELTA_P:
             app.llc = Fsm.DEMAND  # the way it gave up was needed (checked before "low")
         elif low:
             app.llc = Fsm.SUPPLY
         elif app.llc is Fsm.DEMAND:
-            if got == "llc+":
+            if way == "+":
                 app.llc = Fsm.DEMAND if g >= DELTA_P else Fsm.MAINTAIN
         elif app.llc is Fsm.MAINTAIN:
-            if g <= -DELTA_P and got != "mba-":
+            if g <= -DELTA_P and step != "-":
                 app.llc = Fsm.DEMAND
-        elif got == "llc-":
+        elif way == "-":
             dmr = m.miss_ratio - prev.miss_ratio if prev is not None else 0.0
             if g <= -DELTA_P:
                 app.llc = Fsm.DEMAND
@@ -107,20 +109,20 @@ class Classifiers:
 
     def _update_mba(self, app: App, m: Measure, g: float) -> None:
         """Figure 9, reconstructed (models/copart/__init__.py)."""
-        got = app.gained
+        way, step = app.moved.get(LLC, ""), app.moved.get(MBA, "")
         ratio = m.misses / self._stream_misses(self._mb(app.units))
-        if got == "mba-" and g <= -DELTA_P:
+        if step == "-" and g <= -DELTA_P:
             app.mba = Fsm.DEMAND  # throttled traffic looks light; the loss says otherwise
         elif ratio < GAMMA_LO:
             app.mba = Fsm.SUPPLY
         elif app.mba is Fsm.DEMAND:
-            if got == "mba+" and g < DELTA_P:
+            if step == "+" and g < DELTA_P:
                 app.mba = Fsm.MAINTAIN
         elif app.mba is Fsm.MAINTAIN:
-            if g <= -DELTA_P and (got == "mba-" or (ratio > GAMMA_HI and got != "llc-")):
+            if g <= -DELTA_P and (step == "-" or (ratio > GAMMA_HI and way != "-")):
                 app.mba = Fsm.DEMAND
         else:
-            if got == "mba-" and g <= -DELTA_P:
+            if step == "-" and g <= -DELTA_P:
                 app.mba = Fsm.DEMAND
             elif ratio > GAMMA_HI:
                 app.mba = Fsm.MAINTAIN

@@ -201,16 +201,16 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
                 moved = self.state() != before
                 undo = self._undo_harmful(last_moves) if not moved else False
                 for app in self.apps.values():
-                    app.gained, app.ref = "", None
+                    app.moved, app.ref = {}, None
                 self._enter_idle(snapshot, ctx.time_s, "converged")
                 if undo or moved:
                     self._idle_wait = self.period  # re-take the idle reference once settled
                     why = "undo last random move" if undo else "back to a visited state"
                     return Decision(self._plan(), note=f"copart: {why}")
                 return KEEP
-        for name, change in changes.items():
+        for name, moved in changes.items():
             app = self.apps[name]
-            app.gained, app.ref = change, app.last
+            app.moved, app.ref = moved, app.last
         return Decision(self._plan(), note=f"copart: explore {self._fmt()}")
 
     def _fmt(self) -> str:

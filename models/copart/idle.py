@@ -111,7 +111,7 @@ class IdlePhase:
                     app.llc = Fsm.DEMAND
                 else:
                     app.mba = Fsm.DEMAND
-            app.gained, app.ref = "", None
+            app.moved, app.ref = {}, None
             app.last = m
         self._retry = 0
         self._tick = 0

@@ -8,10 +8,10 @@ import math
 import pytest
 
 from agent.sim import SimNode
-from agent.types import GroupKind, GroupSpec
+from agent.types import GroupKind, GroupSample, GroupSpec, Snapshot
 from models.basic import EqualPartition
 from models.controller import ControlContext, drive
-from models.copart import CoPart, Fsm, Measure, Phase, stream_profile_sim
+from models.copart import LLC, MBA, CoPart, Fsm, Measure, Phase, stream_profile_sim
 from models.oracle import evaluate_truth
 
 SEEDS = (0, 1, 2, 3)
@@ -58,19 +58,40 @@ def test_readapts_after_memcached_load_step(seed):
     assert "memcached" in ctl.lc and "memcached" not in ctl.apps  # CoPart balances batch only
 
 
-def _copart_with(apps: dict[str, tuple[Fsm, Fsm, float, int, int]]) -> CoPart:
-    """A CoPart set up on a gold6130 node with given FSM states, slowdowns and holdings."""
+def _setup(
+    apps: dict[str, tuple[Fsm, Fsm, float, int, int]], **options
+) -> tuple[CoPart, ControlContext]:
+    """A CoPart set up on a gold6130 node with given FSM states, slowdowns and holdings,
+    and the context to drive it with."""
     node = SimNode("copart_h_bw", noise=False, auto_groups=False)
     for g in apps:
         node.create_group(GroupSpec(g, GroupKind.BATCH))
-    ctl = CoPart({})
-    caps = node.capabilities()
-    ctl.start(ControlContext(caps, node.groups(), node.allocation()))
+    ctl = CoPart({}, **options)
+    ctx = ControlContext(node.capabilities(), node.groups(), node.allocation())
+    ctl.start(ctx)
     for name, (llc, mba, slow, ways, units) in apps.items():
         a = ctl.apps[name]
         a.llc, a.mba, a.ways, a.units = llc, mba, ways, units
         a.ips_full, a.last = slow * 1e9, Measure(1e9, 1e8, 1e7)
-    return ctl
+    return ctl, ctx
+
+
+def _copart_with(apps: dict[str, tuple[Fsm, Fsm, float, int, int]]) -> CoPart:
+    return _setup(apps)[0]
+
+
+def _snapshot(measures: dict[str, Measure]) -> Snapshot:
+    """One 1 s interval in which each group ran at the given rates."""
+    return Snapshot(
+        1.0,
+        1.0,
+        {g: GroupSample(m.ips, None, m.refs, m.misses) for g, m in measures.items()},
+    )
+
+
+def _moves(text: str) -> dict[str, str]:
+    """ "llc- mba+" -> {LLC: "-", MBA: "+"}, as CoPart records a step's moves."""
+    return {move[:-1]: move[-1] for move in text.split()}
 
 
 def test_matching_favours_the_highest_slowdown_and_takes_from_the_lowest():
@@ -84,7 +105,7 @@ def test_matching_favours_the_highest_slowdown_and_takes_from_the_lowest():
         }
     )
     changes = ctl.next_state()
-    assert changes["hi"] == "llc+" and changes["mid"] == "llc+"
+    assert changes["hi"] == changes["mid"] == {LLC: "+"}
     assert ctl.apps["give_a"].ways == 3 and ctl.apps["give_b"].ways == 2
     assert sum(a.ways for a in ctl.apps.values()) == 11
 
@@ -100,7 +121,7 @@ def test_oversubscribed_resource_goes_to_the_higher_slowdown():
         }
     )
     changes = ctl.next_state()
-    assert changes == {"hi": "mba+", "giver": "mba-"}
+    assert changes == {"hi": {MBA: "+"}, "giver": {MBA: "-"}}
     assert ctl.apps["hi"].units == 3 and ctl.apps["lo"].units == 2
     assert sum(a.units for a in ctl.apps.values()) == 10
 
@@ -142,9 +163,31 @@ def test_classifier_transitions(start, gained, ips, expect):
     ctl = _copart_with({"a": (*start, 1.0, 3, 3), "b": (Fsm.MAINTAIN, Fsm.MAINTAIN, 1.0, 8, 7)})
     ctl.stream = dict.fromkeys(range(10, 101, 10), 1e6)
     app = ctl.apps["a"]
-    app.gained, app.ref = gained, Measure(1e9, 1e8, 1e7)
+    app.moved, app.ref = _moves(gained), Measure(1e9, 1e8, 1e7)
     ctl._update_fsms(app, Measure(ips, 1e8, 1e7))
     assert (app.llc, app.mba) == expect
+
+
+def test_a_way_given_in_the_step_that_brought_bandwidth_is_still_judged_as_a_loss():
+    """Algorithm 2 makes x an LLC donor (to y) and a bandwidth taker (from z) in one step;
+    when x then loses 10% and its miss ratio rises, its LLC machine must see the way it gave
+    (-> DEMAND), not only the MBA step it received."""
+    S, M, D = Fsm.SUPPLY, Fsm.MAINTAIN, Fsm.DEMAND
+    setup = {
+        "x": (S, D, 1.5, 4, 2),
+        "y": (D, M, 1.9, 2, 3),
+        "z": (M, S, 1.0, 3, 3),
+        "w": (M, M, 1.0, 2, 2),
+    }
+    ctl, ctx = _setup(setup, period=1)
+    ctl.phase = Phase.EXPLORE
+    ctl.stream = dict.fromkeys(range(10, 101, 10), 1e8)  # traffic ratio 0.2 for everyone
+    steady = dict.fromkeys(setup, Measure(1e9, 1e8, 2e7))
+    ctl.decide(_snapshot(steady), ctx)
+    assert ctl._moves == [("x", "y", LLC), ("z", "x", MBA)]
+    assert (ctl.apps["x"].llc, ctl.apps["x"].ways) == (S, 3)
+    ctl.decide(_snapshot({**steady, "x": Measure(0.9e9, 1e8, 3e7)}), ctx)
+    assert ctl.apps["x"].llc is D
 
 
 def test_light_apps_supply():
