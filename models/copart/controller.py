@@ -165,9 +165,13 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
     def _profile_step(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         if self._tick < self.profile_intervals:
             return KEEP
-        self._tick = 0
-        name, kind = self._profile_queue.pop(0)
+        name, kind = self._profile_queue[0]
+        # Measured before the run leaves the queue: when the read fails (an error, which the
+        # tuner logs before it carries on), the same run is measured again next interval,
+        # under the plan still held, not the next run under this one's plan.
         m = self._measure(snapshot, name)
+        self._tick = 0
+        self._profile_queue.pop(0)
         if m is not None:
             self.apps[name].profile[kind] = m
         if self._profile_queue:
