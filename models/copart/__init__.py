@@ -44,6 +44,14 @@ group (its counters are the group's; system groups count as batch). Three phases
    beta and bandwidth otherwise; after an application start/stop they restart from the
    profile's initial states.
 
+Missing measurements (our addition; the paper assumes every interval is counted): an
+interval whose counters could not be read (an error, which the tuner logs) or with a count
+that is not a finite number (NaN: a PMC event multiplexed out of the interval) is no
+measurement. A profiling run or an exploration period is then measured again next interval
+under the plan still held (after as many NaN intervals in a row as the run or period is
+long, it goes on without that application's); the idle phase skips the interval for that
+application.
+
 FSMs (Figures 8 and 9 did not survive as text; reconstructed from sections 5.2-5.3; g is
 the relative IPS change since just before the application's last move — a move's effect
 builds up over periods as occupancy follows the mask; "gained/lost" is what that step moved,

@@ -6,6 +6,7 @@ reservations (idle.py).
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -108,6 +109,7 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
         if caps.mba is None:
             self._profile_queue = [(a, k) for a, k in self._profile_queue if k != "mp"]
         self._tick = 0
+        self._missed = 0  # intervals in a row measured again for a missing measurement
         self._retry = 0
         self._moves: list[tuple[str, str, str]] = []  # (donor, taker, kind) of the last step
         self._visited: set[tuple] = set()
@@ -133,16 +135,34 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
 
     @staticmethod
     def _measure(snapshot: Snapshot, group: str) -> Measure | None:
+        """``group``'s rates over the interval, or None when it was not measured: not in the
+        snapshot, or a count that is not a finite number (NaN: a PMC event enabled but never
+        scheduled in the interval, as perf reports a multiplexed one). A NaN kept would
+        poison every comparison it enters (a NaN full-resources IPS, a slowdown of NaN for
+        the rest of the run)."""
         s = snapshot.groups.get(group)
         dt = snapshot.interval_s
         if s is None or dt <= 0:
             return None
-        if s.instructions is None or s.llc_references is None or s.llc_misses is None:
+        counts = (s.instructions, s.llc_references, s.llc_misses)
+        if any(c is None for c in counts):
             raise ValueError(
                 f"CoPart needs instructions and LLC reference/miss counters; group {group!r} "
                 "reports none (no hardware PMU on this node?)"
             )
-        return Measure(s.instructions / dt, s.llc_references / dt, s.llc_misses / dt)
+        if not all(math.isfinite(c) for c in counts):
+            return None
+        return Measure(*(c / dt for c in counts))
+
+    def _again(self, missing: bool, limit: int) -> bool:
+        """Whether to measure again next interval, under the plan still held, instead of
+        going on without a measurement: a count missing for one interval is usually back
+        the next. After ``limit`` intervals in a row we go on without it."""
+        if missing and self._missed < limit:
+            self._missed += 1
+            return True
+        self._missed = 0
+        return False
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         if tuple(ctx.groups) != self._groups:
@@ -159,7 +179,6 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
             return Decision(self._plan(), note="copart: batch resources changed")
         if self._tick < self.period:
             return KEEP
-        self._tick = 0
         return self._explore_step(snapshot, ctx)
 
     def _profile_step(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
@@ -167,9 +186,11 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
             return KEEP
         name, kind = self._profile_queue[0]
         # Measured before the run leaves the queue: when the read fails (an error, which the
-        # tuner logs before it carries on), the same run is measured again next interval,
-        # under the plan still held, not the next run under this one's plan.
+        # tuner logs before it carries on) or a count is NaN, the same run is measured again
+        # next interval, under the plan still held, not the next run under this one's plan.
         m = self._measure(snapshot, name)
+        if self._again(m is None, self.profile_intervals):
+            return KEEP
         self._tick = 0
         self._profile_queue.pop(0)
         if m is not None:
@@ -184,12 +205,16 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
         return Decision(self._plan(), note="copart: exploring from the equal state")
 
     def _explore_step(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
-        for app in self.apps.values():
-            m = self._measure(snapshot, app.name)
-            if m is None:
-                continue
-            self._update_fsms(app, m)
-            app.last = m
+        # Every application measured before any state changes: a failed read (an error)
+        # or a NaN count is measured again next interval, not judged on a stale interval.
+        measured = {name: self._measure(snapshot, name) for name in self.apps}
+        if self._again(None in measured.values(), self.period):
+            return KEEP
+        self._tick = 0
+        for name, m in measured.items():
+            if m is not None:
+                self._update_fsms(self.apps[name], m)
+                self.apps[name].last = m
         before = self.state()
         self._visited.add(before)
         last_moves, self._moves = self._moves, []

@@ -4,6 +4,7 @@ versus EQ on CoPart's mix families, and re-adaptation after the case study's loa
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -11,7 +12,16 @@ from agent.sim import SimNode
 from agent.types import GroupKind, GroupSample, GroupSpec, Snapshot
 from models.basic import EqualPartition
 from models.controller import ControlContext, carry_out, context, drive
-from models.copart import LLC, MBA, CoPart, Fsm, Measure, Phase, stream_profile_sim
+from models.copart import (
+    LLC,
+    MBA,
+    CoPart,
+    Fsm,
+    Measure,
+    Phase,
+    profile_stream,
+    stream_profile_sim,
+)
 from models.oracle import evaluate_truth
 
 SEEDS = (0, 1, 2, 3)
@@ -217,36 +227,95 @@ def test_lc_reservations_grow_on_slo_pressure_and_exploration_ends():
     assert ctl.phase is Phase.IDLE
 
 
-def _profiled(blank_at: int | None) -> dict[str, dict[str, Measure]]:
-    """CoPart's profiles on copart_h_bw, driven as the tuner does: an interval whose
-    counters could not be read (every group reports None) is an error, logged, and the run
-    goes on with the allocation the node holds."""
+def _blank(snap: Snapshot) -> Snapshot:
+    """An interval whose counters could not be read: every group reports None."""
+    return Snapshot(snap.timestamp, snap.interval_s, dict.fromkeys(snap.groups, GroupSample()))
+
+
+def _nan(snap: Snapshot) -> Snapshot:
+    """An interval whose PMC events were never scheduled (multiplexed out): NaN counts."""
+    nan = dict.fromkeys(("instructions", "cycles", "llc_references", "llc_misses"), math.nan)
+    return Snapshot(
+        snap.timestamp, snap.interval_s, {g: replace(s, **nan) for g, s in snap.groups.items()}
+    )
+
+
+def _drive_h_bw(intervals: int, bad_at: int | None = None, bad=_blank):
+    """CoPart on copart_h_bw, driven as the tuner does: an interval ``bad`` spoils (at
+    ``bad_at``) may raise, which is logged, and the run goes on with the allocation the
+    node holds. Returns the controller, the node and the number of errors."""
     node = SimNode("copart_h_bw", seed=0, noise=False)
     ctl = CoPart(stream_profile_sim(node), seed=0)
     carry_out(node, ctl.start(context(node)))
     node.observe()
     errors = 0
-    for i in range(1, 80):
+    for i in range(1, intervals + 1):
         node.advance(0.1)
         snap = node.observe()
-        if i == blank_at:
-            snap = Snapshot(
-                snap.timestamp, snap.interval_s, dict.fromkeys(snap.groups, GroupSample())
-            )
         try:
+            snap = bad(snap) if i == bad_at else snap
             carry_out(node, ctl.decide(snap, context(node, time_s=node.now())))
         except ValueError:
             errors += 1
-    assert ctl.phase is Phase.EXPLORE
-    assert errors == (blank_at is not None)
-    return {a.name: a.profile for a in ctl.apps.values()}
+    return ctl, node, errors
 
 
 def test_an_unread_profiling_interval_is_measured_again():
     """The counters fail at the first profiling measurement (CG at (l_p, 100%)): that run
     is measured again under the same plan, so every profile is the clean run's."""
-    clean, gap = _profiled(None), _profiled(CoPart().profile_intervals)
-    for name, runs in clean.items():
-        assert gap[name].keys() == runs.keys(), name
-        for kind, m in runs.items():
-            assert gap[name][kind].ips == pytest.approx(m.ips, rel=1e-3), (name, kind)
+    clean, _, _ = _drive_h_bw(80)
+    gap, _, errors = _drive_h_bw(80, CoPart().profile_intervals)
+    assert errors == 1 and gap.phase is clean.phase is Phase.EXPLORE
+    for name, app in clean.apps.items():
+        assert gap.apps[name].profile.keys() == app.profile.keys(), name
+        for kind, m in app.profile.items():
+            assert gap.apps[name].profile[kind].ips == pytest.approx(m.ips, rel=1e-3), kind
+
+
+def _numbers(ctl: CoPart) -> list[float]:
+    """Every number CoPart keeps from its measurements."""
+    measures = [m for a in ctl.apps.values() for m in (*a.profile.values(), a.last, a.ref)]
+    measures += list(getattr(ctl, "_idle_meas", {}).values())
+    out = [a.ips_full for a in ctl.apps.values()] + list(ctl._idle_ref.values())
+    out += [x for m in measures if m is not None for x in (m.ips, m.refs, m.misses)]
+    return [*out, ctl.unfairness()]
+
+
+@pytest.fixture(scope="module")
+def clean_h_bw():
+    ctl, node, errors = _drive_h_bw(200)
+    assert errors == 0 and ctl.phase is Phase.IDLE
+    return ctl.state(), node.allocation()
+
+
+@pytest.mark.parametrize(
+    "nan_at",
+    [6, 12, 76, 104, 150],  # CG's (l_p, 100%) and full runs; exploration; idle entry; idle
+)
+def test_one_interval_of_nan_counts_is_not_measured(clean_h_bw, nan_at):
+    """A NaN count (a PMC event never scheduled in the interval) is no measurement: it is
+    measured again (profiling, exploration) or skipped (idle), and nothing CoPart keeps is
+    NaN; the run settles where the clean run does."""
+    ctl, node, errors = _drive_h_bw(200, nan_at, _nan)
+    assert errors == 0
+    assert all(math.isfinite(x) for x in _numbers(ctl)), _numbers(ctl)
+    assert [p for _, p, _ in ctl.history] == [Phase.PROFILE, Phase.EXPLORE, Phase.IDLE]
+    assert (ctl.state(), node.allocation()) == clean_h_bw
+
+
+def test_stream_profile_measures_a_nan_level_again():
+    """A NaN miss count while STREAM is profiled (here CG stands in for it) is measured
+    again: a NaN level would make the traffic ratio NaN there for the whole run."""
+    node = SimNode("copart_h_bw", noise=False)
+    clean = profile_stream(node, node, "CG")
+    node = SimNode("copart_h_bw", noise=False)
+    observe, calls = node.observe, []
+
+    def nan_once() -> Snapshot:
+        calls.append(None)
+        return _nan(observe()) if len(calls) == 4 else observe()  # the 2nd level's measure
+
+    node.observe = nan_once
+    flaky = profile_stream(node, node, "CG")
+    assert flaky.keys() == clean.keys()
+    assert flaky == pytest.approx(clean, rel=1e-3)
