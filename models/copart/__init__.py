@@ -88,7 +88,9 @@ paper sizes the LC service with a separate dynamic manager (like Heracles/PARTIE
 LC groups hold contiguous low ways at full bandwidth, starting at ``lc_ways`` (default the
 equal share); one more way when their SLO percentile exceeds ``grow_at`` x target, one
 less (never below the start) after ``shrink_after`` intervals under ``shrink_at`` x target.
-Batch applications share what is left; a change re-triggers adaptation.
+Batch applications share what is left; a change re-triggers adaptation. Being a separate
+manager, it applies each change at once in every phase, profiling included (the profiling
+run then starts over on its new batch ways), so its next step is judged on the last one.
 """
 
 from models.copart.apps import (

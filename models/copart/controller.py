@@ -170,7 +170,7 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
         self._tick += 1
         lc_changed = self._manage_lc(snapshot)
         if self.phase is Phase.PROFILE:
-            return self._profile_step(snapshot, ctx)
+            return self._profile_step(snapshot, ctx, lc_changed)
         if self.phase is Phase.IDLE:
             return self._idle_step(snapshot, ctx, lc_changed)
         if lc_changed:
@@ -181,7 +181,14 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
             return KEEP
         return self._explore_step(snapshot, ctx)
 
-    def _profile_step(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+    def _profile_step(self, snapshot: Snapshot, ctx: ControlContext, lc_changed: bool) -> Decision:
+        if lc_changed:
+            # The LC reservations belong to a separate manager (section 6.3), which does not
+            # wait for CoPart's profiling: applied now, so its next step sees this one's
+            # effect; the run, its batch ways changed, starts over.
+            self._tick = self._missed = 0
+            plan = self._profile_plan(*self._profile_queue[0])
+            return Decision(plan, note="copart: profiling (LC reservation changed)")
         if self._tick < self.profile_intervals:
             return KEEP
         name, kind = self._profile_queue[0]

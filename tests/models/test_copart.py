@@ -319,3 +319,24 @@ def test_stream_profile_measures_a_nan_level_again():
     flaky = profile_stream(node, node, "CG")
     assert flaky.keys() == clean.keys()
     assert flaky == pytest.approx(clean, rel=1e-3)
+
+
+@pytest.mark.parametrize("scenario", ["lc_batch_60", "lc_batch_20"])
+def test_lc_reservations_are_applied_while_profiling(scenario):
+    """The LC services miss their SLO from the start: each way the LC manager adds is on
+    the node at once, profiling or not, so the next step is judged on it (a reservation
+    grown while profiling kept the node's plan grew without feedback, ways ahead of it)."""
+    node = SimNode(scenario, seed=0)
+    ctl = CoPart(stream_profile_sim(node))
+    carry_out(node, ctl.start(context(node)))
+    node.observe()
+    start = dict(ctl.lc)
+    for _ in range(150):
+        node.advance(0.1)
+        carry_out(node, ctl.decide(node.observe(), context(node, time_s=node.now())))
+        held = {g: next(iter(node.allocation()[g].values())).ways for g in ctl.lc}
+        assert held == ctl.lc, node.now()
+        if ctl.phase is not Phase.PROFILE:
+            break
+    assert ctl.phase is Phase.EXPLORE
+    assert sum(ctl.lc.values()) > sum(start.values())
