@@ -71,8 +71,14 @@ rule below names it):
   traffic looks light); otherwise r < gamma=10% -> SUPPLY from any state. DEMAND: after
   gaining an MBA step, stays DEMAND if g >= delta_p else MAINTAIN; after gaining an LLC way
   it stays DEMAND even when the gain is small (the paper's coupling rule). MAINTAIN ->
-  DEMAND when performance fell by delta_p after losing an MBA step, or with r > Gamma=30%
-  unless it lost an LLC way. SUPPLY -> MAINTAIN when r > Gamma.
+  DEMAND only when performance fell by delta_p, and then if it lost an MBA step, or if its
+  traffic is heavy (r > Gamma=30%) and it did not lose an LLC way. Heavy traffic alone does
+  not move it: MAINTAIN is where one more unit gains little (section 5.2's meaning, which
+  5.3 carries over: "designed similarly to the LLC characteristic classifier"), entered
+  after a small gain at the same r, so r > Gamma alone would send every heavy application
+  back to DEMAND a period after each such verdict; section 5.5.3's "with large [Gamma],
+  applications that incur high memory traffic may fail to demand" holds for this reading
+  too. SUPPLY -> MAINTAIN when r > Gamma.
 
 Bandwidth as a resource: Algorithm 2 moves "a level-up in the MBA setting" from producers to
 consumers, so the batch applications share a fixed budget of MBA steps: the node's levels

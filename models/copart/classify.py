@@ -119,6 +119,8 @@ class Classifiers:
             if step == "+" and g < DELTA_P:
                 app.mba = Fsm.MAINTAIN
         elif app.mba is Fsm.MAINTAIN:
+            # a loss is needed even with heavy traffic: r is what it was when a step more
+            # gained too little to stay in DEMAND (models/copart/__init__.py)
             if g <= -DELTA_P and (step == "-" or (ratio > GAMMA_HI and way != "-")):
                 app.mba = Fsm.DEMAND
         else:

@@ -165,6 +165,9 @@ def test_needs_counters():
         ((Fsm.MAINTAIN, Fsm.DEMAND), "llc+", 1.01e9, (Fsm.MAINTAIN, Fsm.DEMAND)),  # coupling
         ((Fsm.MAINTAIN, Fsm.DEMAND), "mba+", 1.01e9, (Fsm.MAINTAIN, Fsm.MAINTAIN)),
         ((Fsm.MAINTAIN, Fsm.MAINTAIN), "", 0.90e9, (Fsm.DEMAND, Fsm.DEMAND)),
+        # r > Gamma alone leaves bandwidth MAINTAIN: it takes a loss of delta_p as well
+        ((Fsm.MAINTAIN, Fsm.MAINTAIN), "", 1.00e9, (Fsm.MAINTAIN, Fsm.MAINTAIN)),
+        ((Fsm.MAINTAIN, Fsm.MAINTAIN), "", 0.97e9, (Fsm.MAINTAIN, Fsm.MAINTAIN)),
     ],
 )
 def test_classifier_transitions(start, gained, ips, expect):
