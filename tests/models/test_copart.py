@@ -25,6 +25,7 @@ from models.copart import (
 from models.oracle import evaluate_truth
 
 SEEDS = (0, 1, 2, 3)
+S, M, D = Fsm.SUPPLY, Fsm.MAINTAIN, Fsm.DEMAND
 
 
 def _unfairness(scenario: str, make, seed: int, intervals: int) -> float:
@@ -201,6 +202,85 @@ def test_a_way_given_in_the_step_that_brought_bandwidth_is_still_judged_as_a_los
     assert (ctl.apps["x"].llc, ctl.apps["x"].ways) == (S, 3)
     ctl.decide(_snapshot({**steady, "x": Measure(0.9e9, 1e8, 3e7)}), ctx)
     assert ctl.apps["x"].llc is D
+
+
+@pytest.mark.parametrize(
+    ("start", "gained", "units", "now", "expect"),
+    [
+        # beta: after giving a way, SUPPLY -> MAINTAIN when the miss ratio (10% before) rose
+        # by more than 1 point
+        ((S, M), "llc-", 3, Measure(0.98e9, 1e8, 1.12e7), (M, M)),
+        ((S, M), "llc-", 3, Measure(0.98e9, 1e8, 1.08e7), (S, M)),
+        # alpha: below 1.5e6 LLC accesses/s an application is "low" (-> SUPPLY)
+        ((D, M), "", 3, Measure(1e9, 1.4e6, 1.4e5), (S, S)),
+        ((D, M), "", 3, Measure(1e9, 1.6e6, 1.6e5), (D, S)),
+        # Gamma: bandwidth SUPPLY -> MAINTAIN when r > 30% (STREAM: 3e7 misses/s at 30%)
+        ((M, S), "", 3, Measure(1e9, 1e8, 0.32 * 3e7), (M, M)),
+        ((M, S), "", 3, Measure(1e9, 1e8, 0.28 * 3e7), (M, S)),
+        # r against STREAM at the application's MBA level (20%: r = 0.2, not light),
+        # not at 100% (r = 0.04, light)
+        ((M, M), "", 2, Measure(1e9, 1e8, 4e6), (M, M)),
+    ],
+)
+def test_classifier_thresholds(start, gained, units, now, expect):
+    """The constants of sections 5.2-5.3 on either side of their thresholds; STREAM's miss
+    rate grows with the MBA level (1e6 per percent)."""
+    ctl = _copart_with({"a": (*start, 1.0, 3, units), "b": (M, M, 1.0, 8, 10 - units)})
+    ctl.stream = {level: level * 1e6 for level in range(10, 101, 10)}
+    app = ctl.apps["a"]
+    app.moved, app.ref = _moves(gained), Measure(1e9, 1e8, 1e7)
+    ctl._update_fsms(app, now)
+    assert (app.llc, app.mba) == expect
+
+
+@pytest.mark.parametrize(("run", "degradation", "expect"), [
+    ("lp", 0.12, D),
+    ("lp", 0.08, M),
+    ("mp", 0.12, D),
+    ("mp", 0.08, M),
+])  # fmt: skip
+def test_profiled_degradation_over_10_percent_starts_in_demand(run, degradation, expect):
+    """Section 5.4.1: more than 10% slower at (l_p, 100%) starts the LLC classifier in
+    DEMAND, at (L, M_p) the bandwidth one; between delta_p and 10%, MAINTAIN (a heavy app:
+    50% miss ratio, half STREAM's traffic)."""
+    ctl = _copart_with({"a": (M, M, 1.0, 3, 3), "b": (M, M, 1.0, 8, 7)})
+    ctl.stream = {level: level * 1e6 for level in range(10, 101, 10)}
+    app = ctl.apps["a"]
+    full = Measure(1e9, 1e8, 5e7)
+    app.profile = {"full": full, "lp": full, "mp": full}
+    app.profile[run] = Measure((1 - degradation) * 1e9, 1e8, 5e7)
+    ctl._initial_states(app)
+    assert (app.llc0 if run == "lp" else app.mba0) is expect
+
+
+@pytest.mark.parametrize("kind", [LLC, MBA])
+def test_the_consumer_takes_from_the_lowest_slowdown_producer(kind):
+    """Algorithm 2, step 2: of two producers of the resource, the faster one gives."""
+    demand, supply = ((D, M), (S, M)) if kind == LLC else ((M, D), (M, S))
+    ctl = _copart_with(
+        {
+            "taker": (*demand, 1.8, 3, 3),
+            "slow_giver": (*supply, 1.4, 4, 3),
+            "fast_giver": (*supply, 1.0, 4, 4),
+        }
+    )
+    assert ctl.next_state() == {"taker": {kind: "+"}, "fast_giver": {kind: "-"}}
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "why"),
+    [
+        (1e9, 1e6, "x stopped"),  # IPS to about 0
+        (1e6, 1e9, "x started"),
+        (1e9, 0.9e9, None),  # a 10% shift is no start or stop (watch_ips is off)
+    ],
+)
+def test_idle_restarts_when_an_application_starts_or_stops(before, now, why):
+    ctl, ctx = _setup({"x": (M, M, 1.0, 5, 5), "y": (M, M, 1.0, 6, 5)})
+    ctl._enter_idle(_snapshot({"x": Measure(before, 1e8, 1e7), "y": Measure(1e9, 1e8, 1e7)}), 0, "")
+    ctl.decide(_snapshot({"x": Measure(now, 1e8, 1e7), "y": Measure(1e9, 1e8, 1e7)}), ctx)
+    assert ctl.phase is (Phase.EXPLORE if why else Phase.IDLE)
+    assert ctl.history[-1][2] == (why or "")
 
 
 def test_light_apps_supply():
