@@ -44,9 +44,20 @@ group (its counters are the group's; system groups count as batch). Three phases
    beta and bandwidth otherwise; after an application start/stop they restart from the
    profile's initial states.
 
+Missing measurements (our addition; the paper assumes every interval is counted): an
+interval whose counters could not be read (an error, which the tuner logs) or with a count
+that is not a finite number (NaN: a PMC event multiplexed out of the interval) is no
+measurement. A profiling run or an exploration period is then measured again next interval
+under the plan still held (after as many NaN intervals in a row as the run or period is
+long, it goes on without that application's); the idle phase skips the interval for that
+application.
+
 FSMs (Figures 8 and 9 did not survive as text; reconstructed from sections 5.2-5.3; g is
-the relative IPS change since just before the application's last move, "gained/lost" the
-resource moved last — a move's effect builds up over periods as occupancy follows the mask):
+the relative IPS change since just before the application's last move — a move's effect
+builds up over periods as occupancy follows the mask; "gained/lost" is what that step moved,
+recorded per resource, since Algorithm 2 can take a way from an application and give it an
+MBA step in one step: each machine sees its own resource's move, the other's only where a
+rule below names it):
 
 - LLC: after losing a way, g <= -delta_p -> DEMAND (checked first: the way was needed);
   otherwise *low* = LLC access rate < alpha=1.5e6/s or miss ratio < B=3% -> SUPPLY from any
@@ -60,8 +71,14 @@ resource moved last — a move's effect builds up over periods as occupancy foll
   traffic looks light); otherwise r < gamma=10% -> SUPPLY from any state. DEMAND: after
   gaining an MBA step, stays DEMAND if g >= delta_p else MAINTAIN; after gaining an LLC way
   it stays DEMAND even when the gain is small (the paper's coupling rule). MAINTAIN ->
-  DEMAND when performance fell by delta_p after losing an MBA step, or with r > Gamma=30%
-  unless it lost an LLC way. SUPPLY -> MAINTAIN when r > Gamma.
+  DEMAND only when performance fell by delta_p, and then if it lost an MBA step, or if its
+  traffic is heavy (r > Gamma=30%) and it did not lose an LLC way. Heavy traffic alone does
+  not move it: MAINTAIN is where one more unit gains little (section 5.2's meaning, which
+  5.3 carries over: "designed similarly to the LLC characteristic classifier"), entered
+  after a small gain at the same r, so r > Gamma alone would send every heavy application
+  back to DEMAND a period after each such verdict; section 5.5.3's "with large [Gamma],
+  applications that incur high memory traffic may fail to demand" holds for this reading
+  too. SUPPLY -> MAINTAIN when r > Gamma.
 
 Bandwidth as a resource: Algorithm 2 moves "a level-up in the MBA setting" from producers to
 consumers, so the batch applications share a fixed budget of MBA steps: the node's levels
@@ -77,7 +94,9 @@ paper sizes the LC service with a separate dynamic manager (like Heracles/PARTIE
 LC groups hold contiguous low ways at full bandwidth, starting at ``lc_ways`` (default the
 equal share); one more way when their SLO percentile exceeds ``grow_at`` x target, one
 less (never below the start) after ``shrink_after`` intervals under ``shrink_at`` x target.
-Batch applications share what is left; a change re-triggers adaptation.
+Batch applications share what is left; a change re-triggers adaptation. Being a separate
+manager, it applies each change at once in every phase, profiling included (the profiling
+run then starts over on its new batch ways), so its next step is judged on the last one.
 """
 
 from models.copart.apps import (

@@ -64,8 +64,10 @@ class App:
     ips_full: float = 0.0
     profile: dict[str, Measure] = field(default_factory=dict)
     last: Measure | None = None
-    gained: str = ""  # last resource moved to/from it: "llc+", "llc-", "mba+", "mba-" or ""
-    ref: Measure | None = None  # measured just before that move
+    # The last step's move per resource, LLC or MBA -> "+" (gained a unit) or "-" (gave
+    # one): one step of Algorithm 2 can take a way from an app and give it an MBA step.
+    moved: dict[str, str] = field(default_factory=dict)
+    ref: Measure | None = None  # measured just before that step
 
     def slowdown(self) -> float:
         if self.last is None or self.last.ips <= 0 or self.ips_full <= 0:

@@ -1,7 +1,7 @@
 """CoPart's controller (EuroSys'19 sections 5.1-5.4; models/copart/__init__.py describes it):
-the three phases and the two classifiers per application, over the allocation state
-(plans.py), the exploration step (matching.py) and the idle phase with the LC reservations
-(idle.py).
+the three phases, over the allocation state (plans.py), the two classifiers per application
+(classify.py), the exploration step (matching.py) and the idle phase with the LC
+reservations (idle.py).
 """
 
 from __future__ import annotations
@@ -13,29 +13,16 @@ from collections.abc import Mapping, Sequence
 
 from agent.types import GroupKind, GroupSpec, NodeCapabilities, Snapshot
 from models.controller import KEEP, ControlContext, Controller, Decision
-from models.copart.apps import (
-    ALPHA,
-    B_MISS,
-    BETA,
-    DELTA_P,
-    GAMMA_HI,
-    GAMMA_LO,
-    PROFILE_DEGRADATION,
-    THETA,
-    App,
-    Fsm,
-    Measure,
-    Phase,
-)
+from models.copart.apps import DELTA_P, THETA, App, Measure, Phase
+from models.copart.classify import Classifiers
 from models.copart.idle import IdlePhase
 from models.copart.matching import Exploration
 from models.copart.plans import Allocation
-from models.copart.stream import stream_estimate
 from models.objectives import unfairness
 from models.search import mb_grid
 
 
-class CoPart(Allocation, Exploration, IdlePhase, Controller):
+class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
     """CoPart's resource manager (see the module docstring).
 
     Args:
@@ -122,6 +109,7 @@ class CoPart(Allocation, Exploration, IdlePhase, Controller):
         if caps.mba is None:
             self._profile_queue = [(a, k) for a, k in self._profile_queue if k != "mp"]
         self._tick = 0
+        self._missed = 0  # intervals in a row measured again for a missing measurement
         self._retry = 0
         self._moves: list[tuple[str, str, str]] = []  # (donor, taker, kind) of the last step
         self._visited: set[tuple] = set()
@@ -147,27 +135,34 @@ class CoPart(Allocation, Exploration, IdlePhase, Controller):
 
     @staticmethod
     def _measure(snapshot: Snapshot, group: str) -> Measure | None:
+        """``group``'s rates over the interval, or None when it was not measured: not in the
+        snapshot, or a count that is not a finite number (NaN: a PMC event enabled but never
+        scheduled in the interval, as perf reports a multiplexed one). A NaN kept would
+        poison every comparison it enters (a NaN full-resources IPS, a slowdown of NaN for
+        the rest of the run)."""
         s = snapshot.groups.get(group)
         dt = snapshot.interval_s
         if s is None or dt <= 0:
             return None
-        if s.instructions is None or s.llc_references is None or s.llc_misses is None:
+        counts = (s.instructions, s.llc_references, s.llc_misses)
+        if any(c is None for c in counts):
             raise ValueError(
                 f"CoPart needs instructions and LLC reference/miss counters; group {group!r} "
                 "reports none (no hardware PMU on this node?)"
             )
-        return Measure(s.instructions / dt, s.llc_references / dt, s.llc_misses / dt)
+        if not all(math.isfinite(c) for c in counts):
+            return None
+        return Measure(*(c / dt for c in counts))
 
-    def _stream_misses(self, mb: int | None) -> float:
-        if mb is None:
-            return math.inf
-        if self.stream:
-            if mb in self.stream:
-                return self.stream[mb]
-            below = [k for k in self.stream if k <= mb]
-            key = max(below) if below else min(self.stream)
-            return self.stream[key]
-        return stream_estimate(self._caps, mb)
+    def _again(self, missing: bool, limit: int) -> bool:
+        """Whether to measure again next interval, under the plan still held, instead of
+        going on without a measurement: a count missing for one interval is usually back
+        the next. After ``limit`` intervals in a row we go on without it."""
+        if missing and self._missed < limit:
+            self._missed += 1
+            return True
+        self._missed = 0
+        return False
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         if tuple(ctx.groups) != self._groups:
@@ -175,7 +170,7 @@ class CoPart(Allocation, Exploration, IdlePhase, Controller):
         self._tick += 1
         lc_changed = self._manage_lc(snapshot)
         if self.phase is Phase.PROFILE:
-            return self._profile_step(snapshot, ctx)
+            return self._profile_step(snapshot, ctx, lc_changed)
         if self.phase is Phase.IDLE:
             return self._idle_step(snapshot, ctx, lc_changed)
         if lc_changed:
@@ -184,15 +179,27 @@ class CoPart(Allocation, Exploration, IdlePhase, Controller):
             return Decision(self._plan(), note="copart: batch resources changed")
         if self._tick < self.period:
             return KEEP
-        self._tick = 0
         return self._explore_step(snapshot, ctx)
 
-    def _profile_step(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+    def _profile_step(self, snapshot: Snapshot, ctx: ControlContext, lc_changed: bool) -> Decision:
+        if lc_changed:
+            # The LC reservations belong to a separate manager (section 6.3), which does not
+            # wait for CoPart's profiling: applied now, so its next step sees this one's
+            # effect; the run, its batch ways changed, starts over.
+            self._tick = self._missed = 0
+            plan = self._profile_plan(*self._profile_queue[0])
+            return Decision(plan, note="copart: profiling (LC reservation changed)")
         if self._tick < self.profile_intervals:
             return KEEP
-        self._tick = 0
-        name, kind = self._profile_queue.pop(0)
+        name, kind = self._profile_queue[0]
+        # Measured before the run leaves the queue: when the read fails (an error, which the
+        # tuner logs before it carries on) or a count is NaN, the same run is measured again
+        # next interval, under the plan still held, not the next run under this one's plan.
         m = self._measure(snapshot, name)
+        if self._again(m is None, self.profile_intervals):
+            return KEEP
+        self._tick = 0
+        self._profile_queue.pop(0)
         if m is not None:
             self.apps[name].profile[kind] = m
         if self._profile_queue:
@@ -204,43 +211,17 @@ class CoPart(Allocation, Exploration, IdlePhase, Controller):
         self._enter(Phase.EXPLORE, ctx.time_s, "profiled")
         return Decision(self._plan(), note="copart: exploring from the equal state")
 
-    def _initial_states(self, app: App) -> None:
-        full = app.profile.get("full")
-        app.ips_full = full.ips if full is not None else 0.0
-        if full is None or full.ips <= 0:
-            app.llc0 = app.mba0 = Fsm.MAINTAIN
-        else:
-            lp = app.profile.get("lp")
-            deg = 1.0 - lp.ips / full.ips if lp is not None else 0.0
-            low = full.refs < ALPHA or full.miss_ratio < B_MISS
-            if deg > PROFILE_DEGRADATION:
-                app.llc0 = Fsm.DEMAND
-            elif low or deg <= DELTA_P:
-                app.llc0 = Fsm.SUPPLY
-            else:
-                app.llc0 = Fsm.MAINTAIN
-            mp = app.profile.get("mp")
-            if self._caps.mba is None or mp is None:
-                app.mba0 = Fsm.MAINTAIN
-            else:
-                deg_m = 1.0 - mp.ips / full.ips
-                ratio = full.misses / self._stream_misses(self._caps.mba.max_bandwidth)
-                if deg_m > PROFILE_DEGRADATION:
-                    app.mba0 = Fsm.DEMAND
-                elif ratio < GAMMA_LO or deg_m <= DELTA_P:
-                    app.mba0 = Fsm.SUPPLY
-                else:
-                    app.mba0 = Fsm.MAINTAIN
-        app.llc, app.mba = app.llc0, app.mba0
-        app.last, app.gained, app.ref = None, "", None
-
     def _explore_step(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
-        for app in self.apps.values():
-            m = self._measure(snapshot, app.name)
-            if m is None:
-                continue
-            self._update_fsms(app, m)
-            app.last = m
+        # Every application measured before any state changes: a failed read (an error)
+        # or a NaN count is measured again next interval, not judged on a stale interval.
+        measured = {name: self._measure(snapshot, name) for name in self.apps}
+        if self._again(None in measured.values(), self.period):
+            return KEEP
+        self._tick = 0
+        for name, m in measured.items():
+            if m is not None:
+                self._update_fsms(self.apps[name], m)
+                self.apps[name].last = m
         before = self.state()
         self._visited.add(before)
         last_moves, self._moves = self._moves, []
@@ -256,65 +237,20 @@ class CoPart(Allocation, Exploration, IdlePhase, Controller):
                 moved = self.state() != before
                 undo = self._undo_harmful(last_moves) if not moved else False
                 for app in self.apps.values():
-                    app.gained, app.ref = "", None
+                    app.moved, app.ref = {}, None
                 self._enter_idle(snapshot, ctx.time_s, "converged")
                 if undo or moved:
                     self._idle_wait = self.period  # re-take the idle reference once settled
                     why = "undo last random move" if undo else "back to a visited state"
                     return Decision(self._plan(), note=f"copart: {why}")
                 return KEEP
-        for name, change in changes.items():
+        for name, moved in changes.items():
             app = self.apps[name]
-            app.gained, app.ref = change, app.last
+            app.moved, app.ref = moved, app.last
         return Decision(self._plan(), note=f"copart: explore {self._fmt()}")
 
     def _fmt(self) -> str:
         return " ".join(f"{a.name}={a.ways}w/{a.units}u" for a in self.apps.values())
-
-    def _update_fsms(self, app: App, m: Measure) -> None:
-        # Gains are judged against the performance just before the app's last move, not the
-        # previous period: occupancy follows a mask change gradually (lines outside a shrunk
-        # mask stay until someone evicts them), so a loss can show up over several periods.
-        prev = app.ref if app.ref is not None else app.last
-        g = (m.ips / prev.ips - 1.0) if prev is not None and prev.ips > 0 else 0.0
-        got = app.gained
-        # LLC classifier (Figure 8, reconstructed).
-        low = m.refs < ALPHA or m.miss_ratio < B_MISS
-        if got == "llc-" and g <= -DELTA_P:
-            app.llc = Fsm.DEMAND  # the way it gave up was needed (checked before "low")
-        elif low:
-            app.llc = Fsm.SUPPLY
-        elif app.llc is Fsm.DEMAND:
-            if got == "llc+":
-                app.llc = Fsm.DEMAND if g >= DELTA_P else Fsm.MAINTAIN
-        elif app.llc is Fsm.MAINTAIN:
-            if g <= -DELTA_P and got != "mba-":
-                app.llc = Fsm.DEMAND
-        elif got == "llc-":
-            dmr = m.miss_ratio - prev.miss_ratio if prev is not None else 0.0
-            if g <= -DELTA_P:
-                app.llc = Fsm.DEMAND
-            elif dmr > BETA:
-                app.llc = Fsm.MAINTAIN
-        # Memory-bandwidth classifier (Figure 9, reconstructed).
-        if self._caps.mba is None:
-            return
-        ratio = m.misses / self._stream_misses(self._mb(app.units))
-        if got == "mba-" and g <= -DELTA_P:
-            app.mba = Fsm.DEMAND  # throttled traffic looks light; the loss says otherwise
-        elif ratio < GAMMA_LO:
-            app.mba = Fsm.SUPPLY
-        elif app.mba is Fsm.DEMAND:
-            if got == "mba+" and g < DELTA_P:
-                app.mba = Fsm.MAINTAIN
-        elif app.mba is Fsm.MAINTAIN:
-            if g <= -DELTA_P and (got == "mba-" or (ratio > GAMMA_HI and got != "llc-")):
-                app.mba = Fsm.DEMAND
-        else:
-            if got == "mba-" and g <= -DELTA_P:
-                app.mba = Fsm.DEMAND
-            elif ratio > GAMMA_HI:
-                app.mba = Fsm.MAINTAIN
 
     def unfairness(self) -> float:
         """Unfairness of the last measured slowdowns (for notes and tests)."""

@@ -36,7 +36,9 @@ class IdlePhase:
         self._idle_ref = {}
         self._idle_meas: dict[str, Measure | None] = {}
         for app in self.apps.values():
-            m = self._measure(snapshot, app.name)
+            # not measured this interval: the last measurement (not 0, which would read as
+            # the application having stopped)
+            m = self._measure(snapshot, app.name) or app.last
             self._idle_meas[app.name] = m
             self._idle_ref[app.name] = m.ips if m is not None else 0.0
         self._idle_lc = {g: self._window_rate(self._lc_rates[g]) for g in self.lc}
@@ -75,7 +77,9 @@ class IdlePhase:
         shifted = None
         for app in self.apps.values():
             m = self._measure(snapshot, app.name)
-            ips = m.ips if m is not None else 0.0
+            if m is None:
+                continue  # not measured this interval: no sign of a start or stop
+            ips = m.ips
             ref = self._idle_ref.get(app.name, 0.0)
             floor = 0.01 * max(app.ips_full, 1.0)
             if (ref <= floor) != (ips <= floor):
@@ -102,7 +106,7 @@ class IdlePhase:
         the resource its counters point at (more misses per access: cache, else bandwidth)."""
         restart = why.endswith(("started", "stopped"))
         for app in self.apps.values():
-            m = self._measure(snapshot, app.name)
+            m = self._measure(snapshot, app.name) or app.last
             before = self._idle_meas.get(app.name)
             if restart:
                 app.llc, app.mba = app.llc0, app.mba0
@@ -111,7 +115,7 @@ class IdlePhase:
                     app.llc = Fsm.DEMAND
                 else:
                     app.mba = Fsm.DEMAND
-            app.gained, app.ref = "", None
+            app.moved, app.ref = {}, None
             app.last = m
         self._retry = 0
         self._tick = 0

@@ -35,9 +35,10 @@ class Exploration:
         mba = self._caps.mba is not None and app.mba is Fsm.DEMAND
         return ANY if llc and mba else LLC if llc else MBA if mba else None
 
-    def next_state(self) -> dict[str, str]:
+    def next_state(self) -> dict[str, dict[str, str]]:
         """Algorithm 2 (getNextSystemState): match consumers to producers and move one unit
-        per matched pair. Mutates the apps' allocations; returns {app: "llc+" / ...}."""
+        per matched pair. Mutates the apps' allocations; returns each moved app's moves,
+        {app: {LLC or MBA: "+" or "-"}} (an app can give one resource and take the other)."""
         apps = list(self.apps.values())
         slow = {a.name: a.slowdown() for a in apps}
         producers = {LLC: [], MBA: [], ANY: []}
@@ -73,7 +74,7 @@ class Exploration:
                 else:
                     break
         # Step 2 (lines 19-29): each matched consumer takes from the lowest-slowdown producer.
-        changes: dict[str, str] = {}
+        changes: dict[str, dict[str, str]] = {}
         for t in (LLC, MBA, ANY):
             pool = sorted(producers[t], key=lambda x: slow[x.name])
             for c in sorted(consumers[t], key=lambda x: -slow[x.name]):
@@ -88,8 +89,8 @@ class Exploration:
                     continue
                 pool.remove(donor)
                 self._move(donor, c, rtype)
-                changes[c.name] = f"{rtype}+"
-                changes.setdefault(donor.name, f"{rtype}-")
+                changes.setdefault(c.name, {})[rtype] = "+"
+                changes.setdefault(donor.name, {})[rtype] = "-"
         return changes
 
     def _can_give(self, app: App, rtype: str) -> bool:
@@ -119,7 +120,7 @@ class Exploration:
                 undone = True
         return undone
 
-    def _neighbour(self) -> dict[str, str]:
+    def _neighbour(self) -> dict[str, dict[str, str]]:
         """A random neighbouring state: one unit of one resource between two apps."""
         kinds = [LLC] + ([MBA] if self._caps.mba is not None else [])
         apps = list(self.apps.values())
@@ -134,4 +135,4 @@ class Exploration:
             return {}
         k, d, t = self.rng.choice(options)
         self._move(d, t, k)
-        return {t.name: f"{k}+", d.name: f"{k}-"}
+        return {t.name: {k: "+"}, d.name: {k: "-"}}

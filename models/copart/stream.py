@@ -6,6 +6,7 @@ STREAM (:func:`profile_stream`), on the simulator once on a node of the same pre
 
 from __future__ import annotations
 
+import math
 import time
 
 from agent.node import Clock, Node, ground_truth
@@ -21,26 +22,40 @@ def profile_stream(
     *,
     warmup_s: float = 0.2,
     measure_s: float = 0.5,
+    retries: int = 3,
 ) -> dict[int, float]:
     """STREAM's LLC misses/s at each MB level of the grid, measured on ``node`` where
-    ``group`` runs STREAM (section 3.3): the group holds every way, MB swept."""
+    ``group`` runs STREAM (section 3.3): the group holds every way, MB swept; a level whose
+    count is NaN is measured again, up to ``retries`` more intervals."""
     caps = node.capabilities()
     if caps.mba is None:
         return {}
     out = {}
     full = caps.l3.cbm_mask if caps.l3 else None
+
+    def wait(s: float) -> None:
+        if clock is not None:
+            clock.advance(s)
+        else:
+            time.sleep(s)
+
     for level in mb_grid(caps):
         node.apply(plan_from({group: full}, {group: level}, caps))
-        for s in (warmup_s, measure_s):
-            if clock is not None:
-                clock.advance(s)
-            else:
-                time.sleep(s)
+        wait(warmup_s)
+        node.observe()
+        # A NaN count (the event multiplexed out of the interval) would make the traffic
+        # ratio NaN at this level for the whole run: measure another interval instead.
+        for _ in range(retries + 1):
+            wait(measure_s)
             snap = node.observe()
-        sample = snap.groups[group]
-        if sample.llc_misses is None:
-            raise ValueError("profiling STREAM needs LLC miss counters on the node")
-        out[int(level)] = sample.llc_misses / snap.interval_s
+            misses = snap.groups[group].llc_misses
+            if misses is None:
+                raise ValueError("profiling STREAM needs LLC miss counters on the node")
+            if math.isfinite(misses):
+                break
+        else:
+            raise ValueError(f"STREAM's LLC misses at MB {level} were not counted (NaN)")
+        out[int(level)] = misses / snap.interval_s
     return out
 
 
