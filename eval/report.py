@@ -5,8 +5,9 @@ over seeds (:mod:`eval.stats`) of the metrics defined in :mod:`eval.metrics`; an
 that passes an end of the values its metric can take (``METRIC_SCALES`` there: a rate
 below 0) is shown cut there, as ``mean [low, high]``, and kept whole in results.json. SLO
 violations are reported apart for feasible and infeasible runs (eval/feasibility.py: on an
-infeasible run no allocation keeps every SLO, so its violations say nothing about a
-controller), and the infeasible runs are listed with the reason.
+infeasible run no allocation keeps every SLO with the oracle's margin, so the oracle cannot
+be held to it there; a run can be infeasible and still have allocations that keep every SLO
+without the margin), and the infeasible runs are listed with the reason.
 
 The paired table (:func:`paired_comparisons`) compares one controller (the *reference*,
 by default the learned policy) with each other one over the same (scenario, seed) runs:

@@ -1,5 +1,8 @@
-"""The safe oracle: the best allocation on the simulator's ground truth that keeps every SLO
-(docs/CONTROLLERS.md, oracle) — the ceiling every controller is compared to.
+"""The safe oracle: the allocation its search finds best on the simulator's ground truth that
+keeps every SLO with a margin (docs/CONTROLLERS.md, oracle): a safe, fairness-first
+reference, not a ceiling. Its objective puts fairness first (other controllers may reach a
+higher weighted speedup), its first search is capped (``max_evals``), so it is not always
+the best allocation there is, and it never overlaps masks.
 
 Nodes that offer ground truth only (:class:`agent.node.GroundTruth`: an in-process
 simulated node): candidate allocations are scored with its ``steady_state`` (noise-free,
