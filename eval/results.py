@@ -88,6 +88,32 @@ def run_suites(names: Sequence[str], runs: Path, ray_address: str) -> dict[str, 
 # ------------------------------------------------------------------------- rendering
 
 
+def _corrected(comp: dict) -> str:
+    """The table's comparisons tested together: each 95% CI above is one test, and of a
+    table of many, some exclude 0 by chance alone; Holm's adjustment keeps the chance of
+    any false verdict in the table at 5%."""
+    from eval.report import paired_metrics
+    from eval.stats import holm
+
+    tests = [
+        (row["controller"], VERDICT_WORDS[key], row["metrics"][key])
+        for row in comp["rows"]
+        for key, *_ in paired_metrics(comp)
+        if math.isfinite(row["metrics"][key].p_value)
+    ]
+    adjusted = holm([p.p_value for *_, p in tests])
+    kept = [
+        f"vs {ctl}: {'better' if p.better else 'worse'} on {word} (adjusted p {adj:.3f})"
+        for (ctl, word, p), adj in zip(tests, adjusted, strict=True)
+        if adj < 0.05 and p.better is not None
+    ]
+    return (
+        f"Tested together (Holm's correction for the table's {len(tests)} comparisons): "
+        + ("; ".join(kept) if kept else "none stays significant")
+        + "."
+    )
+
+
 def _oracle_rows(results: Sequence[JobResult]) -> dict[str, float]:
     runs = [r for r in results if r.controller_name == ORACLE and not r.error]
     feasible = [r for r in runs if r.feasibility == "feasible"]
@@ -200,6 +226,8 @@ def _suite_section(
         lines += [
             f"Significant differences of {comp['reference']} (95% CI of the paired mean "
             "excluding 0): " + ("; ".join(verdicts) if verdicts else "none") + ".",
+            "",
+            _corrected(comp),
             "",
         ]
     if bad:

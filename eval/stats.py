@@ -53,6 +53,60 @@ def t975(df: int) -> float:
     return z + g1 / df + g2 / df**2 + g3 / df**3
 
 
+def t_two_sided(t: float, df: int) -> float:
+    """P(|T| >= |t|) for Student's t with ``df`` degrees of freedom: the regularised
+    incomplete beta I_x(df/2, 1/2) at x = df / (df + t^2)."""
+    if not math.isfinite(t):
+        return 0.0
+    return _betainc(df / 2, 0.5, df / (df + t * t))
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b), by its continued fraction
+    (Lentz's method; Numerical Recipes, section 6.4), on the side where it converges."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(a, b, x) / a
+    return 1.0 - front * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of ``p_values`` for testing them together: the family-wise
+    error rate stays at most alpha when each adjusted value is compared with alpha."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted = [1.0] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A mean over ``n`` finite values and the half-width of its 95% CI (NaN when n < 2)."""
@@ -182,6 +236,21 @@ class Paired:
         return d.n >= SIGN_TEST_MIN
 
     @property
+    def p_value(self) -> float:
+        """The two-sided p-value of the test :attr:`significant` makes (Student's t over the
+        units; the exact sign test where they all differ by the same amount); NaN with
+        fewer than two units."""
+        d = self.diff
+        if d.n < 2 or not math.isfinite(d.half_width):
+            return math.nan
+        if d.mean == 0:
+            return 1.0
+        if d.half_width == 0:
+            return min(1.0, 2 * 0.5**d.n)
+        df = d.n - 1
+        return t_two_sided(d.mean / (d.half_width / t975(df)), df)
+
+    @property
     def better(self) -> bool | None:
         """True/False when A is significantly better/worse than B; None when undecided."""
         if not self.significant:
@@ -205,6 +274,7 @@ class Paired:
             "win_rate": self.win_rate if self.pairs else None,
             "higher_is_better": self.higher_is_better,
             "significant": self.significant,
+            "p_value": self.p_value if math.isfinite(self.p_value) else None,
         }
 
 

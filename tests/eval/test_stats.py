@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from eval.stats import Estimate, mean_ci, paired, t975
+from eval.stats import Estimate, holm, mean_ci, paired, t975, t_two_sided
 
 
 @pytest.mark.parametrize(
@@ -136,3 +136,39 @@ def test_rounding_differences_are_ties_in_the_mean_too() -> None:
 def test_a_difference_beyond_a_float_is_left_out_of_the_counts_as_of_the_mean() -> None:
     p = paired([1e308, -1e308, 1.0], [-1e308, 1e308, 0.5], higher_is_better=True)
     assert (p.n, p.pairs, p.wins, p.losses) == (1, 1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("t", "df", "p"),
+    [
+        (1.0, 1, 0.5),  # Cauchy: P(|T| >= 1) = 1/2
+        (2.0, 2, 1 - 2 / math.sqrt(6)),  # closed form for two degrees of freedom
+        (0.0, 7, 1.0),
+        (math.inf, 3, 0.0),
+    ],
+)
+def test_t_two_sided_against_closed_forms(t: float, df: int, p: float) -> None:
+    assert t_two_sided(t, df) == pytest.approx(p, abs=1e-12)
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 5, 9, 10, 29, 30, 31, 60, 200])
+def test_the_t_test_agrees_with_the_interval(df: int) -> None:
+    """p = 0.05 exactly where the 95% CI's end touches 0, at the quantile table's 3
+    decimals (and the series beyond it)."""
+    assert t_two_sided(t975(df), df) == pytest.approx(0.05, abs=1e-4)
+
+
+def test_holm_adjusts_step_down_and_keeps_order() -> None:
+    assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    assert holm([0.5, 0.6]) == [1.0, 1.0]
+    assert holm([]) == []
+
+
+@pytest.mark.parametrize(
+    ("diffs", "significant"),
+    [([1.0, 1.2, 0.9, 1.1, 1.05], True), ([1.0, -1.0, 0.5, -0.4], False), ([0.3] * 6, True)],
+)
+def test_the_p_value_matches_the_verdict(diffs: list[float], significant: bool) -> None:
+    p = paired(diffs, [0.0] * len(diffs), higher_is_better=True)
+    assert p.significant is significant
+    assert (p.p_value < 0.05) is significant
