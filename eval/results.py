@@ -294,7 +294,11 @@ def _training_section() -> list[str]:
         f"{ev.get('seed')}), scored with the env's reward (training/evaluate.py). "
         f"Trained by `{card.command or 'rdtune train --config training/configs/default.yaml'}`"
         "; its learning curves, and the levers behind it measured on the validation and "
-        "held-out suites (the ablation table), are in docs/TRAINING.md.",
+        "held-out suites (the ablation table), are in docs/TRAINING.md. Unlike the suites "
+        "above, this table is not measured by this document: it is the training run's own "
+        f"record, from {card.created}, on the episodes the env drew then, and a later change "
+        "to the env or to the mixes it draws (docs/TRAINING.md records them) is not in it; "
+        "today's code need not reproduce its numbers.",
         "",
         "![The shipped run's learning curves: DAgger rounds and checkpoint "
         "evaluations](img/learning_curves_shipped.png)",
