@@ -13,7 +13,8 @@ import yaml
 
 from tests.training.tiny_runs import TINY, tiny_config
 
-FINAL = {"best_return": 1.0, "final_return": 0.5, "violation_rate": 0.0, "done": True}
+FINAL = {"best_return": 1.0, "best_violation_rate": 0.05, "final_return": 0.5,
+         "violation_rate": 0.0, "done": True}  # fmt: skip
 EVAL = {"timesteps": 64, "mean_return": 0.2, "best_return": 0.3, "violation_rate": 0.1}
 
 
@@ -93,6 +94,8 @@ def test_an_interrupted_sweep_marks_its_trials(tmp_path, monkeypatch, fit_result
     saved = json.loads((tmp_path / "tiny-sweep" / "sweep.json").read_text())
     assert [t["status"] for t in saved] == statuses
     assert "| seed=1 | interrupted |" in result.summary()
+    # chosen on selection's episodes: the final (test split) return is not in the table
+    assert "0.500" not in result.summary() and "final" not in result.summary().split("\n")[1]
     assert seen == ["Trials did not complete"]  # Ray's resume advice is not passed on
 
 
