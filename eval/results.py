@@ -103,7 +103,8 @@ def _corrected(comp: dict) -> str:
     ]
     adjusted = holm([p.p_value for *_, p in tests])
     kept = [
-        f"vs {ctl}: {'better' if p.better else 'worse'} on {word} (adjusted p {adj:.3f})"
+        f"vs {ctl}: {'better' if p.better else 'worse'} on {word} (adjusted p "
+        f"{f'{adj:.3f}' if adj >= 0.001 else '< 0.001'})"
         for (ctl, word, p), adj in zip(tests, adjusted, strict=True)
         if adj < 0.05 and p.better is not None
     ]
