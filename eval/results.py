@@ -224,9 +224,12 @@ def _suite_section(
             ]
             if parts:
                 verdicts.append(f"vs {row['controller']}: {' and '.join(parts)}")
+        # one scenario: its seeds' noise is all the interval knows, not the spread of mixes
+        seeds_only = ci_basis(comp).startswith("95% CI over the seeds")
+        scope = "; over one scenario's seeds, so on this scenario only" if seeds_only else ""
         lines += [
             f"Significant differences of {comp['reference']} (95% CI of the paired mean "
-            "excluding 0): " + ("; ".join(verdicts) if verdicts else "none") + ".",
+            f"excluding 0{scope}): " + ("; ".join(verdicts) if verdicts else "none") + ".",
             "",
             _corrected(comp),
             "",

@@ -34,9 +34,11 @@ def _run(ctl: str, scn: str, seed: int, viol: float, feas: str) -> JobResult:
     )
 
 
-def _suite(runs: Path, name: str, oracle_viol: float) -> None:
+def _suite(runs: Path, name: str, oracle_viol: float, scenarios=("a", "b")) -> None:
     results = []
     for scn, feas in (("a", "feasible"), ("b", "infeasible")):
+        if scn not in scenarios:
+            continue
         for seed in range(3):
             bad = 0.5 if feas == "infeasible" else 0.0
             results += [
@@ -97,3 +99,14 @@ def test_a_suite_run_pairs_with_its_reference(tmp_path: Path, monkeypatch) -> No
     run_suites(["smoke"], tmp_path, "none")
     stored = json.loads((tmp_path / "smoke" / "results.json").read_text())
     assert stored["paired"]["reference"] == "eq"
+
+
+def test_verdicts_on_one_scenario_say_they_cover_its_seeds_only(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _suite(runs, "demo", 0.0, scenarios=("a",))
+    out = tmp_path / "RESULTS.md"
+    assert main(["--rerender", "--runs", str(runs), "--out", str(out), "--suites", "demo"]) == 0
+    assert (
+        "(95% CI of the paired mean excluding 0; over one scenario's seeds, so on this "
+        "scenario only): " in out.read_text()
+    )
