@@ -559,7 +559,9 @@ class Oracle(Controller):
             key = self._memo_key(condition, kwargs)
             plan = _MEMO.get(key) if key is not None else None
             if plan is not None:
-                plan = dataclasses.replace(plan, evaluations=0, seconds=0.0)
+                # the search's cost stays its own (evaluations), so a run's count does not
+                # depend on which process or run computed it first; its time here is none
+                plan = dataclasses.replace(plan, seconds=0.0)
                 self.reused += 1
             else:
                 plan = safe_search(self.sim, condition, self.objective, **kwargs)

@@ -130,7 +130,10 @@ def test_each_load_level_is_searched_once_and_identical_searches_are_shared() ->
     assert sum(1 for r in records if r.decision.plan is not None) == 1
     again = Oracle(SimNode(scn, seed=4))  # another seed, the same loads: nothing to search
     drive(again, again.sim, again.sim, 80)
-    assert again.reused == 2 and again.evaluations == 0
+    # reused, its searches still cost what they cost: a run's count of steady states does
+    # not depend on which run of the process searched first (nor on how runs are spread)
+    assert again.reused == 2 and again.evaluations == first.evaluations > 0
+    assert again.stats()["oracle_search_s"] == 0.0
     assert [p.result.state for p in again.plans.values()] == [
         p.result.state for p in first.plans.values()
     ]
