@@ -590,7 +590,7 @@ class Snapshot:
         bad = {
             g: s
             for g, s in self.groups.items()
-            if not all(v is None or math.isfinite(v) for v in _counters(s))
+            if not all(_finite(v) for c in COUNTER_FIELDS if (v := getattr(s, c)) is not None)
         }
         if not bad:
             return self
@@ -606,13 +606,6 @@ COUNTER_FIELDS = (
     "instructions", "cycles", "llc_references", "llc_misses", "llc_occupancy_bytes",
     "memory_bytes", "memory_local_bytes",
 )  # fmt: skip
-
-
-def _counters(s: GroupSample) -> tuple:
-    return (
-        s.instructions, s.cycles, s.llc_references, s.llc_misses, s.llc_occupancy_bytes,
-        s.memory_bytes, s.memory_local_bytes,
-    )  # fmt: skip
 
 
 def _finite(v: float | None) -> bool:
