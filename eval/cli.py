@@ -6,8 +6,9 @@ runs serially), and writes a Markdown report with tables (means with 95% Student
 confidence intervals) and PNG plots. Besides the per-controller table it prints a *paired*
 table: one controller (--paired-with; default the learned policy) against each other one
 over the same (scenario, seed) runs — mean difference of SLO violations (feasible runs),
-weighted speedup and unfairness with 95% CIs, and win rates. Runs where no allocation
-meets every SLO are labelled infeasible and their SLO violations reported apart. Suites
+weighted speedup and unfairness with 95% CIs, and win rates. Runs where no allocation keeps
+every SLO's steady-state tail within its target are labelled infeasible and their SLO
+violations reported apart. Suites
 are defined in eval/data/suites.yaml (see --list).
 
 Exit status (EXIT_STATUS, shown by --help): a failed run does not stop the others nor fail

@@ -5,9 +5,10 @@ over seeds (:mod:`eval.stats`) of the metrics defined in :mod:`eval.metrics`; an
 that passes an end of the values its metric can take (``METRIC_SCALES`` there: a rate
 below 0) is shown cut there, as ``mean [low, high]``, and kept whole in results.json. SLO
 violations are reported apart for feasible and infeasible runs (eval/feasibility.py: on an
-infeasible run no allocation keeps every SLO with the oracle's margin, so the oracle cannot
-be held to it there; a run can be infeasible and still have allocations that keep every SLO
-without the margin), and the infeasible runs are listed with the reason.
+infeasible run no allocation keeps every SLO's steady-state tail within its target, so no
+controller can be held to the SLOs there), and the infeasible runs are listed with the
+reason. Each run also records whether the oracle can plan it with its margin
+(``oracle_plannable``, :func:`plannable`), which is where the oracle must be safe.
 
 The paired table (:func:`paired_comparisons`) compares one controller (the *reference*,
 by default the learned policy) with each other one over the same (scenario, seed) runs:
@@ -173,8 +174,28 @@ def load_results(path: str | Path) -> list[JobResult]:
             raise ValueError(f'run {i + 1} has no "metrics" mapping')
         _check_run(i + 1, d)
         d["metrics"] = {k: math.nan if v is None else v for k, v in d["metrics"].items()}
-        out.append(JobResult(**d))
+        out.append(_relabel_old(JobResult(**d), "oracle_plannable" in d))
     return out
+
+
+# The note of an infeasible run saved before runs carried ``oracle_plannable``: its label
+# was then the oracle's margined test, which it still is in a report of it.
+OLD_LABEL_NOTE = (
+    "labelled with the oracle's margin (saved before runs were labelled by whether their "
+    "SLOs can be kept at all; rerun the suite to relabel)"
+)
+
+
+def _relabel_old(r: JobResult, has_flag: bool) -> JobResult:
+    """A run saved before ``oracle_plannable``: its label was the oracle's margined test,
+    so it is the flag; a run feasible then is feasible now (the test is stricter), one
+    infeasible then keeps its label with :data:`OLD_LABEL_NOTE` in front of its reason."""
+    if has_flag or not r.feasibility:
+        return r
+    r.oracle_plannable = r.feasibility == "feasible"
+    if not r.oracle_plannable:
+        r.feasibility_note = f"{OLD_LABEL_NOTE}: {r.feasibility_note}"
+    return r
 
 
 _NUMBER = (int, float)
@@ -188,6 +209,7 @@ def _run_types() -> dict[str, type | tuple[type, ...]]:
     for key, hint in typing.get_type_hints(JobResult).items():
         kind = typing.get_origin(hint) or hint
         out[key] = _NUMBER if kind is float else kind
+    out["oracle_plannable"] = (bool, type(None))
     return out
 
 
@@ -203,6 +225,10 @@ def _check_run(number: int, d: dict) -> None:
         want = types.get(key)
         if want is None:
             raise bad(key, "is not a key of a run")
+        if key == "oracle_plannable":
+            if value not in (True, False, None):
+                raise bad(key, f"is {value!r}: true, false or null")
+            continue
         if isinstance(value, bool) or not isinstance(value, want):
             raise bad(key, f"is {value!r}, not of type {getattr(want, '__name__', 'number')}")
     for key, value in d["metrics"].items():
@@ -487,6 +513,14 @@ def paired_table(comp: dict[str, Any]) -> str:
             cells += [cell, f"{p.win_rate:.0%}" if p.n else "-"]
         lines.append(f"| {row['controller']} | {row['pairs']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def plannable(r: JobResult) -> bool:
+    """Whether the oracle can plan run ``r`` with its margin (``oracle_plannable``; a run
+    built without the flag: its label was the margined test, so feasible)."""
+    if r.oracle_plannable is not None:
+        return r.oracle_plannable
+    return r.feasibility == "feasible"
 
 
 def infeasible_runs(results: Sequence[JobResult]) -> list[tuple[str, int, str]]:
@@ -811,7 +845,8 @@ def write_report(
         "window (enough requests to judge a percentile, eval/metrics.py) over the SLO, "
         "reported apart for "
         f"feasible and infeasible (scenario, seed) runs ({n_feasible} feasible, {len(bad)} "
-        "infeasible: no allocation meets every SLO there, eval/feasibility.py); tail / alone: "
+        "infeasible: no allocation keeps every SLO's steady-state tail within its target "
+        "there, eval/feasibility.py); tail / alone: "
         "the LC tail latency over the same service's alone on the machine; unfairness: "
         "CoPart's stddev/mean of batch slowdowns; weighted speedup: sum of batch IPS / IPS "
         "alone.",

@@ -116,9 +116,11 @@ def _corrected(comp: dict) -> str:
 
 
 def _oracle_rows(results: Sequence[JobResult]) -> dict[str, float]:
+    from eval.report import plannable
+
     runs = [r for r in results if r.controller_name == ORACLE and not r.error]
-    feasible = [r for r in runs if r.feasibility == "feasible"]
-    infeasible = [r for r in runs if r.feasibility == "infeasible"]
+    planned = [r for r in runs if r.feasibility and plannable(r)]
+    unplanned = [r for r in runs if r.feasibility and not plannable(r)]
 
     def viol(rs):
         vals = [r.metrics.get("slo_violation_rate") for r in rs]
@@ -128,13 +130,14 @@ def _oracle_rows(results: Sequence[JobResult]) -> dict[str, float]:
     cost = [r.build_s + r.run_s for r in runs]
     return {
         "runs": len(runs),
-        "feasible": len(feasible),
-        "violating_feasible": sum(
-            1 for r in feasible if (r.metrics.get("slo_violation_rate") or 0.0) > 0
+        "plannable": len(planned),
+        "violating_plannable": sum(
+            1 for r in planned if (r.metrics.get("slo_violation_rate") or 0.0) > 0
         ),
-        "viol_feasible": viol(feasible),
-        "infeasible": len(infeasible),
-        "viol_infeasible": viol(infeasible),
+        "viol_plannable": viol(planned),
+        "unplannable": len(unplanned),
+        "unplannable_feasible": sum(1 for r in unplanned if r.feasibility == "feasible"),
+        "viol_unplannable": viol(unplanned),
         "cost_median_s": statistics.median(cost) if cost else math.nan,
         "cost_max_s": max(cost) if cost else math.nan,
         "cost_total_s": sum(cost),
@@ -236,12 +239,10 @@ def _suite_section(
         ]
     if bad:
         lines += [
-            "Infeasible runs: at some load they see, no allocation keeps every SLO *with the "
-            "oracle's margin* (its guarded latency: steady state plus 4 standard errors of an "
-            "SLO window's measurement, at most 0.95 x the target). Some of these runs can "
-            "still keep every SLO without the margin, so a controller's violations there are "
-            "not excused by the label. The reason given is the first such load level and the "
-            "service's lowest guarded latency there as a multiple of its SLO target.",
+            "Infeasible runs: at some load they see, no allocation keeps every LC service's "
+            "steady-state latency at its SLO percentile within its target (no margin). The "
+            "reason given is the first such load level and the service's lowest steady-state "
+            "latency there as a multiple of its SLO target.",
             "",
         ]
         grouped: dict[tuple[str, str], list[int]] = {}
@@ -347,9 +348,10 @@ def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -
         "pooled until they span 1 s and hold 50 requests beyond the SLO percentile) whose "
         "latency at the SLO percentile exceeded the target.",
         "- **Feasible / infeasible**: a (scenario, seed) run is infeasible when at some load "
-        "it sees no allocation keeps every LC service's guarded latency (steady state plus "
-        "the measurement noise of an SLO window) under 95% of its target; SLO violations of "
-        "feasible and infeasible runs are reported apart, so rates compare like with like.",
+        "it sees no allocation keeps every LC service's steady-state latency at its SLO "
+        "percentile within its target (no margin: whether the SLOs can be kept at all, not "
+        "whether the oracle can keep them with its margin); SLO violations of feasible and "
+        "infeasible runs are reported apart, so rates compare like with like.",
         "- **Paired**: differences over the same (scenario, seed) runs, each scenario's "
         "seeds averaged, with the 95% Student-t confidence interval over the scenarios "
         "(eval/stats.py: the seeds of one scenario are not independent samples of the "
@@ -372,31 +374,33 @@ def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -
         "The oracle (models/oracle.py: best allocation on the simulator's ground truth, "
         "subject to every SLO with a margin, looking ahead over the load schedule; not "
         "deployable) on every scenario of every suite with an SLO to keep. It must have no "
-        "SLO violation on a feasible run; on an infeasible run no allocation keeps the SLOs "
-        "with the oracle's margin (some may without it). Cost: wall seconds per run "
-        "(searches included) on this machine.",
+        "SLO violation on a run it can plan: one where at every load some allocation keeps "
+        "every SLO *with its margin* (eval/feasibility.py, oracle-plannable). On the other "
+        "runs it keeps the SLOs as nearly as its margined test allows: some of them are "
+        "feasible (their SLOs can be kept without the margin), the rest infeasible. Cost: "
+        "wall seconds per run (searches included) on this machine.",
         "",
-        "| suite | oracle runs | feasible | feasible runs with a violation | SLO violations "
-        "(feasible) | infeasible | SLO violations (infeasible) | searches per run | "
-        "steady states per run | seconds per run (median / max) |",
+        "| suite | oracle runs | plannable | plannable runs with a violation | SLO violations "
+        "(plannable) | not plannable (feasible) | SLO violations (not plannable) | searches "
+        "per run | steady states per run | seconds per run (median / max) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, o in oracle.items():
         if not o["runs"]:
             continue
         lines.append(
-            f"| {name} | {o['runs']} | {o['feasible']} | **{o['violating_feasible']}** | "
-            f"{_pct(o['viol_feasible'])} | {o['infeasible']} | {_pct(o['viol_infeasible'])} | "
-            f"{o['searches']:.1f} | {o['evaluations']:.0f} | "
+            f"| {name} | {o['runs']} | {o['plannable']} | **{o['violating_plannable']}** | "
+            f"{_pct(o['viol_plannable'])} | {o['unplannable']} ({o['unplannable_feasible']}) | "
+            f"{_pct(o['viol_unplannable'])} | {o['searches']:.1f} | {o['evaluations']:.0f} | "
             f"{o['cost_median_s']:.1f} / {o['cost_max_s']:.1f} |"
         )
-    unsafe = sum(o["violating_feasible"] for o in oracle.values())
+    unsafe = sum(o["violating_plannable"] for o in oracle.values())
     lines += [
         "",
-        "No feasible run has an oracle SLO violation."
+        "No run the oracle can plan has an oracle SLO violation."
         if not unsafe
-        else f"**{unsafe} feasible run(s) have an oracle SLO violation: the oracle is not safe "
-        "here.**",
+        else f"**{unsafe} oracle-plannable run(s) have an oracle SLO violation: the oracle is "
+        "not safe here.**",
         "",
     ]
     for name, results in per_suite.items():

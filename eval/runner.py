@@ -9,9 +9,10 @@ the scenario when ``agent`` is set), builds the controller for it
 timeline (ways per group per interval) for the report's plots.
 
 Every run carries its (scenario, seed)'s feasibility label (eval/feasibility.py): whether
-any allocation keeps every SLO at every load the run sees, so reports can set SLO
-violations of infeasible runs apart. A controller's own figures (``stats()``, e.g. the
-oracle's searches and cost) join the run's metrics.
+any allocation keeps every SLO's steady-state tail within its target at every load the run
+sees, so reports can set SLO violations of infeasible runs apart, and whether the oracle
+can plan it with its margin (``oracle_plannable``). A controller's own figures
+(``stats()``, e.g. the oracle's searches and cost) join the run's metrics.
 
 Reference figures (batch IPS with full resources alone, LC tail alone) come from the
 simulator's ground truth; for an agent they come from a local simulated twin when the agent
@@ -83,10 +84,14 @@ class JobResult:
     build_s: float = 0.0
     run_s: float = 0.0
     error: str = ""
-    # eval.feasibility: "feasible" / "infeasible" (every SLO attainable at every load of
-    # this scenario and seed, or not), "" when there is no SLO or no simulated twin
+    # eval.feasibility: "feasible" / "infeasible" (every SLO's steady-state tail can be
+    # kept within its target at every load of this scenario and seed, or not), "" when
+    # there is no SLO or no simulated twin
     feasibility: str = ""
     feasibility_note: str = ""
+    # whether the oracle's margined test holds at every load (the oracle can plan the run
+    # safely; it implies feasible); None when there is no label
+    oracle_plannable: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return _clean(asdict(self))
@@ -240,6 +245,7 @@ def run_job(job: Job) -> JobResult:
 
             verdict = check_run(job.scenario, job.seed, job.seconds, job.interval_s)
             res.feasibility, res.feasibility_note = verdict.label, verdict.note
+            res.oracle_plannable = verdict.plannable
         alone = {}
         if twin is not None and not bare:
             alone = sim_alone_tails(twin, interval_s=job.interval_s)

@@ -42,8 +42,10 @@ bandwidth): the oracle then holds the state closest to the SLOs and records it i
 multiple of ``q`` count as equally close and the objective chooses among them: the last
 sliver of a tail that misses its target anyway is not bought with batch throughput
 (docs/TRAINING.md, "The teacher on infeasible load levels"). :func:`feasibility` checks
-a whole run's conditions without driving a node: ``rdtune eval`` labels each (scenario,
-seed) with it (eval/feasibility.py) and reports SLO violations of infeasible runs apart.
+a whole run's conditions without driving a node, with the oracle's test or a plainer one:
+``rdtune eval`` labels each (scenario, seed) feasible when every steady-state tail can be
+kept within its target (margin 0, ``noise_z`` 0) and records apart whether the oracle's
+margined test holds (*oracle-plannable*, eval/feasibility.py).
 
 Objective: any of :data:`models.objectives.OBJECTIVES` under the constraint (default:
 CoPart's fairness for batch-only mixes, ``fair_throughput`` — unfairness, then mean
@@ -82,7 +84,7 @@ from models.search import (
     state_plan,
 )
 
-# The oracle's defaults (eval/feasibility.py labels runs with the same ones).
+# The oracle's defaults (eval/feasibility.py's oracle-plannable flag uses the same ones).
 SAFETY_MARGIN = 0.05  # guarded latency at most 95% of the SLO target (model error)
 NOISE_Z = 4.0  # standard errors of an SLO window's measured percentile kept clear
 LOOKAHEAD_S = 2.0  # plan for the highest load this far beyond the coming interval
@@ -101,8 +103,8 @@ def guarded_latency(truth, percentile: float, z: float = NOISE_Z) -> float:
     SLO window's measurement of it (:func:`models.objectives.window_noise`); what the
     oracle keeps under (1 - margin) x the SLO target. ``truth``: a WorkloadTruth."""
     x = truth.latency_ms.get(percentile, math.nan)
-    if truth.load_rps <= 0:
-        return x  # no queue: every request takes the service time
+    if truth.load_rps <= 0 or z == 0:
+        return x  # no queue: every request takes the service time; or no guard asked for
     noise = window_noise(truth.latency_ms, percentile, truth.load_rps, truth.utilization)
     return x * (1.0 + z * noise)
 
@@ -270,9 +272,10 @@ class _Scorer:
         base: Objective,
         margin: float,
         excess_quantum: float = 0.0,
+        noise_z: float = NOISE_Z,
     ) -> None:
         self.sim, self.loads = sim, dict(loads)
-        self.base, self.margin = base, margin
+        self.base, self.margin, self.noise_z = base, margin, noise_z
         self.excess_quantum = excess_quantum
         self.groups = sim.groups()
         self.scores: dict[tuple, float] = {}
@@ -309,7 +312,7 @@ class _Scorer:
         missed: set[str] = set()
         excess = 0.0
         for g, limit, pct, _, wt in self._services(truths):
-            lat = guarded_latency(wt, pct)
+            lat = guarded_latency(wt, pct, self.noise_z)
             ratios[g] = max(ratios.get(g, 0.0), lat / (limit / (1.0 - self.margin)))
             if not lat <= limit:
                 missed.add(g)
@@ -393,8 +396,10 @@ def safe_search(
     mb_radius: int | None = None,
     warm_evals: int = 60,
     excess_quantum: float = 0.0,
+    noise_z: float = NOISE_Z,
 ) -> SafePlan:
-    """The best state for ``condition`` subject to every SLO with ``margin``.
+    """The best state for ``condition`` subject to every SLO with ``margin`` (on the
+    latency guarded by ``noise_z`` standard errors, :func:`guarded_latency`).
 
     First the feasibility pass (:func:`models.search.protective_states`, at most
     ``feasibility_evals`` states, stopping at the first that meets every margined SLO);
@@ -409,7 +414,7 @@ def safe_search(
     order = group_order(groups)
     has_lc = any(s.kind is GroupKind.LC and s.slo is not None for s in groups.values())
     base = base_objective(objective, has_lc)
-    score = _Scorer(sim, condition.overrides(), base, margin, excess_quantum)
+    score = _Scorer(sim, condition.overrides(), base, margin, excess_quantum, noise_z)
     cache: dict[State, float] = {}
     start, _ = _feasibility_pass(score, groups, caps, cache, feasibility_evals)
     feasible = start is None or SloConstrained.feasible(cache[start])
@@ -673,7 +678,8 @@ class Oracle(Controller):
 
 @dataclass(frozen=True)
 class Feasibility:
-    """Whether every SLO can be met (with ``margin``) at every load a run sees.
+    """Whether every SLO can be met (with ``margin`` and ``noise_z``) at every load a run
+    sees.
 
     Attributes:
         feasible: True when every condition has a state meeting every margined SLO.
@@ -681,12 +687,14 @@ class Feasibility:
         infeasible: (time, condition's closest plan) for each infeasible condition, first
             time met.
         margin: the SLO margin the check used.
+        noise_z: the window-noise guard it used (:func:`guarded_latency`; 0: steady state).
     """
 
     feasible: bool
     conditions: int
     infeasible: tuple[tuple[float, SafePlan], ...] = ()
     margin: float = SAFETY_MARGIN
+    noise_z: float = NOISE_Z
 
     def describe(self) -> str:
         """One line: why the run is infeasible (empty when feasible)."""
@@ -707,6 +715,7 @@ def feasibility(
     interval_s: float,
     *,
     margin: float = SAFETY_MARGIN,
+    noise_z: float = NOISE_Z,
     load_quantum: float = LOAD_QUANTUM,
     evals: int = FEASIBILITY_EVALS,
 ) -> Feasibility:
@@ -714,7 +723,9 @@ def feasibility(
     condition of the coming interval (no look-ahead: the loads the run will see), then the
     feasibility pass of :func:`safe_search` once per distinct condition (none for a
     condition at most as loaded as a feasible one or at least as loaded as an infeasible
-    one). The node is read, not driven (its clock stays where it is)."""
+    one). ``margin`` and ``noise_z``: the SLO test (the oracle's by default; margin 0 and
+    ``noise_z`` 0 ask whether the steady-state tails can meet the targets at all). The node
+    is read, not driven (its clock stays where it is)."""
     sim = _require_sim(node)
     t0 = sim.now()
     seen: dict[Condition, bool] = {}
@@ -738,6 +749,7 @@ def feasibility(
                     sim,
                     cond,
                     margin=margin,
+                    noise_z=noise_z,
                     feasibility_only=True,
                     feasibility_evals=evals,
                 )
@@ -748,7 +760,7 @@ def feasibility(
                 infeasible.append((cond, worse))
             seen[cond] = False
             bad.append((t, worse))
-    return Feasibility(not bad, len(seen), tuple(bad), margin)
+    return Feasibility(not bad, len(seen), tuple(bad), margin, noise_z)
 
 
 def _at_most(a: Condition, b: Condition) -> bool:

@@ -471,6 +471,7 @@ def _one_run(**change) -> str:
         (_one_run(options=None), "run 1: 'options' is None"),
         (_one_run(extra=1), "run 1: 'extra' is not a key of a run"),
         (_one_run(feasibility="maybe"), "'feasibility' is 'maybe'"),
+        (_one_run(oracle_plannable="yes"), "'oracle_plannable' is 'yes': true, false or null"),
         (_one_run(**{"timeline_ways.lc": [4]}), "'timeline_ways.lc' does not hold one value"),
     ],
 )

@@ -394,3 +394,27 @@ def test_terminal_tables_fold_what_does_not_fit_rather_than_cut_it() -> None:
     print_paired(console, runs)
     text = out.getvalue()
     assert "…" not in text and "static[ways=10,decide_s=1]" in text
+
+
+def test_results_saved_before_the_plannable_flag_still_render(tmp_path: Path) -> None:
+    """A results.json from before runs carried ``oracle_plannable``: its label was the
+    oracle's margined test. Rerendered, that label is the flag; a run infeasible then keeps
+    its label, its reason saying which test made it and that a rerun relabels it."""
+    from eval.report import OLD_LABEL_NOTE, load_results, plannable
+    from tuner.cli import main
+
+    runs = _paired_runs()
+    for r in runs:
+        r.oracle_plannable = None
+    data = {"runs": [r.as_dict() for r in runs]}
+    for d in data["runs"]:
+        del d["oracle_plannable"]
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    back = load_results(tmp_path / "results.json")
+    assert [plannable(r) for r in back] == [r.feasibility == "feasible" for r in runs]
+    assert {r.oracle_plannable for r in back} == {True, False}
+    assert main(["eval", "--rerender", str(tmp_path), "--no-plots"]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert f"- hard, seed 0: {OLD_LABEL_NOTE}: x at best 1.3" in md
+    again = load_results(tmp_path / "results.json")  # rewritten with the flag: once
+    assert [r.feasibility_note for r in again] == [r.feasibility_note for r in back]

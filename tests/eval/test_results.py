@@ -11,7 +11,9 @@ from eval.results import main
 from eval.runner import JobResult
 
 
-def _run(ctl: str, scn: str, seed: int, viol: float, feas: str) -> JobResult:
+def _run(
+    ctl: str, scn: str, seed: int, viol: float, feas: str, plannable: bool | None = None
+) -> JobResult:
     return JobResult(
         "x",
         scn,
@@ -30,6 +32,7 @@ def _run(ctl: str, scn: str, seed: int, viol: float, feas: str) -> JobResult:
         },
         feasibility=feas,
         feasibility_note="kv at best 1.30 x its SLO target" if feas == "infeasible" else "",
+        oracle_plannable=(feas == "feasible") if plannable is None else plannable,
         run_s=2.0,
     )
 
@@ -58,8 +61,9 @@ def test_results_document_from_saved_suites(tmp_path: Path) -> None:
     argv = ["--rerender", "--runs", str(runs), "--out", str(out), "--suites", "ubik,heldout"]
     assert main(argv) == 0
     md = out.read_text()
-    assert "## The oracle is safe" in md and "No feasible run has an oracle SLO violation" in md
-    assert "| ubik | 6 | 3 | **0** | 0.0% | 3 | 50.0% | 2.0 | 300 | 2.0 / 2.0 |" in md
+    assert "## The oracle is safe" in md
+    assert "No run the oracle can plan has an oracle SLO violation" in md
+    assert "| ubik | 6 | 3 | **0** | 0.0% | 3 (0) | 50.0% | 2.0 | 300 | 2.0 / 2.0 |" in md
     for name in ("ubik", "heldout"):
         assert f"## Suite `{name}`" in md
     assert "2 scenario(s) x 3 seed(s), 18 runs (0 failed); 3 feasible and 3 infeasible" in md
@@ -80,8 +84,35 @@ def test_an_unsafe_oracle_is_called_out(tmp_path: Path) -> None:
     _suite(runs, "heldout", 0.02)
     out = tmp_path / "R.md"
     assert main(["--rerender", "--runs", str(runs), "--out", str(out)]) == 0
-    assert "**3 feasible run(s) have an oracle SLO violation" in out.read_text()
+    assert "**3 oracle-plannable run(s) have an oracle SLO violation" in out.read_text()
     assert main(["--suites", "nope", "--rerender"]) == 2
+
+
+def test_the_oracle_is_judged_safe_on_the_runs_it_can_plan(tmp_path: Path) -> None:
+    """A feasible run the oracle cannot plan with its margin (SLOs kept only without it):
+    an oracle violation there does not make it unsafe; the run is feasible all the same,
+    so the controllers' SLO violations there are paired."""
+    results = []
+    for scn, plannable in (("a", True), ("c", False)):
+        for seed in range(3):
+            results += [
+                _run("policy", scn, seed, 0.1, "feasible", plannable),
+                _run("eq", scn, seed, 0.3, "feasible", plannable),
+                _run("oracle", scn, seed, 0.0 if plannable else 0.02, "feasible", plannable),
+            ]
+    runs = tmp_path / "runs"
+    write_report(results, runs / "heldout", title="heldout")
+    out = tmp_path / "R.md"
+    assert main(["--rerender", "--runs", str(runs), "--out", str(out)]) == 0
+    md = out.read_text()
+    assert "No run the oracle can plan has an oracle SLO violation" in md
+    assert "| heldout | 6 | 3 | **0** | 0.0% | 3 (3) | 2.0% |" in md
+    assert "6 feasible and 0 infeasible (scenario, seed) runs" in md
+    assert "| eq | 6 | -20.0 ± 0.0 pp |" in md  # paired over both scenarios' runs
+    results[-1].oracle_plannable = True  # the oracle misses windows on a run it can plan
+    write_report(results, runs / "heldout", title="heldout")
+    assert main(["--rerender", "--runs", str(runs), "--out", str(out)]) == 0
+    assert "**1 oracle-plannable run(s) have an oracle SLO violation" in out.read_text()
 
 
 def test_a_suite_run_pairs_with_its_reference(tmp_path: Path, monkeypatch) -> None:
