@@ -15,7 +15,9 @@ the ones it gives, the rest are our reading, documented here):
   CLOS; moving it is a task move (``Decision.moves`` -> the node's assign) of those of its
   tasks not in the group yet. Its pids are configured once and tasks exit: a pid the node
   refused as unknown (sent, then listed in no group while the service's other tasks are)
-  is not sent again.
+  is not sent again. A service none of whose tasks is listed after two sends in a row has
+  no live task: it takes no turns in a tier (and is not sent) until one of its pids is
+  listed in a group again; a start tries every configured pid anew.
 - **Sensitivity profile** (docs/CONTROLLERS.md: load sustained within SLO at full resources vs.
   reduced masks and MBA; slowdown = load(full) / load(state)): :func:`calibrate` measures
   each service alone in each tier shape and at full resources. A node cannot change the
@@ -223,6 +225,8 @@ class _TimeSharing(Controller):
         self._placed = {}
         self._live = {s.name: frozenset(s.pids) for s in self.services}
         self._sent: dict[str, frozenset[int]] = {}
+        self._unseen: dict[str, int] = {}  # sends in a row after which none was listed
+        self._idle: set[str] = set()  # services with no live task: out of the schedule
         self._tick = 0
         self._setup(ctx)
         place = self._assign(ctx)
@@ -239,18 +243,29 @@ class _TimeSharing(Controller):
         if snapshot.interval_s > 0:
             self._interval = snapshot.interval_s
         self._learn(snapshot, ctx)
+        idle = set(self._idle)
         self._forget_exited(ctx)
+        if self._idle != idle:
+            self._reschedule()
         place = self._assign(ctx)
         moves = self._moves(place, ctx)
-        note = self._note if moves else ""
-        return Decision(moves=moves, note=note) if moves else KEEP
+        if self._idle:
+            self._note += f"; no live tasks, not scheduled: {sorted(self._idle)}"
+        if not moves and self._idle == idle:
+            return KEEP
+        return Decision(moves=moves, note=self._note)
+
+    @property
+    def _active(self) -> list[Service]:
+        """The services that take turns: those not known to have no live task."""
+        return [s for s in self.services if s.name not in self._idle]
 
     def _moves(self, place: Mapping[str, str], ctx: ControlContext) -> dict[str, frozenset[int]]:
         """Each service's live tasks that are not in its group yet (all of them when the
         node's tasks are not listed)."""
         moves: dict[str, set[int]] = {}
         self._sent = {}
-        for s in self.services:
+        for s in self._active:
             g = place[s.name]
             here = ctx.tasks.get(g, frozenset()) if ctx.tasks is not None else frozenset()
             missing = self._live[s.name] - here
@@ -265,14 +280,30 @@ class _TimeSharing(Controller):
         one sent last interval that no group holds now was refused as unknown (a move
         between groups leaves a live task listed in one or the other). It counts only
         while another task of its service is listed: if none is, the move may have been
-        refused as a whole, and the service's tasks are tried again."""
+        refused as a whole, and the service's tasks are tried again, once. Sent twice in
+        a row and listed nowhere, every task of the service has exited: it leaves the
+        schedule (no turns in a tier, no moves) until one of its pids is listed in a
+        group again (the tuner or an operator placed it); a start tries every pid anew."""
         if ctx.tasks is None:
             return
         listed = frozenset().union(*ctx.tasks.values())
         for name, sent in self._sent.items():
             lost = sent - listed
-            if lost and (self._live[name] - lost) & listed:
+            if not lost or (self._live[name] - lost) & listed:
                 self._live[name] -= lost
+                self._unseen[name] = 0
+            else:  # none of its tasks is listed
+                self._unseen[name] = self._unseen.get(name, 0) + 1
+                if self._unseen[name] >= 2:
+                    self._idle.add(name)
+        for s in self.services:
+            if s.name in self._idle and s.pids & listed:
+                self._idle.discard(s.name)
+                self._live[s.name] = s.pids
+                self._unseen[s.name] = 0
+
+    def _reschedule(self) -> None:
+        """The services that take turns changed."""
 
     def _describe(self) -> str:
         return ", ".join(
@@ -298,10 +329,11 @@ class RoundRobin(_TimeSharing):
     def _assign(self, ctx: ControlContext) -> dict[str, str]:
         per_slice = max(1, round(self.slice_s / self._interval))
         turn = self._tick // per_slice
-        n = len(self.services)
+        active = self._active
         place = {s.name: self._lc_groups[0] for s in self.services}
         for j, g in enumerate(reversed(self._lc_groups[1:])):
-            place[self.services[(turn + j) % n].name] = g
+            if active:
+                place[active[(turn + j) % len(active)].name] = g
         self._note = f"{self.name}: turn {turn}"
         return place
 
@@ -367,6 +399,9 @@ class CoCo(_TimeSharing):
         self._over: dict[str, int] = dict.fromkeys(self._need, 0)
         self._schedule()
 
+    def _reschedule(self) -> None:
+        self._schedule()
+
     def _weight(self, name: str) -> float:
         p = self.profile.get(name)
         return p.slowdown(1) if p is not None else 1.0
@@ -378,7 +413,7 @@ class CoCo(_TimeSharing):
         free = list(range(2, k + 1))  # exclusive tier indices
         self._queues: dict[int, list[str]] = {}  # tier -> the services time-sharing it
         self._dropped: list[str] = []
-        order = sorted(self.services, key=lambda s: (-self._need[s.name], -self._weight(s.name)))
+        order = sorted(self._active, key=lambda s: (-self._need[s.name], -self._weight(s.name)))
         for s in order:
             need = self._need[s.name]
             if need <= 1:

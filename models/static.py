@@ -355,7 +355,10 @@ class BestStatic(Controller):
 
     Call :meth:`fit` before driving (or give its ``result``): on a node that offers ground
     truth it scores candidates by it; on any other node by measurement (slow: ``intervals +
-    warmup`` intervals per candidate; bound it with ``max_evals``).
+    warmup`` intervals per candidate; bound it with ``max_evals``). The plan is for the
+    groups searched: while the node's groups differ (one gone, or one the search never
+    saw) every group shares the cache, as unpartitioned, and the note says so; the plan
+    is held again once the groups are those searched (searching again needs the node).
     """
 
     name = "best_static"
@@ -412,7 +415,25 @@ class BestStatic(Controller):
         if self.result is None:
             raise RuntimeError("BestStatic.fit(node) must run before the controller starts")
         self._groups = tuple(ctx.groups)
-        return Decision(self.result.plan, note=f"best static: score {self.result.score:.4g}")
+        searched, have = set(self.result.plan.groups), set(self._groups)
+        if have == searched:
+            return Decision(self.result.plan, note=f"best static: score {self.result.score:.4g}")
+        # The search's plan is for other groups: re-sent, the node would refuse it (a
+        # group gone) or a new group would overlap every other (it holds every way).
+        # Searching again needs the node; until the searched groups are back, every group
+        # shares the cache, as unpartitioned.
+        full = full_allocation(ctx.capabilities)
+        plan = AllocationPlan.uniform(dict.fromkeys(self._groups, full), ctx.capabilities.domains)
+        why = "; ".join(
+            f"{', '.join(sorted(names))} {verb}"
+            for names, verb in ((searched - have, "gone"), (have - searched, "not searched"))
+            if names
+        )
+        return Decision(
+            plan,
+            note=f"best static: {why}, every group shares the cache until the searched "
+            "groups are back",
+        )
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         if tuple(ctx.groups) != self._groups:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from agent.errors import GroupExists, NodeError, ResourceExhausted, UnknownTask
+from agent.errors import GroupExists, NodeError, ResourceExhausted
 from agent.node import Node
 from agent.types import GroupSpec
+from models.controller import move_tasks
 from tuner.config import ConfigError, GroupConfig
 
 log = logging.getLogger("rdtune.tuner")
@@ -97,18 +98,18 @@ class GroupKeeper:
         return True
 
     def move(self, node: Node, group: str, pids) -> None:
-        """Move ``pids`` into ``group`` in one call; one at a time only when one has exited
-        since it was listed."""
+        """Move ``pids`` into ``group`` (:func:`~models.controller.move_tasks`: one call;
+        one at a time only when one has exited since it was listed); those that had exited
+        are named in one warning and, like the rest, not moved again."""
         pids = tuple(pids)
-        try:
-            if pids:
-                node.assign(group, pids=pids)
-        except UnknownTask:
-            for pid in pids:
-                try:
-                    node.assign(group, pids=[pid])
-                except UnknownTask as exc:
-                    log.warning("group %r: %s", group, exc, extra={"event": "assign_failed"})
+        exited = move_tasks(node, group, pids)
+        if exited:
+            log.warning(
+                "group %r: no tasks %s (exited before they could be moved)",
+                group,
+                sorted(exited),
+                extra={"event": "assign_failed", "group": group, "pids": sorted(exited)},
+            )
         self.moved[group] = set(pids)
 
     def follow_cgroups(self, node: Node, groups: Mapping[str, GroupSpec]) -> None:

@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from agent.errors import UnknownTask
 from agent.sim import LoadProfile, SimNode, get_scenario
 from agent.sim.catalog import default_catalog
 from agent.types import SLO
@@ -300,6 +301,48 @@ def test_a_task_that_exited_neither_keeps_its_service_out_nor_is_sent_again(
     assert sent == [start_refused] + [False] * 19
     for s in services:
         assert s.pids - {EXITED} <= node.tasks(ctrl._placed[s.name]), s.name
+
+
+@pytest.mark.parametrize("make", [CoCo, RoundRobin])
+def test_a_service_whose_tasks_all_exited_takes_no_turns_until_one_is_placed_again(make):
+    """Every task of a service has exited (the node refuses each of its pids): after a
+    second try it leaves the schedule: its pids are not sent again and the tiers go to
+    services that have tasks, the note naming it. Once one of its tasks is listed in a
+    group again (placed by the tuner or an operator) it takes turns again."""
+    node, services, background, groups = _setup()
+    ghost, top = services[0], groups[-1]
+    dead = True
+    assign = node.assign
+
+    def refusing(group, *, pids=(), cpus=()):
+        gone = set(pids) & ghost.pids if dead else set()
+        if gone:
+            raise UnknownTask(min(gone))
+        return assign(group, pids=pids, cpus=cpus)
+
+    node.assign = refusing
+    holders = []  # the services holding the top tier in each interval
+
+    class Clock:
+        def now(self) -> float:
+            return node.now()
+
+        def advance(self, dt: float) -> None:
+            nonlocal dead
+            holders.append({s.name for s in services if s.pids & node.tasks(top)})
+            if len(holders) == 20:  # its tasks are back, and placed in the shared tier
+                dead = False
+                assign(groups[1], pids=sorted(ghost.pids))
+            node.advance(dt)
+
+    ctrl = make(services, groups, background_pids=background, slice_s=0.1)
+    records = drive(ctrl, node, Clock(), 40)
+    sent = [any(ghost.pids & p for p in r.decision.moves.values()) for r in records[:19]]
+    assert sent == [True] + [False] * 18  # tried again once after the start
+    assert "no live tasks, not scheduled: ['" + ghost.name in records[1].decision.note
+    assert all(holders[2:20]), "a tier held by a service without tasks"
+    assert any(ghost.name in h for h in holders[20:]), "back in the schedule"
+    assert "no live tasks" not in records[-1].decision.note
 
 
 def test_calibration_measures_a_service_by_the_tasks_it_has_left():

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from agent.sim import LoadProfile, Scenario, SimNode, WorkloadInstance
+from agent.types import GroupKind, GroupSpec
 from models.basic import EqualPartition, Unpartitioned
 from models.controller import Decision, carry_out, context, drive
 from models.oracle import evaluate_truth
@@ -134,6 +135,55 @@ def test_best_static_beats_equal_on_its_objective(scenario):
     drive(EqualPartition(), eq, eq, 2)
     assert evaluate_truth(node, node.allocation())[0] == pytest.approx(result.score)
     assert result.score <= evaluate_truth(eq, eq.allocation())[0]
+
+
+class _Scripted:
+    """A simulated clock that changes the node's groups before given intervals of drive."""
+
+    def __init__(self, node: SimNode, events: dict) -> None:
+        self.node, self.events, self.n = node, events, 0
+
+    def now(self) -> float:
+        return self.node.now()
+
+    def advance(self, dt: float) -> None:
+        self.n += 1
+        if self.n in self.events:
+            self.events[self.n]()
+        self.node.advance(dt)
+
+
+@pytest.mark.parametrize("change", ["kv deleted", "extra created"])
+def test_best_static_shares_while_its_groups_differ_from_the_search(change):
+    """A searched group deleted mid-run (or a group the search never saw made) and then
+    back as searched: the stored plan is not re-sent (the node refuses a plan naming a
+    group it does not own; a new group would overlap every other), every group shares the
+    cache with a note, and the searched plan is held again once the groups are back."""
+    node = SimNode(KV_STREAMING, noise=False)
+    best = BestStatic(max_evals=30)
+    fitted = best.fit(node).plan
+    caps, spec = node.capabilities(), node.groups()["kv"]
+    full = (caps.l3.cbm_mask, None)
+    if change == "kv deleted":
+        events = {2: lambda: node.delete_group("kv"), 5: lambda: node.create_group(spec)}
+        during, why = {"contender": full}, "kv gone"
+    else:
+        extra = GroupSpec("extra", GroupKind.BATCH)
+        events = {2: lambda: node.create_group(extra), 5: lambda: node.delete_group("extra")}
+        during = {"kv": full, "contender": full, "extra": full}
+        why = "extra not searched"
+    records = drive(best, node, _Scripted(node, events), 7)
+
+    def held(i: int) -> dict:
+        return {g: (a[0].l3_mask, a[0].mb) for g, a in records[i].allocation.groups.items()}
+
+    searched = {g: (a[0].l3_mask, a[0].mb) for g, a in fitted.groups.items()}
+    assert held(0) == searched
+    assert f"best static: {why}, every group shares the cache" in records[1].decision.note
+    assert held(1) == held(3) == during
+    assert not records[2].decision.changes and not records[3].decision.changes
+    assert records[4].decision.plan == fitted and held(4) == held(6) == searched
+    assert not records[5].decision.changes
 
 
 def test_best_static_by_measurement_on_a_node():

@@ -5,6 +5,7 @@ created and adopted from the config, metrics."""
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import statistics
 import threading
@@ -120,6 +121,24 @@ def test_groups_from_the_config_are_created_or_adopted(server, tmp_path) -> None
     tuner.step()
     assert tuner.node.tasks("web") == frozenset([pids[0], pids[1], pids[3]])
     assert_valid(tuner.node)
+    tuner.shutdown()
+
+
+def test_configured_pids_that_exited_leave_the_live_ones_placed_and_one_warning(
+    server, caplog
+) -> None:
+    """A configured group whose listed pids have partly exited: the live one is placed
+    (the node refuses a move naming an exited task as a whole) and the exited ones are
+    named together in one warning, not one line per task."""
+    live = sorted(SimNode("default", seed=0).tasks("memcached"))[0]  # the served node's
+    groups = [GroupConfig(GroupSpec("web"), pids=(999998, live, 999999))]
+    tuner = make_tuner(server, catalogue.construct("eq"), groups=groups)
+    caplog.set_level(logging.WARNING, logger="rdtune.tuner")
+    tuner.start()
+    assert tuner.node.tasks("web") == frozenset([live])
+    warned = [r for r in caplog.records if getattr(r, "event", None) == "assign_failed"]
+    assert [(r.group, r.pids) for r in warned] == [("web", [999998, 999999])]
+    assert "exited" in warned[0].getMessage()
     tuner.shutdown()
 
 
