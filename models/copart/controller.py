@@ -21,6 +21,21 @@ from models.copart.plans import Allocation
 from models.objectives import unfairness
 from models.search import mb_grid
 
+# the counters CoPart measures every application by (sections 5.2, 5.3)
+COUNTED = ("instructions", "llc_references", "llc_misses")
+
+
+def _check_counters(caps: NodeCapabilities) -> None:
+    """Refuse a node that cannot read :data:`COUNTED` once, at start, rather than as an
+    error every interval of a run that cannot measure anything."""
+    unread = sorted(set(COUNTED) - caps.pmc_events)
+    if unread:
+        raise ValueError(
+            f"CoPart needs the {', '.join(unread)} counters, which this node cannot read "
+            "(no hardware PMU, or one without these events: its capabilities' "
+            "pmc_unsupported says why)"
+        )
+
 
 class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
     """CoPart's resource manager (see the module docstring).
@@ -78,6 +93,7 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
         caps = ctx.capabilities
         if caps.l3 is None:
             raise ValueError("CoPart needs L3 cache allocation (CAT) on the node")
+        _check_counters(caps)
         self._caps = caps
         self._groups = tuple(ctx.groups)
         self._specs = dict(ctx.groups)

@@ -3,6 +3,7 @@ versus EQ on CoPart's mix families, and re-adaptation after the case study's loa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import replace
 
@@ -135,6 +136,16 @@ def test_oversubscribed_resource_goes_to_the_higher_slowdown():
     assert changes == {"hi": {MBA: "+"}, "giver": {MBA: "-"}}
     assert ctl.apps["hi"].units == 3 and ctl.apps["lo"].units == 2
     assert sum(a.units for a in ctl.apps.values()) == 10
+
+
+def test_a_node_without_its_counters_is_refused_at_start():
+    """Said once, at start (rdtune tune exits 2 with it), not as an error every interval
+    of a run that cannot measure anything."""
+    node = SimNode("copart_h_bw", noise=False)
+    caps = dataclasses.replace(node.capabilities(), pmc_events=frozenset({"cycles"}))
+    with pytest.raises(ValueError, match="CoPart needs the instructions, llc_misses, "
+                       "llc_references counters, which this node cannot read"):  # fmt: skip
+        CoPart({}).start(ControlContext(caps, node.groups(), node.allocation()))
 
 
 def test_needs_counters():
