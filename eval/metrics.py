@@ -192,7 +192,9 @@ def summarize(
             window_s.append(w.seconds)
     mean_ips = {g: statistics.fmean(v) for g, v in ips.items() if g in reference_ips}
     slowdowns = [reference_ips[g] / v if v > 0 else math.inf for g, v in mean_ips.items()]
-    speedup = sum(v / reference_ips[g] for g, v in mean_ips.items())
+    # no batch job measured (none in the run, or none with a reference): no throughput to
+    # judge, NaN rather than a speedup of 0 that would read as every job stopped
+    speedup = sum(v / reference_ips[g] for g, v in mean_ips.items()) if mean_ips else math.nan
     changes = _changes(records)
     duration_min = sum(r.snapshot.interval_s for r in records) / 60.0
     return RunMetrics(
@@ -200,7 +202,7 @@ def summarize(
         tail_latency_ms=statistics.fmean(tails) if tails else float("nan"),
         unfairness=unfairness(slowdowns),
         weighted_speedup=speedup,
-        batch_ips=sum(mean_ips.values()),
+        batch_ips=sum(mean_ips.values()) if mean_ips else math.nan,
         changes_per_minute=changes / duration_min if duration_min else 0.0,
         decide_us_median=statistics.median(_decide_times(records)) * 1e6,
         slo_window_s=statistics.fmean(window_s) if window_s else math.nan,

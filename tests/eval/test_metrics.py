@@ -74,6 +74,17 @@ def test_summarize_counts_violations_and_slowdowns() -> None:
     assert math.isclose(m.decide_us_median, 10.0)
 
 
+def test_a_run_without_batch_jobs_has_no_throughput_to_judge() -> None:
+    """Its weighted speedup and batch IPS are NaN (shown "-", left out of the pairing),
+    not 0, which read as every batch job stopped."""
+    groups = {"lc": GroupSpec("lc", GroupKind.LC, SLO(99.0, 1.0))}
+    lat = LatencyStats(5000, 0.1, 0.2, 0.5, 0.5)
+    snap = Snapshot(0.0, 1.0, {"lc": GroupSample(instructions=1e9, latency=lat)})
+    m = summarize([StepRecord(snap, KEEP, Allocation({}), 1e-5)], groups, {})
+    assert math.isnan(m.weighted_speedup) and math.isnan(m.batch_ips)
+    assert math.isnan(m.unfairness) and m.slo_violation_rate == 0.0
+
+
 def test_a_plan_sent_again_is_not_an_allocation_change() -> None:
     groups = {"a": GroupSpec("a")}
     held = [Allocation({"a": {0: GroupAllocation(l3_mask=m)}}) for m in (0b11, 0b1111)]
