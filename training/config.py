@@ -18,6 +18,11 @@ the same file under another name or link, nor a copy of it; a ``split`` is refus
     eval:
       final_kwargs: {traces: [runs/c.parquet]}   # recorded apart from a and b
 
+The remote env (``rdtune/RemotePartition-v0``) has no splits either: its held-out data are
+another agent (``address``) or another scenario of a simulated one (``scenario``), which the
+final table must use and neither training nor selection does; it trains with ``n_envs: 1``
+(several envs would share the one node).
+
 Unknown keys, wrong types (strict: ``subproc: "false"`` is not a boolean) and out-of-range
 values are rejected with the file and the key's dotted path (agent/configfile.py), as is a key
 given twice; so are PPO settings SB3 would start with and then fail on or warn about
@@ -138,7 +143,7 @@ class RuntimeConfig(Strict):
 
 
 class EvalConfig(Strict):
-    # both split defaults are the simulator's; the trace env's are {} (TrainConfig)
+    # both split defaults are the simulator's; the trace and remote envs' are {}
     kwargs: dict[str, Any] = {"split": "validation"}  # merged over env.kwargs
     freq: Count = 20000  # timesteps between evaluations (0: only at the end)
     episodes: PositiveInt = 64
