@@ -72,6 +72,14 @@ def thread_pids(threads: Sequence[int]) -> list[tuple[int, ...]]:
     return out
 
 
+def instance_slo(w: WorkloadInstance, s: WorkloadSpec) -> SLO | None:
+    """An LC instance's SLO: its workload's, with the scenario's ``slo_ms`` target where
+    it sets one (None for a batch job)."""
+    if s.kind != "lc" or s.lc is None:
+        return None
+    return SLO(s.lc.slo_percentile, w.slo_ms or s.lc.slo_ms)
+
+
 def scenario_groups(
     instances: Sequence[WorkloadInstance],
     specs: Sequence[WorkloadSpec],
@@ -90,8 +98,7 @@ def scenario_groups(
             continue
         if gname not in existing():
             if s.kind == "lc":
-                target = w.slo_ms or s.lc.slo_ms
-                spec = GroupSpec(gname, GroupKind.LC, SLO(s.lc.slo_percentile, target))
+                spec = GroupSpec(gname, GroupKind.LC, instance_slo(w, s))
             else:
                 spec = GroupSpec(gname, GroupKind.BATCH)
             try:

@@ -26,6 +26,7 @@ from agent.sim.batch import (
     MbaRule,
     MbaRules,
     group_counters,
+    instance_slo,
     measured,
     scenario_groups,
     thread_pids,
@@ -36,6 +37,7 @@ from agent.sim.engine import COUNTERS, Engine, LatencyGroups, _Single
 from agent.sim.scenario import Scenario, WorkloadInstance, get_scenario
 from agent.sim.truth import GroupTruth, solo_reference, truths
 from agent.types import (
+    SLO,
     Allocation,
     AllocationPlan,
     GroupAllocation,
@@ -64,6 +66,7 @@ class WorkloadView:
     spec: WorkloadSpec = field(repr=False)
     lc_capacity_rps: float | None = None  # requests/s at utilisation 1, full resources alone
     lc_workers: int | None = None  # LC worker threads (at most its threads)
+    slo: SLO | None = None  # an LC service's own SLO (the scenario's ``slo_ms`` applied)
 
 
 def _locked(method):
@@ -319,6 +322,7 @@ class SimNode(StepByParts):
                 spec=s,
                 lc_capacity_rps=self._lc[i].capacity_rps if i in self._lc else None,
                 lc_workers=self._lc[i].workers if i in self._lc else None,
+                slo=instance_slo(w, s),
             )
             for i, (w, s) in enumerate(zip(self._instances, self._specs, strict=True))
         )
