@@ -121,15 +121,16 @@ def _ways(alloc) -> dict[str, int]:
 class _ServiceProbe(StepByParts):
     """A SimNode whose every ``observe`` also records each LC service's noise-free tail
     (``steady_state``) at the placement of the moment. Time-sharing controllers move
-    services between tier groups, so group latency mixes services with different SLOs;
-    this judges every service by its own SLO (simulated nodes only)."""
+    services between tier groups, so group latency mixes services with different SLOs,
+    and a node with more LC services than CLOSIDs leaves some in the default group, which
+    reports no latency: this judges every service by its own SLO (simulated nodes only)."""
 
     def __init__(self, node) -> None:
         self._node = node
         self._slo = {
-            w.name: (float(w.spec.lc.slo_percentile), float(w.spec.lc.slo_ms))
+            w.name: (w.slo.percentile, w.slo.target_ms)
             for w in node.workloads()
-            if w.kind == "lc" and w.spec.lc is not None
+            if w.kind == "lc" and w.slo is not None
         }
         self.tails: dict[str, list[float]] = {n: [] for n in self._slo}
         self.violations = 0
@@ -176,6 +177,7 @@ def run_job(job: Job) -> JobResult:
     )
     from models.catalogue import ControllerSpec, build
     from models.controller import drive
+    from models.oracle import unguarded_services
     from models.setup import Setup
 
     spec = ControllerSpec.parse(job.controller)
@@ -215,7 +217,10 @@ def run_job(job: Job) -> JobResult:
         res.build_s = time.perf_counter() - t0
         intervals = max(1, round(job.seconds / job.interval_s))
         t0 = time.perf_counter()
-        probe = _ServiceProbe(node) if bare and not job.agent else None
+        # Services without an LC group of their own (a time-sharing controller's, or those
+        # a node with too few CLOSIDs leaves in the default group) are judged one by one.
+        apart = not job.agent and (bare or bool(unguarded_services(node)))
+        probe = _ServiceProbe(node) if apart else None
         records = drive(controller, probe or node, clock, intervals, job.interval_s)
         res.run_s = time.perf_counter() - t0
         stats = getattr(getattr(controller, "inner", controller), "stats", None)
@@ -236,7 +241,8 @@ def run_job(job: Job) -> JobResult:
             for k in ("unfairness", "weighted_speedup", "batch_ips"):
                 res.metrics[k] = math.nan
         if probe is not None:  # every service by its own SLO (ground truth per interval)
-            res.metrics["slo_violation_rate"] = probe.violations / max(1, probe.judged)
+            judged = probe.judged
+            res.metrics["slo_violation_rate"] = probe.violations / judged if judged else math.nan
             tails = {n: statistics.fmean(v) for n, v in probe.tails.items() if v}
             res.metrics["tail_latency_ms"] = statistics.fmean(tails.values()) if tails else math.nan
             res.lc_tails_ms = tails
@@ -247,7 +253,7 @@ def run_job(job: Job) -> JobResult:
             res.feasibility, res.feasibility_note = verdict.label, verdict.note
             res.oracle_plannable = verdict.plannable
         alone = {}
-        if twin is not None and not bare:
+        if twin is not None and probe is None:
             alone = sim_alone_tails(twin, interval_s=job.interval_s)
         res.lc_alone_ms = alone
         res.metrics["tail_normalized"] = normalized_tail(res.lc_tails_ms, alone)
@@ -263,7 +269,7 @@ def run_job(job: Job) -> JobResult:
                 continue
             res.timeline_t.append(round(t, 6))
             ways = _ways(rec.allocation)
-            if probe is not None:  # time-sharing: the ways of the tier each service is in
+            if bare and probe is not None:  # time-sharing: the ways of each service's tier
                 where = probe.placement[i + 1]
                 ways = {svc: ways.get(g, 0) for svc, g in where.items()}
             for g in set(ways) | set(res.timeline_ways):

@@ -32,6 +32,10 @@ simulator's latency tables), so each candidate is scored once. Identical searche
 (same scenario, time, condition and settings: the seeds of one scenario with the same
 loads) are computed once per process (``_MEMO``).
 
+Every LC service is held to an SLO: an LC group's, or its own where no LC group covers it
+(:func:`unguarded_services`: a node with more LC services than CLOSIDs leaves some in the
+default group, whose allocation no plan sets).
+
 **Infeasible conditions.** Before optimising, each LC group's own best case is tried
 (:func:`models.search.best_case_states`): if it misses its margined target even there, no
 allocation of the search space can keep it; else the most protective states are walked
@@ -62,7 +66,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agent.node import Node, ground_truth
-from agent.types import AllocationPlan, GroupKind, GroupSpec, Snapshot
+from agent.types import SLO, AllocationPlan, GroupKind, GroupSpec, Snapshot
 from models.controller import KEEP, ControlContext, Controller, Decision
 from models.objectives import (
     INFEASIBLE,
@@ -123,6 +127,31 @@ def truth_outcome(truths: Mapping, groups: Mapping[str, GroupSpec]) -> Outcome:
         elif spec.kind is GroupKind.BATCH and t.workloads:
             slow.append(float(t.slowdown))
     return Outcome(tuple(slow), tuple(lat), tuple(target))
+
+
+def unguarded_services(sim) -> dict[str, tuple[str, SLO]]:
+    """LC services with an SLO of their own that no LC group's SLO covers, by instance
+    name: (the group they run in, ``""`` for the default group; their SLO). A node with
+    more LC services than CLOSIDs leaves some in the default group (docs/CONTROLLERS.md,
+    CoCo): the oracle must keep their SLOs too, and a run is feasible only if theirs can
+    be kept."""
+    groups = sim.groups()
+    out = {}
+    for w in sim.workloads():
+        if w.kind != "lc" or w.slo is None:
+            continue
+        spec = groups.get(w.group)
+        if spec is None or spec.kind is not GroupKind.LC or spec.slo is None:
+            out[w.name] = (w.group, w.slo)
+    return out
+
+
+def judges_lc(sim) -> bool:
+    """Whether some LC service on ``sim`` has an SLO to keep (an LC group's or its own)."""
+    groups = sim.groups().values()
+    return any(s.kind is GroupKind.LC and s.slo is not None for s in groups) or bool(
+        unguarded_services(sim)
+    )
 
 
 class NoGroundTruth(TypeError):
@@ -278,6 +307,7 @@ class _Scorer:
         self.base, self.margin, self.noise_z = base, margin, noise_z
         self.excess_quantum = excess_quantum
         self.groups = sim.groups()
+        self.unguarded = unguarded_services(sim)
         self.scores: dict[tuple, float] = {}
         self.missed: dict[tuple, frozenset[str]] = {}
 
@@ -286,7 +316,9 @@ class _Scorer:
         return tuple(sorted((g, tuple(sorted(d.items()))) for g, d in plan.groups.items()))
 
     def _services(self, truths):
-        """(group, limit ms, percentile, instance, truth) per LC service judged."""
+        """(label, limit ms, percentile, instance, truth) per LC service judged: those of
+        the LC groups by their group's SLO (labelled by the group), and every other LC
+        service by its own (labelled by its instance name)."""
         for g, spec in self.groups.items():
             t = truths.get(g)
             if t is None or spec.kind is not GroupKind.LC or spec.slo is None:
@@ -295,6 +327,11 @@ class _Scorer:
             for name, wt in t.workloads.items():
                 if wt.latency_ms:
                     yield g, limit, spec.slo.percentile, name, wt
+        for name, (g, slo) in self.unguarded.items():
+            t = truths.get(g)
+            wt = None if t is None else t.workloads.get(name)
+            if wt is not None and wt.latency_ms:
+                yield name, (1.0 - self.margin) * slo.target_ms, slo.percentile, name, wt
 
     def __call__(self, plan: AllocationPlan) -> float:
         key = self._key(plan)
@@ -363,7 +400,7 @@ def _feasibility_pass(
         return cache[state]
 
     lc = [g for g in order if groups[g].kind is GroupKind.LC and groups[g].slo is not None]
-    if not lc:
+    if not lc and not score.unguarded:
         return None, False
     for g in lc:
         cases = list(best_case_states(groups, caps, g))
@@ -412,8 +449,7 @@ def safe_search(
     groups = sim.groups()
     caps = sim.capabilities()
     order = group_order(groups)
-    has_lc = any(s.kind is GroupKind.LC and s.slo is not None for s in groups.values())
-    base = base_objective(objective, has_lc)
+    base = base_objective(objective, judges_lc(sim))
     score = _Scorer(sim, condition.overrides(), base, margin, excess_quantum, noise_z)
     cache: dict[State, float] = {}
     start, _ = _feasibility_pass(score, groups, caps, cache, feasibility_evals)
@@ -615,12 +651,10 @@ class Oracle(Controller):
         assert self.result is not None
         key = (condition, self.result.state)
         if key not in self.checks:
-            groups = self.sim.groups()
-            has_lc = any(s.kind is GroupKind.LC and s.slo is not None for s in groups.values())
             scorer = _Scorer(
                 self.sim,
                 condition.overrides(),
-                base_objective(self.objective, has_lc),
+                base_objective(self.objective, judges_lc(self.sim)),
                 self.margin,
             )
             self.checks[key] = SloConstrained.feasible(scorer(self.result.plan))
@@ -732,7 +766,7 @@ def feasibility(
     bad: list[tuple[float, SafePlan]] = []
     feasible: list[Condition] = []
     infeasible: list[tuple[Condition, SafePlan]] = []
-    if any(s.kind is GroupKind.LC and s.slo is not None for s in sim.groups().values()):
+    if judges_lc(sim):
         for k in range(max(1, round(seconds / interval_s))):
             t = t0 + k * interval_s
             cond = condition_at(sim, t, interval_s, load_quantum)

@@ -4,6 +4,7 @@ and ``rdtune bench``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -216,6 +217,19 @@ def test_time_sharing_is_judged_per_service() -> None:
     assert set(r.timeline_ways) == services
     # round robin rotates the big tier: some service's ways change over the run
     assert any(len(set(w)) > 1 for w in r.timeline_ways.values())
+
+
+@pytest.mark.parametrize("controller", ["oracle", "eq"])
+def test_services_left_in_the_default_group_are_judged_too(controller: str) -> None:
+    """Five LC services on four CLOSIDs: the scenario's groups hold three of them, the
+    other two run in the default group. Every one is judged by its own SLO, as the
+    time-sharing controllers of the same suite are; the groups keep their timeline."""
+    r = run_job(Job("t", "more_lc_than_closids_e5v3", controller, 0, 2.0))
+    assert not r.error, r.error
+    services = {"memcached_coco", "nginx", "mongodb", "specjbb", "xapian"}
+    assert set(r.lc_tails_ms) == services
+    assert set(r.timeline_ways) == {"memcached_coco", "nginx", "mongodb"}
+    assert math.isfinite(r.metrics["slo_violation_rate"])
 
 
 def test_bench_failure_is_reported_and_the_rest_run(

@@ -56,3 +56,33 @@ def test_infeasible_without_any_margin_stays_infeasible() -> None:
     assert bad.label == INFEASIBLE and bad.plannable is False
     ratio = float(re.search(r"at best ([0-9.]+) x its SLO target", bad.note).group(1))
     assert 1.0 < ratio < 10.0
+
+
+def test_a_run_is_feasible_when_its_batch_jobs_grouped_apart_keep_every_slo() -> None:
+    """Five LC services and stream on a 4-CLOSID EPYC: the scenario's groups hold three
+    services and leave two, and stream, in the default group, which no plan can throttle;
+    memcached misses its SLO whatever the plan there. With stream in a group of its own
+    (the services in the scenario's order taking the two groups left) some allocation
+    keeps every SLO, so the run is feasible, with a note saying how; the oracle, which runs
+    on the scenario's groups, cannot plan it."""
+    from eval.feasibility import REGROUPED, _label_placed, batch_apart
+
+    scn = "more_lc_than_closids_epyc"
+    first, regrouped = _label_placed(scn, 0, 3.0, 0.1)
+    assert first.label == INFEASIBLE and "memcached_coco" in first.note
+    groups = {w.name: w.group for w in regrouped.workloads}
+    assert groups == {
+        "memcached_coco": "memcached_coco",
+        "nginx": "nginx",
+        "mongodb": "",
+        "specjbb": "",
+        "shore_mt": "",
+        "stream": "batch",
+    }
+    label = check_run(scn, 0, 3.0, 0.1)
+    assert (label.label, label.note, label.plannable) == (FEASIBLE, REGROUPED, False)
+    node = SimNode(step_scenario(0.75), seed=0)  # every LC service in a group of its own
+    try:
+        assert batch_apart(node) is None  # the batch jobs are already apart
+    finally:
+        node.close()

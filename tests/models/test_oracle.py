@@ -273,3 +273,28 @@ def test_options_it_cannot_honour_are_refused_when_it_is_built(options, message)
     with pytest.raises(ValueError, match=message):
         Oracle(node, **options)
     node.close()
+
+
+def test_an_lc_service_outside_the_lc_groups_is_held_to_its_own_slo() -> None:
+    """A second memcached runs in the default group (``group: ""``), its SLO target set by
+    the scenario: the oracle judges it too, by that SLO. At 1 us no allocation meets it,
+    so the run is infeasible, and says which service; at the catalog's target the oracle's
+    plans keep it, as they keep the LC group's."""
+    from models.oracle import safe_search, unguarded_services
+
+    def scenario(slo_ms: float | None) -> Scenario:
+        extra = WorkloadInstance(
+            "kv2", "memcached", group="", slo_ms=slo_ms, load=LoadProfile("constant", 0.3)
+        )
+        base = step_scenario(0.6)
+        return Scenario("default-kv", base.machine, (*base.workloads, extra))
+
+    tight = SimNode(scenario(0.001), seed=0)
+    (where, slo), = unguarded_services(tight).values()
+    assert (where, slo.target_ms) == ("", 0.001) and list(unguarded_services(tight)) == ["kv2"]
+    verdict = feasibility(tight, 2.0, 0.1, margin=0.0, noise_z=0.0)
+    assert not verdict.feasible and "kv2 at best" in verdict.describe()
+    node = SimNode(scenario(None), seed=0)
+    plan = safe_search(node, condition_at(node, 0.0, 1.0))
+    assert plan.feasible and set(plan.latency_ratio) == {"kv", "kv2"}
+    assert plan.latency_ratio["kv2"] <= 1.0 - SAFETY_MARGIN
