@@ -290,7 +290,7 @@ def test_an_lc_service_outside_the_lc_groups_is_held_to_its_own_slo() -> None:
         return Scenario("default-kv", base.machine, (*base.workloads, extra))
 
     tight = SimNode(scenario(0.001), seed=0)
-    (where, slo), = unguarded_services(tight).values()
+    ((where, slo),) = unguarded_services(tight).values()
     assert (where, slo.target_ms) == ("", 0.001) and list(unguarded_services(tight)) == ["kv2"]
     verdict = feasibility(tight, 2.0, 0.1, margin=0.0, noise_z=0.0)
     assert not verdict.feasible and "kv2 at best" in verdict.describe()
