@@ -126,6 +126,9 @@ class MbaMode(StrEnum):
     AMD = "amd"  # AMD L3 QoS: absolute limit in 1/8 GB/s units, [0, max_bandwidth]
 
 
+AMD_MB_UNIT_BPS = 0.125e9  # bytes/s of one unit of an AMD MB value (1/8 GB/s)
+
+
 @dataclass(frozen=True, slots=True)
 class CacheCapabilities:
     """One cache resource (``info/L3``) as the kernel describes it.

@@ -47,6 +47,7 @@ from envs.reward import (
 )
 from envs.scenarios import ScenarioFamily
 from models.actions import ActionDecoder, DecodedAction, DecodeLayout
+from models.allocation import mb_fraction
 from models.basic import EqualPartition, Unpartitioned
 from models.controller import context
 from models.features import ENCODER_VERSION, FeatureEncoder, tail_ratio
@@ -302,7 +303,6 @@ class _PartitionEnv(gym.Env):
             return img
         caps, snap, alloc = self._caps, self._snap, self._alloc
         domain = caps.domains[0]
-        top = caps.mba.max_bandwidth if caps.mba is not None else 0
         for row, name in enumerate(self._slots[:bands]):
             y = slice(row * cell + 1, (row + 1) * cell - 1)
             colour = _PALETTE[row % len(_PALETTE)]
@@ -311,9 +311,9 @@ class _PartitionEnv(gym.Env):
             for way in range(ways):
                 x = slice(way * cell + 1, (way + 1) * cell - 1)
                 img[y, x] = colour if mask >> way & 1 else (64, 64, 64)
-            if a is not None and a.mb is not None and top > 0:
+            if a is not None and a.mb is not None and caps.mba is not None:
                 x0 = (ways + 1) * cell
-                img[y, x0 : x0 + max(1, round(mba_w * min(a.mb, top) / top))] = colour
+                img[y, x0 : x0 + max(1, round(mba_w * mb_fraction(caps, a.mb)))] = colour
             spec = self._groups[name]
             if spec.kind is GroupKind.LC and (tail_ratio(spec, snap.groups.get(name)) or 0) > 1:
                 img[row * cell, :] = img[(row + 1) * cell - 1, :] = (230, 40, 40)

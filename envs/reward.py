@@ -50,11 +50,11 @@ from agent.types import (
     Allocation,
     GroupKind,
     GroupSpec,
-    MbaMode,
     NodeCapabilities,
     Snapshot,
 )
 from envs import reward_kernel as rk
+from models.allocation import mb_scale
 from models.features import _PCT_INDEX
 
 
@@ -305,16 +305,6 @@ def churn_arrays(
 def churn(before: Allocation | None, after: Allocation, caps: NodeCapabilities) -> tuple:
     """(cache churn in [0, 1], mean absolute MB-fraction change) between two allocations."""
     return _Churn(caps)(before, after)
-
-
-def mb_scale(caps: NodeCapabilities) -> float:
-    """The MB range that counts as a full MBA change (NaN without MBA)."""
-    mba = caps.mba
-    if mba is None:
-        return math.nan
-    if mba.mode is MbaMode.MBPS:
-        return (caps.memory_bandwidth_bps or 0) / 2**20 or math.nan
-    return float(mba.max_bandwidth)
 
 
 class _Churn:

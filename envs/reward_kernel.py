@@ -34,7 +34,8 @@ W_SLO, W_FAIRNESS, W_THROUGHPUT, W_CHANGE, W_SLO_CAP, W_MBA_SHARE = range(6)
 def churn_of(b, m0, mb0, in0, m1, mb1, in1, ways, mb_scale):
     """(cache churn in [0, 1], mean absolute MB-fraction change) of node ``b``: the ways
     that changed hands among the groups held before and after, over ``2 * ways``, and
-    the MB changes over ``mb_scale``."""
+    the MB changes over ``mb_scale`` (values above it, e.g. AMD's "unlimited", count as
+    it: they allow no more bandwidth than the node has)."""
     moved = 0
     k = 0
     total = 0.0
@@ -45,7 +46,7 @@ def churn_of(b, m0, mb0, in0, m1, mb1, in1, ways, mb_scale):
         moved += popcount(m0[b, c] ^ m1[b, c])
         x0, x1 = mb0[b, c], mb1[b, c]
         if x0 == x0 and x1 == x1 and scale > 0:
-            total += min(1.0, abs(x1 - x0) / scale)
+            total += abs(min(x1, scale) - min(x0, scale)) / scale
             k += 1
     cache = min(1.0, moved / (2.0 * max(ways[b], 1))) if ways[b] > 0 else 0.0
     return cache, (total / k if k > 0 else 0.0)

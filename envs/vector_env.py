@@ -47,9 +47,10 @@ from agent.sim.scenario import Scenario, get_scenario
 from agent.sim.truth import solo_reference
 from agent.types import Allocation, AllocationPlan, GroupKind
 from envs.partition import BASELINES, MIN_SIM_STEP_S, REFERENCES, _count, _flag, _positive
-from envs.reward import RewardWeights, mb_scale, reward_arrays
+from envs.reward import RewardWeights, reward_arrays
 from envs.scenarios import ScenarioFamily
 from models.actions import ActionDecoder, Decoded, DecodeLayout, check_levels, decode_arrays
+from models.allocation import mb_scale
 from models.basic import EqualPartition, Unpartitioned
 from models.controller import ControlContext
 from models.features import (

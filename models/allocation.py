@@ -7,9 +7,11 @@ that translation happens, so every controller emits plans that are valid by cons
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from agent.types import (
+    AMD_MB_UNIT_BPS,
     AllocationPlan,
     GroupAllocation,
     MbaMode,
@@ -66,9 +68,35 @@ def equal_masks(groups: Sequence[str], caps: NodeCapabilities) -> dict[str, int]
     return {g: contiguous_mask(least, low + (i % slots) * least) for i, g in enumerate(groups)}
 
 
+def mb_scale(caps: NodeCapabilities) -> float:
+    """The MB value that stands for all of the node's memory bandwidth: what a fraction
+    of "full bandwidth" is a fraction of. Percent mode: the maximum (100). AMD: the peak
+    in 1/8 GB/s units where the node reports it; its maximum (2048, 256 GB/s) means
+    unlimited, not the bandwidth a slower machine has, so half of it may throttle
+    nothing. mba_MBps: the peak in MiB/s. The maximum where the peak is unknown (AMD),
+    NaN without MBA or without a peak (mba_MBps)."""
+    mba = caps.mba
+    if mba is None:
+        return math.nan
+    peak = caps.memory_bandwidth_bps
+    if mba.mode is MbaMode.MBPS:
+        return peak / 2**20 if peak else math.nan
+    if mba.mode is MbaMode.AMD and peak:
+        return min(float(mba.max_bandwidth), peak / AMD_MB_UNIT_BPS)
+    return float(mba.max_bandwidth)
+
+
+def mb_fraction(caps: NodeCapabilities, mb: float) -> float:
+    """The share of :func:`mb_scale` an MB value ``mb`` allows, at most 1 (1 without MBA or
+    without a scale)."""
+    scale = mb_scale(caps)
+    return min(1.0, mb / scale) if scale > 0 else 1.0
+
+
 def mb_level(caps: NodeCapabilities, fraction: float) -> int | None:
-    """The MB value for a fraction (0..1] of full bandwidth, rounded down to a level the
-    kernel accepts (never below the minimum). None when the node has no MBA."""
+    """The MB value for a fraction (0..1] of full bandwidth (:func:`mb_scale`), rounded
+    down to a level the kernel accepts (never below the minimum); the maximum for the
+    whole of it. None when the node has no MBA."""
     mba = caps.mba
     if mba is None:
         return None
@@ -76,7 +104,13 @@ def mb_level(caps: NodeCapabilities, fraction: float) -> int | None:
         peak = caps.memory_bandwidth_bps or 0
         return max(1, int(fraction * peak / 2**20)) if peak else mba.max_bandwidth
     levels = mba.levels()
-    want = fraction * mba.max_bandwidth
+    if fraction >= 1.0:
+        return levels[-1]
+    return levels_at_most(levels, fraction * mb_scale(caps))
+
+
+def levels_at_most(levels: Sequence[int], want: float) -> int:
+    """The largest of ``levels`` (ascending) at most ``want``, else the smallest."""
     fitting = [v for v in levels if v <= want + 1e-9]
     return fitting[-1] if fitting else levels[0]
 

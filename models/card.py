@@ -37,7 +37,7 @@ from typing import Any
 
 from agent.configfile import ConfigError, file_kind, read_regular
 from agent.types import NodeCapabilities
-from models.features import ENCODER_VERSIONS, MAX_GROUP_SLOTS, FeatureEncoder
+from models.features import ENCODER_VERSIONS, MAX_GROUP_SLOTS, FeatureEncoder, refused_on
 from models.setup import ControllerError, Unavailable
 from models.shield import ShieldConfig
 
@@ -269,7 +269,11 @@ class ModelCard:
 
     def problems(self, caps: NodeCapabilities) -> list[str]:
         """Every reason the policy must not control a node with ``caps`` here."""
-        return self.code_problems() + self.trained_on.problems(caps)
+        out = self.code_problems() + self.trained_on.problems(caps)
+        if self.encoder_version in ENCODER_VERSIONS:
+            why = refused_on(self.encoder_version, caps)
+            out += [why] if why else []
+        return out
 
     def servable(self) -> bytes:
         """The ONNX file's bytes when this code can serve the policy (what can be checked

@@ -24,8 +24,9 @@ Per-group features (CoPart/Ubik use the same signals):
 - ``bandwidth_share``: the group's memory bytes/s / the node's peak
   (``capabilities.memory_bandwidth_bps``; of the observed total when the peak is unknown).
 - ``ways_fraction``: ways in the group's mask / total ways (1 without CAT).
-- ``mba_fraction``: MB value / maximum (1 without MBA: unthrottled; in mba_MBps mode
-  MiB/s over the peak).
+- ``mba_fraction``: MB value / full bandwidth's (:func:`models.allocation.mb_scale`: the
+  maximum in percent mode; on AMD the peak in 1/8 GB/s where known; in mba_MBps mode the
+  peak in MiB/s), at most 1 (1 without MBA: unthrottled).
 - ``latency_ratio``: tail latency at the SLO's percentile / the SLO target,
   ``clip(log2(ratio), -4, 4) / 4``: 0 at the target, +0.25 at twice it, -0.25 at half.
 - ``load``: completed requests/s, ``log1p(rps) / log1p(1e7)`` (stateless, so online and
@@ -39,8 +40,8 @@ Node features: ``bandwidth_utilisation`` (sum of group bandwidth / peak) and its
 ``group_fraction`` (own groups / max_groups, capped at 1), ``truncated`` (1 when groups
 were left out), ``has_cat``, ``has_mba``.
 
-Version 2 (:data:`ENCODER_VERSION`; version 1 is the layout above and still encodes, for
-policies trained on it) appends to every slot :data:`GROUP_FEATURES_V2` and to the node
+Version 2 (version 1 is the layout above and still encodes, for policies trained on it)
+appends to every slot :data:`GROUP_FEATURES_V2` and to the node
 :data:`NODE_FEATURES_V2`, all from what a real node measures (no ground truth):
 
 - a short history: the previous interval's ``latency_ratio``, ``ipc``, ``mpki`` and
@@ -58,6 +59,14 @@ policies trained on it) appends to every slot :data:`GROUP_FEATURES_V2` and to t
 
 So version 2 is stateful: the caller keeps a :class:`History` per node (the environments
 and :class:`PreparedEncoder`, reset at every new episode or run).
+
+Version 3 (:data:`ENCODER_VERSION`) is version 2's layout with MB fractions taken of the
+node's full bandwidth (:func:`models.allocation.mb_scale`) on AMD nodes that report their
+peak: ``mba_fraction`` and the machine descriptors there are of the peak in 1/8 GB/s
+units, where versions 1 and 2 took them of the largest MB value (2048, 256 GB/s: no limit,
+not the bandwidth the machine has). The MB values a policy's action levels stand for
+(models/actions.py) changed with them, so a policy of an earlier version is refused on
+such a node (:func:`refused_on`); everywhere else the versions encode alike.
 
 One definition, on arrays: :func:`encode_arrays` computes every feature for N nodes at
 once from :class:`Measurements` (a snapshot's group samples as arrays over (nodes, groups))
@@ -91,9 +100,11 @@ from agent.types import (
     Snapshot,
 )
 from models import features_kernel as fk
+from models.allocation import mb_scale
 
-ENCODER_VERSION = 2
-ENCODER_VERSIONS = (1, 2)  # what this code encodes: policies of either version still run
+ENCODER_VERSION = 3
+ENCODER_VERSIONS = (1, 2, 3)  # what this code encodes: policies of each still run
+AMD_PEAK_VERSION = 3  # the first version whose AMD MB fractions are of the peak
 # Group slots a policy may have: resctrl offers a few hundred groups at most; the bound
 # keeps a typo from building a layout of gigabytes (model cards are checked against it).
 MAX_GROUP_SLOTS = 4096
@@ -150,6 +161,22 @@ def node_features(version: int = ENCODER_VERSION) -> tuple[str, ...]:
     """The node feature names of an encoder version."""
     _check_version(version)
     return NODE_FEATURES if version == 1 else NODE_FEATURES + NODE_FEATURES_V2
+
+
+def refused_on(version: int, caps: NodeCapabilities) -> str:
+    """Why a policy of encoder ``version`` must not run on a node with ``caps`` ("" when
+    it may): before :data:`AMD_PEAK_VERSION`, its MB features and action levels on an AMD
+    node that reports its peak meant fractions of 2048 (256 GB/s), today's of the peak."""
+    mba = caps.mba
+    if version >= AMD_PEAK_VERSION or mba is None or mba.mode is not MbaMode.AMD:
+        return ""
+    if not caps.memory_bandwidth_bps:
+        return ""
+    return (
+        f"the policy's encoder version {version} read AMD MB values as fractions of "
+        f"{mba.max_bandwidth} (unlimited); this node reports its peak bandwidth, of which "
+        f"version {AMD_PEAK_VERSION} and the action levels take them now: retrain"
+    )
 
 
 def _check_version(version: int) -> None:
@@ -424,7 +451,7 @@ class SlotLayout:
     num_ways: np.ndarray  # (N,) 0 without CAT
     cache_bytes: np.ndarray  # (N,) NaN when unknown
     peak: np.ndarray  # (N,) memory bandwidth bytes/s, NaN when unknown
-    mba_max: np.ndarray  # (N,) MB maximum (NaN without MBA)
+    mba_max: np.ndarray  # (N,) MB value of full bandwidth (models.allocation.mb_scale)
     mbps: np.ndarray  # (N,) bool, mba_MBps mode
     node_tail: np.ndarray  # (N, 4) group_fraction, truncated, has_cat, has_mba
     machine: np.ndarray  # (N, 4) version 2's NODE_FEATURES_V2
@@ -754,7 +781,7 @@ def layout_of(
             [l3.size_bytes if l3 is not None and l3.size_bytes else np.nan], dtype=float
         ),
         peak=np.array([peak if peak else np.nan], dtype=float),
-        mba_max=np.array([mba.max_bandwidth if mba is not None else np.nan], dtype=float),
+        mba_max=np.array([mb_scale(caps)], dtype=float),
         mbps=np.array([mba is not None and mba.mode is MbaMode.MBPS]),
         node_tail=np.array(
             [
@@ -778,9 +805,9 @@ def machine_descriptors(caps: NodeCapabilities) -> list[float]:
     size = _clip01(l3.size_bytes / CACHE_SCALE) if l3 is not None and l3.size_bytes else 0.0
     gran = lo = 0.0
     if mba is not None and mba.max_bandwidth > 0:
-        top = mba.max_bandwidth
-        if mba.mode is MbaMode.MBPS and caps.memory_bandwidth_bps:
-            top = caps.memory_bandwidth_bps / 2**20  # MiB/s: the peak, not 2**32 - 1
+        top = mb_scale(caps)  # MiB/s under mba_MBps: the peak, not 2**32 - 1
+        if not top > 0:
+            top = mba.max_bandwidth
         gran = _clip01(mba.bandwidth_gran / top)
         lo = _clip01(mba.min_bandwidth / top)
     return [ways, size, gran, lo]

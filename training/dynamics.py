@@ -13,9 +13,10 @@ Model (small and parametric, one per group and target; documented in docs/TRACES
 - Inputs per interval: ``w`` = effective ways / total ways (ways shared with other active
   groups count 1/sharers: overlapping masks split capacity), lagged by a first-order
   occupancy lag with time constant ``tau_s`` (Ubik's inertia: occupancy follows the mask
-  over time, performance follows occupancy); ``m`` = MB / maximum; ``L`` = LC load (completed
-  requests/s over the largest seen); ``B`` = the other groups' memory bandwidth / the
-  node's peak (contention).
+  over time, performance follows occupancy); ``m`` = the MB value's share of full
+  bandwidth (:func:`models.allocation.mb_fraction`); ``L`` = LC load (completed requests/s
+  over the largest seen); ``B`` = the other groups' memory bandwidth / the node's peak
+  (contention).
 - Basis: piecewise-linear hat functions in ``w`` (17 knots) and ``m`` (11 knots) — a
   response table interpolated between knots, so knees (working sets fitting) are kept —
   plus ``log w * log m, w*m, B, B^2, B*log m, B*log w, L, L^2, L^3, L*log w, L*log m``,
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.types import GroupAllocation, GroupKind, GroupSpec, NodeCapabilities
+from models.allocation import mb_fraction, mb_scale
 from training.traces import Trace
 
 LATENCY_KEYS = ("p50", "p95", "p99", "p999")
@@ -191,12 +193,11 @@ class Dynamics:
     ) -> dict[str, np.ndarray]:
         caps = self.capabilities
         ways = caps.l3.num_ways if caps.l3 else 1
-        mbmax = _mb_max(caps)
         out = {}
         for g in eff_ways:
             d = self.groups[g]
             w = eff_ways[g] / ways if caps.l3 else 1.0
-            m = (mb.get(g) or mbmax) / mbmax if caps.mba else 1.0
+            m = mb_fraction(caps, mb.get(g) or caps.mba.max_bandwidth) if caps.mba else 1.0
             load = loads_rps.get(g, 0.0) / d.max_load_rps if d.max_load_rps > 0 else 0.0
             o = occupancy.get(g, w) if (d.state and occupancy is not None) else w
             out[g] = np.array([[w, m, others_bw.get(g, 0.0) / self.peak_bps, load, o]])
@@ -276,10 +277,6 @@ class Dynamics:
 
 def _bw(raw: Mapping[str, np.ndarray], d: GroupDynamics) -> float:
     return float(raw["bw"][0]) if "bw" in raw else 0.0
-
-
-def _mb_max(caps: NodeCapabilities) -> float:
-    return float(caps.mba.max_bandwidth) if caps.mba is not None else 1.0
 
 
 # --------------------------------------------------------------------------- sharing and lag
@@ -433,7 +430,7 @@ def fit_dynamics(
     peak = caps.memory_bandwidth_bps or max(1.0, float(np.max(sum(s.bw for s in series.values()))))
     cache = float(caps.l3.size_bytes) if caps.l3 and caps.l3.size_bytes else 1.0
     ways = caps.l3.num_ways if caps.l3 else 1
-    mbmax = _mb_max(caps)
+    scale = mb_scale(caps)
     total_bw = sum(s.bw for s in series.values())
     fitted: dict[str, GroupDynamics] = {}
     for g, s in series.items():
@@ -442,7 +439,7 @@ def fit_dynamics(
                 f"trace {trace.path}: group {g!r} is active in only {int(s.active.sum())} "
                 f"intervals; need at least {min_samples} to fit its response"
             )
-        m = s.mb / mbmax if caps.mba else np.ones_like(s.mb)
+        m = np.minimum(1.0, s.mb / scale) if scale > 0 else np.ones_like(s.mb)
         b = (total_bw - s.bw) / peak
         max_load = float(s.load.max())
         load = s.load / max_load if max_load > 0 else np.zeros_like(s.load)

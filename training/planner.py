@@ -36,7 +36,7 @@ import numpy as np
 
 from agent.types import Allocation, GroupKind, GroupSpec, NodeCapabilities, Snapshot
 from models.actions import ActionDecoder
-from models.allocation import equal_ways, mb_level, pack_ways, plan_from
+from models.allocation import equal_ways, mb_fraction, mb_level, pack_ways, plan_from
 from models.card import ModelCard
 from models.controller import KEEP, ControlContext, Controller, Decision
 from models.features import FeatureEncoder
@@ -291,7 +291,7 @@ def _held(
         if caps.mba is None or mb is None:
             levels[g] = len(MBA_FRACTIONS) - 1
         else:
-            frac = mb / caps.mba.max_bandwidth
+            frac = mb_fraction(caps, mb)
             levels[g] = int(np.argmin(np.abs(fractions - frac)))
     eff = effective_ways(masks, caps)
     counts = {g: round(eff[g]) for g in names}

@@ -7,7 +7,7 @@ and the profiling runs' plans (section 5.4.1). A part of
 from __future__ import annotations
 
 from agent.types import AllocationPlan, NodeCapabilities, contiguous_mask
-from models.allocation import plan_from
+from models.allocation import levels_at_most, mb_scale, plan_from
 from models.copart.apps import L_P, M_P, App
 
 
@@ -98,6 +98,4 @@ class Allocation:
     def _mb_fraction(self, fraction: float) -> int | None:
         if not self._caps.mba:
             return None
-        want = fraction * self._caps.mba.max_bandwidth
-        fitting = [v for v in self._grid if v <= want + 1e-9]
-        return fitting[-1] if fitting else self._grid[0]
+        return levels_at_most(self._grid, fraction * mb_scale(self._caps))

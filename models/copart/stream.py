@@ -11,7 +11,7 @@ import time
 
 from agent.node import Clock, Node, ground_truth
 from agent.types import NodeCapabilities
-from models.allocation import plan_from
+from models.allocation import mb_fraction, plan_from
 from models.search import mb_grid
 
 
@@ -82,5 +82,5 @@ def stream_profile_sim(node: Node) -> dict[int, float]:
 
 def stream_estimate(caps: NodeCapabilities, level: int) -> float:
     peak = caps.memory_bandwidth_bps or 0.0
-    frac = level / caps.mba.max_bandwidth if caps.mba else 1.0
+    frac = mb_fraction(caps, level) if caps.mba else 1.0
     return max(peak / (64.0 * 1.5) * frac, 1.0)

@@ -45,7 +45,8 @@ def _numpy_reward(w: RewardWeights, a: dict) -> dict[str, np.ndarray]:
         moved = np.where(both, np.bitwise_count((m0 ^ m1).astype(np.uint64)), 0).sum(axis=1)
         cache = np.where(ways > 0, np.minimum(1.0, moved / (2.0 * np.maximum(ways, 1))), 0.0)
         mb_ok = both & ~np.isnan(mb0) & ~np.isnan(mb1) & (scale > 0)
-        delta = np.where(mb_ok, np.minimum(1.0, np.abs(mb1 - mb0) / scale), 0.0)
+        x0, x1 = np.minimum(mb0, scale), np.minimum(mb1, scale)
+        delta = np.where(mb_ok, np.abs(x1 - x0) / scale, 0.0)
         k = mb_ok.sum(axis=1)
         mb = np.where(k > 0, delta.sum(axis=1) / np.maximum(k, 1), 0.0)
     churn = cache + w.mba_share * mb
@@ -69,7 +70,8 @@ def _numpy_reward(w: RewardWeights, a: dict) -> dict[str, np.ndarray]:
 def _inputs(rng: np.random.Generator, N: int, C: int) -> dict:
     """N nodes' intervals over C groups, with every case the rule distinguishes: no LC
     group or SLO, no requests, NaN and infinite tails, targets met and missed, no or a
-    zero reference, no or a zero IPS, groups held on one side only, no CAT or MBA."""
+    zero reference, no or a zero IPS, groups held on one side only, no CAT or MBA, MB
+    values above the node's scale (AMD's "unlimited")."""
     slo_pct = np.where(rng.random((N, C)) < 0.5, rng.integers(0, 4, (N, C)), -1)
     lat = rng.uniform(0.1, 4.0, (N, C, 4))
     lat[rng.random((N, C, 4)) < 0.1] = np.nan
@@ -97,7 +99,7 @@ def _inputs(rng: np.random.Generator, N: int, C: int) -> dict:
         "before": held(),
         "after": held(),
         "ways": ways,
-        "mb_scale": rng.choice([np.nan, 100.0, 0.0], N),
+        "mb_scale": rng.choice([np.nan, 100.0, 0.0, 60.0], N),  # 60: some MB values above it
     }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,12 +12,21 @@ from agent.types import (
     Allocation,
     CacheCapabilities,
     MbaCapabilities,
+    MbaMode,
     NodeCapabilities,
     Vendor,
     popcount,
 )
 from agent.validate import PlanContext, validate_plan
-from models.allocation import equal_masks, equal_ways, mb_level, pack_ways, plan_from
+from models.allocation import (
+    equal_masks,
+    equal_ways,
+    mb_fraction,
+    mb_level,
+    mb_scale,
+    pack_ways,
+    plan_from,
+)
 
 MACHINES = {
     "gold-6130": NodeCapabilities(
@@ -78,3 +89,40 @@ def test_mb_level_rounds_down_to_a_level(fraction: float, level: int) -> None:
 
 def test_mb_level_without_mba() -> None:
     assert mb_level(MACHINES["e5-v3-4clos"], 0.5) is None
+
+
+AMD_150 = replace(
+    MACHINES["amd"],
+    mba=MbaCapabilities(0, 1, 2048, 16, mode=MbaMode.AMD),
+    memory_bandwidth_bps=150e9,
+)
+
+
+@pytest.mark.parametrize(
+    ("caps", "fraction", "level"),
+    [
+        # a peak of 150 GB/s is 1,200 units of 1/8 GB/s: half of it is 600 units (75 GB/s),
+        # where half of 2048 (128 GB/s) would throttle nothing a 150 GB/s node draws
+        (AMD_150, 0.5, 600),
+        (AMD_150, 0.25, 300),
+        (AMD_150, 1.0, 2048),  # the whole of it: unlimited
+        (replace(AMD_150, memory_bandwidth_bps=None), 0.5, 1024),  # no peak: of 2048
+        (replace(AMD_150, memory_bandwidth_bps=400e9), 0.5, 1024),  # peak above the range
+    ],
+)
+def test_amd_mb_levels_are_fractions_of_the_peak(caps, fraction: float, level: int) -> None:
+    assert mb_level(caps, fraction) == level
+
+
+@pytest.mark.parametrize(
+    ("caps", "scale", "mb", "share"),
+    [
+        (MACHINES["gold-6130"], 100.0, 50, 0.5),
+        (AMD_150, 1200.0, 600, 0.5),
+        (AMD_150, 1200.0, 2048, 1.0),  # unlimited: all of the peak, no more
+        (replace(AMD_150, memory_bandwidth_bps=None), 2048.0, 1024, 0.5),
+    ],
+)
+def test_mb_scale_and_fraction(caps, scale: float, mb: int, share: float) -> None:
+    assert mb_scale(caps) == scale and mb_fraction(caps, mb) == share
+    assert mb_fraction(caps, mb_level(caps, share)) == pytest.approx(share, abs=0.01)

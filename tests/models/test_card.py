@@ -180,3 +180,26 @@ def test_the_onnx_file_is_checked_before_a_node_is_touched(tmp_path, kind) -> No
         check(f"policy:{export}")
     assert isinstance(refused.value.__cause__, PolicyError)
     assert str(onnx) in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("version", "scenario", "refused"),
+    [
+        (1, "more_lc_than_closids_epyc", True),  # AMD, reports its peak (150 GB/s)
+        (2, "more_lc_than_closids_epyc", True),
+        (3, "more_lc_than_closids_epyc", False),
+        (2, "default", False),  # Intel: MB values are percentages in every version
+    ],
+)
+def test_a_policy_reading_amd_mb_values_of_2048_is_refused_where_the_peak_is_known(
+    version: int, scenario: str, refused: bool
+) -> None:
+    from models.features import refused_on
+
+    caps = SimNode(scenario).capabilities()
+    why = refused_on(version, caps)
+    assert bool(why) == refused and ("retrain" in why) == refused
+    assert refused_on(version, dataclasses.replace(caps, memory_bandwidth_bps=None)) == ""
+    card = ModelCard.from_dict(json.loads(V1.read_text()))  # an encoder version 1 card
+    own = refused_on(card.encoder_version, caps)
+    assert bool(own) == (caps.mba.mode.value == "amd") and own in [*card.problems(caps), ""]

@@ -202,8 +202,8 @@ def test_real_snapshots_stay_in_bounds(preset: str) -> None:
 
 
 def test_version_2_layout_appends_history_sensitivity_and_machine() -> None:
-    enc = FeatureEncoder(max_groups=3)
-    assert enc.version == ENCODER_VERSION == 2 and enc.stateful
+    enc = FeatureEncoder(max_groups=3, version=2)
+    assert enc.stateful and FeatureEncoder(3).names == enc.names  # version 3: the same layout
     v1 = FeatureEncoder(max_groups=3, version=1)
     assert enc.size == 3 * (15 + 9) + 6 + 4 == len(enc.names)
     assert enc.names[:15] == v1.names[:15] and enc.names[15] == "g0.latency_ratio_prev"
@@ -211,7 +211,7 @@ def test_version_2_layout_appends_history_sensitivity_and_machine() -> None:
     signed = [n for n, lo in zip(enc.names, enc.low, strict=True) if lo < 0]
     assert len(signed) == 3 * 4  # latency_ratio(_prev) and the two sensitivities per slot
     with pytest.raises(ValueError, match="encoder version"):
-        FeatureEncoder(3, version=3)
+        FeatureEncoder(3, version=ENCODER_VERSION + 1)
 
 
 def _v2(obs: np.ndarray, enc: FeatureEncoder, slot: int, name: str) -> float:

@@ -42,8 +42,10 @@ from agent.types import (
 )
 from models.features import FeatureEncoder
 
-# Version 1: the shipped policy's inputs (version 2's history is checked by hand in
-# test_features.py)
+# Version 1's layout (version 2's history is checked by hand in test_features.py). The
+# MB fractions on the AMD node, which reports its peak, are those of version 3 (of the
+# peak, where the version 1 and 2 policies, trained on fractions of 2048, are refused):
+# regenerated with that bump, every other case unchanged.
 ENCODER_VERSION = 1
 
 DATA = Path(__file__).parent / "data" / f"encoder_v{ENCODER_VERSION}.json"
