@@ -50,7 +50,7 @@ def test_the_shipped_policy_runs_compiled_as_onnx_runtime_decides() -> None:
 def test_the_shipped_policy_drives_a_node_as_under_onnx_runtime() -> None:
     plans = []
     for compiled in (True, False):
-        node = SimNode("default", seed=4)
+        node = SimNode("lc_batch_60", seed=4)  # where the policy changes its allocation
         ctrl = PolicyController(DEFAULT_POLICY, compiled=compiled)
         plans.append([r.allocation for r in drive(ctrl, node, node, 40, interval_s=1.0)])
         node.close()
