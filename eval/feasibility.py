@@ -3,8 +3,9 @@
 A (scenario, seed) run is *feasible* when at every interval some allocation of the oracle's
 search space keeps every LC service's steady-state latency at its SLO percentile within
 its target (:func:`models.oracle.feasibility` with margin 0 and no window-noise guard,
-:data:`ATTAINABLE_MARGIN` and :data:`ATTAINABLE_NOISE_Z`: the loads of every interval,
-rounded up to the oracle's load grid, each distinct level checked once, most protective
+:data:`ATTAINABLE_MARGIN` and :data:`ATTAINABLE_NOISE_Z`: the highest load of every
+interval as the run sees it, not rounded up onto the oracle's load grid
+(:data:`ATTAINABLE_LOAD_QUANTUM`), each distinct level checked once, most protective
 allocations first), else *infeasible*. On an infeasible run no controller could keep the
 SLOs, so ``rdtune eval`` reports SLO violations on feasible and infeasible runs apart
 (eval/report.py) and lists the infeasible runs with the reason.
@@ -51,6 +52,7 @@ INFEASIBLE = "infeasible"
 # The "can the SLOs be kept" test: steady-state tail at most the target.
 ATTAINABLE_MARGIN = 0.0
 ATTAINABLE_NOISE_Z = 0.0
+ATTAINABLE_LOAD_QUANTUM = 0.0  # at the loads the run sees, not rounded up onto a grid
 # The note of a run feasible only with its batch jobs grouped apart (batch_apart).
 REGROUPED = "feasible with the batch jobs in a group of their own (not the scenario's placement)"
 
@@ -162,6 +164,13 @@ def _label(node, seconds: float, interval_s: float) -> RunFeasibility:
     planned = feasibility(node, seconds, interval_s)
     if planned.feasible:
         return RunFeasibility(FEASIBLE, "", planned.conditions, plannable=True)
-    f = feasibility(node, seconds, interval_s, margin=ATTAINABLE_MARGIN, noise_z=ATTAINABLE_NOISE_Z)
+    f = feasibility(
+        node,
+        seconds,
+        interval_s,
+        margin=ATTAINABLE_MARGIN,
+        noise_z=ATTAINABLE_NOISE_Z,
+        load_quantum=ATTAINABLE_LOAD_QUANTUM,
+    )
     label = FEASIBLE if f.feasible else INFEASIBLE
     return RunFeasibility(label, f.describe(), f.conditions, plannable=False)

@@ -86,3 +86,19 @@ def test_a_run_is_feasible_when_its_batch_jobs_grouped_apart_keep_every_slo() ->
         assert batch_apart(node) is None  # the batch jobs are already apart
     finally:
         node.close()
+
+
+def test_loads_are_judged_as_the_run_sees_them_not_rounded_up_onto_the_grid() -> None:
+    """memcached stepping to 84.8% of its capacity: some allocation keeps its steady-state
+    tail within the target there, though none does at 86%, the oracle's grid point above
+    it (loads rounded up to 2% of capacity, how the oracle plans). The run is feasible."""
+    from models.oracle import feasibility
+
+    scn = step_scenario(0.848, at=0.5)
+    node = SimNode(scn, seed=0, interval_s=0.1)
+    try:
+        assert not feasibility(node, 2.0, 0.1, margin=0.0, noise_z=0.0).feasible  # on the grid
+    finally:
+        node.close()
+    label = check_run(scn, 0, 2.0, 0.1)
+    assert (label.label, label.plannable) == (FEASIBLE, False)
