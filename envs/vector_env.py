@@ -582,7 +582,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         if self.shield.config.reads_misses:
             requests = request_misses(layout, m, slot_col)
         ways, shared, mb = self._held_slots(rows)
-        levels = held_levels(mb, self._dl.mb_table[rows])
+        levels = held_levels(mb, self._dl.mb_held[rows])
         self.shield.update(rows, ratio, ways, levels, shared, requests)
 
     def _churn_masks(self) -> np.ndarray:

@@ -28,9 +28,10 @@ safety is judged on the plannable runs (eval/results.py): there it must miss no 
 Every LC service is held to an SLO: an LC group's, or, for a service no LC group covers
 (more LC services than CLOSIDs leave some in the default group), its own
 (:func:`models.oracle.unguarded_services`). The check runs on the scenario's groups; where
-that leaves a batch job in the default group, which no plan can throttle, and is
-infeasible, it runs again with the batch jobs grouped apart (:func:`batch_apart`), and the
-run is feasible, with the note :data:`REGROUPED`, if some allocation keeps every SLO there.
+that is infeasible and leaves LC services no LC group covers, beside a batch job in the
+default group, which no plan can throttle, it runs again with the batch jobs grouped apart
+(:func:`batch_apart`), and the run is feasible, with the note :data:`REGROUPED`, if some
+allocation keeps every SLO there.
 The plannable flag stays the scenario's groups' (the oracle runs on them).
 
 Simulated scenarios only (the check reads the simulator's ground truth and the realised
@@ -63,7 +64,8 @@ class RunFeasibility:
 
     Attributes:
         label: ``feasible``, ``infeasible`` or ``""`` (no SLO to meet, or not checked).
-        note: why it is infeasible (the first infeasible load level), else "".
+        note: why it is infeasible (the first infeasible load level); :data:`REGROUPED`
+            for a run feasible only with its batch jobs grouped apart; else "".
         levels: distinct load levels checked.
         seconds: wall time the check took (0 when it came from the cache).
         plannable: whether the oracle's margined test holds at every load level (None

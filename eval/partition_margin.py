@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from agent.sim import SimNode
 from agent.sim.facts import max_load
-from agent.types import SLO, AllocationPlan, GroupAllocation, GroupKind, GroupSpec, contiguous_mask
+from agent.types import AllocationPlan, GroupAllocation, GroupKind, GroupSpec, contiguous_mask
 
 SCENARIOS = (
     "catbench_kv_big_tensorflow",
@@ -136,8 +136,7 @@ def two_tiers(node: SimNode) -> tuple[str, ...]:
     batch = [w for w in node.workloads() if w.kind != "lc"]
     if not lc or not batch:
         raise ValueError("a tiered probe needs LC services and batch jobs")
-    tightest = min(lc, key=lambda w: w.spec.lc.slo_ms)  # the tier's label only
-    slo = SLO(tightest.spec.lc.slo_percentile, tightest.spec.lc.slo_ms)
+    slo = min((w.slo for w in lc), key=lambda s: s.target_ms)  # the tier's label only
     node.create_group(GroupSpec(LC_TIER, GroupKind.LC, slo=slo))
     node.create_group(GroupSpec(BATCH_TIER, GroupKind.BATCH))
     node.assign(LC_TIER, pids=[p for w in lc for p in w.pids])

@@ -532,6 +532,16 @@ def infeasible_runs(results: Sequence[JobResult]) -> list[tuple[str, int, str]]:
     return [(s, seed, note) for (s, seed), note in seen.items()]
 
 
+def regrouped(results: Sequence[JobResult]) -> str:
+    """" (N of them only with the batch jobs grouped apart)" when some feasible (scenario,
+    seed) runs are so only on another placement than the scenario's (eval/feasibility.py,
+    REGROUPED), else ""."""
+    from eval.feasibility import REGROUPED
+
+    runs = {(r.scenario, r.seed) for r in results if r.feasibility_note == REGROUPED}
+    return f" ({len(runs)} of them only with the batch jobs grouped apart)" if runs else ""
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
 
@@ -844,7 +854,8 @@ def write_report(
         f"confidence interval; {CUT_NOTE} SLO violations: share of intervals in an SLO "
         "window (enough requests to judge a percentile, eval/metrics.py) over the SLO, "
         "reported apart for "
-        f"feasible and infeasible (scenario, seed) runs ({n_feasible} feasible, {len(bad)} "
+        f"feasible and infeasible (scenario, seed) runs ({n_feasible} feasible"
+        f"{regrouped(results)}, {len(bad)} "
         "infeasible: no allocation keeps every SLO's steady-state tail within its target "
         "there, eval/feasibility.py); tail / alone: "
         "the LC tail latency over the same service's alone on the machine; unfairness: "

@@ -173,6 +173,7 @@ def _suite_section(
         paired_metrics,
         paired_table,
         pairs_basis,
+        regrouped,
         table,
     )
 
@@ -190,7 +191,8 @@ def _suite_section(
         "",
         f"{len(scenarios)} scenario(s) x {len(seeds)} seed(s), {len(results)} runs "
         f"({sum(1 for r in results if r.error)} failed); "
-        f"{sum(1 for v in pairs.values() if v == 'feasible')} feasible and {len(bad)} "
+        f"{sum(1 for v in pairs.values() if v == 'feasible')} feasible{regrouped(ok)} and "
+        f"{len(bad)} "
         "infeasible (scenario, seed) runs"
         + (f"; {wall['wall_s'] / 60:.1f} min wall on this machine" if wall else "")
         + ".",

@@ -55,7 +55,7 @@ import numpy as np
 
 from agent.types import AllocationPlan, GroupAllocation, NodeCapabilities, contiguous_mask
 from models import actions_kernel as ak
-from models.allocation import mb_level
+from models.allocation import mb_level, mb_scale
 from models.features import MAX_GROUP_SLOTS
 
 _MB_TABLES: dict[tuple, tuple[int, ...]] = {}
@@ -250,6 +250,7 @@ class ActionDecoder:
                 dtype=np.int64,
             ),
             mb_table=table,
+            mb_held=np.minimum(table, mb_scale(caps)) if caps.mba is not None else table,
         )
 
     def _shared_masks_of(
@@ -292,6 +293,10 @@ class DecodeLayout:
     total: np.ndarray  # ways
     offset: np.ndarray  # lowest bit of the capacity mask
     mb_table: np.ndarray  # (N, mba_levels) MB value of each level (NaN: no MBA)
+    # (N, mba_levels) the levels as held MB values are read back: each value at most the
+    # node's full bandwidth (models.allocation.mb_scale). On AMD the top level writes 2048,
+    # unlimited, and a value between the peak and it holds the whole of the bandwidth too.
+    mb_held: np.ndarray
 
     @classmethod
     def stack(cls, layouts: Sequence[DecodeLayout]) -> DecodeLayout:
@@ -447,7 +452,7 @@ def nearest_levels(
     if n == 0:
         return levels
     if mb is not None and np.isfinite(layout.mb_table[0]).any():
-        levels[S : S + n] = _nearest_mb_levels(layout.mb_table[0], np.asarray(mb, float)[:n])
+        levels[S : S + n] = _nearest_mb_levels(layout.mb_held[0], np.asarray(mb, float)[:n])
     if not layout.has_l3[0]:
         return levels
     want_ways = _way_target(decoder, layout, np.asarray(ways, dtype=np.int64)[:n], floors)

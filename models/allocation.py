@@ -78,12 +78,19 @@ def mb_scale(caps: NodeCapabilities) -> float:
     mba = caps.mba
     if mba is None:
         return math.nan
-    peak = caps.memory_bandwidth_bps
+    peak = _peak(caps)
     if mba.mode is MbaMode.MBPS:
         return peak / 2**20 if peak else math.nan
     if mba.mode is MbaMode.AMD and peak:
         return min(float(mba.max_bandwidth), peak / AMD_MB_UNIT_BPS)
     return float(mba.max_bandwidth)
+
+
+def _peak(caps: NodeCapabilities) -> float:
+    """The node's peak memory bandwidth (bytes/s), 0 where it is unknown (or no usable
+    number: not finite or not positive)."""
+    peak = caps.memory_bandwidth_bps
+    return float(peak) if peak is not None and 0 < peak < math.inf else 0.0
 
 
 def mb_fraction(caps: NodeCapabilities, mb: float) -> float:
@@ -101,7 +108,7 @@ def mb_level(caps: NodeCapabilities, fraction: float) -> int | None:
     if mba is None:
         return None
     if mba.mode is MbaMode.MBPS:
-        peak = caps.memory_bandwidth_bps or 0
+        peak = _peak(caps)
         return max(1, int(fraction * peak / 2**20)) if peak else mba.max_bandwidth
     levels = mba.levels()
     if fraction >= 1.0:

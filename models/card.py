@@ -269,7 +269,12 @@ class ModelCard:
 
     def problems(self, caps: NodeCapabilities) -> list[str]:
         """Every reason the policy must not control a node with ``caps`` here."""
-        out = self.code_problems() + self.trained_on.problems(caps)
+        return self.code_problems() + self.node_problems(caps)
+
+    def node_problems(self, caps: NodeCapabilities) -> list[str]:
+        """Every reason a node with ``caps`` is not one the policy can control: outside what
+        it was trained on, or one where its features' meaning has changed since."""
+        out = self.trained_on.problems(caps)
         if self.encoder_version in ENCODER_VERSIONS:
             why = refused_on(self.encoder_version, caps)
             out += [why] if why else []

@@ -276,7 +276,8 @@ class SafePlan:
         result: the search's best state, plan and score (on the constrained objective).
         feasible: whether that state meets every SLO with the margin.
         excess: :func:`models.objectives.slo_excess` of that state with the margin.
-        latency_ratio: per LC group, its steady-state latency / SLO target there.
+        latency_ratio: per LC group (and LC service no group covers), its steady-state
+            latency / SLO target there.
         evaluations: states scored for this condition (feasibility pass + search).
         seconds: wall time spent on it.
     """
@@ -318,7 +319,8 @@ class _Scorer:
     def _services(self, truths):
         """(label, limit ms, percentile, instance, truth) per LC service judged: those of
         the LC groups by their group's SLO (labelled by the group), and every other LC
-        service by its own (labelled by its instance name)."""
+        service by its own (labelled by its instance name and where it runs, which no group
+        name can be)."""
         for g, spec in self.groups.items():
             t = truths.get(g)
             if t is None or spec.kind is not GroupKind.LC or spec.slo is None:
@@ -331,7 +333,8 @@ class _Scorer:
             t = truths.get(g)
             wt = None if t is None else t.workloads.get(name)
             if wt is not None and wt.latency_ms:
-                yield name, (1.0 - self.margin) * slo.target_ms, slo.percentile, name, wt
+                label = f"{name} (in {'the default group' if not g else repr(g)})"
+                yield label, (1.0 - self.margin) * slo.target_ms, slo.percentile, name, wt
 
     def __call__(self, plan: AllocationPlan) -> float:
         key = self._key(plan)
@@ -341,8 +344,8 @@ class _Scorer:
         return self.scores[key]
 
     def _judge(self, plan: AllocationPlan):
-        """(constrained score, SLO excess, guarded latency / target per LC group, groups
-        over their margined target) of ``plan``."""
+        """(constrained score, SLO excess, guarded latency / target per label of
+        :meth:`_services`, the labels over their margined target) of ``plan``."""
         truths = self.sim.steady_state(plan, self.loads)
         outcome = truth_outcome(truths, self.groups)
         ratios: dict[str, float] = {}
@@ -367,13 +370,13 @@ class _Scorer:
         return value, excess, ratios, frozenset(missed)
 
     def missed_by(self, plan: AllocationPlan) -> frozenset[str]:
-        """The LC groups a scored plan left over their margined target."""
+        """The labels (:meth:`_services`) a scored plan left over their margined target."""
         self(plan)
         return self.missed[self._key(plan)]
 
     def verify(self, plan: AllocationPlan) -> tuple[float, float, dict[str, float]]:
-        """(constrained score, SLO excess, guard-percentile latency / target per LC group)
-        of ``plan``."""
+        """(constrained score, SLO excess, guard-percentile latency / target per label of
+        :meth:`_services`) of ``plan``."""
         value, excess, ratios, _ = self._judge(plan)
         return value, excess, ratios
 

@@ -428,7 +428,7 @@ class PolicyController(ActingController):
 
     def check_capabilities(self, caps: NodeCapabilities) -> None:
         """Raise :class:`PolicyCompatibilityError` unless the node is one the policy fits."""
-        problems = self.card.trained_on.problems(caps)
+        problems = self.card.node_problems(caps)
         if problems:
             raise PolicyCompatibilityError(
                 f"policy {self.card.name!r} ({self.path}): " + "; ".join(problems)

@@ -29,7 +29,6 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from agent.types import SLO
 from models import coco, static, ubik
 from models.copart import stream_profile_sim
 from models.policy import DEFAULT_POLICY, check_export
@@ -131,9 +130,9 @@ def prepare_time_sharing(setup: Setup, options: Options, *, profile: bool) -> Op
             )
         views = truth.workloads()
         services = [
-            coco.Service(w.name, frozenset(w.pids), SLO(w.spec.lc.slo_percentile, w.spec.lc.slo_ms))
+            coco.Service(w.name, frozenset(w.pids), w.slo)
             for w in views
-            if w.kind == "lc"
+            if w.kind == "lc" and w.slo is not None
         ]
         if not services:
             raise Unavailable("it needs LC services in the scenario")

@@ -204,8 +204,9 @@ class ShieldConfig:
 
 
 def held_levels(mb: np.ndarray, mb_table: np.ndarray) -> np.ndarray:
-    """The MBA level (index into each node's ``mb_table`` row) an MB value ``mb`` (N, S)
-    holds: the highest level at or below it; the top level for NaN (no MB value: full)."""
+    """The MBA level (index into each node's ``mb_table`` row: a layout's ``mb_held``) an
+    MB value ``mb`` (N, S) holds: the highest level at or below it; the top level for NaN
+    (no MB value: full)."""
     out = np.empty(mb.shape, dtype=np.int64)
     sk.held_levels(np.asarray(mb, dtype=float), np.asarray(mb_table, dtype=float), out)
     return out
@@ -266,7 +267,7 @@ class Shield:
         self._fastest[rows] = np.inf
         self._released[rows] = False
         self._last_held[rows] = held_ways
-        lv = held_levels(held_mb, layout.mb_table)
+        lv = held_levels(held_mb, layout.mb_held)
         self.mb_floor[rows] = np.where(self.is_lc[rows] & has_mba[:, None], lv, 0)
         self._fit(rows)
 
@@ -406,7 +407,7 @@ class NodeShield:
         self._unmeasured = np.full((1, slots), np.nan)
         self._scratch = (np.empty((1, slots), dtype=np.int64), np.empty((1, slots), dtype=bool),
                          np.empty((1, slots), dtype=np.int64))  # fmt: skip
-        self._mb_table = np.zeros((1, 1))
+        self._mb_held = np.zeros((1, 1))
         self._masks_of: tuple | None = None  # (allocation, its held_masks)
 
     def start(
@@ -421,7 +422,7 @@ class NodeShield:
         size = self.shield.floor.shape[1]
         self._slots, self._caps, self._layout = tuple(slots), caps, layout
         self._present = (np.arange(size) < len(self._slots))[None, :]
-        self._mb_table = np.asarray(layout.mb_table, dtype=float)
+        self._mb_held = np.asarray(layout.mb_held, dtype=float)
         self._masks_of = None  # the slots may have changed
         is_lc = np.zeros((1, size), dtype=bool)
         for i, name in enumerate(slots[:size]):
@@ -449,7 +450,7 @@ class NodeShield:
         masks, mb = self._masks(allocation)
         misses, p50 = requests if requests is not None else (self._unmeasured,) * 2
         ways, shared, levels = self._scratch
-        sk.observe_node(masks, self._present, mb, self._mb_table, np.asarray(ratio, dtype=float),
+        sk.observe_node(masks, self._present, mb, self._mb_held, np.asarray(ratio, dtype=float),
                         np.asarray(misses, dtype=float), np.asarray(p50, dtype=float),
                         self._row, shield._state(), shield._thresholds(), ways, shared,
                         levels)  # fmt: skip

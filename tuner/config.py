@@ -21,7 +21,7 @@ Example ``tuner.yaml`` (every key optional; see docs/DEPLOY.md)::
       violation_intervals: 3      # K: consecutive SLO violations that switch to the fallback
       stable_intervals: 10        # intervals without violation before switching back
       max_way_step: 2             # ways a group may gain or lose per interval (null: no limit)
-      max_mb_step: 2              # MBA steps (of bandwidth_gran) per interval (null: no limit)
+      max_mb_step: 2              # MBA steps per interval (tuner.guard.mb_step_size; null: none)
       min_dwell_s: 0.0            # a group's allocation is held at least this long
       limit_fallback: false       # also rate-limit the fallback's plans
     agent:

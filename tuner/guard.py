@@ -37,6 +37,7 @@ from agent.types import (
     popcount,
 )
 from agent.validate import PlanContext, validate_plan
+from models.allocation import mb_scale
 from tuner.config import GuardConfig
 
 # --------------------------------------------------------------------------- plan screening
@@ -115,15 +116,19 @@ def step_mb(old: int, target: int, max_steps: int, gran: int) -> int:
 
 
 def mb_step_size(caps: NodeCapabilities) -> int | None:
-    """One MBA step in the node's MB unit: ``bandwidth_gran`` (percent, AMD units); in
-    mba_MBps mode 1% of the peak bandwidth in MiB/s (None -- no limit -- when the peak is
-    unknown)."""
-    if caps.mba is None:
+    """One MBA step in the node's MB unit: ``bandwidth_gran`` in percent mode; on AMD and
+    in mba_MBps mode 1% of the full bandwidth (:func:`models.allocation.mb_scale`: on AMD
+    the peak in 1/8 GB/s units, else 2048's 1%; None -- no limit -- under mba_MBps when
+    the peak is unknown), where one unit (1/8 GB/s, 1 MiB/s) would make a step nothing."""
+    mba = caps.mba
+    if mba is None:
         return None
-    if caps.mba.mode is MbaMode.MBPS:
-        peak = caps.memory_bandwidth_bps
-        return max(1, int(peak / 2**20 / 100)) if peak else None
-    return max(1, caps.mba.bandwidth_gran)
+    if mba.mode is MbaMode.PERCENT:
+        return max(1, mba.bandwidth_gran)
+    scale = mb_scale(caps)
+    if not scale > 0:
+        return None
+    return max(1, mba.bandwidth_gran, int(scale / 100))
 
 
 class PlanGuard:

@@ -61,15 +61,12 @@ def _static_lc(intervals: int) -> list[float]:
 def _time_sharing(kind: str) -> Case:
     def case(intervals: int) -> list[float]:
         from agent.sim import SimNode
-        from agent.types import SLO
         from models.coco import CoCo, RoundRobin, Service, ServiceProfile, prepare_groups
 
         node = SimNode("more_lc_than_closids_epyc", seed=1, noise=False, auto_groups=False)
         wl = node.workloads()
         services = [
-            Service(w.name, frozenset(w.pids), SLO(w.spec.lc.slo_percentile, w.spec.lc.slo_ms))
-            for w in wl
-            if w.kind == "lc"
+            Service(w.name, frozenset(w.pids), w.slo) for w in wl if w.kind == "lc" and w.slo
         ]
         bg = [p for w in wl if w.kind != "lc" for p in w.pids]
         groups = prepare_groups(node, services[0].slo)

@@ -117,6 +117,19 @@ def test_changing_the_allocation_costs() -> None:
     assert t.change == pytest.approx(-W.change * W.mba_share * 0.5)
 
 
+@pytest.mark.parametrize(("before", "after", "mb"), [(1200, 2048, 0.0), (600, 2048, 0.5)])
+def test_amd_mb_churn_is_of_the_peak(before: int, after: int, mb: float) -> None:
+    """On the simulated EPYC (150 GB/s: 1,200 units of 1/8 GB/s) going from the peak to
+    2048 (unlimited) changes no bandwidth; from half the peak, half of it."""
+    caps = default_catalog().machine("epyc7302p").capabilities()
+    held = {"a": 0xF, "b": 0xF0}
+
+    def alloc(value: int) -> Allocation:
+        return Allocation({g: {0: GroupAllocation(l3_mask=m, mb=value)} for g, m in held.items()})
+
+    assert churn(alloc(before), alloc(after), caps) == (0.0, pytest.approx(mb))
+
+
 def test_weights_scale_their_terms() -> None:
     snap = _snap(p99_ms=2.0, ips_a=1.8e9, ips_b=0.2e9)
     base = _reward(snap)

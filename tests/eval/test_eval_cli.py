@@ -219,6 +219,14 @@ def test_time_sharing_is_judged_per_service() -> None:
     assert any(len(set(w)) > 1 for w in r.timeline_ways.values())
 
 
+def test_services_are_judged_by_the_scenarios_slo() -> None:
+    from agent.sim import SimNode
+    from eval.runner import _ServiceProbe
+
+    # lc_batch_60 sets xapian's target to 8 ms; the catalog's is 5 ms
+    assert _ServiceProbe(SimNode("lc_batch_60", 0))._slo["xapian"] == (99.0, 8.0)
+
+
 @pytest.mark.parametrize("controller", ["oracle", "eq"])
 def test_services_left_in_the_default_group_are_judged_too(controller: str) -> None:
     """Five LC services on four CLOSIDs: the scenario's groups hold three of them, the

@@ -47,8 +47,8 @@ def test_sustained_scale_is_where_the_tightest_slo_breaks(tiers) -> None:
         truth = node.steady_state(_plan(full, full), {s: r * factor for s, r in base.items()})
         views = {w.name: w for w in node.workloads()}
         return max(
-            truth[P.LC_TIER].workloads[s].latency_ms[views[s].spec.lc.slo_percentile]
-            / views[s].spec.lc.slo_ms
+            truth[P.LC_TIER].workloads[s].latency_ms[views[s].slo.percentile]
+            / views[s].slo.target_ms
             for s in services
         )
 

@@ -418,3 +418,19 @@ def test_results_saved_before_the_plannable_flag_still_render(tmp_path: Path) ->
     assert f"- hard, seed 0: {OLD_LABEL_NOTE}: x at best 1.3" in md
     again = load_results(tmp_path / "results.json")  # rewritten with the flag: once
     assert [r.feasibility_note for r in again] == [r.feasibility_note for r in back]
+
+
+def test_runs_feasible_only_with_their_batch_jobs_grouped_apart_are_counted(tmp_path) -> None:
+    from eval.feasibility import REGROUPED
+    from eval.report import regrouped
+
+    runs = []
+    for seed, note in enumerate((REGROUPED, "", REGROUPED)):
+        for label in ("eq", "coco"):
+            r = _result(label, "s1", seed, tail=1.0, unf=0.1)
+            r.feasibility, r.feasibility_note = "feasible", note
+            runs.append(r)
+    assert regrouped(runs) == " (2 of them only with the batch jobs grouped apart)"
+    assert regrouped(runs[2:4]) == ""
+    text = write_report(runs, tmp_path, title="T", plots=False).markdown.read_text()
+    assert "(3 feasible (2 of them only with the batch jobs grouped apart), 0 infeasible" in text

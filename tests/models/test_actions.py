@@ -358,3 +358,20 @@ def test_share_all_is_in_the_layout_only_when_on() -> None:
     assert ActionDecoder(4, 5, 4, share_all=True).layout()["share_all"] is True
     with pytest.raises(ValueError, match="share_all"):
         ActionDecoder(4, 5, 4, share_all="yes")
+
+
+def test_an_amd_mb_value_between_the_peak_and_unlimited_holds_the_top_level() -> None:
+    """The simulated EPYC (150 GB/s: 1,200 units of 1/8 GB/s): the top MBA level writes 2048
+    (unlimited), and any value from the peak up holds all of the bandwidth, so the shield
+    and the teacher's labels read it as the top level, not the 75% one below it."""
+    from models.shield import held_levels
+
+    caps = SimNode("more_lc_than_closids_epyc").capabilities()
+    decoder = ActionDecoder(8, 5, 4)
+    layout = decoder.decode_layout(3, caps)
+    assert layout.mb_table[0].tolist() == [300, 600, 900, 2048]
+    assert layout.mb_held[0].tolist() == [300, 600, 900, 1200]
+    held = np.array([[1200.0, 1500.0, 2048.0, 899.0]])
+    assert held_levels(held, layout.mb_held).tolist() == [[3, 3, 3, 1]]
+    labels = nearest_levels(decoder, layout, [6, 6, 6], [1200.0, 1500.0, 620.0])
+    assert labels[8:11].tolist() == [3, 3, 1]

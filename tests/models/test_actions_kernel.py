@@ -23,7 +23,7 @@ for case in range(60):
     table[1] = np.nan
     layout = DecodeLayout(rng.integers(0, S + 1, N), np.array([True, True, False, True]),
                           rng.integers(1, 3, N), rng.choice([4, 11, 20], N),
-                          rng.integers(0, 3, N), table)
+                          rng.integers(0, 3, N), table, table)
     levels = np.concatenate([rng.integers(0, share_levels, (N, S)),
                              rng.integers(0, mba_levels, (N, S))], axis=1)
     levels[0, :S] = 0

@@ -97,6 +97,12 @@ AMD_150 = replace(
     memory_bandwidth_bps=150e9,
 )
 
+MBPS_20G = replace(
+    MACHINES["gold-6130"],
+    mba=MbaCapabilities(1, 1, 4294967295, 8, mode=MbaMode.MBPS),
+    memory_bandwidth_bps=20e9,
+)
+
 
 @pytest.mark.parametrize(
     ("caps", "fraction", "level"),
@@ -108,6 +114,9 @@ AMD_150 = replace(
         (AMD_150, 1.0, 2048),  # the whole of it: unlimited
         (replace(AMD_150, memory_bandwidth_bps=None), 0.5, 1024),  # no peak: of 2048
         (replace(AMD_150, memory_bandwidth_bps=400e9), 0.5, 1024),  # peak above the range
+        (replace(AMD_150, memory_bandwidth_bps=float("nan")), 0.5, 1024),  # no usable peak
+        (MBPS_20G, 0.5, int(10e9 / 2**20)),
+        (replace(MBPS_20G, memory_bandwidth_bps=float("inf")), 0.5, 4294967295),
     ],
 )
 def test_amd_mb_levels_are_fractions_of_the_peak(caps, fraction: float, level: int) -> None:
@@ -121,8 +130,13 @@ def test_amd_mb_levels_are_fractions_of_the_peak(caps, fraction: float, level: i
         (AMD_150, 1200.0, 600, 0.5),
         (AMD_150, 1200.0, 2048, 1.0),  # unlimited: all of the peak, no more
         (replace(AMD_150, memory_bandwidth_bps=None), 2048.0, 1024, 0.5),
+        # a peak that is no usable number counts as unknown
+        (replace(AMD_150, memory_bandwidth_bps=float("nan")), 2048.0, 1024, 0.5),
+        (replace(AMD_150, memory_bandwidth_bps=-1e9), 2048.0, 1024, 0.5),
+        (replace(AMD_150, memory_bandwidth_bps=float("inf")), 2048.0, 1024, 0.5),
+        (MBPS_20G, 20e9 / 2**20, 20e9 / 2**21, 0.5),  # mba_MBps: MiB/s of the peak
     ],
 )
-def test_mb_scale_and_fraction(caps, scale: float, mb: int, share: float) -> None:
-    assert mb_scale(caps) == scale and mb_fraction(caps, mb) == share
+def test_mb_scale_and_fraction(caps, scale: float, mb: float, share: float) -> None:
+    assert mb_scale(caps) == pytest.approx(scale) and mb_fraction(caps, mb) == pytest.approx(share)
     assert mb_fraction(caps, mb_level(caps, share)) == pytest.approx(share, abs=0.01)

@@ -200,6 +200,30 @@ def test_a_policy_reading_amd_mb_values_of_2048_is_refused_where_the_peak_is_kno
     why = refused_on(version, caps)
     assert bool(why) == refused and ("retrain" in why) == refused
     assert refused_on(version, dataclasses.replace(caps, memory_bandwidth_bps=None)) == ""
-    card = ModelCard.from_dict(json.loads(V1.read_text()))  # an encoder version 1 card
-    own = refused_on(card.encoder_version, caps)
-    assert bool(own) == (caps.mba.mode.value == "amd") and own in [*card.problems(caps), ""]
+
+
+@pytest.mark.parametrize("scenario", ["more_lc_than_closids_epyc", "default"])
+def test_a_version_2_policy_controller_refuses_the_amd_node_that_reports_its_peak(
+    tmp_path, scenario: str
+) -> None:
+    """The bundled policy with its card saying version 2 (the layout is version 3's): the
+    controller itself refuses to start on the simulated EPYC, as the catalogue's check does,
+    and starts on the Intel preset, where the versions encode alike."""
+    from models.controller import context
+    from models.policy import PolicyCompatibilityError, PolicyController, check_export
+
+    old = copy_export(
+        DEFAULT_POLICY,
+        tmp_path / "v2",
+        **{"runtime.encoder_version": 2, "runtime.features.encoder_version": 2},
+    )
+    node = SimNode(scenario)
+    ctl = PolicyController(old)
+    if scenario == "default":
+        ctl.start(context(node))
+        check_export(old, node.capabilities())
+        return
+    with pytest.raises(PolicyCompatibilityError, match="encoder version 2 read AMD MB values"):
+        ctl.start(context(node))
+    with pytest.raises(PolicyCompatibilityError, match="encoder version 2 read AMD MB values"):
+        check_export(old, node.capabilities())

@@ -172,6 +172,18 @@ def test_time_sharing_needs_a_bare_node() -> None:
         build(spec, node, node)
 
 
+@pytest.mark.parametrize("name", ["coco", "round_robin"])
+def test_time_sharing_plans_for_the_slos_the_run_is_judged_by(name: str) -> None:
+    """lc_batch_60 sets xapian's SLO target to 8 ms (its catalog's is 5 ms): the services
+    a time-sharing controller schedules carry the scenario's targets, as eval's per-service
+    judge reads them (WorkloadView.slo)."""
+    node = SimNode("lc_batch_60", 0, auto_groups=False)
+    ctl = build(ControllerSpec.parse(name), node, node)
+    slos = {s.name: s.slo.target_ms for s in getattr(ctl, "inner", ctl).services}
+    assert slos == {w.name: w.slo.target_ms for w in node.workloads() if w.kind == "lc"}
+    assert slos["xapian"] == 8.0
+
+
 def test_merged_snapshots_sum_counters_and_weight_latency() -> None:
     from agent.types import GroupSample, LatencyStats, Snapshot
 

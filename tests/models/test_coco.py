@@ -40,11 +40,7 @@ def _contested(name: str = EPYC, load: float = 0.45):
 def _setup(scenario=EPYC, seed=2):
     node = SimNode(scenario, seed=seed, noise=False, auto_groups=False)
     wl = node.workloads()
-    services = [
-        Service(w.name, frozenset(w.pids), SLO(w.spec.lc.slo_percentile, w.spec.lc.slo_ms))
-        for w in wl
-        if w.kind == "lc"
-    ]
+    services = [Service(w.name, frozenset(w.pids), w.slo) for w in wl if w.kind == "lc"]
     background = [p for w in wl if w.kind != "lc" for p in w.pids]
     loosest = max(services, key=lambda s: s.slo.target_ms).slo
     return node, services, background, prepare_groups(node, loosest)
@@ -246,9 +242,9 @@ def test_dedicated_service_over_its_slo_moves_up_a_tier(needy, before, after):
     wl = node.workloads()
     services = [
         # shore_mt's SLO is set far below what any tier gives it (0.2 ms): it always misses
-        Service(w.name, frozenset(w.pids), SLO(w.spec.lc.slo_percentile, 0.2))
+        Service(w.name, frozenset(w.pids), SLO(w.slo.percentile, 0.2))
         if w.name == "shore_mt"
-        else Service(w.name, frozenset(w.pids), SLO(w.spec.lc.slo_percentile, w.spec.lc.slo_ms))
+        else Service(w.name, frozenset(w.pids), w.slo)
         for w in wl
         if w.kind == "lc"
     ]

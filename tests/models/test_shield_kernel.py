@@ -21,7 +21,7 @@ rng = np.random.default_rng(11)
 N, S = 3, 6
 table = np.array([[10.0, 40.0, 70.0, 100.0], [20.0, 50.0, 80.0, 100.0], [np.nan] * 4])
 layout = DecodeLayout(np.array([6, 4, 5]), np.array([True, True, True]), np.array([1, 2, 1]),
-                      np.array([11, 20, 12]), np.zeros(3, np.int64), table)
+                      np.array([11, 20, 12]), np.zeros(3, np.int64), table, table)
 shield = Shield(N + 1, S, ShieldConfig(step=0.2, max_grow=3, give_up=2, retry=2, probe=2,
                                       probe_share=0.05, miss_share=0.01))
 rows = np.array([2, 0, 3])

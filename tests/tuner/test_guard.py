@@ -209,3 +209,9 @@ def test_mb_step_size_per_mode() -> None:
     known = replace(caps(), mba=mbps, memory_bandwidth_bps=100 * 2**30)
     assert mb_step_size(known) == 1024  # 1% of 100 GiB/s in MiB/s
     assert mb_step_size(replace(caps(), mba=None)) is None
+    # AMD: 1% of the full bandwidth, not one unit of 1/8 GB/s (2 steps from 2048 to half of
+    # a 150 GB/s peak would otherwise take ~700 intervals)
+    amd = replace(caps().mba, mode=MbaMode.AMD, min_bandwidth=0, bandwidth_gran=1)
+    amd = replace(amd, max_bandwidth=2048)
+    assert mb_step_size(replace(caps(), mba=amd, memory_bandwidth_bps=150e9)) == 12
+    assert mb_step_size(replace(caps(), mba=amd, memory_bandwidth_bps=None)) == 20
