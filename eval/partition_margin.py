@@ -146,7 +146,7 @@ def two_tiers(node: SimNode) -> tuple[str, ...]:
 
 def tiered_margin(scenario: str) -> TieredMargin:
     """:class:`TieredMargin` of ``scenario``: every static tiering of the module docstring
-    tried (half a minute per scenario on one core)."""
+    tried (a few seconds per scenario on one core)."""
     node = SimNode(scenario, noise=False)
     services = two_tiers(node)
     ways = node.preset.ways

@@ -533,7 +533,7 @@ def infeasible_runs(results: Sequence[JobResult]) -> list[tuple[str, int, str]]:
 
 
 def regrouped(results: Sequence[JobResult]) -> str:
-    """" (N of them only with the batch jobs grouped apart)" when some feasible (scenario,
+    """ " (N of them only with the batch jobs grouped apart)" when some feasible (scenario,
     seed) runs are so only on another placement than the scenario's (eval/feasibility.py,
     REGROUPED), else ""."""
     from eval.feasibility import REGROUPED

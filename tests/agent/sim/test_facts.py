@@ -10,11 +10,19 @@ what the model lacks.
 
 from __future__ import annotations
 
+import math
+import re
+from pathlib import Path
+
 import pytest
 
 from agent.sim.facts import load_facts, measure
 
 FACTS = load_facts()
+DOC = Path(__file__).parents[3] / "docs" / "SIMULATOR.md"
+# The doc prints 4 significant digits (3 in exponent form): a value it shows agrees with
+# the simulator's within that rounding, or within an absolute 1e-9 for a value near 0.
+DOC_RTOL, DOC_ATOL = 6e-3, 1e-9
 CALIBRATION = [f for f in FACTS if f.set == "calibration"]
 VALIDATION = [f for f in FACTS if f.set == "validation"]
 
@@ -33,9 +41,33 @@ def test_the_facts_file_splits_calibration_from_validation() -> None:
     assert set(KNOWN_MISSES) <= {f.id for f in VALIDATION}
 
 
+def _documented() -> dict[str, str]:
+    """Each fact's "simulated" cell in docs/SIMULATOR.md's facts tables, by id."""
+    text = DOC.read_text()
+    block = text[text.index("<!-- facts:begin -->") : text.index("<!-- facts:end -->")]
+    cells = (line.split("|") for line in block.splitlines() if line.startswith("| "))
+    return {c[1].strip(): c[4].strip() for c in cells if len(c) > 5 and c[1].strip() != "id"}
+
+
+DOCUMENTED = _documented()
+
+
+def _as_documented(fact, value) -> None:
+    """The doc's table shows what the simulator gives now (else it is stale: regenerate it
+    with ``python -m agent.sim.facts``)."""
+    shown = DOCUMENTED.get(fact.id)
+    assert shown is not None, f"{fact.id}: not in docs/SIMULATOR.md's facts tables"
+    stale = f"{fact.id}: docs/SIMULATOR.md shows {shown}, the simulator gives {value!r}"
+    if isinstance(value, str) or re.fullmatch(r"[A-Za-z_]\w*", shown):
+        assert shown == str(value), stale
+    else:
+        assert math.isclose(float(shown), value, rel_tol=DOC_RTOL, abs_tol=DOC_ATOL), stale
+
+
 @pytest.mark.parametrize("fact", CALIBRATION, ids=lambda f: f.id)
 def test_calibration_fact_within_tolerance(fact) -> None:
     value = measure(fact)
+    _as_documented(fact, value)
     assert fact.ok(value), (
         f"{fact.id}: simulated {value!r}, published {fact.published!r} "
         f"(tolerance {fact.tolerance_text}): {fact.claim}"
@@ -46,6 +78,7 @@ def test_validation_facts_met_are_the_documented_ones() -> None:
     missed = {}
     for fact in VALIDATION:
         value = measure(fact)
+        _as_documented(fact, value)
         if not fact.ok(value):
             missed[fact.id] = value
     assert set(missed) == set(KNOWN_MISSES), (
