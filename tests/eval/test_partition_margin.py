@@ -86,3 +86,25 @@ def test_catbench_margins_follow_footprint_and_contender(scenario, least, most) 
         assert m.ratio <= most
     if m.ratio > 1.0:  # an interior way count: neither all ways nor a single one
         assert 1 < m.best_ways < SimNode(scenario).preset.ways - 1
+
+
+def _documented_ratios() -> dict[str, float]:
+    """The ratio column of docs/SIMULATOR.md's two margin tables, by scenario."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "SIMULATOR.md").read_text()
+    out = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 2 and cells[1] in (*P.SCENARIOS, *P.TIERED_SCENARIOS):
+            out[cells[1]] = float(cells[-2].strip("*x"))
+    return out
+
+
+@pytest.mark.parametrize("scenario", [*P.SCENARIOS, *P.TIERED_SCENARIOS])
+def test_the_documented_margins_are_what_the_probe_gives(scenario: str) -> None:
+    """docs/SIMULATOR.md's margin tables show what ``python -m eval.partition_margin``
+    (``--tiered``) prints now, to their rounding (else regenerate them)."""
+    shown = _documented_ratios()[scenario]
+    m = P.tiered_margin(scenario) if scenario in P.TIERED_SCENARIOS else P.margin(scenario)
+    assert m.ratio == pytest.approx(shown, abs=0.006), (scenario, m.ratio, shown)
