@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from agent.sim import SimNode
@@ -88,11 +90,12 @@ def test_catbench_margins_follow_footprint_and_contender(scenario, least, most) 
         assert 1 < m.best_ways < SimNode(scenario).preset.ways - 1
 
 
+ROOT = Path(__file__).parents[2]
+
+
 def _documented_ratios() -> dict[str, float]:
     """The ratio column of docs/SIMULATOR.md's two margin tables, by scenario."""
-    from pathlib import Path
-
-    doc = (Path(__file__).parents[2] / "docs" / "SIMULATOR.md").read_text()
+    doc = (ROOT / "docs" / "SIMULATOR.md").read_text()
     out = {}
     for line in doc.splitlines():
         cells = [c.strip() for c in line.split("|")]
@@ -106,5 +109,8 @@ def test_the_documented_margins_are_what_the_probe_gives(scenario: str) -> None:
     """docs/SIMULATOR.md's margin tables show what ``python -m eval.partition_margin``
     (``--tiered``) prints now, to their rounding (else regenerate them)."""
     shown = _documented_ratios()[scenario]
-    m = P.tiered_margin(scenario) if scenario in P.TIERED_SCENARIOS else P.margin(scenario)
+    if scenario in P.TIERED_SCENARIOS:
+        m = P.tiered_margin(scenario)
+    else:  # a scenario file is named from the repository's root, whatever the cwd
+        m = P.margin(str(ROOT / scenario) if scenario.endswith(".yaml") else scenario)
     assert m.ratio == pytest.approx(shown, abs=0.006), (scenario, m.ratio, shown)
