@@ -197,6 +197,13 @@ def test_systemd_units_run_valid_commands(unit: str) -> None:
     argv = [a.replace("${RDTUNE_CONTROLLER}", env.get("RDTUNE_CONTROLLER", "")) for a in argv]
     args = build_parser().parse_args(argv[1:])
     assert args.command in ("agent", "tune")
+    if args.command == "tune":  # the shipped controller must run on an install as step 2 makes
+        from models.catalogue import ControllerSpec
+        from models.policy import DEFAULT_POLICY
+
+        spec = ControllerSpec.parse(args.controller)
+        if spec.name == "policy":
+            assert Path(spec.options.get("path", DEFAULT_POLICY)).is_dir(), args.controller
 
 
 # ---------------------------------------------------------------- monitoring (deploy/)
