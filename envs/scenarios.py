@@ -144,6 +144,29 @@ class ScenarioFamily:
     def names(self) -> list[str]:
         return scenario_names(self.catalog)
 
+    def machines(self) -> list[str]:
+        """The machine presets this family's scenarios run on."""
+        if self.preset is not None:
+            return [self.preset]
+        if self._pool is not None:
+            return sorted({s.machine for s in self._pool})
+        return sorted(self.catalog.machines)  # the generator draws a preset per scenario
+
+    def check_encoder(self, version: int) -> None:
+        """Refuse an encoder ``version`` whose policies would be refused on some machine
+        this family runs on (:func:`models.features.refused_on`): a policy trained on it
+        could not control those machines."""
+        from models.features import refused_on
+
+        for name in self.machines():
+            why = refused_on(version, self.catalog.machine(name).capabilities())
+            if why:
+                raise ValueError(
+                    f"encoder_version {version} with scenarios on {name}: "
+                    f"{why.removesuffix(': retrain')}; use the current version, or scenarios "
+                    "on other machines (preset=...)"
+                )
+
     @property
     def pool(self) -> list[Scenario] | None:
         """The scenarios of a named family (None for the generator)."""

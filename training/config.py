@@ -478,7 +478,14 @@ class TrainConfig(Strict):
                 raise ValueError(f"env.id: {exc}") from None
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{_trace_key(where, kwargs, exc)}: {exc}") from None
-            env.close()
+            try:  # a policy trained so could not control some machine its scenarios run on
+                family, encoder = (getattr(env.unwrapped, a, None) for a in ("family", "encoder"))
+                if family is not None and encoder is not None:
+                    family.check_encoder(encoder.version)
+            except ValueError as exc:
+                raise ValueError(f"{where}.encoder_version: {exc}") from None
+            finally:
+                env.close()
 
     def env_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the training env (reward weights included)."""

@@ -50,6 +50,23 @@ def test_no_override_lets_training_or_selection_see_the_test_split(data, message
     assert (cfg.eval_kwargs()["split"], cfg.final_kwargs()["split"]) == ("validation", "test")
 
 
+def test_an_encoder_version_refused_on_a_machine_of_the_scenarios_is_refused():
+    """Encoder version 2 read AMD MB values as fractions of 2048: a policy of it is
+    refused on the simulated EPYC, which reports its peak, so training one on scenarios
+    that may run there is refused at the config, naming the key; on a preset where the
+    versions agree it trains. (The env itself still takes it, for studying old policies.)"""
+    from envs.scenarios import ScenarioFamily
+
+    old = {"env": {"kwargs": {"encoder_version": 2}}}
+    with pytest.raises(
+        ConfigError, match=re.escape("env.kwargs.encoder_version: encoder_version 2 ")
+    ):
+        TrainConfig.parse(old)
+    TrainConfig.parse({"env": {"kwargs": {"encoder_version": 2, "preset": "gold6130"}}})
+    assert "epyc7302p" in ScenarioFamily("random", "train").machines()
+    assert ScenarioFamily("random", "train", "gold6130").machines() == ["gold6130"]
+
+
 TRACE_ENV = "training.trace_env:rdtune/TracePartition-v0"
 
 
