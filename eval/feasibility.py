@@ -42,7 +42,6 @@ seed, length, interval).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, replace
 
@@ -155,8 +154,8 @@ def batch_apart(node) -> Scenario | None:
             group[w.name], room = w.name, room - 1
         else:
             group[w.name] = ""
-    placed = tuple(dataclasses.replace(w, group=group[w.name]) for w in scn.workloads)
-    return dataclasses.replace(scn, name=f"{scn.name} (batch jobs grouped apart)", workloads=placed)
+    placed = tuple(replace(w, group=group[w.name]) for w in scn.workloads)
+    return replace(scn, name=f"{scn.name} (batch jobs grouped apart)", workloads=placed)
 
 
 def _label(node, seconds: float, interval_s: float) -> RunFeasibility:

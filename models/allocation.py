@@ -130,6 +130,12 @@ def full_allocation(caps: NodeCapabilities) -> GroupAllocation:
     )
 
 
+def shared_plan(groups: Sequence[str], caps: NodeCapabilities) -> AllocationPlan:
+    """Every group holds :func:`full_allocation` in every domain: the cache and the
+    bandwidth shared by all, as unpartitioned."""
+    return AllocationPlan.uniform(dict.fromkeys(groups, full_allocation(caps)), caps.domains)
+
+
 def plan_from(
     masks: Mapping[str, int | None], mbs: Mapping[str, int | None], caps: NodeCapabilities
 ) -> AllocationPlan:

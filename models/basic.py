@@ -11,7 +11,7 @@ Both decide once at start and again only when the set of groups changes.
 from __future__ import annotations
 
 from agent.types import AllocationPlan, Snapshot
-from models.allocation import equal_masks, full_allocation, mb_level, plan_from
+from models.allocation import equal_masks, mb_level, plan_from, shared_plan
 from models.controller import KEEP, ControlContext, Controller, Decision
 
 
@@ -40,8 +40,7 @@ class Unpartitioned(_StaticByGroups):
     name = "unpartitioned"
 
     def plan(self, ctx: ControlContext) -> AllocationPlan:
-        full = full_allocation(ctx.capabilities)
-        return AllocationPlan.uniform({g: full for g in self._groups}, ctx.capabilities.domains)
+        return shared_plan(self._groups, ctx.capabilities)
 
 
 class EqualPartition(_StaticByGroups):

@@ -50,7 +50,7 @@ from agent.types import (
     Snapshot,
     contiguous_mask,
 )
-from models.allocation import full_allocation, mb_level, plan_from
+from models.allocation import full_allocation, mb_level, plan_from, shared_plan
 from models.controller import KEEP, ControlContext, Controller, Decision
 from models.objectives import Objective, Outcome, get_objective, slowdown
 from models.oracle import truth_score
@@ -247,10 +247,7 @@ class StaticController(Controller):
         if not self._groups:
             return KEEP
         if self.lc_group is None or self.lc_group not in ctx.groups:
-            full = full_allocation(ctx.capabilities)
-            plan = AllocationPlan.uniform(
-                dict.fromkeys(self._groups, full), ctx.capabilities.domains
-            )
+            plan = shared_plan(self._groups, ctx.capabilities)
             why = "no LC group" if self.lc_group is None else f"{self.lc_group} is gone"
             return Decision(plan, note=f"static: {why}, every group shares the cache")
         plan = mite_plan(self.lc_group, self.ways, self._groups, ctx.capabilities)
@@ -422,8 +419,7 @@ class BestStatic(Controller):
         # group gone) or a new group would overlap every other (it holds every way).
         # Searching again needs the node; until the searched groups are back, every group
         # shares the cache, as unpartitioned.
-        full = full_allocation(ctx.capabilities)
-        plan = AllocationPlan.uniform(dict.fromkeys(self._groups, full), ctx.capabilities.domains)
+        plan = shared_plan(self._groups, ctx.capabilities)
         why = "; ".join(
             f"{', '.join(sorted(names))} {verb}"
             for names, verb in ((searched - have, "gone"), (have - searched, "not searched"))
