@@ -15,7 +15,7 @@ Each copy ``i`` is seeded ``seed + i``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -111,20 +111,20 @@ def env_creator(config: Mapping[str, Any] | None = None) -> gym.Env:
 
 
 def sb3_vector_env(venv: gym.vector.VectorEnv):
-    """An SB3 ``VecEnv`` over a gymnasium vector env that autoresets in the same step
-    (:class:`envs.vector_env.PartitionVectorEnv`'s default): SB3's conventions (``reset``
-    returns observations only, ``dones`` = terminated or truncated, the last observation
-    of a finished episode in ``info["terminal_observation"]``, ``TimeLimit.truncated``),
-    ``env_method("action_masks")`` answered from the vector env's masks (MaskablePPO), and
-    attributes such as ``encoder`` read from the vector env (per env where the vector env
-    lists them in ``per_env_attributes``). SB3's ``seed()`` seeds the next reset (env ``i``
-    gets ``seed + i``). What the batched env's envs share (its other attributes and
+    """An SB3 ``VecEnv`` over the batched env (:class:`envs.vector_env.PartitionVectorEnv`,
+    under any gymnasium vector wrappers) autoresetting in the same step (its default):
+    SB3's conventions (``reset`` returns observations only, ``dones`` = terminated or
+    truncated, the last observation of a finished episode in
+    ``info["terminal_observation"]``, ``TimeLimit.truncated``, a wrapper's ``episode``
+    statistics in the step's info), ``env_method("action_masks")`` answered from the
+    vector env's masks (MaskablePPO), and attributes such as ``encoder`` read from the
+    vector env as its ``get_attr`` gives them. SB3's ``seed()`` seeds the next reset (env
+    ``i`` gets ``seed + i``). What the batched env's envs share (its other attributes and
     methods, reset options) is set for all of them or refused, never for some silently."""
     return _sb3_class()(venv)
 
 
 _SB3_CLASS = None
-_SINGLE = {"observation_space": "single_observation_space", "action_space": "single_action_space"}
 
 
 def shared_options(options: list[dict]) -> dict | None:
@@ -139,14 +139,19 @@ def shared_options(options: list[dict]) -> dict | None:
 
 
 def sb3_step_infos(
-    infos: Mapping[str, Any], terminated, truncated
+    infos: Mapping[str, Any], terminated, truncated, reset_keys: Collection[str] | None = None
 ) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
     """SB3's infos of one step of a vector env that autoresets in the same step, as
     DummyVecEnv gives them: each env's (:func:`per_env_infos`) and ``TimeLimit.truncated``
     (every env, every step); for an env whose episode ended, the ended episode's (its
     ``final_info``) and ``terminal_observation``. Also the reset info of each env that
     started a new episode (what the vector env gives such an env at the top of its infos),
-    which SB3 keeps in ``reset_infos``."""
+    which SB3 keeps in ``reset_infos``.
+
+    ``reset_keys``: the keys a reset's infos have (None: every key at the top of an ended
+    env's infos is its reset's). A key at the top that a reset does not give was put there
+    by a wrapper about the step, as gymnasium's ``RecordEpisodeStatistics`` puts the ended
+    episode's ``episode``: it stays in the step's info, where SB3 looks for it."""
     import numpy as np
 
     n = len(terminated)
@@ -156,7 +161,12 @@ def sb3_step_infos(
     if ended:
         final, last = infos["final_obs"], per_env_infos(infos["final_info"], n)
         for i in ended:
-            started[i], out[i] = out[i], last[i]
+            top = out[i]
+            if reset_keys is None:
+                started[i], out[i] = top, last[i]
+            else:
+                started[i] = {k: v for k, v in top.items() if k in reset_keys}
+                out[i] = {**last[i], **{k: v for k, v in top.items() if k not in reset_keys}}
             out[i]["terminal_observation"] = final[i]
     for info, cut in zip(out, (truncated & ~terminated).tolist(), strict=True):
         info["TimeLimit.truncated"] = cut
@@ -176,15 +186,35 @@ def per_env_infos(infos: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
             continue
         mask = infos.get("_" + key)
         if isinstance(value, Mapping):
-            names = [k for k in value if k[0] != "_"]
-            columns = zip(*(_values(value[k]) for k in names), strict=True)
-            rows: Any = (dict(zip(names, r, strict=True)) for r in columns)
+            rows: Any = _nested_rows(value, n)
         else:
             rows = _values(value)
         for i, (d, v) in enumerate(zip(out, rows, strict=True)):
             if mask is None or mask[i]:
                 d[key] = v
     return out
+
+
+def _nested_rows(value: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
+    """One dict per env of a nested info dict, each with the keys its ``_key`` masks give
+    that env (every key where a key has no mask or marks every env)."""
+    names = [k for k in value if k[0] != "_"]
+    everywhere = [k for k in names if _marks_all(value.get("_" + k))]
+    if everywhere:
+        columns = zip(*(_values(value[k]) for k in everywhere), strict=True)
+        rows = [dict(zip(everywhere, r, strict=True)) for r in columns]
+    else:
+        rows = [{} for _ in range(n)]
+    for key in names:
+        if key not in everywhere:
+            for d, v, has in zip(rows, _values(value[key]), value["_" + key], strict=True):
+                if has:
+                    d[key] = v
+    return rows
+
+
+def _marks_all(mask) -> bool:
+    return mask is None or bool(mask.all())
 
 
 def _values(array) -> Any:
@@ -208,6 +238,15 @@ def _sb3_class():
                 raise ValueError(
                     f"SB3 needs a vector env that autoresets in the same step, got {mode}"
                 )
+            from envs.vector_env import PartitionVectorEnv
+
+            if not isinstance(venv.unwrapped, PartitionVectorEnv):
+                raise TypeError(
+                    "sb3_vector_env adapts the batched env (PartitionVectorEnv, under any "
+                    f"gymnasium vector wrappers), not {type(venv.unwrapped).__name__}; for "
+                    "copies of a single env use make_sb3_vec_env (SB3's DummyVecEnv or "
+                    "SubprocVecEnv)"
+                )
             self.venv = venv
             # attributes and methods are the env's own, under any gymnasium vector wrapper
             # (which passes none of them on): steps and resets go through the wrappers
@@ -215,11 +254,13 @@ def _sb3_class():
             self.render_mode = None  # no rendering (SB3 asks)
             super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
             self._actions = None
+            self._reset_keys: set[str] | None = None
 
         def reset(self):
             seeds = self._seeds if any(s is not None for s in self._seeds) else None
             obs, infos = self.venv.reset(seed=seeds, options=shared_options(self._options))
             self.reset_infos = per_env_infos(infos, self.num_envs)
+            self._reset_keys = {k for k in infos if k[0] != "_"}
             self._reset_seeds()
             self._reset_options()
             return obs
@@ -229,7 +270,7 @@ def _sb3_class():
 
         def step_wait(self):
             obs, rewards, terminated, truncated, infos = self.venv.step(self._actions)
-            out, started = sb3_step_infos(infos, terminated, truncated)
+            out, started = sb3_step_infos(infos, terminated, truncated, self._reset_keys)
             for i, info in started.items():
                 self.reset_infos[i] = info
             return obs, rewards.astype(np.float32), terminated | truncated, out
@@ -252,23 +293,20 @@ def _sb3_class():
             return idx
 
         def get_attr(self, attr_name: str, indices=None) -> list:
-            # one env's spaces, as DummyVecEnv's envs answer, not the batch's
-            attr_name = _SINGLE.get(attr_name, attr_name)
-            value = getattr(self._env, attr_name)
-            per_env = attr_name in getattr(self._env, "per_env_attributes", ())
-            return [value[i] if per_env else value for i in self._count(indices)]
+            # each env's, as the vector env answers (one env's spaces, not the batch's)
+            values = self._env.get_attr(attr_name)
+            return [values[i] for i in self._count(indices)]
 
         def set_attr(self, attr_name: str, value, indices=None) -> None:
             self._all(indices, f"set_attr({attr_name!r})")
             setattr(self._env, attr_name, value)
 
         def env_method(self, method_name: str, *args, indices=None, **kwargs) -> list:
-            if method_name == "action_masks":
+            if method_name == "action_masks":  # each env's own rows: any of them alone
                 masks = self._env.action_masks()
                 return [masks[i] for i in self._count(indices)]
-            idx = self._all(indices, f"env_method({method_name!r})")
-            result = getattr(self._env, method_name)(*args, **kwargs)
-            return [result for _ in idx]
+            self._all(indices, f"env_method({method_name!r})")
+            return list(self._env.call(method_name, *args, **kwargs))
 
         def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
             return [False for _ in self._count(indices)]

@@ -46,7 +46,15 @@ from agent.sim.batch import SimBatch
 from agent.sim.scenario import Scenario, get_scenario
 from agent.sim.truth import solo_reference
 from agent.types import Allocation, AllocationPlan, GroupKind
-from envs.partition import BASELINES, MIN_SIM_STEP_S, REFERENCES, _count, _flag, _positive
+from envs.partition import (
+    BASELINES,
+    MIN_SIM_STEP_S,
+    REFERENCES,
+    PartitionEnv,
+    _count,
+    _flag,
+    _positive,
+)
 from envs.reward import RewardWeights, reward_arrays
 from envs.scenarios import ScenarioFamily
 from models.actions import ActionDecoder, Decoded, DecodeLayout, check_levels, decode_arrays
@@ -170,6 +178,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         self.action_space = batch_space(self.single_action_space, num_envs)
         self._init_seed = seed
         self._rngs: list[np.random.Generator | None] = [None] * num_envs
+        self._seeds: list[int | None] = [None] * num_envs  # each env's np_random_seed
         self.batch: SimBatch | None = None
         self.scenario_names = [""] * num_envs
         self.per_env_attributes = ("scenario_names",)  # one value per env (the SB3 adapter)
@@ -185,9 +194,9 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ):
-        # The constructor's seed is the first reset's, seeded or not (as the single env's).
-        init_seed, self._init_seed = self._init_seed, None
-        seed = init_seed if seed is None else seed
+        # The constructor's seed is the first reset's, seeded or not (as the single env's);
+        # a reset refused for its seeds leaves it for the next.
+        seed = self._init_seed if seed is None else seed
         if seed is None:
             seeds: list[int | None] = [None] * self.num_envs
         elif isinstance(seed, (int, np.integer)):
@@ -196,9 +205,10 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             seeds = list(seed)
             if len(seeds) != self.num_envs:
                 raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+        self._init_seed = None
         for i, s in enumerate(seeds):
             if s is not None or self._rngs[i] is None:
-                self._rngs[i], _ = seeding.np_random(s)
+                self._rngs[i], self._seeds[i] = seeding.np_random(s)
         options = dict(options or {})
         baseline = options.pop("baseline", self.baseline)
         if baseline not in BASELINES:
@@ -331,13 +341,42 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             return np.ones((self.num_envs, int(self.decoder.nvec.sum())), dtype=bool)
         return self.decoder.action_masks(self._dl)
 
+    @property
+    def np_random_seed(self) -> tuple[int | None, ...]:
+        """Each env's seed, as SyncVectorEnv gives its envs' (None before the first reset;
+        an unseeded env's is the entropy it drew)."""
+        return tuple(self._seeds)
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator | None, ...]:
+        """Each env's own generator (its mixes, loads and noise are drawn from it), as
+        SyncVectorEnv gives its envs'; None before the first reset."""
+        return tuple(self._rngs)
+
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """Each env's ``name``, as SyncVectorEnv answers: its own where the attribute is per
-        env (``per_env_attributes``), else the value its envs share."""
+        env (``per_env_attributes``, ``np_random``, ``np_random_seed``), else the value its
+        envs share; the spaces and metadata are one env's, as a Partition-v0's."""
+        if name in ("observation_space", "action_space"):
+            return (getattr(self, "single_" + name),) * self.num_envs
+        if name == "metadata":
+            return (PartitionEnv.metadata,) * self.num_envs
         value = getattr(self, name)
-        if name in self.per_env_attributes:
+        if name in self.per_env_attributes or name in ("np_random", "np_random_seed"):
             return tuple(value)
         return (value,) * self.num_envs
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Each env's result of method ``name`` (or its attribute, as :meth:`get_attr`),
+        as SyncVectorEnv answers. ``action_masks`` is each env's own rows; any other method
+        acts on the batch's envs together, so it runs once and every env gets its result."""
+        value = getattr(self, name)
+        if not callable(value):
+            return self.get_attr(name)
+        result = value(*args, **kwargs)
+        if name == "action_masks":
+            return tuple(result)
+        return (result,) * self.num_envs
 
     def set_attr(self, name: str, values: Any) -> None:
         """Set ``name`` as SyncVectorEnv does (one value for all, or a list or tuple of one

@@ -8,7 +8,7 @@ from sb3_contrib import MaskablePPO
 from sb3_contrib.common.maskable.utils import get_action_masks
 from stable_baselines3 import PPO
 
-from envs.vector import env_creator, make_gym_vec_env, make_sb3_vec_env
+from envs.vector import env_creator, make_gym_vec_env, make_sb3_vec_env, per_env_infos
 
 SMALL = {"episode_steps": 8, "interval_s": 0.5, "max_groups": 4}
 
@@ -99,3 +99,24 @@ def test_env_creator_builds_from_one_config_mapping() -> None:
         env.close()
     with pytest.raises(TypeError):
         env_creator({"no_such_option": 1})
+
+
+def test_per_env_infos_follows_the_masks_of_nested_dicts() -> None:
+    """A nested dict's own ``_key`` masks say which envs have each key (before, every env
+    got every key), and an empty nested dict (a node without MBA: ``mb``) gives each env
+    an empty dict (before, a ValueError)."""
+    infos = {
+        "mb": {},
+        "_mb": np.array([True, True]),
+        "terms": {
+            "a": np.array([1.0, 2.0]),
+            "_a": np.array([True, False]),
+            "b": np.array([3, 4]),
+            "_b": np.array([True, True]),
+        },
+        "_terms": np.array([True, True]),
+    }
+    assert per_env_infos(infos, 2) == [
+        {"mb": {}, "terms": {"a": 1.0, "b": 3}},
+        {"mb": {}, "terms": {"b": 4}},
+    ]

@@ -377,6 +377,73 @@ def test_get_attr_and_set_attr_as_sync_vector_env() -> None:
     env.close()
 
 
+def test_get_attr_call_and_seeds_answer_as_sync_vector_env() -> None:
+    """One env's spaces and metadata (before: the batch's), each env's generator and seed
+    (before: a seed the reset never used), and ``call`` (before: missing)."""
+    vec, ref = _pair(2, "SameStep")
+    vec.reset(seed=0)
+    ref.reset(seed=0)
+    for name in ("observation_space", "action_space", "metadata", "np_random_seed"):
+        assert vec.get_attr(name) == ref.get_attr(name), name
+    assert vec.np_random_seed == ref.np_random_seed == (0, 1)
+    draws = [[g.random() for g in env.np_random] for env in (vec, ref)]
+    assert draws[0] == draws[1]  # each env's own stream, in the same state
+    masks = vec.call("action_masks")
+    assert len(masks) == 2
+    np.testing.assert_array_equal(np.stack(masks), _ref_masks(ref))
+    assert vec.call("episode_steps") == ref.call("episode_steps")  # an attribute, per env
+    vec.close()
+    ref.close()
+
+
+def test_a_reset_refused_for_its_seeds_leaves_the_seed_kwarg_for_the_next() -> None:
+    names = []
+    for refuse_first in (False, True):
+        env = PartitionVectorEnv(2, **FAST, seed=5)
+        if refuse_first:
+            with pytest.raises(ValueError, match="1 seeds for 2 envs"):
+                env.reset(seed=[1])
+        names.append(list(env.reset()[1]["scenario"]))
+        env.close()
+    assert names[0] == names[1]
+
+
+def test_sb3_adapter_keeps_a_wrappers_episode_statistics_in_the_done_steps_info() -> None:
+    """RecordEpisodeStatistics puts the ended episode's ``episode`` at the top of the
+    infos, beside the new episode's reset info: it belongs to the done step's info, where
+    SB3 logs it from (before, it went to ``reset_infos`` and PPO logged no episode)."""
+    from gymnasium.wrappers.vector import RecordEpisodeStatistics
+
+    ours = sb3_vector_env(RecordEpisodeStatistics(PartitionVectorEnv(2, **FAST)))
+    ours.seed(0)
+    ours.reset()
+    zero = np.zeros((2, len(ours.action_space.nvec)), dtype=np.int64)
+    returns = np.zeros(2)
+    for _ in range(FAST["episode_steps"]):
+        _, rewards, dones, infos = ours.step(zero)
+        returns += rewards
+    assert dones.all()
+    for info, reset_info, ret in zip(infos, ours.reset_infos, returns, strict=True):
+        assert info["episode"]["l"] == FAST["episode_steps"]
+        np.testing.assert_allclose(info["episode"]["r"], ret, rtol=1e-5)
+        assert "reward_terms" in info and "terminal_observation" in info
+        assert "episode" not in reset_info and "action_mask" in reset_info
+    ours.close()
+
+
+def test_sb3_adapter_refuses_a_vector_env_that_is_not_the_batched_one() -> None:
+    sync = gym.make_vec(
+        envs.PARTITION_ID,
+        num_envs=2,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+        **FAST,
+    )
+    with pytest.raises(TypeError, match="not SyncVectorEnv; for copies of a single env use"):
+        sb3_vector_env(sync)
+    sync.close()
+
+
 def test_sb3_adapter_over_a_gymnasium_vector_wrapper_reaches_the_env() -> None:
     """MaskablePPO's masks, attributes and set_attr through RecordEpisodeStatistics (which
     passes none of them on): before, action_masks raised and set_attr set the wrapper's."""
