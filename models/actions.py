@@ -332,11 +332,12 @@ def check_levels(decoder: ActionDecoder, actions) -> np.ndarray:
         a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.round(a))
     ):
         raise ValueError("actions must be integers")
-    a = a.astype(np.int64)
-    if a.size and ((a < 0).any() or (a >= decoder.nvec).any()):
-        bad = np.flatnonzero(((a < 0) | (a >= decoder.nvec)).any(axis=1))[0]
+    # checked in the given dtype: a uint64 beyond int64's range would wrap when cast
+    outside = (a < 0) | (a >= decoder.nvec) if a.size else np.zeros(a.shape, dtype=bool)
+    if outside.any():
+        bad = np.flatnonzero(outside.any(axis=1))[0]
         raise ValueError(f"action {a[bad].tolist()} outside MultiDiscrete{decoder.nvec.tolist()}")
-    return a
+    return a.astype(np.int64)
 
 
 def decode_arrays(

@@ -221,6 +221,10 @@ def test_bad_actions_are_refused_with_a_clear_error() -> None:
     bad[1, 0] = env.decoder.share_levels
     with pytest.raises(ValueError, match="outside"):
         env.step(bad)
+    huge = np.zeros((2, 2 * env.decoder.max_groups), dtype=np.uint64)
+    huge[0, 0] = 2**63  # named as given, not wrapped to a negative int64
+    with pytest.raises(ValueError, match=r"action \[9223372036854775808, 0"):
+        env.step(huge)
     with pytest.raises(ValueError, match="must be integers"):
         env.step(np.full((2, 2 * env.decoder.max_groups), 0.5))
     with pytest.raises(ValueError, match="autoreset_mode"):
