@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from agent.types import MAX_WAIT_S
+
 
 def _number(kind: type, text: str) -> float | int:
     try:
@@ -23,6 +25,15 @@ def positive_float(text: str) -> float:
     value = _number(float, text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def wait_seconds(text: str) -> float:
+    """Seconds > 0 and at most an hour (``MAX_WAIT_S``): an interval the agent waits out,
+    or a deadline of one call to it."""
+    value = positive_float(text)
+    if value > MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_WAIT_S:g} s, got {text}")
     return value
 
 

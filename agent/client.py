@@ -42,6 +42,7 @@ from agent.node import step_by_parts
 from agent.server import convert as C
 from agent.server.errors import RemoteError, WrongPeer, from_rpc_error, from_status_number
 from agent.types import (
+    MAX_WAIT_S,
     Allocation,
     AllocationPlan,
     GroupSpec,
@@ -180,6 +181,8 @@ class RemoteNode:
         session: bool = True,
     ) -> None:
         split_address(address)  # a malformed one would be retried forever, or wrap around
+        if not 0 < timeout <= MAX_WAIT_S:  # grpc's options hold milliseconds in a C int
+            raise ValueError(f"timeout must be in (0, {MAX_WAIT_S:g}] s, got {timeout}")
         self.address, self.timeout = address, timeout
         self.retries, self.backoff_s = retries, backoff_s
         self._metadata: tuple = ()

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent.address import split_address
-from agent.argtypes import positive_float
+from agent.argtypes import wait_seconds
 from agent.configfile import ConfigError, read_regular
+from agent.types import MAX_WAIT_S
 
 if TYPE_CHECKING:
     from agent.client import TlsConfig
@@ -173,7 +174,7 @@ def add_arguments(
     g.add_argument(
         "--timeout",
         dest="agent_timeout_s",
-        type=positive_float,
+        type=wait_seconds,
         default=timeout_default,
         metavar="S",
         help="seconds per call to the agent" + default,
@@ -195,8 +196,10 @@ def from_args(args: argparse.Namespace, base: AgentConnection | None = None) -> 
     if getattr(args, "agent_timeout_s", None) is not None:
         conn.timeout_s = args.agent_timeout_s
     conn.tls = conn.tls or bool(conn.tls_ca or conn.tls_cert)
-    if conn.timeout_s is None or not conn.timeout_s > 0:
-        raise ConfigError(f"the agent timeout must be a positive number, got {conn.timeout_s}")
+    if conn.timeout_s is None or not 0 < conn.timeout_s <= MAX_WAIT_S:
+        raise ConfigError(
+            f"the agent timeout must be in (0, {MAX_WAIT_S:g}] s, got {conn.timeout_s}"
+        )
     conn.resolve_token()
     conn.tls_config()  # at start: a bad file would otherwise fail each call as an outage
     return conn

@@ -128,6 +128,10 @@ class MbaMode(StrEnum):
 
 AMD_MB_UNIT_BPS = 0.125e9  # bytes/s of one unit of an AMD MB value (1/8 GB/s)
 
+# The longest a Step waits on a wall-clock node (the agent refuses more), and so the
+# longest control interval and the longest deadline of one call to the agent.
+MAX_WAIT_S = 3600.0
+
 
 @dataclass(frozen=True, slots=True)
 class CacheCapabilities:

@@ -60,7 +60,7 @@ from agent.configfile import ConfigError, Finite, Strict
 from agent.connection import AgentConnection
 from agent.pmc.counters import threads_of
 from agent.server.metrics_http import MetricsEndpoint
-from agent.types import SLO, GroupKind, GroupSpec
+from agent.types import MAX_WAIT_S, SLO, GroupKind, GroupSpec
 
 __all__ = ["AgentConnection", "ConfigError", "GroupConfig", "GuardConfig", "TunerConfig"]
 
@@ -148,16 +148,21 @@ class TunerConfig:
     realtime: bool | None = None
 
     def validate(self) -> None:
-        if not (math.isfinite(self.interval_s) and self.interval_s > 0):
-            raise ConfigError(f"interval_s must be a positive number, got {self.interval_s}")
+        if not (math.isfinite(self.interval_s) and 0 < self.interval_s <= MAX_WAIT_S):
+            raise ConfigError(
+                f"interval_s must be a number in (0, {MAX_WAIT_S:g}] s (the longest an "
+                f"agent waits out), got {self.interval_s}"
+            )
         if not isinstance(self.resync_intervals, int) or self.resync_intervals < 1:
             raise ConfigError("resync_intervals must be a whole number >= 1")
         if not (0 < self.retry_initial_s <= self.retry_max_s):
             raise ConfigError("retry needs 0 < initial_s <= max_s")
         if not (math.isfinite(self.restore_deadline_s) and self.restore_deadline_s >= 0):
             raise ConfigError("restore_deadline_s must be a number >= 0")
-        if not (math.isfinite(self.agent.timeout_s) and self.agent.timeout_s > 0):
-            raise ConfigError("agent.timeout_s must be positive")
+        if not (math.isfinite(self.agent.timeout_s) and 0 < self.agent.timeout_s <= MAX_WAIT_S):
+            raise ConfigError(
+                f"agent.timeout_s must be in (0, {MAX_WAIT_S:g}] s, got {self.agent.timeout_s}"
+            )
         if not isinstance(self.controller_options, dict):
             raise ConfigError("controller_options must be a mapping")
         if not isinstance(self.fallback_options, dict):
@@ -188,6 +193,7 @@ ENV_PREFIX = "RDTUNE_TUNER"  # RDTUNE_TUNER__INTERVAL_S=0.5, RDTUNE_TUNER__GUARD
 _G = GuardConfig()
 PositiveS = Annotated[Finite, Field(gt=0)]
 NonNegativeS = Annotated[Finite, Field(ge=0)]
+WaitS = Annotated[Finite, Field(gt=0, le=MAX_WAIT_S)]  # an interval or a call's deadline
 AtLeastOne = Annotated[int, Field(ge=1)]
 # Linux's PID_MAX_LIMIT (2**22) and NR_CPUS's largest setting: a larger id names nothing
 Pid = Annotated[int, Field(ge=0, le=1 << 22)]
@@ -251,7 +257,7 @@ class AgentFile(Strict):
     address: str = "127.0.0.1:50051"
     token_file: str | None = None
     tls: AgentTlsFile | None = None
-    timeout_s: PositiveS = 5.0
+    timeout_s: WaitS = 5.0
 
     @field_validator("address")
     @classmethod
@@ -275,7 +281,7 @@ class TunerFile(Strict):
     """``tuner.yaml`` as written (the module docstring has an example)."""
 
     controller: str | None = None
-    interval_s: PositiveS = 1.0
+    interval_s: WaitS = 1.0
     resync_intervals: AtLeastOne = 10
     controller_options: dict[str, Any] = {}
     fallback: str | None = None

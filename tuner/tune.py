@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 from agent import connection
-from agent.argtypes import positive_float, positive_int
+from agent.argtypes import positive_int, wait_seconds
 
 EXIT_NOT_RESTORED = 3  # stopped, but --restore-baseline could not restore the baseline
 
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
     parser.add_argument(
-        "--interval", dest="interval_s", type=positive_float, metavar="S", help="seconds"
+        "--interval", dest="interval_s", type=wait_seconds, metavar="S", help="seconds"
     )
     parser.add_argument("--fallback", metavar="NAME", help="SLO guard fallback controller")
     parser.add_argument(

@@ -9,10 +9,13 @@ baseline; a counter reset (a restarted service) starts a new baseline from zero.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import itertools
 import logging
 import math
-import urllib.request
+import socket
+import threading
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -78,8 +81,52 @@ class HistogramScraper:
         self._previous: dict[float, float] | None = None
 
     def fetch(self) -> str:
-        with urllib.request.urlopen(self.target.url, timeout=self.timeout_s) as resp:
-            return resp.read(MAX_BODY_BYTES).decode("utf-8", "replace")
+        """The exposition's text, fetched whole within ``timeout_s``.
+
+        A socket timeout bounds each read, not the fetch: an exporter that sends a byte
+        every few tenths of a second would hold the Observe that scrapes it (and the
+        agent's exit, which waits for it) for as long as it keeps sending. A watchdog
+        shuts the connection's socket at the deadline, which ends any read under way."""
+        url = urlparse(self.target.url)
+        https = url.scheme == "https"
+        conn_class = http.client.HTTPSConnection if https else http.client.HTTPConnection
+        conn = conn_class(url.hostname, url.port, timeout=self.timeout_s)
+        expired = threading.Event()
+        opened: list[socket.socket] = []  # the connection hands its socket to the response
+
+        def expire() -> None:
+            expired.set()
+            for sock in opened:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        watchdog = threading.Timer(self.timeout_s, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.connect()
+            opened.append(conn.sock)  # the watchdog's from now on
+            if expired.is_set():
+                raise TimeoutError(self._late())
+            path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+            conn.request("GET", path, headers={"Accept": "text/plain"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise ValueError(f"{self.target.url} answered HTTP {resp.status} {resp.reason}")
+            body = resp.read(MAX_BODY_BYTES)
+        except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set():
+                raise TimeoutError(self._late()) from exc
+            raise
+        finally:
+            watchdog.cancel()
+            conn.close()
+        if expired.is_set():  # the shutdown can end a body read as if it were complete
+            raise TimeoutError(self._late())
+        return body.decode("utf-8", "replace")
+
+    def _late(self) -> str:
+        return f"{self.target.url} did not send its metrics within {self.timeout_s:g} s"
 
     def scrape_once(self, text: str | None = None) -> int:
         """Scrape (or parse ``text``), feed the delta; return the requests it covered."""

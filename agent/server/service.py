@@ -42,6 +42,7 @@ from agent.server.metrics import AgentMetrics
 from agent.server.scrape import HistogramScraper
 from agent.server.security import BadFrame, BadFrameLog, RateLimiter, client_key
 from agent.types import (
+    MAX_WAIT_S,
     AllocationPlan,
     GroupAllocation,
     GroupKind,
@@ -114,7 +115,7 @@ class Limits:
     max_stream_interval_s: float = 3600.0
     max_advance_s: float = 86400.0
     # A Step's interval on a wall-clock node: the agent waits that long inside the call.
-    max_step_wait_s: float = 3600.0
+    max_step_wait_s: float = MAX_WAIT_S
     # Open streams (observation and latency) and control sessions: each costs the agent a
     # little memory and work per message; bounded against a client that opens without end.
     max_streams: int = 16

@@ -119,6 +119,9 @@ def assert_one_line(done: subprocess.CompletedProcess, *needles: str) -> None:
         (("trace", "record", "--agent", "x:1", "--duration", "-1", "--out", "x"), ("--duration",)),
         (("trace", "info", "/nonexistent.parquet"), ("/nonexistent.parquet",)),
         (("tune", "--interval", "0"), ("--interval", "must be > 0")),
+        # once an OverflowError's traceback, or an outage logged five times a second
+        (("tune", "--interval", "1e10"), ("--interval", "must be at most 3600 s, got 1e10")),
+        (("status", "--timeout", "3e6"), ("--timeout", "must be at most 3600 s, got 3e6")),
         # an option the command does not know is the command's error, not the top parser's
         (
             ("eval", "--bogus"),

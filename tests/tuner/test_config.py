@@ -52,6 +52,9 @@ def test_full_example_parses(tmp_path) -> None:
         ("intervl_s: 1", "intervl_s: unknown key; allowed: agent, controller, controller_options"),
         ("interval_s: 0", "interval_s: must be greater than 0, got 0"),
         ("interval_s: .inf", "interval_s: must be a finite number"),
+        # once an overflow (or an agent refusing every step) once the tuner ran
+        ("interval_s: 1.0e+10", "interval_s: must be less than or equal to 3600"),
+        ("agent: {timeout_s: 3.0e+6}", "agent.timeout_s: must be less than or equal to 3600"),
         ("guard: {violation_intervals: 0}", "guard.violation_intervals: must be greater than"),
         ("guard: {max_way_step: 0}", "guard.max_way_step: must be greater than or equal to 1"),
         ("guard: {max_way_step: 1.5}", "guard.max_way_step: must be a valid integer"),

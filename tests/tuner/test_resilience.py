@@ -209,3 +209,31 @@ def test_which_refusals_are_waited_out(code: str, resource: str, outage: bool) -
     exc = WrongPeer("not HTTP/2") if resource == "wrong peer" else None
     exc = exc or RemoteError(code, "refused", {"resource": resource})
     assert is_outage(exc) is outage
+
+
+def test_a_node_reset_to_another_machine_is_tuned_on_its_new_capabilities(caplog) -> None:
+    """Before, the tuner kept the capabilities it started with: reset to a machine without
+    MBA, every plan was dropped for its MB values, and the stop's restore of the old
+    machine's baseline failed."""
+    from agent.client import RemoteNode
+
+    caplog.set_level(logging.INFO, logger="rdtune.tuner")
+    address = f"127.0.0.1:{free_port()}"
+    tuner = make_tuner(address, restore_baseline=True, restore_deadline_s=5.0)
+    with serve(SimNode("default", seed=0), listen=address), RemoteNode(address) as other:
+        tuner.start()
+        for _ in range(3):
+            tuner.step()
+        assert tuner.caps.mba is not None
+        other.reset("sixteen_groups")
+        fresh = other.allocation()
+        for _ in range(5):
+            tuner.step()
+        assert tuner.caps == other.capabilities() and tuner.caps.mba is None
+        assert tuner.intended != fresh  # eq's plan for the new groups was applied
+        assert tuner.baseline == fresh
+        assert not [r for r in caplog.records if getattr(r, "event", None) == "dropped"]
+        assert tuner.shutdown() is True
+        assert other.allocation() == fresh
+    changed = [r for r in caplog.records if getattr(r, "event", None) == "capabilities"]
+    assert len(changed) == 1 and changed[0].levelno == logging.WARNING

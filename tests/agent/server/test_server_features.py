@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import math
 import os
+import socket
 import stat
 import threading
 import time
@@ -425,6 +426,58 @@ def test_scraped_histogram_feeds_observe() -> None:
             assert "web" in client.observe().groups
     finally:
         http.server_close()
+
+
+@contextlib.contextmanager
+def _trickling_exporter(headers: bool):
+    """An exporter that never finishes answering: a byte every 0.05 s, of its headers
+    (``headers``) or of its body, for as long as the client reads."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def answer(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            if not headers:
+                conn.sendall(b"Content-Type: text/plain\r\n\r\n")
+            while not stop.is_set():
+                conn.sendall(b"X-Slow: 1\r\n" if headers else b"#")
+                time.sleep(0.05)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/metrics"
+    finally:
+        stop.set()
+        listener.close()
+
+
+@pytest.mark.parametrize("headers", [False, True], ids=["slow body", "slow headers"])
+def test_a_trickling_exporter_costs_a_scrape_its_timeout_not_the_agent_its_observe(
+    headers: bool,
+) -> None:
+    """Before, the socket timeout bounded each read, not the fetch: an exporter sending a
+    byte every few tenths of a second held Observe (and the agent's exit) indefinitely."""
+    with _trickling_exporter(headers) as url:
+        scraper = HistogramScraper("web", ScrapeTarget(url, "req_seconds"), LatencyRecorder(), 0.3)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"did not send its metrics within 0.3 s"):
+            scraper.fetch()
+        assert time.monotonic() - t0 < 3.0  # the deadline, not the exporter, ended it
+        node = RefNode()
+        target = ScrapeTarget(url, "req_seconds")
+        with serve(node, latency_scrape={"web": target}) as server, remote(server) as client:
+            client.create_group(LC)
+            node.tick(1.0)
+            assert "web" in client.observe().groups  # answered, the scrape counted failed
+            assert "web" in client.observe().groups
 
 
 def test_open_streams_are_bounded_and_never_starve_unary_calls() -> None:
