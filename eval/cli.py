@@ -376,7 +376,7 @@ def print_summary(console, results, title: str = "all scenarios") -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from eval.report import columns, estimates, infeasible_runs
+    from eval.report import columns, estimates, infeasible_runs, run_counts
 
     ok = [r for r in results if not r.error]
     runs = {(r.scenario, r.seed) for r in ok}
@@ -386,8 +386,8 @@ def print_summary(console, results, title: str = "all scenarios") -> None:
     table = Table(  # titles and labels are the user's text, not markup: escaped
         title=escape(
             f"{title}: {len(scenarios)} scenarios x {len(seeds)} seeds ({len(bad)} of "
-            f"{len(runs)} (scenario, seed) runs infeasible; mean ± 95% CI over runs, or "
-            "mean [CI cut to the metric's range])"
+            f"{len(runs)} (scenario, seed) runs infeasible; mean ± 95% CI over the "
+            "scenarios (their seeds averaged first), or mean [CI cut to the metric's range])"
         )
     )
     # overflow="fold" on every column: what does not fit wraps mid-word, where Rich's
@@ -397,9 +397,9 @@ def print_summary(console, results, title: str = "all scenarios") -> None:
     cols = columns(results)
     for _, t, _ in cols:
         table.add_column(t, justify="right", overflow="fold")
+    counts = run_counts(results)
     for label, row in estimates(results).items():
-        n = max(e.n for e in row.values())
-        table.add_row(escape(label), str(n), *(f(row[k]) for k, _, f in cols))
+        table.add_row(escape(label), str(counts[label]), *(f(row[k]) for k, _, f in cols))
     console.print(table)
 
 
@@ -417,6 +417,7 @@ def print_paired(console, results, reference: str | None = None) -> None:
         paired_title,
         pairs_basis,
         reference_failed,
+        slo_rules_note,
     )
 
     if reference_failed(results, reference):
@@ -450,6 +451,9 @@ def print_paired(console, results, reference: str | None = None) -> None:
             cells += [cell, f"{p.win_rate:.0%}" if p.n else "-"]
         table.add_row(escape(row["controller"]), str(row["pairs"]), *cells)
     console.print(table)
+    note = slo_rules_note(comp)
+    if note:
+        console.print(note, markup=False)
 
 
 # What only a run of a suite uses: given with --rerender, each is refused, not ignored.

@@ -146,13 +146,17 @@ def slo_windows(
 
 def unfairness(slowdowns: Sequence[float]) -> float:
     """CoPart's unfairness over a run's batch jobs (:func:`models.objectives.unfairness`:
-    population stddev / mean of the slowdowns, 0 = perfectly fair), inf when a job starved
-    (an infinite slowdown: it was left out, which read as fair). NaN with fewer than two
-    jobs: there is no fairness to judge, and such a run drops out of the paired unfairness
-    comparison rather than count as a tie at 0."""
+    population stddev / mean of the slowdowns, 0 = perfectly fair). A job that starved (an
+    infinite slowdown) gives sqrt(n - 1) for n jobs: the limit as one slowdown grows
+    without bound, and the largest value the ratio takes for n positive slowdowns. So the
+    run is the least fair a run can be, and stays in a comparison: as infinity it dropped
+    out of every mean and pair, and the controller that starved a job looked the fairer.
+    NaN with fewer than two jobs: there is no fairness to judge, and such a run drops out
+    of the paired unfairness comparison rather than count as a tie at 0."""
     if len(slowdowns) < 2:
         return math.nan
-    return objectives.unfairness(slowdowns)
+    value = objectives.unfairness(slowdowns)
+    return math.sqrt(len(slowdowns) - 1) if math.isinf(value) else value
 
 
 def summarize(

@@ -48,7 +48,17 @@ from typing import Any
 from agent.atomic import write_atomic
 from eval.metrics import METRIC_SCALES
 from eval.runner import JobResult, _clean
-from eval.stats import UNBOUNDED, Bounds, Estimate, Paired, decimals, fixed, mean_ci, paired
+from eval.stats import (
+    UNBOUNDED,
+    Bounds,
+    Estimate,
+    Paired,
+    decimals,
+    fixed,
+    mean_ci,
+    mean_ci_over,
+    paired,
+)
 
 # Derived metric keys: a metric on the runs of one feasibility label only (eval/feasibility.py)
 BY_LABEL = {
@@ -126,13 +136,25 @@ def _order(values: Sequence[str]) -> list[str]:
 def estimates(
     results: Sequence[JobResult], scenario: str | None = None
 ) -> dict[str, dict[str, Estimate]]:
-    """controller label -> metric -> estimate over its runs (of ``scenario``, or all)."""
+    """controller label -> metric -> estimate over its runs (of ``scenario``, or all): over
+    the scenarios, each one's seeds averaged first, where the runs span several
+    (eval/stats.py ``mean_ci_over``), else over the seeds."""
     ok = [r for r in results if not r.error and (scenario is None or r.scenario == scenario)]
     out: dict[str, dict[str, Estimate]] = {}
     for label in _order([r.controller for r in ok]):
         runs = [r for r in ok if r.controller == label]
-        out[label] = {k: mean_ci([_metric(r, k) for r in runs]) for k, _, _ in COLUMNS}
+        where = [r.scenario for r in runs]
+        out[label] = {k: mean_ci_over([_metric(r, k) for r in runs], where) for k, _, _ in COLUMNS}
     return out
+
+
+def run_counts(results: Sequence[JobResult], scenario: str | None = None) -> dict[str, int]:
+    """controller label -> its runs that finished (of ``scenario``, or all)."""
+    ok = [r for r in results if not r.error and (scenario is None or r.scenario == scenario)]
+    return {
+        label: sum(r.controller == label for r in ok)
+        for label in _order([r.controller for r in ok])
+    }
 
 
 def _metric(r: JobResult, key: str) -> float:
@@ -275,8 +297,9 @@ def table(results: Sequence[JobResult], scenario: str | None = None) -> str:
     cols = columns([r for r in results if scenario is None or r.scenario == scenario])
     head = "| controller | runs | " + " | ".join(t for _, t, _ in cols) + " |"
     lines = [head, "|" + "---|" * (len(cols) + 2)]
+    runs = run_counts(results, scenario)
     for label, row in est.items():
-        n = max(e.n for e in row.values())
+        n = runs[label]
         cells = [f(row[k]) for k, _, f in cols]
         lines.append(f"| {label} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -355,15 +378,25 @@ def paired_comparisons(
             continue
         keys = sorted(set(ref) & set(runs[other]), key=lambda k: (k[0], k[1]))
         metrics: dict[str, Paired] = {}
+        apart = [k for k in keys if not same_slo_rule(ref[k], runs[other][k])]
         for key, _, higher, _, _ in PAIRED_METRICS:
             use = [k for k in keys if key not in FEASIBLE_ONLY or ref[k].feasibility == "feasible"]
+            if key == "slo_violation_rate":
+                use = [k for k in use if k not in apart]
             metrics[key] = paired(
                 [_metric(ref[k], key) for k in use],
                 [_metric(runs[other][k], key) for k in use],
                 higher_is_better=higher,
                 groups=[scenario for scenario, _ in use],
             )
-        rows.append({"controller": other, **_counts(keys), "metrics": metrics})
+        rows.append(
+            {
+                "controller": other,
+                **_counts(keys),
+                "metrics": metrics,
+                "slo_rules_differ": len(apart),
+            }
+        )
     pairs = {k for other in labels if other != reference for k in set(ref) & set(runs[other])}
     return {
         "reference": reference,
@@ -371,6 +404,27 @@ def paired_comparisons(
         "seeds": len({seed for _, seed in pairs}),
         "rows": rows,
     }
+
+
+def same_slo_rule(a: JobResult, b: JobResult) -> bool:
+    """Whether two runs' SLO violation rates were judged alike (``JobResult.slo_judged``;
+    a run saved before runs recorded it is taken as judged alike, as it was then)."""
+    return not (a.slo_judged and b.slo_judged) or a.slo_judged == b.slo_judged
+
+
+def slo_rules_note(comp: dict[str, Any]) -> str:
+    """A sentence naming the comparisons whose SLO column leaves pairs out because the two
+    runs' violations were judged by different rules; "" when none does."""
+    rows = [(row["controller"], row["slo_rules_differ"]) for row in comp["rows"]]
+    named = [f"{c} ({n})" for c, n in rows if n]
+    if not named:
+        return ""
+    return (
+        "SLO violations judged by different rules are not paired: a time-sharing "
+        "controller's services are judged one by one on the noise-free steady state, the "
+        "other controllers' LC groups by their measured tail in 1 s windows; pairs left out "
+        f"of the SLO column: {', '.join(named)}."
+    )
 
 
 def _counts(keys: Collection[tuple[str, int]]) -> dict[str, int]:
@@ -416,7 +470,7 @@ def _paired_json(comp: dict[str, Any]) -> dict[str, Any]:
     out["rows"] = [
         {
             "controller": row["controller"],
-            **{k: row[k] for k in ("pairs", "scenarios", "seeds")},
+            **{k: row[k] for k in ("pairs", "scenarios", "seeds", "slo_rules_differ")},
             "metrics": {k: p.as_dict() for k, p in row["metrics"].items()},
         }
         for row in comp["rows"]
@@ -850,10 +904,11 @@ def write_report(
     n_feasible = sum(1 for v in runs.values() if v == "feasible")
     lines += [
         f"Runs: {len(results)} ({len(scenarios)} scenario(s) x {len(seeds)} seed(s) per "
-        "controller). Cells are means over runs ± the half-width of the 95% Student-t "
-        f"confidence interval; {CUT_NOTE} SLO violations: share of intervals in an SLO "
-        "window (enough requests to judge a percentile, eval/metrics.py) over the SLO, "
-        "reported apart for "
+        "controller). Cells are means ± the half-width of the 95% Student-t "
+        "confidence interval, over the scenarios (each one's seeds averaged first) where a "
+        f"table spans several, else over the seeds; {CUT_NOTE} SLO violations: share of "
+        "intervals in an SLO window (enough requests to judge a percentile, "
+        "eval/metrics.py) over the SLO, reported apart for "
         f"feasible and infeasible (scenario, seed) runs ({n_feasible} feasible"
         f"{regrouped(results)}, {len(bad)} "
         "infeasible: no allocation keeps every SLO's steady-state tail within its target "
@@ -881,7 +936,8 @@ def write_report(
             f"half-width of its {ci_basis(comp)}; * when the CI excludes 0 (a significant "
             f"difference); wins: the share of runs {comp['reference']} did better in (ties "
             "half). SLO violations in percentage points, on feasible runs only; a "
-            "difference's interval past ±100 pp is cut there likewise.",
+            "difference's interval past ±100 pp is cut there likewise."
+            + (f" {note}" if (note := slo_rules_note(comp)) else ""),
             "",
             paired_table(comp),
             "",

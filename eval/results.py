@@ -362,8 +362,12 @@ def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -
         "every scenario differs by the same amount, the exact sign test, from 6 of them). "
         "Where some runs are infeasible, weighted speedup is paired over the "
         "feasible runs alone too: there it is won without giving an SLO up, while on an "
-        "infeasible run holding the SLOs as nearly as possible costs batch throughput.",
-        "- **Intervals**: cells are means ± the half-width of the 95% Student-t interval; "
+        "infeasible run holding the SLOs as nearly as possible costs batch throughput. "
+        "SLO violations judged by different rules are not paired (a time-sharing "
+        "controller's services one by one on the noise-free steady state, the other "
+        "controllers' LC groups by their measured tail in 1 s windows).",
+        "- **Intervals**: cells are means ± the half-width of the 95% Student-t interval, "
+        "over the scenarios (each one's seeds averaged first) where a table spans several; "
         + CUT_NOTE
         + " A paired SLO difference's interval past ±100 pp is cut likewise.",
         "- **tail / alone**: LC tail over the same service alone on the machine; "

@@ -92,6 +92,11 @@ class JobResult:
     # whether the oracle's margined test holds at every load (the oracle can plan the run
     # safely; it implies feasible); None when there is no label
     oracle_plannable: bool | None = None
+    # how its SLO violations were judged: "windows" (each LC group's measured percentile
+    # in 1 s windows), "services" (each LC service by its own SLO on the noise-free steady
+    # state, every interval: time-sharing controllers, services outside LC groups); ""
+    # in results saved before runs recorded it. Rates judged differently are not paired.
+    slo_judged: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return _clean(asdict(self))
@@ -240,6 +245,7 @@ def run_job(job: Job) -> JobResult:
         if bare:  # batch runs in CoCo's background (system) group: not a batch group
             for k in ("unfairness", "weighted_speedup", "batch_ips"):
                 res.metrics[k] = math.nan
+        res.slo_judged = "windows" if probe is None else "services"
         if probe is not None:  # every service by its own SLO (ground truth per interval)
             judged = probe.judged
             res.metrics["slo_violation_rate"] = probe.violations / judged if judged else math.nan

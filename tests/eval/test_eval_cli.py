@@ -119,6 +119,7 @@ def test_failed_job_is_recorded_not_raised() -> None:
     assert r.error == ""  # coco gets a bare node and works
     r = run_job(Job("t", "default", "static[ways=99]", 0, 1.0))
     assert r.error  # 99 ways cannot be applied; the run is marked, not lost
+    assert run_job(Job("t", "default", "eq", 0, 1.0)).slo_judged == "windows"
 
 
 def test_agent_run_on_loopback(agent_address: str, tmp_path: Path) -> None:
@@ -214,6 +215,7 @@ def test_time_sharing_is_judged_per_service() -> None:
     assert not r.error, r.error
     services = {"memcached_coco", "nginx", "mongodb", "specjbb", "shore_mt"}
     assert set(r.lc_tails_ms) == services  # each service by its own SLO, not per tier group
+    assert r.slo_judged == "services"
     assert set(r.timeline_ways) == services
     # round robin rotates the big tier: some service's ways change over the run
     assert any(len(set(w)) > 1 for w in r.timeline_ways.values())
@@ -235,7 +237,7 @@ def test_services_left_in_the_default_group_are_judged_too(controller: str) -> N
     r = run_job(Job("t", "more_lc_than_closids_e5v3", controller, 0, 2.0))
     assert not r.error, r.error
     services = {"memcached_coco", "nginx", "mongodb", "specjbb", "xapian"}
-    assert set(r.lc_tails_ms) == services
+    assert set(r.lc_tails_ms) == services and r.slo_judged == "services"
     assert set(r.timeline_ways) == {"memcached_coco", "nginx", "mongodb"}
     assert math.isfinite(r.metrics["slo_violation_rate"])
 

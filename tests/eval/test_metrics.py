@@ -31,9 +31,11 @@ from models.controller import KEEP, Decision, StepRecord
     [
         ([1.0, 1.0], 0.0),
         ([1.0, 3.0], 0.5),
-        # one job starved: left out, the rest read as perfectly fair
-        ([1.2, math.inf], math.inf),
-        ([1.2, 1.2, math.inf], math.inf),
+        # one job starved: the least fair a run can be, sqrt(n - 1), not left out (the
+        # rest read as perfectly fair) nor infinite (dropped from every comparison)
+        ([1.2, math.inf], 1.0),
+        ([1.2, 1.2, math.inf], math.sqrt(2)),
+        ([1.2, 1.2, 1.0e12], pytest.approx(math.sqrt(2))),  # the limit it stands for
         # one job or none: nothing to judge, not a tie at 0 in a paired comparison
         ([2.0], math.nan),
         ([], math.nan),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.report import COLUMNS, table, write_report
+from eval.report import COLUMNS, estimates, table, write_report
 from eval.runner import JobResult
 from eval.stats import Estimate
 
@@ -49,6 +49,24 @@ def test_table_means_and_confidence_intervals() -> None:
     # cut at 0 (no latency is negative)
     assert "| 3 |" in line and "2.0 [0.0, 4.5]" in line
     assert "10.0 [0.0, 34.8]%" in line  # violation rates 0, 10, 20 %: not 10.0 ± 24.8%
+
+
+def test_a_table_over_scenarios_takes_its_interval_over_them_not_their_seeds() -> None:
+    """Seeds of one scenario are near copies: counted as independent runs, the cells'
+    intervals were about sqrt(3) too narrow with three seeds (as paired's once were)."""
+    rows = [
+        _result("eq", scn, seed, tail=base + 0.01 * seed, unf=0.1)
+        for scn, base in (("s1", 1.0), ("s2", 3.0))
+        for seed in range(3)
+    ]
+    est = estimates(rows)["eq"]["tail_latency_ms"]
+    assert est.n == 2  # the two scenarios' means, 1.01 and 3.01
+    assert est.mean == pytest.approx(2.01)
+    assert est.half_width == pytest.approx(12.706 * 1.0)  # t(1) x stdev(1.01, 3.01) / sqrt(2)
+    line = next(x for x in table(rows).splitlines() if x.startswith("| eq |"))
+    assert line.startswith("| eq | 6 |")  # the runs, not the units of the interval
+    one = estimates(rows, "s1")["eq"]["tail_latency_ms"]
+    assert one.n == 3  # one scenario: over its seeds
 
 
 @pytest.mark.parametrize(
@@ -187,6 +205,30 @@ def test_paired_comparison_on_constructed_runs() -> None:
         paired_comparisons(_paired_runs(), "ubik")
     other = paired_comparisons(_paired_runs(), "eq")
     assert other["rows"][0]["metrics"]["slo_violation_rate"].diff.mean == pytest.approx(0.1)
+
+
+def test_slo_violations_judged_by_different_rules_are_not_paired(tmp_path: Path) -> None:
+    """A time-sharing controller's services are judged on the noise-free steady state,
+    the others' groups on their measured tail in windows: one static run had 50% by one
+    rule and 0% by the other. Such pairs leave the SLO column, and the report says so."""
+    from eval.report import load_results, paired_comparisons
+
+    runs = _paired_runs()
+    for r in runs:
+        r.slo_judged = "windows" if r.controller == "policy" or r.scenario == "a" else "services"
+    comp = paired_comparisons(runs)
+    (row,) = comp["rows"]
+    assert row["slo_rules_differ"] == 4  # b and hard, two seeds each
+    assert row["metrics"]["slo_violation_rate"].pairs == 2  # a's (hard is infeasible)
+    assert row["metrics"]["weighted_speedup"].pairs == 6  # only the SLO column
+    md = write_report(runs, tmp_path, title="T").markdown.read_text()
+    assert "pairs left out of the SLO column: eq (4)." in md
+    assert [r.slo_judged for r in load_results(tmp_path / "results.json")] == [
+        r.slo_judged for r in runs
+    ]
+    for r in runs:  # saved before runs recorded the rule: paired as before
+        r.slo_judged = ""
+    assert paired_comparisons(runs)["rows"][0]["slo_rules_differ"] == 0
 
 
 def test_report_separates_infeasible_runs_and_writes_the_paired_table(tmp_path: Path) -> None:

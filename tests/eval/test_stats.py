@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from eval.stats import Estimate, holm, mean_ci, paired, t975, t_two_sided
+from eval.stats import Estimate, holm, mean_ci, mean_ci_over, paired, t975, t_two_sided
 
 
 @pytest.mark.parametrize(
@@ -128,6 +128,17 @@ def test_identical_differences_need_the_sign_test(n: int, significant: bool) -> 
     assert p.significant is significant and p.better is (True if significant else None)
 
 
+@pytest.mark.parametrize(("n", "significant"), [(3, False), (6, True)])
+def test_differences_equal_but_for_rounding_need_the_sign_test_too(n: int, significant: bool):
+    """0.3 - 0.2, 0.7 - 0.6 and 1.1 - 1.0 differ in their last bits: a t interval 1.6e-16
+    wide called three of them significant (p = 1e-31), where the sign test says p = 0.25."""
+    a = [0.3, 0.7, 1.1, 0.5, 0.9, 1.3][:n]
+    p = paired(a, [x - 0.1 for x in a], higher_is_better=True, groups=list(range(n)))
+    assert p.diff.half_width == 0.0 and p.diff.mean == pytest.approx(0.1)
+    assert p.significant is significant
+    assert p.p_value == pytest.approx(2 * 0.5**n)
+
+
 def test_rounding_differences_are_ties_in_the_mean_too() -> None:
     p = paired([0.1 + 0.2] * 3, [0.3] * 3, higher_is_better=True)
     assert (p.ties, p.diff.mean, p.significant) == (3, 0.0, False)
@@ -158,10 +169,24 @@ def test_the_t_test_agrees_with_the_interval(df: int) -> None:
     assert t_two_sided(t975(df), df) == pytest.approx(0.05, abs=1e-4)
 
 
+def test_mean_ci_over_groups_averages_each_group_first() -> None:
+    # groups a: 1, 3 (mean 2; a NaN dropped), b: 6: the interval over the means 2 and 6
+    est = mean_ci_over([1.0, 3.0, math.nan, 6.0], ["a", "a", "a", "b"])
+    assert (est.n, est.mean) == (2, 4.0)
+    assert est.half_width == pytest.approx(12.706 * 2.0)  # t(1) x stdev(2, 6) / sqrt(2)
+    assert mean_ci_over([1.0, 3.0], ["a", "a"]) == mean_ci([1.0, 3.0])  # one group
+    with pytest.raises(ValueError, match="3 values and 2 groups"):
+        mean_ci_over([1.0, 2.0, 3.0], ["a", "b"])
+
+
 def test_holm_adjusts_step_down_and_keeps_order() -> None:
     assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
     assert holm([0.5, 0.6]) == [1.0, 1.0]
     assert holm([]) == []
+    # no test made: NaN passed through and not counted (it made everything after it 1.0)
+    got = holm([0.001, math.nan, 0.002, 0.003])
+    assert math.isnan(got[1])
+    assert [got[0], got[2], got[3]] == pytest.approx([0.003, 0.004, 0.004])
 
 
 @pytest.mark.parametrize(
