@@ -111,6 +111,13 @@ class UnknownTask(NodeError, LookupError):
         return {"pid": str(self.pid)}
 
 
+class InvalidPid(UnknownTask, ValueError):
+    """A pid that cannot name a task (0, negative, not an integer): a malformed request, not
+    a task that is gone (still an UnknownTask to code that catches those)."""
+
+    code = "INVALID_ARGUMENT"
+
+
 class InvalidCpus(NodeError, ValueError):
     code = "INVALID_ARGUMENT"
 

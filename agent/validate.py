@@ -13,7 +13,7 @@ from collections.abc import Container, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from numbers import Integral
 
-from agent.errors import GroupNotFound, InvalidAllocation, InvalidCpus, UnknownTask
+from agent.errors import GroupNotFound, InvalidAllocation, InvalidCpus, InvalidPid, UnknownTask
 from agent.types import (
     Allocation,
     AllocationPlan,
@@ -292,12 +292,14 @@ def check_assign_ids(
     pids: Iterable[object], cpus: Iterable[object], *, known_pids: Container[int], num_cpus: int
 ) -> tuple[list[int], list[int]]:
     """Check the pids and CPUs of an ``assign`` on a node that knows its tasks (simulated
-    and trace-driven nodes); return them as ints. Raises UnknownTask or InvalidCpus naming
-    the first bad one, before anything moves."""
+    and trace-driven nodes); return them as ints. Raises InvalidPid (not a pid), UnknownTask
+    (no such task) or InvalidCpus naming the first bad one, before anything moves."""
     pids, cpus = list(pids), list(cpus)
     for pid in pids:
         if isinstance(pid, bool) or not isinstance(pid, Integral):
-            raise UnknownTask(-1, f"pid {pid!r} is not an integer")
+            raise InvalidPid(-1, f"pid {pid!r} is not an integer")
+        if int(pid) <= 0:
+            raise InvalidPid(int(pid), f"pid {pid} is not a positive integer")
         if int(pid) not in known_pids:
             raise UnknownTask(int(pid))
     for cpu in cpus:

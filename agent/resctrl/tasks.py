@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from agent.errors import (
     GroupNotFound,
     InvalidCpus,
+    InvalidPid,
     KernelError,
     NodeError,
     UnknownTask,
@@ -73,7 +74,7 @@ class Tasks:
         cpus = list(cpus)
         for pid in pids:
             if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-                raise UnknownTask(
+                raise InvalidPid(
                     -1 if not isinstance(pid, int) else pid,
                     f"pid {pid!r} is not a positive integer",
                 )

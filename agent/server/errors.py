@@ -36,6 +36,7 @@ _CLASSES: dict[str, type[Exception]] = {
         E.GroupExists,
         E.ResourceExhausted,
         E.UnknownTask,
+        E.InvalidPid,
         E.InvalidCpus,
         E.Unsupported,
         E.KernelError,
@@ -229,7 +230,7 @@ def from_status(code: grpc.StatusCode, message: str, detail: pb.ErrorDetail | No
         exc.group = facts.get("group", "")
     elif cls is E.ResourceExhausted:
         exc.resource = facts.get("resource", "")
-    elif cls is E.UnknownTask:
+    elif issubclass(cls, E.UnknownTask):
         exc.pid = int(facts.get("pid", "-1"))
     elif cls is E.NodeError:
         exc = RemoteError(code.name, detail.message, facts)

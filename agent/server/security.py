@@ -213,7 +213,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         observe: RpcObserver | None = None,
         bad_frames: BadFrameLog | None = None,
     ) -> None:
-        self._expected = f"Bearer {token}".encode() if token else None
+        self._expected = token.encode() if token else None
         self._limiter = limiter
         self._observe = observe
         self.bad_frames = bad_frames or BadFrameLog()
@@ -228,7 +228,10 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         for key, value in metadata or ():
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value
-                return hmac.compare_digest(given, self._expected)
+                # the scheme is case-insensitive (RFC 7235 section 2.1), as at /metrics
+                scheme, _, credentials = given.partition(b" ")
+                right = hmac.compare_digest(credentials, self._expected)
+                return scheme.lower() == b"bearer" and right
         return False
 
     async def intercept_service(self, continuation, handler_call_details):

@@ -18,6 +18,7 @@ from agent.errors import (
     GroupNotFound,
     InvalidAllocation,
     InvalidName,
+    InvalidPid,
     ResourceExhausted,
     UnknownTask,
 )
@@ -155,6 +156,18 @@ class NodeContract:
         with pytest.raises(UnknownTask) as err:
             node.assign("a", pids=[harness.unknown_pid])
         assert str(harness.unknown_pid) in str(err.value)
+
+    @pytest.mark.parametrize("pid", [0, -5])
+    def test_a_pid_that_names_no_task_is_an_invalid_argument(
+        self, harness: NodeHarness, node: Node, pid: int
+    ) -> None:
+        """Not a task that is gone (NOT_FOUND) but a malformed request: InvalidPid, an
+        UnknownTask still to code that catches those; nothing moves."""
+        _make(node, "a")
+        with pytest.raises(InvalidPid, match=f"pid {pid} is not a positive integer") as err:
+            node.assign("a", pids=[harness.pids[0], pid])
+        assert isinstance(err.value, UnknownTask) and err.value.code == "INVALID_ARGUMENT"
+        assert harness.pids[0] not in node.tasks("a")
 
     def test_assign_to_unknown_group_fails(self, harness: NodeHarness, node: Node) -> None:
         with pytest.raises(GroupNotFound):

@@ -16,6 +16,7 @@ from agent.errors import (
     GroupNotFound,
     InvalidCpus,
     InvalidName,
+    InvalidPid,
     ResourceExhausted,
     UnknownTask,
 )
@@ -93,6 +94,8 @@ class RefNode(StepByParts):
             raise GroupNotFound(group)
         pids, cpus = list(pids), list(cpus)
         for pid in pids:
+            if int(pid) <= 0:
+                raise InvalidPid(pid, f"pid {pid} is not a positive integer")
             if not os.path.exists(f"/proc/{int(pid)}"):
                 raise UnknownTask(pid)
         for cpu in cpus:

@@ -99,6 +99,30 @@ def test_right_token_works_and_errors_still_map(with_token) -> None:
             client.delete_group("b")
 
 
+@pytest.mark.parametrize(
+    ("header", "ok"),
+    [
+        (f"bearer {TOKEN}", True),  # the scheme is case-insensitive (RFC 7235), as at /metrics
+        (f"BEARER {TOKEN}", True),
+        (f"Basic {TOKEN}", False),
+        (f"Bearer  {TOKEN}", False),
+        (TOKEN, False),
+    ],
+)
+def test_the_token_schemes_case_does_not_matter(with_token, header: str, ok: bool) -> None:
+    from proto.rdtune.v1 import agent_pb2 as api
+    from proto.rdtune.v1 import agent_pb2_grpc as rpc
+
+    with grpc.insecure_channel(with_token.address) as channel:
+        call = rpc.NodeAgentStub(channel).ListGroups
+        if ok:
+            call(api.ListGroupsRequest(), timeout=5, metadata=[("authorization", header)])
+        else:
+            with pytest.raises(grpc.RpcError) as err:
+                call(api.ListGroupsRequest(), timeout=5, metadata=[("authorization", header)])
+            assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_health_needs_no_token(with_token) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
