@@ -109,6 +109,8 @@ class _TokenAuth(grpc.AuthMetadataPlugin):
 
 def _channel_options(timeout: float, backoff_s: float, max_message_bytes: int) -> list:
     """The channel options of a :class:`RemoteNode` (see its arguments)."""
+    if not 0 < timeout <= MAX_WAIT_S:  # the options hold milliseconds in a C int
+        raise ValueError(f"timeout must be in (0, {MAX_WAIT_S:g}] s, got {timeout}")
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -181,8 +183,6 @@ class RemoteNode:
         session: bool = True,
     ) -> None:
         split_address(address)  # a malformed one would be retried forever, or wrap around
-        if not 0 < timeout <= MAX_WAIT_S:  # grpc's options hold milliseconds in a C int
-            raise ValueError(f"timeout must be in (0, {MAX_WAIT_S:g}] s, got {timeout}")
         self.address, self.timeout = address, timeout
         self.retries, self.backoff_s = retries, backoff_s
         self._metadata: tuple = ()

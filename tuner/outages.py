@@ -1,6 +1,7 @@
 """How the tuner lives through outages and stops: the run loop, retrying an unreachable agent
 with backoff and reconciling when it is back (groups recreated, the last allocation put
-back), and the clean shutdown that optionally restores the baseline. A part of
+back), following a node that changes under it (groups, capabilities), and the clean
+shutdown that optionally restores the baseline. A part of
 :class:`~tuner.service.Tuner` (tuner/service.py describes the failure handling).
 """
 
@@ -58,6 +59,10 @@ class Resilience:
     _next: object | None
     _realtime: bool
     _final: bool
+    _stale: bool
+    _last_now: float
+    caps: object
+    target: AllocationPlan | None
     intervals: int
 
     _vanished: frozenset[str] = frozenset()  # the node's vanished groups, as last handled
@@ -74,6 +79,28 @@ class Resilience:
                 self.keeper.ensure(self.node, strict=False)
             self._groups_changed()
         self._vanished = snap.vanished - (configured - set(self.groups))
+
+    def _groups_changed(self) -> None:
+        """Groups appeared or vanished: controllers start over on the new set, and on the
+        node's capabilities read again (a simulated node reset to another machine changes
+        them; plans made for the old ones would be refused every interval). A node that
+        is another machine now has its allocation of this moment as the baseline a stop
+        restores: the tuner has not changed it yet."""
+        self._next = None  # an observation of the old set of groups
+        self.groups = self.keeper.read(self.node, self.groups)
+        self.target = None
+        self._stale = True
+        log.info("groups changed: %s", sorted(self.groups), extra={"event": "groups"})
+        current = self.node.allocation()
+        caps = self.node.capabilities()
+        if caps != self.caps:
+            log.warning(
+                "the node's capabilities changed: controllers start over on them, and a "
+                "stop restores the allocation it holds now",
+                extra={"event": "capabilities"},
+            )
+            self.caps, self.baseline = caps, current
+        self._carry_out(self.active.start(self._context(current)), current, self._last_now)
 
     def reconcile(self) -> None:
         """After an outage: groups back, and the node holding what the tuner last applied."""

@@ -357,28 +357,6 @@ class Tuner(Resilience, Pacing):
         )
         return "dropped", rule
 
-    def _groups_changed(self) -> None:
-        """Groups appeared or vanished: controllers start over on the new set, and on the
-        node's capabilities read again (a simulated node reset to another machine changes
-        them; plans made for the old ones would be refused every interval). A node that
-        is another machine now has its allocation of this moment as the baseline a stop
-        restores: the tuner has not changed it yet."""
-        self._next = None  # an observation of the old set of groups
-        self.groups = self.keeper.read(self.node, self.groups)
-        self.target = None
-        self._stale = True
-        log.info("groups changed: %s", sorted(self.groups), extra={"event": "groups"})
-        current = self.node.allocation()
-        caps = self.node.capabilities()
-        if caps != self.caps:
-            log.warning(
-                "the node's capabilities changed: controllers start over on them, and a "
-                "stop restores the allocation it holds now",
-                extra={"event": "capabilities"},
-            )
-            self.caps, self.baseline = caps, current
-        self._carry_out(self.active.start(self._context(current)), current, self._last_now)
-
 
 def _move_tasks(node: Node, moves: Mapping[str, frozenset[int]]) -> None:
     """A decision's task moves; a refused one is logged, and a task that has exited since

@@ -27,12 +27,19 @@ kernel code each follows:
   pid is EINVAL with the previous status left alone); 6.7 takes a comma-separated list and
   appends "Error while processing task N" after the reason of a failed move
   ("x86/resctrl: Add multiple tasks to the resctrl group at once", fe2a20ea0b09).
+- **info/L3/sparse_masks** exists from 6.7 ("x86/resctrl: Add sparse_masks file in info",
+  4dba8f10b8fe); before, a tool learns whether masks may be sparse from the vendor.
+- **Writes** longer than a page are refused with E2BIG before any handler runs, in every
+  version (kernfs ``kernfs_fop_write_iter``: resctrl's files set ``atomic_write_len`` to
+  PAGE_SIZE), the last command's status left as it was.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+PAGE_SIZE = 4096  # x86-64: the longest write a resctrl file takes whole
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,10 @@ class KernelRules:
 
     @property
     def multi_pid_tasks(self) -> bool:
+        return self.version >= (6, 7)
+
+    @property
+    def has_sparse_masks_file(self) -> bool:
         return self.version >= (6, 7)
 
     def schema_order(self, l3: tuple[str, ...], has_mb: bool) -> tuple[str, ...]:

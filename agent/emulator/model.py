@@ -14,10 +14,11 @@ monitoring counters (counters.py), over the state in state.py; this module sets 
 up and holds the commands that change the tree (mkdir, rmdir) and the write dispatch.
 
 Every method that changes state is one "kernel command": it clears ``last_cmd_status``
-(except where the kernel fails before that), appends the kernel's messages to it and raises
-:class:`ResctrlError` with the kernel's errno. Tasks are threads, as in the kernel: every
-thread id in /proc/*/task is a task, and a group lists the ids of its threads. Tests reach
-in through the injection hooks at the bottom of the class.
+(except where the kernel fails before that, and rmdir, which never does), appends the
+kernel's messages to it and raises :class:`ResctrlError` with the kernel's errno. Tasks are
+threads, as in the kernel: every thread id in /proc/*/task is a task, and a group lists the
+ids of its threads; a new thread or process starts in its creator's group (agent/emulator/
+tasks.py). Tests reach in through the injection hooks at the bottom of the class.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 
 from agent.emulator.counters import Counters
+from agent.emulator.kernel import PAGE_SIZE
 from agent.emulator.presets import MBPS_DEFAULT, Preset
 from agent.emulator.schemata import SchemataFiles
 from agent.emulator.state import COUNTER_SPECIALS, Group, ResctrlError, Rmid
@@ -69,7 +71,8 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
         self.root = Group("", "ctrl", 0, 0, cpus=set(self.online))
         self.root.ctrl = self._default_ctrl(full=True)
         self.groups: dict[str, Group] = {}  # ctrl groups below the root, by name
-        self.task_group: dict[int, Group] = {}  # thread id -> the group it was moved into
+        self.task_group: dict[int, Group] = {}  # thread id -> its group (absent: the root)
+        self.seen: set[int] = self._threads()  # threads whose group is settled: all root's
         self.denied: set[int] = set()
         self.last_advance = self.clock()
         self._rates_cache: dict[int, tuple[float, dict[int, float]]] | None = None
@@ -133,6 +136,8 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
                 raise ResctrlError(errno.ENOENT)
             if kind != "wfile":
                 raise ResctrlError(errno.EACCES if kind == "file" else errno.EISDIR)
+            if len(data) > PAGE_SIZE:  # kernfs: atomic_write_len (agent/emulator/kernel.py)
+                raise ResctrlError(errno.E2BIG)
             try:
                 text = data.decode()
             except UnicodeDecodeError:
@@ -215,8 +220,7 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
             if not parts or found is None or found[1] or found[0] is self.root:
                 raise ResctrlError(errno.EPERM)
             g = found[0]
-            self.status = "ok"
-            self._advance()
+            self._advance()  # rdtgroup_rmdir leaves last_cmd_status as it was
             if g.kind == "mon":
                 parent = g.parent
                 assert parent is not None

@@ -25,7 +25,9 @@ class MbPreset:
     max_bandwidth: int = 100  # 100 (percent) or the AMD hardware limit (2048)
     num_closids: int = 8
     delay_linear: int = 1
-    thread_throttle_mode: str = "max"
+    # None: no info/MB/thread_throttle_mode file (AMD: thread_throttle_mode_init returns
+    # early for THREAD_THROTTLE_UNDEFINED)
+    thread_throttle_mode: str | None = "max"
     data_width: int = 3  # schemata padding of MB values before 6.15: 3 on Intel, 4 on AMD
 
 
@@ -168,6 +170,9 @@ PRESETS: dict[str, Preset] = {
                 max_bandwidth=2048,
                 num_closids=4,
                 data_width=4,
+                # __rdt_get_mem_config_amd: delay_linear false, throttle mode undefined
+                delay_linear=0,
+                thread_throttle_mode=None,
             ),
             num_rmids=256,
             domains=tuple(range(8)),

@@ -30,6 +30,7 @@ class TaskFiles:
     topo: Topology
     online: set[int]
     task_group: dict[int, Group]
+    seen: set[int]
     denied: set[int]
 
     def _pid_alive(self, pid: int) -> bool:
@@ -50,21 +51,49 @@ class TaskFiles:
                 continue  # exited while we looked
         return out
 
+    def _settle(self) -> set[int]:
+        """Every thread of the system, each new one (not seen before) in its creator's
+        group: fork and clone copy the creator's task_struct, CLOSID and RMID with it
+        (dup_task_struct), so a workload placed by its first pid keeps the processes and
+        threads it starts. The creator is taken to be a thread's group leader, or a
+        process's parent (what /proc tells; the thread that called clone is not kept).
+        Settled before every task move, so a thread started before a move keeps the group
+        its creator had then; exited threads leave every group."""
+        threads = self._threads()
+        gone = [t for t in self.task_group if t not in threads and not self._pid_alive(t)]
+        if gone:
+            self._advance()
+        for tid in gone:
+            del self.task_group[tid]
+        new = threads - self.seen
+        placed: dict[int, Group] = {}
+        for tid in sorted(new):
+            self._inherit(tid, new, placed, depth=0)
+        if placed:
+            self._advance()  # the counters so far belong to the groups as they were
+            self.task_group.update(placed)
+        self.seen = threads | set(self.task_group)
+        return threads
+
+    def _inherit(self, tid: int, new: set[int], placed: dict[int, Group], depth: int) -> Group:
+        """``tid``'s group; a new thread's is its creator's (settled first when new too),
+        recorded in ``placed`` when it is not the root."""
+        if tid not in new or depth > 64:
+            return placed.get(tid) or self.task_group.get(tid, self.root)
+        new.discard(tid)
+        creator = _creator(self.proc, tid)
+        group = self.root if creator is None else self._inherit(creator, new, placed, depth + 1)
+        if group is not self.root and group.alive:
+            placed[tid] = group
+        return group if group.alive else self.root
+
     def _tasks_of(self, g: Group) -> set[int]:
         # show_rdt_tasks: every thread whose CLOSID is a control group's (so a control
         # group, the default one too, lists the tasks of its monitoring groups) or whose
         # RMID is a monitoring group's.
-        gone = [t for t in self.task_group if not self._pid_alive(t)]
-        if gone:
-            self._advance()
-        for tid in gone:
-            del self.task_group[tid]  # exited tasks leave every group
+        threads = self._settle()
         if g is self.root:
-            return {
-                t
-                for t in self._threads()
-                if self.task_group.get(t, self.root).ctrl_group is self.root
-            }
+            return {t for t in threads if self.task_group.get(t, self.root).ctrl_group is self.root}
         if g.kind == "ctrl":
             return {t for t, h in self.task_group.items() if h.ctrl_group is g}
         return {t for t, h in self.task_group.items() if h is g}
@@ -112,6 +141,7 @@ class TaskFiles:
         elif tid in self.denied:
             self.status = f"No permission to move task {tid}"
             raise ResctrlError(errno.EPERM)
+        self._settle()  # threads started before this move keep their creators' groups
         cur = self.task_group.get(tid, self.root)
         if cur is g:
             return  # already there: nothing to do, and no CLOSID check
@@ -168,6 +198,19 @@ class TaskFiles:
                 if sib is not g:
                     sib.cpus -= added
             g.cpus = set(new)
+
+
+def _creator(proc: str, tid: int) -> int | None:
+    """The thread ``tid`` was most likely created by: its group leader for a thread, its
+    parent for a process' leader; None when /proc does not say (or it has exited)."""
+    try:
+        with open(f"{proc}/{tid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        tgid, ppid = int(fields["Tgid"]), int(fields["PPid"])
+    except (OSError, KeyError, ValueError):
+        return None
+    creator = tgid if tgid != tid else ppid
+    return creator if creator > 0 else None
 
 
 def _kstrtoint(text: str) -> int | None:

@@ -66,17 +66,19 @@ class TreeFiles:
                 "min_cbm_bits": lambda: str(p.min_cbm_bits),
                 "shareable_bits": lambda: f"{p.shareable_bits:x}",
                 "bit_usage": lambda s=s: self._bit_usage(s),
-                "sparse_masks": lambda: str(int(p.sparse_masks)),
             }
+            if self.rules.has_sparse_masks_file:
+                tree[s]["sparse_masks"] = lambda: str(int(p.sparse_masks))
         if p.mb is not None:
             mb = p.mb
             tree["MB"] = {
                 "min_bandwidth": lambda: str(mb.min_bandwidth),
                 "bandwidth_gran": lambda: str(mb.bandwidth_gran),
                 "delay_linear": lambda: str(mb.delay_linear),
-                "thread_throttle_mode": lambda: mb.thread_throttle_mode,
                 "num_closids": lambda: str(mb.num_closids),
             }
+            if mb.thread_throttle_mode is not None:
+                tree["MB"]["thread_throttle_mode"] = lambda: mb.thread_throttle_mode
         if p.mon_features:
             tree["L3_MON"] = {
                 "num_rmids": lambda: str(p.num_rmids),

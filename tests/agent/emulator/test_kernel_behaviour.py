@@ -395,3 +395,40 @@ def test_presets_are_consistent(name: str) -> None:
 def test_unknown_preset_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         get_preset("nope")
+
+
+def test_a_write_longer_than_a_page_is_e2big_and_keeps_the_status(emu: Emulated) -> None:
+    """kernfs_fop_write_iter refuses a write beyond atomic_write_len (PAGE_SIZE) before any
+    handler runs: a long cpus_list or pid list passed here and failed on a real host."""
+    os.mkdir(f"{emu.root}/g")
+    with pytest.raises(OSError) as err:
+        emu.write("g/schemata", "L3:0=zz\n")
+    before = emu.status()
+    with pytest.raises(OSError) as err:
+        emu.write("g/cpus_list", "0" + ",0" * 2500 + "\n")  # 5,002 bytes
+    assert err.value.errno == errno.E2BIG
+    assert emu.status() == before
+
+
+def test_rmdir_leaves_the_last_status_alone(emu: Emulated) -> None:
+    # rdtgroup_rmdir never calls rdt_last_cmd_clear (mkdir does)
+    os.mkdir(f"{emu.root}/g")
+    with pytest.raises(OSError):
+        emu.write("g/schemata", "L3:0=zz\n")
+    before = emu.status()
+    os.rmdir(f"{emu.root}/g")
+    assert emu.status() == before != "ok"
+
+
+@pytest.mark.parametrize(("preset", "present"), [("intel-20way", False), ("amd-epyc", True)])
+def test_sparse_masks_is_listed_from_kernel_6_7(preset: str, present: bool) -> None:
+    # the 20-way preset runs 6.1, the EPYC one 6.8 (4dba8f10b8fe came in 6.7)
+    with emulated_resctrl(preset) as emu:
+        assert os.path.exists(f"{emu.root}/info/L3/sparse_masks") is present
+
+
+def test_amd_mba_is_not_linear_and_has_no_throttle_mode() -> None:
+    # __rdt_get_mem_config_amd: delay_linear false, THREAD_THROTTLE_UNDEFINED (no file)
+    with emulated_resctrl("amd-epyc") as emu:
+        assert emu.read("info/MB/delay_linear").strip() == "0"
+        assert not os.path.exists(f"{emu.root}/info/MB/thread_throttle_mode")

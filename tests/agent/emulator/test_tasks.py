@@ -173,3 +173,51 @@ def test_mon_group_takes_only_tasks_of_its_parent(emu: Emulated, child: int) -> 
     os.mkdir(f"{emu.root}/mon_groups/r")
     emu.write("mon_groups/r/tasks", f"{child}\n")
     assert listed(emu, "mon_groups/r/tasks") == {child}
+
+
+SPAWNER = (
+    "import subprocess, sys, threading\n"
+    "ev = threading.Event()\n"
+    "early = threading.Thread(target=ev.wait, daemon=True)\n"
+    "early.start()\n"
+    "print(early.native_id, flush=True)\n"
+    "sys.stdin.readline()\n"  # moved into a group meanwhile
+    "late = threading.Thread(target=ev.wait, daemon=True)\n"
+    "late.start()\n"
+    "child = subprocess.Popen(['sleep', '60'])\n"
+    "print(late.native_id, child.pid, flush=True)\n"
+    "sys.stdin.readline()\n"
+    "child.kill()\n"
+)
+
+
+def test_new_threads_and_processes_start_in_their_creators_group(emu: Emulated) -> None:
+    """fork and clone copy the creator's CLOSID and RMID (dup_task_struct): a workload
+    placed by its first pid keeps what it starts afterwards. Before, the emulator listed
+    them in the default group, and its counters left their traffic out. A thread started
+    before the move stays where it was (only the moved thread moves)."""
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SPAWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    child = 0
+    try:
+        early = int(proc.stdout.readline())
+        os.mkdir(f"{emu.root}/a")
+        emu.write("a/tasks", f"{proc.pid}\n")
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        late, child = (int(x) for x in proc.stdout.readline().split())
+        in_a = listed(emu, "a/tasks")
+        assert {proc.pid, late, child} <= in_a
+        assert early not in in_a and early in listed(emu, "tasks")
+        assert not {late, child} & listed(emu, "tasks")
+        os.rmdir(f"{emu.root}/a")  # and back to the default group with the rest
+        assert {proc.pid, late, child} <= listed(emu, "tasks")
+    finally:
+        if child:
+            os.kill(child, 9)
+        proc.kill()
+        proc.wait()
