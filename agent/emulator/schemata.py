@@ -119,10 +119,10 @@ class SchemataFiles:
             items.pop()  # parse_line stops where the line ends: after a trailing ';'
         for item in items:
             ident, sep, value = item.partition("=")  # an empty item fails here, as there
-            if not sep or not ident.isdigit():
+            dom = _kstrtoul10(ident) if sep else None
+            if dom is None:
                 self.status = "Missing '=' or non-numeric domain"
                 raise ResctrlError(errno.EINVAL)
-            dom = int(ident)
             value = value.strip()
             if dom not in self.domains:
                 raise ResctrlError(errno.EINVAL)  # the kernel says nothing: status stays "ok"
@@ -184,3 +184,15 @@ class SchemataFiles:
             self.status = "Overlaps with other group"
             raise ResctrlError(errno.EINVAL)
         return val
+
+
+def _kstrtoul10(text: str) -> int | None:
+    """The kernel's kstrtoul(s, 10), as parse_line reads a domain id: an optional '+',
+    ASCII digits only (not the other scripts' digits str.isdigit takes, nor superscripts),
+    one optional trailing newline, a value below 2**64; None where it fails."""
+    body = text[:-1] if text.endswith("\n") else text
+    body = body[1:] if body.startswith("+") else body
+    if not body or any(c not in "0123456789" for c in body):
+        return None
+    value = int(body)
+    return value if value < 2**64 else None

@@ -432,3 +432,24 @@ def test_amd_mba_is_not_linear_and_has_no_throttle_mode() -> None:
     with emulated_resctrl("amd-epyc") as emu:
         assert emu.read("info/MB/delay_linear").strip() == "0"
         assert not os.path.exists(f"{emu.root}/info/MB/thread_throttle_mode")
+
+
+@pytest.mark.parametrize(
+    ("line", "ok"),
+    [
+        ("L3:+0=f\n", True),  # kstrtoul takes a leading '+'
+        ("L3:\u0661=f\n", False),  # an Arabic-Indic one: str.isdigit's, not the kernel's
+        ("L3:\u00b2=f\n", False),  # a superscript two: a traceback in the emulator before
+        ("L3:99999999999999999999999=f\n", False),  # beyond an unsigned long
+    ],
+)
+def test_domain_ids_are_read_as_kstrtoul_reads_them(emu: Emulated, line: str, ok: bool) -> None:
+    os.mkdir(f"{emu.root}/g")
+    if ok:
+        emu.write("g/schemata", line)
+        assert emu.status() == "ok"
+        return
+    with pytest.raises(OSError) as err:
+        emu.write("g/schemata", line)
+    assert err.value.errno == errno.EINVAL
+    assert emu.status() == "Missing '=' or non-numeric domain"
