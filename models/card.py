@@ -192,15 +192,34 @@ def standard_sections(
         "in its reward, not a guarantee.",
         "Deciding at another cadence than it was trained at (use the decide_s option).",
     )
-    limitations = (
-        "Trained and evaluated on the simulated node only (agent/sim); what it learned is "
-        "bounded by the simulator's fidelity (docs/SIMULATOR.md).",
-        f"Training mixes come from {env.get('id', 'the environment')}'s scenario source "
-        f"{kwargs.get('scenarios', 'random')!r}; workloads, loads or phases unlike them are "
-        "outside what it saw.",
-        "The evaluation table compares mean episode returns on held-out simulated mixes; "
-        "claims that one controller beats another need rdtune eval's paired comparisons.",
-    )
+    paired = "claims that one controller beats another need rdtune eval's paired comparisons."
+    env_id = str(env.get("id", ""))
+    if env_id.endswith("TracePartition-v0"):
+        limitations: tuple[str, ...] = (
+            f"Trained on recorded traces ({machines}), replayed: they do not answer its "
+            "actions as a node would, so what it learned is bounded by the allocations and "
+            "loads the traces hold (docs/TRACES.md).",
+            "Its checkpoints were chosen, and its evaluation table made, by replaying the "
+            f"training traces (traces have no held-out split); {paired}",
+        )
+    elif env_id.endswith("RemotePartition-v0"):
+        scenario = kwargs.get("scenario")
+        limitations = (
+            f"Trained on one node, {machines}"
+            + (f", running scenario {scenario!r}" if scenario else "")
+            + ": workloads, loads or machines unlike it are outside what it saw.",
+            f"Its evaluation table was made on an agent's node, not on held-out mixes; {paired}",
+        )
+    else:
+        limitations = (
+            "Trained and evaluated on the simulated node only (agent/sim); what it learned "
+            "is bounded by the simulator's fidelity (docs/SIMULATOR.md).",
+            f"Training mixes come from {env_id or 'the environment'}'s scenario source "
+            f"{kwargs.get('scenarios', 'random')!r}; workloads, loads or phases unlike them "
+            "are outside what it saw.",
+            f"The evaluation table compares mean episode returns on held-out simulated mixes; "
+            f"{paired}",
+        )
     return use, out_of_scope, limitations
 
 

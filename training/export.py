@@ -32,12 +32,15 @@ import sys
 import time
 import warnings
 import zipfile
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from agent.argtypes import positive_int
 from agent.atomic import replace_directory
+from agent.types import NodeCapabilities
+from envs import PARTITION_ID
 from models.card import ModelCard, TrainedOn, standard_sections
 from training.rundir import CHECKPOINTS, NORMALISATION_OF, load_normalisation
 
@@ -329,6 +332,27 @@ def export_onnx(model, path: Path, nvec: list[int], masked: bool) -> None:
         )
 
 
+def nodes_trained_on(
+    names: Sequence[str], caps: Sequence[NodeCapabilities], max_groups: int
+) -> TrainedOn:
+    """The machines of a run on recorded traces or on an agent's node (``names``, e.g. the
+    trace files, each with its node's ``caps``), as ranges a runtime checks: their ways,
+    mask sizes, MBA modes and vendors, and no more (the simulator's presets are not what
+    such a policy saw)."""
+    l3 = [c.l3 for c in caps if c.l3 is not None]
+    return TrainedOn(
+        max_groups=max_groups,
+        presets=tuple(names),
+        ways_min=min((c.num_ways for c in l3), default=1),
+        ways_max=max((c.num_ways for c in l3), default=1),
+        min_cbm_bits_max=max((c.min_cbm_bits for c in l3), default=None),
+        requires_cat=len(l3) == len(caps),
+        mba_modes=tuple(sorted({c.mba.mode.value for c in caps if c.mba is not None})),
+        trained_without_mba=any(c.mba is None for c in caps),
+        vendors=tuple(sorted({c.vendor.value for c in caps})),
+    )
+
+
 def trained_capabilities(env_kwargs: dict[str, Any], max_groups: int) -> TrainedOn:
     """The machines a policy saw in training: the preset, or every preset the generator or
     scenario family could use, summarised as ranges a runtime can check."""
@@ -357,6 +381,22 @@ def trained_capabilities(env_kwargs: dict[str, Any], max_groups: int) -> Trained
         mba_modes=tuple(modes),  # MBA modes seen (a node with another MBA mode is refused)
         trained_without_mba=any(p.mba_mode is None for p in presets),
     )
+
+
+def _trained_on(run_dir: Path, meta: dict[str, Any]) -> TrainedOn:
+    """The machines the run trained on: what ``run.json`` recorded of its traces' or its
+    agent's nodes, else (a simulator run) its presets. A run on traces or an agent that
+    recorded none is refused: every preset of the simulator would let the runtime drive
+    machines the policy never saw."""
+    where = str(run_dir / "run.json")
+    if isinstance(meta.get("trained_on"), dict):
+        return TrainedOn.from_dict(meta["trained_on"], where)
+    if meta["env_id"] != PARTITION_ID:
+        raise ExportError(
+            f"{where}: no trained_on: the run trained on {meta['env_id']} and recorded no "
+            "capabilities of the nodes it saw (a run before they were recorded); retrain it"
+        )
+    return trained_capabilities(meta["env_kwargs"], meta["features"]["max_groups"])
 
 
 def _normalisation(run_dir: Path, checkpoint: str, normalized: bool) -> dict | None:
@@ -559,7 +599,7 @@ def _write_export(
     export_onnx(model, onnx_path, nvec, masked)
     norm = _normalisation(run_dir, checkpoint, bool(config.get("normalize_obs")))
     evaluation = _evaluation_of(run_dir, checkpoint)
-    trained_on = trained_capabilities(meta["env_kwargs"], meta["features"]["max_groups"])
+    trained_on = _trained_on(run_dir, meta)
     env = {"id": meta["env_id"], "kwargs": meta["env_kwargs"]}
     use, out_of_scope, limitations = standard_sections(trained_on, env)
     if incomplete is not None:

@@ -571,7 +571,39 @@ def run_meta(cfg, command: str | None, encoder, decoder) -> dict[str, Any]:
         "features": encoder.layout(),
         "actions": decoder.layout(),
         "normalize_obs": cfg.normalize_obs,
+        **nodes_of_run(cfg, encoder.layout()["max_groups"]),
     }
+
+
+def nodes_of_run(cfg, max_groups: int) -> dict[str, Any]:
+    """``{"trained_on": ...}`` for a run on recorded traces or on an agent: the machines of
+    its traces (each file's recorded capabilities) or of the agent's node, read while they
+    are at hand (a trace's path is relative to where training ran; an agent may be gone by
+    the export). Empty for the simulator, whose presets the export reads from the config."""
+    from envs import PARTITION_ID, REMOTE_PARTITION_ID
+    from training.export import nodes_trained_on
+
+    kwargs = cfg.env_kwargs()
+    if cfg.env.id == PARTITION_ID:
+        return {}
+    if cfg.env.id == REMOTE_PARTITION_ID:
+        from agent.client import RemoteNode
+
+        with RemoteNode(
+            kwargs["address"], token=kwargs.get("token"), tls=kwargs.get("tls"),
+            timeout=kwargs.get("timeout", 10.0),
+        ) as node:  # fmt: skip
+            caps = [node.capabilities()]
+        names = [f"the node of the agent at {kwargs['address']} ({caps[0].description})"]
+    elif kwargs.get("traces"):  # recorded traces
+        from training.traces import read_metadata
+
+        paths = list(kwargs["traces"])
+        caps = [read_metadata(p)["capabilities"] for p in paths]
+        names = [f"{Path(p).name} ({c.description})" for p, c in zip(paths, caps, strict=True)]
+    else:
+        return {}
+    return {"trained_on": nodes_trained_on(names, caps, max_groups).as_dict()}
 
 
 def warm_start(cfg, model, run_dir: Path, callback) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,6 +85,19 @@ def test_a_run_on_the_trace_env_plays_its_final_table_on_held_out_traces(
     assert table["selection_kwargs"]["traces"] == [explore_trace.path]
     assert table["eval_kwargs"]["traces"] == [heldout_trace]
     assert {r["name"] for r in table["rows"]} == {"policy", "eq"}
+    # Its card names the machine of its traces, and no other: before, it listed every
+    # simulated preset, and the tuner ran the policy on an EPYC it never saw.
+    from agent.sim import SimNode
+    from training.export import export_run
+
+    card = export_run(result.run_dir, tmp_path / "export", parity_observations=4)
+    caps = explore_trace.capabilities
+    assert card.trained_on.presets == (f"{Path(explore_trace.path).name} ({caps.description})",)
+    assert card.trained_on.ways_min == card.trained_on.ways_max == caps.l3.num_ways
+    assert card.trained_on.problems(caps) == []
+    epyc = SimNode("more_lc_than_closids_epyc", 0).capabilities()
+    assert card.trained_on.problems(epyc)
+    assert card.limitations[0].startswith("Trained on recorded traces")
 
 
 def test_a_model_built_without_a_log_directory_leaves_no_files(tmp_path, monkeypatch):
@@ -483,3 +497,29 @@ def test_a_checkpoint_is_written_whole_or_not_at_all(tmp_path, error):
     assert [p.name for p in tmp_path.iterdir()] == ["best_model.zip"]  # no temporary left
     if isinstance(error, OSError):
         assert str(path) in str(raised.value) and "No space left" in str(raised.value)
+
+
+def test_a_run_on_an_agent_records_the_agents_machine() -> None:
+    """The card of a policy trained on an agent's node is that node's machine (before:
+    every simulated preset), read when the run starts, while the agent is there."""
+    from types import SimpleNamespace
+
+    from agent.sim import SimNode
+    from envs import REMOTE_PARTITION_ID
+    from models.card import TrainedOn
+    from tests.envs.conftest import agent_on_loopback
+    from training.train import nodes_of_run
+
+    with agent_on_loopback("default") as server:
+        kwargs = {"address": server.address, "scenario": "default"}
+        cfg = SimpleNamespace(
+            env=SimpleNamespace(id=REMOTE_PARTITION_ID), env_kwargs=lambda: kwargs
+        )
+        recorded = nodes_of_run(cfg, 4)["trained_on"]
+    trained_on = TrainedOn.from_dict(recorded, "run.json")
+    caps = SimNode("default", 0).capabilities()
+    assert trained_on.presets == (
+        f"the node of the agent at {server.address} ({caps.description})",
+    )
+    assert trained_on.problems(caps) == []
+    assert trained_on.problems(SimNode("more_lc_than_closids_epyc", 0).capabilities())
