@@ -67,14 +67,14 @@ def _take_lock(out: Path) -> PidLock:
 
 def _check_out(out: Path) -> None:
     """Refuse an OUT that a finished run would wrongly replace: a file, or a directory
-    with other files than a run's (a run's holds ``run.json`` or ``config.yaml``)."""
+    with other files than a run's (a run's holds ``run.json``, which every run writes: a
+    ``config.yaml`` alone is as likely the user's own config, beside their other files)."""
     if out.exists() and not out.is_dir():
         raise RunDirError(f"{out}: exists and is not a directory")
-    is_run = (out / "run.json").exists() or (out / "config.yaml").exists()
-    if out.is_dir() and not is_run and any(out.iterdir()):
+    if out.is_dir() and not (out / "run.json").exists() and any(out.iterdir()):
         raise RunDirError(
-            f"{out}: not a training run directory (no run.json or config.yaml), and a run "
-            "replaces its --out directory; choose another --out"
+            f"{out}: not a training run directory (no run.json), and a run replaces its "
+            "--out directory; choose another --out"
         )
 
 

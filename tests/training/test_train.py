@@ -333,7 +333,7 @@ def test_a_run_that_does_not_finish_leaves_the_previous_run_dir_as_it_was(tmp_pa
         assert (out.parent / "run.interrupted" / "best_model.zip").read_bytes()[:2] == b"PK"
 
 
-@pytest.mark.parametrize("holder", ["live_run", "not_a_run_dir"])
+@pytest.mark.parametrize("holder", ["live_run", "not_a_run_dir", "the_users_config_dir"])
 def test_a_run_into_an_out_it_must_not_touch_is_refused_at_once(tmp_path, capsys, holder):
     import os
 
@@ -349,8 +349,12 @@ def test_a_run_into_an_out_it_must_not_touch_is_refused_at_once(tmp_path, capsys
         held = PidLock.take(str(lock))  # a run under way holds the lock
     else:
         (out / "notes.txt").write_text("not a training run")
+    config = _tiny_yaml(tmp_path)
+    if holder == "the_users_config_dir":  # a config.yaml of their own: it was taken for a run
+        config = out / "config.yaml"
+        config.write_text(_tiny_yaml(tmp_path).read_text())
     before = _snapshot(out)
-    argv = ["train", "--config", str(_tiny_yaml(tmp_path)), "--out", str(out), "--no-progress"]
+    argv = ["train", "--config", str(config), "--out", str(out), "--no-progress"]
     try:
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
