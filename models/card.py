@@ -30,7 +30,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +139,27 @@ class TrainedOn:
         if self.vendors is not None:
             out["vendors"] = list(self.vendors)
         return out
+
+    @classmethod
+    def of_nodes(
+        cls, names: Sequence[str], caps: Sequence[NodeCapabilities], max_groups: int
+    ) -> TrainedOn:
+        """The machines of a run on recorded traces or on an agent's node (``names``, e.g.
+        the trace files, each with its node's ``caps``), as the ranges a runtime checks:
+        their ways, mask sizes, MBA modes and vendors, and no more (the simulator's
+        presets are not what such a policy saw)."""
+        l3 = [c.l3 for c in caps if c.l3 is not None]
+        return cls(
+            max_groups=max_groups,
+            presets=tuple(names),
+            ways_min=min((c.num_ways for c in l3), default=1),
+            ways_max=max((c.num_ways for c in l3), default=1),
+            min_cbm_bits_max=max((c.min_cbm_bits for c in l3), default=None),
+            requires_cat=len(l3) == len(caps),
+            mba_modes=tuple(sorted({c.mba.mode.value for c in caps if c.mba is not None})),
+            trained_without_mba=any(c.mba is None for c in caps),
+            vendors=tuple(sorted({c.vendor.value for c in caps})),
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> TrainedOn:

@@ -32,14 +32,12 @@ import sys
 import time
 import warnings
 import zipfile
-from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from agent.argtypes import positive_int
 from agent.atomic import replace_directory
-from agent.types import NodeCapabilities
 from envs import PARTITION_ID
 from models.card import ModelCard, TrainedOn, standard_sections
 from training.rundir import CHECKPOINTS, NORMALISATION_OF, load_normalisation
@@ -330,27 +328,6 @@ def export_onnx(model, path: Path, nvec: list[int], masked: bool) -> None:
             opset_version=ONNX_OPSET,
             dynamo=False,
         )
-
-
-def nodes_trained_on(
-    names: Sequence[str], caps: Sequence[NodeCapabilities], max_groups: int
-) -> TrainedOn:
-    """The machines of a run on recorded traces or on an agent's node (``names``, e.g. the
-    trace files, each with its node's ``caps``), as ranges a runtime checks: their ways,
-    mask sizes, MBA modes and vendors, and no more (the simulator's presets are not what
-    such a policy saw)."""
-    l3 = [c.l3 for c in caps if c.l3 is not None]
-    return TrainedOn(
-        max_groups=max_groups,
-        presets=tuple(names),
-        ways_min=min((c.num_ways for c in l3), default=1),
-        ways_max=max((c.num_ways for c in l3), default=1),
-        min_cbm_bits_max=max((c.min_cbm_bits for c in l3), default=None),
-        requires_cat=len(l3) == len(caps),
-        mba_modes=tuple(sorted({c.mba.mode.value for c in caps if c.mba is not None})),
-        trained_without_mba=any(c.mba is None for c in caps),
-        vendors=tuple(sorted({c.vendor.value for c in caps})),
-    )
 
 
 def trained_capabilities(env_kwargs: dict[str, Any], max_groups: int) -> TrainedOn:

@@ -581,7 +581,7 @@ def nodes_of_run(cfg, max_groups: int) -> dict[str, Any]:
     are at hand (a trace's path is relative to where training ran; an agent may be gone by
     the export). Empty for the simulator, whose presets the export reads from the config."""
     from envs import PARTITION_ID, REMOTE_PARTITION_ID
-    from training.export import nodes_trained_on
+    from models.card import TrainedOn
 
     kwargs = cfg.env_kwargs()
     if cfg.env.id == PARTITION_ID:
@@ -603,7 +603,7 @@ def nodes_of_run(cfg, max_groups: int) -> dict[str, Any]:
         names = [f"{Path(p).name} ({c.description})" for p, c in zip(paths, caps, strict=True)]
     else:
         return {}
-    return {"trained_on": nodes_trained_on(names, caps, max_groups).as_dict()}
+    return {"trained_on": TrainedOn.of_nodes(names, caps, max_groups).as_dict()}
 
 
 def warm_start(cfg, model, run_dir: Path, callback) -> None:
