@@ -41,6 +41,7 @@ from agent.errors import (
     NodeError,
 )
 from agent.node import Node, as_clock
+from agent.throttle import LogThrottle, held_back
 from agent.types import Allocation, AllocationPlan, GroupKind, GroupSpec, Snapshot
 from models.cadence import decided
 from models.controller import ControlContext, Controller, Decision, move_tasks
@@ -114,6 +115,7 @@ class Tuner(Resilience, Pacing):
         self._since_read = 0
         self.intervals = 0
         self.switches = SwitchLog(KEPT_SWITCHES)
+        self.drop_log = LogThrottle()
         self._last_now = -math.inf
         self._next_tick: float | None = None
         self._init_pacing()
@@ -349,12 +351,17 @@ class Tuner(Resilience, Pacing):
     def _dropped(self, name: str, rule: str, error: str) -> tuple[str, str]:
         self.metrics.dropped_plans.labels(rule).inc()
         self.metrics.decisions.labels(name, "dropped").inc()
-        log.warning(
-            "dropped an invalid plan from %s: %s",
-            name,
-            error,
-            extra={"event": "dropped", "controller": name, "rule": rule},
-        )
+        # every drop is counted; a controller that keeps proposing one refused plan is
+        # reported once a minute, not every interval
+        quiet = self.drop_log.admit((name, rule))
+        if quiet is not None:
+            log.warning(
+                "dropped an invalid plan from %s: %s%s",
+                name,
+                error,
+                held_back(quiet),
+                extra={"event": "dropped", "controller": name, "rule": rule, "held_back": quiet},
+            )
         return "dropped", rule
 
 

@@ -209,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             {"to_fallback": s.to_fallback, "groups": list(s.groups)} for s in tuner.switches
         ],
         "switch_count": tuner.switches.count,
+        "dropped": tuner.drop_log.total,  # plans the guard or the node refused
         "controller": tuner.primary.name if tuner.primary else None,
         "fallback": backup.name,
     }

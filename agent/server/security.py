@@ -13,7 +13,6 @@ import hmac
 import inspect
 import ipaddress
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from agent.address import split_address
 from agent.configfile import ConfigError
 from agent.connection import TOKEN_ENV, read_token  # noqa: F401  (the agent's modules use them)
 from agent.server.errors import Aborted, RateLimited, abort, abort_with
+from agent.throttle import LogThrottle, held_back
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 _log = logging.getLogger("agent.server")
@@ -173,25 +173,17 @@ class BadFrameLog:
     the log."""
 
     def __init__(self, every_s: float = 60.0) -> None:
-        self.every_s = every_s
-        self._last: dict[str, tuple[float, int]] = {}
-        self._lock = threading.Lock()
-        self.total = 0
+        self._throttle = LogThrottle(every_s)
+
+    @property
+    def total(self) -> int:
+        return self._throttle.total
 
     def note(self, peer: str, text: str) -> None:
         key = client_key(peer)
-        now = time.monotonic()
-        with self._lock:
-            self.total += 1
-            last, quiet = self._last.get(key, (-math.inf, 0))
-            if now - last < self.every_s:
-                self._last[key] = (last, quiet + 1)
-                return
-            if len(self._last) > 4096:  # bounded: forget hosts not heard of for a minute
-                self._last = {k: v for k, v in self._last.items() if now - v[0] < self.every_s}
-            self._last[key] = (now, 0)
-        more = f" ({quiet} more since the last report)" if quiet else ""
-        _log.warning("bad frame from %s: %s%s", key, text, more)
+        quiet = self._throttle.admit(key)
+        if quiet is not None:
+            _log.warning("bad frame from %s: %s%s", key, text, held_back(quiet))
 
 
 class GuardInterceptor(grpc.aio.ServerInterceptor):

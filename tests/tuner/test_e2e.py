@@ -230,8 +230,11 @@ def test_invalid_plans_are_dropped_and_counted(fresh, tune_here) -> None:
         "--intervals", "10",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
+    # every refused plan counted, one reported: the controller proposes the same refused
+    # plan every other interval, and the log said so every time
     dropped = run.of("dropped")
-    assert len(dropped) == 5 and {d["rule"] for d in dropped} == {"contiguous"}
+    assert len(dropped) == 1 and dropped[0]["rule"] == "contiguous"
+    assert run.summary["dropped"] == 5
     with fresh.node() as node:
         alloc = assert_valid(node)
         caps = node.capabilities()
