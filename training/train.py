@@ -519,8 +519,7 @@ def train(
             # 5. Learn.
             model.learn(
                 total_timesteps=cfg.total_timesteps,
-                callback=[speed, callback],
-                progress_bar=cfg.progress_bar,
+                callback=[speed, callback, *([progress_on_stderr()] if cfg.progress_bar else [])],
                 tb_log_name="ppo",
             )
             if speed.total.steps:
@@ -551,6 +550,24 @@ def train(
         time.monotonic() - t0,
         speed.total,
     )
+
+
+def progress_on_stderr():
+    """SB3's progress bar (``learn(progress_bar=True)``'s), drawn on stderr: on stdout its
+    last frame ended up in a redirected log, between the results the run prints there
+    (``rdtune trace record``'s bar is on stderr too)."""
+    from rich.console import Console
+    from stable_baselines3.common.callbacks import ProgressBarCallback
+    from tqdm.rich import tqdm
+
+    class StderrProgressBar(ProgressBarCallback):
+        def _on_training_start(self) -> None:
+            self.pbar = tqdm(
+                total=self.locals["total_timesteps"] - self.model.num_timesteps,
+                options={"console": Console(stderr=True)},
+            )
+
+    return StderrProgressBar()
 
 
 def run_meta(cfg, command: str | None, encoder, decoder) -> dict[str, Any]:

@@ -527,3 +527,14 @@ def test_a_run_on_an_agent_records_the_agents_machine() -> None:
     )
     assert trained_on.problems(caps) == []
     assert trained_on.problems(SimNode("more_lc_than_closids_epyc", 0).capabilities())
+
+
+def test_the_progress_bar_is_drawn_on_stderr(tmp_path, capfd) -> None:
+    """On stdout its last frame landed in a redirected log among the run's results."""
+    from tests.training.tiny_runs import tiny_config
+
+    capfd.readouterr()
+    train(tiny_config(tmp_path / "run", total_timesteps=64, progress_bar=True))
+    out, err = capfd.readouterr()
+    assert "64/64" in err
+    assert "64/64" not in out
