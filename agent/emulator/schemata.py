@@ -96,7 +96,8 @@ class SchemataFiles:
             raise ResctrlError(errno.EINVAL)
         self.status = "ok"
         staged: dict[str, dict[int, int]] = {}
-        for line in text[:-1].split("\n"):
+        # the kernel parses a C string (strsep, strim): it ends at the first NUL
+        for line in text[:-1].partition("\0")[0].split("\n"):
             resname, sep, rest = line.partition(":")
             resname = resname.strip()
             if not sep:

@@ -453,3 +453,11 @@ def test_domain_ids_are_read_as_kstrtoul_reads_them(emu: Emulated, line: str, ok
         emu.write("g/schemata", line)
     assert err.value.errno == errno.EINVAL
     assert emu.status() == "Missing '=' or non-numeric domain"
+
+
+def test_a_schemata_write_ends_at_its_first_nul(emu: Emulated) -> None:
+    # rdtgroup_schemata_write parses the buffer as a C string: "junk" past the NUL is unseen
+    os.mkdir(f"{emu.root}/g")
+    emu.write("g/schemata", "L3:0=f\0junk\n")
+    assert emu.status() == "ok"
+    assert "L3:0=0000f" in emu.read("g/schemata").replace(" ", "")
