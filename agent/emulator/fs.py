@@ -123,7 +123,8 @@ class ResctrlFS(Operations):
         raise FuseOSError(errno.EPERM)
 
     def rename(self, old: str, new: str) -> int:
-        raise FuseOSError(errno.EPERM)
+        self._call(self.model.rename, old, new)
+        return 0
 
     def statfs(self, path: str) -> dict:
         return {"f_bsize": 4096, "f_namemax": 255}

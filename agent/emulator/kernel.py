@@ -27,6 +27,9 @@ kernel code each follows:
   pid is EINVAL with the previous status left alone); 6.7 takes a comma-separated list and
   appends "Error while processing task N" after the reason of a failed move
   ("x86/resctrl: Add multiple tasks to the resctrl group at once", fe2a20ea0b09).
+- **rename(2)** of a monitoring group, to another name or under another control group's
+  ``mon_groups``, from 6.5 (``rdtgroup_rename``, "x86/resctrl: Implement rename op for mon
+  groups", 8da2b938eb7e); before, every rename is EPERM.
 - **info/L3/sparse_masks** exists from 6.7 ("x86/resctrl: Add sparse_masks file in info",
   4dba8f10b8fe); before, a tool learns whether masks may be sparse from the vendor.
 - **Writes** longer than a page are refused with E2BIG before any handler runs, in every
@@ -70,6 +73,10 @@ class KernelRules:
     @property
     def has_sparse_masks_file(self) -> bool:
         return self.version >= (6, 7)
+
+    @property
+    def renames_mon_groups(self) -> bool:
+        return self.version >= (6, 5)
 
     def schema_order(self, l3: tuple[str, ...], has_mb: bool) -> tuple[str, ...]:
         """The schemata lines in print order; ``l3`` is (L3,) or (L3DATA, L3CODE)."""

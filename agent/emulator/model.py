@@ -208,6 +208,48 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
         if self.p.mon_features:
             self._new_rmid_state(rmid)
 
+    def rename(self, old: str, new: str) -> None:
+        """rename(2): from 6.5 ``rdtgroup_rename`` moves a monitoring group to another name
+        or under another control group's ``mon_groups``, its RMID and counters kept and its
+        tasks taking the new parent's CLOSID (``mongrp_reparent``); anything else, and
+        every rename before 6.5, is EPERM."""
+        with self.lock:
+            if not self.rules.renames_mon_groups:
+                raise ResctrlError(errno.EPERM)
+            src = [x for x in old.split("/") if x]
+            dst = [x for x in new.split("/") if x]
+            kind = self.kind(old)
+            found = self._resolve_group(src) if kind is not None else None
+            if found is None:
+                raise ResctrlError(errno.ENOENT)
+            self.status = "ok"
+            if kind != "dir":
+                self.status = "Source and destination must be directories"
+                raise ResctrlError(errno.EPERM)
+            g, rest = found
+            if g.kind != "mon" or rest:
+                self.status = "Source must be a MON group"
+                raise ResctrlError(errno.EPERM)
+            where = dst[:-1]
+            if where == ["mon_groups"]:
+                parent = self.root
+            elif len(where) == 2 and where[1] == "mon_groups" and where[0] in self.groups:
+                parent = self.groups[where[0]]
+            else:
+                self.status = "Destination must be a mon_groups subdirectory"
+                raise ResctrlError(errno.EPERM)
+            if g.cpus and parent is not g.parent:
+                self.status = "Cannot move a MON group that monitors CPUs"
+                raise ResctrlError(errno.EPERM)
+            name = dst[-1]
+            if parent.mon_children.get(name, g) is not g:
+                raise ResctrlError(errno.EEXIST)  # kernfs_rename's, the status left "ok"
+            self._advance()
+            assert g.parent is not None
+            del g.parent.mon_children[g.name]
+            g.name, g.parent = name, parent
+            parent.mon_children[name] = g
+
     def rmdir(self, path: str) -> None:
         with self.lock:
             parts = [x for x in path.split("/") if x]

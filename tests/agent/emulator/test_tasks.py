@@ -221,3 +221,32 @@ def test_new_threads_and_processes_start_in_their_creators_group(emu: Emulated) 
             os.kill(child, 9)
         proc.kill()
         proc.wait()
+
+
+def test_a_mon_group_moves_to_another_control_group_from_6_5(child: int) -> None:
+    """rdtgroup_rename (6.5): the group keeps its RMID and tasks, which take the new
+    parent's CLOSID; a control group or a file is not renamed; before 6.5 nothing is."""
+    with emulated_resctrl("amd-epyc") as emu:  # kernel 6.8
+        os.mkdir(f"{emu.root}/a")
+        os.mkdir(f"{emu.root}/a/mon_groups/m")
+        emu.write("a/tasks", f"{child}\n")
+        emu.write("a/mon_groups/m/tasks", f"{child}\n")
+        rmid = emu.model.groups["a"].mon_children["m"].rmid
+        os.rename(f"{emu.root}/a/mon_groups/m", f"{emu.root}/mon_groups/n")
+        assert emu.status() == "ok"
+        assert listed(emu, "mon_groups/n/tasks") == {child}
+        assert child in listed(emu, "tasks") and child not in listed(emu, "a/tasks")
+        assert emu.model.root.mon_children["n"].rmid == rmid
+        for src, dst, status in (
+            ("a", "mon_groups/a", "Source must be a MON group"),
+            ("mon_groups/n/tasks", "mon_groups/t", "Source and destination must be directories"),
+            ("mon_groups/n", "a/n", "Destination must be a mon_groups subdirectory"),
+        ):
+            with pytest.raises(OSError) as err:
+                os.rename(f"{emu.root}/{src}", f"{emu.root}/{dst}")
+            assert err.value.errno == errno.EPERM and emu.status() == status
+    with emulated_resctrl("intel-20way") as emu:  # kernel 6.1
+        os.mkdir(f"{emu.root}/mon_groups/m")
+        with pytest.raises(OSError) as err:
+            os.rename(f"{emu.root}/mon_groups/m", f"{emu.root}/mon_groups/n")
+        assert err.value.errno == errno.EPERM
