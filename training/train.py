@@ -70,13 +70,16 @@ class TrainResult:
     missing: list[str] = field(default_factory=list)
     seconds: float = 0.0
     throughput: Throughput | None = None
+    # what the kept checkpoint's return was measured on (a trace run has no validation
+    # split: its selection replays the training traces): training.train.selected_on
+    selected_on: str = "validation"
 
     def summary(self) -> str:
         from training.evaluate import table
 
         lines = [
             f"run: {self.run_dir}  ({self.seconds / 60:.1f} min; checkpoint kept: step "
-            f"{self.best_step}, validation return {self.best_return:.2f})",
+            f"{self.best_step}, {self.selected_on} return {self.best_return:.2f})",
         ]
         if self.throughput is not None and self.throughput.steps:
             t = self.throughput
@@ -549,23 +552,38 @@ def train(
         missing,
         time.monotonic() - t0,
         speed.total,
+        selected_on=selected_on(cfg),
     )
+
+
+def selected_on(cfg) -> str:
+    """What checkpoint selection measured returns on, as the run's summary says it: the
+    validation split of the simulator's mixes, else (traces replayed, an agent's node)
+    its selection episodes, no held-out split."""
+    from envs import PARTITION_ID
+
+    return "validation" if cfg.env.id == PARTITION_ID else "selection"
 
 
 def progress_on_stderr():
     """SB3's progress bar (``learn(progress_bar=True)``'s), drawn on stderr: on stdout its
     last frame ended up in a redirected log, between the results the run prints there
     (``rdtune trace record``'s bar is on stderr too)."""
+    import warnings
+
     from rich.console import Console
     from stable_baselines3.common.callbacks import ProgressBarCallback
+    from tqdm import TqdmExperimentalWarning
     from tqdm.rich import tqdm
 
     class StderrProgressBar(ProgressBarCallback):
         def _on_training_start(self) -> None:
-            self.pbar = tqdm(
-                total=self.locals["total_timesteps"] - self.model.num_timesteps,
-                options={"console": Console(stderr=True)},
-            )
+            with warnings.catch_warnings():  # as SB3 silences it for its own bar
+                warnings.simplefilter("ignore", TqdmExperimentalWarning)
+                self.pbar = tqdm(
+                    total=self.locals["total_timesteps"] - self.model.num_timesteps,
+                    options={"console": Console(stderr=True)},
+                )
 
     return StderrProgressBar()
 

@@ -90,6 +90,7 @@ def test_a_run_on_the_trace_env_plays_its_final_table_on_held_out_traces(
     from agent.sim import SimNode
     from training.export import export_run
 
+    assert "selection return" in result.summary()  # no validation split of traces
     card = export_run(result.run_dir, tmp_path / "export", parity_observations=4)
     caps = explore_trace.capabilities
     assert card.trained_on.presets == (f"{Path(explore_trace.path).name} ({caps.description})",)
