@@ -225,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if not command:
         command = f"rdtune eval --suite {suite.name}"
+    if "--force" not in command.split():  # run again, it replaces the report it made
+        command += " --force"
     made_by = {"command": command, "machine": machine()}  # kept with the partial runs too
     results = run_saving(console, jobs, ray_address, out, made_by)
     if isinstance(results, int):
@@ -524,7 +526,8 @@ def _rerender(
     print_summary(console, results)
     print_paired(console, results, ref)
     console.print(f"report: {report.markdown}", markup=False)
-    return 0
+    # the exit status of the runs it reports, as the evaluation that made them gave it
+    return 1 if results and all(r.error for r in results) else 0
 
 
 def _suite_of(name: str, suites_file: str | None) -> Suite | None:

@@ -46,7 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
     parser.add_argument(
-        "--out", default="runs/demo", help="report directory (default: %(default)s)"
+        "--out",
+        default="runs/demo",
+        help="report directory (default: %(default)s); a demo's report there is replaced, "
+        "another report only with --force",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace a report in --out that is not a demo's"
     )
 
 
@@ -89,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
         check_scenario(scenario)
         check_specs(s.text for s in specs)  # a policy export loaded once, up front
         # before the runs, not when the report is written; the demo's own report is
-        # replaced run after run (the README's one command)
-        check_out(Path(args.out), replace=True)
+        # replaced run after run (the README's one command), an eval's only with --force
+        out = Path(args.out)
+        check_out(out, replace=args.force or holds_a_demo(out))
     except ValueError as exc:
         print(f"rdtune demo: {exc}", file=sys.stderr)
         return 2
@@ -168,10 +175,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def holds_a_demo(out: Path) -> bool:
+    """Whether ``out`` holds no report, or a demo's (every run of its ``results.json`` of
+    the demo's suite): the demo replaces its own, not an evaluation's."""
+    from eval.report import runs_of
+
+    path = out / "results.json"
+    if not path.exists():
+        return True
+    runs = runs_of(path)
+    return bool(runs) and all(r.get("suite") == "demo" for r in runs)
+
+
 def _command(args: argparse.Namespace) -> str:
     """The command that runs this demo again (its options as given)."""
     words = ["rdtune", "demo", "--scenario", args.scenario, "--seconds", f"{args.seconds:g}",
              "--interval", f"{args.interval:g}", "--seed", str(args.seed)]  # fmt: skip
     if args.controllers is not None:
         words += ["--controllers", args.controllers]
+    words += ["--out", args.out]
     return " ".join(shlex.quote(w) for w in words)

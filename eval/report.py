@@ -273,6 +273,13 @@ def _json_object(path: str | Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def runs_of(path: str | Path) -> list[dict[str, Any]]:
+    """The runs a ``results.json`` lists, unchecked (empty when it lists none, or is not
+    one): enough to tell whose report it is."""
+    runs = _json_object(path).get("runs")
+    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+
+
 def is_partial(path: str | Path) -> bool:
     """Whether the ``results.json`` at ``path`` holds the runs of an unfinished suite."""
     return _json_object(path).get("partial") is True

@@ -85,14 +85,30 @@ def _checked(args: argparse.Namespace) -> tuple[list[str], dict]:
         raise UsageError(f"unknown benchmark(s) {unknown}; have {list(BENCHMARKS)}")
     overrides = parse_overrides(args.overrides)
     if args.json is not None:
-        where = Path(args.json).resolve().parent
-        if not where.is_dir() or not os.access(where, os.W_OK):
-            raise UsageError(f"--json {args.json}: {where} is not a writable directory")
+        _check_json_path(Path(args.json))
     if args.config is not None or overrides:
         if "training" not in names:
             raise UsageError("--config and --set apply to the training benchmark: name it")
         _check_training_config(args.config, overrides)
     return names, overrides
+
+
+def _check_json_path(path: Path) -> None:
+    """A UsageError unless the results can be written at ``path`` (the way :class:`Record`
+    writes them, a file beside it renamed over it): tried before the benchmarks run, not
+    found out after their minutes (a directory in the way; /proc, writable to root by its
+    mode bits and to no one in fact)."""
+    where = path.resolve().parent
+    if not where.is_dir() or not os.access(where, os.W_OK):
+        raise UsageError(f"--json {path}: {where} is not a writable directory")
+    if path.is_dir():
+        raise UsageError(f"--json {path}: a directory is in the way; name a file")
+    probe = path.with_name(path.name + ".tmp")
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"--json {path}: cannot write there: {exc.strerror or exc}") from None
 
 
 def _check_training_config(config: str | None, overrides: dict) -> None:

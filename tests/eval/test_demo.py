@@ -64,7 +64,29 @@ def test_a_failed_controller_fails_the_demo_and_the_report_says_how_to_run_it_ag
     report = (tmp_path / "report.md").read_text()
     assert (
         f"rdtune demo --scenario demo --seconds 1 --interval 0.2 --seed 0 --controllers eq,{crashy}"
+        f" --out {tmp_path}"
     ) in report
+
+
+def test_the_demo_replaces_its_own_report_and_another_only_with_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, a demo into an evaluation's --out replaced its report without a word."""
+    import json
+
+    demo = ["demo", "--seconds", "1", "--controllers", "eq", "--out", str(tmp_path)]
+    assert main(demo) == 0
+    assert main(demo) == 0  # its own report: replaced, as `make demo` does each time
+    data = json.loads((tmp_path / "results.json").read_text())
+    for run in data["runs"]:
+        run["suite"] = "smoke"  # now an evaluation's report
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(demo) == 2
+    err = capsys.readouterr().err
+    assert "holds a report already" in err and "--force" in err
+    assert json.loads((tmp_path / "results.json").read_text())["runs"][0]["suite"] == "smoke"
+    assert main([*demo, "--force"]) == 0
 
 
 def test_registry_lists_the_basics() -> None:

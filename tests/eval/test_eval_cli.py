@@ -47,7 +47,8 @@ def test_smoke_suite_serial(
     assert "## Paired comparison: unpartitioned vs each controller" in md
     paired = json.loads((tmp_path / "results.json").read_text())["paired"]
     assert paired["reference"] == "unpartitioned" and paired["rows"][0]["pairs"] == 2
-    assert f"    rdtune eval --suite smoke --ray-address none --out {tmp_path}\n" in md
+    # the command that made it, --force added: run as written, it replaces this report
+    assert f"    rdtune eval --suite smoke --ray-address none --out {tmp_path} --force\n" in md
     (tmp_path / "report.md").unlink()
     assert main(["eval", "--rerender", str(tmp_path)]) == 0  # from results.json, no runs
     # the same report: the command that made the runs, not one from the suite's name
@@ -201,6 +202,10 @@ def test_bench_quick(name: str, unit: str, capsys: pytest.CaptureFixture[str]) -
         (["--set", "ppo.n_epochs=-1", "training"], "overrides: ppo.n_epochs: must be greater"),
         (["--config", "absent.yaml", "training"], "absent.yaml: cannot read"),
         (["--json", "/nonexistent/b.json", "sim"], "--json /nonexistent/b.json: /nonexistent is"),
+        # found out after the benchmark before: a directory in the way, and /proc (root's
+        # W_OK says yes, a write says no)
+        (["--json", "/tmp", "sim"], "--json /tmp: a directory is in the way"),
+        (["--json", "/proc/b.json", "sim"], "--json /proc/b.json: "),
     ],
 )
 def test_bench_refuses_bad_input_before_running(args: list[str], message: str, capsys) -> None:
@@ -458,7 +463,7 @@ def test_an_interrupted_eval_keeps_the_runs_that_finished(
         assert "unfinished suite" in capsys.readouterr().out
     assert json.loads(rj.read_text())["partial"] is True
     md = (tmp_path / "report.md").read_text()
-    assert "**Partial**" in md and f"--out {tmp_path} --no-plots\n" in md  # the command run
+    assert "**Partial**" in md and f"--out {tmp_path} --no-plots --force\n" in md  # run again
 
 
 def test_a_rerender_of_results_that_keep_no_command_names_the_suites(
@@ -467,6 +472,14 @@ def test_a_rerender_of_results_that_keep_no_command_names_the_suites(
     (tmp_path / "results.json").write_text(_one_run())  # as written before they kept it
     assert main(["eval", "--rerender", str(tmp_path), "--no-plots"]) == 0
     assert "    rdtune eval --suite t\n" in (tmp_path / "report.md").read_text()
+
+
+def test_a_rerender_of_runs_that_all_failed_exits_as_their_evaluation_did(
+    tmp_path: Path,
+) -> None:
+    """The evaluation that made them exited 1; its rerender exited 0."""
+    (tmp_path / "results.json").write_text(_one_run(error="ValueError: boom"))
+    assert main(["eval", "--rerender", str(tmp_path), "--no-plots"]) == 1
 
 
 def _one_run(**change) -> str:
