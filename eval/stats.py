@@ -193,11 +193,18 @@ def mean_ci(values: Sequence[float]) -> Estimate:
     return Estimate(mean, t975(len(xs) - 1) * sem, len(xs))
 
 
-def mean_ci_over(values: Sequence[float | None], groups: Sequence[Hashable]) -> Estimate:
+def mean_ci_over(
+    values: Sequence[float | None], groups: Sequence[Hashable], tie: float | None = None
+) -> Estimate:
     """The mean of ``values`` with its 95% t interval over their ``groups`` (each run's
-    scenario): each group's finite values averaged first, from two groups on, as
-    :func:`paired` does and for the same reason (a scenario's seeds are not independent
-    samples of the scenarios); with one group, over its values. ``n`` counts the units."""
+    scenario): each group's finite values averaged first, from two groups on, as the
+    module docstring says of :func:`paired` (a scenario's seeds are not independent
+    samples of the scenarios); with one group, over its values. ``n`` counts the units.
+
+    ``tie`` (differences, :func:`paired`): units that all lie within it of each other
+    (0.7 - 0.6 and 0.3 - 0.2 differ in the last bit) get an interval of width 0, so that
+    the sign test decides (:attr:`Paired.significant`): a t interval of rounding's width
+    would call three such units significant."""
     if len(values) != len(groups):
         raise ValueError(f"{len(values)} values and {len(groups)} groups")
     by_group: dict[Hashable, list[float]] = {}
@@ -205,8 +212,13 @@ def mean_ci_over(values: Sequence[float | None], groups: Sequence[Hashable]) -> 
         if v is not None and math.isfinite(v):
             by_group.setdefault(g, []).append(float(v))
     if len(by_group) > 1:
-        return mean_ci([statistics.fmean(vs) for vs in by_group.values()])
-    return mean_ci([v for vs in by_group.values() for v in vs])
+        units = [statistics.fmean(vs) for vs in by_group.values()]
+    else:
+        units = [v for vs in by_group.values() for v in vs]
+    est = mean_ci(units)
+    if tie is not None and est.n >= 2 and max(units) - min(units) <= tie:
+        return Estimate(0.0 if abs(est.mean) <= tie else est.mean, 0.0, est.n)
+    return est
 
 
 @dataclass(frozen=True)
@@ -312,7 +324,8 @@ def paired(
     if len(a) != len(b) or (groups is not None and len(groups) != len(a)):
         n_groups = "" if groups is None else f" and {len(groups)} groups"
         raise ValueError(f"paired samples need equal lengths, got {len(a)} and {len(b)}{n_groups}")
-    by_group: dict[Hashable, list[float]] = {}
+    diffs: list[float] = []
+    units: list[Hashable] = []
     wins = losses = ties = 0
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)):
@@ -327,20 +340,8 @@ def paired(
             wins += 1
         else:
             losses += 1
-        by_group.setdefault(i if groups is None else groups[i], []).append(d)
-    if groups is not None and len(by_group) > 1:
-        diff = _over_units([statistics.fmean(ds) for ds in by_group.values()], tie)
-        return Paired(diff, wins, losses, ties, higher_is_better, unit="scenarios")
-    diff = _over_units([d for ds in by_group.values() for d in ds], tie)
-    return Paired(diff, wins, losses, ties, higher_is_better)
-
-
-def _over_units(units: list[float], tie: float) -> Estimate:
-    """The mean difference over ``units`` with its 95% t interval; where they all differ by
-    the same amount within ``tie`` (0.7 - 0.6 and 0.3 - 0.2 differ in the last bit), an
-    interval of width 0, so that the sign test decides (:attr:`Paired.significant`): a t
-    interval of rounding's width would call three such units significant."""
-    est = mean_ci(units)
-    if est.n >= 2 and max(units) - min(units) <= tie:
-        return Estimate(0.0 if abs(est.mean) <= tie else est.mean, 0.0, est.n)
-    return est
+        diffs.append(d)
+        units.append(i if groups is None else groups[i])
+    diff = mean_ci_over(diffs, units, tie)
+    over = "scenarios" if groups is not None and len(set(units)) > 1 else "pairs"
+    return Paired(diff, wins, losses, ties, higher_is_better, unit=over)
