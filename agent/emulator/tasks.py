@@ -32,6 +32,7 @@ class TaskFiles:
     task_group: dict[int, Group]
     seen: set[int]
     denied: set[int]
+    _children_files: bool | None = None
 
     def _pid_alive(self, pid: int) -> bool:
         # /proc/<tid> resolves for every thread, though only leaders are listed in /proc.
@@ -57,23 +58,81 @@ class TaskFiles:
         (dup_task_struct), so a workload placed by its first pid keeps the processes and
         threads it starts. The creator is taken to be a thread's group leader, or a
         process's parent (what /proc tells; the thread that called clone is not kept).
-        Settled before every task move, so a thread started before a move keeps the group
-        its creator had then; exited threads leave every group."""
+        Settled before a listing of the default group, which needs every thread; exited
+        threads leave every group."""
         threads = self._threads()
         gone = [t for t in self.task_group if t not in threads and not self._pid_alive(t)]
+        self._place(gone, threads - self.seen)
+        self.seen = threads | set(self.task_group)
+        return threads
+
+    def _settle_near(self, *moving: int) -> None:
+        """:meth:`_settle` for the threads that can be in a group other than the default
+        one: those descended from a thread a group holds, or from ``moving`` (settled
+        before they move, so a thread started before a move keeps the group its creator
+        had then). A walk of every thread reads /proc for each of the system's processes;
+        this one reads it for the groups' own, so listing a group or moving a task costs
+        what its workload holds, not what the machine runs."""
+        if not self._has_children_files():
+            self._settle()
+            return
+        gone = [t for t in self.task_group if not self._pid_alive(t)]
+        new: set[int] = set()
+        explored: set[int] = set()
+        frontier = [*self.task_group, *moving]
+        while frontier:
+            tid = frontier.pop()
+            if tid in explored:
+                continue
+            threads, children = self._family(tid)
+            explored |= threads
+            for t in (threads | children) - self.seen - new:
+                new.add(t)
+                frontier.append(t)
+        self._place(gone, new)
+        self.seen |= new
+
+    def _place(self, gone: list[int], new: set[int]) -> None:
+        """Drop the exited ``gone`` from their groups and put each of ``new`` in its
+        creator's, advancing the counters first (what they counted so far belongs to the
+        groups as they were)."""
         if gone:
             self._advance()
         for tid in gone:
             del self.task_group[tid]
-        new = threads - self.seen
+            self.seen.discard(tid)
         placed: dict[int, Group] = {}
+        pending = set(new)
         for tid in sorted(new):
-            self._inherit(tid, new, placed, depth=0)
+            self._inherit(tid, pending, placed, depth=0)
         if placed:
-            self._advance()  # the counters so far belong to the groups as they were
+            self._advance()
             self.task_group.update(placed)
-        self.seen = threads | set(self.task_group)
-        return threads
+
+    def _family(self, tid: int) -> tuple[set[int], set[int]]:
+        """The threads of ``tid``'s process, and the processes they started (their
+        leaders): every task whose creator, as :func:`_creator` tells, is in it."""
+        base = f"{self.proc}/{tid}/task"
+        try:
+            threads = {int(t) for t in os.listdir(base) if t.isdigit()}
+        except OSError:
+            return set(), set()  # exited while we looked
+        children: set[int] = set()
+        for t in threads:
+            try:
+                with open(f"{base}/{t}/children") as f:
+                    children.update(int(c) for c in f.read().split())
+            except OSError:
+                continue
+        return threads, children
+
+    def _has_children_files(self) -> bool:
+        """Whether /proc lists each thread's children (CONFIG_PROC_CHILDREN); without
+        them only a walk of every thread finds a group's new processes."""
+        if self._children_files is None:
+            me = os.getpid()
+            self._children_files = os.path.exists(f"{self.proc}/{me}/task/{me}/children")
+        return self._children_files
 
     def _inherit(self, tid: int, new: set[int], placed: dict[int, Group], depth: int) -> Group:
         """``tid``'s group; a new thread's is its creator's (settled first when new too),
@@ -91,9 +150,10 @@ class TaskFiles:
         # show_rdt_tasks: every thread whose CLOSID is a control group's (so a control
         # group, the default one too, lists the tasks of its monitoring groups) or whose
         # RMID is a monitoring group's.
-        threads = self._settle()
         if g is self.root:
+            threads = self._settle()
             return {t for t in threads if self.task_group.get(t, self.root).ctrl_group is self.root}
+        self._settle_near()
         if g.kind == "ctrl":
             return {t for t, h in self.task_group.items() if h.ctrl_group is g}
         return {t for t, h in self.task_group.items() if h is g}
@@ -141,7 +201,7 @@ class TaskFiles:
         elif tid in self.denied:
             self.status = f"No permission to move task {tid}"
             raise ResctrlError(errno.EPERM)
-        self._settle()  # threads started before this move keep their creators' groups
+        self._settle_near(tid)  # threads started before this move keep their creators' groups
         cur = self.task_group.get(tid, self.root)
         if cur is g:
             return  # already there: nothing to do, and no CLOSID check

@@ -184,43 +184,82 @@ SPAWNER = (
     "sys.stdin.readline()\n"  # moved into a group meanwhile
     "late = threading.Thread(target=ev.wait, daemon=True)\n"
     "late.start()\n"
-    "child = subprocess.Popen(['sleep', '60'])\n"
-    "print(late.native_id, child.pid, flush=True)\n"
+    "child = subprocess.Popen(['sh', '-c', 'sleep 60 & echo $!; wait'], stdout=subprocess.PIPE)\n"
+    "grandchild = int(child.stdout.readline())\n"
+    "print(late.native_id, child.pid, grandchild, flush=True)\n"
     "sys.stdin.readline()\n"
     "child.kill()\n"
 )
 
 
-def test_new_threads_and_processes_start_in_their_creators_group(emu: Emulated) -> None:
+@pytest.fixture(params=["the group's own", "every thread's"])
+def walk(request: pytest.FixtureRequest, emu: Emulated) -> str:
+    """The two ways the emulator finds new threads: from the groups' own tasks through
+    /proc's children files, or, where the kernel has none, by walking every thread."""
+    if request.param == "the group's own":
+        if not emu.model._has_children_files():
+            pytest.skip("this kernel's /proc has no children files (CONFIG_PROC_CHILDREN)")
+    else:
+        emu.model._children_files = False
+    return request.param
+
+
+def test_new_threads_and_processes_start_in_their_creators_group(emu: Emulated, walk: str) -> None:
     """fork and clone copy the creator's CLOSID and RMID (dup_task_struct): a workload
-    placed by its first pid keeps what it starts afterwards. Before, the emulator listed
-    them in the default group, and its counters left their traffic out. A thread started
-    before the move stays where it was (only the moved thread moves)."""
+    placed by its first pid keeps what it starts afterwards, and what they start in
+    turn. Before, the emulator listed them in the default group, and its counters left
+    their traffic out. A thread started before the move stays where it was (only the
+    moved thread moves)."""
     import sys
 
     proc = subprocess.Popen(
         [sys.executable, "-c", SPAWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     assert proc.stdin is not None and proc.stdout is not None
-    child = 0
+    spawned: list[int] = []
     try:
         early = int(proc.stdout.readline())
         os.mkdir(f"{emu.root}/a")
         emu.write("a/tasks", f"{proc.pid}\n")
         proc.stdin.write("go\n")
         proc.stdin.flush()
-        late, child = (int(x) for x in proc.stdout.readline().split())
+        late, *spawned = (int(x) for x in proc.stdout.readline().split())
+        started = {late, *spawned}
         in_a = listed(emu, "a/tasks")
-        assert {proc.pid, late, child} <= in_a
+        assert {proc.pid, *started} <= in_a
         assert early not in in_a and early in listed(emu, "tasks")
-        assert not {late, child} & listed(emu, "tasks")
+        assert not started & listed(emu, "tasks")
         os.rmdir(f"{emu.root}/a")  # and back to the default group with the rest
-        assert {proc.pid, late, child} <= listed(emu, "tasks")
+        assert {proc.pid, *started} <= listed(emu, "tasks")
     finally:
-        if child:
-            os.kill(child, 9)
+        for pid in spawned:
+            os.kill(pid, 9)
         proc.kill()
         proc.wait()
+
+
+def test_a_group_listing_reads_only_its_own_tasks_in_proc(
+    emu: Emulated, child: int, threaded: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing a group (or moving a task into one) walks /proc from the tasks groups
+    hold, not over every process of the machine; the default group's listing needs
+    every thread and walks them all."""
+    if not emu.model._has_children_files():
+        pytest.skip("this kernel's /proc has no children files (CONFIG_PROC_CHILDREN)")
+    os.mkdir(f"{emu.root}/a")
+    emu.write("a/tasks", f"{child}\n")
+    read: list[str] = []
+    real = os.listdir
+
+    def spy(path: str | os.PathLike[str] = ".") -> list[str]:
+        read.append(os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", spy)
+    assert listed(emu, "a/tasks") == {child}
+    assert read and not [p for p in read if p.startswith(f"/proc/{threaded}")]
+    assert threaded in listed(emu, "tasks")
+    assert [p for p in read if p.startswith(f"/proc/{threaded}")]
 
 
 def test_a_mon_group_moves_to_another_control_group_from_6_5(child: int) -> None:
