@@ -1,5 +1,6 @@
 """Value types for the ``rdtune`` command line: numbers that must be positive or not
-negative, refused by argparse with a message naming the option (``--seconds -3``)."""
+negative, and URLs that must be web addresses, refused by argparse with a message naming
+the option (``--seconds -3``) before the command does anything."""
 
 from __future__ import annotations
 
@@ -60,3 +61,21 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
+
+
+def http_url(text: str) -> str:
+    """An http:// or https:// URL naming a host (urllib would read a file: URL as well,
+    and a bare word would be found wrong only once everything else had been done)."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an http:// or https:// URL with a host "
+            "(e.g. http://127.0.0.1:9465/metrics)"
+        )
+    return text

@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         check_paired_with(args.paired_with, jobs)
         check_specs(j.controller for j in jobs)
         out = Path(args.out or Path("runs") / "eval" / suite.name)
-        check_out(out, replace=args.force)
+        made_out = check_out(out, replace=args.force)
     except (SuiteError, ValueError) as exc:
         print(f"rdtune eval: {exc}", file=sys.stderr)
         return 2
@@ -228,7 +228,10 @@ def run(args: argparse.Namespace) -> int:
     if "--force" not in command.split():  # run again, it replaces the report it made
         command += " --force"
     made_by = {"command": command, "machine": machine()}  # kept with the partial runs too
-    results = run_saving(console, jobs, ray_address, out, made_by)
+    try:
+        results = run_saving(console, jobs, ray_address, out, made_by)
+    finally:  # interrupted before a run finished, or the cluster unreachable
+        drop_if_empty(out, made_out)
     if isinstance(results, int):
         return results
     labels = {r.controller for r in results if not r.error}
@@ -306,12 +309,15 @@ def run_saving(
 REPORT_FILES = ("results.json", "report.md")
 
 
-def check_out(out: Path, replace: bool = False) -> None:
+def check_out(out: Path, replace: bool = False) -> bool:
     """Create the report directory ``out`` and make sure a file can be written there;
     ValueError (one line naming --out) when it cannot, or when it holds a report already
     and ``replace`` (--force) is not given, before anything runs: the first finished run
-    would overwrite the old results while its plots and Markdown stayed."""
+    would overwrite the old results while its plots and Markdown stayed. True when it
+    made the directory (:func:`drop_if_empty` removes it if nothing comes to it)."""
     from eval.report import remove_plots
+
+    made = not out.exists()
 
     held = [name for name in REPORT_FILES if (out / name).exists()]
     if held and not replace:
@@ -330,11 +336,19 @@ def check_out(out: Path, replace: bool = False) -> None:
         probe = out / f".rdtune-eval-{os.getpid()}.probe"
         probe.write_bytes(b"")
         probe.unlink()
+        return made
     except (FileExistsError, NotADirectoryError):
         raise ValueError(f"--out {out}: not a directory (a file is in the way)") from None
     except OSError as exc:
         why = exc.strerror or str(exc)
         raise ValueError(f"--out {out}: cannot write the report there: {why}") from None
+
+
+def drop_if_empty(out: Path, made: bool) -> None:
+    """Remove the report directory ``out`` when :func:`check_out` made it and nothing was
+    written there (interrupted before a run finished): no empty --out is left behind."""
+    if made and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
 
 
 def check_scenarios(jobs: Sequence[Job]) -> None:

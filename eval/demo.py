@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from eval.bench.harness import machine
-    from eval.cli import check_out, check_scenario
+    from eval.cli import check_out, check_scenario, drop_if_empty
     from eval.report import write_report
     from eval.runner import Job, run_job
     from eval.suites import EVAL_DIR, parse_controllers
@@ -97,29 +97,35 @@ def run(args: argparse.Namespace) -> int:
         # before the runs, not when the report is written; the demo's own report is
         # replaced run after run (the README's one command), an eval's only with --force
         out = Path(args.out)
-        check_out(out, replace=args.force or holds_a_demo(out))
+        made_out = check_out(out, replace=args.force or holds_a_demo(out))
     except ValueError as exc:
         print(f"rdtune demo: {exc}", file=sys.stderr)
         return 2
     console = Console(width=max(120, Console().width))
     t_start = time.perf_counter()
     results = []
-    for spec in specs:
-        job = Job(
-            "demo",
-            scenario,
-            spec.text,
-            args.seed,
-            args.seconds,
-            args.interval,
-            timeline_every=max(1, round(args.seconds / args.interval / 600)),
-        )
-        console.print(f"  running {escape(spec.label)} ...", end=" ")
-        r = run_job(job)
-        console.print(
-            f"[red]failed: {escape(r.error)}[/red]" if r.error else f"{r.build_s + r.run_s:.1f} s"
-        )
-        results.append(r)
+    try:
+        for spec in specs:
+            job = Job(
+                "demo",
+                scenario,
+                spec.text,
+                args.seed,
+                args.seconds,
+                args.interval,
+                timeline_every=max(1, round(args.seconds / args.interval / 600)),
+            )
+            console.print(f"  running {escape(spec.label)} ...", end=" ")
+            r = run_job(job)
+            console.print(
+                f"[red]failed: {escape(r.error)}[/red]"
+                if r.error
+                else f"{r.build_s + r.run_s:.1f} s"
+            )
+            results.append(r)
+    except KeyboardInterrupt:  # nothing is kept of a demo cut short
+        drop_if_empty(out, made_out)
+        raise
     table = Table(
         title=f"rdtune demo: scenario {results[0].scenario!r}, {args.seconds:g} s simulated "
         f"per controller, seed {args.seed}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from agent import connection
+from agent.argtypes import http_url
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tuner-metrics",
         metavar="URL",
+        type=http_url,
         help="the tuner's metrics endpoint, e.g. http://127.0.0.1:9465/metrics",
     )
     parser.add_argument(

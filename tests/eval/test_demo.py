@@ -167,3 +167,22 @@ def test_a_scenario_path_that_is_not_a_scenario_file_says_what_it_is(
     assert captured.err.startswith(f"rdtune {command}: " + error.format(path=name)), captured.err
     assert captured.err.count("\n") == 1 and "unknown scenario" not in captured.err
     assert "running" not in captured.out and not out.exists()
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_an_interrupted_demo_leaves_no_empty_out_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existed: bool
+) -> None:
+    """A demo keeps nothing of runs cut short: the --out it made goes with them, and one
+    that was there before stays."""
+    from eval import runner
+
+    def interrupted(job):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_job", interrupted)
+    out = tmp_path / "out"
+    if existed:
+        out.mkdir()
+    assert main(["demo", "--seconds", "0.5", "--controllers", "eq", "--out", str(out)]) == 130
+    assert out.exists() == existed

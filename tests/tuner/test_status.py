@@ -136,9 +136,12 @@ def test_a_tuner_endpoint_that_gives_no_tuner_metrics_still_shows_the_node(fresh
         assert "no rdtune_tuner_* series there: not a tuner's metrics endpoint" in err
 
 
-def test_a_tuner_metrics_url_must_be_http(fresh) -> None:
-    """urllib reads file: URLs too: before, the file's first line was echoed in the error."""
-    done = status("--agent", fresh.address, "--tuner-metrics", "file:///etc/passwd")
-    assert done.returncode == 1
-    assert "file:///etc/passwd: not an http:// or https:// URL" in done.stderr
-    assert "root:" not in done.stderr
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "notaurl", "http://", "http://h:port/"])
+def test_a_tuner_metrics_url_must_be_http_before_anything_is_read(url: str) -> None:
+    """urllib reads file: URLs too: before, the file's first line was echoed in the
+    error; and any other mistake was found only after the agent had been read."""
+    done = status("--agent", "127.0.0.1:9", "--tuner-metrics", url)  # nothing listens there
+    assert done.returncode == 2 and not done.stdout
+    err = done.stderr.strip().splitlines()[-1]
+    assert err.startswith("rdtune status: argument --tuner-metrics: ")
+    assert repr(url) in err and "root:" not in done.stderr
