@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = train(cfg, ray_address=args.ray_address, command=reproduce_command(args))
-    except (ConnectionError, RolloutError, RunDirError) as exc:
+    except (ConnectionError, RolloutError, RunDirError, ConfigError) as exc:
         print(f"rdtune train: {exc}", file=sys.stderr)
         return 2
     print(result.summary())

@@ -199,6 +199,21 @@ def controller_factory(
     return make
 
 
+def unavailable_controllers(names: Sequence[str], env: gym.Env, seed: int) -> dict[str, str]:
+    """The controllers among ``names`` that cannot be built on this env's node (one that
+    calibrates on a node the env can neither copy nor disturb, one that needs the
+    simulator's ground truth, an option value it refuses), each with the reason: each
+    built once, as an evaluation episode builds it, on the env reset with ``seed``."""
+    out: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        env.reset(seed=seed)
+        try:
+            controller_factory(name)(env)
+        except ControllerError as exc:
+            out[name] = str(exc)
+    return out
+
+
 def evaluate_heuristics(
     names: Sequence[str], env: gym.Env, episodes: int, seed: int
 ) -> tuple[list[Row], list[str]]:

@@ -504,6 +504,7 @@ def train(
 
             # 4. Heuristics on the validation family (once: they do not learn), evaluator.
             eval_env = make_eval_env(cfg.env.id, cfg.eval_kwargs())
+            refuse_unavailable(cfg, eval_env)
             heuristics, missing = [], []
             if cfg.eval.heuristics_at_start:
                 heuristics, missing = evaluate_heuristics(
@@ -554,6 +555,24 @@ def train(
         speed.total,
         selected_on=selected_on(cfg),
     )
+
+
+def refuse_unavailable(cfg, eval_env) -> None:
+    """ConfigError, before anything is trained, naming each of ``eval.controllers`` the
+    evaluation env's node cannot run and why: whether one can depends on the node (a
+    trace or an agent offers no copy to calibrate on), which the config alone does not
+    tell, and the final table would otherwise leave it out hours later."""
+    from agent.configfile import ConfigError
+    from training.evaluate import unavailable_controllers
+
+    refused = unavailable_controllers(cfg.eval.controllers, eval_env, cfg.eval.seed)
+    if refused:
+        eval_env.close()
+        why = "; ".join(refused.values())
+        raise ConfigError(
+            f"eval.controllers: {', '.join(refused)} cannot run on {cfg.env.id}'s evaluation "
+            f"node ({why}); leave them out of eval.controllers"
+        )
 
 
 def selected_on(cfg) -> str:

@@ -101,6 +101,32 @@ def test_a_run_on_the_trace_env_plays_its_final_table_on_held_out_traces(
     assert card.limitations[0].startswith("Trained on recorded traces")
 
 
+def test_a_trace_run_refuses_controllers_its_node_cannot_run_before_training(
+    explore_trace, heldout_trace, tmp_path
+):
+    """Whether a controller runs on the evaluation env's node depends on the node: on a
+    trace, static cannot calibrate and the oracle has no ground truth. Before, the run
+    trained to the end and its final table left them out."""
+    from agent.configfile import ConfigError
+
+    data = {
+        **TINY,
+        "n_envs": 1,
+        "total_timesteps": 32,
+        "env": {"id": TRACE_ENV, "kwargs": {"traces": [explore_trace.path], "episode_steps": 4}},
+        "eval": {"freq": 0, "episodes": 1, "final_episodes": 1, "heuristics_at_start": False,
+                 "controllers": ["eq", "static", "oracle", "static[ways=4]"],
+                 "final_kwargs": {"traces": [heldout_trace]}},
+        "output_dir": str(tmp_path / "run"),
+    }  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        train(TrainConfig.parse(data))
+    text = str(err.value)
+    assert text.startswith("eval.controllers: static, oracle cannot run on ")
+    assert "give lc_group and ways in its options" in text and "ground truth" in text
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_model_built_without_a_log_directory_leaves_no_files(tmp_path, monkeypatch):
     """``build_model(..., None)`` (the training benchmark's) learns without making SB3's
     ``SB3-<time>`` directory."""
