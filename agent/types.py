@@ -178,7 +178,8 @@ class MbaCapabilities:
         num_closids: classes of service for MB (may be fewer than for L3).
         mode: percent, MiB/s or AMD units (see :class:`MbaMode`).
         delay_linear: whether throttling delay is linear in the value.
-        throttle_mode: ``max`` or ``per-thread`` (``thread_throttle_mode``).
+        throttle_mode: ``max`` or ``per-thread`` (``thread_throttle_mode``); empty on
+            AMD, where the kernel has no such mode.
         domains: MBA domain ids.
     """
 

@@ -235,7 +235,7 @@ def discover(
             num_closids=_read_int(os.path.join(mb_dir, "num_closids")),
             mode=mode,
             delay_linear=bool(_read_int(delay)) if os.path.exists(delay) else True,
-            throttle_mode=read_text(throttle).strip() if os.path.exists(throttle) else "max",
+            throttle_mode=_throttle_mode(throttle, vendor),
             domains=tuple(sorted(root_schemata.resources.get("MB", {0: 0}))),
         )
 
@@ -295,3 +295,13 @@ def _listdir(path: str) -> list[str]:
         return os.listdir(path)
     except OSError:
         return []
+
+
+def _throttle_mode(path: str, vendor: Vendor) -> str:
+    """``info/MB/thread_throttle_mode``; where the kernel lists none, "max" on Intel
+    (kernels before 5.10, and MBA 1.0 parts, throttle a core at its threads' smallest
+    value) and "" on AMD, whose limits are a class of service's, not a thread's
+    (thread_throttle_mode_init leaves AMD's mode undefined)."""
+    if os.path.exists(path):
+        return read_text(path).strip()
+    return "" if vendor is Vendor.AMD else "max"

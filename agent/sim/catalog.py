@@ -108,6 +108,7 @@ class MachinePreset:
                 num_closids=self.mba_closids,
                 mode=self.mba_mode,
                 delay_linear=self.mba_mode is MbaMode.PERCENT,
+                throttle_mode="" if self.mba_mode is MbaMode.AMD else "max",  # as discovered
             )
         mon = MonitoringCapabilities(
             num_rmids=self.rmids,

@@ -3,6 +3,7 @@ come from /proc/mounts when the root is a real resctrl mount."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -103,6 +104,24 @@ def test_a_throttled_default_group_is_not_the_mb_maximum(preset: str) -> None:
         emu.write("schemata", "MB:" + ";".join(f"{d}=1024" for d in mba.domains) + "\n")
         assert "1024" in emu.read("schemata")
         assert discover(emu.root).mba.max_bandwidth == full
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "mode"),
+    [
+        ("amd-epyc", {}, ""),  # AMD has no thread throttle mode: not said to be "max"
+        ("intel-20way", {}, "max"),
+        ("intel-20way", {"thread_throttle_mode": None}, "max"),  # kernels before 5.10
+    ],
+)
+def test_the_throttle_mode_is_the_kernels_or_what_the_cpu_does_without_it(
+    preset: str, overrides: dict, mode: str
+) -> None:
+    p = get_preset(preset)
+    if overrides:
+        overrides = {"mb": dataclasses.replace(p.mb, **overrides)}
+    with emulated_resctrl(preset, **overrides) as emu:
+        assert discover(emu.root).mba.throttle_mode == mode
 
 
 def test_amd_masks_may_be_sparse_or_empty() -> None:

@@ -54,7 +54,7 @@ mbas = st.builds(
     num_closids=st.integers(1, 64),
     mode=st.sampled_from(MbaMode),
     delay_linear=st.booleans(),
-    throttle_mode=st.sampled_from(["max", "per-thread"]),
+    throttle_mode=st.sampled_from(["max", "per-thread", ""]),
     domains=domains,
 )
 mons = st.builds(
