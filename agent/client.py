@@ -436,6 +436,10 @@ class RemoteNode:
     def now(self) -> float:
         return self._call(self._sim.Now, api.NowRequest()).now
 
+    def scenario_name(self) -> str | None:
+        """The name of the scenario the simulated agent runs; None when it does not say."""
+        return self._call(self._sim.Now, api.NowRequest()).scenario or None
+
     def reset(self, scenario: object | None = None, seed: int | None = None) -> None:
         if scenario is not None and not isinstance(scenario, str):
             raise TypeError("a remote node resets to a scenario *name* (the agent's catalog)")

@@ -158,6 +158,16 @@ def never_blocks(node: Node) -> bool:
     return getattr(node, "NEVER_BLOCKS", False) is True
 
 
+def scenario_name(clock: Clock) -> str | None:
+    """The name of the scenario a simulated node runs, when it says: a remote agent's
+    (``scenario_name()``) or an in-process simulator's (its ``scenario``)."""
+    named = getattr(clock, "scenario_name", None)
+    if callable(named):
+        return named()
+    name = getattr(getattr(clock, "scenario", None), "name", None)
+    return name if isinstance(name, str) and name else None
+
+
 def as_clock(node: Node) -> Clock | None:
     """The node's clock when its time is simulated, else None (wall-clock node)."""
     if node.capabilities().simulated and isinstance(node, Clock):

@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from agent.node import as_clock
+    from agent.node import as_clock, scenario_name
     from models import catalogue
     from models.catalogue import ControllerSpec
     from models.setup import ControllerError, Setup
@@ -208,8 +208,8 @@ def _record(args: argparse.Namespace) -> int:
                 print(f"rdtune trace record: {exc}", file=sys.stderr)
                 return 2
             scenario = {"name": args.scenario}
-        elif clock is not None:
-            scenario = {"name": None, "note": "simulated agent; scenario as the agent was started"}
+        elif clock is not None:  # the scenario the agent runs, as it says
+            scenario = {"name": scenario_name(clock)}
         try:  # calibration (static, ubik, ...) may run on a simulated agent's node itself
             setup = Setup(node, clock, args.interval, live_calibration=clock is not None)
             controller = catalogue.build(spec, setup)

@@ -787,7 +787,7 @@ def _groups(f: _Fields, value: Any, key: str) -> dict[str, GroupSpec]:
 
 def _scenario(f: _Fields, value: Any, key: str) -> dict[str, Any]:
     scenario = f.mapping(value, key)
-    if scenario.get("name") is not None:  # null: an agent's own scenario, not named
+    if scenario.get("name") is not None:  # null: an agent that did not name its scenario
         f.text(scenario["name"], f"{key}.name")
     return scenario
 

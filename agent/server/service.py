@@ -35,7 +35,7 @@ import grpc
 
 from agent.errors import GroupNotFound, InvalidAllocation, NodeError, Unsupported
 from agent.latency import LatencyRecorder
-from agent.node import Node, as_clock, never_blocks
+from agent.node import Node, as_clock, never_blocks, scenario_name
 from agent.server import convert as C
 from agent.server.errors import LimitReached, RateLimited, abort, abort_with, status_of
 from agent.server.metrics import AgentMetrics
@@ -835,7 +835,8 @@ class SimulationServicer(rpc.SimulationServicer):
 
     async def Now(self, request, context):
         clock = await self._clock(context)
-        return api.NowResponse(now=await self.host.call(context, clock.now))
+        now = await self.host.call(context, clock.now)
+        return api.NowResponse(now=now, scenario=scenario_name(clock) or "")
 
 
 def restore_around_exclusive(node: Node, caps: NodeCapabilities, groups) -> None:

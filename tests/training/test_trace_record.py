@@ -46,6 +46,22 @@ def test_cli_records_from_a_simulated_agent(tmp_path, capsys) -> None:
     assert "30 intervals" in capsys.readouterr().out
 
 
+def test_a_recording_without_scenario_names_the_one_the_agent_runs(tmp_path) -> None:
+    """Without --scenario the agent is not reset, and its scenario is what it was started
+    with or last reset to: the trace names it as the agent says (it stored null)."""
+    out = tmp_path / "own.parquet"
+    with serve(SimNode("lc_batch_20", seed=0)) as server:
+        argv = ["trace", "record", "--agent", server.address, "--duration", "0.2",
+                "--interval", "0.1", "--out", str(out), "--quiet"]  # fmt: skip
+        assert main(argv) == 0
+        assert load_trace(out).scenario == {"name": "lc_batch_20"}
+        with remote(server) as node:
+            node.reset("default", 1)
+            assert node.scenario_name() == "default"
+        assert main([*argv, "--force"]) == 0
+    assert load_trace(out).scenario == {"name": "default"}
+
+
 def test_an_existing_trace_is_replaced_only_with_force(tmp_path, capsys) -> None:
     out = tmp_path / "kept.parquet"
     with serve(SimNode("default", seed=0)) as server:
