@@ -43,10 +43,17 @@ the ones it gives, the rest are our reading, documented here):
   ``slice_s x n x weight_i`` with ``weight_i = slowdown_i / sum_k slowdown_k`` (slowdown
   in the shared tier), visiting every service once per round, so none starves and the
   higher-slowdown services hold the larger tiers longer.
-- **Migration warm-up** (docs/CONTROLLERS.md: model it): a service moved into a tier must fill its
-  ways before it benefits, at one line per miss: warm-up = ways x way bytes / (64 x
-  misses/s). No slice is shorter than ``warmup_factor`` warm-ups (default 10, so at most
-  ~10% of a slice is spent warming), and dedicated services are never rotated.
+- **Migration warm-up** (docs/CONTROLLERS.md: model it): a service moved into a tier must
+  refill what it holds before it benefits, a miss per line: the move costs it about
+  min(tier ways x way bytes, the bytes it holds at full resources) / 64 misses, each a
+  memory access it stalls on (:data:`REFILL_STALL_S`, none overlapped: an upper bound).
+  The time that refill takes depends on how often the service touches its data, but a
+  service that touches them rarely also stalls rarely while refilling; the stall time is
+  what it loses. A queue's slices are stretched together, by the one factor that makes
+  each of them at least ``warmup_factor`` such costs (default 10, so at most ~10% of a
+  slice is lost to a move), so the weights keep their ratios; the stretch is at most
+  :data:`MAX_STRETCH`, as a slice much longer than ``slice_s`` is
+  no longer time-sharing. Dedicated services are never rotated.
 - Online refinement: a dedicated service whose observed tail (its tier holds only it)
   exceeds its SLO for ``patience`` intervals has its level raised to the tier above the
   one it holds; in the largest tier it stays.
@@ -81,6 +88,10 @@ from models.controller import KEEP, ControlContext, Controller, Decision, move_t
 # (ways on a 20-way cache, MBA fraction); the first is the background/system CLOS.
 TIER_TEMPLATE: tuple[tuple[int, float], ...] = ((2, 0.10), (3, 0.10), (6, 0.30), (9, 0.50))
 LINE_BYTES = 64
+# The most the warm-up floor stretches a queue's slices beyond their weighted lengths.
+MAX_STRETCH = 10.0
+# What a refill's miss stalls a core for: one DRAM access, not overlapped with another.
+REFILL_STALL_S = 100e-9
 DEFAULT_WAY_BYTES = 2 * 2**20
 
 
@@ -110,12 +121,13 @@ class Tier:
 @dataclass
 class ServiceProfile:
     """Per LC tier index (1 = shared lowest tier): tail latency (ms at the SLO percentile)
-    and CPI measured there; ``cpi_full`` at full resources; ``miss_rate`` in misses/s."""
+    and CPI measured there; at full resources, ``cpi_full`` and ``held_bytes``, the LLC
+    occupancy (None where it was not monitored)."""
 
     tails: dict[int, float] = field(default_factory=dict)
     cpi: dict[int, float] = field(default_factory=dict)
     cpi_full: float | None = None
-    miss_rate: float = 0.0
+    held_bytes: float | None = None
 
     def slowdown(self, tier: int) -> float:
         if self.cpi_full and tier in self.cpi and self.cpi_full > 0:
@@ -331,9 +343,11 @@ class RoundRobin(_TimeSharing):
         turn = self._tick // per_slice
         active = self._active
         place = {s.name: self._lc_groups[0] for s in self.services}
-        for j, g in enumerate(reversed(self._lc_groups[1:])):
-            if active:
-                place[active[(turn + j) % len(active)].name] = g
+        # largest tier first, each service in one: with fewer services than higher tiers
+        # the smallest of those stay empty (a service placed twice ended in the smaller)
+        higher = list(reversed(self._lc_groups[1:]))[: len(active)]
+        for j, g in enumerate(higher):
+            place[active[(turn + j) % len(active)].name] = g
         self._note = f"{self.name}: turn {turn}"
         return place
 
@@ -350,7 +364,7 @@ class CoCo(_TimeSharing):
         background_pids: tasks of batch/system work, moved into the background group.
         slice_s: base time slice of the weighted round robin.
         margin: a tier meets an SLO when its profiled tail is at most ``margin x target``.
-        warmup_factor: minimum slice length in cache warm-ups.
+        warmup_factor: minimum slice length in the stalls of a move's cache refill.
         patience: intervals over the SLO before a dedicated service's level is raised.
         max_sharers: most services time-sharing one contested tier before admission
             control drops the lowest-weight ones.
@@ -444,14 +458,21 @@ class CoCo(_TimeSharing):
         return {j: q[0] for j, q in self._queues.items() if len(q) == 1}
 
     def _slice_intervals(self, name: str, tier: int, queue: Sequence[str]) -> int:
+        """``name``'s slice of ``tier`` in intervals: its weighted share of the queue's
+        round, stretched with the others' to cover ``warmup_factor`` warm-ups each."""
         total = sum(self._weight(n) for n in queue) or 1.0
-        want = self.slice_s * len(queue) * self._weight(name) / total
+        want = {n: self.slice_s * len(queue) * self._weight(n) / total for n in queue}
+        stretch = max(self.warmup_factor * self._warmup_s(n, tier) / want[n] for n in queue)
+        stretch = min(max(stretch, 1.0), MAX_STRETCH)
+        return max(1, math.ceil(want[name] * stretch / self._interval - 1e-9))
+
+    def _warmup_s(self, name: str, tier: int) -> float:
+        """Seconds ``name`` stalls refilling what it holds when it moves into ``tier``."""
+        fill = self.shapes[tier][0] * self._way_bytes
         p = self.profile.get(name)
-        if p is not None and p.miss_rate > 0:
-            ways = self.shapes[tier][0]
-            warm = ways * self._way_bytes / (LINE_BYTES * p.miss_rate)
-            want = max(want, self.warmup_factor * warm)
-        return max(1, math.ceil(want / self._interval - 1e-9))
+        if p is not None and p.held_bytes is not None and p.held_bytes >= 0:
+            fill = min(fill, p.held_bytes)
+        return fill / LINE_BYTES * REFILL_STALL_S
 
     def _turn(self, tier: int, queue: Sequence[str], busy: set[str]) -> str | None:
         """Whose slice of ``tier`` it is: the holder until its slice ends, then the next
@@ -577,24 +598,29 @@ def calibrate(
                 for _ in range(settle_intervals):
                     wait()
                 node.observe()
-                ins = cyc = miss = 0.0
+                ins = cyc = 0.0
+                held: list[float] = []
                 tails: list[tuple[float, int]] = []
                 for _ in range(measure_intervals):
                     wait()
-                    g = node.observe().groups.get(top)
+                    # a counter perf could not schedule (NaN) is not measured: summed, one
+                    # such interval made the state's CPI NaN and its weight 1
+                    g = node.observe().counted().groups.get(top)
                     if g is None:
                         continue
                     if g.latency is not None and g.latency.count:
                         tails.append((g.latency.percentile(s.slo.percentile), g.latency.count))
-                    ins += g.instructions or 0.0
-                    cyc += g.cycles or 0.0
-                    miss += g.llc_misses or 0.0
+                    if g.instructions is not None and g.cycles is not None:
+                        ins += g.instructions
+                        cyc += g.cycles
+                    if g.llc_occupancy_bytes is not None:
+                        held.append(g.llc_occupancy_bytes)
                 n = sum(c for _, c in tails)
                 tail = sum(t * c for t, c in tails) / n if n else math.nan
                 cpi = cyc / ins if ins > 0 else math.nan
                 if key == "full":
                     prof.cpi_full = cpi
-                    prof.miss_rate = miss / (measure_intervals * interval_s)
+                    prof.held_bytes = sum(held) / len(held) if held else None
                 else:
                     prof.tails[key] = tail
                     prof.cpi[key] = cpi
