@@ -46,9 +46,10 @@ summarises the controller):
 - **Strict mode** (section 5.1, slack 0): ``s_active`` is the target. Because a control
   interval, not an interrupt, sees the idle->active edge, the first active interval runs
   at ``s_idle`` and its requests cannot be made up by a later boost; strict mode therefore
-  only downsizes while idle where the miss curve predicts no extra misses (zero lost
-  cycles), so it holds StaticLC's allocation wherever the LC group is cache-sensitive and
-  is never worse on tail latency. With slack, that late interval's extra misses are added
+  only downsizes while idle to sizes where the miss curve *measured* no extra misses (zero
+  lost cycles; the prior below the smallest size held is a guess), so it holds StaticLC's
+  allocation wherever the LC group is cache-sensitive or unmeasured and is never worse on
+  tail latency. With slack, that late interval's extra misses are added
   to the lost cycles the boost must recover.
 
 Where CAT and a control interval replace Ubik's hardware:
@@ -527,6 +528,11 @@ class Ubik(Controller):
         best = (s_a, s_a, 0)
         best_net = 0.0
         for s_i in range(s_a - 1, least - 1, -1):
+            if self.strict and not st.curve.count(s_i):
+                # A size never held has only the prior's miss ratio, which from a target
+                # that misses nothing is nothing: strict mode's "no extra misses" is
+                # known only where measured.
+                continue
             p_i = st.curve.miss_ratio(s_i)
             lost = M * (s_a - s_i) * lines * max(0.0, 1.0 - p_a / p_i) if p_i > 0 else 0.0
             # The idle->active edge is seen one interval late: that interval runs at s_idle.

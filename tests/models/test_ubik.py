@@ -183,6 +183,33 @@ def test_strict_mode_does_not_downsize_a_cache_sensitive_service():
     assert {_ways(r, "masstree") for r in recs} == {4}
 
 
+@pytest.mark.parametrize("cls", [Ubik, StaticLC])
+def test_strict_mode_holds_the_target_of_a_service_that_misses_nothing_there(cls):
+    """A target of 6 ways given as a count (no measured curve) at which the service
+    misses nothing: below it only the prior speaks, and the prior extrapolates no misses.
+    Strict Ubik dropped the idle service to 1 way on that, and its first busy interval ran
+    there; it must hold what StaticLC holds."""
+    from agent.sim import Scenario, WorkloadInstance
+    from agent.types import GroupSample, LatencyStats, Snapshot
+    from models.controller import carry_out, context
+
+    mix = (WorkloadInstance("memcached0", "memcached"), WorkloadInstance("ocean_cp1", "ocean_cp"))
+    node = SimNode(Scenario("strict_idle", "gold6130", mix), seed=0)
+    ctrl = cls({"memcached0": 6}, slack=0.0)
+    carry_out(node, ctrl.start(context(node)))
+    held = []
+    for i in range(60):
+        busy = not 40 <= i < 50
+        lat = LatencyStats(1000, 0.1, 0.3, 0.5, 0.8) if busy else LatencyStats.empty()
+        lc = GroupSample(instructions=1e8, cycles=1e8, llc_references=5e6 * busy,
+                         llc_misses=0.0, latency=lat)  # fmt: skip
+        batch = GroupSample(instructions=1e8, cycles=2e8, llc_references=5e6, llc_misses=2e6)
+        snap = Snapshot(0.1 * (i + 1), 0.1, {"memcached0": lc, "ocean_cp1": batch})
+        carry_out(node, ctrl.decide(snap, context(node)))
+        held.append(next(iter(node.allocation().groups["memcached0"].values())).ways)
+    assert set(held) == {6}
+
+
 def test_ubik_rejects_bad_config():
     with pytest.raises(ValueError, match="slack"):
         Ubik(slack=-0.1)
