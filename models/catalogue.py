@@ -147,7 +147,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         "copart_mba",
         CoPartMbaOnly,
         "CoPart's MBA-only variant: memory bandwidth only, ways at the equal split",
-        prepare=prepare.prepare_copart,
+        prepare=prepare.prepare_copart_mba,
         calibrated=("stream",),
     ),
     Entry(

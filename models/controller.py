@@ -95,6 +95,14 @@ class Controller(ABC):
         return f"{type(self).__name__}(name={self.name!r})"
 
 
+def require(ok: bool, option: str, value: object, want: str) -> None:
+    """Refuse a controller option whose value is out of its range, naming it: refused as
+    the controller is built, before it runs, rather than misbehaving (a negative gain
+    turns a feedback loop around) or failing once a decision needs it."""
+    if not ok:
+        raise ValueError(f"{option} must be {want}, got {value!r}")
+
+
 def context(node: Node, *, tasks: bool = False, time_s: float = 0.0) -> ControlContext:
     """Read a :class:`ControlContext` from a node."""
     groups = node.groups()

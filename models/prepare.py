@@ -68,6 +68,12 @@ def prepare_copart(setup: Setup, options: Options) -> Options:
     return options
 
 
+def prepare_copart_mba(setup: Setup, options: Options) -> Options:
+    if setup.capabilities.mba is None:  # it trades nothing: EQ's ways under another name
+        raise Unavailable("it trades memory bandwidth, and this node has no MBA")
+    return prepare_copart(setup, options)
+
+
 def prepare_static(setup: Setup, options: Options) -> Options:
     lcs = setup.lc_groups()
     lc = options.pop("lc_group", lcs[0] if lcs else None)
@@ -77,8 +83,17 @@ def prepare_static(setup: Setup, options: Options) -> Options:
     if lc is None:
         return {"lc_group": None, **options}  # no mite to protect: everyone shares the cache
     if "ways" in options:
+        try:  # the plan it would hold, checked now: ways beyond the node failed at start
+            static.mite_plan(lc, options["ways"], list(setup.node.groups()), setup.capabilities)
+        except (TypeError, ValueError) as exc:
+            raise ControllerError(f"option 'ways': {exc}") from None
         return {"lc_group": lc, **options}
     sweep_options = {**STATIC_SWEEP, **settings, **options}
+    checked = inspect.signature(static.check_sweep).parameters
+    try:
+        static.check_sweep(**{k: v for k, v in sweep_options.items() if k in checked})
+    except (TypeError, ValueError) as exc:
+        raise ControllerError(f"the static sweep: {exc}") from None
     with setup.calibration("lc_group and ways") as (node, clock):
         sweep = _call(static.calibrate, "the static sweep", node, clock, lc, **sweep_options)
     return {"lc_group": sweep.lc_group, "ways": sweep.ways}
@@ -93,7 +108,12 @@ def prepare_ubik(setup: Setup, options: Options) -> Options:
 
 def prepare_best_static(setup: Setup, options: Options) -> Options:
     if options.get("result") is None:
-        search = _call(static.BestStatic, "best_static", **options)
+        try:
+            search = _call(static.BestStatic, "best_static", **options)
+        except ValueError as exc:  # an option out of range (a ControllerError passes)
+            if isinstance(exc, ControllerError):
+                raise
+            raise ControllerError(str(exc)) from None
         if setup.truth is not None:  # scored by ground truth: the node is only read
             options["result"] = search.fit(setup.node, setup.clock, interval_s=setup.interval_s)
         else:

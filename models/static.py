@@ -51,7 +51,7 @@ from agent.types import (
     contiguous_mask,
 )
 from models.allocation import full_allocation, mb_level, plan_from, shared_plan
-from models.controller import KEEP, ControlContext, Controller, Decision
+from models.controller import KEEP, ControlContext, Controller, Decision, require
 from models.objectives import Objective, Outcome, get_objective, slowdown
 from models.oracle import truth_score
 from models.search import SearchResult, search
@@ -141,6 +141,22 @@ def _wait(clock: Clock | None, seconds: float) -> None:
         time.sleep(seconds)
 
 
+def check_sweep(
+    measure_s: float = 5.0,
+    warmup_s: float = 0.3,
+    tolerance: float = DEFAULT_TOLERANCE,
+    abs_tolerance_ms: float = 0.0,
+    slack: int = 1,
+) -> None:
+    """ValueError for sweep settings out of range (:func:`calibrate`'s keywords), before
+    a sweep runs rather than after it."""
+    if not (measure_s > 0 and warmup_s >= 0):
+        raise ValueError("need measure_s > 0 and warmup_s >= 0")
+    require(slack >= 0, "slack", slack, ">= 0 ways")
+    require(tolerance >= 0 and abs_tolerance_ms >= 0, "tolerance and abs_tolerance_ms",
+            (tolerance, abs_tolerance_ms), ">= 0")  # fmt: skip
+
+
 def calibrate(
     node: Node,
     clock: Clock | None,
@@ -168,8 +184,7 @@ def calibrate(
     spec = groups[lc_group]
     if spec.kind is not GroupKind.LC or spec.slo is None:
         raise ValueError(f"group {lc_group!r} is not an LC group with an SLO")
-    if not (measure_s > 0 and warmup_s >= 0):
-        raise ValueError("need measure_s > 0 and warmup_s >= 0")
+    check_sweep(measure_s, warmup_s, tolerance, abs_tolerance_ms, slack)
     caps = node.capabilities()
     if caps.l3 is None:
         raise ValueError("node has no L3 allocation to sweep")
@@ -367,6 +382,7 @@ class BestStatic(Controller):
         max_evals: int = 600,
         result: SearchResult | None = None,
     ):
+        require(max_evals >= 1, "max_evals", max_evals, ">= 1")
         self.objective = objective
         self.max_evals = max_evals
         self.result = result  # the search's answer: from :meth:`fit`, or given

@@ -91,7 +91,7 @@ from agent.types import (
     Snapshot,
     contiguous_mask,
 )
-from models.controller import KEEP, ControlContext, Controller, Decision
+from models.controller import KEEP, ControlContext, Controller, Decision, require
 from models.ucp import MissCurve, lookahead
 
 DEFAULT_SLACK = 0.05  # section 7: "Ubik runs with a slack of 5%"
@@ -269,6 +269,12 @@ class Ubik(Controller):
             raise ValueError(f"slack must be a fraction in [0, 10), got {slack}")
         if period < 1 or ref_intervals < 1 or max_boost_intervals < 1 or batch_period < 1:
             raise ValueError("period, ref_intervals, max_boost_intervals, batch_period >= 1")
+        require(gain > 0, "gain", gain, "> 0 (a negative gain turns the feedback around)")
+        require(sigma_max >= 0, "sigma_max", sigma_max, ">= 0")
+        # at 1 or more every interval of a loaded service would count as idle
+        require(0 <= idle_fraction < 1, "idle_fraction", idle_fraction, "in [0, 1)")
+        require(miss_penalty_cycles > 0, "miss_penalty_cycles", miss_penalty_cycles, "> 0")
+        require(probe_every >= 1, "probe_every", probe_every, ">= 1")
         self.profiles = {
             g: p if isinstance(p, LcProfile) else LcProfile(int(p))
             for g, p in (profiles or {}).items()

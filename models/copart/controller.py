@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from agent.types import GroupKind, GroupSpec, NodeCapabilities, Snapshot
-from models.controller import KEEP, ControlContext, Controller, Decision
+from models.controller import KEEP, ControlContext, Controller, Decision, require
 from models.copart.apps import DELTA_P, THETA, App, Measure, Phase
 from models.copart.classify import Classifiers
 from models.copart.idle import IdlePhase
@@ -72,6 +72,14 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
     ) -> None:
         if period < 1 or profile_intervals < 1:
             raise ValueError("period and profile_intervals must be at least 1")
+        # lc_ways 0 read as "not given" (the equal share) before
+        require(lc_ways is None or lc_ways >= 1, "lc_ways", lc_ways, ">= 1 (or not given)")
+        require(0 < shrink_at < grow_at <= 1, "shrink_at < grow_at", (shrink_at, grow_at),
+                "0 < shrink_at < grow_at <= 1")  # fmt: skip
+        require(shrink_after >= 1, "shrink_after", shrink_after, ">= 1")
+        require(confirm >= 1, "confirm", confirm, ">= 1")
+        require(theta >= 0, "theta", theta, ">= 0")
+        require(shift > 0 and lc_shift > 0, "shift and lc_shift", (shift, lc_shift), "> 0")
         self.stream = dict(stream or {})
         self.period = period
         self.profile_intervals = profile_intervals

@@ -4,6 +4,8 @@ built controller emits plans the node accepts."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from agent.node import Node, StepByParts
@@ -152,6 +154,45 @@ def test_copart_mba_only_keeps_the_equal_way_split() -> None:
     assert len(ways) == 1
     mbs = {r.allocation[g][0].mb for r in late for g in r.allocation}
     assert len(mbs) > 1  # bandwidth was traded
+
+
+@pytest.mark.parametrize(
+    ("text", "option"),
+    [
+        ("static[ways=30]", "ways"),  # the node has 11: it failed at start
+        ("static[ways=0]", "ways"),
+        ("static[slack=-5]", "slack"),  # after the whole sweep had run
+        ("static[tolerance=-1]", "tolerance"),
+        ("copart[lc_ways=-1]", "lc_ways"),
+        ("copart[lc_ways=0]", "lc_ways"),  # read as "not given" before
+        ("copart[theta=-1]", "theta"),
+        ("copart[confirm=0]", "confirm"),
+        ("copart[shrink_after=-1]", "shrink_after"),
+        ("copart[grow_at=0.2,shrink_at=0.9]", "shrink_at < grow_at"),
+        ("ubik[idle_fraction=2]", "idle_fraction"),  # a loaded service pinned as idle
+        ("ubik[gain=-1]", "gain"),  # the feedback turned around
+        ("ubik[sigma_max=-1]", "sigma_max"),
+        ("ubik[probe_every=-5]", "probe_every"),
+        ("ubik[miss_penalty_cycles=-200]", "miss_penalty_cycles"),
+        ("best_static[max_evals=0]", "max_evals"),
+    ],
+)
+def test_an_option_value_out_of_range_is_refused_as_the_controller_is_built(
+    text: str, option: str
+) -> None:
+    """Accepted before, these ran wrong or failed once a decision needed them."""
+    node = SimNode("default", 0)  # memcached and batch jobs on a Gold 6130 (11 ways)
+    with pytest.raises(ControllerError, match=f"controller {re.escape(repr(text))}: ") as err:
+        build(text, node, node)
+    assert option in str(err.value)
+
+
+def test_copart_mba_is_unavailable_on_a_node_without_mba() -> None:
+    """It trades bandwidth only: without MBA it ran as EQ's way split under its name."""
+    node = SimNode("more_lc_than_closids_e5v3", 0)
+    assert node.capabilities().mba is None
+    with pytest.raises(Unavailable, match="this node has no MBA"):
+        build("copart_mba", node, node)
 
 
 def test_ucp_moves_ways_by_utility() -> None:
