@@ -169,6 +169,14 @@ class UcpStyle(Controller):
         caps = ctx.capabilities
         if caps.l3 is None:
             raise ValueError("UCP needs L3 cache allocation")
+        least = max(1, caps.l3.min_cbm_bits)
+        if len(ctx.groups) * least > caps.l3.num_ways:
+            # Lookahead partitions: every group needs ways of its own
+            raise ValueError(
+                f"UCP gives each group ways of its own, and {len(ctx.groups)} groups of at "
+                f"least {least} way(s) do not fit in {caps.l3.num_ways} ways; eq shares "
+                "ways among more groups"
+            )
         self._groups = tuple(ctx.groups)
         self._curves = {g: MissCurve(caps.l3.num_ways) for g in self._groups}
         self._ips = dict.fromkeys(self._groups, 0.0)
