@@ -21,5 +21,5 @@ def test_ucp_refuses_more_groups_than_the_cache_has_way_slots_for() -> None:
     l3 = dataclasses.replace(caps.l3, cbm_mask=(1 << 20) - 1, min_cbm_bits=2, num_closids=16)
     groups = {f"b{i}": GroupSpec(f"b{i}") for i in range(11)}
     ctx = ControlContext(dataclasses.replace(caps, l3=l3), groups, node.allocation())
-    with pytest.raises(ValueError, match="11 groups of at least 2 way.s. do not fit in 20 ways"):
+    with pytest.raises(ValueError, match=r"11 groups of at least 2 way\(s\) do not fit in 20 ways"):
         UcpStyle().start(ctx)

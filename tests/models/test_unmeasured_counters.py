@@ -64,4 +64,3 @@ def test_one_unmeasured_interval_changes_nothing(make) -> None:
     assert _run(controller, 50) == clean
     state = _numbers(controller)
     assert state and not any(math.isnan(x) for x in state)
-
