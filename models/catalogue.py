@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from agent.configfile import parse_problem
+from agent.types import GroupKind
 from models import prepare
 from models.basic import EqualPartition, Unpartitioned
 from models.cadence import Every
@@ -68,6 +69,9 @@ class Entry:
         filled: factory parameters ``prepare`` supplies from the node (not options).
         calibrated: options ``prepare`` measures when they are not given.
         own_groups: it makes its own groups: the node must start without per-workload ones.
+        exclusive: the kinds of group whose ways it keeps apart from every other group's
+            (None: every kind). A node with an exclusive group of another kind is refused:
+            its plans would share that group's ways, which the kernel refuses.
     """
 
     name: str
@@ -79,6 +83,7 @@ class Entry:
     filled: tuple[str, ...] = ()
     calibrated: tuple[str, ...] = ()
     own_groups: bool = False
+    exclusive: frozenset[GroupKind] | None = None
 
     def options(self) -> dict[str, Any]:
         """Option name -> default (``inspect.Parameter.empty`` when required)."""
@@ -103,7 +108,12 @@ def _entries(*entries: Entry) -> dict[str, Entry]:
 
 
 CATALOGUE: Mapping[str, Entry] = _entries(
-    Entry("unpartitioned", Unpartitioned, "every group may use every way at full bandwidth"),
+    Entry(
+        "unpartitioned",
+        Unpartitioned,
+        "every group may use every way at full bandwidth",
+        exclusive=frozenset(),
+    ),
     Entry("eq", EqualPartition, "ways and memory bandwidth split equally (CoPart's EQ)"),
     Entry("explore", Explore, "random valid allocations held a few intervals (trace recording)"),
     Entry(
@@ -113,6 +123,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         prepare=prepare.prepare_static,
         prepare_options=prepare.STATIC_SWEEP_OPTIONS,
         calibrated=("lc_group", "ways"),
+        exclusive=frozenset({GroupKind.LC}),
     ),
     Entry(
         "best_static",
@@ -120,6 +131,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         "CoPart's ST: the best single allocation by exhaustive search (a reference)",
         prepare=prepare.prepare_best_static,
         calibrated=("result",),
+        exclusive=frozenset(),
     ),
     Entry(
         "oracle",
@@ -128,6 +140,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         needs=frozenset({Need.GROUND_TRUTH}),
         prepare=prepare.prepare_oracle,
         filled=("node",),
+        exclusive=frozenset(),
     ),
     Entry(
         "copart",
@@ -135,6 +148,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         "CoPart: LLC ways and memory bandwidth traded for fairness among batch jobs",
         prepare=prepare.prepare_copart,
         calibrated=("stream",),
+        exclusive=frozenset({GroupKind.LC}),
     ),
     Entry(
         "copart_cat",
@@ -142,6 +156,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         "CoPart's CAT-only variant: LLC ways traded, bandwidth at the equal split",
         prepare=prepare.prepare_copart,
         calibrated=("stream",),
+        exclusive=frozenset({GroupKind.LC}),
     ),
     Entry(
         "copart_mba",
@@ -149,6 +164,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         "CoPart's MBA-only variant: memory bandwidth only, ways at the equal split",
         prepare=prepare.prepare_copart_mba,
         calibrated=("stream",),
+        exclusive=frozenset({GroupKind.LC}),
     ),
     Entry(
         "ubik",
@@ -156,6 +172,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         "Ubik: LC groups sized by a slack controller around profiled targets, batch by UCP",
         prepare=prepare.prepare_ubik,
         calibrated=("profiles",),
+        exclusive=frozenset(),  # LC and batch regions may meet
     ),
     Entry(
         "static_lc",
@@ -163,6 +180,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         "Ubik's StaticLC: each LC group always at its profiled target, batch by UCP",
         prepare=prepare.prepare_ubik,
         calibrated=("profiles",),
+        exclusive=frozenset(),  # LC and batch regions may meet
     ),
     Entry("ucp", UcpStyle, "UCP: every group sized by Lookahead on its online miss curve"),
     Entry(
@@ -402,6 +420,7 @@ def build(spec: ControllerSpec | str, setup: Setup) -> Controller:
     decide_s = options.pop("decide_s", None)
     check_option_types(entry, options, spec.label)
     try:
+        _check_exclusive(entry, setup)
         for need in sorted(entry.needs, key=lambda n: n.name):
             if not need.offered_by(setup.node):
                 raise Unavailable(
@@ -414,6 +433,23 @@ def build(spec: ControllerSpec | str, setup: Setup) -> Controller:
     except ControllerError as exc:
         raise ControllerError(f"controller {spec.label!r}: {exc}") from None
     return _cadence(_construct(entry, options, spec.label), decide_s, setup.interval_s)
+
+
+def _check_exclusive(entry: Entry, setup: Setup) -> None:
+    """:class:`Unavailable` when the node has an exclusive group of a kind ``entry`` does
+    not keep apart (its first plan would be refused, mid-run)."""
+    if entry.exclusive is None:
+        return
+    shared = sorted(
+        g for g, s in setup.node.groups().items() if s.exclusive and s.kind not in entry.exclusive
+    )
+    if shared:
+        kept = " and ".join(sorted(k.value.upper() for k in entry.exclusive))
+        shares = f"groups other than {kept} ones share ways" if kept else "groups share ways"
+        raise Unavailable(
+            f"group(s) {', '.join(shared)} are exclusive, and under it {shares}; eq, ucp "
+            "and the policy keep every group's ways apart"
+        )
 
 
 def construct(spec: ControllerSpec | str, interval_s: float = 0.1) -> Controller:

@@ -82,6 +82,12 @@ def prepare_static(setup: Setup, options: Options) -> Options:
     settings = {k: options.pop(k) for k in STATIC_SWEEP_OPTIONS if k in options}
     if lc is None:
         return {"lc_group": None, **options}  # no mite to protect: everyone shares the cache
+    apart = sorted(g for g, s in setup.node.groups().items() if s.exclusive and g != lc)
+    if apart:  # every group but the mite shares the rest of the cache
+        raise Unavailable(
+            f"group(s) {', '.join(apart)} are exclusive, and it keeps only its LC group "
+            f"{lc!r}'s ways apart (give lc_group one of them, or use eq, ucp or the policy)"
+        )
     if "ways" in options:
         try:  # the plan it would hold, checked now: ways beyond the node failed at start
             static.mite_plan(lc, options["ways"], list(setup.node.groups()), setup.capabilities)

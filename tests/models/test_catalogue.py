@@ -397,6 +397,57 @@ def test_every_entry_builds_for_a_simulated_node_and_drives_it(name: str) -> Non
             assert a.l3_mask and a.l3_mask & ~node.capabilities().l3.cbm_mask == 0
 
 
+def _with_exclusive(scenario: str, exclusive: set[str]) -> SimNode:
+    """``scenario``'s node, each workload in a group of its own, those named in
+    ``exclusive`` created exclusive on ways the others were moved off."""
+    from agent.types import GroupSpec
+    from models.allocation import plan_from
+
+    node = SimNode(scenario, 0, auto_groups=False)
+    caps = node.capabilities()
+    views = sorted(node.workloads(), key=lambda w: w.name in exclusive)
+    free = (1 << (2 * len(exclusive))) - 1  # two low ways for each exclusive group
+    for w in views:
+        if w.name in exclusive and not any(s.exclusive for s in node.groups().values()):
+            others = {g: caps.l3.cbm_mask & ~free for g in node.groups()}
+            node.apply(plan_from(others, {}, caps))
+        kind = GroupKind.LC if w.kind == "lc" else GroupKind.BATCH
+        slo = w.slo if kind is GroupKind.LC else None
+        node.create_group(GroupSpec(w.name, kind, slo, exclusive=w.name in exclusive))
+        node.assign(w.name, pids=list(w.pids))
+    return node
+
+
+EXCLUSIVE = {  # scenario, its exclusive groups
+    "batch": ("lc_batch_20", {"spec_s"}),
+    "lc": ("lc_batch_20", {"masstree"}),
+    "both lc": ("lc_batch_20", {"masstree", "xapian"}),
+}
+
+
+@pytest.mark.parametrize("case", EXCLUSIVE)
+@pytest.mark.parametrize("name", [n for n in catalogue.names() if not catalogue.get(n).own_groups])
+def test_an_exclusive_group_is_kept_apart_or_the_controller_refused(name: str, case: str) -> None:
+    """The kernel refuses a plan in which an exclusive group's ways meet another group's.
+    A controller that would share them is refused as it is built, naming the groups;
+    the others' plans are accepted. Before, static (the tuner's default fallback), CoPart,
+    Ubik and the searches failed mid-run on an InvalidAllocation."""
+    if name == "policy":
+        from models.policy import policy_available
+
+        if not policy_available():
+            pytest.skip("no bundled policy in this checkout")
+    scenario, exclusive = EXCLUSIVE[case]
+    node = _with_exclusive(scenario, exclusive)
+    assert {g for g, s in node.groups().items() if s.exclusive} == exclusive
+    try:
+        ctl = build(QUICK.get(name, name), node, node)
+    except Unavailable as exc:
+        assert "exclusive" in str(exc), exc
+        return
+    drive(ctl, node, node, 20, 0.1)  # an InvalidAllocation raises
+
+
 def test_a_node_without_ground_truth_is_refused_naming_what_it_lacks() -> None:
     node = Opaque(SimNode("default", 1))
     assert isinstance(node, Node) and not Need.GROUND_TRUTH.offered_by(node)
