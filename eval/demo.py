@@ -29,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--controllers",
         default=None,
-        help=f"comma-separated controller specs (default: {HEURISTICS}, plus policy when "
-        "a bundled policy exists)",
+        help=f"comma-separated controller specs (default: {HEURISTICS}, plus the bundled "
+        "policy where one exists, as policy[decide_s=1] when --interval is under a second: "
+        "it decides once a second, as it was trained)",
     )
     parser.add_argument(
         "--seconds",

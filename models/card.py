@@ -402,6 +402,7 @@ class ModelCard:
             runtime = _section(data, "runtime", where)
             evaluation = _optional_section(data, "evaluation", where)
             parity = evaluation.pop("parity", None) if evaluation is not None else None
+            version = _int(runtime["encoder_version"], "encoder_version", where)
             return cls(
                 name=str(model["name"]),
                 created=str(model["created"]),
@@ -417,8 +418,10 @@ class ModelCard:
                 evaluation=evaluation,
                 limitations=_strings(data["limitations"], "limitations", where),
                 onnx=_onnx(_section(runtime, "onnx", where, "runtime."), where),
-                encoder_version=_int(runtime["encoder_version"], "encoder_version", where),
-                features=_features(_section(runtime, "features", where, "runtime."), where),
+                encoder_version=version,
+                features=_features(
+                    _section(runtime, "features", where, "runtime."), where, version
+                ),
                 actions=_actions(_section(runtime, "actions", where, "runtime."), where),
                 masked=_bool(runtime["masked"], "runtime.masked", where),
                 normalization=_normalization(runtime.get("observation_normalization"), where),
@@ -556,8 +559,15 @@ def _onnx(onnx: dict[str, Any], where: str) -> dict[str, Any]:
     return onnx
 
 
-def _features(features: dict[str, Any], where: str) -> dict[str, Any]:
+def _features(features: dict[str, Any], where: str, version: int) -> dict[str, Any]:
     _int(features.get("max_groups"), "runtime.features.max_groups", where, 1, MAX_GROUP_SLOTS)
+    # the encoder is built from runtime.encoder_version: another version here means a card
+    # edited or written by hand, whose features the policy was not trained on
+    if "encoder_version" in features and features["encoder_version"] != version:
+        raise PolicyError(
+            f"{where}: runtime.features.encoder_version {_shown(features['encoder_version'])} "
+            f"is not runtime.encoder_version {version}"
+        )
     if "names" in features:
         _strings(features["names"], "runtime.features.names", where)
     return features

@@ -84,7 +84,19 @@ def missing_message() -> str:
 
 
 def main(argv: list[str]) -> int:
-    if "--check" in argv:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m proto.build",
+        description="Generate the gRPC/protobuf stubs next to proto/rdtune/v1/*.proto, when "
+        "missing or older than their .proto.",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="only say whether they are up to date (exit 1: not)"
+    )
+    parser.add_argument("--force", action="store_true", help="generate them even when up to date")
+    args = parser.parse_args(argv)
+    if args.check:
         old = stale()
         if old:
             names = ", ".join(p.name for p in old)
@@ -92,7 +104,7 @@ def main(argv: list[str]) -> int:
             return 1
         print("proto: stubs up to date")
         return 0
-    outs = build(force="--force" in argv)
+    outs = build(force=args.force)
     print(f"proto: generated {len(outs)} file(s)" if outs else "proto: stubs up to date")
     return 0
 

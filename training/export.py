@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint",
         default="best_model.zip",
         choices=CHECKPOINTS,
-        help="checkpoint in the run directory (default: best_model.zip; model.zip = last)",
+        help="checkpoint in the run directory (default: best_model.zip, the one the run's "
+        "eval.select chose; model.zip = the last)",
     )
     parser.add_argument(
         "--evaluate",

@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kernel",
         metavar="VERSION",
         help="emulate this kernel version's resctrl (e.g. 6.1, 6.15) instead of the preset's: "
-        "schemata padding and line order, tasks parsing",
+        "schemata padding and line order, tasks parsing (one pid, or a list from 6.7), "
+        "monitoring groups renamed across control groups (from 6.5), info/L3/sparse_masks "
+        "(from 6.7); docs/EMULATOR.md lists each",
     )
     topo = parser.add_mutually_exclusive_group()
     topo.add_argument(

@@ -115,8 +115,8 @@ PRESETS: dict[str, Preset] = {
         _INTEL,
         Preset(
             name="gold-6130",
-            description="Xeon Gold 6130 (CoPart): 11-way 22 MB L3, 16 CLOSIDs, MBA 10-100 step 10; "
-            "kernel 6.15",
+            description="Xeon Gold 6130 (CoPart): 11-way 22 MB L3, 16 CLOSIDs (MB: 8), "
+            "MBA 10-100 step 10; kernel 6.15",
             model_name="Intel(R) Xeon(R) Gold 6130 CPU @ 2.10GHz (emulated)",
             cbm_mask=0x7FF,
             num_rmids=176,

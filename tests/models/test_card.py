@@ -66,6 +66,10 @@ def test_the_bundled_card_is_current_and_matches_its_onnx_file() -> None:
         (lambda d: d.update(format="rdtune-policy-card/9"), "format 'rdtune-policy-card/9'"),
         (lambda d: d.pop("limitations"), "has no 'limitations'"),
         (lambda d: d["runtime"].update(encoder_version="1"), "encoder_version is not an integer"),
+        (  # read by nothing before: a card edited by hand was accepted
+            lambda d: d["runtime"]["features"].update(encoder_version=4),
+            r"runtime.features.encoder_version 4 is not runtime.encoder_version \d",
+        ),
         (lambda d: d["training_data"]["trained_on"].update(colour=1), "unknown trained-on keys"),
     ],
 )

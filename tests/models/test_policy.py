@@ -90,7 +90,13 @@ def test_loads_from_the_onnx_path_and_the_card(tiny_export):
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"runtime.encoder_version": ENCODER_VERSION + 1}, "feature encoder version"),
+        (  # a card of a later version, as its export writes it
+            {
+                "runtime.encoder_version": ENCODER_VERSION + 1,
+                "runtime.features.encoder_version": ENCODER_VERSION + 1,
+            },
+            "feature encoder version",
+        ),
         ({"runtime.actions.kind": "per-group-moves"}, "action design"),
         ({"runtime.features.names": ["x"]}, "feature layout"),
         ({"format": "something/9"}, "model card format"),
