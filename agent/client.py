@@ -143,6 +143,19 @@ _WRONG_PEERS = (
 )
 
 
+def _rate_limit_wait(exc: Exception) -> float | None:
+    """The seconds the agent's rate limit asks before the request is sent again, when
+    ``exc`` is that refusal; else None."""
+    if not (isinstance(exc, RemoteError) and exc.code == "RESOURCE_EXHAUSTED"):
+        return None
+    facts = exc.details()
+    try:
+        wait = float(facts.get("retry_after_s", "nan"))
+    except ValueError:
+        return None
+    return wait if facts.get("resource") == "rate_limit" and wait >= 0 else None
+
+
 def _wrong_peer(err: grpc.RpcError, address: str) -> WrongPeer | None:
     """The error of a call that reached something other than a gRPC server speaking this
     channel's transport, or None (an agent that is down, or any other failure)."""
@@ -257,14 +270,8 @@ class RemoteNode:
         be sent again, has been waited (it ends before ``until``, the call's deadline). A
         tuner whose start needs more requests at once than the agent's burst gets there
         paced, where starting over after each refusal would spend the burst every time."""
-        if not (isinstance(exc, RemoteError) and exc.code == "RESOURCE_EXHAUSTED"):
-            return False
-        facts = exc.details()
-        try:
-            wait = float(facts.get("retry_after_s", "nan"))
-        except ValueError:
-            return False
-        if facts.get("resource") != "rate_limit" or not 0 <= wait < until - time.monotonic():
+        wait = _rate_limit_wait(exc)
+        if wait is None or not wait < until - time.monotonic():
             return False
         now = time.monotonic()
         if now >= self._rate_limit_said + 60:
