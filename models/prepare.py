@@ -96,8 +96,10 @@ def prepare_static(setup: Setup, options: Options) -> Options:
         return {"lc_group": lc, **options}
     sweep_options = {**STATIC_SWEEP, **settings, **options}
     checked = inspect.signature(static.check_sweep).parameters
+    sweep = inspect.signature(static.calibrate).parameters  # the defaults a sweep takes
+    given = {k: sweep_options.get(k, sweep[k].default) for k in checked}
     try:
-        static.check_sweep(**{k: v for k, v in sweep_options.items() if k in checked})
+        static.check_sweep(**given)
     except (TypeError, ValueError) as exc:
         raise ControllerError(f"the static sweep: {exc}") from None
     with setup.calibration("lc_group and ways") as (node, clock):

@@ -142,11 +142,7 @@ def _wait(clock: Clock | None, seconds: float) -> None:
 
 
 def check_sweep(
-    measure_s: float = 5.0,
-    warmup_s: float = 0.3,
-    tolerance: float = DEFAULT_TOLERANCE,
-    abs_tolerance_ms: float = 0.0,
-    slack: int = 1,
+    *, measure_s: float, warmup_s: float, tolerance: float, abs_tolerance_ms: float, slack: int
 ) -> None:
     """ValueError for sweep settings out of range (:func:`calibrate`'s keywords), before
     a sweep runs rather than after it."""
@@ -184,7 +180,13 @@ def calibrate(
     spec = groups[lc_group]
     if spec.kind is not GroupKind.LC or spec.slo is None:
         raise ValueError(f"group {lc_group!r} is not an LC group with an SLO")
-    check_sweep(measure_s, warmup_s, tolerance, abs_tolerance_ms, slack)
+    check_sweep(
+        measure_s=measure_s,
+        warmup_s=warmup_s,
+        tolerance=tolerance,
+        abs_tolerance_ms=abs_tolerance_ms,
+        slack=slack,
+    )
     caps = node.capabilities()
     if caps.l3 is None:
         raise ValueError("node has no L3 allocation to sweep")
