@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.argtypes import non_negative_int
+from agent.argtypes import non_negative_int, positive_float, positive_int
 
 ENV_KW = {"episode_steps": 32, "interval_s": 1.0, "share_levels": 5, "mba_levels": 4}
 PPO_KW = {
@@ -161,12 +161,30 @@ def compare(
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", default="default")
-    parser.add_argument("--steps", type=int, default=30000)
-    parser.add_argument("--seed", type=non_negative_int, default=0)
-    parser.add_argument("--trace-seconds", type=float, default=120.0)
-    parser.add_argument("--episodes", type=int, default=8)
-    parser.add_argument("--out", default="runs/trace_compare")
+    parser.add_argument(
+        "--scenario", default="default",
+        help="the simulator scenario both sides learn (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--steps", type=positive_int, default=30000,
+        help="PPO steps of each policy (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seed", type=non_negative_int, default=0,
+        help="seed of both trainings and the evaluation's episodes (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trace-seconds", type=positive_float, default=120.0,
+        help="simulated seconds of the exploration trace recorded (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--episodes", type=positive_int, default=8,
+        help="held-out simulator episodes each policy is evaluated on (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", default="runs/trace_compare",
+        help="directory of the trace, both runs and result.json (default: %(default)s)",
+    )  # fmt: skip
     parser.add_argument(
         "--part", choices=("all", "trace", "sim", "eval"), default="all",
         help="run one part (trace and sim can run as two processes, then eval)",
