@@ -149,6 +149,7 @@ class TraceNode(StepByParts):
             float(self._rng.uniform(0.0, self.replay.duration_s)) if self.random_start else 0.0
         )
         self._t = 0.0
+        self._phase = 0.0  # how far into a recorded interval the occupancy state is
         self._last_obs = 0.0
         # New groups start on a contiguous run unless the recorded CPU takes sparse masks:
         # a mask the recorded machine would refuse must not appear in a replayed allocation.
@@ -254,13 +255,24 @@ class TraceNode(StepByParts):
         )
 
     def _step(self, h: float) -> None:
-        # The occupancy state moves in the recording's steps (its transition was fitted on
-        # them), so a coarser model step runs as several recorded-size steps.
-        k = max(1, round(h / self.dynamics.interval_s))
-        for _ in range(k):
-            self._substep(h / k)
+        # The occupancy state moves one recorded interval per transition (it was fitted on
+        # them), so transitions happen at the recording's rate whatever the model step: a
+        # step is cut where a recorded interval ends, and a step that ends inside one
+        # carries the part it covered over to the next.
+        rec = self.dynamics.interval_s
+        left = h
+        while left > 1e-12 * max(h, 1.0):
+            to_boundary = (1.0 - self._phase) * rec
+            piece = min(left, to_boundary)
+            ends = piece >= to_boundary * (1.0 - 1e-9)
+            self._phase = 0.0 if ends else self._phase + piece / rec
+            self._substep(piece, ends)
+            left -= piece
 
-    def _substep(self, h: float) -> None:
+    def _substep(self, h: float, transition: bool = True) -> None:
+        """``h`` seconds at the occupancy state held; ``transition``: a recorded interval
+        ends with them, and the state moves to its end (else the occupancy gauge moves the
+        share of the way the interval has gone, ``self._phase``)."""
         loads, active = self.replay.at(self._offset + self._t + h / 2)
         act = [w for w in self._workloads if w in active]
         allocs = {w: self._workload_alloc(w) for w in self._workloads}
@@ -291,9 +303,11 @@ class TraceNode(StepByParts):
         for w in self._workloads:
             p = pred.get(w)
             if p is None:
-                self._occ[w] *= 0.5  # an idle workload's lines get evicted
+                # an idle workload's lines get evicted: half of them per recorded interval
+                decay = 0.5 ** (h / self.dynamics.interval_s)
+                self._occ[w] *= decay
                 if w in self._state:
-                    self._state[w] *= 0.5
+                    self._state[w] *= decay
                 continue
             d = self.dynamics.groups[w]
             z = self._noise(d)
@@ -307,8 +321,14 @@ class TraceNode(StepByParts):
                     p.bw_bps * z["bw"],
                 ]
             )
-            self._occ[w] = p.occupancy_bytes
-            self._state[w] = p.occupancy_share
+            if transition:
+                self._state[w] = p.occupancy_share
+            if transition or not d.state:
+                self._occ[w] = p.occupancy_bytes
+            else:
+                start = self._state.get(w, p.occupancy_share)
+                share = start + (p.occupancy_share - start) * self._phase
+                self._occ[w] = share * self.dynamics.cache_bytes
             if len(p.latency_ms) == len(LATENCY_KEYS) and loads.get(w, 0.0) > 0:
                 n = loads[w] * h
                 self._lat[w] += np.array([n, *(n * p.latency_ms[k] * z[k] for k in LATENCY_KEYS)])

@@ -188,3 +188,51 @@ def test_a_new_group_starts_on_a_contiguous_run_around_exclusive_ways(dynamics, 
     for domain in l3.domains:
         mask = node.allocation().get("fresh", domain).l3_mask
         assert is_contiguous(mask) and mask & middle == 0, bin(mask)
+
+
+def _fill(node: TraceNode, every: float, observations: int) -> list[float]:
+    """water_nsquared's occupancy after its mask grows from 1 way to 8, every ``every`` s."""
+    from agent.types import AllocationPlan, GroupAllocation, contiguous_mask
+
+    caps = node.capabilities()
+    small = {"water_nsquared": 1, "memcached": 4, "ocean_cp": 3, "swaptions": 3}
+    big = {"water_nsquared": 8, "memcached": 1, "ocean_cp": 1, "swaptions": 1}
+    for ways, settle in ((small, 5.0), (big, 0.0)):
+        offset, per_group = 0, {}
+        for g, k in ways.items():
+            per_group[g] = GroupAllocation(l3_mask=contiguous_mask(k, offset))
+            offset += k
+        node.apply(AllocationPlan.uniform(per_group, caps.domains))
+        node.advance(settle)
+        node.observe()
+    out = []
+    for _ in range(observations):
+        node.advance(every)
+        out.append(node.observe().groups["water_nsquared"].llc_occupancy_bytes)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("recorded_s", "step_s", "every_s"),
+    [(0.1, 0.05, 0.1), (0.1, 0.03, 0.1), (0.5, 0.1, 0.5), (0.5, 0.3, 0.5), (0.5, 0.7, 0.7)],
+)
+def test_occupancy_moves_at_the_recordings_rate_whatever_the_model_step(
+    dynamics, replay, recorded_s: float, step_s: float, every_s: float
+) -> None:
+    """The occupancy state makes one fitted transition per recorded interval: a model step
+    shorter than the recording's, or not a whole multiple of it, fills the cache as a step
+    of the recording's interval does, observed at the same times (the old rounding of
+    steps to transitions filled it up to 2x as fast)."""
+    from dataclasses import replace
+
+    # as if recorded at recorded_s, under a constant load: only the rate of the state differs
+    dyn = replace(dynamics, interval_s=recorded_s)
+    steady = Replay(
+        replay.times,
+        {g: np.full_like(v, v.mean()) for g, v in replay.load.items()},
+        {g: np.ones_like(v) for g, v in replay.active.items()},
+    )
+    want = _fill(TraceNode(dyn, steady, noise=False, interval_s=recorded_s), every_s, 6)
+    got = _fill(TraceNode(dyn, steady, noise=False, interval_s=step_s), every_s, 6)
+    assert want[0] < 0.95 * want[-1], "the fill must take more than one observation"
+    assert np.allclose(got, want, rtol=0.01), (np.array(got) / 2**20, np.array(want) / 2**20)
