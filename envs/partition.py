@@ -35,7 +35,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from agent.node import Node, as_clock
+from agent.node import Node, as_clock, scenario_name
 from agent.types import Allocation, GroupKind, NodeCapabilities, Snapshot
 from envs.reward import (
     RewardTerms,
@@ -617,7 +617,8 @@ class NodePartitionEnv(_PartitionEnv):
         self._clock = as_clock(self.node) if self.use_clock else None
         if self._clock is not None:
             self._clock.reset(self.scenario, seed=int(self.np_random.integers(2**31 - 1)))
-        self._scenario_name = self.scenario or (self.address or type(self.node).__name__)
+        named = scenario_name(self._clock) if self._clock is not None else None
+        self._scenario_name = self.scenario or named or self.address or type(self.node).__name__
         self._running.reset()
 
     def _wait(self) -> None:

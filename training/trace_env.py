@@ -43,26 +43,47 @@ def _fitted(path: str) -> tuple[Dynamics, Replay, float]:
 
 
 class TraceNodes:
-    """A TraceNode per trace; ``reset`` picks one by seed (a family of recorded mixes)."""
+    """A TraceNode per trace; ``reset`` picks one by seed (a family of recorded mixes).
+    Each is named by its file's stem (``names``): traces of one scenario are told apart."""
 
     def __init__(
         self, paths: Sequence[str], noise: bool = True, step_s: float | None = None
     ) -> None:
+        from envs.partition import MIN_SIM_STEP_S, _flag, _positive
+
         if not paths:
             raise ValueError("TracePartition-v0 needs at least one trace file (traces=[...])")
+        noise = _flag("noise", noise)
+        if step_s is not None:
+            # the node's cost grows as its step shrinks, as the simulator's does
+            step_s = _positive("trace_step_s", step_s, at_least=MIN_SIM_STEP_S)
         self.nodes = []
+        self.names = []
         for p in paths:
             dyn, replay, interval = _fitted(str(p))
+            step = interval if step_s is None else step_s
             self.nodes.append(
-                TraceNode(
-                    dyn, replay, interval_s=step_s or interval, noise=noise, random_start=True
-                )
+                TraceNode(dyn, replay, interval_s=step, noise=noise, random_start=True)
             )
-        self.current = self.nodes[0]
+            self.names.append(Path(p).stem)
+        self.index = 0
+
+    @property
+    def current(self) -> TraceNode:
+        return self.nodes[self.index]
+
+    @property
+    def current_name(self) -> str:
+        return self.names[self.index]
 
     def reset(self, scenario: object | None = None, seed: int | None = None) -> None:
+        if scenario is not None:
+            raise ValueError(
+                f"TracePartition-v0 replays its traces' own mixes; it cannot reset to "
+                f"scenario {scenario!r} (pick traces with traces=[...])"
+            )
         if seed is not None:
-            self.current = self.nodes[int(np.random.default_rng(seed).integers(len(self.nodes)))]
+            self.index = int(np.random.default_rng(seed).integers(len(self.nodes)))
         self.current.reset(None, seed)
 
     def now(self) -> float:
@@ -79,10 +100,16 @@ def make_trace_env(
     **env_kwargs: Any,
 ):
     """``NodePartitionEnv`` over trace-driven nodes fitted from ``traces``; the node's model
-    step is ``trace_step_s`` (None: the trace's interval). Groups with an occupancy model
-    still move their state in the recording's interval within a step."""
+    step is ``trace_step_s`` (None: the trace's interval; at least 1 ms). Groups with an
+    occupancy model still move their state one fitted transition per recorded interval.
+    ``info["scenario"]`` names the trace an episode replays (its file's stem)."""
     from envs.partition import NodePartitionEnv
 
+    if "scenario" in env_kwargs:
+        raise ValueError(
+            "TracePartition-v0 replays its traces' own mixes and takes no scenario "
+            f"(got scenario={env_kwargs['scenario']!r}); pick traces with traces=[...]"
+        )
     paths = [traces] if isinstance(traces, str | os.PathLike) else list(traces)
     env_kwargs.setdefault("reference", "running_max")
     return NodePartitionEnv(
@@ -125,6 +152,10 @@ class TraceDrivenNode:
 
     def close(self) -> None:
         pass
+
+    def scenario_name(self) -> str:
+        """The trace being replayed (its file's stem): what agent.node.scenario_name reads."""
+        return self._nodes.current_name
 
     def now(self) -> float:
         return self._nodes.now()

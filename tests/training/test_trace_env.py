@@ -104,3 +104,54 @@ def test_a_missing_trace_is_a_trace_error_naming_it(tmp_path) -> None:
     with pytest.raises(TraceError) as err:
         gym.make(ENV_ID, traces=[str(missing)], episode_steps=4)
     assert str(err.value) == f"trace {missing}: no such file"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"noise": "false"}, "noise must be true or false"),
+        ({"noise": 0}, "noise must be true or false"),
+        ({"trace_step_s": 0}, "trace_step_s must be a positive number"),
+        ({"trace_step_s": -0.0}, "trace_step_s must be a positive number"),
+        ({"trace_step_s": float("nan")}, "trace_step_s must be a positive number"),
+        ({"trace_step_s": True}, "trace_step_s must be a positive number"),
+        ({"trace_step_s": 1e-4}, "trace_step_s must be at least 0.001 s"),
+        ({"scenario": "copart_h_llc"}, "takes no scenario"),
+    ],
+)
+def test_settings_partition_v0_refuses_are_refused(trace_path, kwargs, problem) -> None:
+    """A string noise flag would be truthy, a zero step fell back to the trace's interval,
+    a tiny one ran for minutes per reset, and a scenario was ignored but reported."""
+    with pytest.raises(ValueError, match=problem):
+        gym.make(ENV_ID, traces=[trace_path], episode_steps=2, **kwargs)
+
+
+def test_resetting_the_trace_family_to_a_scenario_is_refused(trace_path) -> None:
+    from training.trace_env import TraceNodes
+
+    with pytest.raises(ValueError, match="cannot reset to scenario 'default'"):
+        TraceNodes([trace_path]).reset("default", seed=0)
+
+
+def test_info_and_recorded_episodes_name_the_trace_replayed(
+    trace_path, heldout_trace, tmp_path
+) -> None:
+    """Each episode's info, and its recorded file, name the trace its reset picked (the
+    file's stem): the two recordings here are of one scenario and last 90 s and 20 s."""
+    import shutil
+
+    short = tmp_path / "short.parquet"
+    shutil.copy(heldout_trace, short)
+    base = gym.make(ENV_ID, traces=[trace_path, str(short)], episode_steps=1)
+    env = RecordTrace(base, episode_writers(tmp_path / "eps"))
+    seen = {}
+    for seed in range(8):
+        _obs, info = env.reset(seed=seed)
+        replayed = base.unwrapped.node._nodes.current.replay.duration_s
+        seen[info["scenario"]] = round(replayed)
+        assert env.step(env.action_space.sample())[4]["scenario"] == info["scenario"]
+    env.close()
+    stem = trace_path.rsplit("/", 1)[-1].removesuffix(".parquet")
+    assert seen == {stem: 90, "short": 20}
+    recorded = {load_trace(f).scenario["name"] for f in (tmp_path / "eps").glob("*.parquet")}
+    assert recorded == {stem, "short"}
