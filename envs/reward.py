@@ -18,7 +18,10 @@ a cost for changing allocations.
   [0, 1]; each moved way must be warmed up again), MBA churn the mean absolute change of
   the MB fraction.
 
-Slowdown = reference IPS / observed IPS (instructions per second of the interval). The
+Slowdown = reference IPS / observed IPS (instructions per second of the interval), at
+most 1000: a batch group that ran (counted cycles) at no IPS at all has that worst
+slowdown, while groups whose IPS was not measured or that did not run in the interval (no
+cycles: not arrived yet, departed, idle in a trace) are left out of both batch terms. The
 reference is a batch group's IPS at full resources alone. Two sources:
 :func:`solo_reference_ips` uses the simulator's ground truth (Partition-v0's default);
 :class:`RunningMaxReference` keeps the highest IPS seen per group (works on a real node,
@@ -136,6 +139,19 @@ class RewardTerms:
         }
 
 
+def ran(instructions: float | None, cycles: float | None) -> bool:
+    """Whether a group ran in the interval: it counted cycles (a starved job still spends
+    them stalled), or, where cycles are not counted, instructions."""
+    if cycles is not None and cycles == cycles:
+        return cycles > 0
+    return instructions is not None and instructions > 0
+
+
+def ran_arrays(instructions: np.ndarray, cycles: np.ndarray) -> np.ndarray:
+    """:func:`ran` on arrays (NaN: not counted)."""
+    return np.where(np.isnan(cycles), instructions > 0, cycles > 0)
+
+
 def observed_ips(snapshot: Snapshot) -> dict[str, float]:
     """Instructions per second of each group in the interval (groups without the counter
     are left out)."""
@@ -221,7 +237,8 @@ def reward_arrays(
         is_batch: (N, C) batch groups.
         latency_count, latency_ms: (N, C), (N, C, 4) the interval's requests and
             percentiles (NaN count: no latency statistics).
-        ips: (N, C) instructions per second of the interval (NaN: not measured).
+        ips: (N, C) instructions per second of the interval (NaN: not measured, or the
+            group did not run: :func:`ran_arrays`).
         reference_ips: (N, C) each batch group's reference (NaN or 0: none).
         before, after: (capacity mask (N, C') int, MB value (N, C') NaN: none, held (N, C')
             bool) of the allocations before and after the interval's apply (columns C'
@@ -439,14 +456,12 @@ class StepReward:
             else:
                 count[j] = x.count
                 lat[j] = (x.p50_ms, x.p95_ms, x.p99_ms, x.p999_ms)
-            if ips is not None:
+            if s is None or not ran(s.instructions, s.cycles):
+                v = None
+            elif ips is not None:
                 v = ips.get(name)
             else:  # observed_ips(snapshot)[name], without building the dict
-                v = (
-                    s.instructions / dt
-                    if dt > 0 and s is not None and s.instructions is not None
-                    else None
-                )
+                v = s.instructions / dt if dt > 0 and s.instructions is not None else None
             got[j] = nan if v is None else v
             r = reference_ips.get(name)
             ref[j] = nan if r is None else r

@@ -8,10 +8,11 @@ the size: 200-400 us of a single environment's step (N = 1), more than the rest 
 env's own work together (docs/BENCHMARKS.md, "Environments"). As loops it costs what its
 arithmetic costs at either size.
 
-The operations are numpy's (a NaN count or IPS is "not measured", ``np.minimum`` and
-``np.maximum`` as the array code used them); sums run along a node's groups in column
-order, where numpy's pairwise sum may group eight or more columns otherwise, so the
-numbers agree with the array code's to rounding (tests/envs/test_reward_kernel.py).
+The operations are numpy's (a NaN count is "not measured", a NaN IPS "not measured or not
+running", ``np.minimum`` and ``np.maximum`` as the array code used them); sums run along
+a node's groups in column order, where numpy's pairwise sum may group eight or more
+columns otherwise, so the numbers agree with the array code's to rounding
+(tests/envs/test_reward_kernel.py).
 Compiled with numba where it is installed (agent/compiled.py), plain Python loops where
 it is not.
 """
@@ -28,6 +29,9 @@ SLO, FAIRNESS, THROUGHPUT, CHANGE, TOTAL, WORST, UNFAIRNESS, PROGRESS, CHURN = r
 ROWS = 9
 # The weights array's order (envs/reward.py's RewardWeights fields, _weights_array).
 W_SLO, W_FAIRNESS, W_THROUGHPUT, W_CHANGE, W_SLO_CAP, W_MBA_SHARE = range(6)
+# A slowdown beyond it changes no term any more (progress 1e-3, unfairness as good as its
+# bound), so a job starved to 0 IPS is as bad as the slowest and no better.
+MAX_SLOWDOWN = 1e3
 
 
 @jit
@@ -145,10 +149,14 @@ def _batch_terms(b, is_batch, ips, reference_ips):
 
 @jit
 def _slowdown(b, c, is_batch, ips, reference_ips):
-    """Batch group ``c``'s slowdown (reference IPS over observed, at least 1e-6), 0 where
-    it has none: not a batch group, no reference (NaN or 0), no positive IPS measured."""
+    """Batch group ``c``'s slowdown (reference IPS over observed, in [1e-6, MAX_SLOWDOWN]),
+    0 where it has none: not a batch group, no reference (NaN or 0), IPS not measured or
+    the group not running (NaN). A group running at no IPS at all has the largest: starving
+    a job must not take it out of fairness and throughput."""
     ref = reference_ips[b, c]
     got = ips[b, c]
-    if not is_batch[b, c] or ref != ref or ref == 0 or not got > 0:
+    if not is_batch[b, c] or ref != ref or ref == 0 or got != got:
         return 0.0
-    return max(ref / got, 1e-6)
+    if not got > 0:
+        return MAX_SLOWDOWN
+    return min(max(ref / got, 1e-6), MAX_SLOWDOWN)

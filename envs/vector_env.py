@@ -55,7 +55,7 @@ from envs.partition import (
     _flag,
     _positive,
 )
-from envs.reward import RewardWeights, reward_arrays
+from envs.reward import RewardWeights, ran_arrays, reward_arrays
 from envs.scenarios import ScenarioFamily
 from models.actions import ActionDecoder, Decoded, DecodeLayout, check_levels, decode_arrays
 from models.allocation import mb_scale
@@ -253,7 +253,9 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
                 is_batch=self._is_batch,
                 latency_count=readings.latency_count,
                 latency_ms=readings.latency_ms,
-                ips=ips,
+                ips=np.where(
+                    ran_arrays(readings.counters[..., 0], readings.counters[..., 1]), ips, np.nan
+                ),
                 reference_ips=self._ref,
                 before=before,
                 after=after,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -156,6 +157,34 @@ def test_batch_groups_without_instructions_are_not_judged() -> None:
     assert t.unfairness == 0 and t.throughput == pytest.approx(0.5)
 
 
+def test_a_batch_job_starved_to_no_ips_is_the_worst_slowdown_not_left_out() -> None:
+    """Slowing job b down lowers the reward all the way to 0 IPS: a job that ran (counted
+    cycles) but retired nothing was left out of fairness and throughput, which scored full
+    starvation above every partial one."""
+    totals = [_reward(_snap(ips_a=1.8e9, ips_b=f * 2e9)).total for f in (0.5, 0.3, 1e-2, 0)]
+    assert all(b < a for a, b in itertools.pairwise(totals)), totals
+    starved = _reward(_snap(ips_a=1.8e9, ips_b=0.0))
+    # as bad as a thousandfold slowdown, beyond which the terms no longer move
+    assert starved == _reward(_snap(ips_a=1.8e9, ips_b=2e6))
+    assert starved.mean_progress == pytest.approx((0.9 + 1e-3) / 2)
+
+
+@pytest.mark.parametrize(
+    "b",
+    [
+        GroupSample(instructions=0.0, cycles=0.0),  # not arrived, departed, idle in a trace
+        GroupSample(instructions=0.0),  # no cycles counter, no instructions
+        GroupSample(cycles=2e9),  # no instructions counter
+        None,  # not in the snapshot
+    ],
+    ids=["no-cycles", "no-cycle-counter", "no-instruction-counter", "absent"],
+)
+def test_a_batch_group_that_did_not_run_or_was_not_measured_is_left_out(b) -> None:
+    groups = {"a": GroupSample(instructions=1e9, cycles=2e9)} | ({"b": b} if b else {})
+    t = compute_reward(Snapshot(1.0, 1.0, groups), GROUPS, REF, CAPS, None, HELD, W)
+    assert t.unfairness == 0 and t.mean_progress == pytest.approx(0.5)
+
+
 # ------------------------------------------------------------------ on the simulator
 
 
@@ -176,3 +205,13 @@ def test_starving_the_lc_services_violates_their_slos_in_the_simulator() -> None
     assert generous["violations"] == 0
     assert starved["violations"] >= 1 and starved["slo"] < generous["slo"]
     assert starved["total"] < generous["total"]
+
+
+def test_the_vector_envs_rule_of_who_ran_is_the_single_envs() -> None:
+    from envs.reward import ran, ran_arrays
+
+    cases = [(i, c) for i in (None, 0.0, 1e9) for c in (None, 0.0, 2e9)]
+    instructions = np.array([np.nan if i is None else i for i, _ in cases])
+    cycles = np.array([np.nan if c is None else c for _, c in cases])
+    assert ran_arrays(instructions, cycles).tolist() == [ran(i, c) for i, c in cases]
+    assert [ran(i, c) for i, c in cases] == [False, False, True] * 2 + [True, False, True]

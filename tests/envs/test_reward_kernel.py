@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from envs.reward import RewardWeights, churn_arrays, reward_arrays
+from envs.reward_kernel import MAX_SLOWDOWN
 from tests.uncompiled import run_json
 
 
@@ -29,8 +30,9 @@ def _numpy_reward(w: RewardWeights, a: dict) -> dict[str, np.ndarray]:
         worst = np.where(known.any(axis=1), top, np.nan)
         ref = np.nan_to_num(a["reference_ips"], nan=0.0)
         ips = a["ips"]
-        ok = a["is_batch"] & (ref != 0) & (ips > 0)
-        slow = np.where(ok, np.maximum(ref / ips, 1e-6), np.nan)
+        ok = a["is_batch"] & (ref != 0) & ~np.isnan(ips)
+        slow = np.where(ips > 0, np.clip(ref / ips, 1e-6, MAX_SLOWDOWN), MAX_SLOWDOWN)
+        slow = np.where(ok, slow, np.nan)
         n = ok.sum(axis=1)
         mean = np.where(n > 0, np.where(ok, slow, 0.0).sum(axis=1) / np.maximum(n, 1), np.nan)
         var = np.where(ok, (slow - mean[:, None]) ** 2, 0.0).sum(axis=1) / np.maximum(n, 1)
@@ -70,14 +72,14 @@ def _numpy_reward(w: RewardWeights, a: dict) -> dict[str, np.ndarray]:
 def _inputs(rng: np.random.Generator, N: int, C: int) -> dict:
     """N nodes' intervals over C groups, with every case the rule distinguishes: no LC
     group or SLO, no requests, NaN and infinite tails, targets met and missed, no or a
-    zero reference, no or a zero IPS, groups held on one side only, no CAT or MBA, MB
+    zero reference, no, a zero or a tiny IPS, groups held on one side only, no CAT or MBA, MB
     values above the node's scale (AMD's "unlimited")."""
     slo_pct = np.where(rng.random((N, C)) < 0.5, rng.integers(0, 4, (N, C)), -1)
     lat = rng.uniform(0.1, 4.0, (N, C, 4))
     lat[rng.random((N, C, 4)) < 0.1] = np.nan
     lat[rng.random((N, C, 4)) < 0.05] = np.inf
     count = rng.choice([np.nan, 0.0, 5.0, 300.0], (N, C))
-    ips = rng.choice([np.nan, 0.0, 1e9, 2e9, 3.5e9], (N, C))
+    ips = rng.choice([np.nan, 0.0, 1e5, 1e9, 2e9, 3.5e9], (N, C))
     ref = rng.choice([np.nan, 0.0, 2e9, 4e9], (N, C))
     ways = rng.choice([0, 11, 20], N)
 

@@ -10,10 +10,13 @@ import pytest
 from agent.node import Clock, Node, as_clock
 from agent.sim import SimNode
 from agent.sim.catalog import default_catalog
+from envs.reward import RewardWeights
 from models import catalogue
 from models.controller import drive
 from tests.agent.contract import NodeContract, NodeHarness
 from training.trace_node import Replay, TraceNode
+
+W = RewardWeights()
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +239,24 @@ def test_occupancy_moves_at_the_recordings_rate_whatever_the_model_step(
     got = _fill(TraceNode(dyn, steady, noise=False, interval_s=step_s), every_s, 6)
     assert want[0] < 0.95 * want[-1], "the fill must take more than one observation"
     assert np.allclose(got, want, rtol=0.01), (np.array(got) / 2**20, np.array(want) / 2**20)
+
+
+def test_a_group_idle_in_the_trace_did_not_run_so_the_reward_leaves_it_out(
+    dynamics, replay
+) -> None:
+    """The node reports an idle recorded group as 0 instructions and 0 cycles: the reward
+    leaves it out, where a batch job running at 0 IPS counts as the worst slowdown."""
+    from envs.reward import compute_reward
+
+    idle = "swaptions"
+    active = {g: np.full_like(v, g != idle) for g, v in replay.active.items()}
+    node = TraceNode(dynamics, Replay(replay.times, replay.load, active), noise=False)
+    node.advance(1.0)
+    snap = node.observe()
+    assert snap.groups[idle].instructions == 0 and snap.groups[idle].cycles == 0
+    groups, caps, alloc = dict(node.groups()), node.capabilities(), node.allocation()
+    ref = {g: 2 * snap.groups[g].instructions for g in groups if g != idle}
+    terms = compute_reward(snap, groups, ref | {idle: 1e9}, caps, None, alloc, W)
+    others = {g: s for g, s in groups.items() if g != idle}
+    without = compute_reward(snap, others, ref, caps, None, alloc, W)
+    assert terms.as_dict() == without.as_dict() and terms.mean_progress == pytest.approx(0.5)
