@@ -272,7 +272,7 @@ class _PartitionEnv(gym.Env):
             "ways": decoded.ways,
             "masks": decoded.masks,
             "mb": decoded.mb,
-            "slots": self._slots,
+            "slots": list(self._slots),  # the caller's to keep or change, as reset's
             "scenario": self._scenario_name,
             "time_s": snap.timestamp,
         }

@@ -287,7 +287,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             infos["_final_obs"] = truncated.copy()
             # the ended episodes' names, before _start gives those envs new ones
             values["scenario"] = np.array(self.scenario_names, dtype=object)
-            values["slots"] = self._slot_names.copy()
+            values["slots"] = self._slot_lists()
             infos["final_info"] = _masked(values, truncated)
             infos["_final_info"] = truncated.copy()
             self._start(done, self.baseline)
@@ -302,9 +302,17 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             infos.update(self._reset_info(restarted))
         # every env's info names its scenario and slots, a step's and a reset's alike
         infos["scenario"] = np.array(self.scenario_names, dtype=object)
-        infos["slots"] = self._slot_names.copy()
+        infos["slots"] = self._slot_lists()
         infos["_scenario"] = infos["_slots"] = np.ones(N, dtype=bool)
         return self._obs.copy(), rewards, terminated, truncated, infos
+
+    def _slot_lists(self) -> np.ndarray:
+        """Each env's group names in slot order, as new lists: an info's are the caller's to
+        change (an array's copy would share the env's lists)."""
+        out = np.empty(self.num_envs, dtype=object)
+        for i, names in enumerate(self._slot_names):
+            out[i] = list(names)
+        return out
 
     def _reset_info(self, rows: np.ndarray) -> dict[str, Any]:
         """Partition-v0's reset info of the envs ``rows`` (a mask) marks, with its masks:
@@ -313,7 +321,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         N = self.num_envs
         values = {
             "scenario": np.array(self.scenario_names, dtype=object),
-            "slots": self._slot_names.copy(),
+            "slots": self._slot_lists(),
             "encoder_version": np.full(N, self.encoder.version),
             "action_mask": self.action_masks(),
         }

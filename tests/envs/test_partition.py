@@ -24,6 +24,7 @@ from envs.scenarios import (
     spec_key,
     split_of,
 )
+from tests.envs.conftest import FAST
 
 
 def test_ids_are_registered_on_import() -> None:
@@ -118,6 +119,30 @@ def test_info_reports_reward_terms_and_repairs(make_env) -> None:
         terms["slo"] + terms["fairness"] + terms["throughput"] + terms["change"]
     )
     assert isinstance(info["repairs"], tuple)
+
+
+@pytest.mark.parametrize("vectorised", [False, True])
+def test_a_caller_changing_the_infos_slots_changes_nothing_of_the_env(vectorised) -> None:
+    """The slot names an info hands out are the caller's: they were the env's own list."""
+    kw = {"scenarios": ["default"], "split": "all", **FAST}
+    if vectorised:
+        mode = "vector_entry_point"
+        env = gym.make_vec(envs.PARTITION_ID, num_envs=2, vectorization_mode=mode, **kw)
+    else:
+        env = gym.make(envs.PARTITION_ID, **kw)
+
+    def slots(info: dict) -> list[str]:
+        return info["slots"][0] if vectorised else info["slots"]
+
+    want = list(slots(env.reset(seed=0)[1]))
+    for _ in range(2):
+        info = env.step(env.action_space.sample())[4]
+        assert slots(info) == want
+        slots(info).reverse()
+        slots(info).append("caller's")
+    if not vectorised:
+        assert env.unwrapped.slots == want
+    env.close()
 
 
 def test_action_masks_follow_present_groups(make_env) -> None:
