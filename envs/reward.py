@@ -12,7 +12,8 @@ a cost for changing allocations.
   standard deviation over the mean of the batch groups' slowdowns (0 with fewer than two
   running batch groups).
 - ``throughput = w_tput * mean over batch groups of 1 / slowdown`` (normalised progress,
-  in (0, 1]).
+  in [0.001, 1] against the running-max reference; against the simulator's truth, counter
+  noise can lift it a little above 1, up to about 1.01).
 - ``change = -w_change * (cache churn + mba_share * MBA churn)``: cache churn is the
   fraction of ways that changed hands (``sum popcount(old ^ new) / (2 * ways)``, in
   [0, 1]; each moved way must be warmed up again), MBA churn the mean absolute change of
@@ -60,10 +61,15 @@ from envs import reward_kernel as rk
 from models.allocation import mb_scale
 from models.features import _PCT_INDEX
 
+# Far beyond any sensible weight, and small enough that a capped term times it stays finite
+# (a weight of 1e308 turned a violation into a reward of -inf).
+MAX_WEIGHT = 1e6
+
 
 @dataclass(frozen=True)
 class RewardWeights:
-    """Weights of the reward terms (defaults and their reasons in the module docstring)."""
+    """Weights of the reward terms (defaults and their reasons in the module docstring),
+    each a number in [0, MAX_WEIGHT]."""
 
     slo: float = 4.0
     fairness: float = 1.0
@@ -74,8 +80,9 @@ class RewardWeights:
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
-            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"reward weight {k} must be a finite number >= 0, got {v!r}")
+            _weight(k, v)
+            if not (math.isfinite(v) and 0 <= v <= MAX_WEIGHT):
+                raise ValueError(f"reward weight {k} must be in [0, {MAX_WEIGHT:g}], got {v!r}")
 
     @classmethod
     def of(cls, value: RewardWeights | Mapping[str, float] | None) -> RewardWeights:
@@ -90,7 +97,14 @@ class RewardWeights:
             raise ValueError(
                 f"unknown reward weights {sorted(unknown)}; have {sorted(cls.__dataclass_fields__)}"
             )
-        return cls(**{k: float(v) for k, v in value.items()})
+        return cls(**{k: float(_weight(k, v)) for k, v in value.items()})
+
+
+def _weight(name: str, value: object) -> float:
+    """``value`` when it is a number; True is one to Python (and float() makes it 1.0)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.number):
+        raise ValueError(f"reward weight {name} must be a number, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,6 +142,31 @@ def test_weights_scale_their_terms() -> None:
     assert zero.total == 0
 
 
+@pytest.mark.parametrize(
+    ("weights", "problem"),
+    [
+        ({"slo": True}, "reward weight slo must be a number, got True"),
+        ({"fairness": "1"}, "reward weight fairness must be a number, got '1'"),
+        ({"slo": 1e308}, r"reward weight slo must be in \[0, 1e\+06\], got 1e\+308"),
+        ({"change": 2e6}, r"reward weight change must be in \[0, 1e\+06\]"),
+        ({"throughput": -1.0}, r"reward weight throughput must be in \[0, 1e\+06\]"),
+        ({"slo_cap": math.nan}, r"reward weight slo_cap must be in \[0, 1e\+06\]"),
+    ],
+)
+@pytest.mark.parametrize("given_as", ["fields", "mapping"])
+def test_absurd_reward_weights_are_refused(weights, problem, given_as) -> None:
+    """A bool would be taken as 1 (float() made it 1.0), and a weight of 1e308 turned a
+    violation into a reward of -inf."""
+    with pytest.raises(ValueError, match=problem):
+        RewardWeights(**weights) if given_as == "fields" else RewardWeights.of(weights)
+
+
+def test_the_largest_reward_weights_keep_every_reward_finite() -> None:
+    huge = RewardWeights(*[1e6] * 6)
+    assert math.isfinite(_reward(_snap(p99_ms=math.inf, ips_b=0.0), weights=huge).total)
+    assert RewardWeights.of({"slo": np.int64(3)}).slo == 3.0
+
+
 def test_running_max_reference_tracks_the_best_seen() -> None:
     ref = RunningMaxReference()
     assert ref.update(observed_ips(_snap(ips_a=1e9)))["a"] == 1e9
