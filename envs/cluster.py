@@ -90,6 +90,9 @@ def _check_reachable(address: str) -> None:
             f"not a Ray address: {address!r}; give HOST:PORT (what 'ray start --head' prints), "
             "ray://HOST:PORT (a Ray Client server), local or auto"
         )
+    if not 1 <= int(port) <= 65535:
+        # the OS would take the port modulo 65536 and probe another one than named
+        raise ClusterError(f"not a Ray address: {address!r}; port {port} is not in 1..65535")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as exc:
@@ -119,12 +122,17 @@ def start_ray(
     """Start (``local``: a private instance with ``num_cpus``, default every core) or join
     (an address) a Ray cluster; joining ships ``agent``, ``envs``, ``models`` and the
     caller's ``packages``."""
+    if num_cpus is not None and (
+        not isinstance(num_cpus, int) or isinstance(num_cpus, bool) or num_cpus < 1
+    ):
+        # 0 was taken as "every core" (num_cpus or os.cpu_count())
+        raise ValueError(f"num_cpus must be a whole number >= 1 (or None), got {num_cpus!r}")
     import ray  # an optional dependency: only parallel runs need it
 
     if address == "local":
         ray.init(
             address="local",
-            num_cpus=num_cpus or os.cpu_count(),
+            num_cpus=os.cpu_count() if num_cpus is None else num_cpus,
             include_dashboard=False,
             runtime_env={"env_vars": WORKER_ENV},
             log_to_driver=False,

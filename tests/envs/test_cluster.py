@@ -25,6 +25,7 @@ from envs.cluster import (
     ClusterError,
     _check_reachable,
     _probe_ray,
+    start_ray,
 )
 
 
@@ -161,3 +162,20 @@ def test_a_real_local_rays_gcs_is_accepted(ray_local: None) -> None:
     # in this process so that its own client sends the token): Ray either way
     assert _probe_ray(gcs, *GCS_PROBE[:2]) in (None, ASKS_FOR_TOKEN)
     _check_reachable(gcs)
+
+
+@pytest.mark.parametrize("port", [0, 65536, 103771])
+@pytest.mark.parametrize("prefix", ["", "ray://"])
+def test_a_port_outside_tcps_range_is_refused_before_any_connection(prefix, port) -> None:
+    """The OS takes a port modulo 65536: 103771 reached a listener on 38235, and the error
+    named the port asked for."""
+    with pytest.raises(ClusterError, match=f"port {port} is not in 1..65535"):
+        _check_reachable(f"{prefix}127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("num_cpus", [0, -2, True, 1.5])
+@pytest.mark.parametrize("address", ["local", "127.0.0.1:1"])
+def test_start_ray_refuses_a_number_of_cpus_below_one(address, num_cpus) -> None:
+    """0 started a local instance on every core."""
+    with pytest.raises(ValueError, match=f"num_cpus must be a whole number >= 1.*{num_cpus!r}"):
+        start_ray(address, num_cpus=num_cpus)
