@@ -9,6 +9,8 @@ One step is one control interval, as in the tuner: decode the action into a plan
   from a :class:`envs.scenarios.ScenarioFamily` (train/test disjoint) and a simulator seed
   from ``self.np_random``, so trajectories are reproducible per seed. Slowdowns use the
   simulator's ground truth (solo IPS at full resources) unless ``reference="running_max"``.
+  ``reset(options={"scenario": NAME})`` runs that scenario instead, on the env's preset;
+  one of another split than the env's is refused.
 - :class:`NodePartitionEnv` (RemotePartition-v0): any Node, by default a RemoteNode at
   ``address``. When the node has a simulated clock (``agent.node.as_clock``) and
   ``use_clock`` is on, reset rewinds it (``Clock.reset``: the agent's scenario, a seed
@@ -497,7 +499,7 @@ class PartitionEnv(_PartitionEnv):
         scn = options.pop("scenario", None)
         if options:
             raise ValueError(f"unknown reset options {sorted(options)}; have baseline, scenario")
-        scenario = self.family.draw(self.np_random) if scn is None else scn
+        scenario = self.family.draw(self.np_random) if scn is None else self.family.chosen(scn)
         sim_seed = int(self.np_random.integers(2**31 - 1))
         if self.node is None:
             self.node = SimNode(scenario, sim_seed, interval_s=self.sim_step_s, noise=self.noise)

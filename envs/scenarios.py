@@ -12,9 +12,11 @@ load profile, arrival/departure, SLO; not its name) places it in the hash space,
   training (training/train.py);
 - ``train`` the rest (70%).
 
-The same mix under two names lands in the same split, and the generator rejects draws of
-the other splits, so no test or validation mix is ever trained on. Generator families can
-also be narrowed (``min_lc``, ``max_workloads``): draws outside are rejected too.
+The same mix under two names lands in the same split, the generator rejects draws of the
+other splits, and an env refuses a reset to a scenario of another split
+(:meth:`ScenarioFamily.chosen`), so no test or validation mix is ever trained on.
+Generator families can also be narrowed (``min_lc``, ``max_workloads``): draws outside are
+rejected too.
 """
 
 from __future__ import annotations
@@ -171,6 +173,20 @@ class ScenarioFamily:
     def pool(self) -> list[Scenario] | None:
         """The scenarios of a named family (None for the generator)."""
         return None if self._pool is None else list(self._pool)
+
+    def chosen(self, scenario: str | Scenario) -> Scenario:
+        """The scenario an episode is asked to run (a reset's ``scenario`` option), on this
+        family's preset, when it is in the family's split: a held-out mix is refused on a
+        train env, as the generator and the named pools leave it out."""
+        if not isinstance(scenario, str | Scenario):
+            raise TypeError(f"scenario must be a name or a Scenario, got {type(scenario)}")
+        scn = self._on_preset(get_scenario(scenario, self.catalog))
+        if self.split != "all" and self.split_of(scn) != self.split:
+            raise ValueError(
+                f"scenario {scn.name} is in the {self.split_of(scn)!r} split, not this "
+                f"env's {self.split!r}; run it on an env of that split (or split='all')"
+            )
+        return scn
 
     def _on_preset(self, scn: Scenario) -> Scenario:
         return scn if self.preset is None else scn.with_machine(self.preset)

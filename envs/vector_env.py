@@ -43,7 +43,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from agent.sim.batch import SimBatch
-from agent.sim.scenario import Scenario, get_scenario
+from agent.sim.scenario import Scenario
 from agent.sim.truth import solo_reference
 from agent.types import Allocation, AllocationPlan, GroupKind
 from envs.partition import (
@@ -407,9 +407,10 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
     # ------------------------------------------------------------------ episodes
 
     def _fitting(self, name: str | Scenario) -> Scenario:
-        """The scenario a reset's ``scenario`` option names, if the batch can hold it (it is
+        """The scenario a reset's ``scenario`` option names (as the single env's:
+        :meth:`~envs.scenarios.ScenarioFamily.chosen`), if the batch can hold it (it is
         sized for the scenario family's largest, :func:`family_bounds`)."""
-        scn = get_scenario(name, self.family.catalog)
+        scn = self.family.chosen(name)
         most, ways = family_bounds(self.family)
         has = (len(scn.workloads), self.family.catalog.machine(scn.machine).ways)
         if has[0] > most or has[1] > ways:

@@ -14,6 +14,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import envs
 from agent.sim import SimNode, random_scenario
+from agent.sim.scenario import get_scenario
 from agent.validate import PlanContext, validate_plan
 from envs.partition import NodePartitionEnv, PartitionEnv
 from envs.scenarios import (
@@ -24,6 +25,7 @@ from envs.scenarios import (
     spec_key,
     split_of,
 )
+from envs.vector_env import PartitionVectorEnv
 from tests.envs.conftest import FAST
 
 
@@ -210,6 +212,44 @@ def test_reset_options_pick_scenario_and_baseline(make_env) -> None:
     assert {held.get(g, 0).l3_mask for g in held} == {env.unwrapped.capabilities.l3.cbm_mask}
     with pytest.raises(ValueError, match="unknown reset options"):
         env.reset(options={"nope": 1})
+
+
+def _reset_to(vectorised: bool, scenario: str, **kwargs) -> tuple[str, str]:
+    """(the scenario's name, the machine it ran on) after a reset to ``scenario``."""
+    if vectorised:
+        env = PartitionVectorEnv(2, **FAST, **kwargs)
+        info = env.reset(seed=0, options={"scenario": scenario})[1]
+        ran = env.batch.presets()[0].name, info["scenario"][0]
+    else:
+        env = PartitionEnv(**FAST, **kwargs)
+        info = env.reset(seed=0, options={"scenario": scenario})[1]
+        ran = env.node.preset.name, info["scenario"]
+    env.close()
+    return ran
+
+
+@pytest.mark.parametrize("vectorised", [False, True])
+def test_the_scenario_reset_option_runs_on_the_envs_preset(vectorised) -> None:
+    """The constructor's preset is every scenario's machine, a reset's choice too."""
+    assert split_of(get_scenario("default").with_machine("e5_2683v4")) == "train"
+    assert get_scenario("default").machine != "e5_2683v4"
+    assert _reset_to(vectorised, "default", preset="e5_2683v4") == ("e5_2683v4", "default")
+
+
+@pytest.mark.parametrize("vectorised", [False, True])
+@pytest.mark.parametrize(
+    ("split", "allowed"), [("train", False), ("validation", False), ("test", True), ("all", True)]
+)
+def test_the_scenario_reset_option_keeps_to_the_envs_split(vectorised, split, allowed) -> None:
+    """A held-out mix is refused on a train (or validation) env: nothing trains or selects
+    on the test split."""
+    assert split_of(get_scenario("copart_is")) == "test"
+    if allowed:
+        assert _reset_to(vectorised, "copart_is", split=split)[1] == "copart_is"
+    else:
+        problem = f"scenario copart_is is in the 'test' split, not this env's '{split}'"
+        with pytest.raises(ValueError, match=problem):
+            _reset_to(vectorised, "copart_is", split=split)
 
 
 @pytest.mark.parametrize(
