@@ -79,8 +79,10 @@ class ScenarioFamily:
         split: ``train``, ``validation``, ``test`` or ``all``.
         preset: run every scenario on this machine preset (None: the scenario's own; the
             generator then picks a preset per draw).
-        max_groups: library scenarios with more groups are left out (explicit lists keep
-            them: the encoder then sees the first max_groups).
+        max_groups: library scenarios and generator draws with more groups are left out
+            (explicit lists keep them: the encoder then sees the first max_groups). The
+            generator's largest draws (``max_lc + max_batch``, 6 by default) are under the
+            default 8, so only a smaller ``max_groups`` rejects any.
         test_fraction, validation_fraction: shares of the hash space that are ``test``
             and ``validation`` (defaults: :data:`TEST_FRACTION`, :data:`VALIDATION_FRACTION`).
         max_lc, max_batch: the generator's mix sizes.
@@ -201,6 +203,8 @@ class ScenarioFamily:
         return split_of(scenario, self.test_fraction, self.validation_fraction)
 
     def _wanted(self, scn: Scenario) -> bool:
+        if group_count(scn) > self.max_groups:
+            return False  # groups beyond the slots would keep every way, unmanaged
         n_lc = sum(1 for w in scn.workloads if w.load is not None)
         if n_lc < self.min_lc:
             return False

@@ -22,6 +22,7 @@ from envs.scenarios import (
     TEST_FRACTION,
     VALIDATION_FRACTION,
     ScenarioFamily,
+    group_count,
     spec_key,
     split_of,
 )
@@ -362,6 +363,24 @@ def test_generator_families_can_be_narrowed() -> None:
         scn = fam.draw(rng)
         assert 1 <= sum(w.load is not None for w in scn.workloads) <= 3
         assert len(scn.workloads) <= 4
+
+
+@pytest.mark.parametrize("max_groups", [2, 4])
+def test_generator_draws_fit_the_slots(max_groups) -> None:
+    """Groups beyond max_groups would keep every way, outside the policy's control."""
+    fam = ScenarioFamily("random", "train", max_groups=max_groups)
+    rng = np.random.default_rng(0)
+    assert all(group_count(fam.draw(rng)) <= max_groups for _ in range(30))
+
+
+def test_the_default_max_groups_rejects_no_generator_draw() -> None:
+    """The generator's largest mixes fit 8 slots: the defaults draw what they drew before
+    draws were checked against max_groups (the splits' mixes are unchanged)."""
+    for split in ("train", "test"):
+        a, b = np.random.default_rng(5), np.random.default_rng(5)
+        fits = ScenarioFamily("random", split)
+        unbounded = ScenarioFamily("random", split, max_groups=10**6)
+        assert [fits.draw(a).name for _ in range(40)] == [unbounded.draw(b).name for _ in range(40)]
 
 
 def test_split_ignores_the_name() -> None:
