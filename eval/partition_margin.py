@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from agent.sim import SimNode
 from agent.sim.facts import max_load
@@ -35,6 +36,9 @@ SCENARIOS = (
     "eval/scenarios/demo.yaml",
 )
 TIERED_SCENARIOS = ("more_lc_than_closids_e5v3", "more_lc_than_closids_epyc")
+# SCENARIOS' files are named from the checkout's root and found from this module's place,
+# so the probe runs from any directory (the table shows them as named).
+ROOT = Path(__file__).resolve().parents[1]
 MB_LEVELS = (100, 70, 50, 30, 20, 10)
 LC_TIER, BATCH_TIER = "lc_tier", "batch_tier"
 
@@ -207,13 +211,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiered:
         _tiered_rows(args.scenarios or list(TIERED_SCENARIOS))
         return 0
-    args.scenarios = args.scenarios or list(SCENARIOS)
+    given = args.scenarios
+    rows = [(s, s) for s in given] or [
+        (s, str(ROOT / s) if s.endswith(".yaml") else s) for s in SCENARIOS
+    ]
     print(
         "| scenario | LC service | unpartitioned (req/s) | best static (req/s) | ways, MB | ratio |"
     )
     print("|---|---|---|---|---|---|")
-    for s in args.scenarios:
-        m = margin(s)
+    for s, located in rows:
+        m = margin(located)
         mb = "-" if m.best_mb is None else m.best_mb
         where = f"{m.best_ways}, {mb}" if m.best_ways else "none better"
         print(
