@@ -16,7 +16,9 @@ Example ``tuner.yaml`` (every key optional; see docs/DEPLOY.md)::
         pids: [1234]              # tasks to move in at start
         cgroup: /sys/fs/cgroup/system.slice/web.service   # its tasks, now and later
         cpus: [0, 1]
-      - {name: batch, kind: batch, cgroup: /sys/fs/cgroup/batch.slice}
+      - name: batch
+        kind: batch
+        cgroup: /sys/fs/cgroup/batch.slice   # a slice: the tasks of every unit below it
     guard:
       violation_intervals: 3      # K: consecutive SLO violations that switch to the fallback
       stable_intervals: 10        # intervals without violation before switching back
@@ -78,14 +80,32 @@ class GroupConfig:
         """Configured pids plus the cgroup's current members (read now); with ``threads``
         every thread of each instead: a resctrl group holds threads, and writing a
         process's pid to its ``tasks`` file moves the main thread alone."""
-        pids = list(self.pids)
-        if self.cgroup:
-            path = Path(self.cgroup) / "cgroup.procs"
+        return self.with_members(self.cgroup_pids(), threads)
+
+    def cgroup_pids(self) -> tuple[int, ...]:
+        """The processes of the cgroup and of every cgroup below it, read now. A systemd
+        slice holds none itself (its processes are in the ``.service`` and ``.scope``
+        cgroups below it, and cgroup v2 allows no processes in an inner cgroup), so
+        following a slice means following its whole subtree."""
+        if not self.cgroup:
+            return ()
+        root = Path(self.cgroup)
+        path = root / "cgroup.procs"
+        try:
+            pids = [int(x) for x in path.read_text().split()]
+        except OSError as exc:
+            raise ConfigError(f"group {self.spec.name!r}: cannot read {path}: {exc}") from exc
+        for below in _descendants(root):
             try:
-                text = path.read_text()
-            except OSError as exc:
-                raise ConfigError(f"group {self.spec.name!r}: cannot read {path}: {exc}") from exc
-            pids.extend(int(x) for x in text.split())
+                pids.extend(int(x) for x in (below / "cgroup.procs").read_text().split())
+            except OSError:  # removed since it was listed (a stopped unit): no tasks there
+                continue
+        return tuple(pids)
+
+    def with_members(self, members: tuple[int, ...], threads: bool) -> tuple[int, ...]:
+        """The configured pids plus ``members`` (as :meth:`cgroup_pids` read them), each
+        once; with ``threads`` every thread of each (see :meth:`all_pids`)."""
+        pids = [*self.pids, *members]
         if threads:
             pids = [tid for pid in pids for tid in threads_of(pid)]
         return tuple(dict.fromkeys(pids))
@@ -375,3 +395,12 @@ def load_yaml(
         TunerFile, path, env_prefix=ENV_PREFIX, environ=environ, refused=_REFUSED
     )
     return _build(model, where, overrides)
+
+
+def _descendants(root: Path) -> list[Path]:
+    """Every cgroup below ``root``, parents before children, in a stable order."""
+    found: list[Path] = []
+    for top, dirs, _ in os.walk(root):
+        dirs.sort()
+        found.extend(Path(top) / d for d in dirs)
+    return found

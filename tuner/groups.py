@@ -23,6 +23,7 @@ class GroupKeeper:
     def __init__(self, groups: Sequence[GroupConfig]) -> None:
         self.groups = list(groups)
         self.moved: dict[str, set[int]] = {}  # pids moved into each configured group
+        self.warned_empty: set[str] = set()  # groups whose empty cgroup was logged
 
     def ensure(self, node: Node, strict: bool = True) -> list[str]:
         """Create (or adopt) the configured groups and move their tasks in; the groups it
@@ -58,15 +59,30 @@ class GroupKeeper:
         """Remove the groups a refused start created (as :meth:`ensure` returned them)."""
         _undo(node, created)
 
-    @staticmethod
-    def _members(g: GroupConfig, threads: bool, strict: bool) -> tuple[int, ...]:
+    def _members(self, g: GroupConfig, threads: bool, strict: bool) -> tuple[int, ...]:
         try:
-            return g.all_pids(threads=threads)
+            return self._read(g, threads)
         except ConfigError as exc:
             if strict:
                 raise
             log.warning("%s", exc, extra={"event": "assign_failed", "group": g.spec.name})
             return ()
+
+    def _read(self, g: GroupConfig, threads: bool) -> tuple[int, ...]:
+        """``g``'s pids (:meth:`GroupConfig.all_pids`). A followed cgroup without tasks is
+        logged once: most likely the wrong cgroup, and the group would stay empty while
+        its workload keeps the whole cache."""
+        members = g.cgroup_pids()
+        if g.cgroup and not members and g.spec.name not in self.warned_empty:
+            self.warned_empty.add(g.spec.name)
+            log.warning(
+                "group %r: cgroup %s and the cgroups below it have no tasks (yet); "
+                "check that its cgroup: names the cgroup its workload runs in",
+                g.spec.name,
+                g.cgroup,
+                extra={"event": "cgroup_empty", "group": g.spec.name},
+            )
+        return g.with_members(members, threads)
 
     @staticmethod
     def _create(node: Node, spec: GroupSpec, have: Mapping[str, GroupSpec]) -> bool:
@@ -123,7 +139,7 @@ class GroupKeeper:
             if threads is None:
                 threads = _real_tasks(node)
             try:
-                pids = set(g.all_pids(threads=threads))
+                pids = set(self._read(g, threads))
             except ConfigError as exc:
                 log.warning("%s", exc, extra={"event": "assign_failed", "group": g.spec.name})
                 continue

@@ -107,6 +107,17 @@ def test_cgroup_members_are_read_at_start(tmp_path) -> None:
         missing.groups[0].all_pids()
 
 
+def test_a_followed_cgroup_takes_the_tasks_of_every_cgroup_below_it(tmp_path) -> None:
+    """A systemd slice holds no processes itself: they are in the units below it."""
+    (tmp_path / "cgroup.procs").write_text("")
+    for path, pids in [("job1.service", "4242\n4243\n"), ("run.scope/inner", "7\n")]:
+        (tmp_path / path).mkdir(parents=True)
+        (tmp_path / path / "cgroup.procs").write_text(pids)
+    (tmp_path / "run.scope" / "cgroup.procs").write_text("")
+    cfg = parse_config({"groups": [{"name": "batch", "pids": [1], "cgroup": str(tmp_path)}]})
+    assert cfg.groups[0].all_pids() == (1, 4242, 4243, 7)
+
+
 def test_flags_override_the_file_and_the_token_comes_from_a_file(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("RDTUNE_AGENT_TOKEN", raising=False)
     path = tmp_path / "tuner.yaml"
