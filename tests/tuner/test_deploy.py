@@ -242,7 +242,7 @@ def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
 def test_the_dashboards_queries_parse(tmp_path) -> None:
     # promtool parses PromQL in rule files: each query as a recording rule.
     rules = [
-        {"record": f"rdtune:panel_{i}", "expr": q.replace("$instance", ".*")}
+        {"record": f"rdtune:panel_{i}", "expr": q.replace("$node", ".*")}
         for i, q in enumerate(dashboard_queries())
     ]
     path = tmp_path / "dashboard-queries.yaml"
@@ -261,7 +261,27 @@ def test_the_dashboard_is_well_formed() -> None:
         assert panel["targets"] and panel["datasource"]["uid"] == "${datasource}", panel
         assert all(t["expr"] for t in panel["targets"]), panel["title"]
     variables = {v["name"] for v in dash["templating"]["list"]}
-    assert {"datasource", "instance"} <= variables
+    assert {"datasource", "node"} <= variables
+
+
+@pytest.mark.parametrize("host", ["10.0.0.7", "node-1.example", "[fd00::7]"])
+def test_picking_a_node_selects_its_agent_and_its_tuner(host: str) -> None:
+    """The agent and the tuner are scraped on different ports: the variable offers hosts
+    (from either's instances) and every panel selects that host's instances on any port."""
+    dash = json.loads(DASHBOARD.read_text())
+    (node,) = [v for v in dash["templating"]["list"] if v["name"] == "node"]
+    assert "rdtune_tuner_" in node["definition"] and "rdtune_agent_" in node["definition"]
+    offered = re.fullmatch(node["regex"].strip("/"), f"{host}:9465")
+    assert offered, node["regex"]
+    # Grafana escapes regex metacharacters in a picked value used in a regex matcher.
+    picked = re.escape(offered.group(1))
+    selectors = [m for q in dashboard_queries() for m in re.findall(r'instance=~"([^"]*)"', q)]
+    assert selectors, "panels filter on the node"
+    for selector in selectors:
+        pattern = selector.replace("$node", picked)
+        for port in (9464, 9465):  # the agent's and the tuner's metrics
+            assert re.fullmatch(pattern, f"{host}:{port}"), (selector, port)
+        assert not re.fullmatch(pattern, f"{host}0:9464"), "another node is not selected"
 
 
 def test_rules_and_dashboard_name_only_metrics_rdtune_exports() -> None:
