@@ -47,7 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     net = parser.add_argument_group("network and security")
     net.add_argument(
-        "--listen", metavar="ADDR", help="host:port or unix:/path (default 127.0.0.1:50051)"
+        "--listen",
+        metavar="ADDR",
+        help="host:port or unix:/path (default 127.0.0.1:50051; the resctrl backend needs a "
+        "unix socket or a token: it runs as root and loopback admits every local user)",
     )
     net.add_argument(
         "--metrics-listen",

@@ -46,7 +46,13 @@ from agent.address import split_address
 from agent.configfile import Finite, Strict
 from agent.server.metrics_http import MetricsEndpoint
 from agent.server.scrape import ScrapeTarget
-from agent.server.security import ConfigError, check_exposure, parse_listen, read_token
+from agent.server.security import (
+    TOKEN_ENV,
+    ConfigError,
+    check_exposure,
+    parse_listen,
+    read_token,
+)
 from agent.types import validate_group_name
 
 # grpc's channel arguments and concurrency limit are C ints: a larger value fails at start.
@@ -151,7 +157,18 @@ class AgentConfig:
         for group in self.latency_scrape:
             validate_group_name(group, error=ConfigError)
         tls_from = "tls: {cert, key} or --tls-cert/--tls-key"
-        check_exposure(parse_listen(self.listen), self.tls, self.token, tls_from)
+        listen = parse_listen(self.listen)
+        check_exposure(listen, self.tls, self.token, tls_from)
+        if self.backend == "resctrl" and listen.unix_path is None and not self.token:
+            # Loopback TCP lets every local user in, and this agent runs as root: any of
+            # them could move other users' tasks into a one-way group. A 0600 socket or a
+            # token keeps the node to its owner.
+            raise ConfigError(
+                f"refusing to serve the resctrl backend on {listen.raw!r} without a token: "
+                "any user of the host could connect; listen on a unix socket "
+                "(listen: unix:/run/rdtune/agent.sock, as deploy/agent.yaml does) or give "
+                f"a token (token_file, --token-file or ${TOKEN_ENV})"
+            )
         if self.health_listen:
             if self.health_listen.strip().startswith("unix"):
                 raise ConfigError(

@@ -60,6 +60,29 @@ def test_non_loopback_needs_tls_and_token(tmp_path, tls, token, missing) -> None
         AgentServer(RefNode(), cfg)
 
 
+@pytest.mark.parametrize(
+    ("backend", "listen", "token", "refused"),
+    [
+        ("resctrl", "127.0.0.1:50051", None, True),
+        ("resctrl", "[::1]:1", None, True),
+        ("resctrl", "localhost:1", None, True),
+        ("resctrl", "127.0.0.1:50051", TOKEN, False),
+        ("resctrl", "unix:/run/rdtune/agent.sock", None, False),
+        ("sim", "127.0.0.1:50051", None, False),
+    ],
+)
+def test_a_resctrl_agent_on_tcp_needs_a_token_even_on_loopback(
+    backend: str, listen: str, token: str | None, refused: bool
+) -> None:
+    """The resctrl agent runs as root: loopback TCP would let any local user move tasks."""
+    cfg = AgentConfig(backend=backend, listen=listen, token=token, metrics_listen="")
+    if not refused:
+        cfg.validate()
+        return
+    with pytest.raises(ConfigError, match=r"without a token: .*unix socket.* or give a token"):
+        cfg.validate()
+
+
 def test_cli_refuses_exposed_listener_without_tls(tmp_path) -> None:
     import sys
 
