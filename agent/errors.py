@@ -27,6 +27,23 @@ class InvalidName(NodeError, ValueError):
     code = "INVALID_ARGUMENT"
 
 
+# Every ``InvalidAllocation.rule`` (agent/validate.py): the labels of the refused-apply and
+# dropped-plan counters, exported at 0 from the start so that rate() sees the first one.
+RULES = (
+    "cdp_off",
+    "contiguous",
+    "exclusive_overlap",
+    "mask_range",
+    "mask_type",
+    "mb_range",
+    "mb_type",
+    "min_cbm_bits",
+    "plan_type",
+    "unknown_domain",
+    "unsupported_resource",
+)
+
+
 class InvalidAllocation(NodeError, ValueError):
     """An allocation plan that breaks one of the kernel's schemata rules.
 

@@ -15,15 +15,22 @@ latency, and batch instructions/s -- rather than a reward value.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from agent.errors import RULES
 from agent.server.metrics import (
     SLO_MET,
     SLO_VIOLATED,
     mba_in_base_units,
     register_process_metrics,
 )
-from agent.types import Allocation, MbaCapabilities
+from agent.types import Allocation, GroupKind, GroupSpec, MbaCapabilities
+
+# The rules a plan is dropped for: the kernel's (agent/validate.py), and a group the node
+# no longer has.
+DROP_RULES = (*RULES, "unknown_group")
 
 # Sub-millisecond to a second: decisions are ~10-100 us, a loop over gRPC a few ms.
 _LATENCY_BUCKETS = (
@@ -153,6 +160,12 @@ class TunerMetrics:
         self.intervals = Counter(
             "rdtune_tuner_intervals_total", "Control intervals completed", registry=r
         )
+        # Counters an alert takes rate() of are exported at 0 before their first event:
+        # rate() and increase() cannot count a series' first sample, so a lazily made
+        # series would hide the first violations, trips and drops.
+        for rule in DROP_RULES:
+            self.dropped_plans.labels(rule)
+        self._lc_groups: set[str] = set()
         self._met: dict[str, list[int]] = {}
         # the gauges of one series per group: removed with the group (or while the agent
         # is down), so a scrape never shows the last value of a group that is gone
@@ -166,6 +179,16 @@ class TunerMetrics:
         self.active_controller.labels(primary, "primary").set(int(active == "primary"))
         self.active_controller.labels(fallback, "fallback").set(int(active == "fallback"))
         self.fallback_active.set(int(active == "fallback"))
+
+    def track(self, groups: Mapping[str, GroupSpec]) -> None:
+        """Export the SLO and guard-trip counters of every LC group in ``groups`` (at 0 until
+        counted; kept once made, as counters are totals since the start)."""
+        for name, spec in groups.items():
+            if spec.kind is GroupKind.LC and name not in self._lc_groups:
+                self._lc_groups.add(name)
+                self.slo_intervals.labels(name, SLO_MET)
+                self.slo_intervals.labels(name, SLO_VIOLATED)
+                self.guard_trips.labels(name)
 
     def record_slo(self, group: str, violated: bool, tail_ms: float) -> None:
         self.slo_intervals.labels(group, SLO_VIOLATED if violated else SLO_MET).inc()

@@ -150,6 +150,7 @@ class Tuner(Resilience, Pacing):
             self.intended = baseline
         self.baseline = baseline
         self.metrics.agent_up.set(1)
+        self.metrics.track(self.groups)
         self.metrics.set_active("primary", self.primary.name, self.fallback.name)
         log.info(
             "tuning %s with %s (fallback %s): %d groups, interval %.3g s%s",
@@ -262,6 +263,7 @@ class Tuner(Resilience, Pacing):
 
     def _judged(self, snap: Snapshot) -> dict[str, bool | None]:
         """Each LC group's SLO verdict on ``snap``, recorded with the batch groups' IPS."""
+        self.metrics.track(self.groups)  # an LC group made since (by a client, a restart)
         verdicts = slo_verdicts(snap, self.groups)
         for group, violated in verdicts.items():
             if violated is not None:

@@ -33,6 +33,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from agent.errors import RULES
 from agent.slo import slo_verdict
 from agent.types import Allocation, GroupKind, GroupSpec, MbaMode, Snapshot
 
@@ -94,6 +95,8 @@ class AgentMetrics:
             ("cause",),
             registry=self.registry,
         )
+        for rule in RULES:  # at 0: rate() cannot count a series' first sample
+            self.apply_errors.labels(rule)
         self.latency_reports = Counter(
             "rdtune_agent_latency_reports_total",
             "Latency reports received over the push stream, by group.",

@@ -12,13 +12,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.server.metrics import SLO_MET, SLO_VIOLATED
 from agent.server.metrics_http import MetricsEndpoint
 from agent.sim import SimNode
-from agent.types import Allocation, GroupAllocation, MbaCapabilities, MbaMode
+from agent.types import Allocation, GroupAllocation, GroupKind, MbaCapabilities, MbaMode
 from models import catalogue
 from tests.agent.server.conftest import serve
 from tests.tools import check_metrics
 from tests.tuner.test_service import make_tuner
 from tuner.config import GuardConfig
-from tuner.metrics import TunerMetrics
+from tuner.metrics import DROP_RULES, TunerMetrics
 
 
 def samples(registry_) -> dict[tuple[str, tuple], float]:
@@ -112,3 +112,24 @@ def test_the_endpoint_passes_promtool_after_a_guard_trip(spike_file: str) -> Non
     assert results == {SLO_MET, SLO_VIOLATED}  # the agent's vocabulary (agent/server/metrics.py)
     for process in ("process_cpu_seconds", "process_resident_memory_bytes", "python_info"):
         assert process in families, process
+
+
+def test_alerted_counters_are_exported_at_zero_before_their_first_event() -> None:
+    """rate() cannot count a series' first sample: a violation, trip or drop that creates
+    its series would not be seen by the alerts."""
+    with serve(SimNode("default", seed=0)) as server:
+        tuner = make_tuner(server, catalogue.construct("eq"))
+        tuner.start()
+        tuner.shutdown()
+    lc = {g for g, spec in tuner.groups.items() if spec.kind is GroupKind.LC}
+    assert lc, "the scenario has an LC group"
+    have = samples(tuner.metrics.registry)
+    for group in lc:
+        for result in (SLO_MET, SLO_VIOLATED):
+            key = (("group", group), ("result", result))
+            assert have[("rdtune_tuner_slo_intervals_total", key)] == 0
+        assert have[("rdtune_tuner_guard_trips_total", (("group", group),))] == 0
+    for rule in DROP_RULES:
+        assert have[("rdtune_tuner_dropped_plans_total", (("rule", rule),))] == 0
+    batch = set(tuner.groups) - lc
+    assert not any(dict(k[1]).get("group") in batch for k in have if "slo" in k[0])

@@ -4,12 +4,15 @@ clean with every family populated, base units for every MBA mode, process metric
 from __future__ import annotations
 
 import dataclasses
+import re
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.server.metrics import SLO_MET, SLO_VIOLATED
+from agent.errors import RULES
+from agent.server.metrics import SLO_MET, SLO_VIOLATED, AgentMetrics
 from agent.types import SLO, AllocationPlan, GroupAllocation, GroupKind, GroupSpec, MbaMode
 from tests.agent.server.conftest import remote, serve
 from tests.agent.server.refnode import CAPS, RefNode
@@ -144,3 +147,23 @@ def test_a_reset_leaves_none_of_the_old_groups_in_the_next_scrape() -> None:
     gone = old - new
     assert gone, "the two scenarios name different groups"
     assert not [g for g in gone if f'group="{g}"' in text], text
+
+
+def test_apply_errors_are_exported_at_zero_for_every_rule_before_the_first() -> None:
+    """rate() cannot count a series' first sample: the first refused apply would be lost."""
+    families = {f.name: f for f in AgentMetrics().registry.collect()}
+    errors = families["rdtune_agent_apply_errors"].samples
+    assert {s.labels["cause"]: s.value for s in errors if s.name.endswith("_total")} == {
+        rule: 0 for rule in RULES
+    }
+
+
+def test_every_rule_the_validator_names_is_known() -> None:
+    """The counters above are made for RULES: a new rule must be added there."""
+    agent = Path(__file__).parents[3] / "agent"
+    named = {
+        rule
+        for path in agent.rglob("*.py")
+        for rule in re.findall(r'\brule="([a-z_]+)"', path.read_text())
+    }
+    assert named and named <= set(RULES), sorted(named - set(RULES))
