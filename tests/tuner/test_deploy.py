@@ -31,6 +31,7 @@ def test_example_configs_load() -> None:
     tuner = load_tuner_yaml(DEPLOY / "tuner.yaml")
     assert tuner.agent.address == agent.listen
     assert {g.spec.name for g in tuner.groups} >= {tuner.fallback_options["lc_group"]}
+    assert tuner.controller, "the unit passes no --controller: the file names it"
 
 
 SECRETS = "/var/run/secrets/rdtune"
@@ -99,6 +100,10 @@ def test_pod_security_and_least_privilege() -> None:
     assert tuner["capabilities"] == {"drop": ["ALL"]} and "add" not in tuner["capabilities"]
     for ctx in (agent, tuner):
         assert ctx["readOnlyRootFilesystem"] and ctx["seccompProfile"]["type"] == "RuntimeDefault"
+    _, pod, _ = _manifest()
+    assert pod["automountServiceAccountToken"] is False, "no API token in a root, hostPID pod"
+    secrets = [v["secret"] for v in pod["volumes"] if "secret" in v]
+    assert secrets and all(s["defaultMode"] == 0o400 for s in secrets), "keys and tokens: 0400"
     # each added capability is explained where it is granted and in the docs
     text, guide = MANIFEST.read_text(), (ROOT / "docs" / "DEPLOY.md").read_text()
     for cap in agent["capabilities"]["add"]:
@@ -134,6 +139,16 @@ def test_the_images_are_the_ones_make_images_builds() -> None:
     assert '"${whl}[policy]"' in stages["tuner"] and "-c /tmp/constraints.txt" in stages["tuner"]
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", ".git", "**/*_pb2*.py"} <= set(ignored)
+
+
+@pytest.mark.parametrize("name", ["daemonset.yaml", "runtime-classes.yaml"])
+def test_kubectl_commands_in_the_manifests_name_the_namespace(name: str) -> None:
+    """Without -n, kubectl acts in the current namespace, where the pods never look."""
+    lines = (DEPLOY / "kubernetes" / name).read_text().splitlines()
+    text = " ".join(line.lstrip("# ") for line in lines)
+    commands = re.findall(r"kubectl\s+(-n rdtune\s+)?(?:create|apply|rollout|delete)\b", text)
+    assert commands, "the manifest says how to act on it"
+    assert all(commands), "a kubectl command without -n rdtune"
 
 
 def test_config_maps_and_secrets_are_optional_so_a_missing_one_fails_clearly() -> None:
@@ -197,11 +212,17 @@ def test_systemd_units_run_valid_commands(unit: str) -> None:
     argv = [a.replace("${RDTUNE_CONTROLLER}", env.get("RDTUNE_CONTROLLER", "")) for a in argv]
     args = build_parser().parse_args(argv[1:])
     assert args.command in ("agent", "tune")
+    # A configuration error (exit 2) would fail the same way at every restart.
+    assert service["RestartPreventExitStatus"] == "2"
+    if args.command == "agent":  # as the DaemonSet's agent: PERFMON alone
+        assert service["CapabilityBoundingSet"] == "CAP_PERFMON"
     if args.command == "tune":  # the shipped controller must run on an install as step 2 makes
         from models.catalogue import ControllerSpec
         from models.policy import DEFAULT_POLICY
 
-        spec = ControllerSpec.parse(args.controller)
+        # tuner.yaml's controller: is the one that runs (a flag would override it silently)
+        assert args.controller is None
+        spec = ControllerSpec.parse(load_tuner_yaml(DEPLOY / "tuner.yaml").controller)
         if spec.name == "policy":
             assert Path(spec.options.get("path", DEFAULT_POLICY)).is_dir(), args.controller
 
