@@ -4,13 +4,16 @@ and nothing cites an issue number or a file outside the repository."""
 from __future__ import annotations
 
 import ast
+import importlib
 import io
 import re
 import subprocess
+import textwrap
 import tokenize
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("docs", "agent", "models", "envs", "eval", "training", "tuner", "proto", "tests")
@@ -78,3 +81,18 @@ def test_citations(prose: dict[Path, str], kind: str) -> None:
             if not ((ROOT / name).exists() or (ROOT / "docs" / name).exists()):
                 bad.append(f"{where}: {name}")
     assert not bad, "\n".join(sorted(set(bad)))
+
+
+# docs/DEPLOY.md sends readers to the config modules' docstrings for every setting.
+@pytest.mark.parametrize(
+    ("module", "model"),
+    [("agent.server.config", "AgentFile"), ("tuner.config", "TunerFile")],
+    ids=["agent", "tuner"],
+)
+def test_a_config_modules_docstring_example_names_every_key(module: str, model: str) -> None:
+    loaded = importlib.import_module(module)
+    example = loaded.__doc__.split("::", 1)[1].split("\n\n")[1]
+    keys = set(yaml.safe_load(textwrap.dedent(example)))
+    schema = getattr(loaded, model).model_fields
+    fields = {f.alias or name for name, f in schema.items()}
+    assert keys == fields, f"missing: {sorted(fields - keys)}, unknown: {sorted(keys - fields)}"

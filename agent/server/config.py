@@ -7,11 +7,12 @@ Example ``agent.yaml``::
 
     backend: sim              # or resctrl
     scenario: null            # sim: a built-in scenario name (default: agent.sim's default)
-    seed: 0
+    seed: 0                   # sim: the random seed
+    auto_groups: true         # sim: create the scenario's groups at start
     root: /sys/fs/resctrl     # resctrl: the mount to manage (an emulated one works too)
     state_dir: /var/lib/rdtune  # resctrl: records of the agent's own groups (adopted on restart)
     runtime_classes: []       # resctrl: RDT classes the container runtime creates (DEPLOY.md)
-    listen: 127.0.0.1:50051   # or unix:/run/rdtune/agent.sock
+    listen: 127.0.0.1:50051   # or unix:/run/rdtune/agent.sock (resctrl: this, or a token)
     health_listen: ""         # e.g. 0.0.0.0:50052: gRPC health only, plain TCP (kubelet probes)
     metrics_listen: 127.0.0.1:9464   # "" disables it; on a non-loopback address only with:
     metrics_tls: {cert: metrics.pem, key: metrics.key, client_ca: null}   # HTTPS, and
@@ -23,6 +24,7 @@ Example ``agent.yaml``::
     max_streams: 16           # open observation/latency streams at once
     max_sessions: 32          # open control sessions at once
     max_waiting_steps: 64     # Steps waiting for their interval at once
+    max_concurrent_rpcs: 256  # RPCs in progress at once (gRPC refuses more: RESOURCE_EXHAUSTED)
     rate_limit: {rate: 20000, burst: 40000}   # requests/s per client host; null disables
     restore_on_exit: false
     grace_s: 5
