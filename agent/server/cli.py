@@ -146,6 +146,7 @@ def build_config(args: argparse.Namespace):
         value = getattr(args, name, None)
         if value is not None:
             setattr(cfg, name, value)
+            cfg.explicit |= {name}
     if getattr(args, "rate_burst", None) is not None and cfg.rate_limit is None:
         raise ConfigError(
             "--rate-burst: the rate limit is off (rate_limit: null), so no burst applies; "

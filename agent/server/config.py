@@ -64,6 +64,10 @@ GRPC_INT_MAX = 2**31 - 1
 MAX_GRACE_S = 3600.0
 
 
+# The keys each backend alone reads (agent/server/app.py builds its node from them).
+BACKEND_KEYS = {"sim": ("scenario", "seed", "auto_groups"), "resctrl": ("root", "state_dir")}
+
+
 @dataclass
 class AgentConfig:
     backend: str = "sim"
@@ -102,6 +106,9 @@ class AgentConfig:
     # seconds between checks that the node is usable (resctrl still mounted) for health
     node_check_s: float = 5.0
     latency_scrape: dict[str, ScrapeTarget] = field(default_factory=dict)
+    # The keys given in the file, the environment or a flag, rather than left at their
+    # defaults: a key of the other backend is refused only when given.
+    explicit: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     @property
     def tls(self) -> bool:
@@ -115,6 +122,20 @@ class AgentConfig:
         """Fill ``token`` from ``token_file`` or the environment (see ``read_token``)."""
         self.token = read_token(self.token, self.token_file, ConfigError)
 
+    def _check_backend_keys(self) -> None:
+        """Refuse a key only the other backend reads: a file for a resctrl host that
+        forgot ``backend:`` would otherwise serve a simulated node, and a sim file's
+        scenario would be ignored on a real one."""
+        for backend, keys in BACKEND_KEYS.items():
+            given = [key for key in keys if key in self.explicit]
+            if backend != self.backend and given:
+                raise ConfigError(
+                    f"{', '.join(given)}: only the {backend} backend reads "
+                    f"{'it' if len(given) == 1 else 'them'}, and this agent serves "
+                    f"{self.backend}; set backend: {backend} (--backend {backend}; the "
+                    f"default is sim), or remove {'it' if len(given) == 1 else 'them'}"
+                )
+
     def validate(self) -> None:
         if self.backend not in ("sim", "resctrl"):
             raise ConfigError(f"backend must be 'sim' or 'resctrl', got {self.backend!r}")
@@ -122,6 +143,7 @@ class AgentConfig:
             raise ConfigError("root: empty; give the resctrl mount (default /sys/fs/resctrl)")
         if self.runtime_classes and self.backend != "resctrl":
             raise ConfigError("runtime_classes: only the resctrl backend has runtime classes")
+        self._check_backend_keys()
         for name in self.runtime_classes:
             validate_group_name(name, error=ConfigError)
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -244,7 +266,7 @@ class AgentFile(Strict):
 
     def to_config(self, where: str) -> AgentConfig:
         flat = self.model_dump(exclude={"tls", "metrics_tls", "rate_limit", "latency_scrape"})
-        cfg = AgentConfig(**flat)
+        cfg = AgentConfig(**flat, explicit=frozenset(self.model_fields_set))
         tls, metrics_tls = self.tls or TlsFiles(), self.metrics_tls or TlsFiles()
         cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca = tls.cert, tls.key, tls.client_ca
         cfg.metrics_tls_cert, cfg.metrics_tls_key = metrics_tls.cert, metrics_tls.key
