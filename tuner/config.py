@@ -47,6 +47,7 @@ setting can also come from a ``RDTUNE_TUNER__KEY[__SUBKEY]`` variable (YAML valu
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -65,6 +66,8 @@ from agent.server.metrics_http import MetricsEndpoint
 from agent.types import MAX_WAIT_S, SLO, GroupKind, GroupSpec
 
 __all__ = ["AgentConnection", "ConfigError", "GroupConfig", "GuardConfig", "TunerConfig"]
+
+log = logging.getLogger("rdtune.tuner")
 
 
 @dataclass
@@ -187,6 +190,13 @@ class TunerConfig:
             raise ConfigError("controller_options must be a mapping")
         if not isinstance(self.fallback_options, dict):
             raise ConfigError("fallback_options must be a mapping")
+        if self.fallback_options and not self.fallback:
+            # The default fallback is the first of several that builds without options:
+            # options meant for one of them would be ignored, unchecked.
+            raise ConfigError(
+                "fallback_options without fallback: name the fallback they are for "
+                "(fallback: static, with fallback_options: {lc_group, ways}), or remove them"
+            )
         self.guard.validate()
         names = [g.spec.name for g in self.groups]
         if len(set(names)) != len(names):
@@ -356,7 +366,14 @@ class TunerFile(Strict):
 _REFUSED = {"agent.token": "put the agent token in token_file or $RDTUNE_AGENT_TOKEN, not here"}
 
 
-def _build(model: TunerFile, where: str, overrides: Mapping[str, Any] | None = None) -> TunerConfig:
+def _build(
+    model: TunerFile,
+    where: str,
+    overrides: Mapping[str, Any] | None = None,
+    in_file: TunerFile | None = None,
+) -> TunerConfig:
+    """``in_file``: the file alone (without the environment), whose fallback its
+    ``fallback_options`` are for."""
     try:
         cfg = model.to_config()
     except ConfigError:
@@ -365,11 +382,34 @@ def _build(model: TunerFile, where: str, overrides: Mapping[str, Any] | None = N
         raise ConfigError(f"{where}: {exc}") from None
     for name, value in (overrides or {}).items():
         setattr(cfg, name, value)  # before the checks: a flag replaces a refused file value
+    if in_file is not None:
+        _drop_replaced_fallback_options(cfg, in_file)
     try:
         cfg.validate()
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return cfg
+
+
+def _drop_replaced_fallback_options(cfg: TunerConfig, in_file: TunerFile) -> None:
+    """A fallback named by a flag or the environment in place of the file's does not take
+    the file's ``fallback_options``: they are options of the file's fallback (static's
+    lc_group and ways would make eq or copart refuse to start)."""
+    kept = cfg.fallback_options == in_file.fallback_options  # not given anew
+    replaced = _spec_name(cfg.fallback) != _spec_name(in_file.fallback)
+    if in_file.fallback and in_file.fallback_options and kept and replaced:
+        log.info(
+            "fallback %s replaces the file's %s: its fallback_options are not used",
+            cfg.fallback,
+            in_file.fallback,
+            extra={"event": "config"},
+        )
+        cfg.fallback_options = {}
+
+
+def _spec_name(spec: str | None) -> str:
+    """The controller a spec names (``static[ways=4]``: static)."""
+    return (spec or "").partition("[")[0].strip()
 
 
 def parse_config(raw: object, where: str = "config") -> TunerConfig:
@@ -394,7 +434,8 @@ def load_yaml(
     model = configfile.load(
         TunerFile, path, env_prefix=ENV_PREFIX, environ=environ, refused=_REFUSED
     )
-    return _build(model, where, overrides)
+    in_file = configfile.load(TunerFile, path, refused=_REFUSED) if path is not None else None
+    return _build(model, where, overrides, in_file)
 
 
 def _descendants(root: Path) -> list[Path]:

@@ -118,6 +118,40 @@ def test_a_followed_cgroup_takes_the_tasks_of_every_cgroup_below_it(tmp_path) ->
     assert cfg.groups[0].all_pids() == (1, 4242, 4243, 7)
 
 
+def test_fallback_options_without_a_fallback_are_refused() -> None:
+    """The default fallback is whichever builds first: the options would be ignored."""
+    with pytest.raises(ConfigError, match="fallback_options without fallback: name the"):
+        parse_config({"fallback_options": {"lc_group": "web", "ways": 6}})
+
+
+STATIC = "fallback: static\nfallback_options: {lc_group: web, ways: 6}\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "fallback", "options"),
+    [
+        (["--fallback", "eq"], {}, "eq", {}),
+        ([], {"RDTUNE_TUNER__FALLBACK": "copart"}, "copart", {}),
+        (["--fallback", "static[ways=4]"], {}, "static[ways=4]", {"lc_group": "web", "ways": 6}),
+        ([], {}, "static", {"lc_group": "web", "ways": 6}),
+        ([], {"RDTUNE_TUNER__FALLBACK": "ubik", "RDTUNE_TUNER__FALLBACK_OPTIONS": "{slack: 0.1}"},
+         "ubik", {"slack": 0.1}),
+    ],
+)  # fmt: skip
+def test_a_fallback_replacing_the_files_leaves_the_files_options(
+    tmp_path, monkeypatch, flags: list[str], env: dict, fallback: str, options: dict
+) -> None:
+    """The file's fallback_options are its fallback's: static's would make eq refuse."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    path = tmp_path / "tuner.yaml"
+    path.write_text(STATIC)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = build_config(parser.parse_args(["--config", str(path), *flags]))
+    assert (cfg.fallback, cfg.fallback_options) == (fallback, options)
+
+
 def test_flags_override_the_file_and_the_token_comes_from_a_file(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("RDTUNE_AGENT_TOKEN", raising=False)
     path = tmp_path / "tuner.yaml"
