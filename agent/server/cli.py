@@ -70,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument(
         "--metrics-tls-client-ca",
         metavar="FILE",
-        help="CA of the scrapers' client certificates (required when given)",
+        help="require scrapers' client certificates signed by this CA (mTLS; needs "
+        "--metrics-tls-cert/--metrics-tls-key)",
     )
     net.add_argument(
         "--metrics-token-file",

@@ -187,6 +187,13 @@ class MetricsEndpoint:
             raise ConfigError("the metrics endpoint listens on host:port, not a unix socket")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("metrics TLS needs both a certificate and a key")
+        if self.client_ca and not self.tls:
+            # Without the endpoint's own certificate it is plain HTTP: no client
+            # certificate would be asked for, while the operator expects mTLS.
+            raise ConfigError(
+                "metrics_tls.client_ca (--metrics-tls-client-ca) needs the endpoint's own "
+                "certificate and key (metrics_tls: {cert, key}); give them, or remove client_ca"
+            )
         for path in (self.tls_cert, self.tls_key, self.client_ca):
             if path and not Path(path).is_file():
                 raise ConfigError(f"metrics TLS file {path!r} does not exist")
