@@ -180,6 +180,10 @@ class AgentConfig:
             raise ConfigError(f"grace_s must be in [0, {MAX_GRACE_S:g}] s, got {self.grace_s:g}")
         for group in self.latency_scrape:
             validate_group_name(group, error=ConfigError)
+        self._check_listeners()
+
+    def _check_listeners(self) -> None:
+        """Who may connect where: the exposure rules of each listener."""
         tls_from = "tls: {cert, key} or --tls-cert/--tls-key"
         listen = parse_listen(self.listen)
         check_exposure(listen, self.tls, self.token, tls_from)
