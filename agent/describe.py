@@ -15,12 +15,11 @@ from collections.abc import Callable
 
 
 def _resctrl(args: argparse.Namespace):
-    from agent.resctrl import ResctrlNode
+    # Read-only: the agent may be serving this node (it holds the state file's lock), and
+    # a look must not recover, adopt or create anything.
+    from agent.resctrl.view import ResctrlView
 
-    kwargs = {"root": args.root, "prefix": args.prefix}
-    if args.state_dir:
-        kwargs["state_dir"] = args.state_dir
-    return ResctrlNode(**kwargs)
+    return ResctrlView(args.root, args.prefix, args.state_dir)
 
 
 def _sim(args: argparse.Namespace):
@@ -51,7 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="rdtune-",
         help="directory prefix of the groups the node owns (default rdtune-)",
     )
-    parser.add_argument("--state-dir", help="resctrl: where the node keeps group kinds and SLOs")
+    parser.add_argument(
+        "--state-dir",
+        help="resctrl: where the agent keeps its groups' kinds and SLOs (default "
+        "$RDTUNE_STATE_DIR, else /var/lib/rdtune for root, else $XDG_STATE_HOME/rdtune or "
+        "~/.local/state/rdtune); only read: describe changes nothing, and works beside a "
+        "running agent",
+    )
     parser.add_argument("--scenario", help="sim: scenario name (default: the built-in one)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 

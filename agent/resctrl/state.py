@@ -110,14 +110,16 @@ def _keep_aside(path: str) -> None:
     log.warning("kept the corrupt state file as %s; the groups it names are not adopted", aside)
 
 
-def load(path: str) -> Saved:
+def load(path: str, keep_aside: bool = True) -> Saved:
     """The saved state; an unreadable or corrupt file counts as empty (with a warning; a
-    corrupt one is kept aside)."""
-    data = _read_json(path, keep_aside=True) or {}
+    corrupt one is kept aside unless ``keep_aside`` is False: a reader that changes
+    nothing)."""
+    data = _read_json(path, keep_aside=keep_aside) or {}
     groups, mon_groups = data.get("groups") or {}, data.get("mon_groups") or {}
     if not (isinstance(groups, dict) and isinstance(mon_groups, dict)):
         log.warning("ignoring %s: its groups are not JSON objects", path)
-        _keep_aside(path)
+        if keep_aside:
+            _keep_aside(path)
         groups, mon_groups = {}, {}
     out = Saved()
     for name, entry in groups.items():

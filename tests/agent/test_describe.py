@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from agent.describe import describe, format_text
 from agent.resctrl import ResctrlNode
@@ -43,3 +44,26 @@ def test_describe_sim_backend_as_json(capsys) -> None:
 def test_unknown_scenario_is_a_clear_error(capsys) -> None:
     assert main(["describe", "--backend", "sim", "--scenario", "nope"]) == 1
     assert "unknown scenario 'nope'" in capsys.readouterr().err
+
+
+def test_describe_reads_a_node_an_agent_serves_and_changes_nothing(tmp_path, capsys) -> None:
+    """The agent holds its state file's lock: describe must not need it, and must not
+    recover, adopt or create anything (no state directory made)."""
+    with emulated_resctrl("intel-20way") as emu:
+        agent = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+        try:
+            agent.create_group(GroupSpec("web", GroupKind.LC, SLO(99.0, 2.5)))
+            agent.apply(AllocationPlan.uniform({"web": GroupAllocation(l3_mask=0xF)}, (0,)))
+            before = sorted(os.listdir(emu.state_dir))
+            args = ["describe", "--root", emu.root, "--json"]
+            assert main([*args, "--state-dir", emu.state_dir]) == 0, capsys.readouterr().err
+            d = json.loads(capsys.readouterr().out)
+            assert d["groups"]["web"]["slo"] == {"percentile": 99.0, "target_ms": 2.5}
+            assert d["groups"]["web"]["allocation"]["0"]["l3_mask"] == "0xf"
+            assert sorted(os.listdir(emu.state_dir)) == before
+            fresh = tmp_path / "no-state-here"
+            assert main([*args, "--state-dir", str(fresh)]) == 0
+            assert json.loads(capsys.readouterr().out)["not_ours"] == ["rdtune-web"]
+            assert not fresh.exists(), "a look creates no state directory"
+        finally:
+            agent.close()

@@ -1,0 +1,87 @@
+"""A read-only look at a resctrl node (``rdtune describe``): its capabilities, the groups
+its state file records and what their schemata hold.
+
+Unlike :class:`~agent.resctrl.node.ResctrlNode` it takes no instance lock, runs no
+start-up recovery (adoption, the intent journal's roll-back) and creates no state
+directory: it can look at a node while the agent serves it, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from agent.resctrl import discovery, schemata, state
+from agent.resctrl.lock import ResctrlLock
+from agent.resctrl.node import _default_pmc, _pmc_events, _state_path
+from agent.types import Allocation, GroupSpec, NodeCapabilities, validate_group_name
+
+
+class ResctrlView:
+    """The node of ``prefix`` on ``root`` as the agent's state file in ``state_dir``
+    records it (see :class:`~agent.resctrl.node.ResctrlNode` for the arguments)."""
+
+    def __init__(
+        self,
+        root: str = "/sys/fs/resctrl",
+        prefix: str = "rdtune-",
+        state_dir: str | None = None,
+    ) -> None:
+        validate_group_name(prefix, error=ValueError)
+        self.root = os.path.abspath(root)
+        self.prefix = prefix
+        self.state_path = _state_path(self.root, prefix, state_dir)
+        self._pmc = _default_pmc()
+        events, unsupported = _pmc_events(self._pmc)
+        self._lock = ResctrlLock(self.root)
+        with self._lock.shared():  # a consistent read; the flock makes no file
+            self._caps = discovery.discover(
+                self.root, pmc_events=events, pmc_unsupported=unsupported
+            )
+        saved = state.load(self.state_path, keep_aside=False)
+        self._dirs = {name: self._dir_of(name) for name in saved.groups}
+        self._specs = {n: s for n, s in saved.groups.items() if self._dirs[n] is not None}
+        self._vanished = sorted(set(saved.groups) - set(self._specs))
+        recorded = {os.path.basename(d) for d in self._dirs.values() if d}
+        self.not_ours = sorted(
+            entry[len(prefix) :]
+            for entry in os.listdir(self.root)
+            if entry.startswith(prefix)
+            and entry not in recorded
+            and os.path.isfile(os.path.join(self.root, entry, "schemata"))
+        )
+
+    def _dir_of(self, name: str) -> str | None:
+        """The directory of recorded group ``name``: prefixed, or a runtime class's own
+        name (adopted, not made); None when neither exists (deleted by someone else)."""
+        for entry in (self.prefix + name, name):
+            path = os.path.join(self.root, entry)
+            if os.path.isfile(os.path.join(path, "schemata")):
+                return path
+        return None
+
+    def capabilities(self) -> NodeCapabilities:
+        return self._caps
+
+    def groups(self) -> Mapping[str, GroupSpec]:
+        return dict(self._specs)
+
+    def vanished(self) -> list[str]:
+        return list(self._vanished)
+
+    def allocation(self) -> Allocation:
+        cdp = bool(self._caps.l3 and self._caps.l3.cdp)
+        out = {}
+        with self._lock.shared():
+            for name in self._specs:
+                try:
+                    text = discovery.read_text(os.path.join(self._dirs[name], "schemata"))
+                except FileNotFoundError:  # removed since it was listed
+                    continue
+                held = schemata.parse(text)
+                out[name] = {d: held.allocation(d, cdp) for d in self._caps.domains}
+        return Allocation(out)
+
+    def close(self) -> None:
+        if self._pmc is not None:
+            self._pmc.close()
