@@ -144,9 +144,11 @@ def add_arguments(
     address_default: str | None = DEFAULT_ADDRESS,
     address_help: str = "agent address: host:port or unix:/path",
     timeout_default: float | None = 5.0,
+    timeout_note: str = "",
 ) -> None:
     """Add the shared agent-connection options (``--agent``, ``--token-file``, ``--tls-*``,
-    ``--timeout``) to ``parser`` as one group."""
+    ``--timeout``) to ``parser`` as one group (``timeout_note``: the default to name when
+    ``timeout_default`` is None, as a config supplies it)."""
     g = parser.add_argument_group("agent connection")
     # A required --agent has no default to mention, whatever address_default says.
     default_note = (
@@ -170,7 +172,7 @@ def add_arguments(
     g.add_argument("--tls-cert", metavar="FILE", help="client certificate for mutual TLS (PEM)")
     g.add_argument("--tls-key", metavar="FILE", help="client key for mutual TLS (PEM)")
     g.add_argument("--tls-server-name", metavar="NAME", help="name to check in the agent's cert")
-    default = f" (default {timeout_default:g})" if timeout_default is not None else ""
+    default = f" (default {timeout_default:g})" if timeout_default is not None else timeout_note
     g.add_argument(
         "--timeout",
         dest="agent_timeout_s",

@@ -42,13 +42,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let a controller that calibrates (static, ubik, static_lc, coco, best_static) "
         "sweep this node at start instead of requiring its calibrated options",
     )
-    parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
     parser.add_argument(
-        "--interval", dest="interval_s", type=wait_seconds, metavar="S", help="seconds"
+        "--config", metavar="FILE", help="configuration file: YAML, or TOML when it ends in .toml"
     )
-    parser.add_argument("--fallback", metavar="NAME", help="SLO guard fallback controller")
     parser.add_argument(
-        "--metrics-listen", metavar="ADDR", help="Prometheus host:port (default 127.0.0.1:9465)"
+        "--interval",
+        dest="interval_s",
+        type=wait_seconds,
+        metavar="S",
+        help="control interval in seconds (default: the config's interval_s, else 1.0)",
+    )
+    parser.add_argument(
+        "--fallback",
+        metavar="SPEC",
+        help="SLO guard fallback controller, NAME[key=value,...] (default: the config's "
+        "fallback, else static, strict ubik or eq: the first that needs no options; the "
+        "config's fallback_options apply to the config's fallback only)",
+    )
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="ADDR",
+        help="Prometheus host:port (default 127.0.0.1:9465; '' disables)",
     )
     parser.add_argument("--log-json", action="store_true", default=None, help="JSON lines logs")
     parser.add_argument(
@@ -69,6 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         address_help="agent address: host:port or unix:/path (default: the config's, else "
         "127.0.0.1:50051)",
         timeout_default=None,
+        timeout_note=" (default: the config's agent.timeout_s, else 5)",
     )
     parser.add_argument(
         "--list-controllers",

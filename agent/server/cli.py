@@ -21,11 +21,18 @@ from agent.argtypes import non_negative_float, non_negative_int, positive_float
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("\n\n", 1)[1]
-    parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    parser.add_argument(
+        "--config", metavar="FILE", help="configuration file: YAML, or TOML when it ends in .toml"
+    )
     be = parser.add_argument_group("backend")
     be.add_argument("--backend", choices=("sim", "resctrl"), help="node to serve (default sim)")
-    be.add_argument("--scenario", metavar="NAME", help="sim: built-in scenario to start with")
-    be.add_argument("--seed", type=non_negative_int, help="sim: random seed")
+    be.add_argument(
+        "--scenario",
+        metavar="NAME",
+        help="sim: a built-in scenario (--list-scenarios) or a scenario YAML file to start "
+        "with (default: default)",
+    )
+    be.add_argument("--seed", type=non_negative_int, help="sim: random seed (default 0)")
     be.add_argument(
         "--no-auto-groups",
         dest="auto_groups",
@@ -35,7 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     be.add_argument("--root", metavar="PATH", help="resctrl: mount point (default /sys/fs/resctrl)")
     be.add_argument(
-        "--state-dir", metavar="DIR", help="resctrl: where the agent records its own groups"
+        "--state-dir",
+        metavar="DIR",
+        help="resctrl: where the agent records its own groups (default $RDTUNE_STATE_DIR, "
+        "else /var/lib/rdtune for root, else $XDG_STATE_HOME/rdtune or ~/.local/state/rdtune)",
     )
     be.add_argument(
         "--runtime-class",
@@ -82,12 +92,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--tls-key", metavar="FILE", help="server private key (PEM)")
     net.add_argument("--tls-client-ca", metavar="FILE", help="require client certs from this CA")
     net.add_argument("--token-file", metavar="FILE", help="file holding the bearer token")
-    net.add_argument("--max-message-bytes", type=int, metavar="N", help="largest message")
     net.add_argument(
-        "--rate-limit", type=positive_float, metavar="RPS", help="requests/s per client host"
+        "--max-message-bytes",
+        type=int,
+        metavar="N",
+        help="largest message in bytes (default 4194304; 1024 to 2147483647)",
     )
     net.add_argument(
-        "--rate-burst", type=positive_float, metavar="N", help="burst allowance per client"
+        "--rate-limit",
+        type=positive_float,
+        metavar="RPS",
+        help="requests/s per client host (default 20000)",
+    )
+    net.add_argument(
+        "--rate-burst",
+        type=positive_float,
+        metavar="N",
+        help="burst allowance per client host (default 40000)",
     )
     net.add_argument(
         "--latency-scrape",
@@ -104,7 +125,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on shutdown give every own group all ways and full bandwidth again",
     )
     life.add_argument(
-        "--grace", dest="grace_s", type=non_negative_float, metavar="S", help="shutdown grace"
+        "--grace",
+        dest="grace_s",
+        type=non_negative_float,
+        metavar="S",
+        help="seconds in-flight calls get to finish at shutdown (default 5; at most 3600)",
     )
     parser.add_argument(
         "--list-scenarios", action="store_true", help="print the sim backend's scenarios and exit"

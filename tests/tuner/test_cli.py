@@ -59,6 +59,37 @@ def test_each_subcommand_has_help(name: str, capsys: pytest.CaptureFixture[str])
     assert "usage: rdtune " + name in capsys.readouterr().out
 
 
+def _option_help(command: str, option: str) -> str:
+    """The help of ``option`` of ``rdtune COMMAND``, on one line."""
+    sub = build_parser()._subparsers._group_actions[0].choices[command]
+    (action,) = [a for a in sub._actions if option in a.option_strings]
+    return " ".join(action.help.split())
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "says"),
+    [
+        ("tune", "--interval", "else 1.0"),
+        ("tune", "--fallback", "else static, strict ubik or eq"),
+        ("tune", "--timeout", "agent.timeout_s, else 5"),
+        ("tune", "--metrics-listen", "'' disables"),
+        ("tune", "--config", "TOML when it ends in .toml"),
+        ("agent", "--config", "TOML when it ends in .toml"),
+        ("agent", "--grace", "default 5; at most 3600"),
+        ("agent", "--max-message-bytes", "default 4194304"),
+        ("agent", "--rate-limit", "default 20000"),
+        ("agent", "--rate-burst", "per client host (default 40000)"),
+        ("agent", "--seed", "default 0"),
+        ("agent", "--scenario", "a scenario YAML file"),
+        ("agent", "--state-dir", "default $RDTUNE_STATE_DIR, else /var/lib/rdtune for root"),
+        ("describe", "--state-dir", "default $RDTUNE_STATE_DIR, else /var/lib/rdtune for root"),
+        ("agent", "--metrics-tls-client-ca", "require scrapers' client certificates"),
+    ],
+)
+def test_options_name_their_defaults(command: str, option: str, says: str) -> None:
+    assert says in _option_help(command, option)
+
+
 def test_tune_and_eval_list_the_same_controllers(capsys: pytest.CaptureFixture[str]) -> None:
     from models import catalogue
     from tuner.cli import main
