@@ -296,7 +296,7 @@ def _info(args: argparse.Namespace) -> int:
         asked, why = trace.extra.get("requested_intervals", "?"), trace.extra["stopped_early"]
         print(f"  stopped early, after {len(trace)} of {asked} intervals: {why}")
     for name, spec in trace.groups.items():
-        slo = f", SLO p{spec.slo.percentile:g} < {spec.slo.target_ms:g} ms" if spec.slo else ""
+        slo = f", SLO p{spec.slo.percentile:g} <= {spec.slo.target_ms:g} ms" if spec.slo else ""
         print(f"  group {name}: {spec.kind.value}{slo}")
     return 0
 

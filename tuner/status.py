@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         labels.get("group"): v for labels, v in metrics.get("rdtune_tuner_slo_attainment_ratio", [])
     }
     for name, spec in groups.items():
-        slo = f"p{spec.slo.percentile:g} < {spec.slo.target_ms:g} ms" if spec.slo else ""
+        slo = f"p{spec.slo.percentile:g} <= {spec.slo.target_ms:g} ms" if spec.slo else ""
         if name in attainment:
             slo += f" ({attainment[name]:.0%} met)"
         per_domain = alloc.groups.get(name, {})

@@ -56,7 +56,7 @@ def test_status_prints_the_live_allocation_and_tuner_metrics(fresh, tune_here) -
     for group, per_domain in alloc.groups.items():
         assert group in out
         assert ways_bar(per_domain[0].l3_mask, cbm) in out
-    assert "p95 < 1 ms (50% met)" in out
+    assert "p95 <= 1 ms (50% met)" in out  # met: at most the target (agent/slo.py)
     assert "decisions applied" in out and "dropped plans" in out
     assert "static (fallback)" in out
 
