@@ -14,7 +14,6 @@ docs/DEPLOY.md). Prometheus metrics are served on --metrics-listen.
 
 Exit status: 0 stopped cleanly; 1 the agent refused; 2 a bad option or setting; 3 stopped,
 but --restore-baseline could not put the baseline back (the summary says "restored": false).
-A start refused before the first interval prints its error and no summary.
 """
 
 from __future__ import annotations
@@ -219,8 +218,6 @@ def run(args: argparse.Namespace) -> int:
         if http is not None:
             http.shutdown()
             http.server_close()
-    if code != 0 and tuner.intervals == 0:
-        return code  # refused before it ran: the error said why; a summary would read as a run
     summary = {
         "intervals": tuner.intervals,
         "switches": [  # the last ones (tuner.service.KEPT_SWITCHES)

@@ -92,7 +92,6 @@ def test_calibration_on_the_live_node_needs_consent(fresh, tune_here, name, skip
     run = tune_here(fresh.address, name, "--intervals", "3")
     assert run.returncode == 2
     assert f"give {skip} in its options" in run.stderr and "--calibrate" in run.stderr
-    assert "stopped" not in run.stdout, "no summary of a run that never started"
     with fresh.node() as node:
         assert node.now() == 0.0, "nothing ran on the node"
 
