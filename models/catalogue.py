@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from agent.configfile import parse_problem
-from agent.types import GroupKind
+from agent.types import GroupKind, GroupSpec
 from models import prepare
 from models.basic import EqualPartition, Unpartitioned
 from models.cadence import Every
@@ -438,18 +438,27 @@ def build(spec: ControllerSpec | str, setup: Setup) -> Controller:
 def _check_exclusive(entry: Entry, setup: Setup) -> None:
     """:class:`Unavailable` when the node has an exclusive group of a kind ``entry`` does
     not keep apart (its first plan would be refused, mid-run)."""
-    if entry.exclusive is None:
-        return
-    shared = sorted(
-        g for g, s in setup.node.groups().items() if s.exclusive and s.kind not in entry.exclusive
+    problem = shares_exclusive(entry.name, setup.node.groups())
+    if problem:
+        raise Unavailable(problem)
+
+
+def shares_exclusive(name: str, groups: Mapping[str, GroupSpec]) -> str | None:
+    """Why the controller ``name`` cannot serve a node with ``groups``: an exclusive group
+    of a kind it lets share ways (the kernel refuses such plans); None when it can, or
+    when the name is not the catalogue's."""
+    entry = CATALOGUE.get(name)
+    if entry is None or entry.exclusive is None:
+        return None
+    shared = sorted(g for g, s in groups.items() if s.exclusive and s.kind not in entry.exclusive)
+    if not shared:
+        return None
+    kept = " and ".join(sorted(k.value.upper() for k in entry.exclusive))
+    shares = f"groups other than {kept} ones share ways" if kept else "groups share ways"
+    return (
+        f"group(s) {', '.join(shared)} are exclusive, and under it {shares}; eq, ucp and "
+        "the policy keep every group's ways apart"
     )
-    if shared:
-        kept = " and ".join(sorted(k.value.upper() for k in entry.exclusive))
-        shares = f"groups other than {kept} ones share ways" if kept else "groups share ways"
-        raise Unavailable(
-            f"group(s) {', '.join(shared)} are exclusive, and under it {shares}; eq, ucp "
-            "and the policy keep every group's ways apart"
-        )
 
 
 def construct(spec: ControllerSpec | str, interval_s: float = 0.1) -> Controller:

@@ -25,7 +25,7 @@ from models.setup import ControllerError, Setup
 FALLBACK_ORDER = ("static", "ubik", "eq")
 FALLBACK_DEFAULTS = {"ubik": {"slack": 0.0}}  # strict Ubik: no tail degradation allowed
 
-__all__ = ["FALLBACK_ORDER", "ControllerError", "build", "check", "fallback"]
+__all__ = ["FALLBACK_ORDER", "ControllerError", "build", "check", "fallback", "fallbacks"]
 
 
 def check(spec: str, options: Mapping | None = None) -> None:
@@ -54,23 +54,33 @@ def build(
 
 
 def fallback(name: str | None = None, options: Mapping | None = None) -> Controller:
-    """The SLO guard's fallback: ``name`` (with ``options``), or else the first of static /
-    Ubik strict (slack 0) / eq that can be built from options alone (the static allocation
-    needs its LC group and way count from an offline sweep: configure it as
-    ``fallback: static`` with ``fallback_options: {lc_group, ways}``)."""
+    """The SLO guard's fallback: ``name`` (with ``options``), or else the first of
+    :func:`fallbacks`."""
+    return fallbacks(name, options)[0]
+
+
+def fallbacks(name: str | None = None, options: Mapping | None = None) -> list[Controller]:
+    """The SLO guard's fallback candidates, the first the node accepts to be used (the
+    tuner tries them at start, :func:`tuner.service.rehearse`): ``name`` (with
+    ``options``) alone, or else those of static / Ubik strict (slack 0) / eq that can be
+    built from options alone (the static allocation needs its LC group and way count from
+    an offline sweep: configure it as ``fallback: static`` with ``fallback_options:
+    {lc_group, ways}``); eq, last, serves any node with cache allocation."""
     if name:
         spec = ControllerSpec.parse(name)
         if spec.name == "policy":
             raise ControllerError("the fallback must be a heuristic, not a learned policy")
-        return catalogue.construct(spec.with_options(options or {}))
-    skipped = []
+        return [catalogue.construct(spec.with_options(options or {}))]
+    built, skipped = [], []
     for candidate in FALLBACK_ORDER:
         try:
-            return catalogue.construct(
-                ControllerSpec(candidate, FALLBACK_DEFAULTS.get(candidate, {}))
+            built.append(
+                catalogue.construct(ControllerSpec(candidate, FALLBACK_DEFAULTS.get(candidate, {})))
             )
         except ControllerError as exc:  # needs options only the operator can give
             skipped.append(str(exc))
-    raise ControllerError(
-        f"no fallback controller could be built from {FALLBACK_ORDER}: {'; '.join(skipped)}"
-    )
+    if not built:
+        raise ControllerError(
+            f"no fallback controller could be built from {FALLBACK_ORDER}: {'; '.join(skipped)}"
+        )
+    return built

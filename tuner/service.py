@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.errors import (
@@ -44,6 +44,7 @@ from agent.node import Node, as_clock
 from agent.throttle import LogThrottle, held_back
 from agent.types import Allocation, AllocationPlan, GroupKind, GroupSpec, Snapshot
 from models.cadence import decided
+from models.catalogue import shares_exclusive
 from models.controller import ControlContext, Controller, Decision, move_tasks
 from models.setup import ControllerError
 from tuner.config import TunerConfig
@@ -82,7 +83,8 @@ class Tuner(Resilience, Pacing):
             after the first connection: a policy is checked against the node, a controller
             that calibrates may calibrate on it).
         cfg: the configuration (interval, groups, guard, fallback, retry).
-        fallback: the SLO guard's fallback controller.
+        fallback: the SLO guard's fallback controller, or candidates for it in order:
+            the first that can control the node (:func:`rehearse`) serves.
         metrics: where to export (a fresh registry by default).
     """
 
@@ -91,13 +93,14 @@ class Tuner(Resilience, Pacing):
         connect: Callable[[], Node],
         controller: Callable[[Node], Controller],
         cfg: TunerConfig,
-        fallback: Controller,
+        fallback: Controller | Sequence[Controller],
         metrics: TunerMetrics | None = None,
     ) -> None:
         self.cfg = cfg
         self._connect = connect
         self._build_controller = controller
-        self.fallback = fallback
+        self._fallbacks = [fallback] if isinstance(fallback, Controller) else list(fallback)
+        self.fallback = self._fallbacks[0]
         self.metrics = metrics or TunerMetrics()
         self.plan_guard = PlanGuard(cfg.guard)
         self.slo_guard = SloGuard(cfg.guard.violation_intervals, cfg.guard.stable_intervals)
@@ -141,7 +144,7 @@ class Tuner(Resilience, Pacing):
             try:
                 self.primary = self._build_controller(self.node)
                 self.intended = self.node.allocation()
-                rehearse(self.fallback, self._context(self.intended))
+                self.fallback = rehearse(self._fallbacks, self._context(self.intended))
             except Exception:  # refused or a bug: the groups made for it go again
                 self.primary = None
                 self.keeper.undo(self.node, created)
@@ -380,16 +383,26 @@ def _move_tasks(node: Node, moves: Mapping[str, frozenset[int]]) -> None:
             log.warning("task move into %r: no tasks %s (exited)", group, sorted(exited))
 
 
-def rehearse(fallback: Controller, ctx: ControlContext) -> None:
-    """Start ``fallback`` once on the node ``ctx`` describes, its decision dropped: a
-    fallback that cannot control the node (a static allocation's LC group missing) is
-    refused at start, not found out when the SLO guard trips, the LC groups missing their
-    SLOs."""
-    try:
-        fallback.start(ctx)
-    except NodeError:
-        raise
-    except Exception as exc:
-        raise ControllerError(
-            f"the fallback controller {fallback.name} cannot control this node: {exc}"
-        ) from None
+def rehearse(candidates: Sequence[Controller], ctx: ControlContext) -> Controller:
+    """The first of ``candidates`` that can control the node ``ctx`` describes: one that
+    would not share an exclusive group's ways (the kernel refuses such plans), started
+    once, its decision dropped. A fallback that cannot (a static allocation's LC group
+    missing) is refused at start, not found out when the SLO guard trips, the LC groups
+    missing their SLOs."""
+    problems = []
+    for fallback in candidates:
+        shared = shares_exclusive(fallback.name, ctx.groups)
+        if shared:  # its start may keep them apart, a later plan would not
+            problems.append(f"{fallback.name}: {shared}")
+            continue
+        try:
+            fallback.start(ctx)
+            return fallback
+        except NodeError:
+            raise
+        except Exception as exc:
+            problems.append(f"{fallback.name}: {exc}")
+    if len(candidates) == 1:
+        name, _, why = problems[0].partition(": ")
+        raise ControllerError(f"the fallback controller {name} cannot control this node: {why}")
+    raise ControllerError(f"no fallback controller can control this node: {'; '.join(problems)}")

@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
     from models.catalogue import describe
     from tuner.config import ConfigError
-    from tuner.controllers import ControllerError, build, check, fallback
+    from tuner.controllers import ControllerError, build, check, fallbacks
 
     if args.list_controllers:
         print(describe())
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
                 "(see --list-controllers)"
             )
         spec = cfg.controller
-        backup = fallback(cfg.fallback, cfg.fallback_options)
+        backup = fallbacks(cfg.fallback, cfg.fallback_options)
         _check_policy_files(spec)
         check(spec, cfg.controller_options)  # not left until the agent answers
     except (ConfigError, ControllerError) as exc:
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         "switch_count": tuner.switches.count,
         "dropped": tuner.drop_log.total,  # plans the guard or the node refused
         "controller": tuner.primary.name if tuner.primary else None,
-        "fallback": backup.name,
+        "fallback": tuner.fallback.name,
     }
     if restored is not None:
         summary["restored"] = restored

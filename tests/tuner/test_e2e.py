@@ -359,3 +359,22 @@ def test_a_start_refused_for_a_group_setting_leaves_no_group_behind(
     assert run.returncode == code and needle in run.stderr, run.stderr
     with fresh.node() as node:
         assert "web" not in node.groups()
+
+
+@pytest.mark.parametrize("fallback", [None, "ubik[slack=0]", "eq"])
+def test_the_fallback_is_one_whose_plans_the_node_takes(fresh, tune_here, fallback) -> None:
+    """With an exclusive group, Ubik's plans share its ways and the node refuses them: the
+    default fallback passes on to eq at start, and a named one is refused at start. Before,
+    the fallback was found out when the SLO guard tripped, every plan of it dropped."""
+    config = {"groups": [{"name": "tier", "kind": "batch", "exclusive": True}]}
+    if fallback:
+        config["fallback"] = fallback
+    run = tune_here(fresh.address, "eq", "--intervals", "2", config=config)
+    if fallback == "ubik[slack=0]":
+        assert run.returncode == 2, run.stderr
+        assert "the fallback controller ubik cannot control this node: group(s) tier" in (
+            run.stderr
+        )
+        return
+    assert run.returncode == 0, run.stderr
+    assert "(fallback eq)" in run.stderr
