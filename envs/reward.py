@@ -3,7 +3,7 @@ a cost for changing allocations.
 
 ``total = slo + fairness + throughput + change`` with
 
-- ``slo = -w_slo * mean over LC groups of penalty``, penalty ``1 + min(cap, ratio - 1)``
+- ``slo = -w_slo * sum over LC groups of penalty``, penalty ``1 + min(cap, ratio - 1)``
   when the tail latency at the SLO's percentile exceeds its target (``ratio`` = latency /
   target), else 0. A violation always costs at least ``w_slo`` and more the further it
   misses; LC groups without requests in the interval are not judged, and a tail that is not

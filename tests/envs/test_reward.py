@@ -78,6 +78,22 @@ def test_violating_an_slo_lowers_the_reward_and_more_so_the_further() -> None:
     assert just.total < _reward(_snap(ips_a=0.5e9, ips_b=2e9)).total
 
 
+@pytest.mark.parametrize("n_lc", [1, 2, 4])
+def test_one_violation_costs_at_least_w_slo_however_many_lc_groups_meet_theirs(n_lc) -> None:
+    """Averaged over the LC groups, one just-missed SLO among four cost about 1, what the
+    throughput term gives back: SLOs first held only with one LC service."""
+    groups = {**GROUPS, **{f"kv{i}": GroupSpec(f"kv{i}", GroupKind.LC, SLO(99.0, 1.0))
+                           for i in range(1, n_lc)}}  # fmt: skip
+    met = LatencyStats(1000, 0.2, 0.4, 0.5, 0.75)
+    snap = _snap(p99_ms=1.01)
+    samples = {**snap.groups, **{g: GroupSample(1e9, 1e9, latency=met) for g in groups
+                                 if g not in snap.groups}}  # fmt: skip
+    t = compute_reward(Snapshot(1.0, 1.0, samples), groups, REF, CAPS, HELD, HELD, W)
+    assert t.violations == 1 and t.slo == pytest.approx(-W.slo * 1.01)
+    # SLOs first: worse than a batch job starved to a thousandth of its speed
+    assert t.total < _reward(_snap(ips_a=2e6)).total
+
+
 def test_lc_without_requests_is_not_judged() -> None:
     snap = _snap()
     groups = dict(snap.groups)

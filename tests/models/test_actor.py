@@ -59,16 +59,29 @@ def test_the_shipped_policy_drives_a_node_as_under_onnx_runtime() -> None:
 
 
 def test_a_slot_policy_trained_here_runs_compiled_as_sb3_decides(tiny_ppo_run, tmp_path):
+    import shutil
+
     import gymnasium as gym
+    import torch
 
     import envs  # noqa: F401
     from training.export import export_run
+    from training.rundir import save_checkpoint
     from training.train import load_model
 
-    export_run(tiny_ppo_run.run_dir, tmp_path, parity_observations=16)
-    ctrl = PolicyController(tmp_path)
+    # A tiny run may have learnt one action for every observation, which any forward pass
+    # that ignores the observation matches: its action head is drawn again at random.
+    run = tmp_path / "run"
+    shutil.copytree(tiny_ppo_run.run_dir, run)
+    model = load_model(run / "best_model.zip", "PPO")
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for p in model.policy.action_net.parameters():
+            p.copy_(torch.randn_like(p))
+    save_checkpoint(model, run / "best_model.zip")
+    export_run(run, tmp_path / "export", parity_observations=16)
+    ctrl = PolicyController(tmp_path / "export")
     assert ctrl.runtime == "compiled"
-    model = load_model(tiny_ppo_run.run_dir / "best_model.zip", "PPO")
     env = gym.make(ctrl.card.env["id"], **ctrl.card.env["kwargs"])
     obs, _ = env.reset(seed=5)
     rng = np.random.default_rng(5)
