@@ -67,7 +67,11 @@ class Entry:
         prepare_options: options ``prepare`` takes for itself, beside the factory's (a
             calibration's settings); it does not pass them to the factory.
         filled: factory parameters ``prepare`` supplies from the node (not options).
-        calibrated: options ``prepare`` measures when they are not given.
+        calibrated: options ``prepare`` measures when they are not given, by a sweep on
+            a copy of the node (or on the node itself where allowed: ``rdtune tune
+            --calibrate``).
+        derived: what ``prepare`` takes from the node, without a sweep, for options not
+            given (free text for listings; empty: nothing).
         own_groups: it makes its own groups: the node must start without per-workload ones.
         exclusive: the kinds of group whose ways it keeps apart from every other group's
             (None: every kind). A node with an exclusive group of another kind is refused:
@@ -82,6 +86,7 @@ class Entry:
     prepare_options: tuple[str, ...] = ()
     filled: tuple[str, ...] = ()
     calibrated: tuple[str, ...] = ()
+    derived: str = ""
     own_groups: bool = False
     exclusive: frozenset[GroupKind] | None = None
 
@@ -101,6 +106,11 @@ class Entry:
         if any(p.kind is p.VAR_KEYWORD for p in params):
             return None
         return frozenset(self.options()) | frozenset(self.prepare_options) | COMMON_OPTIONS
+
+
+# What prepare takes from a node without a sweep (Entry.derived), as listings say it.
+COPART_STREAM = "stream: STREAM profiled on a simulated node, else estimated from peak bandwidth"
+TIME_SHARING_SERVICES = "services, groups, background_pids: a simulated node's workloads, or given"
 
 
 def _entries(*entries: Entry) -> dict[str, Entry]:
@@ -147,7 +157,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         CoPart,
         "CoPart: LLC ways and memory bandwidth traded for fairness among batch jobs",
         prepare=prepare.prepare_copart,
-        calibrated=("stream",),
+        derived=COPART_STREAM,
         exclusive=frozenset({GroupKind.LC}),
     ),
     Entry(
@@ -155,7 +165,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         CoPartCatOnly,
         "CoPart's CAT-only variant: LLC ways traded, bandwidth at the equal split",
         prepare=prepare.prepare_copart,
-        calibrated=("stream",),
+        derived=COPART_STREAM,
         exclusive=frozenset({GroupKind.LC}),
     ),
     Entry(
@@ -163,7 +173,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         CoPartMbaOnly,
         "CoPart's MBA-only variant: memory bandwidth only, ways at the equal split",
         prepare=prepare.prepare_copart_mba,
-        calibrated=("stream",),
+        derived=COPART_STREAM,
         exclusive=frozenset({GroupKind.LC}),
     ),
     Entry(
@@ -188,7 +198,8 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         CoCo,
         "CoCo: LC services time-share tiers of ways, sized by a sensitivity profile",
         prepare=prepare.prepare_coco,
-        calibrated=("services", "groups", "background_pids", "profile"),
+        calibrated=("profile",),
+        derived=TIME_SHARING_SERVICES,
         own_groups=True,
     ),
     Entry(
@@ -196,7 +207,7 @@ CATALOGUE: Mapping[str, Entry] = _entries(
         RoundRobin,
         "LC services take turns in CoCo's tiers (no profile)",
         prepare=prepare.prepare_round_robin,
-        calibrated=("services", "groups", "background_pids"),
+        derived=TIME_SHARING_SERVICES,
         own_groups=True,
     ),
     Entry(
@@ -530,7 +541,11 @@ def describe() -> str:
         if entry.prepare_options:
             notes.append(f"calibration options: {', '.join(entry.prepare_options)}")
         if entry.calibrated:
-            notes.append(f"calibrated for the node when not given: {', '.join(entry.calibrated)}")
+            notes.append(
+                f"calibrated by a sweep of the node when not given: {', '.join(entry.calibrated)}"
+            )
+        if entry.derived:
+            notes.append(f"taken from the node when not given: {entry.derived}")
         notes += [f"needs {n.value}" for n in sorted(entry.needs, key=lambda n: n.name)]
         if entry.own_groups:
             notes.append("makes its own groups")

@@ -146,8 +146,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     rec.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    info = sub.add_parser("info", help="summarise a trace file (and check it reads)")
-    info.add_argument("file", help="trace file")
+    info = sub.add_parser(
+        "info",
+        help="summarise a trace file (and check it reads)",
+        description="Check that a trace file reads (its format, checksum and metadata) and "
+        "print what it holds: source, clock, scenario, capabilities, groups and their SLOs, "
+        "intervals and the controller that recorded it. Exit 2 when it does not read.",
+    )
+    info.add_argument("file", help="the trace file (Parquet, as 'rdtune trace record' writes)")
 
     exp = sub.add_parser(
         "export-minari",
