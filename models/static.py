@@ -180,13 +180,8 @@ def calibrate(
     spec = groups[lc_group]
     if spec.kind is not GroupKind.LC or spec.slo is None:
         raise ValueError(f"group {lc_group!r} is not an LC group with an SLO")
-    check_sweep(
-        measure_s=measure_s,
-        warmup_s=warmup_s,
-        tolerance=tolerance,
-        abs_tolerance_ms=abs_tolerance_ms,
-        slack=slack,
-    )
+    check_sweep(measure_s=measure_s, warmup_s=warmup_s, tolerance=tolerance,
+                abs_tolerance_ms=abs_tolerance_ms, slack=slack)  # fmt: skip
     caps = node.capabilities()
     if caps.l3 is None:
         raise ValueError("node has no L3 allocation to sweep")

@@ -142,6 +142,7 @@ LONG = {
     "agent/server/cli.py:add_arguments": "the agent's options, one declaration each",
     "training/trace_cli.py:add_arguments": "the trace commands' options, one declaration each",
     "eval/cli.py:add_arguments": "the eval command's options, one declaration each",
+    "tuner/tune.py:add_arguments": "the tuner's options, one declaration each",
     "agent/server/cli.py:run": "a command's script",
     "training/trace_compare.py:compare": "an experiment's script: record, train twice, evaluate",
     "eval/report.py:write_report": "a document, section after section",

@@ -276,15 +276,7 @@ class TraceNode(StepByParts):
         loads, active = self.replay.at(self._offset + self._t + h / 2)
         act = [w for w in self._workloads if w in active]
         allocs = {w: self._workload_alloc(w) for w in self._workloads}
-        target = effective_ways({w: a.l3_mask for w, a in allocs.items()}, self._caps, act)
-        if self._eff is None:
-            self._eff = dict(target)  # start settled
-        eff = {}
-        for w in self._workloads:
-            tau = self.dynamics.groups[w].tau_s
-            a = math.exp(-h / tau) if tau > 0 else 0.0
-            self._eff[w] = target[w] + (self._eff[w] - target[w]) * a
-            eff[w] = self._eff[w]
+        eff = self._effective_ways(h, allocs, act)
         if self._state is None:  # start settled under the allocation held at the start
             settled = self.dynamics.predict(
                 {w: eff[w] for w in act}, {w: allocs[w].mb for w in act}, loads
@@ -333,6 +325,18 @@ class TraceNode(StepByParts):
                 n = loads[w] * h
                 self._lat[w] += np.array([n, *(n * p.latency_ms[k] * z[k] for k in LATENCY_KEYS)])
         self._t += h
+
+    def _effective_ways(self, h: float, allocs: dict, act: list[str]) -> dict[str, float]:
+        """Each workload's effective ways after ``h`` seconds: the allocation's, reached
+        at its fitted time constant (settled at the start)."""
+        target = effective_ways({w: a.l3_mask for w, a in allocs.items()}, self._caps, act)
+        if self._eff is None:
+            self._eff = dict(target)
+        for w in self._workloads:
+            tau = self.dynamics.groups[w].tau_s
+            a = math.exp(-h / tau) if tau > 0 else 0.0
+            self._eff[w] = target[w] + (self._eff[w] - target[w]) * a
+        return dict(self._eff)
 
     def _noise(self, d) -> dict[str, float]:
         keys = ("ipc", "apki", "mpki", "bw", *LATENCY_KEYS)
