@@ -151,6 +151,15 @@ COMPOSED: dict[str, dict] = {
         "interval_s": 0.2,
         "episode_steps": 10,
     },
+    # one scenario: every episode has the same groups, so the env keeps its prepared
+    # encoder (and the history in it) from one episode to the next
+    "v3-one-scenario-shield": {
+        "scenarios": ["lc_batch_60"],
+        "split": "all",
+        "shield": True,
+        "interval_s": 0.2,
+        "episode_steps": 8,
+    },
     "v3-3-slots-shield": {
         "scenarios": "named",
         "split": "all",
