@@ -34,13 +34,22 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from agent.types import Allocation, GroupAllocation, GroupKind, GroupSample, GroupSpec, Snapshot
+from agent.types import (
+    Allocation,
+    GroupAllocation,
+    GroupKind,
+    GroupSample,
+    GroupSpec,
+    NodeCapabilities,
+    Snapshot,
+)
 from envs.partition import PartitionEnv
 from envs.reward import compute_reward, observed_ips
 from models.actions import ActionDecoder
@@ -231,7 +240,10 @@ def _clip_unit(x: float) -> float:
 
 
 def _measured(
-    spec: GroupSpec, sample: GroupSample | None, held: GroupAllocation | None, caps
+    spec: GroupSpec,
+    sample: GroupSample | None,
+    held: GroupAllocation | None,
+    caps: NodeCapabilities,
 ) -> tuple[float | None, float | None, float | None, float]:
     """One slot's latency_ratio, ipc and mpki features (None: not measured) and its
     ways_fraction, in float64 from their per-feature definitions (the sensitivities are
@@ -262,7 +274,15 @@ class _PlainShield:
         self.size = max_groups
         self._row = np.array([0])
 
-    def start(self, decoder: ActionDecoder, slots: list[str], groups, caps, alloc) -> None:
+    def start(
+        self,
+        decoder: ActionDecoder,
+        slots: list[str],
+        groups: Mapping[str, GroupSpec],
+        caps: NodeCapabilities,
+        alloc: Allocation,
+    ) -> None:
+        """Floors from what each slot holds in ``alloc`` (an episode's start)."""
         self.slots, self.groups, self.caps = slots, groups, caps
         self.layout = decoder.decode_layout(len(slots), caps)
         self.present = (np.arange(self.size) < len(slots))[None, :]
@@ -287,7 +307,7 @@ class _PlainShield:
             if spec.slo is None or lat is None or sample.llc_misses is None:
                 continue
             if lat.count > 0 and math.isfinite(lat.p50_ms) and lat.p50_ms > 0:
-                misses[0, i], p50[0, i] = sample.llc_misses / lat.count, lat.p50_ms
+                misses[0, i], p50[0, i] = float(sample.llc_misses) / lat.count, lat.p50_ms
         requests = (misses, p50) if self.shield.config.reads_misses else None
         levels = held_levels(mb, self.layout.mb_held)
         self.shield.update(self._row, ratio, ways, levels, shared, requests)
