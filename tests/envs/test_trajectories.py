@@ -19,7 +19,8 @@ decoder's slow path):
   env's history and shield plumbing (resets, order of observe and encode, the prepared
   encoder's and NodeShield's caches) is checked too. Not covered here: the shield's
   rules themselves (both sides step the same compiled update, checked by
-  tests/models/test_shield*.py) and NodePartitionEnv (groups that change mid-episode).
+  tests/models/test_shield.py and tests/models/test_shield_kernel.py) and
+  NodePartitionEnv (groups that change mid-episode).
 - ``test_trajectories_are_pinned``: whole trajectories (observations, rewards,
   terminated/truncated, info) recorded in ``data/trajectories.npz``, first before the
   env's step was optimised; they also pin the decoder, encoder and reward themselves.
