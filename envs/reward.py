@@ -3,11 +3,14 @@ a cost for changing allocations.
 
 ``total = slo + fairness + throughput + change`` with
 
-- ``slo = -w_slo * sum over LC groups of penalty``, penalty ``1 + min(cap, ratio - 1)``
+- ``slo = -w_slo * mean over LC groups of penalty``, penalty ``1 + min(cap, ratio - 1)``
   when the tail latency at the SLO's percentile exceeds its target (``ratio`` = latency /
-  target), else 0. A violation always costs at least ``w_slo`` and more the further it
-  misses; LC groups without requests in the interval are not judged, and a tail that is not
-  a finite number is a violation at the cap (agent/slo.py's rule).
+  target), else 0. With one LC service a violation costs at least ``w_slo`` and more the
+  further it misses; with ``n`` judged it costs ``1/n`` of that, the mean keeping the term's
+  scale across mixes (summed, trained policies gave up weighted speedup and fairness for
+  no fewer violations: docs/TRAINING.md, "The SLO term summed over LC services"). LC groups
+  without requests in the interval are not judged, and a tail that is not a finite number
+  is a violation at the cap (agent/slo.py's rule).
 - ``fairness = -w_fair * unfairness``, CoPart's unfairness (EuroSys'19, section 3): the
   standard deviation over the mean of the batch groups' slowdowns (0 with fewer than two
   running batch groups).
@@ -33,8 +36,9 @@ once (the vector environment); :class:`StepReward` (and :func:`compute_reward`) 
 case for a Snapshot and two Allocations. Both hand their arrays to the same compiled loops
 (envs/reward_kernel.py), which own the arithmetic.
 
-Default weights and why: ``slo=4``: a violation (>= 4) outweighs anything fairness (an
-unfairness rarely beyond 1) and throughput (at most 1) can give back, so SLOs come first;
+Default weights and why: ``slo=4``: a violation of the only LC service (>= 4) outweighs
+anything fairness (an unfairness rarely beyond 1) and throughput (at most 1) can give back,
+so SLOs come first;
 ``fairness=1``, ``throughput=1``: fairness is CoPart's objective and ranks before raw
 throughput because unfairness can vary by ~1 while the mean progress moves by a few
 tenths; ``change=0.5``: a full reshuffle of the cache costs half the best throughput term,

@@ -95,7 +95,7 @@ def rewards(
 
 @jit
 def _slo_terms(b, cap, slo_pct, slo_target, latency_count, latency_ms):
-    """Node ``b``'s (SLO penalty summed over its judged LC groups, how many were judged,
+    """Node ``b``'s (mean SLO penalty over its judged LC groups, how many were judged,
     how many missed their SLO, the worst tail over its target (NaN: none known)), by
     agent/slo.py's rule: judged when requests completed; met when the tail is finite and
     at most the target (an unknown or unfinished tail costs the cap)."""
@@ -119,9 +119,8 @@ def _slo_terms(b, cap, slo_pct, slo_target, latency_count, latency_ms):
             over += 1
             excess = ratio - 1.0 if math.isfinite(ratio) else cap
             penalty += 1.0 + min(cap, excess)
-    # summed, not averaged: a violation costs at least w_slo however many LC groups meet
-    # theirs (averaged, with 4 LC groups one missed SLO cost what throughput can give back)
-    return penalty, judged, over, (worst if known else math.nan)
+    mean = penalty / judged if judged > 0 else 0.0
+    return mean, judged, over, (worst if known else math.nan)
 
 
 @jit

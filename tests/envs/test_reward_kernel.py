@@ -24,7 +24,7 @@ def _numpy_reward(w: RewardWeights, a: dict) -> dict[str, np.ndarray]:
         excess = np.where(np.isfinite(ratio), ratio - 1.0, w.slo_cap)
         penalty = np.where(over, 1.0 + np.minimum(w.slo_cap, excess), 0.0)
         n_lc = judged.sum(axis=1)
-        slo = np.where(n_lc > 0, -w.slo * penalty.sum(axis=1), 0.0)  # summed over LC groups
+        slo = np.where(n_lc > 0, -w.slo * (penalty.sum(axis=1) / np.maximum(n_lc, 1)), 0.0)
         known = judged & ~np.isnan(ratio)
         top = np.where(known, ratio, -np.inf).max(axis=1, initial=-np.inf)
         worst = np.where(known.any(axis=1), top, np.nan)
