@@ -18,7 +18,9 @@ docs/DEPLOY.md "Security"): ``--token`` is refused with a message saying where t
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -45,6 +47,9 @@ def agent_address(value: str) -> str:
 
 TOKEN_FILE_MAX = 64 << 10  # a token is a line; a larger file is not one
 
+log = logging.getLogger("rdtune.connection")
+_said_open: set[str] = set()  # token files already warned about
+
 
 def read_token(
     token: str | None, token_file: str | None, error: type[Exception] = ValueError
@@ -61,11 +66,26 @@ def read_token(
             raise error(f"token file {token_file!r} is not UTF-8 text") from None
         if not token:
             raise error(f"token file {token_file!r} is empty")
+        _warn_if_open(token_file)
     if token is None and TOKEN_ENV in os.environ:
         token = os.environ[TOKEN_ENV].strip()
         if not token:  # a blank value must not turn authentication off unnoticed
             raise error(f"${TOKEN_ENV} is set but blank; unset it or give it a token")
     return token
+
+
+def _warn_if_open(path: str) -> None:
+    """Warn, once per file, when others than its owner may read a token file: whoever
+    reads it may drive the node (or read the metrics) as its owner."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if mode & (stat.S_IRWXG | stat.S_IRWXO) and path not in _said_open:
+        _said_open.add(path)
+        log.warning(
+            "token file %s is open to other users (mode %03o): chmod 600 it", path, mode & 0o777
+        )
 
 
 @dataclass

@@ -222,3 +222,23 @@ def test_a_token_file_that_is_no_token_is_refused_naming_it(make, problem, tmp_p
     with pytest.raises(ConfigError, match=re.escape(problem)) as err:
         read_token(None, str(path), ConfigError)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize(("mode", "warned"), [(0o600, False), (0o400, False), (0o644, True)])
+def test_a_token_file_others_may_read_is_warned_about_once(
+    mode: int, warned: bool, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whoever reads the file may drive the node as its owner: accepted (a deployment may
+    have reasons), but said, once per file."""
+    from agent.configfile import ConfigError
+    from agent.connection import read_token
+
+    path = tmp_path / "token"
+    path.write_text("s3cret-token\n")
+    path.chmod(mode)
+    with caplog.at_level("WARNING", logger="rdtune.connection"):
+        for _ in range(2):
+            assert read_token(None, str(path), ConfigError) == "s3cret-token"
+    said = [r for r in caplog.records if "open to other users" in r.getMessage()]
+    assert len(said) == (1 if warned else 0)
+    assert not warned or f"mode {mode:03o}" in said[0].getMessage()
