@@ -14,7 +14,11 @@ load profile, arrival/departure, SLO; not its name) places it in the hash space,
 
 The same mix under two names lands in the same split, the generator rejects draws of the
 other splits, and an env refuses a reset to a scenario of another split
-(:meth:`ScenarioFamily.chosen`), so no test or validation mix is ever trained on.
+(:meth:`ScenarioFamily.chosen`), so no test or validation mix is ever trained on. The key
+lists the workloads in the order the scenario does, so the same mix listed in another order
+(or with a workload's default thread count spelt out) may hash to another split: a
+scenario that is the library's mix of another split in that sense (:func:`mix_key`) is
+refused, or left out of a draw, rather than trained or tested on twice.
 Generator families can also be narrowed (``min_lc``, ``max_workloads``): draws outside are
 rejected too.
 """
@@ -46,6 +50,18 @@ def spec_key(scenario: Scenario) -> str:
             f"{w.workload}|{w.threads}|{w.group_name}|{w.load!r}|{w.start_s}|{w.end_s}|{w.slo_ms}"
         )
     return "\n".join(parts)
+
+
+def mix_key(scenario: Scenario) -> str:
+    """:func:`spec_key` whatever order the scenario lists its workloads in and whether it
+    spells out a workload's default thread count: the mix itself."""
+    cat = scenario.catalog
+    lines = [
+        f"{w.workload}|{w.threads or cat.workload(w.workload).threads}|{w.group_name}|"
+        f"{w.load!r}|{w.start_s}|{w.end_s}|{w.slo_ms}"
+        for w in scenario.workloads
+    ]
+    return "\n".join([f"machine={scenario.machine}", *sorted(lines)])
 
 
 def split_of(
@@ -126,6 +142,7 @@ class ScenarioFamily:
         if self.preset is not None:
             self.catalog.machine(self.preset)  # raises CatalogError naming the presets
         self._pool: list[Scenario] | None = None
+        self._library: dict[str, tuple[str, str]] | None = None  # mix_key -> (name, split)
         if isinstance(self.source, str):
             if self.source not in KINDS:
                 raise ValueError(
@@ -138,6 +155,8 @@ class ScenarioFamily:
                 self._pool = self._split(pool)
         else:
             pool = [self._on_preset(get_scenario(s, self.catalog)) for s in self.source]
+            for scn in pool:
+                self._refuse_a_twin(scn)
             self._pool = self._split(pool)
         if self._pool is not None and not self._pool:
             raise ValueError(
@@ -183,12 +202,33 @@ class ScenarioFamily:
         if not isinstance(scenario, str | Scenario):
             raise TypeError(f"scenario must be a name or a Scenario, got {type(scenario)}")
         scn = self._on_preset(get_scenario(scenario, self.catalog))
+        self._refuse_a_twin(scn)
         if self.split != "all" and self.split_of(scn) != self.split:
             raise ValueError(
                 f"scenario {scn.name} is in the {self.split_of(scn)!r} split, not this "
                 f"env's {self.split!r}; run it on an env of that split (or split='all')"
             )
         return scn
+
+    def _twin(self, scn: Scenario) -> tuple[str, str] | None:
+        """(name, split) of the library scenario whose mix ``scn`` is in another order or
+        spelling, when that one is in another split than ``scn``'s own hash says."""
+        if self._library is None:
+            self._library = {}
+            for name in self.names():
+                lib = self._on_preset(get_scenario(name, self.catalog))
+                self._library[mix_key(lib)] = (name, self.split_of(lib))
+        twin = self._library.get(mix_key(scn))
+        return twin if twin is not None and twin[1] != self.split_of(scn) else None
+
+    def _refuse_a_twin(self, scn: Scenario) -> None:
+        twin = None if self.split == "all" else self._twin(scn)
+        if twin is not None:
+            raise ValueError(
+                f"scenario {scn.name} is library scenario {twin[0]}'s mix (listed in another "
+                f"order, or with default threads spelt out), which is in the {twin[1]!r} "
+                f"split: it would be trained or tested on twice; use {twin[0]} itself"
+            )
 
     def _on_preset(self, scn: Scenario) -> Scenario:
         return scn if self.preset is None else scn.with_machine(self.preset)
@@ -210,7 +250,9 @@ class ScenarioFamily:
             return False
         if self.max_workloads is not None and len(scn.workloads) > self.max_workloads:
             return False
-        return self.split == "all" or self.split_of(scn) == self.split
+        if self.split == "all":
+            return True
+        return self.split_of(scn) == self.split and self._twin(scn) is None
 
     def draw(self, rng: np.random.Generator) -> Scenario:
         """One scenario, chosen with ``rng`` (reproducible for a seeded generator)."""

@@ -389,6 +389,49 @@ def test_split_ignores_the_name() -> None:
     assert spec_key(a) == spec_key(b) and split_of(a) == split_of(b)
 
 
+@pytest.mark.parametrize("spelling", ["reordered", "default threads spelt out"])
+def test_a_library_mix_in_another_spelling_is_refused_where_its_split_differs(spelling) -> None:
+    """The split hashes the workloads in the order listed: copart_is (test) listed in
+    reverse hashed to train, and a train env took it. The mix itself (mix_key) is the
+    library's, so it is refused, naming the library scenario and its split."""
+    import dataclasses
+
+    from envs.scenarios import mix_key
+
+    lib = get_scenario("copart_is")
+    if spelling == "reordered":
+        ws = tuple(reversed(lib.workloads))
+    else:
+        cat = lib.catalog
+        ws = tuple(dataclasses.replace(w, threads=w.threads or cat.workload(w.workload).threads)
+                   for w in lib.workloads)  # fmt: skip
+    twin = dataclasses.replace(lib, name="twin", workloads=ws)
+    assert mix_key(twin) == mix_key(lib) and split_of(lib) == "test"
+    if split_of(twin) == "test":  # hashed as the library's: the split rule keeps it apart
+        assert [s.name for s in ScenarioFamily([twin], "test").pool] == ["twin"]
+        with pytest.raises(ValueError, match="is in the 'train' split"):
+            ScenarioFamily([twin], "train")
+        return
+    for split in ("train", "validation", "test"):
+        with pytest.raises(ValueError, match="is library scenario copart_is's mix"):
+            ScenarioFamily([twin], split)
+        with pytest.raises(ValueError, match="is library scenario copart_is's mix"):
+            ScenarioFamily("random", split).chosen(twin)
+    assert ScenarioFamily([twin], "all").pool  # split='all' takes every mix
+
+
+def test_the_library_twin_check_rejects_no_generator_draw() -> None:
+    """Draws of the default families are what they were before draws were checked against
+    the library's mixes (a seeded draw's loads are never a library scenario's)."""
+    for split in ("train", "validation", "test"):
+        a, b = np.random.default_rng(5), np.random.default_rng(5)
+        checked, unchecked = ScenarioFamily("random", split), ScenarioFamily("random", split)
+        unchecked._library = {}  # no library mix to compare with
+        assert [checked.draw(a).name for _ in range(60)] == [
+            unchecked.draw(b).name for _ in range(60)
+        ]
+
+
 def test_preset_applies_to_every_draw() -> None:
     rng = np.random.default_rng(1)
     fam = ScenarioFamily("random", "train", preset="epyc7302p")
