@@ -52,8 +52,8 @@ the ones it gives, the rest are our reading, documented here):
   what it loses. A queue's slices are stretched together, by the one factor that makes
   each of them at least ``warmup_factor`` such costs (default 10, so at most ~10% of a
   slice is lost to a move), so the weights keep their ratios; the stretch is at most
-  :data:`MAX_STRETCH`, as a slice much longer than ``slice_s`` is
-  no longer time-sharing. Dedicated services are never rotated.
+  :data:`MAX_STRETCH`, as a slice much longer than ``slice_s`` is no longer time-sharing.
+  Dedicated services are never rotated.
 - Online refinement: a dedicated service whose observed tail (its tier holds only it)
   exceeds its SLO for ``patience`` intervals has its level raised to the tier above the
   one it holds; in the largest tier it stays.
@@ -604,7 +604,7 @@ def calibrate(
                 for _ in range(measure_intervals):
                     wait()
                     # a counter perf could not schedule (NaN) is not measured: summed, one
-                    # such interval made the state's CPI NaN and its weight 1
+                    # such interval would make the state's CPI NaN and its weight 1
                     g = node.observe().counted().groups.get(top)
                     if g is None:
                         continue

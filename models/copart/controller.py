@@ -72,7 +72,7 @@ class CoPart(Allocation, Classifiers, Exploration, IdlePhase, Controller):
     ) -> None:
         if period < 1 or profile_intervals < 1:
             raise ValueError("period and profile_intervals must be at least 1")
-        # lc_ways 0 read as "not given" (the equal share) before
+        # 0 would pass for "not given" where start() takes the equal share instead
         require(lc_ways is None or lc_ways >= 1, "lc_ways", lc_ways, ">= 1 (or not given)")
         require(0 < shrink_at < grow_at <= 1, "shrink_at < grow_at", (shrink_at, grow_at),
                 "0 < shrink_at < grow_at <= 1")  # fmt: skip
