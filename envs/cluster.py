@@ -125,7 +125,7 @@ def start_ray(
     if num_cpus is not None and (
         not isinstance(num_cpus, int) or isinstance(num_cpus, bool) or num_cpus < 1
     ):
-        # 0 was taken as "every core" (num_cpus or os.cpu_count())
+        # 0 would pass for "not given" below (num_cpus or os.cpu_count()): every core
         raise ValueError(f"num_cpus must be a whole number >= 1 (or None), got {num_cpus!r}")
     import ray  # an optional dependency: only parallel runs need it
 
