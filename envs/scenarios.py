@@ -33,7 +33,7 @@ import numpy as np
 
 from agent.sim.catalog import Catalog, default_catalog
 from agent.sim.mixes import random_scenario
-from agent.sim.scenario import Scenario, get_scenario, scenario_names
+from agent.sim.scenario import Scenario, WorkloadInstance, get_scenario, scenario_names
 
 SPLITS = ("train", "validation", "test", "all")
 TEST_FRACTION = 0.2
@@ -44,24 +44,21 @@ _MAX_DRAWS = 200
 
 def spec_key(scenario: Scenario) -> str:
     """The canonical text of a scenario's content (its name left out)."""
-    parts = [f"machine={scenario.machine}"]
-    for w in scenario.workloads:
-        parts.append(
-            f"{w.workload}|{w.threads}|{w.group_name}|{w.load!r}|{w.start_s}|{w.end_s}|{w.slo_ms}"
-        )
-    return "\n".join(parts)
+    lines = (_line(w, w.threads) for w in scenario.workloads)
+    return "\n".join([f"machine={scenario.machine}", *lines])
 
 
 def mix_key(scenario: Scenario) -> str:
     """:func:`spec_key` whatever order the scenario lists its workloads in and whether it
     spells out a workload's default thread count: the mix itself."""
     cat = scenario.catalog
-    lines = [
-        f"{w.workload}|{w.threads or cat.workload(w.workload).threads}|{w.group_name}|"
-        f"{w.load!r}|{w.start_s}|{w.end_s}|{w.slo_ms}"
-        for w in scenario.workloads
-    ]
+    lines = (_line(w, w.threads or cat.workload(w.workload).threads) for w in scenario.workloads)
     return "\n".join([f"machine={scenario.machine}", *sorted(lines)])
+
+
+def _line(w: WorkloadInstance, threads: int | None) -> str:
+    """One workload instance's line of a key."""
+    return f"{w.workload}|{threads}|{w.group_name}|{w.load!r}|{w.start_s}|{w.end_s}|{w.slo_ms}"
 
 
 def split_of(
@@ -210,19 +207,19 @@ class ScenarioFamily:
             )
         return scn
 
-    def _twin(self, scn: Scenario) -> tuple[str, str] | None:
+    def _twin(self, scn: Scenario, own: str) -> tuple[str, str] | None:
         """(name, split) of the library scenario whose mix ``scn`` is in another order or
-        spelling, when that one is in another split than ``scn``'s own hash says."""
+        spelling, when that one is in another split than ``own``, ``scn``'s by its hash."""
         if self._library is None:
             self._library = {}
             for name in self.names():
                 lib = self._on_preset(get_scenario(name, self.catalog))
                 self._library[mix_key(lib)] = (name, self.split_of(lib))
         twin = self._library.get(mix_key(scn))
-        return twin if twin is not None and twin[1] != self.split_of(scn) else None
+        return twin if twin is not None and twin[1] != own else None
 
     def _refuse_a_twin(self, scn: Scenario) -> None:
-        twin = None if self.split == "all" else self._twin(scn)
+        twin = None if self.split == "all" else self._twin(scn, self.split_of(scn))
         if twin is not None:
             raise ValueError(
                 f"scenario {scn.name} is library scenario {twin[0]}'s mix (listed in another "
@@ -252,7 +249,7 @@ class ScenarioFamily:
             return False
         if self.split == "all":
             return True
-        return self.split_of(scn) == self.split and self._twin(scn) is None
+        return self.split_of(scn) == self.split and self._twin(scn, self.split) is None
 
     def draw(self, rng: np.random.Generator) -> Scenario:
         """One scenario, chosen with ``rng`` (reproducible for a seeded generator)."""
