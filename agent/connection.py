@@ -77,11 +77,13 @@ def read_token(
 def _warn_if_open(path: str) -> None:
     """Warn, once per file, when others than its owner may read a token file: whoever
     reads it may drive the node (or read the metrics) as its owner."""
+    if path in _said_open:
+        return
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return
-    if mode & (stat.S_IRWXG | stat.S_IRWXO) and path not in _said_open:
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
         _said_open.add(path)
         log.warning(
             "token file %s is open to other users (mode %03o): chmod 600 it", path, mode & 0o777
