@@ -37,18 +37,24 @@ def test_example_configs_load() -> None:
 SECRETS = "/var/run/secrets/rdtune"
 
 
+def _pod_secrets(where: Path) -> None:
+    """The DaemonSet's metrics Secrets (a certificate and a token) as files under ``where``,
+    laid out as the pod mounts them under its secrets directory."""
+    certs = make_certs(where / "certs")
+    (where / "metrics-tls").mkdir()
+    (where / "metrics-tls" / "tls.crt").write_text(Path(certs["server.pem"]).read_text())
+    (where / "metrics-tls" / "tls.key").write_text(Path(certs["server.key"]).read_text())
+    (where / "metrics-token").mkdir()
+    (where / "metrics-token" / "token").write_text("t0ken\n")
+
+
 def test_daemonset_configs_load_and_agree(tmp_path) -> None:
     docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "daemonset.yaml").read_text()))
     config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     containers = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
     # The pod's Secrets, here: the configs must validate once the files they name exist.
-    certs = make_certs(tmp_path / "certs")
-    (tmp_path / "metrics-tls").mkdir()
-    (tmp_path / "metrics-tls" / "tls.crt").write_text(Path(certs["server.pem"]).read_text())
-    (tmp_path / "metrics-tls" / "tls.key").write_text(Path(certs["server.key"]).read_text())
-    (tmp_path / "metrics-token").mkdir()
-    (tmp_path / "metrics-token" / "token").write_text("t0ken\n")
+    _pod_secrets(tmp_path)
     local = {}
     for name in ("agent.yaml", "tuner.yaml"):
         local[name] = tmp_path / name
@@ -66,6 +72,12 @@ def test_daemonset_configs_load_and_agree(tmp_path) -> None:
     for name in ("agent", "tuner"):
         args = build_parser().parse_args(containers[name]["args"])
         assert args.command == name.replace("tuner", "tune")
+        # A flag would win over the ConfigMap's key: an operator's edit would do nothing.
+        assert args.controller is None if name == "tuner" else True
+    assert tuner.controller == "policy:/policies"
+    assert {"name": "policies", "mountPath": "/policies", "readOnly": True} in (
+        containers["tuner"]["volumeMounts"]
+    )
 
 
 # ------------------------------------------------------------------------ Kubernetes
@@ -180,14 +192,20 @@ def test_what_a_pod_without_its_config_map_or_secrets_says(tmp_path, capfd) -> N
     config = tmp_path / "agent.yaml"
     config.write_text(docs["ConfigMap"]["data"]["agent.yaml"].replace(SECRETS, str(tmp_path)))
     cases.append((["agent", "--config", str(config)], f"{tmp_path}/metrics-tls/tls.crt"))
-    # no rdtune-policy ConfigMap: nothing at the policy's path
-    tuner_args = [a.replace("/policies", str(tmp_path / "policies")) for a in args["tuner"]]
-    tuner_args[tuner_args.index("--config") + 1] = str(DEPLOY / "tuner.yaml")
-    cases.append((tuner_args, "no exported policy there (nothing at that path"))
-    # ... mounted from an optional ConfigMap that does not exist: an empty directory
+    # no rdtune-policy ConfigMap: nothing at the path of the ConfigMap's controller, or
+    # (mounted from an optional ConfigMap that does not exist) an empty directory there
+    secrets = tmp_path / "secrets"
+    _pod_secrets(secrets)
     (tmp_path / "empty").mkdir()
-    empty = [a.replace(str(tmp_path / "policies"), str(tmp_path / "empty")) for a in tuner_args]
-    cases.append((empty, "no exported policy there"))
+    for policies, needle in (
+        ("policies", "no exported policy there (nothing at that path"),
+        ("empty", "no exported policy there"),
+    ):
+        text = docs["ConfigMap"]["data"]["tuner.yaml"].replace(SECRETS, str(secrets))
+        tuner_yaml = tmp_path / f"tuner-{policies}.yaml"
+        tuner_yaml.write_text(text.replace("policy:/policies", f"policy:{tmp_path / policies}"))
+        argv = [a.replace("/etc/rdtune/tuner.yaml", str(tuner_yaml)) for a in args["tuner"]]
+        cases.append((argv, needle))
     for argv, needle in cases:
         # the tuner's command in this process; the agent's as its own (a config that let
         # it start would serve forever)
