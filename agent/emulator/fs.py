@@ -95,7 +95,7 @@ class ResctrlFS(Operations):
         # Like seq_file: the text is generated once per open file at offset 0, so a read
         # in several chunks sees one consistent snapshot.
         if offset == 0 or fh not in self._handles:
-            data = self._call(self.model.read, path).encode()
+            data = self._call(self.model.read, path).encode("utf-8", "surrogateescape")
             with self._hlock:
                 self._handles[fh] = data
         data = self._handles.get(fh, b"")

@@ -138,10 +138,9 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
                 raise ResctrlError(errno.EACCES if kind == "file" else errno.EISDIR)
             if len(data) > PAGE_SIZE:  # kernfs: atomic_write_len (agent/emulator/kernel.py)
                 raise ResctrlError(errno.E2BIG)
-            try:
-                text = data.decode()
-            except UnicodeDecodeError:
-                raise ResctrlError(errno.EINVAL) from None
+            # The kernel parses bytes: one that is no UTF-8 is refused by the command's own
+            # parser (after it clears last_cmd_status), and its message repeats the byte.
+            text = data.decode("utf-8", "surrogateescape")
             for i, (suffix, err, status, skip) in enumerate(self.failures):
                 if path.endswith(suffix):
                     if skip:
@@ -179,7 +178,14 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
                 self._mkdir_ctrl(name)
                 return
             found = self._resolve_group(parts[:-1])
-            if found is None or found[1] != ["mon_groups"] or not self.p.mon_features:
+            # is_mon_groups: a monitoring group goes in a mon_groups directory and is not
+            # itself named mon_groups.
+            if (
+                found is None
+                or found[1] != ["mon_groups"]
+                or name == "mon_groups"
+                or not self.p.mon_features
+            ):
                 raise ResctrlError(errno.EPERM if self.kind(parent) else errno.ENOENT)
             ctrl = found[0]
             self._advance()
@@ -231,11 +237,15 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
                 self.status = "Source must be a MON group"
                 raise ResctrlError(errno.EPERM)
             where = dst[:-1]
-            if where == ["mon_groups"]:
+            if dst[-1] == "mon_groups":  # is_mon_groups refuses that name too
+                parent = None
+            elif where == ["mon_groups"]:
                 parent = self.root
             elif len(where) == 2 and where[1] == "mon_groups" and where[0] in self.groups:
                 parent = self.groups[where[0]]
             else:
+                parent = None
+            if parent is None:
                 self.status = "Destination must be a mon_groups subdirectory"
                 raise ResctrlError(errno.EPERM)
             if g.cpus and parent is not g.parent:

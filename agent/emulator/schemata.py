@@ -11,7 +11,7 @@ import errno
 import threading
 
 from agent.emulator.presets import Preset
-from agent.emulator.state import Group, ResctrlError
+from agent.emulator.state import KERNEL_SPACE, Group, ResctrlError
 
 _DIGITS = "0123456789abcdef"
 
@@ -99,7 +99,7 @@ class SchemataFiles:
         # the kernel parses a C string (strsep, strim): it ends at the first NUL
         for line in text[:-1].partition("\0")[0].split("\n"):
             resname, sep, rest = line.partition(":")
-            resname = resname.strip()
+            resname = resname.strip(KERNEL_SPACE)
             if not sep:
                 self.status = "Missing ':'"
                 raise ResctrlError(errno.EINVAL)
@@ -124,7 +124,7 @@ class SchemataFiles:
             if dom is None:
                 self.status = "Missing '=' or non-numeric domain"
                 raise ResctrlError(errno.EINVAL)
-            value = value.strip()
+            value = value.strip(KERNEL_SPACE)
             if dom not in self.domains:
                 raise ResctrlError(errno.EINVAL)  # the kernel says nothing: status stays "ok"
             if schema == "MB" and self.p.mba_mbps:

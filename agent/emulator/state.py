@@ -11,6 +11,9 @@ import os
 from dataclasses import dataclass, field
 
 U64 = (1 << 64) - 1
+# What the kernel's strim()/strstrip() trim: isspace() of lib/ctype.c on ASCII (not the
+# other characters str.strip() takes for whitespace, such as \x1c-\x1f).
+KERNEL_SPACE = " \t\n\v\f\r"
 COUNTER_SPECIALS = ("Unavailable", "Error", "Unassigned")
 # Deterministic "workload" behind the counters: bytes/s per task and per CPU in a group,
 # and the LLC footprint each brings (so occupancy depends on the mask and the members).

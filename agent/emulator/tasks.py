@@ -13,7 +13,7 @@ import threading
 
 from agent.emulator.bitmap import BitmapError, parse_list, parse_mask
 from agent.emulator.presets import Preset
-from agent.emulator.state import Group, ResctrlError
+from agent.emulator.state import KERNEL_SPACE, Group, ResctrlError
 from agent.emulator.topology import Topology
 
 
@@ -164,7 +164,7 @@ class TaskFiles:
         # "Error while processing task N" to its reason, and earlier moves stay. Pid 0 is
         # the writing task itself (rdtgroup_move_task: ``current``).
         if not self.rules.multi_pid_tasks:
-            pid = _kstrtoint(text.strip(" \t\n\v\f\r"))
+            pid = _kstrtoint(text.strip(KERNEL_SPACE))
             if pid is None or pid < 0:
                 raise ResctrlError(errno.EINVAL)
             self.status = "ok"
@@ -175,7 +175,7 @@ class TaskFiles:
         while buf and buf[0] not in "\0\n":
             pid_str, sep, rest = buf.partition(",")
             buf = rest if sep else None
-            pid_str = pid_str.strip(" \t\n\v\f\r")
+            pid_str = pid_str.strip(KERNEL_SPACE)
             pid = _kstrtoint(pid_str)
             if pid is None:
                 self.status = f"Task list parsing error pid {pid_str}"

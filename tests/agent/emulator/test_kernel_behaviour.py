@@ -60,6 +60,45 @@ def test_schemata_errors_set_errno_and_status(emu: Emulated, text: str, status: 
     assert emu.read("g/schemata") == before
 
 
+@pytest.mark.parametrize(
+    ("rel", "data", "status"),
+    [
+        # strim() trims the ASCII whitespace isspace() knows, no other control character
+        ("g/schemata", b"L3:0=ff\x1f\n", b"Non-hex character in the mask ff\x1f"),
+        ("g/schemata", b"\x1cL3:0=ff\n", b"Unknown or unsupported resource name '\x1cL3'"),
+        # bytes that are no UTF-8 reach the command's parser, which repeats them
+        ("g/schemata", b"L3:0=f\xff\n", b"Non-hex character in the mask f\xff"),
+        ("g/tasks", b"1\xfe\n", None),  # 6.1: one pid, refused before the status is reset
+    ],
+)
+def test_a_write_is_parsed_as_bytes_as_the_kernel_parses_it(
+    emu: Emulated, rel: str, data: bytes, status: bytes | None
+) -> None:
+    os.mkdir(f"{emu.root}/g")
+    refused(emu, "g/schemata", "L3\n")  # a status left by the command before
+    fd = os.open(f"{emu.root}/{rel}", os.O_WRONLY)
+    try:
+        with pytest.raises(OSError) as err:
+            os.write(fd, data)
+    finally:
+        os.close(fd)
+    assert err.value.errno == errno.EINVAL
+    with open(f"{emu.root}/info/last_cmd_status", "rb") as f:
+        left = f.read()
+    assert left == (b"Missing ':'" if status is None else status) + b"\n"
+
+
+@pytest.mark.parametrize("parent", ["mon_groups", "a/mon_groups"])
+def test_no_monitoring_group_is_named_mon_groups(emu: Emulated, parent: str) -> None:
+    """rdtgroup_mkdir's is_mon_groups: a mon_groups directory takes monitoring groups of
+    any name but its own."""
+    os.mkdir(f"{emu.root}/a")
+    with pytest.raises(PermissionError):
+        os.mkdir(f"{emu.root}/{parent}/mon_groups")
+    os.mkdir(f"{emu.root}/{parent}/m")
+    assert os.listdir(f"{emu.root}/{parent}") == ["m"]
+
+
 def test_under_cdp_a_new_group_avoids_an_exclusive_groups_code_and_data_masks() -> None:
     with emulated_resctrl("intel-cdp") as emu:
         emu.write("schemata", "L3CODE:0=c0000;1=c0000\nL3DATA:0=c0000;1=c0000\n")

@@ -276,10 +276,13 @@ def test_a_mon_group_moves_to_another_control_group_from_6_5(child: int) -> None
         assert listed(emu, "mon_groups/n/tasks") == {child}
         assert child in listed(emu, "tasks") and child not in listed(emu, "a/tasks")
         assert emu.model.root.mon_children["n"].rmid == rmid
+        elsewhere = "Destination must be a mon_groups subdirectory"
         for src, dst, status in (
             ("a", "mon_groups/a", "Source must be a MON group"),
             ("mon_groups/n/tasks", "mon_groups/t", "Source and destination must be directories"),
-            ("mon_groups/n", "a/n", "Destination must be a mon_groups subdirectory"),
+            ("mon_groups/n", "a/n", elsewhere),
+            # is_mon_groups: no monitoring group is itself named mon_groups
+            ("mon_groups/n", "mon_groups/mon_groups", elsewhere),
         ):
             with pytest.raises(OSError) as err:
                 os.rename(f"{emu.root}/{src}", f"{emu.root}/{dst}")
