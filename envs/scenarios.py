@@ -15,10 +15,13 @@ load profile, arrival/departure, SLO; not its name) places it in the hash space,
 The same mix under two names lands in the same split, the generator rejects draws of the
 other splits, and an env refuses a reset to a scenario of another split
 (:meth:`ScenarioFamily.chosen`), so no test or validation mix is ever trained on. The key
-lists the workloads in the order the scenario does, so the same mix listed in another order
-(or with a workload's default thread count spelt out) may hash to another split: a
-scenario that is the library's mix of another split in that sense (:func:`mix_key`) is
-refused, or left out of a draw, rather than trained or tested on twice.
+lists the workloads in the order the scenario does, by their group names, so the same mix
+listed in another order, with its instances or groups named otherwise, or with a
+workload's default thread count spelt out may hash to another split: a scenario that is
+the library's mix of another split in that sense (:func:`mix_key`) is refused, or left out
+of a draw, rather than trained or tested on twice. A generator draw's copy spelt otherwise
+is not caught (the draws cannot be listed); the generator's own draws name their
+instances one way only.
 Generator families can also be narrowed (``min_lc``, ``max_workloads``): draws outside are
 rejected too.
 """
@@ -49,16 +52,24 @@ def spec_key(scenario: Scenario) -> str:
 
 
 def mix_key(scenario: Scenario) -> str:
-    """:func:`spec_key` whatever order the scenario lists its workloads in and whether it
-    spells out a workload's default thread count: the mix itself."""
+    """:func:`spec_key` whatever order the scenario lists its workloads in, whatever its
+    instances and groups are called, and whether it spells out a workload's default thread
+    count: the mix itself (which instances share a group, not what the group is called)."""
     cat = scenario.catalog
-    lines = (_line(w, w.threads or cat.workload(w.workload).threads) for w in scenario.workloads)
-    return "\n".join([f"machine={scenario.machine}", *sorted(lines)])
+    groups: dict[str, list[str]] = {}
+    for w in scenario.workloads:
+        threads = w.threads or cat.workload(w.workload).threads
+        groups.setdefault(w.group_name, []).append(_line(w, threads, group=""))
+    # "" is the node's default group, the same group in every mix: not a label to drop
+    parts = (("default: " if name == "" else "") + " + ".join(sorted(lines))
+             for name, lines in groups.items())  # fmt: skip
+    return "\n".join([f"machine={scenario.machine}", *sorted(parts)])
 
 
-def _line(w: WorkloadInstance, threads: int | None) -> str:
-    """One workload instance's line of a key."""
-    return f"{w.workload}|{threads}|{w.group_name}|{w.load!r}|{w.start_s}|{w.end_s}|{w.slo_ms}"
+def _line(w: WorkloadInstance, threads: int | None, group: str | None = None) -> str:
+    """One workload instance's line of a key (``group``: in place of its group's name)."""
+    group = w.group_name if group is None else group
+    return f"{w.workload}|{threads}|{group}|{w.load!r}|{w.start_s}|{w.end_s}|{w.slo_ms}"
 
 
 def split_of(
@@ -223,8 +234,8 @@ class ScenarioFamily:
         if twin is not None:
             raise ValueError(
                 f"scenario {scn.name} is library scenario {twin[0]}'s mix (listed in another "
-                f"order, or with default threads spelt out), which is in the {twin[1]!r} "
-                f"split: it would be trained or tested on twice; use {twin[0]} itself"
+                "order, named otherwise or with default threads spelt out), which is in the "
+                f"{twin[1]!r} split: it would be trained or tested on twice; use {twin[0]} itself"
             )
 
     def _on_preset(self, scn: Scenario) -> Scenario:

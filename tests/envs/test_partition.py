@@ -389,11 +389,12 @@ def test_split_ignores_the_name() -> None:
     assert spec_key(a) == spec_key(b) and split_of(a) == split_of(b)
 
 
-@pytest.mark.parametrize("spelling", ["reordered", "default threads spelt out"])
+@pytest.mark.parametrize("spelling", ["reordered", "renamed", "default threads spelt out"])
 def test_a_library_mix_in_another_spelling_is_refused_where_its_split_differs(spelling) -> None:
-    """The split hashes the workloads in the order listed: copart_is (test) listed in
-    reverse hashed to train, and a train env took it. The mix itself (mix_key) is the
-    library's, so it is refused, naming the library scenario and its split."""
+    """The split hashes the workloads in the order listed, by their group names: copart_is
+    (test) listed in reverse, or with its instances named otherwise, hashed to train, and a
+    train env took it. The mix itself (mix_key) is the library's, so it is refused, naming
+    the library scenario and its split."""
     import dataclasses
 
     from envs.scenarios import mix_key
@@ -401,6 +402,9 @@ def test_a_library_mix_in_another_spelling_is_refused_where_its_split_differs(sp
     lib = get_scenario("copart_is")
     if spelling == "reordered":
         ws = tuple(reversed(lib.workloads))
+    elif spelling == "renamed":
+        ws = tuple(dataclasses.replace(w, name=w.name + "a", group=w.group and w.group + "a")
+                   for w in lib.workloads)  # fmt: skip
     else:
         cat = lib.catalog
         ws = tuple(dataclasses.replace(w, threads=w.threads or cat.workload(w.workload).threads)
