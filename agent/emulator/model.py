@@ -32,7 +32,7 @@ from collections.abc import Callable
 from agent.emulator.counters import Counters
 from agent.emulator.kernel import PAGE_SIZE
 from agent.emulator.presets import MBPS_DEFAULT, Preset
-from agent.emulator.schemata import SchemataFiles
+from agent.emulator.schemata import SchemataFiles, kstrto
 from agent.emulator.state import COUNTER_SPECIALS, Group, ResctrlError, Rmid
 from agent.emulator.tasks import TaskFiles
 from agent.emulator.tree import TreeFiles
@@ -54,6 +54,7 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
         self.proc = proc
         self.lock = threading.RLock()
         self.status = "ok"
+        self.threshold = preset.max_threshold_occupancy  # info/L3_MON/max_threshold_occupancy
         self.rules = preset.rules
         self.topo = preset.topo
         self.domains = self.topo.domains
@@ -150,6 +151,9 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
                     self.status = status
                     raise ResctrlError(err)
             parts = [x for x in path.split("/") if x]
+            if parts[0] == "info":  # the one writable file there
+                self._write_threshold(text)
+                return len(data)
             g, rest = self._resolve_group(parts)  # type: ignore[misc]
             name = rest[0]
             if name == "schemata":
@@ -161,6 +165,20 @@ class Model(TreeFiles, SchemataFiles, TaskFiles, Counters):
             elif name == "mode":
                 self._write_mode(g, text)
             return len(data)
+
+    def _write_threshold(self, text: str) -> None:
+        # max_threshold_occ_write: kstrtouint(buf, 0), its EINVAL or ERANGE returned as is
+        # and last_cmd_status left alone; at most the cache's size; kept rounded down to
+        # the counters' unit (resctrl_arch_round_mon_val).
+        try:
+            value = kstrto(text)
+        except ValueError:
+            raise ResctrlError(errno.EINVAL) from None
+        except OverflowError:
+            raise ResctrlError(errno.ERANGE) from None
+        if value > self.p.cache_size:
+            raise ResctrlError(errno.EINVAL)
+        self.threshold = value // self.p.mon_scale * self.p.mon_scale
 
     def mkdir(self, path: str) -> None:
         with self.lock:

@@ -51,6 +51,8 @@ class Preset:
         cdp_capable: the L3 supports CDP (cpuinfo flag ``cdp_l3``), which widens the
             schemata name column even while CDP is off.
         limbo_s: how long a freed RMID stays in limbo before it can be reused.
+        mon_scale: bytes per unit of the occupancy counter (CPUID leaf 0xF's upscaling
+            factor); ``info/L3_MON/max_threshold_occupancy`` is kept a multiple of it.
     """
 
     name: str
@@ -77,6 +79,7 @@ class Preset:
     mba_mbps: bool = False
     kernel: str = "6.1"
     limbo_s: float = 0.2
+    mon_scale: int = 64 * 1024
 
     def __post_init__(self) -> None:
         KernelRules.parse(self.kernel)  # a clear error for a bad version, at once
@@ -181,6 +184,7 @@ PRESETS: dict[str, Preset] = {
             cpus_online=16,
             cpus_possible=16,
             kernel="6.8",
+            mon_scale=64,
         ),
     )
 }

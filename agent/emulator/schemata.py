@@ -34,6 +34,33 @@ def kstrtoull(text: str, base: int, most: int = (1 << 64) - 1) -> int:
     return value
 
 
+def kstrto(text: str, *, signed: bool = False, bits: int = 32) -> int:
+    """``text`` as lib/kstrtox.c's kstrto{u,}int / kstrto{u,}ll with base 0 read it: an
+    optional ``+`` (or ``-`` when ``signed``), then ``0x`` hex, ``0`` octal or decimal ASCII
+    digits, one optional trailing newline. ValueError where the kernel says EINVAL,
+    OverflowError where it says ERANGE (beyond 64 bits, or beyond ``bits``)."""
+    body = text[:-1] if text.endswith("\n") else text
+    sign = 1
+    if signed and body[:1] == "-":
+        sign, body = -1, body[1:]
+    elif body[:1] == "+":
+        body = body[1:]
+    if body[:2].lower() == "0x" and body[2:3].lower() in tuple(_DIGITS):
+        base, digits = 16, body[2:]
+    else:  # "0x" with no hex digit after it: an octal 0, then a stray "x"
+        base, digits = (8 if body[:1] == "0" else 10), body
+    if not digits or any(c not in _DIGITS[:base] for c in digits.lower()):
+        raise ValueError(text)
+    value = int(digits, base)
+    if value >= 1 << 64:
+        raise OverflowError(text)
+    value *= sign
+    low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    if not low <= value <= high:
+        raise OverflowError(text)
+    return value
+
+
 class SchemataFiles:
     """Schemata and mode writes (a part of the Model)."""
 

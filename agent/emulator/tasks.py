@@ -13,6 +13,7 @@ import threading
 
 from agent.emulator.bitmap import BitmapError, parse_list, parse_mask
 from agent.emulator.presets import Preset
+from agent.emulator.schemata import kstrto
 from agent.emulator.state import KERNEL_SPACE, Group, ResctrlError
 from agent.emulator.topology import Topology
 
@@ -274,21 +275,8 @@ def _creator(proc: str, tid: int) -> int | None:
 
 
 def _kstrtoint(text: str) -> int | None:
-    """The kernel's kstrtoint(s, 0): optional sign, 0x hex / 0 octal / decimal, one
-    optional trailing newline, and a value that fits an int; None where it fails."""
-    body = text[:-1] if text.endswith("\n") else text
-    sign = 1
-    if body[:1] in "+-" and body:
-        sign = -1 if body[0] == "-" else 1
-        body = body[1:]
-    if body[:2].lower() == "0x" and len(body) > 2:
-        base, digits = 16, body[2:]
-    elif body[:1] == "0" and len(body) > 1:
-        base, digits = 8, body[1:]
-    else:
-        base, digits = 10, body
-    allowed = {8: "01234567", 10: "0123456789", 16: "0123456789abcdefABCDEF"}[base]
-    if not digits or any(c not in allowed for c in digits):
+    """The kernel's kstrtoint(s, 0) (:func:`kstrto`); None where it fails."""
+    try:
+        return kstrto(text, signed=True)
+    except (ValueError, OverflowError):
         return None
-    value = sign * int(digits, base)
-    return value if -(2**31) <= value < 2**31 else None

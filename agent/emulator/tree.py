@@ -24,6 +24,7 @@ class TreeFiles:
     p: Preset
     lock: threading.RLock
     status: str
+    threshold: int
     root: Group
     groups: dict[str, Group]
     topo: Topology
@@ -83,7 +84,7 @@ class TreeFiles:
             tree["L3_MON"] = {
                 "num_rmids": lambda: str(p.num_rmids),
                 "mon_features": lambda: "\n".join(p.mon_features),
-                "max_threshold_occupancy": lambda: str(p.max_threshold_occupancy),
+                "max_threshold_occupancy": lambda: str(self.threshold),
             }
         return tree
 
@@ -103,7 +104,9 @@ class TreeFiles:
                     return None
                 if len(parts) == 2:
                     return "dir"
-                return "file" if len(parts) == 3 and parts[2] in tree[parts[1]] else None
+                if len(parts) != 3 or parts[2] not in tree[parts[1]]:
+                    return None
+                return "wfile" if parts[2] == "max_threshold_occupancy" else "file"
             found = self._resolve_group(parts)
             if found is None:
                 return None

@@ -99,6 +99,41 @@ def test_no_monitoring_group_is_named_mon_groups(emu: Emulated, parent: str) -> 
     assert os.listdir(f"{emu.root}/{parent}") == ["m"]
 
 
+@pytest.mark.parametrize(
+    ("preset", "text", "held"),
+    [
+        ("intel-20way", "131072\n", 131072),
+        ("intel-20way", "100000", 65536),  # rounded down to the counters' unit
+        ("intel-20way", "0x30000\n", 196608),
+        ("intel-20way", "0200000", 65536),  # base 0: a leading 0 is octal
+        ("intel-20way", "0", 0),
+        ("amd-epyc", "100\n", 64),  # AMD counts occupancy in 64-byte units
+        ("intel-20way", " 65536\n", errno.EINVAL),  # kstrtouint skips no space
+        ("intel-20way", "-1\n", errno.EINVAL),
+        ("intel-20way", "0x\n", errno.EINVAL),
+        ("intel-20way", "4294967296\n", errno.ERANGE),  # beyond an unsigned int
+        ("intel-20way", f"{40 * 1024 * 1024 + 1}\n", errno.EINVAL),  # beyond the cache
+    ],
+)
+def test_max_threshold_occupancy_is_written_as_the_kernel_takes_it(
+    preset: str, text: str, held: int
+) -> None:
+    """max_threshold_occ_write: kstrtouint(buf, 0), at most the cache's size, kept as a
+    multiple of the occupancy counter's unit; a refusal leaves the value and the status."""
+    with emulated_resctrl(preset) as emu:
+        path = "info/L3_MON/max_threshold_occupancy"
+        before = emu.read(path)
+        refused(emu, "schemata", "L3\n")  # a status left by the command before
+        if held in (errno.EINVAL, errno.ERANGE):
+            with pytest.raises(OSError) as err:
+                emu.write(path, text)
+            assert err.value.errno == held and emu.read(path) == before
+        else:
+            emu.write(path, text)
+            assert emu.read(path) == f"{held}\n"
+        assert emu.status() == "Missing ':'"
+
+
 def test_under_cdp_a_new_group_avoids_an_exclusive_groups_code_and_data_masks() -> None:
     with emulated_resctrl("intel-cdp") as emu:
         emu.write("schemata", "L3CODE:0=c0000;1=c0000\nL3DATA:0=c0000;1=c0000\n")
