@@ -49,6 +49,9 @@ class RunMetrics:
     changes_per_minute: float
     decide_us_median: float
     slo_window_s: float = math.nan  # mean length of the SLO windows judged
+    # intervals judged against an SLO: 0 means the run has no violation rate (the rate
+    # above is 0 then), whatever its tail
+    slo_intervals_judged: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,7 @@ def summarize(
         changes_per_minute=changes / duration_min if duration_min else 0.0,
         decide_us_median=statistics.median(_decide_times(records)) * 1e6,
         slo_window_s=statistics.fmean(window_s) if window_s else math.nan,
+        slo_intervals_judged=float(judged),
     )
 
 

@@ -23,12 +23,14 @@ speedup and unfairness, each with its 95% CI, and the reference's win rate. Plot
 - ``timeline_<scenario>.png``: ways held by each group over time, one panel per controller.
 
 ``results.json`` keeps every run (metrics, references, timelines, feasibility) and the
-paired comparison, for other tools; its differences are in the metrics' units (a fraction
-for SLO violations, which the report shows in percentage points), its ``units`` says which
-(:func:`paired_units`). While a suite runs, :func:`write_partial_results` keeps
-the runs finished so far there, marked ``"partial": true`` (``rdtune eval --rerender``
-reads it); the complete report's file has no such mark. Both keep the command that made
-the runs and its machine (:data:`PROVENANCE`), which a rerendered report names again.
+paired comparison, for other tools (a run's figure without a value is null, an infinite
+one, as an overloaded service's tail, the text ``"inf"``); its differences are in the
+metrics' units (a fraction for SLO violations, which the report shows in percentage
+points), its ``units`` says which (:func:`paired_units`). While a suite runs,
+:func:`write_partial_results` keeps the runs finished so far there, marked
+``"partial": true`` (``rdtune eval --rerender`` reads it); the complete report's file has
+no such mark. Both keep the command that made the runs and its machine
+(:data:`PROVENANCE`), which a rerendered report names again.
 Writing a report first removes the plots a previous report left in its directory (the
 names above), so a report never sits beside another's PNGs.
 """
@@ -47,7 +49,7 @@ from typing import Any
 
 from agent.atomic import write_atomic
 from eval.metrics import METRIC_SCALES
-from eval.runner import JobResult, _clean
+from eval.runner import FIGURES, INFINITY, JobResult, _clean, figure_from_json
 from eval.stats import (
     UNBOUNDED,
     Bounds,
@@ -164,9 +166,24 @@ def _metric(r: JobResult, key: str) -> float:
             return math.nan
     v = r.metrics.get(key)
     v = math.nan if v is None else float(v)
-    if key == "slo_violation_rate" and not math.isfinite(_metric(r, "tail_latency_ms")):
+    if key == "slo_violation_rate" and not slo_judged(r):
         return math.nan  # no LC interval was judged: there is no violation rate
     return v
+
+
+# The metric counting a run's intervals judged against an SLO (eval/metrics.py).
+JUDGED = "slo_intervals_judged"
+
+
+def slo_judged(r: JobResult) -> bool:
+    """Whether some interval of run ``r`` was judged against an SLO, from the count the run
+    keeps. Not from its tail: an overloaded service's is infinite, and the run's rate (the
+    worst a controller had) left the tables. A run saved before the count was kept is taken
+    as its report took it then: judged when its tail is finite."""
+    count = r.metrics.get(JUDGED)
+    if count is not None and not math.isnan(count):
+        return count > 0
+    return math.isfinite(_metric(r, "tail_latency_ms"))
 
 
 def columns(results: Sequence[JobResult]) -> list[tuple[str, str, Callable[[Estimate], str]]]:
@@ -182,8 +199,8 @@ PLOTS = ("tail_vs_ways.png", "unfairness.png", "tradeoff.png")
 
 def load_results(path: str | Path) -> list[JobResult]:
     """Runs from a ``results.json`` written by :func:`write_report` or
-    :func:`write_partial_results` (nulls become NaN); ValueError naming what is missing
-    when it is not such a file."""
+    :func:`write_partial_results` (a null metric becomes NaN, a figure's ``"inf"`` infinity);
+    ValueError naming what is missing when it is not such a file."""
     data = json.loads(Path(path).read_text())
     if isinstance(data, dict) and "runs" not in data:
         raise ValueError('no "runs" key: not a results.json of rdtune eval')
@@ -195,6 +212,8 @@ def load_results(path: str | Path) -> list[JobResult]:
         if not isinstance(d.get("metrics"), dict):
             raise ValueError(f'run {i + 1} has no "metrics" mapping')
         _check_run(i + 1, d)
+        for key in FIGURES:
+            d[key] = {k: figure_from_json(v) for k, v in d.get(key, {}).items()}
         d["metrics"] = {k: math.nan if v is None else v for k, v in d["metrics"].items()}
         out.append(_relabel_old(JobResult(**d), "oracle_plannable" in d))
     return out
@@ -253,9 +272,12 @@ def _check_run(number: int, d: dict) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, want):
             raise bad(key, f"is {value!r}, not of type {getattr(want, '__name__', 'number')}")
-    for key, value in d["metrics"].items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, _NUMBER)):
-            raise bad(f"metrics.{key}", f"is {value!r}, not a number or null")
+    for figures in FIGURES:
+        for key, value in d.get(figures, {}).items():
+            if value is None or (isinstance(value, str) and value in INFINITY):
+                continue
+            if isinstance(value, bool) or not isinstance(value, _NUMBER):
+                raise bad(f"{figures}.{key}", f"is {value!r}, not a number, inf or null")
     if d.get("feasibility", "") not in ("feasible", "infeasible", ""):
         raise bad("feasibility", f"is {d['feasibility']!r}: feasible, infeasible or empty")
     steps = len(d.get("timeline_t", []))

@@ -99,7 +99,32 @@ class JobResult:
     slo_judged: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return _clean(asdict(self))
+        """JSON-safe (:func:`_clean`), an infinite figure of :data:`FIGURES` written as
+        :data:`INFINITY` text rather than null, so that reading the run back keeps it."""
+        out = asdict(self)
+        for key in FIGURES:
+            out[key] = {k: _infinity_text(v) for k, v in out[key].items()}
+        return _clean(out)
+
+
+# A run's figures that may be infinite: an overloaded service's steady-state tail is
+# (utilisation 1 or more), and so is the mean tail of its run. JSON has no infinity, and
+# as null it read back as "no value", which dropped the run from the tables.
+FIGURES = ("metrics", "lc_tails_ms", "lc_alone_ms")
+INFINITY = {"inf": math.inf, "-inf": -math.inf}
+
+
+def _infinity_text(v: Any) -> Any:
+    """``v``, or its :data:`INFINITY` text when it is an infinite float."""
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def figure_from_json(v: Any) -> Any:
+    """A figure of :data:`FIGURES` as results.json holds it, back as a value: its
+    :data:`INFINITY` text as the float (null and numbers as they are)."""
+    return INFINITY[v] if isinstance(v, str) and v in INFINITY else v
 
 
 def _clean(v: Any) -> Any:
@@ -249,6 +274,7 @@ def run_job(job: Job) -> JobResult:
         if probe is not None:  # every service by its own SLO (ground truth per interval)
             judged = probe.judged
             res.metrics["slo_violation_rate"] = probe.violations / judged if judged else math.nan
+            res.metrics["slo_intervals_judged"] = float(judged)
             tails = {n: statistics.fmean(v) for n, v in probe.tails.items() if v}
             res.metrics["tail_latency_ms"] = statistics.fmean(tails.values()) if tails else math.nan
             res.lc_tails_ms = tails

@@ -68,6 +68,7 @@ def test_summarize_counts_violations_and_slowdowns() -> None:
     records = [rec(0.5), rec(2.0), rec(0.9, Decision(note="x", moves={"a": frozenset({1})}))]
     m = summarize(records, groups, {"a": 2e9, "b": 2e9})
     assert m.slo_violation_rate == pytest.approx(1 / 3)
+    assert m.slo_intervals_judged == 3  # a run with none judged has no rate (eval/report.py)
     assert m.tail_latency_ms == pytest.approx((0.5 + 2.0 + 0.9) / 3)
     # slowdowns 1 and 2 -> stddev 0.5 / mean 1.5
     assert m.unfairness == pytest.approx(0.5 / 1.5)

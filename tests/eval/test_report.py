@@ -367,6 +367,8 @@ def test_partial_results_are_marked_and_load_as_runs(tmp_path: Path) -> None:
         ("{}", 'no "runs" key'),
         ('{"runs": 3}', '"runs" is not a list of runs'),
         ('{"runs": [{"seed": 0}]}', 'run 1 has no "metrics" mapping'),
+        # an infinite figure is the text "inf"; other text is no figure
+        ('{"runs": [{"metrics": {"x": "big"}}]}', "'metrics.x' is 'big', not a number, inf"),
     ],
 )
 def test_load_results_names_what_is_missing(tmp_path: Path, content: str, message: str) -> None:
