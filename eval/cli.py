@@ -392,7 +392,7 @@ def print_summary(console, results, title: str = "all scenarios") -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from eval.report import columns, estimates, infeasible_runs, run_counts
+    from eval.report import columns, estimates, infeasible_runs, part_note, run_cells
 
     ok = [r for r in results if not r.error]
     runs = {(r.scenario, r.seed) for r in ok}
@@ -413,10 +413,13 @@ def print_summary(console, results, title: str = "all scenarios") -> None:
     cols = columns(results)
     for _, t, _ in cols:
         table.add_column(t, justify="right", overflow="fold")
-    counts = run_counts(results)
+    cells = run_cells(results)
     for label, row in estimates(results).items():
-        table.add_row(escape(label), str(counts[label]), *(f(row[k]) for k, _, f in cols))
+        table.add_row(escape(label), cells[label], *(f(row[k]) for k, _, f in cols))
     console.print(table)
+    note = part_note(results)
+    if note:
+        console.print(note, markup=False)
 
 
 def print_paired(console, results, reference: str | None = None) -> None:

@@ -159,6 +159,49 @@ def run_counts(results: Sequence[JobResult], scenario: str | None = None) -> dic
     }
 
 
+def run_cells(results: Sequence[JobResult], scenario: str | None = None) -> dict[str, str]:
+    """controller label -> its runs cell: how many finished (of ``scenario``, or all), and
+    the part of the table's runs they are where not all (:func:`run_parts`): "4 (2 of 6
+    scenarios)"."""
+    parts = run_parts(results, scenario)
+    return {
+        label: f"{n} ({parts[label]})" if parts[label] else str(n)
+        for label, n in run_counts(results, scenario).items()
+    }
+
+
+def run_parts(results: Sequence[JobResult], scenario: str | None = None) -> dict[str, str]:
+    """controller label -> which part of the table's scenarios and seeds (those of every
+    finished run of ``scenario``, or all) its finished runs cover, in words ("2 of 6
+    scenarios"); "" when all. Such a row's means are over other runs than the rest's."""
+    ok = [r for r in results if not r.error and (scenario is None or r.scenario == scenario)]
+    out = {}
+    for label in _order([r.controller for r in ok]):
+        runs = [r for r in ok if r.controller == label]
+        parts = []
+        for what, key in (("scenarios", "scenario"), ("seeds", "seed")):
+            have, every = {getattr(r, key) for r in runs}, {getattr(r, key) for r in ok}
+            if len(have) < len(every):
+                parts.append(f"{len(have)} of {len(every)} {what}")
+        out[label] = ", ".join(parts)
+    return out
+
+
+def part_note(results: Sequence[JobResult], scenario: str | None = None) -> str:
+    """A sentence naming the rows of :func:`table` over part of its runs (the oracle runs
+    only where there is an SLO to keep), whose means do not compare with the other rows';
+    "" when there is none."""
+    names = [label for label, part in run_parts(results, scenario).items() if part]
+    if not names:
+        return ""
+    one = len(names) == 1
+    return (
+        f"{', '.join(names)} ran on part of the runs (runs column), so "
+        f"{'its' if one else 'their'} means do not compare with the other rows'; the paired "
+        f"table compares {'it' if one else 'them'} on the same runs."
+    )
+
+
 def _metric(r: JobResult, key: str) -> float:
     if key in BY_LABEL:
         key, label = BY_LABEL[key]
@@ -321,17 +364,18 @@ def provenance(path: str | Path) -> dict[str, str]:
 
 
 def table(results: Sequence[JobResult], scenario: str | None = None) -> str:
-    """A Markdown table: one row per controller, mean ± 95% CI per metric."""
+    """A Markdown table: one row per controller, mean ± 95% CI per metric; below it,
+    :func:`part_note` where some row is over part of the runs."""
     est = estimates(results, scenario)
     cols = columns([r for r in results if scenario is None or r.scenario == scenario])
     head = "| controller | runs | " + " | ".join(t for _, t, _ in cols) + " |"
     lines = [head, "|" + "---|" * (len(cols) + 2)]
-    runs = run_counts(results, scenario)
+    runs = run_cells(results, scenario)
     for label, row in est.items():
-        n = runs[label]
         cells = [f(row[k]) for k, _, f in cols]
-        lines.append(f"| {label} | {n} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(f"| {label} | {runs[label]} | " + " | ".join(cells) + " |")
+    note = part_note(results, scenario)
+    return "\n".join(lines + (["", note] if note else []))
 
 
 def pivot(results: Sequence[JobResult], key: str, infeasible: Collection[str] = ()) -> str | None:
