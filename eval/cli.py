@@ -429,10 +429,9 @@ def print_paired(console, results, reference: str | None = None) -> None:
 
     from eval.report import (
         ci_basis,
-        difference_bounds,
-        paired_cell,
         paired_comparisons,
         paired_metrics,
+        paired_row,
         paired_title,
         pairs_basis,
         reference_failed,
@@ -463,11 +462,7 @@ def print_paired(console, results, reference: str | None = None) -> None:
         table.add_column(escape(header), justify="right", overflow="fold")
         table.add_column("wins", justify="right", overflow="fold")
     for row in comp["rows"]:
-        cells = []
-        for key, _, _, scale, unit in metrics:
-            p = row["metrics"][key]
-            cell = paired_cell(p, scale, unit, difference_bounds(key))
-            cells += [cell, f"{p.win_rate:.0%}" if p.n else "-"]
+        cells = paired_row(comp, row, metrics)
         table.add_row(escape(row["controller"]), str(row["pairs"]), *cells)
     console.print(table)
     note = slo_rules_note(comp)

@@ -37,6 +37,7 @@ names above), so a report never sits beside another's PNGs.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import math
@@ -579,15 +580,60 @@ def paired_cell(p: Paired, scale: float, unit: str, bounds: Bounds = UNBOUNDED) 
     return signed(mean) + unit + " (no CI)"
 
 
+# What a paired interval rests on: (scenarios, pairs).
+Shape = tuple[int, int]
+
+
+def paired_shape(p: Paired) -> Shape:
+    """The scenarios and pairs interval ``p`` is over (its units are the pairs of one
+    scenario where they are not scenarios: eval/stats.py)."""
+    return (p.n if p.unit == "scenarios" else min(p.pairs, 1)), p.pairs
+
+
+def shape_words(shape: Shape) -> str:
+    """``(3, 6)`` as "3 scenarios, 6 pairs"."""
+    scenarios, pairs = shape
+    return f"{scenarios} scenario{'s' * (scenarios != 1)}, {pairs} pair{'s' * (pairs != 1)}"
+
+
+def _commonest(shapes: Sequence[Shape]) -> Shape | None:
+    """The shape most of ``shapes`` have; of as many, the one with the most pairs."""
+    counts = collections.Counter(shapes)
+    return max(counts, key=lambda s: (counts[s], s[1], s[0])) if counts else None
+
+
+def column_shape(comp: dict[str, Any], key: str) -> Shape | None:
+    """What metric ``key``'s intervals rest on in most comparisons (None: in none)."""
+    cells = [row["metrics"][key] for row in comp["rows"]]
+    return _commonest([paired_shape(p) for p in cells if p.pairs])
+
+
 def paired_title(comp: dict[str, Any], key: str, title: str) -> str:
-    """A paired column's title, with its number of pairs when some runs are left out of
-    it (SLO violations: infeasible runs)."""
-    counts = {row["metrics"][key].pairs for row in comp["rows"]}
-    pairs = {row["pairs"] for row in comp["rows"]}
-    if counts and counts != pairs:
-        n = max(counts)
-        return f"{title[:-1]}, {n} pairs)" if title.endswith(")") else f"{title} ({n} pairs)"
-    return title
+    """A paired column's title, with the scenarios and pairs its intervals rest on where
+    that is not what the comparisons are over: a metric some runs have no value of
+    (unfairness without two batch jobs, SLO violations on infeasible runs) rests on fewer
+    scenarios, and an interval over 2 has 1 degree of freedom, over 32 has 31."""
+    shape = column_shape(comp, key)
+    if shape is None or shape == _commonest([(r["scenarios"], r["pairs"]) for r in comp["rows"]]):
+        return title
+    words = shape_words(shape)
+    return f"{title[:-1]}, {words})" if title.endswith(")") else f"{title} ({words})"
+
+
+def paired_row(
+    comp: dict[str, Any], row: dict[str, Any], metrics: Sequence[tuple[str, str, bool, float, str]]
+) -> list[str]:
+    """A comparison's cells of the paired table: per metric the difference and the wins;
+    a difference resting on other scenarios and pairs than its column's (a controller run
+    on part of the suite) says on which."""
+    cells = []
+    for key, _, _, scale, unit in metrics:
+        p = row["metrics"][key]
+        cell = paired_cell(p, scale, unit, difference_bounds(key))
+        if p.pairs and paired_shape(p) != column_shape(comp, key):
+            cell += f" ({shape_words(paired_shape(p))})"
+        cells += [cell, f"{p.win_rate:.0%}" if p.n else "-"]
+    return cells
 
 
 def paired_metrics(comp: dict[str, Any]) -> list[tuple[str, str, bool, float, str]]:
@@ -633,11 +679,7 @@ def paired_table(comp: dict[str, Any]) -> str:
         rule += "---|---|"
     lines = [head, rule]
     for row in comp["rows"]:
-        cells = []
-        for key, _, _, scale, unit in metrics:
-            p = row["metrics"][key]
-            cell = paired_cell(p, scale, unit, difference_bounds(key))
-            cells += [cell, f"{p.win_rate:.0%}" if p.n else "-"]
+        cells = paired_row(comp, row, metrics)
         lines.append(f"| {row['controller']} | {row['pairs']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
