@@ -20,8 +20,9 @@ Definitions (shared by the demo, ``rdtune eval`` and the RL evaluation):
   tasks, or a plan that left the node holding something else than before); a plan the
   node already holds, sent again, is not a change.
 - Normalised tail: per LC group, its mean tail over the mean tail of the same service alone
-  on the machine (same load, seed and interval, every way and full bandwidth), averaged
-  over LC groups (:func:`sim_alone_tails` measures the reference on a simulated node).
+  on the machine (same load, seed and interval, every way and full bandwidth, over the
+  run's length), averaged over LC groups (:func:`sim_alone_tails` measures the reference
+  on a simulated node).
 """
 
 from __future__ import annotations
@@ -275,8 +276,9 @@ def sim_alone_tails(
 ) -> dict[str, float]:
     """Each LC group's tail with its service alone on the machine (every way, full
     bandwidth, same load and seed), measured like a run: the mean over ``seconds`` of
-    intervals of the SLO-percentile latency. ``node`` is a SimNode; it is not disturbed.
-    ``interval_s``: the measurement interval (default: the node's step), as in the run."""
+    intervals of the SLO-percentile latency (a run's reference: its length, so that the
+    loads are the run's). ``node`` is a SimNode; it is not disturbed. ``interval_s``: the
+    measurement interval (default: the node's step), as in the run."""
     import dataclasses
 
     from agent.sim import SimNode

@@ -286,7 +286,8 @@ def run_job(job: Job) -> JobResult:
             res.oracle_plannable = verdict.plannable
         alone = {}
         if twin is not None and probe is None:
-            alone = sim_alone_tails(twin, interval_s=job.interval_s)
+            # over the whole run: the service alone at the loads the run saw
+            alone = sim_alone_tails(twin, seconds=job.seconds, interval_s=job.interval_s)
         res.lc_alone_ms = alone
         res.metrics["tail_normalized"] = normalized_tail(res.lc_tails_ms, alone)
         targets = [s.slo.target_ms for s in groups.values() if s.kind is GroupKind.LC and s.slo]

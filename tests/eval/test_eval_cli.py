@@ -123,6 +123,20 @@ def test_failed_job_is_recorded_not_raised() -> None:
     assert run_job(Job("t", "default", "eq", 0, 1.0)).slo_judged == "windows"
 
 
+def test_tail_alone_is_the_service_alone_over_the_whole_run() -> None:
+    """The reference of "tail / alone" is measured over the run's length: memcached's load
+    in copart_memcached steps up after 99 s, which the run's first 5 s never see."""
+    from agent.sim import SimNode
+    from eval.metrics import sim_alone_tails
+
+    job = Job("t", "copart_memcached", "eq", 0, 120.0, interval_s=1.0)
+    r = run_job(job)
+    node = SimNode(job.scenario, seed=job.seed, interval_s=0.1)
+    whole = sim_alone_tails(node, seconds=job.seconds, interval_s=job.interval_s)
+    first = sim_alone_tails(node, seconds=5.0, interval_s=job.interval_s)
+    assert r.lc_alone_ms == pytest.approx(whole) and whole["memcached"] > first["memcached"]
+
+
 def test_agent_run_on_loopback(agent_address: str, tmp_path: Path) -> None:
     args = [
         "eval",
