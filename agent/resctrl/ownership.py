@@ -169,8 +169,8 @@ class Ownership:
         restored: list[str] = []
         for group, before in reversed(steps):
             path = os.path.join(self.root, self._dirname(group), "schemata")
-            if group not in saved.groups or not os.path.exists(path):
-                continue
+            if not self._still_own(group, saved):
+                continue  # gone, or re-made by someone else since: not ours to write
             values = {res: {int(d): int(v) for d, v in per.items()} for res, per in before.items()}
             try:
                 self._write(path, schemata.format_write(values, self._digits))
@@ -204,6 +204,17 @@ class Ownership:
         saved.groups.pop(name, None)
         saved.markers.pop(name, None)
         return done or f"forgot group {name!r}, deleted before a crash"
+
+    def _still_own(self, name: str, saved: state.Saved) -> bool:
+        """Whether recorded group ``name``'s directory is there and is the one recorded
+        (a directory deleted and made again under its name is another tool's group)."""
+        if name not in saved.groups:
+            return False
+        try:
+            found = state.marker_of(self._dir(name))
+        except FileNotFoundError:
+            return False
+        return self._same(saved.markers.get(name), found)
 
     def _same(self, recorded: int | None, found: int) -> bool:
         """Whether a directory found with marker ``found`` is the one recorded."""

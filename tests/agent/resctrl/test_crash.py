@@ -154,13 +154,51 @@ def _rebuild_foreign(emu: Emulated) -> None:
             os.mkdir(path)
 
 
-_APPLY_CROSSING = """
+def _kill_inside(emu: Emulated, op: str, nth: int, suffix: str, script: str) -> None:
+    """Run ``script`` (argv: the root and the state directory) in a worker and SIGKILL it
+    inside its ``nth`` call of the emulated kernel's ``op`` ("write", "mkdir") on a path
+    ending in ``suffix``, once the kernel has done it: the worker dies without learning
+    that it did (a task waiting for a FUSE answer dies when the answer comes)."""
+    model, real = emu.model, getattr(emu.model, op)
+    reached, release = threading.Event(), threading.Event()
+    calls = []
+
+    def hooked(path: str, *args):
+        out = real(path, *args)
+        if path.endswith(suffix):
+            calls.append(path)
+            if len(calls) == nth:
+                reached.set()
+                release.wait(30)
+        return out
+
+    setattr(model, op, hooked)
+    try:
+        worker = subprocess.Popen(
+            [sys.executable, "-c", script, emu.root, emu.state_dir], cwd=ROOT_DIR
+        )
+        while not reached.wait(0.05):
+            assert worker.poll() is None, f"the worker ended before {op} {nth} of *{suffix}"
+        worker.kill()
+        release.set()
+        worker.wait(30)
+    finally:
+        release.set()
+        delattr(model, op)  # the class's method again
+    assert worker.returncode == -signal.SIGKILL
+
+
+_WORKER = """
 import sys
 from agent.resctrl import ResctrlNode
 from agent.types import AllocationPlan, GroupAllocation as A
-node = ResctrlNode(sys.argv[1], state_dir=sys.argv[2], pmc=None)
-node.apply(AllocationPlan({"x": {0: A(0xFF0), 1: A(0x3FF00)}, "s": {0: A(0x3), 1: A(0xFF)}}))
+node = ResctrlNode(sys.argv[1], state_dir=sys.argv[2], pmc=None, check_markers=True)
 """
+_APPLY_CROSSING = _WORKER + (
+    'node.apply(AllocationPlan({"x": {0: A(0xFF0), 1: A(0x3FF00)}, '
+    '"s": {0: A(0x3), 1: A(0xFF)}}))\n'
+)
+_APPLY_TWO = _WORKER + 'node.apply(AllocationPlan({"a": {0: A(0x3)}, "b": {0: A(0xF0)}}))\n'
 
 
 def test_kill_9_inside_a_stepwise_apply_rolls_back_step_by_step(emu: Emulated) -> None:
@@ -176,35 +214,36 @@ def test_kill_9_inside_a_stepwise_apply_rolls_back_step_by_step(emu: Emulated) -
         AllocationPlan({"x": {0: GroupAllocation(0x0F0)}, "s": {0: GroupAllocation(0xF00)}})
     )
     node.close()
-    model, real = emu.model, emu.model.write
-    reached, release = threading.Event(), threading.Event()
-    writes = []
-
-    def write(path: str, data: bytes, *writer):
-        if path.endswith(f"{PREFIX}x/schemata"):
-            writes.append(data)
-            if len(writes) == 2:  # x's growth, the apply's last write: the worker dies in it
-                reached.set()
-                release.wait(30)
-        return real(path, data, *writer)
-
-    model.write = write
-    try:
-        worker = subprocess.Popen(
-            [sys.executable, "-c", _APPLY_CROSSING, emu.root, emu.state_dir], cwd=ROOT_DIR
-        )
-        while not reached.wait(0.05):
-            assert worker.poll() is None, "the apply ended before its last write"
-        worker.kill()
-        release.set()
-        worker.wait(30)
-    finally:
-        release.set()
-        model.write = real
-    assert worker.returncode == -signal.SIGKILL
+    # x's growth, the apply's last write: the worker dies in it
+    _kill_inside(emu, "write", 2, f"{PREFIX}x/schemata", _APPLY_CROSSING)
     again = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
     try:
         assert again.recovered == "rolled back an interrupted apply of 'x', 's'"
         assert again.allocation() == before
+    finally:
+        again.close()
+
+
+def test_kill_9_in_an_apply_then_groups_re_made_by_another_tool_are_not_written(
+    emu: Emulated,
+) -> None:
+    """Killed after the first of two groups' writes; before the restart another tool
+    deletes both directories and makes its own of those names: the roll-back leaves them
+    as their new owner set them."""
+    node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+    node.create_group(GroupSpec("a"))
+    node.create_group(GroupSpec("b"))
+    node.close()
+    _kill_inside(emu, "write", 1, "/schemata", _APPLY_TWO)
+    for g in ("a", "b"):
+        os.rmdir(os.path.join(emu.root, PREFIX + g))
+        os.mkdir(os.path.join(emu.root, PREFIX + g))
+    emu.write(f"{PREFIX}a/schemata", "L3:0=fff00\n")
+    theirs = {g: emu.read(f"{PREFIX}{g}/schemata") for g in ("a", "b")}
+    again = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None, check_markers=True)
+    try:
+        assert again.recovered == "rolled back an interrupted apply of nothing"
+        assert again.not_ours == ["a", "b"]
+        assert {g: emu.read(f"{PREFIX}{g}/schemata") for g in ("a", "b")} == theirs
     finally:
         again.close()
