@@ -135,6 +135,9 @@ class Ownership:
                 if name not in on_disk:
                     log.warning("own group %r is gone (deleted by someone else?)", name)
                     self._vanished[name] = spec
+                    # kept, as _set_vanished keeps it: a directory made under the name
+                    # later (by another tool, or a re-creation cut short) is told apart
+                    self._markers[name] = saved.markers.get(name)
             self._clean_own_mon_groups()
         self._save(unless=saved)  # a full disk must not keep a restart from serving
 
@@ -181,11 +184,13 @@ class Ownership:
         return f"rolled back an interrupted apply of {', '.join(map(repr, restored)) or 'nothing'}"
 
     def _roll_back_create(self, name: str, saved: state.Saved) -> str:
-        if name in saved.groups:
-            return ""  # recorded before the crash: the creation is complete
         path = self._dir(name)
         if not os.path.isdir(path):
             return ""  # the crash came before mkdir
+        if self._still_own(name, saved):
+            return ""  # recorded before the crash: the creation is complete
+        # Not recorded, or recorded with the marker of a directory that vanished: a
+        # vanished group's re-creation, cut short before its new marker was recorded.
         if discovery.read_text(os.path.join(path, "tasks")).split():
             # Nobody was told the group exists, so nobody could have put tasks in it:
             # this directory is someone else's after all.

@@ -199,6 +199,7 @@ _APPLY_CROSSING = _WORKER + (
     '"s": {0: A(0x3), 1: A(0xFF)}}))\n'
 )
 _APPLY_TWO = _WORKER + 'node.apply(AllocationPlan({"a": {0: A(0x3)}, "b": {0: A(0xF0)}}))\n'
+_RECREATE = _WORKER + "node.recreate_vanished()\n"
 
 
 def test_kill_9_inside_a_stepwise_apply_rolls_back_step_by_step(emu: Emulated) -> None:
@@ -245,5 +246,25 @@ def test_kill_9_in_an_apply_then_groups_re_made_by_another_tool_are_not_written(
         assert again.recovered == "rolled back an interrupted apply of nothing"
         assert again.not_ours == ["a", "b"]
         assert {g: emu.read(f"{PREFIX}{g}/schemata") for g in ("a", "b")} == theirs
+    finally:
+        again.close()
+
+
+def test_kill_9_right_after_re_creating_a_vanished_group_leaks_nothing(emu: Emulated) -> None:
+    """Killed between a vanished group's mkdir and its new record: the next start removes
+    the half-made directory (its CLOSID with it), and the group can be re-created."""
+    spec = lc_spec(LC_NAMES[0])
+    node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+    node.create_group(spec)
+    node.close()
+    os.rmdir(os.path.join(emu.root, PREFIX + spec.name))  # a runtime deletes it
+    _kill_inside(emu, "mkdir", 1, PREFIX + spec.name, _RECREATE)
+    assert os.path.isdir(os.path.join(emu.root, PREFIX + spec.name))
+    again = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None, check_markers=True)
+    try:
+        assert again.recovered == f"removed group {spec.name!r}, whose creation a crash cut short"
+        assert again.not_ours == [] and again.vanished() == {spec.name}
+        assert again.recreate_vanished() == [spec.name]
+        assert again.groups() == {spec.name: spec}
     finally:
         again.close()
