@@ -7,6 +7,7 @@ journalled, and what was changed restored when the kernel refuses a write
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Mapping
@@ -86,12 +87,14 @@ class Allocations:
         return out
 
     def _exclusive_groups(self) -> frozenset[str]:
+        """The groups whose ways no other group's mask may overlap: exclusive ones (the
+        default group too: rdtgroup_mode_write makes no exception for it) and pseudo-locked
+        regions (parse_cbm refuses an overlap with one)."""
         # Own groups' modes are ours to set (create_group): no need to read them back.
         names = {name for name, spec in self._specs.items() if spec.exclusive}
-        for entry in self._foreign_dirs():
-            mode = _foreign_text(os.path.join(self.root, entry, "mode"), entry)
-            if mode is not None and mode.strip() == "exclusive":
-                names.add(f"foreign:{entry}")
+        for entry in ["", *self._foreign_dirs()]:
+            if _mode(self.root, entry) in ("exclusive", "pseudo-locked"):
+                names.add(f"foreign:{entry}" if entry else "")
         return frozenset(names)
 
     def _expand_cdp(self, plan: AllocationPlan) -> AllocationPlan:
@@ -346,14 +349,27 @@ def _json_values(values: Values) -> dict[str, dict[str, int]]:
 
 def _foreign_text(path: str, entry: str) -> str | None:
     """A file of the default group (``entry`` "") or of a foreign group, or None when the
-    group is gone (removed by its tool since the root was listed). The default group's
-    files are always there: their absence stays an error."""
+    group is gone (removed by its tool since the root was listed) or its file cannot be
+    read (ENODEV: a pseudo-locked region whose cache domain went offline, which holds no
+    ways then). The default group's files are always there: their absence stays an
+    error."""
     try:
         return discovery.read_text(path)
-    except FileNotFoundError:
-        if not entry:
+    except OSError as exc:
+        if not entry or exc.errno not in (errno.ENOENT, errno.ENODEV):
             raise
         return None
+
+
+def _mode(root: str, entry: str) -> str:
+    """The mode of the default group (``entry`` "") or of a foreign group; "shareable"
+    where there is none to read (kernels before 4.19 have no mode file; a foreign group
+    may be removed while it is read)."""
+    try:
+        text = _foreign_text(os.path.join(root, entry, "mode"), entry)
+    except FileNotFoundError:
+        text = None
+    return text.strip() if text is not None else "shareable"
 
 
 def _apply_record(order: list[str], old: Mapping[str, dict]) -> dict:

@@ -140,21 +140,33 @@ def test_values_a_refused_apply_could_not_restore_are_rolled_back_and_no_others(
         node.close()
 
 
+def _apply_mask(mask: int) -> Callable[[ResctrlNode, list[int]], object]:
+    return lambda node, _: node.apply(AllocationPlan({"a": {0: GroupAllocation(mask)}}))
+
+
 @pytest.mark.parametrize(
-    ("read", "call"),
+    ("read", "err", "call"),
     [
-        ("schemata", lambda node, _: node.apply(AllocationPlan({"a": {0: GroupAllocation(0xFF)}}))),
-        ("mode", lambda node, _: node.apply(AllocationPlan({"a": {0: GroupAllocation(0xF)}}))),
-        ("tasks", lambda node, pids: node.assign("a", pids=pids)),
+        ("schemata", errno.ENOENT, _apply_mask(0xFF)),
+        ("mode", errno.ENOENT, _apply_mask(0xF)),
+        ("tasks", errno.ENOENT, lambda node, pids: node.assign("a", pids=pids)),
+        ("schemata", errno.ENODEV, _apply_mask(0xFF)),
     ],
-    ids=["apply, its schemata", "apply, its mode", "assign"],
+    ids=["apply, its schemata", "apply, its mode", "assign", "apply, its schemata offline"],
 )  # fmt: skip
 def test_a_foreign_group_removed_while_it_is_read_is_skipped(
-    intel: Emulated, inode: ResctrlNode, children: list[int], read: str, call: Callable
+    intel: Emulated,
+    inode: ResctrlNode,
+    children: list[int],
+    read: str,
+    err: int,
+    call: Callable,
 ) -> None:
     """Another tool removing its group between the root's listing and the read of the
     group's file (a container runtime deleting a class) is not the call's failure: the
-    group holds nothing any more. It used to fail with a bare FileNotFoundError."""
+    group holds nothing any more. It used to fail with a bare FileNotFoundError. Nor is a
+    group whose schemata cannot be read (ENODEV: a pseudo-locked region whose cache domain
+    went offline)."""
     inode.create_group(GroupSpec("a"))
     os.mkdir(os.path.join(intel.root, "theirs"))
     model, real = intel.model, intel.model.read
@@ -163,9 +175,10 @@ def test_a_foreign_group_removed_while_it_is_read_is_skipped(
     def read_then_vanish(path: str):
         if path.strip("/") == f"theirs/{read}":
             model.read = real
-            model.rmdir("theirs")  # removed as the agent got to it
+            if err == errno.ENOENT:
+                model.rmdir("theirs")  # removed as the agent got to it
             raced.append(path)
-            raise ResctrlError(errno.ENOENT)
+            raise ResctrlError(err)
         return real(path)
 
     model.read = read_then_vanish
@@ -219,18 +232,48 @@ def test_apply_reads_back_padded_values_and_rounds_mb(inode: ResctrlNode) -> Non
     assert held.get("a", 0) == GroupAllocation(l3_mask=0xFFFFF, mb=100)
 
 
-def test_foreign_exclusive_group_blocks_overlap_before_any_write(intel: Emulated) -> None:
-    os.mkdir(f"{intel.root}/kube-guaranteed")
-    intel.write("schemata", "L3:0=0000f;1=0000f\n")  # the admin narrows the default group
-    intel.write("kube-guaranteed/schemata", "L3:0=3f000;1=3f000\n")  # not the hardware's
-    intel.write("kube-guaranteed/mode", "exclusive\n")
+def _foreign_exclusive(emu: Emulated) -> None:
+    os.mkdir(f"{emu.root}/kube-guaranteed")
+    emu.write("schemata", "L3:0=0000f;1=0000f\n")  # the admin narrows the default group
+    emu.write("kube-guaranteed/schemata", "L3:0=3f000;1=3f000\n")  # not the hardware's
+    emu.write("kube-guaranteed/mode", "exclusive\n")
+
+
+def _default_exclusive(emu: Emulated) -> None:
+    emu.write("schemata", "L3:0=3f000;1=3f000\n")  # the admin keeps ways for the default group
+    emu.write("mode", "exclusive\n")
+
+
+def _pseudo_locked(emu: Emulated) -> None:
+    """A pseudo-locked region on ways 12-17 (the emulator has no pseudo-locking: its
+    ``mode`` file reads so, and its schemata shows the region as the kernel does)."""
+    os.mkdir(f"{emu.root}/locked")
+    emu.write("locked/schemata", "L3:0=3f000;1=3f000\n")
+    real = emu.model.read
+    emu.model.read = lambda path: (
+        "pseudo-locked\n" if path.strip("/") == "locked/mode" else real(path)
+    )
+
+
+@pytest.mark.parametrize(
+    "holder",
+    [_foreign_exclusive, _default_exclusive, _pseudo_locked],
+    ids=["foreign exclusive group", "exclusive default group", "pseudo-locked region"],
+)
+def test_ways_no_group_may_share_block_overlap_before_any_write(
+    intel: Emulated, holder: Callable[[Emulated], None]
+) -> None:
+    holder(intel)
     node = make_node(intel)
     node.create_group(GroupSpec("a"))
-    assert node.allocation().get("a", 0).l3_mask == 0x00FFF, "new groups avoid exclusive ways"
+    if holder is not _pseudo_locked:  # which the emulator cannot model for new groups
+        assert node.allocation().get("a", 0).l3_mask == 0x00FFF, "new groups avoid those ways"
     before = node.allocation()
-    with pytest.raises(InvalidAllocation) as err:
-        node.apply(AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0x3F000)}, (0, 1)))
-    assert err.value.rule == "exclusive_overlap"
+    plan = AllocationPlan.uniform({"a": GroupAllocation(l3_mask=0x3F000)}, (0, 1))
+    for dry_run in (True, False):
+        with pytest.raises(InvalidAllocation) as err:
+            node.apply(plan, dry_run=dry_run)
+        assert err.value.rule == "exclusive_overlap"
     assert node.allocation() == before
     assert intel.status() == "ok", "rejected by the validator, never written"
 
