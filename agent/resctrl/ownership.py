@@ -208,6 +208,7 @@ class Ownership:
             done = f"finished deleting group {name!r}"
         saved.groups.pop(name, None)
         saved.markers.pop(name, None)
+        saved.dirs.pop(name, None)
         return done or f"forgot group {name!r}, deleted before a crash"
 
     def _still_own(self, name: str, saved: state.Saved) -> bool:
@@ -261,7 +262,9 @@ class Ownership:
     def _save(self, unless: state.Saved | None = None) -> None:
         """Record the groups; with ``unless`` (what the file holds), only if they changed,
         and a failure is logged and left to the next change's save."""
-        now = state.Saved.of({**self._vanished, **self._specs}, self._markers, self._mon_groups)
+        groups = {**self._vanished, **self._specs}
+        dirs = {name: self._dirname(name) for name in groups}
+        now = state.Saved.of(groups, self._markers, self._mon_groups, dirs)
         self._instance.confirm()  # InUse: another agent has taken the state file over
         if unless is None:
             state.save(self.state_path, now, self.root, self.prefix)

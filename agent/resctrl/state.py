@@ -59,11 +59,15 @@ def spec_from_json(name: str, data: dict) -> GroupSpec:
 @dataclass
 class Saved:
     """What the state file holds: own groups' specs and markers (None: recorded before
-    markers existed), and own monitoring groups (path under the root -> marker)."""
+    markers existed), own monitoring groups (path under the root -> marker), and each own
+    group's directory name under the root (absent: recorded before directory names were;
+    a reader that does not know the node's runtime classes, ``rdtune describe``, needs it
+    to tell an adopted runtime class from another tool's group of the same name)."""
 
     groups: dict[str, GroupSpec] = field(default_factory=dict)
     markers: dict[str, int | None] = field(default_factory=dict)
     mon_groups: dict[str, int] = field(default_factory=dict)
+    dirs: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -71,10 +75,16 @@ class Saved:
         groups: Mapping[str, GroupSpec],
         markers: Mapping[str, int | None],
         mon_groups: Mapping[str, int],
+        dirs: Mapping[str, str],
     ) -> Saved:
         """The state as :func:`load` reads it back after :func:`save` (a marker per group,
         None where there is none)."""
-        return cls(dict(groups), {n: markers.get(n) for n in groups}, dict(mon_groups))
+        return cls(
+            dict(groups),
+            {n: markers.get(n) for n in groups},
+            dict(mon_groups),
+            {n: dirs[n] for n in groups if n in dirs},
+        )
 
 
 def _read_json(path: str, keep_aside: bool = False) -> dict | None:
@@ -127,6 +137,8 @@ def load(path: str, keep_aside: bool = True) -> Saved:
             out.groups[name] = spec_from_json(name, entry)
             marker = entry.get("marker")
             out.markers[name] = int(marker) if marker is not None else None
+            if isinstance(entry.get("dir"), str):
+                out.dirs[name] = entry["dir"]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("state file %s: ignoring group %r: %s", path, name, exc)
     for rel, marker in mon_groups.items():
@@ -158,6 +170,8 @@ def save(path: str, saved: Saved, root: str, prefix: str) -> None:
         entry = spec_to_json(spec)
         if saved.markers.get(name) is not None:
             entry["marker"] = saved.markers[name]
+        if name in saved.dirs:
+            entry["dir"] = saved.dirs[name]
         groups[name] = entry
     data = {
         "version": VERSION,

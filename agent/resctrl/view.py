@@ -26,6 +26,7 @@ class ResctrlView:
         root: str = "/sys/fs/resctrl",
         prefix: str = "rdtune-",
         state_dir: str | None = None,
+        check_markers: bool | None = None,
     ) -> None:
         validate_group_name(prefix, error=ValueError)
         self.root = os.path.abspath(root)
@@ -39,7 +40,9 @@ class ResctrlView:
                 self.root, pmc_events=events, pmc_unsupported=unsupported
             )
         saved = state.load(self.state_path, keep_aside=False)
-        self._dirs = {name: self._dir_of(name) for name in saved.groups}
+        if check_markers is None:
+            check_markers = discovery.mount_info(self.root).is_resctrl
+        self._dirs = {name: self._dir_of(name, saved, check_markers) for name in saved.groups}
         self._specs = {n: s for n, s in saved.groups.items() if self._dirs[n] is not None}
         self._vanished = sorted(set(saved.groups) - set(self._specs))
         recorded = {os.path.basename(d) for d in self._dirs.values() if d}
@@ -51,14 +54,25 @@ class ResctrlView:
             and os.path.isfile(os.path.join(self.root, entry, "schemata"))
         )
 
-    def _dir_of(self, name: str) -> str | None:
-        """The directory of recorded group ``name``: prefixed, or a runtime class's own
-        name (adopted, not made); None when neither exists (deleted by someone else)."""
-        for entry in (self.prefix + name, name):
-            path = os.path.join(self.root, entry)
-            if os.path.isfile(os.path.join(path, "schemata")):
-                return path
-        return None
+    def _dir_of(self, name: str, saved: state.Saved, check_markers: bool) -> str | None:
+        """The directory of recorded group ``name``: the one the state file names (a file
+        written before it named them: the prefixed one; the agent names them at its next
+        start); None when it is gone, or (with ``check_markers``) deleted and made again by
+        someone else, as ResctrlNode tells."""
+        entry = saved.dirs.get(name)
+        if entry not in (self.prefix + name, name):  # never a path out of the root
+            entry = self.prefix + name
+        path = os.path.join(self.root, entry)
+        if not os.path.isfile(os.path.join(path, "schemata")):
+            return None
+        recorded = saved.markers.get(name)
+        if check_markers and recorded is not None:
+            try:
+                if state.marker_of(path) != recorded:
+                    return None
+            except FileNotFoundError:
+                return None
+        return path
 
     def capabilities(self) -> NodeCapabilities:
         return self._caps

@@ -446,6 +446,7 @@ def test_state_file_is_written_atomically_as_json(intel: Emulated) -> None:
         "exclusive": False,
         "slo": {"percentile": 99.0, "target_ms": 2.0},
         "marker": os.stat(f"{intel.root}/{PREFIX}svc").st_ino,
+        "dir": f"{PREFIX}svc",
     }
     assert [n for n in os.listdir(os.path.dirname(node.state_path)) if n.startswith(".")] == []
 
