@@ -174,7 +174,9 @@ class MbaCapabilities:
         min_bandwidth: smallest accepted value (``min_bandwidth``).
         bandwidth_gran: values are rounded *up* to a multiple of this.
         max_bandwidth: the largest value and the default of a new group (100 for
-            percentages, 4294967295 in mba_MBps mode, the AMD hardware limit on AMD).
+            percentages, 4294967295 in mba_MBps mode, the AMD hardware limit on AMD; a
+            resctrl node on AMD reports the largest value its groups hold until it has
+            made a group, which starts at the limit, and can then report more).
         num_closids: classes of service for MB (may be fewer than for L3).
         mode: percent, MiB/s or AMD units (see :class:`MbaMode`).
         delay_linear: whether throttling delay is linear in the value.

@@ -21,11 +21,14 @@ from agent.types import (
     AllocationPlan,
     GroupAllocation,
     GroupSpec,
+    MbaMode,
     NodeCapabilities,
 )
 from agent.validate import PlanContext, overlap_refused, validate_plan
 
 log = logging.getLogger(__name__)
+
+U32_MAX = 2**32 - 1  # the largest MB value the kernel parses (kstrtou32)
 
 
 class Allocations:
@@ -42,6 +45,44 @@ class Allocations:
     _digits: int
     _journal: state.Journal
     _unrestored: dict[str, dict[str, dict[str, int]]]
+
+    _mb_max: int | None = None  # AMD: the MB maximum, once learnt
+
+    def _know_mb_max(self, value: int | None) -> None:
+        """On AMD, take ``value`` (learnt from a group this node made, now or in an earlier
+        run) as the MB maximum; None: not learnt yet."""
+        mba = self._caps.mba
+        if mba is None or mba.mode is not MbaMode.AMD or value is None:
+            return
+        # What a group holds never exceeds the maximum: a larger value held means the one
+        # recorded is stale (another machine's state directory).
+        value = max(value, mba.max_bandwidth)
+        self._mb_max = value
+        self._caps = replace(self._caps, mba=replace(mba, max_bandwidth=value))
+
+    def _learn_mb_max(self, path: str) -> None:
+        """Read the MB values of the control group just made at ``path``: on AMD the
+        hardware maximum, where the kernel starts a new group (rdtgroup_init_mba) and which
+        info/MB does not name."""
+        mba = self._caps.mba
+        if mba is None or mba.mode is not MbaMode.AMD:
+            return
+        try:
+            held = schemata.parse(discovery.read_text(os.path.join(path, "schemata")))
+        except (OSError, schemata.SchemataError) as exc:
+            log.warning("could not read the MB maximum from %s: %s", path, exc)
+            return
+        if values := held.resources.get("MB"):
+            self._know_mb_max(max(values.values()))
+
+    def _plan_caps(self) -> NodeCapabilities:
+        """The capabilities a plan is checked against: on AMD, until a group this node made
+        has shown the MB maximum, none above what groups hold is refused (discovery's
+        figure is only the largest value held: the kernel judges the rest)."""
+        mba = self._caps.mba
+        if mba is None or mba.mode is not MbaMode.AMD or self._mb_max is not None:
+            return self._caps
+        return replace(self._caps, mba=replace(mba, max_bandwidth=U32_MAX))
 
     def _read_schemata(self, name: str) -> schemata.Schemata:
         return schemata.parse(discovery.read_text(self._path(name, "schemata")))
@@ -120,7 +161,7 @@ class Allocations:
             held = self._read_all()
             current = Allocation({n: self._to_alloc(s) for n, s in held.items()})
             ctx = PlanContext(
-                caps=self._caps,
+                caps=self._plan_caps(),
                 current=current,
                 exclusive=self._exclusive_groups(),
                 others=self._others_masks(),

@@ -120,7 +120,9 @@ def online_cpus(root: str) -> set[int]:
 def _largest_mb(root: str) -> int:
     """The largest MB value any control group holds. ``info/MB`` names no maximum (AMD's
     is a CPUID field, mba_MBps's the kernel's), and a group starts at it: the root group's
-    alone would take an administrator's throttle of the default group for the maximum."""
+    alone would take an administrator's throttle of the default group for the maximum.
+    Every group may be throttled, so on AMD this is only a floor: ResctrlNode learns the
+    maximum from a group it makes (agent/resctrl/allocation.py)."""
     values: list[int] = []
     for text in control_group_texts(root, "schemata"):
         try:

@@ -267,6 +267,7 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
                 status=status,
                 path=path,
             ) from None
+        self._learn_mb_max(path)  # before anything else writes the new group
         if spec.exclusive:
             try:
                 self._make_exclusive(spec.name)

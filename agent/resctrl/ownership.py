@@ -39,6 +39,7 @@ class Ownership:
     _mon_groups: dict[str, int]
     _vanished: dict[str, GroupSpec]
     _journal: state.Journal
+    _mb_max: int | None
 
     def _adopt_runtime_class(self, spec: GroupSpec, path: str) -> None:
         """Take on a class the container runtime made: record it, change nothing on disk."""
@@ -93,6 +94,7 @@ class Ownership:
 
     def _adopt(self) -> None:
         saved = state.load(self.state_path)
+        self._know_mb_max(saved.mb_max)
         with self._lock.exclusive():
             self._recover(saved)
             self._mon_groups = dict(saved.mon_groups)
@@ -264,7 +266,7 @@ class Ownership:
         and a failure is logged and left to the next change's save."""
         groups = {**self._vanished, **self._specs}
         dirs = {name: self._dirname(name) for name in groups}
-        now = state.Saved.of(groups, self._markers, self._mon_groups, dirs)
+        now = state.Saved.of(groups, self._markers, self._mon_groups, dirs, self._mb_max)
         self._instance.confirm()  # InUse: another agent has taken the state file over
         if unless is None:
             state.save(self.state_path, now, self.root, self.prefix)

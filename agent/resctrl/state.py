@@ -62,12 +62,14 @@ class Saved:
     markers existed), own monitoring groups (path under the root -> marker), and each own
     group's directory name under the root (absent: recorded before directory names were;
     a reader that does not know the node's runtime classes, ``rdtune describe``, needs it
-    to tell an adopted runtime class from another tool's group of the same name)."""
+    to tell an adopted runtime class from another tool's group of the same name). On AMD
+    also the MB maximum, learnt from a group the node made (info/MB names none)."""
 
     groups: dict[str, GroupSpec] = field(default_factory=dict)
     markers: dict[str, int | None] = field(default_factory=dict)
     mon_groups: dict[str, int] = field(default_factory=dict)
     dirs: dict[str, str] = field(default_factory=dict)
+    mb_max: int | None = None
 
     @classmethod
     def of(
@@ -76,6 +78,7 @@ class Saved:
         markers: Mapping[str, int | None],
         mon_groups: Mapping[str, int],
         dirs: Mapping[str, str],
+        mb_max: int | None = None,
     ) -> Saved:
         """The state as :func:`load` reads it back after :func:`save` (a marker per group,
         None where there is none)."""
@@ -84,6 +87,7 @@ class Saved:
             {n: markers.get(n) for n in groups},
             dict(mon_groups),
             {n: dirs[n] for n in groups if n in dirs},
+            mb_max,
         )
 
 
@@ -149,6 +153,9 @@ def load(path: str, keep_aside: bool = True) -> Saved:
             continue
         with contextlib.suppress(ValueError, TypeError):
             out.mon_groups[rel] = int(marker)
+    mb_max = data.get("mb_max")
+    if isinstance(mb_max, int) and not isinstance(mb_max, bool) and mb_max > 0:
+        out.mb_max = mb_max
     return out
 
 
@@ -180,6 +187,8 @@ def save(path: str, saved: Saved, root: str, prefix: str) -> None:
         "groups": groups,
         "mon_groups": dict(sorted(saved.mon_groups.items())),
     }
+    if saved.mb_max is not None:
+        data["mb_max"] = saved.mb_max
     try:
         write_atomic(path, data)
     except OSError as exc:

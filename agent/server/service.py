@@ -167,7 +167,10 @@ class NodeHost:
         # names they cached again, so no sample is credited to a later group of that name.
         self.generation = 0
         self._waiting_steps = 0
-        self._known: KnownCapabilities | None = None  # once asked; a Reset drops it
+        # once asked; a Reset or a created group drops it (and bumps the epoch, so that an
+        # answer asked for before is not kept)
+        self._known: KnownCapabilities | None = None
+        self._caps_epoch = 0
         self._clock: tuple | None = None  # (the node's Clock or None,), once asked
 
     # ------------------------------------------------------------------ node calls
@@ -237,6 +240,12 @@ class NodeHost:
         self.recorder.forget(name)
         self.metrics.forget_group(name)
 
+    def group_created(self) -> None:
+        """A group was made: ask the node's capabilities again (a resctrl node on AMD
+        learns its MB maximum from the first group it makes)."""
+        self._caps_epoch += 1
+        self._known = None
+
     def groups_replaced(self) -> None:
         """A Reset replaced every group: forget every name, not only those that came back."""
         self.generation += 1
@@ -270,15 +279,15 @@ class NodeHost:
         return self._clock[0]
 
     async def capabilities(self) -> KnownCapabilities:
-        """The node's capabilities, asked once and kept until a Reset (the only thing that
-        changes them): GetCapabilities and a plan's bounds then need no node lock, so a
-        long Advance does not hold them up."""
+        """The node's capabilities, asked once and kept until a Reset or a created group
+        (the only things that change them): GetCapabilities and a plan's bounds then need
+        no node lock, so a long Advance does not hold them up."""
         known = self._known
         if known is None:
-            generation = self.generation
+            asked = (self.generation, self._caps_epoch)
             caps = await self.run(self.node.capabilities)
             known = KnownCapabilities.of(caps)
-            if self.generation == generation:  # no Reset finished meanwhile
+            if (self.generation, self._caps_epoch) == asked:  # none finished meanwhile
                 self._known = known
         return known
 
@@ -464,6 +473,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             abort(context, ValueError("CreateGroup needs a spec"))
         spec = self._decode(context, C.from_group_spec, request.spec)
         await self.host.call(context, self.host.node.create_group, spec)
+        self.host.group_created()
         return api.CreateGroupResponse()
 
     async def DeleteGroup(self, request, context):

@@ -282,6 +282,22 @@ def test_graceful_shutdown_restores_full_allocations() -> None:
     assert set(node.groups()) == {"a"}, "groups stay"
 
 
+def test_capabilities_are_asked_again_after_a_group_is_made() -> None:
+    """A resctrl node on AMD learns its MB maximum from the first group it makes
+    (agent/resctrl/allocation.py): a client sees it after CreateGroup, not the figure the
+    agent kept from before (the largest value the throttled default group held)."""
+    from agent.resctrl import ResctrlNode
+    from tests.emulated_resctrl import emulated_resctrl
+
+    with emulated_resctrl("amd-epyc") as emu:
+        emu.write("schemata", "MB:" + ";".join(f"{d}=256" for d in range(8)) + "\n")
+        node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+        with serve(node) as server, remote(server) as client:
+            assert client.capabilities().mba.max_bandwidth == 256
+            client.create_group(GroupSpec("lc"))
+            assert client.capabilities().mba.max_bandwidth == 2048
+
+
 @pytest.mark.parametrize("preset", ["intel-20way", "e5v3-4clos"])  # min_cbm_bits 1 and 2
 def test_restore_on_exit_gives_what_exclusive_groups_leave(preset: str) -> None:
     """An exclusive group (own or another tool's) makes "every way" invalid for the others:
