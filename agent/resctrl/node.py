@@ -18,9 +18,9 @@ forward (delete) before the node is used, so ``kill -9`` at any instant leaves o
 plan and no group without its kind and SLO.
 
 The node is composed of this module (set-up, paths, group creation and deletion) and its
-parts: ownership.py (adoption, crash recovery, vanished groups), tasks.py (tasks and CPUs),
-allocation.py (schemata reads and the all-or-nothing apply) and observe.py (one interval's
-counters and latency).
+parts: ownership.py (adoption, vanished groups) with recovery.py (crash recovery), tasks.py
+(tasks and CPUs), allocation.py (schemata reads and the all-or-nothing apply) and
+observe.py (one interval's counters and latency).
 """
 
 from __future__ import annotations
