@@ -1,5 +1,6 @@
 """Suite-wide set-up for running in parallel: one local Ray shared by the tests that need a
-running Ray, and the tests of one costly shared fixture kept in one process.
+running Ray, and the tests of one costly shared fixture kept in one process; hypothesis's
+examples run without a deadline.
 
 ``make test`` runs the suite on every core with pytest-xdist (``--dist loadgroup``): each
 worker process takes tests one at a time, except those of an ``xdist_group``, which go to
@@ -17,6 +18,12 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
+
+# Speed is measured by the benchmarks (eval/bench), never asserted by a test: no per-example
+# deadline, whose default (200 ms) a loaded host exceeds with a test that is otherwise fine.
+settings.register_profile("rdtune", deadline=None)
+settings.load_profile("rdtune")
 
 # Fixtures any test may use, registered once (one cache per session, not per module).
 pytest_plugins = ("tests.training.tiny_runs",)
