@@ -18,6 +18,10 @@ the same file under another name or link, nor a copy of it; a ``split`` is refus
     eval:
       final_kwargs: {traces: [runs/c.parquet]}   # recorded apart from a and b
 
+Whatever the env, ``eval.kwargs`` and ``eval.final_kwargs`` may change the episodes, not
+the observation and action layout the policy learned (``max_groups``, ``share_levels``,
+``mba_levels``, ``share_all``, ``encoder_version``): such an override is refused, naming it.
+
 The remote env (``rdtune/RemotePartition-v0``) has no splits either: its held-out data are
 another agent (``address``) or another scenario of a simulated one (``scenario``), which the
 final table must use and neither training nor selection does; it trains with ``n_envs: 1``
@@ -462,11 +466,15 @@ class TrainConfig(Strict):
                 )
 
     def _check_env(self) -> None:
-        """Build the env once to turn bad env kwargs into a config error now, not mid-run."""
+        """Build the env once to turn bad env kwargs into a config error now, not mid-run;
+        and the evaluation envs must have training's observation and action layout: the
+        policy is played there, and a mismatch would fail only after training (with
+        ``eval.freq: 0``, after every PPO step)."""
         import gymnasium as gym
 
         import envs  # noqa: F401  (registers the ids)
 
+        trained: tuple | None = None
         for where, kwargs in (
             ("env.kwargs", self.env_kwargs()),
             ("eval.kwargs", self.eval_kwargs()),
@@ -482,10 +490,34 @@ class TrainConfig(Strict):
                 family, encoder = (getattr(env.unwrapped, a, None) for a in ("family", "encoder"))
                 if family is not None and encoder is not None:
                     family.check_encoder(encoder.version)
+                layout = _layout(env)
             except ValueError as exc:
                 raise ValueError(f"{where}.encoder_version: {exc}") from None
             finally:
                 env.close()
+            if trained is None:
+                trained = layout
+            elif layout != trained:
+                raise ConfigError(self._layout_error(where))
+
+    def _layout_error(self, where: str) -> str:
+        """The error for an evaluation env (``where``) whose layout is not training's,
+        naming the layout key of that section which differs, when one does."""
+        what = {"eval.kwargs": "checkpoint selection", "eval.final_kwargs": "the final table"}
+        given = self.eval.kwargs if where == "eval.kwargs" else self.eval.final_kwargs
+        trained = self.env_kwargs()
+        for key in LAYOUT_KEYS:
+            if key in given and given[key] != trained.get(key):
+                return (
+                    f"{where}.{key}: {given[key]!r} gives {what[where]} another observation "
+                    f"or action layout than training's (env.kwargs.{key}: "
+                    f"{trained.get(key, 'default')!r}); a policy plays only the layout it "
+                    "learned: remove it"
+                )
+        return (
+            f"{where}: {what[where]} would play another observation or action layout than "
+            "training's; a policy plays only the layout it learned"
+        )
 
     def env_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the training env (reward weights included)."""
@@ -522,6 +554,21 @@ class TrainConfig(Strict):
                 node = node[p]
             node[parts[-1]] = value
         return TrainConfig.parse(data, "overrides")
+
+
+# the env kwargs that set the observation and action layout (envs/partition.py)
+LAYOUT_KEYS = ("max_groups", "share_levels", "mba_levels", "share_all", "encoder_version")
+
+
+def _layout(env) -> tuple:
+    """What a policy trained on ``env`` needs of another env to act there: the spaces and
+    the encoder's and decoder's layouts (same-sized spaces can still order or mean their
+    entries otherwise)."""
+    u = env.unwrapped
+    layouts = tuple(
+        getattr(u, a).layout() if hasattr(u, a) else None for a in ("encoder", "decoder")
+    )
+    return (env.observation_space, env.action_space, *layouts)
 
 
 def _held_out_by(env_id: str) -> str | None:

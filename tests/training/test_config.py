@@ -292,6 +292,13 @@ def test_training_envs_are_batched_where_the_env_has_a_vector_entry_point(tmp_pa
         cfg.model_copy(update={"vec_env": "batched"})._check_vec_env()
 
 
+def test_an_evaluation_env_may_restate_the_training_layout():
+    cfg = TrainConfig.parse(
+        {"env": {"kwargs": {"max_groups": 4}}, "eval": {"kwargs": {"max_groups": 4}}}
+    )
+    assert cfg.eval_kwargs()["max_groups"] == 4
+
+
 def test_overrides_apply_and_revalidate():
     cfg = TrainConfig.parse({"name": "x"})
     new = cfg.with_overrides({"seed": 7, "ppo.learning_rate": 0.01, "env.kwargs.episode_steps": 4})
@@ -356,6 +363,25 @@ def test_overrides_apply_and_revalidate():
         ({"policy": {"head": "slots", "extractor": None}}, "needs the group-set extractor"),
         ({"runtime": {"shield": {"give_up": -1}}}, "runtime.shield: .*give_up must be"),
         ({"runtime": {"shield": {"gve_up": 3}}}, r"runtime.shield: .*unknown shield options"),
+        # a policy is played only on the layout it learned: refused before training, not
+        # by the first evaluation after it
+        (
+            {"eval": {"kwargs": {"split": "validation", "share_levels": 3}}},
+            r"eval.kwargs.share_levels: 3 gives checkpoint selection another observation or "
+            r"action layout than training's \(env.kwargs.share_levels: 'default'\)",
+        ),
+        (
+            {"env": {"kwargs": {"max_groups": 4}}, "eval": {"kwargs": {"max_groups": 8}}},
+            r"eval.kwargs.max_groups: 8 .* \(env.kwargs.max_groups: 4\)",
+        ),
+        (
+            {"eval": {"final_kwargs": {"split": "test", "mba_levels": 2}}},
+            "eval.final_kwargs.mba_levels: 2 gives the final table another observation",
+        ),
+        (
+            {"eval": {"final_kwargs": {"split": "test", "share_all": True}}},
+            "eval.final_kwargs.share_all: True gives the final table another",
+        ),
         # a typo, refused before the envs' arrays fill the memory
         ({"n_envs": 4_096_000_000}, "n_envs: must be less than or equal to 16384"),
         # PPO trains whole rollouts: 1 step would silently be 2 x 64
