@@ -10,6 +10,7 @@ policy); command-line options override the file.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, not at the top: ``rdtune --help`` imports every command's module, and
     # these pull in the environments (and through a sweep, Ray).
     from training.config import ConfigError, load_config
-    from training.rundir import RunDirError
+    from training.rundir import RunDirError, RunFailed
     from training.train import train
 
     try:
@@ -118,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
     except (ConnectionError, RolloutError, RunDirError, ConfigError) as exc:
         print(f"rdtune train: {exc}", file=sys.stderr)
         return 2
+    except RunFailed as exc:  # a failure while it ran, its checkpoints kept: one line
+        logging.getLogger(__name__).debug("traceback", exc_info=True)
+        print(f"rdtune train: {exc}", file=sys.stderr)
+        return 1
     print(result.summary())
     return 0
 

@@ -3,9 +3,10 @@
 A run builds its files in a staging directory beside OUT (``OUT.partial-<pid>``) and
 only a run that finished takes OUT's place: OUT is renamed to ``OUT.old-<pid>``, the
 staging directory to OUT, then the old one is removed and ``run.json`` gets its
-``finished`` field (the time, UTC), which ``rdtune export`` asks for. A failed run
-removes its staging directory and leaves OUT as it was; one its user stops (Ctrl-C,
-SIGTERM) with a checkpoint saved keeps it as ``OUT.interrupted`` for an export. ``OUT.lock``
+``finished`` field (the time, UTC), which ``rdtune export`` asks for. A run that fails
+or its user stops leaves OUT as it was; with a checkpoint saved it keeps its staging
+directory for an export, as ``OUT.failed`` (:class:`RunFailed` says so) or, stopped by
+its user (Ctrl-C, SIGTERM), as ``OUT.interrupted``; without one it removes it. ``OUT.lock``
 (an ``flock`` naming the pid, agent/pidlock.py) keeps a second run out of OUT while one is
 under way; the kernel lets go of a run that died, and a run that ends removes the file. A
 lock file found with a pid in it was left by a run that crashed: the next run into OUT
@@ -46,6 +47,11 @@ STATS_ENTRY = "rdtune_vecnormalize.pkl"
 
 class RunDirError(ValueError):
     """The run directory cannot be used: another run holds it, or it is not a run's."""
+
+
+class RunFailed(RuntimeError):
+    """A run failed after saving a checkpoint; its staging directory was kept as
+    ``OUT.failed`` (the message says so)."""
 
 
 def _beside(out: Path, suffix: str) -> Path:
@@ -136,19 +142,26 @@ class StagedRun:
         checkpoint, the staging directory becomes ``OUT.interrupted`` (replacing an earlier
         one; OUT stays as it was), exportable with ``--allow-incomplete``. Its path, or None
         (nothing worth keeping: discarded)."""
+        return self.keep_as("interrupted")
+
+    def keep_as(self, suffix: str) -> Path | None:
+        """With a checkpoint saved, the staging directory becomes ``OUT.<suffix>``
+        (replacing an earlier one; OUT stays as it was); its path, or None (no checkpoint:
+        discarded)."""
         if not any((self.path / c).is_file() for c in CHECKPOINTS):
             self.discard()
             return None
-        kept = _beside(self.out, "interrupted")
-        replace_directory(self.path, kept, _beside(self.out, f"interrupted.old-{os.getpid()}"))
+        kept = _beside(self.out, suffix)
+        replace_directory(self.path, kept, _beside(self.out, f"{suffix}.old-{os.getpid()}"))
         return kept
 
 
 @contextmanager
 def staged_run(out: Path):
-    """Hold ``OUT.lock`` and yield a :class:`StagedRun`; its staging directory is removed
-    unless the run published it (an exception), or kept as ``OUT.interrupted`` when its
-    user stopped it with a checkpoint saved (:meth:`StagedRun.keep_interrupted`)."""
+    """Hold ``OUT.lock`` and yield a :class:`StagedRun`; on an exception its staging
+    directory is removed, or, with a checkpoint saved, kept as ``OUT.interrupted`` when its
+    user stopped it (:meth:`StagedRun.keep_interrupted`) or as ``OUT.failed`` when it
+    failed (:func:`_keep_failed`)."""
     if out.is_symlink():  # the run goes where the link points, and the link stays
         out = Path(os.path.realpath(out))
     try:
@@ -165,7 +178,7 @@ def staged_run(out: Path):
     except BaseException as exc:
         stop = _interrupt_in(exc)  # Terminated (SIGTERM) too: the user stopped it
         if stop is None:
-            staging.discard()
+            _keep_failed(staging, exc)
             raise
         kept = staging.keep_interrupted()
         if kept is None:
@@ -176,6 +189,23 @@ def staged_run(out: Path):
         ) from None
     finally:
         lock.release(remove=True)  # no file left: nothing for the next run to clean
+
+
+def _keep_failed(staging: StagedRun, exc: BaseException) -> None:
+    """A run that failed with a checkpoint saved (in an evaluation after learning, say)
+    keeps its staging directory as ``OUT.failed``, raising :class:`RunFailed` that says
+    where, from ``exc``: the checkpoints may hold hours of training. Without one it is
+    removed and the caller re-raises ``exc``."""
+    if not isinstance(exc, Exception):  # SystemExit and the like: no failure of the run
+        staging.discard()
+        return
+    kept = staging.keep_as("failed")
+    if kept is None:
+        return
+    raise RunFailed(
+        f"the run failed ({type(exc).__name__}: {exc}); the checkpoints so far are in "
+        f"{kept} (rdtune export --model {kept} --allow-incomplete exports them)"
+    ) from exc
 
 
 def _interrupt_in(exc: BaseException) -> KeyboardInterrupt | None:

@@ -19,8 +19,10 @@ Read top to bottom, CleanRL-style (one function, :func:`train`, in numbered step
    mean return was a third of the spread between checkpoints), log to TensorBoard and keep
    the selected checkpoint as ``best_model.zip`` (``eval.select``: the best validation
    return, or the last one: with ``eval.freq: 0`` the model after the final update);
-5. learn (with SB3's progress bar), save ``model.zip``; every rollout + update cycle's env
-   steps/s go to TensorBoard (``time/env_steps_per_s``) and ``throughput.jsonl``;
+5. learn (with SB3's progress bar), save ``model.zip`` as learning ends (before the
+   evaluation then: a run that fails after learning keeps it, in ``OUT.failed``); every
+   rollout + update cycle's env steps/s go to TensorBoard (``time/env_steps_per_s``) and
+   ``throughput.jsonl``;
 6. final evaluation of the best checkpoint and the heuristics on the *test* split
    (``eval.final_kwargs``; mixes neither training nor selection saw; for the trace env,
    trace files neither replayed), written to ``eval.json`` and printed as a table.
@@ -520,10 +522,13 @@ def train(
             if cfg.dagger is not None:
                 warm_start(cfg, model, run_dir, callback)
 
-            # 5. Learn.
+            # 5. Learn; model.zip is saved as learning ends, before the evaluation then.
+            stats = venv if cfg.normalize_obs else None
+            save_last = save_on_training_end(run_dir / "model.zip", stats)
+            bar = [progress_on_stderr()] if cfg.progress_bar else []
             model.learn(
                 total_timesteps=cfg.total_timesteps,
-                callback=[speed, callback, *([progress_on_stderr()] if cfg.progress_bar else [])],
+                callback=[speed, save_last, callback, *bar],
                 tb_log_name="ppo",
             )
             if speed.total.steps:
@@ -532,7 +537,6 @@ def train(
                     speed.total.steps,
                     speed.total.env_steps_per_s,
                 )
-            save_checkpoint(model, run_dir / "model.zip", venv if cfg.normalize_obs else None)
             plot_learning_curves([run_dir], run_dir / "learning_curves.png", labels=[out.name])
 
             # 6. Final table: the best checkpoint against the heuristics on fresh held-out
@@ -555,6 +559,22 @@ def train(
         speed.total,
         selected_on=selected_on(cfg),
     )
+
+
+def save_on_training_end(path: Path, stats=None):
+    """SB3 callback saving the model to ``path`` (with ``stats``, a VecNormalize) when
+    learning ends, listed before the evaluation callback: a failure in the evaluation
+    then (or in the final table) leaves the trained model to keep (training/rundir.py)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class SaveOnTrainingEnd(BaseCallback):
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_training_end(self) -> None:
+            save_checkpoint(self.model, path, stats)
+
+    return SaveOnTrainingEnd()
 
 
 def refuse_unavailable(cfg, eval_env) -> None:

@@ -352,12 +352,54 @@ def test_a_run_that_does_not_finish_leaves_the_previous_run_dir_as_it_was(tmp_pa
         with pytest.raises(error):
             train(tiny_config(out, total_timesteps=64), on_eval=stop)
     assert _snapshot(out) == before  # byte for byte
-    # no staging dir, no lock; a run its user stopped keeps its checkpoints beside OUT
-    stopped = how in ("interrupted", "in_a_kernel")
-    kept = ["run.interrupted"] if stopped else []
-    assert sorted(p.name for p in out.parent.iterdir()) == ["run", *kept]
-    if stopped:
-        assert (out.parent / "run.interrupted" / "best_model.zip").read_bytes()[:2] == b"PK"
+    # no staging dir, no lock; a run that stopped or failed with a checkpoint saved keeps
+    # it beside OUT
+    kept = {"interrupted": "run.interrupted", "in_a_kernel": "run.interrupted"}
+    kept["failed"] = "run.failed"
+    beside = [kept[how]] if how in kept else []
+    assert sorted(p.name for p in out.parent.iterdir()) == ["run", *beside]
+    if beside:
+        assert (out.parent / kept[how] / "best_model.zip").read_bytes()[:2] == b"PK"
+
+
+@pytest.mark.parametrize("failing_call", [1, 2], ids=["end-of-learning-eval", "final-table"])
+def test_a_run_that_fails_after_learning_keeps_its_checkpoints(
+    tmp_path, capsys, monkeypatch, failing_call
+):
+    """Before, an error in the evaluation as learning ended (eval.freq: 0) or in the final
+    table removed the staging directory: every checkpoint of the run with it."""
+    import yaml
+
+    import training.evaluate
+    from tests.training.tiny_runs import TINY
+    from tuner.cli import main
+
+    real, calls = training.evaluate.evaluate_policy, []
+
+    def evaluate_policy(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == failing_call:
+            raise RuntimeError("shape '[-1, 36]' is invalid")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training.evaluate, "evaluate_policy", evaluate_policy)
+    config = tmp_path / "tiny.yaml"
+    tiny = dict(TINY, total_timesteps=64, eval={**TINY["eval"], "freq": 0})
+    config.write_text(yaml.safe_dump(tiny))
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(config), "--out", str(out), "--no-progress"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    kept = tmp_path / "run.failed"
+    assert err == (
+        "rdtune train: the run failed (RuntimeError: shape '[-1, 36]' is invalid); the "
+        f"checkpoints so far are in {kept} (rdtune export --model {kept} --allow-incomplete "
+        "exports them)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.failed", "tiny.yaml"]
+    saved = {"model.zip", *(["best_model.zip"] if failing_call == 2 else [])}
+    assert saved <= {p.name for p in kept.iterdir()}
+    assert (kept / "model.zip").read_bytes()[:2] == b"PK"
 
 
 @pytest.mark.parametrize("holder", ["live_run", "not_a_run_dir", "the_users_config_dir"])
