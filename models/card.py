@@ -365,10 +365,15 @@ class ModelCard:
         }
 
     def runtime_shield(self) -> Any:
-        """The shield the policy runs behind: the runtime's, else the training env's."""
-        if self.shield is not None:
-            return dict(self.shield)
-        return ((self.env or {}).get("kwargs") or {}).get("shield", False)
+        """The shield the policy runs behind: the training env's, with the runtime's
+        options (the card's runtime section) over its own. The runtime changes what it
+        names and keeps the rest of the shield the policy learned behind."""
+        trained = ((self.env or {}).get("kwargs") or {}).get("shield", False)
+        if self.shield is None:
+            return trained
+        # a training env without a shield: a card from before the config refused that
+        base = trained if isinstance(trained, dict) else {}
+        return {**base, **self.shield}
 
     def write(self, directory: str | Path) -> Path:
         """Write ``directory/model_card.json``; its path."""

@@ -72,7 +72,8 @@ refused rather than read as "all defaults"::
       objective: null               # the oracle's (null: its default, fair_throughput)
       excess_quantum: 0.0           # the oracle's on infeasible load levels (models/oracle.py)
     runtime:                        # where the exported policy runs (its model card)
-      shield: null                  # SLO shield options there (null: env.kwargs' shield)
+      shield: null                  # SLO shield options there, over env.kwargs.shield's
+                                    # (null: that shield; refused without one)
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ class EnvConfig(Strict):
 class RuntimeConfig(Strict):
     """Where the exported policy runs: written into its model card by ``rdtune export``."""
 
-    # the SLO shield's options there (models/shield.py); None: the training env's shield
+    # the SLO shield's options there (models/shield.py), over the training env's shield
+    # (which TrainConfig requires); None: the training env's shield as it is
     shield: dict[str, Any] | None = None
 
     @field_validator("shield")
@@ -294,6 +296,7 @@ class TrainConfig(Strict):
                 f"ppo.n_steps = {rollout}); PPO trains whole rollouts"
             )
         self._check_rollout()
+        _refuse_contradictions(self)
         held_out = _held_out_by(self.env.id)
         if held_out is not None:
             self._no_split_defaults()
@@ -498,26 +501,7 @@ class TrainConfig(Strict):
             if trained is None:
                 trained = layout
             elif layout != trained:
-                raise ConfigError(self._layout_error(where))
-
-    def _layout_error(self, where: str) -> str:
-        """The error for an evaluation env (``where``) whose layout is not training's,
-        naming the layout key of that section which differs, when one does."""
-        what = {"eval.kwargs": "checkpoint selection", "eval.final_kwargs": "the final table"}
-        given = self.eval.kwargs if where == "eval.kwargs" else self.eval.final_kwargs
-        trained = self.env_kwargs()
-        for key in LAYOUT_KEYS:
-            if key in given and given[key] != trained.get(key):
-                return (
-                    f"{where}.{key}: {given[key]!r} gives {what[where]} another observation "
-                    f"or action layout than training's (env.kwargs.{key}: "
-                    f"{trained.get(key, 'default')!r}); a policy plays only the layout it "
-                    "learned: remove it"
-                )
-        return (
-            f"{where}: {what[where]} would play another observation or action layout than "
-            "training's; a policy plays only the layout it learned"
-        )
+                raise ConfigError(_layout_error(self, where))
 
     def env_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the training env (reward weights included)."""
@@ -554,6 +538,38 @@ class TrainConfig(Strict):
                 node = node[p]
             node[parts[-1]] = value
         return TrainConfig.parse(data, "overrides")
+
+
+def _layout_error(cfg: TrainConfig, where: str) -> str:
+    """The error for an evaluation env (``where``) whose layout is not training's,
+    naming the layout key of that section which differs, when one does."""
+    what = {"eval.kwargs": "checkpoint selection", "eval.final_kwargs": "the final table"}
+    given = cfg.eval.kwargs if where == "eval.kwargs" else cfg.eval.final_kwargs
+    trained = cfg.env_kwargs()
+    for key in LAYOUT_KEYS:
+        if key in given and given[key] != trained.get(key):
+            return (
+                f"{where}.{key}: {given[key]!r} gives {what[where]} another observation "
+                f"or action layout than training's (env.kwargs.{key}: "
+                f"{trained.get(key, 'default')!r}); a policy plays only the layout it "
+                "learned: remove it"
+            )
+    return (
+        f"{where}: {what[where]} would play another observation or action layout than "
+        "training's; a policy plays only the layout it learned"
+    )
+
+
+def _refuse_contradictions(cfg: TrainConfig) -> None:
+    """Sections that each validate but train a policy at odds with how it is then run."""
+    if cfg.runtime.shield is not None and not cfg.env.kwargs.get("shield", False):
+        # the runtime shield is the training one with options changed: a policy trained
+        # without one never saw its floors (its floor features were always 0)
+        raise ConfigError(
+            "runtime.shield: the policy trains without a shield (env.kwargs.shield is "
+            "false) and would run behind one it never saw; set env.kwargs.shield, or "
+            "drop runtime.shield"
+        )
 
 
 # the env kwargs that set the observation and action layout (envs/partition.py)

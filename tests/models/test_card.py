@@ -92,6 +92,28 @@ def test_every_mismatch_with_a_node_is_named() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("trained", "runtime", "runs_behind"),
+    [
+        (True, None, True),
+        (True, {"give_up": 3}, {"give_up": 3}),
+        # before, the runtime's options replaced the training shield's: high and low
+        # went back to their defaults at run time
+        ({"high": 0.95, "low": 0.7}, None, {"high": 0.95, "low": 0.7}),
+        ({"high": 0.95, "low": 0.7}, {"give_up": 3}, {"high": 0.95, "low": 0.7, "give_up": 3}),
+        ({"high": 0.95, "give_up": 5}, {"give_up": 3}, {"high": 0.95, "give_up": 3}),
+        (False, None, False),
+    ],
+)
+def test_the_runtime_shield_is_the_training_one_with_the_runtime_options_over_it(
+    trained, runtime, runs_behind
+) -> None:
+    card = ModelCard.read(DEFAULT_POLICY)
+    env = {**card.env, "kwargs": {**card.env["kwargs"], "shield": trained}}
+    card = dataclasses.replace(card, env=env, shield=runtime)
+    assert card.runtime_shield() == runs_behind
+
+
 RT = "runtime."
 
 

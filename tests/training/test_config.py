@@ -292,6 +292,13 @@ def test_training_envs_are_batched_where_the_env_has_a_vector_entry_point(tmp_pa
         cfg.model_copy(update={"vec_env": "batched"})._check_vec_env()
 
 
+def test_a_runtime_shield_over_the_training_shield_is_accepted():
+    cfg = TrainConfig.parse(
+        {"env": {"kwargs": {"shield": {"high": 0.95}}}, "runtime": {"shield": {"give_up": 3}}}
+    )
+    assert cfg.runtime.shield == {"give_up": 3}
+
+
 def test_an_evaluation_env_may_restate_the_training_layout():
     cfg = TrainConfig.parse(
         {"env": {"kwargs": {"max_groups": 4}}, "eval": {"kwargs": {"max_groups": 4}}}
@@ -363,6 +370,15 @@ def test_overrides_apply_and_revalidate():
         ({"policy": {"head": "slots", "extractor": None}}, "needs the group-set extractor"),
         ({"runtime": {"shield": {"give_up": -1}}}, "runtime.shield: .*give_up must be"),
         ({"runtime": {"shield": {"gve_up": 3}}}, r"runtime.shield: .*unknown shield options"),
+        # the policy would see floors at run time it never saw in training
+        (
+            {"runtime": {"shield": {"give_up": 3}}},
+            "runtime.shield: the policy trains without a shield (env.kwargs.shield is false)",
+        ),
+        (
+            {"env": {"kwargs": {"shield": False}}, "runtime": {"shield": {}}},
+            "runtime.shield: the policy trains without a shield",
+        ),
         # a policy is played only on the layout it learned: refused before training, not
         # by the first evaluation after it
         (
