@@ -66,7 +66,8 @@ refused rather than read as "all defaults"::
     ppo: {learning_rate: 3.0e-4, n_steps: 256, batch_size: 128, n_epochs: 10, gamma: 0.9,
           gae_lambda: 0.95, ent_coef: 0.01, clip_range: 0.2, vf_coef: 0.5, max_grad_norm: 0.5}
     dagger:                         # optional: DAgger from the safe oracle before PPO
-      iterations: 4                 # (training/dagger.py); total_timesteps: 0 stops there
+      iterations: 4                 # (training/dagger.py); total_timesteps: 0 stops there;
+                                    # refused with normalize_obs (it fits raw features)
       episodes: 16
       beta: 0.5
       objective: null               # the oracle's (null: its default, fair_throughput)
@@ -569,6 +570,14 @@ def _refuse_contradictions(cfg: TrainConfig) -> None:
             "runtime.shield: the policy trains without a shield (env.kwargs.shield is "
             "false) and would run behind one it never saw; set env.kwargs.shield, or "
             "drop runtime.shield"
+        )
+    if cfg.dagger is not None and cfg.normalize_obs:
+        # DAgger fits the actor on raw features (its envs have no VecNormalize); PPO, the
+        # evaluations and the export feed it normalised ones
+        raise ConfigError(
+            "dagger: the warm start fits the actor on raw observations, and with "
+            "normalize_obs: true PPO, the evaluations and the exported policy feed it "
+            "normalised ones; drop the dagger section or set normalize_obs: false"
         )
 
 

@@ -398,6 +398,12 @@ def test_overrides_apply_and_revalidate():
             {"eval": {"final_kwargs": {"split": "test", "share_all": True}}},
             "eval.final_kwargs.share_all: True gives the final table another",
         ),
+        # DAgger fits raw features; PPO and the export would feed the actor normalised ones
+        (
+            {"normalize_obs": True, "dagger": {"iterations": 1}},
+            "dagger: the warm start fits the actor on raw observations, and with "
+            "normalize_obs: true",
+        ),
         # a typo, refused before the envs' arrays fill the memory
         ({"n_envs": 4_096_000_000}, "n_envs: must be less than or equal to 16384"),
         # PPO trains whole rollouts: 1 step would silently be 2 x 64
