@@ -72,6 +72,7 @@ refused rather than read as "all defaults"::
       beta: 0.5
       objective: null               # the oracle's (null: its default, fair_throughput)
       excess_quantum: 0.0           # the oracle's on infeasible load levels (models/oracle.py)
+      seed: 0                       # + the run's seed: its episode and refit seeds
     runtime:                        # where the exported policy runs (its model card)
       shield: null                  # SLO shield options there, over env.kwargs.shield's
                                     # (null: that shield; refused without one)
@@ -254,7 +255,9 @@ class DaggerConfig(Strict):
     objective: Literal["fairness", "throughput", "fair_throughput"] | None = None  # oracle's
     # the oracle's excess_quantum on infeasible load levels (models/oracle.py; 0: the closest)
     excess_quantum: Annotated[Finite, Field(ge=0, lt=1)] = 0.0
-    seed: Count = 0  # first episode seed and refit seed
+    # added to the run's seed: the first episode seed and the refit seed (so --seed and a
+    # seeds sweep reach the warm start; 0: the run's seed alone)
+    seed: Count = 0
 
 
 MAX_ENVS = 16384

@@ -681,7 +681,8 @@ def nodes_of_run(cfg, max_groups: int) -> dict[str, Any]:
 
 
 def warm_start(cfg, model, run_dir: Path, callback) -> None:
-    """DAgger from the safe oracle (training/dagger.py) into ``model.policy``'s actor, then
+    """DAgger from the safe oracle (training/dagger.py) into ``model.policy``'s actor, seeded
+    with ``seed + dagger.seed``, then
     one checkpoint evaluation at step 0 (under ``eval.select: return`` PPO's checkpoints
     must beat the warm start to replace it as ``best_model.zip``). The rounds go to
     ``dagger.jsonl``."""
@@ -706,7 +707,10 @@ def warm_start(cfg, model, run_dir: Path, callback) -> None:
         with history.open("a") as f:
             f.write(json.dumps(r.as_dict()) + "\n")
 
-    dagger(model.policy, lambda: gym.make(cfg.env.id, **cfg.env_kwargs()), cfg.dagger, log=record)
+    # seeded from the run's seed, so each seed of a seed study has its own oracle episodes
+    # and refit shuffles (dagger.seed 0: the run's seed alone)
+    settings = cfg.dagger.model_copy(update={"seed": cfg.seed + cfg.dagger.seed})
+    dagger(model.policy, lambda: gym.make(cfg.env.id, **cfg.env_kwargs()), settings, log=record)
     # the TensorBoard logger learn() would make, made now so step 0 is on the same curve
     model.set_logger(configure_logger(model.verbose, model.tensorboard_log, "ppo", True))
     callback.init_callback(model)

@@ -118,6 +118,33 @@ def test_train_with_a_dagger_warm_start_alone(tmp_path) -> None:
     assert (d / "learning_curves.png").stat().st_size > 0  # training/curves.py
 
 
+class _Seeded(Exception):
+    """Raised by the stand-in for dagger() once it was given its settings."""
+
+
+@pytest.mark.parametrize(
+    ("seed", "dagger_seed", "used"),
+    [(0, 0, 0), (7, 0, 7), (7, 5, 12)],  # seed 0, dagger.seed 0: as before (the shipped run)
+)
+def test_the_warm_start_is_seeded_from_the_runs_seed(
+    tmp_path, monkeypatch, seed, dagger_seed, used
+) -> None:
+    """Before, every seed of a seed study warm-started from dagger.seed alone: the same
+    oracle episodes and refit shuffles, so the spread between seeds was understated."""
+    import training.dagger
+    from training.train import warm_start
+
+    def seeded(policy, make_env, settings, **kwargs):
+        raise _Seeded(settings.seed)
+
+    monkeypatch.setattr(training.dagger, "dagger", seeded)
+    cfg = tiny_config(tmp_path, seed=seed, dagger={"iterations": 1, "seed": dagger_seed})
+    with pytest.raises(_Seeded) as given:
+        warm_start(cfg, type("Model", (), {"policy": None}), tmp_path, callback=None)
+    assert given.value.args == (used,)
+    assert cfg.dagger.seed == dagger_seed  # the config as written is what the run records
+
+
 def test_the_curves_command_plots_runs_and_refuses_nothing_to_plot(tmp_path, capsys) -> None:
     from training.curves import main
 
