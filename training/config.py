@@ -31,13 +31,16 @@ Unknown keys, wrong types (strict: ``subproc: "false"`` is not a boolean) and ou
 values are rejected with the file and the key's dotted path (agent/configfile.py), as is a key
 given twice; so are PPO settings SB3 would start with and then fail on or warn about
 (``ppo.batch_size`` at least 2 and dividing a rollout of ``n_envs * ppo.n_steps`` samples,
-``ppo.gamma`` and ``ppo.gae_lambda`` in [0, 1], ``seed`` below 2**32); an empty file is
-refused rather than read as "all defaults"::
+``ppo.gamma`` and ``ppo.gae_lambda`` in [0, 1], ``seed`` below 2**32), a
+``total_timesteps`` that is not a whole number of rollouts (PPO would train up to the next
+one; the error gives the two nearest totals) and a ``policy.head_hidden`` for the dense
+head, which has no such layer; an empty file is refused rather than read as "all
+defaults"::
 
     name: default
     algorithm: MaskablePPO          # PPO | MaskablePPO
     seed: 0
-    total_timesteps: 200000
+    total_timesteps: 163840         # whole rollouts: 10 of n_envs x ppo.n_steps
     n_envs: 64
     vec_env: auto                   # batched | dummy | subproc | auto (below)
     rollout_workers: 0              # >0: the batched envs split over Ray actors
@@ -62,7 +65,7 @@ refused rather than read as "all defaults"::
       net_arch: {pi: [64, 64], vf: [64, 64]}
       activation: tanh              # tanh | relu
       head: dense                   # dense | slots (shared per-slot head; needs pi: [])
-      head_hidden: 64
+      head_hidden: 64               # the slots head's hidden layer (refused with dense)
     ppo: {learning_rate: 3.0e-4, n_steps: 256, batch_size: 128, n_epochs: 10, gamma: 0.9,
           gae_lambda: 0.95, ent_coef: 0.01, clip_range: 0.2, vf_coef: 0.5, max_grad_norm: 0.5}
     dagger:                         # optional: DAgger from the safe oracle before PPO
@@ -205,6 +208,14 @@ class PolicyConfig(Strict):
 
     @model_validator(mode="after")
     def _slots(self) -> PolicyConfig:
+        default = type(self).model_fields["head_hidden"].default
+        if self.head == "dense" and self.head_hidden != default:
+            # only the slots head has that layer: the value would be silently ignored (the
+            # default is let through: every config written by a run states it)
+            raise ValueError(
+                f"policy.head_hidden: {self.head_hidden} sizes the hidden layer of head "
+                "'slots'; head 'dense' has none (its layers are net_arch.pi): remove it"
+            )
         if self.head == "slots":
             if self.extractor is None or self.extractor.slot_hidden < 1:
                 raise ValueError(
@@ -269,7 +280,9 @@ class TrainConfig(Strict):
     name: Name = "run"
     algorithm: Literal["PPO", "MaskablePPO"] = "MaskablePPO"
     seed: Seed = 0
-    total_timesteps: Count = 100_000  # PPO's env steps (0: the DAgger warm start alone)
+    # PPO's env steps, whole rollouts of n_envs x ppo.n_steps (0: the DAgger warm start
+    # alone); the default is 200 rollouts of the default 2 x 256
+    total_timesteps: Count = 102_400
     # bounded so a typo is refused, not a MemoryError from the envs' arrays
     n_envs: Annotated[int, Field(ge=1, le=MAX_ENVS)] = 2
     subproc: bool = False
@@ -293,12 +306,7 @@ class TrainConfig(Strict):
             object.__setattr__(self, "output_dir", f"runs/{self.name}")
         if self.total_timesteps == 0 and self.dagger is None:
             raise ConfigError("total_timesteps: 0 trains nothing without a dagger section")
-        rollout = self.n_envs * self.ppo.n_steps
-        if 0 < self.total_timesteps < rollout:  # PPO would silently train a whole one
-            raise ConfigError(
-                f"total_timesteps: {self.total_timesteps} is less than one rollout (n_envs x "
-                f"ppo.n_steps = {rollout}); PPO trains whole rollouts"
-            )
+        _refuse_partial_rollouts(self)
         self._check_rollout()
         _refuse_contradictions(self)
         held_out = _held_out_by(self.env.id)
@@ -562,6 +570,25 @@ def _layout_error(cfg: TrainConfig, where: str) -> str:
         f"{where}: {what[where]} would play another observation or action layout than "
         "training's; a policy plays only the layout it learned"
     )
+
+
+def _refuse_partial_rollouts(cfg: TrainConfig) -> None:
+    """PPO trains whole rollouts (``n_envs * ppo.n_steps`` steps): a total that is not a
+    whole number of them would silently train up to the next one, while ``eval.json`` and
+    the model card said the total asked for. Refused, with the totals nearest to it."""
+    steps, rollout = cfg.total_timesteps, cfg.n_envs * cfg.ppo.n_steps
+    if 0 < steps < rollout:
+        raise ConfigError(
+            f"total_timesteps: {steps} is less than one rollout (n_envs x ppo.n_steps = "
+            f"{rollout}); PPO trains whole rollouts"
+        )
+    if steps % rollout:
+        below = steps - steps % rollout
+        raise ConfigError(
+            f"total_timesteps: {steps} is not a whole number of rollouts (n_envs x "
+            f"ppo.n_steps = {cfg.n_envs} x {cfg.ppo.n_steps} = {rollout}); PPO trains whole "
+            f"rollouts and would train {below + rollout}: use {below} or {below + rollout}"
+        )
 
 
 def _refuse_contradictions(cfg: TrainConfig) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.training.tiny_runs import SLOT_POLICY
 from training.config import ConfigError, TrainConfig, load_config
 
 CONFIGS = sorted((Path(__file__).parents[2] / "training" / "configs").glob("*.yaml"))
@@ -292,6 +293,16 @@ def test_training_envs_are_batched_where_the_env_has_a_vector_entry_point(tmp_pa
         cfg.model_copy(update={"vec_env": "batched"})._check_vec_env()
 
 
+@pytest.mark.parametrize(
+    "policy", [{"head": "dense", "head_hidden": 64}, {**SLOT_POLICY, "head_hidden": 999}]
+)
+def test_head_hidden_is_taken_where_it_is_used_or_stated_at_its_default(policy):
+    """A dense run's config.yaml states the default (every run writes every key): it must
+    still read back, as must a slots head of any size."""
+    cfg = TrainConfig.parse({"policy": policy})
+    assert cfg.with_overrides({"seed": 1}).policy.head_hidden == policy["head_hidden"]
+
+
 def test_a_runtime_shield_over_the_training_shield_is_accepted():
     cfg = TrainConfig.parse(
         {"env": {"kwargs": {"shield": {"high": 0.95}}}, "runtime": {"shield": {"give_up": 3}}}
@@ -410,6 +421,17 @@ def test_overrides_apply_and_revalidate():
         (
             {"total_timesteps": 1, "n_envs": 2, "ppo": {"n_steps": 64, "batch_size": 64}},
             "total_timesteps: 1 is less than one rollout (n_envs x ppo.n_steps = 128)",
+        ),
+        # nor silently round up: before, 300 trained 384 steps and eval.json said 300
+        (
+            {"total_timesteps": 300, "n_envs": 4, "ppo": {"n_steps": 32, "batch_size": 64}},
+            "total_timesteps: 300 is not a whole number of rollouts (n_envs x ppo.n_steps = "
+            "4 x 32 = 128); PPO trains whole rollouts and would train 384: use 256 or 384",
+        ),
+        # the dense head has no hidden layer of that size: before, it was silently ignored
+        (
+            {"policy": {"head_hidden": 999}},
+            "policy.head_hidden: 999 sizes the hidden layer of head 'slots'; head 'dense'",
         ),
     ],
 )
