@@ -40,7 +40,12 @@ from agent.argtypes import positive_int
 from agent.atomic import replace_directory
 from envs import PARTITION_ID
 from models.card import ModelCard, TrainedOn, standard_sections
-from training.rundir import CHECKPOINTS, NORMALISATION_OF, load_normalisation
+from training.rundir import (
+    CHECKPOINTS,
+    NORMALISATION_OF,
+    load_normalisation,
+    normalisation_source,
+)
 
 log = logging.getLogger(__name__)
 
@@ -387,7 +392,9 @@ def _normalisation(run_dir: Path, checkpoint: str, normalized: bool) -> dict | N
     try:
         stats = load_normalisation(run_dir, checkpoint)  # a VecNormalize; our trainer's
     except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, OSError) as exc:
-        raise ExportError(f"{path}: cannot load the normalisation statistics ({exc})") from None
+        # named as read: the checkpoint's own entry first, the pickle beside it otherwise
+        where = normalisation_source(run_dir, checkpoint)
+        raise ExportError(f"{where}: cannot load the normalisation statistics ({exc})") from None
     if stats is None:
         raise ExportError(
             f"{run_dir}: no {path.name}, the normalisation {checkpoint} was trained with; "

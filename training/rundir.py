@@ -249,6 +249,18 @@ def save_vecnormalize(venv, path: Path) -> None:
     write_atomic(path, lambda f: pickle.dump(venv, f))
 
 
+def normalisation_source(run_dir: Path, checkpoint: str) -> str:
+    """Where :func:`load_normalisation` reads ``checkpoint``'s statistics from, as an
+    error names it: the checkpoint's zip entry when it has one, else the pickle beside it."""
+    try:
+        with zipfile.ZipFile(run_dir / checkpoint) as archive:
+            if STATS_ENTRY in archive.namelist():
+                return f"{run_dir / checkpoint} (entry {STATS_ENTRY})"
+    except (zipfile.BadZipFile, OSError):
+        pass
+    return str(run_dir / NORMALISATION_OF[checkpoint])
+
+
 def load_normalisation(run_dir: Path, checkpoint: str):
     """The VecNormalize statistics ``checkpoint`` was trained with: those inside its zip
     (:func:`save_checkpoint`), else, for a run from before they were kept there, the

@@ -234,6 +234,35 @@ def test_a_run_from_before_the_checkpoint_carried_its_statistics_uses_the_pickle
     assert pickle.loads((tmp_path / NORMALISATION_OF["model.zip"]).read_bytes()).mean.shape == (5,)
 
 
+@pytest.mark.parametrize("corrupt", ["entry", "pickle"])
+def test_corrupt_statistics_are_named_where_they_were_read(tmp_path, corrupt):
+    """Before, a truncated statistics entry inside the checkpoint's zip was blamed on the
+    intact pickle beside it."""
+    from stable_baselines3.common.running_mean_std import RunningMeanStd
+
+    from training.export import _normalisation
+    from training.rundir import NORMALISATION_OF, STATS_ENTRY, save_checkpoint
+
+    class Model:
+        def save(self, f) -> None:
+            with zipfile.ZipFile(f, "w") as archive:
+                archive.writestr("data", "{}")
+
+    stats = pickle.dumps(RunningMeanStd(shape=(3,)))
+    checkpoint = tmp_path / "best_model.zip"
+    save_checkpoint(Model(), checkpoint)  # no entry: the pickle beside it is read
+    (tmp_path / NORMALISATION_OF["best_model.zip"]).write_bytes(stats[: len(stats) // 2])
+    where = tmp_path / NORMALISATION_OF["best_model.zip"]
+    if corrupt == "entry":
+        (tmp_path / NORMALISATION_OF["best_model.zip"]).write_bytes(stats)  # intact
+        with zipfile.ZipFile(checkpoint, "a") as archive:
+            archive.writestr(STATS_ENTRY, stats[: len(stats) // 2])
+        where = f"{checkpoint} (entry {STATS_ENTRY})"
+    with pytest.raises(ExportError) as err:
+        _normalisation(tmp_path, "best_model.zip", True)
+    assert str(err.value).startswith(f"{where}: cannot load the normalisation statistics (")
+
+
 class _Logits:
     """A policy whose action logits are its observation (the parts ``_tied`` reads)."""
 
