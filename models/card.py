@@ -188,13 +188,23 @@ class TrainedOn:
         return cls(**values)
 
 
+def trained_interval_s(env: Mapping[str, Any]) -> float | None:
+    """The decision interval a policy trained in ``env`` (a card's ``{id, kwargs, ...}``)
+    learned at: the one the run recorded (``interval_s``), else its env kwargs'; None when
+    neither says (a card from before the run recorded it, its env at its default)."""
+    for value in (env.get("interval_s"), (env.get("kwargs") or {}).get("interval_s")):
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return None
+
+
 def standard_sections(
     trained_on: TrainedOn, env: Mapping[str, Any]
 ) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """(intended use, out of scope, limitations) of a policy trained on ``trained_on`` in
     the environment ``env`` (``{id, kwargs}``): what every rdtune export states."""
     kwargs = env.get("kwargs") or {}
-    interval = kwargs.get("interval_s")
+    interval = trained_interval_s(env)
     cadence = f"one decision every {interval:g} s" if interval else "one decision per interval"
     modes = ", ".join(trained_on.mba_modes or ()) or "none recorded"
     machines = ", ".join(trained_on.presets) or "the simulator's presets"
@@ -216,10 +226,13 @@ def standard_sections(
     paired = "claims that one controller beats another need rdtune eval's paired comparisons."
     env_id = str(env.get("id", ""))
     if env_id.endswith("TracePartition-v0"):
+        recorded = ", ".join(f"{t:g} s" for t in env.get("trace_interval_s") or ())
         limitations: tuple[str, ...] = (
-            f"Trained on recorded traces ({machines}), replayed: they do not answer its "
-            "actions as a node would, so what it learned is bounded by the allocations and "
-            "loads the traces hold (docs/TRACES.md).",
+            f"Trained on recorded traces ({machines}"
+            + (f"; recorded every {recorded}" if recorded else "")
+            + "), replayed: they do not answer its actions as a node would, so what it "
+            "learned is bounded by the allocations and loads the traces hold "
+            "(docs/TRACES.md).",
             "Its checkpoints were chosen, and its evaluation table made, by replaying the "
             f"training traces (traces have no held-out split); {paired}",
         )

@@ -586,6 +586,8 @@ def _write_export(
     evaluation = _evaluation_of(run_dir, checkpoint)
     trained_on = _trained_on(run_dir, meta)
     env = {"id": meta["env_id"], "kwargs": meta["env_kwargs"]}
+    # the cadence it learned, and its traces' (the tuner warns of another one)
+    env |= {k: meta[k] for k in ("interval_s", "trace_interval_s") if k in meta}
     use, out_of_scope, limitations = standard_sections(trained_on, env)
     if incomplete is not None:
         limitations = (

@@ -517,7 +517,11 @@ def train(
             staging.create()
             (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             (run_dir / "run.json").write_text(
-                json.dumps(run_meta(cfg, command, encoder, decoder), indent=2, default=str)
+                json.dumps(
+                    run_meta(cfg, command, encoder, decoder, decision_interval(venv)),
+                    indent=2,
+                    default=str,
+                )
             )
             if cfg.dagger is not None:
                 warm_start(cfg, model, run_dir, callback)
@@ -627,9 +631,23 @@ def progress_on_stderr():
     return StderrProgressBar()
 
 
-def run_meta(cfg, command: str | None, encoder, decoder) -> dict[str, Any]:
-    """``run.json``: what the exporter needs (layouts, env kwargs, versions) and the
-    command that reproduces the run; ``finished`` is added when the run is published."""
+def decision_interval(venv) -> float | None:
+    """The seconds between the training envs' decisions (their ``interval_s``, the
+    cadence the policy learns; an env's default when the config gives none); None where
+    the envs do not say (on Ray actors)."""
+    try:
+        value = venv.get_attr("interval_s")[0]
+    except AttributeError:
+        return None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def run_meta(
+    cfg, command: str | None, encoder, decoder, interval_s: float | None = None
+) -> dict[str, Any]:
+    """``run.json``: what the exporter needs (layouts, env kwargs, versions, the decision
+    interval) and the command that reproduces the run; ``finished`` is added when the run
+    is published."""
     return {
         "name": cfg.name,
         "command": command,
@@ -645,6 +663,7 @@ def run_meta(cfg, command: str | None, encoder, decoder) -> dict[str, Any]:
         "features": encoder.layout(),
         "actions": decoder.layout(),
         "normalize_obs": cfg.normalize_obs,
+        **({"interval_s": interval_s} if interval_s is not None else {}),
         **nodes_of_run(cfg, encoder.layout()["max_groups"]),
     }
 
@@ -653,7 +672,8 @@ def nodes_of_run(cfg, max_groups: int) -> dict[str, Any]:
     """``{"trained_on": ...}`` for a run on recorded traces or on an agent: the machines of
     its traces (each file's recorded capabilities) or of the agent's node, read while they
     are at hand (a trace's path is relative to where training ran; an agent may be gone by
-    the export). Empty for the simulator, whose presets the export reads from the config."""
+    the export); for traces also ``trace_interval_s``, the intervals they were recorded
+    at. Empty for the simulator, whose presets the export reads from the config."""
     from envs import PARTITION_ID, REMOTE_PARTITION_ID
     from models.card import TrainedOn
 
@@ -673,8 +693,12 @@ def nodes_of_run(cfg, max_groups: int) -> dict[str, Any]:
         from training.traces import read_metadata
 
         paths = list(kwargs["traces"])
-        caps = [read_metadata(p)["capabilities"] for p in paths]
+        metas = [read_metadata(p) for p in paths]
+        caps = [m["capabilities"] for m in metas]
         names = [f"{Path(p).name} ({c.description})" for p, c in zip(paths, caps, strict=True)]
+        trained_on = TrainedOn.of_nodes(names, caps, max_groups).as_dict()
+        recorded = {float(m["interval_s"]) for m in metas if m["interval_s"] > 0}  # 0: unknown
+        return {"trained_on": trained_on, "trace_interval_s": sorted(recorded)}
     else:
         return {}
     return {"trained_on": TrainedOn.of_nodes(names, caps, max_groups).as_dict()}

@@ -125,6 +125,41 @@ def _check_policy_files(spec: str) -> None:
         )
 
 
+def _warn_of_another_cadence(spec: str, options: dict | None, interval_s: float) -> None:
+    """One warning, at start, when an exported policy will decide at another cadence than
+    its card says it was trained at: its features (rates, deltas) and its shield's counts
+    of intervals (give_up, retry) then mean other times. Said, not refused: the cadence is
+    the operator's choice (``decide_s`` sets the policy's own)."""
+    import logging
+    import math
+
+    from models.card import ModelCard, PolicyError, trained_interval_s
+    from models.catalogue import ControllerSpec, decide_s_of
+
+    parsed = ControllerSpec.parse(spec).with_options(options or {})
+    if parsed.name != "policy":
+        return
+    try:
+        trained = trained_interval_s(ModelCard.read(parsed.options["path"]).env)
+    except (PolicyError, KeyError):  # check() refused a card that cannot be read
+        return
+    decide_s = parsed.options.get("decide_s")
+    runs = interval_s if decide_s is None else decide_s_of(decide_s)
+    if trained is None or math.isclose(runs, trained, rel_tol=1e-6):
+        return
+    logging.getLogger("rdtune.tuner").warning(
+        "the policy %s was trained deciding every %g s and will decide every %g s here; its "
+        "features and its shield's interval counts then mean other times: give it "
+        "decide_s=%g (controller_options) or --interval %g",
+        parsed.options["path"],
+        trained,
+        runs,
+        trained,
+        trained,
+        extra={"event": "cadence", "trained_interval_s": trained, "decide_s": runs},
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import json
     import logging
@@ -159,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         use_json_logs(logging.INFO)
     elif logging.getLogger().level > logging.INFO:
         logging.getLogger("rdtune.tuner").setLevel(logging.INFO)
+    _warn_of_another_cadence(spec, cfg.controller_options, cfg.interval_s)
 
     from agent.errors import NodeError
     from agent.server.errors import WrongPeer

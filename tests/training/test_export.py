@@ -37,6 +37,9 @@ def test_card_describes_the_policy(tiny_export):
     assert {r["name"] for r in card.evaluation["rows"]} == {"policy", "eq"}
     assert card.parity["observations"] == card.parity["matched"] == 64
     assert "8 resctrl groups" in card.intended_use and card.out_of_scope and card.limitations
+    # the cadence it learned, though the config left interval_s to the env's default: the
+    # tuner warns when it runs the policy at another
+    assert card.env["interval_s"] == 1.0 and "one decision every 1 s" in card.intended_use
 
 
 def _session(path):

@@ -99,6 +99,10 @@ def test_a_run_on_the_trace_env_plays_its_final_table_on_held_out_traces(
     epyc = SimNode("more_lc_than_closids_epyc", 0).capabilities()
     assert card.trained_on.problems(epyc)
     assert card.limitations[0].startswith("Trained on recorded traces")
+    # the cadence it decided at (the env's) and the traces' own: before, neither was said
+    assert card.env["interval_s"] == 1.0 and card.env["trace_interval_s"] == [0.1]
+    assert "one decision every 1 s" in card.intended_use
+    assert "recorded every 0.1 s" in card.limitations[0]
 
 
 def test_a_trace_run_refuses_controllers_its_node_cannot_run_before_training(

@@ -161,6 +161,39 @@ def test_tune_runs_an_exported_policy(fresh, tune_here) -> None:
     assert not run.of("dropped")
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("models.policy") is None or not EXPORT,
+    reason="needs an exported policy: models/policies/default, or RDTUNE_TEST_POLICY set to an "
+    "'rdtune export' directory",
+)
+@pytest.mark.parametrize(
+    ("interval", "options", "warned"),
+    [
+        ("0.2", {}, True),  # the shipped card: trained deciding every 1 s
+        ("1", {}, False),
+        ("0.2", {"decide_s": 1}, False),  # its own cadence restored by decide_s
+        ("0.5", {"decide_s": 2}, True),
+    ],
+)
+def test_tune_warns_once_of_a_policy_run_at_another_cadence(
+    fresh, tune_here, interval, options, warned
+) -> None:
+    """Before, a policy trained at 1 s ran every 0.2 s without a word: its shield's
+    interval counts (give_up: 3) then meant 0.6 s."""
+    config = {"controller_options": options} if options else None
+    run = tune_here(
+        fresh.address, f"policy:{EXPORT}", "--interval", interval, "--intervals", "2",
+        config=config,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    said = run.of("cadence")
+    assert len(said) == int(warned), run.stderr
+    if warned:
+        trained = ModelCard.read(EXPORT).env["kwargs"]["interval_s"]
+        assert said[0]["trained_interval_s"] == trained
+        assert f"was trained deciding every {trained:g} s" in said[0]["msg"]
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
