@@ -29,7 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override total_timesteps (0: the DAgger warm start alone)",
     )
     parser.add_argument(
-        "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"
+        "--no-progress",
+        action="store_true",
+        help="no progress bar, nor the line per phase it does not cover (e.g. when logging "
+        "to a file)",
     )
     parser.add_argument(
         "--ray-address",

@@ -47,6 +47,7 @@ import json
 import logging
 import math
 import random
+import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -315,6 +316,11 @@ def make_eval_callback(cfg, venv, run_dir: Path, heuristics: list, on_eval: Call
 
         def _evaluate(self) -> None:
             self.last = self.num_timesteps
+            say(
+                cfg,
+                f"step {self.num_timesteps}: evaluating the policy on {cfg.eval.episodes} "
+                f"{selected_on(cfg)} episodes",
+            )
             act = act_fn(self.model, _obs_norm(venv))
             row = evaluate_policy(act, self.env, cfg.eval.episodes, cfg.eval.seed)
             self.logger.record("eval/mean_return", row.mean_return)
@@ -509,6 +515,11 @@ def train(
             refuse_unavailable(cfg, eval_env)
             heuristics, missing = [], []
             if cfg.eval.heuristics_at_start:
+                say(
+                    cfg,
+                    f"evaluating the heuristics ({', '.join(cfg.eval.controllers)}) on "
+                    f"{cfg.eval.episodes} {selected_on(cfg)} episodes",
+                )
                 heuristics, missing = evaluate_heuristics(
                     cfg.eval.controllers, eval_env, cfg.eval.episodes, cfg.eval.seed
                 )
@@ -550,6 +561,12 @@ def train(
             venv.close()
         rows: list[dict] = []
         if final_eval:
+            say(
+                cfg,
+                f"final table: the checkpoint of step {callback.best_step} and "
+                f"{', '.join(cfg.eval.controllers)} on {cfg.eval.final_episodes} held-out "
+                "episodes",
+            )
             table = final_evaluation(cfg, run_dir, best_step=callback.best_step)
             rows, missing = table["rows"], table["missing"]
         staging.publish()
@@ -606,6 +623,15 @@ def selected_on(cfg) -> str:
     from envs import PARTITION_ID
 
     return "validation" if cfg.env.id == PARTITION_ID else "selection"
+
+
+def say(cfg, line: str) -> None:
+    """One line on stderr as a phase the progress bar does not cover begins or ends (the
+    warm start's rounds, each evaluation, the final table): without them most of a run
+    showed nothing. Shown with the bar (the default; ``--no-progress`` quiets both);
+    ``-v`` logs the details."""
+    if cfg.progress_bar:
+        print(f"rdtune train: {line}", file=sys.stderr, flush=True)
 
 
 def progress_on_stderr():
@@ -717,8 +743,15 @@ def warm_start(cfg, model, run_dir: Path, callback) -> None:
 
     history = run_dir / "dagger.jsonl"
     history.unlink(missing_ok=True)
+    rounds, episodes = cfg.dagger.iterations, cfg.dagger.episodes
+    say(cfg, f"warm start: DAgger from the oracle, {rounds} rounds of {episodes} episodes")
 
     def record(r) -> None:
+        say(
+            cfg,
+            f"warm start: round {r.iteration + 1}/{rounds} done (agreement with the oracle "
+            f"{100 * r.agreement:.1f}%)",
+        )
         log.info(
             "DAgger round %d (beta %.3g): %d states, policy agreed with the oracle on %.1f%%, "
             "loss %.3f",

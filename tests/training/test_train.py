@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -600,6 +601,39 @@ def test_a_run_on_an_agent_records_the_agents_machine() -> None:
     )
     assert trained_on.problems(caps) == []
     assert trained_on.problems(SimNode("more_lc_than_closids_epyc", 0).capabilities())
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_each_phase_the_bar_does_not_cover_says_one_line(tmp_path, capfd, progress) -> None:
+    """Before, the warm start, the evaluations and the final table (two thirds of the
+    default run) showed nothing at default verbosity; --no-progress keeps the run quiet."""
+    cfg = tiny_config(
+        tmp_path / "run",
+        total_timesteps=64,
+        progress_bar=progress,
+        policy=SLOT_POLICY,
+        dagger={"iterations": 2, "episodes": 1, "epochs": 1},
+    )
+    capfd.readouterr()
+    train(cfg)
+    out, err = capfd.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith("rdtune train: ")]
+    if not progress:
+        assert lines == []
+        return
+    expected = [
+        r"evaluating the heuristics \(eq\) on 1 validation episodes",
+        r"warm start: DAgger from the oracle, 2 rounds of 1 episodes",
+        r"warm start: round 1/2 done \(agreement with the oracle [\d.]+%\)",
+        r"warm start: round 2/2 done \(agreement with the oracle [\d.]+%\)",
+        r"step 0: evaluating the policy on 1 validation episodes",
+        r"step 64: evaluating the policy on 1 validation episodes",
+        r"final table: the checkpoint of step (0|64) and eq on 2 held-out episodes",
+    ]
+    assert len(lines) == len(expected), lines
+    for line, pattern in zip(lines, expected, strict=True):
+        assert re.fullmatch("rdtune train: " + pattern, line), line
+    assert "rdtune train: " not in out
 
 
 def test_the_progress_bar_is_drawn_on_stderr(tmp_path, capfd) -> None:
