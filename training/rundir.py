@@ -227,7 +227,9 @@ def save_checkpoint(model, path: Path, venv=None) -> None:
     (:data:`STATS_ENTRY`, which SB3's loader passes over) in the same write, then beside it
     (:data:`NORMALISATION_OF`, for tools that read the pickle alone): a stop between the two
     files' writes cannot pair a checkpoint with another checkpoint's statistics, since
-    :func:`load_normalisation` reads the zip's."""
+    :func:`load_normalisation` reads the zip's. The checkpoint records no TensorBoard
+    directory: the run's is in its staging directory, which is gone once the run ends, and
+    SB3 would make it again beside the run when training continued from the checkpoint."""
 
     def write(f) -> None:
         if venv is None:
@@ -239,7 +241,11 @@ def save_checkpoint(model, path: Path, venv=None) -> None:
             archive.writestr(STATS_ENTRY, pickle.dumps(venv))
         f.write(buffer.getvalue())
 
-    write_atomic(path, write)
+    logging_to, model.tensorboard_log = model.tensorboard_log, None
+    try:
+        write_atomic(path, write)
+    finally:
+        model.tensorboard_log = logging_to
     if venv is not None:
         save_vecnormalize(venv, path.with_name(NORMALISATION_OF[path.name]))
 

@@ -40,9 +40,11 @@ def test_tiny_run_writes_a_complete_run_directory(request, fixture):
     meta = json.loads((d / "run.json").read_text())
     assert meta["actions"]["nvec"] == [4] * 8 + [3] * 8
     assert meta["algorithm"] == ("PPO" if fixture == "tiny_ppo_run" else "MaskablePPO")
-    policy = load_model(d / "model.zip", meta["algorithm"]).policy
+    model = load_model(d / "model.zip", meta["algorithm"])
     head = "SlotHead" if fixture == "tiny_ppo_run" else "Linear"
-    assert type(policy.action_net).__name__ == head
+    assert type(model.policy.action_net).__name__ == head
+    # no path into the staging directory, gone now, that training on from it would remake
+    assert model.tensorboard_log is None
     assert "| policy |" in result.summary()
     # the training log: env steps/s of every rollout + update cycle (evaluations left out)
     cycles = [json.loads(line) for line in (d / "throughput.jsonl").read_text().splitlines()]
