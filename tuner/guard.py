@@ -10,7 +10,11 @@ an LC group missing its SLO switches the node to a fallback controller.
   target one way (or one MB step) at a time. Each step moves one mask end toward the
   target's, so a contiguous mask stays contiguous and never falls below ``min_cbm_bits``;
   the clamped plan is validated again and, should it break a rule the target did not (an
-  exclusive group's masks overlapping mid-way), its masks are held where they are.
+  exclusive group's masks overlapping mid-way), the masks of the groups in conflict are
+  held where they are. When holding cannot make it valid (the node already holds the
+  overlap, as a new exclusive group does) or would hold those masks for good (no mask
+  moves), the validated target is applied whole: the node orders shrinks before growths.
+  Nothing here raises: a plan that cannot be made valid is dropped with its rule.
 - :class:`SloGuard` is the SLO state machine: K consecutive violating intervals of any LC
   group trip it (switch to the fallback); ``stable_intervals`` without a violation switch
   back.
@@ -19,8 +23,9 @@ an LC group missing its SLO switches the node to a fallback controller.
 from __future__ import annotations
 
 import collections
+import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass, field
 
 from agent.errors import GroupNotFound, InvalidAllocation
@@ -36,9 +41,11 @@ from agent.types import (
     Snapshot,
     popcount,
 )
-from agent.validate import PlanContext, validate_plan
+from agent.validate import PlanContext, final_masks, validate_plan
 from models.allocation import mb_scale
 from tuner.config import GuardConfig
+
+log = logging.getLogger("rdtune.tuner")
 
 # --------------------------------------------------------------------------- plan screening
 
@@ -160,15 +167,9 @@ class PlanGuard:
             return Screened(None, dropped=rule, error=str(exc))
         limits: list[str] = []
         if limit:
-            target = self._limit(target, caps, current, now, limits)
-        if limits:  # clamped or thinned out: what is left must be valid on its own
-            try:
-                target = validate_plan(target, ctx)
-            except (InvalidAllocation, GroupNotFound):
-                # The clamped masks broke a rule the target keeps (exclusive overlap mid-way):
-                # hold every mask where it is, let the MB changes through.
-                target = validate_plan(_without_masks(target), ctx)
-                limits.append("held")
+            clamped = self._limit(target, caps, current, now, limits)
+            if limits:  # clamped or thinned out: what is left must be valid on its own
+                target = _settle(clamped, target, ctx, limits)
         return Screened(_changes_only(target, current), limits=tuple(dict.fromkeys(limits)))
 
     def _limit(
@@ -237,23 +238,105 @@ class PlanGuard:
         self.last_change.clear()
 
 
-def _differs(per_domain: Mapping[int, GroupAllocation], current: Allocation, group: str) -> bool:
+MASKS = ("l3_mask", "l3_code_mask")
+
+
+def _differs(
+    per_domain: Mapping[int, GroupAllocation],
+    current: Allocation,
+    group: str,
+    attrs: tuple[str, ...] = ("l3_mask", "mb", "l3_code_mask"),
+) -> bool:
     for domain, want in per_domain.items():
         have = current.get(group, domain) or GroupAllocation()
-        for attr in ("l3_mask", "mb", "l3_code_mask"):
+        for attr in attrs:
             value = getattr(want, attr)
             if value is not None and value != getattr(have, attr):
                 return True
     return False
 
 
-def _without_masks(plan: AllocationPlan) -> AllocationPlan:
+def _without_masks(plan: AllocationPlan, held: Set[str] | None = None) -> AllocationPlan:
+    """``plan`` with the masks of ``held`` groups (of all, by default) left out."""
     return AllocationPlan(
         {
-            g: {d: GroupAllocation(mb=a.mb) for d, a in per_domain.items()}
+            g: {
+                d: GroupAllocation(mb=a.mb) if held is None or g in held else a
+                for d, a in per_domain.items()
+            }
             for g, per_domain in plan.groups.items()
         }
     )
+
+
+def _settle(
+    clamped: AllocationPlan, target: AllocationPlan, ctx: PlanContext, limits: list[str]
+) -> AllocationPlan:
+    """The clamped plan, validated; or, when it breaks a rule the (valid) target keeps,
+    with the masks in conflict held; or the target whole when holding cannot help."""
+    try:
+        return validate_plan(clamped, ctx)
+    except (InvalidAllocation, GroupNotFound):
+        pass
+    held, names = _hold_conflicts(clamped, ctx)
+    if held is not None and _differs_in_masks(held, ctx.current):
+        limits.append("held")
+        return held
+    # Holding cannot make it valid (the node holds the overlap already) or would hold
+    # those masks for good: every step toward the target overlaps, every interval.
+    log.warning(
+        "change limits cannot move group(s) %s toward the plan without an exclusive "
+        "overlap: applied unclamped",
+        ", ".join(sorted(names)) or "?",
+        extra={"event": "unclamped", "groups": sorted(names)},
+    )
+    kept = [x for x in limits if x == "dwell"]
+    limits[:] = kept
+    if kept:  # the groups dwell holds stay out, if the rest is valid without them
+        try:
+            return validate_plan(AllocationPlan({g: target[g] for g in clamped.groups}), ctx)
+        except (InvalidAllocation, GroupNotFound):
+            limits.clear()
+    return target
+
+
+def _hold_conflicts(plan: AllocationPlan, ctx: PlanContext) -> tuple[AllocationPlan | None, set]:
+    """``plan`` with the masks of the groups in conflict held, and those groups; None for
+    the plan when holding cannot make it valid (masks the node holds now conflict)."""
+    held: set[str] = set()
+    while True:
+        trial = _without_masks(plan, held)
+        try:
+            return validate_plan(trial, ctx), held
+        except (InvalidAllocation, GroupNotFound) as exc:
+            blame = _blame(trial, ctx, exc) - held
+            if not blame:
+                return None, held
+            held |= blame
+
+
+def _blame(plan: AllocationPlan, ctx: PlanContext, exc: Exception) -> set[str]:
+    """The groups whose masks ``plan`` moves among those in the conflict ``exc`` names: the
+    group itself and those whose masks meet it where one of the two is exclusive (the
+    kernel names whichever it checks first, the mover or not)."""
+    group, domain = getattr(exc, "group", None), getattr(exc, "domain", None)
+    if group is None or domain is None:
+        return set()
+    masks = final_masks(plan, ctx.current)
+    mine = masks.get(group, {}).get(domain, 0)
+    party = {group} | {
+        other
+        for other, theirs in masks.items()
+        if other != group
+        and theirs.get(domain, 0) & mine
+        and (other in ctx.exclusive or group in ctx.exclusive)
+    }
+    return {g for g in party if g in plan and _differs(plan[g], ctx.current, g, MASKS)}
+
+
+def _differs_in_masks(plan: AllocationPlan, current: Allocation) -> bool:
+    """Whether ``plan`` moves any mask at all."""
+    return any(_differs(p, current, g, MASKS) for g, p in plan.groups.items())
 
 
 def _changes_only(plan: AllocationPlan, current: Allocation) -> AllocationPlan | None:

@@ -170,6 +170,7 @@ class Tuner(Resilience, Pacing):
         self._next = None
         try:
             first = self.active.start(self._context(self.intended))
+            self._carry_out(first, self.intended, 0.0, 0.0)
         except Exception as exc:  # the groups it made for a controller that never ran go
             self.keeper.undo(self.node, created)
             if isinstance(exc, ValueError):  # an option this node cannot honour (ways > L3)
@@ -177,7 +178,6 @@ class Tuner(Resilience, Pacing):
                     f"{self.active.name} cannot start on this node: {exc}"
                 ) from exc
             raise
-        self._carry_out(first, self.intended, 0.0, 0.0)
         if self._next is None:  # the plan was refused: nothing was observed
             self.node.observe()
         self._next = None  # the first interval starts now; its end is observed next

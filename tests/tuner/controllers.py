@@ -101,3 +101,16 @@ class Mover(Controller):
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
         return KEEP
+
+
+class BadMove(Controller):
+    """At start, moves a "pid" that is no integer into the first group (a controller bug the
+    move refuses outright); keeps afterwards."""
+
+    name = "bad_move"
+
+    def start(self, ctx: ControlContext) -> Decision:
+        return Decision(moves={sorted(ctx.groups)[0]: frozenset({1.5})})
+
+    def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:
+        return KEEP

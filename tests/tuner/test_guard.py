@@ -25,6 +25,7 @@ from agent.types import (
     is_contiguous,
     popcount,
 )
+from agent.validate import PlanContext, validate_plan
 from tuner.config import GuardConfig
 from tuner.guard import (
     PlanGuard,
@@ -158,14 +159,69 @@ def test_dwell_holds_a_group_that_just_changed() -> None:
     assert not guard.last_change
 
 
-def test_clamped_masks_that_would_break_exclusivity_are_held() -> None:
-    groups = {"a": GroupSpec("a", exclusive=True), "b": GroupSpec("b")}
-    current = alloc(a=(0b1100, 100), b=(0b0011, 100))
-    # The target swaps them; one way per step, each grows first: a 1110 overlaps b 0111.
-    target = plan(a=(0b0011, 50), b=(0b1100, 100))
-    s = PlanGuard(GuardConfig(max_way_step=1)).screen(target, caps(), groups, current, 0.0)
-    assert "held" in s.limits
-    assert s.plan == plan(a=(None, 50))
+def _apply(current: Allocation, screened_plan: AllocationPlan | None) -> Allocation:
+    """``current`` with ``screened_plan``'s values laid over it (what the node would hold)."""
+    if screened_plan is None:
+        return current
+    groups = {g: dict(p) for g, p in current.groups.items()}
+    for g, per_domain in screened_plan.groups.items():
+        for d, a in per_domain.items():
+            groups[g][d] = groups[g][d].overlay(a)
+    return Allocation(groups)
+
+
+EXCLUSIVE_CASES = {
+    # A rotation: web (exclusive) must cross b1 to reach the top; only web's and b1's masks
+    # hold while b2 moves, then the target is applied whole once nothing else can move.
+    "held_in_conflict_only": (
+        {"web": True, "b1": False, "b2": False},
+        dict(web=(0x00F, 100), b1=(0x0F0, 100), b2=(0xF00, 100)),
+        dict(web=(0xF00, None), b1=(0x00F, None), b2=(0x0F0, None)),
+        2,
+        ("b2",),
+    ),
+    # A swap whose every step overlaps: held for good, so applied whole at once.
+    "swap_applied_whole": (
+        {"a": True, "b": False},
+        dict(a=(0b1100, 100), b=(0b0011, 100)),
+        dict(a=(0b0011, 50), b=(0b1100, 100)),
+        1,
+        ("a", "b"),
+    ),
+    # A new exclusive group starts overlapping every way: no step can separate them.
+    "node_already_overlaps": (
+        {"x": True, "a": False},
+        dict(x=(0xFFF, 100), a=(0xFFF, 100)),
+        dict(x=(0xF00, None), a=(0x0FF, None)),
+        1,
+        ("x", "a"),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("exclusive", "start", "want", "step", "first_moved"),
+    EXCLUSIVE_CASES.values(),
+    ids=EXCLUSIVE_CASES.keys(),
+)
+def test_exclusive_conflicts_hold_only_their_masks_and_never_raise_or_stall(
+    exclusive, start, want, step, first_moved
+) -> None:
+    groups = {g: GroupSpec(g, exclusive=x) for g, x in exclusive.items()}
+    names = frozenset(g for g, x in exclusive.items() if x)
+    guard = PlanGuard(GuardConfig(max_way_step=step))
+    current, target = alloc(**start), plan(**want)
+    first = guard.screen(target, caps(), groups, current, 0.0)
+    moved = {g for g, p in first.plan.groups.items() if p[0].l3_mask is not None}
+    assert sorted(moved) == sorted(first_moved)
+    for i in range(20):
+        screened = PlanGuard(GuardConfig(max_way_step=step)).screen(
+            target, caps(), groups, current, float(i)
+        )
+        assert screened.dropped is None
+        current = _apply(current, screened.plan)
+        validate_plan(current.as_plan(), PlanContext(caps(), current, names))
+    assert all(current[g][0].l3_mask == m for g, (m, _) in want.items())
 
 
 def lc_snapshot(p95: float | None) -> Snapshot:

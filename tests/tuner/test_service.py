@@ -19,7 +19,7 @@ from models import catalogue
 from tests.agent.server.conftest import serve
 from tests.agent.server.refnode import RefNode
 from tests.tuner.conftest import assert_valid
-from tests.tuner.controllers import Crashy, Mover, Swing
+from tests.tuner.controllers import BadMove, Crashy, Mover, Swing
 from tuner.config import AgentConnection, GroupConfig, GuardConfig, TunerConfig
 from tuner.controllers import fallback
 from tuner.service import Tuner
@@ -33,13 +33,14 @@ def server():
 
 def make_tuner(server, controller, **cfg) -> Tuner:
     guard = cfg.pop("guard", GuardConfig())
+    backup = cfg.pop("fallback", None) or fallback()
     config = TunerConfig(
         guard=guard,
         agent=AgentConnection(address=server.address, timeout_s=10),
         metrics_listen="",
         **{"interval_s": 0.1, **cfg},
     )
-    return Tuner(config.agent.connect, lambda node: controller, config, fallback())
+    return Tuner(config.agent.connect, lambda node: controller, config, backup)
 
 
 def held(tuner: Tuner) -> dict[str, tuple[int, int]]:
@@ -155,6 +156,32 @@ def test_a_controller_that_cannot_start_on_the_node_is_a_clear_refusal(server) -
     with pytest.raises(ControllerError, match=re.escape(said)):
         tuner.start()
     assert "web" not in tuner.node.groups()
+    tuner.shutdown()
+
+
+def test_a_new_exclusive_group_is_separated_under_way_steps(server) -> None:
+    """An exclusive group made at start overlaps every way; with one way per interval no
+    step can separate it, so the first plan is applied whole instead of the tuner failing."""
+    excl = [GroupConfig(GroupSpec("excl", GroupKind.BATCH, None, exclusive=True))]
+    guard = GuardConfig(max_way_step=1, violation_intervals=10**6)
+    eq = catalogue.construct("eq")
+    tuner = make_tuner(server, eq, groups=excl, guard=guard, fallback=catalogue.construct("eq"))
+    tuner.start()
+    for _ in range(3):
+        assert tuner.step().outcome != "error"
+    held = assert_valid(tuner.node)
+    mine = held["excl"][0].l3_mask
+    assert mine and all(not mine & a[0].l3_mask for g, a in held.groups.items() if g != "excl")
+    tuner.shutdown()
+
+
+def test_a_start_whose_first_plan_fails_removes_the_groups_it_made(server) -> None:
+    """The node as it was: the start's first decision is part of the start it undoes."""
+    groups = [GroupConfig(GroupSpec("aaa", GroupKind.BATCH))]
+    tuner = make_tuner(server, BadMove(), groups=groups)
+    with pytest.raises(TypeError, match="integer"):
+        tuner.start()
+    assert "aaa" not in tuner.node.groups()
     tuner.shutdown()
 
 
