@@ -61,7 +61,7 @@ def fallback(name: str | None = None, options: Mapping | None = None) -> Control
 
 def fallbacks(name: str | None = None, options: Mapping | None = None) -> list[Controller]:
     """The SLO guard's fallback candidates, the first the node accepts to be used (the
-    tuner tries them at start, :func:`tuner.service.rehearse`): ``name`` (with
+    tuner tries them at start, :func:`tuner.switching.rehearse`): ``name`` (with
     ``options``) alone, or else those of static / Ubik strict (slack 0) / eq that can be
     built from options alone (the static allocation needs its LC group and way count from
     an offline sweep: configure it as ``fallback: static`` with ``fallback_options:

@@ -100,6 +100,7 @@ class Resilience:
                 extra={"event": "capabilities"},
             )
             self.caps, self.baseline = caps, current
+        self._recheck_fallbacks(current)
         self._carry_out(self.active.start(self._context(current)), current, self._last_now)
 
     def reconcile(self) -> None:

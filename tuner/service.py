@@ -44,7 +44,6 @@ from agent.node import Node, as_clock
 from agent.throttle import LogThrottle, held_back
 from agent.types import Allocation, AllocationPlan, GroupKind, GroupSpec, Snapshot
 from models.cadence import decided
-from models.catalogue import shares_exclusive
 from models.controller import ControlContext, Controller, Decision, move_tasks
 from models.setup import ControllerError
 from tuner.config import TunerConfig
@@ -53,6 +52,7 @@ from tuner.guard import PlanGuard, SloGuard, Switch, SwitchLog, slo_verdicts
 from tuner.metrics import TunerMetrics
 from tuner.outages import Resilience
 from tuner.pacing import Pacing
+from tuner.switching import Switching, rehearse
 
 log = logging.getLogger("rdtune.tuner")
 
@@ -73,7 +73,7 @@ class StepResult:
     rule: str | None = None
 
 
-class Tuner(Resilience, Pacing):
+class Tuner(Resilience, Pacing, Switching):
     """Controller x Node with the safety guard.
 
     Args:
@@ -84,7 +84,8 @@ class Tuner(Resilience, Pacing):
             that calibrates may calibrate on it).
         cfg: the configuration (interval, groups, guard, fallback, retry).
         fallback: the SLO guard's fallback controller, or candidates for it in order:
-            the first that can control the node (:func:`rehearse`) serves.
+            the first that can control the node (:func:`~tuner.switching.rehearse`) serves;
+            eq is the last resort mid-run (tuner/switching.py).
         metrics: where to export (a fresh registry by default).
     """
 
@@ -123,6 +124,7 @@ class Tuner(Resilience, Pacing):
         self._next_tick: float | None = None
         self._init_pacing()
         self.started = False  # start() has finished once: later outages reconcile
+        self._fresh = False  # the controller in charge starts at the next interval
 
     @property
     def active(self) -> Controller:
@@ -227,12 +229,10 @@ class Tuner(Resilience, Pacing):
             self._switched(switch)
             self.target = None
         name = self.active.name
+        fresh, self._fresh = self._fresh or switch is not None, False
         t1 = time.perf_counter()
         try:
-            if switch is not None:
-                decision = self.active.start(ctx)
-            else:
-                decision = self.active.decide(snap, ctx)
+            decision = self.active.start(ctx) if fresh else self.active.decide(snap, ctx)
         except NodeError:
             raise  # the agent's (an outage while a controller reads the node): run() handles it
         except Exception as exc:
@@ -256,6 +256,9 @@ class Tuner(Resilience, Pacing):
         else:
             outcome, rule = self._carry_out(decision, current, now, then)
         self._passed(then)
+        if self.slo_guard.in_fallback and outcome in ("dropped", "error"):
+            why = f"its plan was dropped ({rule})" if outcome == "dropped" else "it failed"
+            self._fallback_failed(why, current)
         # Observe, decide and apply, whether they took one round trip or more; not the
         # interval a step let pass between its apply and its observation.
         loop_s = time.perf_counter() - t0 - self._waited
@@ -279,31 +282,6 @@ class Tuner(Resilience, Pacing):
             if batch and sample.instructions and snap.interval_s > 0:
                 self.metrics.record_batch_ips(group, sample.instructions / snap.interval_s)
         return verdicts
-
-    def _switched(self, switch: Switch) -> None:
-        old, new = (
-            (self.primary, self.fallback) if switch.to_fallback else (self.fallback, self.primary)
-        )
-        self.switches.add(switch)
-        self.metrics.switches.labels(old.name, new.name).inc()
-        role = "fallback" if switch.to_fallback else "primary"
-        self.metrics.set_active(role, self.primary.name, self.fallback.name)
-        for group in switch.groups:
-            self.metrics.guard_trips.labels(group).inc()
-        log.warning(
-            "switching from %s to %s: %s%s",
-            old.name,
-            new.name,
-            switch.reason,
-            f" ({', '.join(switch.groups)})" if switch.groups else "",
-            extra={
-                "event": "switch",
-                "from": old.name,
-                "to": new.name,
-                "reason": switch.reason,
-                "tripped_by": list(switch.groups),
-            },
-        )
 
     def _carry_out(
         self, decision: Decision, current: Allocation, now: float, then: float | None = None
@@ -381,28 +359,3 @@ def _move_tasks(node: Node, moves: Mapping[str, frozenset[int]]) -> None:
             continue
         if exited:
             log.warning("task move into %r: no tasks %s (exited)", group, sorted(exited))
-
-
-def rehearse(candidates: Sequence[Controller], ctx: ControlContext) -> Controller:
-    """The first of ``candidates`` that can control the node ``ctx`` describes: one that
-    would not share an exclusive group's ways (the kernel refuses such plans), started
-    once, its decision dropped. A fallback that cannot (a static allocation's LC group
-    missing) is refused at start, not found out when the SLO guard trips, the LC groups
-    missing their SLOs."""
-    problems = []
-    for fallback in candidates:
-        shared = shares_exclusive(fallback.name, ctx.groups)
-        if shared:  # its start may keep them apart, a later plan would not
-            problems.append(f"{fallback.name}: {shared}")
-            continue
-        try:
-            fallback.start(ctx)
-            return fallback
-        except NodeError:
-            raise
-        except Exception as exc:
-            problems.append(f"{fallback.name}: {exc}")
-    if len(candidates) == 1:
-        name, _, why = problems[0].partition(": ")
-        raise ControllerError(f"the fallback controller {name} cannot control this node: {why}")
-    raise ControllerError(f"no fallback controller can control this node: {'; '.join(problems)}")
