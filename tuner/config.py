@@ -22,6 +22,8 @@ Example ``tuner.yaml`` (every key optional; see docs/DEPLOY.md)::
     guard:
       violation_intervals: 3      # K: consecutive SLO violations that switch to the fallback
       stable_intervals: 10        # intervals without violation before switching back
+      backoff_window_intervals: 100   # a trip this soon after switching back doubles it,
+      max_stable_intervals: 320   #   up to this many
       max_way_step: 2             # ways a group may gain or lose per interval (null: no limit)
       max_mb_step: 2              # MBA steps per interval (tuner.guard.mb_step_size; null: none)
       min_dwell_s: 0.0            # a group's allocation is held at least this long
@@ -129,6 +131,8 @@ class GroupConfig:
 class GuardConfig:
     violation_intervals: int = 3
     stable_intervals: int = 10
+    backoff_window_intervals: int = 100
+    max_stable_intervals: int = 320
     max_way_step: int | None = None
     max_mb_step: int | None = None
     min_dwell_s: float = 0.0
@@ -137,8 +141,9 @@ class GuardConfig:
     def validate(self) -> None:
         if self.violation_intervals < 1:
             raise ConfigError("guard.violation_intervals must be >= 1")
-        if self.stable_intervals < 1:
-            raise ConfigError("guard.stable_intervals must be >= 1")
+        for key in ("stable_intervals", "backoff_window_intervals", "max_stable_intervals"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"guard.{key} must be >= 1")
         for key in ("max_way_step", "max_mb_step"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -270,6 +275,8 @@ class GroupFile(Strict):
 class GuardFile(Strict):
     violation_intervals: AtLeastOne = _G.violation_intervals
     stable_intervals: AtLeastOne = _G.stable_intervals
+    backoff_window_intervals: AtLeastOne = _G.backoff_window_intervals
+    max_stable_intervals: AtLeastOne = _G.max_stable_intervals
     max_way_step: AtLeastOne | None = _G.max_way_step
     max_mb_step: AtLeastOne | None = _G.max_mb_step
     min_dwell_s: NonNegativeS = _G.min_dwell_s

@@ -394,13 +394,26 @@ class SwitchLog:
 @dataclass
 class SloGuard:
     """K consecutive violations of any LC group -> fallback; ``stable_intervals`` clean
-    intervals in fallback -> back to the primary controller."""
+    intervals in fallback -> back to the primary controller.
+
+    It backs off a primary that keeps failing: a trip within ``backoff_window`` intervals
+    of a switch back doubles the clean intervals the next switch back needs (``needed``,
+    at most ``max_stable``); a trip after a longer quiet period starts over from
+    ``stable_intervals``. Without it a primary that misses the SLO makes the guard flap
+    forever, handing the LC groups K violating intervals every cycle."""
 
     violation_intervals: int = 3
     stable_intervals: int = 10
+    backoff_window: int = 100
+    max_stable: int = 320
     in_fallback: bool = False
     streak: dict[str, int] = field(default_factory=dict)
     stable: int = 0
+    needed: int = 0  # clean intervals the next switch back needs (stable_intervals at first)
+    since_back: int | None = None  # intervals since the last switch back
+
+    def __post_init__(self) -> None:
+        self.needed = self.needed or self.stable_intervals
 
     def update(self, verdicts: Mapping[str, bool | None]) -> Switch | None:
         for group, violated in verdicts.items():
@@ -408,6 +421,8 @@ class SloGuard:
                 self.streak[group] = self.streak.get(group, 0) + 1
             elif violated is False:
                 self.streak[group] = 0
+        if self.since_back is not None:
+            self.since_back += 1
         violating = any(verdicts.values())
         if not self.in_fallback:
             tripped = tuple(
@@ -415,15 +430,23 @@ class SloGuard:
             )
             if tripped:
                 self.in_fallback, self.stable = True, 0
-                return Switch(
-                    True,
-                    f"SLO violated {self.violation_intervals} intervals in a row",
-                    tripped,
-                )
+                return Switch(True, self._back_off(), tripped)
             return None
         self.stable = 0 if violating else self.stable + 1
-        if self.stable >= self.stable_intervals:
-            self.in_fallback, self.stable = False, 0
+        if self.stable >= self.needed:
+            self.in_fallback, self.stable, self.since_back = False, 0, 0
             self.streak.clear()
-            return Switch(False, f"no SLO violation for {self.stable_intervals} intervals")
+            return Switch(False, f"no SLO violation for {self.needed} intervals")
         return None
+
+    def _back_off(self) -> str:
+        """Set ``needed`` for this trip; the switch's reason."""
+        reason = f"SLO violated {self.violation_intervals} intervals in a row"
+        if self.since_back is None or self.since_back > self.backoff_window:
+            self.needed = self.stable_intervals
+            return reason
+        self.needed = min(2 * self.needed, max(self.max_stable, self.stable_intervals))
+        return (
+            f"{reason}, {self.since_back} intervals after switching back "
+            f"(backing off: {self.needed} clean intervals to switch back)"
+        )

@@ -81,6 +81,11 @@ class TunerMetrics:
             "1 while the fallback controller is in charge",
             registry=r,
         )
+        self.stable_intervals = Gauge(
+            "rdtune_tuner_guard_stable_intervals",
+            "Clean intervals the SLO guard needs before switching back (doubles while it flaps)",
+            registry=r,
+        )
         self.active_controller = Gauge(
             "rdtune_tuner_active_controller",
             "1 for the controller in charge, 0 for the other",

@@ -104,7 +104,14 @@ class Tuner(Resilience, Pacing, Switching):
         self.fallback = self._fallbacks[0]
         self.metrics = metrics or TunerMetrics()
         self.plan_guard = PlanGuard(cfg.guard)
-        self.slo_guard = SloGuard(cfg.guard.violation_intervals, cfg.guard.stable_intervals)
+        g = cfg.guard
+        self.slo_guard = SloGuard(
+            g.violation_intervals,
+            g.stable_intervals,
+            backoff_window=g.backoff_window_intervals,
+            max_stable=g.max_stable_intervals,
+        )
+        self.metrics.stable_intervals.set(self.slo_guard.needed)
         self.node: Node | None = None
         self.primary: Controller | None = None
         self.caps = None

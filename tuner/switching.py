@@ -111,6 +111,7 @@ class Switching:
             (self.primary, self.fallback) if switch.to_fallback else (self.fallback, self.primary)
         )
         self.switches.add(switch)
+        self.metrics.stable_intervals.set(self.slo_guard.needed)
         self.metrics.switches.labels(old.name, new.name).inc()
         role = "fallback" if switch.to_fallback else "primary"
         self.metrics.set_active(role, self.primary.name, self.fallback.name)

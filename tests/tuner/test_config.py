@@ -58,7 +58,10 @@ def test_full_example_parses(tmp_path) -> None:
         ("guard: {violation_intervals: 0}", "guard.violation_intervals: must be greater than"),
         ("guard: {max_way_step: 0}", "guard.max_way_step: must be greater than or equal to 1"),
         ("guard: {max_way_step: 1.5}", "guard.max_way_step: must be a valid integer"),
-        ("guard: {max_ways: 2}", "guard.max_ways: unknown key; allowed: limit_fallback"),
+        (
+            "guard: {max_ways: 2}",
+            "guard.max_ways: unknown key; allowed: backoff_window_intervals, limit_fallback",
+        ),
         ("agent: {token: s3cret}", "token_file or $RDTUNE_AGENT_TOKEN"),
         ("groups: [{name: web, kind: lc}]", "LC group 'web' needs an SLO"),
         ("groups: [{name: web, kind: critical}]", "groups[0].kind: must be 'lc', 'batch' or"),

@@ -253,6 +253,37 @@ def test_slo_guard_trips_after_k_in_a_row_and_recovers_after_a_stable_period() -
     assert g.update({"web": True}).to_fallback, "trips again after K fresh violations"
 
 
+def _trip_and_recover(guard: SloGuard, clean_in_primary: int) -> int:
+    """K violations (a trip), clean intervals until it switches back, then
+    ``clean_in_primary`` more; returns how many clean intervals switching back took."""
+    for _ in range(guard.violation_intervals):
+        guard.update({"web": True})
+    assert guard.in_fallback
+    took = 0
+    while guard.in_fallback:
+        took += 1
+        guard.update({"web": False})
+    for _ in range(clean_in_primary):
+        assert guard.update({"web": False}) is None
+    return took
+
+
+@pytest.mark.parametrize(
+    ("clean_in_primary", "window", "cap", "took"),
+    [
+        (0, 5, 100, [4, 8, 16, 32, 64, 100, 100]),  # flapping: doubles, capped
+        (2, 5, 100, [4, 8, 16, 32, 64, 100, 100]),  # tripped 5 intervals after: in the window
+        (3, 5, 100, [4, 4, 4, 4, 4, 4, 4]),  # 6 after, a quiet period: starts over
+        (0, 5, 2, [4, 4, 4, 4, 4, 4, 4]),  # a cap below stable_intervals: never below it
+    ],
+)
+def test_slo_guard_backs_off_a_primary_that_trips_soon_after_switching_back(
+    clean_in_primary: int, window: int, cap: int, took: list[int]
+) -> None:
+    g = SloGuard(3, 4, backoff_window=window, max_stable=cap)
+    assert [_trip_and_recover(g, clean_in_primary) for _ in took] == took
+
+
 def test_mb_step_size_per_mode() -> None:
     from dataclasses import replace
 

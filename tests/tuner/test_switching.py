@@ -103,3 +103,30 @@ def test_the_configured_fallback_serves_again_once_the_exclusive_group_is_gone(
         ("static", logging.WARNING),
     ]
     tuner.shutdown()
+
+
+# memcached at 75% load beside three memory-heavy batch jobs: eq starves it, a static
+# split of 8 ways protects it, so the guard keeps switching between them.
+TIGHT = {**OVERLOAD, "description": "memcached at 75% load beside memory-heavy batch jobs"}
+TIGHT["workloads"] = [
+    {"workload": "memcached", "load": {"kind": "constant", "utilization": 0.75}},
+    *OVERLOAD["workloads"][1:],
+]
+
+
+def test_a_flapping_guard_backs_off_and_the_lc_group_is_protected_longer() -> None:
+    tuner = tuner_on(write_yaml(TIGHT), [static8()], violation_intervals=3, stable_intervals=10)
+    tuner.start()
+    for _ in range(120):
+        tuner.step()
+    needed = tuner.metrics.registry.get_sample_value("rdtune_tuner_guard_stable_intervals")
+    met, missed = (
+        tuner.metrics.registry.get_sample_value(
+            "rdtune_tuner_slo_intervals_total", {"group": "memcached", "result": r}
+        )
+        for r in ("met", "violated")
+    )
+    tuner.shutdown()
+    # Without backing off: 15 switches, 8 trips, needed 10 throughout, 59% attainment.
+    assert tuner.switches.count <= 8 and needed >= 40
+    assert met / (met + missed) > 0.75
