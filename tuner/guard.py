@@ -394,7 +394,9 @@ class SwitchLog:
 @dataclass
 class SloGuard:
     """K consecutive violations of any LC group -> fallback; ``stable_intervals`` clean
-    intervals in fallback -> back to the primary controller.
+    intervals in fallback -> back to the primary controller. An interval is clean when some
+    LC group was judged and none violated; ``unjudged`` counts each LC group's intervals
+    without a verdict in a row.
 
     It backs off a primary that keeps failing: a trip within ``backoff_window`` intervals
     of a switch back doubles the clean intervals the next switch back needs (``needed``,
@@ -411,6 +413,7 @@ class SloGuard:
     stable: int = 0
     needed: int = 0  # clean intervals the next switch back needs (stable_intervals at first)
     since_back: int | None = None  # intervals since the last switch back
+    unjudged: dict[str, int] = field(default_factory=dict)  # LC group -> intervals in a row
 
     def __post_init__(self) -> None:
         self.needed = self.needed or self.stable_intervals
@@ -423,7 +426,10 @@ class SloGuard:
                 self.streak[group] = 0
         if self.since_back is not None:
             self.since_back += 1
-        violating = any(verdicts.values())
+        self.unjudged = {
+            g: 0 if v is not None else self.unjudged.get(g, 0) + 1 for g, v in verdicts.items()
+        }
+        judged = [v for v in verdicts.values() if v is not None]
         if not self.in_fallback:
             tripped = tuple(
                 sorted(g for g, n in self.streak.items() if n >= self.violation_intervals)
@@ -432,7 +438,13 @@ class SloGuard:
                 self.in_fallback, self.stable = True, 0
                 return Switch(True, self._back_off(), tripped)
             return None
-        self.stable = 0 if violating else self.stable + 1
+        # Only a judged interval is clean: one without completed requests (a latency feed
+        # that stopped, a stalled service) says nothing, and counting it would switch back
+        # to a primary the guard can then never trip again.
+        if any(judged):
+            self.stable = 0
+        elif judged:
+            self.stable += 1
         if self.stable >= self.needed:
             self.in_fallback, self.stable, self.since_back = False, 0, 0
             self.streak.clear()

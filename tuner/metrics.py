@@ -134,6 +134,12 @@ class TunerMetrics:
             ["group"],
             registry=r,
         )
+        self.slo_unjudged = Gauge(
+            "rdtune_tuner_slo_unjudged_intervals",
+            "Intervals in a row without a judged request, per LC group (the guard is blind)",
+            ["group"],
+            registry=r,
+        )
         self.batch_ips = Gauge(
             "rdtune_tuner_batch_instructions_per_second",
             "Last interval's instructions/s of each batch group (when the node measures them)",
@@ -176,7 +182,8 @@ class TunerMetrics:
         # is down), so a scrape never shows the last value of a group that is gone
         self._series: dict[Gauge, set[tuple[str, ...]]] = {
             g: set()
-            for g in (self.slo_attainment, self.tail_latency, self.batch_ips, self.ways,
+            for g in (self.slo_attainment, self.tail_latency, self.slo_unjudged, self.batch_ips,
+                      self.ways,
                       *self.mb.values())
         }  # fmt: skip
 
@@ -202,6 +209,9 @@ class TunerMetrics:
         counts[1] += 1
         self._set(self.slo_attainment, (group,), counts[0] / counts[1])
         self._set(self.tail_latency, (group,), tail_ms / 1e3)
+
+    def record_unjudged(self, group: str, intervals: int) -> None:
+        self._set(self.slo_unjudged, (group,), intervals)
 
     def record_batch_ips(self, group: str, ips: float) -> None:
         self._set(self.batch_ips, (group,), ips)

@@ -231,6 +231,7 @@ class Tuner(Resilience, Pacing, Switching):
             self.plan_guard.forget()
         self._last_now = now
         switch = self.slo_guard.update(self._judged(snap))
+        self._watch_unjudged()
         ctx = self._context(current, now)
         if switch is not None:
             self._switched(switch)

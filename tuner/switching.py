@@ -106,6 +106,21 @@ class Switching:
             extra={"event": "fallback_changed", "from": old.name, "to": new.name, "why": why},
         )
 
+    def _watch_unjudged(self) -> None:
+        """Export each LC group's unjudged intervals in a row; warn once when the guard has
+        been blind to one for as long as a switch back takes."""
+        blind = self.slo_guard.stable_intervals
+        for group, intervals in self.slo_guard.unjudged.items():
+            self.metrics.record_unjudged(group, intervals)
+            if intervals == blind:
+                log.warning(
+                    "LC group %s: no request judged for %d intervals (latency feed down, or "
+                    "the service stalled?): the SLO guard cannot protect it",
+                    group,
+                    intervals,
+                    extra={"event": "slo_unjudged", "group": group, "intervals": intervals},
+                )
+
     def _switched(self, switch: Switch) -> None:
         old, new = (
             (self.primary, self.fallback) if switch.to_fallback else (self.fallback, self.primary)

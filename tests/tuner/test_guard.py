@@ -247,7 +247,8 @@ def test_slo_guard_trips_after_k_in_a_row_and_recovers_after_a_stable_period() -
     assert g.update({"web": False}) is None
     assert g.update({"web": True}) is None, "a violation restarts the stable period"
     assert g.update({"web": False}) is None
-    back = g.update({"web": None})
+    assert g.update({"web": None}) is None, "an unjudged interval is not a clean one"
+    back = g.update({"web": False})
     assert back is not None and not back.to_fallback and not g.in_fallback
     assert g.update({"web": True}) is None and g.update({"web": True}) is None
     assert g.update({"web": True}).to_fallback, "trips again after K fresh violations"
@@ -282,6 +283,23 @@ def test_slo_guard_backs_off_a_primary_that_trips_soon_after_switching_back(
 ) -> None:
     g = SloGuard(3, 4, backoff_window=window, max_stable=cap)
     assert [_trip_and_recover(g, clean_in_primary) for _ in took] == took
+
+
+@pytest.mark.parametrize(
+    ("interval", "counts"),
+    [
+        ({"web": None}, False),  # the latency feed stopped: nothing to judge
+        ({"web": None, "api": None}, False),
+        ({"web": None, "api": False}, True),  # one LC group judged, none violated
+        ({"web": False}, True),
+    ],
+)
+def test_only_judged_intervals_count_toward_switching_back(interval, counts: bool) -> None:
+    g = SloGuard(violation_intervals=1, stable_intervals=3)
+    assert g.update({"web": True}).to_fallback
+    switches = [g.update(interval) for _ in range(50)]
+    assert any(switches) is counts
+    assert g.unjudged["web"] == (50 if interval["web"] is None else 0)
 
 
 def test_mb_step_size_per_mode() -> None:

@@ -185,6 +185,23 @@ def test_a_start_whose_first_plan_fails_removes_the_groups_it_made(server) -> No
     tuner.shutdown()
 
 
+def test_an_lc_group_never_judged_is_exported_and_warned_about_once(server, caplog) -> None:
+    """An LC group whose latency never arrives (no feed, no requests) blinds the guard:
+    its unjudged intervals in a row are exported, and said once at stable_intervals."""
+    web = [GroupConfig(GroupSpec("web", GroupKind.LC, SLO(99.0, 5.0)))]
+    guard = GuardConfig(stable_intervals=4)
+    tuner = make_tuner(server, catalogue.construct("eq"), groups=web, guard=guard)
+    tuner.start()
+    for _ in range(9):
+        tuner.step()
+    value = tuner.metrics.registry.get_sample_value
+    assert value("rdtune_tuner_slo_unjudged_intervals", {"group": "web"}) == 9
+    assert value("rdtune_tuner_slo_unjudged_intervals", {"group": "memcached"}) == 0
+    said = [r for r in caplog.records if getattr(r, "event", "") == "slo_unjudged"]
+    assert [(r.group, r.intervals) for r in said] == [("web", 4)]
+    tuner.shutdown()
+
+
 def test_a_task_that_exited_does_not_keep_the_others_of_its_move_out(server) -> None:
     """Tasks exit all the time: a move naming one that has is carried out for the rest."""
     tuner = make_tuner(server, Mover())
