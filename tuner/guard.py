@@ -122,6 +122,18 @@ def step_mb(old: int, target: int, max_steps: int, gran: int) -> int:
     return old + limit if target > old else old - limit
 
 
+def _step_mb_from_peak(old: int, target: int, max_steps: int, gran: int, peak: float) -> int:
+    """:func:`step_mb` where values above the node's peak (``peak``, in MB units; NaN when
+    unknown) all mean "unthrottled": a group above it (mba_MBps's u32 maximum, AMD's 2048,
+    where every new group starts) steps down from the peak, and one stepping up past the
+    peak goes straight to its target. Steps spent above the peak would throttle nothing."""
+    if not (math.isfinite(peak) and peak > 0):
+        return step_mb(old, target, max_steps, gran)
+    top = int(peak)
+    new = step_mb(min(old, top), target, max_steps, gran)
+    return target if new >= top and target >= top else new
+
+
 def mb_step_size(caps: NodeCapabilities) -> int | None:
     """One MBA step in the node's MB unit: ``bandwidth_gran`` in percent mode; on AMD and
     in mba_MBps mode 1% of the full bandwidth (:func:`models.allocation.mb_scale`: on AMD
@@ -221,7 +233,7 @@ class PlanGuard:
                 limits.append("ways")
         gran = mb_step_size(caps)
         if cfg.max_mb_step is not None and gran and mb is not None and have.mb:
-            new = step_mb(have.mb, mb, cfg.max_mb_step, gran)
+            new = _step_mb_from_peak(have.mb, mb, cfg.max_mb_step, gran, mb_scale(caps))
             if new != mb:
                 mb = new
                 limits.append("mb")

@@ -19,6 +19,7 @@ from agent.types import (
     GroupSpec,
     LatencyStats,
     MbaCapabilities,
+    MbaMode,
     NodeCapabilities,
     Snapshot,
     Vendor,
@@ -300,6 +301,46 @@ def test_only_judged_intervals_count_toward_switching_back(interval, counts: boo
     switches = [g.update(interval) for _ in range(50)]
     assert any(switches) is counts
     assert g.unjudged["web"] == (50 if interval["web"] is None else 0)
+
+
+MBPS_MAX = 4294967295  # the kernel's mba_MBps default: every new group starts there
+
+
+def mb_caps(mode: MbaMode, maximum: int, peak_bps: float) -> NodeCapabilities:
+    return NodeCapabilities(
+        vendor=Vendor.AMD if mode is MbaMode.AMD else Vendor.INTEL,
+        num_cpus=8,
+        l3=CacheCapabilities(cbm_mask=(1 << WAYS) - 1, min_cbm_bits=1, num_closids=8),
+        mba=MbaCapabilities(
+            min_bandwidth=1, bandwidth_gran=1, max_bandwidth=maximum, num_closids=8, mode=mode
+        ),
+        memory_bandwidth_bps=peak_bps,
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "maximum", "peak_bps", "start", "target", "path"),
+    [
+        # mba_MBps, 100 GiB/s (peak 102400 MiB/s, a step 1024): down from the peak at once
+        (MbaMode.MBPS, MBPS_MAX, 100 * 2**30, MBPS_MAX, 98304, [100352, 98304]),
+        # AMD at "unlimited" 2048, peak 150 GB/s = 1200 units (a step 12)
+        (MbaMode.AMD, 2048, 150e9, 2048, 1152, [1176, 1152]),
+        # back up: straight to "unlimited" once past the peak
+        (MbaMode.AMD, 2048, 150e9, 1176, 2048, [2048]),
+        (MbaMode.AMD, 2048, 150e9, 1152, 2048, [1176, 2048]),
+    ],
+)
+def test_mb_steps_start_and_end_at_the_peak(mode, maximum, peak_bps, start, target, path) -> None:
+    node = mb_caps(mode, maximum, peak_bps)
+    guard = PlanGuard(GuardConfig(max_mb_step=2))
+    groups = {"a": GroupSpec("a")}
+    seen = []
+    for i in range(len(path)):
+        current = Allocation({"a": {0: GroupAllocation(l3_mask=0xFFF, mb=start)}})
+        screened = guard.screen(plan(a=(None, target)), node, groups, current, float(i))
+        start = screened.plan["a"][0].mb
+        seen.append(start)
+    assert seen == path
 
 
 def test_mb_step_size_per_mode() -> None:
