@@ -114,6 +114,19 @@ def step_sparse(old: int, target: int, budget: int, least: int) -> int:
     return cur
 
 
+def _step_mask(step, old: int, target: int, budget: int, least: int) -> int:
+    """``step`` (:func:`step_contiguous` or :func:`step_sparse`) from ``old``; an empty mask,
+    which has no end to move, first takes the target's lowest ``least`` ways (at least one),
+    each a step of the budget."""
+    if old:
+        return step(old, target, budget, least)
+    seed = 0
+    for _ in range(max(1, least)):
+        seed |= target & ~seed & -(target & ~seed)
+    left = budget - popcount(seed)
+    return step(seed, target, left, least) if left > 0 else seed
+
+
 def step_mb(old: int, target: int, max_steps: int, gran: int) -> int:
     """``target`` or, when further than ``max_steps`` granules from ``old``, that far toward it."""
     limit = max_steps * max(1, gran)
@@ -217,22 +230,23 @@ class PlanGuard:
         if cfg.max_way_step is not None and caps.l3 is not None:
             least = max(1, caps.l3.min_cbm_bits)
             step = step_sparse if caps.l3.sparse_masks else step_contiguous
+            # 0 ways and MB 0 are values (AMD allows both), limited like any other.
             if (
                 mask is not None
-                and have.l3_mask
+                and have.l3_mask is not None
                 and popcount(mask ^ have.l3_mask) > cfg.max_way_step
             ):
-                mask = step(have.l3_mask, mask, cfg.max_way_step, least)
+                mask = _step_mask(step, have.l3_mask, mask, cfg.max_way_step, least)
                 limits.append("ways")
             if (
                 code is not None
-                and have.l3_code_mask
+                and have.l3_code_mask is not None
                 and popcount(code ^ have.l3_code_mask) > cfg.max_way_step
             ):
-                code = step(have.l3_code_mask, code, cfg.max_way_step, least)
+                code = _step_mask(step, have.l3_code_mask, code, cfg.max_way_step, least)
                 limits.append("ways")
         gran = mb_step_size(caps)
-        if cfg.max_mb_step is not None and gran and mb is not None and have.mb:
+        if cfg.max_mb_step is not None and gran and mb is not None and have.mb is not None:
             new = _step_mb_from_peak(have.mb, mb, cfg.max_mb_step, gran, mb_scale(caps))
             if new != mb:
                 mb = new

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -341,6 +342,27 @@ def test_mb_steps_start_and_end_at_the_peak(mode, maximum, peak_bps, start, targ
         start = screened.plan["a"][0].mb
         seen.append(start)
     assert seen == path
+
+
+def amd_caps() -> NodeCapabilities:
+    """EPYC-like: 20 ways, masks may be empty and sparse, MB 0..2048 (0 allowed)."""
+    l3 = CacheCapabilities(cbm_mask=0xFFFFF, min_cbm_bits=0, num_closids=8, sparse_masks=True)
+    return dataclasses.replace(mb_caps(MbaMode.AMD, 2048, 150e9), l3=l3)
+
+
+@pytest.mark.parametrize(
+    ("have", "want", "got"),
+    [
+        ((0, 0), (0xFFFFF, 1200), (0b11, 24)),  # from nothing: two ways, two MB steps
+        ((0, 0), (0xF0000, None), (0x30000, None)),  # grows from the target's low end
+        ((0b1, 12), (0xFFFFF, 1200), (0b111, 36)),  # as from one way and one step
+    ],
+)
+def test_zero_ways_and_mb_zero_are_limited_like_any_value(have, want, got) -> None:
+    current = Allocation({"b": {0: GroupAllocation(l3_mask=have[0], mb=have[1])}})
+    guard = PlanGuard(GuardConfig(max_way_step=2, max_mb_step=2))
+    screened = guard.screen(plan(b=want), amd_caps(), {"b": GroupSpec("b")}, current, 0.0)
+    assert screened.plan == plan(b=got) and "ways" in screened.limits
 
 
 def test_mb_step_size_per_mode() -> None:
