@@ -173,8 +173,8 @@ class Resilience:
                 error = exc
                 continue
             self.metrics.agent_up.set(1)
-            self.metrics.reconnects.inc()
-            if reconnect:
+            if reconnect:  # a tuner started before its agent has lost nothing to reconnect
+                self.metrics.reconnects.inc()
                 log.warning("agent reachable again", extra={"event": "agent_up"})
             else:  # a tuner started before its agent: nothing was lost
                 log.info("agent reachable", extra={"event": "agent_up"})
@@ -188,6 +188,7 @@ class Resilience:
         except NodeError as exc:
             if not is_outage(exc):
                 raise
+            self.metrics.agent_errors.labels(type(exc).__name__).inc()  # as every retry's
             if not self._wait_for_agent(stop, exc):
                 return 0
         self._next_tick = time.monotonic()

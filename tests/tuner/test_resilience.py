@@ -61,12 +61,17 @@ class Running:
         assert self.result == 0
 
 
+def _sample(tuner: Tuner, name: str) -> float:
+    """The sum of a metric's samples of that name (over its labels)."""
+    values = [
+        s.value for m in tuner.metrics.registry.collect() for s in m.samples if s.name == name
+    ]
+    assert values, f"no samples of {name}"
+    return sum(values)
+
+
 def _reconnects(tuner: Tuner) -> float:
-    for metric in tuner.metrics.registry.collect():
-        for s in metric.samples:
-            if s.name == "rdtune_tuner_reconnects_total":
-                return s.value
-    raise AssertionError("no reconnect counter")
+    return _sample(tuner, "rdtune_tuner_reconnects_total")
 
 
 def reachable(caplog) -> list[tuple[int, str]]:
@@ -84,8 +89,11 @@ def test_a_tuner_started_before_its_agent_waits_and_survives_a_restart(caplog) -
         with serve(SimNode("default", seed=0), listen=address):
             wait_for(lambda: run.intervals() >= 5, timeout=40)
             assert run.tuner.primary is not None and run.tuner.primary.name == "eq"
-            # the first connection is no recovery
+            # the first connection is no recovery; every failed attempt is an error
             assert reachable(caplog) == [(logging.INFO, "agent reachable")]
+            assert _reconnects(run.tuner) == 0
+            down = [r for r in caplog.records if r.message.startswith("agent unreachable")]
+            assert down and _sample(run.tuner, "rdtune_tuner_agent_errors_total") == len(down)
         before = run.intervals()
         time.sleep(0.5)  # down for a while: the tuner notices and waits
         with serve(SimNode("default", seed=1), listen=address) as again:
