@@ -4,12 +4,14 @@ naming what is wrong; flags override the file."""
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 import pytest
 import yaml
 
 from agent.types import SLO, GroupKind
-from tuner.config import ConfigError, load_yaml, parse_config
+from tuner.config import ConfigError, GuardFile, TunerFile, load_yaml, parse_config
 from tuner.tune import add_arguments, build_config
 
 EXAMPLE = """
@@ -208,3 +210,21 @@ def test_an_exposed_metrics_endpoint_needs_tls_and_a_token(tmp_path, tls, token,
         raw["metrics_token_file"] = str(tmp_path / "token")
     with pytest.raises(ConfigError, match=f"metrics endpoint: .*{missing}"):
         parse_config(raw)
+
+
+def _deploy_table_keys() -> set[str]:
+    """The keys docs/DEPLOY.md's configuration table has rows for (its first column)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "DEPLOY.md").read_text()
+    rows = [line.split("|")[1] for line in text.splitlines() if line.startswith("| `")]
+    return {key for cell in rows for key in re.findall(r"`([^`]+)`", cell)}
+
+
+CONFIG_KEYS = sorted(
+    [k for k in TunerFile.model_fields if k != "guard"]
+    + [f"guard.{k}" for k in GuardFile.model_fields]
+)
+
+
+@pytest.mark.parametrize("key", CONFIG_KEYS)
+def test_every_config_key_has_a_row_in_the_deploy_guide(key: str) -> None:
+    assert key in _deploy_table_keys(), f"docs/DEPLOY.md section 4 has no row for {key}"
