@@ -27,6 +27,7 @@ import os
 import pickle
 import shutil
 import zipfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -241,13 +242,24 @@ def save_checkpoint(model, path: Path, venv=None) -> None:
             archive.writestr(STATS_ENTRY, pickle.dumps(venv))
         f.write(buffer.getvalue())
 
-    logging_to, model.tensorboard_log = model.tensorboard_log, None
-    try:
+    with _no_tensorboard_log(model):
         write_atomic(path, write)
-    finally:
-        model.tensorboard_log = logging_to
     if venv is not None:
         save_vecnormalize(venv, path.with_name(NORMALISATION_OF[path.name]))
+
+
+@contextmanager
+def _no_tensorboard_log(model) -> Iterator[None]:
+    """``model`` with no TensorBoard directory while it is saved (put back after)."""
+    logging_to = getattr(model, "tensorboard_log", None)
+    if logging_to is None:
+        yield
+        return
+    model.tensorboard_log = None
+    try:
+        yield
+    finally:
+        model.tensorboard_log = logging_to
 
 
 def save_vecnormalize(venv, path: Path) -> None:
