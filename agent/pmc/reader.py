@@ -4,6 +4,7 @@ hardware events as unsupported, keep everything else working)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -11,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from agent.pmc.counters import GroupCounters
 from agent.pmc.events import HARDWARE_EVENTS, lookup
 from agent.pmc.probe import probe_events
+
+log = logging.getLogger(__name__)
 
 
 class TargetCounters:
@@ -141,11 +144,30 @@ class PmcReader:
         with self._lock:
             return tuple(self._tracked)
 
-    def read_deltas(self) -> dict[str, dict[str, float | None]]:
-        """Per tracked name: the counts since the previous call (None: unsupported)."""
+    def read_deltas(self) -> dict[str, dict[str, float | None] | None]:
+        """Per tracked name: the counts since the previous call (an event's None:
+        unsupported here). A name whose counters could not be read maps to None and is
+        untracked, so that the caller's next ``track`` opens it afresh: the kernel answers a
+        read of an event in error state with 0 bytes every time, and one such group must
+        not cost every other group its counts."""
         with self._lock:
             targets = dict(self._tracked)
-        return {name: t.read_delta() for name, t in targets.items()}
+        out: dict[str, dict[str, float | None] | None] = {}
+        for name, target in targets.items():
+            try:
+                out[name] = target.read_delta()
+            except Exception as exc:  # whatever it is, it is this group's alone
+                log.warning("PMC read of group %s failed, reopening it: %s", name, exc)
+                self._drop(name, target)
+                out[name] = None
+        return out
+
+    def _drop(self, name: str, target: TargetCounters) -> None:
+        """Untrack ``name`` if it still holds ``target`` (not a newer track meanwhile)."""
+        with self._lock:
+            if self._tracked.get(name) is target:
+                del self._tracked[name]
+        target.close()
 
     @property
     def fd_count(self) -> int:

@@ -33,7 +33,7 @@ class PmcSource(Protocol):
 
     def track(self, name: str, *, tids: Iterable[int]) -> None: ...
     def untrack(self, name: str) -> None: ...
-    def read_deltas(self) -> Mapping[str, Mapping[str, float | None]]: ...
+    def read_deltas(self) -> Mapping[str, Mapping[str, float | None] | None]: ...
     def close(self) -> None: ...
 
 
@@ -67,7 +67,9 @@ class Observation:
             except Exception as exc:
                 log.debug("pmc untrack %s: %s", name, exc)
 
-    def _pmc_deltas(self, tasks: Mapping[str, frozenset[int]]) -> Mapping[str, Mapping[str, Any]]:
+    def _pmc_deltas(
+        self, tasks: Mapping[str, frozenset[int]]
+    ) -> Mapping[str, Mapping[str, Any] | None]:
         """The interval's counts of each group, then its counters re-opened on the threads
         its ``tasks`` file lists now where they changed. In that order: counters opened now
         start counting now, so re-tracking first would leave a group whose threads come and
@@ -80,6 +82,9 @@ class Observation:
         except Exception as exc:
             log.warning("PMC read failed: %s", exc)
             deltas = {}
+        for name, counts in deltas.items():
+            if counts is None:  # unreadable: the reader untracked it, opened again below
+                self._pmc_tasks.pop(name, None)
         for name, tids in tasks.items():
             if self._pmc_tasks.get(name) != tids:
                 try:
@@ -133,7 +138,7 @@ class Observation:
             pmc = self._pmc_deltas(tasks)
         samples = {}
         for name, m in mon.items():
-            counts = pmc.get(name, {})
+            counts = pmc.get(name) or {}
             latency = None
             spec = self._specs.get(name)
             if spec is not None and spec.kind is GroupKind.LC and self.latency is not None:

@@ -129,3 +129,31 @@ def test_track_needs_exactly_one_target(kwargs):
 def test_unknown_event_names_are_rejected():
     with pytest.raises(ValueError, match="unknown PMC event"):
         PmcReader(["llc_misses", "bogus"], supported=())
+
+
+def _break_leader(reader: PmcReader, name: str, replacement: str) -> None:
+    """Fault injection at the OS boundary: the fd number of ``name``'s first leader now
+    reads ``replacement`` (/dev/null: 0 bytes, as the kernel answers for an event in error
+    state; a directory: EISDIR, a read that fails outright)."""
+    fd = reader._tracked[name].counters._groups[0].fds[0]
+    other = os.open(replacement, os.O_RDONLY)
+    try:
+        os.dup2(other, fd)
+    finally:
+        os.close(other)
+
+
+@pytest.mark.parametrize("replacement", [os.devnull, "/"])
+def test_one_unreadable_group_costs_only_its_own_counts(replacement: str) -> None:
+    with PmcReader(["task_clock"], supported={"task_clock"}) as reader:
+        reader.track("good", tids=[os.getpid()])
+        reader.track("bad", tids=[os.getpid()])
+        reader.read_deltas()
+        _break_leader(reader, "bad", replacement)
+        deltas = reader.read_deltas()
+        assert deltas["bad"] is None
+        assert deltas["good"]["task_clock"] > 0
+        # untracked and its fds closed, so that the next track opens it afresh
+        assert reader.tracked() == ("good",) and reader.fd_count == 1
+        reader.track("bad", tids=[os.getpid()])
+        assert reader.read_deltas()["bad"]["task_clock"] >= 0

@@ -1071,6 +1071,33 @@ def test_real_pmc_counts_each_listed_thread_once(intel: Emulated) -> None:
         child.kill()
 
 
+@pytest.mark.parametrize("replacement", [os.devnull, "/"])
+def test_one_unreadable_pmc_group_keeps_the_others_and_is_reopened(
+    intel: Emulated, children: list[int], replacement: str
+) -> None:
+    pmc = SeenPmc(("task_clock", "page_faults"), supported={"task_clock", "page_faults"})
+    node = make_node(intel, pmc=pmc)
+    try:
+        _two_groups(node)
+        node.assign("a", pids=children[:1])
+        node.assign("b", pids=children[1:2])
+        node.observe()  # opens both groups' counters
+        # Fault injection at the OS boundary: b's leader fd now reads /dev/null (0 bytes,
+        # as the kernel answers for an event in error state) or a directory (EISDIR).
+        other = os.open(replacement, os.O_RDONLY)
+        os.dup2(other, pmc._tracked["b"].counters._groups[0].fds[0])
+        os.close(other)
+        node.observe()
+        assert pmc.last["b"] is None
+        assert pmc.last["a"]["task_clock"] is not None, "a's counts survive b's failure"
+        assert pmc.tracked() == ("a", "b") and pmc.fd_count == 4, "b is opened again"
+        node.observe()
+        assert pmc.last["b"]["task_clock"] is not None
+    finally:
+        node.close()
+        pmc.close()
+
+
 def test_unwritable_state_dir_creates_nothing(intel: Emulated, tmp_path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
