@@ -4,13 +4,16 @@ hardware events as unsupported, keep everything else working)."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
-from agent.pmc.counters import GroupCounters
+from agent.pmc.counters import GroupCounters, online_cpus
+from agent.pmc.errors import PmcTooManyFiles
 from agent.pmc.events import HARDWARE_EVENTS, lookup
+from agent.pmc.limits import FD_RESERVE, nofile_soft_limit, open_fd_count
 from agent.pmc.probe import probe_events
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,8 @@ class PmcReader:
     (``track``, ``read_deltas``, ``untrack``), which the reader closes on ``close()``.
     Opening raises the PmcError subclasses of ``agent.pmc`` (a pid that is gone:
     PmcTaskGone; too few fds: PmcTooManyFiles; no privilege: PmcPermissionError).
+    Counters that would leave fewer than ``fd_reserve`` descriptors below RLIMIT_NOFILE
+    are refused with PmcTooManyFiles: the rest of the process needs some too.
     """
 
     def __init__(
@@ -64,8 +69,10 @@ class PmcReader:
         *,
         supported: Iterable[str] | None = None,
         unsupported: Mapping[str, str] | None = None,
+        fd_reserve: int = FD_RESERVE,
     ) -> None:
         lookup(tuple(events))  # validate names
+        self.fd_reserve = fd_reserve
         self.events = tuple(events)
         if supported is None:
             found, reasons = probe_events(self.events)
@@ -85,7 +92,12 @@ class PmcReader:
     # ---------------------------------------------------------------- owned by the caller
 
     def for_cgroup(self, path: str | os.PathLike[str]) -> TargetCounters:
-        counters = GroupCounters.for_cgroup(path, self.active) if self.active else None
+        counters = None
+        if self.active:
+            cpus = len(online_cpus())
+            formula = f"{len(self.active)} events x {cpus} CPUs + 1 cgroup directory"
+            self._check_fds(len(self.active) * cpus + 1, formula, f"cgroup {os.fspath(path)}")
+            counters = GroupCounters.for_cgroup(path, self.active)
         return TargetCounters(self.events, counters)
 
     def for_pids(self, pids: Iterable[int], *, inherit: bool = True) -> TargetCounters:
@@ -97,9 +109,33 @@ class PmcReader:
         return self._on_tasks(GroupCounters.for_threads, tids, inherit)
 
     def _on_tasks(self, open_on, ids: Iterable[int], inherit: bool) -> TargetCounters:
-        ids = list(ids)
-        counters = open_on(ids, self.active, inherit=inherit) if self.active and ids else None
+        ids = sorted(set(ids))
+        counters = None
+        if self.active and ids:
+            # for_pids opens every thread of each pid: this is the least it needs
+            formula = f"{len(self.active)} events x {len(ids)} tasks"
+            self._check_fds(len(self.active) * len(ids), formula, f"tasks {ids[:8]}")
+            counters = open_on(ids, self.active, inherit=inherit)
         return TargetCounters(self.events, counters)
+
+    def _check_fds(self, needed: int, formula: str, target: str) -> None:
+        """Refuse counters that would eat into the descriptors kept for the rest of the
+        process: once those are gone, any open() of the agent fails with EMFILE."""
+        limit = nofile_soft_limit()
+        if limit is None:
+            return
+        held = open_fd_count()
+        free = limit - held - self.fd_reserve
+        if needed > free:
+            raise PmcTooManyFiles(
+                f"counters on {target}: need {needed} file descriptors ({formula}) but "
+                f"{max(free, 0)} are free: RLIMIT_NOFILE is {limit}, {held} are open and "
+                f"{self.fd_reserve} are kept for the rest of the agent; raise it "
+                "(LimitNOFILE=) or count fewer events or tasks",
+                err=errno.EMFILE,
+                needed=needed,
+                target=target,
+            )
 
     # ---------------------------------------------------------------- tracked by name
 

@@ -110,9 +110,13 @@ class Observation:
         )
         if not lasting:
             log.debug("pmc track %s: %s", name, exc)
-        elif self._pmc_warned.get(name) != str(exc):
-            self._pmc_warned[name] = str(exc)
-            log.warning("no PMC counts for group %s: %s", name, exc)
+        else:
+            # by kind of failure, not by text: the text counts the descriptors open now,
+            # which differ at every observation
+            reason = f"{type(exc).__name__} {getattr(exc, 'errno', '')}"
+            if self._pmc_warned.get(name) != reason:
+                self._pmc_warned[name] = reason
+                log.warning("no PMC counts for group %s: %s", name, exc)
 
     def observe(self) -> Snapshot:
         features = self._caps.monitoring.features if self._caps.monitoring else frozenset()

@@ -81,8 +81,10 @@ def make_node(cfg: AgentConfig, latency: LatencyRecorder | None = None) -> Node:
         compile_kernels()  # before the agent listens, not in a client's first call
         return node
     if cfg.backend == "resctrl":
+        from agent.pmc.limits import raise_nofile_limit
         from agent.resctrl import ResctrlNode
 
+        raise_nofile_limit()  # its PMC counters take one fd per event per task
         kwargs = {} if cfg.state_dir is None else {"state_dir": cfg.state_dir}
         return ResctrlNode(root=cfg.root, runtime_classes=cfg.runtime_classes, **kwargs)
     raise ConfigError(f"unknown backend {cfg.backend!r}")

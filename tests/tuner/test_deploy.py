@@ -234,6 +234,8 @@ def test_systemd_units_run_valid_commands(unit: str) -> None:
     assert service["RestartPreventExitStatus"] == "2"
     if args.command == "agent":  # as the DaemonSet's agent: PERFMON alone
         assert service["CapabilityBoundingSet"] == "CAP_PERFMON"
+        # PMC counters: one fd per event per thread, far past systemd's soft 1024
+        assert int(service["LimitNOFILE"]) >= 65536
     if args.command == "tune":  # the shipped controller must run on an install as step 2 makes
         from models.catalogue import ControllerSpec
         from models.policy import DEFAULT_POLICY

@@ -3,12 +3,14 @@ target (pids or a cgroup), and every fd closed at the end."""
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 
 import pytest
 
-from agent.pmc import HARDWARE_EVENTS, PmcReader, online_cpus, probe_events
+from agent.pmc import HARDWARE_EVENTS, PmcReader, PmcTooManyFiles, online_cpus, probe_events
+from agent.pmc.limits import raise_nofile_limit
 from tests.agent.pmc.conftest import move_to_cgroup, open_fds, perf_fds
 from tests.agent.pmc.workload import touch_pages
 
@@ -90,7 +92,8 @@ def test_retrack_needs_only_the_new_counters_fds(child_factory):
     child = child_factory(burn_s=0.05, mode="thread")
     tids = sorted(int(t) for t in os.listdir(f"/proc/{child.pid}/task"))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    with PmcReader(["task_clock"], supported={"task_clock"}) as reader:
+    # no reserve: this is about the kernel's limit, not the reader's own budget
+    with PmcReader(["task_clock"], supported={"task_clock"}, fd_reserve=0) as reader:
         reader.track("a", tids=tids)
         # Every fd number below the limit in use: only the fds a re-track closes are free.
         holes = max(open_fds()) + 1 - len(open_fds())
@@ -157,3 +160,45 @@ def test_one_unreadable_group_costs_only_its_own_counts(replacement: str) -> Non
         assert reader.tracked() == ("good",) and reader.fd_count == 1
         reader.track("bad", tids=[os.getpid()])
         assert reader.read_deltas()["bad"]["task_clock"] >= 0
+
+
+@pytest.mark.parametrize("kind", ["tids", "cgroup"])
+def test_counters_never_take_the_reserved_descriptors(kind, child_factory, request):
+    """The limit leaves room for the counters but not for them and the reserve as well:
+    they are refused, and the rest of the process still has its reserve to open files."""
+    child = child_factory(burn_s=0.0, mode="thread")
+    target = {"tids": sorted(int(t) for t in os.listdir(f"/proc/{child.pid}/task"))}
+    if kind == "cgroup":
+        target = {"cgroup": request.getfixturevalue("cgroup_dir")}
+    reserve = 40
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    events = ["task_clock", "page_faults"]  # 2 x 2 threads = 4; 2 x CPUs + 1 >= 3
+    with PmcReader(events, supported=set(events), fd_reserve=reserve) as reader:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(open_fds()) + reserve + 2, hard))
+        fillers: list[int] = []
+        try:
+            with pytest.raises(PmcTooManyFiles, match="kept for the rest of the agent") as err:
+                reader.track("a", **target)
+            assert err.value.needed >= 3 and "\n" not in str(err.value)
+            fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(reserve)]
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            for fd in fillers:
+                os.close(fd)
+        assert reader.tracked() == ()
+
+
+@pytest.mark.parametrize("below", [100, 0])
+def test_agent_start_raises_the_soft_nofile_limit_to_the_hard_one(below, caplog):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard - below, hard))
+    caplog.set_level(logging.INFO, logger="agent.pmc.limits")
+    try:
+        assert raise_nofile_limit() == hard
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    said = [r.getMessage() for r in caplog.records]
+    assert said == (
+        [f"RLIMIT_NOFILE raised from {hard - 100} to {hard} for the PMC counters"] if below else []
+    )

@@ -1035,6 +1035,30 @@ def test_pmc_fd_exhaustion_is_said_once(intel: Emulated, caplog: pytest.LogCaptu
         child.kill()
 
 
+def test_pmc_reserve_refusal_is_said_once(
+    intel: Emulated, children: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A group refused for the descriptor reserve is warned about once, although the
+    number of descriptors open (which the message gives) changes between observations."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    pmc = PmcReader(("task_clock",), supported={"task_clock"}, fd_reserve=soft)
+    node = make_node(intel, pmc=pmc)
+    held: list[int] = []
+    try:
+        _two_groups(node)
+        node.assign("a", pids=children[:1])
+        for _ in range(3):
+            held.append(os.open(os.devnull, os.O_RDONLY))
+            assert node.observe().groups["a"].instructions is None
+        said = [r for r in caplog.records if "no PMC counts for group a" in r.getMessage()]
+        assert len(said) == 1 and "kept for the rest of the agent" in said[0].getMessage()
+    finally:
+        for fd in held:
+            os.close(fd)
+        node.close()
+        pmc.close()
+
+
 class SeenPmc(PmcReader):
     """The real reader (software events through perf_event_open), keeping what the node
     last read of it: GroupSample carries hardware events only."""
