@@ -146,10 +146,17 @@ class PmcReader:
         pids: Iterable[int] | None = None,
         tids: Iterable[int] | None = None,
         cgroup: str | os.PathLike[str] | None = None,
+        inherit: bool | None = None,
     ) -> None:
         """(Re)open the counters of ``name`` on exactly one of: processes ``pids`` (every
         thread of each), threads ``tids`` (each alone: what a resctrl ``tasks`` file
         lists), or a ``cgroup`` directory.
+
+        ``inherit`` (default: for ``pids`` yes, for ``tids`` no) also counts the threads and
+        processes the counted ones start later. Not for a ``tasks`` file's threads: an
+        inherited counter follows the child wherever it is moved, so a child moved to
+        another group would be counted by both; the caller re-tracks with the new threads
+        instead once the file lists them.
 
         Counters already open for ``name`` are closed first (counts since the last
         ``read_deltas`` are dropped with them), so a re-track needs the new counters' file
@@ -161,9 +168,9 @@ class PmcReader:
         if cgroup is not None:
             target = self.for_cgroup(cgroup)
         elif tids is not None:
-            target = self.for_threads(tids)
+            target = self.for_threads(tids, inherit=bool(inherit))
         else:
-            target = self.for_pids(pids or ())
+            target = self.for_pids(pids or (), inherit=inherit is not False)
         with self._lock:
             old = self._tracked.pop(name, None)  # another thread's track meanwhile
             self._tracked[name] = target

@@ -90,7 +90,9 @@ class Observation:
                 try:
                     # Thread ids, each counted alone: a process's other threads may be in
                     # other groups, and counting each listed thread's whole process would
-                    # count a process of N threads N times over.
+                    # count a process of N threads N times over. Without inherit (the
+                    # reader's default for tids): the tasks file is the membership, and a
+                    # child started here and moved elsewhere is not counted here as well.
                     self.pmc.track(name, tids=sorted(tids))
                     self._pmc_tasks[name] = tids
                 except Exception as exc:

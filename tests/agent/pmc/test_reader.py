@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import threading
 
 import pytest
 
 from agent.pmc import HARDWARE_EVENTS, PmcReader, PmcTooManyFiles, online_cpus, probe_events
 from agent.pmc.limits import raise_nofile_limit
 from tests.agent.pmc.conftest import move_to_cgroup, open_fds, perf_fds
-from tests.agent.pmc.workload import touch_pages
+from tests.agent.pmc.workload import burn, touch_pages
 
 HW_UNSUPPORTED = probe_events()[0] == frozenset()
 needs_no_pmu = pytest.mark.skipif(not HW_UNSUPPORTED, reason="this machine has a PMU")
@@ -202,3 +203,48 @@ def test_agent_start_raises_the_soft_nofile_limit_to_the_hard_one(below, caplog)
     assert said == (
         [f"RLIMIT_NOFILE raised from {hard - 100} to {hard} for the PMC counters"] if below else []
     )
+
+
+@pytest.mark.parametrize("kind", ["process", "thread"])
+def test_a_child_moved_to_another_group_is_counted_there_only(kind, child_factory):
+    """Thread T1 of group "a" starts a child (a process, or a thread), which is then
+    moved to group "b" and works there while T1 sleeps: "a" must not count it too."""
+    spawn, started, end = threading.Event(), threading.Event(), threading.Event()
+    box: dict = {}
+
+    def t1() -> None:
+        spawn.wait()
+        if kind == "process":
+            box["child"] = child_factory(burn_s=0.3)
+            box["tid"] = box["child"].pid
+        else:
+            gate = threading.Event()
+            worker = threading.Thread(target=lambda: (gate.wait(), box.update(cpu=burn(0.3))))
+            worker.start()
+            box.update(tid=worker.native_id, gate=gate, worker=worker)
+        started.set()
+        end.wait()
+
+    parent = threading.Thread(target=t1)
+    with PmcReader(["task_clock"], supported={"task_clock"}) as reader:
+        parent.start()
+        reader.track("a", tids=[parent.native_id])  # before T1 starts its child
+        reader.read_deltas()
+        try:
+            spawn.set()
+            assert started.wait(10)
+            reader.track("b", tids=[box["tid"]])  # the child, moved to b
+            reader.read_deltas()
+            if kind == "process":
+                box["child"].go()
+                cpu = box["child"].finish()[0]["work_cpu"]
+            else:
+                box["gate"].set()
+                box["worker"].join()
+                cpu = box["cpu"]
+            counted = reader.read_deltas()
+        finally:
+            end.set()
+            parent.join()
+    assert 0.9 * cpu * 1e9 <= counted["b"]["task_clock"] <= 1.3 * cpu * 1e9 + 5e7
+    assert counted["a"]["task_clock"] < 0.1 * cpu * 1e9, "the child counted in a as well"
