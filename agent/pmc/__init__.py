@@ -29,7 +29,7 @@ one group per online CPU (PERF_FLAG_PID_CGROUP; needs root, CAP_PERFMON or
 perf_event_paranoid <= 0), summed. File descriptors = events x CPUs (or threads): EMFILE
 raises :class:`PmcTooManyFiles` saying how many were needed.
 
-Inherit and group reads: kernels before 4.3 refuse PERF_FORMAT_GROUP with inherit
+Inherit and group reads: older kernels refuse PERF_FORMAT_GROUP with inherit
 (EINVAL); the counters then fall back to one read per event (members still scheduled as
 one group), visible as ``GroupCounters.group_read == False``.
 

@@ -347,16 +347,18 @@ class GroupCounters:
         try:
             return self._open_group_as(target, flags, self.group_read)
         except OSError as exc:
-            # Kernels before 4.3 refuse PERF_FORMAT_GROUP together with inherit: fall
+            # Older kernels refuse PERF_FORMAT_GROUP together with inherit (EINVAL): fall
             # back to reading each member on its own (still scheduled as one group).
             if exc.errno == _errno.EINVAL and self.inherit and self.group_read:
                 try:
                     group = self._open_group_as(target, flags, False)
-                except OSError:
-                    pass
-                else:
-                    self.group_read = False
-                    return group
+                except OSError as retry:
+                    # The retry's error is the one to report: the first EINVAL only said
+                    # that this kernel wants single reads (an EMFILE or EACCES from the
+                    # retry would otherwise read as "unsupported" and never be fixed).
+                    raise self._translate(retry, target, flags) from None
+                self.group_read = False
+                return group
             raise self._translate(exc, target, flags) from None
         except _Skip:
             return None

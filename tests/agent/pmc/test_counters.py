@@ -4,6 +4,8 @@ constructed counts; errors from the kernel as clear messages."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import itertools
 import json
 import math
@@ -12,7 +14,15 @@ import resource
 
 import pytest
 
-from agent.pmc import GroupCounters, PmcError, PmcTaskGone, PmcTooManyFiles, PmcUnsupported
+from agent.pmc import (
+    GroupCounters,
+    PmcError,
+    PmcPermissionError,
+    PmcTaskGone,
+    PmcTooManyFiles,
+    PmcUnsupported,
+)
+from agent.pmc import perf_event as pe
 from agent.pmc.counters import combine, delta, online_cpus, scale
 from tests.agent.pmc.conftest import move_to_cgroup, open_fds, perf_fds
 from tests.agent.pmc.workload import burn, nap, touch_pages
@@ -215,7 +225,7 @@ def test_for_threads_with_every_thread_gone_is_an_error():
 def test_inherit_counts_processes_spawned_later(child_factory, inherit):
     child = child_factory(burn_s=0.08, mode="grandchild")  # the grandchild does the burning
     with GroupCounters.for_pids([child.pid], ["task_clock", "page_faults"], inherit=inherit) as c:
-        assert c.group_read  # this kernel reads inherited groups in one go (>= 4.3)
+        assert c.group_read  # this kernel reads inherited groups in one go
         child.go()
         child.finish()
         v = c.read()
@@ -223,6 +233,43 @@ def test_inherit_counts_processes_spawned_later(child_factory, inherit):
         assert v["task_clock"] >= 0.08e9 * 0.9
     else:
         assert v["task_clock"] < 0.08e9 * 0.5
+
+
+class OldKernel:
+    """Fault injection at the OS boundary (libc's syscall): a kernel that refuses
+    PERF_FORMAT_GROUP together with inherit (EINVAL, as older kernels do) and answers the
+    per-event retry with ``retry_errno`` (0: opens it)."""
+
+    def __init__(self, retry_errno: int) -> None:
+        self.real = pe._syscall
+        self.retry_errno = retry_errno
+
+    def __call__(self, nr, attr_ptr, pid, cpu, group_fd, flags):
+        attr = pe.perf_event_attr.from_address(attr_ptr.value)
+        if attr.flags & pe.ATTR_INHERIT:
+            refused = attr.read_format & pe.PERF_FORMAT_GROUP and errno.EINVAL
+            err = refused or self.retry_errno
+            if err:
+                ctypes.set_errno(err)
+                return -1
+        return self.real(nr, attr_ptr, pid, cpu, group_fd, flags)
+
+
+@pytest.mark.parametrize(
+    ("retry_errno", "raised"),
+    [(0, None), (errno.EMFILE, PmcTooManyFiles), (errno.EACCES, PmcPermissionError)],
+)
+def test_group_read_fallback_reports_its_own_error(monkeypatch, retry_errno, raised):
+    monkeypatch.setattr(pe, "_syscall", OldKernel(retry_errno))
+    if raised is None:
+        with GroupCounters.for_task(TRIO, inherit=True) as c:
+            assert not c.group_read and c.fd_count == 3
+            burn(0.01)
+            assert c.read()["task_clock"] > 0
+        return
+    with pytest.raises(raised) as err:
+        GroupCounters.for_task(TRIO, inherit=True)
+    assert err.value.errno == retry_errno and "\n" not in str(err.value)
 
 
 # --------------------------------------------------------------------------- cgroup
