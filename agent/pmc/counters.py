@@ -49,8 +49,8 @@ class Reading:
     """Counter values, cumulative since enable or over one interval (``read_delta``).
 
     Attributes:
-        values: event -> estimated count, the sum over groups of value * enabled/running;
-            NaN when every group was enabled but none was ever scheduled.
+        values: event -> estimated count, raw * scaling; NaN when every group was
+            enabled but none was ever scheduled.
         raw: event -> the unscaled sum.
         time_enabled / time_running: event -> ns summed over groups.
         scaling: event -> total enabled / total running (1.0: counted all the time; 2.0:
@@ -69,27 +69,26 @@ class Reading:
 
 
 def combine(names: Sequence[str], groups: Iterable[dict[str, Count]]) -> Reading:
-    """Sum per-group counts into one scaled Reading (each group scaled by its own times)."""
-    values = dict.fromkeys(names, 0.0)
+    """Sum per-group counts, then scale the sums once (perf stat's aggregation).
+
+    Scaling each group by its own times would count a group that was enabled but never
+    scheduled in the interval (a thread's short bursts on a busy PMU) as 0, biasing the
+    sum low while ``scaling`` claimed a larger correction; scaling the sums extrapolates
+    it from the set's own rate, and ``values == raw * scaling`` holds for every event."""
     raw = dict.fromkeys(names, 0)
     enabled = dict.fromkeys(names, 0)
     running = dict.fromkeys(names, 0)
     for group in groups:
         for name, (v, e, r) in group.items():
-            est, _ = scale(v, e, r)
-            values[name] += est
             raw[name] += v
             enabled[name] += e
             running[name] += r
-    scaling = {}
+    values: dict[str, float] = {}
+    scaling: dict[str, float] = {}
     for name in names:
-        if running[name] > 0:
-            scaling[name] = max(1.0, enabled[name] / running[name])
-        elif enabled[name] > 0:
-            scaling[name] = math.inf
-            values[name] = math.nan
-        else:
-            scaling[name] = 1.0
+        values[name], scaling[name] = scale(raw[name], enabled[name], running[name])
+        if math.isinf(scaling[name]):
+            values[name] = math.nan  # enabled, never scheduled: not measured, not 0
     return Reading(values, raw, enabled, running, scaling)
 
 

@@ -48,17 +48,22 @@ def test_scale(count, expected):
     assert scale(*count) == expected
 
 
-def test_combine_scales_each_group_by_its_own_times():
-    groups = [
-        {"cycles": (1000, 100, 100), "instructions": (2000, 100, 100)},  # cpu 0: always on
-        {"cycles": (500, 100, 50), "instructions": (600, 100, 50)},  # cpu 1: half the time
-    ]
-    r = combine(["cycles", "instructions"], groups)
-    assert r.values == {"cycles": 2000.0, "instructions": 3200.0}
-    assert r.raw == {"cycles": 1500, "instructions": 2600}
-    assert r.time_enabled["cycles"] == 200 and r.time_running["cycles"] == 150
-    assert r.scaling["cycles"] == pytest.approx(200 / 150)
-    assert r.multiplexed
+@pytest.mark.parametrize(
+    ("groups", "value", "factor"),
+    [
+        # cpu 0 always on, cpu 1 half the time: 2600 raw over 150 of 200 ns
+        ([(2000, 100, 100), (600, 100, 50)], 2600 * 200 / 150, 200 / 150),
+        # thread B on CPU as long as A but never scheduled: extrapolated from A's rate
+        ([(1_000_000, 10_000_000, 5_000_000), (0, 10_000_000, 0)], 4_000_000.0, 4.0),
+        ([(300, 100, 100), (200, 100, 100)], 500.0, 1.0),  # never multiplexed
+    ],
+)
+def test_combine_sums_then_scales_once(groups, value, factor):
+    r = combine(["cycles"], [{"cycles": g} for g in groups])
+    assert r.values["cycles"] == pytest.approx(value)
+    assert r.scaling["cycles"] == pytest.approx(factor)
+    assert r.values["cycles"] == pytest.approx(r.raw["cycles"] * r.scaling["cycles"])
+    assert r.multiplexed is (factor > 1.0)
 
 
 def test_combine_never_scheduled_is_nan_not_zero():
