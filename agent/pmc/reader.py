@@ -22,18 +22,26 @@ log = logging.getLogger(__name__)
 class TargetCounters:
     """Counters for one target; events that do not work here read as None."""
 
-    def __init__(self, events: Sequence[str], counters: GroupCounters | None) -> None:
+    def __init__(
+        self,
+        events: Sequence[str],
+        counters: GroupCounters | None,
+        *,
+        zero: Iterable[str] = (),
+    ) -> None:
         self.events = tuple(events)
         self.counters = counters
+        # Events measured as 0 without counters: a target with no task does no work.
+        self._zero = dict.fromkeys(zero, 0.0)
 
     def _fill(self, values: Mapping[str, float]) -> dict[str, float | None]:
         return {e: values.get(e) for e in self.events}
 
     def read(self) -> dict[str, float | None]:
-        return self._fill(self.counters.read() if self.counters else {})
+        return self._fill(self.counters.read() if self.counters else self._zero)
 
     def read_delta(self) -> dict[str, float | None]:
-        return self._fill(self.counters.read_delta() if self.counters else {})
+        return self._fill(self.counters.read_delta() if self.counters else self._zero)
 
     @property
     def fd_count(self) -> int:
@@ -110,8 +118,10 @@ class PmcReader:
 
     def _on_tasks(self, open_on, ids: Iterable[int], inherit: bool) -> TargetCounters:
         ids = sorted(set(ids))
+        if not ids:  # nothing to count: the active events are a measured 0, not unknown
+            return TargetCounters(self.events, None, zero=self.active)
         counters = None
-        if self.active and ids:
+        if self.active:
             # for_pids opens every thread of each pid: this is the least it needs
             formula = f"{len(self.active)} events x {len(ids)} tasks"
             self._check_fds(len(self.active) * len(ids), formula, f"tasks {ids[:8]}")

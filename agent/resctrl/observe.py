@@ -102,6 +102,21 @@ class Observation:
                     self._track_failed(name, exc)
         return deltas
 
+    def _pmc_threads(self, name: str, d: str) -> frozenset[int] | None:
+        """The threads whose counts are the group's, or None when they are not all of its
+        work: a group holding CPUs also runs every default-group task on them, which
+        per-thread counters cannot see, and per-CPU counters would count the other groups'
+        tasks on those CPUs as well. Such a group is not counted (None, not a partial sum
+        of its listed tasks), see docs/RESCTRL.md."""
+        try:
+            if discovery.read_text(os.path.join(d, "cpus_list")).strip():
+                self._untrack(name)
+                return None
+            text = discovery.read_text(os.path.join(d, "tasks"))
+        except OSError:
+            return None
+        return frozenset(int(x) for x in text.split() if x.isdigit())
+
     def _track_failed(self, name: str, exc: Exception) -> None:
         """Every thread exiting meanwhile is retried quietly next time; too few file
         descriptors (events x threads) or no privilege will not fix themselves, and the
@@ -136,11 +151,9 @@ class Observation:
                     name, os.path.join(d, "mon_data"), features, self._tracker, mon_doms
                 )
                 if self.pmc is not None and self.pmc.supported:
-                    try:
-                        text = discovery.read_text(os.path.join(d, "tasks"))
-                        tasks[name] = frozenset(int(x) for x in text.split() if x.isdigit())
-                    except OSError:
-                        pass
+                    listed = self._pmc_threads(name, d)
+                    if listed is not None:
+                        tasks[name] = listed
             pmc = self._pmc_deltas(tasks)
         samples = {}
         for name, m in mon.items():

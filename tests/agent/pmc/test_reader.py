@@ -55,7 +55,9 @@ def test_given_support_is_trusted_and_limited_to_the_events_asked():
     )
     assert reader.active == ("page_faults",) and reader.supported == {"page_faults"}
     with reader.for_pids([]) as empty:
-        assert empty.fd_count == 0 and empty.read() == dict.fromkeys(reader.events)
+        # nothing to count: a measured 0 for the supported event, None for the other
+        assert empty.fd_count == 0
+        assert empty.read() == {"page_faults": 0.0, "context_switches": None}
     reader.close()
 
 
@@ -248,3 +250,11 @@ def test_a_child_moved_to_another_group_is_counted_there_only(kind, child_factor
             parent.join()
     assert 0.9 * cpu * 1e9 <= counted["b"]["task_clock"] <= 1.3 * cpu * 1e9 + 5e7
     assert counted["a"]["task_clock"] < 0.1 * cpu * 1e9, "the child counted in a as well"
+
+
+@pytest.mark.parametrize("target", ["tids", "pids"])
+def test_a_target_without_tasks_reads_a_measured_zero(target):
+    with PmcReader(["task_clock", "instructions"], supported={"task_clock"}) as reader:
+        reader.track("empty", **{target: []})
+        assert reader.fd_count == 0
+        assert reader.read_deltas()["empty"] == {"task_clock": 0.0, "instructions": None}

@@ -955,6 +955,27 @@ def test_pmc_counts_follow_the_group_tasks(intel: Emulated, children: list[int])
     assert "a" not in pmc.tracked
 
 
+@pytest.mark.parametrize("with_tasks", [True, False])
+def test_pmc_a_group_holding_cpus_is_not_counted(
+    intel: Emulated, children: list[int], with_tasks: bool
+) -> None:
+    """Default-group tasks on a group's CPUs do its work unseen by per-thread counters:
+    neither its listed tasks' counts nor an empty group's 0 would be its count."""
+    pmc = RecordingPmc()
+    node = make_node(intel, pmc=pmc)
+    _two_groups(node)
+    node.assign("a", pids=children[:1])
+    node.observe()
+    assert "a" in pmc.tracked
+    node.assign("a", pids=children[1:2] if with_tasks else (), cpus=[1])
+    if not with_tasks:
+        node.assign("b", pids=children[:1])  # "a" keeps no task
+    for _ in range(2):
+        assert node.observe().groups["a"].instructions is None
+        assert "a" not in pmc.tracked
+    assert node.observe().groups["b"].instructions == (0.0 if with_tasks else 1000.0)
+
+
 class UnscheduledPmc(RecordingPmc):
     """A reader whose instructions event was enabled but never ran in the interval: perf's
     time_running of 0, which agent.pmc.counters.combine reads as NaN."""
