@@ -10,6 +10,7 @@ import pytest
 
 from agent.pmc import EVENTS, HARDWARE_EVENTS, SOFTWARE_EVENTS, probe_events
 from agent.pmc.errors import reason
+from agent.pmc.probe import LLC_EVENTS, llc_mismatch
 from agent.types import NodeCapabilities, Vendor
 
 NO_EVENT_ERRNOS = ("ENOENT", "EOPNOTSUPP", "ENODEV", "ENXIO", "EINVAL")
@@ -33,17 +34,20 @@ def test_hardware_events_supported_or_explained():
     supported, unsupported = probe_events()  # the hardware set by default
     assert supported | set(unsupported) == set(HARDWARE_EVENTS)
     assert not supported & set(unsupported)
-    for why in unsupported.values():
-        assert why.split(":")[0] in NO_EVENT_ERRNOS, why
+    for name, why in unsupported.items():
+        vendor = name in LLC_EVENTS and why == llc_mismatch()  # AMD or Arm: another cache
+        assert vendor or why.split(":")[0] in NO_EVENT_ERRNOS, why
 
 
 @pytest.mark.skipif(has_cpu_pmu(), reason="this machine has a core PMU")
 def test_without_a_pmu_every_hardware_event_is_enoent():
     supported, unsupported = probe_events(list(EVENTS))
     assert supported == frozenset(SOFTWARE_EVENTS)
-    assert unsupported == dict.fromkeys(
-        HARDWARE_EVENTS, "ENOENT: no hardware PMU on this machine, or the PMU lacks this event"
-    )
+    enoent = "ENOENT: no hardware PMU on this machine, or the PMU lacks this event"
+    # on AMD or Arm the llc_* events are refused before any open, for counting another cache
+    assert unsupported == {
+        e: (e in LLC_EVENTS and llc_mismatch()) or enoent for e in HARDWARE_EVENTS
+    }
 
 
 def test_probe_fills_node_capabilities():
@@ -77,3 +81,25 @@ def test_probe_rejects_unknown_names():
 )
 def test_reason_strings(err, start):
     assert reason(err).startswith(start)
+
+
+@pytest.mark.parametrize(
+    ("vendor", "machine", "said"),
+    [
+        ("AuthenticAMD", "x86_64", "not last-level cache on AMD"),
+        ("HygonGenuine", "x86_64", "not last-level cache on AMD"),
+        ("", "aarch64", "not last-level cache on Arm"),
+        ("GenuineIntel", "x86_64", None),  # LONGEST_LAT_CACHE: probed like any event
+    ],
+)
+def test_llc_events_are_unsupported_where_they_count_another_cache(tmp_path, vendor, machine, said):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n")
+    events = ("llc_references", "llc_misses", "task_clock")
+    supported, unsupported = probe_events(events, cpuinfo=str(cpuinfo), machine=machine)
+    assert "task_clock" in supported
+    if said is None:
+        assert not any("last-level" in why for why in unsupported.values())
+    else:
+        assert set(unsupported) == {"llc_references", "llc_misses"}
+        assert all(why.startswith(said) for why in unsupported.values())
