@@ -493,8 +493,10 @@ class LatencyStats:
 class GroupSample:
     """One group over one interval. Counter fields are deltas over the interval.
 
-    ``None`` means the node cannot measure it (e.g. no hardware PMU, no MBM), which is
-    different from a measured zero.
+    ``None`` means the node cannot measure it (e.g. no hardware PMU, no MBM; llc_* on a
+    CPU whose generic cache events count another cache; PMC counts of a resctrl group
+    holding CPUs, docs/RESCTRL.md "perf_event_open"), which is different from a measured
+    zero.
     """
 
     instructions: float | None = None

@@ -27,7 +27,9 @@ Targets: ``for_pids`` counts every thread of each pid (and, with ``inherit``, wh
 spawn later), one group per thread, summed. ``for_cgroup`` opens the cgroup directory and
 one group per online CPU (PERF_FLAG_PID_CGROUP; needs root, CAP_PERFMON or
 perf_event_paranoid <= 0), summed. File descriptors = events x CPUs (or threads): EMFILE
-raises :class:`PmcTooManyFiles` saying how many were needed.
+raises :class:`PmcTooManyFiles` saying how many were needed, and so does a
+:class:`PmcReader` target that would leave fewer than ``fd_reserve`` descriptors free
+(``limits.raise_nofile_limit`` raises the soft limit to the hard one at agent start).
 
 Inherit and group reads: older kernels refuse PERF_FORMAT_GROUP with inherit
 (EINVAL); the counters then fall back to one read per event (members still scheduled as
