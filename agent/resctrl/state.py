@@ -23,6 +23,7 @@ apply would cost ~16 ms on an ordinary ext4 disk, 10x the apply itself.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -244,10 +245,10 @@ class Journal:
         data = json.dumps(record, separators=(",", ":")).encode()
         tmp = self.path + ".tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = _create_new(tmp)
         except FileNotFoundError:
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = _create_new(tmp)
         try:
             view = memoryview(data)
             while view:
@@ -262,6 +263,40 @@ class Journal:
     def clear(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+# A new file only, never through a symlink: the agent runs as root, and a file or link
+# planted at the temporary name must not turn the write into one to another file.
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+
+
+def _create_new(path: str) -> int:
+    """A new private file at ``path``; whatever was there (a temporary file left by a
+    crash, a planted link) is unlinked first -- unlink never follows a link."""
+    try:
+        return os.open(path, _NEW_FILE, 0o600)
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, _NEW_FILE, 0o600)
+
+
+def check_private_dir(path: str) -> None:
+    """Refuse a state directory another user could write: they could plant the state
+    file (choosing which groups the agent adopts) or links for root to write through."""
+    st = os.stat(path)
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        raise StateUnwritable(
+            errno.EPERM,
+            f"refusing the state directory {path}: it is owned by uid {st.st_uid}, "
+            f"not by this agent's uid {euid}; use a directory of its own",
+        )
+    if st.st_mode & 0o022:
+        raise StateUnwritable(
+            errno.EPERM,
+            f"refusing the state directory {path}: group or others can write it "
+            f"(mode {st.st_mode & 0o777:o}); chmod go-w it or use another",
+        )
 
 
 class InstanceLock:
@@ -282,6 +317,7 @@ class InstanceLock:
             os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
         except OSError as exc:
             raise StateUnwritable(exc.errno, f"cannot open {path}: {exc.strerror}") from exc
+        check_private_dir(os.path.dirname(path) or ".")
         self._lock = _take(path)
 
     def confirm(self) -> None:

@@ -1190,7 +1190,7 @@ def full_state_dir(tmp_path) -> Iterator[str]:
     """A state directory on a small tmpfs, to be filled by the test (needs mount(2))."""
     where = tmp_path / "state"
     where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)])
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(where)])
     if done.returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
@@ -1296,3 +1296,55 @@ def test_two_roots_sharing_a_state_dir_keep_apart(intel: Emulated) -> None:
         assert a.state_path != b.state_path
         a.close()
         assert make_node(intel).groups()["svc"].kind is GroupKind.LC
+
+
+@pytest.mark.parametrize("planted", ["symlink", "stale file"])
+def test_the_journal_never_writes_through_what_is_at_its_temporary_name(
+    intel: Emulated, tmp_path, planted: str
+) -> None:
+    """The agent runs as root: a link planted at the journal's temporary name must not
+    make it truncate the file linked to, and a temporary file a crash left is replaced."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    node = make_node(intel)
+    tmp = node.state_path + ".intent.tmp"
+    if planted == "symlink":
+        os.symlink(victim, tmp)
+    else:
+        Path(tmp).write_text("left by a crash")
+    try:
+        node.create_group(GroupSpec("a"))
+    finally:
+        node.close()
+    assert victim.read_text() == "precious\n"
+    assert not os.path.lexists(tmp)
+    again = make_node(intel)
+    try:
+        assert "a" in again.groups()
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "owner", "why"),
+    [
+        (0o777, None, "group or others can write it"),
+        (0o720, None, "group or others can write it"),
+        (0o700, 65534, "owned by uid 65534"),
+    ],
+)
+def test_a_state_directory_others_could_write_is_refused_at_start(
+    intel: Emulated, tmp_path, mode: int, owner: int | None, why: str
+) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    state_dir.chmod(mode)
+    if owner is not None:
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a directory to another user")
+        os.chown(state_dir, owner, -1)
+    # pmc=None: a node refused half-built would leave its counters' descriptors to the GC
+    with pytest.raises(StateUnwritable, match=f"refusing the state directory .*{why}") as err:
+        make_node(intel, state_dir=str(state_dir), pmc=None)
+    assert "\n" not in str(err.value)
+    assert os.listdir(state_dir) == []
