@@ -75,3 +75,26 @@ def _check_literal(host: str, where: str) -> None:
             ipaddress.IPv4Address(bare)
     except ValueError:
         raise ConfigError(f"{where}: {bare!r} is not an IP address") from None
+
+
+def is_local(address: str) -> bool:
+    """Whether ``address`` is a Unix socket or a loopback IP literal: reachable only on
+    this host. A name is not, ``localhost`` included: a resolver may map it elsewhere."""
+    path, host, _ = split_address(address)
+    if path is not None:
+        return True
+    bare = host.strip("[]") if host else ""
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False
+
+
+def check_token_channel(address: str, token: str | None, tls: object) -> None:
+    """Refuse to send a bearer token without TLS anywhere but this host: whoever is on the
+    path, or answers at a mistyped address, would read it and could drive the agent."""
+    if token and not tls and not is_local(address):
+        raise ConfigError(
+            f"refusing to send the agent token in cleartext to {address}: without TLS a "
+            "token goes only to a unix socket or a loopback address; use --tls-ca"
+        )

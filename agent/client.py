@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import grpc
 
 from agent import interrupt
-from agent.address import split_address
+from agent.address import check_token_channel, split_address
 from agent.errors import NodeError
 from agent.node import step_by_parts
 from agent.server import convert as C
@@ -196,6 +196,7 @@ class RemoteNode:
         session: bool = True,
     ) -> None:
         split_address(address)  # a malformed one would be retried forever, or wrap around
+        check_token_channel(address, token, tls)
         self.address, self.timeout = address, timeout
         self.retries, self.backoff_s = retries, backoff_s
         self._metadata: tuple = ()
@@ -211,8 +212,8 @@ class RemoteNode:
                 options.append(("grpc.ssl_target_name_override", conf.server_name))
             self._channel = grpc.secure_channel(address, creds, options=options)
         else:
-            # Call credentials need a secure channel; on plaintext loopback send the token
-            # as metadata ourselves.
+            # Call credentials need a secure channel; on plaintext (a unix socket or a
+            # loopback address, checked above) send the token as metadata ourselves.
             creds = None
             if token:
                 self._metadata = (("authorization", f"Bearer {token}"),)

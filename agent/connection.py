@@ -24,7 +24,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agent.address import split_address
+from agent.address import check_token_channel, split_address
 from agent.argtypes import wait_seconds
 from agent.configfile import ConfigError, read_regular
 from agent.types import MAX_WAIT_S
@@ -226,4 +226,5 @@ def from_args(args: argparse.Namespace, base: AgentConnection | None = None) -> 
         )
     conn.resolve_token()
     conn.tls_config()  # at start: a bad file would otherwise fail each call as an outage
+    check_token_channel(conn.address, conn.token, conn.tls)  # at start, before any call
     return conn

@@ -242,3 +242,66 @@ def test_a_token_file_others_may_read_is_warned_about_once(
     said = [r for r in caplog.records if "open to other users" in r.getMessage()]
     assert len(said) == (1 if warned else 0)
     assert not warned or f"mode {mode:03o}" in said[0].getMessage()
+
+
+OFF_HOST = ["192.0.2.1:50051", "[2001:db8::1]:50051", "agent.example:50051", "localhost:50051"]
+
+
+@pytest.mark.parametrize("address", OFF_HOST)
+@pytest.mark.parametrize("source", ["env", "file", "argument"])
+def test_a_token_is_never_sent_without_tls_off_the_host(
+    address, source, tmp_path, monkeypatch
+) -> None:
+    """Whoever is on the path, or answers at a mistyped address, would read a token sent
+    in cleartext; a token from $RDTUNE_AGENT_TOKEN is no exception."""
+    from agent.client import RemoteNode
+    from agent.configfile import ConfigError
+    from agent.connection import AgentConnection, from_args
+
+    argv = ["status", "--agent", address]
+    monkeypatch.delenv("RDTUNE_AGENT_TOKEN", raising=False)
+    if source == "env":
+        monkeypatch.setenv("RDTUNE_AGENT_TOKEN", "s3cret-token")
+    elif source == "file":
+        (tmp_path / "token").write_text("s3cret-token\n")
+        os.chmod(tmp_path / "token", 0o600)
+        argv += ["--token-file", str(tmp_path / "token")]
+    why = f"^refusing to send the agent token in cleartext to {re.escape(address)}: .*--tls-ca$"
+    if source != "argument":
+        with pytest.raises(ConfigError, match=why):
+            from_args(build_parser().parse_args(argv))
+        with pytest.raises(ConfigError, match=why):
+            AgentConnection(
+                address=address, token_file=argv[-1] if source == "file" else None
+            ).connect()
+    else:
+        with pytest.raises(ConfigError, match=why):
+            RemoteNode(address, token="s3cret-token")
+
+
+@pytest.mark.parametrize(
+    ("address", "tls"),
+    [
+        ("unix:/run/rdtune/agent.sock", None),
+        ("127.0.0.1:50051", None),
+        ("127.0.0.2:50051", None),
+        ("[::1]:50051", None),
+        ("192.0.2.1:50051", True),  # TLS: the token is sent under it
+    ],
+)
+def test_a_token_is_sent_on_this_host_or_under_tls(address, tls) -> None:
+    from agent.client import RemoteNode
+
+    RemoteNode(address, token="s3cret-token", tls=tls).close()
+
+
+def test_a_token_refused_off_the_host_is_one_line_from_the_command(tmp_path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "status", "--agent", "192.0.2.1:50051"],
+        cwd=ROOT, capture_output=True, text=True, timeout=20,
+        env={"RDTUNE_AGENT_TOKEN": "s3cret-token", "PATH": "/usr/bin:/bin",
+             "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )  # fmt: skip
+    err = done.stderr.strip()
+    assert done.returncode != 0 and len(err.splitlines()) == 1 and "--tls-ca" in err, err
+    assert "s3cret" not in err
