@@ -26,7 +26,10 @@ from agent.connection import TOKEN_ENV, read_token  # noqa: F401  (the agent's m
 from agent.server.errors import Aborted, RateLimited, abort, abort_with
 from agent.throttle import LogThrottle, held_back
 
-HEALTH_PREFIX = "/grpc.health.v1.Health/"
+# The one method a peer without the token may call: kubelet's probes use Check. Watch is
+# a stream held open as long as the peer likes, so unauthenticated Watches could take every
+# concurrent-RPC slot from the tuner; it needs the token as every other method does.
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 _log = logging.getLogger("agent.server")
 
 
@@ -231,7 +234,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
-        authorised = method.startswith(HEALTH_PREFIX) or self._authorised(
+        authorised = method == HEALTH_CHECK or self._authorised(
             handler_call_details.invocation_metadata
         )
         key = (method, authorised)

@@ -146,12 +146,49 @@ def test_the_token_schemes_case_does_not_matter(with_token, header: str, ok: boo
             assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_health_needs_no_token(with_token) -> None:
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_health_check_needs_no_token_and_watch_needs_it(with_token, token) -> None:
+    """kubelet's probes call Check; Watch is a stream a peer keeps open as long as it
+    likes, so it takes the token as every other method does."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    serving = health_pb2.HealthCheckResponse.SERVING
     with grpc.insecure_channel(with_token.address) as channel:
-        resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        stub = health_pb2_grpc.HealthStub(channel)
+        resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert resp.status == serving
+        watch = stub.Watch(health_pb2.HealthCheckRequest(), timeout=5, metadata=metadata)
+        if token:
+            assert next(watch).status == serving
+            watch.cancel()
+        else:
+            with pytest.raises(grpc.RpcError) as err:
+                next(watch)
+            assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_peers_without_the_token_cannot_take_the_concurrent_rpc_slots() -> None:
+    """Streams opened without the token end at once, so the tuner's calls still get a
+    slot however many such streams a peer opens."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    slots = 4
+    with (
+        serve(RefNode(), token=TOKEN, max_concurrent_rpcs=slots) as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        stub = health_pb2_grpc.HealthStub(channel)
+        watches = [stub.Watch(health_pb2.HealthCheckRequest()) for _ in range(2 * slots)]
+        try:
+            for watch in watches:
+                with pytest.raises(grpc.RpcError):
+                    next(watch)
+            with remote(server, token=TOKEN, retries=0) as client:
+                assert client.groups() == {}
+        finally:
+            for watch in watches:
+                watch.cancel()
 
 
 # --------------------------------------------------------------------------- TLS
