@@ -49,7 +49,7 @@ from agent.server.security import (
     parse_listen,
 )
 from agent.server.service import Limits, NodeAgentServicer, NodeHost, SimulationServicer
-from agent.server.watch import NOT_SERVING, SERVING, watch_node
+from agent.server.watch import NOT_SERVING, SERVING, health_only_server, watch_node
 from proto.rdtune.v1 import agent_pb2 as api
 from proto.rdtune.v1 import agent_pb2_grpc as rpc
 
@@ -316,14 +316,13 @@ class AgentServer:
         return self
 
     def _build_health(self) -> None:
-        """The health service alone on a plain TCP port: what kubelet's native gRPC probes
-        dial (the pod's IP, no TLS, no token) while the node API stays on its Unix socket.
-        It shares the main server's statuses, so it turns NOT_SERVING at shutdown too
-        (a second grpc.aio server on the same loop)."""
+        """The health service's Check alone on a plain TCP port: what kubelet's native
+        gRPC probes dial (the pod's IP, no TLS, no token) while the node API stays on its
+        Unix socket. It shares the main server's statuses, so it turns NOT_SERVING at
+        shutdown too (a second grpc.aio server on the same loop)."""
         _, host, port = split_address(self.cfg.health_listen, "health_listen", min_port=0)
         _check_every_address_free(self.cfg.health_listen, host, port)
-        self._health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+        self._health_server = health_only_server(self.health)
         try:
             port = self._health_server.add_insecure_port(self.cfg.health_listen)
         except RuntimeError:  # grpc's "Failed to bind" (newer grpc raises where older gave 0)

@@ -776,6 +776,35 @@ def test_health_alone_on_a_tcp_port_for_kubelet_probes() -> None:
 
 
 @pytest.mark.parametrize(
+    ("streams", "refused"),
+    [
+        (1, {grpc.StatusCode.UNIMPLEMENTED}),
+        # many at once: beyond the per-connection stream limit, refused before the method
+        (40, {grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE}),
+    ],
+)
+def test_the_health_port_holds_no_watch_streams(streams: int, refused: set) -> None:
+    """The health port has no token and faces the pod network: Watch streams held open
+    there would grow the root agent's memory without bound, so it serves Check alone,
+    with small limits of its own."""
+    with serve(RefNode(), unix=True, health_listen="127.0.0.1:0", token="s3cret") as server:
+        target = f"127.0.0.1:{server.health_port}"
+        with grpc.insecure_channel(target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            watches = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(streams)]
+            try:
+                for watch in watches:
+                    with pytest.raises(grpc.RpcError) as err:
+                        next(watch)
+                    assert err.value.code() in refused
+            finally:
+                for watch in watches:
+                    watch.cancel()
+            resp = health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize(
     ("address", "why"),
     [
         ("unix:/run/x.sock", "health_listen must be host:port"),
