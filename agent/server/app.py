@@ -282,6 +282,9 @@ class AgentServer:
             # Held open, the socket's inode stays allocated, so no file another process
             # puts at the path can carry its number: what the stop compares against.
             self._socket_fd = os.open(private, os.O_PATH | os.O_NOFOLLOW)
+            # Private before its path is public and before the server starts: bind gave it
+            # the umask's mode, and a peer connected meanwhile would stay connected.
+            os.chmod(private, 0o600)
             if private != public:
                 _publish(private, public)
 
@@ -310,8 +313,6 @@ class AgentServer:
             self.host.close()
             self._remove_socket()
             raise
-        if self.listen.unix_path is not None:
-            os.chmod(self.listen.unix_path, 0o600)  # only the agent's user may connect
         log.info("agent serving %s on %s", self.cfg.backend, self.address)
         return self
 

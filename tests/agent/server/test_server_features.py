@@ -115,10 +115,26 @@ def _reflect(channel: grpc.Channel, version: str) -> list:
     return answers
 
 
-def test_unix_socket_is_private(tmp_path) -> None:
-    with serve(RefNode(), unix=True) as server:
-        path = server.listen.unix_path
-        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
+def test_unix_socket_is_private_from_the_moment_it_is_published(umask, monkeypatch) -> None:
+    """The socket's path never exists with a wider mode than 0600, whatever the umask: a
+    peer that connected in such a window would stay connected after a later chmod."""
+    modes: list[int] = []
+    link = os.link
+
+    def link_noting_the_mode(src, dst, *args, **kwargs):
+        modes.append(stat.S_IMODE(os.stat(src).st_mode))
+        return link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", link_noting_the_mode)
+    old = os.umask(umask)
+    try:
+        with serve(RefNode(), unix=True) as server:
+            path = server.listen.unix_path
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    finally:
+        os.umask(old)
+    assert modes == [0o600], "the socket was published with the umask's mode"
     assert not os.path.exists(path), "the socket is removed on shutdown"
 
 
