@@ -12,8 +12,10 @@ and the tuner (their configs build one from their ``metrics_*`` settings).
 from __future__ import annotations
 
 import hmac
+import logging
 import socket
 import ssl
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +25,56 @@ from prometheus_client import CollectorRegistry, disable_created_metrics, make_w
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 
 from agent.server.security import ConfigError, check_exposure, parse_listen, read_token
+from agent.throttle import LogThrottle, held_back
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 64  # connections served at once (a thread each); more are closed at once
 
 
 class _Handler(_SilentHandler):
     timeout = 10.0  # seconds a connection may sit idle (or mid-handshake) before it is cut
+
+
+class _MetricsServer(ThreadingWSGIServer):
+    """socketserver's threads with a cap on how many run at once, and a connection's
+    failure (a timeout, a failed TLS handshake: before any token is checked) logged in one
+    line at most once a minute per client host, where socketserver printed a traceback
+    for each: any peer could otherwise flood the log or start threads without end."""
+
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._said = LogThrottle()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._note(client_address, f"more than {self.max_connections} connections; closed")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        exc = sys.exc_info()[1]
+        self._note(client_address, f"{type(exc).__name__}: {exc}")
+
+    def _note(self, client_address, what: str) -> None:
+        host = client_address[0] if isinstance(client_address, tuple) else str(client_address)
+        quiet = self._said.admit(host)
+        if quiet is not None:
+            log.warning("metrics: connection from %s dropped: %s%s", host, what, held_back(quiet))
 
 
 METRICS_PATH = "/metrics"
@@ -120,7 +168,7 @@ def serve_metrics(
     if token:
         app = _bearer_only(app, token)
 
-    class Server(ThreadingWSGIServer):
+    class Server(_MetricsServer):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
     httpd = make_server(host, port, app, Server, handler_class=_Handler)
