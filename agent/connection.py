@@ -48,7 +48,7 @@ def agent_address(value: str) -> str:
 TOKEN_FILE_MAX = 64 << 10  # a token is a line; a larger file is not one
 
 log = logging.getLogger("rdtune.connection")
-_said_open: set[str] = set()  # token files already warned about
+_said_open: set[str] = set()  # token and key files already warned about
 
 
 def read_token(
@@ -66,7 +66,7 @@ def read_token(
             raise error(f"token file {token_file!r} is not UTF-8 text") from None
         if not token:
             raise error(f"token file {token_file!r} is empty")
-        _warn_if_open(token_file)
+        warn_if_open(token_file)
     if token is None and TOKEN_ENV in os.environ:
         token = os.environ[TOKEN_ENV].strip()
         if not token:  # a blank value must not turn authentication off unnoticed
@@ -74,9 +74,10 @@ def read_token(
     return token
 
 
-def _warn_if_open(path: str) -> None:
-    """Warn, once per file, when others than its owner may read a token file: whoever
-    reads it may drive the node (or read the metrics) as its owner."""
+def warn_if_open(path: str, what: str = "token file") -> None:
+    """Warn, once per file, when others than its owner may read a token file or a TLS
+    private key (``what``): whoever reads it may drive the node (or read the metrics) as
+    its owner, or pass for the agent."""
     if path in _said_open:
         return
     try:
@@ -86,7 +87,7 @@ def _warn_if_open(path: str) -> None:
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         _said_open.add(path)
         log.warning(
-            "token file %s is open to other users (mode %03o): chmod 600 it", path, mode & 0o777
+            "%s %s is open to other users (mode %03o): chmod 600 it", what, path, mode & 0o777
         )
 
 
@@ -142,13 +143,16 @@ class AgentConnection:
         if not (self.tls or self.tls_ca or self.tls_cert):
             return None
         try:
-            return TlsConfig.from_files(
+            conf = TlsConfig.from_files(
                 self.tls_ca, self.tls_cert, self.tls_key, self.tls_server_name
             )
         except OSError as exc:
             raise ConfigError(f"cannot read a TLS file: {exc}") from exc
         except ValueError as exc:  # not PEM
             raise ConfigError(str(exc)) from exc
+        if self.tls_key:  # a key that is one: a file that is not is refused above alone
+            warn_if_open(self.tls_key, "TLS key")
+        return conf
 
 
 class _RefuseToken(argparse.Action):

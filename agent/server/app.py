@@ -35,6 +35,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
 from agent.address import UNIX_PATH_MAX, split_address
+from agent.connection import warn_if_open
 from agent.latency import LatencyRecorder
 from agent.node import Node, as_clock
 from agent.server import reflection
@@ -107,6 +108,7 @@ def _check_tls(cert: str, key: str, client_ca: str | None) -> None:
             f", --tls-client-ca {client_ca}" if client_ca else ""
         )
         raise ConfigError(f"unusable TLS files ({files}): {exc}") from exc
+    warn_if_open(key, "TLS key")  # once it is known to be a key
 
 
 class AgentServer:

@@ -24,6 +24,7 @@ from wsgiref.simple_server import WSGIServer, make_server
 from prometheus_client import CollectorRegistry, disable_created_metrics, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 
+from agent.connection import warn_if_open
 from agent.server.security import ConfigError, check_exposure, parse_listen, read_token
 from agent.throttle import LogThrottle, held_back
 
@@ -135,6 +136,7 @@ def _tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(cert, key)
+    warn_if_open(key, "TLS key")  # once it is known to be a key
     if client_ca:
         context.load_verify_locations(client_ca)
         context.verify_mode = ssl.CERT_REQUIRED

@@ -305,3 +305,43 @@ def test_a_token_refused_off_the_host_is_one_line_from_the_command(tmp_path) -> 
     err = done.stderr.strip()
     assert done.returncode != 0 and len(err.splitlines()) == 1 and "--tls-ca" in err, err
     assert "s3cret" not in err
+
+
+def _agent_with(certs: dict[str, str]) -> None:
+    with serve(SimNode(), tls_cert=certs["server.pem"], tls_key=certs["server.key"]):
+        pass
+
+
+def _metrics_with(certs: dict[str, str]) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from agent.server.metrics_http import serve_metrics
+
+    tls = (certs["server.pem"], certs["server.key"])
+    http = serve_metrics(CollectorRegistry(), "127.0.0.1", 0, tls=tls)
+    http.shutdown()
+    http.server_close()
+
+
+def _client_with(certs: dict[str, str]) -> None:
+    from agent.connection import AgentConnection
+
+    key = certs["server.key"]
+    AgentConnection(tls_ca=certs["ca.pem"], tls_cert=certs["server.pem"], tls_key=key).tls_config()
+
+
+@pytest.mark.parametrize("use", [_agent_with, _metrics_with, _client_with])
+@pytest.mark.parametrize(("mode", "warned"), [(0o600, False), (0o640, True), (0o644, True)])
+def test_a_tls_key_others_may_read_is_warned_about_once(
+    use, mode: int, warned: bool, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whoever reads the key may pass for the agent (or its client), as the token file."""
+    certs = make_certs(tmp_path)
+    os.chmod(certs["server.key"], mode)
+    with caplog.at_level("WARNING", logger="rdtune.connection"):
+        for _ in range(2):
+            use(certs)
+    said = [r.getMessage() for r in caplog.records if "open to other users" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), said
+    assert not warned or said[0].startswith(f"TLS key {certs['server.key']} ")
+    assert not warned or f"mode {mode:03o}" in said[0]
