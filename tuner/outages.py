@@ -104,13 +104,18 @@ class Resilience:
         self._carry_out(self.active.start(self._context(current)), current, self._last_now)
 
     def reconcile(self) -> None:
-        """After an outage: groups back, and the node holding what the tuner last applied."""
+        """After an outage: groups back, and the node holding what the tuner last applied.
+        Groups that changed meanwhile (another client's exclusive group, a restarted agent
+        on another scenario) are followed as a change mid-run is: the snapshots after this
+        one show them already, so nothing else would."""
         self.caps = self.node.capabilities()
         self.clock = as_clock(self.node)
         self.keeper.ensure(self.node, strict=False)
         before, self.groups = self.groups, self.keeper.read(self.node, self.groups)
         _warn_lost(before, self.groups)
         self._reassert(self.node.allocation())
+        if self.groups != before:
+            self._groups_changed()
         self._next = None
         self.node.observe()  # a fresh interval
 

@@ -105,6 +105,21 @@ def test_the_configured_fallback_serves_again_once_the_exclusive_group_is_gone(
     tuner.shutdown()
 
 
+def test_an_exclusive_group_made_during_an_outage_hands_the_fallback_over(
+    overload: str, caplog
+) -> None:
+    """The agent back after an outage with another client's exclusive group: the groups
+    the tuner reads back hold it already, so only reconcile can follow the change."""
+    tuner = tuner_on(overload, [static8()])
+    tuner.start()
+    make_exclusive(tuner)
+    tuner.reconcile()  # as the tuner does when the agent answers again
+    outcomes = [tuner.step().outcome for _ in range(10)]
+    assert tuner.slo_guard.in_fallback and tuner.fallback.name == "eq"
+    assert "dropped" not in outcomes
+    tuner.shutdown()
+
+
 # memcached at 75% load beside three memory-heavy batch jobs: eq starves it, a static
 # split of 8 ways protects it, so the guard keeps switching between them.
 TIGHT = {**OVERLOAD, "description": "memcached at 75% load beside memory-heavy batch jobs"}
