@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import json
 import logging
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,7 +227,10 @@ def _trainable(config: dict[str, Any]) -> None:
             }
         )
 
-    result = train(cfg, on_eval=on_eval)
+    # The trial's own config (its run writes it) trains the same policy again, and an
+    # export of the trial carries that command into its model card.
+    command = shlex.join(["rdtune", "train", "--config", str(trial_dir / "run" / "config.yaml")])
+    result = train(cfg, on_eval=on_eval, command=command)
     policy = next((r for r in result.rows if r["name"] == "policy"), None)
     tune.report(
         {

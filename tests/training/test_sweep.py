@@ -70,7 +70,10 @@ def test_ray_local_sweep_and_parallel_rollouts(tmp_path, ray_local):
         assert t["final_return"] is not None and t["best_return"] is not None
         run = tmp_path / "tiny-sweep" / t["trial"] / "run"
         assert (run / "best_model.zip").is_file() and (run / "eval.json").is_file()
-        assert json.loads((run / "run.json").read_text())["seed"] == t["overrides"]["seed"]
+        meta = json.loads((run / "run.json").read_text())
+        assert meta["seed"] == t["overrides"]["seed"]
+        # the command that trains the trial's policy again, as a single run records its own
+        assert meta["command"] == f"rdtune train --config {run / 'config.yaml'}"
     saved = json.loads((result.experiment_dir / "sweep.json").read_text())
     assert len(saved) == 2
     assert "| seed=0 | done |" in result.summary()
