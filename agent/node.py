@@ -199,6 +199,11 @@ class GroundTruth(Protocol):
         """An LC instance's offered load now, or at a future time of its load schedule."""
         ...
 
+    def reseed(self, seed: int | Sequence[int]) -> None:
+        """Draw the node's randomness (measurement noise, LC requests) from streams of
+        ``seed`` from now on; what it holds and its load schedules stay."""
+        ...
+
     def steady_state(
         self,
         plan_or_allocation: Any = None,
@@ -218,7 +223,11 @@ def ground_truth(node: Node) -> GroundTruth | None:
     return None
 
 
-def twin(node: GroundTruth) -> Any:
-    """An independent copy of a node that offers ground truth (same state, same future);
-    the caller closes it."""
-    return copy.deepcopy(node)
+def twin(node: GroundTruth, seed: int | Sequence[int] | None = None) -> Any:
+    """An independent copy of a node that offers ground truth: the same state and the same
+    future, or with ``seed`` the same state and its randomness drawn from ``seed`` from now
+    on (:meth:`GroundTruth.reseed`); the caller closes it."""
+    clone = copy.deepcopy(node)
+    if seed is not None:
+        clone.reseed(seed)
+    return clone

@@ -37,6 +37,11 @@ class Need(Enum):
         return ground_truth(node) is not None
 
 
+# Mixed into a node's seed for the streams a calibration copy draws from (any constant other
+# than a run's own stream layout would do; this one spells "calibrate").
+CALIBRATION_STREAM = 0xCA11B
+
+
 @dataclass
 class Setup:
     """The node a controller is built for, as it is now (scenario loaded, groups created).
@@ -77,10 +82,15 @@ class Setup:
     def calibration(self, skip: str) -> Iterator[tuple[Node, Clock | None]]:
         """``(node, clock)`` where a controller may calibrate: a copy of the node when it can
         be copied (the run's node untouched), else the node itself when allowed; otherwise
-        :class:`Unavailable`, naming the options ``skip`` that make calibrating unnecessary."""
+        :class:`Unavailable`, naming the options ``skip`` that make calibrating unnecessary.
+
+        The copy draws its randomness from other streams than the node's (the node's seed
+        and :data:`CALIBRATION_STREAM`): calibrating on the run's own noise and requests
+        would fit the controller to the very realisation it is then judged on, where an
+        offline calibration sees another."""
         truth = self.truth
         if truth is not None:
-            copy = twin(truth)
+            copy = twin(truth, seed=(getattr(truth, "seed", 0), CALIBRATION_STREAM))
             try:
                 yield copy, copy
             finally:

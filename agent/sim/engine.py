@@ -314,6 +314,16 @@ class Engine:
         self._lookups = None  # and which entries have schedules to look up
         self._calm = None  # and when they next change
 
+    def reseed(self, b: int, seed: int | Sequence[int]) -> None:
+        """Node ``b``'s generators (its noise, its LC services' requests) continue from the
+        streams ``seed`` spawns, laid out as a reset lays them out. Their states change in
+        place: every view that holds them (the typed lists of the compiled draws, the
+        latency views) draws the new numbers with no rebuilding."""
+        streams = np.random.SeedSequence(seed).spawn(1 + len(self.scenarios[b].workloads))
+        self.rng[b].bit_generator.state = np.random.PCG64(streams[0]).state
+        for s in self.lc[b]:
+            s.rng.bit_generator.state = np.random.PCG64(streams[1 + s.index]).state
+
     def _table_index(self, table: LatencyTable) -> int:
         for k, t in enumerate(self._tables):
             if t is table:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -306,6 +306,13 @@ class SimNode(StepByParts):
     @property
     def seed(self) -> int:
         return self._seed
+
+    @_locked
+    def reseed(self, seed: int | Sequence[int]) -> None:
+        """GroundTruth.reseed: the measurement noise and the LC services' request streams
+        continue from ``seed``'s streams; occupancy, queues, time and the load schedules
+        (a bursty load's bursts included) stay as they are."""
+        self._engine.reseed(0, seed)
 
     def workloads(self) -> tuple[WorkloadView, ...]:
         """Which workload instance is in which group (simulated nodes only)."""

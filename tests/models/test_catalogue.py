@@ -489,6 +489,20 @@ def test_calibrated_options_given_skip_calibration() -> None:
     assert ubik.profiles["memcached"].target_ways == 4 and node.now() == 0.0
 
 
+def test_calibration_runs_on_a_copy_with_another_future_than_the_run() -> None:
+    """A controller calibrates on a copy of the node as it is now, drawing its noise and
+    requests from other streams: the run's own would fit it to what it is judged on."""
+    node = SimNode("copart_memcached", seed=3)
+    with Setup(node).calibration("x") as (copy, clock):
+        assert copy is not node and clock is copy and copy.now() == node.now()
+        copy.advance(1.0)
+        node.advance(1.0)
+        seen, run = copy.observe(), node.observe()
+    counts = [(s.instructions, s.latency.count if s.latency else None) for s in run.groups.values()]
+    drawn = [(s.instructions, s.latency.count if s.latency else None) for s in seen.groups.values()]
+    assert seen.groups.keys() == run.groups.keys() and drawn != counts
+
+
 def test_training_calibrates_like_evaluation() -> None:
     """Training's held-out comparison builds through the catalogue too: static's sweep on a
     copy of the episode's node (on this scenario and seed a differently seeded twin picks

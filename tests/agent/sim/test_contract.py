@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from agent.node import Clock, GroundTruth, Node, as_clock, ground_truth, twin
@@ -51,3 +52,32 @@ def test_simnode_offers_ground_truth_and_its_twin_continues_as_it_would() -> Non
     for g, s in a.groups.items():
         assert (s.instructions, s.llc_misses) == (b.groups[g].instructions, b.groups[g].llc_misses)
     copy.close()
+
+
+def _readings(node: SimNode) -> list[tuple]:
+    """Half a second of the node: each group's counters and LC requests, as observed."""
+    node.advance(0.5)
+    snap = node.observe()
+    return [
+        (s.instructions, s.llc_misses, s.latency.count if s.latency else None)
+        for _, s in sorted(snap.groups.items())
+    ]
+
+
+def test_a_reseeded_twin_holds_the_same_state_and_draws_another_future() -> None:
+    """twin(seed=...): the state of now (time, occupancy), the noise and requests of other
+    streams from now on, the same ones for the same seed."""
+    node = SimNode("copart_memcached", seed=4)
+    node.advance(1.0)
+    node.observe()
+    same = twin(node)
+    other, again = twin(node, seed=(4, 1)), twin(node, seed=(4, 1))
+    held, copied = node.occupancy(), other.occupancy()
+    assert other.now() == node.now() and held.keys() == copied.keys()
+    assert all(np.array_equal(held[k], copied[k]) for k in held)
+    expected = _readings(node)
+    assert _readings(same) == expected
+    drawn = _readings(other)
+    assert drawn != expected and _readings(again) == drawn
+    for copy in (same, other, again):
+        copy.close()
