@@ -145,7 +145,7 @@ class Ownership(Recovery):
 
     def _same(self, recorded: int | None, found: int) -> bool:
         """Whether a directory found with marker ``found`` is the one recorded."""
-        return recorded is None or not self.check_markers or recorded == found
+        return state.is_recorded(recorded, found, self.check_markers)
 
     def _clean_own_mon_groups(self) -> None:
         """rmdir the monitoring groups this node recorded as its own (left by a crashed

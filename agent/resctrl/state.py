@@ -233,6 +233,13 @@ def marker_of(path: str) -> int:
     return os.stat(path).st_ino
 
 
+def is_recorded(recorded: int | None, found: int, check_markers: bool) -> bool:
+    """Whether a directory found with marker ``found`` is the one whose marker was recorded
+    as ``recorded`` (None: recorded before markers were; ``check_markers`` False: a tree
+    whose inode numbers are not kernfs ids, as the FUSE emulator's: markers say nothing)."""
+    return recorded is None or not check_markers or recorded == found
+
+
 class Journal:
     """One intent record at a time, beside the state file (``<state>.intent``)."""
 

@@ -65,14 +65,11 @@ class ResctrlView:
         path = os.path.join(self.root, entry)
         if not os.path.isfile(os.path.join(path, "schemata")):
             return None
-        recorded = saved.markers.get(name)
-        if check_markers and recorded is not None:
-            try:
-                if state.marker_of(path) != recorded:
-                    return None
-            except FileNotFoundError:
-                return None
-        return path
+        try:
+            found = state.marker_of(path)
+        except FileNotFoundError:
+            return None
+        return path if state.is_recorded(saved.markers.get(name), found, check_markers) else None
 
     def capabilities(self) -> NodeCapabilities:
         return self._caps
