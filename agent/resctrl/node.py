@@ -25,12 +25,13 @@ observe.py (one interval's counters and latency).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from agent.errors import (
     GroupExists,
@@ -130,20 +131,6 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
         if check_markers is None:
             check_markers = discovery.mount_info(self.root, mounts).is_resctrl
         self.check_markers = check_markers
-        self._own_pmc = pmc == "auto"
-        self.pmc: PmcSource | None = _default_pmc() if pmc == "auto" else pmc  # type: ignore[assignment]
-        pmc_events, pmc_unsupported = _pmc_events(self.pmc)
-        with self._lock.shared():
-            self._caps = discovery.discover(
-                self.root,
-                mounts=mounts,
-                cache_size_path=cache_size_path,
-                cpuinfo=cpuinfo,
-                pmc_events=pmc_events,
-                pmc_unsupported=pmc_unsupported,
-            )
-        self._cdp = bool(self._caps.l3 and self._caps.l3.cdp)
-        self._digits = (self._caps.l3.cbm_mask.bit_length() + 3) // 4 if self._caps.l3 else 0
         self._specs: dict[str, GroupSpec] = {}
         self._markers: dict[str, int | None] = {}  # own group -> its directory's marker
         self._mon_groups: dict[str, int] = {}  # own monitoring group (path) -> marker
@@ -161,8 +148,18 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
         self._pmc_warned: dict[str, str] = {}
         self._last_observe = time.monotonic()
         self.cleaned_mon_groups: list[str] = []
-        self._instance = state.InstanceLock(self.state_path + ".lock")
-        with self._instance.released_on_error():
+        self._own_pmc = pmc == "auto"
+        self.pmc: PmcSource | None = _default_pmc() if pmc == "auto" else pmc  # type: ignore[assignment]
+        with _released_on_error() as acquired:  # a refused start leaves nothing open
+            if self._own_pmc and self.pmc is not None:  # a caller's reader stays the caller's
+                acquired.callback(_quietly, self.pmc.close, "the PMC reader")
+            self._caps = _capabilities(
+                self.root, self._lock, self.pmc, mounts, cache_size_path, cpuinfo
+            )
+            self._cdp = bool(self._caps.l3 and self._caps.l3.cdp)
+            self._digits = (self._caps.l3.cbm_mask.bit_length() + 3) // 4 if self._caps.l3 else 0
+            self._instance = state.InstanceLock(self.state_path + ".lock")
+            acquired.callback(_quietly, self._instance.release, "the instance lock")
             self._adopt()
 
     def _dirname(self, name: str) -> str:
@@ -380,6 +377,46 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
             self.pmc.close()
         self.pmc = None
         self._instance.release()  # another agent may take the state file over now
+
+
+@contextlib.contextmanager
+def _released_on_error() -> Iterator[contextlib.ExitStack]:
+    """An ExitStack for what a start acquires: its callbacks run, last first, only when the
+    block raises (a start that succeeds keeps everything, for ``close``)."""
+    with contextlib.ExitStack() as acquired:
+        yield acquired
+        acquired.pop_all()
+
+
+def _quietly(release: Callable[[], object], what: str) -> None:
+    """Release ``what`` after a refused start, logging an error of its own: the refusal is
+    what the operator must see, unchanged (an ExitStack would raise this one instead)."""
+    try:
+        release()
+    except Exception as exc:
+        log.warning("releasing %s after a refused start failed: %s", what, exc)
+
+
+def _capabilities(
+    root: str,
+    lock: ResctrlLock,
+    pmc: PmcSource | None,
+    mounts: str = "/proc/mounts",
+    cache_size_path: str = discovery.CACHE_SIZE,
+    cpuinfo: str = discovery.CPUINFO,
+) -> NodeCapabilities:
+    """What the resctrl mount at ``root`` offers (read under the shared ``lock``), with the
+    hardware events ``pmc`` counts."""
+    pmc_events, pmc_unsupported = _pmc_events(pmc)
+    with lock.shared():
+        return discovery.discover(
+            root,
+            mounts=mounts,
+            cache_size_path=cache_size_path,
+            cpuinfo=cpuinfo,
+            pmc_events=pmc_events,
+            pmc_unsupported=pmc_unsupported,
+        )
 
 
 def _state_path(root: str, prefix: str, state_dir: str | None) -> str:

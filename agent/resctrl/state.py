@@ -348,15 +348,6 @@ class InstanceLock:
         self._lock.release()
         self._lock = new
 
-    @contextlib.contextmanager
-    def released_on_error(self):
-        """Let go of the lock if the block fails (a start that did not finish)."""
-        try:
-            yield
-        except BaseException:
-            self.release()
-            raise
-
     def release(self) -> None:
         self._lock.release()
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from agent.resctrl import discovery, schemata, state
 from agent.resctrl.lock import ResctrlLock
-from agent.resctrl.node import _default_pmc, _pmc_events, _state_path
+from agent.resctrl.node import _capabilities, _default_pmc, _state_path
 from agent.types import Allocation, GroupSpec, NodeCapabilities, validate_group_name
 
 
@@ -32,13 +32,13 @@ class ResctrlView:
         self.root = os.path.abspath(root)
         self.prefix = prefix
         self.state_path = _state_path(self.root, prefix, state_dir)
-        self._pmc = _default_pmc()
-        events, unsupported = _pmc_events(self._pmc)
-        self._lock = ResctrlLock(self.root)
-        with self._lock.shared():  # a consistent read; the flock makes no file
-            self._caps = discovery.discover(
-                self.root, pmc_events=events, pmc_unsupported=unsupported
-            )
+        self._lock = ResctrlLock(self.root)  # consistent reads: the flock makes no file
+        pmc = _default_pmc()
+        try:
+            self._caps = _capabilities(self.root, self._lock, pmc)
+        finally:  # the view counts nothing: only what the reader can count here was needed
+            if pmc is not None:
+                pmc.close()
         saved = state.load(self.state_path, keep_aside=False)
         if check_markers is None:
             check_markers = discovery.mount_info(self.root).is_resctrl
@@ -94,5 +94,4 @@ class ResctrlView:
         return Allocation(out)
 
     def close(self) -> None:
-        if self._pmc is not None:
-            self._pmc.close()
+        """Nothing to release: the view holds nothing open between calls."""

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 
 import pytest
 
+import agent.pmc
+from agent.pmc import PmcReader
 from agent.resctrl import ResctrlNode
 from tests.emulated_resctrl import PRESET_NAMES, Emulated, emulated_resctrl, sleeping_tasks
 
@@ -56,3 +59,25 @@ def node(emu: Emulated) -> Iterator[ResctrlNode]:
         yield n
     finally:
         n.close()
+
+
+class CountingFromTheStart(PmcReader):
+    """agent.pmc's reader holding real counters (software events through perf_event_open)
+    from its construction on. The reader as shipped holds none until a group is tracked
+    (its probe closes each event it opens), so a reader left unclosed by a start that
+    failed shows in the process's descriptors only with this one."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(("task_clock", "page_faults"))
+        self.track("start", tids=[threading.get_native_id()])
+
+
+@pytest.fixture
+def counting_from_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pmc="auto"`` builds a :class:`CountingFromTheStart`."""
+    monkeypatch.setattr(agent.pmc, "PmcReader", CountingFromTheStart)
+
+
+def fd_count() -> int:
+    """The descriptors this process holds (the listing's own included, as every time)."""
+    return len(os.listdir("/proc/self/fd"))

@@ -44,9 +44,9 @@ from agent.types import (
     GroupSpec,
     LatencyStats,
 )
-from tests.agent.pmc.conftest import open_fds
+from tests.agent.pmc.conftest import open_fds, perf_fds
 from tests.agent.pmc.workload import Child
-from tests.agent.resctrl.conftest import make_node, unknown_pid
+from tests.agent.resctrl.conftest import fd_count, make_node, unknown_pid
 from tests.emulated_resctrl import Emulated, _unmount, emulated_resctrl
 
 PREFIX = "rdtune-"
@@ -1343,8 +1343,83 @@ def test_a_state_directory_others_could_write_is_refused_at_start(
         if os.geteuid() != 0:
             pytest.skip("only root can give a directory to another user")
         os.chown(state_dir, owner, -1)
-    # pmc=None: a node refused half-built would leave its counters' descriptors to the GC
     with pytest.raises(StateUnwritable, match=f"refusing the state directory .*{why}") as err:
-        make_node(intel, state_dir=str(state_dir), pmc=None)
+        make_node(intel, state_dir=str(state_dir))
     assert "\n" not in str(err.value)
     assert os.listdir(state_dir) == []
+
+
+# ---------------------------------------------------------------------- refused at start
+# Each refusal yields the node's arguments, and the error and message the start must give.
+Refusal = Callable[[Emulated, Path], contextlib.AbstractContextManager[tuple[dict, type, str]]]
+
+
+@contextlib.contextmanager
+def _not_resctrl(emu: Emulated, tmp_path: Path) -> Iterator[tuple[dict, type, str]]:
+    yield {"root": str(tmp_path)}, FileNotFoundError, "is not a resctrl filesystem"
+
+
+@contextlib.contextmanager
+def _unsafe_state_dir(emu: Emulated, tmp_path: Path) -> Iterator[tuple[dict, type, str]]:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    state_dir.chmod(0o777)
+    yield {"state_dir": str(state_dir)}, StateUnwritable, "group or others can write it"
+
+
+@contextlib.contextmanager
+def _another_agent(emu: Emulated, tmp_path: Path) -> Iterator[tuple[dict, type, str]]:
+    other = make_node(emu, pmc=None)
+    try:
+        yield {}, InUse, "another rdtune agent"
+    finally:
+        other.close()
+
+
+@contextlib.contextmanager
+def _root_busy_at_adoption(emu: Emulated, tmp_path: Path) -> Iterator[tuple[dict, type, str]]:
+    """Another resctrl user reading (LOCK_SH): discovery shares the lock, the adoption
+    after the instance lock is taken times out on its exclusive one."""
+    fd = os.open(emu.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield {"lock_timeout_s": 0.05}, KernelError, "another resctrl user"
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [_not_resctrl, _unsafe_state_dir, _another_agent, _root_busy_at_adoption],
+    ids=["not resctrl", "unsafe state dir", "another agent", "root busy at adoption"],
+)
+@pytest.mark.parametrize("reader", ["auto", "auto, counting from the start", "the caller's"])
+def test_a_start_refused_leaves_nothing_open(
+    intel: Emulated, tmp_path: Path, request: pytest.FixtureRequest, refusal: Refusal, reader: str
+) -> None:
+    """A refused start (the agent's, retried) closes the PMC reader it made and lets go of
+    the instance lock, last first, and raises the refusal itself; a reader the caller
+    passed stays open, counting (before, the node's own reader was left to the GC)."""
+    mine = None
+    if reader == "the caller's":
+        mine = PmcReader(("task_clock",))
+        mine.track("mine", tids=[threading.get_native_id()])
+    elif reader.endswith("from the start"):
+        request.getfixturevalue("counting_from_the_start")
+    try:
+        with refusal(intel, tmp_path) as (kwargs, raised, match):
+            root = kwargs.pop("root", intel.root)
+            kwargs.setdefault("state_dir", intel.state_dir)
+            fds, perf = fd_count(), perf_fds()
+            for _ in range(3):
+                with pytest.raises(raised, match=match) as err:
+                    ResctrlNode(root, pmc=mine or "auto", **kwargs)
+                assert type(err.value) is raised
+            assert (fd_count(), perf_fds()) == (fds, perf)
+        if mine is not None:
+            assert mine.tracked() == ("mine",) and mine.fd_count == 1
+            assert mine.read_deltas()["mine"]["task_clock"] > 0
+        make_node(intel, pmc=None).close()  # no refused start holds the state file
+    finally:
+        if mine is not None:
+            mine.close()

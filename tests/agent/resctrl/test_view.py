@@ -10,6 +10,8 @@ import pytest
 from agent.resctrl import ResctrlNode
 from agent.resctrl.view import ResctrlView
 from agent.types import SLO, GroupKind, GroupSpec
+from tests.agent.pmc.conftest import perf_fds
+from tests.agent.resctrl.conftest import fd_count
 from tests.emulated_resctrl import Emulated, emulated_resctrl
 
 PREFIX = "rdtune-"
@@ -69,3 +71,18 @@ def test_the_view_shows_the_agents_directories_and_no_other_tools(
             assert set(view.allocation().groups) == set(groups)
         finally:
             view.close()
+
+
+@pytest.mark.usefixtures("counting_from_the_start")
+def test_a_view_holds_no_counters_and_a_refused_one_leaves_nothing_open(tmp_path) -> None:
+    """The view only says which events count here: it closes the PMC reader it asked at
+    once, and also when the root is refused (before, both waited for close or the GC)."""
+    with emulated_resctrl("intel-20way") as emu:
+        fds, perf = fd_count(), perf_fds()
+        view = ResctrlView(emu.root, state_dir=emu.state_dir)
+        assert (fd_count(), perf_fds()) == (fds, perf)
+        view.close()
+        for _ in range(3):
+            with pytest.raises(FileNotFoundError, match="is not a resctrl filesystem"):
+                ResctrlView(str(tmp_path), state_dir=emu.state_dir)
+        assert (fd_count(), perf_fds()) == (fds, perf)
