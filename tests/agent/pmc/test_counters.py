@@ -308,6 +308,16 @@ def test_vanished_pid_is_esrch(child_factory):
     assert info.value.pid == child.pid and info.value.code == "NOT_FOUND"
 
 
+def test_a_target_refused_part_way_closes_the_groups_already_open():
+    """The groups of the targets opened before one is refused are closed by the refusal,
+    not left to the GC (the traceback, kept here, holds the half-built counters)."""
+    base = perf_fds()
+    gone = unknown_pid()
+    with pytest.raises(PmcTaskGone, match=rf"no task with pid {gone}") as info:
+        GroupCounters.for_pids([os.getpid(), gone], TRIO)
+    assert info.value.pid == gone and perf_fds() == base
+
+
 def test_unsupported_event_says_why():
     try:
         GroupCounters.for_task(["instructions"]).close()
