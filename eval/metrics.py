@@ -22,7 +22,9 @@ Definitions (shared by the demo, ``rdtune eval`` and the RL evaluation):
 - Normalised tail: per LC group, its mean tail over the mean tail of the same service alone
   on the machine (same load, seed and interval, every way and full bandwidth, over the
   run's length), averaged over LC groups (:func:`sim_alone_tails` measures the reference
-  on a simulated node).
+  on a simulated node). A run that overloaded an LC service (its tail infinite: the queue
+  grew without bound) has an infinite normalised tail, as its mean tail is: the report
+  counts such runs apart rather than average them (eval/report.py).
 """
 
 from __future__ import annotations
@@ -266,8 +268,10 @@ def lc_tails(records: Sequence[StepRecord], groups: Mapping[str, GroupSpec]) -> 
 
 def normalized_tail(tails: Mapping[str, float], alone: Mapping[str, float]) -> float:
     """Mean over LC groups of tail / tail alone (1 = as good as running alone; NaN when no
-    group has a reference)."""
-    ratios = [t / alone[g] for g, t in tails.items() if alone.get(g, 0) > 0 and math.isfinite(t)]
+    group has a reference). Infinite when some group's tail is (a service the run
+    overloaded, its queue growing without bound): left out, the service vanished from the
+    mean, and the run that starved it looked better than one that kept it barely alive."""
+    ratios = [t / alone[g] for g, t in tails.items() if alone.get(g, 0) > 0 and not math.isnan(t)]
     return statistics.fmean(ratios) if ratios else float("nan")
 
 

@@ -13,7 +13,17 @@ reason. Each run also records whether the oracle can plan it with its margin
 The paired table (:func:`paired_comparisons`) compares one controller (the *reference*,
 by default the learned policy) with each other one over the same (scenario, seed) runs:
 the mean difference reference - other of SLO violations (feasible runs only), weighted
-speedup and unfairness, each with its 95% CI, and the reference's win rate. Plots:
+speedup, unfairness and LC tail / alone, each with its 95% CI, and the reference's win
+rate.
+
+A run that overloaded an LC service (its queue grew without bound) has an infinite tail
+(eval/metrics.py). Its tail is neither averaged (the mean would be infinite) nor dropped
+unsaid (the controller that starved a service looked better than one that kept it
+barely alive): a tail cell is the mean over the runs with a finite tail and says how many
+runs were overloaded (:class:`TailEstimate`), a paired tail counts a pair only one side of
+which overloaded a service as a win or loss, not in the mean, and makes no claim against
+such a pair (eval/stats.py), and the plots mark those runs at their top
+(:func:`mark_overloaded`). Plots:
 
 - ``tail_vs_ways.png``: LC tail latency (and contender throughput) against the ways of a
   static allocation, when the suite sweeps them (catbench's figure);
@@ -101,11 +111,68 @@ def _cell(
     return fmt
 
 
+# The LC tails (eval/metrics.py): infinite in a run that overloaded an LC service.
+TAILS = ("tail_latency_ms", "tail_normalized")
+
+
+@dataclass(frozen=True)
+class TailEstimate(Estimate):
+    """An LC tail's cell: the mean and interval over the runs whose tail is finite (as
+    every cell's), and of the runs with a tail, how many had an infinite one (a service
+    overloaded, its queue growing without bound). Averaged in, one such run would make
+    the mean infinite; left out unsaid, it made the controller that starved a service
+    look better than one that kept it barely alive."""
+
+    overloaded: int = 0
+    runs: int = 0
+
+
+def cell_estimate(key: str, values: Sequence[float], groups: Sequence[str]) -> Estimate:
+    """Metric ``key``'s cell over ``values`` (runs of the ``groups`` scenarios,
+    :func:`~eval.stats.mean_ci_over`); of an LC tail, a :class:`TailEstimate`."""
+    est = mean_ci_over(values, groups)
+    if key not in TAILS:
+        return est
+    runs = [v for v in values if not math.isnan(v)]
+    over = sum(v == math.inf for v in runs)
+    return TailEstimate(est.mean, est.half_width, est.n, overloaded=over, runs=len(runs))
+
+
+def overloaded_note(e: Estimate) -> str:
+    """ "k of n runs overloaded" for a :class:`TailEstimate` with overloaded runs, else ""."""
+    k = getattr(e, "overloaded", 0)
+    return f"{k} of {e.runs} runs overloaded" if k else ""
+
+
+def _tail_cell(key: str, spec: str | None) -> Callable[[Estimate], str]:
+    """An LC tail column's formatter: :func:`_cell`'s, and how many runs overloaded a
+    service (:func:`overloaded_note`), or that alone when every run did."""
+    fmt = _cell(key, spec)
+
+    def cell(e: Estimate) -> str:
+        note = overloaded_note(e)
+        if not note:
+            return fmt(e)
+        return f"{fmt(e)} ({note})" if e.n else note
+
+    return cell
+
+
 # The footnote on intervals cut to a metric's range (Estimate.cell), for every report.
 CUT_NOTE = (
     "where that interval passes an end of the values a metric can take (a rate below 0% "
     "or above 100%, a time, ratio or throughput below 0), the cell gives it cut there, as "
     "mean [low, high] (results.json keeps the t interval whole)."
+)
+
+# The note on overloaded runs in the tail cells and the paired tail column, for every report.
+OVERLOAD_NOTE = (
+    "A run that overloaded an LC service (its queue grew without bound) has an infinite "
+    "tail: a tail cell's mean and interval are over the runs with a finite one, and the "
+    'cell says how many were overloaded ("1 of 6 runs overloaded"); in the paired tail '
+    "column a pair only one side of which overloaded a service is a win or loss but not in "
+    "the mean, the cell counts them per side, and where one goes against the mean no "
+    'claim is made ("no claim", no *).'
 )
 
 
@@ -115,8 +182,8 @@ COLUMNS: tuple[tuple[str, str, Callable[[Estimate], str]], ...] = (
     ("slo_infeasible", "SLO viol. (infeasible)", _cell("slo_infeasible", ".1f", percent=True)),
     ("slo_unlabelled", "SLO violations", _cell("slo_unlabelled", ".1f", percent=True)),
     # latencies span microseconds to seconds: decimals from the interval, not one format
-    ("tail_latency_ms", "LC tail (ms)", _cell("tail_latency_ms", None)),
-    ("tail_normalized", "tail / alone", _cell("tail_normalized", ".2f")),
+    ("tail_latency_ms", "LC tail (ms)", _tail_cell("tail_latency_ms", None)),
+    ("tail_normalized", "tail / alone", _tail_cell("tail_normalized", ".2f")),
     ("unfairness", "unfairness", _cell("unfairness", ".3f")),
     ("weighted_speedup", "weighted speedup", _cell("weighted_speedup", ".2f")),
     ("batch_ips", "batch IPS (G/s)", _cell("batch_ips", ".2f", per=1e9)),
@@ -147,7 +214,9 @@ def estimates(
     for label in _order([r.controller for r in ok]):
         runs = [r for r in ok if r.controller == label]
         where = [r.scenario for r in runs]
-        out[label] = {k: mean_ci_over([_metric(r, k) for r in runs], where) for k, _, _ in COLUMNS}
+        out[label] = {
+            k: cell_estimate(k, [_metric(r, k) for r in runs], where) for k, *_ in COLUMNS
+        }
     return out
 
 
@@ -231,9 +300,10 @@ def slo_judged(r: JobResult) -> bool:
 
 
 def columns(results: Sequence[JobResult]) -> list[tuple[str, str, Callable[[Estimate], str]]]:
-    """The :data:`COLUMNS` some run of ``results`` has a value for."""
+    """The :data:`COLUMNS` some run of ``results`` has a value for (an infinite one too:
+    a tail column whose every run overloaded a service says so)."""
     ok = [r for r in results if not r.error]
-    keep = [c for c in COLUMNS if any(math.isfinite(_metric(r, c[0])) for r in ok)]
+    keep = [c for c in COLUMNS if any(not math.isnan(_metric(r, c[0])) for r in ok)]
     return keep or list(COLUMNS[3:])
 
 
@@ -386,12 +456,12 @@ def pivot(results: Sequence[JobResult], key: str, infeasible: Collection[str] = 
     ok = [r for r in results if not r.error]
     scenarios = _order([r.scenario for r in ok])
     labels = _order([r.controller for r in ok])
-    cells = {
-        (s, c): mean_ci([_metric(r, key) for r in ok if r.scenario == s and r.controller == c])
-        for s in scenarios
-        for c in labels
-    }
-    if not any(e.n for e in cells.values()):
+    cells = {}
+    for s in scenarios:
+        for c in labels:
+            values = [_metric(r, key) for r in ok if r.scenario == s and r.controller == c]
+            cells[s, c] = cell_estimate(key, values, [s] * len(values))
+    if not any(e.n or overloaded_note(e) for e in cells.values()):
         return None
     lines = ["| scenario | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
     for s in scenarios:
@@ -408,6 +478,8 @@ PAIRED_METRICS: tuple[tuple[str, str, bool, float, str], ...] = (
     # infeasible run, keeping the SLOs as nearly as possible costs batch throughput)
     ("weighted_speedup_feasible", "weighted speedup (feasible runs)", True, 1.0, ""),
     ("unfairness", "unfairness", False, 1.0, ""),
+    # an overloaded service's infinite tail: a win or loss, not in the mean (eval/stats.py)
+    ("tail_normalized", "LC tail / alone", False, 1.0, ""),
 )
 # Paired on feasible runs only (the same (scenario, seed) has the same label for every
 # controller).
@@ -632,8 +704,22 @@ def paired_row(
         cell = paired_cell(p, scale, unit, difference_bounds(key))
         if p.pairs and paired_shape(p) != column_shape(comp, key):
             cell += f" ({shape_words(paired_shape(p))})"
-        cells += [cell, f"{p.win_rate:.0%}" if p.n else "-"]
+        cell += unbounded_note(p, comp["reference"], row["controller"])
+        cells += [cell, f"{p.win_rate:.0%}" if p.pairs else "-"]
     return cells
+
+
+def unbounded_note(p: Paired, reference: str, other: str) -> str:
+    """For a paired tail with pairs only one side of which overloaded an LC service (an
+    infinite tail: a win or loss, not in the mean, eval/stats.py), how many each side
+    overloaded, and "no claim" where one goes against the mean; else ""."""
+    if not (p.worse_unbounded or p.better_unbounded):
+        return ""
+    refused = "; no claim" if p.contradicted else ""
+    return (
+        f" (overloaded where the other was not: {reference} in {p.worse_unbounded}, "
+        f"{other} in {p.better_unbounded} pairs{refused})"
+    )
 
 
 def paired_metrics(comp: dict[str, Any]) -> list[tuple[str, str, bool, float, str]]:
@@ -644,7 +730,7 @@ def paired_metrics(comp: dict[str, Any]) -> list[tuple[str, str, bool, float, st
     return [
         m
         for m in PAIRED_METRICS
-        if any(row["metrics"][m[0]].n for row in rows)
+        if any(row["metrics"][m[0]].pairs for row in rows)
         and not (
             m[0] == "weighted_speedup_feasible"
             and all(row["metrics"][m[0]].pairs == row["pairs"] for row in rows)
@@ -724,8 +810,47 @@ def _plt():
     return plt
 
 
+def overload_counts(values: Sequence[float]) -> tuple[int, int]:
+    """Of ``values`` (runs' tails), how many are infinite (a service overloaded) and how
+    many have a value at all."""
+    have = [v for v in values if not math.isnan(v)]
+    return sum(v == math.inf for v in have), len(have)
+
+
+def mark_overloaded(ax, points: Sequence[tuple[float, int, int]], color: str = "black") -> bool:
+    """At each ``(x, overloaded, runs)`` with overloaded runs, a hollow triangle at the top
+    of ``ax`` and "k/n overloaded": those runs have no point on a tail axis (an infinite
+    tail), and are not to vanish from the figure. Whether any was marked."""
+    marked = [(x, k, n) for x, k, n in points if k]
+    top = ax.get_xaxis_transform()  # x in data, y in the axes' fraction
+    for x, k, n in marked:
+        ax.plot([x], [0.97], marker="^", mfc="none", color=color, transform=top, clip_on=False)
+        ax.annotate(
+            f"{k}/{n} overloaded",
+            (x, 0.97),
+            xycoords=top,
+            textcoords="offset points",
+            xytext=(4, -10),
+            fontsize=7,
+            color=color,
+        )
+    return bool(marked)
+
+
+def headroom(ax, share: float = 0.15) -> None:
+    """Room above the data (``share`` of the axis, in its scale) for the marks
+    :func:`mark_overloaded` puts at the top; call once the axis has its data and scale."""
+    lo, hi = ax.get_ylim()
+    if ax.get_yscale() == "log" and lo > 0:
+        ax.set_ylim(lo, hi * (hi / lo) ** share)
+    else:
+        ax.set_ylim(lo, hi + share * (hi - lo))
+
+
 def plot_tail_vs_ways(results: Sequence[JobResult], path: Path) -> Path | None:
-    """Tail latency and contender throughput vs the static allocation's ways (a sweep)."""
+    """Tail latency and contender throughput vs the static allocation's ways (a sweep);
+    the ways where some run overloaded the service (an infinite tail) are marked at the
+    top (:func:`mark_overloaded`), the line through the runs with a finite tail."""
     runs = [r for r in results if not r.error and "ways" in r.options]
     if not runs:
         return None
@@ -734,16 +859,15 @@ def plot_tail_vs_ways(results: Sequence[JobResult], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(scenarios), figsize=(6.5 * len(scenarios), 4.2), squeeze=False)
     for ax, scn in zip(axes[0], scenarios, strict=True):
         pts = sorted({int(r.options["ways"]) for r in runs if r.scenario == scn})
-        tail = [
-            mean_ci(
-                [
-                    r.metrics["tail_latency_ms"]
-                    for r in runs
-                    if r.scenario == scn and int(r.options["ways"]) == w
-                ]
-            )
+        tails = [
+            [
+                _metric(r, "tail_latency_ms")
+                for r in runs
+                if r.scenario == scn and int(r.options["ways"]) == w
+            ]
             for w in pts
         ]
+        tail = [mean_ci(v) for v in tails]
         ips = [
             mean_ci(
                 [
@@ -769,6 +893,9 @@ def plot_tail_vs_ways(results: Sequence[JobResult], path: Path) -> Path | None:
         slo = _slo_of(runs, scn)
         if slo:
             ax.axhline(slo, color="tab:red", linestyle=":", linewidth=1, label=f"SLO {slo:g} ms")
+        if mark_overloaded(ax, [(w, *overload_counts(v)) for w, v in zip(pts, tails, strict=True)]):
+            ax.plot([], [], marker="^", mfc="none", color="black", ls="none", label="overloaded")
+            headroom(ax)
         ax2 = ax.twinx()
         ax2.errorbar(
             pts,
@@ -846,12 +973,15 @@ def plot_unfairness(results: Sequence[JobResult], path: Path) -> Path | None:
 
 
 def plot_tradeoff(results: Sequence[JobResult], path: Path) -> Path | None:
-    """LC tail (normalised, or in ms without references) vs batch weighted speedup."""
+    """LC tail (normalised, or in ms without references) vs batch weighted speedup: per
+    controller and scenario the mean of the runs with a finite tail, and the runs that
+    overloaded a service (an infinite tail) marked at the top at their mean speedup
+    (:func:`mark_overloaded`): dropped, a controller starving a service looked better."""
     ok = [r for r in results if not r.error]
     key = "tail_normalized"
-    if not any(math.isfinite(r.metrics.get(key, math.nan)) for r in ok):
+    if not any(not math.isnan(_metric(r, key)) for r in ok):
         key = "tail_latency_ms"
-    ok = [r for r in ok if math.isfinite(r.metrics.get(key, math.nan))]
+    ok = [r for r in ok if not math.isnan(_metric(r, key))]
     xkey = "weighted_speedup"
     if not any(math.isfinite(r.metrics.get(xkey, math.nan)) for r in ok):
         xkey = "batch_ips"
@@ -864,28 +994,20 @@ def plot_tradeoff(results: Sequence[JobResult], path: Path) -> Path | None:
     markers = "os^Dv<>pPX*h"
     cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "viridis")
     fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    marked = False
     for i, label in enumerate(labels):
         color = cmap(i if len(labels) <= 10 else i / max(1, len(labels) - 1))
+        ax.plot([], [], marker=markers[0], color=color, linestyle="none", label=label)
         for j, scn in enumerate(scenarios):
             runs = [r for r in ok if r.controller == label and r.scenario == scn]
-            if not runs:
-                continue
-            x = mean_ci([r.metrics[xkey] for r in runs])
-            y = mean_ci([r.metrics[key] for r in runs])
-            ax.errorbar(
-                x.mean,
-                y.mean,
-                xerr=_hw(x),
-                yerr=_hw(y),
-                marker=markers[j % len(markers)],
-                color=color,
-                capsize=2,
-                linestyle="none",
-                label=label if j == 0 else None,
-            )
+            if runs:
+                marked |= _tradeoff_point(ax, runs, (xkey, key), markers[j % len(markers)], color)
     for j, scn in enumerate(scenarios if len(scenarios) > 1 else []):
         ax.plot([], [], marker=markers[j % len(markers)], color="gray", linestyle="none", label=scn)
     ax.set_yscale("log")
+    if marked:
+        ax.plot([], [], marker="^", mfc="none", color="gray", ls="none", label="overloaded")
+        headroom(ax)
     ax.set_xlabel(
         "batch weighted speedup (sum of IPS / IPS alone)"
         if xkey == "weighted_speedup"
@@ -903,6 +1025,30 @@ def plot_tradeoff(results: Sequence[JobResult], path: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _tradeoff_point(
+    ax, runs: Sequence[JobResult], keys: tuple[str, str], marker: str, color
+) -> bool:
+    """One controller's runs of one scenario on the trade-off plot: the mean of those with
+    a finite tail, and a mark at the top, at the runs' mean speedup, for those that
+    overloaded a service; whether there were such runs."""
+    xkey, key = keys
+    x = mean_ci([r.metrics[xkey] for r in runs])
+    tails = [_metric(r, key) for r in runs]
+    y = mean_ci(tails)
+    if y.n:
+        ax.errorbar(
+            x.mean,
+            y.mean,
+            xerr=_hw(x),
+            yerr=_hw(y),
+            marker=marker,
+            color=color,
+            capsize=2,
+            linestyle="none",
+        )
+    return mark_overloaded(ax, [(x.mean, *overload_counts(tails))], color=color)
 
 
 def plot_timeline(
@@ -1030,7 +1176,7 @@ def write_report(
         "there, eval/feasibility.py); tail / alone: "
         "the LC tail latency over the same service's alone on the machine; unfairness: "
         "CoPart's stddev/mean of batch slowdowns; weighted speedup: sum of batch IPS / IPS "
-        "alone.",
+        f"alone. {OVERLOAD_NOTE}",
         "",
     ]
     comp = None

@@ -160,6 +160,7 @@ VERDICT_WORDS = {
     "weighted_speedup": "weighted speedup",
     "weighted_speedup_feasible": "weighted speedup on feasible runs",
     "unfairness": "unfairness",
+    "tail_normalized": "LC tail / alone",
 }
 
 
@@ -209,7 +210,8 @@ def _suite_section(
             f"{ci_basis(comp)}; * marks a CI that excludes 0; wins: share of runs "
             f"{comp['reference']} did better (ties half); SLO violations on feasible runs "
             "only, in percentage points; where some runs are infeasible, weighted speedup "
-            "also over the feasible runs alone.",
+            "also over the feasible runs alone; a run that overloaded an LC service counts "
+            "in the tail column as said above.",
             "",
             paired_table(comp),
             "",
@@ -318,7 +320,7 @@ def _training_section() -> list[str]:
 def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -> Path:
     """Write the document from ``runs/<suite>/results.json``."""
     from eval.bench.harness import machine
-    from eval.report import CUT_NOTE, load_results
+    from eval.report import CUT_NOTE, OVERLOAD_NOTE, load_results
     from eval.suites import load_suites
 
     known = load_suites()
@@ -373,7 +375,7 @@ def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -
         + CUT_NOTE
         + " A paired SLO difference's interval past ±100 pp is cut likewise.",
         "- **tail / alone**: LC tail over the same service alone on the machine (same "
-        "loads, over the run's length); "
+        "loads, over the run's length); " + OVERLOAD_NOTE + " "
         "**unfairness**: CoPart's stddev/mean of batch slowdowns; **weighted speedup**: "
         "sum of batch IPS / IPS alone; **decide**: median wall time of a decision (the "
         "intervals a slower cadence, `decide_s`, skips are not decisions).",

@@ -13,6 +13,15 @@ of one scenario gets the interval over its seeds, which then covers the seeds' n
 scenario differs by exactly the same amount (no spread to build a t interval on) the exact
 two-sided sign test decides instead, which needs :data:`SIGN_TEST_MIN` of them.
 
+A pair where one side's value is infinite and the other's is not (an LC service one
+controller overloaded, its tail infinite) has no finite difference to average, but it has
+a winner: it counts as a win or loss (``Paired.better_unbounded``/``worse_unbounded``),
+not in the mean. The mean over the finite pairs then claims nothing against such a pair:
+where one goes the other way than that mean (A overloaded a service where B did not, and
+the finite pairs say A is better), the claim is refused (not significant, no p-value), as
+the finite pairs alone would say A beats B. Pairs where both sides are equally infinite
+are ties.
+
 No SciPy here: two-sided 95% quantiles of Student's t for 1..30 degrees of freedom are
 tabulated (standard tables, 3 decimals), and above 30 the Cornish-Fisher expansion around
 the normal quantile (Abramowitz & Stegun 26.7.5) is used, accurate to about 1e-4 there.
@@ -231,6 +240,8 @@ class Paired:
         higher_is_better: the metric's direction (it decides what a win is).
         unit: ``scenarios`` (each one's seeds averaged first) or ``pairs`` (the pairs of
             one scenario, or pairs given without their scenarios).
+        better_unbounded, worse_unbounded: of the wins and losses, the pairs where one
+            side's value was infinite and the other's not (module docstring).
     """
 
     diff: Estimate
@@ -239,6 +250,10 @@ class Paired:
     ties: int
     higher_is_better: bool
     unit: str = "pairs"
+    # of the wins and losses, those where one side's value was infinite and the other's
+    # not: A infinitely better, infinitely worse (not in ``diff``)
+    better_unbounded: int = 0
+    worse_unbounded: int = 0
 
     @property
     def n(self) -> int:
@@ -255,11 +270,24 @@ class Paired:
         return (self.wins + 0.5 * self.ties) / self.pairs if self.pairs else math.nan
 
     @property
+    def contradicted(self) -> int:
+        """The pairs with an infinite difference that go against the finite pairs' mean
+        (A infinitely worse where that mean says A is better, or the other way round): the
+        claim that mean would make is refused while there is one."""
+        d = self.diff
+        if not d.n or d.mean == 0 or not math.isfinite(d.mean):
+            return 0
+        a_better = (d.mean > 0) == self.higher_is_better
+        return self.worse_unbounded if a_better else self.better_unbounded
+
+    @property
     def significant(self) -> bool:
         """True when the 95% CI of the mean difference excludes 0; where the units all
-        differ by the same amount (a CI of width 0), when the exact sign test says so."""
+        differ by the same amount (a CI of width 0), when the exact sign test says so.
+        Never while a pair with an infinite difference goes the other way
+        (:attr:`contradicted`)."""
         d = self.diff
-        if d.n < 2 or not math.isfinite(d.half_width) or d.mean == 0:
+        if d.n < 2 or not math.isfinite(d.half_width) or d.mean == 0 or self.contradicted:
             return False
         if d.half_width > 0:
             return abs(d.mean) > d.half_width
@@ -269,9 +297,10 @@ class Paired:
     def p_value(self) -> float:
         """The two-sided p-value of the test :attr:`significant` makes (Student's t over the
         units; the exact sign test where they all differ by the same amount); NaN with
-        fewer than two units."""
+        fewer than two units, or where the claim is refused (:attr:`contradicted`): no
+        test is made then."""
         d = self.diff
-        if d.n < 2 or not math.isfinite(d.half_width):
+        if d.n < 2 or not math.isfinite(d.half_width) or self.contradicted:
             return math.nan
         if d.mean == 0:
             return 1.0
@@ -301,6 +330,9 @@ class Paired:
             "wins": self.wins,
             "losses": self.losses,
             "ties": self.ties,
+            "better_unbounded": self.better_unbounded,
+            "worse_unbounded": self.worse_unbounded,
+            "claim_refused": bool(self.contradicted),
             "win_rate": self.win_rate if self.pairs else None,
             "higher_is_better": self.higher_is_better,
             "significant": self.significant,
@@ -317,8 +349,11 @@ def paired(
     groups: Sequence[Hashable] | None = None,
 ) -> Paired:
     """Compare ``a[i]`` with ``b[i]`` (the same pair of runs); pairs where either is missing
-    or not finite are left out. ``tie``: absolute differences up to it are ties, and count
-    as 0 in the mean too (two controllers doing the same thing differ by rounding alone).
+    (None, NaN) are left out, and so are those whose values are finite but their difference
+    is not. A pair with an infinite value counts as a win, loss or tie (equal infinities),
+    and not in the mean (module docstring). ``tie``: absolute differences up to it are
+    ties, and count as 0 in the mean too (two controllers doing the same thing differ by
+    rounding alone).
     ``groups``: each pair's scenario; from two scenarios on, the interval is over the
     scenarios' mean differences (module docstring), else over the pairs."""
     if len(a) != len(b) or (groups is not None and len(groups) != len(a)):
@@ -326,9 +361,17 @@ def paired(
         raise ValueError(f"paired samples need equal lengths, got {len(a)} and {len(b)}{n_groups}")
     diffs: list[float] = []
     units: list[Hashable] = []
-    wins = losses = ties = 0
+    wins = losses = ties = better_unbounded = worse_unbounded = 0
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)):
+        if x is None or y is None or math.isnan(x) or math.isnan(y):
+            continue
+        if math.isinf(x) or math.isinf(y):
+            if x == y:
+                ties += 1
+            elif (x > y) == higher_is_better:
+                wins, better_unbounded = wins + 1, better_unbounded + 1
+            else:
+                losses, worse_unbounded = losses + 1, worse_unbounded + 1
             continue
         d = float(x) - float(y)
         if not math.isfinite(d):  # both finite, their difference beyond a float
@@ -344,4 +387,6 @@ def paired(
         units.append(i if groups is None else groups[i])
     diff = mean_ci_over(diffs, units, tie)
     over = "scenarios" if groups is not None and len(set(units)) > 1 else "pairs"
-    return Paired(diff, wins, losses, ties, higher_is_better, unit=over)
+    return Paired(
+        diff, wins, losses, ties, higher_is_better, over, better_unbounded, worse_unbounded
+    )

@@ -17,6 +17,7 @@ from agent.types import (
     Snapshot,
 )
 from eval.metrics import (
+    normalized_tail,
     pooled_percentile,
     slo_windows,
     summarize,
@@ -43,6 +44,31 @@ from models.controller import KEEP, Decision, StepRecord
 )
 def test_unfairness(slowdowns: list[float], expected: float) -> None:
     assert unfairness(slowdowns) == pytest.approx(expected, nan_ok=True)
+
+
+INF = math.inf
+ALONE = {"kv": 1.0, "web": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("tails", "expected"),
+    [
+        ({"kv": 3.0, "web": 2.0}, 2.5),
+        # kv overloaded (its queue grew without bound): the run's figure is infinite, not
+        # web's 2.0 alone (kv left out, the run read better than the one above)
+        ({"kv": INF, "web": 2.0}, INF),
+        ({"kv": math.nan, "web": 2.0}, 2.0),  # an unknown tail: no figure to average
+        ({"db": INF}, math.nan),  # no reference: no ratio, overloaded or not
+    ],
+)
+def test_normalized_tail(tails: dict[str, float], expected: float) -> None:
+    assert normalized_tail(tails, ALONE) == pytest.approx(expected, nan_ok=True)
+
+
+def test_a_run_that_overloaded_a_service_is_not_the_better_tail() -> None:
+    starved = normalized_tail({"kv": INF, "web": 1.5}, ALONE)
+    barely_alive = normalized_tail({"kv": 40.0, "web": 1.5}, ALONE)
+    assert starved > barely_alive
 
 
 def test_summarize_counts_violations_and_slowdowns() -> None:

@@ -326,7 +326,7 @@ def test_the_feasible_runs_speedup_is_shown_only_when_some_run_is_infeasible() -
 
     mixed = [m[0] for m in paired_metrics(paired_comparisons(_paired_runs()))]
     assert mixed == ["slo_violation_rate", "weighted_speedup", "weighted_speedup_feasible",
-                     "unfairness"]  # fmt: skip
+                     "unfairness", "tail_normalized"]  # fmt: skip
     feasible = [r for r in _paired_runs() if r.feasibility == "feasible"]
     assert "weighted_speedup_feasible" not in [
         m[0] for m in paired_metrics(paired_comparisons(feasible))

@@ -149,6 +149,33 @@ def test_a_difference_beyond_a_float_is_left_out_of_the_counts_as_of_the_mean() 
     assert (p.n, p.pairs, p.wins, p.losses) == (1, 1, 1, 0)
 
 
+INF = math.inf
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "counts", "significant"),
+    [
+        # A (lower is better) is better on the finite pairs, but overloaded a service where
+        # B did not: a loss past any bound, and the finite pairs' claim is refused
+        ([1.0, 1.0, 1.0, INF], [2.0, 2.1, 1.9, 1.0], (3, 1, 0, 0, 1), False),
+        # B overloaded where A did not: a win past any bound, the claim stands
+        ([1.0, 1.0, 1.0, 1.0], [2.0, 2.1, 1.9, INF], (4, 0, 0, 1, 0), True),
+        # both overloaded: a tie, and no difference to average
+        ([1.0, 1.0, 1.0, INF], [2.0, 2.1, 1.9, INF], (3, 0, 1, 0, 0), True),
+    ],
+    ids=["A overloaded", "B overloaded", "both"],
+)
+def test_a_pair_with_an_infinite_value_is_won_or_lost_not_dropped(
+    a: list[float], b: list[float], counts: tuple[int, ...], significant: bool
+) -> None:
+    p = paired(a, b, higher_is_better=False)
+    assert (p.wins, p.losses, p.ties, p.better_unbounded, p.worse_unbounded) == counts
+    assert p.n == 3 and p.diff.mean == pytest.approx(-1.0)  # the finite pairs' mean
+    assert p.significant is significant and (p.better is True) is significant
+    assert math.isnan(p.p_value) is not significant  # refused: no test for Holm to count
+    assert p.as_dict()["claim_refused"] is not significant
+
+
 @pytest.mark.parametrize(
     ("t", "df", "p"),
     [
