@@ -375,7 +375,7 @@ def render(runs: Path, names: Sequence[str], out: Path, total_s: float | None) -
         + CUT_NOTE
         + " A paired SLO difference's interval past ±100 pp is cut likewise.",
         "- **tail / alone**: LC tail over the same service alone on the machine (same "
-        "loads, over the run's length); " + OVERLOAD_NOTE + " "
+        "loads, over the run's length). " + OVERLOAD_NOTE + " "
         "**unfairness**: CoPart's stddev/mean of batch slowdowns; **weighted speedup**: "
         "sum of batch IPS / IPS alone; **decide**: median wall time of a decision (the "
         "intervals a slower cadence, `decide_s`, skips are not decisions).",
