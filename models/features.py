@@ -412,6 +412,11 @@ class Measurements:
             ],
             dtype=float,
         ).reshape(c, 11)  # fmt: skip
+        # An infinite count is no measurement (a counter the wire carried as inf): read as
+        # NaN, unmeasured, like None. Otherwise inf / inf turns a feature NaN (the policy
+        # then has no action) and an infinite rate stays the history's maximum for good.
+        counts = a[:, :7]
+        counts[np.isinf(counts)] = np.nan
         t = a.T[:, None, :]  # (11, 1, c) views, one per field
         out = cls(
             np.array([snapshot.interval_s], dtype=float),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 
@@ -330,3 +331,45 @@ def test_refuses_a_card_whose_inputs_are_not_the_onnx_models(tmp_path, changes, 
     with pytest.raises(PolicyError) as caught:
         PolicyController(bad, compiled=compiled)
     assert str(caught.value) == f"{bad / 'model_card.json'}: {message}"
+
+
+def _counters(snap, value: float, fields: tuple[str, ...]):
+    groups = {
+        g: dataclasses.replace(s, **dict.fromkeys(fields, value)) for g, s in snap.groups.items()
+    }
+    return dataclasses.replace(snap, groups=groups)
+
+
+def _plans_with_counters(value: float, fields: tuple[str, ...], compiled: bool) -> list:
+    """The shipped policy's plans over a run whose fourth interval's ``fields`` read
+    ``value`` in every group."""
+    ctrl = PolicyController(compiled=compiled)
+    node = SimNode(random_scenario(3, "gold6130", max_lc=2, max_batch=4), seed=3)
+    carry_out(node, ctrl.start(context(node)))
+    node.observe()
+    plans = []
+    for i in range(8):
+        node.advance(1.0)
+        snap = node.observe()
+        decision = ctrl.decide(_counters(snap, value, fields) if i == 3 else snap, context(node))
+        validate_plan(
+            decision.plan, PlanContext(caps=node.capabilities(), current=node.allocation())
+        )
+        carry_out(node, decision)
+        plans.append(decision.plan)
+    node.close()
+    return plans
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [("cycles",), ("instructions", "cycles"), ("instructions", "llc_misses")],
+    ids=["cycles", "ipc", "mpki"],
+)
+@pytest.mark.parametrize("compiled", [True, False])
+def test_an_infinite_counter_is_an_unmeasured_one(fields, compiled):
+    """A counter the node sent as inf (the wire carries any double) decides as one it could
+    not measure (NaN): no error instead of a plan, and no infinite rate kept in the
+    history the later decisions read."""
+    inf = _plans_with_counters(math.inf, fields, compiled)
+    assert inf == _plans_with_counters(math.nan, fields, compiled)
