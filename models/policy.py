@@ -32,12 +32,13 @@ controller (:class:`~models.actor.NonFiniteLogits`), never an action, on either 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agent.types import Allocation, AllocationPlan, NodeCapabilities, Snapshot
+from agent.types import Allocation, AllocationPlan, GroupSpec, NodeCapabilities, Snapshot
 from models.actions import ActionDecoder
 from models.actor import (
     CompiledActor,
@@ -148,6 +149,9 @@ class ActingController(Controller):
 
     def start(self, ctx: ControlContext) -> Decision:
         self.check_capabilities(ctx.capabilities)
+        why = self.shares_exclusive(ctx.groups, ctx.capabilities)
+        if why:  # every plan would be refused: say so at start rather than each interval
+            raise PolicyCompatibilityError(f"{self._label()} cannot keep groups apart: {why}")
         self._caps = ctx.capabilities
         self._prepared = None
         plan, what = None, "the allocation held"
@@ -156,11 +160,38 @@ class ActingController(Controller):
         elif self.baseline == "full":
             plan, what = Unpartitioned().start(ctx).plan, "unpartitioned"
         held = ctx.allocation if plan is None else _planned(ctx.allocation, plan)
-        _, _, enc, dec, _ = self._prepare(ctx)
+        _, _, enc, dec, _, _ = self._prepare(ctx)
         enc.reset_history()
         if self._shield is not None:
             self._shield.start(self._slots, ctx.groups, ctx.capabilities, dec.layout, held)
         return Decision(plan, note=f"{self._label()}: {what} to start")
+
+    def shares_exclusive(self, groups: Mapping[str, GroupSpec], caps: NodeCapabilities) -> str:
+        """Why this controller's plans would make an exclusive group share ways with
+        another group, which the kernel refuses ("" when they cannot): groups beyond its
+        slots keep their masks, which the slots' ways cover; groups that outnumber the
+        minimum-size slices share the last one; share_all's all-zero levels share every
+        way."""
+        exclusive = sorted(g for g, s in groups.items() if s.exclusive)
+        if not exclusive:
+            return ""
+        named = f"group(s) {', '.join(exclusive)} are exclusive"
+        slots = self.encoder.max_groups
+        if len(groups) > slots:
+            return (
+                f"{named} and the node has {len(groups)} groups, {len(groups) - slots} beyond "
+                f"the {slots} it controls, which keep ways its plans give to others"
+            )
+        l3 = caps.l3
+        least, ways = (max(1, l3.min_cbm_bits), l3.num_ways) if l3 is not None else (1, 0)
+        if l3 is not None and len(groups) > ways // least:
+            return (
+                f"{named} and {len(groups)} groups outnumber the {ways // least} slices of "
+                f"{least} way(s) of {ways}: some must share"
+            )
+        if self.decoder.share_all:
+            return f"{named} and its action design shares every way among all groups"
+        return ""
 
     def _prepare(self, ctx: ControlContext):
         groups, caps = ctx.groups, ctx.capabilities
@@ -175,7 +206,10 @@ class ActingController(Controller):
             self.encoder.prepare(groups, caps, self._slots),
             dec,
             self.decoder.action_masks(dec.layout)[0],  # fixed while the groups are
+            self.shares_exclusive(groups, caps),
         )
+        if p[5]:
+            log.warning("%s keeps the allocation while %s", self._label(), p[5])
         if self._prepared is not None:  # the groups changed under a running controller
             p[2].reset_history()
             if self._shield is not None:
@@ -190,7 +224,9 @@ class ActingController(Controller):
             self._caps = caps
         if not ctx.groups:  # slots are every group up to max_groups (>= 1)
             return Decision(note=f"{self.name}: no own groups")
-        _, _, enc, dec, mask = self._prepare(ctx)
+        _, _, enc, dec, mask, apart = self._prepare(ctx)
+        if apart:  # groups changed mid-run into a set its plans would make share
+            return Decision(note=f"{self.name}: keeps the allocation: {apart}")
         slots = self._slots
         floors = None
         if self._shield is not None:

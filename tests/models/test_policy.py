@@ -14,6 +14,7 @@ import pytest
 
 from agent.sim import SimNode, random_scenario
 from agent.sim.catalog import default_catalog
+from agent.types import GroupKind, GroupSpec
 from agent.validate import PlanContext, validate_plan
 from models import catalogue
 from models.actor import NonFiniteLogits
@@ -373,3 +374,70 @@ def test_an_infinite_counter_is_an_unmeasured_one(fields, compiled):
     history the later decisions read."""
     inf = _plans_with_counters(math.inf, fields, compiled)
     assert inf == _plans_with_counters(math.nan, fields, compiled)
+
+
+def _node_with_exclusive(seed: int, groups: int, **machine) -> SimNode:
+    """A simulated node (gold6130 with ``machine`` changed) holding an exclusive batch
+    group among ``groups`` groups."""
+    catalog = default_catalog()
+    preset = dataclasses.replace(catalog.machine("gold6130"), name="node", **machine)
+    catalog = dataclasses.replace(catalog, machines={**catalog.machines, "node": preset})
+    node = SimNode(random_scenario(seed, "node", catalog=catalog, max_lc=1, max_batch=2), seed=seed)
+    _add_groups(node, groups - 1)
+    node.create_group(GroupSpec("ex", GroupKind.BATCH, exclusive=True))  # on the free ways
+    return node
+
+
+def _add_groups(node: SimNode, groups: int) -> None:
+    for i in range(len(node.groups()), groups):
+        node.create_group(GroupSpec(f"more{i}", GroupKind.BATCH))
+
+
+@pytest.mark.parametrize(
+    ("machine", "groups", "card", "message"),
+    [
+        (
+            {"l3_closids": 16, "mba_closids": 16},
+            10,
+            {},
+            "the node has 10 groups, 2 beyond the 8 it controls",
+        ),
+        ({"ways": 11, "min_cbm_bits": 2}, 6, {}, "6 groups outnumber the 5 slices of 2 way"),
+        ({}, 4, {"runtime.actions.share_all": True}, "its action design shares every way"),
+    ],
+    ids=["beyond-slots", "beyond-slices", "share-all"],
+)
+def test_refuses_at_start_a_node_whose_exclusive_group_it_would_share(
+    tmp_path, machine, groups, card, message
+):
+    node = _node_with_exclusive(1, groups, **machine)
+    ctrl = PolicyController(copy_export(DEFAULT_POLICY, tmp_path / "p", **card))
+    with pytest.raises(
+        PolicyCompatibilityError, match=f"group\\(s\\) ex are exclusive and {message}"
+    ):
+        ctrl.start(context(node))
+    node.close()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_keeps_an_exclusive_group_apart_when_groups_outgrow_its_slots_mid_run(seed):
+    """Groups made mid-run beyond its slots: it keeps the allocation, saying why, rather
+    than proposing every interval a plan the kernel refuses."""
+    node = _node_with_exclusive(seed, 5, l3_closids=16, mba_closids=16)
+    ctrl = PolicyController()
+    carry_out(node, ctrl.start(context(node)))
+    node.observe()
+    for i in range(6):
+        node.advance(1.0)
+        if i == 2:
+            _add_groups(node, 11)
+        ctx = context(node)
+        decision = ctrl.decide(node.observe(), ctx)
+        if decision.plan is not None:
+            exclusive = frozenset(g for g, s in ctx.groups.items() if s.exclusive)
+            at = PlanContext(caps=ctx.capabilities, current=ctx.allocation, exclusive=exclusive)
+            validate_plan(decision.plan, at)
+            carry_out(node, decision)
+        else:
+            assert i >= 2 and "keeps the allocation: group(s) ex are exclusive" in decision.note
+    node.close()
