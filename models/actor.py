@@ -232,14 +232,17 @@ def with_logits(model) -> bytes | None:
 def probes(
     size: int, groups: int, features: int, present_at: int, masks: int, n: int, seed: int = 0
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``n`` (observation, mask) pairs to compare two forward passes on: values spread
+    """``n`` (observation, mask) pairs to compare two forward passes on: float32 values spread
     over the features' range and beyond it, a random set of present slots (none, some,
     all), and masks closing random levels (now and then every level of a dimension), the
     first all open."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        obs = rng.uniform(-1.5, 1.5, size)
+        # float32, as the encoder writes them: the compiled pass is checked, and compiled,
+        # for the observations it will be fed (float64 ones compiled another kernel, whose
+        # first decision paid the compilation)
+        obs = rng.uniform(-1.5, 1.5, size).astype(np.float32)
         flags = rng.random(groups) < rng.uniform(0.0, 1.0)
         obs[present_at : groups * features : features] = flags
         mask = np.ones(masks, dtype=bool) if i == 0 else rng.random(masks) < 0.7

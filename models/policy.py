@@ -31,6 +31,7 @@ controller (:class:`~models.actor.NonFiniteLogits`), never an action, on either 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,7 +39,16 @@ from typing import Any
 
 import numpy as np
 
-from agent.types import Allocation, AllocationPlan, GroupSpec, NodeCapabilities, Snapshot
+from agent.types import (
+    Allocation,
+    AllocationPlan,
+    GroupKind,
+    GroupSample,
+    GroupSpec,
+    LatencyStats,
+    NodeCapabilities,
+    Snapshot,
+)
 from models.actions import ActionDecoder
 from models.actor import (
     CompiledActor,
@@ -117,6 +127,8 @@ class ActingController(Controller):
 
     name = "acting"
     masked = True
+    # start() runs one throwaway decision on the node (:class:`_Warming`)
+    warm_up = True
 
     def __init__(
         self,
@@ -152,6 +164,8 @@ class ActingController(Controller):
         why = self.shares_exclusive(ctx.groups, ctx.capabilities)
         if why:  # every plan would be refused: say so at start rather than each interval
             raise PolicyCompatibilityError(f"{self._label()} cannot keep groups apart: {why}")
+        if self.warm_up:
+            _Warming(self).start(ctx)
         self._caps = ctx.capabilities
         self._prepared = None
         plan, what = None, "the allocation held"
@@ -248,6 +262,36 @@ class ActingController(Controller):
         if len(ctx.groups) > len(slots):
             note += f"; {len(ctx.groups) - len(slots)} groups beyond the policy's slots untouched"
         return Decision(decoded.plan, note=note)
+
+
+class _Warming(ActingController):
+    """A throwaway controller of another's design (encoder, decoder, shield) that decides
+    once on the node it starts on, from made-up counters: numba compiles the encoder's,
+    the shield's and the decoder's kernels for this node's arguments then, as the run
+    starts (seconds on a cold cache, e.g. a fresh container), rather than in the first
+    interval's decision. Its state is its own: the controller it warms decides as before."""
+
+    name = "warming"
+    warm_up = False
+
+    def __init__(self, of: ActingController) -> None:
+        # copies: an encoder keeps the encoding it prepared last, its history included
+        encoder, decoder = dataclasses.replace(of.encoder), dataclasses.replace(of.decoder)
+        super().__init__(encoder, decoder, shield=of.shield_config, baseline="keep")
+
+    def act(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        return np.zeros(len(self.decoder.nvec), dtype=np.int64)
+
+    def start(self, ctx: ControlContext) -> Decision:
+        super().start(ctx)
+        # measured counters and latencies, so every kernel runs on numbers
+        latency = LatencyStats(10, 1.0, 1.0, 1.0, 1.0)
+        sample = GroupSample(1e9, 1e9, 1e7, 1e6, 1e6, 1e8, 1e8)
+        groups = {
+            g: dataclasses.replace(sample, latency=latency if s.kind is GroupKind.LC else None)
+            for g, s in ctx.groups.items()
+        }
+        return self.decide(Snapshot(0.0, 1.0, groups), ctx)
 
 
 def _same_shape(recorded: Any, graph: list[Any]) -> bool:

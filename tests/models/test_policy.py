@@ -441,3 +441,43 @@ def test_keeps_an_exclusive_group_apart_when_groups_outgrow_its_slots_mid_run(se
         else:
             assert i >= 2 and "keeps the allocation: group(s) ex are exclusive" in decision.note
     node.close()
+
+
+_FIRST_DECISION = """
+import json, sys
+from agent.sim import SimNode, random_scenario
+from models.controller import carry_out, context
+from models.policy import PolicyController
+
+def signatures():
+    return {
+        f"{name}.{attr}{sig}"
+        for name, module in list(sys.modules.items())
+        if name.split(".")[0] in ("agent", "models")
+        for attr, f in list(vars(module).items())
+        if hasattr(f, "py_func")
+        for sig in f.signatures
+    }
+
+ctrl = PolicyController(compiled=COMPILED)
+node = SimNode(random_scenario(3, "gold6130", max_lc=2, max_batch=4), seed=3)
+carry_out(node, ctrl.start(context(node)))
+node.observe()
+node.advance(1.0)
+snap, ctx = node.observe(), context(node)
+before = signatures()
+ctrl.decide(snap, ctx)
+print(json.dumps(sorted(signatures() - before)))
+"""
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_first_decision_compiles_nothing(compiled):
+    """Every kernel a decision runs is compiled, for this node's arguments, by the time
+    the controller has loaded and started: on a cold cache (a fresh container) compiling
+    takes seconds, which the first interval must not wait for. A fresh process, so that
+    no other test compiled them already."""
+    pytest.importorskip("numba")
+    code = _FIRST_DECISION.replace("COMPILED", str(compiled))
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert json.loads(out.stdout.splitlines()[-1]) == []
