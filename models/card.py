@@ -311,6 +311,16 @@ class ModelCard:
                     f"the observation normalisation has {len(norm['mean'])} values, the "
                     f"features {encoder.size}"
                 )
+        slots = {
+            "training_data.trained_on": self.trained_on.max_groups,
+            "runtime.features": self.features["max_groups"],
+            "runtime.actions": self.actions["max_groups"],
+        }
+        if len(set(slots.values())) > 1:  # one policy, one number of slots (a card edited)
+            out.append(
+                "the card's group slots differ: "
+                + ", ".join(f"{k}.max_groups {v}" for k, v in slots.items())
+            )
         kind = self.actions.get("kind")
         if kind != ACTION_DESIGN:
             out.append(f"action design {kind!r}; this code decodes {ACTION_DESIGN!r}")

@@ -102,6 +102,11 @@ def test_loads_from_the_onnx_path_and_the_card(tiny_export):
         ({"runtime.actions.kind": "per-group-moves"}, "action design"),
         ({"runtime.features.names": ["x"]}, "feature layout"),
         ({"format": "something/9"}, "model card format"),
+        (  # what the tuner warns of and the card's scope say would be 4 slots, not 8
+            {ON + "max_groups": 4},
+            "group slots differ: training_data.trained_on.max_groups 4, "
+            "runtime.features.max_groups 8, runtime.actions.max_groups 8",
+        ),
     ],
 )
 def test_refuses_cards_this_code_cannot_serve(tiny_export, tmp_path, changes, message):
