@@ -502,6 +502,23 @@ class PolicyController(ActingController):
     def _label(self) -> str:
         return f"policy {self.card.name}"
 
+    def start(self, ctx: ControlContext) -> Decision:
+        decision = super().start(ctx)
+        env_id = str((self.card.env or {}).get("id", ""))
+        simulated = not env_id.endswith(("TracePartition-v0", "RemotePartition-v0"))
+        if simulated and not ctx.capabilities.memory_bandwidth_bps:
+            # Every simulated node reports its peak: the policy never saw one that does not.
+            log.warning(
+                "%s was trained on simulated nodes, which report their peak memory bandwidth; "
+                "this node does not (a resctrl node never does), so the policy reads each "
+                "group's bandwidth as a share of the node's observed total and no bandwidth "
+                "utilisation, inputs it was not trained on: its decisions may differ from "
+                "those it was evaluated with",
+                self._label(),
+                extra={"event": "policy_input_mismatch", "controller": self.name},
+            )
+        return decision
+
     @classmethod
     def load(cls, path: str | Path, **kwargs: Any) -> PolicyController:
         return cls(path, **kwargs)

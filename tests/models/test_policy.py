@@ -486,3 +486,24 @@ def test_the_first_decision_compiles_nothing(compiled):
     code = _FIRST_DECISION.replace("COMPILED", str(compiled))
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("preset", ["gold6130", "epyc7302p"])
+def test_warns_at_start_on_a_node_that_does_not_report_its_peak_bandwidth(preset, caplog):
+    """A resctrl node reports no peak memory bandwidth; every simulated node trained on
+    did, so the policy's bandwidth inputs then mean something else: said once, at start."""
+    node = SimNode(random_scenario(1, preset), seed=1)
+    ctx = context(node)
+    unknown = dataclasses.replace(
+        ctx, capabilities=dataclasses.replace(ctx.capabilities, memory_bandwidth_bps=None)
+    )
+    with caplog.at_level("WARNING", logger="rdtune.policy"):
+        PolicyController().start(ctx)
+        assert not caplog.records
+        PolicyController().start(unknown)
+    node.close()
+    (record,) = caplog.records
+    assert "trained on simulated nodes, which report their peak memory bandwidth" in (
+        record.getMessage()
+    )
+    assert record.event == "policy_input_mismatch"
