@@ -24,6 +24,11 @@ state was an option).
 :class:`RandomController` is the same loop with random actions. No torch here: the runtime
 needs numpy and onnxruntime (and onnx and numba for the compiled forward pass).
 
+Starting refuses a node whose exclusive group the plans would make share ways (groups
+beyond the slots, or more than the cache's minimum-size slices; docs/CONTROLLERS.md), and
+runs one throwaway decision there so that numba compiles the kernels before the first
+interval rather than in it.
+
 Loading refuses an ONNX file whose weights hold a NaN or an infinity (with the onnx
 package, which reads them), and a decision whose logits are not finite is an error of the
 controller (:class:`~models.actor.NonFiniteLogits`), never an action, on either runtime.
