@@ -515,10 +515,10 @@ class PolicyController(ActingController):
             # Every simulated node reports its peak: the policy never saw one that does not.
             log.warning(
                 "%s was trained on simulated nodes, which report their peak memory bandwidth; "
-                "this node does not (a resctrl node never does), so the policy reads each "
-                "group's bandwidth as a share of the node's observed total and no bandwidth "
-                "utilisation, inputs it was not trained on: its decisions may differ from "
-                "those it was evaluated with",
+                "this node does not (give it to the agent: memory_bandwidth_gbps, "
+                "docs/DEPLOY.md), so the policy reads each group's bandwidth as a share of "
+                "the node's observed total and no bandwidth utilisation, inputs it was not "
+                "trained on: its decisions may differ from those it was evaluated with",
                 self._label(),
                 extra={"event": "policy_input_mismatch", "controller": self.name},
             )

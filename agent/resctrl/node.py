@@ -26,9 +26,11 @@ observe.py (one interval's counters and latency).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -103,6 +105,8 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
             changed. Default: on a real resctrl mount, whose inode numbers are kernfs ids;
             off elsewhere (the FUSE emulator's inode numbers are libfuse node ids, which
             change when the kernel forgets an inode), where markers are only recorded.
+        memory_bandwidth_bps: an L3 domain's achievable peak memory bandwidth (bytes/s) for
+            the capabilities: the operator's, measured (the kernel has none; docs/DEPLOY.md).
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
         proc: str = "/proc",
         check_markers: bool | None = None,
         runtime_classes: Iterable[str] = (),
+        memory_bandwidth_bps: float | None = None,
     ) -> None:
         validate_group_name(prefix, error=InvalidName)
         self.root = os.path.abspath(root)
@@ -148,13 +153,14 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
         self._pmc_warned: dict[str, str] = {}
         self._last_observe = time.monotonic()
         self.cleaned_mon_groups: list[str] = []
+        peak_bw = memory_bandwidth_bps  # the operator's figure: the kernel has none
         self._own_pmc = pmc == "auto"
         self.pmc: PmcSource | None = _default_pmc() if pmc == "auto" else pmc  # type: ignore[assignment]
         with _released_on_error() as acquired:  # a refused start leaves nothing open
             if self._own_pmc and self.pmc is not None:  # a caller's reader stays the caller's
                 acquired.callback(_quietly, self.pmc.close, "the PMC reader")
             self._caps = _capabilities(
-                self.root, self._lock, self.pmc, mounts, cache_size_path, cpuinfo
+                self.root, self._lock, self.pmc, mounts, cache_size_path, cpuinfo, peak_bw
             )
             self._cdp = bool(self._caps.l3 and self._caps.l3.cdp)
             self._digits = (self._caps.l3.cbm_mask.bit_length() + 3) // 4 if self._caps.l3 else 0
@@ -404,12 +410,17 @@ def _capabilities(
     mounts: str = "/proc/mounts",
     cache_size_path: str = discovery.CACHE_SIZE,
     cpuinfo: str = discovery.CPUINFO,
+    peak_bw_bps: float | None = None,
 ) -> NodeCapabilities:
     """What the resctrl mount at ``root`` offers (read under the shared ``lock``), with the
-    hardware events ``pmc`` counts."""
+    hardware events ``pmc`` counts and the operator's peak memory bandwidth, if given."""
+    if peak_bw_bps is not None and not (math.isfinite(peak_bw_bps) and peak_bw_bps > 0):
+        raise ValueError(
+            f"memory_bandwidth_bps must be a finite number of bytes/s > 0, got {peak_bw_bps!r}"
+        )
     pmc_events, pmc_unsupported = _pmc_events(pmc)
     with lock.shared():
-        return discovery.discover(
+        caps = discovery.discover(
             root,
             mounts=mounts,
             cache_size_path=cache_size_path,
@@ -417,6 +428,9 @@ def _capabilities(
             pmc_events=pmc_events,
             pmc_unsupported=pmc_unsupported,
         )
+    return (
+        caps if peak_bw_bps is None else dataclasses.replace(caps, memory_bandwidth_bps=peak_bw_bps)
+    )
 
 
 def _state_path(root: str, prefix: str, state_dir: str | None) -> str:

@@ -87,6 +87,8 @@ def make_node(cfg: AgentConfig, latency: LatencyRecorder | None = None) -> Node:
 
         raise_nofile_limit()  # its PMC counters take one fd per event per task
         kwargs = {} if cfg.state_dir is None else {"state_dir": cfg.state_dir}
+        if cfg.memory_bandwidth_gbps is not None:
+            kwargs["memory_bandwidth_bps"] = cfg.memory_bandwidth_gbps * 1e9
         return ResctrlNode(root=cfg.root, runtime_classes=cfg.runtime_classes, **kwargs)
     raise ConfigError(f"unknown backend {cfg.backend!r}")
 

@@ -55,6 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="resctrl: an RDT class the container runtime creates and puts annotated pods "
         "into; clients adopt it by name (repeatable; docs/DEPLOY.md)",
     )
+    be.add_argument(
+        "--memory-bandwidth-gbps",
+        metavar="GBPS",
+        type=positive_float,
+        help="resctrl: an L3 domain's achievable peak memory bandwidth in GB/s, measured "
+        "(e.g. Intel MLC --max_bandwidth); the kernel does not report it, and policies "
+        "read each group's bandwidth as a share of it (docs/DEPLOY.md)",
+    )
     net = parser.add_argument_group("network and security")
     net.add_argument(
         "--listen",
@@ -144,6 +152,7 @@ _OVERRIDES = (
     "root",
     "state_dir",
     "runtime_classes",
+    "memory_bandwidth_gbps",
     "listen",
     "metrics_listen",
     "health_listen",

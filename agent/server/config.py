@@ -12,6 +12,7 @@ Example ``agent.yaml``::
     root: /sys/fs/resctrl     # resctrl: the mount to manage (an emulated one works too)
     state_dir: /var/lib/rdtune  # resctrl: records of the agent's own groups (adopted on restart)
     runtime_classes: []       # resctrl: RDT classes the container runtime creates (DEPLOY.md)
+    memory_bandwidth_gbps: null  # resctrl: an L3 domain's achievable peak, GB/s (DEPLOY.md)
     listen: 127.0.0.1:50051   # or unix:/run/rdtune/agent.sock (resctrl: this, or a token)
     health_listen: ""         # e.g. 0.0.0.0:50052: gRPC health only, plain TCP (kubelet probes)
     metrics_listen: 127.0.0.1:9464   # "" disables it; on a non-loopback address only with:
@@ -65,7 +66,11 @@ MAX_GRACE_S = 3600.0
 
 
 # The keys each backend alone reads (agent/server/app.py builds its node from them).
-BACKEND_KEYS = {"sim": ("scenario", "seed", "auto_groups"), "resctrl": ("root", "state_dir")}
+BACKEND_KEYS = {
+    "sim": ("scenario", "seed", "auto_groups"),
+    # a simulated node reports its preset's peak bandwidth
+    "resctrl": ("root", "state_dir", "memory_bandwidth_gbps"),
+}
 
 
 @dataclass
@@ -78,6 +83,9 @@ class AgentConfig:
     state_dir: str | None = None  # resctrl: where own-group records live (its default if None)
     # resctrl: classes the container runtime creates (pod annotations), adopted by name
     runtime_classes: list[str] = field(default_factory=list)
+    # resctrl: an L3 domain's achievable peak memory bandwidth (GB/s, 1e9 bytes/s), which
+    # the kernel does not report: policies read each group's bandwidth as a share of it
+    memory_bandwidth_gbps: float | None = None
     listen: str = "127.0.0.1:50051"
     metrics_listen: str = "127.0.0.1:9464"
     # The gRPC health service alone, plain TCP (kubelet's gRPC probes); "" disables it.
@@ -172,6 +180,9 @@ class AgentConfig:
         # with an interval, the tuner's every interval on a simulated node
         if self.max_streams < 1 or self.max_sessions < 0 or self.max_waiting_steps < 1:
             raise ConfigError("max_streams and max_waiting_steps must be >= 1, max_sessions >= 0")
+        bw = self.memory_bandwidth_gbps
+        if bw is not None and not (math.isfinite(bw) and bw > 0):
+            raise ConfigError(f"memory_bandwidth_gbps must be a finite number > 0, got {bw:g}")
         if self.max_workers < 1:
             raise ConfigError("max_workers must be >= 1")
         if not 0 < self.node_check_s <= MAX_GRACE_S:
@@ -249,6 +260,7 @@ class AgentFile(Strict):
     root: str = _D.root
     state_dir: str | None = None
     runtime_classes: list[str] = []
+    memory_bandwidth_gbps: Positive | None = None
     listen: str = _D.listen
     metrics_listen: str = _D.metrics_listen
     health_listen: str = _D.health_listen

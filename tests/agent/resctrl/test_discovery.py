@@ -136,3 +136,22 @@ def test_amd_masks_may_be_sparse_or_empty() -> None:
         held = node.apply(plan)
         assert (held.get("a", 0).l3_mask, held.get("a", 1).l3_mask) == (0xF0F, 0)
         node.close()
+
+
+@pytest.mark.parametrize("peak", [None, 110e9])
+def test_the_peak_memory_bandwidth_is_the_operators(peak: float | None) -> None:
+    """The kernel reports no peak bandwidth: a node has the one it is given, or none."""
+    with emulated_resctrl("intel-20way") as emu:
+        node = ResctrlNode(emu.root, state_dir=emu.state_dir, memory_bandwidth_bps=peak)
+        try:
+            assert node.capabilities().memory_bandwidth_bps == peak
+        finally:
+            node.close()
+
+
+@pytest.mark.parametrize("peak", [0.0, -1e9, float("nan"), float("inf")])
+def test_a_peak_memory_bandwidth_that_cannot_be_refuses_the_start(peak: float) -> None:
+    with emulated_resctrl("intel-20way") as emu:
+        with pytest.raises(ValueError, match="memory_bandwidth_bps"):
+            ResctrlNode(emu.root, state_dir=emu.state_dir, memory_bandwidth_bps=peak)
+        ResctrlNode(emu.root, state_dir=emu.state_dir).close()  # nothing left held

@@ -65,3 +65,51 @@ def test_defaults_of_the_other_backend_are_not_refused() -> None:
     cfg.listen = SOCKET
     cfg.validate()
     load_yaml(None, environ={}).validate()
+
+
+# The operator's peak memory bandwidth (the kernel reports none): a resctrl key.
+RESCTRL = f"backend: resctrl\nlisten: {SOCKET}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "flags", "gbps"),
+    [
+        (RESCTRL + "memory_bandwidth_gbps: 110\n", {}, [], 110.0),
+        (RESCTRL, {"RDTUNE_AGENT__MEMORY_BANDWIDTH_GBPS": "95.5"}, [], 95.5),
+        (RESCTRL + "memory_bandwidth_gbps: 110\n", {}, ["--memory-bandwidth-gbps", "80"], 80.0),
+        (RESCTRL, {}, [], None),
+    ],
+)
+def test_the_peak_memory_bandwidth_is_the_operators(
+    tmp_path, monkeypatch, text: str, env: dict, flags: list[str], gbps: float | None
+) -> None:
+    monkeypatch.delenv("RDTUNE_AGENT_TOKEN", raising=False)
+    assert _config(tmp_path, text, env, flags, monkeypatch).memory_bandwidth_gbps == gbps
+
+
+@pytest.mark.parametrize(
+    ("text", "flags", "refused"),
+    [
+        (RESCTRL + "memory_bandwidth_gbps: 0\n", [], "memory_bandwidth_gbps"),
+        (RESCTRL + "memory_bandwidth_gbps: -20\n", [], "memory_bandwidth_gbps"),
+        (RESCTRL + "memory_bandwidth_gbps: .nan\n", [], "memory_bandwidth_gbps"),
+        (RESCTRL + "memory_bandwidth_gbps: lots\n", [], "memory_bandwidth_gbps"),
+        # a simulated node reports its preset's peak: the key would be ignored there
+        ("memory_bandwidth_gbps: 110\n", [], "memory_bandwidth_gbps: only the resctrl backend"),
+        ("", ["--memory-bandwidth-gbps", "110"], "only the resctrl backend reads it"),
+    ],
+)
+def test_a_peak_memory_bandwidth_that_cannot_be_is_refused(
+    tmp_path, monkeypatch, text: str, flags: list[str], refused: str
+) -> None:
+    monkeypatch.delenv("RDTUNE_AGENT_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match=refused):
+        _config(tmp_path, text, {}, flags, monkeypatch)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "fast"])
+def test_the_peak_flag_takes_a_positive_number(value: str) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--memory-bandwidth-gbps", value])

@@ -131,3 +131,16 @@ def test_a_reset_with_a_negative_seed_is_refused_naming_it_and_changes_nothing()
             client.reset("copart_h_llc", seed=-1)
         client.reset()  # later resets work, with the scenario the node had
         assert node.scenario.name == sim.DEFAULT_SCENARIO
+
+
+def test_the_agent_reports_the_operators_peak_memory_bandwidth(emulated) -> None:
+    """``memory_bandwidth_gbps`` reaches clients in the capabilities (the kernel has none)."""
+    from agent.server.app import make_node
+    from agent.server.config import AgentConfig
+
+    emu, transport = emulated
+    cfg = AgentConfig(
+        backend="resctrl", root=emu.root, state_dir=emu.state_dir, memory_bandwidth_gbps=110.0
+    )
+    with serve(make_node(cfg), unix=transport == "unix") as server, remote(server) as client:
+        assert client.capabilities().memory_bandwidth_bps == 110e9
