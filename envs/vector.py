@@ -298,8 +298,9 @@ def _sb3_class():
             return [values[i] for i in self._count(indices)]
 
         def set_attr(self, attr_name: str, value, indices=None) -> None:
-            self._all(indices, f"set_attr({attr_name!r})")
-            setattr(self._env, attr_name, value)
+            idx = self._all(indices, f"set_attr({attr_name!r})")
+            # through the env's own set_attr (what it refuses), one value for all its envs
+            self._env.set_attr(attr_name, [value] * len(idx))
 
         def env_method(self, method_name: str, *args, indices=None, **kwargs) -> list:
             if method_name == "action_masks":  # each env's own rows: any of them alone

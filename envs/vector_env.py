@@ -78,6 +78,35 @@ from models.shield import Shield, ShieldConfig, held_levels, held_shares
 
 MODES = (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)
 
+# What set_attr refuses: the vector env's own make-up, which SyncVectorEnv's set_attr never
+# reaches (it sets its envs' attributes) but which this env reads as its own, so a value set
+# there would break it silently (an autoreset_mode string: episodes never restart).
+OWN_ATTRIBUTES = frozenset(
+    {
+        "num_envs",
+        "autoreset_mode",
+        "metadata",
+        "render_mode",
+        "spec",
+        "closed",
+        "observation_space",
+        "action_space",
+        "single_observation_space",
+        "single_action_space",
+        "np_random",
+        "np_random_seed",
+        "scenario_names",
+        "per_env_attributes",
+        "encoder",
+        "decoder",
+        "family",
+        "batch",
+        "history",
+        "shield",
+        "shield_config",
+    }
+)
+
 
 def _mode(value: str | AutoresetMode) -> AutoresetMode | None:
     """An autoreset mode from the enum or its name (``same_step``, ``SameStep``, ...)."""
@@ -391,14 +420,24 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
     def set_attr(self, name: str, values: Any) -> None:
         """Set ``name`` as SyncVectorEnv does (one value for all, or a list or tuple of one
         per env); the envs share their settings, so values that differ between them are
-        refused rather than set for some."""
+        refused rather than set for some. The env's own make-up (:data:`OWN_ATTRIBUTES`,
+        private state) is refused, and so is a ``baseline`` its autoresets could not start
+        from (a single env's reset refuses it)."""
+        if name.startswith("_") or name in OWN_ATTRIBUTES:
+            raise ValueError(
+                f"set_attr({name!r}): it is the vector env's own, not a setting of its envs; "
+                "make a new vector env to change it"
+            )
         if isinstance(values, (list, tuple)):
-            if len(values) != self.num_envs or any(v != values[0] for v in values):
+            first = values[0]
+            if len(values) != self.num_envs or any(v is not first and v != first for v in values):
                 raise ValueError(
                     f"set_attr({name!r}): the batched env's {self.num_envs} envs share it; "
                     f"give one value, not {values!r}"
                 )
             values = values[0]
+        if name == "baseline" and not (isinstance(values, str) and values in BASELINES):
+            raise ValueError(f"baseline must be one of {BASELINES}, got {values!r}")
         setattr(self, name, values)
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -712,4 +751,4 @@ def make_vector_env(num_envs: int = 1, **kwargs: Any) -> PartitionVectorEnv:
     return PartitionVectorEnv(num_envs, **kwargs)
 
 
-__all__ = ["PartitionVectorEnv", "family_bounds", "make_vector_env"]
+__all__ = ["OWN_ATTRIBUTES", "PartitionVectorEnv", "family_bounds", "make_vector_env"]

@@ -381,6 +381,39 @@ def test_get_attr_and_set_attr_as_sync_vector_env() -> None:
     env.close()
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("autoreset_mode", "next_step"),  # before: episodes never restarted again
+        ("autoreset_mode", AutoresetMode.NEXT_STEP),  # before: metadata still said same_step
+        ("num_envs", 3),
+        ("metadata", {}),
+        ("single_observation_space", None),
+        ("encoder", None),
+        ("_steps", np.zeros(2, dtype=np.int64)),
+        ("baseline", "bogus"),  # before: autoresets started from the full cache instead
+    ],
+)
+@pytest.mark.parametrize("via", ["vector", "sb3"])
+def test_set_attr_refuses_what_would_break_the_env_silently(name: str, value, via: str) -> None:
+    """SyncVectorEnv's set_attr sets its single envs' attributes, never its own make-up, and
+    a single env refuses a bad baseline at its (auto)reset: the batched env, which holds
+    both, refuses them up front and keeps autoresetting as before."""
+    env = PartitionVectorEnv(2, **{**FAST, "episode_steps": 2})
+    target = sb3_vector_env(env) if via == "sb3" else env
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=name):
+        target.set_attr(name, value)
+    assert env.metadata["autoreset_mode"] is env.autoreset_mode is AutoresetMode.SAME_STEP
+    assert env.baseline == "current"
+    zero = np.zeros((2, 2 * env.decoder.max_groups), dtype=np.int64)
+    for _ in range(2):
+        obs, _, _, trunc, info = env.step(zero)
+    assert trunc.all() and info["_final_obs"].all() and (env._steps == 0).all()
+    assert env.observation_space.contains(obs)
+    env.close()
+
+
 def test_get_attr_call_and_seeds_answer_as_sync_vector_env() -> None:
     """One env's spaces and metadata (before: the batch's), each env's generator and seed
     (before: a seed the reset never used), and ``call`` (before: missing)."""
