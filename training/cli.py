@@ -99,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
         workers = getattr(args, "rollout_workers", None)
         if workers is not None:
             overrides["rollout_workers"] = workers
+        if args.ray_address is not None and not args.ray_address.strip():
+            # an unset shell variable: else taken for no --ray-address, and run without Ray
+            raise ConfigError(
+                f"--ray-address {args.ray_address!r} is empty: give local or a cluster's "
+                "HOST:PORT (or leave the option out to train in this process)"
+            )
         if args.ray_address and not args.sweep:
             overrides.update(_workers_for(args.ray_address, workers, cfg))
         if overrides:

@@ -310,14 +310,25 @@ def _tiny_yaml(tmp_path):
             "--ray-address local runs the envs on Ray rollout workers, which hold batched "
             "envs; the config's vec_env is dummy",
         ),
+        (
+            {},
+            ["--ray-address", ""],
+            "--ray-address '' is empty: give local or a cluster's HOST:PORT",
+        ),
+        (
+            {},
+            ["--ray-address", "", "--sweep", "seeds=0,1"],
+            "--ray-address '' is empty: give local or a cluster's HOST:PORT",
+        ),
     ],
-    ids=["no-port", "no-workers", "dummy-envs"],
+    ids=["no-port", "no-workers", "dummy-envs", "empty", "empty-sweep"],
 )
 def test_a_ray_address_that_cannot_be_used_says_why_in_one_line(
     tmp_path, capsys, config, extra, message
 ):
     """Before, the first went to Ray's raw 'Invalid address format' (exit 1), the second
-    trained in-process and ignored the address, the third blamed an override never given."""
+    trained in-process and ignored the address, the third blamed an override never given;
+    an empty address (an unset shell variable) trained in-process, without Ray."""
     import yaml
 
     from tests.training.tiny_runs import TINY
