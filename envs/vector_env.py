@@ -742,9 +742,10 @@ def _dl_rows(layout: DecodeLayout, rows: np.ndarray) -> DecodeLayout:
 def make_vector_env(num_envs: int = 1, **kwargs: Any) -> PartitionVectorEnv:
     """The ``vector_entry_point`` of ``rdtune/Partition-v0``. ``max_episode_steps`` (which
     gymnasium's other modes apply with a TimeLimit on each env) ends episodes as it does
-    there: at the first of it and ``episode_steps``."""
+    there: at the first of it and ``episode_steps``; -1 is ``gymnasium.make``'s "no time
+    limit" (not even the registration's), so ``episode_steps`` alone."""
     limit = kwargs.pop("max_episode_steps", None)
-    if limit is not None:
+    if limit is not None and not (limit == -1 and type(limit) is int):
         _count("max_episode_steps", limit)
         default = inspect.signature(PartitionVectorEnv).parameters["episode_steps"].default
         kwargs["episode_steps"] = min(kwargs.get("episode_steps", default), limit)
