@@ -234,10 +234,15 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             seeds = list(seed)
             if len(seeds) != self.num_envs:
                 raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+        # every seed checked (seeding refuses e.g. a negative one) before any env takes its
+        fresh = {
+            i: seeding.np_random(s)
+            for i, s in enumerate(seeds)
+            if s is not None or self._rngs[i] is None
+        }
         self._init_seed = None
-        for i, s in enumerate(seeds):
-            if s is not None or self._rngs[i] is None:
-                self._rngs[i], self._seeds[i] = seeding.np_random(s)
+        for i, (rng, used) in fresh.items():
+            self._rngs[i], self._seeds[i] = rng, used
         options = dict(options or {})
         baseline = options.pop("baseline", self.baseline)
         if baseline not in BASELINES:

@@ -433,14 +433,27 @@ def test_get_attr_call_and_seeds_answer_as_sync_vector_env() -> None:
     ref.close()
 
 
-def test_a_reset_refused_for_its_seeds_leaves_the_seed_kwarg_for_the_next() -> None:
+@pytest.mark.parametrize(
+    ("seeds", "error", "message"),
+    [
+        ([1], ValueError, "1 seeds for 2 envs"),
+        # refused by gymnasium's seeding at env 1: before, env 0 had already taken seed 1
+        ([1, -1], gym.error.Error, "greater or equal to zero"),
+        ([1, 2.5], gym.error.Error, "must be a python integer"),
+    ],
+)
+def test_a_reset_refused_for_its_seeds_leaves_the_seed_kwarg_for_the_next(
+    seeds: list, error: type, message: str
+) -> None:
     names = []
     for refuse_first in (False, True):
         env = PartitionVectorEnv(2, **FAST, seed=5)
         if refuse_first:
-            with pytest.raises(ValueError, match="1 seeds for 2 envs"):
-                env.reset(seed=[1])
+            with pytest.raises(error, match=message):
+                env.reset(seed=seeds)
+            assert env.np_random_seed == (None, None)  # no env took a seed
         names.append(list(env.reset()[1]["scenario"]))
+        assert env.np_random_seed == (5, 6)
         env.close()
     assert names[0] == names[1]
 
