@@ -330,14 +330,14 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             self._shield_observe(fresh, done, fresh_rows=True)
             self._first(done, self._ips(fresh), self._encode(fresh, done))
         if self.autoreset_mode is AutoresetMode.NEXT_STEP:
-            self._autoreset = truncated
+            self._autoreset = truncated.copy()  # the returned array is the caller's
         restarted = truncated if same_step else resetting
         if restarted.any():
             infos.update(self._reset_info(restarted))
         # every env's info names its scenario and slots, a step's and a reset's alike
         infos["scenario"] = np.array(self.scenario_names, dtype=object)
         infos["slots"] = self._slot_lists()
-        infos["_scenario"] = infos["_slots"] = np.ones(N, dtype=bool)
+        infos["_scenario"], infos["_slots"] = np.ones(N, dtype=bool), np.ones(N, dtype=bool)
         return self._obs.copy(), rewards, terminated, truncated, infos
 
     def _slot_lists(self) -> np.ndarray:

@@ -151,6 +151,29 @@ def _check_decision_info(info: dict, info2: dict, ref, skip: np.ndarray) -> None
     assert checked or skip.all()
 
 
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_what_a_step_returns_is_the_callers_to_change(mode: str) -> None:
+    """As SyncVectorEnv's: a caller changing the returned arrays in place (a done mask built
+    into them, an info mask cleared) changes nothing in the env. Before, next_step mode kept
+    the returned ``truncated`` as its envs to restart (cleared, they never restarted), and
+    ``_scenario`` and ``_slots`` were one array."""
+    vec, ref = _pair(2, mode, episode_steps=2)
+    vec.reset(seed=0)
+    ref.reset(seed=0)
+    zero = np.zeros((2, 2 * vec.unwrapped.decoder.max_groups), dtype=np.int64)
+    for _ in range(5):
+        got, want = vec.step(zero), ref.step(zero)
+        np.testing.assert_array_equal(got[0], want[0])
+        assert got[3].tolist() == want[3].tolist()
+        for _, _, terminated, truncated, info in (got, want):
+            terminated |= truncated
+            truncated[:] = False
+            info["_scenario"][:] = False
+        assert got[4]["_slots"].tolist() == want[4]["_slots"].tolist() == [True, True]
+    vec.close()
+    ref.close()
+
+
 def test_make_vec_returns_the_batched_env_declaring_its_autoreset() -> None:
     vec = gym.make_vec(envs.PARTITION_ID, num_envs=3, vectorization_mode="vector_entry_point")
     assert isinstance(vec.unwrapped, PartitionVectorEnv)
