@@ -138,6 +138,24 @@ def shared_options(options: list[dict]) -> dict | None:
     return options[0] or None
 
 
+def set_shared_options(venv, options: list[dict] | dict | None) -> None:
+    """SB3's ``VecEnv.set_options`` for a VecEnv of batched envs, which reset together with
+    one set of options: options that differ between its envs (or a list of another length)
+    are refused where they are given, and the ones set before are kept (left set, every
+    reset after refused them)."""
+    from stable_baselines3.common.vec_env import VecEnv
+
+    if isinstance(options, list) and len(options) != venv.num_envs:
+        raise ValueError(f"set_options gave {len(options)} option sets for {venv.num_envs} envs")
+    previous = venv._options
+    VecEnv.set_options(venv, options)
+    try:
+        shared_options(venv._options)
+    except ValueError:
+        venv._options = previous
+        raise
+
+
 def sb3_step_infos(
     infos: Mapping[str, Any], terminated, truncated, reset_keys: Collection[str] | None = None
 ) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
@@ -264,6 +282,9 @@ def _sb3_class():
             self._reset_seeds()
             self._reset_options()
             return obs
+
+        def set_options(self, options: list[dict] | dict | None = None) -> None:
+            set_shared_options(self, options)
 
         def step_async(self, actions) -> None:
             self._actions = actions

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.vector import per_env_infos, sb3_step_infos, shared_options
+from envs.vector import per_env_infos, sb3_step_infos, set_shared_options, shared_options
 
 
 class RolloutError(RuntimeError):
@@ -142,6 +142,9 @@ def _class():
             self._reset_seeds()
             self._reset_options()
             return np.concatenate([g[0] for g in got])
+
+        def set_options(self, options: list[dict] | dict | None = None) -> None:
+            set_shared_options(self, options)  # as the in-process batched env
 
         def step_async(self, actions) -> None:
             self._open()

@@ -8,7 +8,13 @@ from sb3_contrib import MaskablePPO
 from sb3_contrib.common.maskable.utils import get_action_masks
 from stable_baselines3 import PPO
 
-from envs.vector import env_creator, make_gym_vec_env, make_sb3_vec_env, per_env_infos
+from envs.vector import (
+    env_creator,
+    make_batched_vec_env,
+    make_gym_vec_env,
+    make_sb3_vec_env,
+    per_env_infos,
+)
 
 SMALL = {"episode_steps": 8, "interval_s": 0.5, "max_groups": 4}
 
@@ -120,3 +126,28 @@ def test_per_env_infos_follows_the_masks_of_nested_dicts() -> None:
         {"mb": {}, "terms": {"a": 1.0, "b": 3}},
         {"mb": {}, "terms": {"b": 4}},
     ]
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        [{"baseline": "full"}, {}],  # its envs reset together, with one set
+        [{"baseline": "full"}],  # one set for two envs
+    ],
+)
+def test_set_options_of_the_batched_vec_env_refuses_what_its_envs_cannot_share(refused) -> None:
+    """Refused where they are given, the options set before kept: before, they were refused
+    at the next reset and left set, so every reset after refused them too."""
+    first = []
+    for refuse in (False, True):
+        venv = make_batched_vec_env(2, seed=3, **SMALL)
+        venv.set_options({"baseline": "equal"})
+        if refuse:
+            with pytest.raises(ValueError, match="option"):
+                venv.set_options(refused)
+        first.append(venv.reset())
+        venv.set_options({"baseline": "full"})
+        first.append(venv.reset())
+        venv.close()
+    np.testing.assert_array_equal(first[0], first[2])
+    np.testing.assert_array_equal(first[1], first[3])

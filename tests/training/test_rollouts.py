@@ -84,10 +84,15 @@ def test_ray_workers_match_the_in_process_vector_env_and_train(tmp_path, ray_loc
     assert any(d.any() for d in reference[4::9])  # episodes ended and were reset
     # the shared local Ray (conftest: 2 CPUs)
     _same(_trajectory(ray_vec_env(n, 2, **FAST)), reference)
+    equal = make_batched_vec_env(n, **FAST)
+    equal.set_options({"baseline": "equal"})
+    expected = equal.reset()
+    equal.close()
     venv = ray_vec_env(n, 2, **FAST)
-    venv.set_options([{"baseline": "equal"}, {}, {}])  # its envs reset together
+    venv.set_options({"baseline": "equal"})
     with pytest.raises(ValueError, match="one set of reset options for all its envs"):
-        venv.reset()
+        venv.set_options([{"baseline": "full"}, {}, {}])  # its envs reset together
+    np.testing.assert_array_equal(venv.reset(), expected)  # the options set before
     venv.close()
     with pytest.raises(RuntimeError, match="the RayVecEnv is closed"):
         venv.reset()
