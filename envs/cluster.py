@@ -84,6 +84,14 @@ def _check_reachable(address: str) -> None:
     if address == "auto":
         return  # Ray finds the cluster itself (RAY_ADDRESS, the last one started here)
     target = address.removeprefix("ray://")
+    scheme, slashes, _ = target.partition("://")
+    if slashes:
+        # else the scheme was taken for part of the host name ("Name or service not known")
+        raise ClusterError(
+            f"not a Ray address: {address!r}; {scheme}:// is not Ray's (http://HOST:8265 is "
+            "its dashboard's); give HOST:PORT (what 'ray start --head' prints), "
+            "ray://HOST:PORT (a Ray Client server), local or auto"
+        )
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ClusterError(

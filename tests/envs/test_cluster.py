@@ -173,6 +173,16 @@ def test_a_port_outside_tcps_range_is_refused_before_any_connection(prefix, port
         _check_reachable(f"{prefix}127.0.0.1:{port}")
 
 
+@pytest.mark.parametrize(
+    "address", ["http://127.0.0.1:8265", "https://127.0.0.1:8265", "ray://grpc://127.0.0.1:1"]
+)
+def test_an_address_with_another_scheme_than_rays_is_not_a_ray_address(address) -> None:
+    """The dashboard's http://HOST:8265 (what Ray Jobs takes) was taken for HOST:PORT with
+    'http://HOST' the host name: 'cannot reach the Ray cluster: Name or service not known'."""
+    with pytest.raises(ClusterError, match=r"not a Ray address: .*:// is not Ray's"):
+        _check_reachable(address)
+
+
 @pytest.mark.parametrize("num_cpus", [0, -2, True, 1.5])
 @pytest.mark.parametrize("address", ["local", "127.0.0.1:1"])
 def test_start_ray_refuses_a_number_of_cpus_below_one(address, num_cpus) -> None:
