@@ -234,6 +234,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             seeds = list(seed)
             if len(seeds) != self.num_envs:
                 raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+            if self._init_seed is not None:  # env i's None: its first reset, seeded or not
+                seeds = [self._init_seed + i if s is None else s for i, s in enumerate(seeds)]
         # every seed checked (seeding refuses e.g. a negative one) before any env takes its
         fresh = {
             i: seeding.np_random(s)

@@ -202,6 +202,20 @@ def test_seeding_reproduces_and_separates_trajectories() -> None:
     assert not np.array_equal(same, run(5))
 
 
+@pytest.mark.parametrize(("seeds", "used"), [([None, None], (5, 6)), ([None, 9], (5, 9))])
+def test_a_first_reset_seeds_the_envs_given_none_from_the_seed_kwarg(seeds, used) -> None:
+    """As a single env made with a seed, whose first reset(seed=None) takes it: an env whose
+    seed in the list is None takes the constructor's (env i: seed + i). Before, they drew
+    fresh entropy."""
+    env = PartitionVectorEnv(2, **FAST, seed=5)
+    obs = env.reset(seed=seeds)[0]
+    assert env.np_random_seed == used
+    again = PartitionVectorEnv(2, **FAST)
+    np.testing.assert_array_equal(obs, again.reset(seed=list(used))[0])
+    env.close()
+    again.close()
+
+
 def test_a_seeded_first_reset_uses_up_the_seed_kwarg() -> None:
     """As the single env: the constructor's seed is the first reset's, seeded or not."""
     names = []
