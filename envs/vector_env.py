@@ -25,7 +25,8 @@ the single env names groups) but the decoder's notes in words (``repairs``): ``w
 each with gymnasium's ``_key`` mask of the envs that have it (an env reset within the step
 has its reset's info, the ended episode's last step is under ``final_info``).
 ``reset(seed=s)`` seeds env ``i`` with ``s + i`` (a list gives one seed per env), as
-gymnasium's vector envs do. :meth:`PartitionVectorEnv.action_masks` gives MaskablePPO's
+gymnasium's vector envs do, and ``options={"reset_mask": mask}`` restarts only the envs
+``mask`` marks, as theirs. :meth:`PartitionVectorEnv.action_masks` gives MaskablePPO's
 masks; the SB3 ``VecEnv`` adapter is :class:`envs.vector.SB3VectorEnv`.
 """
 
@@ -223,43 +224,74 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ):
-        # The constructor's seed is the first reset's, seeded or not (as the single env's);
-        # a reset refused for its seeds leaves it for the next.
-        seed = self._init_seed if seed is None else seed
-        if seed is None:
-            seeds: list[int | None] = [None] * self.num_envs
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + i for i in range(self.num_envs)]
-        else:
-            seeds = list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
-            if self._init_seed is not None:  # env i's None: its first reset, seeded or not
-                seeds = [self._init_seed + i if s is None else s for i, s in enumerate(seeds)]
-        # every seed checked (seeding refuses e.g. a negative one) before any env takes its
+        options = dict(options or {})
+        mask = self._reset_mask(options.pop("reset_mask", None))
+        rows = np.flatnonzero(mask)
+        seeds = self._seed_list(seed)
+        # every seed checked (seeding refuses e.g. a negative one) before any env takes its;
+        # a partial reset seeds the envs it restarts only, as SyncVectorEnv's
         fresh = {
-            i: seeding.np_random(s)
-            for i, s in enumerate(seeds)
-            if s is not None or self._rngs[i] is None
+            i: seeding.np_random(seeds[i])
+            for i in rows.tolist()
+            if seeds[i] is not None or self._rngs[i] is None
         }
         self._init_seed = None
         for i, (rng, used) in fresh.items():
             self._rngs[i], self._seeds[i] = rng, used
-        options = dict(options or {})
         baseline = options.pop("baseline", self.baseline)
         if baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
         scenario = options.pop("scenario", None)
         if options:
-            raise ValueError(f"unknown reset options {sorted(options)}; have baseline, scenario")
-        rows = np.arange(self.num_envs)
+            raise ValueError(
+                f"unknown reset options {sorted(options)}; have baseline, scenario, reset_mask"
+            )
         self._start(rows, baseline, None if scenario is None else self._fitting(scenario))
-        self.batch.advance(self.interval_s)
-        readings = self.batch.observe()
-        self._shield_observe(readings, rows)
-        self._first(rows, self._ips(readings), self._encode(readings))
-        self._autoreset[:] = False
-        return self._obs.copy(), self._reset_info(np.ones(self.num_envs, dtype=bool))
+        if mask.all():
+            self.batch.advance(self.interval_s)
+            readings = self.batch.observe()
+            self._shield_observe(readings, rows)
+            self._first(rows, self._ips(readings), self._encode(readings))
+        else:  # the others stay as they are, mid-interval (as in a same-step autoreset)
+            self.batch.advance(self.interval_s, rows)
+            fresh_readings = self.batch.observe(rows)
+            self._shield_observe(fresh_readings, rows, fresh_rows=True)
+            self._first(rows, self._ips(fresh_readings), self._encode(fresh_readings, rows))
+        self._autoreset[rows] = False
+        return self._obs.copy(), self._reset_info(mask)
+
+    def _seed_list(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
+        """Each env's seed of a reset given ``seed``: env i gets ``seed + i`` from an int, its
+        own from a list. The constructor's seed is the first reset's, seeded or not (as the
+        single env's); a reset refused for its seeds leaves it for the next."""
+        seed = self._init_seed if seed is None else seed
+        if seed is None:
+            return [None] * self.num_envs
+        if isinstance(seed, (int, np.integer)):
+            return [int(seed) + i for i in range(self.num_envs)]
+        seeds = list(seed)
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
+        if self._init_seed is not None:  # env i's None: its first reset, seeded or not
+            seeds = [self._init_seed + i if s is None else s for i, s in enumerate(seeds)]
+        return seeds
+
+    def _reset_mask(self, mask: Any) -> np.ndarray:
+        """The envs a reset restarts: every env, or those gymnasium's ``reset_mask`` option
+        marks (a bool array over the envs, as SyncVectorEnv takes it), once every env has
+        started."""
+        N = self.num_envs
+        if mask is None:
+            return np.ones(N, dtype=bool)
+        if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (N,)):
+            raise ValueError(
+                f"options['reset_mask'] must be a numpy bool array of shape ({N},), got {mask!r}"
+            )
+        if not mask.any():
+            raise ValueError("options['reset_mask'] marks no env to reset")
+        if self.batch is None and not mask.all():
+            raise ValueError("the first reset starts every env: reset_mask marks only some")
+        return mask.copy()
 
     def step(self, actions):
         if self.batch is None:

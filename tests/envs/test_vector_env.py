@@ -174,6 +174,71 @@ def test_what_a_step_returns_is_the_callers_to_change(mode: str) -> None:
     ref.close()
 
 
+PARTIAL_RESETS = [  # (steps before, seed, reset_mask): episodes then end at other steps
+    (1, [None, 20, None, 21], [False, True, False, True]),
+    (2, 30, [True, False, False, False]),
+    (4, None, [False, False, True, False]),
+]
+
+
+@pytest.mark.parametrize(
+    ("mode", "kwargs"),
+    [
+        ("SameStep", {}),
+        ("NextStep", {"baseline": "equal"}),
+        ("SameStep", {"shield": True, "reference": "running_max"}),
+    ],
+)
+def test_partial_resets_match_single_envs_step_by_step(mode: str, kwargs: dict) -> None:
+    """gymnasium's ``reset_mask`` option restarts the envs it marks (seeded as SyncVectorEnv
+    seeds them), the others going on mid-episode, so episodes end at different steps after:
+    the same observations, rewards, truncations and info masks as single envs. Before, the
+    option was refused."""
+    vec, ref = _pair(4, mode, episode_steps=3, **kwargs)
+    vec.action_space.seed(0)
+    for env in (vec, ref):
+        env.reset(seed=7)
+    staggered = 0
+    for before, seed, mask in PARTIAL_RESETS:
+        for _ in range(before):
+            a = vec.action_space.sample()
+            (obs, rew, _, trunc, info), want = vec.step(a), ref.step(a)
+            np.testing.assert_array_equal(obs, want[0])
+            np.testing.assert_allclose(rew, want[1], rtol=1e-12, atol=1e-12)
+            assert trunc.tolist() == want[3].tolist()
+            _check_info_masks(info, want[4], 4)
+            staggered += bool(trunc.any() and not trunc.all())
+        options = {"reset_mask": np.array(mask)}
+        obs, info = vec.reset(seed=seed, options=options)
+        want = ref.reset(seed=seed, options=dict(options))
+        np.testing.assert_array_equal(obs, want[0])
+        _check_info_masks(info, want[1], 4)
+        assert vec.np_random_seed == ref.np_random_seed
+    assert staggered >= 2
+    vec.close()
+    ref.close()
+
+
+@pytest.mark.parametrize(
+    ("mask", "message"),
+    [
+        ([True, False], "must be a numpy bool array of shape"),
+        (np.array([1, 0]), "must be a numpy bool array of shape"),
+        (np.array([True, False, True]), "must be a numpy bool array of shape"),
+        (np.array([False, False]), "marks no env"),
+        (np.array([True, False]), "the first reset starts every env"),
+    ],
+)
+def test_a_reset_mask_that_cannot_be_used_is_refused_before_anything_moves(
+    mask, message: str
+) -> None:
+    env = PartitionVectorEnv(2, **FAST, seed=3)
+    with pytest.raises(ValueError, match=message):
+        env.reset(options={"reset_mask": mask})
+    assert env.batch is None and env.np_random_seed == (None, None)
+    env.close()
+
+
 def test_make_vec_returns_the_batched_env_declaring_its_autoreset() -> None:
     vec = gym.make_vec(envs.PARTITION_ID, num_envs=3, vectorization_mode="vector_entry_point")
     assert isinstance(vec.unwrapped, PartitionVectorEnv)
