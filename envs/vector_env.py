@@ -356,7 +356,8 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
             # the ended episodes' names, before _start gives those envs new ones
             values["scenario"] = np.array(self.scenario_names, dtype=object)
             values["slots"] = self._slot_lists()
-            infos["final_info"] = _masked(values, truncated)
+            # apart from the step's infos of the envs that go on (the caller's to change)
+            infos["final_info"] = _masked(_copies(values), truncated)
             infos["_final_info"] = truncated.copy()
             self._start(done, self.baseline)
             self.batch.advance(self.interval_s, done)
@@ -768,6 +769,14 @@ def _masked(values: Mapping[str, np.ndarray], present: np.ndarray) -> dict[str, 
         out[key] = _masked(value, present) if isinstance(value, Mapping) else value
         out["_" + key] = present.copy()
     return out
+
+
+def _copies(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with a copy of each array, nested dicts too."""
+    return {
+        k: _copies(v) if isinstance(v, Mapping) else v.copy() if isinstance(v, np.ndarray) else v
+        for k, v in values.items()
+    }
 
 
 def _rows(layout: SlotLayout, rows: np.ndarray) -> SlotLayout:

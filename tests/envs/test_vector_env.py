@@ -174,6 +174,29 @@ def test_what_a_step_returns_is_the_callers_to_change(mode: str) -> None:
     ref.close()
 
 
+def test_an_ended_episodes_last_info_is_apart_from_the_steps_info() -> None:
+    """Episodes ending apart (after a partial reset), a step's info has other envs' step
+    values beside the ended episodes' under final_info: a caller changing the first changes
+    nothing in the second, as in SyncVectorEnv's (they were the same arrays)."""
+    vec, ref = _pair(2, "SameStep", episode_steps=2)
+    zero = np.zeros((2, 2 * vec.unwrapped.decoder.max_groups), dtype=np.int64)
+    for env in (vec, ref):
+        env.reset(seed=0)
+        env.step(zero)
+        env.reset(options={"reset_mask": np.array([True, False])})
+    got, want = vec.step(zero)[4], ref.step(zero)[4]
+    assert got["_time_s"].tolist() == [True, False] and got["_final_info"].tolist() == [False, True]
+    for key in ("time_s", "ways", "masks", "mb", "shared"):
+        got[key][...] = -1
+    got["reward_terms"]["total"][...] = -1
+    ended, expected = got["final_info"], want["final_info"]
+    assert ended["time_s"][1] == expected["time_s"][1] > 0
+    assert ended["reward_terms"]["total"][1] == expected["reward_terms"]["total"][1] != -1
+    assert (ended["ways"][1] >= 0).all() and (ended["masks"][1] >= 0).all()
+    vec.close()
+    ref.close()
+
+
 PARTIAL_RESETS = [  # (steps before, seed, reset_mask): episodes then end at other steps
     (1, [None, 20, None, 21], [False, True, False, True]),
     (2, 30, [True, False, False, False]),
