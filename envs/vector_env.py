@@ -469,7 +469,7 @@ class PartitionVectorEnv(gym.vector.VectorEnv):
                 "make a new vector env to change it"
             )
         if isinstance(values, (list, tuple)):
-            first = values[0]
+            first = values[0] if values else None
             if len(values) != self.num_envs or any(v is not first and v != first for v in values):
                 raise ValueError(
                     f"set_attr({name!r}): the batched env's {self.num_envs} envs share it; "

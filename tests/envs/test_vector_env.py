@@ -500,8 +500,9 @@ def test_get_attr_and_set_attr_as_sync_vector_env() -> None:
     env.set_attr("episode_steps", 2)
     env.set_attr("episode_steps", [5, 5, 5])  # one per env, all alike
     assert env.episode_steps == 5
-    with pytest.raises(ValueError, match=r"set_attr\('episode_steps'\): .* share it"):
-        env.set_attr("episode_steps", [2, 3, 2])
+    for values in ([2, 3, 2], []):
+        with pytest.raises(ValueError, match=r"set_attr\('episode_steps'\): .* share it"):
+            env.set_attr("episode_steps", values)
     assert env.episode_steps == 5
     env.close()
 
