@@ -1,0 +1,260 @@
+"""The agent against hostile HTTP/2 peers on its gRPC port: frames made by hand
+(tests/agent/server/h2frames.py) on real sockets, while a real client keeps calling.
+
+Each attack runs for a couple of seconds; the client must keep being served (few errors,
+its calls completing) and the agent must still stop within its grace period + 2 s. The
+limits they exercise are in agent/server/app.py (HTTP2_OPTIONS) and security.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from agent.client import RemoteNode
+from agent.server.app import STOP_SLACK_S, AgentServer
+from agent.sim import SimNode
+from proto.rdtune.v1 import agent_pb2 as api
+from tests.agent.server import h2frames as h2
+from tests.agent.server.conftest import serve
+
+HOST = "127.0.0.1"
+OBSERVE = "/rdtune.v1.NodeAgent/Observe"
+TOKEN = "h2-peers-token"
+GRACE_S = 1.0
+
+Attack = Callable[[int, threading.Event], None]
+
+
+@dataclass
+class Served:
+    """What the well-behaved client got while the attack ran."""
+
+    ok: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def check(self) -> None:
+        # Generous for a loaded CI machine: a call now and then may fail, most must not.
+        assert self.ok >= 5, f"{self.ok} calls served, errors: {self.errors[:3]}"
+        assert len(self.errors) <= max(2, self.ok // 10), self.errors[:5]
+
+
+def _keep_calling(address: str, token: str | None, stop: threading.Event, out: Served) -> None:
+    with RemoteNode(address, token=token, timeout=10.0, session=False) as client:
+        while not stop.is_set():
+            try:
+                client.capabilities()
+                client.observe()
+                out.ok += 1
+            except Exception as exc:
+                out.errors.append(f"{type(exc).__name__}: {exc}")
+            time.sleep(0.01)
+
+
+def _attacking(attack: Attack, port: int, stop: threading.Event) -> None:
+    with contextlib.suppress(OSError):  # the agent refuses connections once it stopped
+        attack(port, stop)
+
+
+def _under_attack(
+    server: AgentServer, attack: Attack, seconds: float = 2.0, token: str | None = None
+) -> Served:
+    """Run ``attack`` while a client calls the agent for ``seconds``; then stop the agent,
+    the attack still going, and check that it stopped within its grace + 2 s."""
+    attacking, calling, served = threading.Event(), threading.Event(), Served()
+    attacker = threading.Thread(
+        target=_attacking, args=(attack, server.port, attacking), daemon=True
+    )
+    attacker.start()
+    time.sleep(0.3)  # under way before the client's first call
+    caller = threading.Thread(target=_keep_calling, args=(server.address, token, calling, served))
+    caller.start()
+    time.sleep(seconds)
+    calling.set()
+    caller.join(30)
+    assert not caller.is_alive(), "the client's calls did not complete"
+    started = time.monotonic()
+    server.stop()
+    took = time.monotonic() - started
+    attacking.set()
+    attacker.join(10)
+    assert took <= GRACE_S + STOP_SLACK_S, f"stop took {took:.1f} s"
+    return served
+
+
+@contextlib.contextmanager
+def _sockets() -> Iterator[list[socket.socket]]:
+    socks: list[socket.socket] = []
+    try:
+        yield socks
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _send(sock: socket.socket, data: bytes) -> bool:
+    """Send, then drop what the agent sent back (unparsed: the attacker shares the GIL
+    with the agent); False once the agent closed the connection."""
+    try:
+        sock.settimeout(5.0)
+        sock.sendall(data)
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while sock.recv_into(_DRAIN):
+                pass
+            return False  # end of stream
+        return True
+    except OSError:
+        return False
+
+
+_DRAIN = bytearray(1 << 20)
+
+
+def _flood(payload: bytes) -> Attack:
+    """Send ``payload`` again and again, reconnecting when the agent hangs up."""
+
+    def attack(port: int, stop: threading.Event) -> None:
+        with _sockets() as socks:
+            socks.append(h2.connect(HOST, port))
+            while not stop.is_set():
+                if not _send(socks[-1], payload):
+                    socks.append(h2.connect(HOST, port))
+
+    return attack
+
+
+def _rapid_reset(port: int, stop: threading.Event) -> None:
+    """CVE-2023-44487: HEADERS for a real method, then RST_STREAM at once, 100 per write."""
+    block = h2.request_block(OBSERVE)
+    with _sockets() as socks:
+        socks.append(h2.connect(HOST, port))
+        stream = 1
+        while not stop.is_set():
+            ids = range(stream, stream + 200, 2)
+            burst = b"".join(h2.headers(i, block) + h2.rst_stream(i) for i in ids)
+            stream += 200
+            if not _send(socks[-1], burst) or stream > 2**30:
+                socks.append(h2.connect(HOST, port))
+                stream = 1
+
+
+def _huge_header_block(port: int, stop: threading.Event) -> None:
+    """A 1 MB header value in 16 KB CONTINUATION frames, on one connection after another."""
+    block = h2.request_block(OBSERVE, extra={b"x-big": b"a" * 1_000_000})
+    chunks = [block[i : i + 16384] for i in range(0, len(block), 16384)]
+    frames = h2.headers(1, chunks[0], end_headers=False) + b"".join(
+        h2.continuation(1, c, end_headers=i == len(chunks) - 2) for i, c in enumerate(chunks[1:])
+    )
+    while not stop.is_set():
+        with _sockets() as socks:
+            socks.append(h2.connect(HOST, port))
+            _send(socks[0], frames)
+
+
+def _endless_continuation(port: int, stop: threading.Event) -> None:
+    """HEADERS without END_HEADERS, then CONTINUATION frames that never end the block."""
+    opening = h2.headers(1, h2.request_block(OBSERVE), end_headers=False)
+    more = h2.continuation(1, h2.literal(b"x-more", b"b" * 16000)) * 4
+    with _sockets() as socks:
+        socks.append(h2.connect(HOST, port))
+        _send(socks[-1], opening)
+        while not stop.is_set():
+            if not _send(socks[-1], more):
+                socks.append(h2.connect(HOST, port))
+                _send(socks[-1], opening)
+
+
+def _idle_connections(count: int, preface: bool) -> Attack:
+    """Slowloris: ``count`` connections that send the preface (or nothing) and then wait."""
+
+    def attack(port: int, stop: threading.Event) -> None:
+        with _sockets() as socks:
+            socks.extend(h2.connect(HOST, port, preface=preface) for _ in range(count))
+            stop.wait()
+
+    return attack
+
+
+def _held_streams(connections: int, per_connection: int) -> Attack:
+    """Streams for a real unary method whose request (DATA) never comes, held open."""
+    block = h2.request_block(OBSERVE)
+
+    def attack(port: int, stop: threading.Event) -> None:
+        with _sockets() as socks:
+            for _ in range(connections):
+                socks.append(h2.connect(HOST, port))
+                opened = (h2.headers(2 * i + 1, block) for i in range(per_connection))
+                _send(socks[-1], b"".join(opened))
+            while not stop.wait(0.1):
+                for s in socks:
+                    h2.read_frames(s, 0.0)  # answers read, so none of them blocks a write
+
+    return attack
+
+
+def _zero_window(method: str, body: bytes) -> Attack:
+    """Streaming calls whose peer allows the server to send nothing (initial window 0)
+    and never reads its socket: the server's writes have nowhere to go."""
+    request = h2.request_block(method)
+
+    def attack(port: int, stop: threading.Event) -> None:
+        with _sockets() as socks:
+            for _ in range(10):
+                sock = h2.connect(HOST, port, preface=False)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                calls = (
+                    h2.headers(2 * i + 1, request) + h2.data(2 * i + 1, body) for i in range(20)
+                )
+                sock.sendall(h2.PREFACE + h2.settings(s4=0) + b"".join(calls))
+                socks.append(sock)
+            stop.wait()
+
+    return attack
+
+
+_STREAM_EVERY_50MS = api.StreamObservationsRequest(interval={"nanos": 50_000_000})
+_SESSION_OBSERVE = api.SessionRequest(id=1, observe=api.ObserveRequest())
+
+
+def _agent(**cfg) -> contextlib.AbstractContextManager[AgentServer]:
+    return serve(SimNode(seed=0), grace_s=GRACE_S, **cfg)
+
+
+# Already safe: grpc's own limits held (kept as regression tests).
+@pytest.mark.parametrize(
+    "attack",
+    [
+        _flood(h2.settings(s4=65535) * 500),
+        _huge_header_block,
+        _endless_continuation,
+        _idle_connections(300, preface=True),
+        _idle_connections(300, preface=False),
+        _zero_window(
+            "/rdtune.v1.NodeAgent/StreamObservations",
+            h2.grpc_message(_STREAM_EVERY_50MS.SerializeToString()),
+        ),
+        _zero_window(
+            "/rdtune.v1.NodeAgent/Session",
+            h2.grpc_message(_SESSION_OBSERVE.SerializeToString()) * 50,
+        ),
+    ],
+    ids=[
+        "settings-flood",
+        "huge-header-block",
+        "endless-continuation",
+        "idle-after-preface",
+        "idle-without-preface",
+        "zero-window-stream",
+        "zero-window-session",
+    ],
+)
+def test_a_client_is_served_and_the_agent_stops_while_a_peer_misbehaves(attack) -> None:
+    with _agent() as server:
+        _under_attack(server, attack).check()
