@@ -30,6 +30,7 @@ from agent.throttle import LogThrottle, held_back
 # a stream held open as long as the peer likes, so unauthenticated Watches could take every
 # concurrent-RPC slot from the tuner; it needs the token as every other method does.
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+UNAUTHENTICATED_TEXT = "missing or wrong bearer token (send 'authorization: Bearer <token>')"
 _log = logging.getLogger("agent.server")
 
 
@@ -241,9 +242,29 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         cached = self._guarded.get(key)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        guarded = _wrap(handler, lambda fn: self._guard(fn, method, authorised, handler))
+        if authorised:
+            guarded = _wrap(handler, lambda fn: self._guard(fn, method, handler))
+        else:
+            guarded = self._refusal(method, handler)
         self._guarded[key] = (handler, guarded)
         return guarded
+
+    def _refusal(self, method: str, handler) -> grpc.RpcMethodHandler:
+        """A handler that answers UNAUTHENTICATED at once. It takes its request as a stream
+        it never reads: grpc.aio reads a unary request before it calls the handler, so a
+        peer without the token that opens calls and never sends their request would hold
+        every concurrent-RPC slot (``max_concurrent_rpcs``) and lock the real clients out."""
+        finish = self._finish
+
+        async def refuse(requests, context):
+            finish(method, context, time.perf_counter(), grpc.StatusCode.UNAUTHENTICATED)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_TEXT)
+
+        if handler.response_streaming:
+            factory = grpc.stream_stream_rpc_method_handler
+        else:
+            factory = grpc.stream_unary_rpc_method_handler
+        return factory(refuse, response_serializer=handler.response_serializer)
 
     def _bad(self, context, method: str, frame: BadFrame) -> None:
         text = frame.message(method)
@@ -257,14 +278,9 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
                 self._bad(context, method, request)
             yield request
 
-    def _check(self, request, context, method: str, authorised: bool, streaming: bool):
-        """The request as the handler gets it, or Aborted (token, rate, undecodable)."""
-        if not authorised:
-            abort_with(
-                context,
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing or wrong bearer token (send 'authorization: Bearer <token>')",
-            )
+    def _check(self, request, context, method: str, streaming: bool):
+        """The request as the handler gets it, or Aborted (rate, undecodable); the token
+        was checked before (:meth:`_refusal`)."""
         limiter = self._limiter
         if limiter is not None:
             client = client_key(context.peer())
@@ -284,7 +300,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         name = code.name if isinstance(code, grpc.StatusCode) else str(code)
         self._observe(method, name, time.perf_counter() - started)
 
-    def _guard(self, fn, method: str, authorised: bool, handler):
+    def _guard(self, fn, method: str, handler):
         """``fn`` wrapped: as a coroutine function, or as an async generator function when
         it is one (grpc.aio calls each kind its own way). An Aborted is counted before its
         status is sent: a client that sees the answer finds it in the metrics (grpc.aio
@@ -297,7 +313,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
             async def streaming(request, context):
                 started = time.perf_counter()
                 try:
-                    request = check(request, context, method, authorised, streams_in)
+                    request = check(request, context, method, streams_in)
                     async for response in fn(request, context):
                         yield response
                 except Aborted as stop:
@@ -313,7 +329,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         async def call(request, context):
             started = time.perf_counter()
             try:
-                request = check(request, context, method, authorised, streams_in)
+                request = check(request, context, method, streams_in)
                 response = await fn(request, context)
             except Aborted as stop:
                 finish(method, context, started, stop.code)

@@ -227,6 +227,22 @@ def _agent(**cfg) -> contextlib.AbstractContextManager[AgentServer]:
     return serve(SimNode(seed=0), grace_s=GRACE_S, **cfg)
 
 
+@pytest.mark.parametrize(
+    ("connections", "per_connection"),
+    [(4, 100), (300, 1)],
+    ids=["streams-on-few-connections", "one-stream-each-on-many-connections"],
+)
+def test_calls_without_the_token_hold_no_slot_while_their_request_never_comes(
+    connections: int, per_connection: int
+) -> None:
+    # Before, grpc read a unary call's request before the token was checked: 300 such
+    # calls took every concurrent-RPC slot (256) and the client with the token got
+    # RESOURCE_EXHAUSTED on every call.
+    attack = _held_streams(connections, per_connection)
+    with _agent(token=TOKEN) as server:
+        _under_attack(server, attack, token=TOKEN).check()
+
+
 # Already safe: grpc's own limits held (kept as regression tests).
 @pytest.mark.parametrize(
     "attack",
