@@ -64,6 +64,18 @@ log = logging.getLogger(__name__)
 
 STOP_SLACK_S = 2.0  # what stop may take beyond the grace period
 
+# What a hostile HTTP/2 peer on the gRPC port meets (tests/agent/server/test_http2_peers.py
+# plays one with hand-made frames; docs/AGENT.md, "Robust edges").
+HTTP2_OPTIONS = (
+    # Streams one connection may have open (grpc's default: no limit). Once a connection has
+    # this many, grpc refuses its next streams (REFUSED_STREAM), and a stream counts until
+    # the server has let go of it, reset or not: without the limit, a peer that opens
+    # streams and resets them at once (CVE-2023-44487, "rapid reset") put thousands a
+    # second on the agent's event loop and the real clients' calls failed. A client needs
+    # far fewer: its calls beyond the limit wait on its side.
+    ("grpc.max_concurrent_streams", 100),
+)
+
 SERVICE_NAMES = tuple(
     api.DESCRIPTOR.services_by_name[name].full_name for name in ("NodeAgent", "Simulation")
 )
@@ -203,6 +215,7 @@ class AgentServer:
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.max_send_message_length", cfg.max_message_bytes),
             ("grpc.so_reuseport", 0),
+            *HTTP2_OPTIONS,
         ]
         self.server = grpc.aio.server(
             interceptors=[self._guard],

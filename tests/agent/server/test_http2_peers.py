@@ -227,6 +227,13 @@ def _agent(**cfg) -> contextlib.AbstractContextManager[AgentServer]:
     return serve(SimNode(seed=0), grace_s=GRACE_S, **cfg)
 
 
+# Changed by the agent's HTTP/2 limits: rapid reset failed the client's calls (CANCELLED,
+# no answer within 5 s) before the agent capped the streams of a connection.
+def test_rapid_reset_does_not_starve_a_client() -> None:
+    with _agent() as server:
+        _under_attack(server, _rapid_reset).check()
+
+
 @pytest.mark.parametrize(
     ("connections", "per_connection"),
     [(4, 100), (300, 1)],
