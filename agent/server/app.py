@@ -74,6 +74,12 @@ HTTP2_OPTIONS = (
     # second on the agent's event loop and the real clients' calls failed. A client needs
     # far fewer: its calls beyond the limit wait on its side.
     ("grpc.max_concurrent_streams", 100),
+    # No GOAWAY for pings sent "too often". grpc's ping policy closes such a connection,
+    # but after a PING flood that path spun a core for as long as the peer kept the
+    # connection open, and grpc's server never finished stopping. Without it a flood costs
+    # what any flood of control frames costs (the agent's other clients were served), and
+    # grpc still hangs up on a peer that leaves its PING acks unread.
+    ("grpc.http2.max_ping_strikes", 0),
 )
 
 SERVICE_NAMES = tuple(
@@ -170,6 +176,9 @@ class AgentServer:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self.restored: bool | None = None  # after stop: whether restore-on-exit succeeded
+        # False after a stop grpc did not finish (a write pending to a peer that reads
+        # nothing): freeing grpc's objects, at exit at the latest, then waits for ever.
+        self.grpc_stopped = True
 
         self._guard = GuardInterceptor(
             cfg.token, limiter, self.metrics.observe_rpc, self.bad_frames
@@ -366,6 +375,7 @@ class AgentServer:
             try:
                 self._submit(self._stop_serving(grace)).result(grace + STOP_SLACK_S / 2)
             except concurrent.futures.TimeoutError:
+                self.grpc_stopped = False
                 log.warning("RPCs still running %.3g s after shutdown began", grace + 1)
             # A call waiting for another tool's resctrl lock would write after "stopped".
             if callable(interrupt := getattr(self.node, "interrupt", None)):

@@ -216,6 +216,7 @@ def parse_scrape_flag(spec: str) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     import logging
+    import os
     import signal
     import sys
     import threading
@@ -278,4 +279,10 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
     print("rdtune agent: stopped", flush=True)
+    if not server.grpc_stopped:
+        # Everything the stop does is done (restore, node closed, socket removed); what is
+        # left is grpc waiting for a peer's connection that may never close.
+        log.warning("a connection did not close: exiting without waiting for it")
+        logging.shutdown()
+        os._exit(0)
     return 0
