@@ -148,19 +148,33 @@ def cancelling(cancel: Callable[[], None]) -> Iterator[None]:
 
     # _signal: signal.signal and getsignal convert to and from enums, 10 us a call, and
     # this block wraps each round trip of the tuner's session (its hot path).
-    taken = [sig for sig, handler in _RAISING if _signal.getsignal(sig) is handler]
-    for sig in taken:
-        _signal.signal(sig, defer)
+    taken = [(sig, handler) for sig, handler in _RAISING if _signal.getsignal(sig) is handler]
     try:
+        for sig, _ in taken:  # in the try: a SIGTERM after SIGINT's is taken puts it back
+            _signal.signal(sig, defer)
         yield
     finally:
-        for sig, handler in _RAISING:
-            if sig in taken:
-                _signal.signal(sig, handler)
+        _put_back(taken, defer)
         if caught:
             if caught[0] == signal.SIGTERM:
                 _terminate()
             raise KeyboardInterrupt
+
+
+def _put_back(handlers: list[tuple[int, Callable]], defer: Callable) -> None:
+    """Set ``handlers`` again in place of ``defer``, all of them: once the first is back, a
+    signal can raise before the next is set (signal.signal itself handles pending signals
+    first), which would leave that one deferring for ever; so on an interrupt those still
+    deferring are set, and the interrupt raised then (a second one meanwhile would take
+    two signals within microseconds)."""
+    try:
+        for sig, handler in handlers:
+            _signal.signal(sig, handler)
+    except KeyboardInterrupt:
+        for sig, handler in handlers:
+            if _signal.getsignal(sig) is defer:
+                _signal.signal(sig, handler)
+        raise
 
 
 def reinstall() -> None:

@@ -97,6 +97,52 @@ def test_an_interrupt_a_finaliser_swallowed_is_raised_again(finaliser, sig, rais
     assert "Exception ignored" not in done.stderr, done.stderr
 
 
+# A signal at each line run of cancelling's own code, as it takes and puts back handlers.
+_AT_EVERY_LINE = """
+import signal, sys
+from agent import interrupt
+def at_line(n):
+    count = 0
+    def tracer(frame, event, arg):
+        nonlocal count
+        if event == "line" and frame.f_code.co_filename.endswith(("interrupt.py", "contextlib.py")):
+            count += 1
+            if count == n:
+                signal.raise_signal({sig})
+        return tracer
+    return tracer
+outcomes = set()
+with interrupt.terminate_as_interrupt():
+    raising = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    for n in range(1, 200):
+        try:
+            sys.settrace(at_line(n))
+            with interrupt.cancelling(lambda: None):
+                pass
+        except KeyboardInterrupt as exc:
+            outcomes.add(type(exc).__name__)
+        finally:
+            sys.settrace(None)
+        handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+        if {sig} == signal.SIGTERM and handlers[1] is signal.SIG_IGN:  # raised: ignored since
+            signal.signal(signal.SIGTERM, raising[1])
+        elif handlers != raising:
+            print("line", n, "left", handlers)
+            break
+print(sorted(outcomes))
+"""
+
+
+@pytest.mark.parametrize(
+    ("sig", "raised"), [(signal.SIGTERM, "Terminated"), (signal.SIGINT, "KeyboardInterrupt")]
+)
+def test_a_signal_while_cancelling_takes_or_puts_back_handlers(sig, raised) -> None:
+    """Wherever the signal lands in cancelling's own code, it is raised and every handler
+    is back after the block: none left deferring (a SIGTERM or Ctrl-C then lost)."""
+    done = _python(_AT_EVERY_LINE.format(sig=int(sig)), timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, f"['{raised}']"), done
+
+
 # What ray.init does to a driver: a Python handler that exits with status 15.
 _LIKE_RAY = "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(15))"
 
