@@ -39,6 +39,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import MISSING, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -47,6 +48,7 @@ from typing import Any, NoReturn
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from agent.interrupt import cancelling
 from agent.types import (
     SLO,
     Allocation,
@@ -416,9 +418,8 @@ class TraceWriter:
             "created": time.time(),
             "extra": dict(extra or {}),
         }
-        self._rows: list[dict[str, Any]] = []
-        self._steps = 0
-        self._buffered_steps = 0
+        self._pending: list[list[dict[str, Any]]] = []  # intervals' rows, not yet written
+        self._flushed = 0  # intervals written as row groups
         self._row_group_steps = row_group_steps
         self._part, self._file = _fresh_part(self.path)
         self.location = self._part
@@ -455,56 +456,39 @@ class TraceWriter:
         if groups is not None:
             self._groups.update(groups)
         wall = time.time() if wall_time is None else float(wall_time)
-        ctl = controller or self._controller
-        names: list[str | None] = [
-            *snapshot.groups,
-            *sorted(snapshot.vanished - set(snapshot.groups)),
-        ]
-        if not names:
-            names = [None]  # an interval with no own groups still takes a row (group null)
-        for name in names:
-            sample = snapshot.groups.get(name or "", GroupSample())
-            lat = sample.latency
-            row: dict[str, Any] = {
-                "step": self._steps,
-                "timestamp": float(snapshot.timestamp),
-                "interval_s": float(snapshot.interval_s),
-                "wall_time": wall,
-                "controller": ctl,
-                "group": name,
-                "vanished": name in snapshot.vanished,
-                "allocation": _alloc_rows(allocation.groups.get(name or "")),
-                "applied": None if applied is None else _alloc_rows(applied.groups.get(name or "")),
-                "note": note,
-            }
-            for c in COUNTERS:
-                row[c] = getattr(sample, c)
-            if lat is None:
-                row.update(dict.fromkeys(LATENCY))
-            else:
-                row.update(
-                    lat_count=int(lat.count),
-                    lat_p50_ms=lat.p50_ms,
-                    lat_p95_ms=lat.p95_ms,
-                    lat_p99_ms=lat.p99_ms,
-                    lat_p999_ms=lat.p999_ms,
-                )
-            self._rows.append(row)
-        self._steps += 1
-        self._buffered_steps += 1
-        if self._buffered_steps >= self._row_group_steps:
-            self.flush()
+        interval = {
+            "step": self.steps,
+            "timestamp": float(snapshot.timestamp),
+            "interval_s": float(snapshot.interval_s),
+            "wall_time": wall,
+            "controller": controller or self._controller,
+            "note": note,
+        }
+        rows = _interval_rows(interval, snapshot, allocation, applied)
+        # The interval is buffered whole or not at all (its rows made first), and a signal
+        # waits until it is: a Ctrl-C landing here must not leave half an interval, or one
+        # written twice, for the close that follows it to put in the file.
+        with _interrupts_deferred():
+            self._pending.append(rows)
+            if len(self._pending) >= self._row_group_steps:
+                self._flush()
 
     def flush(self) -> None:
         """Write buffered intervals as one row group."""
-        if self._rows:
-            self._writer.write_table(pa.Table.from_pylist(self._rows, schema=SCHEMA))
-        self._rows = []
-        self._buffered_steps = 0
+        with _interrupts_deferred():
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            rows = [row for interval in self._pending for row in interval]
+            self._writer.write_table(pa.Table.from_pylist(rows, schema=SCHEMA))
+            self._flushed += len(self._pending)
+            self._pending = []
 
     @property
     def steps(self) -> int:
-        return self._steps
+        """Intervals written so far (buffered ones included)."""
+        return self._flushed + len(self._pending)
 
     def _encoded_meta(self) -> dict[bytes, bytes]:
         meta = {**self._meta, "groups": [spec_to_json(g) for g in self._groups.values()]}
@@ -519,17 +503,19 @@ class TraceWriter:
         ``stopped``: why the recording ended before it was done (kept in ``extra``)."""
         if self._closed:
             return
-        if stopped is not None:
-            self._meta["extra"]["stopped_early"] = stopped
-        self.flush()
-        self._meta["steps"] = self._steps
-        self._writer.add_key_value_metadata(self._encoded_meta())
-        self._writer.close()
-        # on disk before the rename: a trace that took hours is not lost to a power cut
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._closed = True
-        self._move_into_place()
+        # as write: a second Ctrl-C waits until the trace is whole and in place
+        with _interrupts_deferred():
+            if stopped is not None:
+                self._meta["extra"]["stopped_early"] = stopped
+            self._flush()
+            self._meta["steps"] = self.steps
+            self._writer.add_key_value_metadata(self._encoded_meta())
+            self._writer.close()
+            # on disk before the rename: a trace that took hours is not lost to a power cut
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._closed = True
+            self._move_into_place()
 
     def _move_into_place(self) -> None:
         """Rename the ``.part`` file to :attr:`path`; unless ``replace``, only while nothing
@@ -552,7 +538,7 @@ class TraceWriter:
     def _kept(self) -> FileExistsError:
         return FileExistsError(
             f"{self.path} appeared while recording (another recording to the same file?) and "
-            f"is kept; this trace's {self._steps} intervals are in {self._part}"
+            f"is kept; this trace's {self.steps} intervals are in {self._part}"
         )
 
     def __enter__(self) -> TraceWriter:
@@ -560,6 +546,50 @@ class TraceWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _interval_rows(
+    interval: Mapping[str, Any],
+    snapshot: Snapshot,
+    allocation: Allocation,
+    applied: Allocation | None,
+) -> list[dict[str, Any]]:
+    """One interval's rows, one per group (vanished ones too; a single row with group
+    null when it has none), each with the interval's own columns."""
+    names: list[str | None] = [
+        *snapshot.groups,
+        *sorted(snapshot.vanished - set(snapshot.groups)),
+    ]
+    rows = []
+    for name in names or [None]:
+        sample = snapshot.groups.get(name or "", GroupSample())
+        lat = sample.latency
+        row: dict[str, Any] = {
+            **interval,
+            "group": name,
+            "vanished": name in snapshot.vanished,
+            "allocation": _alloc_rows(allocation.groups.get(name or "")),
+            "applied": None if applied is None else _alloc_rows(applied.groups.get(name or "")),
+        }
+        for c in COUNTERS:
+            row[c] = getattr(sample, c)
+        if lat is None:
+            row.update(dict.fromkeys(LATENCY))
+        else:
+            row.update(
+                lat_count=int(lat.count),
+                lat_p50_ms=lat.p50_ms,
+                lat_p95_ms=lat.p95_ms,
+                lat_p99_ms=lat.p99_ms,
+                lat_p999_ms=lat.p999_ms,
+            )
+        rows.append(row)
+    return rows
+
+
+def _interrupts_deferred() -> AbstractContextManager[None]:
+    """Ctrl-C and SIGTERM raised as the block ends, not within it (agent/interrupt.py)."""
+    return cancelling(lambda: None)
 
 
 def _fresh_part(path: Path) -> tuple[Path, Any]:

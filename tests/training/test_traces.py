@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import math
 import os
 import re
+import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from agent import interrupt
 from agent.sim import SimNode
 from models.explore import Explore
 from tests.training.trace_edits import DROP, rewrite_meta
@@ -150,6 +156,82 @@ def test_interval_without_groups_round_trips(tmp_path) -> None:
         w.write(node.observe(), node.allocation())
     trace = load_trace(path)
     assert len(trace) == 1 and dict(trace.steps[0].snapshot.groups) == {}
+
+
+_WATCHED = re.compile(r"(traces|interrupt|contextlib)\.py$|pyarrow")
+
+
+@contextlib.contextmanager
+def _signal_at_line(n: int, sig: int) -> Iterator[list[bool]]:
+    """Within the block, ``sig`` (a real signal, to this process) is sent at the ``n``-th
+    line run of the writer's, the interrupt handling's and Arrow's Python code, as one
+    arriving there would be; the list yielded says whether it was sent."""
+    sent = [False]
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        if event == "line" and not sent[0] and _WATCHED.search(frame.f_code.co_filename):
+            count += 1
+            if count == n:
+                sent[0] = True
+                signal.raise_signal(sig)
+        return tracer
+
+    before = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        yield sent
+    finally:
+        sys.settrace(before)
+
+
+@pytest.fixture(scope="module")
+def four_intervals() -> tuple[SimNode, list[tuple]]:
+    node = SimNode("default", seed=0)
+    intervals = []
+    for _ in range(4):
+        node.advance(0.1)
+        intervals.append((node.observe(), node.allocation()))
+    return node, intervals
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "call, row_group_steps",
+    [("write", 8), ("write", 4), ("close", 8)],
+    ids=["a write that buffers", "a write that ends a row group", "the close"],
+)
+def test_a_signal_anywhere_in_the_writer_leaves_a_whole_trace(
+    four_intervals, tmp_path, sig, call, row_group_steps
+) -> None:
+    """Ctrl-C or SIGTERM at any line of a write or of the close, then the close the
+    recorder makes (training/trace_record.py): the trace reads, with every interval
+    written before and the interrupted one whole or absent; the signal is never lost,
+    and the handlers are put back."""
+    node, intervals = four_intervals
+    for n in itertools.count(1):
+        path = tmp_path / f"t{n}.parquet"
+        w = TraceWriter(
+            path, node.capabilities(), node.groups(), "x", row_group_steps=row_group_steps
+        )
+        for snap, held in intervals[:3]:
+            w.write(snap, held)
+        interrupted = False
+        try:
+            with interrupt.terminate_as_interrupt(), _signal_at_line(n, sig) as sent:
+                w.close() if call == "close" else w.write(*intervals[3])
+        except KeyboardInterrupt:
+            interrupted = True
+        assert interrupted == sent[0], f"line {n}: the signal was lost"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        if not interrupted:
+            w.close()
+            break  # past the call's last line
+        w.close(stopped="KeyboardInterrupt")  # as record() does
+        trace = load_trace(path)
+        assert len(trace) in (3, 4) and trace.steps[2].snapshot == intervals[2][0], n
+    assert n > 20, "the calls ran that many lines"
 
 
 # --------------------------------------------------------------------------- bad files
