@@ -873,8 +873,8 @@ def _check_meta(path: Path, values: Mapping[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the reader
 
 
-def _read_footer(path: Path) -> tuple[dict[bytes, bytes], list[str]]:
-    """The Parquet footer's key/value metadata and column names, the file checked to be a
+def _read_footer(path: Path) -> tuple[dict[bytes, bytes], pa.Schema]:
+    """The Parquet footer's key/value metadata and columns, the file checked to be a
     complete Parquet file."""
     if not path.exists():
         raise TraceError(path, "no such file")
@@ -902,14 +902,14 @@ def _read_footer(path: Path) -> tuple[dict[bytes, bytes], list[str]]:
         # The footer's key/value metadata (final values, written at close), not the Arrow
         # schema's copy (written when recording started).
         footer = pq.read_metadata(path)
-        names = footer.schema.to_arrow_schema().names
+        schema = footer.schema.to_arrow_schema()
     except (pa.ArrowException, OSError) as e:
         raise TraceError(path, f"corrupt Parquet footer: {e}") from None
     except UnicodeDecodeError as e:  # pyarrow decodes the column names as it opens the file
         raise TraceError(
             path, f"corrupt Parquet footer: a column name is not UTF-8 ({e})"
         ) from None
-    return dict(footer.metadata or {}), names
+    return dict(footer.metadata or {}), schema
 
 
 def _decode_meta(path: Path, raw: Mapping[bytes, bytes]) -> dict[str, Any]:
@@ -944,12 +944,29 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     without the rows: JSON values by key, but ``capabilities`` a :class:`NodeCapabilities`
     and ``groups`` a dict of :class:`GroupSpec` by name."""
     path = Path(path)
-    raw, names = _read_footer(path)
+    raw, schema = _read_footer(path)
     meta = _check_meta(path, _decode_meta(path, raw))
-    missing = [n for n in SCHEMA.names if n not in names]
+    _check_columns(path, schema)
+    return meta
+
+
+def _check_columns(path: Path, schema: pa.Schema) -> None:
+    """Every column of the format there once, of its type, nested field names included:
+    the metadata checksum does not cover the footer's schema, and Arrow reads a struct
+    whose field was renamed (a flipped bit in ``l3_mask``) as that field all null."""
+    missing = [n for n in SCHEMA.names if n not in schema.names]
     if missing:
         raise TraceError(path, f"missing column(s) {', '.join(missing)}")
-    return meta
+    for want in SCHEMA:
+        if len(schema.get_all_field_indices(want.name)) > 1:
+            raise TraceError(path, f"column {want.name!r} appears more than once")
+        got = schema.field(want.name).type
+        if not got.equals(want.type):
+            raise TraceError(
+                path,
+                f"column {want.name!r} is {got}, but {want.type} in trace format version "
+                f"{FORMAT_VERSION} (a damaged footer?)",
+            )
 
 
 def load_trace(path: str | os.PathLike) -> Trace:

@@ -717,10 +717,34 @@ def test_the_checksum_is_over_values_not_their_spelling(recorded, tmp_path) -> N
     assert _same_content(load_trace(p), load_trace(recorded[0]))
 
 
-def test_bit_flips_in_the_footer_metadata_never_load_as_other_content(tmp_path) -> None:
+def _metadata_bits(data: bytes, start: int, path: Path) -> list[int]:
+    """Every byte of the trace's metadata keys and values in the footer."""
+    positions: list[int] = []
+    for key, value in pq.read_metadata(path).metadata.items():
+        if not key.startswith(T.META_PREFIX.encode()):
+            continue
+        at = data.index(key, start)
+        value_at = data.index(value, at + len(key))
+        assert value_at - (at + len(key)) <= 6, "the value follows its key in the footer"
+        positions += [*range(at, at + len(key)), *range(value_at, value_at + len(value))]
+    return positions
+
+
+def _schema_bits(data: bytes, start: int, path: Path) -> list[int]:
+    """Every byte of the footer's column schema: names, types, repetition, nesting (it
+    comes first, and ends with the last column's name)."""
+    last = T.SCHEMA.names[-1].encode()
+    return list(range(start, data.index(last, start) + len(last)))
+
+
+@pytest.mark.parametrize(
+    "bits", [_metadata_bits, _schema_bits], ids=["trace metadata", "column schema"]
+)
+def test_bit_flips_in_the_footer_never_load_as_other_content(tmp_path, bits) -> None:
     """Parquet has no checksum of its footer: every bit flip in the trace's metadata keys
-    and values is refused or, where it only unmade the checksum key (its prefix), loads
-    the same content unchecked. None loads as something else."""
+    and values, and in the columns' names and types, is refused or loads the same content
+    (unchecked, where it only unmade the checksum key's prefix). None loads as something
+    else."""
     node = SimNode("default", seed=0)
     path = tmp_path / "small.parquet"
     caps, groups = node.capabilities(), node.groups()
@@ -732,14 +756,7 @@ def test_bit_flips_in_the_footer_metadata_never_load_as_other_content(tmp_path) 
     original = load_trace(path)
     data = path.read_bytes()
     start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
-    positions: list[int] = []
-    for key, value in pq.read_metadata(path).metadata.items():
-        if not key.startswith(T.META_PREFIX.encode()):
-            continue
-        at = data.index(key, start)
-        value_at = data.index(value, at + len(key))
-        assert value_at - (at + len(key)) <= 6, "the value follows its key in the footer"
-        positions += [*range(at, at + len(key)), *range(value_at, value_at + len(value))]
+    positions = bits(data, start, path)
     flipped = tmp_path / "flipped.parquet"
     unchecked, silent = [], []
     for i in positions:
@@ -752,4 +769,5 @@ def test_bit_flips_in_the_footer_metadata_never_load_as_other_content(tmp_path) 
             continue
         (unchecked if _same_content(trace, original) else silent).append(i)
     assert not silent, f"flips at {silent} loaded as other content"
-    assert len(unchecked) <= len(T.META_PREFIX), unchecked
+    if bits is _metadata_bits:
+        assert len(unchecked) <= len(T.META_PREFIX), unchecked
