@@ -245,6 +245,7 @@ def _record_until_done(
 
     from agent.errors import NodeError
     from training.trace_record import record
+    from training.traces import TraceError
 
     bar = tqdm(
         total=max(1, round(args.duration / args.interval)),
@@ -274,6 +275,12 @@ def _record_until_done(
         bar.close()
         print(f"rdtune trace record: agent {args.agent}: {exc}" + (kept and f"; {kept}"),
               file=sys.stderr)  # fmt: skip
+        return None
+    except TraceError as exc:  # the agent sent an interval no trace may hold (the writer's)
+        kept = _kept(exc)
+        bar.close()
+        print(f"rdtune trace record: agent {args.agent} sent an interval a trace cannot hold: "
+              f"{exc}" + (kept and f"; {kept}"), file=sys.stderr)  # fmt: skip
         return None
     finally:
         bar.close()

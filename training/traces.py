@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -420,6 +421,7 @@ class TraceWriter:
         }
         self._pending: list[list[dict[str, Any]]] = []  # intervals' rows, not yet written
         self._flushed = 0  # intervals written as row groups
+        self._last_timestamp = -math.inf
         self._row_group_steps = row_group_steps
         self._part, self._file = _fresh_part(self.path)
         self.location = self._part
@@ -465,6 +467,7 @@ class TraceWriter:
             "note": note,
         }
         rows = _interval_rows(interval, snapshot, allocation, applied)
+        self._check(rows)
         # The interval is buffered whole or not at all (its rows made first), and a signal
         # waits until it is: a Ctrl-C landing here must not leave half an interval, or one
         # written twice, for the close that follows it to put in the file.
@@ -472,6 +475,31 @@ class TraceWriter:
             self._pending.append(rows)
             if len(self._pending) >= self._row_group_steps:
                 self._flush()
+
+    def _check(self, rows: list[dict[str, Any]]) -> None:
+        """The interval's rows checked as the reader will check them (a count that is
+        negative or infinite, a timestamp that goes back, a group without a spec): a
+        :class:`TraceError` now, the intervals before it kept in a trace that reads,
+        rather than a file that none can read once the recording is over."""
+        step = rows[0]["step"]
+        where = f"interval {step}"
+        try:
+            _check_interval_columns(self.path, rows, 0, len(rows))
+            for k, row in enumerate(rows):
+                if row["group"] is not None:
+                    where = f"interval {step}, group {row['group']!r}"
+                _step_from_rows(self.path, rows, k, k + 1, self._groups, self._caps)
+        except TraceError as e:
+            problem = re.sub(r"^row \d+: ", "", e.problem)
+            raise TraceError(self.path, f"{where} not written: {problem}") from None
+        t = rows[0]["timestamp"]
+        if t < self._last_timestamp:
+            raise TraceError(
+                self.path,
+                f"interval {step} not written: its timestamp {t} is before the previous "
+                f"interval's, {self._last_timestamp} (the node's clock went back: was it reset?)",
+            )
+        self._last_timestamp = t
 
     def flush(self) -> None:
         """Write buffered intervals as one row group."""

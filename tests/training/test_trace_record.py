@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.sim import SimNode
+from agent.types import Snapshot
 from models.explore import Explore
 from tests.agent.server.conftest import remote, serve
 from tests.training.trace_edits import rewrite_meta
@@ -88,6 +90,14 @@ def _parts(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.part"))
 
 
+def _wait_for_recording(directory: Path) -> None:
+    """Until a recording in ``directory`` is under way, and some intervals more."""
+    deadline = time.monotonic() + 60
+    while not _parts(directory) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+
+
 class _StopAt:
     """A progress callback that raises ``exc`` after ``n`` intervals."""
 
@@ -135,10 +145,7 @@ def test_an_agent_gone_mid_recording_says_where_the_intervals_are(tmp_path, caps
     with serve(SimNode("default", seed=0)) as server:
 
         def stop_when_recording() -> None:
-            deadline = time.monotonic() + 60
-            while not _parts(tmp_path) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.5)  # some intervals
+            _wait_for_recording(tmp_path)
             server.stop()
 
         stopper = threading.Thread(target=stop_when_recording)
@@ -156,6 +163,72 @@ def test_an_agent_gone_mid_recording_says_where_the_intervals_are(tmp_path, caps
     assert err.endswith(f"; the {len(trace)} intervals recorded so far are in {out}\n")
     assert err.count("\n") == 1
     assert not _parts(tmp_path)
+
+
+class _SpoiledCounters(SimNode):
+    """A node whose first group's instruction count comes out negative after 5 snapshots
+    (a counter reset read as a delta, by a node that does not check it)."""
+
+    def __init__(self) -> None:
+        super().__init__("default", seed=0)
+        self.snapshots = 0
+
+    def observe(self) -> Snapshot:
+        snap = super().observe()
+        self.snapshots += 1
+        if self.snapshots <= 5:
+            return snap
+        name = next(iter(snap.groups))
+        bad = dataclasses.replace(snap.groups[name], instructions=-1.0)
+        return dataclasses.replace(snap, groups={**snap.groups, name: bad})
+
+
+def _reset_by_another_client(server, parts: Path) -> None:
+    """Someone else resets the simulated agent while it is being recorded."""
+    _wait_for_recording(parts)
+    with remote(server) as node:
+        node.reset("default", 1)
+
+
+def _nothing(server, parts: Path) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    "node, meanwhile, problem",
+    [
+        (lambda: SimNode("default", seed=0), _reset_by_another_client,
+         r"interval \d+ not written: its timestamp [\d.e-]+ is before the previous interval's, "
+         r"[\d.e-]+ \(the node's clock went back: was it reset\?\)"),
+        (_SpoiledCounters, _nothing,
+         r"interval \d+, group '\w+' not written: column 'instructions' is -1.0, not a count"),
+    ],
+    ids=["clock reset meanwhile", "negative counter"],
+)  # fmt: skip
+def test_an_interval_no_trace_may_hold_ends_the_recording_with_a_trace_that_reads(
+    tmp_path, capsys, node, meanwhile, problem
+) -> None:
+    """Written as it came, such an interval would make the whole file unreadable once the
+    recording ends; the recorder stops before it, and the trace holds the ones before."""
+    out = tmp_path / "t.parquet"
+    with serve(node()) as server:
+        other = threading.Thread(target=meanwhile, args=(server, tmp_path))
+        other.start()
+        argv = ["trace", "record", "--agent", server.address, "--duration", "100",
+                "--out", str(out), "--quiet"]  # fmt: skip
+        try:
+            rc = main(argv)
+        finally:
+            other.join()
+    trace = load_trace(out)
+    assert rc == 1 and 0 < len(trace) < trace.extra["requested_intervals"]
+    err = capsys.readouterr().err
+    assert re.fullmatch(
+        f"rdtune trace record: agent {re.escape(server.address)} sent an interval a trace "
+        f"cannot hold: trace {re.escape(str(out))}: {problem}; the "
+        f"{len(trace)} intervals recorded so far are in {re.escape(str(out))}\n",
+        err,
+    ), err
 
 
 def test_bad_agent_and_bad_file_errors(tmp_path, capsys) -> None:
