@@ -901,6 +901,17 @@ def _check_meta(path: Path, values: Mapping[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the reader
 
 
+# The first bytes of files that compressors write (a trace gzipped to be copied).
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip"),
+    (b"(\xb5/\xfd", "zstd"),
+    (b"\xfd7zX", "xz"),
+    (b"BZh", "bzip2"),
+    (b"\x04\x22\x4d\x18", "lz4"),
+    (b"PK\x03\x04", "zip"),
+)
+
+
 def _read_footer(path: Path) -> tuple[dict[bytes, bytes], pa.Schema]:
     """The Parquet footer's key/value metadata and columns, the file checked to be a
     complete Parquet file."""
@@ -920,6 +931,13 @@ def _read_footer(path: Path) -> tuple[dict[bytes, bytes], pa.Schema]:
     except OSError as e:  # no permission, an I/O error: the input is unusable all the same
         raise TraceError(path, f"cannot be read: {e.strerror or e}") from None
     if head != b"PAR1":
+        packer = next((name for magic, name in _COMPRESSED if head.startswith(magic)), None)
+        if packer is not None:  # a trace packed for copying: say so, not just "not Parquet"
+            raise TraceError(
+                path,
+                f"compressed with {packer}, not a Parquet file: decompress it first (a trace "
+                "is read as written; its pages are compressed already)",
+            )
         raise TraceError(path, "not a Parquet file (no PAR1 magic at the start)")
     if tail != b"PAR1" or size < 12:
         raise TraceError(

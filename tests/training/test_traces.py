@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import bz2
 import contextlib
+import gzip
+import io
 import itertools
 import json
+import lzma
 import math
 import os
 import re
 import signal
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -268,6 +273,34 @@ def test_not_parquet(tmp_path) -> None:
     with pytest.raises(TraceError, match="not a Parquet file") as err:
         load_trace(p)
     assert str(p) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "packer, pack",
+    [
+        ("gzip", gzip.compress),
+        ("bzip2", bz2.compress),
+        ("xz", lzma.compress),
+        ("zip", lambda data: _zipped("t.parquet", data)),
+    ],
+    ids=["gzip", "bzip2", "xz", "zip"],
+)
+def test_a_compressed_trace_is_named_as_such(recorded, tmp_path, packer, pack) -> None:
+    p = tmp_path / "t.parquet.packed"
+    p.write_bytes(pack(recorded[0].read_bytes()))
+    with pytest.raises(TraceError) as err:
+        load_trace(p)
+    assert str(err.value) == (
+        f"trace {p}: compressed with {packer}, not a Parquet file: decompress it first (a "
+        "trace is read as written; its pages are compressed already)"
+    )
+
+
+def _zipped(name: str, data: bytes) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr(name, data)
+    return out.getvalue()
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.9, 0.999])
