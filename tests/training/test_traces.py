@@ -201,6 +201,21 @@ def four_intervals() -> tuple[SimNode, list[tuple]]:
     return node, intervals
 
 
+@pytest.fixture
+def python_handlers() -> Iterator[None]:
+    """Python's own SIGINT handler (Ctrl-C raises KeyboardInterrupt) and SIGTERM's default
+    for the test, whatever the process had: a test worker's may be another, and an earlier
+    test of the same worker may have left its own."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize(
     "call, row_group_steps",
@@ -208,7 +223,7 @@ def four_intervals() -> tuple[SimNode, list[tuple]]:
     ids=["a write that buffers", "a write that ends a row group", "the close"],
 )
 def test_a_signal_anywhere_in_the_writer_leaves_a_whole_trace(
-    four_intervals, tmp_path, sig, call, row_group_steps
+    four_intervals, tmp_path, sig, call, row_group_steps, python_handlers
 ) -> None:
     """Ctrl-C or SIGTERM at any line of a write or of the close, then the close the
     recorder makes (training/trace_record.py): the trace reads, with every interval
