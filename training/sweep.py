@@ -26,6 +26,8 @@ import itertools
 import json
 import logging
 import shlex
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,6 +202,20 @@ def _without_resume_hint():
         logger.removeFilter(hint)
 
 
+@contextlib.contextmanager
+def _signal_handlers_kept():
+    """The process's SIGINT and SIGTERM handlers as they were once the block ends: Tune
+    installs its own for its run and leaves it, so a Ctrl-C after the sweep went to a
+    handler whose run was over rather than raising KeyboardInterrupt."""
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(sig, handler)
+
+
 def _trainable(config: dict[str, Any]) -> None:
     """One Ray Tune trial: the base config plus this trial's overrides, trained here."""
     from ray import tune  # an optional dependency: only sweeps need it
@@ -293,7 +309,7 @@ def run_sweep(
         )
         # Ctrl+C: Tune stops the trials and returns their results (a second one, or one
         # outside Tune's loop, raises KeyboardInterrupt: then no trial is known done)
-        with _without_resume_hint():
+        with _without_resume_hint(), _signal_handlers_kept():
             try:
                 rows = [trial_row(res) for res in tuner.fit()]
             except KeyboardInterrupt:

@@ -4,6 +4,7 @@ parallel rollouts."""
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -57,10 +58,13 @@ def test_ray_local_sweep_and_parallel_rollouts(tmp_path, ray_local):
     from training.sweep import parallel_rollouts, run_sweep
 
     cfg = tiny_config(tmp_path / "tiny", total_timesteps=64)
+    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     # one trial at a time: the second runs in the first one's worker (reuse_actors), which
     # spares a worker start (Ray, torch, SB3: ~10 s of CPU); both are still Tune trials
     result = run_sweep(cfg, {"seed": [0, 1]}, max_concurrent=1)
     assert ray.is_initialized()  # a Ray the caller started is left running
+    # Tune's Ctrl-C handler ends with its run: the process's own are back
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == handlers
     rollouts = parallel_rollouts(cfg.eval_kwargs(), ["eq", "unpartitioned"], episodes=2, seed=5)
     # one experiment folder, one run directory per trial, a summary
     assert result.experiment_dir == (tmp_path / "tiny-sweep")
