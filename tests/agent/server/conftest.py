@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,3 +64,15 @@ def earlier_objects_frozen() -> Iterator[None]:
 @pytest.fixture(params=["tcp", "unix"])
 def transport(request) -> str:
     return request.param
+
+
+def agent_process(*args: str) -> tuple[subprocess.Popen, str]:
+    """``rdtune agent ARGS`` (no metrics endpoint) as a process of its own, once it serves:
+    (the process, the address it printed)."""
+    cmd = [sys.executable, "-m", "tuner.cli", "agent", "--metrics-listen", "", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if "serving" not in line:
+        proc.kill()
+        pytest.fail(f"agent did not start: {line!r} {proc.stderr.read()}")
+    return proc, line.rsplit(" ", 1)[-1].strip()

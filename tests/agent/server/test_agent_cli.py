@@ -13,16 +13,7 @@ import pytest
 
 from agent.client import RemoteNode
 from agent.types import AllocationPlan, GroupAllocation, GroupSpec
-
-
-def _start(*args: str) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "tuner.cli", "agent", "--metrics-listen", "", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if "serving" not in line:
-        proc.kill()
-        pytest.fail(f"agent did not start: {line!r} {proc.stderr.read()}")
-    return proc, line.rsplit(" ", 1)[-1].strip()
+from tests.agent.server.conftest import agent_process
 
 
 def _stop(proc: subprocess.Popen) -> str:
@@ -53,7 +44,7 @@ def test_resctrl_agent_serves_stops_on_sigterm_and_adopts_its_groups(emu) -> Non
         "--listen",
         f"unix:{sock}",
     )
-    proc, address = _start(*args)
+    proc, address = agent_process(*args)
     try:
         with RemoteNode(address, timeout=10) as node:
             caps = node.capabilities()
@@ -68,7 +59,7 @@ def test_resctrl_agent_serves_stops_on_sigterm_and_adopts_its_groups(emu) -> Non
     assert os.path.isdir(os.path.join(emu.root, "rdtune-svc")), "groups stay after shutdown"
     assert not os.path.exists(sock)
 
-    proc, address = _start(*args, "--restore-on-exit")
+    proc, address = agent_process(*args, "--restore-on-exit")
     try:
         with RemoteNode(address, timeout=10) as node:
             assert set(node.groups()) == {"svc"}, "a restarted agent adopts its groups"
@@ -82,7 +73,7 @@ def test_resctrl_agent_serves_stops_on_sigterm_and_adopts_its_groups(emu) -> Non
 
 def test_sim_agent_serves_a_simulated_clock() -> None:
     pytest.importorskip("agent.sim.node", reason="SimNode not available")
-    proc, address = _start("--backend", "sim", "--listen", "127.0.0.1:0", "--seed", "3")
+    proc, address = agent_process("--backend", "sim", "--listen", "127.0.0.1:0", "--seed", "3")
     try:
         with RemoteNode(address, timeout=10) as node:
             assert node.capabilities().simulated

@@ -12,8 +12,6 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +24,7 @@ from agent.server.app import STOP_SLACK_S, AgentServer
 from agent.sim import SimNode
 from proto.rdtune.v1 import agent_pb2 as api
 from tests.agent.server import h2frames as h2
-from tests.agent.server.conftest import serve
+from tests.agent.server.conftest import agent_process, serve
 
 HOST = "127.0.0.1"
 OBSERVE = "/rdtune.v1.NodeAgent/Observe"
@@ -295,17 +293,6 @@ def test_a_client_is_served_and_the_agent_stops_while_a_peer_misbehaves(attack) 
         _under_attack(server, attack).check()
 
 
-def _agent_process() -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "tuner.cli", "agent", "--metrics-listen", ""]
-    cmd += ["--listen", f"{HOST}:0", "--grace", str(GRACE_S)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if "serving" not in line:
-        proc.kill()
-        pytest.fail(f"agent did not start: {line!r} {proc.stderr.read()}")
-    return proc, line.rsplit(" ", 1)[-1].strip()
-
-
 def _pings_unread(port: int, socks: list[socket.socket], seconds: float = 1.5) -> None:
     """Connections that flood PINGs and never read the acks, left open: the agent's
     writes to them stay pending."""
@@ -351,7 +338,7 @@ def _served_during(attack: Attack, port: int, address: str, seconds: float) -> S
 # ping policy spun a core (and the client waited), and a connection with writes pending
 # kept grpc from finishing its stop: the process said "stopped" and never exited.
 def test_after_a_ping_flood_the_client_is_served_and_sigterm_ends_the_agent() -> None:
-    proc, address = _agent_process()
+    proc, address = agent_process("--listen", f"{HOST}:0", "--grace", str(GRACE_S))
     port = int(address.rsplit(":", 1)[1])
     try:
         with _sockets() as unread:
