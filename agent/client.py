@@ -168,6 +168,27 @@ def _wrong_peer(err: grpc.RpcError, address: str) -> WrongPeer | None:
     return None
 
 
+def _open_channel(
+    address: str, token: str | None, tls: TlsConfig | bool | None, options: list
+) -> tuple[grpc.Channel, grpc.ChannelCredentials | None, tuple]:
+    """The channel to the agent, its credentials (None: plaintext) and the metadata every
+    call sends; ``options`` gains TLS's name override when there is one."""
+    if tls:
+        conf = tls if isinstance(tls, TlsConfig) else TlsConfig()
+        creds = grpc.ssl_channel_credentials(conf.ca, conf.key, conf.cert)
+        if token:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.metadata_call_credentials(_TokenAuth(token))
+            )
+        if conf.server_name:
+            options.append(("grpc.ssl_target_name_override", conf.server_name))
+        return grpc.secure_channel(address, creds, options=options), creds, ()
+    # Call credentials need a secure channel; on plaintext (a unix socket or a loopback
+    # address, checked by the caller) send the token as metadata ourselves.
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    return grpc.insecure_channel(address, options=options), None, metadata
+
+
 class RemoteNode:
     """A node served by an agent at ``address`` (``host:port`` or ``unix:/path``).
 
@@ -199,25 +220,8 @@ class RemoteNode:
         check_token_channel(address, token, tls)
         self.address, self.timeout = address, timeout
         self.retries, self.backoff_s = retries, backoff_s
-        self._metadata: tuple = ()
         options = _channel_options(timeout, backoff_s, max_message_bytes)
-        if tls:
-            conf = tls if isinstance(tls, TlsConfig) else TlsConfig()
-            creds = grpc.ssl_channel_credentials(conf.ca, conf.key, conf.cert)
-            if token:
-                creds = grpc.composite_channel_credentials(
-                    creds, grpc.metadata_call_credentials(_TokenAuth(token))
-                )
-            if conf.server_name:
-                options.append(("grpc.ssl_target_name_override", conf.server_name))
-            self._channel = grpc.secure_channel(address, creds, options=options)
-        else:
-            # Call credentials need a secure channel; on plaintext (a unix socket or a
-            # loopback address, checked above) send the token as metadata ourselves.
-            creds = None
-            if token:
-                self._metadata = (("authorization", f"Bearer {token}"),)
-            self._channel = grpc.insecure_channel(address, options=options)
+        self._channel, creds, self._metadata = _open_channel(address, token, tls, options)
         self._agent = rpc.NodeAgentStub(self._channel)
         self._sim = rpc.SimulationStub(self._channel)
         self._closed = False
@@ -377,6 +381,17 @@ class RemoteNode:
         req.get_allocation.SetInParent()
         resp = self._hot("get_allocation", req, self._agent.GetAllocation)
         return C.from_allocation(resp.allocation)
+
+    def reserved_ways(self) -> dict[int, int]:
+        """The agent's :meth:`~agent.node.Node.reserved_ways`; none from an agent older
+        than the call (UNIMPLEMENTED): it could not tell them."""
+        try:
+            resp = self._call(self._agent.GetReservedWays, api.GetReservedWaysRequest())
+        except RemoteError as exc:
+            if exc.code != "UNIMPLEMENTED":
+                raise
+            return {}
+        return C.from_reserved_ways(resp.ways)
 
     def observe(self) -> Snapshot:
         req = api.SessionRequest()

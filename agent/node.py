@@ -88,6 +88,13 @@ class Node(Protocol):
         """What the node's own groups hold now (read back)."""
         ...
 
+    def reserved_ways(self) -> Mapping[int, int]:
+        """Per L3 domain, the ways held exclusively by groups the node does not own: another
+        tool's exclusive groups, pseudo-locked regions, the default group when exclusive.
+        The node refuses any own group's mask that overlaps them; a domain without any is
+        left out (empty: every way is the node's to give)."""
+        ...
+
     def observe(self) -> Snapshot:
         """Counters and SLO metrics of every own group since the previous ``observe``."""
         ...

@@ -147,6 +147,9 @@ class TraceDrivenNode:
     def allocation(self):
         return self._nodes.current.allocation()
 
+    def reserved_ways(self):
+        return self._nodes.current.reserved_ways()
+
     def observe(self):
         return self._nodes.current.observe()
 

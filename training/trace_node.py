@@ -207,6 +207,10 @@ class TraceNode(StepByParts):
     def allocation(self) -> Allocation:
         return self._table.allocation()
 
+    def reserved_ways(self) -> Mapping[int, int]:
+        """None: a replayed trace has no other tool on the node."""
+        return {}
+
     def observe(self) -> Snapshot:
         interval = self._t - self._last_obs
         self._last_obs = self._t

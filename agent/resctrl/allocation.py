@@ -138,6 +138,13 @@ class Allocations:
                 names.add(f"foreign:{entry}" if entry else "")
         return frozenset(names)
 
+    def reserved_ways(self) -> dict[int, int]:
+        """Per L3 domain, the ways of the groups the node does not own that no own group's
+        mask may overlap (:meth:`_exclusive_groups` less the own ones): what the
+        validator refuses an overlap with, read the same way."""
+        with self._lock.shared():
+            return reserved_of(self._others_masks(), self._exclusive_groups())
+
     def _expand_cdp(self, plan: AllocationPlan) -> AllocationPlan:
         """With CDP a plain l3_mask means code and data alike (GroupAllocation's meaning)."""
         if not self._cdp or not isinstance(plan, AllocationPlan):
@@ -443,6 +450,20 @@ def _not_written(
         kept = {res: per_dom for res, per_dom in kept.items() if per_dom}
         if kept:
             out[g] = kept
+    return out
+
+
+def reserved_of(
+    others: Mapping[str, Mapping[int, int]], exclusive: frozenset[str]
+) -> dict[int, int]:
+    """Per domain, the ways of the ``others`` (groups the node does not own, by name) that
+    are ``exclusive``; domains where none holds any are left out."""
+    out: dict[int, int] = {}
+    for name, per_dom in others.items():
+        if name in exclusive:
+            for d, ways in per_dom.items():
+                if ways:
+                    out[d] = out.get(d, 0) | ways
     return out
 
 

@@ -9,6 +9,7 @@ node. Optional proto fields carry Python's None ("unknown" / "leave as is").
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, MutableMapping
 
 from agent.errors import InvalidAllocation, InvalidName
 from agent.types import (
@@ -366,6 +367,26 @@ def from_allocation(msg: pb.Allocation) -> Allocation:
 
 
 # --------------------------------------------------------------------------- observations
+
+
+def to_reserved_ways(ways: Mapping[int, int], target: MutableMapping[int, int]) -> None:
+    """Fill a ``map<uint32, int64>`` (GetReservedWaysResponse.ways) with ``ways`` (L3
+    domain -> mask), domains without any left out."""
+    for domain, mask in ways.items():
+        if mask:
+            target[domain] = mask
+
+
+def from_reserved_ways(msg: Mapping[int, int]) -> dict[int, int]:
+    """L3 domain -> the mask of its reserved ways, from the wire (ValueError for a negative
+    mask: no node sends one)."""
+    out = {}
+    for domain, mask in msg.items():
+        if mask < 0:
+            raise ValueError(f"reserved ways of domain {domain}: a negative mask {mask}")
+        if mask:
+            out[int(domain)] = int(mask)
+    return out
 
 
 def to_latency(stats: LatencyStats) -> pb.LatencyStats:

@@ -497,6 +497,12 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
         pids = await self.host.call(context, self.host.node.tasks, name)
         return api.ListTasksResponse(pids=sorted(pids))
 
+    async def GetReservedWays(self, request, context):
+        ways = await self.host.call(context, self.host.node.reserved_ways)
+        out = api.GetReservedWaysResponse()
+        C.to_reserved_ways(ways, out.ways)
+        return out
+
     # The hot path (Observe, Apply, GetAllocation) has raising cores shared by the unary
     # RPCs, which abort with the error's status, and Session, which answers with it.
 

@@ -262,6 +262,10 @@ class SimNode(StepByParts):
     def allocation(self) -> Allocation:
         return self._table.allocation()
 
+    def reserved_ways(self) -> Mapping[int, int]:
+        """None: a simulated node runs no other tool."""
+        return {}
+
     @_locked
     def observe(self) -> Snapshot:
         self._flush()

@@ -99,6 +99,13 @@ class NodeContract:
             if caps.mba is not None:
                 assert alloc.mb == caps.mba.max_bandwidth
 
+    def test_a_fresh_node_reserves_no_ways(self, node: Node) -> None:
+        """Nothing foreign on a fresh node: no ways reserved, groups or not (a backend's own
+        tests hold ways exclusively in another tool's name)."""
+        assert dict(node.reserved_ways()) == {}
+        _make(node, "g")
+        assert dict(node.reserved_ways()) == {}
+
     def test_create_existing_group_fails(self, node: Node) -> None:
         _make(node, "g")
         with pytest.raises(GroupExists):

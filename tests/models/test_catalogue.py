@@ -355,6 +355,9 @@ class Opaque(StepByParts):
     def allocation(self):
         return self._node.allocation()
 
+    def reserved_ways(self):
+        return self._node.reserved_ways()
+
     def observe(self):
         return self._node.observe()
 

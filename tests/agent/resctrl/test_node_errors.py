@@ -278,6 +278,27 @@ def test_ways_no_group_may_share_block_overlap_before_any_write(
     assert intel.status() == "ok", "rejected by the validator, never written"
 
 
+@pytest.mark.parametrize(
+    "holder",
+    [_foreign_exclusive, _default_exclusive, _pseudo_locked],
+    ids=["foreign exclusive group", "exclusive default group", "pseudo-locked region"],
+)
+def test_the_node_reports_the_ways_others_hold_exclusively(
+    intel: Emulated, holder: Callable[[Emulated], None]
+) -> None:
+    """What another tool holds exclusively is reserved; a shareable foreign group, the
+    default group when shareable and the node's own exclusive group are not."""
+    intel.write("schemata", "L3:0=0000f;1=0000f\n")  # ways left for an own exclusive group
+    os.mkdir(f"{intel.root}/shared-tool")
+    intel.write("shared-tool/schemata", "L3:0=00f00;1=00f00\n")
+    holder(intel)
+    node = make_node(intel)
+    node.create_group(GroupSpec("own", exclusive=True))
+    assert node.reserved_ways() == {0: 0x3F000, 1: 0x3F000}
+    os.rmdir(f"{intel.root}/shared-tool")
+    assert node.reserved_ways() == {0: 0x3F000, 1: 0x3F000}
+
+
 def _exclusive_pair(emu: Emulated) -> ResctrlNode:
     """Exclusive x on ways 4-7 and s on ways 8-11 of domain 0 (the default group keeps
     ways 0-1 of both domains; x the rest of domain 1)."""

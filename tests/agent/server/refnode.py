@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+from collections.abc import Mapping
 
 from agent.errors import (
     GroupExists,
@@ -63,6 +64,9 @@ class RefNode(StepByParts):
         self._t = 0.0
         self._last = 0.0
         self._lock = threading.Lock()
+        # ways another tool holds exclusively (a test sets them): plans overlapping them
+        # are refused, as a real node refuses them
+        self.reserved: dict[int, int] = {}
 
     def tick(self, seconds: float) -> None:
         self._t += seconds
@@ -113,8 +117,13 @@ class RefNode(StepByParts):
     def allocation(self) -> Allocation:
         return Allocation(self._alloc)
 
+    def reserved_ways(self) -> Mapping[int, int]:
+        return dict(self.reserved)
+
     def apply(self, plan: AllocationPlan, *, dry_run: bool = False) -> Allocation:
-        ctx = PlanContext(self.caps, self.allocation())
+        foreign = frozenset({"foreign:tool"} if self.reserved else ())
+        others = {"foreign:tool": self.reserved} if self.reserved else {}
+        ctx = PlanContext(self.caps, self.allocation(), exclusive=foreign, others=others)
         good = validate_plan(plan, ctx)
         merged = {g: dict(d) for g, d in self._alloc.items()}
         for group, per_domain in good.groups.items():

@@ -144,3 +144,44 @@ def test_the_agent_reports_the_operators_peak_memory_bandwidth(emulated) -> None
     )
     with serve(make_node(cfg), unix=transport == "unix") as server, remote(server) as client:
         assert client.capabilities().memory_bandwidth_bps == 110e9
+
+
+def test_the_client_gets_the_ways_another_tool_holds_exclusively(emulated) -> None:
+    """Another tool's exclusive group on the emulated kernel: its ways reach the client,
+    and the new group the client makes avoids them."""
+    from agent.server.app import make_node
+    from agent.server.config import AgentConfig
+    from agent.types import GroupSpec
+
+    emu, transport = emulated
+    cfg = AgentConfig(backend="resctrl", root=emu.root, state_dir=emu.state_dir)
+    probe = make_node(cfg)
+    full, domains = probe.capabilities().l3.cbm_mask, probe.capabilities().domains
+    probe.close()
+    top = 0b11 << (full.bit_length() - 4)  # two high ways, below those I/O may share
+
+    def line(mask: int) -> str:
+        return "L3:" + ";".join(f"{d}={mask:x}" for d in domains) + "\n"
+
+    emu.write("schemata", line((top & -top) - 1))  # the admin keeps them from the default group
+    os.mkdir(f"{emu.root}/other-tool")
+    emu.write("other-tool/schemata", line(top))
+    emu.write("other-tool/mode", "exclusive\n")
+    with serve(make_node(cfg), unix=transport == "unix") as server, remote(server) as client:
+        assert client.reserved_ways() == dict.fromkeys(domains, top)
+        client.create_group(GroupSpec("g"))
+        assert all(client.allocation().get("g", d).l3_mask & top == 0 for d in domains)
+
+
+def test_an_agent_without_the_call_reserves_nothing(monkeypatch) -> None:
+    """An agent older than GetReservedWays answers UNIMPLEMENTED: the client takes that as
+    no ways reserved; any other refusal still raises."""
+    from agent.server.service import NodeAgentServicer
+
+    node = RefNode()
+    node.reserved = {0: 0xC0}
+    with serve(node) as server, remote(server) as client:
+        assert client.reserved_ways() == {0: 0xC0}
+    monkeypatch.delattr(NodeAgentServicer, "GetReservedWays")
+    with serve(node) as server, remote(server) as client:
+        assert client.reserved_ways() == {}

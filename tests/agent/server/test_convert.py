@@ -213,3 +213,21 @@ def test_decoded_allocations_are_shared_and_bounded(monkeypatch) -> None:
         one = AllocationPlan({"a": {0: GroupAllocation((1 << ways) - 1)}})
         assert C.from_plan(_wire(C.to_plan(one))) == one
     assert len(C._ALLOCATIONS) == 4
+
+
+@pytest.mark.parametrize("ways", [{}, {0: 0xC0000}, {0: 0x3, 7: 0xFFF0, 2: 2**63 - 1}])
+def test_reserved_ways_round_trip(ways: dict[int, int]) -> None:
+    from proto.rdtune.v1 import agent_pb2 as api
+
+    msg = api.GetReservedWaysResponse()
+    C.to_reserved_ways({**ways, 9: 0}, msg.ways)  # a domain without any is left out
+    wire = api.GetReservedWaysResponse.FromString(msg.SerializeToString())
+    assert C.from_reserved_ways(wire.ways) == ways
+
+
+def test_a_negative_reserved_mask_on_the_wire_is_refused() -> None:
+    from proto.rdtune.v1 import agent_pb2 as api
+
+    msg = api.GetReservedWaysResponse(ways={0: -1})
+    with pytest.raises(ValueError, match="negative"):
+        C.from_reserved_ways(msg.ways)
