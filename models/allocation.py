@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from agent.types import (
     AMD_MB_UNIT_BPS,
@@ -17,7 +18,31 @@ from agent.types import (
     MbaMode,
     NodeCapabilities,
     contiguous_mask,
+    popcount,
+    widest_run,
 )
+
+
+def usable_capabilities(caps: NodeCapabilities, reserved: Mapping[int, int]) -> NodeCapabilities:
+    """``caps`` with ``cbm_mask`` narrowed to the ways no other tool holds exclusively in
+    any domain (``reserved``: L3 domain -> mask; one mask serves every domain, as the
+    helpers here give): where masks must be contiguous, the widest run of them. The cache
+    size shrinks with the ways, so ``way_bytes`` stays. ``caps`` itself where nothing is
+    reserved or too few ways would be left (the tuner's guard then keeps what groups
+    hold)."""
+    l3 = caps.l3
+    if l3 is None or not any(reserved.values()):
+        return caps
+    every = 0
+    for mask in reserved.values():
+        every |= mask
+    left = l3.cbm_mask & ~every
+    if not l3.sparse_masks:
+        left = widest_run(left)
+    if popcount(left) < max(1, l3.min_cbm_bits) or left == l3.cbm_mask:
+        return caps
+    size = None if l3.size_bytes is None else l3.size_bytes * popcount(left) // l3.num_ways
+    return replace(caps, l3=replace(l3, cbm_mask=left, size_bytes=size))
 
 
 def pack_ways(counts: Mapping[str, int], caps: NodeCapabilities, start: int = 0) -> dict[str, int]:

@@ -40,14 +40,14 @@ class Unpartitioned(_StaticByGroups):
     name = "unpartitioned"
 
     def plan(self, ctx: ControlContext) -> AllocationPlan:
-        return shared_plan(self._groups, ctx.capabilities)
+        return shared_plan(self._groups, ctx.usable)
 
 
 class EqualPartition(_StaticByGroups):
     name = "eq"
 
     def plan(self, ctx: ControlContext) -> AllocationPlan:
-        caps = ctx.capabilities
+        caps = ctx.usable  # the ways another tool holds exclusively left out
         masks = equal_masks(self._groups, caps) if caps.l3 else {}
         mb = mb_level(caps, 1.0 / len(self._groups))
         return plan_from(masks, {g: mb for g in self._groups}, caps)

@@ -25,6 +25,7 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
 )
+from models.allocation import usable_capabilities
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,10 @@ class ControlContext:
         tasks: the pids in each group (only filled for controllers that ask for it, since
             listing tasks costs a read per group on a real node).
         time_s: the node's clock (simulated or wall, seconds since start).
+        reserved_ways: per L3 domain, the ways another tool holds exclusively
+            (:meth:`agent.node.Node.reserved_ways`): the node refuses any mask that
+            overlaps them, and the tuner trims them from every plan. :attr:`usable` is
+            the capabilities within the ways left, for controllers that build masks.
     """
 
     capabilities: NodeCapabilities
@@ -45,6 +50,13 @@ class ControlContext:
     allocation: Allocation
     tasks: Mapping[str, frozenset[int]] | None = None
     time_s: float = 0.0
+    reserved_ways: Mapping[int, int] = field(default_factory=dict)
+
+    @property
+    def usable(self) -> NodeCapabilities:
+        """:attr:`capabilities` with the L3 ways narrowed to those no other tool holds
+        exclusively in any domain (:func:`models.allocation.usable_capabilities`)."""
+        return usable_capabilities(self.capabilities, self.reserved_ways)
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,7 @@ def context(node: Node, *, tasks: bool = False, time_s: float = 0.0) -> ControlC
         allocation=node.allocation(),
         tasks={g: node.tasks(g) for g in groups} if tasks else None,
         time_s=time_s,
+        reserved_ways=node.reserved_ways(),
     )
 
 

@@ -258,11 +258,14 @@ class StaticController(Controller):
         self._groups = tuple(ctx.groups)
         if not self._groups:
             return KEEP
+        caps = ctx.usable  # the ways another tool holds exclusively left out
         if self.lc_group is None or self.lc_group not in ctx.groups:
-            plan = shared_plan(self._groups, ctx.capabilities)
+            plan = shared_plan(self._groups, caps)
             why = "no LC group" if self.lc_group is None else f"{self.lc_group} is gone"
             return Decision(plan, note=f"static: {why}, every group shares the cache")
-        plan = mite_plan(self.lc_group, self.ways, self._groups, ctx.capabilities)
+        if caps.l3 is not None and self.ways > caps.l3.num_ways - max(1, caps.l3.min_cbm_bits):
+            caps = ctx.capabilities  # the calibrated ways do not fit: the guard trims them
+        plan = mite_plan(self.lc_group, self.ways, self._groups, caps)
         return Decision(plan, note=f"static: {self.lc_group} at {self.ways} ways")
 
     def decide(self, snapshot: Snapshot, ctx: ControlContext) -> Decision:

@@ -14,7 +14,9 @@ an LC group missing its SLO switches the node to a fallback controller.
   held where they are. When holding cannot make it valid (the node already holds the
   overlap, as a new exclusive group does) or would hold those masks for good (no mask
   moves), the validated target is applied whole: the node orders shrinks before growths.
-  Nothing here raises: a plan that cannot be made valid is dropped with its rule.
+  Nothing here raises: a plan that cannot be made valid is dropped with its rule. Before
+  any of this, the ways another tool holds exclusively (``PlanGuard.reserved``) are
+  trimmed from every mask (:func:`trim_reserved`): the node would refuse any overlap.
 - :class:`SloGuard` is the SLO state machine: K consecutive violating intervals of any LC
   group trip it (switch to the fallback); ``stable_intervals`` without a violation switch
   back.
@@ -23,6 +25,7 @@ an LC group missing its SLO switches the node to a fallback controller.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 from collections.abc import Iterator, Mapping, Set
@@ -40,6 +43,7 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
     popcount,
+    widest_run,
 )
 from agent.validate import PlanContext, final_masks, validate_plan
 from models.allocation import mb_scale
@@ -58,7 +62,8 @@ class Screened:
         plan: the plan to apply (validated, clamped, no-op entries removed), or None.
         dropped: the broken rule when the decided plan was invalid (nothing is applied).
         limits: the change limits that altered the plan (``ways``, ``mb``, ``dwell``,
-            ``held``: the clamped masks conflicted and were held).
+            ``held``: the clamped masks conflicted and were held; ``reserved``: a mask was
+            first left too few ways by those another tool holds, and kept).
     """
 
     plan: AllocationPlan | None
@@ -163,12 +168,29 @@ def mb_step_size(caps: NodeCapabilities) -> int | None:
     return max(1, mba.bandwidth_gran, int(scale / 100))
 
 
+def trim_reserved(mask: int, reserved: int, least: int, sparse: bool) -> int | None:
+    """``mask`` without the ``reserved`` ways (held exclusively by another tool): all it
+    keeps where the node takes sparse masks, else its widest contiguous run of them (the
+    lowest of equals); None when fewer than ``least`` (``min_cbm_bits``, at least 1) are
+    left, which no mask may be."""
+    kept = mask & ~reserved
+    if not sparse:
+        kept = widest_run(kept)
+    return kept if popcount(kept) >= max(1, least) else None
+
+
 class PlanGuard:
-    """Screens decided plans: validation, change limits, dwell time (see module docstring)."""
+    """Screens decided plans: validation, change limits, dwell time (see module docstring).
+
+    ``reserved`` (L3 domain -> mask): the ways another tool holds exclusively
+    (:meth:`agent.node.Node.reserved_ways`, set by the tuner), trimmed from every plan's
+    masks before it is validated (:meth:`_trimmed`)."""
 
     def __init__(self, cfg: GuardConfig) -> None:
         self.cfg = cfg
         self.last_change: dict[str, float] = {}
+        self.reserved: Mapping[int, int] = {}
+        self.starved: set[tuple[str, int]] = set()  # (group, domain) left no ways, logged
 
     def _context(self, caps, groups, current) -> PlanContext:
         exclusive = frozenset(n for n, s in groups.items() if s.exclusive)
@@ -185,6 +207,9 @@ class PlanGuard:
         limit: bool = True,
     ) -> Screened:
         ctx = self._context(caps, groups, current)
+        starved = set(self.starved)
+        if self.reserved and caps.l3 is not None:
+            plan = self._trimmed(plan, caps)
         try:
             target = validate_plan(plan, ctx)
         except (InvalidAllocation, GroupNotFound) as exc:
@@ -195,7 +220,41 @@ class PlanGuard:
             clamped = self._limit(target, caps, current, now, limits)
             if limits:  # clamped or thinned out: what is left must be valid on its own
                 target = _settle(clamped, target, ctx, limits)
+        if self.starved - starved:  # counted once, when a mask is first left no ways
+            limits.append("reserved")
         return Screened(_changes_only(target, current), limits=tuple(dict.fromkeys(limits)))
+
+    def _trimmed(self, plan: AllocationPlan, caps: NodeCapabilities) -> AllocationPlan:
+        """``plan`` with the reserved ways trimmed from its masks (:func:`trim_reserved`);
+        a mask left with too few keeps what the group holds (left out of the plan), which
+        is logged once per group and domain until it can be given ways again."""
+        least, sparse = caps.l3.min_cbm_bits, caps.l3.sparse_masks
+        out: dict[str, dict[int, GroupAllocation]] = {}
+        for group, per_domain in plan.groups.items():
+            out[group] = {}
+            for domain, want in per_domain.items():
+                reserved = self.reserved.get(domain, 0)
+                masks = {a: getattr(want, a) for a in MASKS if getattr(want, a) is not None}
+                trimmed = {a: trim_reserved(m, reserved, least, sparse) for a, m in masks.items()}
+                self._starving(group, domain, None in trimmed.values())
+                out[group][domain] = dataclasses.replace(want, **trimmed)
+        return AllocationPlan(out)
+
+    def _starving(self, group: str, domain: int, starved: bool) -> None:
+        """Note whether ``group`` is left no ways in ``domain`` by the reserved ones; the
+        first time, say so."""
+        key = (group, domain)
+        if not starved:
+            self.starved.discard(key)
+        elif key not in self.starved:
+            self.starved.add(key)
+            log.warning(
+                "group %r: the ways another tool holds exclusively leave its mask in L3 "
+                "domain %d too few ways; it keeps what it holds",
+                group,
+                domain,
+                extra={"event": "reserved", "group": group, "domain": domain},
+            )
 
     def _limit(
         self,

@@ -100,7 +100,7 @@ class TunerMetrics:
         )
         self.limited_plans = Counter(
             "rdtune_tuner_limited_plans_total",
-            "Plans altered by a change limit (ways, mb, dwell, held)",
+            "Plans altered by a change limit (ways, mb, dwell, held, reserved)",
             ["limit"],
             registry=r,
         )

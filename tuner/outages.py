@@ -80,6 +80,19 @@ class Resilience:
             self._groups_changed()
         self._vanished = snap.vanished - (configured - set(self.groups))
 
+    def _read_reserved(self) -> None:
+        """Read the ways another tool holds exclusively, which the plan guard trims from
+        every plan: at start, when groups change, after a reconnection, at each resync and
+        when the node refuses a plan as an exclusive overlap (another tool took ways)."""
+        reserved = dict(self.node.reserved_ways())
+        if reserved != self.plan_guard.reserved:
+            log.info(
+                "ways held exclusively by another tool: %s",
+                {d: hex(m) for d, m in sorted(reserved.items())} or "none",
+                extra={"event": "reserved_ways", "ways": reserved},
+            )
+            self.plan_guard.reserved = reserved
+
     def _groups_changed(self) -> None:
         """Groups appeared or vanished: controllers start over on the new set, and on the
         node's capabilities read again (a simulated node reset to another machine changes
@@ -88,6 +101,7 @@ class Resilience:
         restores: the tuner has not changed it yet."""
         self._next = None  # an observation of the old set of groups
         self.groups = self.keeper.read(self.node, self.groups)
+        self._read_reserved()
         self.target = None
         self._stale = True
         log.info("groups changed: %s", sorted(self.groups), extra={"event": "groups"})
@@ -113,6 +127,7 @@ class Resilience:
         self.keeper.ensure(self.node, strict=False)
         before, self.groups = self.groups, self.keeper.read(self.node, self.groups)
         _warn_lost(before, self.groups)
+        self._read_reserved()
         self._reassert(self.node.allocation())
         if self.groups != before:
             self._groups_changed()

@@ -148,6 +148,7 @@ class Tuner(Resilience, Pacing, Switching):
         self._realtime = self.clock is None if self.cfg.realtime is None else self.cfg.realtime
         created = self.keeper.ensure(self.node)
         self.groups = self.keeper.read(self.node, self.groups)
+        self._read_reserved()
         baseline = self.node.allocation()  # before a controller's calibration changes it
         if self.primary is None:
             try:
@@ -203,6 +204,7 @@ class Tuner(Resilience, Pacing, Switching):
             allocation=allocation,
             tasks=tasks,
             time_s=now,
+            reserved_ways=self.plan_guard.reserved,
         )
 
     def _current(self) -> Allocation:
@@ -216,6 +218,7 @@ class Tuner(Resilience, Pacing, Switching):
             self._stale, self._since_read = False, 0
         elif self._since_read >= self.cfg.resync_intervals:
             self.keeper.follow_cgroups(self.node, self.groups)
+            self._read_reserved()
             return self._reassert(self.node.allocation())
         return self.intended
 
@@ -331,7 +334,10 @@ class Tuner(Resilience, Pacing, Switching):
         except (InvalidAllocation, GroupNotFound) as exc:  # the node saw more than we did
             self.pending = None
             self._stale = True
-            return self._dropped(name, getattr(exc, "rule", "unknown_group"), str(exc))
+            rule = getattr(exc, "rule", "unknown_group")
+            if rule == "exclusive_overlap":  # another tool may have taken ways meanwhile
+                self._read_reserved()
+            return self._dropped(name, rule, str(exc))
         self.pending = None
         self.plan_guard.committed(screened.plan, current, now)
         self.intended = held

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from agent.types import (
     Allocation,
     CacheCapabilities,
+    GroupSpec,
     MbaCapabilities,
     MbaMode,
     NodeCapabilities,
@@ -26,6 +27,7 @@ from models.allocation import (
     mb_scale,
     pack_ways,
     plan_from,
+    usable_capabilities,
 )
 
 MACHINES = {
@@ -140,3 +142,35 @@ def test_amd_mb_levels_are_fractions_of_the_peak(caps, fraction: float, level: i
 def test_mb_scale_and_fraction(caps, scale: float, mb: float, share: float) -> None:
     assert mb_scale(caps) == pytest.approx(scale) and mb_fraction(caps, mb) == pytest.approx(share)
     assert mb_fraction(caps, mb_level(caps, share)) == pytest.approx(share, abs=0.01)
+
+
+def _l3(cbm: int, least: int = 1, sparse: bool = False) -> NodeCapabilities:
+    l3 = CacheCapabilities(cbm, least, 16, (0, 1), sparse_masks=sparse, size_bytes=12 << 20)
+    return NodeCapabilities(Vendor.INTEL, 8, l3)
+
+
+@pytest.mark.parametrize(
+    ("caps", "reserved", "cbm"),
+    [
+        (_l3(0xFFF), {}, 0xFFF),
+        (_l3(0xFFF), {0: 0, 1: 0}, 0xFFF),
+        (_l3(0xFFF), {0: 0xC00}, 0x3FF),  # one domain's reserved ways count for all
+        (_l3(0xFFF), {0: 0x030, 1: 0x800}, 0x7C0),  # runs 0-3 and 6-10: the wider
+        (_l3(0xFFF, sparse=True), {0: 0x030}, 0xFCF),  # sparse: every way left
+        (_l3(0xFFF, least=2), {0: 0xFFE}, 0xFFF),  # too few left: unchanged (guard's turn)
+    ],
+)
+def test_usable_capabilities_leave_out_the_reserved_ways(caps, reserved, cbm) -> None:
+    usable = usable_capabilities(caps, reserved)
+    assert usable.l3.cbm_mask == cbm
+    assert usable.l3.way_bytes == caps.l3.way_bytes, "a way is as large as before"
+
+
+def test_eq_splits_the_ways_no_other_tool_holds() -> None:
+    from models.basic import EqualPartition
+    from models.controller import ControlContext
+
+    groups = {g: GroupSpec(g) for g in ("a", "b")}
+    ctx = ControlContext(_l3(0xFFF), groups, Allocation({}), reserved_ways={0: 0xF00, 1: 0xF00})
+    plan = EqualPartition().start(ctx).plan
+    assert {plan.get(g, d).l3_mask for g in groups for d in (0, 1)} == {0x00F, 0x0F0}

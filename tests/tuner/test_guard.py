@@ -36,6 +36,7 @@ from tuner.guard import (
     step_contiguous,
     step_mb,
     step_sparse,
+    trim_reserved,
 )
 
 WAYS = 12
@@ -122,6 +123,47 @@ def test_invalid_plans_are_dropped_with_the_rule(bad: AllocationPlan, rule: str)
     current = alloc(a=(0xFFF, 100), b=(0xFFF, 100))
     screened = PlanGuard(GuardConfig()).screen(bad, caps(), GROUPS, current, 0.0)
     assert screened.plan is None and screened.dropped == rule and screened.error
+
+
+@pytest.mark.parametrize(
+    ("mask", "reserved", "least", "sparse", "want"),
+    [
+        (0xFFF, 0x000, 1, False, 0xFFF),  # nothing reserved
+        (0xFFF, 0xC00, 1, False, 0x3FF),  # the top ways go
+        (0xFFF, 0x030, 1, False, 0xFC0),  # a hole: the widest run is kept
+        (0x0FF, 0x030, 1, False, 0x00F),  # runs of 4 and 2: the wider
+        (0x03C, 0x018, 1, False, 0x004),  # runs of 1 and 1: the lowest
+        (0x03C, 0x018, 2, False, None),  # ... below min_cbm_bits: nothing
+        (0xFFF, 0x030, 1, True, 0xFCF),  # sparse masks keep every way left
+        (0x0F0, 0x0F0, 1, True, None),  # every way reserved
+        (0x00F, 0x0F0, 2, False, 0x00F),  # no overlap: unchanged
+    ],
+)
+def test_reserved_ways_are_trimmed_from_a_mask(mask, reserved, least, sparse, want) -> None:
+    assert trim_reserved(mask, reserved, least, sparse) == want
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_guard_trims_reserved_ways_and_a_group_left_none_keeps_its_mask(caplog, sparse) -> None:
+    """Another tool holds ways 4-5 exclusively: every plan is trimmed before it reaches the
+    node; a mask with nothing left keeps what the group holds, said and counted once."""
+    guard = PlanGuard(GuardConfig())
+    guard.reserved = {0: 0x030}
+    current = alloc(a=(0x00F, 100), b=(0xFC0, 100))
+    screened = guard.screen(plan(a=(0x0FF, None), b=(0xF00, 50)), caps(sparse), GROUPS, current, 0)
+    assert screened.dropped is None and screened.limits == ()
+    # a keeps ways 0-3 and, with sparse masks, 6-7 too; 0-3 alone is what it holds
+    want = plan(a=(0x0CF, None), b=(0xF00, 50)) if sparse else plan(b=(0xF00, 50))
+    assert screened.plan == want
+    for _ in range(3):  # b's mask lies wholly in the reserved ways: b keeps 0xFC0
+        starved = guard.screen(plan(a=(0x00F, 60), b=(0x030, 50)), caps(sparse), GROUPS, current, 0)
+        assert starved.plan == plan(a=(0x00F, 60), b=(None, 50))
+    assert starved.limits == ()
+    said = [r for r in caplog.records if getattr(r, "event", None) == "reserved"]
+    assert len(said) == 1 and "'b'" in said[0].getMessage()
+    guard.screen(plan(b=(0xF00, None)), caps(sparse), GROUPS, current, 0)  # ways again
+    again = guard.screen(plan(b=(0x030, None)), caps(sparse), GROUPS, current, 0)
+    assert again.limits == ("reserved",), "a new episode is counted again"
 
 
 def test_no_op_entries_are_removed_and_mb_normalised() -> None:

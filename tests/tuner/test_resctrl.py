@@ -200,3 +200,53 @@ def _tuning(node, groups):
     finally:
         stop.set()
         runner.join(10)
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["in-process", "over gRPC"])
+@pytest.mark.parametrize("controller", ["eq", "swing"])
+def test_plans_stay_within_the_ways_another_tool_holds_exclusively(
+    emu, remote: bool, controller: str
+) -> None:
+    """Another tool's exclusive group holds ways 14-17. eq splits the ways left; swing,
+    which plans over every way each interval, has them trimmed by the guard. Every
+    interval's plan is applied (none refused, no mask held) and no own group's mask
+    overlaps the tool's ways. Before, plans covering them were refused by the node."""
+    from agent.resctrl import ResctrlNode
+    from agent.types import GroupSpec
+    from tests.agent.server.conftest import remote as remote_node
+    from tests.agent.server.conftest import serve
+    from tests.tuner.controllers import Swing
+    from tuner.config import GroupConfig, TunerConfig
+    from tuner.controllers import build, fallback
+    from tuner.service import Tuner
+
+    reserved = 0x3C000
+    emu.write("schemata", "L3:0=03fff;1=03fff\n")  # the admin keeps them from the default group
+    os.mkdir(os.path.join(emu.root, "other-tool"))
+    emu.write("other-tool/schemata", "L3:0=3c000;1=3c000\n")
+    emu.write("other-tool/mode", "exclusive\n")
+    local = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+    names = ("web", "batch", "bg")
+    with contextlib.ExitStack() as stack:
+        node = local
+        if remote:
+            node = stack.enter_context(remote_node(stack.enter_context(serve(local))))
+        groups = [GroupConfig(GroupSpec(name)) for name in names]
+        cfg = TunerConfig(interval_s=0.01, metrics_listen="", realtime=False, groups=groups)
+        make = (lambda n: build("eq", n)) if controller == "eq" else (lambda n: Swing())
+        tuner = Tuner(lambda: node, make, cfg, fallback())
+        tuner.start()
+        for _ in range(6):
+            outcome = tuner.step().outcome
+            assert outcome == ("kept" if controller == "eq" else "applied")
+            held = node.allocation()
+            assert all(held.get(g, d).l3_mask & reserved == 0 for g in names for d in (0, 1))
+        assert _total(tuner.metrics.dropped_plans) == 0, "no plan refused"
+        assert _total(tuner.metrics.limited_plans) == 0, "no mask held"
+        if controller == "eq":  # the 14 ways left, split 5, 5, 4
+            assert [held.get(g, 0).l3_mask for g in names] == [0x1F, 0x3E0, 0x3C00]
+
+
+def _total(counter) -> float:
+    """A labelled counter's count over every label."""
+    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
