@@ -194,13 +194,23 @@ class TunerMetrics:
 
     def track(self, groups: Mapping[str, GroupSpec]) -> None:
         """Export the SLO and guard-trip counters of every LC group in ``groups`` (at 0 until
-        counted; kept once made, as counters are totals since the start)."""
-        for name, spec in groups.items():
-            if spec.kind is GroupKind.LC and name not in self._lc_groups:
-                self._lc_groups.add(name)
-                self.slo_intervals.labels(name, SLO_MET)
-                self.slo_intervals.labels(name, SLO_VIOLATED)
-                self.guard_trips.labels(name)
+        counted), and remove those of an LC group no longer among them. A series left frozen
+        would read as a group nobody judges: RdtuneSLOUnjudged (``increase() == 0``) would
+        fire for a deleted group until the tuner restarts. A group of that name made again
+        starts at 0, as after a restart (rate() takes it as a counter reset)."""
+        lc = {name for name, spec in groups.items() if spec.kind is GroupKind.LC}
+        for name in self._lc_groups - lc:
+            self.slo_intervals.remove(name, SLO_MET)
+            self.slo_intervals.remove(name, SLO_VIOLATED)
+            self.guard_trips.remove(name)
+            self._met.pop(name, None)  # its attainment starts over with its counters
+            for gauge in (self.slo_attainment, self.tail_latency, self.slo_unjudged):
+                self._drop(gauge, (name,))
+        for name in lc - self._lc_groups:
+            self.slo_intervals.labels(name, SLO_MET)
+            self.slo_intervals.labels(name, SLO_VIOLATED)
+            self.guard_trips.labels(name)
+        self._lc_groups = lc
 
     def record_slo(self, group: str, violated: bool, tail_ms: float) -> None:
         self.slo_intervals.labels(group, SLO_VIOLATED if violated else SLO_MET).inc()
@@ -235,6 +245,11 @@ class TunerMetrics:
             for labels in [s for s in series if s[0] not in groups]:
                 gauge.remove(*labels)
                 series.discard(labels)
+
+    def _drop(self, gauge: Gauge, labels: tuple[str, ...]) -> None:
+        if labels in self._series[gauge]:
+            gauge.remove(*labels)
+            self._series[gauge].discard(labels)
 
     def _set(self, gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
         gauge.labels(*labels).set(value)

@@ -14,7 +14,7 @@ from agent.server.metrics_http import MetricsEndpoint
 from agent.sim import SimNode
 from agent.types import Allocation, GroupAllocation, GroupKind, MbaCapabilities, MbaMode
 from models import catalogue
-from tests.agent.server.conftest import serve
+from tests.agent.server.conftest import remote, serve
 from tests.tools import check_metrics
 from tests.tuner.test_service import make_tuner
 from tuner.config import GuardConfig
@@ -133,3 +133,33 @@ def test_alerted_counters_are_exported_at_zero_before_their_first_event() -> Non
         assert have[("rdtune_tuner_dropped_plans_total", (("rule", rule),))] == 0
     batch = set(tuner.groups) - lc
     assert not any(dict(k[1]).get("group") in batch for k in have if "slo" in k[0])
+
+
+def _series_of(registry_, group: str) -> dict[tuple[str, tuple], float]:
+    return {k: v for k, v in samples(registry_).items() if dict(k[1]).get("group") == group}
+
+
+def test_an_lc_group_deleted_at_the_node_leaves_no_frozen_slo_counters() -> None:
+    """Before, a deleted LC group's SLO interval and guard-trip counters stayed in every
+    scrape at their last value: RdtuneSLOUnjudged (no increase for 15 min while the agent
+    is up) then fired for a group that no longer exists, until the tuner restarted."""
+    with serve(SimNode("default", seed=0)) as server, remote(server) as client:
+        tuner = make_tuner(server, catalogue.construct("eq"))
+        tuner.start()
+        lc, spec = next((g, s) for g, s in tuner.groups.items() if s.kind is GroupKind.LC)
+        for _ in range(5):
+            tuner.step()
+        before = {name for name, _ in _series_of(tuner.metrics.registry, lc)}
+        assert {"rdtune_tuner_slo_intervals_total", "rdtune_tuner_guard_trips_total"} <= before
+        client.delete_group(lc)
+        for _ in range(3):
+            tuner.step()
+        gone = _series_of(tuner.metrics.registry, lc)
+        client.create_group(spec)  # made again: counted from 0, as after a restart
+        for _ in range(3):
+            tuner.step()
+        tuner.shutdown()
+    assert gone == {}, f"series of the deleted group {lc}: {sorted(gone)}"
+    back = _series_of(tuner.metrics.registry, lc)
+    key = ("rdtune_tuner_slo_intervals_total", (("group", lc), ("result", SLO_VIOLATED)))
+    assert back[key] == 0 and back[("rdtune_tuner_guard_trips_total", (("group", lc),))] == 0
