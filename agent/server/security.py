@@ -24,6 +24,7 @@ from agent.address import split_address
 from agent.configfile import ConfigError
 from agent.connection import TOKEN_ENV, read_token  # noqa: F401  (the agent's modules use them)
 from agent.server.errors import Aborted, RateLimited, abort, abort_with
+from agent.server.metrics import waited_seconds
 from agent.throttle import LogThrottle, held_back
 
 # The one method a peer without the token may call: kubelet's probes use Check. Watch is
@@ -139,7 +140,8 @@ def client_key(peer: str) -> str:
 # Methods that answer an undecodable frame in their own response stream.
 IN_STREAM_ERRORS = frozenset({"/rdtune.v1.NodeAgent/Session"})
 
-RpcObserver = Callable[[str, str, float], None]  # (method, status code name, seconds)
+# (method, status code name, seconds: None for a stream, counted but not timed)
+RpcObserver = Callable[[str, str, float | None], None]
 
 
 class BadFrame:
@@ -292,13 +294,18 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
             self._bad(context, method, request)
         return request
 
-    def _finish(self, method: str, context, started: float, code) -> None:
+    def _finish(
+        self, method: str, context, started: float | None, code, waited: float = 0.0
+    ) -> None:
+        """Report the RPC: its duration since ``started`` less ``waited`` (the interval a
+        Step let pass), or none (``started`` None: a stream, which lasts as its client)."""
         if self._observe is None:
             return
         if code is None:
             code = context.code() or grpc.StatusCode.OK
         name = code.name if isinstance(code, grpc.StatusCode) else str(code)
-        self._observe(method, name, time.perf_counter() - started)
+        seconds = None if started is None else time.perf_counter() - started - waited
+        self._observe(method, name, seconds)
 
     def _guard(self, fn, method: str, handler):
         """``fn`` wrapped: as a coroutine function, or as an async generator function when
@@ -311,7 +318,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         if inspect.isasyncgenfunction(fn):
 
             async def streaming(request, context):
-                started = time.perf_counter()
+                started = None  # streams are counted, not timed
                 try:
                     request = check(request, context, method, streams_in)
                     async for response in fn(request, context):
@@ -327,7 +334,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
             return streaming
 
         async def call(request, context):
-            started = time.perf_counter()
+            started = None if streams_in else time.perf_counter()
             try:
                 request = check(request, context, method, streams_in)
                 response = await fn(request, context)
@@ -337,7 +344,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
             except BaseException:
                 finish(method, context, started, context.code() or grpc.StatusCode.UNKNOWN)
                 raise
-            finish(method, context, started, None)
+            finish(method, context, started, None, waited_seconds(response))
             return response
 
         return call

@@ -38,7 +38,7 @@ from agent.latency import LatencyRecorder
 from agent.node import Node, as_clock, never_blocks, scenario_name
 from agent.server import convert as C
 from agent.server.errors import LimitReached, RateLimited, abort, abort_with, status_of
-from agent.server.metrics import AgentMetrics
+from agent.server.metrics import AgentMetrics, waited_seconds
 from agent.server.scrape import HistogramScraper
 from agent.server.security import BadFrame, BadFrameLog, RateLimiter, client_key
 from agent.types import (
@@ -635,7 +635,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                     )
                 )
             else:
-                started = time.perf_counter()
+                started, waited = time.perf_counter(), 0.0
                 answer = api.SessionResponse(id=request.id)
                 kind = request.WhichOneof("call")
                 core = cores.get(kind)
@@ -647,7 +647,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                     out = getattr(answer, kind)
                     out.SetInParent()
                     await core[0](getattr(request, kind), out)
-                    code = grpc.StatusCode.OK
+                    code, waited = grpc.StatusCode.OK, waited_seconds(out)
                 except Exception as exc:
                     if not isinstance(exc, (NodeError, ValueError, TypeError)):
                         log.exception("%s in a session failed", kind)
@@ -656,7 +656,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
                         id=request.id, error=api.SessionError(code=code.value[0], detail=detail)
                     )
                 if core is not None:  # a malformed message is no RPC of any method
-                    record(core[1], code.name, time.perf_counter() - started)
+                    record(core[1], code.name, time.perf_counter() - started - waited)
             await write(answer)
             if session.done():  # an answer being written is still answered at shutdown
                 return

@@ -167,3 +167,30 @@ def test_every_rule_the_validator_names_is_known() -> None:
         for rule in re.findall(r'\brule="([a-z_]+)"', path.read_text())
     }
     assert named and named <= set(RULES), sorted(named - set(RULES))
+
+
+def test_rpc_durations_leave_out_a_steps_interval_and_streams_are_counted_only() -> None:
+    """On a wall clock a Step waits its interval: before, every Step timed it (0.2 s here,
+    the tuner's 1 s in production: all in one bucket, a p99 near the next bucket's bound
+    for an agent that answered in a millisecond), and each stream its lifetime."""
+    node = RefNode()
+    with serve(node, metrics_listen="127.0.0.1:0") as server:
+        with remote(server, session=False) as unary:
+            unary.create_group(LC)
+            unary.step(interval_s=0.2)
+            with unary.reporter() as rep:  # ReportLatencies: a client stream
+                rep.record_many("web", [1.0])
+        with remote(server) as session:  # each step a message of one Session stream
+            session.step(interval_s=0.2)
+        text = scrape(server)
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    timed = {s.labels["method"] for s in samples if s.name.startswith("rdtune_agent_rpc_dur")}
+    counted = {s.labels["method"] for s in samples if s.name == "rdtune_agent_rpcs_total"}
+    assert {"Session", "ReportLatencies", "Step"} <= counted
+    assert "Step" in timed and not timed & {"Session", "ReportLatencies"}, sorted(timed)
+    steps = {
+        s.labels["le"]: s.value
+        for s in samples
+        if s.name == "rdtune_agent_rpc_duration_seconds_bucket" and s.labels["method"] == "Step"
+    }
+    assert steps["+Inf"] == 2 and steps["0.1"] == 2, steps
