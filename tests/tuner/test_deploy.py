@@ -280,6 +280,27 @@ def test_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
+def _alerts() -> dict[str, dict]:
+    rules = yaml.safe_load(RULES.read_text())
+    return {r["alert"]: r for g in rules["groups"] for r in g["rules"] if "alert" in r}
+
+
+@pytest.mark.parametrize("alert", sorted(_alerts()))
+def test_each_alert_says_what_to_do_and_is_tested_firing_and_quiet(alert: str) -> None:
+    """The page an operator gets names what to check (a description, not a summary alone),
+    and promtool's unit tests see the alert fire, with that text, and stay quiet."""
+    rule = _alerts()[alert]
+    assert rule["labels"]["severity"] in ("warning", "critical")
+    notes = rule.get("annotations", {})
+    assert notes.get("summary") and notes.get("description"), f"{alert}: no description"
+    tests = yaml.safe_load(RULES.with_suffix(".test.yaml").read_text())["tests"]
+    cases = [c for t in tests for c in t.get("alert_rule_test", []) if c["alertname"] == alert]
+    fired = [a for c in cases for a in c["exp_alerts"]]
+    assert fired, f"{alert}: no unit test sees it fire"
+    assert any(not c["exp_alerts"] for c in cases), f"{alert}: no unit test sees it quiet"
+    assert all({"summary", "description"} <= set(a["exp_annotations"]) for a in fired), alert
+
+
 def test_the_dashboards_queries_parse(tmp_path) -> None:
     # promtool parses PromQL in rule files: each query as a recording rule.
     rules = [
