@@ -177,6 +177,7 @@ class TunerMetrics:
         for rule in DROP_RULES:
             self.dropped_plans.labels(rule)
         self._lc_groups: set[str] = set()
+        self._controllers: set[tuple[str, str]] = set()  # active_controller's series
         self._met: dict[str, list[int]] = {}
         # the gauges of one series per group: removed with the group (or while the agent
         # is down), so a scrape never shows the last value of a group that is gone
@@ -188,6 +189,13 @@ class TunerMetrics:
         }  # fmt: skip
 
     def set_active(self, active: str, primary: str, fallback: str) -> None:
+        """Which of the two controllers is in charge. A fallback replaced by another (it
+        could not protect) takes its series with it: left, it would still read 1 when it was
+        in charge, two controllers in charge in every scrape and in ``rdtune status``."""
+        now = {(primary, "primary"), (fallback, "fallback")}
+        for labels in self._controllers - now:
+            self.active_controller.remove(*labels)
+        self._controllers = now
         self.active_controller.labels(primary, "primary").set(int(active == "primary"))
         self.active_controller.labels(fallback, "fallback").set(int(active == "fallback"))
         self.fallback_active.set(int(active == "fallback"))

@@ -145,3 +145,23 @@ def test_a_flapping_guard_backs_off_and_the_lc_group_is_protected_longer() -> No
     # Without backing off: 15 switches, 8 trips, needed 10 throughout, 59% attainment.
     assert tuner.switches.count <= 8 and needed >= 40
     assert met / (met + missed) > 0.75
+
+
+def test_a_replaced_fallback_leaves_the_controller_in_charge_metric(overload: str) -> None:
+    """Before, the fallback replaced while in charge kept its series at 1: two controllers
+    in charge in every scrape, and in ``rdtune status``."""
+    tuner = tuner_on(overload, [static8()])
+    tuner.start()
+    for i in range(30):
+        if i == 5:
+            make_exclusive(tuner)
+        tuner.step()
+    assert tuner.fallback.name == "eq" and tuner.slo_guard.in_fallback
+    series = {
+        (s.labels["controller"], s.labels["role"]): s.value
+        for family in tuner.metrics.registry.collect()
+        if family.name == "rdtune_tuner_active_controller"
+        for s in family.samples
+    }
+    tuner.shutdown()
+    assert series == {("eq", "primary"): 0, ("eq", "fallback"): 1}
