@@ -44,7 +44,7 @@ class TunerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
-        register_process_metrics(r)
+        register_process_metrics(r, "tuner")
         self.decisions = Counter(
             "rdtune_tuner_decisions_total",
             "Decisions by controller and outcome (applied, kept, dropped; error: decide raised)",

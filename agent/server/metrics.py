@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 import math
 import threading
 from collections import defaultdict
@@ -28,6 +29,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    Info,
     PlatformCollector,
     ProcessCollector,
 )
@@ -65,10 +67,19 @@ def waited_seconds(response) -> float:
     return waited.ToNanoseconds() / 1e9 if waited is not None else 0.0
 
 
-def register_process_metrics(registry: CollectorRegistry) -> None:
-    """The process's CPU, memory, file descriptors and Python version on ``registry``."""
+def register_process_metrics(registry: CollectorRegistry, component: str) -> None:
+    """The process's CPU, memory, file descriptors and Python version on ``registry``, and
+    ``rdtune_<component>_build_info{version}`` (1): which release each node runs, during a
+    rollout or beside an alert."""
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
+    try:
+        version = importlib.metadata.version("rdtune")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        version = "unknown"
+    Info(f"rdtune_{component}_build", "The rdtune release running.", registry=registry).info(
+        {"version": version}
+    )
 
 
 class AgentMetrics:
@@ -84,7 +95,7 @@ class AgentMetrics:
         self, registry: CollectorRegistry | None = None, mba_mode: MbaMode = MbaMode.PERCENT
     ) -> None:
         self.registry = registry or CollectorRegistry()
-        register_process_metrics(self.registry)
+        register_process_metrics(self.registry, "agent")
         self.rpcs = Counter(
             "rdtune_agent_rpcs_total",
             "RPCs handled, by method and gRPC status code.",

@@ -4,6 +4,7 @@ agent's label vocabulary, process metrics."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import urllib.request
 
 import pytest
@@ -112,6 +113,9 @@ def test_the_endpoint_passes_promtool_after_a_guard_trip(spike_file: str) -> Non
     assert results == {SLO_MET, SLO_VIOLATED}  # the agent's vocabulary (agent/server/metrics.py)
     for process in ("process_cpu_seconds", "process_resident_memory_bytes", "python_info"):
         assert process in families, process
+    (build,) = families["rdtune_tuner_build_info"].samples  # which release the node runs
+    assert build.name == "rdtune_tuner_build_info" and build.value == 1
+    assert build.labels == {"version": importlib.metadata.version("rdtune")}
 
 
 def test_alerted_counters_are_exported_at_zero_before_their_first_event() -> None:

@@ -4,6 +4,7 @@ clean with every family populated, base units for every MBA mode, process metric
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import re
 import urllib.request
 from pathlib import Path
@@ -95,6 +96,9 @@ def test_labels_and_process_metrics() -> None:
     ]
     for process in ("process_cpu_seconds", "process_resident_memory_bytes", "python_info"):
         assert process in families, process
+    (build,) = families["rdtune_agent_build_info"].samples  # which release the node runs
+    assert build.name == "rdtune_agent_build_info" and build.value == 1
+    assert build.labels == {"version": importlib.metadata.version("rdtune")}
 
 
 def _web_series(text: str) -> list[str]:
