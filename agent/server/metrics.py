@@ -7,7 +7,9 @@ it): ``rdtune_agent_`` prefix, base units (seconds, bytes, bytes per second, rat
 ``violated``) and ``percentile``. RPC counts and latencies come from the server interceptor;
 per-group gauges (allocation, occupancy, bandwidth, IPC, latency percentiles, SLO
 attainment) are read from the last observation and allocation the agent served, by a
-custom collector, so a deleted group disappears from the next scrape. The process's own
+custom collector, so a deleted group disappears from the next scrape: deleted through the
+agent, or by another tool (gone from the group list an Observe or ListGroups reads, as a
+vanished group is), not only at the next Apply. The process's own
 metrics (CPU, memory, file descriptors; ``process_*``, ``python_*``) are exported too.
 
 An MB value is exported in base units, in the metric its mode calls for: the fraction of
@@ -22,8 +24,9 @@ import dataclasses
 import importlib.metadata
 import math
 import threading
+import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -158,8 +161,19 @@ class AgentMetrics:
     def record_allocation(self, allocation: Allocation) -> None:
         self._state.set_allocation(allocation)
 
-    def record_snapshot(self, snapshot: Snapshot, specs: Mapping[str, GroupSpec]) -> None:
-        self._state.set_snapshot(snapshot, specs)
+    def record_snapshot(
+        self, snapshot: Snapshot, specs: Mapping[str, GroupSpec], listed_at: float = math.inf
+    ) -> None:
+        """The observation and the node's groups with it (``listed_at``: the
+        ``time.monotonic()`` before they were asked for; see :meth:`record_groups`)."""
+        self._state.set_snapshot(snapshot, specs, listed_at)
+
+    def record_groups(self, groups: Collection[str], listed_at: float = math.inf) -> None:
+        """The node's groups, asked for at ``listed_at`` (``time.monotonic()``): a group of
+        the last allocation no longer among them (deleted by another tool, or vanished) leaves
+        the next scrape, not the next Apply. An allocation recorded after the list was asked
+        for is newer than it, and kept whole (a group made and applied meanwhile)."""
+        self._state.retain(groups, listed_at)
 
     def latency_reported(self, group: str) -> None:
         self.latency_reports.labels(group).inc()
@@ -185,6 +199,7 @@ class _GroupState:
         self._mba_mode = mba_mode
         self._lock = threading.Lock()
         self._allocation: Allocation | None = None
+        self._allocated_at = -math.inf  # time.monotonic() when it was recorded
         self._snapshot: Snapshot | None = None
         self._slo: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # met, judged
         self._slo_target: dict[str, float] = {}
@@ -193,10 +208,26 @@ class _GroupState:
     def set_allocation(self, allocation: Allocation) -> None:
         with self._lock:
             self._allocation = allocation
+            self._allocated_at = time.monotonic()
 
-    def set_snapshot(self, snapshot: Snapshot, specs: Mapping[str, GroupSpec]) -> None:
+    def retain(self, groups: Collection[str], listed_at: float) -> None:
+        with self._lock:
+            self._retain(groups, listed_at)
+
+    def _retain(self, groups: Collection[str], listed_at: float) -> None:
+        allocation = self._allocation
+        if allocation is None or self._allocated_at > listed_at:
+            return
+        if any(name not in groups for name in allocation.groups):
+            kept = {k: v for k, v in allocation.groups.items() if k in groups}
+            self._allocation = dataclasses.replace(allocation, groups=kept)
+
+    def set_snapshot(
+        self, snapshot: Snapshot, specs: Mapping[str, GroupSpec], listed_at: float
+    ) -> None:
         with self._lock:
             self._snapshot = snapshot
+            self._retain(specs, listed_at)
             for name in list(self._slo):
                 if name not in specs:
                     del self._slo[name]

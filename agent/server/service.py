@@ -216,6 +216,9 @@ class NodeHost:
             return self.node.observe(), self.node.groups()  # groups(): a copy already
 
     async def observe(self) -> Snapshot:
+        # before the node is asked: an allocation recorded after this is newer than its
+        # group list, and no group of it is taken for gone (agent/server/metrics.py)
+        listed_at = time.monotonic()
         if self.inline and not self.scrapers and self.lock.acquire(blocking=False):
             try:
                 snap, specs = self.node.observe(), self.node.groups()
@@ -230,7 +233,7 @@ class NodeHost:
             for name, stats in pushed.items():
                 groups[name] = dataclasses.replace(groups[name], latency=stats)
             snap = dataclasses.replace(snap, groups=groups)
-        self.metrics.record_snapshot(snap, specs)
+        self.metrics.record_snapshot(snap, specs, listed_at)
         return snap
 
     def group_deleted(self, name: str) -> None:
@@ -465,7 +468,9 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
             abort(context, exc)
 
     async def ListGroups(self, request, context):
+        listed_at = time.monotonic()
         groups = await self.host.call(context, self.host.node.groups)
+        self.host.metrics.record_groups(groups, listed_at)
         return api.ListGroupsResponse(groups=[C.to_group_spec(s) for s in groups.values()])
 
     async def CreateGroup(self, request, context):

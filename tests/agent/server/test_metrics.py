@@ -5,18 +5,30 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import os
 import re
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.errors import RULES
 from agent.server.metrics import SLO_MET, SLO_VIOLATED, AgentMetrics
-from agent.types import SLO, AllocationPlan, GroupAllocation, GroupKind, GroupSpec, MbaMode
+from agent.types import (
+    SLO,
+    Allocation,
+    AllocationPlan,
+    GroupAllocation,
+    GroupKind,
+    GroupSpec,
+    MbaMode,
+)
 from tests.agent.server.conftest import remote, serve
 from tests.agent.server.refnode import CAPS, RefNode
+from tests.emulated_resctrl import emulated_resctrl
 from tests.tools import check_metrics
 
 LC = GroupSpec("web", GroupKind.LC, SLO(99.0, 5.0))
@@ -127,6 +139,64 @@ def test_a_deleted_group_leaves_the_next_scrape(names: list[str]) -> None:
         text = scrape(server)
     assert _web_series(text) == []
     assert 'group="batch"' in text
+
+
+ALLOCATION = ("rdtune_agent_group_l3_ways", "rdtune_agent_group_mba_ratio")
+
+
+def _allocated(text: str) -> set[str]:
+    """The groups with allocation series in an exposition."""
+    return {
+        s.labels["group"]
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in ALLOCATION
+    }
+
+
+@pytest.mark.parametrize(
+    "learns",
+    ["observe", "list_groups", "delete_group"],
+    ids=["removed-then-observed", "removed-then-listed", "deleted-through-the-agent"],
+)
+def test_a_group_removed_under_the_agent_loses_its_allocation_series(learns: str) -> None:
+    """Before, a group another tool removed kept its ways and MB in every scrape until the
+    next Apply or GetAllocation, though the observation already reported it vanished."""
+    from agent.resctrl import ResctrlNode
+
+    with emulated_resctrl("intel-20way") as emu:
+        node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
+        with serve(node, metrics_listen="127.0.0.1:0") as server, remote(server) as client:
+            for name in ("web", "batch"):
+                client.create_group(GroupSpec(name))
+            plan = {"web": GroupAllocation(0b11, 50), "batch": GroupAllocation(0b1100, 50)}
+            client.apply(AllocationPlan.uniform(plan, (0,)))
+            assert _allocated(scrape(server)) == {"web", "batch"}
+            if learns == "delete_group":
+                client.delete_group("web")
+            else:  # a container runtime cleaning up groups it does not know
+                os.rmdir(f"{emu.root}/rdtune-web")
+                seen = client.observe().vanished if learns == "observe" else set()
+                assert learns != "observe" or seen == {"web"}
+                assert learns != "list_groups" or set(client.groups()) == {"batch"}
+            gone = _allocated(scrape(server))
+            client.create_group(GroupSpec("web"))  # made again: nothing of the old one
+            client.observe()
+            again = _allocated(scrape(server))
+    assert gone == {"batch"}
+    assert again == {"batch"}
+
+
+@pytest.mark.parametrize(("listed", "kept"), [("before", {"web"}), ("after", set())])
+def test_a_group_list_older_than_the_allocation_removes_nothing(listed: str, kept) -> None:
+    """A group made and applied while an observation was under way is not in that
+    observation's group list: its allocation, recorded later, is kept."""
+    metrics = AgentMetrics()
+    asked = time.monotonic()
+    metrics.record_allocation(Allocation({"web": {0: GroupAllocation(0b11, 50)}}))
+    metrics.record_groups(set(), asked if listed == "before" else time.monotonic())
+    text = generate_latest(metrics.registry).decode()
+    assert _allocated(text) == kept
 
 
 def test_a_reset_leaves_none_of_the_old_groups_in_the_next_scrape() -> None:
