@@ -10,7 +10,10 @@ back by ``rdtune status --tuner-metrics URL``.
 
 Reward terms: the tuner does not import ``envs`` (docs/ARCHITECTURE.md), so it exports the
 measured signals every reward in envs/ is built from -- per-group SLO attainment and tail
-latency, and batch instructions/s -- rather than a reward value.
+latency, and batch instructions/s -- rather than a reward value. Each LC group's SLO
+(``rdtune_tuner_slo_target_seconds`` at ``rdtune_tuner_slo_quantile_ratio``) and the
+control interval are exported too: a panel draws the line a tail latency is judged
+against, and the budget a loop's latency must stay under.
 """
 
 from __future__ import annotations
@@ -134,6 +137,20 @@ class TunerMetrics:
             ["group"],
             registry=r,
         )
+        # The SLO each LC group is judged against, to draw beside its tail latency and
+        # attainment: the target at the SLO's quantile (p99: 0.99)
+        self.slo_target = Gauge(
+            "rdtune_tuner_slo_target_seconds",
+            "Latency target of each LC group's SLO (at rdtune_tuner_slo_quantile_ratio)",
+            ["group"],
+            registry=r,
+        )
+        self.slo_quantile = Gauge(
+            "rdtune_tuner_slo_quantile_ratio",
+            "Quantile of request latency each LC group's SLO bounds (0.99 for a p99 SLO)",
+            ["group"],
+            registry=r,
+        )
         self.slo_unjudged = Gauge(
             "rdtune_tuner_slo_unjudged_intervals",
             "Intervals in a row without a judged request, per LC group (the guard is blind)",
@@ -171,6 +188,11 @@ class TunerMetrics:
         self.intervals = Counter(
             "rdtune_tuner_intervals_total", "Control intervals completed", registry=r
         )
+        self.interval = Gauge(
+            "rdtune_tuner_interval_seconds",
+            "The control interval: the loop's latency must stay well below it",
+            registry=r,
+        )
         # Counters an alert takes rate() of are exported at 0 before their first event:
         # rate() and increase() cannot count a series' first sample, so a lazily made
         # series would hide the first violations, trips and drops.
@@ -184,7 +206,7 @@ class TunerMetrics:
         self._series: dict[Gauge, set[tuple[str, ...]]] = {
             g: set()
             for g in (self.slo_attainment, self.tail_latency, self.slo_unjudged, self.batch_ips,
-                      self.ways,
+                      self.slo_target, self.slo_quantile, self.ways,
                       *self.mb.values())
         }  # fmt: skip
 
@@ -201,8 +223,9 @@ class TunerMetrics:
         self.fallback_active.set(int(active == "fallback"))
 
     def track(self, groups: Mapping[str, GroupSpec]) -> None:
-        """Export the SLO and guard-trip counters of every LC group in ``groups`` (at 0 until
-        counted), and remove those of an LC group no longer among them. A series left frozen
+        """Export the SLO (target and quantile) and the SLO and guard-trip counters of every
+        LC group in ``groups`` (the counters at 0 until counted), and remove those of an LC
+        group no longer among them. A series left frozen
         would read as a group nobody judges: RdtuneSLOUnjudged (``increase() == 0``) would
         fire for a deleted group until the tuner restarts. A group of that name made again
         starts at 0, as after a restart (rate() takes it as a counter reset)."""
@@ -212,13 +235,24 @@ class TunerMetrics:
             self.slo_intervals.remove(name, SLO_VIOLATED)
             self.guard_trips.remove(name)
             self._met.pop(name, None)  # its attainment starts over with its counters
-            for gauge in (self.slo_attainment, self.tail_latency, self.slo_unjudged):
+            for gauge in (
+                self.slo_attainment,
+                self.tail_latency,
+                self.slo_unjudged,
+                self.slo_target,
+                self.slo_quantile,
+            ):
                 self._drop(gauge, (name,))
         for name in lc - self._lc_groups:
             self.slo_intervals.labels(name, SLO_MET)
             self.slo_intervals.labels(name, SLO_VIOLATED)
             self.guard_trips.labels(name)
         self._lc_groups = lc
+        for name in lc:  # every time: a group made again may have another SLO
+            slo = groups[name].slo
+            if slo is not None:
+                self._set(self.slo_target, (name,), slo.target_ms / 1e3)
+                self._set(self.slo_quantile, (name,), slo.percentile / 100)
 
     def record_slo(self, group: str, violated: bool, tail_ms: float) -> None:
         self.slo_intervals.labels(group, SLO_VIOLATED if violated else SLO_MET).inc()

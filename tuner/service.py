@@ -112,6 +112,7 @@ class Tuner(Resilience, Pacing, Switching):
             max_stable=g.max_stable_intervals,
         )
         self.metrics.stable_intervals.set(self.slo_guard.needed)
+        self.metrics.interval.set(cfg.interval_s)
         self.node: Node | None = None
         self.primary: Controller | None = None
         self.caps = None

@@ -4,6 +4,7 @@ agent's label vocabulary, process metrics."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import urllib.request
 
@@ -13,7 +14,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.server.metrics import SLO_MET, SLO_VIOLATED
 from agent.server.metrics_http import MetricsEndpoint
 from agent.sim import SimNode
-from agent.types import Allocation, GroupAllocation, GroupKind, MbaCapabilities, MbaMode
+from agent.types import (
+    SLO,
+    Allocation,
+    GroupAllocation,
+    GroupKind,
+    GroupSpec,
+    MbaCapabilities,
+    MbaMode,
+)
 from models import catalogue
 from tests.agent.server.conftest import remote, serve
 from tests.tools import check_metrics
@@ -113,6 +122,8 @@ def test_the_endpoint_passes_promtool_after_a_guard_trip(spike_file: str) -> Non
     assert results == {SLO_MET, SLO_VIOLATED}  # the agent's vocabulary (agent/server/metrics.py)
     for process in ("process_cpu_seconds", "process_resident_memory_bytes", "python_info"):
         assert process in families, process
+    (interval,) = families["rdtune_tuner_interval_seconds"].samples  # the loop's budget
+    assert interval.value == tuner.cfg.interval_s
     (build,) = families["rdtune_tuner_build_info"].samples  # which release the node runs
     assert build.name == "rdtune_tuner_build_info" and build.value == 1
     assert build.labels == {"version": importlib.metadata.version("rdtune")}
@@ -167,3 +178,44 @@ def test_an_lc_group_deleted_at_the_node_leaves_no_frozen_slo_counters() -> None
     back = _series_of(tuner.metrics.registry, lc)
     key = ("rdtune_tuner_slo_intervals_total", (("group", lc), ("result", SLO_VIOLATED)))
     assert back[key] == 0 and back[("rdtune_tuner_guard_trips_total", (("group", lc),))] == 0
+
+
+@pytest.mark.parametrize(
+    ("metric", "of"),
+    [
+        ("rdtune_tuner_slo_target_seconds", lambda slo: slo.target_ms / 1e3),
+        ("rdtune_tuner_slo_quantile_ratio", lambda slo: slo.percentile / 100),
+    ],
+    ids=["target", "quantile"],
+)
+def test_an_lc_groups_slo_is_exported_while_the_group_exists(metric: str, of) -> None:
+    """Before, a panel could not draw the SLO a tail latency is judged against: it was
+    exported nowhere. It leaves with its group (and with its kind: a batch group of the
+    name has none), and a group made again with another SLO shows that one."""
+    with serve(SimNode("default", seed=0)) as server, remote(server) as client:
+        tuner = make_tuner(server, catalogue.construct("eq"))
+        tuner.start()
+        lc, spec = next((g, s) for g, s in tuner.groups.items() if s.kind is GroupKind.LC)
+        tuner.step()
+        key = (metric, (("group", lc),))
+        before = samples(tuner.metrics.registry).get(key)
+        client.delete_group(lc)
+        for _ in range(2):
+            tuner.step()
+        gone = samples(tuner.metrics.registry).get(key)
+        client.create_group(GroupSpec(lc))  # a batch group of that name: it has no SLO
+        for _ in range(2):
+            tuner.step()
+        batch = samples(tuner.metrics.registry).get(key)
+        client.delete_group(lc)
+        for _ in range(2):  # seen gone first (a spec replaced within one interval is kept)
+            tuner.step()
+        other = SLO(95.0 if spec.slo.percentile != 95.0 else 99.0, spec.slo.target_ms * 2)
+        client.create_group(dataclasses.replace(spec, slo=other))
+        for _ in range(2):
+            tuner.step()
+        again = samples(tuner.metrics.registry).get(key)
+        tuner.shutdown()
+    assert before == pytest.approx(of(spec.slo))
+    assert gone is None and batch is None
+    assert again == pytest.approx(of(other))
