@@ -1,8 +1,9 @@
 """The dashboard reads right on a fleet: every panel, checked from its JSON. Each query keeps
 the node (``instance``) through its aggregations and selects the nodes picked in ``$node``,
 each legend names the node, each series is drawn in the unit its metric is in, one axis
-carries one unit, and an alert's threshold is drawn where its panel plots the alert's
-metric. A query that sums over every node reads fine on one test host and mixes the fleet
+carries one unit, an alert's threshold is drawn where its panel plots the alert's
+metric, and a latency's bound (its group's SLO target, the control interval) is drawn
+beside it. A query that sums over every node reads fine on one test host and mixes the fleet
 into one line on a real one; nothing else would notice."""
 
 from __future__ import annotations
@@ -235,6 +236,34 @@ def test_an_alerts_threshold_shows_where_its_metric_is_plotted(alert, metric, op
         if panel["type"] == "timeseries":
             style = panel["fieldConfig"]["defaults"].get("custom", {}).get("thresholdsStyle")
             assert style and style["mode"] != "off", f"{panel['title']}: threshold not drawn"
+
+
+# A measured latency and the bound it is judged against, from the same exporter: the SLO's
+# target of each LC group (the tuner's, and the agent's), the control interval of a loop.
+BOUNDS = {
+    "rdtune_tuner_tail_latency_seconds": "rdtune_tuner_slo_target_seconds",
+    "rdtune_agent_group_latency_seconds": "rdtune_agent_group_slo_target_seconds",
+    "rdtune_tuner_loop_latency_seconds_bucket": "rdtune_tuner_interval_seconds",
+}
+
+
+def _selects(expr: str, name: str) -> bool:
+    return name in re.findall(NAME, expr)
+
+
+@pytest.mark.parametrize(("measured", "bound"), BOUNDS.items())
+def test_a_latency_is_drawn_with_the_bound_it_is_judged_against(measured, bound) -> None:
+    """A panel of latencies draws, per series, the line they must stay under, dashed: without
+    it an operator reads 3 ms against a target remembered per group (or per node's
+    interval), and the alerts' thresholds do not cover a bound that differs by group."""
+    panels = [p for p in _graphs() if any(_selects(t["expr"], measured) for t in p["targets"])]
+    assert panels, f"no panel plots {measured}"
+    for panel in panels:
+        refs = [t["refId"] for t in panel["targets"] if _selects(t["expr"], bound)]
+        assert refs, f"{panel['title']}: {bound} is not drawn"
+        for ref in refs:
+            style = _override(panel, ref, "custom.lineStyle") or {}
+            assert style.get("fill") == "dash", f"{panel['title']}: {bound} drawn as a series"
 
 
 @pytest.mark.parametrize(
