@@ -166,6 +166,12 @@ class GroupKeeper:
         return ordered
 
 
+def respecified(before: Mapping[str, GroupSpec], now: Mapping[str, GroupSpec]) -> set[str]:
+    """Groups of ``before`` that ``now`` lacks or holds with another spec (kind, SLO,
+    exclusive): deleted, or deleted and made again by another client between two looks."""
+    return {name for name, spec in before.items() if now.get(name) != spec}
+
+
 def _undo(node: Node, created: Sequence[str]) -> None:
     for name in created:
         try:

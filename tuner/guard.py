@@ -28,7 +28,7 @@ import collections
 import dataclasses
 import logging
 import math
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 
 from agent.errors import GroupNotFound, InvalidAllocation
@@ -535,6 +535,13 @@ class SloGuard:
             self.streak.clear()
             return Switch(False, f"no SLO violation for {self.needed} intervals")
         return None
+
+    def forget(self, groups: Iterable[str]) -> None:
+        """Drop the violation streaks and unjudged counts of ``groups`` (gone, or made again
+        with another spec): a group of that name starts over."""
+        for group in groups:
+            self.streak.pop(group, None)
+            self.unjudged.pop(group, None)
 
     def _back_off(self) -> str:
         """Set ``needed`` for this trip; the switch's reason."""

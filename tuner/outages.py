@@ -16,8 +16,8 @@ from agent.errors import GroupNotFound, NodeError, ResourceExhausted
 from agent.node import Node, as_clock
 from agent.types import Allocation, AllocationPlan, GroupSpec, Snapshot
 from tuner.config import TunerConfig
-from tuner.groups import GroupKeeper
-from tuner.guard import PlanGuard
+from tuner.groups import GroupKeeper, respecified
+from tuner.guard import PlanGuard, SloGuard
 from tuner.metrics import TunerMetrics
 
 log = logging.getLogger("rdtune.tuner")
@@ -51,6 +51,7 @@ class Resilience:
     keeper: GroupKeeper
     metrics: TunerMetrics
     plan_guard: PlanGuard
+    slo_guard: SloGuard
     groups: dict[str, GroupSpec]
     baseline: Allocation | None
     intended: Allocation | None
@@ -64,21 +65,31 @@ class Resilience:
     caps: object
     target: AllocationPlan | None
     intervals: int
+    _since_read: int
 
     _vanished: frozenset[str] = frozenset()  # the node's vanished groups, as last handled
 
     def _follow_groups(self, snap: Snapshot) -> None:
-        """Groups appeared or vanished at the node: configured ones made again, the
-        controller restarted on the new set. The node keeps reporting a vanished group until
-        it is made again: handled once, but a configured one tried again every interval
-        while making it fails (no CLOSID left)."""
+        """Groups appeared, vanished or were made again with another spec at the node:
+        configured ones made again, the controller restarted on the new set. The node keeps
+        reporting a vanished group until it is made again: handled once, but a configured
+        one tried again every interval while making it fails (no CLOSID left)."""
         vanished = snap.vanished - self._vanished
         configured = {g.spec.name for g in self.keeper.groups}
-        if set(snap.groups) != set(self.groups) or vanished:
+        if set(snap.groups) != set(self.groups) or vanished or self._respecified():
             if vanished & configured:
                 self.keeper.ensure(self.node, strict=False)
             self._groups_changed()
         self._vanished = snap.vanished - (configured - set(self.groups))
+
+    def _respecified(self) -> bool:
+        """Whether a group was deleted and made again with another spec (kind, SLO,
+        exclusive) by another client: its name stays, so only the node's group list tells.
+        Read with the allocation at each resync (``resync_intervals``), not every interval:
+        one round trip per interval is the tuner's budget (tuner/pacing.py)."""
+        if self._since_read + 1 < self.cfg.resync_intervals:
+            return False
+        return bool(respecified(self.groups, self.node.groups()))
 
     def _read_reserved(self) -> None:
         """Read the ways another tool holds exclusively, which the plan guard trims from
@@ -100,7 +111,13 @@ class Resilience:
         is another machine now has its allocation of this moment as the baseline a stop
         restores: the tuner has not changed it yet."""
         self._next = None  # an observation of the old set of groups
-        self.groups = self.keeper.read(self.node, self.groups)
+        before, self.groups = self.groups, self.keeper.read(self.node, self.groups)
+        # A group gone or made again with another spec is judged from scratch: a violation
+        # streak or an attainment against its old SLO says nothing about the new one.
+        changed = respecified(before, self.groups)
+        self.slo_guard.forget(changed)
+        self.metrics.track({g: s for g, s in self.groups.items() if g not in changed})
+        self.metrics.track(self.groups)
         self._read_reserved()
         self.target = None
         self._stale = True
