@@ -68,6 +68,8 @@ def test_a_group_made_again_between_intervals_is_tuned_as_its_new_spec(tuner, ne
     remake(tuner.cfg.agent.address, new)
     result = tuner.step()
     assert tuner.groups[new.name] == new
+    # A group made again holds every way: the tuner's allocation is back on the node.
+    assert tuner.node.allocation().groups[new.name] == tuner.intended.groups[new.name]
     # Judged against its new SLO (or not at all): a violation streak of 1 or 0.
     expected = None
     if new.kind is GroupKind.LC:
