@@ -223,7 +223,7 @@ class _GroupState:
             self._allocation = dataclasses.replace(allocation, groups=kept)
 
     def set_snapshot(
-        self, snapshot: Snapshot, specs: Mapping[str, GroupSpec], listed_at: float
+        self, snapshot: Snapshot, specs: Mapping[str, GroupSpec], listed_at: float = math.inf
     ) -> None:
         with self._lock:
             self._snapshot = snapshot
