@@ -2,6 +2,7 @@
 
   rdtune trace record --agent ADDR --controller NAME --duration D --out FILE
   rdtune trace info FILE
+  rdtune trace recover PART_OR_JOURNAL --out FILE
   rdtune trace export-minari FILE [FILE ...] --dataset-id rdtune/NAME-v0
 
 Recording works against any agent: a simulated one (``rdtune agent --backend sim``) is
@@ -155,6 +156,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     info.add_argument("file", help="the trace file (Parquet, as 'rdtune trace record' writes)")
 
+    rcv = sub.add_parser(
+        "recover",
+        help="get the trace back from a killed recording's journal",
+        description="Write the trace a recording killed before it could close it (SIGKILL, "
+        "the OOM killer, a power loss) had recorded: every interval of its journal "
+        "(OUT.XXXXXXXX.journal, beside its footerless OUT.XXXXXXXX.part) whose record is "
+        "whole, up to the first torn or corrupt one, which is named. Exit 2 when the "
+        "journal cannot be read at all or --out is refused.",
+    )
+    rcv.add_argument("source", help="the killed recording's .part file, or its .journal beside it")
+    rcv.add_argument("--out", required=True, help="trace file to write (.parquet)")
+    rcv.add_argument("--force", action="store_true", help="replace --out when it exists")
+
     exp = sub.add_parser(
         "export-minari",
         help="export traces as a Farama Minari dataset (needs the 'minari' extra)",
@@ -180,7 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    actions = {"record": _record, "info": _info, "export-minari": _export}
+    actions = {"record": _record, "info": _info, "recover": _recover, "export-minari": _export}
     return actions[args.trace_command](args)
 
 
@@ -311,6 +325,24 @@ def _info(args: argparse.Namespace) -> int:
     for name, spec in trace.groups.items():
         slo = f", SLO p{spec.slo.percentile:g} <= {spec.slo.target_ms:g} ms" if spec.slo else ""
         print(f"  group {name}: {spec.kind.value}{slo}")
+    return 0
+
+
+def _recover(args: argparse.Namespace) -> int:
+    from training.trace_journal import JournalError
+    from training.trace_recover import recover
+    from training.traces import TraceError
+
+    try:
+        _check_out(args.out, args.force)
+        done = recover(args.source, args.out, replace=args.force)
+    except (JournalError, TraceError, ValueError) as e:  # bad input: the journal or --out
+        print(f"rdtune trace recover: {e}", file=sys.stderr)
+        return 2
+    if done.stopped is not None:  # the usual end of a killed recording's journal: a torn record
+        print(f"rdtune trace recover: {args.source}: stopped at the {done.stopped}",
+              file=sys.stderr)  # fmt: skip
+    print(f"wrote {done.steps} intervals to {done.path}")
     return 0
 
 

@@ -68,6 +68,7 @@ from agent.types import (
     validate_group_name,
 )
 from agent.validate import check_cbm, normalize_mb
+from training.trace_journal import JournalWriter, journal_path
 
 FORMAT_NAME = "rdtune-trace"
 FORMAT_VERSION = 1
@@ -362,7 +363,10 @@ class TraceWriter:
     Until it is closed the data goes to a file of its own beside ``path``,
     ``NAME.XXXXXXXX.part``, created afresh (never a file or link already there, so a crashed
     recording's ``.part`` and a concurrent recorder's are left alone) and moved to ``path``
-    by :meth:`close`.
+    by :meth:`close`. Each interval also goes to a journal beside it (``NAME.XXXXXXXX.journal``,
+    training/trace_journal.py) as it is written, removed once the trace is closed whole: a
+    recorder killed with SIGKILL leaves a footerless ``.part`` file but a journal that
+    ``rdtune trace recover`` turns back into the trace (training/trace_recover.py).
 
     Args:
         path: the file to write (its directory must exist).
@@ -379,6 +383,8 @@ class TraceWriter:
             that is there at the close (one that appeared while recording: another
             recorder's) is kept, and the trace stays in its ``.part`` file
             (:class:`FileExistsError` naming both).
+        journal: whether to keep the journal (not when the intervals come from one).
+        created: when the recording started (Unix time; default: now).
 
     Attributes:
         location: where the trace is: its ``.part`` file until it is moved to ``path``.
@@ -398,6 +404,8 @@ class TraceWriter:
         extra: Mapping[str, Any] | None = None,
         row_group_steps: int = DEFAULT_ROW_GROUP_STEPS,
         replace: bool = False,
+        journal: bool = True,
+        created: float | None = None,
     ) -> None:
         if row_group_steps < 1:
             raise ValueError("row_group_steps must be >= 1")
@@ -416,7 +424,7 @@ class TraceWriter:
             "seed": seed,
             "source": source,
             "interval_s": float(interval_s),
-            "created": time.time(),
+            "created": time.time() if created is None else float(created),
             "extra": dict(extra or {}),
         }
         self._pending: list[list[dict[str, Any]]] = []  # intervals' rows, not yet written
@@ -432,11 +440,20 @@ class TraceWriter:
                 SCHEMA.with_metadata(self._encoded_meta()),
                 write_page_checksum=True,
             )
+            self._journaled: dict[str, dict[str, Any]] = {}  # specs the journal holds
+            self._journal = (
+                JournalWriter(journal_path(self._part), self._header()) if journal else None
+            )
         except BaseException:
             self._file.close()
             self._part.unlink()
             raise
         self._closed = False
+
+    def _header(self) -> dict[str, Any]:
+        """The journal's first record: the metadata as it stands, groups included."""
+        self._journaled = {g.name: spec_to_json(g) for g in self._groups.values()}
+        return {**self._meta, "groups": list(self._journaled.values())}
 
     # The TraceWriter protocol envs/ records through: write one interval, close at the end.
 
@@ -466,12 +483,25 @@ class TraceWriter:
             "controller": controller or self._controller,
             "note": note,
         }
-        rows = _interval_rows(interval, snapshot, allocation, applied)
+        self.write_rows(_interval_rows(interval, snapshot, allocation, applied))
+
+    def write_rows(
+        self, rows: list[dict[str, Any]], groups: Mapping[str, GroupSpec] | None = None
+    ) -> None:
+        """Append one interval as its rows (:meth:`write` makes them; a recovery reads
+        them from a journal), checked as the reader will check them."""
+        if groups is not None:
+            self._groups.update(groups)
         self._check(rows)
+        new = [spec_to_json(g) for g in self._groups.values()]
+        new = [g for g in new if self._journaled.get(g["name"]) != g]
         # The interval is buffered whole or not at all (its rows made first), and a signal
         # waits until it is: a Ctrl-C landing here must not leave half an interval, or one
         # written twice, for the close that follows it to put in the file.
         with _interrupts_deferred():
+            if self._journal is not None:
+                self._journal.append(rows, new)
+                self._journaled.update((g["name"], g) for g in new)
             self._pending.append(rows)
             if len(self._pending) >= self._row_group_steps:
                 self._flush()
@@ -543,6 +573,8 @@ class TraceWriter:
             os.fsync(self._file.fileno())
             self._file.close()
             self._closed = True
+            if self._journal is not None:  # the trace is whole on disk: its journal is not needed
+                self._journal.remove()
             self._move_into_place()
 
     def _move_into_place(self) -> None:
@@ -940,10 +972,10 @@ def _read_footer(path: Path) -> tuple[dict[bytes, bytes], pa.Schema]:
             )
         raise TraceError(path, "not a Parquet file (no PAR1 magic at the start)")
     if tail != b"PAR1" or size < 12:
-        raise TraceError(
-            path,
-            f"truncated: the Parquet footer is missing ({size} bytes; was recording cut short?)",
-        )
+        hint = "was recording cut short?"
+        if path.suffix == ".part" and journal_path(path).exists():
+            hint = f"a killed recording: 'rdtune trace recover {path}' gets its intervals back"
+        raise TraceError(path, f"truncated: the Parquet footer is missing ({size} bytes; {hint})")
     try:
         # The footer's key/value metadata (final values, written at close), not the Arrow
         # schema's copy (written when recording started).
