@@ -69,6 +69,7 @@ class JournalWriter:
             os.write(self._fd, _PREFIX.pack(MAGIC, JOURNAL_VERSION))
             self._write(header)
             os.fsync(self._fd)
+            _sync_directory(path.parent)  # the new name survives a power loss too
         except BaseException:
             self.remove()
             raise
@@ -95,6 +96,14 @@ class JournalWriter:
             os.close(self._fd)
             self._fd = -1
         self.path.unlink(missing_ok=True)
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass

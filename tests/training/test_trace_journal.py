@@ -31,8 +31,8 @@ def recorded(tmp_path_factory) -> tuple[Path, Path]:
             shutil.copyfile(live, d / "killed.journal")
 
     out = d / "closed.parquet"
-    record(SimNode("default", seed=0), Explore(seed=1, min_dwell=1, max_dwell=2), out, INTERVALS * 0.1,
-           progress=copy_journal)  # fmt: skip
+    explore = Explore(seed=1, min_dwell=1, max_dwell=2)
+    record(SimNode("default", seed=0), explore, out, INTERVALS * 0.1, progress=copy_journal)
     assert not list(d.glob("*.journal.*")) and not list(d.glob("*.part"))
     return d / "killed.journal", out
 
@@ -54,7 +54,7 @@ def _recover(journal: Path, out: Path, capsys) -> tuple[int, str]:
 def test_a_journal_torn_at_every_byte_of_its_last_record_keeps_the_intervals_before(
     recorded, tmp_path
 ) -> None:
-    journal, closed = recorded
+    journal, _ = recorded
     data = journal.read_bytes()
     last, end = _offsets(data)[-2:]
     assert end == len(data)
@@ -85,7 +85,8 @@ def test_a_torn_journal_recovers_the_trace_closed_before_it(recorded, tmp_path, 
     assert err.startswith(
         f"rdtune trace recover: {torn}: stopped at the record of interval {INTERVALS - 1} at "
         f"byte {last} is torn: the file ends"
-    ) and err.count("\n") == 1
+    )
+    assert err.count("\n") == 1
     assert load_trace(tmp_path / "r.parquet").steps == load_trace(closed).steps[:-1]
 
 
@@ -117,6 +118,26 @@ def test_a_corrupt_record_in_the_middle_stops_the_recovery_there(
     trace = load_trace(tmp_path / "r.parquet")
     assert trace.steps == load_trace(closed).steps[:2]
     assert f"record of interval 2 at byte {at} is corrupt" in trace.extra["stopped_early"]
+
+
+def test_recover_refuses_a_part_without_journal_and_an_existing_out(recorded, tmp_path, capsys):
+    journal, closed = recorded
+    part = tmp_path / "t.parquet.0123abcd.part"
+    part.write_bytes(b"PAR1")
+    rc, err = _recover(part, tmp_path / "r.parquet", capsys)
+    assert rc == 2
+    assert err == (
+        f"rdtune trace recover: journal {part.with_suffix('.journal')}: no such file: {part} "
+        "has no journal beside it (recorded by an rdtune without journals, or closed whole)\n"
+    )
+    out = tmp_path / "kept.parquet"
+    shutil.copyfile(closed, out)
+    rc, err = _recover(journal, out, capsys)
+    assert (rc, err) == (2, f"rdtune trace recover: --out {out}: exists; --force replaces it\n")
+    assert out.read_bytes() == closed.read_bytes()
+    assert main(["trace", "recover", str(journal), "--out", str(out), "--force"]) == 0
+    assert load_trace(out).extra["stopped_early"] == "killed: recovered from its journal"
+    assert load_trace(out).steps == load_trace(closed).steps
 
 
 @pytest.mark.parametrize(
