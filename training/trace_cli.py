@@ -340,8 +340,8 @@ def _recover(args: argparse.Namespace) -> int:
         print(f"rdtune trace recover: {e}", file=sys.stderr)
         return 2
     if done.stopped is not None:  # the usual end of a killed recording's journal: a torn record
-        print(f"rdtune trace recover: {args.source}: stopped at the {done.stopped}",
-              file=sys.stderr)  # fmt: skip
+        print(f"rdtune trace recover: {done.journal}: {done.stopped}; kept the {done.steps} "
+              "intervals before it", file=sys.stderr)  # fmt: skip
     print(f"wrote {done.steps} intervals to {done.path}")
     return 0
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.trace_journal import JournalContents, JournalError, journal_path, read_journal
+from training.trace_journal import JournalError, journal_path, read_journal
 from training.traces import TraceError, TraceWriter, _check_meta, _Fields, _groups
 
 # what the writer's header holds that a trace's footer does not (yet)
@@ -23,11 +23,12 @@ _NOT_META = ("steps", "metadata_sha256")
 
 @dataclass(frozen=True)
 class Recovered:
-    """A recovered trace: where, how many intervals, and why reading the journal stopped
-    before its end (None: it was read to the end)."""
+    """A recovered trace: where, how many intervals, the journal read, and why reading it
+    stopped before its end (None: it was read to the end)."""
 
     path: Path
     steps: int
+    journal: Path
     stopped: str | None
 
 
@@ -51,8 +52,8 @@ def recover(
 ) -> Recovered:
     """Write the trace held by the journal of ``source`` (a journal or its ``.part``
     file) to ``out``: every interval whose record is whole, up to the first torn or
-    corrupt one. :class:`JournalError` when the journal cannot be read at all,
-    :class:`TraceError` when a whole record holds what no trace may."""
+    corrupt one, or one holding what no trace may (named in ``stopped``).
+    :class:`JournalError` when the journal cannot be read at all (nothing is written)."""
     journal = find_journal(source)
     contents = read_journal(journal)
     header = {k: v for k, v in contents.header.items() if k not in _NOT_META}
@@ -60,8 +61,6 @@ def recover(
         meta = _check_meta(journal, header)
     except TraceError as e:
         raise JournalError(journal, f"header: {e.problem}") from None
-    extra = dict(meta["extra"])
-    extra["stopped_early"] = _why(contents)
     writer = TraceWriter(
         out,
         meta["capabilities"],
@@ -71,23 +70,29 @@ def recover(
         seed=meta["seed"],
         source=meta["source"],
         interval_s=meta["interval_s"],
-        extra=extra,
+        extra=meta["extra"],
         replace=replace,
         journal=False,
         created=meta["created"],
     )
+    stopped = contents.stopped
     try:
         for n, interval in enumerate(contents.intervals):
-            _write_interval(writer, journal, n, interval)
+            try:
+                _write_interval(writer, journal, n, interval)
+            except JournalError as e:  # whole and checksummed, but not what a writer wrote
+                stopped = e.problem
+                break
     finally:
-        writer.close()
-    return Recovered(writer.path, writer.steps, contents.stopped)
+        why = "killed: recovered from its journal"
+        writer.close(stopped=why + (f"; {stopped}" if stopped else ""))
+    return Recovered(writer.path, writer.steps, journal, stopped)
 
 
 def _write_interval(writer: TraceWriter, journal: Path, n: int, interval: dict[str, Any]) -> None:
     """Interval ``n`` of the journal into ``writer``, its groups' specs first."""
     rows = interval["rows"]
-    if not rows or not isinstance(rows[0], dict) or rows[0].get("step") != n:
+    if not rows or any(not isinstance(r, dict) or r.get("step") != n for r in rows):
         raise JournalError(journal, f"record of interval {n} holds another interval's rows")
     groups = None
     if "groups" in interval:
@@ -97,11 +102,11 @@ def _write_interval(writer: TraceWriter, journal: Path, n: int, interval: dict[s
             raise JournalError(journal, f"record of interval {n}: {e.problem}") from None
     try:
         writer.write_rows(rows, groups)
-    except (TraceError, KeyError, TypeError) as e:
-        raise JournalError(journal, f"record of interval {n}: {e}") from None
-
-
-def _why(contents: JournalContents) -> str:
-    """The stop recorded in the recovered trace (``rdtune trace info`` prints it)."""
-    why = "killed: recovered from its journal"
-    return why + (f"; {contents.stopped}" if contents.stopped else "")
+    except TraceError as e:
+        raise JournalError(
+            journal, f"record of interval {n} holds what no trace may: {e.problem}"
+        ) from None
+    except (KeyError, TypeError) as e:  # a row without a column, or of another shape
+        raise JournalError(
+            journal, f"record of interval {n} holds a malformed row: {e!r}"
+        ) from None

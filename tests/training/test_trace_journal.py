@@ -3,8 +3,10 @@ record in the middle, another format version; through ``rdtune trace recover``."
 
 from __future__ import annotations
 
+import json
 import shutil
 import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -83,9 +85,9 @@ def test_a_torn_journal_recovers_the_trace_closed_before_it(recorded, tmp_path, 
     rc, err = _recover(torn, tmp_path / "r.parquet", capsys)
     assert rc == 0, err
     assert err.startswith(
-        f"rdtune trace recover: {torn}: stopped at the record of interval {INTERVALS - 1} at "
-        f"byte {last} is torn: the file ends"
-    )
+        f"rdtune trace recover: {torn}: record of interval {INTERVALS - 1} at byte {last} is "
+        "torn: the file ends"
+    ) and err.endswith(f"; kept the {INTERVALS - 1} intervals before it\n")
     assert err.count("\n") == 1
     assert load_trace(tmp_path / "r.parquet").steps == load_trace(closed).steps[:-1]
 
@@ -111,13 +113,35 @@ def test_a_corrupt_record_in_the_middle_stops_the_recovery_there(
     rc, err = _recover(bad, tmp_path / "r.parquet", capsys)
     assert rc == 0, err
     assert err.startswith(
-        f"rdtune trace recover: {bad}: stopped at the record of interval 2 at byte {at} is "
-        f"corrupt: {why}"
-    ), err
+        f"rdtune trace recover: {bad}: record of interval 2 at byte {at} is corrupt: {why}"
+    ) and err.endswith("; kept the 2 intervals before it\n"), err
     assert err.count("\n") == 1
     trace = load_trace(tmp_path / "r.parquet")
     assert trace.steps == load_trace(closed).steps[:2]
     assert f"record of interval 2 at byte {at} is corrupt" in trace.extra["stopped_early"]
+
+
+def test_a_checksummed_record_no_writer_wrote_stops_the_recovery_there(recorded, tmp_path, capsys):
+    """Whole and checksummed, but a row the writer would have refused (a negative count):
+    the recovery stops there as at a corrupt record, not with a trace that does not read."""
+    journal, closed = recorded
+    data = journal.read_bytes()
+    at, after = _offsets(data)[3:5]
+    interval = json.loads(data[at + 8 : after])
+    interval["rows"][0]["instructions"] = -1.0
+    payload = json.dumps(interval).encode()
+    record = struct.pack(">II", len(payload), zlib.crc32(payload)) + payload
+    bad = tmp_path / "bad.journal"
+    bad.write_bytes(data[:at] + record + data[after:])
+    rc, err = _recover(bad, tmp_path / "r.parquet", capsys)
+    assert rc == 0
+    group = interval["rows"][0]["group"]
+    assert err == (
+        f"rdtune trace recover: {bad}: record of interval 2 holds what no trace may: interval "
+        f"2, group {group!r} not written: column 'instructions' is -1.0, not a count; kept the "
+        "2 intervals before it\n"
+    )
+    assert load_trace(tmp_path / "r.parquet").steps == load_trace(closed).steps[:2]
 
 
 def test_recover_refuses_a_part_without_journal_and_an_existing_out(recorded, tmp_path, capsys):
