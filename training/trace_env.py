@@ -179,8 +179,11 @@ def episode_writers(
 ) -> Callable[[gymnasium.Env, int], TraceWriter]:
     """``open_writer`` for envs' ``RecordTrace``: one trace file per episode,
     ``DIRECTORY/episode-00000.parquet`` ..., each with the env's node and groups; a run
-    into a directory of an earlier one replaces its episodes unless ``replace=False``."""
+    into a directory of an earlier one replaces its episodes unless ``replace=False``. No
+    journal is kept unless ``journal=True``: an episode runs again from its seed, and a
+    journal's fsyncs would cost every episode file."""
     writer_kwargs.setdefault("replace", True)
+    writer_kwargs.setdefault("journal", False)
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
 

@@ -62,6 +62,8 @@ def test_record_trace_wrapper_writes_one_parquet_trace_per_episode(trace_path, t
         env.action_space.seed(ep)
         for _ in range(3):
             rewards.append(env.step(env.action_space.sample())[1])
+        # a simulated episode runs again from its seed: no journal is kept while it records
+        assert not list((tmp_path / "eps").glob("*.journal"))
     env.close()
     files = sorted((tmp_path / "eps").glob("*.parquet"))
     assert [f.name for f in files] == ["episode-00000.parquet", "episode-00001.parquet"]
