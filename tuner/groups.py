@@ -6,7 +6,7 @@ join it; and the node's groups read in a stable order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from agent.errors import GroupExists, NodeError, ResourceExhausted
 from agent.node import Node
@@ -154,6 +154,14 @@ class GroupKeeper:
                     extra={"event": "tasks", "group": g.spec.name, "pids": sorted(new)},
                 )
             self.moved[g.spec.name] = pids
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Forget the tasks moved into groups deleted (or made again) at the node: their
+        tasks went to the default group with them, and the next follow moves them in again.
+        Only on such news, not by comparing with the node's tasks every interval: that costs
+        reads, and would undo the task moves of controllers that move tasks themselves."""
+        for name in names:
+            self.moved.pop(name, None)
 
     @staticmethod
     def read(node: Node, known: Mapping[str, GroupSpec]) -> dict[str, GroupSpec]:

@@ -116,6 +116,7 @@ class Resilience:
         # streak or an attainment against its old SLO says nothing about the new one.
         changed = respecified(before, self.groups)
         self.slo_guard.forget(changed)
+        self.keeper.forget(changed)  # their tasks went to the default group with them
         self.metrics.track({g: s for g, s in self.groups.items() if g not in changed})
         self.metrics.track(self.groups)
         self._read_reserved()

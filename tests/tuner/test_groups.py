@@ -1,14 +1,25 @@
-"""The tuner's configured groups on a node: tasks of a followed cgroup move in, and a
-followed cgroup without tasks is reported."""
+"""The tuner's configured groups on a node: tasks of a followed cgroup move in, a followed
+cgroup without tasks is reported, and a followed group deleted under the tuner by another
+client of the agent (an operator's ``rdtune`` commands) gets its tasks back once it is made
+again (real sim agent on loopback, in-process tuner)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
+
+from agent.client import RemoteNode
 from agent.sim import SimNode
-from agent.types import GroupSpec
-from tuner.config import GroupConfig
+from agent.types import GroupKind, GroupSpec
+from models import catalogue
+from tests.agent.server.conftest import serve
+from tuner.config import AgentConnection, GroupConfig, TunerConfig
+from tuner.controllers import fallback
 from tuner.groups import GroupKeeper
+from tuner.service import Tuner
 
 
 def test_an_empty_followed_cgroup_is_reported_once_and_its_units_tasks_follow(
@@ -30,3 +41,63 @@ def test_an_empty_followed_cgroup_is_reported_once_and_its_units_tasks_follow(
     (slice_ / "job1.service" / "cgroup.procs").write_text(f"{pid}\n")
     keeper.follow_cgroups(node, node.groups())
     assert node.tasks("batch") == frozenset([pid])
+
+
+BATCH = GroupSpec("batch", GroupKind.BATCH)
+RESYNC = 3  # intervals between two reads of the node's view (and two follows of cgroups)
+
+
+@pytest.fixture
+def tuner(tmp_path: Path) -> Iterator[Tuner]:
+    node = SimNode("default", seed=0)
+    pids = sorted(node.tasks("ocean_cp"))  # the cgroup's workload: a sim node's own pids
+    unit = tmp_path / "batch.service"
+    unit.mkdir()
+    (unit / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
+    with serve(node) as server:
+        config = TunerConfig(
+            interval_s=0.1,
+            agent=AgentConnection(address=server.address, timeout_s=10),
+            metrics_listen="",
+            resync_intervals=RESYNC,
+            groups=[GroupConfig(BATCH, cgroup=str(unit))],
+        )
+        eq = catalogue.construct("eq")
+        tuner = Tuner(config.agent.connect, lambda node: eq, config, fallback())
+        tuner.start()
+        yield tuner
+        tuner.shutdown()
+
+
+AGAIN = {
+    # Seen gone at one interval, back at a later one (an operator's two commands).
+    "deleted, then made again": (BATCH, True),
+    # Both between two intervals: only its other spec, read at the resync, tells.
+    "made again with another spec": (GroupSpec("batch", GroupKind.BATCH, exclusive=True), False),
+}
+
+
+@pytest.mark.parametrize(("again", "seen_gone"), AGAIN.values(), ids=AGAIN.keys())
+def test_a_followed_group_deleted_under_the_tuner_gets_its_tasks_back(
+    tuner, again: GroupSpec, seen_gone: bool
+) -> None:
+    pids = tuner.node.tasks(BATCH.name)
+    assert pids
+    for _ in range(RESYNC):
+        tuner.step()
+    other = RemoteNode(tuner.cfg.agent.address, timeout=10)
+    try:
+        other.delete_group(BATCH.name)  # its tasks go to the default group
+        if seen_gone:  # the interval observed before the delete passes first
+            for _ in range(2):
+                tuner.step()
+            assert BATCH.name not in tuner.groups
+        other.create_group(again)  # empty: nobody put the tasks back
+    finally:
+        other.close()
+    # The tuner sees the group back (or its new spec) at the latest at the next resync,
+    # reads the node afresh there and follows the cgroups at the resync after.
+    for _ in range(2 * RESYNC):
+        assert tuner.step().outcome != "error"
+    assert tuner.groups[BATCH.name] == again
+    assert tuner.node.tasks(BATCH.name) == pids
