@@ -137,6 +137,9 @@ class AgentMetrics:
         )
         self._state = _GroupState(mba_mode)
         self.registry.register(self._state)
+        # time.monotonic() of each group's last latency report (on the event loop, as are
+        # the group lists compared with it): a group list read before it cannot tell it gone.
+        self._reported_at: dict[str, float] = {}
         # Labelled children per (method, code): ``labels()`` takes a lock and builds a key
         # on every call, and this runs after every RPC. Bounded: methods and codes are
         # finite (unknown methods never reach the interceptor's observer).
@@ -163,32 +166,51 @@ class AgentMetrics:
 
     def record_snapshot(
         self, snapshot: Snapshot, specs: Mapping[str, GroupSpec], listed_at: float = math.inf
-    ) -> None:
+    ) -> list[str]:
         """The observation and the node's groups with it (``listed_at``: the
-        ``time.monotonic()`` before they were asked for; see :meth:`record_groups`)."""
+        ``time.monotonic()`` before they were asked for); the reporting groups gone, as
+        :meth:`record_groups` returns them."""
         self._state.set_snapshot(snapshot, specs, listed_at)
+        return self._reporters_gone(specs, listed_at)
 
-    def record_groups(self, groups: Collection[str], listed_at: float = math.inf) -> None:
+    def record_groups(self, groups: Collection[str], listed_at: float = math.inf) -> list[str]:
         """The node's groups, asked for at ``listed_at`` (``time.monotonic()``): a group of
         the last allocation no longer among them (deleted by another tool, or vanished) leaves
         the next scrape, not the next Apply. An allocation recorded after the list was asked
-        for is newer than it, and kept whole (a group made and applied meanwhile)."""
+        for is newer than it, and kept whole (a group made and applied meanwhile). Returns
+        the groups that reported latencies and are gone: their report counter is dropped
+        here, their pushed latencies are the caller's to drop."""
         self._state.retain(groups, listed_at)
+        return self._reporters_gone(groups, listed_at)
+
+    def _reporters_gone(self, groups: Collection[str], listed_at: float) -> list[str]:
+        """Reporting groups missing from a list asked for after their last report: a group
+        made again under the name starts its count from zero, as after a DeleteGroup."""
+        reported = self._reported_at
+        gone = [g for g, at in reported.items() if at <= listed_at and g not in groups]
+        for group in gone:
+            del reported[group]
+            with contextlib.suppress(KeyError):  # cleared meanwhile (a Reset)
+                self.latency_reports.remove(group)
+        return gone
 
     def latency_reported(self, group: str) -> None:
         self.latency_reports.labels(group).inc()
+        self._reported_at[group] = time.monotonic()
 
     def forget_group(self, group: str) -> None:
         """A deleted group leaves the next scrape: its gauges and its report counter (a
         client cycling names would otherwise grow every scrape without end)."""
         with contextlib.suppress(KeyError):  # it never reported
             self.latency_reports.remove(group)
+        self._reported_at.pop(group, None)
         self._state.forget_group(group)
 
     def forget_all_groups(self) -> None:
         """A simulated Reset replaced every group: none of their series stays (groups of
         the same name start their counts again, as after a restart)."""
         self.latency_reports.clear()
+        self._reported_at.clear()
         self._state.forget_all()
 
 

@@ -28,7 +28,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -233,8 +233,15 @@ class NodeHost:
             for name, stats in pushed.items():
                 groups[name] = dataclasses.replace(groups[name], latency=stats)
             snap = dataclasses.replace(snap, groups=groups)
-        self.metrics.record_snapshot(snap, specs, listed_at)
+        self.forget_latencies(self.metrics.record_snapshot(snap, specs, listed_at))
         return snap
+
+    def forget_latencies(self, gone: Iterable[str]) -> None:
+        """Drop the pushed latencies of groups a group list found gone (removed by another
+        tool; as :meth:`AgentMetrics.record_groups` returns them): a group made again under
+        the name would report them as its own."""
+        for name in gone:
+            self.recorder.forget(name)
 
     def group_deleted(self, name: str) -> None:
         """Drop what the agent holds for a deleted group (on the loop, right after the
@@ -470,7 +477,7 @@ class NodeAgentServicer(rpc.NodeAgentServicer):
     async def ListGroups(self, request, context):
         listed_at = time.monotonic()
         groups = await self.host.call(context, self.host.node.groups)
-        self.host.metrics.record_groups(groups, listed_at)
+        self.host.forget_latencies(self.host.metrics.record_groups(groups, listed_at))
         return api.ListGroupsResponse(groups=[C.to_group_spec(s) for s in groups.values()])
 
     async def CreateGroup(self, request, context):

@@ -161,17 +161,22 @@ def _allocated(text: str) -> set[str]:
 )
 def test_a_group_removed_under_the_agent_loses_its_allocation_series(learns: str) -> None:
     """Before, a group another tool removed kept its ways and MB in every scrape until the
-    next Apply or GetAllocation, though the observation already reported it vanished."""
+    next Apply or GetAllocation, though the observation already reported it vanished; and
+    its pushed latencies and report count until a DeleteGroup or Reset, so a group made
+    again under its name reported them as its own."""
     from agent.resctrl import ResctrlNode
 
     with emulated_resctrl("intel-20way") as emu:
         node = ResctrlNode(emu.root, state_dir=emu.state_dir, pmc=None)
         with serve(node, metrics_listen="127.0.0.1:0") as server, remote(server) as client:
-            for name in ("web", "batch"):
-                client.create_group(GroupSpec(name))
+            for spec in (LC, GroupSpec("batch")):
+                client.create_group(spec)
             plan = {"web": GroupAllocation(0b11, 50), "batch": GroupAllocation(0b1100, 50)}
             client.apply(AllocationPlan.uniform(plan, (0,)))
+            with client.reporter() as rep:  # after the last observation: not drained yet
+                rep.record_many("web", [9.0] * 10)
             assert _allocated(scrape(server)) == {"web", "batch"}
+            assert _reports(scrape(server)) == {"web": 1}
             if learns == "delete_group":
                 client.delete_group("web")
             else:  # a container runtime cleaning up groups it does not know
@@ -179,24 +184,39 @@ def test_a_group_removed_under_the_agent_loses_its_allocation_series(learns: str
                 seen = client.observe().vanished if learns == "observe" else set()
                 assert learns != "observe" or seen == {"web"}
                 assert learns != "list_groups" or set(client.groups()) == {"batch"}
-            gone = _allocated(scrape(server))
-            client.create_group(GroupSpec("web"))  # made again: nothing of the old one
-            client.observe()
-            again = _allocated(scrape(server))
-    assert gone == {"batch"}
-    assert again == {"batch"}
+            gone = scrape(server)
+            client.create_group(LC)  # made again: nothing of the old one
+            latency = client.observe().groups["web"].latency
+            again = scrape(server)
+    assert _allocated(gone) == {"batch"} and _reports(gone) == {}
+    assert _allocated(again) == {"batch"} and _reports(again) == {}
+    assert latency is None or latency.count == 0, "the old group's pushed latencies"
+
+
+def _reports(text: str) -> dict[str, float]:
+    """The latency report counts per group in an exposition."""
+    return {
+        s.labels["group"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "rdtune_agent_latency_reports_total"
+    }
 
 
 @pytest.mark.parametrize(("listed", "kept"), [("before", {"web"}), ("after", set())])
 def test_a_group_list_older_than_the_allocation_removes_nothing(listed: str, kept) -> None:
-    """A group made and applied while an observation was under way is not in that
-    observation's group list: its allocation, recorded later, is kept."""
+    """A group made, applied and reported to while an observation was under way is not in
+    that observation's group list: its allocation and report count, recorded later, are
+    kept (and its pushed latencies: the list names no group gone)."""
     metrics = AgentMetrics()
     asked = time.monotonic()
     metrics.record_allocation(Allocation({"web": {0: GroupAllocation(0b11, 50)}}))
-    metrics.record_groups(set(), asked if listed == "before" else time.monotonic())
+    metrics.latency_reported("web")
+    gone = metrics.record_groups(set(), asked if listed == "before" else time.monotonic())
     text = generate_latest(metrics.registry).decode()
     assert _allocated(text) == kept
+    assert _reports(text) == dict.fromkeys(kept, 1.0)
+    assert set(gone) == {"web"} - kept
 
 
 def test_a_reset_leaves_none_of_the_old_groups_in_the_next_scrape() -> None:
