@@ -70,14 +70,18 @@ class Resilience:
     _vanished: frozenset[str] = frozenset()  # the node's vanished groups, as last handled
 
     def _follow_groups(self, snap: Snapshot) -> None:
-        """Groups appeared, vanished or were made again with another spec at the node:
-        configured ones made again, the controller restarted on the new set. The node keeps
-        reporting a vanished group until it is made again: handled once, but a configured
-        one tried again every interval while making it fails (no CLOSID left)."""
+        """Groups appeared, vanished, were deleted by another client or were made again
+        with another spec at the node: configured ones made again, the controller
+        restarted on the new set. The node keeps reporting a vanished group until it is
+        made again: handled once, but a configured one (vanished or deleted) tried again
+        every interval while making it fails (no CLOSID left)."""
         vanished = snap.vanished - self._vanished
         configured = {g.spec.name for g in self.keeper.groups}
-        if set(snap.groups) != set(self.groups) or vanished or self._respecified():
-            if vanished & configured:
+        # a configured group another client deleted through the agent (not vanished: the
+        # agent removed it) is made again as a vanished one is
+        deleted = configured - set(snap.groups) - snap.vanished
+        if set(snap.groups) != set(self.groups) or vanished or deleted or self._respecified():
+            if (vanished & configured) or deleted:
                 self.keeper.ensure(self.node, strict=False)
             self._groups_changed()
         self._vanished = snap.vanished - (configured - set(self.groups))
