@@ -22,6 +22,7 @@ accumulators and cached model inputs) can settle it under the old groups first.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from agent.errors import GroupExists, GroupNotFound, ResourceExhausted
@@ -70,7 +71,8 @@ class GroupTable:
         self.rmids = rmids
         self.contiguous = contiguous
         self.exclusive_free_ways = exclusive_free_ways
-        self.specs: dict[str, GroupSpec] = {}
+        self.specs: dict[str, GroupSpec] = {}  # each with the generation it was created as
+        self._created = 0  # groups created so far: the next one's generation less one
         self.alloc: dict[str, GroupAllocation] = {}
         self.cpus: dict[str, set[int]] = {}
         self.task_group: dict[int, str] = dict.fromkeys(pids, "")
@@ -149,7 +151,8 @@ class GroupTable:
         mb = self.caps.mba.max_bandwidth if self.caps.mba is not None else None
         if on_change is not None:
             on_change()
-        self.specs[spec.name] = spec
+        self._created += 1  # each creation its own generation
+        self.specs[spec.name] = replace(spec, generation=self._created)
         self.alloc[spec.name] = GroupAllocation(l3_mask=mask, mb=mb)
         self.cpus[spec.name] = set()
         self._held = None

@@ -168,7 +168,12 @@ def from_capabilities(msg: pb.NodeCapabilities) -> NodeCapabilities:
 
 
 def to_group_spec(spec: GroupSpec) -> pb.GroupSpec:
-    msg = pb.GroupSpec(name=spec.name, kind=_KIND[spec.kind], exclusive=spec.exclusive)
+    msg = pb.GroupSpec(
+        name=spec.name,
+        kind=_KIND[spec.kind],
+        exclusive=spec.exclusive,
+        generation=spec.generation,
+    )
     if spec.slo is not None:
         msg.slo.CopyFrom(pb.SLO(percentile=spec.slo.percentile, target_ms=spec.slo.target_ms))
     return msg
@@ -182,7 +187,9 @@ def from_group_spec(msg: pb.GroupSpec) -> GroupSpec:
         else _decode_enum(msg.kind, _KIND, "group kind")
     )
     slo = SLO(msg.slo.percentile, msg.slo.target_ms) if msg.HasField("slo") else None
-    return GroupSpec(name=msg.name, kind=kind, slo=slo, exclusive=msg.exclusive)
+    return GroupSpec(
+        name=msg.name, kind=kind, slo=slo, exclusive=msg.exclusive, generation=msg.generation
+    )
 
 
 # Names that passed validate_group_name (a pure function of the string): every Apply names

@@ -125,6 +125,28 @@ class NodeContract:
         assert set(node.groups()) == {"b"}
         assert "a" not in node.allocation()
 
+    def test_a_re_made_group_has_a_new_generation(self, harness: NodeHarness, node: Node) -> None:
+        """A group deleted and made again under the same spec is listed with another
+        generation; nothing else (another group's creation, moves, plans, observing, time)
+        changes a group's."""
+        _make(node, "a", "b")
+        listed = node.groups()
+        first, kept = listed["a"].generation, listed["b"].generation
+        assert first > 0 and kept > 0 and first != kept
+        node.assign("a", pids=harness.pids[:1])
+        node.apply(self._valid_plan(node))
+        harness.tick(0.01)
+        node.observe()
+        _make(node, "c")
+        assert node.groups()["a"].generation == first
+        node.delete_group("a")
+        _make(node, "a")
+        again = node.groups()
+        assert again["a"] == listed["a"]  # the same spec ...
+        assert again["a"].generation not in (0, first)  # ... but another group
+        assert again["b"].generation == kept
+        assert again["c"].generation not in (0, again["a"].generation, kept)
+
     def test_delete_unknown_group_fails(self, node: Node) -> None:
         with pytest.raises(GroupNotFound):
             node.delete_group("nope")

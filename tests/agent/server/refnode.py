@@ -61,6 +61,7 @@ class RefNode(StepByParts):
         self._specs: dict[str, GroupSpec] = {}
         self._alloc: dict[str, dict[int, GroupAllocation]] = {}
         self._tasks: dict[str, set[int]] = {}
+        self._created = 0  # each creation its own generation
         self._t = 0.0
         self._last = 0.0
         self._lock = threading.Lock()
@@ -83,7 +84,8 @@ class RefNode(StepByParts):
             raise GroupExists(spec.name)
         if len(self._specs) + 1 >= self.caps.num_closids:
             raise ResourceExhausted("no CLOSID left", resource="closid")
-        self._specs[spec.name] = spec
+        self._created += 1
+        self._specs[spec.name] = dataclasses.replace(spec, generation=self._created)
         full = GroupAllocation(l3_mask=self.caps.l3.cbm_mask, mb=self.caps.mba.max_bandwidth)
         self._alloc[spec.name] = dict.fromkeys(self.caps.domains, full)
         self._tasks[spec.name] = set()

@@ -118,6 +118,7 @@ specs = st.one_of(
         name=names,
         kind=st.sampled_from([GroupKind.BATCH, GroupKind.SYSTEM]),
         exclusive=st.booleans(),
+        generation=st.integers(0, 2**64 - 1),
     ),
     st.builds(
         GroupSpec,
@@ -143,7 +144,15 @@ def test_capabilities_round_trip(caps: NodeCapabilities) -> None:
 @settings(max_examples=150)
 @given(specs)
 def test_group_spec_round_trip(spec: GroupSpec) -> None:
-    assert C.from_group_spec(_wire(C.to_group_spec(spec))) == spec
+    back = C.from_group_spec(_wire(C.to_group_spec(spec)))
+    assert back == spec
+    assert back.generation == spec.generation  # not part of ==: checked on its own
+
+
+def test_a_group_spec_without_generation_reads_as_unknown() -> None:
+    """An older agent's listing has no generation: 0, unknown."""
+    old = C.pb.GroupSpec(name="a", kind=C.pb.GROUP_KIND_BATCH, exclusive=True)
+    assert C.from_group_spec(_wire(old)).generation == 0
 
 
 @settings(max_examples=150)
