@@ -43,7 +43,8 @@ class Node(Protocol):
         ...
 
     def groups(self) -> Mapping[str, GroupSpec]:
-        """The node's own groups by name."""
+        """The node's own groups by name, each with its ``generation``: changed whenever a
+        group is (re)created and at no other time (0: the node tells none)."""
         ...
 
     def create_group(self, spec: GroupSpec) -> None:

@@ -300,14 +300,15 @@ class GroupSpec:
             number that changes whenever a group of this name is (re)created and at no
             other time, so that a group deleted and re-made under the same spec is told
             from the one before. 0: unknown (a node that reports none, or a spec that is
-            not a listing's; ``create_group`` ignores it). Not part of the spec's equality.
+            not a listing's; ``create_group`` ignores it). Not part of the spec's equality
+            or repr.
     """
 
     name: str
     kind: GroupKind = GroupKind.BATCH
     slo: SLO | None = None
     exclusive: bool = False
-    generation: int = field(default=0, compare=False)
+    generation: int = field(default=0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         from agent.errors import InvalidName

@@ -203,11 +203,7 @@ class ResctrlNode(Ownership, Tasks, Allocations, Observation, StepByParts):
     def groups(self) -> Mapping[str, GroupSpec]:
         with self._lock.shared():
             self._check_vanished()
-        # A group's generation is its directory's marker: a re-made directory has another
-        # (None, recorded before markers were: unknown).
-        marker = self._markers.get
-        specs = self._specs.items()
-        return {n: dataclasses.replace(s, generation=marker(n) or 0) for n, s in specs}
+        return self._listed()
 
     def _require(self, name: str) -> str:
         path = self._dir(name)

@@ -247,6 +247,12 @@ class Ownership(Recovery):
         self._tracker.forget(name)
         self._untrack(name)
 
+    def _listed(self) -> dict[str, GroupSpec]:
+        """The own groups, each with its directory's marker as its generation: a directory
+        made again has another (0, unknown: recorded before markers were)."""
+        marker = self._markers.get
+        return {n: replace(s, generation=marker(n) or 0) for n, s in self._specs.items()}
+
     def vanished(self) -> frozenset[str]:
         """Own groups deleted by someone else and not re-created or deleted since."""
         with self._lock.shared():
