@@ -175,9 +175,18 @@ class GroupKeeper:
 
 
 def respecified(before: Mapping[str, GroupSpec], now: Mapping[str, GroupSpec]) -> set[str]:
-    """Groups of ``before`` that ``now`` lacks or holds with another spec (kind, SLO,
-    exclusive): deleted, or deleted and made again by another client between two looks."""
-    return {name for name, spec in before.items() if now.get(name) != spec}
+    """Groups of ``before`` that ``now`` lacks, holds with another spec (kind, SLO,
+    exclusive) or as another generation: deleted, or deleted and made again by another
+    client between two looks. A generation of 0 (an agent that reports none) tells nothing:
+    a group made again with the same spec then goes unnoticed."""
+    return {name for name, spec in before.items() if _remade(spec, now.get(name))}
+
+
+def _remade(before: GroupSpec, now: GroupSpec | None) -> bool:
+    if now is None or now != before:
+        return True
+    known = before.generation != 0 and now.generation != 0
+    return known and before.generation != now.generation
 
 
 def _undo(node: Node, created: Sequence[str]) -> None:

@@ -87,8 +87,9 @@ class Resilience:
         self._vanished = snap.vanished - (configured - set(self.groups))
 
     def _respecified(self) -> bool:
-        """Whether a group was deleted and made again with another spec (kind, SLO,
-        exclusive) by another client: its name stays, so only the node's group list tells.
+        """Whether a group was deleted and made again (with another spec, kind, SLO or
+        exclusive, or as another generation) by another client: its name stays, so only
+        the node's group list tells.
         Read with the allocation at each resync (``resync_intervals``), not every interval:
         one round trip per interval is the tuner's budget (tuner/pacing.py)."""
         if self._since_read + 1 < self.cfg.resync_intervals:
@@ -116,8 +117,8 @@ class Resilience:
         restores: the tuner has not changed it yet."""
         self._next = None  # an observation of the old set of groups
         before, self.groups = self.groups, self.keeper.read(self.node, self.groups)
-        # A group gone or made again with another spec is judged from scratch: a violation
-        # streak or an attainment against its old SLO says nothing about the new one.
+        # A group gone or made again (another spec or generation) is judged from scratch: a
+        # violation streak or an attainment against its old group says nothing of the new.
         changed = respecified(before, self.groups)
         self.slo_guard.forget(changed)
         self.keeper.forget(changed)  # their tasks went to the default group with them

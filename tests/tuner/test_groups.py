@@ -1,7 +1,7 @@
 """The tuner's configured groups on a node: tasks of a followed cgroup move in, a followed
-cgroup without tasks is reported, and a followed group deleted under the tuner by another
-client of the agent (an operator's ``rdtune`` commands) gets its tasks back once it is made
-again (real sim agent on loopback, in-process tuner)."""
+cgroup without tasks is reported, a followed group deleted under the tuner by another
+client of the agent (an operator's ``rdtune`` commands) gets its tasks back (real sim agent
+on loopback, in-process tuner), and a group made again between two looks is told."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from models import catalogue
 from tests.agent.server.conftest import serve
 from tuner.config import AgentConnection, GroupConfig, TunerConfig
 from tuner.controllers import fallback
-from tuner.groups import GroupKeeper
+from tuner.groups import GroupKeeper, respecified
 from tuner.service import Tuner
 
 
@@ -102,3 +102,24 @@ def test_a_followed_group_deleted_under_the_tuner_gets_its_tasks_back(
         assert tuner.step().outcome != "error"
     assert tuner.groups[BATCH.name] == again
     assert tuner.node.tasks(BATCH.name) == pids
+
+
+_A = GroupSpec("a", generation=7)
+# (the group now, whether it is another group than _A)
+_NOW = {
+    "the same group": (_A, False),
+    "gone": (None, True),
+    "another spec": (GroupSpec("a", GroupKind.SYSTEM, generation=7), True),
+    "the same spec, made again": (GroupSpec("a", generation=8), True),
+    "an agent reporting no generation": (GroupSpec("a"), False),
+}
+
+
+@pytest.mark.parametrize(("now", "remade"), _NOW.values(), ids=_NOW.keys())
+def test_a_group_made_again_is_told_by_its_spec_or_generation(
+    now: GroupSpec | None, remade: bool
+) -> None:
+    listed = {"b": GroupSpec("b", generation=1)} | ({"a": now} if now else {})
+    assert respecified({"a": _A, "b": listed["b"]}, listed) == ({"a"} if remade else set())
+    # a generation of 0 (unknown) on either side tells nothing
+    assert respecified({"a": GroupSpec("a")}, {"a": GroupSpec("a", generation=8)}) == set()
