@@ -4,7 +4,7 @@ the previous file (or none), never a truncated one; and a directory of files bui
 put in another's place whole. Used for training's checkpoints, run metadata and run
 directories (training/rundir.py), exports (training/export.py) and eval's results.json
 (eval/report.py); the agent's own state keeps a stricter variant (private permissions,
-the directory fsynced too: agent/resctrl/state.py).
+the directory fsynced too: agent/resctrl/state.py, with :func:`fsync_directory`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,16 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object], *, fsync: bool
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def fsync_directory(directory: str | os.PathLike) -> None:
+    """Flush ``directory``'s entries to the disk: a file made or renamed there survives a
+    power loss only once its directory is synced too."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def replace_directory(new: Path, target: Path, aside: Path) -> None:

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.atomic import fsync_directory
+
 MAGIC = b"RDTJ"
 JOURNAL_VERSION = 1
 SYNC_EVERY_S = 1.0
@@ -69,7 +71,7 @@ class JournalWriter:
             os.write(self._fd, _PREFIX.pack(MAGIC, JOURNAL_VERSION))
             self._write(header)
             os.fsync(self._fd)
-            _sync_directory(path.parent)  # the new name survives a power loss too
+            fsync_directory(path.parent)  # the new name survives a power loss too
         except BaseException:
             self.remove()
             raise
@@ -96,14 +98,6 @@ class JournalWriter:
             os.close(self._fd)
             self._fd = -1
         self.path.unlink(missing_ok=True)
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass

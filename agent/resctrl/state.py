@@ -32,6 +32,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from agent.atomic import fsync_directory
 from agent.errors import InUse, StateUnwritable
 from agent.pidlock import Locked, PidLock
 from agent.types import SLO, GroupKind, GroupSpec
@@ -217,15 +218,7 @@ def write_atomic(path: str, data: dict, durable: bool = True) -> None:
             os.unlink(tmp)
         raise
     if durable:
-        _fsync_dir(directory)
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_directory(directory)
 
 
 def marker_of(path: str) -> int:
