@@ -23,6 +23,17 @@ from agent.types import (
 )
 
 
+def trim_reserved(mask: int, reserved: int, least: int, sparse: bool) -> int | None:
+    """``mask`` without the ``reserved`` ways (held exclusively by another tool): all it
+    keeps where the node takes sparse masks, else its widest contiguous run of them (the
+    lowest of equals); None when fewer than ``least`` (``min_cbm_bits``, at least 1) are
+    left, which no mask may be."""
+    kept = mask & ~reserved
+    if not sparse:
+        kept = widest_run(kept)
+    return kept if popcount(kept) >= max(1, least) else None
+
+
 def usable_capabilities(caps: NodeCapabilities, reserved: Mapping[int, int]) -> NodeCapabilities:
     """``caps`` with ``cbm_mask`` narrowed to the ways no other tool holds exclusively in
     any domain (``reserved``: L3 domain -> mask; one mask serves every domain, as the
@@ -36,10 +47,8 @@ def usable_capabilities(caps: NodeCapabilities, reserved: Mapping[int, int]) -> 
     every = 0
     for mask in reserved.values():
         every |= mask
-    left = l3.cbm_mask & ~every
-    if not l3.sparse_masks:
-        left = widest_run(left)
-    if popcount(left) < max(1, l3.min_cbm_bits) or left == l3.cbm_mask:
+    left = trim_reserved(l3.cbm_mask, every, l3.min_cbm_bits, l3.sparse_masks)
+    if left is None or left == l3.cbm_mask:
         return caps
     size = None if l3.size_bytes is None else l3.size_bytes * popcount(left) // l3.num_ways
     return replace(caps, l3=replace(l3, cbm_mask=left, size_bytes=size))

@@ -16,7 +16,8 @@ an LC group missing its SLO switches the node to a fallback controller.
   moves), the validated target is applied whole: the node orders shrinks before growths.
   Nothing here raises: a plan that cannot be made valid is dropped with its rule. Before
   any of this, the ways another tool holds exclusively (``PlanGuard.reserved``) are
-  trimmed from every mask (:func:`trim_reserved`): the node would refuse any overlap.
+  trimmed from every mask (:func:`models.allocation.trim_reserved`): the node would refuse
+  any overlap.
 - :class:`SloGuard` is the SLO state machine: K consecutive violating intervals of any LC
   group trip it (switch to the fallback); ``stable_intervals`` without a violation switch
   back.
@@ -43,10 +44,9 @@ from agent.types import (
     NodeCapabilities,
     Snapshot,
     popcount,
-    widest_run,
 )
 from agent.validate import PlanContext, final_masks, validate_plan
-from models.allocation import mb_scale
+from models.allocation import mb_scale, trim_reserved
 from tuner.config import GuardConfig
 
 log = logging.getLogger("rdtune.tuner")
@@ -166,17 +166,6 @@ def mb_step_size(caps: NodeCapabilities) -> int | None:
     if not scale > 0:
         return None
     return max(1, mba.bandwidth_gran, int(scale / 100))
-
-
-def trim_reserved(mask: int, reserved: int, least: int, sparse: bool) -> int | None:
-    """``mask`` without the ``reserved`` ways (held exclusively by another tool): all it
-    keeps where the node takes sparse masks, else its widest contiguous run of them (the
-    lowest of equals); None when fewer than ``least`` (``min_cbm_bits``, at least 1) are
-    left, which no mask may be."""
-    kept = mask & ~reserved
-    if not sparse:
-        kept = widest_run(kept)
-    return kept if popcount(kept) >= max(1, least) else None
 
 
 class PlanGuard:
