@@ -133,9 +133,8 @@ def cell_estimate(key: str, values: Sequence[float], groups: Sequence[str]) -> E
     est = mean_ci_over(values, groups)
     if key not in TAILS:
         return est
-    runs = [v for v in values if not math.isnan(v)]
-    over = sum(v == math.inf for v in runs)
-    return TailEstimate(est.mean, est.half_width, est.n, overloaded=over, runs=len(runs))
+    over, runs = overload_counts(values)
+    return TailEstimate(est.mean, est.half_width, est.n, overloaded=over, runs=runs)
 
 
 def overloaded_note(e: Estimate) -> str:
