@@ -472,8 +472,6 @@ class TraceWriter:
         applied after it (None: kept). ``groups`` updates the specs when groups changed."""
         if self._closed:
             raise ValueError(f"trace writer for {self.path} is closed")
-        if groups is not None:
-            self._groups.update(groups)
         wall = time.time() if wall_time is None else float(wall_time)
         interval = {
             "step": self.steps,
@@ -483,7 +481,7 @@ class TraceWriter:
             "controller": controller or self._controller,
             "note": note,
         }
-        self.write_rows(_interval_rows(interval, snapshot, allocation, applied))
+        self.write_rows(_interval_rows(interval, snapshot, allocation, applied), groups)
 
     def write_rows(
         self, rows: list[dict[str, Any]], groups: Mapping[str, GroupSpec] | None = None
